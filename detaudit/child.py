@@ -1,0 +1,174 @@
+"""Inside one repeat: become `python SCRIPT ARGS...` and record it.
+
+Started by the launcher as `python -m detaudit.child CONFIG SCRIPT [ARGS...]` in a fresh
+interpreter. It restores argv, sys.path[0] and `__main__` as plain python would set them,
+installs the recorder when the script imports torch (not before: a script may set
+environment variables that torch reads at import), runs the script, and writes the footer
+with its exit status. The script's own traceback is printed as python would print it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import signal
+import sys
+import time
+import tokenize
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import detaudit
+from detaudit.recorder import location
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a module finishes importing (before the importer sees it)."""
+
+    def __init__(self, callbacks: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.callbacks = callbacks
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        callback = self.callbacks.get(fullname)
+        if callback is None:
+            return None
+        del self.callbacks[fullname]
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            original(module)
+            callback(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+class Session:
+    """One audited repeat: the trace writer, the hooks, and the script's outcome."""
+
+    def __init__(self, config: dict[str, Any], script: Path) -> None:
+        self.config = config
+        self.script = script
+        self.recorder: Any = None
+        self.hooks: Any = None
+        self.started = time.time()
+
+    def on_torch_import(self, torch_module: ModuleType) -> None:
+        from detaudit.recorder.core import Recorder
+        from detaudit.recorder.hooks import Hooks
+        from detaudit.trace import TraceWriter
+
+        location.skip_packages(torch_module, detaudit)
+        header = {
+            "repeat": self.config.get("repeat", 0),
+            "script": str(self.script),
+            "argv": sys.argv,
+            "pid": os.getpid(),
+            "device_request": self.config.get("device", "auto"),
+            "granularity": self.config.get("granularity", "module"),
+            "pins": self.config.get("pins", []),
+            "torch": getattr(torch_module, "__version__", "?"),
+        }
+        writer = TraceWriter(Path(self.config["trace"]), header)
+        self.recorder = Recorder(writer)
+        self.hooks = Hooks(self.recorder)
+        self.hooks.install()
+        detaudit._set_active_recorder(self.recorder)
+
+    def finish(self, exit_code: int, error: str | None) -> None:
+        if self.recorder is None:
+            self._empty_trace()
+        footer = {"exit_code": exit_code, "error": error, "duration_s": round(time.time() - self.started, 4)}
+        try:
+            self.recorder.close(footer)
+        except Exception as exc:  # the script's outcome matters more than a last flush
+            print(f"detaudit: could not finish the trace: {exc}", file=sys.stderr)
+
+    def _empty_trace(self) -> None:
+        """A script that never imported torch still gets a (record-less) trace."""
+        from detaudit.recorder.core import Recorder
+        from detaudit.trace import TraceWriter
+
+        header = {"repeat": self.config.get("repeat", 0), "script": str(self.script), "argv": sys.argv,
+                  "pid": os.getpid(), "torch": None}
+        self.recorder = Recorder(TraceWriter(Path(self.config["trace"]), header))
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """Print the script's traceback without detaudit's own frames, as python would."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def _run_as_main(script: Path) -> None:
+    """Execute the script as `__main__`, with the module attributes plain python gives it."""
+    with tokenize.open(script) as fh:
+        source = fh.read()
+    code = compile(source, str(script), "exec", dont_inherit=True)
+    main_module = ModuleType("__main__")
+    main_module.__file__ = str(script)
+    main_module.__cached__ = None  # type: ignore[attr-defined]
+    main_module.__loader__ = importlib.machinery.SourceFileLoader("__main__", str(script))
+    main_module.__spec__ = None
+    main_module.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main_module
+    exec(code, main_module.__dict__)
+
+
+def main(argv: list[str]) -> None:
+    config_path, script_arg, *script_args = argv
+    config = json.loads(Path(config_path).read_text())
+    script = Path(script_arg).resolve()
+    session = Session(config, script)
+
+    sys.argv = [script_arg, *script_args]
+    if not sys.flags.safe_path:
+        sys.path[0] = str(script.parent)
+    sys.meta_path.insert(0, _AfterImport({"torch": session.on_torch_import}))
+
+    def on_term(signum: int, frame: Any) -> None:
+        session.finish(128 + signum, "terminated by detaudit (timeout or interrupt)")
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+    try:
+        _run_as_main(script)
+    except SystemExit as exc:
+        session.finish(_exit_code(exc), None)
+        raise
+    except KeyboardInterrupt:
+        session.finish(130, "KeyboardInterrupt")
+        raise
+    except BaseException as exc:
+        summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        session.finish(1, summary)
+        _print_user_traceback(exc)
+        sys.stderr.flush()
+        os._exit(1)
+    session.finish(0, None)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

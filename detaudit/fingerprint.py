@@ -1,0 +1,182 @@
+"""Tensor fingerprints: a bitwise digest plus a few sampled values.
+
+The digest answers "are these bits identical?"; the samples answer "by how much do they
+differ?" without storing the tensor. CPU tensors are hashed in place (xxh3 over the raw
+bytes, no copy when contiguous). Tensors on other devices are reduced on the device with an
+order-independent integer sum, so only a few numbers cross to the host and the digest does
+not depend on how the device schedules the reduction.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import xxhash
+
+N_SAMPLES = 4
+
+# Stable dtype codes: they are written into traces, so never renumber (docs/trace-format.md).
+# Looked up by name because older torch releases lack the unsigned and float8 types.
+_DTYPE_ORDER = (
+    "float32", "float64", "float16", "bfloat16", "complex64", "complex128", "bool", "uint8",
+    "int8", "int16", "int32", "int64", "complex32", "uint16", "uint32", "uint64",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+)
+DTYPE_CODES: dict[torch.dtype, int] = {
+    getattr(torch, name): code for code, name in enumerate(_DTYPE_ORDER, start=1) if hasattr(torch, name)
+}
+DTYPE_NAMES: dict[int, str] = {code: str(dt).removeprefix("torch.") for dt, code in DTYPE_CODES.items()}
+DTYPE_NAMES[0] = "unknown"
+
+# struct formats used to read one element as a float sample; None: no meaningful sample.
+_SAMPLE_FORMATS: dict[torch.dtype, str] = {
+    getattr(torch, name): fmt
+    for name, fmt in (
+        ("float32", "<f"), ("float64", "<d"), ("float16", "<e"), ("bfloat16", "<H"),
+        ("complex64", "<f"), ("complex128", "<d"), ("bool", "<?"), ("uint8", "<B"),
+        ("int8", "<b"), ("int16", "<h"), ("int32", "<i"), ("int64", "<q"),
+        ("uint16", "<H"), ("uint32", "<I"), ("uint64", "<Q"),
+    )
+    if hasattr(torch, name)
+}
+_STRUCTS = {dt: struct.Struct(fmt) for dt, fmt in _SAMPLE_FORMATS.items()}
+_NAN = float("nan")
+_NO_SAMPLES = (_NAN,) * N_SAMPLES
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a trace keeps of one tensor."""
+
+    digest: int
+    dtype: str
+    shape: tuple[int, ...]
+    samples: tuple[float, ...]
+
+
+_meta_cache: dict[tuple[torch.dtype, torch.Size], int] = {}
+
+
+def meta_seed(dtype: torch.dtype, shape: torch.Size) -> int:
+    """A 64-bit seed derived from dtype and shape, so equal bytes of another shape hash apart."""
+    key = (dtype, shape)
+    seed = _meta_cache.get(key)
+    if seed is None:
+        seed = xxhash.xxh3_64_intdigest(f"{dtype}{tuple(shape)}".encode())
+        _meta_cache[key] = seed
+    return seed
+
+
+def _host_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU tensor with the same logical contents (a copy only when needed)."""
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t
+
+
+def _samples(buf: Any, t: torch.Tensor, numel: int) -> tuple[float, ...]:
+    unpack = _STRUCTS.get(t.dtype)
+    if unpack is None or numel == 0:
+        return _NO_SAMPLES
+    item = t.element_size()
+    last = numel - 1
+    positions = (0, last // 3, (2 * last) // 3, last)
+    values = [unpack.unpack_from(buf, p * item)[0] for p in positions]
+    if t.dtype is torch.bfloat16:
+        values = [struct.unpack("<f", struct.pack("<I", v << 16))[0] for v in values]
+    return tuple(float(v) for v in values)
+
+
+def fingerprint_cpu(t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
+    """(digest, samples) of a CPU tensor; hot path, so no objects beyond the tuple."""
+    if not (t.is_contiguous() and t.layout == torch.strided) or t.is_conj() or t.is_neg():
+        t = _host_bytes(t)
+    nbytes = t.nbytes
+    seed = meta_seed(t.dtype, t.shape)
+    if nbytes == 0:
+        return seed, _NO_SAMPLES
+    buf = (ctypes.c_char * nbytes).from_address(t.data_ptr())
+    return xxhash.xxh3_64_intdigest(buf, seed), _samples(buf, t, t.numel())
+
+
+class DeviceReducer:
+    """Fingerprints tensors where they live, with one host transfer per batch.
+
+    Each tensor's words are multiplied by fixed odd position weights (int32 arithmetic wraps)
+    and summed in int64. Integer addition is associative, so the result is the same whatever
+    order the device reduces in; position weights make swapped elements change the sum.
+    """
+
+    _MIX = (0x9E3779B1, 0x85EBCA77)
+
+    def __init__(self) -> None:
+        self._weights: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+    def _weights_for(self, device: torch.device, n: int, lane: int) -> torch.Tensor:
+        key = (device, lane)
+        w = self._weights.get(key)
+        if w is None or w.numel() < n:
+            size = max(n, 1024, 0 if w is None else 2 * w.numel())
+            pos = torch.arange(size, dtype=torch.int64, device=device)
+            mixed = (pos + lane + 1) * self._MIX[lane]
+            mixed = (mixed ^ (mixed >> 15)) * 0x2C1B3C6D
+            w = ((mixed ^ (mixed >> 12)) | 1).to(torch.int32)
+            self._weights[key] = w
+        return w[:n]
+
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """A device tensor of 2 + N_SAMPLES float64/int64 values; resolve with `finish`."""
+        t = t.detach()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
+        flat = t.contiguous().reshape(-1)
+        raw = flat.view(torch.uint8)
+        if raw.numel() % 4 == 0:
+            words = raw.view(torch.int32)
+        else:
+            words = raw.to(torch.int32)
+        n = words.numel()
+        lanes = [
+            (words * self._weights_for(t.device, n, 0)).sum(dtype=torch.int64),
+            ((words ^ (words >> 13)) * self._weights_for(t.device, n, 1)).sum(dtype=torch.int64),
+        ]
+        numel = flat.numel()
+        if numel and t.dtype in _SAMPLE_FORMATS and not t.dtype.is_complex:
+            last = numel - 1
+            idx = torch.tensor((0, last // 3, (2 * last) // 3, last), device=t.device)
+            samples = flat[idx].to(torch.float64)
+        else:
+            samples = torch.full((N_SAMPLES,), _NAN, dtype=torch.float64, device=t.device)
+        head = torch.stack(lanes).view(torch.float64)
+        return torch.cat([head, samples])
+
+    @staticmethod
+    def finish(t: torch.Tensor, reduced: list[float]) -> tuple[int, tuple[float, ...]]:
+        """Host side: turn the transferred numbers into (digest, samples)."""
+        lanes = struct.pack("<dd", reduced[0], reduced[1])
+        return xxhash.xxh3_64_intdigest(lanes, meta_seed(t.dtype, t.shape)), tuple(reduced[2:])
+
+
+def fingerprint(t: torch.Tensor) -> Fingerprint:
+    """Fingerprint one tensor, on any device (the convenient, non-hot-path entry point)."""
+    t = t.detach()
+    if t.device.type == "cpu":
+        digest, samples = fingerprint_cpu(t)
+    elif t.device.type == "meta":
+        digest, samples = meta_seed(t.dtype, t.shape), _NO_SAMPLES
+    else:
+        reducer = DeviceReducer()
+        digest, samples = reducer.finish(t, reducer.reduce(t).cpu().tolist())
+    return Fingerprint(digest, str(t.dtype).removeprefix("torch."), tuple(t.shape), samples)

@@ -1,0 +1,181 @@
+"""The Recorder: one per repeat. Turns tensors (and containers of them) into trace records.
+
+Hooks (recorder/hooks.py) call `record`; this module owns naming, the optimizer step count,
+the user-code location, a per-step digest cache and the device-side fingerprint batching.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from detaudit.fingerprint import DTYPE_CODES, DeviceReducer, fingerprint_cpu, meta_seed
+from detaudit.recorder.location import display_path, user_frame
+from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
+
+_NAN4 = (float("nan"),) * N_SAMPLES
+_CACHE_LIMIT = 20000
+_PENDING_LIMIT = 512
+
+
+class Recorder:
+    """Records fingerprints into one trace; cheap enough to call from every module's forward."""
+
+    def __init__(self, writer: TraceWriter) -> None:
+        self.writer = writer
+        self.step = 0
+        self.enabled = True
+        self._shape_ids: dict[torch.Size, int] = {}
+        self._loc_ids: dict[tuple[Any, int], int] = {}
+        # id(tensor) -> (weakref, version, digest, samples): a tensor recorded twice in one step
+        # (a container's output is its last child's output) is hashed once.
+        self._cache: dict[int, tuple[Any, int, int, tuple[float, ...]]] = {}
+        self._pending: list[Any] = []  # rows waiting for device fingerprints, in record order
+        self._reducer: DeviceReducer | None = None
+        self.saves = 0
+
+    # -- names and places ---------------------------------------------------------------
+    def intern(self, text: str) -> int:
+        return self.writer.intern(text)
+
+    def location_id(self, depth: int = 2) -> int:
+        """String id of the user's `file:line` that led to this call."""
+        frame = user_frame(depth + 1)
+        if frame is None:
+            return 0
+        key = (frame.f_code, frame.f_lineno)
+        lid = self._loc_ids.get(key)
+        if lid is None:
+            lid = self.intern(f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}")
+            self._loc_ids[key] = lid
+        return lid
+
+    def _shape_id(self, shape: torch.Size) -> int:
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self.intern("x".join(str(d) for d in shape) if len(shape) else "scalar")
+            self._shape_ids[shape] = sid
+        return sid
+
+    # -- recording ----------------------------------------------------------------------
+    def record_tensor(
+        self, kind: Kind, name: int, t: torch.Tensor, module: int = 0, loc: int = 0,
+        aux: int = 0, flags: int = 0, inputs: tuple[int, int] = (0, 0),
+    ) -> int:
+        """Record one tensor; returns its digest (0 while a device digest is pending)."""
+        shape_id = self._shape_id(t.shape)
+        dtype = DTYPE_CODES.get(t.dtype, 0)
+        device = t.device.type
+        if device == "cpu":
+            key = id(t)
+            hit = self._cache.get(key)
+            version = t._version
+            if hit is not None and hit[0]() is t and hit[1] == version:
+                digest, samples = hit[2], hit[3]
+            else:
+                try:
+                    digest, samples = fingerprint_cpu(t)
+                except (RuntimeError, NotImplementedError, TypeError):
+                    digest, samples, flags = meta_seed(t.dtype, t.shape), _NAN4, flags | Flag.NO_DATA
+                if len(self._cache) > _CACHE_LIMIT:
+                    self._cache.clear()
+                self._cache[key] = (weakref.ref(t), version, digest, samples)
+            row = (kind, dtype, flags, 0, name, module, loc, self.step, shape_id, aux,
+                   digest, inputs[0], inputs[1], samples)
+            if self._pending:
+                self._pending.append(row)
+            else:
+                self.writer.add(row)
+            return digest
+        if device == "meta":
+            digest = meta_seed(t.dtype, t.shape)
+            self._emit((kind, dtype, flags | Flag.NO_DATA, 0, name, module, loc, self.step, shape_id, aux,
+                        digest, inputs[0], inputs[1], _NAN4))
+            return digest
+        if self._reducer is None:
+            self._reducer = DeviceReducer()
+        partial = (kind, dtype, flags | Flag.DEVICE, 0, name, module, loc, self.step, shape_id, aux)
+        self._pending.append((partial, t, self._reducer.reduce(t), inputs))
+        if len(self._pending) >= _PENDING_LIMIT:
+            self.resolve_pending()
+        return 0
+
+    def _emit(self, row: tuple[Any, ...]) -> None:
+        if self._pending:
+            self._pending.append(row)
+        else:
+            self.writer.add(row)
+
+    def resolve_pending(self) -> None:
+        """Bring pending device fingerprints to the host in one transfer (one sync)."""
+        if not self._pending:
+            return
+        waiting = [p for p in self._pending if len(p) == 4]
+        values: list[list[float]] = []
+        if waiting:
+            values = torch.stack([p[2] for p in waiting]).cpu().tolist()
+        resolved = iter(values)
+        assert self._reducer is not None or not waiting
+        for item in self._pending:
+            if len(item) == 4:
+                partial, t, _, inputs = item
+                digest, samples = DeviceReducer.finish(t, next(resolved))
+                self.writer.add((*partial, digest, inputs[0], inputs[1], samples))
+            else:
+                self.writer.add(item)
+        self._pending.clear()
+
+    def record(self, kind: Kind, name: str, value: Any, module: str = "", loc: int | None = None) -> None:
+        """Record every tensor inside `value` (tensor, module, optimizer, or nested containers)."""
+        if loc is None:
+            loc = self.location_id(2)
+        module_id = self.intern(module) if module else 0
+        for path, tensor in iter_tensors(value, name):
+            self.record_tensor(kind, self.intern(path), tensor, module_id, loc)
+
+    def end_step(self) -> None:
+        """Called after each primary optimizer step: flush, and forget per-step caches."""
+        self.step += 1
+        self._cache.clear()
+        self.resolve_pending()
+        self.writer.flush()
+
+    def event(self, event: dict[str, Any]) -> None:
+        self.resolve_pending()
+        self.writer.event(event)
+
+    def close(self, footer: dict[str, Any]) -> None:
+        self.resolve_pending()
+        self.writer.close(footer)
+
+
+def iter_tensors(value: Any, name: str, depth: int = 0) -> Any:
+    """Yield (path, tensor) for every tensor in a (possibly nested) value, in a stable order."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+        return
+    if depth > 8:
+        return
+    if isinstance(value, torch.nn.Module):
+        for key, t in value.state_dict(keep_vars=True).items():
+            yield f"{name}.{key}", t
+    elif isinstance(value, torch.optim.Optimizer):
+        for gi, group in enumerate(value.param_groups):
+            for pi, p in enumerate(group["params"]):
+                for key, t in sorted(value.state.get(p, {}).items()):
+                    if isinstance(t, torch.Tensor):
+                        yield f"{name}.group{gi}.param{pi}.{key}", t
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from iter_tensors(item, f"{name}.{key}", depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from iter_tensors(item, f"{name}[{i}]", depth + 1)
+
+
+def trace_path_for(directory: Path, repeat: int) -> Path:
+    return Path(directory) / f"repeat-{repeat}.trace"

@@ -1,0 +1,146 @@
+"""Automatic checkpoints: global torch hooks that need no change to the audited script.
+
+- every nn.Module forward output, named by qualified name (`encoder.layers.0.attn`);
+- every parameter gradient just before optimizer.step, and parameters plus optimizer state
+  just after it;
+- every tensor passed to torch.save.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import torch
+
+from detaudit.recorder.core import Recorder, iter_tensors
+from detaudit.trace import Kind
+
+
+class ModuleNames:
+    """Qualified names for modules and parameters, learned lazily as models are first called.
+
+    A module seen for the first time in a forward-pre hook is a root (outer modules run their
+    pre hook before their children), so its whole subtree is named from it.
+    """
+
+    def __init__(self) -> None:
+        self.modules: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        # Tensors compare elementwise, so parameters are keyed by id with a weakref to guard reuse.
+        self.params: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
+        self._roots: dict[str, int] = {}
+        self._is_root: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+    def add_root(self, root: torch.nn.Module) -> None:
+        base = type(root).__name__
+        count = self._roots.get(base, 0) + 1
+        self._roots[base] = count
+        root_name = base if count == 1 else f"{base}#{count}"
+        self._is_root.add(root)
+        for qual, module in root.named_modules(remove_duplicate=False):
+            if qual and (module not in self.modules or module in self._is_root):
+                self.modules[module] = qual
+                self._is_root.discard(module)
+        self.modules[root] = root_name
+        for qual, param in root.named_parameters(remove_duplicate=False):
+            known = self.params.get(id(param))
+            if known is None or known[0]() is not param:
+                self.params[id(param)] = (weakref.ref(param), qual)
+
+    def param_name(self, param: torch.Tensor, group: int, index: int) -> str:
+        known = self.params.get(id(param))
+        if known is not None and known[0]() is param:
+            return known[1]
+        return f"group{group}.param{index}"
+
+
+class Hooks:
+    """Installs and removes the global hooks for one Recorder."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.names = ModuleNames()
+        self._handles: list[Any] = []
+        self._primary: weakref.ref[torch.optim.Optimizer] | None = None
+        self._module_ids: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+
+    def install(self) -> None:
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim
+
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._on_forward_pre),
+            nn_module.register_module_forward_hook(self._on_forward),
+            optim.register_optimizer_step_pre_hook(self._on_step_pre),
+            optim.register_optimizer_step_post_hook(self._on_step_post),
+        ]
+        original_save = torch.save
+
+        @functools.wraps(original_save)
+        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            self._on_save(obj)
+            return original_save(obj, f, *args, **kwargs)
+
+        torch.save = save
+        torch.serialization.save = save  # type: ignore[assignment]
+
+    # -- modules ---------------------------------------------------------------------------
+    def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if module not in self._module_ids:
+            if module not in self.names.modules:
+                self.names.add_root(module)
+            self._module_ids[module] = self.recorder.intern(self.names.modules[module])
+
+    def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        rec = self.recorder
+        if not rec.enabled:
+            return
+        module_id = self._module_ids.get(module)
+        if module_id is None:  # forward hooks registered before ours can skip our pre hook
+            self._on_forward_pre(module, args)
+            module_id = self._module_ids[module]
+        loc = rec.location_id(1)
+        if isinstance(output, torch.Tensor):
+            rec.record_tensor(Kind.OUTPUT, module_id, output, module_id, loc)
+            return
+        name = self.names.modules[module]
+        for path, tensor in iter_tensors(output, name):
+            rec.record_tensor(Kind.OUTPUT, rec.intern(path), tensor, module_id, loc)
+
+    # -- optimizers ------------------------------------------------------------------------
+    def _params(self, optimizer: torch.optim.Optimizer) -> Any:
+        for gi, group in enumerate(optimizer.param_groups):
+            for pi, p in enumerate(group["params"]):
+                yield self.names.param_name(p, gi, pi), p
+
+    def _on_step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        rec = self.recorder
+        if self._primary is None:
+            self._primary = weakref.ref(optimizer)
+        if not rec.enabled:
+            return
+        loc = rec.location_id(1)
+        for name, p in self._params(optimizer):
+            if p.grad is not None:
+                rec.record_tensor(Kind.GRAD, rec.intern(name), p.grad, 0, loc)
+
+    def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        rec = self.recorder
+        if rec.enabled:
+            loc = rec.location_id(1)
+            state = optimizer.state
+            for name, p in self._params(optimizer):
+                rec.record_tensor(Kind.PARAM, rec.intern(name), p, 0, loc)
+                for key, value in state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor):
+                        rec.record_tensor(Kind.OPTSTATE, rec.intern(f"{name}:{key}"), value, 0, loc)
+        if self._primary is not None and self._primary() is optimizer:
+            rec.end_step()
+
+    # -- torch.save ------------------------------------------------------------------------
+    def _on_save(self, obj: Any) -> None:
+        rec = self.recorder
+        if rec.enabled:
+            rec.record(Kind.SAVE, f"torch.save[{rec.saves}]", obj)
+        rec.saves += 1

@@ -1,0 +1,278 @@
+"""The trace file: a versioned, streaming, pickle-free record of one repeat.
+
+Layout (docs/trace-format.md): an 8-byte magic, then frames of `tag (1 byte) | length (u32 LE) |
+payload`. Tags: H header (JSON), S new strings (JSON list, appended to the string table),
+R records (packed `RECORD_DTYPE` rows), E evidence event (JSON), F footer (JSON). Frames are
+written whole with one `os.write`, so a repeat killed at any moment leaves a readable prefix;
+a missing footer marks the trace incomplete.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detaudit.errors import TraceError
+
+MAGIC = b"\x89DTRACE\n"
+FORMAT_NAME = "detaudit-trace"
+FORMAT_VERSION = 1
+N_SAMPLES = 4
+
+RECORD_DTYPE = np.dtype(
+    [
+        ("kind", "u1"), ("dtype", "u1"), ("flags", "u1"), ("reserved", "u1"),
+        ("name", "<u4"), ("module", "<u4"), ("loc", "<u4"), ("step", "<u4"),
+        ("shape", "<u4"), ("aux", "<u4"),
+        ("digest", "<u8"), ("in_ordered", "<u8"), ("in_unordered", "<u8"),
+        ("samples", "<f8", (N_SAMPLES,)),
+    ]
+)
+
+_FRAME_HEAD = struct.Struct("<cI")
+_MAX_FRAME = 1 << 30
+FLUSH_EVERY = 4096
+
+
+class Kind(enum.IntEnum):
+    """What a record fingerprints. Values are stored in traces: never renumber."""
+
+    OUTPUT = 1      # a module's forward output
+    GRAD = 2        # a parameter's gradient, just before optimizer.step
+    PARAM = 3       # a parameter, just after optimizer.step
+    OPTSTATE = 4    # an optimizer state tensor, just after optimizer.step
+    SAVE = 5        # a tensor passed to torch.save
+    CHECKPOINT = 6  # a tensor passed to detaudit.checkpoint
+    OP = 7          # an aten op's output (op granularity)
+
+
+class Flag(enum.IntFlag):
+    BACKWARD = 1    # OP record produced during the backward pass
+    DEVICE = 2      # digest computed on an accelerator (not comparable bitwise with CPU digests)
+    RANDOM = 4      # OP record of an op that draws from an RNG
+    NO_DATA = 8     # no contents could be read (meta tensor, unsupported layout)
+
+
+class TraceWriter:
+    """Appends records and events to one trace file. Inert in forked children (DataLoader workers)."""
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._pid = os.getpid()
+        self._rows: list[tuple[Any, ...]] = []
+        self._strings: dict[str, int] = {"": 0}
+        self._pending_strings: list[str] = []
+        self.records_written = 0
+        self.closed = False
+        head = {"format": FORMAT_NAME, "version": FORMAT_VERSION, **header}
+        os.write(self._fd, MAGIC + self._frame(b"H", json.dumps(head).encode()))
+
+    @staticmethod
+    def _frame(tag: bytes, payload: bytes) -> bytes:
+        return _FRAME_HEAD.pack(tag, len(payload)) + payload
+
+    def intern(self, text: str) -> int:
+        """The string-table id of `text` (names, locations, shapes are stored once)."""
+        sid = self._strings.get(text)
+        if sid is None:
+            sid = len(self._strings)
+            self._strings[text] = sid
+            self._pending_strings.append(text)
+        return sid
+
+    def add(self, row: tuple[Any, ...]) -> None:
+        """Queue one record; `row` follows RECORD_DTYPE's field order."""
+        self._rows.append(row)
+        if len(self._rows) >= FLUSH_EVERY:
+            self.flush()
+
+    @property
+    def position(self) -> int:
+        """Index the next record will get."""
+        return self.records_written + len(self._rows)
+
+    def event(self, event: dict[str, Any]) -> None:
+        """Write one evidence event, positioned at the current record index."""
+        if self.closed or os.getpid() != self._pid:
+            return
+        self.flush()
+        payload = json.dumps({"at": self.position, **event}, default=str).encode()
+        os.write(self._fd, self._frame(b"E", payload))
+
+    def flush(self) -> None:
+        if self.closed or os.getpid() != self._pid:
+            self._rows.clear()
+            return
+        out = b""
+        if self._pending_strings:
+            out += self._frame(b"S", json.dumps(self._pending_strings).encode())
+            self._pending_strings = []
+        if self._rows:
+            out += self._frame(b"R", np.array(self._rows, dtype=RECORD_DTYPE).tobytes())
+            self.records_written += len(self._rows)
+            self._rows.clear()
+        if out:
+            os.write(self._fd, out)
+
+    def close(self, footer: dict[str, Any]) -> None:
+        """Flush and write the footer that marks the trace complete."""
+        if self.closed or os.getpid() != self._pid:
+            return
+        self.flush()
+        foot = {"records": self.records_written, **footer}
+        os.write(self._fd, self._frame(b"F", json.dumps(foot, default=str).encode()))
+        os.close(self._fd)
+        self.closed = True
+
+
+@dataclass
+class Trace:
+    """One repeat's trace, read fully (use RecordStream to compare large traces)."""
+
+    path: Path
+    header: dict[str, Any]
+    strings: list[str]
+    records: np.ndarray
+    events: list[dict[str, Any]] = field(default_factory=list)
+    footer: dict[str, Any] | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.footer is not None
+
+    def text(self, sid: int) -> str:
+        return self.strings[sid]
+
+
+def _fail(path: Path, why: str) -> TraceError:
+    return TraceError(f"{path}: {why}")
+
+
+def _frames(path: Path) -> Iterator[tuple[bytes, bytes]]:
+    """Yield (tag, payload) frames; stop quietly at a truncated tail (a killed repeat)."""
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise _fail(path, f"cannot open trace ({exc.strerror})") from None
+    with fh:
+        magic = fh.read(len(MAGIC))
+        if magic != MAGIC:
+            raise _fail(path, "not a detaudit trace (wrong magic bytes); was it written by detaudit run?")
+        while True:
+            head = fh.read(_FRAME_HEAD.size)
+            if len(head) < _FRAME_HEAD.size:
+                return
+            tag, length = _FRAME_HEAD.unpack(head)
+            if tag not in b"HSREF" or length > _MAX_FRAME:
+                raise _fail(path, f"corrupt trace: bad frame header at byte {fh.tell() - _FRAME_HEAD.size}")
+            payload = fh.read(length)
+            if len(payload) < length:
+                return
+            yield tag, payload
+
+
+def _json(path: Path, payload: bytes) -> Any:
+    try:
+        return json.loads(payload)
+    except ValueError:
+        raise _fail(path, "corrupt trace: a metadata frame is not valid JSON") from None
+
+
+class RecordStream:
+    """Reads a trace's records in chunks of a caller-chosen size, keeping memory bounded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._frames = _frames(self.path)
+        self.header: dict[str, Any] = {}
+        self.strings: list[str] = [""]
+        self.events: list[dict[str, Any]] = []
+        self.footer: dict[str, Any] | None = None
+        self._buffer: list[np.ndarray] = []
+        self._buffered = 0
+        self._done = False
+        tag, payload = next(self._frames, (b"", b""))
+        if tag != b"H":
+            raise _fail(self.path, "corrupt trace: missing header")
+        self.header = _json(self.path, payload)
+        if not isinstance(self.header, dict) or self.header.get("format") != FORMAT_NAME:
+            raise _fail(self.path, "not a detaudit trace (foreign header)")
+        version = self.header.get("version")
+        if version != FORMAT_VERSION:
+            raise _fail(
+                self.path,
+                f"trace format version {version} is not supported by this detaudit "
+                f"(it reads version {FORMAT_VERSION}); use the detaudit release that wrote it",
+            )
+
+    def _pull(self) -> bool:
+        for tag, payload in self._frames:
+            if tag == b"R":
+                if len(payload) % RECORD_DTYPE.itemsize:
+                    raise _fail(self.path, "corrupt trace: record frame of the wrong size")
+                rows = np.frombuffer(payload, dtype=RECORD_DTYPE)
+                self._buffer.append(rows)
+                self._buffered += len(rows)
+                return True
+            if tag == b"S":
+                new = _json(self.path, payload)
+                if not isinstance(new, list):
+                    raise _fail(self.path, "corrupt trace: bad string table")
+                self.strings.extend(str(s) for s in new)
+            elif tag == b"E":
+                self.events.append(_json(self.path, payload))
+            elif tag == b"F":
+                self.footer = _json(self.path, payload)
+            else:
+                raise _fail(self.path, "corrupt trace: a second header")
+        self._done = True
+        return False
+
+    def take(self, n: int) -> np.ndarray:
+        """Up to `n` next records (fewer only at the end of the trace)."""
+        while self._buffered < n and not self._done:
+            self._pull()
+        if not self._buffer:
+            return np.empty(0, dtype=RECORD_DTYPE)
+        joined = self._buffer[0] if len(self._buffer) == 1 else np.concatenate(self._buffer)
+        out, rest = joined[:n], joined[n:]
+        self._buffer = [rest] if len(rest) else []
+        self._buffered = len(rest)
+        return out
+
+    def drain(self) -> None:
+        """Read to the end so events and footer are known."""
+        while not self._done:
+            self._pull()
+            self._buffer.clear()
+            self._buffered = 0
+
+    def check_strings(self, records: np.ndarray) -> None:
+        top = len(self.strings)
+        for column in ("name", "module", "loc", "shape", "aux"):
+            if len(records) and int(records[column].max()) >= top:
+                raise _fail(self.path, "corrupt trace: a record names a string that was never written")
+
+
+def read_trace(path: Path | str) -> Trace:
+    """Read a whole trace (for `show`, causes and tests; compare streams instead)."""
+    stream = RecordStream(Path(path))
+    chunks = []
+    while True:
+        chunk = stream.take(1 << 16)
+        if not len(chunk):
+            break
+        chunks.append(chunk)
+    stream.drain()
+    records = np.concatenate(chunks) if chunks else np.empty(0, dtype=RECORD_DTYPE)
+    stream.check_strings(records)
+    return Trace(stream.path, stream.header, stream.strings, records, stream.events, stream.footer)
