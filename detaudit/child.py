@@ -68,7 +68,11 @@ class Session:
         from detaudit.recorder.hooks import Hooks
         from detaudit.trace import TraceWriter
 
-        location.skip_packages(torch_module, detaudit)
+        import detaudit.recorder
+
+        # detaudit's own frames are library code; its demo script is user code.
+        location.skip_paths(location.package_dir(torch_module), location.package_dir(detaudit.recorder),
+                            detaudit.__file__ or "", __file__)
         header = {
             "repeat": self.config.get("repeat", 0),
             "script": str(self.script),

@@ -52,6 +52,7 @@ class Kind(enum.IntEnum):
     SAVE = 5        # a tensor passed to torch.save
     CHECKPOINT = 6  # a tensor passed to detaudit.checkpoint
     OP = 7          # an aten op's output (op granularity)
+    INPUT = 8       # an input to a root module's forward (the data the model was given)
 
 
 class Flag(enum.IntFlag):

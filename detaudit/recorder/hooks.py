@@ -3,7 +3,8 @@
 - every nn.Module forward output, named by qualified name (`encoder.layers.0.attn`);
 - every parameter gradient just before optimizer.step, and parameters plus optimizer state
   just after it;
-- every tensor passed to torch.save.
+- every tensor passed to torch.save;
+- the inputs of each root module (the batch the model is given).
 """
 
 from __future__ import annotations
@@ -30,18 +31,18 @@ class ModuleNames:
         # Tensors compare elementwise, so parameters are keyed by id with a weakref to guard reuse.
         self.params: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
         self._roots: dict[str, int] = {}
-        self._is_root: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self.roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
     def add_root(self, root: torch.nn.Module) -> None:
         base = type(root).__name__
         count = self._roots.get(base, 0) + 1
         self._roots[base] = count
         root_name = base if count == 1 else f"{base}#{count}"
-        self._is_root.add(root)
+        self.roots.add(root)
         for qual, module in root.named_modules(remove_duplicate=False):
-            if qual and (module not in self.modules or module in self._is_root):
+            if qual and (module not in self.modules or module in self.roots):
                 self.modules[module] = qual
-                self._is_root.discard(module)
+                self.roots.discard(module)
         self.modules[root] = root_name
         for qual, param in root.named_parameters(remove_duplicate=False):
             known = self.params.get(id(param))
@@ -87,10 +88,17 @@ class Hooks:
 
     # -- modules ---------------------------------------------------------------------------
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
-        if module not in self._module_ids:
+        module_id = self._module_ids.get(module)
+        if module_id is None:
             if module not in self.names.modules:
                 self.names.add_root(module)
-            self._module_ids[module] = self.recorder.intern(self.names.modules[module])
+            module_id = self._module_ids[module] = self.recorder.intern(self.names.modules[module])
+        if module in self.names.roots and self.recorder.enabled:
+            # The data a model is given: tells a data-pipeline cause from a model-internal one.
+            rec = self.recorder
+            loc = rec.location_id(1)
+            for path, tensor in iter_tensors(args, self.names.modules[module] + ".input"):
+                rec.record_tensor(Kind.INPUT, rec.intern(path), tensor, module_id, loc)
 
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         rec = self.recorder

@@ -10,11 +10,14 @@ _skip_prefixes: tuple[str, ...] = ()
 _relative: dict[str, str] = {}
 
 
-def skip_packages(*modules: object) -> None:
-    """Treat frames from these packages (by their directory) as library code."""
+def skip_paths(*paths: str) -> None:
+    """Treat frames from these files or directories as library code, never as the user's line."""
     global _skip_prefixes
-    dirs = {os.path.dirname(str(getattr(m, "__file__", "") or "")) + os.sep for m in modules}
-    _skip_prefixes = tuple(sorted(set(_skip_prefixes) | {d for d in dirs if d != os.sep}))
+    _skip_prefixes = tuple(sorted(set(_skip_prefixes) | {p for p in paths if p}))
+
+
+def package_dir(module: object) -> str:
+    return os.path.dirname(str(getattr(module, "__file__", "") or "")) + os.sep
 
 
 def display_path(filename: str) -> str:

@@ -1,0 +1,184 @@
+"""The audit pipeline: run repeats -> traces -> compare -> causes -> Report, and reload it from disk.
+
+The run directory holds everything: `run.json` (how it was run and how each repeat ended),
+one trace plus stdout/stderr per repeat, and `report.json`. `detaudit report RUN_DIR` rebuilds
+the report from these files alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from detaudit import __version__, causes
+from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
+from detaudit.errors import TraceError, UsageError
+from detaudit.launcher import Launcher, RepeatResult, plan_repeats
+from detaudit.report import Report, write_json
+
+RUN_FORMAT = "detaudit-run"
+RUN_VERSION = 1
+DEFAULT_RUNS_DIR = Path(".detaudit") / "runs"
+
+
+@dataclass
+class AuditOptions:
+    script: Path
+    script_args: list[str] = field(default_factory=list)
+    repeats: int = 3
+    devices: list[str] = field(default_factory=lambda: ["cpu"])
+    timeout: float | None = None
+    jobs: int = 1
+    out_dir: Path | None = None
+    granularity: str = "module"
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    env: dict[str, str] = field(default_factory=dict)
+    child_config: dict[str, Any] = field(default_factory=dict)
+
+
+def new_run_dir(script: Path, out_dir: Path | None) -> Path:
+    """A fresh directory for this run; never reuse one that already holds a run."""
+    if out_dir is not None:
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise UsageError(f"--out {out_dir} already exists and is not empty; detaudit never overwrites a run")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return out_dir
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = DEFAULT_RUNS_DIR / f"{stamp}-{script.stem}"
+    candidate, n = base, 1
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = base.with_name(f"{base.name}-{n}")
+
+
+def host_environment() -> dict[str, Any]:
+    return {
+        "detaudit": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def execute(options: AuditOptions, run_dir: Path,
+            on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat") -> list[RepeatResult]:
+    """Run the repeats into `run_dir` (no comparison)."""
+    plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
+                         options.child_config, prefix=prefix)
+    launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs)
+    return launcher.run(plans, on_done)
+
+
+def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None) -> Report:
+    if not options.script.is_file():
+        raise UsageError(f"script not found: {options.script}")
+    run_dir = new_run_dir(options.script, options.out_dir)
+    record = {
+        "format": RUN_FORMAT, "version": RUN_VERSION, "script": str(options.script),
+        "script_args": options.script_args, "cwd": str(Path.cwd()), "repeats": options.repeats,
+        "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
+        "tolerance": asdict(options.tolerance), "env": options.env, "results": None,
+        "environment": host_environment(), "started": time.time(),
+    }
+    _write_record(run_dir, record)
+    results = execute(options, run_dir, on_done)
+    record["results"] = [r.to_dict() for r in results]
+    _write_record(run_dir, record)
+    report = analyse(run_dir, record, results)
+    write_json(report, run_dir / "report.json")
+    return report
+
+
+def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
+    tmp = run_dir / "run.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(run_dir / "run.json")
+
+
+def load_run(run_dir: Path) -> Report:
+    """Rebuild the report of a finished run from its directory."""
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise TraceError(f"{run_dir}: not a detaudit run directory (no run.json)")
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{path}: unreadable run record ({exc})") from None
+    if not isinstance(record, dict) or record.get("format") != RUN_FORMAT:
+        raise TraceError(f"{path}: not a detaudit run record")
+    if record.get("version") != RUN_VERSION:
+        raise TraceError(f"{path}: run record version {record.get('version')} is not supported "
+                         f"(this detaudit reads version {RUN_VERSION})")
+    if not record.get("results"):
+        raise TraceError(f"{path}: the run did not finish (no results recorded)")
+    try:
+        results = [RepeatResult(**r) for r in record["results"]]
+    except TypeError:
+        raise TraceError(f"{path}: malformed results") from None
+    return analyse(Path(run_dir), record, results)
+
+
+def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult]) -> Report:
+    """Compare the traces, find outcome differences and causes, and assemble the Report."""
+    traces = [run_dir / r.trace for r in results]
+    missing = [str(t) for t in traces if not t.is_file()]
+    if missing and len(missing) == len(traces):
+        failure = _stderr_tail(run_dir, results[0])
+        raise TraceError(f"no trace was written (did the script start?); {failure}" if failure
+                         else "no trace was written")
+    for t in missing:  # a repeat that died before torch was imported: compare what exists
+        Path(t).touch()
+    tolerance = Tolerance(**record.get("tolerance", {}))
+    comparison = compare_traces(traces, [r.device for r in results], tolerance)
+    report = Report(
+        script=record["script"], script_args=record.get("script_args", []), run_dir=str(run_dir),
+        runs=list(results), comparison=comparison, environment=record.get("environment", {}),
+    )
+    report.outcome_divergence = outcome_divergence(results)
+    first = comparison.first_divergence
+    if first is not None and first.category == "structure" and report.outcome_divergence is not None:
+        first.category = "outcome"
+        first.detail = f"{report.outcome_divergence.detail}; {first.detail}"
+    if report.verdict == "failed":
+        report.failure = _stderr_tail(run_dir, results[0])
+    if report.first_divergence is not None:
+        report.causes = causes.diagnose(comparison, traces, results)
+    return report
+
+
+def outcome_divergence(results: Sequence[RepeatResult]) -> Divergence | None:
+    """Repeats that end differently: another exit status, or other output on stdout."""
+    ref = results[0]
+    codes = [r for r in results if r.exit_code != ref.exit_code]
+    if codes:
+        detail = "exit status differs: " + ", ".join(f"repeat {r.index} exited {r.exit_code}" for r in results)
+        return Divergence(-1, "outcome", None, [r.index for r in codes], ref.index, detail=detail)
+    out = [r for r in results if r.stdout_digest != ref.stdout_digest and r.device == ref.device]
+    if out:
+        return Divergence(-1, "outcome", _stdout_record(), [r.index for r in out], ref.index,
+                          detail="stdout differs between repeats")
+    return None
+
+
+def _stdout_record() -> RecordInfo:
+    return RecordInfo(-1, "stdout", "stdout", "", "", -1, "", "", "", False)
+
+
+def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:
+    try:
+        text = (run_dir / result.stderr).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+

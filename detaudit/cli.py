@@ -1,0 +1,229 @@
+"""The `detaudit` command line: parse options, call the library, render, exit with the right code.
+
+Exit codes: 0 deterministic · 1 divergent (including repeats that end differently) ·
+2 usage error · 3 the script failed in every repeat · 4 unreadable, corrupt or foreign trace ·
+5 a repeat timed out · 130 interrupted (Ctrl-C). Set DETAUDIT_DEBUG=1 to see detaudit's own
+traceback on an internal error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from detaudit import __version__
+from detaudit.errors import EXIT_INTERRUPTED, EXIT_USAGE, DetauditError
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0  deterministic: every repeat agrees
+  1  divergent (including repeats that end differently)
+  2  usage error (bad option, missing script)
+  3  the script failed in every repeat
+  4  unreadable, corrupt or foreign trace / run directory
+  5  a repeat timed out
+  130 interrupted (Ctrl-C)
+"""
+
+err_console = Console(stderr=True)
+
+
+def _console(quiet: bool = False) -> Console:
+    return Console(quiet=quiet, highlight=False)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
+@click.version_option(__version__, prog_name="detaudit")
+def cli() -> None:
+    """Audit a PyTorch script for run-to-run determinism: is it, where does it first diverge, and why."""
+
+
+def _write_outputs(report: Any, json_path: Path | None, junit_path: Path | None) -> None:
+    from detaudit.report import write_json, write_junit
+
+    if json_path is not None:
+        write_json(report, json_path)
+    if junit_path is not None:
+        write_junit(report, junit_path)
+
+
+def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
+    """A context manager and an on_done callback: a rich bar on a terminal, plain lines otherwise."""
+    from contextlib import nullcontext
+
+    if quiet:
+        return nullcontext(), None
+    if err_console.is_terminal:
+        progress = Progress(TextColumn("running repeats"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=err_console, transient=True)
+        task = progress.add_task("repeats", total=total)
+
+        def advance(result: Any) -> None:
+            progress.advance(task)
+
+        return progress, advance
+
+    def line(result: Any) -> None:
+        status = "timed out" if result.timed_out else f"exit {result.exit_code}"
+        err_console.print(f"repeat {result.index} ({result.device}): {status} in {result.duration_s:.1f}s")
+
+    return nullcontext(), line
+
+
+@cli.command(epilog=EXIT_CODES_HELP, context_settings={"ignore_unknown_options": False})
+@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True,
+              help="Repeats per device.")
+@click.option("--device", "devices", type=click.Choice(["cpu", "cuda", "auto"]), multiple=True,
+              help="Device to run on; repeat the option to compare devices. [default: cpu]")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds allowed per repeat.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: a new folder under .detaudit/runs/).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None, help="Write JUnit XML.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Repeats run in parallel.")
+@click.option("--atol", type=float, default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
+@click.option("--rtol", type=float, default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
+        out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
+        rtol: float, quiet: bool) -> None:
+    """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
+
+    Options may come before or after SCRIPT; arguments after `--` go to the script untouched:
+    `detaudit run train.py --repeats 5 -- --epochs 1`.
+    """
+    from detaudit.audit import AuditOptions, run_audit
+    from detaudit.compare import Tolerance
+    from detaudit.render import render, verdict_line
+
+    options = AuditOptions(
+        script=script, script_args=list(script_args), repeats=repeats, devices=list(devices) or ["cpu"],
+        timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol),
+    )
+    context, on_done = _progress_runner(quiet, repeats * len(options.devices))
+    with context:
+        report = run_audit(options, on_done)
+    _write_outputs(report, json_path, junit_path)
+    console = _console()
+    if quiet:
+        console.print(verdict_line(report))
+    else:
+        render(report, console)
+    sys.exit(report.exit_code)
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None, help="Write JUnit XML.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+def report(run_dir: Path, json_path: Path | None, junit_path: Path | None, quiet: bool) -> None:
+    """Re-render the report of a finished run from its directory."""
+    from detaudit.audit import load_run
+    from detaudit.render import render, verdict_line
+
+    result = load_run(run_dir)
+    _write_outputs(result, json_path, junit_path)
+    if quiet:
+        _console().print(verdict_line(result))
+    else:
+        render(result, _console())
+    sys.exit(result.exit_code)
+
+
+@cli.command()
+@click.argument("trace_path", metavar="TRACE", type=click.Path(path_type=Path))
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+              help="Records to print (0: all).")
+@click.option("--events/--no-events", default=True, show_default=True, help="Print evidence events.")
+def show(trace_path: Path, limit: int, events: bool) -> None:
+    """Print one trace readably: header, records, evidence events and footer."""
+    from detaudit.compare import describe
+    from detaudit.trace import RecordStream
+
+    stream = RecordStream(trace_path)
+    console = _console()
+    console.print(f"[bold]{escape(str(trace_path))}[/] — format {stream.header.get('format')} "
+                  f"v{stream.header.get('version')}")
+    for key in ("script", "argv", "repeat", "device_request", "granularity", "torch", "pid"):
+        if key in stream.header:
+            console.print(f"  {key}: {escape(str(stream.header[key]))}")
+    table = Table(show_edge=False)
+    for col in ("#", "step", "kind", "name", "tensor", "digest", "location"):
+        table.add_column(col)
+    shown = 0
+    total = 0
+    while True:
+        chunk = stream.take(4096)
+        if not len(chunk):
+            break
+        stream.check_strings(chunk)
+        for row in chunk:
+            if limit == 0 or shown < limit:
+                info = describe(stream, row, total)
+                name = f"{info.op} ({'bwd' if info.backward else 'fwd'}) in {info.module}" if info.op else info.name
+                table.add_row(str(total), str(info.step), info.kind, escape(name), f"{info.dtype}[{info.shape}]",
+                              f"{int(row['digest']):016x}", escape(info.location))
+                shown += 1
+            total += 1
+    stream.drain()
+    console.print(table)
+    if limit and total > shown:
+        console.print(f"  … {total - shown} more records (use --limit 0 to print all)")
+    if events and stream.events:
+        console.print("[bold]Evidence events[/]")
+        for event in stream.events:
+            console.print("  " + escape(str(event)))
+    if stream.footer is None:
+        console.print("[bold yellow]incomplete[/]: no footer (the repeat was killed or crashed hard)")
+    else:
+        console.print(f"footer: {escape(str(stream.footer))}")
+
+
+@cli.command()
+@click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None)
+def demo(repeats: int, out_dir: Path | None) -> None:
+    """Audit a small training script shipped with detaudit, to see a real report."""
+    script = Path(str(resources.files("detaudit") / "demo" / "train_demo.py"))
+    ctx = click.get_current_context()
+    ctx.invoke(run, script=script, script_args=(), repeats=repeats, devices=("cpu",), timeout=120.0,
+               out_dir=out_dir, json_path=None, junit_path=None, jobs=min(2, os.cpu_count() or 1), atol=1e-5,
+               rtol=1.3e-6, quiet=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: the one place that turns errors into messages and exit codes."""
+    try:
+        cli.main(args=argv, prog_name="detaudit", standalone_mode=False)
+    except click.exceptions.Abort:
+        err_console.print("detaudit: interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE if exc.exit_code not in (0,) else 0)
+    except DetauditError as exc:
+        err_console.print(f"[bold red]detaudit: error:[/] {escape(str(exc))}")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("detaudit: interrupted; every repeat was stopped")
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:
+        if os.environ.get("DETAUDIT_DEBUG"):
+            raise
+        err_console.print(f"[bold red]detaudit: internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}. "
+                          "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.")
+        sys.exit(70)

@@ -1,0 +1,314 @@
+"""Align repeats record by record and find the first divergence.
+
+Streaming: traces are read in lockstep chunks, so memory stays bounded however long the run.
+Each repeat is compared with a reference: bitwise with the first repeat on its own device,
+and, for the first repeat on another device, within atol/rtol of repeat 0 (sampled values,
+with max-abs and max-ULP figures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detaudit.fingerprint import DTYPE_NAMES
+from detaudit.trace import Kind, RecordStream
+
+CHUNK = 1 << 16
+STRUCT_FIELDS = ("kind", "dtype", "step")
+STRING_FIELDS = ("name", "shape")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float = 1e-5
+    rtol: float = 1.3e-6
+
+
+@dataclass
+class RecordInfo:
+    """A record described in words (strings resolved)."""
+
+    index: int
+    kind: str
+    name: str
+    module: str
+    location: str
+    step: int
+    shape: str
+    dtype: str
+    op: str
+    backward: bool
+
+
+@dataclass
+class Divergence:
+    """The first place where some repeat differs from its reference."""
+
+    index: int
+    category: str  # "content" | "structure" | "outcome"
+    record: RecordInfo | None
+    repeats: list[int]
+    reference: int
+    max_abs_diff: float | None = None
+    max_ulp_diff: int | None = None
+    detail: str = ""
+    others: dict[int, RecordInfo] = field(default_factory=dict)  # structure: what the other repeats had
+
+
+@dataclass
+class StepSpread:
+    step: int
+    records: int
+    differing: int
+    max_abs_diff: float | None
+
+
+@dataclass
+class Comparison:
+    repeats: int
+    records: list[int]
+    complete: list[bool]
+    first_divergence: Divergence | None
+    records_compared: int = 0
+    records_differing: int = 0
+    by_step: list[StepSpread] = field(default_factory=list)
+    aligned_to_end: bool = True
+
+    @property
+    def divergent(self) -> bool:
+        return self.first_divergence is not None
+
+
+class _Strings:
+    """Maps each trace's local string ids onto one shared id space."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {"": 0}
+        self.texts: list[str] = [""]
+        self._maps: dict[int, np.ndarray] = {}
+
+    def mapping(self, key: int, strings: list[str]) -> np.ndarray:
+        current = self._maps.get(key, np.zeros(0, dtype=np.int64))
+        if len(current) < len(strings):
+            extra = []
+            for text in strings[len(current):]:
+                gid = self.ids.get(text)
+                if gid is None:
+                    gid = len(self.texts)
+                    self.ids[text] = gid
+                    self.texts.append(text)
+                extra.append(gid)
+            current = np.concatenate([current, np.asarray(extra, dtype=np.int64)])
+            self._maps[key] = current
+        return current
+
+
+def describe(stream: RecordStream, row: Any, index: int) -> RecordInfo:
+    s = stream.strings
+    kind = Kind(int(row["kind"])).name.lower() if int(row["kind"]) in Kind._value2member_map_ else "?"
+    return RecordInfo(
+        index=index, kind=kind, name=s[row["name"]], module=s[row["module"]], location=s[row["loc"]],
+        step=int(row["step"]), shape=s[row["shape"]], dtype=DTYPE_NAMES.get(int(row["dtype"]), "?"),
+        op=s[row["aux"]] if int(row["kind"]) == Kind.OP else "",
+        backward=bool(int(row["flags"]) & 1),
+    )
+
+
+def _ordered_bits(values: np.ndarray, dtype: str) -> np.ndarray | None:
+    """Map floats to integers whose difference counts ULPs (sign-magnitude to two's complement)."""
+    if dtype == "float64":
+        bits = values.astype(np.float64).view(np.int64)
+    elif dtype in ("float32", "complex64"):
+        bits = values.astype(np.float32).view(np.int32).astype(np.int64)
+    elif dtype == "float16":
+        bits = values.astype(np.float16).view(np.int16).astype(np.int64)
+    elif dtype == "bfloat16":
+        bits = (values.astype(np.float32).view(np.int32) >> 16).astype(np.int64)
+    else:
+        return None
+    width = 64 if dtype == "float64" else 32 if dtype in ("float32", "complex64") else 16
+    min_int = np.int64(-(1 << (width - 1))) if width < 64 else np.iinfo(np.int64).min
+    return np.where(bits < 0, min_int - bits, bits)
+
+
+def sample_differences(a: np.ndarray, b: np.ndarray, dtype: str) -> tuple[float | None, int | None]:
+    """(max |a-b|, max ULP distance) over sampled values; None where undefined or all equal NaN."""
+    both_nan = np.isnan(a) & np.isnan(b)
+    if both_nan.all():
+        return None, None
+    diff = np.abs(a - b)
+    diff = np.where(both_nan, 0.0, diff)
+    max_abs = float(np.nanmax(diff)) if not np.isnan(diff).all() else float("nan")
+    bits_a, bits_b = _ordered_bits(a, dtype), _ordered_bits(b, dtype)
+    ulp = None
+    if bits_a is not None and bits_b is not None:
+        with np.errstate(over="ignore"):
+            ulps = np.abs(bits_a - bits_b)
+        ulp = int(np.where(both_nan, 0, ulps).max())
+    return max_abs, ulp
+
+
+def _within(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> np.ndarray:
+    """Per record: all sampled values within tolerance (NaN equals NaN)."""
+    close = np.isclose(a, b, atol=tol.atol, rtol=tol.rtol, equal_nan=True)
+    return close.all(axis=1)
+
+
+def reference_pairs(devices: Sequence[str]) -> list[tuple[int, int, bool]]:
+    """(reference, repeat, bitwise) pairs: same-device repeats bitwise, device leaders by tolerance."""
+    leaders: dict[str, int] = {}
+    pairs = []
+    for i, device in enumerate(devices):
+        if device not in leaders:
+            leaders[device] = i
+            if i:
+                pairs.append((0, i, False))
+        else:
+            pairs.append((leaders[device], i, True))
+    return pairs
+
+
+def compare_traces(
+    paths: Sequence[Path], devices: Sequence[str] | None = None, tolerance: Tolerance | None = None,
+) -> Comparison:
+    """Compare every repeat's trace; see the module docstring for what "differs" means."""
+    tolerance = tolerance or Tolerance()
+    devices = list(devices) if devices is not None else ["same"] * len(paths)
+    streams = [RecordStream(Path(p)) for p in paths]
+    strings = _Strings()
+    pairs = reference_pairs(devices)
+    counts = [0] * len(streams)
+    first: Divergence | None = None
+    spread: dict[int, list[Any]] = {}
+    compared = differing = 0
+    aligned = True
+
+    while True:
+        chunks = [s.take(CHUNK) for s in streams]
+        for i, chunk in enumerate(chunks):
+            streams[i].check_strings(chunk)
+            counts[i] += len(chunk)
+        n = min(len(c) for c in chunks)
+        longest = max(len(c) for c in chunks)
+        if longest == 0:
+            break
+        base = counts[0] - len(chunks[0])
+        maps = [strings.mapping(i, s.strings) for i, s in enumerate(streams)]
+        for ref, rep, bitwise in pairs:
+            a, b = chunks[ref][:n], chunks[rep][:n]
+            same_struct = np.ones(n, dtype=bool)
+            for f in STRUCT_FIELDS:
+                same_struct &= a[f] == b[f]
+            for f in STRING_FIELDS:
+                same_struct &= maps[ref][a[f]] == maps[rep][b[f]]
+            if bitwise:
+                same_value = a["digest"] == b["digest"]
+            else:
+                same_value = (a["digest"] == b["digest"]) | _within(a["samples"], b["samples"], tolerance)
+            bad_struct = np.flatnonzero(~same_struct)
+            limit = int(bad_struct[0]) if len(bad_struct) else n
+            if len(bad_struct):
+                aligned = False
+                if first is None or base + limit < first.index:
+                    first = _structure(streams, ref, rep, chunks, base, limit)
+            if not aligned:
+                same_value = same_value[:limit]
+            bad_value = np.flatnonzero(~same_value[:limit])
+            if len(bad_value):
+                idx = int(bad_value[0])
+                if first is None or base + idx < first.index or (
+                    base + idx == first.index and first.category == "content"
+                ):
+                    first = _content(streams, ref, rep, chunks, base, idx, bitwise, first)
+        # spread: per-step counts of records that differ in any pair (aligned records only)
+        if aligned:
+            any_diff = np.zeros(n, dtype=bool)
+            max_diff = np.zeros(n)
+            for ref, rep, bitwise in pairs:
+                a, b = chunks[ref][:n], chunks[rep][:n]
+                diff = a["digest"] != b["digest"]
+                if not bitwise:
+                    diff &= ~_within(a["samples"], b["samples"], tolerance)
+                any_diff |= diff
+                with np.errstate(invalid="ignore"):
+                    gap = np.nan_to_num(np.abs(a["samples"] - b["samples"]), nan=0.0).max(axis=1)
+                max_diff = np.maximum(max_diff, np.where(diff, gap, 0.0))
+            steps = chunks[0]["step"][:n]
+            for step in np.unique(steps):
+                sel = steps == step
+                entry = spread.setdefault(int(step), [0, 0, 0.0])
+                entry[0] += int(sel.sum())
+                entry[1] += int(any_diff[sel].sum())
+                entry[2] = max(entry[2], float(max_diff[sel].max()))
+            compared += n
+            differing += int(any_diff.sum())
+        if n < longest:
+            if aligned:  # one trace ended while others go on: a structural or outcome difference
+                short = [i for i, c in enumerate(chunks) if len(c) == n]
+                long = [i for i, c in enumerate(chunks) if len(c) > n]
+                idx = base + n
+                if first is None or idx < first.index:
+                    first = _ended_early(streams, short, long, chunks, base, n)
+            aligned = False
+        if n < longest or n < CHUNK:  # count what is left, for the per-repeat table
+            for i, s in enumerate(streams):
+                while True:
+                    rest = s.take(CHUNK)
+                    if not len(rest):
+                        break
+                    s.check_strings(rest)
+                    counts[i] += len(rest)
+            break
+    for s in streams:
+        s.drain()
+    by_step = [StepSpread(step, v[0], v[1], v[2] if v[1] else None) for step, v in sorted(spread.items())]
+    return Comparison(
+        repeats=len(streams), records=counts, complete=[s.footer is not None for s in streams],
+        first_divergence=first, records_compared=compared, records_differing=differing,
+        by_step=by_step, aligned_to_end=aligned,
+    )
+
+
+def _content(streams: list[RecordStream], ref: int, rep: int, chunks: list[np.ndarray], base: int, idx: int,
+             bitwise: bool, previous: Divergence | None) -> Divergence:
+    a, b = chunks[ref][idx], chunks[rep][idx]
+    info = describe(streams[ref], a, base + idx)
+    max_abs, ulp = sample_differences(a["samples"], b["samples"], info.dtype)
+    repeats = [rep]
+    if previous is not None and previous.index == base + idx and previous.category == "content":
+        repeats = sorted(set(previous.repeats) | {rep})
+        max_abs = _max_opt(previous.max_abs_diff, max_abs)
+        ulp = _max_opt(previous.max_ulp_diff, ulp)
+    detail = "bits differ" if bitwise else "outside tolerance"
+    if max_abs == 0.0:
+        detail += " (the sampled elements agree: the difference lies elsewhere in the tensor)"
+        max_abs, ulp = None, None
+    return Divergence(base + idx, "content", info, repeats, ref, max_abs, ulp, detail)
+
+
+def _max_opt(x: Any, y: Any) -> Any:
+    if x is None:
+        return y
+    if y is None:
+        return x
+    return max(x, y)
+
+
+def _structure(streams: list[RecordStream], ref: int, rep: int, chunks: list[np.ndarray], base: int,
+               idx: int) -> Divergence:
+    info = describe(streams[ref], chunks[ref][idx], base + idx)
+    other = describe(streams[rep], chunks[rep][idx], base + idx)
+    detail = f"repeat {ref} recorded {info.kind} {info.name!r} here, repeat {rep} recorded {other.kind} {other.name!r}"
+    return Divergence(base + idx, "structure", info, [rep], ref, detail=detail, others={rep: other})
+
+
+def _ended_early(streams: list[RecordStream], short: list[int], long: list[int], chunks: list[np.ndarray],
+                 base: int, n: int) -> Divergence:
+    info = describe(streams[long[0]], chunks[long[0]][n], base + n)
+    detail = f"repeat(s) {', '.join(map(str, short))} stopped recording after {base + n} records"
+    return Divergence(base + n, "structure", info, short, long[0], detail=detail)

@@ -1,0 +1,138 @@
+"""Rich terminal rendering of a Report: the only module besides cli.py that knows about terminals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from detaudit.report import Report, divergence_to_dict
+
+_VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow"}
+MAX_SPREAD_ROWS = 12
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def verdict_line(report: Report) -> Text:
+    style = _VERDICT_STYLE[report.verdict]
+    n = len(report.runs)
+    devices = sorted({r.device for r in report.runs})
+    text = Text(report.verdict.upper(), style=style)
+    extra = {
+        "deterministic": f": {n} repeats agree bit for bit",
+        "divergent": f": repeats disagree ({n} repeats)",
+        "failed": f": the script failed in every repeat ({n} repeats)",
+    }[report.verdict]
+    text.append(extra + f" on {', '.join(devices)}")
+    if report.timed_out:
+        text.append(" — a repeat timed out", style="bold red")
+    return text
+
+
+def runs_table(report: Report) -> Table:
+    table = Table(title="Repeats", title_justify="left", show_edge=False)
+    for col in ("repeat", "device", "exit", "time (s)", "records", "trace"):
+        table.add_column(col, justify="right" if col in ("repeat", "exit", "time (s)", "records") else "left")
+    comp = report.comparison
+    for r in report.runs:
+        exit_text = "timeout" if r.timed_out else str(r.exit_code)
+        records = comp.records[r.index] if r.index < len(comp.records) else 0
+        complete = comp.complete[r.index] if r.index < len(comp.complete) else False
+        table.add_row(str(r.index), r.device, exit_text, f"{r.duration_s:.2f}",
+                      f"{records}{'' if complete else ' (incomplete)'}", escape(r.trace))
+    return table
+
+
+def divergence_panel(report: Report) -> Panel | None:
+    d = divergence_to_dict(report.first_divergence)
+    if d is None:
+        return None
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    rows = [
+        ("what", d["category"] + (f" — {d['detail']}" if d["detail"] else "")),
+        ("record", None if d["index"] < 0 else f"#{d['index']}"),
+        ("step", d["step"] if d["step"] is not None and d["step"] >= 0 else None),
+        ("kind", d["kind"]),
+        ("name", d["name"]),
+        ("module", d["module"]),
+        ("op", (f"{d['op']} ({d['phase']})" if d["op"] else None)),
+        ("location", d["location"]),
+        ("tensor", f"{d['dtype']}[{d['shape']}]" if d["dtype"] else None),
+        ("repeats", f"{', '.join(map(str, d['repeats']))} differ from repeat {d['reference']}"),
+        ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
+        ("max ULP", _fmt(d["max_ulp_diff"]) if d["max_ulp_diff"] is not None else None),
+    ]
+    for key, value in rows:
+        if value is not None and value != "":
+            grid.add_row(key, escape(str(value)))
+    return Panel(grid, title="First divergence", title_align="left", border_style="red")
+
+
+def spread_table(report: Report) -> Table | None:
+    comp = report.comparison
+    steps = [s for s in comp.by_step if s.differing]
+    if not steps:
+        return None
+    table = Table(title=f"Spread: {comp.records_differing} of {comp.records_compared} aligned records differ",
+                  title_justify="left", show_edge=False)
+    for col in ("step", "differing", "records", "max |diff| (sampled)"):
+        table.add_column(col, justify="right")
+    shown = steps if len(steps) <= MAX_SPREAD_ROWS else steps[: MAX_SPREAD_ROWS // 2] + steps[-MAX_SPREAD_ROWS // 2:]
+    for i, s in enumerate(shown):
+        if len(steps) > MAX_SPREAD_ROWS and i == MAX_SPREAD_ROWS // 2:
+            table.add_row("…", "", "", "")
+        table.add_row(str(s.step), str(s.differing), str(s.records), _fmt(s.max_abs_diff))
+    if not comp.aligned_to_end:
+        table.caption = "records after a structural divergence are not aligned and not counted"
+    return table
+
+
+def causes_block(report: Report) -> Group | None:
+    if not report.causes:
+        return None
+    parts: list[Any] = [Text("Likely causes", style="bold")]
+    for i, cause in enumerate(report.causes, 1):
+        head = Text(f"{i}. [{cause.confidence}] ", style="bold magenta" if cause.confidence == "confirmed" else "bold")
+        head.append(f"{cause.id}: ", style="bold")
+        head.append(cause.summary)
+        parts.append(head)
+        for line in cause.evidence:
+            parts.append(Text(f"   • {line}"))
+        parts.append(Text(f"   fix: {cause.fix}", style="green"))
+    return Group(*parts)
+
+
+def experiments_table(report: Report) -> Table | None:
+    if not report.experiments:
+        return None
+    table = Table(title="Experiments (--explain)", title_justify="left", show_edge=False)
+    for col in ("pinned", "result", "first divergence", "note"):
+        table.add_column(col)
+    for e in report.experiments:
+        table.add_row(escape(e.description), e.verdict, _fmt(e.first_divergence_index), escape(e.note))
+    return table
+
+
+def render(report: Report, console: Console) -> None:
+    console.print(verdict_line(report))
+    console.print(runs_table(report))
+    if report.failure:
+        console.print(Panel(escape(report.failure), title="The script's error (repeat 0)", title_align="left",
+                            border_style="yellow"))
+    for block in (divergence_panel(report), spread_table(report), causes_block(report), experiments_table(report)):
+        if block is not None:
+            console.print(block)
+    console.print(Text(f"run directory: {report.run_dir}", style="dim"))

@@ -1,0 +1,206 @@
+"""The audit's result as data, and its JSON and JUnit renderings (terminal rendering lives in render.py).
+
+JSON schema: docs/report-schema.md. Bump SCHEMA_VERSION on any incompatible change.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+from detaudit import __version__
+from detaudit.compare import Comparison, Divergence
+from detaudit.errors import (
+    EXIT_DETERMINISTIC,
+    EXIT_DIVERGENT,
+    EXIT_SCRIPT_FAILED,
+    EXIT_TIMEOUT,
+)
+from detaudit.launcher import RepeatResult
+
+SCHEMA_NAME = "detaudit-report"
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Cause:
+    """One explanation of the divergence (ids: docs/causes.md)."""
+
+    id: str
+    confidence: str  # "confirmed" | "likely" | "possible"
+    summary: str
+    evidence: list[str]
+    fix: str
+
+
+@dataclass
+class Experiment:
+    """One `--explain` re-run with a source pinned."""
+
+    pin: str
+    description: str
+    verdict: str  # "deterministic" | "divergent" | "failed" | "skipped"
+    first_divergence_index: int | None
+    note: str = ""
+
+
+@dataclass
+class Report:
+    script: str
+    script_args: list[str]
+    run_dir: str
+    runs: list[RepeatResult]
+    comparison: Comparison
+    outcome_divergence: Divergence | None = None
+    causes: list[Cause] = field(default_factory=list)
+    experiments: list[Experiment] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    failure: str = ""  # the script's own error when it failed in every repeat
+
+    @property
+    def first_divergence(self) -> Divergence | None:
+        return self.comparison.first_divergence or self.outcome_divergence
+
+    @property
+    def timed_out(self) -> bool:
+        return any(r.timed_out for r in self.runs)
+
+    @property
+    def verdict(self) -> str:
+        if self.runs and all(r.exit_code != 0 for r in self.runs):
+            return "failed"
+        if self.first_divergence is not None or self.timed_out:
+            return "divergent"
+        return "deterministic"
+
+    @property
+    def exit_code(self) -> int:
+        if self.timed_out:
+            return EXIT_TIMEOUT
+        return {"failed": EXIT_SCRIPT_FAILED, "divergent": EXIT_DIVERGENT}.get(self.verdict, EXIT_DETERMINISTIC)
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def divergence_to_dict(d: Divergence | None) -> dict[str, Any] | None:
+    if d is None:
+        return None
+    rec = d.record
+    return {
+        "index": d.index,
+        "category": d.category,
+        "kind": rec.kind if rec else None,
+        "name": rec.name if rec else None,
+        "module": (rec.module or None) if rec else None,
+        "op": (rec.op or None) if rec else None,
+        "phase": ("backward" if rec.backward else "forward") if rec and rec.op else None,
+        "step": rec.step if rec else None,
+        "location": (rec.location or None) if rec else None,
+        "shape": rec.shape if rec else None,
+        "dtype": rec.dtype if rec else None,
+        "repeats": d.repeats,
+        "reference": d.reference,
+        "max_abs_diff": _finite(d.max_abs_diff),
+        "max_ulp_diff": d.max_ulp_diff,
+        "detail": d.detail,
+    }
+
+
+def to_dict(report: Report) -> dict[str, Any]:
+    comp = report.comparison
+    return {
+        "schema": SCHEMA_NAME,
+        "schema_version": SCHEMA_VERSION,
+        "detaudit_version": __version__,
+        "script": report.script,
+        "script_args": report.script_args,
+        "run_dir": report.run_dir,
+        "verdict": report.verdict,
+        "exit_code": report.exit_code,
+        "first_divergence": divergence_to_dict(report.first_divergence),
+        "spread": {
+            "records_compared": comp.records_compared,
+            "records_differing": comp.records_differing,
+            "aligned_to_end": comp.aligned_to_end,
+            "by_step": [
+                {"step": s.step, "records": s.records, "differing": s.differing,
+                 "max_abs_diff": _finite(s.max_abs_diff)}
+                for s in comp.by_step
+            ],
+        },
+        "causes": [asdict(c) for c in report.causes],
+        "experiments": [asdict(e) for e in report.experiments],
+        "runs": [
+            {
+                "repeat": r.index, "device": r.device, "exit_code": r.exit_code, "duration_s": r.duration_s,
+                "timed_out": r.timed_out, "records": comp.records[r.index] if r.index < len(comp.records) else 0,
+                "complete": comp.complete[r.index] if r.index < len(comp.complete) else False,
+                "trace": r.trace, "stdout": r.stdout, "stderr": r.stderr, "stdout_digest": r.stdout_digest,
+            }
+            for r in report.runs
+        ],
+        "failure": report.failure or None,
+        "environment": report.environment,
+    }
+
+
+def write_json(report: Report, path: Path) -> None:
+    _write_atomically(path, json.dumps(to_dict(report), indent=2) + "\n")
+
+
+def to_junit(report: Report) -> str:
+    """One test suite, one test case per repeat plus one for the comparison: CI systems show failures."""
+    data = to_dict(report)
+    suite = ET.Element("testsuite", name=f"detaudit {Path(report.script).name}")
+    cases = 0
+    failures = errors = 0
+    for run in data["runs"]:
+        case = ET.SubElement(suite, "testcase", classname="detaudit.repeat",
+                             name=f"repeat-{run['repeat']} ({run['device']})", time=str(run["duration_s"]))
+        cases += 1
+        if run["timed_out"]:
+            ET.SubElement(case, "error", message="timed out")
+            errors += 1
+        elif run["exit_code"] != 0:
+            ET.SubElement(case, "failure", message=f"script exited with {run['exit_code']}")
+            failures += 1
+    case = ET.SubElement(suite, "testcase", classname="detaudit.determinism", name="repeats agree")
+    cases += 1
+    first = data["first_divergence"]
+    if first is not None:
+        failures += 1
+        where = " ".join(str(x) for x in (first["kind"], first["name"], f"step {first['step']}",
+                                          first["location"] or "") if x)
+        failure = ET.SubElement(case, "failure", message=f"first divergence at record {first['index']}: {where}")
+        failure.text = "\n".join(
+            [first["detail"] or ""] + [f"[{c['confidence']}] {c['id']}: {c['summary']}\nfix: {c['fix']}"
+                                       for c in data["causes"]]
+        )
+    suite.set("tests", str(cases))
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_junit(report: Report, path: Path) -> None:
+    _write_atomically(path, to_junit(report))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file so a failure never leaves half a report behind."""
+    path = Path(path)
+    if str(path) == "-":
+        print(text, end="")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
