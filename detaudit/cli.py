@@ -85,7 +85,8 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
 @click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True,
               help="Repeats per device.")
 @click.option("--device", "devices", type=click.Choice(["cpu", "cuda", "auto"]), multiple=True,
-              help="Device to run on; repeat the option to compare devices. [default: cpu]")
+              help="Device to run on; repeat the option to compare devices. "
+                   "[default: auto = CPU, plus CUDA where present]")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds allowed per repeat.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
@@ -107,10 +108,11 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     """
     from detaudit.audit import AuditOptions, run_audit
     from detaudit.compare import Tolerance
+    from detaudit.devices import resolve_devices
     from detaudit.render import render, verdict_line
 
     options = AuditOptions(
-        script=script, script_args=list(script_args), repeats=repeats, devices=list(devices) or ["cpu"],
+        script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol),
     )
     context, on_done = _progress_runner(quiet, repeats * len(options.devices))
@@ -200,7 +202,7 @@ def demo(repeats: int, out_dir: Path | None) -> None:
     """Audit a small training script shipped with detaudit, to see a real report."""
     script = Path(str(resources.files("detaudit") / "demo" / "train_demo.py"))
     ctx = click.get_current_context()
-    ctx.invoke(run, script=script, script_args=(), repeats=repeats, devices=("cpu",), timeout=120.0,
+    ctx.invoke(run, script=script, script_args=(), repeats=repeats, devices=(), timeout=120.0,
                out_dir=out_dir, json_path=None, junit_path=None, jobs=min(2, os.cpu_count() or 1), atol=1e-5,
                rtol=1.3e-6, quiet=False)
 

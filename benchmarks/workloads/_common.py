@@ -1,0 +1,36 @@
+"""Shared by the reference workloads: argument parsing, seeding and per-step timing.
+
+Step times go to stderr, never stdout: detaudit compares each repeat's stdout, and timings
+differ from run to run by nature.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def parse_args(description: str, default_steps: int = 60) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=default_steps, help="training steps to run")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    return args
+
+
+def train(step: Callable[[int], torch.Tensor], steps: int) -> None:
+    """Run `step(i)` `steps` times; print the final loss (stdout) and per-step seconds (stderr)."""
+    times = []
+    loss = torch.zeros(())
+    for i in range(steps):
+        start = time.perf_counter()
+        loss = step(i)
+        times.append(time.perf_counter() - start)
+    print(f"final loss {loss.item():.8f}")
+    print("BENCH " + json.dumps({"step_s": times}), file=sys.stderr)

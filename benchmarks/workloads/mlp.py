@@ -1,0 +1,27 @@
+"""Reference workload: an MLP 3072-512-256-10 (1.71M parameters) on synthetic flattened images."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from _common import parse_args, train
+
+
+def main() -> None:
+    args = parse_args(__doc__)
+    images = torch.randn(8, 64, 3072)
+    labels = torch.randint(0, 10, (8, 64))
+    model = nn.Sequential(nn.Linear(3072, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step(i: int) -> torch.Tensor:
+        loss = F.cross_entropy(model(images[i % 8]), labels[i % 8])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    train(step, args.steps)
+
+
+if __name__ == "__main__":
+    main()
