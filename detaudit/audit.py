@@ -150,8 +150,9 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     if first is not None and first.category == "structure" and report.outcome_divergence is not None:
         first.category = "outcome"
         first.detail = f"{report.outcome_divergence.detail}; {first.detail}"
+    report.repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results if r.exit_code != 0}
     if report.verdict == "failed":
-        report.failure = _stderr_tail(run_dir, results[0])
+        report.failure = report.repeat_errors.get(results[0].index, "")
     if report.first_divergence is not None:
         report.causes = causes.diagnose(comparison, traces, results)
     return report

@@ -152,7 +152,9 @@ def main(argv: list[str]) -> None:
     sys.meta_path.insert(0, _AfterImport({"torch": session.on_torch_import}))
 
     def on_term(signum: int, frame: Any) -> None:
-        session.finish(128 + signum, "terminated by detaudit (timeout or interrupt)")
+        # Keep what was recorded, but write no footer: the trace must read as incomplete.
+        if session.recorder is not None:
+            session.recorder.flush_safely()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)

@@ -132,6 +132,11 @@ def render(report: Report, console: Console) -> None:
     if report.failure:
         console.print(Panel(escape(report.failure), title="The script's error (repeat 0)", title_align="left",
                             border_style="yellow"))
+    elif report.repeat_errors:
+        for index, error in sorted(report.repeat_errors.items())[:2]:
+            code = report.runs[index].exit_code
+            console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
+                                title=f"Repeat {index} ended differently (exit {code}): its stderr"))
     for block in (divergence_panel(report), spread_table(report), causes_block(report), experiments_table(report)):
         if block is not None:
             console.print(block)

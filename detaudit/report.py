@@ -60,6 +60,7 @@ class Report:
     experiments: list[Experiment] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     failure: str = ""  # the script's own error when it failed in every repeat
+    repeat_errors: dict[int, str] = field(default_factory=dict)  # stderr tail of each repeat that failed
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -144,6 +145,7 @@ def to_dict(report: Report) -> dict[str, Any]:
                 "timed_out": r.timed_out, "records": comp.records[r.index] if r.index < len(comp.records) else 0,
                 "complete": comp.complete[r.index] if r.index < len(comp.complete) else False,
                 "trace": r.trace, "stdout": r.stdout, "stderr": r.stderr, "stdout_digest": r.stdout_digest,
+                "error": report.repeat_errors.get(r.index),
             }
             for r in report.runs
         ],

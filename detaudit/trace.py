@@ -3,8 +3,8 @@
 Layout (docs/trace-format.md): an 8-byte magic, then frames of `tag (1 byte) | length (u32 LE) |
 payload`. Tags: H header (JSON), S new strings (JSON list, appended to the string table),
 R records (packed `RECORD_DTYPE` rows), E evidence event (JSON), F footer (JSON). Frames are
-written whole with one `os.write`, so a repeat killed at any moment leaves a readable prefix;
-a missing footer marks the trace incomplete.
+appended whole on an unbuffered descriptor, so a repeat killed at any moment leaves a readable
+prefix (a frame cut short is ignored); a missing footer marks the trace incomplete.
 """
 
 from __future__ import annotations
@@ -74,8 +74,10 @@ class TraceWriter:
         self._pending_strings: list[str] = []
         self.records_written = 0
         self.closed = False
+        self.busy = False  # inside flush(): a signal handler must not flush again
+
         head = {"format": FORMAT_NAME, "version": FORMAT_VERSION, **header}
-        os.write(self._fd, MAGIC + self._frame(b"H", json.dumps(head).encode()))
+        _write_all(self._fd, MAGIC + self._frame(b"H", json.dumps(head).encode()))
 
     @staticmethod
     def _frame(tag: bytes, payload: bytes) -> bytes:
@@ -107,22 +109,26 @@ class TraceWriter:
             return
         self.flush()
         payload = json.dumps({"at": self.position, **event}, default=str).encode()
-        os.write(self._fd, self._frame(b"E", payload))
+        _write_all(self._fd, self._frame(b"E", payload))
 
     def flush(self) -> None:
         if self.closed or os.getpid() != self._pid:
             self._rows.clear()
             return
-        out = b""
-        if self._pending_strings:
-            out += self._frame(b"S", json.dumps(self._pending_strings).encode())
-            self._pending_strings = []
-        if self._rows:
-            out += self._frame(b"R", np.array(self._rows, dtype=RECORD_DTYPE).tobytes())
+        self.busy = True
+        try:
+            out = b""
+            if self._pending_strings:
+                out += self._frame(b"S", json.dumps(self._pending_strings).encode())
+            if self._rows:
+                out += self._frame(b"R", np.array(self._rows, dtype=RECORD_DTYPE).tobytes())
+            if out:
+                _write_all(self._fd, out)
             self.records_written += len(self._rows)
             self._rows.clear()
-        if out:
-            os.write(self._fd, out)
+            self._pending_strings = []
+        finally:
+            self.busy = False
 
     def close(self, footer: dict[str, Any]) -> None:
         """Flush and write the footer that marks the trace complete."""
@@ -130,9 +136,15 @@ class TraceWriter:
             return
         self.flush()
         foot = {"records": self.records_written, **footer}
-        os.write(self._fd, self._frame(b"F", json.dumps(foot, default=str).encode()))
+        _write_all(self._fd, self._frame(b"F", json.dumps(foot, default=str).encode()))
         os.close(self._fd)
         self.closed = True
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 @dataclass

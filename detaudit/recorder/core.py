@@ -148,6 +148,11 @@ class Recorder:
         self.resolve_pending()
         self.writer.event(event)
 
+    def flush_safely(self) -> None:
+        """Flush from a signal handler: skipped if the interrupted code was mid-flush."""
+        if not self.writer.busy:
+            self.writer.flush()
+
     def close(self, footer: dict[str, Any]) -> None:
         self.resolve_pending()
         self.writer.close(footer)
