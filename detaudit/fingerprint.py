@@ -142,6 +142,8 @@ class DeviceReducer:
         if t.is_neg():
             t = t.resolve_neg()
         flat = t.contiguous().reshape(-1)
+        if flat.storage_offset() * flat.element_size() % 4:
+            flat = flat.clone()  # a slice starting mid-word: viewing its bytes as int32 needs alignment
         raw = flat.view(torch.uint8)
         if raw.numel() % 4 == 0:
             words = raw.view(torch.int32)
@@ -153,20 +155,21 @@ class DeviceReducer:
             ((words ^ (words >> 13)) * self._weights_for(t.device, n, 1)).sum(dtype=torch.int64),
         ]
         numel = flat.numel()
-        if numel and t.dtype in _SAMPLE_FORMATS and not t.dtype.is_complex:
+        if numel and t.dtype in _SAMPLE_FORMATS:
             last = numel - 1
-            idx = torch.tensor((0, last // 3, (2 * last) // 3, last), device=t.device)
-            samples = flat[idx].to(torch.float64)
+            # Python-int indexing makes views on the device: no host-to-device copy, no sync.
+            picked = [flat[p] for p in (0, last // 3, (2 * last) // 3, last)]
+            samples = torch.stack([p.real if p.is_complex() else p for p in picked]).to(torch.float64)
         else:
             samples = torch.full((N_SAMPLES,), _NAN, dtype=torch.float64, device=t.device)
         head = torch.stack(lanes).view(torch.float64)
         return torch.cat([head, samples])
 
     @staticmethod
-    def finish(t: torch.Tensor, reduced: list[float]) -> tuple[int, tuple[float, ...]]:
+    def finish(dtype: torch.dtype, shape: torch.Size, reduced: list[float]) -> tuple[int, tuple[float, ...]]:
         """Host side: turn the transferred numbers into (digest, samples)."""
         lanes = struct.pack("<dd", reduced[0], reduced[1])
-        return xxhash.xxh3_64_intdigest(lanes, meta_seed(t.dtype, t.shape)), tuple(reduced[2:])
+        return xxhash.xxh3_64_intdigest(lanes, meta_seed(dtype, shape)), tuple(reduced[2:])
 
 
 def fingerprint(t: torch.Tensor) -> Fingerprint:
@@ -178,5 +181,5 @@ def fingerprint(t: torch.Tensor) -> Fingerprint:
         digest, samples = meta_seed(t.dtype, t.shape), _NO_SAMPLES
     else:
         reducer = DeviceReducer()
-        digest, samples = reducer.finish(t, reducer.reduce(t).cpu().tolist())
+        digest, samples = reducer.finish(t.dtype, t.shape, reducer.reduce(t).cpu().tolist())
     return Fingerprint(digest, str(t.dtype).removeprefix("torch."), tuple(t.shape), samples)

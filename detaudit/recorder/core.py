@@ -19,14 +19,17 @@ from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
 
 _NAN4 = (float("nan"),) * N_SAMPLES
 _CACHE_LIMIT = 20000
-_PENDING_LIMIT = 512
+_PENDING_LIMIT = 1 << 16  # device records per host sync; normally one sync per step
 
 
 class Recorder:
     """Records fingerprints into one trace; cheap enough to call from every module's forward."""
 
-    def __init__(self, writer: TraceWriter) -> None:
+    def __init__(self, writer: TraceWriter, device_path_on_cpu: bool = False) -> None:
         self.writer = writer
+        # Fingerprint CPU tensors the way accelerator tensors are (batched, deferred): lets the
+        # CUDA code path run, and be tested, on a machine without a GPU.
+        self._host_device = "none" if device_path_on_cpu else "cpu"
         self.step = 0
         self.enabled = True
         self._shape_ids: dict[torch.Size, int] = {}
@@ -70,7 +73,7 @@ class Recorder:
         shape_id = self._shape_id(t.shape)
         dtype = DTYPE_CODES.get(t.dtype, 0)
         device = t.device.type
-        if device == "cpu":
+        if device == self._host_device:
             key = id(t)
             hit = self._cache.get(key)
             version = t._version
@@ -99,7 +102,8 @@ class Recorder:
         if self._reducer is None:
             self._reducer = DeviceReducer()
         partial = (kind, dtype, flags | Flag.DEVICE, 0, name, module, loc, self.step, shape_id, aux)
-        self._pending.append((partial, t, self._reducer.reduce(t), inputs))
+        # Keep dtype and shape, not the tensor: pending records must not hold activations alive.
+        self._pending.append((partial, (t.dtype, t.shape), self._reducer.reduce(t), inputs))
         if len(self._pending) >= _PENDING_LIMIT:
             self.resolve_pending()
         return 0
@@ -122,8 +126,8 @@ class Recorder:
         assert self._reducer is not None or not waiting
         for item in self._pending:
             if len(item) == 4:
-                partial, t, _, inputs = item
-                digest, samples = DeviceReducer.finish(t, next(resolved))
+                partial, (dtype, shape), _, inputs = item
+                digest, samples = DeviceReducer.finish(dtype, shape, next(resolved))
                 self.writer.add((*partial, digest, inputs[0], inputs[1], samples))
             else:
                 self.writer.add(item)

@@ -1,0 +1,78 @@
+"""The Recorder: naming of nested values, the per-step cache, and the deferred device path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from detaudit.recorder.core import Recorder, iter_tensors
+from detaudit.trace import Flag, Kind, TraceWriter, read_trace
+
+
+def _recorder(tmp_path: Path, **kwargs: bool) -> Recorder:
+    return Recorder(TraceWriter(tmp_path / "t.trace", {"repeat": 0}), **kwargs)
+
+
+def test_iter_tensors_names_nested_values_in_a_stable_order() -> None:
+    a, b, c = torch.zeros(1), torch.ones(2), torch.full((3,), 2.0)
+    got = [(name, t.numel()) for name, t in iter_tensors({"x": a, "y": [b, (c,)]}, "ck")]
+    assert got == [("ck.x", 1), ("ck.y[0]", 2), ("ck.y[1][0]", 3)]
+
+
+def test_device_path_on_cpu_gives_the_same_records_as_host_path_apart_from_digest(tmp_path: Path) -> None:
+    tensors = [torch.randn(4, 5), torch.arange(7), torch.randn(3, dtype=torch.float64)]
+    traces = []
+    for sub, device_path in (("host", False), ("device", True)):
+        (tmp_path / sub).mkdir()
+        rec = _recorder(tmp_path / sub, device_path_on_cpu=device_path)
+        for i, t in enumerate(tensors):
+            rec.record(Kind.CHECKPOINT, f"t{i}", t)
+        rec.end_step()
+        rec.record(Kind.CHECKPOINT, "after", tensors[0] * 2)
+        rec.close({"exit_code": 0})
+        traces.append(read_trace(tmp_path / sub / "t.trace"))
+    host, device = traces
+    assert len(host.records) == len(device.records) == 4
+    assert [host.strings[n] for n in host.records["name"]] == [device.strings[n] for n in device.records["name"]]
+    assert (host.records["samples"] == device.records["samples"]).all()
+    assert (device.records["flags"] & Flag.DEVICE).all()
+    assert list(device.records["step"]) == [0, 0, 0, 1]
+
+
+def test_device_path_is_resolved_in_one_batch_per_step(tmp_path: Path, monkeypatch) -> None:
+    transfers = []
+    original = torch.Tensor.cpu
+
+    def counting_cpu(self: torch.Tensor, *args, **kwargs):  # type: ignore[no-untyped-def]
+        transfers.append(self.shape)
+        return original(self, *args, **kwargs)
+
+    rec = _recorder(tmp_path, device_path_on_cpu=True)
+    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    for i in range(10):
+        rec.record(Kind.CHECKPOINT, f"t{i}", torch.randn(8))
+    rec.end_step()
+    assert len(transfers) == 1
+    monkeypatch.undo()
+    rec.close({"exit_code": 0})
+    assert len(read_trace(tmp_path / "t.trace").records) == 10
+
+
+def test_a_tensor_recorded_twice_in_a_step_is_hashed_once_unless_modified(tmp_path: Path, monkeypatch) -> None:
+    import detaudit.recorder.core as core
+
+    calls = []
+    original = core.fingerprint_cpu
+    monkeypatch.setattr(core, "fingerprint_cpu", lambda t: calls.append(1) or original(t))
+    rec = _recorder(tmp_path)
+    t = torch.randn(16)
+    rec.record(Kind.OUTPUT, "a", t)
+    rec.record(Kind.OUTPUT, "b", t)
+    assert len(calls) == 1
+    t.add_(1)  # bumps the version counter: must be hashed again
+    rec.record(Kind.OUTPUT, "c", t)
+    assert len(calls) == 2
+    rec.close({"exit_code": 0})
+    records = read_trace(tmp_path / "t.trace").records
+    assert records["digest"][0] == records["digest"][1] != records["digest"][2]
