@@ -12,7 +12,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
 from detaudit.report import Report, write_json
+from detaudit.trace import RecordStream, TraceWriter
 
 RUN_FORMAT = "detaudit-run"
 RUN_VERSION = 1
@@ -108,6 +109,12 @@ def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
 
 def load_run(run_dir: Path) -> Report:
     """Rebuild the report of a finished run from its directory."""
+    record, results = read_run(run_dir)
+    return analyse(Path(run_dir), record, results)
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], list[RepeatResult]]:
+    """The run record and per-repeat results of a finished run directory."""
     path = Path(run_dir) / "run.json"
     if not path.is_file():
         raise TraceError(f"{run_dir}: not a detaudit run directory (no run.json)")
@@ -126,24 +133,62 @@ def load_run(run_dir: Path) -> Report:
         results = [RepeatResult(**r) for r in record["results"]]
     except TypeError:
         raise TraceError(f"{path}: malformed results") from None
-    return analyse(Path(run_dir), record, results)
+    return record, results
 
 
-def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult]) -> Report:
-    """Compare the traces, find outcome differences and causes, and assemble the Report."""
+def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) -> Report:
+    """Compare recordings made elsewhere (another machine, another day): trace files or run directories.
+
+    A run directory contributes its first repeat. Bitwise unless a tolerance is given.
+    """
+    if len(paths) < 2:
+        raise UsageError("compare needs at least two traces or run directories")
+    results = []
+    for i, path in enumerate(paths):
+        path = Path(path)
+        if path.is_dir():
+            _, run_results = read_run(path)
+            first = run_results[0]
+            results.append(replace(first, index=i, trace=str((path / first.trace).resolve()),
+                                   stdout=str((path / first.stdout).resolve()),
+                                   stderr=str((path / first.stderr).resolve())))
+        elif path.is_file():
+            stream = RecordStream(path)
+            stream.drain()
+            footer = stream.footer or {}
+            results.append(RepeatResult(
+                index=i, device=str(stream.header.get("device_request", "recorded")),
+                exit_code=int(footer.get("exit_code", -1)), duration_s=float(footer.get("duration_s", 0.0)),
+                timed_out=False, trace=str(path.resolve()), stdout="", stderr="", stdout_digest="",
+            ))
+        else:
+            raise UsageError(f"no such trace or run directory: {path}")
+    record = {"script": ", ".join(str(p) for p in paths), "script_args": [],
+              "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment()}
+    return analyse(Path.cwd(), record, results, bitwise=tolerance is None)
+
+
+def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult], bitwise: bool = True) -> Report:
+    """Compare the traces, find outcome differences and causes, and assemble the Report.
+
+    `bitwise=False` compares every repeat with repeat 0 within the recorded tolerance, as for
+    recordings made on different machines.
+    """
     traces = [run_dir / r.trace for r in results]
     missing = [str(t) for t in traces if not t.is_file()]
     if missing and len(missing) == len(traces):
         failure = _stderr_tail(run_dir, results[0])
         raise TraceError(f"no trace was written (did the script start?); {failure}" if failure
                          else "no trace was written")
-    for t in missing:  # a repeat that died before torch was imported: compare what exists
-        Path(t).touch()
+    for r in results:  # a repeat killed before it could start recording: an empty, incomplete trace
+        if not (run_dir / r.trace).is_file():
+            TraceWriter(run_dir / r.trace, {"repeat": r.index, "never_started": True}).abandon()
     tolerance = Tolerance(**record.get("tolerance", {}))
-    comparison = compare_traces(traces, [r.device for r in results], tolerance)
+    devices = [r.device for r in results] if bitwise else [f"recording-{r.index}" for r in results]
+    comparison = compare_traces(traces, devices, tolerance)
     report = Report(
         script=record["script"], script_args=record.get("script_args", []), run_dir=str(run_dir),
-        runs=list(results), comparison=comparison, environment=record.get("environment", {}),
+        runs=list(results), comparison=comparison, environment=record.get("environment", {}), bitwise=bitwise,
     )
     report.outcome_divergence = outcome_divergence(results)
     first = comparison.first_divergence
@@ -165,7 +210,8 @@ def outcome_divergence(results: Sequence[RepeatResult]) -> Divergence | None:
     if codes:
         detail = "exit status differs: " + ", ".join(f"repeat {r.index} exited {r.exit_code}" for r in results)
         return Divergence(-1, "outcome", None, [r.index for r in codes], ref.index, detail=detail)
-    out = [r for r in results if r.stdout_digest != ref.stdout_digest and r.device == ref.device]
+    out = [r for r in results if r.stdout_digest != ref.stdout_digest and r.device == ref.device
+           and r.stdout_digest and ref.stdout_digest]
     if out:
         return Divergence(-1, "outcome", _stdout_record(), [r.index for r in out], ref.index,
                           detail="stdout differs between repeats")

@@ -24,7 +24,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import detaudit
 from detaudit.recorder import location
 
 
@@ -64,11 +63,10 @@ class Session:
         self.started = time.time()
 
     def on_torch_import(self, torch_module: ModuleType) -> None:
+        import detaudit.recorder
         from detaudit.recorder.core import Recorder
         from detaudit.recorder.hooks import Hooks
         from detaudit.trace import TraceWriter
-
-        import detaudit.recorder
 
         # detaudit's own frames are library code; its demo script is user code.
         location.skip_paths(location.package_dir(torch_module), location.package_dir(detaudit.recorder),

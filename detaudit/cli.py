@@ -146,6 +146,36 @@ def report(run_dir: Path, json_path: Path | None, junit_path: Path | None, quiet
     sys.exit(result.exit_code)
 
 
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("recordings", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--atol", type=float, default=None, help="Compare within this absolute tolerance instead of bitwise.")
+@click.option("--rtol", type=float, default=None, help="Compare within this relative tolerance instead of bitwise.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None, help="Write JUnit XML.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None, json_path: Path | None,
+            junit_path: Path | None, quiet: bool) -> None:
+    """Compare traces (or run directories) recorded elsewhere: another machine, another release.
+
+    Bitwise by default; give --atol/--rtol to compare within a tolerance (as across devices).
+    A run directory contributes its first repeat.
+    """
+    from detaudit.audit import compare_recorded
+    from detaudit.compare import Tolerance
+    from detaudit.render import render, verdict_line
+
+    tolerance = None
+    if atol is not None or rtol is not None:
+        tolerance = Tolerance(atol if atol is not None else 0.0, rtol if rtol is not None else 0.0)
+    result = compare_recorded(list(recordings), tolerance)
+    _write_outputs(result, json_path, junit_path)
+    if quiet:
+        _console().print(verdict_line(result))
+    else:
+        render(result, _console())
+    sys.exit(result.exit_code)
+
+
 @cli.command()
 @click.argument("trace_path", metavar="TRACE", type=click.Path(path_type=Path))
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,

@@ -142,13 +142,12 @@ class DeviceReducer:
         if t.is_neg():
             t = t.resolve_neg()
         flat = t.contiguous().reshape(-1)
-        if flat.storage_offset() * flat.element_size() % 4:
-            flat = flat.clone()  # a slice starting mid-word: viewing its bytes as int32 needs alignment
+        if flat.stride(-1) != 1 or flat.storage_offset() * flat.element_size() % 4:
+            # A one-element view keeps its stride; a slice may start mid-word: viewing the bytes as
+            # int32 needs unit stride and 4-byte alignment.
+            flat = flat.clone(memory_format=torch.contiguous_format)
         raw = flat.view(torch.uint8)
-        if raw.numel() % 4 == 0:
-            words = raw.view(torch.int32)
-        else:
-            words = raw.to(torch.int32)
+        words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw.to(torch.int32)
         n = words.numel()
         lanes = [
             (words * self._weights_for(t.device, n, 0)).sum(dtype=torch.int64),

@@ -7,6 +7,7 @@ stops it and everything it started (DataLoader workers included).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -60,7 +61,7 @@ def plan_repeats(
     env: dict[str, str] | None = None, child_config: dict[str, Any] | None = None, prefix: str = "repeat",
 ) -> list[RepeatPlan]:
     """Repeats for every requested device, numbered in order (device by device)."""
-    plans = []
+    plans: list[RepeatPlan] = []
     for device in devices:
         for _ in range(repeats):
             i = len(plans)
@@ -163,16 +164,12 @@ class Launcher:
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the repeat's process group (the child flushes its trace), then SIGKILL."""
     for sig, grace in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, GRACE_S)):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
         try:
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             continue
         break
-    try:  # stragglers in the group (workers) after the leader exited
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # stragglers (workers) after the leader
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

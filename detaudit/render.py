@@ -29,8 +29,14 @@ def verdict_line(report: Report) -> Text:
     n = len(report.runs)
     devices = sorted({r.device for r in report.runs})
     text = Text(report.verdict.upper(), style=style)
+    if not report.bitwise:
+        agreement = "within tolerance"
+    elif len(devices) > 1:
+        agreement = "bit for bit on each device and within tolerance across devices"
+    else:
+        agreement = "bit for bit"
     extra = {
-        "deterministic": f": {n} repeats agree bit for bit",
+        "deterministic": f": {n} repeats agree {agreement}",
         "divergent": f": repeats disagree ({n} repeats)",
         "failed": f": the script failed in every repeat ({n} repeats)",
     }[report.verdict]

@@ -61,6 +61,7 @@ class Report:
     environment: dict[str, Any] = field(default_factory=dict)
     failure: str = ""  # the script's own error when it failed in every repeat
     repeat_errors: dict[int, str] = field(default_factory=dict)  # stderr tail of each repeat that failed
+    bitwise: bool = True  # False: recordings compared within a tolerance (detaudit compare --atol/--rtol)
 
     @property
     def first_divergence(self) -> Divergence | None:

@@ -130,6 +130,13 @@ class TraceWriter:
         finally:
             self.busy = False
 
+    def abandon(self) -> None:
+        """Close without a footer: the trace reads as incomplete (a repeat that never finished)."""
+        if not self.closed and os.getpid() == self._pid:
+            self.flush()
+            os.close(self._fd)
+            self.closed = True
+
     def close(self, footer: dict[str, Any]) -> None:
         """Flush and write the footer that marks the trace complete."""
         if self.closed or os.getpid() != self._pid:
@@ -173,7 +180,7 @@ def _fail(path: Path, why: str) -> TraceError:
 def _frames(path: Path) -> Iterator[tuple[bytes, bytes]]:
     """Yield (tag, payload) frames; stop quietly at a truncated tail (a killed repeat)."""
     try:
-        fh = open(path, "rb")
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the `with` below; open errors need their own message
     except OSError as exc:
         raise _fail(path, f"cannot open trace ({exc.strerror})") from None
     with fh:

@@ -84,7 +84,7 @@ class Hooks:
             return original_save(obj, f, *args, **kwargs)
 
         torch.save = save
-        torch.serialization.save = save  # type: ignore[assignment]
+        torch.serialization.save = save
 
     # -- modules ---------------------------------------------------------------------------
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
