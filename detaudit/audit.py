@@ -16,16 +16,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit import __version__, causes
+from detaudit import __version__, causes, explain
 from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
+from detaudit.oprules import OpFinding, find_op_source
 from detaudit.report import Report, write_json
 from detaudit.trace import RecordStream, TraceWriter
 
 RUN_FORMAT = "detaudit-run"
 RUN_VERSION = 1
 DEFAULT_RUNS_DIR = Path(".detaudit") / "runs"
+GRANULARITIES = ("step", "module", "op", "auto")
+OPS_PREFIX = "ops"  # traces of the op-level re-run under --granularity auto
 
 
 @dataclass
@@ -73,17 +76,23 @@ def host_environment() -> dict[str, Any]:
 
 
 def execute(options: AuditOptions, run_dir: Path,
-            on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat") -> list[RepeatResult]:
-    """Run the repeats into `run_dir` (no comparison)."""
+            on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
+            cwd: Path | None = None) -> list[RepeatResult]:
+    """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
                          options.child_config, prefix=prefix)
-    launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs)
+    launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
     return launcher.run(plans, on_done)
 
 
-def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None) -> Report:
+def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None,
+              on_narrow: Callable[[list[int]], None] | None = None) -> Report:
+    """Run, compare and diagnose. Under granularity `auto` a divergent run is re-run once, recording
+    ops only around the first divergent step (`on_narrow` is told the window first)."""
     if not options.script.is_file():
         raise UsageError(f"script not found: {options.script}")
+    if options.granularity not in GRANULARITIES:
+        raise UsageError(f"unknown granularity {options.granularity!r}; use one of {', '.join(GRANULARITIES)}")
     run_dir = new_run_dir(options.script, options.out_dir)
     record = {
         "format": RUN_FORMAT, "version": RUN_VERSION, "script": str(options.script),
@@ -93,12 +102,54 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         "environment": host_environment(), "started": time.time(),
     }
     _write_record(run_dir, record)
-    results = execute(options, run_dir, on_done)
+    auto = options.granularity == "auto"
+    results = execute(replace(options, granularity="module") if auto else options, run_dir, on_done)
     record["results"] = [r.to_dict() for r in results]
     _write_record(run_dir, record)
     report = analyse(run_dir, record, results)
+    window = op_window(report) if auto else None
+    if window is not None:
+        if on_narrow is not None:
+            on_narrow(window)
+        narrowed = replace(options, granularity="op", child_config={**options.child_config, "op_window": window})
+        ops_results = execute(narrowed, run_dir, on_done, prefix=OPS_PREFIX)
+        record["narrowing"] = {"window": window, "prefix": OPS_PREFIX, "results": [r.to_dict() for r in ops_results]}
+        _write_record(run_dir, record)
+        report = analyse(run_dir, record, results)
     write_json(report, run_dir / "report.json")
     return report
+
+
+def op_window(report: Report) -> list[int] | None:
+    """Steps to record ops in after a module-level run: the first divergent step and the one before."""
+    first = report.comparison.first_divergence
+    if first is None or first.record is None or first.record.step < 0 or report.verdict != "divergent" \
+            or report.timed_out:
+        return None
+    step = first.record.step
+    return [max(0, step - 1), step]
+
+
+def op_source(run_dir: Path, record: dict[str, Any], traces: Sequence[Path],
+              devices: Sequence[str]) -> OpFinding | None:
+    """The op behind the divergence: from the op-level re-run when there was one, else from the
+    run's own traces when they hold op records."""
+    narrowing = record.get("narrowing")
+    if narrowing:
+        try:
+            ops_results = [RepeatResult(**r) for r in narrowing["results"]]
+        except (TypeError, KeyError):
+            raise TraceError(f"{run_dir}/run.json: malformed narrowing record") from None
+        paths = [run_dir / r.trace for r in ops_results]
+        if not all(p.is_file() for p in paths):
+            return None
+        finding = find_op_source(paths, [r.device for r in ops_results])
+        if finding is not None:
+            finding.traces, finding.window = str(narrowing.get("prefix", OPS_PREFIX)), narrowing.get("window")
+        return finding
+    if not traces or not traces[0].is_file() or RecordStream(traces[0]).header.get("granularity") != "op":
+        return None
+    return find_op_source(traces, devices)
 
 
 def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
@@ -198,8 +249,11 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     report.repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results if r.exit_code != 0}
     if report.verdict == "failed":
         report.failure = report.repeat_errors.get(results[0].index, "")
+    if first is not None:
+        first.op_finding = op_source(run_dir, record, traces, devices)
     if report.first_divergence is not None:
-        report.causes = causes.diagnose(comparison, traces, results)
+        report.causes = causes.diagnose(report.first_divergence, traces, results)
+        explain.apply_saved(report, run_dir)
     return report
 
 

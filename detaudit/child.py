@@ -24,7 +24,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from detaudit.recorder import location
+from detaudit.recorder import evidence, location
+from detaudit.recorder.pins import reexec_without_aslr
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -64,6 +65,7 @@ class Session:
 
     def on_torch_import(self, torch_module: ModuleType) -> None:
         import detaudit.recorder
+        from detaudit.recorder import ops
         from detaudit.recorder.core import Recorder
         from detaudit.recorder.hooks import Hooks
         from detaudit.trace import TraceWriter
@@ -78,32 +80,46 @@ class Session:
             "pid": os.getpid(),
             "device_request": self.config.get("device", "auto"),
             "granularity": self.config.get("granularity", "module"),
+            "op_window": self.config.get("op_window"),
             "pins": self.config.get("pins", []),
             "torch": getattr(torch_module, "__version__", "?"),
         }
         writer = TraceWriter(Path(self.config["trace"]), header)
         self.recorder = Recorder(writer)
+        evidence.attach(self.recorder, torch_module)  # before the hooks: its first-forward event precedes records
         self.hooks = Hooks(self.recorder)
         self.hooks.install()
+        ops.install(self.recorder, self.config, self._stop_after_op_window)
         detaudit._set_active_recorder(self.recorder)
 
-    def finish(self, exit_code: int, error: str | None) -> None:
-        if self.recorder is None:
-            self._empty_trace()
-        footer = {"exit_code": exit_code, "error": error, "duration_s": round(time.time() - self.started, 4)}
+    def _stop_after_op_window(self) -> None:
+        """The op-level re-run of --granularity auto has recorded its window: the rest is not needed."""
+        self.finish(0, None, stopped_after_step=self.recorder.step - 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    def finish(self, exit_code: int, error: str | None, **extra: Any) -> None:
+        footer = {"exit_code": exit_code, "error": error, "duration_s": round(time.time() - self.started, 4),
+                  **extra}
         try:
-            self.recorder.close(footer)
+            sink = self._empty_trace() if self.recorder is None else self.recorder
+            evidence.finish(sink)
+            sink.close(footer)
         except Exception as exc:  # the script's outcome matters more than a last flush
             print(f"detaudit: could not finish the trace: {exc}", file=sys.stderr)
 
-    def _empty_trace(self) -> None:
-        """A script that never imported torch still gets a (record-less) trace."""
-        from detaudit.recorder.core import Recorder
+    def _empty_trace(self) -> Any:
+        """A script that never imported torch still gets a (record-less) trace.
+
+        Written without the Recorder: importing it imports torch, which would fire the import
+        hook mid-import (a circular import) and cost seconds for a script that never used torch.
+        """
         from detaudit.trace import TraceWriter
 
         header = {"repeat": self.config.get("repeat", 0), "script": str(self.script), "argv": sys.argv,
                   "pid": os.getpid(), "torch": None}
-        self.recorder = Recorder(TraceWriter(Path(self.config["trace"]), header))
+        return TraceWriter(Path(self.config["trace"]), header)
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -123,16 +139,21 @@ def _print_user_traceback(exc: BaseException) -> None:
     traceback.print_exception(type(exc), exc, tb)
 
 
-def _run_as_main(script: Path) -> None:
-    """Execute the script as `__main__`, with the module attributes plain python gives it."""
+def _run_as_main(script: str) -> None:
+    """Execute the script as `__main__`, with the module attributes plain python gives it.
+
+    `script` is the path exactly as python would spell `__file__` (absolute, neither normalised
+    nor symlink-resolved), so tracebacks and `__file__` read the same as under plain python.
+    """
     with tokenize.open(script) as fh:
         source = fh.read()
-    code = compile(source, str(script), "exec", dont_inherit=True)
+    code = compile(source, script, "exec", dont_inherit=True)
     main_module = ModuleType("__main__")
-    main_module.__file__ = str(script)
+    main_module.__file__ = script
     main_module.__cached__ = None  # type: ignore[attr-defined]
-    main_module.__loader__ = importlib.machinery.SourceFileLoader("__main__", str(script))
+    main_module.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
     main_module.__spec__ = None
+    main_module.__annotations__ = {}
     main_module.__builtins__ = builtins  # type: ignore[attr-defined]
     sys.modules["__main__"] = main_module
     exec(code, main_module.__dict__)
@@ -141,13 +162,15 @@ def _run_as_main(script: Path) -> None:
 def main(argv: list[str]) -> None:
     config_path, script_arg, *script_args = argv
     config = json.loads(Path(config_path).read_text())
+    reexec_without_aslr(config.get("pins", []))  # the address-layout pin of --explain
     script = Path(script_arg).resolve()
     session = Session(config, script)
 
     sys.argv = [script_arg, *script_args]
     if not sys.flags.safe_path:
         sys.path[0] = str(script.parent)
-    sys.meta_path.insert(0, _AfterImport({"torch": session.on_torch_import}))
+    found = evidence.install(config)
+    sys.meta_path.insert(0, _AfterImport({"torch": session.on_torch_import, **found.import_callbacks()}))
 
     def on_term(signum: int, frame: Any) -> None:
         # Keep what was recorded, but write no footer: the trace must read as incomplete.
@@ -158,7 +181,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, on_term)
 
     try:
-        _run_as_main(script)
+        _run_as_main(os.path.join(os.getcwd(), script_arg))
     except SystemExit as exc:
         session.finish(_exit_code(exc), None)
         raise
@@ -169,8 +192,7 @@ def main(argv: list[str]) -> None:
         summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         session.finish(1, summary)
         _print_user_traceback(exc)
-        sys.stderr.flush()
-        os._exit(1)
+        sys.exit(1)  # a normal exit, as python's: atexit handlers run and buffered stdout is kept
     session.finish(0, None)
 
 

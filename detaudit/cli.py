@@ -35,6 +35,7 @@ Exit codes:
 """
 
 err_console = Console(stderr=True)
+DEFAULT_GRANULARITY = "module"
 
 
 def _console(quiet: bool = False) -> Console:
@@ -98,9 +99,21 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
 @click.option("--atol", type=float, default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
 @click.option("--rtol", type=float, default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+@click.option("--granularity", type=click.Choice(["step", "module", "op", "auto"]), default=DEFAULT_GRANULARITY,
+              show_default=True,
+              help="What each repeat records. step: gradients, parameters and optimizer state at each optimizer "
+                   "step. module: also every module's output. op: also every aten op with its inputs (slowest). "
+                   "auto: module; if the repeats diverge, re-run them once recording ops around the first "
+                   "divergent step, to name the op and the line (docs/granularity.md).")
+@click.option("--explain", is_flag=True, help="If the repeats diverge, confirm the causes by re-running with one "
+              "source pinned at a time (docs/causes.md).")
+@click.option("--explain-all", is_flag=True, help="With --explain: try every candidate pin, not only up to the "
+              "first that confirms a cause.")
+@click.option("--budget", type=click.IntRange(min=1), default=None,
+              help="With --explain: most extra repeats the experiments may run. [default: 12]")
 def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
-        rtol: float, quiet: bool) -> None:
+        rtol: float, quiet: bool, granularity: str, explain: bool, explain_all: bool, budget: int | None) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT; arguments after `--` go to the script untouched:
@@ -113,11 +126,20 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
 
     options = AuditOptions(
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
-        timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol),
+        timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
     )
     context, on_done = _progress_runner(quiet, repeats * len(options.devices))
+
+    def on_narrow(window: list[int]) -> None:
+        if isinstance(context, Progress):
+            context.reset(context.task_ids[0])
+        if not quiet:
+            err_console.print(f"the repeats diverged; re-running them recording ops in steps {window[0]}–{window[1]}")
+
     with context:
-        report = run_audit(options, on_done)
+        report = run_audit(options, on_done, on_narrow)
+    if (explain or explain_all) and report.verdict == "divergent":
+        report = _explain(Path(report.run_dir), budget, explain_all, jobs, quiet)
     _write_outputs(report, json_path, junit_path)
     console = _console()
     if quiet:
@@ -139,6 +161,49 @@ def report(run_dir: Path, json_path: Path | None, junit_path: Path | None, quiet
 
     result = load_run(run_dir)
     _write_outputs(result, json_path, junit_path)
+    if quiet:
+        _console().print(verdict_line(result))
+    else:
+        render(result, _console())
+    sys.exit(result.exit_code)
+
+
+def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool) -> Any:
+    from detaudit.explain import DEFAULT_BUDGET, run_experiments
+
+    def line(experiment: Any) -> None:
+        if not quiet:
+            err_console.print(f"explain: pinned {escape(experiment.description)} -> {experiment.verdict}"
+                              + (f" ({escape(experiment.note)})" if experiment.note else ""))
+
+    if not quiet:
+        err_console.print("explain: re-running with one source of nondeterminism pinned at a time")
+    return run_experiments(run_dir, budget or DEFAULT_BUDGET, explain_all, jobs=jobs, on_experiment=line)
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--budget", type=click.IntRange(min=1), default=None,
+              help="Most extra repeats the experiments may run. [default: 12]")
+@click.option("--all", "explain_all", is_flag=True,
+              help="Try every candidate pin, not only up to the first that confirms a cause.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Repeats run in parallel.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, json_path: Path | None,
+            quiet: bool) -> None:
+    """Confirm why a finished run diverged: re-run it with one source pinned at a time.
+
+    Each experiment pins one candidate source (seeded RNGs, PYTHONHASHSEED, deterministic
+    algorithms, one thread, ...), in the order of the ranked causes; a cause whose pin alone removes
+    the divergence is marked confirmed. Results are stored in RUN_DIR (explain.json), so
+    `detaudit report RUN_DIR` shows them too.
+    """
+    from detaudit.render import render, verdict_line
+
+    result = _explain(run_dir, budget, explain_all, jobs, quiet)
+    _write_outputs(result, json_path, None)
     if quiet:
         _console().print(verdict_line(result))
     else:
@@ -248,7 +313,8 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(EXIT_USAGE if exc.exit_code not in (0,) else 0)
     except DetauditError as exc:
-        err_console.print(f"[bold red]detaudit: error:[/] {escape(str(exc))}")
+        # soft_wrap: one line however long the path in it (CI logs and grep read it whole)
+        err_console.print(f"[bold red]detaudit: error:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("detaudit: interrupted; every repeat was stopped")
@@ -257,5 +323,6 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("DETAUDIT_DEBUG"):
             raise
         err_console.print(f"[bold red]detaudit: internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}. "
-                          "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.")
+                          "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.",
+                          soft_wrap=True)
         sys.exit(70)

@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from detaudit.fingerprint import DTYPE_NAMES
-from detaudit.trace import Kind, RecordStream
+from detaudit.dtypes import DTYPE_NAMES
+from detaudit.trace import Flag, Kind, RecordStream
+
+if TYPE_CHECKING:
+    from detaudit.oprules import OpFinding
 
 CHUNK = 1 << 16
 STRUCT_FIELDS = ("kind", "dtype", "step")
@@ -41,8 +44,14 @@ class RecordInfo:
     step: int
     shape: str
     dtype: str
-    op: str
+    op: str  # op records: the aten overload (`aten.index_put_.default`); "" otherwise
     backward: bool
+    node: str = ""  # backward op records: the autograd node that ran the op (`IndexBackward0`)
+    random: bool = False  # op records: the op draws from an RNG
+
+    @property
+    def phase(self) -> str | None:
+        return ("backward" if self.backward else "forward") if self.op else None
 
 
 @dataclass
@@ -58,6 +67,7 @@ class Divergence:
     max_ulp_diff: int | None = None
     detail: str = ""
     others: dict[int, RecordInfo] = field(default_factory=dict)  # structure: what the other repeats had
+    op_finding: OpFinding | None = None  # the op behind it, when ops were recorded (detaudit/oprules.py)
 
 
 @dataclass
@@ -111,11 +121,13 @@ class _Strings:
 def describe(stream: RecordStream, row: Any, index: int) -> RecordInfo:
     s = stream.strings
     kind = Kind(int(row["kind"])).name.lower() if int(row["kind"]) in Kind._value2member_map_ else "?"
+    is_op = int(row["kind"]) == Kind.OP
+    flags = int(row["flags"])
     return RecordInfo(
         index=index, kind=kind, name=s[row["name"]], module=s[row["module"]], location=s[row["loc"]],
         step=int(row["step"]), shape=s[row["shape"]], dtype=DTYPE_NAMES.get(int(row["dtype"]), "?"),
-        op=s[row["aux"]] if int(row["kind"]) == Kind.OP else "",
-        backward=bool(int(row["flags"]) & 1),
+        op=s[row["name"]] if is_op else "", backward=bool(flags & Flag.BACKWARD),
+        node=s[row["aux"]] if is_op else "", random=bool(flags & Flag.RANDOM),
     )
 
 
@@ -199,6 +211,7 @@ def compare_traces(
             break
         base = counts[0] - len(chunks[0])
         maps = [strings.mapping(i, s.strings) for i, s in enumerate(streams)]
+        was_aligned, upto = aligned, n  # upto: records before any structural divergence in this chunk
         for ref, rep, bitwise in pairs:
             a, b = chunks[ref][:n], chunks[rep][:n]
             same_struct = np.ones(n, dtype=bool)
@@ -212,6 +225,7 @@ def compare_traces(
                 same_value = (a["digest"] == b["digest"]) | _within(a["samples"], b["samples"], tolerance)
             bad_struct = np.flatnonzero(~same_struct)
             limit = int(bad_struct[0]) if len(bad_struct) else n
+            upto = min(upto, limit)
             if len(bad_struct):
                 aligned = False
                 if first is None or base + limit < first.index:
@@ -225,12 +239,13 @@ def compare_traces(
                     base + idx == first.index and first.category == "content"
                 ):
                     first = _content(streams, ref, rep, chunks, base, idx, bitwise, first)
-        # spread: per-step counts of records that differ in any pair (aligned records only)
-        if aligned:
-            any_diff = np.zeros(n, dtype=bool)
-            max_diff = np.zeros(n)
+        # spread: per-step counts of records that differ in any pair (aligned records only, so the
+        # figures do not depend on where chunks happen to end)
+        if was_aligned:
+            any_diff = np.zeros(upto, dtype=bool)
+            max_diff = np.zeros(upto)
             for ref, rep, bitwise in pairs:
-                a, b = chunks[ref][:n], chunks[rep][:n]
+                a, b = chunks[ref][:upto], chunks[rep][:upto]
                 diff = a["digest"] != b["digest"]
                 if not bitwise:
                     diff &= ~_within(a["samples"], b["samples"], tolerance)
@@ -238,14 +253,13 @@ def compare_traces(
                 with np.errstate(invalid="ignore"):
                     gap = np.nan_to_num(np.abs(a["samples"] - b["samples"]), nan=0.0).max(axis=1)
                 max_diff = np.maximum(max_diff, np.where(diff, gap, 0.0))
-            steps = chunks[0]["step"][:n]
-            for step in np.unique(steps):
-                sel = steps == step
-                entry = spread.setdefault(int(step), [0, 0, 0.0])
-                entry[0] += int(sel.sum())
-                entry[1] += int(any_diff[sel].sum())
-                entry[2] = max(entry[2], float(max_diff[sel].max()))
-            compared += n
+            steps = chunks[0]["step"][:upto]
+            for step, total, count, peak in _per_step(steps, any_diff, max_diff):
+                entry = spread.setdefault(step, [0, 0, 0.0])
+                entry[0] += total
+                entry[1] += count
+                entry[2] = max(entry[2], peak)
+            compared += upto
             differing += int(any_diff.sum())
         if n < longest:
             if aligned:  # one trace ended while others go on: a structural or outcome difference
@@ -272,6 +286,19 @@ def compare_traces(
         first_divergence=first, records_compared=compared, records_differing=differing,
         by_step=by_step, aligned_to_end=aligned,
     )
+
+
+def _per_step(steps: np.ndarray, differs: np.ndarray, gaps: np.ndarray) -> list[tuple[int, int, int, float]]:
+    """(step, records, differing, max gap) for each step in a chunk, in one pass (no loop over steps)."""
+    if not len(steps):
+        return []
+    order = np.argsort(steps, kind="stable")
+    ordered = steps[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    totals = np.diff(np.r_[starts, len(steps)])
+    counts = np.add.reduceat(differs[order].astype(np.int64), starts)
+    peaks = np.maximum.reduceat(gaps[order], starts)
+    return list(zip(ordered[starts].tolist(), totals.tolist(), counts.tolist(), peaks.tolist()))
 
 
 def _content(streams: list[RecordStream], ref: int, rep: int, chunks: list[np.ndarray], base: int, idx: int,

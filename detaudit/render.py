@@ -10,6 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from detaudit.oprules import VERDICTS
 from detaudit.report import Report, divergence_to_dict
 
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow"}
@@ -62,8 +63,9 @@ def runs_table(report: Report) -> Table:
 
 def divergence_panel(report: Report) -> Panel | None:
     d = divergence_to_dict(report.first_divergence)
-    if d is None:
+    if d is None or report.first_divergence is None:
         return None
+    rec = report.first_divergence.record  # the record itself; the op behind it has its own panel
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -73,9 +75,9 @@ def divergence_panel(report: Report) -> Panel | None:
         ("step", d["step"] if d["step"] is not None and d["step"] >= 0 else None),
         ("kind", d["kind"]),
         ("name", d["name"]),
-        ("module", d["module"]),
-        ("op", (f"{d['op']} ({d['phase']})" if d["op"] else None)),
-        ("location", d["location"]),
+        ("module", rec.module if rec else None),
+        ("op", f"{rec.op} ({rec.phase})" if rec and rec.op else None),
+        ("location", rec.location if rec else None),
         ("tensor", f"{d['dtype']}[{d['shape']}]" if d["dtype"] else None),
         ("repeats", f"{', '.join(map(str, d['repeats']))} differ from repeat {d['reference']}"),
         ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
@@ -85,6 +87,43 @@ def divergence_panel(report: Report) -> Panel | None:
         if value is not None and value != "":
             grid.add_row(key, escape(str(value)))
     return Panel(grid, title="First divergence", title_align="left", border_style="red")
+
+
+def op_panel(report: Report) -> Panel | None:
+    """The op behind the first divergence, with the input/output match table around it."""
+    first = report.first_divergence
+    f = first.op_finding if first is not None else None
+    if f is None:
+        return None
+    r = f.record
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    rows = [
+        ("op", f"{r.op} ({r.phase}{', autograd node ' + r.node if r.node else ''})"),
+        ("module", r.module),
+        ("location", r.location + (" (the forward line that created its autograd node)" if r.backward else "")
+         if r.location else None),
+        ("step", r.step),
+        ("why", f"{f.verdict}: {VERDICTS[f.verdict]}"),
+        ("origin", f"{f.origin.kind} {f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "")
+         if f.origin is not None else None),
+        ("elsewhere", ", ".join(f"repeat {i} ran {o.op or o.name}" for i, o in sorted(f.others.items()))),
+        ("recorded in", f"an op-level re-run ({f.traces}-*.trace), ops in steps {f.window[0]}–{f.window[1]}"
+         if f.traces and f.window else None),
+    ]
+    for key, value in rows:
+        if value is not None and value != "":
+            grid.add_row(key, escape(str(value)))
+    table = Table(show_edge=False, box=None, padding=(0, 1))
+    for col in ("", "#", "record", "phase", "module", "location", "inputs", "output"):
+        table.add_column(col)
+    for n in f.neighbours:
+        x = n.record
+        table.add_row(">>" if n.chosen else "", str(x.index), escape(x.op or f"{x.kind} {x.name}"),
+                      x.phase or "", escape(x.module), escape(x.location), n.inputs or "-",
+                      Text(n.output, style="red" if n.output == "differ" else ""))
+    return Panel(Group(grid, Text(""), table), title="The op behind it", title_align="left", border_style="magenta")
 
 
 def spread_table(report: Report) -> Table | None:
@@ -143,7 +182,8 @@ def render(report: Report, console: Console) -> None:
             code = report.runs[index].exit_code
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
                                 title=f"Repeat {index} ended differently (exit {code}): its stderr"))
-    for block in (divergence_panel(report), spread_table(report), causes_block(report), experiments_table(report)):
+    for block in (divergence_panel(report), op_panel(report), spread_table(report), causes_block(report),
+                  experiments_table(report)):
         if block is not None:
             console.print(block)
     console.print(Text(f"run directory: {report.run_dir}", style="dim"))

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
 from detaudit import __version__
-from detaudit.compare import Comparison, Divergence
+from detaudit.compare import Comparison, Divergence, RecordInfo
 from detaudit.errors import (
     EXIT_DETERMINISTIC,
     EXIT_DIVERGENT,
@@ -22,8 +23,13 @@ from detaudit.errors import (
 )
 from detaudit.launcher import RepeatResult
 
+if TYPE_CHECKING:
+    from detaudit.oprules import OpFinding
+
 SCHEMA_NAME = "detaudit-report"
 SCHEMA_VERSION = 1
+# Characters XML 1.0 cannot carry even escaped (names and details come from user code).
+_XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 @dataclass
@@ -35,6 +41,7 @@ class Cause:
     summary: str
     evidence: list[str]
     fix: str
+    pins: list[str] = field(default_factory=list)  # `--explain` pins that test it (docs/causes.md)
 
 
 @dataclass
@@ -96,16 +103,19 @@ def divergence_to_dict(d: Divergence | None) -> dict[str, Any] | None:
     if d is None:
         return None
     rec = d.record
+    # op, phase, node, module and location name the op behind the divergence when one was pinpointed
+    op = d.op_finding.record if d.op_finding is not None else rec
     return {
         "index": d.index,
         "category": d.category,
         "kind": rec.kind if rec else None,
         "name": rec.name if rec else None,
-        "module": (rec.module or None) if rec else None,
-        "op": (rec.op or None) if rec else None,
-        "phase": ("backward" if rec.backward else "forward") if rec and rec.op else None,
+        "module": (op.module or None) if op else None,
+        "op": (op.op or None) if op else None,
+        "phase": op.phase if op else None,
+        "node": (op.node or None) if op else None,
         "step": rec.step if rec else None,
-        "location": (rec.location or None) if rec else None,
+        "location": (op.location or None) if op else None,
         "shape": rec.shape if rec else None,
         "dtype": rec.dtype if rec else None,
         "repeats": d.repeats,
@@ -113,6 +123,33 @@ def divergence_to_dict(d: Divergence | None) -> dict[str, Any] | None:
         "max_abs_diff": _finite(d.max_abs_diff),
         "max_ulp_diff": d.max_ulp_diff,
         "detail": d.detail,
+        "op_finding": finding_to_dict(d.op_finding),
+    }
+
+
+def _record_brief(r: RecordInfo) -> dict[str, Any]:
+    return {"index": r.index, "kind": r.kind, "name": r.name, "op": r.op or None, "phase": r.phase,
+            "node": r.node or None, "module": r.module or None, "location": r.location or None, "step": r.step,
+            "shape": r.shape, "dtype": r.dtype}
+
+
+def finding_to_dict(f: OpFinding | None) -> dict[str, Any] | None:
+    """The op behind the divergence, with the input/output match table around it (docs/report-schema.md)."""
+    if f is None:
+        return None
+    return {
+        "verdict": f.verdict,
+        "summary": f.summary,
+        **_record_brief(f.record),
+        "random": f.record.random,
+        "repeats": f.repeats,
+        "reference": f.reference,
+        "origin": _record_brief(f.origin) if f.origin is not None else None,
+        "others": {str(i): _record_brief(o) for i, o in f.others.items()},
+        "traces": f.traces or None,
+        "window": f.window,
+        "neighbours": [{**_record_brief(n.record), "inputs": n.inputs or None, "output": n.output,
+                        "chosen": n.chosen} for n in f.neighbours],
     }
 
 
@@ -190,7 +227,8 @@ def to_junit(report: Report) -> str:
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))
-    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+    xml = ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+    return _XML_INVALID.sub(lambda m: f"\\x{ord(m.group()):02x}", xml)
 
 
 def write_junit(report: Report, path: Path) -> None:

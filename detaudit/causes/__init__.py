@@ -1,15 +1,79 @@
-"""Why it diverged: detectors that read recorded evidence and the comparison (docs/causes.md)."""
+"""Why it diverged: detectors that read recorded evidence and the comparison (docs/causes.md).
+
+Each detector is one small function `Context -> Finding | None` for one cause id, scored by
+how well it explains the *first* divergence (evidence recorded before it, in the repeats that
+differ). `diagnose` ranks them; when none fires, `unknown` says what was ruled out.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from detaudit.compare import Comparison
+from detaudit.causes import device, order, rng
+from detaudit.causes.context import LIKELY, Context, Finding, build, finding
+from detaudit.compare import Divergence
 from detaudit.launcher import RepeatResult
 from detaudit.report import Cause
 
+BACKGROUND = 0.55  # below this, a cause is listed only when nothing likely explains the divergence
+Detector = Callable[[Context], "Finding | None"]
 
-def diagnose(comparison: Comparison, traces: Sequence[Path], runs: Sequence[RepeatResult]) -> list[Cause]:
+DETECTORS: tuple[Detector, ...] = (
+    rng.varying_seed, rng.unseeded_torch_rng, rng.unseeded_numpy_rng, rng.unseeded_python_rng,
+    rng.dataloader_workers, device.environment, device.tf32, device.thread_count, device.nondeterministic_op,
+    device.uninitialized_memory, device.cudnn_benchmark, device.cublas_workspace, order.concurrency,
+    order.python_hash_seed, order.object_order,
+)
+CAUSE_IDS = (
+    "unseeded-torch-rng", "unseeded-numpy-rng", "unseeded-python-rng", "varying-seed", "python-hash-seed",
+    "object-order", "dataloader-workers", "nondeterministic-op", "cudnn-benchmark", "cublas-workspace", "tf32",
+    "thread-count", "uninitialized-memory", "concurrency", "environment", "unknown",
+)
+
+
+def diagnose(divergence: Divergence | None, traces: Sequence[Path], runs: Sequence[RepeatResult]) -> list[Cause]:
     """Ranked causes of the first divergence; empty for a deterministic run."""
-    return []
+    if divergence is None or not runs:
+        return []
+    return rank(build(divergence, traces, runs))
+
+
+def rank(ctx: Context) -> list[Cause]:
+    findings = [f for f in (detect(ctx) for detect in DETECTORS) if f is not None]
+    findings.sort(key=lambda f: -f.score)  # stable: ties keep DETECTORS order
+    if findings and findings[0].score >= LIKELY:  # weak, always-true background causes only add noise
+        findings = [f for f in findings if f.score >= BACKGROUND]
+    return [f.cause for f in findings] or [unknown(ctx).cause]
+
+
+def unknown(ctx: Context) -> Finding:
+    """No detector fired: say what the evidence rules out, so the user knows where not to look."""
+    ruled_out = []
+    for lib in ("torch", "numpy", "python"):
+        states = [next((s["rng"][lib]["digest"] for s in r.states() if lib in s.get("rng", {})
+                        and ctx.precedes(s) and s.get("when") != "import"), None) for r in ctx.involved]
+        seeds = rng.user_seeds(ctx.ref, lib)
+        if None not in states and not ctx.differs(states):
+            how = f"seeded at {seeds[0].get('loc')}" if seeds else "never seeded but"
+            ruled_out.append(f"{rng.NAMES[lib]} RNG: {how} its state matched in every repeat before the divergence")
+    hashes = [r.first("hash") for r in ctx.involved]
+    if all(h is not None for h in hashes) and not ctx.differs([h["probe"] for h in hashes if h is not None]):
+        ruled_out.append("string hashing: the same in every repeat (PYTHONHASHSEED fixed)")
+    if not ctx.ref.of("op"):
+        ruled_out.append("no op on torch's nondeterministic list ran")
+    if not ctx.ref.of("empty"):
+        ruled_out.append("no torch.empty-family allocation from the script")
+    if not ctx.ref.of("concurrency"):
+        ruled_out.append("no threads, executors or pools started by the script")
+    if len({device.device_of(r) for r in ctx.involved}) == 1:
+        ruled_out.append("same device and environment in every compared repeat")
+    lines = [f"ruled out: {line}" for line in ruled_out]
+    if ctx.divergence.category == "outcome" and ctx.record is None or ctx.divergence.index < 0:
+        lines.insert(0, f"the traces agree record for record; only the outcome differs ({ctx.divergence.detail}): "
+                        "the script's output depends on something outside torch (time, pid, uuid, a file left "
+                        "by an earlier run)")
+    lines.append(f"first divergence: {ctx.where()}")
+    fix = "rerun with `--granularity op` to find the op, and `detaudit explain RUN_DIR` to test each source of " \
+          "nondeterminism in turn"
+    return finding("unknown", 0.0, "no recorded evidence explains the divergence", lines, fix)

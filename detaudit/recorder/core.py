@@ -7,7 +7,7 @@ the user-code location, a per-step digest cache and the device-side fingerprint 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,11 @@ class Recorder:
         self._pending: list[Any] = []  # rows waiting for device fingerprints, in record order
         self._reducer: DeviceReducer | None = None
         self.saves = 0
+        self.record_modules = True  # False at step granularity: no module input/output records
+        self.module_stack: list[int] = []  # string ids of the modules whose forward is running
+        # >0 while detaudit itself computes on tensors, so the op recorder (recorder/ops.py) ignores it
+        self.internal = 0
+        self.step_callbacks: list[Callable[[int], None]] = []  # called with the new step after each step
 
     # -- names and places ---------------------------------------------------------------
     def intern(self, text: str) -> int:
@@ -74,19 +79,9 @@ class Recorder:
         dtype = DTYPE_CODES.get(t.dtype, 0)
         device = t.device.type
         if device == self._host_device:
-            key = id(t)
-            hit = self._cache.get(key)
-            version = t._version
-            if hit is not None and hit[0]() is t and hit[1] == version:
-                digest, samples = hit[2], hit[3]
-            else:
-                try:
-                    digest, samples = fingerprint_cpu(t)
-                except (RuntimeError, NotImplementedError, TypeError):
-                    digest, samples, flags = meta_seed(t.dtype, t.shape), _NAN4, flags | Flag.NO_DATA
-                if len(self._cache) > _CACHE_LIMIT:
-                    self._cache.clear()
-                self._cache[key] = (weakref.ref(t), version, digest, samples)
+            digest, samples = self.cpu_digest(t)
+            if samples is _NAN4:
+                flags |= Flag.NO_DATA
             row = (kind, dtype, flags, 0, name, module, loc, self.step, shape_id, aux,
                    digest, inputs[0], inputs[1], samples)
             if self._pending:
@@ -102,11 +97,37 @@ class Recorder:
         if self._reducer is None:
             self._reducer = DeviceReducer()
         partial = (kind, dtype, flags | Flag.DEVICE, 0, name, module, loc, self.step, shape_id, aux)
+        self.internal += 1
+        try:
+            reduced = self._reducer.reduce(t)
+        finally:
+            self.internal -= 1
         # Keep dtype and shape, not the tensor: pending records must not hold activations alive.
-        self._pending.append((partial, (t.dtype, t.shape), self._reducer.reduce(t), inputs))
+        self._pending.append((partial, (t.dtype, t.shape), reduced, inputs))
         if len(self._pending) >= _PENDING_LIMIT:
             self.resolve_pending()
         return 0
+
+    def cpu_digest(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
+        """(digest, samples) of a CPU tensor, from the cache when this exact version was seen.
+
+        Unreadable contents give a dtype/shape seed and NaN samples (the `_NAN4` object itself).
+        """
+        hit = self._cache.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1] == t._version:
+            return hit[2], hit[3]
+        self.internal += 1
+        try:
+            digest, samples = fingerprint_cpu(t)
+        except (RuntimeError, NotImplementedError, TypeError):
+            digest, samples = meta_seed(t.dtype, t.shape), _NAN4
+        finally:
+            self.internal -= 1
+        if len(self._cache) > _CACHE_LIMIT:  # drop dead tensors first: op granularity caches every output
+            live = {k: v for k, v in self._cache.items() if v[0]() is not None}
+            self._cache = live if len(live) < _CACHE_LIMIT // 2 else {}
+        self._cache[id(t)] = (weakref.ref(t), t._version, digest, samples)
+        return digest, samples
 
     def _emit(self, row: tuple[Any, ...]) -> None:
         if self._pending:
@@ -147,6 +168,8 @@ class Recorder:
         self._cache.clear()
         self.resolve_pending()
         self.writer.flush()
+        for callback in self.step_callbacks:
+            callback(self.step)
 
     def event(self, event: dict[str, Any]) -> None:
         self.resolve_pending()

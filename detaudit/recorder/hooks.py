@@ -93,7 +93,8 @@ class Hooks:
             if module not in self.names.modules:
                 self.names.add_root(module)
             module_id = self._module_ids[module] = self.recorder.intern(self.names.modules[module])
-        if module in self.names.roots and self.recorder.enabled:
+        self.recorder.module_stack.append(module_id)  # op records name the innermost running module
+        if module in self.names.roots and self.recorder.enabled and self.recorder.record_modules:
             # The data a model is given: tells a data-pipeline cause from a model-internal one.
             rec = self.recorder
             loc = rec.location_id(1)
@@ -102,12 +103,17 @@ class Hooks:
 
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         rec = self.recorder
-        if not rec.enabled:
-            return
         module_id = self._module_ids.get(module)
         if module_id is None:  # forward hooks registered before ours can skip our pre hook
             self._on_forward_pre(module, args)
             module_id = self._module_ids[module]
+        stack = rec.module_stack
+        if stack and stack[-1] == module_id:
+            stack.pop()
+        elif module_id in stack:  # entries above it were left by forwards that raised
+            del stack[len(stack) - 1 - stack[::-1].index(module_id):]
+        if not rec.enabled or not rec.record_modules:
+            return
         loc = rec.location_id(1)
         if isinstance(output, torch.Tensor):
             rec.record_tensor(Kind.OUTPUT, module_id, output, module_id, loc)
@@ -126,6 +132,7 @@ class Hooks:
         rec = self.recorder
         if self._primary is None:
             self._primary = weakref.ref(optimizer)
+        rec.module_stack.append(rec.intern(f"optimizer {type(optimizer).__name__}"))
         if not rec.enabled:
             return
         loc = rec.location_id(1)
@@ -135,6 +142,8 @@ class Hooks:
 
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         rec = self.recorder
+        if rec.module_stack:
+            rec.module_stack.pop()
         if rec.enabled:
             loc = rec.location_id(1)
             state = optimizer.state

@@ -1,0 +1,503 @@
+#!/usr/bin/env python
+"""detaudit's performance suite: the targets of issue 5, measured side by side in one run.
+
+    python benchmarks/run.py            full run (about 3-5 minutes); writes benchmarks/results/latest.json
+                                        and refreshes benchmarks/RESULTS.md
+    python benchmarks/run.py --quick    smoke run for CI (well under a minute); writes results/quick.json
+    python benchmarks/run.py --no-write print the table only
+
+Every ratio compares two things measured in this run, on this machine, interleaved where
+possible, so machine load shifts both sides alike. Pass/fail is printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS = HERE / "workloads"
+RESULTS_DIR = HERE / "results"
+MB = 1 << 20
+
+
+@dataclass
+class Row:
+    """One line of the table: a target, what this run measured, and whether it passes."""
+
+    section: str
+    name: str
+    target: str
+    measured: str
+    ratio: float | None = None  # measured / limit-side reference, as the target states it
+    passed: bool | None = None  # None: informational or not measurable here
+    detail: str = ""
+
+
+@dataclass
+class Sizes:
+    """How much work each section does; `--quick` shrinks everything."""
+
+    fp_sizes_mb: tuple[int, ...] = (64, 512)
+    fp_rounds: int = 7
+    small_calls: int = 20000
+    workloads: tuple[str, ...] = ("cnn", "mlp", "transformer")
+    steps: int = 60
+    warmup_steps: int = 10
+    rounds: int = 3
+    audit_workloads: tuple[str, ...] = ("cnn",)
+    audit_repeats: int = 5
+    audit_rounds: int = 1
+    compare_records: int = 1_000_000
+    compare_repeats: int = 5
+
+
+QUICK = Sizes(fp_sizes_mb=(8, 64), fp_rounds=3, small_calls=5000, workloads=("mlp",), steps=12,
+              warmup_steps=3, rounds=1, audit_workloads=("mlp",), audit_repeats=2, compare_records=50_000)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+# -- 1. fingerprint throughput ----------------------------------------------------------------
+
+def bench_fingerprint(sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
+    """xxh3 fingerprints against a copy into a reused buffer, interleaved, on the same tensor."""
+    import torch
+
+    from detaudit.fingerprint import fingerprint_cpu
+
+    rows, raw = [], {}
+    for size_mb in sizes.fp_sizes_mb:
+        src = torch.randn(size_mb * MB // 4)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # fault the pages in before timing
+        fingerprint_cpu(src)
+        copy_s, fp_s = [], []
+        for _ in range(sizes.fp_rounds):
+            start = time.perf_counter()
+            dst.copy_(src)
+            copy_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            fingerprint_cpu(src)
+            fp_s.append(time.perf_counter() - start)
+        nbytes = src.nbytes
+        copy_gbs, fp_gbs = nbytes / median(copy_s) / 1e9, nbytes / median(fp_s) / 1e9
+        ratio = fp_gbs / copy_gbs
+        raw[f"fingerprint_{size_mb}mb"] = {"copy_s": copy_s, "fingerprint_s": fp_s,
+                                           "copy_gbs": copy_gbs, "fingerprint_gbs": fp_gbs}
+        rows.append(Row("1 fingerprint", f"fingerprint {size_mb} MB float32", "≥ 0.90× memcpy",
+                        f"{fp_gbs:.2f} GB/s vs memcpy {copy_gbs:.2f} GB/s", ratio, ratio >= 0.9,
+                        f"torch copy_ into a reused buffer ({torch.get_num_threads()} threads) "
+                        "vs single-threaded xxh3"))
+        del src, dst
+    small = torch.randn(256)  # 1 KB
+    calls = sizes.small_calls
+    per_call = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fingerprint_cpu(small)
+        per_call.append((time.perf_counter() - start) / calls)
+    us = median(per_call) * 1e6
+    raw["fingerprint_1kb_us"] = [p * 1e6 for p in per_call]
+    rows.append(Row("1 fingerprint", "fingerprint 1 KB tensor (fixed cost)", "≤ 3 µs", f"{us:.2f} µs",
+                    us / 3.0, us <= 3.0, "digest + 4 samples, median of 5 loops"))
+    return rows, raw
+
+
+# -- 2 and 5. instrumentation overhead and trace size ---------------------------------------------
+
+def granularities() -> list[str]:
+    """The granularities `detaudit run` offers (op/auto only once --granularity exists)."""
+    from detaudit.cli import run
+
+    for param in run.params:
+        if param.name == "granularity":
+            return [str(c) for c in getattr(param.type, "choices", ["module"])]
+    return ["module"]
+
+
+@dataclass
+class Timing:
+    step_s: float  # median in-process step time, warm-up steps excluded
+    wall_s: float  # the whole process, interpreter start included
+    records: int = 0
+    trace_bytes: int = 0
+    stdout: str = ""
+
+
+def run_workload(workload: str, granularity: str | None, steps: int, warmup: int, tmp: Path, tag: str) -> Timing:
+    """Run a workload once: plain python (granularity None) or as one detaudit repeat."""
+    from detaudit.launcher import plan_repeats
+    from detaudit.trace import RecordStream
+
+    script = WORKLOADS / f"{workload}.py"
+    args = ["--steps", str(steps)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    trace = None
+    if granularity is None:
+        cmd = [sys.executable, str(script), *args]
+    else:
+        run_dir = tmp / tag
+        run_dir.mkdir()
+        plan = plan_repeats(run_dir, 1, ["cpu"], granularity)[0]
+        trace = plan.trace
+        config = run_dir / "config.json"
+        config.write_text(json.dumps({**plan.child_config, "trace": str(trace)}))
+        env.update(plan.env)
+        cmd = [sys.executable, "-m", "detaudit.child", str(config), str(script), *args]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=WORKLOADS)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{workload} ({granularity or 'plain'}) failed:\n{proc.stderr[-2000:]}")
+    bench = next(line for line in proc.stderr.splitlines() if line.startswith("BENCH "))
+    step_s = json.loads(bench[6:])["step_s"][warmup:]
+    timing = Timing(median(step_s), wall, stdout=proc.stdout)
+    if trace is not None:
+        stream = RecordStream(trace)
+        stream.drain()
+        timing.records = int((stream.footer or {}).get("records", 0))
+        timing.trace_bytes = trace.stat().st_size
+    return timing
+
+
+def bench_overhead(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
+    """Plain vs one repeat at each granularity; configurations interleaved, medians over rounds."""
+    offered = granularities()
+    configs: list[str | None] = [None, *[g for g in ("module", "op", "auto") if g in offered]]
+    runs: dict[tuple[str, str], list[Timing]] = {}
+    for rnd in range(sizes.rounds):
+        for workload in sizes.workloads:
+            for config in configs:
+                label = config or "plain"
+                timing = run_workload(workload, config, sizes.steps, sizes.warmup_steps, tmp,
+                                      f"{workload}-{label}-{rnd}")
+                runs.setdefault((workload, label), []).append(timing)
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
+    for workload in sizes.workloads:
+        step = {label: median([t.step_s for t in runs[(workload, label)]])
+                for (w, label) in runs if w == workload}
+        wall = {label: median([t.wall_s for t in runs[(workload, label)]])
+                for (w, label) in runs if w == workload}
+        raw[workload] = {f"{w}:{label}": [asdict(t) | {"stdout": None} for t in ts]
+                         for (w, label), ts in runs.items() if w == workload}
+        plain_out = runs[(workload, "plain")][0].stdout
+        for label, target, limit, ref in (("module", "≤ 1.10× plain", 1.10, "plain"),
+                                          ("op", "≤ 1.50× plain", 1.50, "plain"),
+                                          ("auto", "≤ 1.15× module", 1.15, "module")):
+            name = f"{workload}: {label} granularity"
+            if label not in step:
+                rows.append(Row("2 overhead", name, target, "not available", None, None,
+                                "`detaudit run --granularity` does not offer it yet"))
+                continue
+            same = all(t.stdout == plain_out for t in runs[(workload, label)])
+            note = "" if same else "; OUTPUT DIFFERS from plain run (instrumentation changed the numerics)"
+            for what, table in (("step time", step), ("wall time", wall)):
+                ratio = table[label] / table[ref]
+                rows.append(Row("2 overhead", f"{name} ({what})", target,
+                                f"{fmt_ms(table[ref]) if what == 'step time' else f'{table[ref]:.2f} s'} → "
+                                f"{fmt_ms(table[label]) if what == 'step time' else f'{table[label]:.2f} s'}",
+                                ratio, ratio <= limit and same,
+                                f"median of {sizes.rounds} interleaved runs" + note))
+    # 5. trace size on the workloads
+    for (workload, label), timings in runs.items():
+        if label == "plain":
+            continue
+        t = timings[0]
+        per_record = t.trace_bytes / max(t.records, 1)
+        rows.append(Row("5 trace size", f"{workload}: {label} granularity", "≤ 100 B/record",
+                        f"{per_record:.1f} B/record", per_record / 100, per_record <= 100,
+                        f"{t.records} records, {t.trace_bytes / 1024:.0f} KiB for {sizes.steps} steps"))
+    return rows, raw
+
+
+def crash_readable(tmp: Path) -> Row:
+    """A trace cut off mid-frame (a killed repeat) still reads: a prefix of records, no footer."""
+    from detaudit.trace import read_trace
+
+    traces = sorted(tmp.glob("*-module-0/*.trace"))
+    if not traces:
+        return Row("5 trace size", "trace readable after a crash", "readable prefix", "no trace", None, None)
+    whole = read_trace(traces[0])
+    cut = tmp / "cut.trace"
+    data = traces[0].read_bytes()
+    cut.write_bytes(data[: len(data) * 2 // 3 + 7])  # mid-frame
+    part = read_trace(cut)
+    ok = 0 < len(part.records) < len(whole.records) and part.footer is None
+    return Row("5 trace size", "trace readable after a crash", "readable prefix, marked incomplete",
+               f"{len(part.records)}/{len(whole.records)} records, footer {'missing' if part.footer is None else 'present'}",
+               None, ok, "trace truncated at 2/3 of its bytes, mid-frame")
+
+
+# -- 3. whole audit -----------------------------------------------------------------------------
+
+def bench_audit(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
+    """`detaudit run --repeats N` (jobs 1 and 2) against N plain sequential runs."""
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
+    n = sizes.audit_repeats
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "COLUMNS": "120"}
+    for workload in sizes.audit_workloads:
+        script = str(WORKLOADS / f"{workload}.py")
+        args = ["--steps", str(sizes.steps)]
+        times: dict[str, list[float]] = {"plain": [], "jobs1": [], "jobs2": []}
+        codes = []
+        for rnd in range(sizes.audit_rounds):
+            start = time.perf_counter()
+            for _ in range(n):
+                subprocess.run([sys.executable, script, *args], env=env, capture_output=True, check=True)
+            times["plain"].append(time.perf_counter() - start)
+            for jobs in (1, 2):
+                out = tmp / f"audit-{workload}-{jobs}-{rnd}"
+                cmd = [sys.executable, "-m", "detaudit", "run", script, "--repeats", str(n), "--jobs", str(jobs),
+                       "--out", str(out), "-q", "--", *args]
+                start = time.perf_counter()
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                times[f"jobs{jobs}"].append(time.perf_counter() - start)
+                codes.append(proc.returncode)
+        plain, jobs1, jobs2 = (median(times[k]) for k in ("plain", "jobs1", "jobs2"))
+        note = "" if all(c == 0 for c in codes) else f"; audit exit codes {codes} (expected 0: deterministic)"
+        raw[workload] = times | {"exit_codes": codes}
+        rows.append(Row("3 whole audit", f"{workload}: run --repeats {n}", f"≤ 1.15× {n} plain runs",
+                        f"{plain:.2f} s → {jobs1:.2f} s", jobs1 / plain, jobs1 / plain <= 1.15 and not note,
+                        f"{sizes.steps} steps per run" + note))
+        rows.append(Row("3 whole audit", f"{workload}: run --repeats {n} --jobs 2",
+                        f"well under {n} sequential plain runs (≤ 0.80×)",
+                        f"{plain:.2f} s → {jobs2:.2f} s", jobs2 / plain, jobs2 / plain <= 0.80 and not note,
+                        f"{os.cpu_count()} cores, each repeat uses torch's default thread count" + note))
+    return rows, raw
+
+
+# -- 4. compare and report ----------------------------------------------------------------------
+
+_COMPARE_CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+start = time.perf_counter()
+from detaudit.audit import load_run
+from detaudit.report import to_dict
+imported = time.perf_counter()
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+report = load_run(Path(sys.argv[1]))
+text = json.dumps(to_dict(report))
+done = time.perf_counter()
+first = report.first_divergence
+print(json.dumps({"import_s": imported - start, "seconds": done - imported, "verdict": report.verdict,
+                  "first_divergence": first.index if first else None, "torch_imported": "torch" in sys.modules,
+                  "import_rss_mb": base / 1024, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def write_synthetic_traces(directory: Path, records: int, repeats: int) -> list[Path]:
+    """Traces shaped like a real run (40 named tensors per step) that agree except one record of the last."""
+    from detaudit.trace import Kind, TraceWriter
+
+    per_step = 40
+    diverge_at = records * 3 // 4
+    paths = []
+    for r in range(repeats):
+        path = directory / f"repeat-{r}.trace"
+        writer = TraceWriter(path, {"repeat": r, "script": "synthetic", "granularity": "module"})
+        names = [writer.intern(f"model.layer{i}.weight") for i in range(per_step)]
+        shapes = [writer.intern(f"{64 + i}x128") for i in range(per_step)]
+        loc = writer.intern("train.py:42")
+        for i in range(records):
+            j = i % per_step
+            digest = (i * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+            value = (i % 1000) / 1000.0
+            if r == repeats - 1 and i == diverge_at:
+                digest ^= 1
+                value += 1e-7
+            writer.add((Kind.OUTPUT, 1, 0, 0, names[j], 0, loc, i // per_step, shapes[j], 0, digest, 0, 0,
+                        (value, value, value, value)))
+        writer.close({"exit_code": 0})
+        paths.append(path)
+    return paths
+
+
+def bench_compare(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
+    """Compare + report of synthetic traces in a fresh interpreter: seconds and peak RSS."""
+    from detaudit.audit import RUN_FORMAT, RUN_VERSION
+
+    run_dir = tmp / "compare-run"
+    run_dir.mkdir()
+    n, records = sizes.compare_repeats, sizes.compare_records
+    start = time.perf_counter()
+    paths = write_synthetic_traces(run_dir, records, n)
+    write_s = time.perf_counter() - start
+    results = []
+    for i, path in enumerate(paths):
+        (run_dir / f"repeat-{i}.stdout").write_text("same\n")
+        (run_dir / f"repeat-{i}.stderr").write_text("")
+        results.append({"index": i, "device": "cpu", "exit_code": 0, "duration_s": 1.0, "timed_out": False,
+                        "trace": path.name, "stdout": f"repeat-{i}.stdout", "stderr": f"repeat-{i}.stderr",
+                        "stdout_digest": "same"})
+    (run_dir / "run.json").write_text(json.dumps({
+        "format": RUN_FORMAT, "version": RUN_VERSION, "script": "synthetic", "script_args": [],
+        "repeats": n, "devices": ["cpu"], "granularity": "module", "results": results,
+    }))
+    proc = subprocess.run([sys.executable, "-c", _COMPARE_CHILD, str(run_dir)], capture_output=True, text=True,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    if proc.returncode != 0:
+        raise RuntimeError(f"compare child failed:\n{proc.stderr[-2000:]}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = got["first_divergence"] == records * 3 // 4
+    label = f"{n} traces × {records:,} records"
+    size_mb = sum(p.stat().st_size for p in paths) / MB
+    rows = [
+        Row("4 compare", f"compare + report, {label}: time", "≤ 5 s", f"{got['seconds']:.2f} s",
+            got["seconds"] / 5, got["seconds"] <= 5 and found,
+            f"{size_mb:.0f} MB of traces; divergence at record {got['first_divergence']} "
+            f"({'found' if found else 'WRONG'}); +{got['import_s']:.2f} s imports"),
+        Row("4 compare", f"compare + report, {label}: peak memory", "≤ 200 MB",
+            f"{got['peak_rss_mb']:.0f} MB peak RSS", got["peak_rss_mb"] / 200, got["peak_rss_mb"] <= 200,
+            f"{got['import_rss_mb']:.0f} MB after imports (torch imported: {got['torch_imported']})"),
+        Row("4 compare", f"trace writer, {label}", "(info)",
+            f"{n * records / write_s / 1e6:.2f} M records/s", None, None, "TraceWriter.add one row at a time"),
+    ]
+    return rows, got | {"write_s": write_s}
+
+
+# -- 6. CUDA ------------------------------------------------------------------------------------
+
+def cuda_row() -> Row:
+    return Row("6 CUDA", "device fingerprints, host syncs per step", "no host copy; ≤ 1 sync per optimizer step",
+               "not measurable here (CPU-only torch)", None, None,
+               "design: DeviceReducer hashes on the device (position-weighted int32 words summed in int64, "
+               "order-independent); Recorder batches the 6 values per tensor and moves them to the host "
+               "in one transfer at the optimizer step (resolve_pending), so one sync per step")
+
+
+# -- table and files ------------------------------------------------------------------------------
+
+def verdict(row: Row) -> str:
+    return {True: "pass", False: "MISS", None: "-"}[row.passed]
+
+
+def table_lines(rows: Sequence[Row]) -> list[str]:
+    head = ("section", "benchmark", "target", "measured", "ratio", "result")
+    body = [(r.section, r.name, r.target, r.measured, f"{r.ratio:.2f}" if r.ratio is not None else "",
+             verdict(r)) for r in rows]
+    widths = [max(len(str(line[i])) for line in [head, *body]) for i in range(len(head))]
+    fmt = "  ".join(f"{{:{w}}}" for w in widths)
+    return [fmt.format(*head), fmt.format(*("-" * w for w in widths)), *(fmt.format(*line) for line in body)]
+
+
+def markdown(rows: Sequence[Row], meta: dict[str, Any], notes: str) -> str:
+    lines = [
+        "# detaudit benchmark results",
+        "",
+        f"Generated by `python benchmarks/run.py` on {meta['date']} — {meta['machine']}, "
+        f"{meta['cpus']} CPUs, Python {meta['python']}, torch {meta['torch']}; "
+        f"load average before/after: {meta['load_before']} / {meta['load_after']}; "
+        f"the suite took {meta['duration_s']:.0f} s. Ratios compare two figures measured side by side in this run.",
+        "",
+        "| section | benchmark | target | measured | ratio | result | how |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = f"{r.ratio:.2f}" if r.ratio is not None else ""
+        lines.append(f"| {r.section} | {r.name} | {r.target} | {r.measured} | {ratio} | {verdict(r)} | {r.detail} |")
+    return "\n".join(lines) + "\n\n" + notes
+
+
+NOTES_MARK = "<!-- notes: kept across runs -->"
+
+
+def kept_notes(path: Path) -> str:
+    """The hand-written analysis below the table survives a refresh of the numbers."""
+    if path.is_file() and NOTES_MARK in path.read_text():
+        return NOTES_MARK + path.read_text().split(NOTES_MARK, 1)[1]
+    return NOTES_MARK + "\n"
+
+
+def run_suite(sizes: Sizes, sections: set[str], log: Callable[[str], None]) -> tuple[list[Row], dict[str, Any]]:
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="detaudit-bench-"))
+    steps: list[tuple[str, Callable[[], tuple[list[Row], dict[str, Any]]]]] = [
+        ("fingerprint", lambda: bench_fingerprint(sizes)),
+        ("overhead", lambda: bench_overhead(sizes, tmp)),
+        ("audit", lambda: bench_audit(sizes, tmp)),
+        ("compare", lambda: bench_compare(sizes, tmp)),
+    ]
+    try:
+        for name, step in steps:
+            if name not in sections:
+                continue
+            log(f"… {name}")
+            start = time.perf_counter()
+            got, raw[name] = step()
+            rows.extend(got)
+            if name == "overhead":
+                rows.append(crash_readable(tmp))
+            log(f"  {name} took {time.perf_counter() - start:.1f} s")
+        rows.append(cuda_row())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    order = {s: i for i, s in enumerate(("1", "2", "3", "4", "5", "6"))}
+    rows.sort(key=lambda r: order.get(r.section[0], 9))
+    return rows, raw
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run with small sizes (CI)")
+    parser.add_argument("--no-write", action="store_true", help="print the table, write no files")
+    parser.add_argument("--only", default="fingerprint,overhead,audit,compare",
+                        help="comma-separated sections to run")
+    args = parser.parse_args(argv)
+    import torch
+
+    sizes = QUICK if args.quick else Sizes()
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    print(f"load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} on {os.cpu_count()} CPUs",
+          file=sys.stderr)
+    rows, raw = run_suite(sizes, set(args.only.split(",")), lambda m: print(m, file=sys.stderr, flush=True))
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(), "cpus": os.cpu_count(),
+        "python": platform.python_version(), "torch": torch.__version__, "quick": args.quick,
+        "load_before": " ".join(f"{x:.2f}" for x in load_before),
+        "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "duration_s": time.perf_counter() - started, "sizes": asdict(sizes),
+        "runner_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    print("\n".join(table_lines(rows)))
+    print(f"\n{sum(r.passed is True for r in rows)} pass, {sum(r.passed is False for r in rows)} miss, "
+          f"{sum(r.passed is None for r in rows)} not judged; {meta['duration_s']:.0f} s", file=sys.stderr)
+    if not args.no_write:
+        RESULTS_DIR.mkdir(exist_ok=True)
+        out = RESULTS_DIR / ("quick.json" if args.quick else "latest.json")
+        out.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows], "raw": raw}, indent=1))
+        print(f"wrote {out}", file=sys.stderr)
+        if not args.quick and args.only == parser.get_default("only"):
+            md = HERE / "RESULTS.md"
+            md.write_text(markdown(rows, meta, kept_notes(md)))
+            print(f"wrote {md}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""What the detectors read: each repeat's evidence events, lined up with the first divergence.
+
+Events come from the trace (`E` frames, each positioned at the record index it was written
+before) and from the DataLoader workers' side file `<trace>.workers.jsonl`. An event "precedes"
+the divergence when its position is at or before the first divergent record (every event does
+for an outcome-only divergence).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from detaudit.compare import Divergence
+from detaudit.errors import TraceError
+from detaudit.launcher import RepeatResult
+from detaudit.recorder.evidence import WORKERS_SUFFIX
+from detaudit.report import Cause
+from detaudit.trace import RecordStream
+
+LIKELY = 0.7  # a score at or above this is reported as "likely", below as "possible"
+
+
+@dataclass
+class Finding:
+    """A detector's verdict: the Cause and how well it explains the first divergence (0..1)."""
+
+    cause: Cause
+    score: float
+
+
+def finding(cause_id: str, score: float, summary: str, evidence: list[str], fix: str,
+            pins: Sequence[str] = ()) -> Finding:
+    confidence = "likely" if score >= LIKELY else "possible"
+    return Finding(Cause(cause_id, confidence, summary, evidence, fix, list(dict.fromkeys(pins))), score)
+
+
+@dataclass
+class RepeatEvidence:
+    index: int
+    device: str
+    path: Path
+    events: list[dict[str, Any]] = field(default_factory=list)  # main process, in the order written
+    worker_events: list[dict[str, Any]] = field(default_factory=list)  # DataLoader workers (side file)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("type") == kind]
+
+    def first(self, kind: str) -> dict[str, Any] | None:
+        return next((e for e in self.events if e.get("type") == kind), None)
+
+    def states(self) -> list[dict[str, Any]]:
+        return self.of("state")
+
+    def flags_at(self, when: str) -> dict[str, Any] | None:
+        return next((e.get("flags") for e in self.states() if e.get("when") == when and e.get("flags")), None)
+
+
+def load(path: Path, index: int, device: str) -> RepeatEvidence:
+    """A repeat's events; a missing or unreadable trace gives none (compare already reported it)."""
+    rep = RepeatEvidence(index, device, Path(path))
+    try:
+        stream = RecordStream(Path(path))
+        stream.drain()
+        rep.events = [e for e in stream.events if isinstance(e, dict)]
+    except (TraceError, OSError):
+        return rep
+    side = Path(str(path) + WORKERS_SUFFIX)
+    if side.is_file():
+        for line in side.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a worker killed mid-write leaves a partial last line
+            if isinstance(event, dict):
+                rep.worker_events.append(event)
+    return rep
+
+
+class Context:
+    """The divergence plus every repeat's evidence, with the comparisons detectors need."""
+
+    def __init__(self, divergence: Divergence, repeats: list[RepeatEvidence]) -> None:
+        self.divergence = divergence
+        self.repeats = repeats
+        self.limit = divergence.index if divergence.index >= 0 else math.inf
+        by_index = {r.index: r for r in repeats}
+        self.ref = by_index.get(divergence.reference, repeats[0])
+        self.involved = [self.ref] + [by_index[i] for i in divergence.repeats if i in by_index and i != self.ref.index]
+
+    @property
+    def record(self) -> Any:
+        return self.divergence.record
+
+    @property
+    def op_finding(self) -> Any:
+        return getattr(self.divergence, "op_finding", None)
+
+    def precedes(self, event: dict[str, Any]) -> bool:
+        return int(event.get("at", 0)) <= self.limit
+
+    def where(self) -> str:
+        """Where the divergence surfaced, in words, for evidence lines."""
+        rec = self.record
+        if rec is None:
+            return self.divergence.detail or "the script's output"
+        what = f"{rec.kind} {rec.name}" + (f" of {rec.module}" if rec.module and rec.module != rec.name else "")
+        step = f" at step {rec.step}" if rec.step >= 0 else ""
+        loc = f" ({rec.location})" if rec.location else ""
+        return f"record #{rec.index}, {what}{step}{loc}"
+
+    def aligned(self, pick: Any) -> Iterator[list[dict[str, Any]]]:
+        """The k-th picked event of every involved repeat, for each k all of them have."""
+        lists = [pick(r) for r in self.involved]
+        for k in range(min(len(x) for x in lists) if lists else 0):
+            yield [x[k] for x in lists]
+
+    def differs(self, values: Sequence[Any]) -> bool:
+        return len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1
+
+    def pair_text(self, values: Sequence[Any], fmt: Any = str) -> str:
+        """`x in repeat 0, y in repeat 2` for the involved repeats."""
+        return ", ".join(f"{fmt(v)} in repeat {r.index}" for v, r in zip(values, self.involved))
+
+
+def build(divergence: Divergence, traces: Sequence[Path], runs: Sequence[RepeatResult]) -> Context:
+    repeats = [load(path, run.index, run.device) for path, run in zip(traces, runs)]
+    return Context(divergence, repeats)

@@ -1,0 +1,254 @@
+"""Kernel, device and environment causes: nondeterministic-op, cudnn-benchmark, cublas-workspace, tf32,
+thread-count, uninitialized-memory, environment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
+from detaudit.trace import RecordStream
+
+CUBLAS_OK = (":4096:8", ":16:8")
+ENV_KEYS = ("python", "torch", "numpy", "cuda", "cudnn", "driver", "cpu", "machine", "os")
+SNAPSHOTS = ("first-forward", "first-step", "end")
+# variables other detectors own (thread counts) or that only say which device a repeat used
+NOT_ENVIRONMENT = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def _modules(rep: RepeatEvidence) -> dict[str, Any]:
+    return rep.first("modules") or {}
+
+
+def _flags(ctx: Context, rep: RepeatEvidence, before_only: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    return [(s["when"], s["flags"]) for s in rep.states()
+            if s.get("when") in SNAPSHOTS and s.get("flags") and (not before_only or ctx.precedes(s))]
+
+
+def device_of(rep: RepeatEvidence) -> str:
+    """The device a repeat computed on (as its evidence says; recordings compared by `compare` have no other)."""
+    return str((rep.first("environment") or {}).get("device") or rep.device)
+
+
+def _in(ctx: Context, names: list[str]) -> bool:
+    rec = ctx.record
+    return rec is not None and bool({rec.module, rec.name} & set(names))
+
+
+def nondeterministic_op(ctx: Context) -> Finding | None:
+    ops = [e for e in ctx.ref.of("op") if ctx.precedes(e) and not e.get("deterministic")
+           and (e.get("device") != "cpu" or e.get("threads", 1) > 1)]
+    found = ctx.op_finding
+    kernel = found is not None and found.verdict == "nondeterministic-op"
+    if not ops and not kernel:
+        return None
+    torch_version = (ctx.ref.first("environment") or {}).get("torch", "?")
+    lines = [f"{e['op']} ran on {e['device']} at {e.get('loc') or '?'} ({e.get('phase')}, {e.get('threads')} "
+             f"threads, deterministic algorithms off); torch {torch_version} lists \"{e.get('entry')}\""
+             for e in ops[:3]]
+    if kernel:
+        lines.append(f"op-level records: {found.summary}")
+    lines.append(f"first divergence: {ctx.where()}")
+    rec = ctx.record
+    score = 0.95 if kernel else 0.8
+    if ops and rec is not None and (rec.kind == "grad" or rec.backward) and any(e.get("phase") == "backward"
+                                                                               for e in ops):
+        score = max(score, 0.88)
+    name = ops[0]["op"] if ops else found.record.op
+    loc = ops[0].get("loc") if ops else found.record.location
+    fix = f"call `torch.use_deterministic_algorithms(True)` at the top of the script: {name} at {loc} then uses " \
+          "a deterministic kernel"
+    cpu = any(e.get("device") == "cpu" for e in ops)
+    if cpu:
+        fix += "; on CPU, `torch.set_num_threads(1)` also removes it"
+    return finding("nondeterministic-op", score, f"{name} accumulates in thread or atomic order, which changes "
+                   "from run to run", lines, fix, ["deterministic"] + (["one-thread"] if cpu else []))
+
+
+def cudnn_benchmark(ctx: Context) -> Finding | None:
+    on = [(rep.index, when) for rep in ctx.involved for when, f in _flags(ctx, rep)
+          if f.get("cudnn.benchmark") and not f.get("cudnn.deterministic") and f.get("cudnn.enabled", True)]
+    mods = _modules(ctx.ref)
+    convs = [m["module"] for m in mods.get("matmul", []) if m["class"].startswith("Conv")]
+    conv_ops = [e for e in ctx.ref.of("op") if "conv" in e.get("op", "").lower() and e.get("device") == "cuda"]
+    if not on or not (convs and mods.get("device") == "cuda" or conv_ops):
+        return None
+    lines = [f"torch.backends.cudnn.benchmark was True with cudnn.deterministic False (repeat {on[0][0]}, at the "
+             f"{on[0][1]}): cuDNN times several convolution algorithms and keeps the fastest, which can change "
+             "from run to run, and some of them are nondeterministic",
+             f"convolutions on cuda: {', '.join(convs) or ', '.join(e['op'] for e in conv_ops)}",
+             f"first divergence: {ctx.where()}"]
+    score = 0.9 if _in(ctx, convs) else 0.8
+    fix = "set `torch.backends.cudnn.benchmark = False` and `torch.backends.cudnn.deterministic = True` before " \
+          "the first forward"
+    return finding("cudnn-benchmark", score, "cuDNN autotuning (benchmark mode) picks convolution algorithms "
+                   "per run", lines, fix, ["cudnn"])
+
+
+def cublas_workspace(ctx: Context) -> Finding | None:
+    mods = _modules(ctx.ref)
+    layers = [m["module"] for m in mods.get("matmul", [])]
+    if mods.get("device") != "cuda" or not layers:
+        return None
+    flags = _flags(ctx, ctx.ref)
+    if not flags or flags[-1][1].get("CUBLAS_WORKSPACE_CONFIG") in CUBLAS_OK:
+        return None
+    cuda = (ctx.ref.first("environment") or {}).get("cuda")
+    if cuda and tuple(int(x) for x in str(cuda).split(".")[:2] if x.isdigit()) < (10, 2):
+        return None
+    deterministic = any(f.get("deterministic_algorithms") for _, f in flags)
+    lines = [f"CUBLAS_WORKSPACE_CONFIG is {flags[-1][1].get('CUBLAS_WORKSPACE_CONFIG')!r}: cuBLAS may split "
+             "matmuls over several workspaces and streams in a run-dependent way",
+             f"matmul layers on cuda: {', '.join(layers[:6])}"]
+    if deterministic:
+        lines.append("deterministic algorithms are on, which torch only honours for cuBLAS with this variable set")
+    lines.append(f"first divergence: {ctx.where()}")
+    score = 0.6 + (0.15 if _in(ctx, layers) else 0.0) + (0.1 if deterministic else 0.0)
+    fix = "run with `CUBLAS_WORKSPACE_CONFIG=:4096:8` in the environment (set before CUDA initializes), together " \
+          "with `torch.use_deterministic_algorithms(True)`"
+    return finding("cublas-workspace", score, "cuBLAS workspace configuration allows nondeterministic matmul "
+                   "reductions", lines, fix, ["cublas"])
+
+
+def tf32(ctx: Context) -> Finding | None:
+    if len({device_of(r) for r in ctx.involved}) < 2:
+        return None  # TF32 rounds the same way every run: it only separates devices
+    lines = []
+    for rep in ctx.involved:
+        for when, f in _flags(ctx, rep):
+            reasons = [k for k in ("matmul.allow_tf32", "cudnn.allow_tf32") if f.get(k)]
+            if f.get("float32_matmul_precision", "highest") != "highest":
+                reasons.append(f"float32_matmul_precision={f['float32_matmul_precision']!r}")
+            if device_of(rep) == "cuda" and reasons and _modules(rep).get("device") == "cuda":
+                lines.append(f"repeat {rep.index} ran on cuda with {', '.join(reasons)} (at the {when}): TF32 "
+                             "keeps 10 mantissa bits in matmuls and convolutions, the CPU keeps 23")
+                break
+    if not lines:
+        return None
+    d = ctx.divergence
+    if d.max_abs_diff is not None:
+        lines.append(f"max |diff| {d.max_abs_diff:.3g} against repeat {d.reference} ({device_of(ctx.ref)})")
+    lines.append(f"first divergence: {ctx.where()}")
+    fix = "set `torch.backends.cuda.matmul.allow_tf32 = False` and `torch.backends.cudnn.allow_tf32 = False` (or " \
+          "`torch.set_float32_matmul_precision('highest')`) before comparing devices"
+    return finding("tf32", 0.85, "TF32 device numerics differ from float32 on the other device", lines, fix,
+                   ["tf32-off"])
+
+
+def thread_count(ctx: Context) -> Finding | None:
+    keys = ("num_threads", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    lines = []
+    before = False
+    for when in SNAPSHOTS:
+        snaps = [dict(_flags(ctx, rep)).get(when) for rep in ctx.involved]
+        if any(s is None for s in snaps):
+            continue
+        for key in keys:
+            values = [s.get(key) for s in snaps if s is not None]
+            if ctx.differs(values):
+                lines.append(f"{'torch.get_num_threads()' if key == 'num_threads' else key} at the {when}: "
+                             f"{ctx.pair_text(values)}")
+                before = before or any(ctx.precedes(s) for r in ctx.involved for s in r.states()
+                                       if s.get("when") == when)
+        if lines:
+            break
+    if not lines:
+        return None
+    calls = [e for e in ctx.ref.of("call") if e.get("fn") == "torch.set_num_threads"]
+    if calls:
+        lines.append(f"torch.set_num_threads({calls[0].get('value')}) at {calls[0].get('loc')}")
+    lines.append(f"first divergence: {ctx.where()}")
+    where = f" at {calls[0].get('loc')}" if calls else ""
+    fix = f"use a constant thread count: `torch.set_num_threads(4)`{where} (or OMP_NUM_THREADS=4); reductions " \
+          "are summed in per-thread chunks, so another count gives other bits"
+    return finding("thread-count", 0.85 if before else 0.6, "the number of threads differs between runs, and "
+                   "reductions split their work by it", lines, fix, ["one-thread"])
+
+
+def _record_digests(ctx: Context) -> dict[int, str]:
+    """The first divergent record's digest in each involved repeat."""
+    index = ctx.divergence.index
+    digests: dict[int, str] = {}
+    if index < 0:
+        return digests
+    for rep in ctx.involved:
+        try:
+            stream = RecordStream(rep.path)
+            seen = 0
+            while seen <= index:
+                chunk = stream.take(65536)
+                if not len(chunk):
+                    break
+                if seen + len(chunk) > index:
+                    digests[rep.index] = f"{int(chunk[index - seen]['digest']):016x}"
+                seen += len(chunk)
+        except Exception:
+            continue
+    return digests
+
+
+def uninitialized_memory(ctx: Context) -> Finding | None:
+    varying = []
+    for empties in ctx.aligned(lambda r: [e for e in r.of("empty") if not e.get("pinned")]):
+        e = empties[0]
+        digests = [x.get("digest") for x in empties]
+        if ctx.precedes(e) and None not in digests and ctx.differs(digests):
+            varying.append(empties)
+    found = ctx.op_finding
+    uninit_op = found is not None and found.verdict == "uninitialized-memory"
+    if not varying and not uninit_op:
+        return None
+    lines = [f"{v[0]['fn']}({'x'.join(map(str, v[0].get('shape', [])))}) at {v[0].get('loc')} returned different "
+             f"contents in each repeat ({ctx.pair_text([x.get('digest') for x in v], lambda d: d[:8])})"
+             for v in varying[:3]]
+    score = 0.75
+    record_digests = _record_digests(ctx) if varying else {}
+    for v in varying:
+        if all(record_digests.get(x_rep.index) == x.get("digest") for x, x_rep in zip(v, ctx.involved)):
+            lines.append(f"the tensor {v[0]['fn']} returned at {v[0].get('loc')} reached {ctx.where()} unchanged")
+            score = 0.95
+            break
+    if uninit_op:
+        lines.append(f"op-level records: {found.summary}")
+        score = 0.95
+    lines.append(f"first divergence: {ctx.where()}")
+    if varying:
+        fn, loc = varying[0][0]["fn"], varying[0][0].get("loc")
+        fix = f"use `{fn.replace('empty', 'zeros')}(...)` instead of `{fn}(...)` at {loc}, or write every " \
+              "element before reading it"
+    else:
+        fix = f"use `torch.zeros` instead of `torch.empty` where {found.record.location or 'it'} reads the memory"
+    return finding("uninitialized-memory", score, "a tensor from torch.empty (or kin) is read before every "
+                   "element is written: its leftover contents differ per run", lines, fix, ["zero-empty"])
+
+
+def environment(ctx: Context) -> Finding | None:
+    envs = [r.first("environment") for r in ctx.involved]
+    if any(e is None for e in envs):
+        return None
+    lines = []
+    for key in ENV_KEYS:
+        values = [e.get(key) for e in envs if e is not None]
+        if ctx.differs(values):
+            lines.append(f"{key}: {ctx.pair_text(values)}")
+    variables = [{k: v for k, v in (e.get("env") or {}).items() if k not in NOT_ENVIRONMENT}
+                 for e in envs if e is not None]
+    for key in sorted({k for v in variables for k in v}):
+        values = [v.get(key) for v in variables]
+        if ctx.differs(values):
+            lines.append(f"{key}: {ctx.pair_text(values)}")
+    gpus = [next((s.get("gpu") for s in r.states() if s.get("gpu")), None) for r in ctx.involved]
+    if ctx.differs(gpus):
+        lines.append(f"GPU: {ctx.pair_text(gpus)}")
+    hardware = bool(lines)
+    devices = [device_of(r) for r in ctx.involved]
+    if ctx.differs(devices):
+        lines.append(f"device: {ctx.pair_text(devices)} (kernels differ between devices; compared within "
+                     "tolerance)")
+    if not lines:
+        return None
+    lines.append(f"first divergence: {ctx.where()}")
+    fix = "compare runs made with the same library versions and hardware (pin versions in a lockfile, note the GPU " \
+          "model), or compare across them within a tolerance (`--atol`/`--rtol`)"
+    return finding("environment", 0.9 if hardware else 0.6, "the compared repeats ran with different libraries, "
+                   "hardware or devices", lines, fix)

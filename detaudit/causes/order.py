@@ -1,0 +1,80 @@
+"""Order causes: python-hash-seed, object-order, concurrency.
+
+Iteration order leaves no trace of its own, so the first two rest on what is known to vary
+(the hash probe, address randomization), on op-level records that saw the same inputs in
+another order, and on `--explain` (a fixed PYTHONHASHSEED; a fixed address layout).
+"""
+
+from __future__ import annotations
+
+from detaudit.causes.context import Context, Finding, finding
+
+COMPLETION_ORDER = ("concurrent.futures.as_completed", "multiprocessing.Pool.imap_unordered")
+
+
+def _reordered(ctx: Context) -> bool:
+    found = ctx.op_finding
+    return found is not None and found.verdict == "input-order"
+
+
+def _near(ctx: Context) -> str:
+    rec = ctx.record
+    return f" (the first divergent record comes from {rec.location})" if rec is not None and rec.location else ""
+
+
+def python_hash_seed(ctx: Context) -> Finding | None:
+    hashes = [r.first("hash") for r in ctx.involved]
+    if any(h is None for h in hashes):
+        return None
+    probes = [h["probe"] for h in hashes if h is not None]
+    if not any(h.get("randomization") for h in hashes if h is not None) or not ctx.differs(probes):
+        return None
+    lines = [f"PYTHONHASHSEED is not set and hash randomization is on: hash('detaudit-hash-probe') was "
+             f"{ctx.pair_text(probes)}",
+             "str and bytes hashes, and with them the iteration order of a set of strings, change from run to run"]
+    if _reordered(ctx):
+        lines.append(f"op-level records: {ctx.op_finding.summary}")
+    lines.append(f"first divergence: {ctx.where()}")
+    score = 0.75 if _reordered(ctx) else 0.45
+    fix = ("iterate `sorted(...)` instead of the set (or build the dict from a sorted list)" + _near(ctx)
+           + "; `PYTHONHASHSEED=0` in the environment also fixes the order, but only where it is set")
+    return finding("python-hash-seed", score, "string hash randomization changes an order derived from a set "
+                   "or dict", lines, fix, ["hash-seed"])
+
+
+def object_order(ctx: Context) -> Finding | None:
+    hashes = [r.first("hash") for r in ctx.involved]
+    if any(h is None for h in hashes) or all(h.get("aslr_disabled") for h in hashes if h is not None):
+        return None
+    hash_fixed = not ctx.differs([h["probe"] for h in hashes if h is not None])
+    lines = ["address-space randomization is on: objects hashed by identity (the default `__hash__`) sit at "
+             "other addresses in each run, so a set of them (or a dict keyed by them) iterates in another order; "
+             "PYTHONHASHSEED does not change this"]
+    if hash_fixed:
+        lines.append("string hashing is fixed in these repeats (same hash probe), which rules out python-hash-seed")
+    if _reordered(ctx):
+        lines.append(f"op-level records: {ctx.op_finding.summary}")
+    lines.append(f"first divergence: {ctx.where()}")
+    score = (0.75 if _reordered(ctx) else 0.35) + (0.15 if hash_fixed else 0.0)
+    fix = ("keep these objects in a list, or iterate `sorted(objs, key=...)` by a stable attribute, instead of a set"
+           + _near(ctx))
+    return finding("object-order", score, "iteration over a set of objects hashed by identity (memory address)",
+                   lines, fix, ["address-layout"])
+
+
+def concurrency(ctx: Context) -> Finding | None:
+    events = [e for e in ctx.ref.of("concurrency") if ctx.precedes(e)]
+    if not events:
+        return None
+    completion = [e for e in events if e.get("what") in COMPLETION_ORDER]
+    lines = [f"{e['what']} at {e.get('loc')}" + (f" (target {e['target']})" if e.get("target") else "")
+             for e in (completion + [e for e in events if e not in completion])[:4]]
+    if completion:
+        lines.append("results are consumed in completion order, which depends on thread scheduling")
+    lines.append(f"first divergence: {ctx.where()}")
+    loc = (completion or events)[0].get("loc")
+    fix = (f"combine results in a fixed order at {loc}: keep the futures in a list and read "
+           "`[f.result() for f in futures]` (or use `executor.map`), and give each thread its own output slot "
+           "instead of a shared accumulator")
+    return finding("concurrency", 0.85 if completion else 0.6, "user threads or processes combine results in "
+                   "completion order", lines, fix)

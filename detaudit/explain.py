@@ -1,0 +1,251 @@
+"""`--explain`: confirm causes by experiment, one pinned source at a time.
+
+The baseline repeats already showed the divergence and ranked the causes; they are not run
+again. Each experiment re-runs the script (a few repeats per device) with one source pinned
+(PINS: seeded RNGs, a fixed PYTHONHASHSEED, deterministic algorithms, one thread, ...), in the
+order of the ranking, and compares those repeats with each other. A cause whose pin alone
+removes the divergence is `confirmed`; a pin that only moves the first divergence later is
+reported with where it moved to. When no single pin confirms anything, one last experiment pins
+everything at once: if that still diverges, the source is one no pin reaches (concurrency,
+object order, or unknown). Experiments stop at the first confirmation unless asked for all,
+and never exceed the budget of extra repeats.
+
+Repeats go into the run directory as `explain-<pin>-<i>.*`; the experiments are stored in
+`explain.json` there, so `detaudit report RUN_DIR` shows them and a later explain reuses them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from detaudit.errors import TraceError, UsageError
+from detaudit.launcher import RepeatResult
+from detaudit.report import Cause, Experiment, Report, write_json
+
+EXPLAIN_FILE = "explain.json"
+EXPLAIN_FORMAT = "detaudit-explain"
+EXPLAIN_VERSION = 1
+ALL = "all"
+DEFAULT_BUDGET = 12
+DEFAULT_REPEATS = 2
+ORDER_CAUSES = ("concurrency", "object-order", "unknown")
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One source held fixed: environment variables for the repeat and pin names the child applies."""
+
+    name: str
+    description: str
+    env: dict[str, str] = field(default_factory=dict)
+    child: tuple[str, ...] = ()
+
+
+PINS: dict[str, Pin] = {p.name: p for p in (
+    Pin("torch-rng", "the torch RNG (seeded by detaudit; the script's seeding calls fixed)",
+        child=("torch-rng",)),
+    Pin("numpy-rng", "the NumPy RNG (seeded; Generators given fixed seeds)", child=("numpy-rng",)),
+    Pin("python-rng", "Python's `random` (seeded; seeding calls fixed)", child=("python-rng",)),
+    Pin("hash-seed", "the string hash seed (PYTHONHASHSEED=0)", env={"PYTHONHASHSEED": "0"}),
+    # RNGs are seeded too: a random value's size changes allocation sizes, and with them addresses
+    Pin("address-layout", "the memory layout (address randomization off, PYTHONHASHSEED=0, RNGs seeded)",
+        env={"PYTHONHASHSEED": "0"}, child=("address-layout", "torch-rng", "numpy-rng", "python-rng")),
+    Pin("deterministic", "the kernels (torch.use_deterministic_algorithms(True))", child=("deterministic",)),
+    Pin("one-thread", "one thread (set_num_threads(1), OMP/MKL_NUM_THREADS=1)",
+        env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, child=("one-thread",)),
+    Pin("cudnn", "cuDNN (benchmark off, deterministic on)", child=("cudnn",)),
+    Pin("cublas", "cuBLAS (CUBLAS_WORKSPACE_CONFIG=:4096:8)", env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}),
+    Pin("tf32-off", "float32 precision (TF32 off)", child=("tf32-off",)),
+    Pin("zero-empty", "uninitialized memory (torch.empty and kin return zeros)", child=("zero-empty",)),
+)}
+
+
+def pin_of(name: str) -> Pin:
+    """A pin by name; `all` is every pin at once."""
+    if name == ALL:
+        env: dict[str, str] = {}
+        for p in PINS.values():
+            env.update(p.env)
+        return Pin(ALL, "every source at once", env, tuple(c for p in PINS.values() for c in p.child))
+    return PINS[name]
+
+
+def plan(causes: Sequence[Cause]) -> list[str]:
+    """Pins to try, in the order of the causes' ranking."""
+    names: list[str] = []
+    for cause in causes:
+        names.extend(p for p in cause.pins if p in PINS and p not in names)
+    return names
+
+
+# -- stored experiments ---------------------------------------------------------------------------
+def _load(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / EXPLAIN_FILE
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{path}: unreadable experiment record ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != EXPLAIN_FORMAT or data.get("version") != EXPLAIN_VERSION:
+        raise TraceError(f"{path}: not an experiment record this detaudit reads")
+    return list(data.get("experiments", []))
+
+
+def _save(run_dir: Path, stored: list[dict[str, Any]]) -> None:
+    path = Path(run_dir) / EXPLAIN_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"format": EXPLAIN_FORMAT, "version": EXPLAIN_VERSION, "experiments": stored},
+                              indent=2))
+    tmp.replace(path)
+
+
+def _experiment(entry: dict[str, Any]) -> Experiment:
+    return Experiment(entry["pin"], entry["description"], entry["verdict"], entry.get("first_divergence_index"),
+                      entry.get("note", ""))
+
+
+def apply_saved(report: Report, run_dir: Path) -> None:
+    """Attach stored experiments to a rebuilt report and let them re-rank its causes."""
+    stored = _load(run_dir)
+    if stored:
+        report.experiments = [_experiment(e) for e in stored]
+        index = report.first_divergence.index if report.first_divergence is not None else -1
+        report.causes = apply(report.causes, report.experiments, index)
+
+
+def apply(causes: list[Cause], experiments: Sequence[Experiment], baseline_index: int) -> list[Cause]:
+    """Confirm, qualify or demote each cause by the experiments that pinned its sources; re-rank."""
+    done = {e.pin: e for e in experiments if e.verdict in ("deterministic", "divergent")}
+    refuted: set[int] = set()
+    for i, cause in enumerate(causes):
+        for name in cause.pins:
+            e = done.get(name)
+            if e is None:
+                continue
+            if e.verdict == "deterministic":
+                cause.confidence = "confirmed"
+                cause.evidence.append(f"--explain: with {e.description} pinned alone, the repeats agree")
+                break
+            moved = e.first_divergence_index is not None and 0 <= baseline_index < e.first_divergence_index
+            if moved:
+                cause.evidence.append(f"--explain: with {e.description} pinned, the first divergence moved from "
+                                      f"#{baseline_index} to #{e.first_divergence_index} ({e.note}): it explains "
+                                      "the first divergence, another source remains")
+            else:
+                cause.evidence.append(f"--explain: with {e.description} pinned alone, the repeats still diverge")
+                if cause.confidence != "confirmed":
+                    cause.confidence = "possible"
+                    refuted.add(i)
+    everything = done.get(ALL)
+    if everything is not None and everything.verdict == "divergent":
+        line = "--explain: with every pin at once the repeats still diverge, which no pinnable source explains"
+        order = [c for c in causes if c.id in ORDER_CAUSES]
+        for c in order:
+            c.evidence.append(line)
+        if not order:
+            causes.append(Cause("unknown", "possible", "a source no pin reaches (concurrency, object order, or one "
+                                "detaudit does not know)", [line], "look for threads, processes, sets of objects "
+                                "and external state (files, time) between the last agreeing and the first "
+                                "divergent record"))
+    ranked = sorted(range(len(causes)), key=lambda i: (causes[i].confidence != "confirmed", i in refuted, i))
+    return [causes[i] for i in ranked]
+
+
+# -- running experiments ----------------------------------------------------------------------------
+def _free_prefix(run_dir: Path, base: str) -> str:
+    prefix, n = base, 1
+    while any(Path(run_dir).glob(f"{prefix}-*.trace")):
+        n += 1
+        prefix = f"{base}.{n}"
+    return prefix
+
+
+def _verdict(report: Report, baseline_index: int) -> tuple[str, int | None, str]:
+    """(verdict, first divergence index, note) of one experiment's repeats."""
+    if report.verdict == "failed":
+        return "failed", None, "the script failed in every pinned repeat"
+    if report.timed_out:
+        return "failed", None, "a pinned repeat timed out"
+    first = report.comparison.first_divergence
+    if first is None:
+        if report.outcome_divergence is not None and baseline_index < 0:
+            return "divergent", None, report.outcome_divergence.detail
+        note = f"the output still differs ({report.outcome_divergence.detail})" if report.outcome_divergence else ""
+        return "deterministic", None, note
+    rec = first.record
+    where = f"{rec.kind} {rec.name} step {rec.step}" if rec is not None else first.detail
+    if baseline_index >= 0 and first.index > baseline_index:
+        return "divergent", first.index, f"moved later, to #{first.index}: {where}"
+    return "divergent", first.index, f"still at #{first.index}: {where}"
+
+
+def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bool = False,
+                    repeats: int = DEFAULT_REPEATS, jobs: int = 1,
+                    on_done: Callable[[RepeatResult], None] | None = None,
+                    on_experiment: Callable[[Experiment], None] | None = None) -> Report:
+    """Run the experiments for a finished, divergent run and return its report with them applied."""
+    from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run
+    from detaudit.compare import Tolerance
+
+    run_dir = Path(run_dir)
+    report = load_run(run_dir)
+    if report.verdict != "divergent" or report.first_divergence is None:
+        raise UsageError(f"{run_dir}: the run is {report.verdict}; --explain needs a divergent run")
+    record, _ = read_run(run_dir)
+    stored = _load(run_dir)
+    tested = {e["pin"] for e in stored if e["verdict"] != "skipped"}
+    baseline_index = report.first_divergence.index
+    cwd = Path(record.get("cwd") or ".")
+    script = Path(record["script"])
+    base = AuditOptions(
+        script=script if script.is_absolute() else cwd / script, script_args=list(record.get("script_args", [])),
+        repeats=repeats, devices=list(record.get("devices") or ["cpu"]), timeout=record.get("timeout"), jobs=jobs,
+        granularity="op" if record.get("granularity") == "op" else "module",
+        tolerance=Tolerance(**record.get("tolerance", {})),
+    )
+    cost = repeats * len(base.devices)
+    spent = 0
+
+    def run_pin(name: str) -> Experiment:
+        nonlocal spent
+        pin = pin_of(name)
+        stored[:] = [e for e in stored if e["pin"] != name]  # a pin skipped earlier, now run
+        if spent + cost > budget:
+            experiment = Experiment(name, pin.description, "skipped", None,
+                                    f"over the budget of {budget} extra repeats")
+            stored.append(asdict(experiment))
+            _save(run_dir, stored)
+            return experiment
+        spent += cost
+        options = replace(base, env={**record.get("env", {}), **pin.env}, child_config={"pins": list(pin.child)})
+        prefix = _free_prefix(run_dir, f"explain-{name}")
+        results = execute(options, run_dir, on_done, prefix=prefix, cwd=cwd)
+        sub = analyse(run_dir, {**record, "narrowing": None, "results": [r.to_dict() for r in results]}, results)
+        verdict, index, note = _verdict(sub, baseline_index)
+        experiment = Experiment(name, pin.description, verdict, index, note)
+        stored.append({**asdict(experiment), "prefix": prefix, "results": [r.to_dict() for r in results]})
+        _save(run_dir, stored)
+        return experiment
+
+    confirmed = any(e["verdict"] == "deterministic" and e["pin"] != ALL for e in stored)
+    for name in plan(report.causes):
+        if confirmed and not explain_all:
+            break
+        if name in tested:
+            continue
+        experiment = run_pin(name)
+        if on_experiment is not None:
+            on_experiment(experiment)
+        confirmed = confirmed or experiment.verdict == "deterministic"
+    if (not confirmed or explain_all) and ALL not in tested:
+        experiment = run_pin(ALL)
+        if on_experiment is not None:
+            on_experiment(experiment)
+    report = load_run(run_dir)
+    write_json(report, run_dir / "report.json")
+    return report

@@ -1,0 +1,192 @@
+"""Inside a repeat, the script must behave as under plain `python SCRIPT`: argv, cwd, `__name__`,
+`__file__`, sys.path[0], output, traceback and exit status. Each case runs the script both ways."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from detaudit.trace import read_trace
+
+SCRIPTS = Path(__file__).parent / "scripts"
+PARITY_SCRIPT = SCRIPTS / "show_env.py"
+
+
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+
+def run_plain(script: str | Path, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> Ran:
+    proc = subprocess.run([sys.executable, str(script), *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+    return Ran(proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_child(script: str | Path, args: list[str], cwd: Path, trace: Path,
+              env: dict[str, str] | None = None) -> Ran:
+    """What the launcher starts for one repeat: `python -m detaudit.child CONFIG SCRIPT ARGS...`."""
+    config = trace.with_suffix(".config.json")
+    config.write_text(json.dumps({"repeat": 0, "device": "cpu", "granularity": "module", "trace": str(trace)}))
+    proc = subprocess.run([sys.executable, "-m", "detaudit.child", str(config), str(script), *args], cwd=cwd,
+                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
+    return Ran(proc.returncode, proc.stdout, proc.stderr)
+
+
+def both(tmp_path: Path, script: str | Path, args: list[str], cwd: Path | None = None,
+         env: dict[str, str] | None = None) -> tuple[Ran, Ran, Path]:
+    trace = tmp_path / "repeat-0.trace"
+    cwd = cwd or tmp_path
+    return run_plain(script, args, cwd, env), run_child(script, args, cwd, trace, env), trace
+
+
+def write_script(tmp_path: Path, body: str, name: str = "user_script.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+ARGS = ["--lr", "0.1", "a b", "-n", "5", "--", "--repeats", "--json", "x.json", "ünïcode"]
+
+
+@pytest.mark.parametrize("how", ["absolute", "relative-from-elsewhere", "bare-name-in-script-dir"])
+def test_parity_script_sees_what_plain_python_gives_it(tmp_path: Path, how: str) -> None:
+    elsewhere = tmp_path / "work dir"
+    elsewhere.mkdir()
+    if how == "absolute":
+        script, cwd = str(PARITY_SCRIPT), elsewhere
+    elif how == "relative-from-elsewhere":
+        script, cwd = os.path.relpath(PARITY_SCRIPT, elsewhere), elsewhere
+    else:
+        script, cwd = PARITY_SCRIPT.name, PARITY_SCRIPT.parent
+    plain, child, trace = both(tmp_path, script, [*ARGS, "--env"], cwd=cwd, env={"SOMEVAR": "v a l"})
+    assert plain.code == 7  # guards the comparison: the parity script really reports and exits 7
+    assert "argv:" in plain.out and "SOMEVAR: v a l" in plain.out
+    assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err)
+    tr = read_trace(trace)
+    assert tr.footer is not None and tr.footer["exit_code"] == 7
+
+
+def test_symlinked_script_parity(tmp_path: Path) -> None:
+    link = tmp_path / "linked.py"
+    link.symlink_to(PARITY_SCRIPT)
+    plain, child, _ = both(tmp_path, link.name, ["x"])
+    assert (child.code, child.out) == (plain.code, plain.out)
+
+
+def test_script_sees_main_module_attributes_like_plain_python(tmp_path: Path) -> None:
+    script = write_script(tmp_path, """
+        import sys
+        import __main__
+        print(__name__, __main__.__file__ == __file__, sys.modules["__main__"] is __main__)
+        print(__spec__, __package__, __doc__, type(__builtins__).__name__)
+        print(sorted(k for k in globals() if k.startswith("__")))
+        import pickle
+        class Thing:
+            pass
+        print(pickle.loads(pickle.dumps(Thing())).__class__.__module__)  # classes defined in __main__ pickle
+        """)
+    plain, child, _ = both(tmp_path, script.name, [])
+    assert plain.code == 0, plain.err
+    assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err)
+
+
+def test_raising_script_prints_its_own_traceback_and_exits_1(tmp_path: Path) -> None:
+    script = write_script(tmp_path, """
+        def inner(x):
+            return {"a": 1}[x]
+
+        def main():
+            print("started", flush=True)
+            inner("missing")
+
+        main()
+        """)
+    plain, child, trace = both(tmp_path, script.name, [])
+    assert plain.code == 1 and "KeyError: 'missing'" in plain.err
+    assert child.code == 1
+    assert child.err == plain.err  # same traceback, line for line
+    assert "detaudit" not in child.err
+    assert child.out == plain.out
+    tr = read_trace(trace)
+    assert tr.footer is not None and tr.footer["exit_code"] == 1 and "KeyError" in tr.footer["error"]
+
+
+def test_output_written_before_a_crash_is_kept(tmp_path: Path) -> None:
+    """stdout is a file under detaudit (block-buffered): a crash must not lose what was printed."""
+    script = write_script(tmp_path, """
+        import atexit
+        atexit.register(lambda: print("atexit ran"))
+        print("line before the crash")
+        raise RuntimeError("boom")
+        """)
+    plain, child, _ = both(tmp_path, script.name, [])
+    assert plain.out == "line before the crash\natexit ran\n"
+    assert (child.code, child.out) == (plain.code, plain.out)
+
+
+def test_chained_exception_traceback_matches(tmp_path: Path) -> None:
+    script = write_script(tmp_path, """
+        try:
+            1 / 0
+        except ZeroDivisionError as exc:
+            raise ValueError("wrapped") from exc
+        """)
+    plain, child, _ = both(tmp_path, script.name, [])
+    assert child.code == plain.code == 1 and child.err == plain.err
+
+
+def test_syntax_error_reported_like_python(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "x = (1,\nprint('never')\n")
+    plain, child, _ = both(tmp_path, script.name, [])
+    assert plain.code == 1 and "SyntaxError" in plain.err
+    assert child.code == 1 and "SyntaxError" in child.err and "detaudit" not in child.err
+
+
+@pytest.mark.parametrize("exit_stmt,code", [
+    ("sys.exit(0)", 0), ("sys.exit(3)", 3), ("raise SystemExit(42)", 42), ("sys.exit()", 0),
+    ("sys.exit(None)", 0), ("sys.exit('fatal: bad config')", 1), ("sys.exit(256 + 4)", 4),
+])
+def test_system_exit_status_matches(tmp_path: Path, exit_stmt: str, code: int) -> None:
+    script = write_script(tmp_path, f"import sys\nprint('out')\n{exit_stmt}\n")
+    plain, child, trace = both(tmp_path, script.name, [])
+    assert plain.code == code
+    assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err)
+    tr = read_trace(trace)
+    assert tr.footer is not None
+
+
+def test_script_without_torch_still_leaves_a_complete_trace(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "print('no torch here')\n")
+    _, child, trace = both(tmp_path, script.name, [])
+    assert child.code == 0
+    tr = read_trace(trace)
+    assert tr.complete and len(tr.records) == 0
+
+
+def test_torch_script_is_recorded_with_user_locations(tmp_path: Path) -> None:
+    script = write_script(tmp_path, """
+        import torch
+        import detaudit
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        y = model(torch.randn(2, 4))
+        detaudit.checkpoint("result", {"y": y})
+        print(y.sum().item() != 0)
+        """)
+    plain, child, trace = both(tmp_path, script.name, [])
+    assert child.code == 0 and child.out == plain.out, child.err
+    tr = read_trace(trace)
+    names = [tr.strings[i] for i in tr.records["name"]]
+    assert "0" in names and "1" in names and "result.y" in names
+    locs = {tr.strings[i] for i in tr.records["loc"]}
+    assert all(loc.startswith("user_script.py:") for loc in locs), locs

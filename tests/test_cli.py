@@ -1,0 +1,206 @@
+"""The command line as a user meets it: exit codes, one-line errors without tracebacks, option
+placement, `--` pass-through, report files, `report RUN_DIR` and `show TRACE`."""
+
+from __future__ import annotations
+
+import json
+import struct
+import textwrap
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+from conftest import CliResult, run_cli
+from synthetic import training_records, write_run, write_trace
+
+from detaudit.cli import main
+from detaudit.trace import MAGIC
+
+ARGV_SCRIPT = """
+    import json, sys
+    print(json.dumps(sys.argv[1:]))
+"""
+
+
+def assert_clean_error(result: CliResult, code: int, *needles: str) -> None:
+    """Exit `code`, a short error naming the problem, and never a traceback."""
+    assert result.returncode == code, result.output
+    assert "Traceback" not in result.output
+    err_lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert 1 <= len(err_lines) <= 3, result.stderr
+    for needle in needles:
+        assert needle in result.stderr.replace("\n", " "), result.stderr
+
+
+def run_in_process(args: list[str], capsys: pytest.CaptureFixture[str]) -> CliResult:
+    """The same entry point as the console script, without paying a new interpreter (for error paths)."""
+    code: object = 0
+    try:
+        main(args)
+    except SystemExit as exc:
+        code = exc.code or 0
+    captured = capsys.readouterr()
+    return CliResult(code if isinstance(code, int) else 1, captured.out, captured.err, None)
+
+
+@pytest.fixture
+def argv_script(tmp_path: Path) -> Path:
+    path = tmp_path / "echo_args.py"
+    path.write_text(textwrap.dedent(ARGV_SCRIPT))
+    return path
+
+
+def test_missing_script_is_usage_error(tmp_path: Path) -> None:
+    result = run_cli(["run", "no_such_script.py", "--repeats", "2"], cwd=tmp_path)
+    assert_clean_error(result, 2, "no_such_script.py")
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+    assert not (tmp_path / ".detaudit").exists()  # nothing was created for a run that never started
+
+
+@pytest.mark.parametrize("args", [["run", "x.py", "--repeats", "1"], ["run", "x.py", "--bogus"], ["run"],
+                                  ["nonsense-command"], ["run", "x.py", "--device", "tpu"]])
+def test_bad_usage_exits_2(tmp_path: Path, args: list[str]) -> None:
+    (tmp_path / "x.py").write_text("print(1)\n")
+    result = run_cli(args, cwd=tmp_path)
+    assert result.returncode == 2, result.output
+    assert "Traceback" not in result.output
+
+
+def test_help_documents_exit_codes(tmp_path: Path) -> None:
+    result = run_cli(["run", "--help"], cwd=tmp_path)
+    assert result.returncode == 0
+    for code in ("0", "1", "2", "3", "4", "5"):
+        assert f"  {code}  " in result.stdout
+
+
+def test_out_dir_that_is_not_empty_is_refused(tmp_path: Path, argv_script: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    result = run_in_process(["run", str(argv_script), "--repeats", "2", "--out", str(out)], capsys)
+    assert_clean_error(result, 2, "taken")
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("placement", ["before", "after", "mixed"])
+def test_options_before_or_after_script_and_args_after_double_dash(
+        tmp_path: Path, argv_script: Path, placement: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    script_args = ["--repeats", "7", "--json", "not-ours.json", "-n", "9", "--", "plain", "--quiet"]
+    opts = ["--repeats", "2", "--json", "report.json", "--out", "run"]
+    if placement == "before":
+        args = ["run", *opts, argv_script.name, "--", *script_args]
+    elif placement == "after":
+        args = ["run", argv_script.name, *opts, "--", *script_args]
+    else:
+        args = ["run", "-n", "2", argv_script.name, "--json", "report.json", "--out", "run", "--", *script_args]
+    result = run_in_process(args, capsys)
+    assert result.returncode == 0, result.output
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert len(report["runs"]) == 2 and report["script_args"] == script_args
+    for run in report["runs"]:
+        assert json.loads((tmp_path / "run" / run["stdout"]).read_text()) == script_args
+    assert not (tmp_path / "not-ours.json").exists()
+
+
+def test_json_and_junit_written_and_report_rerenders_the_same_verdict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "coin.py"  # differs between repeats without any torch
+    script.write_text("import os\nprint(os.urandom(4).hex())\n")
+    result = run_cli(["run", script.name, "--repeats", "2", "--jobs", "2", "--out", "run",
+                      "--json", "out/r.json", "--junit", "out/r.xml"], cwd=tmp_path)
+    assert result.returncode == 1, result.output
+    assert result.report is not None and result.report["verdict"] == "divergent"
+    assert result.report["first_divergence"]["kind"] == "stdout"
+    assert ET.parse(tmp_path / "out" / "r.xml").getroot().get("failures") == "1"
+    assert "DIVERGENT" in result.stdout
+
+    again = run_in_process(["report", str(tmp_path / "run"), "--json", str(tmp_path / "again.json")], capsys)
+    assert again.returncode == 1 and "DIVERGENT" in again.stdout
+    again_report = json.loads((tmp_path / "again.json").read_text())
+    for key in ("verdict", "exit_code", "first_divergence", "runs", "spread"):
+        assert again_report[key] == result.report[key], key
+    quiet = run_in_process(["report", str(tmp_path / "run"), "--quiet"], capsys)
+    assert quiet.returncode == 1 and len(quiet.stdout.strip().splitlines()) == 1
+
+
+def test_report_of_synthetic_runs_exits_with_the_verdict(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    recs = training_records()
+    other = list(recs)
+    other[5] = other[5].but(digest=123)
+    assert run_in_process(["report", str(write_run(tmp_path / "same", [recs, recs]))], capsys).returncode == 0
+    diverged = run_in_process(["report", str(write_run(tmp_path / "diff", [recs, other])),
+                               "--json", str(tmp_path / "d.json")], capsys)
+    assert diverged.returncode == 1
+    assert json.loads((tmp_path / "d.json").read_text())["first_divergence"]["index"] == 5
+    failed = run_in_process(["report", str(write_run(tmp_path / "fail", [recs, recs], exit_codes=[1, 1]))],
+                            capsys)
+    assert failed.returncode == 3 and "boom" in failed.stdout
+
+
+def _corrupt(path: Path) -> None:
+    """Garbage where the frame after the header should start."""
+    data = bytearray(path.read_bytes())
+    header_len = struct.unpack_from("<I", data, len(MAGIC) + 1)[0]
+    data[len(MAGIC) + 5 + header_len] = ord("Z")
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_foreign_or_unknown_version_run_dirs_exit_4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recs = training_records()
+    corrupt = write_run(tmp_path / "corrupt", [recs, recs])
+    _corrupt(corrupt / "repeat-1.trace")
+    foreign_file = tmp_path / "notes.txt"
+    foreign_file.write_text("hello")
+    no_record = tmp_path / "empty_dir"
+    no_record.mkdir()
+    future = write_run(tmp_path / "future", [recs, recs])
+    record = json.loads((future / "run.json").read_text())
+    (future / "run.json").write_text(json.dumps({**record, "version": 99}))
+    garbled = write_run(tmp_path / "garbled", [recs, recs])
+    (garbled / "run.json").write_text("{not json")
+    foreign_trace = write_run(tmp_path / "foreign", [recs, recs])
+    (foreign_trace / "repeat-0.trace").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    for run_dir, needle in ((corrupt, "corrupt"), (foreign_file, "notes.txt"), (no_record, "empty_dir"),
+                            (future, "99"), (garbled, "run.json"), (foreign_trace, "not a detaudit trace"),
+                            (tmp_path / "missing", "missing")):
+        assert_clean_error(run_in_process(["report", str(run_dir)], capsys), 4, needle)
+    assert_clean_error(run_cli(["report", str(corrupt)], cwd=tmp_path), 4, "corrupt")  # as a user runs it
+
+
+def test_show_prints_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    recs = training_records(steps=2)
+    path = write_trace(tmp_path / "t.trace", recs, {"exit_code": 0}, events=[(2, {"type": "rng"})],
+                       header={"repeat": 1, "script": "train.py"})
+    result = run_in_process(["show", str(path), "--limit", "0"], capsys)
+    assert result.returncode == 0, result.output
+    out = result.stdout
+    assert "train.py" in out and "net.0.weight" in out and f"{recs[3].digest:016x}" in out
+    assert "rng" in out and "exit_code" in out and "incomplete" not in out
+    limited = run_in_process(["show", str(path), "--limit", "3"], capsys)
+    assert f"{len(recs) - 3} more records" in limited.stdout
+
+
+def test_show_marks_incomplete_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_trace(tmp_path / "t.trace", training_records(), footer=None)
+    result = run_in_process(["show", str(path)], capsys)
+    assert result.returncode == 0 and "incomplete" in result.stdout
+
+
+def test_show_refuses_bad_traces_with_exit_4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corrupt = write_trace(tmp_path / "c.trace", training_records(), {"exit_code": 0})
+    _corrupt(corrupt)
+    foreign = tmp_path / "f.trace"
+    foreign.write_text("just text")
+    future = tmp_path / "v.trace"
+    payload = json.dumps({"format": "detaudit-trace", "version": 7}).encode()
+    future.write_bytes(MAGIC + b"H" + struct.pack("<I", len(payload)) + payload)
+    for path, needle in ((corrupt, "corrupt"), (foreign, "not a detaudit trace"), (future, "version 7"),
+                         (tmp_path / "absent.trace", "absent.trace")):
+        assert_clean_error(run_in_process(["show", str(path)], capsys), 4, needle)
+    assert_clean_error(run_cli(["show", str(corrupt)], cwd=tmp_path), 4, "corrupt")

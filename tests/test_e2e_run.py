@@ -1,0 +1,166 @@
+"""Issue 2's "Done when" list: the real CLI on the scripts in tests/scripts/ (see MANIFEST.md).
+
+Each divergent case is also checked against the traces themselves: every record before the
+reported index is bitwise identical in all repeats, and the record at the index differs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import SCRIPTS, CliResult, run_cli
+
+from detaudit.trace import MAGIC, read_trace
+
+FAST = ["--repeats", "2", "--jobs", "2"]
+
+
+def audit(tmp_path: Path, script: str, *extra: str, out: str = "run") -> CliResult:
+    result = run_cli(["run", str(SCRIPTS / script), *FAST, "--out", out, "--json", "report.json", *extra],
+                     cwd=tmp_path)
+    assert "Traceback" not in result.output or "Traceback" in _repeat_stderr(tmp_path / out), result.output
+    assert result.report is not None, result.output
+    return result
+
+
+def _repeat_stderr(run_dir: Path) -> str:
+    return "".join(p.read_text() for p in run_dir.glob("repeat-*.stderr"))
+
+
+def assert_exact_first_divergence(run_dir: Path, report: dict[str, Any]) -> None:
+    """The reported index is the first record where some repeat's digest differs from repeat 0's."""
+    first = report["first_divergence"]
+    traces = [read_trace(run_dir / r["trace"]) for r in report["runs"]]
+    index = first["index"]
+    ref = traces[0].records
+    for other in traces[1:]:
+        assert np.array_equal(other.records["digest"][:index], ref["digest"][:index])
+    assert any(t.records["digest"][index] != ref["digest"][index] for t in traces[1:])
+    record = ref[index]
+    assert traces[0].strings[record["name"]] == first["name"]
+    assert int(record["step"]) == first["step"]
+
+
+def test_seeded_training_loop_is_deterministic(tmp_path: Path) -> None:
+    result = audit(tmp_path, "train_mlp.py")
+    assert result.returncode == 0, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "deterministic" and report["first_divergence"] is None
+    assert all(r["exit_code"] == 0 and r["complete"] and r["records"] > 20 for r in report["runs"])
+    assert report["runs"][0]["records"] == report["runs"][1]["records"]
+    kinds = {k for k in read_trace(tmp_path / "run" / "repeat-0.trace").records["kind"]}
+    assert {1, 2, 3, 4} <= kinds  # module outputs, grads, params and optimizer state were all recorded
+    assert "DETERMINISTIC" in result.stdout
+
+    # the finished run re-renders to the same verdict, and a corrupted trace in it is refused (exit 4)
+    again = run_cli(["report", "run", "--json", "again.json"], cwd=tmp_path)
+    assert again.returncode == 0 and again.report is not None and again.report["verdict"] == "deterministic"
+    trace = tmp_path / "run" / "repeat-1.trace"
+    data = bytearray(trace.read_bytes())
+    header_len = int.from_bytes(data[len(MAGIC) + 1: len(MAGIC) + 5], "little")
+    data[len(MAGIC) + 5 + header_len] = ord("?")  # the frame after the header no longer has a valid tag
+    trace.write_bytes(bytes(data))
+    corrupt = run_cli(["report", "run"], cwd=tmp_path)
+    assert corrupt.returncode == 4 and "corrupt" in corrupt.stderr and "Traceback" not in corrupt.output
+
+
+def test_unseeded_training_diverges_at_first_differing_tensor(tmp_path: Path) -> None:
+    result = audit(tmp_path, "train_cnn.py")  # fixed inputs, unseeded initial weights
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "divergent"
+    first = report["first_divergence"]
+    # the batch the model is given is identical; the first layer's output is the first tensor that differs
+    assert first["category"] == "content" and first["kind"] == "output" and first["name"] == "conv1"
+    assert first["step"] == 0 and first["location"].endswith("train_cnn.py:15")
+    assert first["repeats"] == [1] and first["max_abs_diff"] is not None and first["max_abs_diff"] > 0
+    assert_exact_first_divergence(tmp_path / "run", report)
+
+
+def test_divergence_only_after_some_steps(tmp_path: Path) -> None:
+    result = audit(tmp_path, "train_regressor.py")  # unseeded numpy jitter once warm-up (3 steps) is over
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None
+    first = report["first_divergence"]
+    assert first["step"] == 3 and first["kind"] == "input" and first["category"] == "content"
+    steps = {s["step"]: s for s in report["spread"]["by_step"]}
+    assert all(steps[s]["differing"] == 0 for s in range(3)) and steps[3]["differing"] > 0
+    assert_exact_first_divergence(tmp_path / "run", report)
+
+
+def test_inference_without_eval_diverges_at_dropout(tmp_path: Path) -> None:
+    result = audit(tmp_path, "predict.py")
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None
+    first = report["first_divergence"]
+    assert first["kind"] == "output" and first["name"] == "2" and first["module"] == "2"  # Sequential[2]: Dropout
+    assert first["step"] == 0 and first["location"].endswith("predict.py:32")
+    assert_exact_first_divergence(tmp_path / "run", report)
+    names = [read_trace(tmp_path / "run" / "repeat-0.trace").strings[i]
+             for i in read_trace(tmp_path / "run" / "repeat-0.trace").records["name"][: first["index"]]]
+    assert "0" in names and "1" in names  # the Linear and ReLU before it were recorded and agree
+
+
+def test_script_that_always_crashes_exits_3_and_shows_its_error(tmp_path: Path) -> None:
+    result = audit(tmp_path, "fit_model.py")  # validation batch of the wrong width
+    assert result.returncode == 3, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "failed"
+    assert all(r["exit_code"] == 1 for r in report["runs"])
+    error = "RuntimeError: mat1 and mat2 shapes cannot be multiplied"
+    assert error in report["failure"] and error in result.stdout.replace("\n", " ")
+    stderr = _repeat_stderr(tmp_path / "run")
+    assert "fit_model.py\", line 22" in stderr  # the script's own traceback, pointing at its own line
+    assert "detaudit" not in stderr
+
+
+def test_script_that_crashes_in_some_repeats_is_divergent(tmp_path: Path) -> None:
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    result = audit(tmp_path, "train_sharded.py", "--", str(claims))
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "divergent"
+    assert sorted(r["exit_code"] for r in report["runs"]) == [0, 1]
+    first = report["first_divergence"]
+    assert first["category"] == "outcome" and "exit" in first["detail"]
+    assert "shard 1 is missing its label file" in result.output  # the failing repeat's error is shown
+
+
+def test_hang_times_out_with_exit_5(tmp_path: Path) -> None:
+    result = audit(tmp_path, "train_then_wait.py", "--timeout", "10")
+    assert result.returncode == 5, result.output
+    report = result.report
+    assert report is not None and all(r["timed_out"] for r in report["runs"])
+    for run in report["runs"]:
+        trace = read_trace(tmp_path / "run" / run["trace"])
+        assert not trace.complete and len(trace.records) > 0  # a readable prefix, marked incomplete
+    assert "timed out" in result.output
+
+
+def test_missing_script_exits_2(tmp_path: Path) -> None:
+    result = run_cli(["run", "missing_script.py", *FAST], cwd=tmp_path)
+    assert result.returncode == 2 and "missing_script.py" in result.stderr and "Traceback" not in result.output
+
+
+def test_parity_with_plain_python(tmp_path: Path) -> None:
+    args = ["--flag", "two words", "--", "-n", "3"]
+    plain = subprocess.run([sys.executable, str(SCRIPTS / "show_env.py"), *args], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    result = audit(tmp_path, "show_env.py", "--", *args)
+    report = result.report
+    assert report is not None
+    assert [r["exit_code"] for r in report["runs"]] == [plain.returncode] * 2
+    assert result.returncode == (0 if plain.returncode == 0 else 3)
+    for run in report["runs"]:
+        assert (tmp_path / "run" / run["stdout"]).read_text() == plain.stdout
+        assert (tmp_path / "run" / run["stderr"]).read_text() == plain.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["script_args"] == args

@@ -1,0 +1,169 @@
+"""The launcher: fresh interpreters per repeat, timeouts that kill the whole process group and leave
+a readable incomplete trace, and Ctrl-C that stops every repeat with no orphan left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from detaudit import launcher
+from detaudit.errors import UsageError
+from detaudit.launcher import Launcher, plan_repeats
+from detaudit.trace import read_trace
+
+# Records one module output, starts a grandchild in its process group, then hangs.
+HANG = """
+    import os, subprocess, sys, time
+    import torch
+    {prelude}
+    out = torch.nn.Linear(3, 2)(torch.ones(1, 3))
+    torch.save(out, os.devnull)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(os.environ["PID_FILE"] + "." + str(os.getpid()), "w") as fh:
+        fh.write(f"{{os.getpid()}} {{child.pid}}")
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    """True for a running process; a zombie (dead, waiting to be reaped) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Live processes whose command line contains `marker` (our temp dir): orphan detection."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def pids_from(pid_file: Path) -> list[int]:
+    pids = []
+    for path in pid_file.parent.glob(pid_file.name + ".*"):
+        pids += [int(p) for p in path.read_text().split()]
+    return pids
+
+
+def wait_until(predicate: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_plan_repeats_numbers_repeats_and_hides_gpus_for_cpu(tmp_path: Path) -> None:
+    plans = plan_repeats(tmp_path, 2, ["cpu", "cuda"])
+    assert [(p.index, p.device) for p in plans] == [(0, "cpu"), (1, "cpu"), (2, "cuda"), (3, "cuda")]
+    assert [p.trace.name for p in plans] == [f"repeat-{i}.trace" for i in range(4)]
+    assert all(p.env.get("CUDA_VISIBLE_DEVICES") == "" for p in plans[:2])
+    assert all("CUDA_VISIBLE_DEVICES" not in p.env for p in plans[2:])
+    assert "PYTHONHASHSEED" not in {k for p in plans for k in p.env}  # detaudit sets no seed
+
+
+def test_missing_script_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="script not found"):
+        Launcher(tmp_path / "nope.py", [], None)
+
+
+def test_repeats_are_fresh_interpreters_and_results_come_in_plan_order(tmp_path: Path) -> None:
+    script = tmp_path / "who.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        time.sleep(0.3 if sys.argv[1] == "slow" else 0)
+        print(os.getpid(), hash("detaudit"), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    """))
+    plans = plan_repeats(tmp_path, 3, ["cpu"])
+    results = Launcher(script, ["slow"], timeout=60, jobs=3, cwd=tmp_path).run(plans)
+    assert [r.index for r in results] == [0, 1, 2] and all(r.exit_code == 0 for r in results)
+    lines = [(tmp_path / r.stdout).read_text().split() for r in results]
+    assert len({line[0] for line in lines}) == 3  # three processes
+    assert len({line[1] for line in lines}) > 1  # each with its own hash seed: nothing inherited
+    assert all(line[2] == "" if len(line) == 3 else line[2:] == [] for line in lines)
+    assert len({r.stdout_digest for r in results}) == 3
+
+
+def test_timeout_kills_the_process_group_and_leaves_an_incomplete_trace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "GRACE_S", 1.0)
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent(HANG.format(prelude="")))
+    pid_file = tmp_path / "pids"
+    plans = plan_repeats(tmp_path, 2, ["cpu"], env={"PID_FILE": str(pid_file)})
+    started = time.monotonic()
+    results = Launcher(script, ["x"], timeout=8, jobs=2, cwd=tmp_path).run(plans)
+    assert time.monotonic() - started < 30
+    assert all(r.timed_out for r in results)
+    pids = pids_from(pid_file)
+    assert len(pids) == 4  # two repeats and their grandchildren
+    assert wait_until(lambda: not any(alive(p) for p in pids), 5), "a repeat or its grandchild survived"
+    for r in results:
+        tr = read_trace(tmp_path / r.trace)
+        assert not tr.complete  # killed: no footer
+        names = [tr.strings[i] for i in tr.records["name"]]
+        assert "Linear" in names and "torch.save[0]" in names  # what was recorded before the kill is kept
+    assert "ready" in (tmp_path / results[0].stdout).read_text()
+
+
+def test_timeout_kills_a_script_that_ignores_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "GRACE_S", 0.5)
+    script = tmp_path / "stubborn.py"
+    ignore_term = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+    script.write_text(textwrap.dedent(HANG.format(prelude=ignore_term)))
+    pid_file = tmp_path / "pids"
+    plans = plan_repeats(tmp_path, 2, ["cpu"], env={"PID_FILE": str(pid_file)})[:1]
+    results = Launcher(script, ["y"], timeout=8, cwd=tmp_path).run(plans)
+    assert results[0].timed_out and results[0].exit_code == -signal.SIGKILL
+    assert wait_until(lambda: not any(alive(p) for p in pids_from(pid_file)), 5)
+    assert not read_trace(tmp_path / results[0].trace).complete
+
+
+def test_ctrl_c_stops_every_repeat_with_no_orphans(tmp_path: Path) -> None:
+    marker = f"ctrlc-{os.getpid()}-{time.monotonic_ns()}"
+    work = tmp_path / marker
+    work.mkdir()
+    script = work / "hang.py"
+    script.write_text(textwrap.dedent(HANG.format(prelude="")))
+    pid_file = work / "pids"
+    env = {**os.environ, "PID_FILE": str(pid_file)}
+    proc = subprocess.Popen([sys.executable, "-m", "detaudit", "run", str(script), "--repeats", "3", "--jobs", "2",
+                             "--out", str(work / "run"), "--", "arg"], cwd=work, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        # both parallel repeats are running (and have started their grandchildren)
+        assert wait_until(lambda: len(list(work.glob("run/repeat-*.stdout"))) >= 2
+                          and all("ready" in p.read_text() for p in work.glob("run/repeat-*.stdout")), 60), \
+            proc.stderr.read() if proc.poll() is not None else "repeats did not start"
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the foreground group
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    assert wait_until(lambda: not processes_mentioning(marker), 5), processes_mentioning(marker)
+    pids = pids_from(pid_file)
+    assert pids and not any(alive(p) for p in pids)  # grandchildren (no marker in argv) are gone too
+    assert len(pids) == 4 and not (work / "run" / "repeat-2.trace").exists()  # the queued repeat never started

@@ -1,0 +1,202 @@
+"""The root-cause rule over op records (detaudit/oprules.py), on hand-written traces."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from detaudit import oprules
+from detaudit.audit import load_run
+from detaudit.oprules import find_op_source
+from detaudit.render import op_panel
+from detaudit.report import to_dict
+from detaudit.trace import Flag, Kind, TraceWriter
+from tests.synthetic import Rec, write_run
+
+
+@dataclass(frozen=True)
+class Op:
+    """One record of an op-granularity trace, as a test writes it."""
+
+    name: str
+    out: int
+    ins: tuple[int, int] = (11, 12)
+    kind: Kind = Kind.OP
+    flags: int = 0
+    node: str = ""
+    module: str = "net.0"
+    loc: str = "train.py:10"
+    step: int = 0
+
+    def but(self, **changes: Any) -> Op:
+        return replace(self, **changes)
+
+
+def write_ops(path: Path, records: Sequence[Op]) -> Path:
+    writer = TraceWriter(path, {"repeat": 0, "granularity": "op"})
+    for r in records:
+        writer.add((int(r.kind), 1, r.flags, 0, writer.intern(r.name), writer.intern(r.module), writer.intern(r.loc),
+                    r.step, writer.intern("4"), writer.intern(r.node), r.out, r.ins[0], r.ins[1], (0.0,) * 4))
+    writer.close({"exit_code": 0})
+    return path
+
+
+def traces(tmp_path: Path, *repeats: Sequence[Op]) -> list[Path]:
+    return [write_ops(tmp_path / f"ops-{i}.trace", recs) for i, recs in enumerate(repeats)]
+
+
+BASE = [
+    Op("aten.addmm.default", 1),
+    Op("aten.relu.default", 2),
+    Op("aten.mm.default", 3, flags=Flag.BACKWARD, node="AddmmBackward0", loc="train.py:12"),
+    Op("aten.index_put.default", 4, flags=Flag.BACKWARD, node="IndexBackward0", loc="train.py:14"),
+    Op("aten.add_.Tensor", 5, module="optimizer SGD"),
+    Op("net.0.weight", 6, kind=Kind.PARAM, ins=(0, 0)),
+]
+
+
+def diverge(records: list[Op], at: int, *, ins_from: int | None = None, ordered_only: bool = False) -> list[Op]:
+    """Repeat 1 of `records`: outputs differ from `at` on; inputs differ from `ins_from` on."""
+    out = []
+    for i, r in enumerate(records):
+        if i >= at:
+            r = r.but(out=r.out + 1000)
+        if ins_from is not None and i >= ins_from and r.kind == Kind.OP:
+            r = r.but(ins=(r.ins[0] + 1000, r.ins[1] + (0 if ordered_only and i == ins_from else 1000)))
+        out.append(r)
+    return out
+
+
+def test_an_op_whose_inputs_match_but_output_differs_is_nondeterministic(tmp_path: Path) -> None:
+    finding = find_op_source(traces(tmp_path, BASE, diverge(BASE, 3, ins_from=4)))
+    assert finding is not None
+    assert finding.verdict == "nondeterministic-op"
+    assert (finding.record.op, finding.record.phase, finding.record.node) == (
+        "aten.index_put.default", "backward", "IndexBackward0")
+    assert finding.record.location == "train.py:14" and finding.record.index == 3
+    assert finding.repeats == [1]
+    table = [(n.record.index, n.inputs, n.output, n.chosen) for n in finding.neighbours]
+    assert table == [(0, "match", "match", False), (1, "match", "match", False), (2, "match", "match", False),
+                     (3, "match", "differ", True), (4, "differ", "differ", False), (5, "", "differ", False)]
+    assert "nondeterministic" in finding.summary and "train.py:14" in finding.summary
+
+
+@pytest.mark.parametrize(("flag", "verdict"), [(Flag.RANDOM, "random-op"), (Flag.UNINIT, "uninitialized-memory")])
+def test_flags_of_the_source_op_name_the_mechanism(tmp_path: Path, flag: int, verdict: str) -> None:
+    base = [r.but(flags=r.flags | flag) if i == 1 else r for i, r in enumerate(BASE)]
+    finding = find_op_source(traces(tmp_path, base, diverge(base, 1, ins_from=2)))
+    assert finding is not None and finding.verdict == verdict and finding.record.index == 1
+
+
+def test_same_inputs_in_another_order_is_an_order_finding(tmp_path: Path) -> None:
+    finding = find_op_source(traces(tmp_path, BASE, diverge(BASE, 1, ins_from=1, ordered_only=True)))
+    assert finding is not None and finding.verdict == "input-order"
+    assert finding.record.op == "aten.relu.default"
+    assert finding.neighbours[1].inputs == "reordered"
+
+
+def test_a_source_that_leads_nowhere_is_passed_over_for_one_that_propagates(tmp_path: Path) -> None:
+    # an op at 0 differs (say random init later overwritten) but the next divergent op at 2 has matching
+    # inputs: the divergence at 0 did not reach it. Op 2's does reach op 3 and the parameter.
+    base = [BASE[0].but(flags=Flag.RANDOM), BASE[1], *BASE[2:]]
+    rep = [r.but(out=r.out + 1000) if i in (0, 2, 3, 4, 5) else r for i, r in enumerate(base)]
+    rep = [r.but(ins=(r.ins[0] + 1000, r.ins[1] + 1000)) if i in (3, 4) else r for i, r in enumerate(rep)]
+    finding = find_op_source(traces(tmp_path, base, rep))
+    assert finding is not None and finding.record.index == 2 and finding.verdict == "nondeterministic-op"
+
+
+def test_outputs_of_one_op_call_count_as_one_source(tmp_path: Path) -> None:
+    base = [BASE[0], Op("aten.native_dropout.default", 2, flags=Flag.RANDOM),
+            Op("aten.native_dropout.default[1]", 3, flags=Flag.RANDOM), *BASE[2:]]
+    finding = find_op_source(traces(tmp_path, base, diverge(base, 1, ins_from=3)))
+    assert finding is not None and finding.record.index == 1 and finding.verdict == "random-op"
+
+
+def test_inputs_that_differ_walk_back_to_the_record_they_came_from(tmp_path: Path) -> None:
+    base = [Op("Net.input[0]", 9, kind=Kind.INPUT, ins=(0, 0), loc="train.py:30"), *BASE]
+    finding = find_op_source(traces(tmp_path, base, diverge(base, 0, ins_from=1)))
+    assert finding is not None and finding.verdict == "inputs-differ"
+    assert finding.record.index == 1
+    assert finding.origin is not None and finding.origin.name == "Net.input[0]"
+    assert "started to differ at input Net.input[0] (train.py:30)" in finding.summary
+
+
+def test_inputs_that_differ_with_nothing_recorded_before_them(tmp_path: Path) -> None:
+    finding = find_op_source(traces(tmp_path, BASE, diverge(BASE, 0, ins_from=0)))
+    assert finding is not None and finding.verdict == "inputs-differ" and finding.origin is None
+    assert "outside torch" in finding.summary
+
+
+def test_repeats_that_ran_different_ops(tmp_path: Path) -> None:
+    rep = [*BASE[:2], BASE[2].but(name="aten.bmm.default"), *BASE[3:]]
+    finding = find_op_source(traces(tmp_path, BASE, rep))
+    assert finding is not None and finding.verdict == "different-ops"
+    assert finding.others[1].op == "aten.bmm.default" and finding.record.op == "aten.mm.default"
+    assert [n.record.index for n in finding.neighbours] == [0, 1, 2]
+
+
+def test_ops_with_unknown_inputs_are_never_called_sources(tmp_path: Path) -> None:
+    base = [r.but(ins=(0, 0)) if i == 3 else r for i, r in enumerate(BASE)]
+    finding = find_op_source(traces(tmp_path, base, diverge(base, 3, ins_from=4)))
+    assert finding is not None and finding.verdict == "inputs-differ" and finding.record.index == 4
+    assert {n.record.index: n.inputs for n in finding.neighbours}[3] == "unknown"
+
+
+def test_nothing_to_say_without_divergent_ops(tmp_path: Path) -> None:
+    assert find_op_source(traces(tmp_path, BASE, BASE)) is None
+    params = [Op("w", 1, kind=Kind.PARAM), Op("b", 2, kind=Kind.PARAM)]
+    (tmp_path / "params").mkdir()
+    assert find_op_source(traces(tmp_path / "params", params, [params[0], params[1].but(out=7)])) is None
+
+
+def test_repeats_on_other_devices_are_not_compared_bitwise(tmp_path: Path) -> None:
+    paths = traces(tmp_path, BASE, diverge(BASE, 3, ins_from=4))
+    assert find_op_source(paths, ["cpu", "cuda"]) is None
+
+
+def test_the_scan_is_the_same_across_chunk_boundaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    long = [Op("aten.add.Tensor", 100 + i) for i in range(11)] + BASE
+    paths = traces(tmp_path, long, diverge(long, 14, ins_from=15))
+    whole = find_op_source(paths)
+    monkeypatch.setattr(oprules, "CHUNK", 4)
+    chunked = find_op_source(paths)
+    assert whole is not None and chunked is not None
+    assert whole.record.index == chunked.record.index == 14
+    assert [n.record.index for n in whole.neighbours] == [n.record.index for n in chunked.neighbours]
+
+
+def test_an_auto_run_directory_reports_the_op_from_its_op_level_rerun(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    module_level = [Rec("net.0", 1, kind=Kind.OUTPUT, module="net.0"), Rec("net.0.weight", 2, kind=Kind.GRAD)]
+    write_run(run, [module_level, [module_level[0], module_level[1].but(digest=3)]])
+    ops = traces(run, BASE, diverge(BASE, 3, ins_from=4))
+    record = json.loads((run / "run.json").read_text())
+    record["granularity"] = "auto"
+    record["narrowing"] = {"window": [0, 0], "prefix": "ops", "results": [
+        {**r, "trace": p.name} for r, p in zip(record["results"], ops)]}
+    (run / "run.json").write_text(json.dumps(record))
+
+    report = load_run(run)
+    first = to_dict(report)["first_divergence"]
+    assert (first["kind"], first["name"]) == ("grad", "net.0.weight")
+    assert (first["op"], first["phase"], first["node"], first["location"]) == (
+        "aten.index_put.default", "backward", "IndexBackward0", "train.py:14")
+    finding = first["op_finding"]
+    assert finding["verdict"] == "nondeterministic-op" and finding["window"] == [0, 0] and finding["traces"] == "ops"
+    assert [(n["index"], n["inputs"], n["output"]) for n in finding["neighbours"]][2:5] == [
+        (2, "match", "match"), (3, "match", "differ"), (4, "differ", "differ")]
+
+    console = Console(record=True, width=160)
+    panel = op_panel(report)
+    assert panel is not None
+    console.print(panel)
+    text = console.export_text()
+    assert "aten.index_put.default (backward, autograd node IndexBackward0)" in text
+    assert "train.py:14 (the forward line that created its autograd node)" in text
+    assert "ops in steps 0–0" in text

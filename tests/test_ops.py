@@ -1,0 +1,183 @@
+"""The op recorder (detaudit/recorder/ops.py), run in-process on small computations."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+import detaudit.recorder
+from detaudit.recorder import location
+from detaudit.recorder.core import Recorder
+from detaudit.recorder.ops import install
+from detaudit.trace import Flag, Kind, Trace, TraceWriter, read_trace
+
+location.skip_paths(location.package_dir(torch), location.package_dir(detaudit.recorder))
+
+
+def here() -> str:
+    """`file:line` of the caller, as the recorder writes it."""
+    frame = sys._getframe(1)
+    return f"{location.display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def record(path: Path, body: Callable[[Recorder], Any], config: dict[str, Any] | None = None,
+           on_end: Callable[[], None] = lambda: None) -> Trace:
+    rec = Recorder(TraceWriter(path, {"repeat": 0}))
+    ops = install(rec, config or {"granularity": "op"}, on_end)
+    try:
+        body(rec)
+    finally:
+        if ops is not None:
+            ops.stop()
+    rec.close({"exit_code": 0})
+    return read_trace(path)
+
+
+def rows(trace: Trace, name: str | None = None) -> list[dict[str, Any]]:
+    out = []
+    for r in trace.records:
+        row = {"name": trace.strings[r["name"]], "module": trace.strings[r["module"]], "loc": trace.strings[r["loc"]],
+               "node": trace.strings[r["aux"]], "flags": int(r["flags"]), "kind": int(r["kind"]), "step": int(r["step"]),
+               "digest": int(r["digest"]), "ins": (int(r["in_ordered"]), int(r["in_unordered"]))}
+        if name is None or row["name"] == name:
+            out.append(row)
+    return out
+
+
+def test_forward_and_backward_ops_carry_module_line_and_autograd_node(tmp_path: Path) -> None:
+    lines = {}
+
+    def body(rec: Recorder) -> None:
+        w = torch.randn(3, 2, requires_grad=True)
+        rec.module_stack.append(rec.intern("net.0"))
+        y = (torch.ones(4, 3) @ w).relu(); lines["forward"] = here()  # noqa: E702
+        rec.module_stack.pop()
+        y.sum().backward()
+
+    trace = record(tmp_path / "t.trace", body)
+    mm = rows(trace, "aten.mm.default")
+    forward = [r for r in mm if not r["flags"] & Flag.BACKWARD]
+    backward = [r for r in mm if r["flags"] & Flag.BACKWARD]
+    assert len(forward) == 1 and backward
+    assert (forward[0]["module"], forward[0]["loc"], forward[0]["node"]) == ("net.0", lines["forward"], "")
+    # a backward op: the autograd node that ran it, and the forward line and module that created that node
+    assert {(r["node"], r["loc"], r["module"]) for r in backward} == {("MmBackward0", lines["forward"], "net.0")}
+    threshold = rows(trace, "aten.threshold_backward.default")
+    assert threshold and threshold[0]["node"] == "ReluBackward0" and threshold[0]["loc"] == lines["forward"]
+    assert all(r["kind"] == Kind.OP for r in rows(trace))
+
+
+def test_views_are_not_recorded_and_their_digest_follows_their_base(tmp_path: Path) -> None:
+    x = torch.randn(8, 32)
+    weights = [torch.randn(64, 32), torch.randn(64, 32)]
+    traces = [record(tmp_path / f"{i}.trace", lambda rec, w=w: x @ w.t())
+              for i, w in enumerate([weights[0], weights[0].clone(), weights[1]])]
+    names = [r["name"] for r in rows(traces[0])]
+    assert names == ["aten.mm.default"]
+    ins = [rows(t, "aten.mm.default")[0]["ins"] for t in traces]
+    assert ins[0] == ins[1] != ins[2]
+
+
+def test_the_same_inputs_in_another_order_keep_the_unordered_digest(tmp_path: Path) -> None:
+    a, b = torch.randn(5), torch.randn(5)
+    first = rows(record(tmp_path / "1.trace", lambda rec: torch.cat([a, b])), "aten.cat.default")[0]
+    second = rows(record(tmp_path / "2.trace", lambda rec: torch.cat([b, a])), "aten.cat.default")[0]
+    assert first["ins"][0] != second["ins"][0]
+    assert first["ins"][1] == second["ins"][1]
+    assert first["digest"] != second["digest"]
+
+
+def test_plain_arguments_are_part_of_the_inputs(tmp_path: Path) -> None:
+    x = torch.randn(6)
+    one = rows(record(tmp_path / "1.trace", lambda rec: x * 2.0), "aten.mul.Tensor")[0]
+    two = rows(record(tmp_path / "2.trace", lambda rec: x * 3.0), "aten.mul.Tensor")[0]
+    assert one["ins"] != two["ins"]
+
+
+def test_random_ops_are_flagged_and_their_overwritten_self_is_not_an_input(tmp_path: Path) -> None:
+    def body(start: float) -> Callable[[Recorder], Any]:
+        def run(rec: Recorder) -> None:
+            torch.manual_seed(0)
+            torch.full((16,), start).uniform_()
+            nn.functional.dropout(torch.ones(16), 0.5, training=True)
+        return run
+
+    one, two = (rows(record(tmp_path / f"{s}.trace", body(s))) for s in (1.0, 2.0))
+    uniform = [r for r in one if r["name"] == "aten.uniform_.default"]
+    assert uniform and uniform[0]["flags"] & Flag.RANDOM
+    assert [r["ins"] for r in one if r["name"] == "aten.uniform_.default"] == \
+           [r["ins"] for r in two if r["name"] == "aten.uniform_.default"]
+    assert any(r["flags"] & Flag.RANDOM for r in one if "bernoulli" in r["name"] or "dropout" in r["name"])
+    assert not any(r["flags"] & Flag.RANDOM for r in one if r["name"] in ("aten.full.default", "aten.mul.Tensor"))
+    assert not any("empty" in r["name"] for r in one)
+
+
+def test_reading_never_written_memory_is_flagged(tmp_path: Path) -> None:
+    def body(rec: Recorder) -> None:
+        torch.empty(5).sum()
+        p = nn.Parameter(torch.empty(5))
+        p.detach() * 2
+        nn.init.ones_(p)
+        p.detach() * 3
+
+    trace = rows(record(tmp_path / "t.trace", body))
+    flagged = {r["name"] for r in trace if r["flags"] & Flag.UNINIT}
+    assert "aten.sum.default" in flagged
+    muls = [r for r in trace if r["name"] == "aten.mul.Tensor"]
+    assert [bool(r["flags"] & Flag.UNINIT) for r in muls] == [True, False]
+
+
+def test_detaudit_own_tensor_work_is_not_recorded_as_ops(tmp_path: Path) -> None:
+    def body(rec: Recorder) -> None:
+        rec.record(Kind.CHECKPOINT, "x", torch.randn(4, 6).t())
+
+    trace = rows(record(tmp_path / "t.trace", body))
+    assert [r["name"] for r in trace] == ["aten.randn.default", "x"]
+
+
+def test_in_place_ops_that_return_nothing_record_what_they_wrote(tmp_path: Path) -> None:
+    a, b = torch.zeros(3), torch.zeros(4)
+    trace = rows(record(tmp_path / "t.trace", lambda rec: torch._foreach_add_([a, b], 1.0)))
+    assert [r["name"] for r in trace] == ["aten._foreach_add_.Scalar", "aten._foreach_add_.Scalar[1]"]
+
+
+def test_an_op_window_records_only_its_steps_and_then_ends_the_repeat(tmp_path: Path) -> None:
+    ended = []
+
+    def body(rec: Recorder) -> None:
+        x = torch.ones(3)
+        for _ in range(3):
+            x = x + 1
+            rec.end_step()
+            if ended:
+                break
+
+    trace = rows(record(tmp_path / "t.trace", body, {"granularity": "op", "op_window": [1, 1]},
+                        on_end=lambda: ended.append(True)))
+    assert [(r["name"], r["step"]) for r in trace] == [("aten.add.Tensor", 1)]
+    assert ended == [True]
+
+
+def test_optimizer_steps_record_their_updates_but_no_profiler_ops(tmp_path: Path) -> None:
+    def body(rec: Recorder) -> None:
+        w = nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([w], lr=0.1)
+        w.sum().backward()
+        opt.step()
+
+    trace = rows(record(tmp_path / "t.trace", body))
+    assert not any(r["name"].startswith("profiler") for r in trace)
+    assert "aten.add_.Tensor" in {r["name"] for r in trace}
+
+
+def test_step_granularity_turns_module_records_off(tmp_path: Path) -> None:
+    rec = Recorder(TraceWriter(tmp_path / "t.trace", {"repeat": 0}))
+    assert install(rec, {"granularity": "step"}, lambda: None) is None
+    assert rec.record_modules is False
+    assert install(rec, {"granularity": "module"}, lambda: None) is None
+    rec.close({"exit_code": 0})

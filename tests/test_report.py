@@ -1,0 +1,170 @@
+"""The Report: verdict and exit code rules, the documented JSON schema, and well-formed JUnit XML.
+Built from synthetic run directories through audit.load_run, as `detaudit report` does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+import pytest
+from synthetic import Rec, training_records, write_run
+
+from detaudit.audit import load_run
+from detaudit.report import SCHEMA_NAME, SCHEMA_VERSION, Report, to_dict, to_junit, write_json, write_junit
+
+DIVERGENCE_KEYS = {"index", "category", "kind", "name", "module", "op", "step", "location", "repeats",
+                   "max_abs_diff", "max_ulp_diff", "reference", "detail", "shape", "dtype", "phase"}
+RUN_KEYS = {"repeat", "device", "exit_code", "duration_s", "records", "trace", "timed_out", "complete",
+            "stdout", "stderr"}
+CAUSE_KEYS = {"id", "confidence", "summary", "evidence", "fix"}
+
+
+def _strict_json(report: Report, tmp_path: Path) -> dict[str, Any]:
+    """Written and read back as strict JSON (NaN or Infinity would be invalid)."""
+    path = tmp_path / "out" / "report.json"
+    write_json(report, path)
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {token}")
+
+    data: dict[str, Any] = json.loads(path.read_text(), parse_constant=refuse)
+    return data
+
+
+def _divergent_run(tmp_path: Path, name: str = "net.1") -> Report:
+    recs = training_records(steps=3)
+    other = list(recs)
+    k = next(i for i, r in enumerate(recs) if r.name == name and r.step == 1)
+    other[k] = other[k].but(digest=1, samples=(other[k].samples[0] + 0.5, *other[k].samples[1:]))
+    return load_run(write_run(tmp_path / "run", [recs, recs, other]))
+
+
+def test_deterministic_report(tmp_path: Path) -> None:
+    recs = training_records()
+    report = load_run(write_run(tmp_path / "run", [recs, recs, recs]))
+    assert report.verdict == "deterministic" and report.exit_code == 0
+    data = _strict_json(report, tmp_path)
+    assert data["schema"] == SCHEMA_NAME == "detaudit-report" and data["schema_version"] == SCHEMA_VERSION
+    assert data["verdict"] == "deterministic" and data["exit_code"] == 0
+    assert data["first_divergence"] is None and data["causes"] == []
+    assert isinstance(data["environment"], dict) and data["environment"]
+    assert len(data["runs"]) == 3
+    for i, run in enumerate(data["runs"]):
+        assert set(run) >= RUN_KEYS
+        assert run["repeat"] == i and run["device"] == "cpu" and run["exit_code"] == 0
+        assert run["records"] == len(recs) and run["complete"] is True and run["trace"] == f"repeat-{i}.trace"
+        assert isinstance(run["duration_s"], float)
+    assert data["spread"]["records_compared"] == len(recs) and data["spread"]["records_differing"] == 0
+
+
+def test_divergent_report_fields(tmp_path: Path) -> None:
+    report = _divergent_run(tmp_path)
+    assert report.verdict == "divergent" and report.exit_code == 1
+    data = _strict_json(report, tmp_path)
+    first = data["first_divergence"]
+    assert set(first) >= DIVERGENCE_KEYS
+    assert first["category"] == "content" and first["kind"] == "output" and first["name"] == "net.1"
+    assert first["module"] == "net.1" and first["op"] is None and first["step"] == 1
+    assert first["location"] == "train.py:10" and first["repeats"] == [2] and first["reference"] == 0
+    assert first["max_abs_diff"] == pytest.approx(0.5) and first["max_ulp_diff"] > 0
+    assert all(set(c) >= CAUSE_KEYS for c in data["causes"])
+    steps = {s["step"]: s for s in data["spread"]["by_step"]}
+    assert steps[1]["differing"] == 1 and steps[0]["differing"] == 0 and steps[0]["max_abs_diff"] is None
+
+
+def test_every_repeat_failing_is_failed_with_the_error(tmp_path: Path) -> None:
+    recs = training_records(steps=1)
+    report = load_run(write_run(tmp_path / "run", [recs, recs], exit_codes=[1, 1]))
+    assert report.verdict == "failed" and report.exit_code == 3
+    data = _strict_json(report, tmp_path)
+    assert data["verdict"] == "failed" and "RuntimeError: boom" in data["failure"]
+
+
+def test_some_repeats_failing_is_an_outcome_divergence(tmp_path: Path) -> None:
+    recs = training_records(steps=3)
+    report = load_run(write_run(tmp_path / "run", [recs, recs[:7], recs], exit_codes=[0, 1, 0]))
+    assert report.verdict == "divergent" and report.exit_code == 1
+    first = to_dict(report)["first_divergence"]
+    assert first["category"] == "outcome" and first["repeats"] == [1] and first["index"] == 7
+
+
+def test_same_records_other_stdout_is_an_outcome_divergence(tmp_path: Path) -> None:
+    recs = training_records()
+    report = load_run(write_run(tmp_path / "run", [recs, recs], stdout=["loss 0.1\n", "loss 0.2\n"]))
+    first = to_dict(report)["first_divergence"]
+    assert report.exit_code == 1 and first["category"] == "outcome" and first["kind"] == "stdout"
+    assert first["index"] == -1 and first["repeats"] == [1]
+
+
+def test_timeout_exit_code_and_incomplete_run(tmp_path: Path) -> None:
+    recs = training_records()
+    report = load_run(write_run(tmp_path / "run", [recs, recs[:4]], exit_codes=[0, -15], timed_out=[False, True]))
+    assert report.exit_code == 5
+    data = _strict_json(report, tmp_path)
+    assert [r["timed_out"] for r in data["runs"]] == [False, True]
+    assert [r["complete"] for r in data["runs"]] == [True, False] and data["runs"][1]["records"] == 4
+
+
+def test_nan_and_inf_samples_never_reach_json(tmp_path: Path) -> None:
+    nan, inf = float("nan"), float("inf")
+    recs = [Rec("a", 1, samples=(nan, inf, -inf, 1.0)), Rec("b", 2, samples=(1.0, 2.0, 3.0, 4.0))]
+    other = [recs[0].but(digest=5, samples=(1.0, nan, 0.0, 1.0)), recs[1]]
+    report = load_run(write_run(tmp_path / "run", [recs, other]))
+    data = _strict_json(report, tmp_path)  # raises on NaN/Infinity tokens
+    assert data["first_divergence"]["index"] == 0
+
+
+def _junit(report: Report, tmp_path: Path) -> ET.Element:
+    path = tmp_path / "junit.xml"
+    write_junit(report, path)
+    text = path.read_text()
+    assert text.startswith("<?xml")
+    root = ET.fromstring(text)
+    assert root.tag == "testsuite"
+    cases = root.findall("testcase")
+    assert int(root.get("tests", -1)) == len(cases)
+    assert int(root.get("failures", -1)) == sum(len(c.findall("failure")) for c in cases)
+    assert int(root.get("errors", -1)) == sum(len(c.findall("error")) for c in cases)
+    return root
+
+
+def test_junit_deterministic_has_no_failures(tmp_path: Path) -> None:
+    recs = training_records()
+    root = _junit(load_run(write_run(tmp_path / "run", [recs, recs])), tmp_path)
+    assert root.get("failures") == "0" and root.get("errors") == "0" and len(root.findall("testcase")) == 3
+
+
+def test_junit_divergent_names_the_first_divergence(tmp_path: Path) -> None:
+    root = _junit(_divergent_run(tmp_path), tmp_path)
+    failures = root.findall("testcase/failure")
+    message = failures[0].get("message", "")
+    assert len(failures) == 1 and "net.1" in message and "step 1" in message
+
+
+def test_junit_timeout_is_an_error_and_failed_repeat_a_failure(tmp_path: Path) -> None:
+    recs = training_records()
+    report = load_run(write_run(tmp_path / "run", [recs, recs[:3], recs], exit_codes=[0, -15, 2],
+                                timed_out=[False, True, False]))
+    root = _junit(report, tmp_path)
+    assert root.get("errors") == "1" and root.findall("testcase/error")[0].get("message") == "timed out"
+    assert any("exited with 2" in f.get("message", "") for f in root.findall("testcase/failure"))
+
+
+def test_junit_is_well_formed_with_hostile_names(tmp_path: Path) -> None:
+    """Names come from user code (checkpoint names, module names): XML specials and control characters."""
+    hostile = 'ck<"&\'>]]>\x1b[31m\x00\x07 é'
+    recs = [Rec(hostile, 1, module=hostile, loc="a<b>.py:1"), Rec("ok", 2)]
+    other = [recs[0].but(digest=9), recs[1]]
+    report = load_run(write_run(tmp_path / "run", [recs, other], script="tr<ai>n&.py"))
+    root = _junit(report, tmp_path)
+    message = root.findall("testcase/failure")[0].get("message", "")
+    assert "ck<\"&'>" in message
+    assert json.loads(json.dumps(to_dict(report)))["first_divergence"]["name"] == hostile
+
+
+def test_junit_string_matches_written_file(tmp_path: Path) -> None:
+    report = _divergent_run(tmp_path)
+    write_junit(report, tmp_path / "j.xml")
+    assert (tmp_path / "j.xml").read_text() == to_junit(report)

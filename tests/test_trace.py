@@ -1,0 +1,249 @@
+"""The trace format: round trip, killed-repeat prefixes, refusal of foreign/corrupt/unknown-version
+files, inert writers in forked children, and no pickle on the read path."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synthetic import Rec, training_records, write_trace
+
+import detaudit
+from detaudit import trace as trace_mod
+from detaudit.errors import TraceError
+from detaudit.trace import FORMAT_VERSION, MAGIC, RECORD_DTYPE, Kind, TraceWriter, read_trace
+
+
+def _names(tr: trace_mod.Trace) -> list[str]:
+    return [tr.strings[i] for i in tr.records["name"]]
+
+
+def test_round_trip_records_strings_events_footer(tmp_path: Path) -> None:
+    recs = training_records(steps=3)
+    events = [(0, {"type": "rng", "source": "torch"}), (7, {"type": "nondet_op", "op": "index_add"})]
+    path = write_trace(tmp_path / "t.trace", recs, {"exit_code": 0, "error": None}, events=events,
+                       header={"repeat": 2, "script": "train.py"}, flush_every=5)
+    tr = read_trace(path)
+    assert tr.header["format"] == "detaudit-trace" and tr.header["version"] == FORMAT_VERSION
+    assert tr.header["repeat"] == 2 and tr.header["script"] == "train.py"
+    assert tr.complete and tr.footer == {"records": len(recs), "exit_code": 0, "error": None}
+    assert len(tr.records) == len(recs)
+    assert _names(tr) == [r.name for r in recs]
+    assert [tr.strings[i] for i in tr.records["module"]] == [r.module for r in recs]
+    assert [tr.strings[i] for i in tr.records["loc"]] == [r.loc for r in recs]
+    assert list(tr.records["digest"]) == [r.digest for r in recs]
+    assert list(tr.records["step"]) == [r.step for r in recs]
+    assert [Kind(k) for k in tr.records["kind"]] == [r.kind for r in recs]
+    assert np.array_equal(tr.records["samples"], np.array([r.samples for r in recs]))
+    assert [(e["at"], e["type"]) for e in tr.events] == [(0, "rng"), (7, "nondet_op")]
+    assert tr.strings[0] == "" and len(tr.strings) == len(set(tr.strings))  # each string stored once
+
+
+def test_full_u64_digests_and_nan_samples_survive(tmp_path: Path) -> None:
+    nan = float("nan")
+    recs = [Rec("a", digest=2**64 - 1, samples=(nan, -0.0, float("inf"), 1e-310))]
+    tr = read_trace(write_trace(tmp_path / "t.trace", recs, {"exit_code": 0}))
+    assert int(tr.records["digest"][0]) == 2**64 - 1
+    s = tr.records["samples"][0]
+    assert np.isnan(s[0]) and np.signbit(s[1]) and np.isinf(s[2]) and s[3] == 1e-310
+
+
+def test_empty_trace_round_trips(tmp_path: Path) -> None:
+    tr = read_trace(write_trace(tmp_path / "t.trace", [], {"exit_code": 3}))
+    assert len(tr.records) == 0 and tr.footer == {"records": 0, "exit_code": 3}
+
+
+def test_record_layout_is_the_documented_84_bytes() -> None:
+    assert RECORD_DTYPE.itemsize == 84
+
+
+def test_identical_content_gives_identical_record_bodies(tmp_path: Path) -> None:
+    recs = training_records()
+    a = read_trace(write_trace(tmp_path / "a.trace", recs, {"exit_code": 0}, header={"pid": 1}))
+    b = read_trace(write_trace(tmp_path / "b.trace", recs, {"exit_code": 0}, header={"pid": 2}))
+    assert a.records.tobytes() == b.records.tobytes() and a.strings == b.strings
+
+
+def _frame_ends(data: bytes) -> list[int]:
+    """Byte offsets where each frame ends (parsed independently of the reader under test)."""
+    ends, pos = [], len(MAGIC)
+    while pos < len(data):
+        (length,) = struct.unpack_from("<I", data, pos + 1)
+        pos += 5 + length
+        ends.append(pos)
+    return ends
+
+
+def test_truncation_at_every_offset_reads_as_incomplete_prefix(tmp_path: Path) -> None:
+    recs = training_records(steps=2)
+    full = write_trace(tmp_path / "full.trace", recs, {"exit_code": 0}, events=[(4, {"type": "x"})],
+                       flush_every=3)
+    data = full.read_bytes()
+    ends = _frame_ends(data)
+    assert len(ends) >= 8
+    header_end = ends[0]
+    cut_path = tmp_path / "cut.trace"
+    for cut in range(ends[-6], len(data) + 1):  # every byte of the last frames, and the whole file
+        cut_path.write_bytes(data[:cut])
+        tr = read_trace(cut_path)
+        n = len(tr.records)
+        assert _names(tr) == [r.name for r in recs[:n]], cut
+        assert list(tr.records["digest"]) == [r.digest for r in recs[:n]], cut
+        assert tr.complete == (cut == len(data)), cut
+    for cut in range(0, header_end):  # inside the magic or header: refused, never a crash
+        cut_path.write_bytes(data[:cut])
+        with pytest.raises(TraceError):
+            read_trace(cut_path)
+    cut_path.write_bytes(data[:header_end])
+    assert len(read_trace(cut_path).records) == 0
+
+
+def test_abandoned_writer_leaves_incomplete_trace(tmp_path: Path) -> None:
+    tr = read_trace(write_trace(tmp_path / "t.trace", training_records(), footer=None))
+    assert not tr.complete and tr.footer is None and len(tr.records) == len(training_records())
+
+
+def test_wrong_magic_is_not_a_detaudit_trace(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.trace"
+    path.write_bytes(b"PK\x03\x04 this is a zip file, not a trace" * 10)
+    with pytest.raises(TraceError, match="not a detaudit trace"):
+        read_trace(path)
+    path.write_bytes(b"")
+    with pytest.raises(TraceError, match="not a detaudit trace"):
+        read_trace(path)
+
+
+def _handmade(path: Path, header: object, rest: bytes = b"") -> Path:
+    payload = json.dumps(header).encode()
+    path.write_bytes(MAGIC + b"H" + struct.pack("<I", len(payload)) + payload + rest)
+    return path
+
+
+def test_foreign_header_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="not a detaudit trace"):
+        read_trace(_handmade(tmp_path / "t", {"format": "something-else", "version": 1}))
+    with pytest.raises(TraceError, match="not a detaudit trace"):
+        read_trace(_handmade(tmp_path / "u", [1, 2, 3]))
+
+
+def test_unknown_version_is_refused_naming_the_version(tmp_path: Path) -> None:
+    path = _handmade(tmp_path / "t", {"format": "detaudit-trace", "version": 99})
+    with pytest.raises(TraceError, match=r"version 99") as info:
+        read_trace(path)
+    assert str(FORMAT_VERSION) in str(info.value)
+
+
+@pytest.mark.parametrize("garbage", [
+    b"Z\x05\x00\x00\x00hello",                # unknown tag
+    b"R\xff\xff\xff\xff" + b"\x00" * 16,      # oversize frame
+    b"\x00\x00\x00\x00\x00",                  # zeros
+], ids=["unknown-tag", "oversize", "zeros"])
+def test_garbage_frame_header_is_corrupt(tmp_path: Path, garbage: bytes) -> None:
+    good = write_trace(tmp_path / "good.trace", training_records(), {"exit_code": 0}).read_bytes()
+    ends = _frame_ends(good)
+    bad = tmp_path / "bad.trace"
+    bad.write_bytes(good[:ends[1]] + garbage + good[ends[1]:])
+    with pytest.raises(TraceError, match="corrupt trace"):
+        read_trace(bad)
+
+
+@pytest.mark.parametrize("frame", [
+    b"S" + struct.pack("<I", 5) + b"[1, 2",               # invalid JSON string table
+    b"S" + struct.pack("<I", 4) + b'{"a"',                # invalid JSON
+    b"S" + struct.pack("<I", 2) + b"{}",                  # valid JSON, not a list
+    b"R" + struct.pack("<I", 10) + b"\x00" * 10,          # record frame of the wrong size
+    b"E" + struct.pack("<I", 3) + b"\xff\xfe\xfd",        # not UTF-8
+    b"H" + struct.pack("<I", 2) + b"{}",                  # a second header
+], ids=["bad-json-list", "bad-json", "strings-not-list", "record-size", "not-utf8", "second-header"])
+def test_malformed_frames_are_corrupt(tmp_path: Path, frame: bytes) -> None:
+    path = _handmade(tmp_path / "t", {"format": "detaudit-trace", "version": FORMAT_VERSION}, frame)
+    with pytest.raises(TraceError, match="corrupt trace"):
+        read_trace(path)
+
+
+def test_record_naming_unwritten_string_is_corrupt(tmp_path: Path) -> None:
+    row = np.zeros(1, dtype=RECORD_DTYPE)
+    row["name"] = 7
+    rec = row.tobytes()
+    path = _handmade(tmp_path / "t", {"format": "detaudit-trace", "version": FORMAT_VERSION},
+                     b"R" + struct.pack("<I", len(rec)) + rec)
+    with pytest.raises(TraceError, match="never written"):
+        read_trace(path)
+
+
+def test_missing_file_is_a_trace_error(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="cannot open"):
+        read_trace(tmp_path / "nope.trace")
+    with pytest.raises(TraceError):
+        read_trace(tmp_path)  # a directory
+
+
+def test_forked_child_never_writes_to_the_trace(tmp_path: Path) -> None:
+    path = tmp_path / "t.trace"
+    writer = TraceWriter(path, {"repeat": 0})
+    writer.add((1, 1, 0, 0, writer.intern("parent.before"), 0, 0, 0, writer.intern("4"), 0, 1, 0, 0,
+                (0.0,) * 4))
+    writer.add((1, 1, 0, 0, writer.intern("parent.pending"), 0, 0, 0, writer.intern("4"), 0, 2, 0, 0,
+                (0.0,) * 4))
+    size_before = path.stat().st_size
+    pid = os.fork()
+    if pid == 0:  # a DataLoader worker: it inherits the writer, with unflushed rows
+        try:
+            for i in range(trace_mod.FLUSH_EVERY + 10):
+                writer.add((1, 1, 0, 0, writer.intern(f"child.{i}"), 0, 0, 0, 0, 0, 3, 0, 0, (0.0,) * 4))
+            writer.event({"type": "child"})
+            writer.flush()
+            writer.close({"exit_code": 99})
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert path.stat().st_size == size_before
+    writer.add((1, 1, 0, 0, writer.intern("parent.after"), 0, 0, 0, writer.intern("4"), 0, 4, 0, 0,
+                (0.0,) * 4))
+    writer.close({"exit_code": 0})
+    tr = read_trace(path)
+    assert _names(tr) == ["parent.before", "parent.pending", "parent.after"]
+    assert tr.events == [] and tr.footer is not None and tr.footer["exit_code"] == 0
+    assert not any(s.startswith("child") for s in tr.strings)
+
+
+_PICKLE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
+
+
+def test_no_pickle_anywhere_in_detaudit() -> None:
+    """Source check: no pickle-family import, no torch.load, no np.load(allow_pickle=True)."""
+    root = Path(detaudit.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                offenders += [f"{path}: import {a.name}" for a in node.names if a.name.split(".")[0] in _PICKLE_MODULES]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in _PICKLE_MODULES:
+                offenders.append(f"{path}: from {node.module}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = ast.unparse(node.func.value)
+                if (owner, node.func.attr) in {("torch", "load"), ("np", "load"), ("numpy", "load")} or any(
+                        k.arg == "allow_pickle" for k in node.keywords):
+                    offenders.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    assert offenders == []
+
+
+def test_reading_a_trace_never_unpickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("pickle used while reading a trace")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    path = write_trace(tmp_path / "t.trace", training_records(), {"exit_code": 0}, events=[(1, {"type": "x"})])
+    assert len(read_trace(path).records) == len(training_records())
+    # a pickle disguised as a trace is refused as foreign, not executed
+    (tmp_path / "evil.trace").write_bytes(b"\x80\x04\x95" + b"\x00" * 40)
+    with pytest.raises(TraceError, match="not a detaudit trace"):
+        read_trace(tmp_path / "evil.trace")
