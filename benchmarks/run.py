@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,15 @@ class Sizes:
     audit_workloads: tuple[str, ...] = ("cnn",)
     audit_repeats: int = 5
     audit_rounds: int = 1
+    auto_workloads: tuple[str, ...] = ("mlp",)
+    auto_repeats: int = 3
     compare_records: int = 1_000_000
     compare_repeats: int = 5
 
 
 QUICK = Sizes(fp_sizes_mb=(8, 64), fp_rounds=3, small_calls=5000, workloads=("mlp",), steps=12,
-              warmup_steps=3, rounds=1, audit_workloads=("mlp",), audit_repeats=2, compare_records=50_000)
+              warmup_steps=3, rounds=1, audit_workloads=("mlp",), audit_repeats=2, auto_workloads=(),
+              compare_records=50_000)
 
 
 def median(values: Sequence[float]) -> float:
@@ -108,6 +112,7 @@ def bench_fingerprint(sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
                         f"{fp_gbs:.2f} GB/s vs memcpy {copy_gbs:.2f} GB/s", ratio, ratio >= 0.9,
                         f"torch copy_ into a reused buffer ({torch.get_num_threads()} threads) "
                         "vs single-threaded xxh3"))
+        raw["hash_gbs"] = fp_gbs  # the largest size's figure: memory-bound, as hashing in a step is
         del src, dst
     small = torch.randn(256)  # 1 KB
     calls = sizes.small_calls
@@ -139,10 +144,12 @@ def granularities() -> list[str]:
 @dataclass
 class Timing:
     step_s: float  # median in-process step time, warm-up steps excluded
+    cpu_s: float  # the same for CPU time (all threads): less disturbed by other processes
     wall_s: float  # the whole process, interpreter start included
     records: int = 0
     trace_bytes: int = 0
     stdout: str = ""
+    trace: Path | None = None
 
 
 def run_workload(workload: str, granularity: str | None, steps: int, warmup: int, tmp: Path, tag: str) -> Timing:
@@ -171,20 +178,47 @@ def run_workload(workload: str, granularity: str | None, steps: int, warmup: int
     if proc.returncode != 0:
         raise RuntimeError(f"{workload} ({granularity or 'plain'}) failed:\n{proc.stderr[-2000:]}")
     bench = next(line for line in proc.stderr.splitlines() if line.startswith("BENCH "))
-    step_s = json.loads(bench[6:])["step_s"][warmup:]
-    timing = Timing(median(step_s), wall, stdout=proc.stdout)
+    times = json.loads(bench[6:])
+    timing = Timing(median(times["step_s"][warmup:]), median(times["cpu_s"][warmup:]), wall, stdout=proc.stdout)
     if trace is not None:
         stream = RecordStream(trace)
         stream.drain()
         timing.records = int((stream.footer or {}).get("records", 0))
+        timing.trace = trace
         timing.trace_bytes = trace.stat().st_size
     return timing
 
 
-def bench_overhead(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
-    """Plain vs one repeat at each granularity; configurations interleaved, medians over rounds."""
+def hashed_mb_per_step(trace: Path) -> float:
+    """MB of tensor contents recorded in one training step (the middle one) of a trace.
+
+    An upper bound on what is hashed: a tensor recorded twice in a step is hashed once.
+    """
+    import torch
+
+    from detaudit.dtypes import DTYPE_ORDER
+    from detaudit.trace import read_trace
+
+    itemsize = {code: torch.empty(0, dtype=getattr(torch, name)).element_size()
+                for code, name in enumerate(DTYPE_ORDER, start=1) if hasattr(torch, name)}
+    data = read_trace(trace)
+    middle = int(data.records["step"].max()) // 2
+    total = 0
+    for row in data.records[data.records["step"] == middle]:
+        shape = data.strings[row["shape"]]
+        numel = 1 if shape == "scalar" else math.prod(int(d) for d in shape.split("x"))
+        total += numel * itemsize.get(int(row["dtype"]), 0)
+    return total / MB
+
+
+def bench_overhead(sizes: Sizes, tmp: Path, hash_gbs: float | None) -> tuple[list[Row], dict[str, Any]]:
+    """Plain vs one repeat at module and op granularity; interleaved, medians over rounds.
+
+    `hash_gbs` (the fingerprint speed measured in section 1) turns the MB hashed per step into
+    the time that hashing alone must take: the floor of the module-granularity overhead.
+    """
     offered = granularities()
-    configs: list[str | None] = [None, *[g for g in ("module", "op", "auto") if g in offered]]
+    configs: list[str | None] = [None, *[g for g in ("module", "op") if g in offered]]
     runs: dict[tuple[str, str], list[Timing]] = {}
     for rnd in range(sizes.rounds):
         for workload in sizes.workloads:
@@ -196,30 +230,34 @@ def bench_overhead(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
     rows: list[Row] = []
     raw: dict[str, Any] = {}
     for workload in sizes.workloads:
-        step = {label: median([t.step_s for t in runs[(workload, label)]])
-                for (w, label) in runs if w == workload}
-        wall = {label: median([t.wall_s for t in runs[(workload, label)]])
-                for (w, label) in runs if w == workload}
-        raw[workload] = {f"{w}:{label}": [asdict(t) | {"stdout": None} for t in ts]
-                         for (w, label), ts in runs.items() if w == workload}
+        labels = [c or "plain" for c in configs]
+        stat = {what: {label: median([getattr(t, what) for t in runs[(workload, label)]]) for label in labels}
+                for what in ("step_s", "cpu_s", "wall_s")}
+        raw[workload] = {label: [{k: v for k, v in asdict(t).items() if k not in ("stdout", "trace")}
+                                for t in runs[(workload, label)]] for label in labels}
         plain_out = runs[(workload, "plain")][0].stdout
-        for label, target, limit, ref in (("module", "≤ 1.10× plain", 1.10, "plain"),
-                                          ("op", "≤ 1.50× plain", 1.50, "plain"),
-                                          ("auto", "≤ 1.15× module", 1.15, "module")):
+        for label, target, limit in (("module", "≤ 1.10× plain", 1.10), ("op", "≤ 1.50× plain", 1.50)):
             name = f"{workload}: {label} granularity"
-            if label not in step:
+            if label not in labels:
                 rows.append(Row("2 overhead", name, target, "not available", None, None,
                                 "`detaudit run --granularity` does not offer it yet"))
                 continue
             same = all(t.stdout == plain_out for t in runs[(workload, label)])
-            note = "" if same else "; OUTPUT DIFFERS from plain run (instrumentation changed the numerics)"
-            for what, table in (("step time", step), ("wall time", wall)):
-                ratio = table[label] / table[ref]
-                rows.append(Row("2 overhead", f"{name} ({what})", target,
-                                f"{fmt_ms(table[ref]) if what == 'step time' else f'{table[ref]:.2f} s'} → "
-                                f"{fmt_ms(table[label]) if what == 'step time' else f'{table[label]:.2f} s'}",
-                                ratio, ratio <= limit and same,
-                                f"median of {sizes.rounds} interleaved runs" + note))
+            note = "" if same else "; OUTPUT DIFFERS from the plain run (instrumentation changed the numerics)"
+            step, cpu, wall = (stat[w][label] / stat[w]["plain"] for w in ("step_s", "cpu_s", "wall_s"))
+            detail = f"median of {sizes.rounds} interleaved runs; CPU time {cpu:.2f}×"
+            trace = runs[(workload, label)][0].trace
+            if label == "module" and hash_gbs and trace is not None:
+                mb = hashed_mb_per_step(trace)
+                floor = mb * MB / (hash_gbs * 1e9)
+                detail += (f"; hashes ≤ {mb:.1f} MB/step = {floor * 1e3:.2f} ms at {hash_gbs:.1f} GB/s, "
+                           f"a floor of {1 + floor / stat['step_s']['plain']:.2f}×")
+            rows.append(Row("2 overhead", f"{name} (step time)", target,
+                            f"{fmt_ms(stat['step_s']['plain'])} → {fmt_ms(stat['step_s'][label])}",
+                            step, step <= limit and same, detail + note))
+            rows.append(Row("2 overhead", f"{name} (wall time)", target,
+                            f"{stat['wall_s']['plain']:.2f} s → {stat['wall_s'][label]:.2f} s", wall,
+                            wall <= limit and same, f"whole process, interpreter start included ({sizes.steps} steps)"))
     # 5. trace size on the workloads
     for (workload, label), timings in runs.items():
         if label == "plain":
@@ -245,19 +283,34 @@ def crash_readable(tmp: Path) -> Row:
     cut.write_bytes(data[: len(data) * 2 // 3 + 7])  # mid-frame
     part = read_trace(cut)
     ok = 0 < len(part.records) < len(whole.records) and part.footer is None
+    footer = "missing" if part.footer is None else "present"
     return Row("5 trace size", "trace readable after a crash", "readable prefix, marked incomplete",
-               f"{len(part.records)}/{len(whole.records)} records, footer {'missing' if part.footer is None else 'present'}",
-               None, ok, "trace truncated at 2/3 of its bytes, mid-frame")
+               f"{len(part.records)}/{len(whole.records)} records, footer {footer}", None, ok,
+               "trace truncated at 2/3 of its bytes, mid-frame")
 
 
 # -- 3. whole audit -----------------------------------------------------------------------------
+
+AUDIT_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "COLUMNS": "120"}
+
+
+def timed_audit(script: str, args: list[str], repeats: int, out: Path, jobs: int = 1,
+                granularity: str = "module") -> tuple[float, int]:
+    """Wall seconds and exit code of one `detaudit run`, as a user would type it."""
+    cmd = [sys.executable, "-m", "detaudit", "run", script, "--repeats", str(repeats), "--jobs", str(jobs),
+           "--out", str(out), "-q"]
+    if granularity != "module":
+        cmd += ["--granularity", granularity]
+    start = time.perf_counter()
+    proc = subprocess.run([*cmd, "--", *args], env=AUDIT_ENV, capture_output=True, text=True)
+    return time.perf_counter() - start, proc.returncode
+
 
 def bench_audit(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
     """`detaudit run --repeats N` (jobs 1 and 2) against N plain sequential runs."""
     rows: list[Row] = []
     raw: dict[str, Any] = {}
     n = sizes.audit_repeats
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "COLUMNS": "120"}
     for workload in sizes.audit_workloads:
         script = str(WORKLOADS / f"{workload}.py")
         args = ["--steps", str(sizes.steps)]
@@ -266,16 +319,12 @@ def bench_audit(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
         for rnd in range(sizes.audit_rounds):
             start = time.perf_counter()
             for _ in range(n):
-                subprocess.run([sys.executable, script, *args], env=env, capture_output=True, check=True)
+                subprocess.run([sys.executable, script, *args], env=AUDIT_ENV, capture_output=True, check=True)
             times["plain"].append(time.perf_counter() - start)
             for jobs in (1, 2):
-                out = tmp / f"audit-{workload}-{jobs}-{rnd}"
-                cmd = [sys.executable, "-m", "detaudit", "run", script, "--repeats", str(n), "--jobs", str(jobs),
-                       "--out", str(out), "-q", "--", *args]
-                start = time.perf_counter()
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-                times[f"jobs{jobs}"].append(time.perf_counter() - start)
-                codes.append(proc.returncode)
+                seconds, code = timed_audit(script, args, n, tmp / f"audit-{workload}-{jobs}-{rnd}", jobs)
+                times[f"jobs{jobs}"].append(seconds)
+                codes.append(code)
         plain, jobs1, jobs2 = (median(times[k]) for k in ("plain", "jobs1", "jobs2"))
         note = "" if all(c == 0 for c in codes) else f"; audit exit codes {codes} (expected 0: deterministic)"
         raw[workload] = times | {"exit_codes": codes}
@@ -289,6 +338,36 @@ def bench_audit(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
     return rows, raw
 
 
+def bench_auto(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
+    """`--granularity auto` against `module` on a run that diverges halfway (--diverge-at)."""
+    target = "≤ 1.15× module audit"
+    if "auto" not in granularities():
+        return [Row("2 overhead", "auto narrowing", target, "not available", None, None,
+                    "`detaudit run --granularity` does not offer it yet")], {}
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
+    n, diverge = sizes.auto_repeats, sizes.steps // 2
+    for workload in sizes.auto_workloads:
+        script = str(WORKLOADS / f"{workload}.py")
+        args = ["--steps", str(sizes.steps), "--diverge-at", str(diverge)]
+        times: dict[str, list[float]] = {"module": [], "auto": []}
+        codes = []
+        for rnd in range(sizes.audit_rounds):
+            for granularity in times:
+                seconds, code = timed_audit(script, args, n, tmp / f"auto-{workload}-{granularity}-{rnd}",
+                                            granularity=granularity)
+                times[granularity].append(seconds)
+                codes.append(code)
+        module, auto = median(times["module"]), median(times["auto"])
+        note = "" if all(c == 1 for c in codes) else f"; audit exit codes {codes} (expected 1: divergent)"
+        raw[workload] = times | {"exit_codes": codes}
+        rows.append(Row("2 overhead", f"{workload}: auto narrowing (whole audit, --repeats {n})", target,
+                        f"{module:.2f} s → {auto:.2f} s", auto / module, auto / module <= 1.15 and not note,
+                        f"diverges at step {diverge} of {sizes.steps}; auto re-runs every repeat at op "
+                        f"granularity up to that step" + note))
+    return rows, raw
+
+
 # -- 4. compare and report ----------------------------------------------------------------------
 
 _COMPARE_CHILD = """
@@ -298,14 +377,15 @@ start = time.perf_counter()
 from detaudit.audit import load_run
 from detaudit.report import to_dict
 imported = time.perf_counter()
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+base = peak()
 report = load_run(Path(sys.argv[1]))
 text = json.dumps(to_dict(report))
 done = time.perf_counter()
 first = report.first_divergence
 print(json.dumps({"import_s": imported - start, "seconds": done - imported, "verdict": report.verdict,
                   "first_divergence": first.index if first else None, "torch_imported": "torch" in sys.modules,
-                  "import_rss_mb": base / 1024, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "import_rss_mb": base, "peak_rss_mb": peak()}))
 """
 
 
@@ -438,8 +518,9 @@ def run_suite(sizes: Sizes, sections: set[str], log: Callable[[str], None]) -> t
     tmp = Path(tempfile.mkdtemp(prefix="detaudit-bench-"))
     steps: list[tuple[str, Callable[[], tuple[list[Row], dict[str, Any]]]]] = [
         ("fingerprint", lambda: bench_fingerprint(sizes)),
-        ("overhead", lambda: bench_overhead(sizes, tmp)),
+        ("overhead", lambda: bench_overhead(sizes, tmp, raw.get("fingerprint", {}).get("hash_gbs"))),
         ("audit", lambda: bench_audit(sizes, tmp)),
+        ("auto", lambda: bench_auto(sizes, tmp)),
         ("compare", lambda: bench_compare(sizes, tmp)),
     ]
     try:
@@ -465,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run with small sizes (CI)")
     parser.add_argument("--no-write", action="store_true", help="print the table, write no files")
-    parser.add_argument("--only", default="fingerprint,overhead,audit,compare",
+    parser.add_argument("--only", default="fingerprint,overhead,audit,auto,compare",
                         help="comma-separated sections to run")
     args = parser.parse_args(argv)
     import torch

@@ -35,7 +35,7 @@ Exit codes:
 """
 
 err_console = Console(stderr=True)
-DEFAULT_GRANULARITY = "module"
+DEFAULT_GRANULARITY = "auto"  # module cost unless the repeats diverge (docs/granularity.md)
 
 
 def _console(quiet: bool = False) -> Console:
@@ -271,7 +271,8 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
         for row in chunk:
             if limit == 0 or shown < limit:
                 info = describe(stream, row, total)
-                name = f"{info.op} ({'bwd' if info.backward else 'fwd'}) in {info.module}" if info.op else info.name
+                name = (f"{info.op} ({info.node or 'bwd'})" if info.backward else f"{info.op} (fwd)") \
+                    + (f" in {info.module}" if info.module else "") if info.op else info.name
                 table.add_row(str(total), str(info.step), info.kind, escape(name), f"{info.dtype}[{info.shape}]",
                               f"{int(row['digest']):016x}", escape(info.location))
                 shown += 1

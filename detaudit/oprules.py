@@ -9,8 +9,10 @@ on, so the rule walks back to where its inputs started to differ.
 Divergent ops that lead nowhere are common (random initialisation later overwritten by
 `load_state_dict`), so the chosen source is the first one whose divergence *propagates*: the
 next divergent record after it is an op whose inputs differ, or a non-op record (a module
-output, a gradient), rather than another source. Traces are read in lockstep chunks, stopping
-as soon as the answer is known, so memory stays bounded.
+output, a gradient), rather than another source. Sources back to back, with no agreeing record
+between them (one op's several outputs, the initialisation of every layer), form one run and
+share a cause: the run's first is named. Traces are read in lockstep chunks, stopping as soon as
+the answer is known, so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -96,23 +98,23 @@ class _Scan:
     """Finds the source index by the propagation rule (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.candidate: int | None = None  # the latest source, not yet seen to propagate
-        self.candidate_key: tuple[int, str] | None = None
+        self.candidate: int | None = None  # the first source of the latest run, not yet seen to propagate
+        self.last_source = -2
         self.first_source: int | None = None
         self.first_differing_op: int | None = None  # divergent op with differing inputs and no source before
         self.origin: int | None = None  # first divergent non-op record with no source before it
         self.chosen: int | None = None
 
-    def visit(self, index: int, is_op: bool, source: bool, differing_inputs: bool, key: tuple[int, str]) -> bool:
+    def visit(self, index: int, is_op: bool, source: bool, differing_inputs: bool) -> bool:
         """Feed one divergent record (in order); True once the answer is known."""
         if source:
-            if self.candidate is not None and key == self.candidate_key:
-                return False  # another output of the same op call
             if self.origin is not None:
                 return True  # the divergence entered as data before this source: it did not cause it
             if self.first_source is None:
                 self.first_source = index
-            self.candidate, self.candidate_key = index, key
+            if index != self.last_source + 1:  # a new run of back-to-back sources
+                self.candidate = index
+            self.last_source = index
             return False
         if self.candidate is not None:
             if differing_inputs or not is_op:
@@ -170,14 +172,13 @@ def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) 
             unknown |= (a["in_ordered"] == 0) | (b["in_ordered"] == 0)
         bad = np.flatnonzero(~same)
         limit = int(bad[0]) if len(bad) else n
-        ref_rows, ref_strings = chunks[pairs[0][0]], streams[pairs[0][0]].strings
+        ref_rows = chunks[pairs[0][0]]
         for i in np.flatnonzero(out_diff[:limit]).tolist():
             row = ref_rows[i]
             is_op = int(row["kind"]) == Kind.OP
             known = is_op and not unknown[i]
             source = known and not unordered_diff[i]  # inputs match, or the same inputs reordered
-            key = (int(row["in_ordered"]), ref_strings[int(row["name"])].split("[")[0])
-            if scan.visit(base + i, is_op, source, known and bool(in_diff[i]), key):
+            if scan.visit(base + i, is_op, source, known and bool(in_diff[i])):
                 return _finding(paths, pairs, scan, None)
         if limit < n or n < longest:
             structure_at = base + limit

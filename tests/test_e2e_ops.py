@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.conftest import run_cli
+from conftest import run_cli
 
 
 def line_of(script: Path, text: str) -> str:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,10 +66,10 @@ def pids_from(pid_file: Path) -> list[int]:
     return pids
 
 
-def wait_until(predicate: object, timeout: float) -> bool:
+def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return True
         time.sleep(0.1)
     return False
@@ -155,7 +156,7 @@ def test_ctrl_c_stops_every_repeat_with_no_orphans(tmp_path: Path) -> None:
         # both parallel repeats are running (and have started their grandchildren)
         assert wait_until(lambda: len(list(work.glob("run/repeat-*.stdout"))) >= 2
                           and all("ready" in p.read_text() for p in work.glob("run/repeat-*.stdout")), 60), \
-            proc.stderr.read() if proc.poll() is not None else "repeats did not start"
+            f"repeats did not start (detaudit exit status: {proc.poll()})"
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the foreground group
         _, err = proc.communicate(timeout=30)
     finally:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from synthetic import Rec, write_run
 
 from detaudit import oprules
 from detaudit.audit import load_run
@@ -17,7 +18,6 @@ from detaudit.oprules import find_op_source
 from detaudit.render import op_panel
 from detaudit.report import to_dict
 from detaudit.trace import Flag, Kind, TraceWriter
-from tests.synthetic import Rec, write_run
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,13 @@ def test_outputs_of_one_op_call_count_as_one_source(tmp_path: Path) -> None:
             Op("aten.native_dropout.default[1]", 3, flags=Flag.RANDOM), *BASE[2:]]
     finding = find_op_source(traces(tmp_path, base, diverge(base, 1, ins_from=3)))
     assert finding is not None and finding.record.index == 1 and finding.verdict == "random-op"
+
+
+def test_back_to_back_sources_are_one_run_named_by_its_first(tmp_path: Path) -> None:
+    base = [Op("aten.uniform_.default", 1 + i, flags=Flag.RANDOM, module=f"layer{i}") for i in range(3)]
+    base += [Op("aten.convolution.default", 9, module="layer0")]
+    finding = find_op_source(traces(tmp_path, base, diverge(base, 0, ins_from=3)))
+    assert finding is not None and finding.record.index == 0 and finding.record.module == "layer0"
 
 
 def test_inputs_that_differ_walk_back_to_the_record_they_came_from(tmp_path: Path) -> None:

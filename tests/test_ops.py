@@ -42,8 +42,9 @@ def rows(trace: Trace, name: str | None = None) -> list[dict[str, Any]]:
     out = []
     for r in trace.records:
         row = {"name": trace.strings[r["name"]], "module": trace.strings[r["module"]], "loc": trace.strings[r["loc"]],
-               "node": trace.strings[r["aux"]], "flags": int(r["flags"]), "kind": int(r["kind"]), "step": int(r["step"]),
-               "digest": int(r["digest"]), "ins": (int(r["in_ordered"]), int(r["in_unordered"]))}
+               "node": trace.strings[r["aux"]], "flags": int(r["flags"]), "kind": int(r["kind"]),
+               "step": int(r["step"]), "digest": int(r["digest"]),
+               "ins": (int(r["in_ordered"]), int(r["in_unordered"]))}
         if name is None or row["name"] == name:
             out.append(row)
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -19,20 +20,27 @@ def parse_args(description: str, default_steps: int = 60) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--steps", type=int, default=default_steps, help="training steps to run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--diverge-at", type=int, default=None, metavar="STEP",
+                        help="nudge a weight by an unseeded random amount before this step: a run-to-run "
+                             "divergence, to time detaudit's narrowing (--granularity auto)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     return args
 
 
-def train(step: Callable[[int], torch.Tensor], steps: int) -> None:
-    """Run `step(i)` `steps` times; print the final loss (stdout) and per-step seconds (stderr).
+def train(step: Callable[[int], torch.Tensor], model: torch.nn.Module, args: argparse.Namespace) -> None:
+    """Run `step(i)` `args.steps` times; print the final loss (stdout) and per-step seconds (stderr).
 
     Both wall and CPU seconds (all threads of this process): on a shared machine, CPU time is
     far less disturbed by other processes than wall time.
     """
     wall, cpu = [], []
     loss = torch.zeros(())
-    for i in range(steps):
+    for i in range(args.steps):
+        if i == args.diverge_at:
+            with torch.no_grad():
+                weight = next(model.parameters())
+                weight.view(-1)[0] += 1e-3 * (int.from_bytes(os.urandom(2), "little") + 1) / 65536
         start, start_cpu = time.perf_counter(), time.process_time()
         loss = step(i)
         wall.append(time.perf_counter() - start)

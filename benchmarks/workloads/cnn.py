@@ -34,7 +34,7 @@ def main() -> None:
         optimizer.step()
         return loss
 
-    train(step, args.steps)
+    train(step, model, args)
 
 
 if __name__ == "__main__":

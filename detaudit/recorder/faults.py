@@ -13,8 +13,6 @@ labelled as simulated in the evidence:
   output to TF32 precision, deterministically, as a TF32 GPU would differ from the CPU.
   Pinning the condition away (--explain) removes the fault, as it would remove the real one.
 
-`only_device` limits the fault to repeats requested for that device (cross-device runs).
-
 Example: DETAUDIT_TEST_FAULT='{"op": "torch.nn.functional.conv2d", "when": "cudnn-benchmark"}'
 """
 
@@ -55,8 +53,6 @@ def install(evidence: Any, torch: Any) -> None:
     if not spec:
         return
     fault = json.loads(spec)
-    if fault.get("only_device") and evidence.config.get("device") != fault["only_device"]:
-        return
     evidence.device_as = fault.get("device", "cuda")
     owner_path, name = fault["op"].rsplit(".", 1)
     owner: Any = torch

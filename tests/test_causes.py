@@ -1,0 +1,300 @@
+"""Each detector on synthetic evidence: it fires on its own cause, ranks by the first divergence, and stays quiet
+otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from detaudit import causes
+from detaudit.causes import device, order, rng
+from detaudit.causes.context import Context, RepeatEvidence
+from detaudit.compare import Divergence, RecordInfo
+
+
+def record(kind: str = "output", name: str = "fc", step: int = 0, index: int = 10, module: str = "") -> RecordInfo:
+    return RecordInfo(index, kind, name, module or name, "train.py:20", step, "4x3", "float32", "", False)
+
+
+def context(per_repeat: list[list[dict[str, Any]]], rec: RecordInfo | None = None, index: int = 10,
+            devices: list[str] | None = None, workers: list[list[dict[str, Any]]] | None = None) -> Context:
+    reps = []
+    for i, events in enumerate(per_repeat):
+        rep = RepeatEvidence(i, (devices or ["cpu"] * len(per_repeat))[i], Path(f"/nonexistent/repeat-{i}.trace"))
+        rep.events = [{"at": 0, **e} for e in events]
+        rep.worker_events = [{"at": 0, **e} for e in (workers[i] if workers else [])]
+        reps.append(rep)
+    rec = rec if rec is not None else record(index=index)
+    divergence = Divergence(index, "content", rec, list(range(1, len(reps))), 0)
+    return Context(divergence, reps)
+
+
+def state(when: str, at: int = 0, **libs: Any) -> dict[str, Any]:
+    return {"type": "state", "when": when, "at": at, "rng": libs, "flags": flags()}
+
+
+def flags(**changes: Any) -> dict[str, Any]:
+    base = {"cudnn.benchmark": False, "cudnn.deterministic": False, "cudnn.enabled": True, "cudnn.allow_tf32": True,
+            "matmul.allow_tf32": False, "float32_matmul_precision": "highest", "deterministic_algorithms": False,
+            "num_threads": 2, "CUBLAS_WORKSPACE_CONFIG": None, "OMP_NUM_THREADS": None, "MKL_NUM_THREADS": None}
+    return {**base, **changes}
+
+
+def hash_event(probe: int, randomization: int = 1, aslr_disabled: bool = False) -> dict[str, Any]:
+    return {"type": "hash", "PYTHONHASHSEED": None, "randomization": randomization, "probe": probe,
+            "aslr_disabled": aslr_disabled}
+
+
+def ids(ctx: Context) -> list[str]:
+    return [c.id for c in causes.rank(ctx)]
+
+
+# -- RNG ---------------------------------------------------------------------------------------------
+def test_unseeded_numpy_explains_a_divergent_input_over_unseeded_torch() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}),
+                state("numpy-import", numpy={"digest": f"n{i}", "drawn": False}),
+                {"type": "seed", "lib": "torch", "fn": "torch.manual_seed", "value": 0, "loc": "train.py:3",
+                 "library": False, "drawn_before": False, "state": "s"},
+                {"type": "draw", "lib": "numpy", "fn": "np.random.randn", "loc": "train.py:7", "generator": "global"}]
+
+    ctx = context([events(0), events(1)], rec=record("input", "Net.input[0]", index=0), index=0)
+    found = causes.rank(ctx)
+    assert found[0].id == "unseeded-numpy-rng"
+    assert found[0].confidence == "likely"
+    assert any("np.random.randn at train.py:7" in line for line in found[0].evidence)
+    assert "np.random.seed(0)" in found[0].fix and "train.py:7" in found[0].fix
+    assert found[0].pins == ["numpy-rng"]
+    assert "unseeded-torch-rng" not in ids(ctx)  # torch was seeded before it was drawn from
+
+
+def test_unseeded_torch_with_draws_before_the_seed_call() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}),
+                {"type": "draw", "lib": "torch", "fn": "Tensor.uniform_", "loc": "model.py:9", "generator": "global"},
+                {"type": "seed", "lib": "torch", "fn": "torch.manual_seed", "value": 0, "loc": "train.py:30",
+                 "library": False, "drawn_before": True, "state": "s"}]
+
+    found = causes.rank(context([events(0), events(1)], rec=record("output", "conv1")))
+    assert found[0].id == "unseeded-torch-rng"
+    assert any("before torch.manual_seed(0) at train.py:30" in line for line in found[0].evidence)
+
+
+def test_an_rng_never_drawn_from_is_not_a_cause() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}, python={"digest": f"p{i}", "drawn": False}),
+                state("first-forward", torch={"digest": f"t{i}", "drawn": False},
+                      python={"digest": f"p{i}", "drawn": False})]
+
+    ctx = context([events(0), events(1)])
+    assert rng.unseeded_torch_rng(ctx) is None
+    assert rng.unseeded_python_rng(ctx) is None
+
+
+def test_draws_after_the_divergence_do_not_explain_it() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", python={"digest": f"p{i}", "drawn": False}),
+                {"type": "draw", "at": 50, "lib": "python", "fn": "random.shuffle", "loc": "t.py:4",
+                 "generator": "global"}]
+
+    assert rng.unseeded_python_rng(context([events(0), events(1)], index=10)) is None
+
+
+def test_unseeded_generator() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("numpy-import", numpy={"digest": f"n{i}", "drawn": False}),
+                {"type": "generator", "lib": "numpy", "fn": "np.random.default_rng", "seeded": False, "value": None,
+                 "loc": "train.py:13", "library": False, "state": f"g{i}"}]
+
+    found = rng.unseeded_numpy_rng(context([events(0), events(1)], rec=record("input", "x", index=0), index=0))
+    assert found is not None
+    assert "np.random.default_rng(0)` at train.py:13" in found.cause.fix
+
+
+def test_varying_seed_outranks_everything_and_names_the_call() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [hash_event(i), state("import", torch={"digest": f"t{i}", "drawn": False}),
+                {"type": "seed", "lib": "torch", "fn": "torch.manual_seed", "value": 1000 + i, "loc": "train.py:9",
+                 "library": False, "drawn_before": False, "state": f"s{i}"}]
+
+    found = causes.rank(context([events(0), events(1)]))
+    assert found[0].id == "varying-seed"
+    assert "1000 in repeat 0, 1001 in repeat 1" in found[0].evidence[0]
+    assert "torch.manual_seed(0)" in found[0].fix and "train.py:9" in found[0].fix
+    assert found[0].pins == ["torch-rng"]
+
+
+def test_a_constant_seed_is_not_varying() -> None:
+    seed = {"type": "seed", "lib": "python", "fn": "random.seed", "value": 7, "loc": "a.py:1", "library": False,
+            "drawn_before": False, "state": "same"}
+    assert rng.varying_seed(context([[seed], [seed]])) is None
+
+
+def test_dataloader_workers_with_an_unseeded_generator_in_a_worker() -> None:
+    main = [{"type": "dataloader", "loc": "train.py:26", "num_workers": 2, "worker_init_fn": None,
+             "generator": True, "sampler": "RandomSampler"}]
+
+    def worker(i: int) -> list[dict[str, Any]]:
+        return [{"type": "generator", "lib": "numpy", "fn": "np.random.default_rng", "seeded": False, "value": None,
+                 "loc": "data.py:18", "library": False, "state": f"w{i}", "worker": 0}]
+
+    ctx = context([main, main], rec=record("input", "x", index=0), index=0, workers=[worker(0), worker(1)])
+    found = causes.rank(ctx)
+    assert found[0].id == "dataloader-workers"
+    assert "data.py:18" in found[0].fix and "torch.initial_seed()" in found[0].fix
+    assert found[0].pins == ["numpy-rng"]
+
+
+def test_dataloader_with_seeded_workers_is_not_a_cause() -> None:
+    main = [{"type": "dataloader", "loc": "train.py:26", "num_workers": 2, "worker_init_fn": None,
+             "generator": False, "sampler": "RandomSampler"}]
+    assert rng.dataloader_workers(context([main, main], workers=[[], []])) is None
+
+
+# -- order ---------------------------------------------------------------------------------------------
+def test_hash_seed_only_with_randomized_hashes() -> None:
+    assert order.python_hash_seed(context([[hash_event(1)], [hash_event(2)]])) is not None
+    assert order.python_hash_seed(context([[hash_event(5, 0)], [hash_event(5, 0)]])) is None
+
+
+def test_object_order_rises_when_the_hash_seed_is_fixed() -> None:
+    randomized = order.object_order(context([[hash_event(1)], [hash_event(2)]]))
+    fixed = order.object_order(context([[hash_event(5, 0)], [hash_event(5, 0)]]))
+    assert randomized is not None and fixed is not None
+    assert fixed.score > randomized.score
+    assert ids(context([[hash_event(5, 0)], [hash_event(5, 0)]]))[0] == "object-order"
+    off = context([[hash_event(5, 0, aslr_disabled=True)], [hash_event(5, 0, aslr_disabled=True)]])
+    assert order.object_order(off) is None
+
+
+def test_concurrency_with_completion_order() -> None:
+    events = [{"type": "concurrency", "what": "ThreadPoolExecutor.submit", "loc": "e.py:20", "target": "score"},
+              {"type": "concurrency", "what": "concurrent.futures.as_completed", "loc": "e.py:21", "target": None}]
+    found = causes.rank(context([events + [hash_event(1)], events + [hash_event(2)]]))
+    assert found[0].id == "concurrency"
+    assert found[0].confidence == "likely"
+    assert "e.py:21" in found[0].fix
+    assert "python-hash-seed" not in [c.id for c in found]  # weak background causes dropped
+
+
+# -- kernels and devices ---------------------------------------------------------------------------------
+def op_event(op: str = "IndexBackward0", dev: str = "cpu", threads: int = 2, deterministic: bool = False,
+             at: int = 0) -> dict[str, Any]:
+    return {"type": "op", "at": at, "op": op, "device": dev, "entry": "torch.Tensor.__getitem__ ...",
+            "phase": "backward", "loc": "model.py:12", "threads": threads, "deterministic": deterministic}
+
+
+def test_nondeterministic_op_names_the_op_and_line() -> None:
+    ctx = context([[op_event()], [op_event()]], rec=record("grad", "table"))
+    found = causes.rank(ctx)
+    assert found[0].id == "nondeterministic-op"
+    assert "IndexBackward0 ran on cpu at model.py:12" in found[0].evidence[0]
+    assert "use_deterministic_algorithms(True)" in found[0].fix and "model.py:12" in found[0].fix
+    assert found[0].pins == ["deterministic", "one-thread"]
+
+
+@pytest.mark.parametrize("event", [op_event(threads=1), op_event(deterministic=True), op_event(at=99)])
+def test_listed_op_that_cannot_explain_it(event: dict[str, Any]) -> None:
+    assert device.nondeterministic_op(context([[event], [event]], index=10)) is None
+
+
+def test_cuda_op_counts_with_one_thread() -> None:
+    event = op_event("index_add_", "cuda", threads=1)
+    assert device.nondeterministic_op(context([[event], [event]])) is not None
+
+
+def cuda_modules(convs: bool = True) -> dict[str, Any]:
+    layers = [{"module": "encode", "class": "Conv2d"}] if convs else []
+    return {"type": "modules", "root": "Net", "device": "cuda", "listed": [],
+            "matmul": layers + [{"module": "head", "class": "Linear"}]}
+
+
+def test_cudnn_benchmark_needs_the_flag_and_cuda_convolutions() -> None:
+    on = [cuda_modules(), {"type": "state", "when": "first-forward", "rng": {}, "flags": flags(**{"cudnn.benchmark": True})}]
+    found = causes.rank(context([on, on], rec=record("output", "encode")))
+    assert found[0].id == "cudnn-benchmark"
+    assert found[0].pins == ["cudnn"]
+    off = [cuda_modules(), state("first-forward")]
+    assert device.cudnn_benchmark(context([off, off])) is None
+    cpu = [dict(cuda_modules(), device="cpu"), on[1]]
+    assert device.cudnn_benchmark(context([cpu, cpu])) is None
+
+
+def test_cublas_workspace_only_without_the_variable() -> None:
+    unset = [cuda_modules(False), state("first-forward")]
+    found = device.cublas_workspace(context([unset, unset]))
+    assert found is not None and found.cause.pins == ["cublas"] and found.cause.confidence == "possible"
+    fixed = [cuda_modules(False), {"type": "state", "when": "end", "rng": {},
+                                   "flags": flags(CUBLAS_WORKSPACE_CONFIG=":4096:8")}]
+    assert device.cublas_workspace(context([fixed, fixed])) is None
+
+
+def test_tf32_needs_two_devices_and_tf32_on_the_cuda_side() -> None:
+    cpu = [{"type": "environment", "device": "cpu"}, state("first-forward")]
+    gpu = [{"type": "environment", "device": "cuda"}, cuda_modules(False),
+           {"type": "state", "when": "first-forward", "rng": {}, "flags": flags(**{"matmul.allow_tf32": True})}]
+    found = causes.rank(context([cpu, gpu]))
+    assert found[0].id == "tf32"
+    assert device.tf32(context([gpu, gpu])) is None  # the same device: TF32 rounds alike every run
+
+
+def test_thread_count_differs() -> None:
+    def events(n: int) -> list[dict[str, Any]]:
+        return [{"type": "state", "when": "first-forward", "rng": {}, "flags": flags(num_threads=n)},
+                {"type": "call", "fn": "torch.set_num_threads", "value": n, "loc": "t.py:5"}]
+
+    found = causes.rank(context([events(1), events(2)]))
+    assert found[0].id == "thread-count"
+    assert "1 in repeat 0, 2 in repeat 1" in found[0].evidence[0]
+    assert "t.py:5" in found[0].fix
+    assert device.thread_count(context([events(2), events(2)])) is None
+
+
+def test_uninitialized_memory_from_user_empty() -> None:
+    def events(d: str) -> list[dict[str, Any]]:
+        return [{"type": "empty", "fn": "torch.empty", "loc": "layer.py:9", "shape": [32], "dtype": "float32",
+                 "device": "cpu", "digest": d, "pinned": False}]
+
+    found = causes.rank(context([events("aa" * 8), events("bb" * 8)]))
+    assert found[0].id == "uninitialized-memory"
+    assert "torch.zeros(...)` instead of `torch.empty(...)` at layer.py:9" in found[0].fix
+    assert device.uninitialized_memory(context([events("cc" * 8), events("cc" * 8)])) is None
+
+
+def test_environment_differences_but_not_thread_variables() -> None:
+    def env(version: str, threads: str) -> list[dict[str, Any]]:
+        return [{"type": "environment", "python": "3.11.7", "torch": version, "device": "cpu",
+                 "env": {"OMP_NUM_THREADS": threads}}]
+
+    found = causes.rank(context([env("2.13.0", "1"), env("2.12.1", "1")]))
+    assert found[0].id == "environment"
+    assert "torch: 2.13.0 in repeat 0, 2.12.1 in repeat 1" in found[0].evidence[0]
+    assert device.environment(context([env("2.13.0", "1"), env("2.13.0", "2")])) is None
+
+
+# -- ranking and unknown ---------------------------------------------------------------------------------
+def test_nothing_found_says_what_was_ruled_out() -> None:
+    def events() -> list[dict[str, Any]]:
+        return [hash_event(3, 0, aslr_disabled=True), state("import", torch={"digest": "t", "drawn": False}),
+                {"type": "seed", "lib": "torch", "fn": "torch.manual_seed", "value": 0, "loc": "a.py:2",
+                 "library": False, "drawn_before": False, "state": "s"},
+                state("first-forward", torch={"digest": "s2", "drawn": True})]
+
+    found = causes.rank(context([events(), events()]))
+    assert [c.id for c in found] == ["unknown"]
+    text = "\n".join(found[0].evidence)
+    assert "torch RNG: seeded at a.py:2" in text
+    assert "no op on torch's nondeterministic list ran" in text
+    assert "string hashing" in text
+
+
+def test_deterministic_run_gets_no_cause(tmp_path: Path) -> None:
+    assert causes.diagnose(None, [], []) == []
+
+
+def test_every_detector_has_a_documented_id() -> None:
+    doc = (Path(__file__).parents[1] / "docs" / "causes.md").read_text()
+    for cause_id in causes.CAUSE_IDS:
+        assert f"`{cause_id}`" in doc
