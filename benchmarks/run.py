@@ -199,7 +199,7 @@ def hashed_mb_per_step(trace: Path) -> float:
     from detaudit.dtypes import DTYPE_ORDER
     from detaudit.trace import read_trace
 
-    itemsize = {code: torch.empty(0, dtype=getattr(torch, name)).element_size()
+    itemsize = {code: getattr(torch, name).itemsize
                 for code, name in enumerate(DTYPE_ORDER, start=1) if hasattr(torch, name)}
     data = read_trace(trace)
     middle = int(data.records["step"].max()) // 2

@@ -31,7 +31,7 @@ EXPLAIN_FORMAT = "detaudit-explain"
 EXPLAIN_VERSION = 1
 ALL = "all"
 DEFAULT_BUDGET = 12
-DEFAULT_REPEATS = 2
+MIN_REPEATS = 2
 ORDER_CAUSES = ("concurrency", "object-order", "unknown")
 
 
@@ -185,10 +185,13 @@ def _verdict(report: Report, baseline_index: int) -> tuple[str, int | None, str]
 
 
 def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bool = False,
-                    repeats: int = DEFAULT_REPEATS, jobs: int = 1,
+                    repeats: int | None = None, jobs: int = 1,
                     on_done: Callable[[RepeatResult], None] | None = None,
                     on_experiment: Callable[[Experiment], None] | None = None) -> Report:
-    """Run the experiments for a finished, divergent run and return its report with them applied."""
+    """Run the experiments for a finished, divergent run and return its report with them applied.
+
+    `repeats` per device and experiment defaults to the baseline's; `budget` bounds their total.
+    """
     from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run
     from detaudit.compare import Tolerance
 
@@ -200,6 +203,8 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
     stored = _load(run_dir)
     tested = {e["pin"] for e in stored if e["verdict"] != "skipped"}
     baseline_index = report.first_divergence.index
+    # as many repeats per device as the baseline had: fewer would let chance agreement "confirm" a pin
+    repeats = repeats or max(MIN_REPEATS, int(record.get("repeats") or MIN_REPEATS))
     cwd = Path(record.get("cwd") or ".")
     script = Path(record["script"])
     base = AuditOptions(

@@ -45,7 +45,7 @@ CASES = [
     ("train_tabular.py", "unseeded-python-rng", "python-rng", "train_tabular.py:18", None),
     ("train_autoencoder.py", "varying-seed", "torch-rng", "train_autoencoder.py:9", None),
     ("embed_train.py", "python-hash-seed", "hash-seed", "embed_train.py", None),
-    ("train_multiloss.py", "object-order", "address-layout", "train_multiloss.py", None),
+    ("train_dedup.py", "object-order", "address-layout", "train_dedup.py", None),
     ("augment_loader.py", "dataloader-workers", "numpy-rng", "augment_loader.py:20", None),
     ("rate_items.py", "nondeterministic-op", "deterministic", "rate_items.py:12", None),
     ("train_custom_layer.py", "uninitialized-memory", "zero-empty", "train_custom_layer.py:9", None),
