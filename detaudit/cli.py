@@ -260,7 +260,7 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
             console.print(f"  {key}: {escape(str(stream.header[key]))}")
     table = Table(show_edge=False)
     for col in ("#", "step", "kind", "name", "tensor", "digest", "location"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col == "digest", min_width=16 if col == "digest" else None)
     shown = 0
     total = 0
     while True:
