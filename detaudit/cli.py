@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -48,13 +49,29 @@ def cli() -> None:
     """Audit a PyTorch script for run-to-run determinism: is it, where does it first diverge, and why."""
 
 
-def _write_outputs(report: Any, json_path: Path | None, junit_path: Path | None) -> None:
+def report_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--json, --junit and --quiet: how every command that produces a report delivers it."""
+    command = click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")(command)
+    command = click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
+                           help="Write JUnit XML.")(command)
+    return click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
+                        help="Write the JSON report.")(command)
+
+
+def _finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet: bool) -> NoReturn:
+    """Write the requested report files, render, and exit with the report's exit code."""
+    from detaudit.render import render, verdict_line
     from detaudit.report import write_json, write_junit
 
     if json_path is not None:
         write_json(report, json_path)
     if junit_path is not None:
         write_junit(report, junit_path)
+    if quiet:
+        _console().print(verdict_line(report))
+    else:
+        render(report, _console())
+    sys.exit(report.exit_code)
 
 
 def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
@@ -92,13 +109,11 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
               help="Seconds allowed per repeat.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Run directory (default: a new folder under .detaudit/runs/).")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
-@click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None, help="Write JUnit XML.")
+@report_options
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Repeats run in parallel.")
 @click.option("--atol", type=float, default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
 @click.option("--rtol", type=float, default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
 @click.option("--granularity", type=click.Choice(["step", "module", "op", "auto"]), default=DEFAULT_GRANULARITY,
               show_default=True,
               help="What each repeat records. step: gradients, parameters and optimizer state at each optimizer "
@@ -122,7 +137,6 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     from detaudit.audit import AuditOptions, run_audit
     from detaudit.compare import Tolerance
     from detaudit.devices import resolve_devices
-    from detaudit.render import render, verdict_line
 
     options = AuditOptions(
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
@@ -140,32 +154,17 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
         report = run_audit(options, on_done, on_narrow)
     if (explain or explain_all) and report.verdict == "divergent":
         report = _explain(Path(report.run_dir), budget, explain_all, jobs, quiet)
-    _write_outputs(report, json_path, junit_path)
-    console = _console()
-    if quiet:
-        console.print(verdict_line(report))
-    else:
-        render(report, console)
-    sys.exit(report.exit_code)
+    _finish(report, json_path, junit_path, quiet)
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
-@click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None, help="Write JUnit XML.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+@report_options
 def report(run_dir: Path, json_path: Path | None, junit_path: Path | None, quiet: bool) -> None:
     """Re-render the report of a finished run from its directory."""
     from detaudit.audit import load_run
-    from detaudit.render import render, verdict_line
 
-    result = load_run(run_dir)
-    _write_outputs(result, json_path, junit_path)
-    if quiet:
-        _console().print(verdict_line(result))
-    else:
-        render(result, _console())
-    sys.exit(result.exit_code)
+    _finish(load_run(run_dir), json_path, junit_path, quiet)
 
 
 def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool) -> Any:
@@ -189,10 +188,9 @@ def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, qu
               help="Try every candidate pin, not only up to the first that confirms a cause.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Repeats run in parallel.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+@report_options
 def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, json_path: Path | None,
-            quiet: bool) -> None:
+            junit_path: Path | None, quiet: bool) -> None:
     """Confirm why a finished run diverged: re-run it with one source pinned at a time.
 
     Each experiment pins one candidate source (seeded RNGs, PYTHONHASHSEED, deterministic
@@ -200,24 +198,15 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     the divergence is marked confirmed. Results are stored in RUN_DIR (explain.json), so
     `detaudit report RUN_DIR` shows them too.
     """
-    from detaudit.render import render, verdict_line
 
-    result = _explain(run_dir, budget, explain_all, jobs, quiet)
-    _write_outputs(result, json_path, None)
-    if quiet:
-        _console().print(verdict_line(result))
-    else:
-        render(result, _console())
-    sys.exit(result.exit_code)
+    _finish(_explain(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet)
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("recordings", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--atol", type=float, default=None, help="Compare within this absolute tolerance instead of bitwise.")
 @click.option("--rtol", type=float, default=None, help="Compare within this relative tolerance instead of bitwise.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
-@click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None, help="Write JUnit XML.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+@report_options
 def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None, json_path: Path | None,
             junit_path: Path | None, quiet: bool) -> None:
     """Compare traces (or run directories) recorded elsewhere: another machine, another release.
@@ -227,18 +216,11 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
     """
     from detaudit.audit import compare_recorded
     from detaudit.compare import Tolerance
-    from detaudit.render import render, verdict_line
 
     tolerance = None
     if atol is not None or rtol is not None:
         tolerance = Tolerance(atol if atol is not None else 0.0, rtol if rtol is not None else 0.0)
-    result = compare_recorded(list(recordings), tolerance)
-    _write_outputs(result, json_path, junit_path)
-    if quiet:
-        _console().print(verdict_line(result))
-    else:
-        render(result, _console())
-    sys.exit(result.exit_code)
+    _finish(compare_recorded(list(recordings), tolerance), json_path, junit_path, quiet)
 
 
 @cli.command()
