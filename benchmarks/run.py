@@ -89,7 +89,8 @@ def bench_fingerprint(sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
 
     from detaudit.fingerprint import fingerprint_cpu
 
-    rows, raw = [], {}
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
     for size_mb in sizes.fp_sizes_mb:
         src = torch.randn(size_mb * MB // 4)
         dst = torch.empty_like(src)
@@ -245,7 +246,10 @@ def bench_overhead(sizes: Sizes, tmp: Path, hash_gbs: float | None) -> tuple[lis
             same = all(t.stdout == plain_out for t in runs[(workload, label)])
             note = "" if same else "; OUTPUT DIFFERS from the plain run (instrumentation changed the numerics)"
             step, cpu, wall = (stat[w][label] / stat[w]["plain"] for w in ("step_s", "cpu_s", "wall_s"))
-            detail = f"median of {sizes.rounds} interleaved runs; CPU time {cpu:.2f}×"
+            plain_steps = [t.step_s for t in runs[(workload, "plain")]]
+            spread = max(plain_steps) / min(plain_steps) - 1  # run-to-run noise of the reference itself
+            detail = (f"median of {sizes.rounds} interleaved runs (plain runs spread {spread:.0%}); "
+                      f"CPU time {cpu:.2f}×")
             trace = runs[(workload, label)][0].trace
             if label == "module" and hash_gbs and trace is not None:
                 mb = hashed_mb_per_step(trace)
@@ -259,6 +263,9 @@ def bench_overhead(sizes: Sizes, tmp: Path, hash_gbs: float | None) -> tuple[lis
                             f"{stat['wall_s']['plain']:.2f} s → {stat['wall_s'][label]:.2f} s", wall,
                             wall <= limit and same, f"whole process, interpreter start included ({sizes.steps} steps)"))
     # 5. trace size on the workloads
+    from detaudit.trace import RECORD_DTYPE
+
+    record_bytes = RECORD_DTYPE.itemsize
     for (workload, label), timings in runs.items():
         if label == "plain":
             continue
@@ -266,7 +273,9 @@ def bench_overhead(sizes: Sizes, tmp: Path, hash_gbs: float | None) -> tuple[lis
         per_record = t.trace_bytes / max(t.records, 1)
         rows.append(Row("5 trace size", f"{workload}: {label} granularity", "≤ 100 B/record",
                         f"{per_record:.1f} B/record", per_record / 100, per_record <= 100,
-                        f"{t.records} records, {t.trace_bytes / 1024:.0f} KiB for {sizes.steps} steps"))
+                        f"{t.records} records in {t.trace_bytes / 1024:.0f} KiB ({sizes.steps} steps): "
+                        f"{record_bytes} B per record + {(t.trace_bytes - record_bytes * t.records) / 1024:.1f} KiB "
+                        "of header, strings, evidence events and frame heads"))
     return rows, raw
 
 
@@ -322,15 +331,20 @@ def bench_audit(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
                 subprocess.run([sys.executable, script, *args], env=AUDIT_ENV, capture_output=True, check=True)
             times["plain"].append(time.perf_counter() - start)
             for jobs in (1, 2):
-                seconds, code = timed_audit(script, args, n, tmp / f"audit-{workload}-{jobs}-{rnd}", jobs)
+                out = tmp / f"audit-{workload}-{jobs}-{rnd}"
+                seconds, code = timed_audit(script, args, n, out, jobs)
                 times[f"jobs{jobs}"].append(seconds)
                 codes.append(code)
+                if jobs == 1:
+                    results = json.loads((out / "run.json").read_text())["results"]
+                    times.setdefault("outside_repeats", []).append(seconds - sum(r["duration_s"] for r in results))
         plain, jobs1, jobs2 = (median(times[k]) for k in ("plain", "jobs1", "jobs2"))
         note = "" if all(c == 0 for c in codes) else f"; audit exit codes {codes} (expected 0: deterministic)"
         raw[workload] = times | {"exit_codes": codes}
         rows.append(Row("3 whole audit", f"{workload}: run --repeats {n}", f"≤ 1.15× {n} plain runs",
                         f"{plain:.2f} s → {jobs1:.2f} s", jobs1 / plain, jobs1 / plain <= 1.15 and not note,
-                        f"{sizes.steps} steps per run" + note))
+                        f"{sizes.steps} steps per run; {median(times['outside_repeats']):.2f} s of it outside the "
+                        "repeats (detaudit's own start, launching, compare, report)" + note))
         rows.append(Row("3 whole audit", f"{workload}: run --repeats {n} --jobs 2",
                         f"well under {n} sequential plain runs (≤ 0.80×)",
                         f"{plain:.2f} s → {jobs2:.2f} s", jobs2 / plain, jobs2 / plain <= 0.80 and not note,
@@ -370,6 +384,8 @@ def bench_auto(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
 
 # -- 4. compare and report ----------------------------------------------------------------------
 
+# Peak memory comes from VmHWM: ru_maxrss survives exec on Linux, so a child forked from this
+# (large) runner would report the runner's size instead of its own.
 _COMPARE_CHILD = """
 import json, resource, sys, time
 from pathlib import Path
@@ -377,7 +393,14 @@ start = time.perf_counter()
 from detaudit.audit import load_run
 from detaudit.report import to_dict
 imported = time.perf_counter()
-peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def peak():
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
 base = peak()
 report = load_run(Path(sys.argv[1]))
 text = json.dumps(to_dict(report))

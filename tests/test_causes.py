@@ -212,7 +212,8 @@ def cuda_modules(convs: bool = True) -> dict[str, Any]:
 
 
 def test_cudnn_benchmark_needs_the_flag_and_cuda_convolutions() -> None:
-    on = [cuda_modules(), {"type": "state", "when": "first-forward", "rng": {}, "flags": flags(**{"cudnn.benchmark": True})}]
+    benchmark = flags(**{"cudnn.benchmark": True})
+    on = [cuda_modules(), {"type": "state", "when": "first-forward", "rng": {}, "flags": benchmark}]
     found = causes.rank(context([on, on], rec=record("output", "encode")))
     assert found[0].id == "cudnn-benchmark"
     assert found[0].pins == ["cudnn"]

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import CliResult, run_cli
 
 FAST = ["-n", "2", "-j", "2", "--granularity", "module", "-q"]
@@ -40,14 +39,15 @@ def assert_confirmed(report: dict[str, Any], cause_id: str, pin: str, line: str)
 
 CASES = [
     ("train_cnn.py", "unseeded-torch-rng", "torch-rng", "train_cnn.py:9", None),
+    ("predict.py", "unseeded-torch-rng", "torch-rng", "model.eval()", None),
     ("fit_regression.py", "unseeded-numpy-rng", "numpy-rng", "fit_regression.py:7", None),
     ("train_epochs.py", "unseeded-numpy-rng", "numpy-rng", "train_epochs.py:13", None),
     ("train_tabular.py", "unseeded-python-rng", "python-rng", "train_tabular.py:18", None),
     ("train_autoencoder.py", "varying-seed", "torch-rng", "train_autoencoder.py:9", None),
     ("embed_train.py", "python-hash-seed", "hash-seed", "embed_train.py", None),
     ("train_dedup.py", "object-order", "address-layout", "train_dedup.py", None),
-    ("augment_loader.py", "dataloader-workers", "numpy-rng", "augment_loader.py:20", None),
-    ("rate_items.py", "nondeterministic-op", "deterministic", "rate_items.py:12", None),
+    ("train_augmented.py", "dataloader-workers", "numpy-rng", "train_augmented.py:19", None),
+    ("rate_items.py", "nondeterministic-op", "deterministic", "rate_items.py:29", None),
     ("train_custom_layer.py", "uninitialized-memory", "zero-empty", "train_custom_layer.py:9", None),
     ("train_denoiser.py", "cudnn-benchmark", "cudnn", "train_denoiser.py",
      fault("torch.nn.functional.conv2d", "cudnn-benchmark")),
@@ -121,7 +121,7 @@ def test_tf32_between_cpu_and_a_tf32_device(tmp_path: Path, scripts: Path) -> No
     assert [c["id"] for c in result.report["causes"]][:2] == ["tf32", "environment"]
 
 
-@pytest.mark.parametrize("script", ["train_mlp.py", "score_experts.py", "train_loader.py"])
+@pytest.mark.parametrize("script", ["train_mlp.py", "train_threads.py", "score_experts.py", "train_signals.py"])
 def test_deterministic_controls_get_no_cause(tmp_path: Path, scripts: Path, script: str) -> None:
     result = audit(tmp_path, scripts / script, "--explain")
     assert result.returncode == 0, result.output

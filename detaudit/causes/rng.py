@@ -74,7 +74,8 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
     generators = _unseeded_generators(ctx) if lib == "numpy" else []
     if not draws and not generators:
         return None
-    lines = [line for _, line in draws[:3]] + [line for _, line, _ in generators[:3]]
+    shown = draws if len(draws) <= 3 else draws[:2] + draws[-1:]  # the last draw is the nearest to the divergence
+    lines = [line for _, line in shown] + [line for _, line, _ in generators[:3]]
     if not user_seeds(ctx.ref, lib) and draws:
         lines.append(f"no {NAMES[lib]} seeding call was seen before the divergence")
     lines.append(f"first divergence: {ctx.where()}")
@@ -84,6 +85,8 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
         fix = f"give the Generator a seed: `np.random.default_rng(0)` at {generators[0][2]}"
     else:
         fix = f"call `{SEED_CALL[lib]}` at the start of the script" + (f", before {loc}" if loc else "")
+        if any(e.get("fn") == "dropout" for e in ctx.ref.of("draw") if ctx.precedes(e)):
+            fix += "; for inference, call `model.eval()` first (Dropout draws only in training mode)"
         loader = next((e for e in ctx.ref.of("dataloader") if not e.get("generator")), None)
         if lib == "torch" and loader is not None:
             fix += (f"; or pass `generator=torch.Generator().manual_seed(0)` to the DataLoader at "

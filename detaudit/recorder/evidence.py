@@ -29,7 +29,7 @@ import sys
 import sysconfig
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
@@ -288,8 +288,9 @@ class Evidence:
     def _on_first_forward(self, module: Any, args: Any) -> None:
         self._first_forward.remove()
         self.pins.apply_torch_flags(self.torch)
-        self.emit({"type": "state", "when": "first-forward", "rng": self.rng_state(), "flags": self.flags()})
-        self._modules(module)
+        with _never_fatal():
+            self.emit({"type": "state", "when": "first-forward", "rng": self.rng_state(), "flags": self.flags()})
+            self._modules(module)
 
     def _on_first_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # torch iterates the live hook dict here, so the hook cannot remove itself: one check per step
@@ -297,7 +298,8 @@ class Evidence:
             return
         self._stepped = True
         self.pins.apply_torch_flags(self.torch)
-        self.emit({"type": "state", "when": "first-step", "rng": self.rng_state(), "flags": self.flags()})
+        with _never_fatal():
+            self.emit({"type": "state", "when": "first-step", "rng": self.rng_state(), "flags": self.flags()})
 
     def _modules(self, root: Any) -> None:
         """Listed module classes (Conv2d, MaxUnpool2d, ...) and matmul-heavy layers in the first model."""
@@ -506,7 +508,7 @@ class Evidence:
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             if ev.walks < BACKWARD_WALKS:
                 ev.walks += 1
-                with contextlib.suppress(Exception):  # evidence must never break the script
+                with _never_fatal():
                     ev._walk_graph(tensors, sys._getframe(1))
             return original(tensors, *args, **kwargs)
 
@@ -602,7 +604,8 @@ class Evidence:
 class WorkerStart:
     """A DataLoader `worker_init_fn` wrapper: records each worker's RNG states after torch seeded it.
 
-    Picklable (a top-level class holding the user's function), so it also survives spawn.
+    Picklable (a top-level class holding the user's function), so a spawn-started worker still runs;
+    only forked workers (the default on Linux) inherit the instrumentation and record evidence.
     """
 
     def __init__(self, user_fn: Callable[[int], Any] | None) -> None:
@@ -616,6 +619,15 @@ class WorkerStart:
             self.user_fn(worker_id)
             if ev is not None:
                 ev.emit({"type": "worker-init-done", "worker_id": worker_id, "rng": ev.rng_state()})
+
+
+@contextlib.contextmanager
+def _never_fatal() -> Iterator[None]:
+    """Evidence is a by-product: a failure to record it must not break the script."""
+    try:
+        yield
+    except Exception as exc:
+        print(f"detaudit: could not record evidence: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _short(value: Any) -> Any:
