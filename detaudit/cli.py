@@ -277,12 +277,12 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
 @click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None)
 def demo(repeats: int, out_dir: Path | None) -> None:
-    """Audit a small training script shipped with detaudit, to see a real report."""
+    """Audit a small training script shipped with detaudit (with --explain), to see a real report."""
     script = Path(str(resources.files("detaudit") / "demo" / "train_demo.py"))
     ctx = click.get_current_context()
     ctx.invoke(run, script=script, script_args=(), repeats=repeats, devices=(), timeout=120.0,
                out_dir=out_dir, json_path=None, junit_path=None, jobs=min(2, os.cpu_count() or 1), atol=1e-5,
-               rtol=1.3e-6, quiet=False)
+               rtol=1.3e-6, quiet=False, explain=True)
 
 
 def main(argv: list[str] | None = None) -> None:
