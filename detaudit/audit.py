@@ -22,7 +22,7 @@ from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
 from detaudit.oprules import OpFinding, find_op_source
 from detaudit.report import Report, write_json
-from detaudit.trace import RecordStream, TraceWriter
+from detaudit.trace import RecordStream
 
 RUN_FORMAT = "detaudit-run"
 RUN_VERSION = 1
@@ -44,11 +44,15 @@ class AuditOptions:
     tolerance: Tolerance = field(default_factory=Tolerance)
     env: dict[str, str] = field(default_factory=dict)
     child_config: dict[str, Any] = field(default_factory=dict)
+    own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
+    ignore_stdout: bool = False  # --ignore-stdout: a script that prints timings is not divergent for it
 
 
 def new_run_dir(script: Path, out_dir: Path | None) -> Path:
     """A fresh directory for this run; never reuse one that already holds a run."""
     if out_dir is not None:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise UsageError(f"--out {out_dir} is a file, not a directory; give a new or empty directory")
         if out_dir.exists() and any(out_dir.iterdir()):
             raise UsageError(f"--out {out_dir} already exists and is not empty; detaudit never overwrites a run")
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +84,7 @@ def execute(options: AuditOptions, run_dir: Path,
             cwd: Path | None = None) -> list[RepeatResult]:
     """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
-                         options.child_config, prefix=prefix)
+                         options.child_config, prefix=prefix, own_device=options.own_device)
     launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
     return launcher.run(plans, on_done)
 
@@ -98,7 +102,8 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         "format": RUN_FORMAT, "version": RUN_VERSION, "script": str(options.script),
         "script_args": options.script_args, "cwd": str(Path.cwd()), "repeats": options.repeats,
         "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
-        "tolerance": asdict(options.tolerance), "env": options.env, "results": None,
+        "tolerance": asdict(options.tolerance), "env": options.env, "own_device": options.own_device,
+        "ignore_stdout": options.ignore_stdout, "results": None,
         "environment": host_environment(), "started": time.time(),
     }
     _write_record(run_dir, record)
@@ -147,7 +152,8 @@ def op_source(run_dir: Path, record: dict[str, Any], traces: Sequence[Path],
         if finding is not None:
             finding.traces, finding.window = str(narrowing.get("prefix", OPS_PREFIX)), narrowing.get("window")
         return finding
-    if not traces or not traces[0].is_file() or RecordStream(traces[0]).header.get("granularity") != "op":
+    if not traces or not all(t.is_file() for t in traces) \
+            or RecordStream(traces[0]).header.get("granularity") != "op":
         return None
     return find_op_source(traces, devices)
 
@@ -190,7 +196,9 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[RepeatResult]]:
 def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) -> Report:
     """Compare recordings made elsewhere (another machine, another day): trace files or run directories.
 
-    A run directory contributes its first repeat. Bitwise unless a tolerance is given.
+    A run directory contributes its first repeat. Bitwise unless a tolerance is given, whatever
+    devices the recordings were made on. A trace without a footer (killed, or crashed hard) is
+    incomplete: its exit status is unknown (None) and it is compared as far as it goes.
     """
     if len(paths) < 2:
         raise UsageError("compare needs at least two traces or run directories")
@@ -206,69 +214,94 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) 
         elif path.is_file():
             stream = RecordStream(path)
             stream.drain()
-            footer = stream.footer or {}
+            footer = stream.footer
+            if footer is not None and not isinstance(footer, dict):
+                raise TraceError(f"{path}: corrupt trace: the footer is not a JSON object")
+            try:
+                code = None if footer is None else int(footer.get("exit_code", 0))
+                duration = float((footer or {}).get("duration_s", 0.0))
+            except (TypeError, ValueError):
+                raise TraceError(f"{path}: corrupt trace: the footer's exit_code or duration_s is not a number") \
+                    from None
             results.append(RepeatResult(
-                index=i, device=str(stream.header.get("device_request", "recorded")),
-                exit_code=int(footer.get("exit_code", -1)), duration_s=float(footer.get("duration_s", 0.0)),
-                timed_out=False, trace=str(path.resolve()), stdout="", stderr="", stdout_digest="",
+                index=i, device=str(stream.header.get("device_request", "recorded")), exit_code=code,
+                duration_s=duration, timed_out=False, trace=str(path.resolve()), stdout="", stderr="",
+                stdout_digest="",
             ))
         else:
             raise UsageError(f"no such trace or run directory: {path}")
     record = {"script": ", ".join(str(p) for p in paths), "script_args": [],
               "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment()}
-    return analyse(Path.cwd(), record, results, bitwise=tolerance is None)
+    # one label for all when bitwise (a recording's device is shown, not used to loosen the
+    # comparison); with a tolerance, every recording is compared with the first within it
+    labels = ["recorded"] * len(results) if tolerance is None else [f"recording-{r.index}" for r in results]
+    return analyse(Path.cwd(), record, results, bitwise=tolerance is None, labels=labels, explained=False)
 
 
-def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult], bitwise: bool = True) -> Report:
-    """Compare the traces, find outcome differences and causes, and assemble the Report.
+def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult], bitwise: bool = True,
+            labels: Sequence[str] | None = None, explained: bool = True) -> Report:
+    """Compare the traces, find outcome differences and causes, and assemble the Report. Reads only.
 
-    `bitwise=False` compares every repeat with repeat 0 within the recorded tolerance, as for
-    recordings made on different machines.
+    `labels`: the comparison groups (default: each repeat's device; same label bitwise, another
+    label within the recorded tolerance of repeat 0). `bitwise` says which the report claims.
+    `explained`: attach the `--explain` experiments stored in `run_dir`.
     """
     traces = [run_dir / r.trace for r in results]
-    missing = [str(t) for t in traces if not t.is_file()]
-    if missing and len(missing) == len(traces):
+    if not any(t.is_file() for t in traces) and not any(r.timed_out for r in results):
         failure = _stderr_tail(run_dir, results[0])
         raise TraceError(f"no trace was written (did the script start?); {failure}" if failure
                          else "no trace was written")
-    for r in results:  # a repeat killed before it could start recording: an empty, incomplete trace
-        if not (run_dir / r.trace).is_file():
-            TraceWriter(run_dir / r.trace, {"repeat": r.index, "never_started": True}).abandon()
     tolerance = Tolerance(**record.get("tolerance", {}))
-    devices = [r.device for r in results] if bitwise else [f"recording-{r.index}" for r in results]
-    comparison = compare_traces(traces, devices, tolerance)
+    devices = list(labels) if labels is not None else [r.device for r in results]
+    # a repeat that timed out was stopped from outside: only what every repeat recorded is compared
+    comparison = compare_traces(traces, devices, tolerance, truncated=[r.timed_out for r in results])
     report = Report(
         script=record["script"], script_args=record.get("script_args", []), run_dir=str(run_dir),
         runs=list(results), comparison=comparison, environment=record.get("environment", {}), bitwise=bitwise,
     )
-    report.outcome_divergence = outcome_divergence(results)
+    report.outcome_divergence = outcome_divergence(results, bool(record.get("ignore_stdout")))
     first = comparison.first_divergence
-    if first is not None and first.category == "structure" and report.outcome_divergence is not None:
-        first.category = "outcome"
-        first.detail = f"{report.outcome_divergence.detail}; {first.detail}"
-    report.repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results if r.exit_code != 0}
+    if first is not None and first.category == "structure":
+        if report.outcome_divergence is not None:
+            first.category = "outcome"
+            first.detail = f"{report.outcome_divergence.detail}; {first.detail}"
+        cut = [i for i in first.repeats if i < len(results) and not comparison.complete[i]
+               and not results[i].timed_out]
+        if cut:
+            first.detail += (f"; the recording of repeat(s) {', '.join(map(str, cut))} is incomplete "
+                             "(no footer: killed, or crashed hard)")
+    report.repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results
+                            if r.exit_code not in (0, None) and not r.timed_out}
     if report.verdict == "failed":
         report.failure = report.repeat_errors.get(results[0].index, "")
     if first is not None:
         first.op_finding = op_source(run_dir, record, traces, devices)
     if report.first_divergence is not None:
         report.causes = causes.diagnose(report.first_divergence, traces, results)
-        explain.apply_saved(report, run_dir)
+        if explained:
+            explain.apply_saved(report, run_dir)
     return report
 
 
-def outcome_divergence(results: Sequence[RepeatResult]) -> Divergence | None:
-    """Repeats that end differently: another exit status, or other output on stdout."""
-    ref = results[0]
-    codes = [r for r in results if r.exit_code != ref.exit_code]
+def outcome_divergence(results: Sequence[RepeatResult], ignore_stdout: bool = False) -> Divergence | None:
+    """Repeats that end differently: another exit status, or other output on stdout (unless ignored).
+
+    Only repeats that ended by themselves count: a timed-out repeat was stopped, and an
+    incomplete recording's exit status is unknown.
+    """
+    ended = [r for r in results if not r.timed_out and r.exit_code is not None]
+    if len(ended) < 2:
+        return None
+    ref = ended[0]
+    codes = [r for r in ended if r.exit_code != ref.exit_code]
     if codes:
-        detail = "exit status differs: " + ", ".join(f"repeat {r.index} exited {r.exit_code}" for r in results)
+        detail = "exit status differs: " + ", ".join(f"repeat {r.index} exited {r.exit_code}" for r in ended)
         return Divergence(-1, "outcome", None, [r.index for r in codes], ref.index, detail=detail)
-    out = [r for r in results if r.stdout_digest != ref.stdout_digest and r.device == ref.device
+    out = [r for r in ended if r.stdout_digest != ref.stdout_digest and r.device == ref.device
            and r.stdout_digest and ref.stdout_digest]
-    if out:
+    if out and not ignore_stdout:
         return Divergence(-1, "outcome", _stdout_record(), [r.index for r in out], ref.index,
-                          detail="stdout differs between repeats")
+                          detail="stdout differs between repeats; if it prints timings, use --ignore-stdout")
     return None
 
 

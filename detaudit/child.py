@@ -29,28 +29,52 @@ from detaudit.recorder.pins import reexec_without_aslr
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback right after a module finishes importing (before the importer sees it)."""
+    """Runs a callback right after a module finishes importing (before the importer sees it).
 
-    def __init__(self, callbacks: dict[str, Callable[[ModuleType], None]]) -> None:
+    The spec comes from the finders after this one, as python would find it (a vendored or zipped
+    torch included). A callback is dropped only once its module imported; its failure is reported
+    (`on_error`), never raised into the user's `import`.
+    """
+
+    def __init__(self, callbacks: dict[str, Callable[[ModuleType], None]],
+                 on_error: Callable[[str, BaseException], None]) -> None:
         self.callbacks = callbacks
+        self.on_error = on_error
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        callback = self.callbacks.get(fullname)
-        if callback is None:
+        if fullname not in self.callbacks:
             return None
-        del self.callbacks[fullname]
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader = spec.loader
         original = loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
             original(module)
-            callback(module)
+            callback = self.callbacks.pop(fullname, None)
+            if callback is not None:
+                try:
+                    callback(module)
+                except Exception as exc:
+                    self.on_error(fullname, exc)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
+
+    def catch_up(self) -> None:
+        """Instrument the watched modules imported before the script started (sitecustomize, .pth)."""
+        for name in [n for n in self.callbacks if n in sys.modules]:
+            try:
+                self.callbacks.pop(name)(sys.modules[name])
+            except Exception as exc:
+                self.on_error(name, exc)
 
 
 class Session:
@@ -62,6 +86,14 @@ class Session:
         self.recorder: Any = None
         self.hooks: Any = None
         self.started = time.time()
+        self.recording_failed: str | None = None
+
+    def on_import_error(self, module: str, exc: BaseException) -> None:
+        """Instrumenting an imported module failed: the script runs on, the report must say so."""
+        why = f"{type(exc).__name__}: {exc}"
+        print(f"detaudit: could not instrument `{module}`, recording is incomplete: {why}", file=sys.stderr)
+        if self.recording_failed is None:
+            self.recording_failed = f"instrumenting {module}: {why}"
 
     def on_torch_import(self, torch_module: ModuleType) -> None:
         import detaudit.recorder
@@ -102,6 +134,10 @@ class Session:
     def finish(self, exit_code: int, error: str | None, **extra: Any) -> None:
         footer = {"exit_code": exit_code, "error": error, "duration_s": round(time.time() - self.started, 4),
                   **extra}
+        if self.recorder is None and self.recording_failed is None and "torch" in sys.modules:
+            self.recording_failed = "torch was imported but the recorder was never installed"
+        if self.recording_failed is not None:
+            footer["recording_failed"] = self.recording_failed
         try:
             sink = self._empty_trace() if self.recorder is None else self.recorder
             evidence.finish(sink)
@@ -167,10 +203,13 @@ def main(argv: list[str]) -> None:
     session = Session(config, script)
 
     sys.argv = [script_arg, *script_args]
-    if not sys.flags.safe_path:
+    if not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH, python 3.11+
         sys.path[0] = str(script.parent)
     found = evidence.install(config)
-    sys.meta_path.insert(0, _AfterImport({"torch": session.on_torch_import, **found.import_callbacks()}))
+    after_import = _AfterImport({"torch": session.on_torch_import, **found.import_callbacks()},
+                                session.on_import_error)
+    after_import.catch_up()
+    sys.meta_path.insert(0, after_import)
 
     def on_term(signum: int, frame: Any) -> None:
         # Keep what was recorded, but write no footer: the trace must read as incomplete.

@@ -28,7 +28,7 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0  deterministic: every repeat agrees
   1  divergent (including repeats that end differently)
-  2  usage error (bad option, missing script)
+  2  usage error (bad option, missing script, --out not empty)
   3  the script failed in every repeat
   4  unreadable, corrupt or foreign trace / run directory
   5  a repeat timed out
@@ -103,8 +103,9 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
 @click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True,
               help="Repeats per device.")
 @click.option("--device", "devices", type=click.Choice(["cpu", "cuda", "auto"]), multiple=True,
-              help="Device to run on; repeat the option to compare devices. "
-                   "[default: auto = CPU, plus CUDA where present]")
+              help="Device to run on; repeat the option to compare devices within --atol/--rtol "
+                   "(`--device cpu --device cuda`; with cpu the script sees no GPU). "
+                   "[default: auto = wherever the script itself runs, unchanged]")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds allowed per repeat.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
@@ -114,6 +115,8 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
               help="Repeats run in parallel.")
 @click.option("--atol", type=float, default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
 @click.option("--rtol", type=float, default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
+@click.option("--ignore-stdout", is_flag=True, help="Do not compare what the repeats print (for scripts that "
+              "print timings); exit status and recorded tensors are still compared.")
 @click.option("--granularity", type=click.Choice(["step", "module", "op", "auto"]), default=DEFAULT_GRANULARITY,
               show_default=True,
               help="What each repeat records. step: gradients, parameters and optimizer state at each optimizer "
@@ -128,7 +131,8 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
               help="With --explain: most extra repeats the experiments may run. [default: 12]")
 def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
-        rtol: float, quiet: bool, granularity: str, explain: bool, explain_all: bool, budget: int | None) -> None:
+        rtol: float, quiet: bool, ignore_stdout: bool, granularity: str, explain: bool, explain_all: bool,
+        budget: int | None) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT; arguments after `--` go to the script untouched:
@@ -136,11 +140,12 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     """
     from detaudit.audit import AuditOptions, run_audit
     from detaudit.compare import Tolerance
-    from detaudit.devices import resolve_devices
+    from detaudit.devices import own_device, resolve_devices
 
     options = AuditOptions(
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
+        own_device=own_device(devices), ignore_stdout=ignore_stdout,
     )
     context, on_done = _progress_runner(quiet, repeats * len(options.devices))
 
@@ -152,7 +157,7 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
 
     with context:
         report = run_audit(options, on_done, on_narrow)
-    if (explain or explain_all) and report.verdict == "divergent":
+    if (explain or explain_all) and report.verdict == "divergent" and not report.timed_out:
         report = _explain(Path(report.run_dir), budget, explain_all, jobs, quiet)
     _finish(report, json_path, junit_path, quiet)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from detaudit.dtypes import DTYPE_NAMES
-from detaudit.trace import Flag, Kind, RecordStream
+from detaudit.trace import RECORD_DTYPE, Flag, Kind, RecordStream
 
 if TYPE_CHECKING:
     from detaudit.oprules import OpFinding
@@ -148,14 +148,31 @@ def _ordered_bits(values: np.ndarray, dtype: str) -> np.ndarray | None:
     return np.where(bits < 0, min_int - bits, bits)
 
 
+def gaps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a-b| per sampled element: 0 where equal (NaN equals NaN, inf equals inf), inf for a NaN
+    against a number, which no tolerance accepts."""
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(a - b)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    return np.where(same, 0.0, np.where(np.isnan(gap), np.inf, gap))
+
+
+def nan_mismatch(a: np.ndarray, b: np.ndarray) -> bool:
+    """A sampled element is NaN in one repeat and a number in the other."""
+    return bool((np.isnan(a) != np.isnan(b)).any())
+
+
 def sample_differences(a: np.ndarray, b: np.ndarray, dtype: str) -> tuple[float | None, int | None]:
-    """(max |a-b|, max ULP distance) over sampled values; None where undefined or all equal NaN."""
+    """(max |a-b|, max ULP distance) over sampled values; None where undefined or all equal NaN.
+
+    A NaN against a number is an infinite difference with no ULP distance, never agreement.
+    """
     both_nan = np.isnan(a) & np.isnan(b)
     if both_nan.all():
         return None, None
-    diff = np.abs(a - b)
-    diff = np.where(both_nan, 0.0, diff)
-    max_abs = float(np.nanmax(diff)) if not np.isnan(diff).all() else float("nan")
+    max_abs = float(gaps(a, b).max())
+    if nan_mismatch(a, b):
+        return max_abs, None
     bits_a, bits_b = _ordered_bits(a, dtype), _ordered_bits(b, dtype)
     ulp = None
     if bits_a is not None and bits_b is not None:
@@ -185,13 +202,44 @@ def reference_pairs(devices: Sequence[str]) -> list[tuple[int, int, bool]]:
     return pairs
 
 
+class MissingTrace(RecordStream):
+    """A repeat that left no trace file (stopped before it could record): an empty, incomplete
+    stream in memory, so reading a run directory never writes into it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.header: dict[str, Any] = {"never_started": True}
+        self.strings: list[str] = [""]
+        self.events: list[dict[str, Any]] = []
+        self.footer: dict[str, Any] | None = None
+
+    def take(self, n: int) -> np.ndarray:
+        return np.empty(0, dtype=RECORD_DTYPE)
+
+    def drain(self) -> None:
+        return None
+
+
+def open_stream(path: Path) -> RecordStream:
+    """The trace at `path`, or an empty incomplete stand-in when the repeat wrote none."""
+    path = Path(path)
+    return RecordStream(path) if path.exists() else MissingTrace(path)
+
+
 def compare_traces(
     paths: Sequence[Path], devices: Sequence[str] | None = None, tolerance: Tolerance | None = None,
+    truncated: Sequence[bool] | None = None,
 ) -> Comparison:
-    """Compare every repeat's trace; see the module docstring for what "differs" means."""
+    """Compare every repeat's trace; see the module docstring for what "differs" means.
+
+    `truncated` marks repeats cut short from outside (timed out): one of them ending is no
+    divergence, so only the records every repeat holds up to there are compared. A missing
+    trace counts as an empty, incomplete one.
+    """
     tolerance = tolerance or Tolerance()
     devices = list(devices) if devices is not None else ["same"] * len(paths)
-    streams = [RecordStream(Path(p)) for p in paths]
+    cut = list(truncated) if truncated is not None else [False] * len(paths)
+    streams = [open_stream(Path(p)) for p in paths]
     strings = _Strings()
     pairs = reference_pairs(devices)
     counts = [0] * len(streams)
@@ -250,8 +298,7 @@ def compare_traces(
                 if not bitwise:
                     diff &= ~_within(a["samples"], b["samples"], tolerance)
                 any_diff |= diff
-                with np.errstate(invalid="ignore"):
-                    gap = np.nan_to_num(np.abs(a["samples"] - b["samples"]), nan=0.0).max(axis=1)
+                gap = gaps(a["samples"], b["samples"]).max(axis=1)
                 max_diff = np.maximum(max_diff, np.where(diff, gap, 0.0))
             steps = chunks[0]["step"][:upto]
             for step, total, count, peak in _per_step(steps, any_diff, max_diff):
@@ -261,7 +308,8 @@ def compare_traces(
                 entry[2] = max(entry[2], peak)
             compared += upto
             differing += int(any_diff.sum())
-        if n < longest:
+        # a timed-out repeat stopping is no divergence: the common prefix is all there is to compare
+        if n < longest and not any(cut[i] for i, c in enumerate(chunks) if len(c) == n):
             if aligned:  # one trace ended while others go on: a structural or outcome difference
                 short = [i for i, c in enumerate(chunks) if len(c) == n]
                 long = [i for i, c in enumerate(chunks) if len(c) > n]
@@ -312,7 +360,9 @@ def _content(streams: list[RecordStream], ref: int, rep: int, chunks: list[np.nd
         max_abs = _max_opt(previous.max_abs_diff, max_abs)
         ulp = _max_opt(previous.max_ulp_diff, ulp)
     detail = "bits differ" if bitwise else "outside tolerance"
-    if max_abs == 0.0:
+    if nan_mismatch(a["samples"], b["samples"]):
+        detail += " (a sampled element is NaN in one repeat and a number in the other)"
+    elif max_abs == 0.0:
         detail += " (the sampled elements agree: the difference lies elsewhere in the tensor)"
         max_abs, ulp = None, None
     return Divergence(base + idx, "content", info, repeats, ref, max_abs, ulp, detail)

@@ -1,4 +1,9 @@
-"""Which devices the repeats run on: `cpu`, `cuda`, or `auto` (CPU, plus CUDA where present)."""
+"""Which devices the repeats run on: `cpu`, `cuda`, or `auto` (the script's own choice).
+
+`auto` changes nothing: the script runs where it would under `python`, and the repeats are only
+labelled (`cuda` where torch sees a GPU, else `cpu`) and compared bit for bit. Naming devices
+(`--device cpu --device cuda`) compares across devices, CPU repeats seeing no GPU.
+"""
 
 from __future__ import annotations
 
@@ -26,17 +31,20 @@ def cuda_available() -> bool:
     return out.stdout.strip() == "1"
 
 
+def own_device(requested: Sequence[str]) -> bool:
+    """True when no device was named: the script keeps its own device choice (`auto`)."""
+    return all(d == "auto" for d in requested)
+
+
 def resolve_devices(requested: Sequence[str]) -> list[str]:
-    """Expand `auto` and check that `cuda` exists; order kept, duplicates dropped."""
+    """Device labels: `auto` becomes the label of the script's own choice, `cuda` must exist;
+    order kept, duplicates dropped."""
     resolved: list[str] = []
     for device in requested or ["auto"]:
         if device == "auto":
-            wanted = ["cpu", "cuda"] if cuda_available() else ["cpu"]
-        elif device == "cuda":
-            if not cuda_available():
-                raise UsageError("--device cuda: no CUDA device is available to torch on this machine")
-            wanted = ["cuda"]
-        else:
-            wanted = [device]
-        resolved.extend(d for d in wanted if d not in resolved)
+            device = "cuda" if cuda_available() else "cpu"
+        elif device == "cuda" and not cuda_available():
+            raise UsageError("--device cuda: no CUDA device is available to torch on this machine")
+        if device not in resolved:
+            resolved.append(device)
     return resolved

@@ -165,12 +165,29 @@ def _free_prefix(run_dir: Path, base: str) -> str:
     return prefix
 
 
-def _verdict(report: Report, baseline_index: int) -> tuple[str, int | None, str]:
-    """(verdict, first divergence index, note) of one experiment's repeats."""
+def _verdict(report: Report, baseline: Report) -> tuple[str, int | None, str]:
+    """(verdict, first divergence index, note) of one experiment's repeats.
+
+    Only repeats that all ran to the end, with complete traces and the exit status the baseline
+    had, can confirm a pin: a crash or a missing trace proves nothing (`failed`), and exit
+    statuses that still differ are a divergence.
+    """
+    baseline_index = baseline.first_divergence.index if baseline.first_divergence is not None else -1
     if report.verdict == "failed":
         return "failed", None, "the script failed in every pinned repeat"
     if report.timed_out:
         return "failed", None, "a pinned repeat timed out"
+    ok_codes = {r.exit_code for r in baseline.runs}
+    ended = report.outcome_divergence
+    if ended is not None and ended.record is None and len(ok_codes) > 1:  # exit statuses differ, as before
+        first = report.comparison.first_divergence
+        return ("divergent", first.index if first is not None else None,
+                f"the repeats still end differently ({ended.detail})")
+    broken = [f"repeat {r.index} exited {r.exit_code}" for r in report.runs if r.exit_code not in ok_codes]
+    broken += [f"repeat {r.index} left an incomplete or no trace" for r, complete
+               in zip(report.runs, report.comparison.complete) if not complete]
+    if broken:
+        return "failed", None, f"inconclusive: {'; '.join(broken)}"
     first = report.comparison.first_divergence
     if first is None:
         if report.outcome_divergence is not None and baseline_index < 0:
@@ -195,23 +212,26 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
     from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run
     from detaudit.compare import Tolerance
 
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).resolve()  # the repeats run in the script's directory, not ours
     report = load_run(run_dir)
     if report.verdict != "divergent" or report.first_divergence is None:
         raise UsageError(f"{run_dir}: the run is {report.verdict}; --explain needs a divergent run")
+    if report.timed_out:
+        raise UsageError(f"{run_dir}: a repeat timed out; --explain needs a run whose repeats all finished")
     record, _ = read_run(run_dir)
     stored = _load(run_dir)
     tested = {e["pin"] for e in stored if e["verdict"] != "skipped"}
-    baseline_index = report.first_divergence.index
     # as many repeats per device as the baseline had: fewer would let chance agreement "confirm" a pin
     repeats = repeats or max(MIN_REPEATS, int(record.get("repeats") or MIN_REPEATS))
-    cwd = Path(record.get("cwd") or ".")
+    cwd = Path(record.get("cwd") or ".").resolve()
     script = Path(record["script"])
     base = AuditOptions(
         script=script if script.is_absolute() else cwd / script, script_args=list(record.get("script_args", [])),
         repeats=repeats, devices=list(record.get("devices") or ["cpu"]), timeout=record.get("timeout"), jobs=jobs,
-        granularity="op" if record.get("granularity") == "op" else "module",
-        tolerance=Tolerance(**record.get("tolerance", {})),
+        # the baseline's own kind of trace, so record indices compare (auto's base run is module)
+        granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
+        tolerance=Tolerance(**record.get("tolerance", {})), own_device=bool(record.get("own_device")),
+        ignore_stdout=bool(record.get("ignore_stdout")),
     )
     cost = repeats * len(base.devices)
     spent = 0
@@ -231,7 +251,7 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         prefix = _free_prefix(run_dir, f"explain-{name}")
         results = execute(options, run_dir, on_done, prefix=prefix, cwd=cwd)
         sub = analyse(run_dir, {**record, "narrowing": None, "results": [r.to_dict() for r in results]}, results)
-        verdict, index, note = _verdict(sub, baseline_index)
+        verdict, index, note = _verdict(sub, report)
         experiment = Experiment(name, pin.description, verdict, index, note)
         stored.append({**asdict(experiment), "prefix": prefix, "results": [r.to_dict() for r in results]})
         _save(run_dir, stored)

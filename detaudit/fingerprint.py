@@ -66,7 +66,10 @@ def meta_seed(dtype: torch.dtype, shape: torch.Size) -> int:
 
 
 def _host_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU tensor with the same logical contents (a copy only when needed)."""
+    """A contiguous CPU tensor with the same logical contents (a copy only when needed).
+
+    Detached first: a copy of a tensor that requires grad would add a node to the user's graph."""
+    t = t.detach()
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():

@@ -44,7 +44,7 @@ class RepeatPlan:
 class RepeatResult:
     index: int
     device: str
-    exit_code: int
+    exit_code: int | None  # None: unknown (a recording compared without its footer)
     duration_s: float
     timed_out: bool
     trace: str
@@ -59,19 +59,26 @@ class RepeatResult:
 def plan_repeats(
     out_dir: Path, repeats: int, devices: Sequence[str], granularity: str = "module",
     env: dict[str, str] | None = None, child_config: dict[str, Any] | None = None, prefix: str = "repeat",
+    own_device: bool = False,
 ) -> list[RepeatPlan]:
-    """Repeats for every requested device, numbered in order (device by device)."""
+    """Repeats for every requested device, numbered in order (device by device).
+
+    Paths are absolute: the repeats run in the script's working directory, not ours. `own_device`:
+    the script picks its device itself (`--device auto`), so a `cpu` label hides no GPU.
+    """
+    out_dir = Path(out_dir).resolve()
     plans: list[RepeatPlan] = []
     for device in devices:
         for _ in range(repeats):
             i = len(plans)
             extra = dict(env or {})
-            if device == "cpu":
+            if device == "cpu" and not own_device:
                 extra["CUDA_VISIBLE_DEVICES"] = ""  # a script that picks CUDA when present must see none
             config = {"repeat": i, "device": device, "granularity": granularity, **(child_config or {})}
-            stem = out_dir / f"{prefix}-{i}"
-            plans.append(RepeatPlan(i, device, stem.with_suffix(".trace"), stem.with_suffix(".stdout"),
-                                    stem.with_suffix(".stderr"), extra, config))
+            # names built whole: a prefix with a dot (`explain-hash-seed.2`) is no file suffix to replace
+            stem = f"{prefix}-{i}"
+            plans.append(RepeatPlan(i, device, out_dir / f"{stem}.trace", out_dir / f"{stem}.stdout",
+                                    out_dir / f"{stem}.stderr", extra, config))
     return plans
 
 
@@ -103,7 +110,7 @@ class Launcher:
         return [sys.executable, "-m", "detaudit.child", str(config_path), str(self.script), *self.script_args]
 
     def run_one(self, plan: RepeatPlan) -> RepeatResult:
-        config_path = plan.trace.with_suffix(".config.json")
+        config_path = plan.trace.with_name(plan.trace.name.removesuffix(".trace") + ".config.json")
         config_path.write_text(json.dumps({**plan.child_config, "trace": str(plan.trace)}))
         env = {**os.environ, **plan.env}
         started = time.perf_counter()

@@ -13,7 +13,8 @@ from rich.text import Text
 from detaudit.oprules import VERDICTS
 from detaudit.report import Report, divergence_to_dict
 
-_VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow"}
+_VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
+                  "timeout": "bold red"}
 MAX_SPREAD_ROWS = 12
 
 
@@ -36,14 +37,21 @@ def verdict_line(report: Report) -> Text:
         agreement = "bit for bit on each device and within tolerance across devices"
     else:
         agreement = "bit for bit"
+    late = [r.index for r in report.runs if r.timed_out]
     extra = {
         "deterministic": f": {n} repeats agree {agreement}",
         "divergent": f": repeats disagree ({n} repeats)",
         "failed": f": the script failed in every repeat ({n} repeats)",
+        "timeout": f": repeat(s) {', '.join(map(str, late))} of {n} timed out",
     }[report.verdict]
     text.append(extra + f" on {', '.join(devices)}")
-    if report.timed_out:
-        text.append(" — a repeat timed out", style="bold red")
+    if report.verdict == "timeout":
+        text.append(f"; the repeats agree on the {report.comparison.records_compared} records all of them made "
+                    "before that, which says nothing about the rest")
+    if report.timed_out and report.verdict != "timeout":
+        text.append(f" — repeat(s) {', '.join(map(str, late))} timed out", style="bold red")
+    if not all(report.comparison.complete) and not report.timed_out:
+        text.append(" (incomplete recordings are compared as far as they go)")
     return text
 
 
@@ -53,7 +61,7 @@ def runs_table(report: Report) -> Table:
         table.add_column(col, justify="right" if col in ("repeat", "exit", "time (s)", "records") else "left")
     comp = report.comparison
     for r in report.runs:
-        exit_text = "timeout" if r.timed_out else str(r.exit_code)
+        exit_text = "timeout" if r.timed_out else "?" if r.exit_code is None else str(r.exit_code)
         records = comp.records[r.index] if r.index < len(comp.records) else 0
         complete = comp.complete[r.index] if r.index < len(comp.complete) else False
         table.add_row(str(r.index), r.device, exit_text, f"{r.duration_s:.2f}",

@@ -80,9 +80,13 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        if self.runs and all(r.exit_code != 0 for r in self.runs):
+        """`timeout` when a repeat timed out before any divergence: the repeats agree as far as
+        all of them got, which settles nothing (a divergence found before the timeout is `divergent`)."""
+        if self.timed_out:
+            return "divergent" if self.first_divergence is not None else "timeout"
+        if self.runs and all(r.exit_code not in (0, None) for r in self.runs):
             return "failed"
-        if self.first_divergence is not None or self.timed_out:
+        if self.first_divergence is not None:
             return "divergent"
         return "deterministic"
 
@@ -164,6 +168,7 @@ def to_dict(report: Report) -> dict[str, Any]:
         "run_dir": report.run_dir,
         "verdict": report.verdict,
         "exit_code": report.exit_code,
+        "timed_out": report.timed_out,
         "first_divergence": divergence_to_dict(report.first_divergence),
         "spread": {
             "records_compared": comp.records_compared,
@@ -209,7 +214,7 @@ def to_junit(report: Report) -> str:
         if run["timed_out"]:
             ET.SubElement(case, "error", message="timed out")
             errors += 1
-        elif run["exit_code"] != 0:
+        elif run["exit_code"] not in (0, None):
             ET.SubElement(case, "failure", message=f"script exited with {run['exit_code']}")
             failures += 1
     case = ET.SubElement(suite, "testcase", classname="detaudit.determinism", name="repeats agree")

@@ -13,6 +13,7 @@ import enum
 import json
 import os
 import struct
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ _ROW = struct.Struct("<4B6I3Q4d")
 assert _ROW.size == RECORD_DTYPE.itemsize
 _MAX_FRAME = 1 << 30
 FLUSH_EVERY = 4096
+THREAD_BLOCK_LIMIT = 1 << 17  # records from other threads held for one canonical block, at most
 
 
 class Kind(enum.IntEnum):
@@ -64,10 +66,20 @@ class Flag(enum.IntFlag):
     RANDOM = 4      # OP record of an op that draws from an RNG
     NO_DATA = 8     # no contents could be read (meta tensor, unsupported layout)
     UNINIT = 16     # OP record of an op that read memory nothing had written (torch.empty and kin)
+    THREAD = 32     # recorded on a thread other than the main one: written in canonical order (TraceWriter.sync)
+
+
+_THREAD = int(Flag.THREAD)  # a plain int: IntFlag arithmetic costs a Python call per record
 
 
 class TraceWriter:
-    """Appends records and events to one trace file. Inert in forked children (DataLoader workers)."""
+    """Appends records and events to one trace file. Inert in forked children (DataLoader workers).
+
+    Thread-safe: one lock (reentrant, for a flush from a signal handler) around the queues. Records
+    flagged THREAD (made on another thread) arrive in scheduling order, which changes from run to run;
+    they are held and written by `sync` as one block sorted by content, so a deterministic threaded
+    script writes identical traces and a value that differs still shows as a difference at its name.
+    """
 
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
         self.path = Path(path)
@@ -75,6 +87,9 @@ class TraceWriter:
         self._pid = os.getpid()
         self._rows: list[bytes] = []  # packed records not yet written
         self._strings: dict[str, int] = {"": 0}
+        self._texts: list[str] = [""]  # id -> text, to sort THREAD records by name
+        self._threaded: list[tuple[Any, ...]] = []  # THREAD records waiting for `sync`
+        self._lock = threading.RLock()
         self._pending_strings: list[str] = []
         self.records_written = 0
         self.closed = False
@@ -91,16 +106,44 @@ class TraceWriter:
         """The string-table id of `text` (names, locations, shapes are stored once)."""
         sid = self._strings.get(text)
         if sid is None:
-            sid = len(self._strings)
-            self._strings[text] = sid
-            self._pending_strings.append(text)
+            with self._lock:
+                sid = self._strings.get(text)
+                if sid is None:
+                    sid = len(self._strings)
+                    self._strings[text] = sid
+                    self._texts.append(text)
+                    self._pending_strings.append(text)
         return sid
 
     def add(self, row: tuple[Any, ...]) -> None:
         """Queue one record; `row` follows RECORD_DTYPE's field order (samples last, as a 4-tuple)."""
-        self._rows.append(_ROW.pack(*row[:-1], *row[-1]))
-        if len(self._rows) >= FLUSH_EVERY:
-            self.flush()
+        if row[2] & _THREAD:
+            with self._lock:
+                self._threaded.append(row)
+                if len(self._threaded) >= THREAD_BLOCK_LIMIT:
+                    self.sync()
+            return
+        packed = _ROW.pack(*row[:-1], *row[-1])
+        with self._lock:
+            self._rows.append(packed)
+            if len(self._rows) >= FLUSH_EVERY:
+                self.flush()
+
+    def sync(self) -> None:
+        """Queue the records made on other threads since the last sync, sorted by content.
+
+        Called at each optimizer step and at close: threads that run between two such points leave
+        the same block whatever the scheduling (over THREAD_BLOCK_LIMIT records, blocks are cut early).
+        """
+        with self._lock:
+            if not self._threaded:
+                return
+            texts = self._texts
+            # step, kind, the strings' texts (ids depend on which thread interned first), then content
+            self._threaded.sort(key=lambda r: (r[7], r[0], texts[r[4]], texts[r[5]], texts[r[8]], texts[r[6]],
+                                               texts[r[9]], r[1], r[2], r[10], r[11], r[12]))
+            self._rows.extend(_ROW.pack(*r[:-1], *r[-1]) for r in self._threaded)
+            self._threaded.clear()
 
     @property
     def position(self) -> int:
@@ -111,14 +154,16 @@ class TraceWriter:
         """Write one evidence event, positioned at the current record index."""
         if self.closed or os.getpid() != self._pid:
             return
-        self.flush()
-        payload = json.dumps({"at": self.position, **event}, default=str).encode()
-        _write_all(self._fd, self._frame(b"E", payload))
+        with self._lock:
+            self.flush()
+            payload = json.dumps({"at": self.position, **event}, default=str).encode()
+            _write_all(self._fd, self._frame(b"E", payload))
 
     def flush(self) -> None:
         if self.closed or os.getpid() != self._pid:
             self._rows.clear()
             return
+        self._lock.acquire()
         self.busy = True
         try:
             out = b""
@@ -133,6 +178,7 @@ class TraceWriter:
             self._pending_strings = []
         finally:
             self.busy = False
+            self._lock.release()
 
     def abandon(self) -> None:
         """Close without a footer: the trace reads as incomplete (a repeat that never finished)."""
@@ -145,6 +191,7 @@ class TraceWriter:
         """Flush and write the footer that marks the trace complete."""
         if self.closed or os.getpid() != self._pid:
             return
+        self.sync()
         self.flush()
         foot = {"records": self.records_written, **footer}
         _write_all(self._fd, self._frame(b"F", json.dumps(foot, default=str).encode()))

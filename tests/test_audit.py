@@ -1,8 +1,22 @@
-"""audit.py helpers that need no repeats: the error excerpt shown for failing repeats."""
+"""audit.py without running repeats: the error excerpt, reading run directories and `compare` of recordings."""
 
 from __future__ import annotations
 
-from detaudit.audit import error_excerpt
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from synthetic import Rec, training_records, write_run, write_trace
+
+from detaudit.audit import compare_recorded, error_excerpt, load_run, new_run_dir
+from detaudit.compare import Tolerance
+from detaudit.errors import TraceError, UsageError
+from detaudit.report import to_dict
+
+
+def _frame(tag: bytes, payload: bytes) -> bytes:
+    return tag + struct.pack("<I", len(payload)) + payload
 
 
 def _traceback(user_frames: list[str], library_frames: int, error: str) -> str:
@@ -27,3 +41,83 @@ def test_short_stderr_is_returned_as_is() -> None:
     text = _traceback(["/work/a.py"], 1, "ValueError: bad")
     assert error_excerpt(text, lines=15) == text
     assert error_excerpt("just a line\n", lines=15) == "just a line"
+
+
+def _listing(run_dir: Path) -> dict[str, float]:
+    return {p.name: p.stat().st_mtime for p in run_dir.iterdir()}
+
+
+def test_reading_a_run_with_a_missing_trace_writes_nothing(tmp_path: Path) -> None:
+    recs = training_records(steps=1)
+    run_dir = write_run(tmp_path / "run", [recs, None])
+    before = _listing(run_dir)
+    report = load_run(run_dir)
+    assert _listing(run_dir) == before and not (run_dir / "repeat-1.trace").exists()
+    assert report.comparison.complete == [True, False] and report.comparison.records == [len(recs), 0]
+
+
+def test_compare_reads_no_explain_record_from_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    recs = training_records(steps=1)
+    other = [recs[0].but(digest=99), *recs[1:]]
+    paths = [write_trace(tmp_path / "a.trace", recs, {"exit_code": 0}),
+             write_trace(tmp_path / "b.trace", other, {"exit_code": 0})]
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    (work / "explain.json").write_text("{not an experiment record")
+    monkeypatch.chdir(work)
+    report = compare_recorded(paths)
+    assert report.verdict == "divergent" and report.experiments == []
+
+
+def test_compare_is_bitwise_across_recorded_devices_unless_given_a_tolerance(tmp_path: Path) -> None:
+    recs = [Rec("a", 1, samples=(1.0, 2.0, 3.0, 4.0))]
+    near = [recs[0].but(digest=2, samples=(1.0, 2.0, 3.0, 4.0 + 1e-7))]
+    paths = [write_trace(tmp_path / "cpu.trace", recs, {"exit_code": 0}, header={"device_request": "cpu"}),
+             write_trace(tmp_path / "gpu.trace", near, {"exit_code": 0}, header={"device_request": "cuda"})]
+    bitwise = compare_recorded(paths)
+    assert bitwise.verdict == "divergent" and bitwise.bitwise
+    assert [r.device for r in bitwise.runs] == ["cpu", "cuda"]  # shown, not used to loosen the comparison
+    assert compare_recorded(paths, Tolerance()).verdict == "deterministic"
+
+
+def test_compare_refuses_a_footer_that_is_not_an_object(tmp_path: Path) -> None:
+    recs = training_records(steps=1)
+    good = write_trace(tmp_path / "a.trace", recs, {"exit_code": 0})
+    for name, footer, needle in (("list", b"[1, 2]", "footer is not a JSON object"),
+                                 ("text", b'{"exit_code": "x"}', "not a number")):
+        bad = write_trace(tmp_path / f"{name}.trace", recs, None)  # no footer yet: append our own
+        bad.write_bytes(bad.read_bytes() + _frame(b"F", footer))
+        with pytest.raises(TraceError, match=needle):
+            compare_recorded([good, bad])
+
+
+def test_compare_treats_incomplete_recordings_as_incomplete_not_failed(tmp_path: Path) -> None:
+    recs = training_records(steps=2)
+    paths = [write_trace(tmp_path / "a.trace", recs, None), write_trace(tmp_path / "b.trace", recs, None)]
+    same = compare_recorded(paths)
+    assert same.verdict == "deterministic" and [r.exit_code for r in same.runs] == [None, None]
+    assert same.comparison.complete == [False, False]
+    paths.append(write_trace(tmp_path / "c.trace", recs[:4], None))
+    cut = compare_recorded([paths[0], paths[2]])
+    assert cut.verdict == "divergent" and cut.exit_code == 1
+    assert cut.first_divergence is not None and "incomplete" in cut.first_divergence.detail
+    assert to_dict(cut)["runs"][1]["exit_code"] is None
+
+
+def test_ignore_stdout_is_honoured_from_the_run_record(tmp_path: Path) -> None:
+    recs = training_records(steps=1)
+    run_dir = write_run(tmp_path / "run", [recs, recs], stdout=["took 1.2s\n", "took 1.3s\n"])
+    first = load_run(run_dir).first_divergence
+    assert first is not None and "--ignore-stdout" in first.detail
+    record = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**record, "ignore_stdout": True}))
+    assert load_run(run_dir).verdict == "deterministic"
+
+
+def test_out_naming_a_file_is_a_usage_error(tmp_path: Path) -> None:
+    taken = tmp_path / "afile"
+    taken.write_text("precious")
+    with pytest.raises(UsageError, match="is a file"):
+        new_run_dir(tmp_path / "x.py", taken)
+    assert taken.read_text() == "precious"

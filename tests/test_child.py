@@ -190,3 +190,20 @@ def test_torch_script_is_recorded_with_user_locations(tmp_path: Path) -> None:
     assert "0" in names and "1" in names and "result.y" in names
     locs = {tr.strings[i] for i in tr.records["loc"]}
     assert all(loc.startswith("user_script.py:") for loc in locs), locs
+
+
+def test_torchscript_compiles_functions_detaudit_wraps_as_under_plain_python(tmp_path: Path) -> None:
+    script = write_script(tmp_path, """
+        import torch
+        import torch.nn.functional as F
+
+        @torch.jit.script
+        def f(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+            return (x + torch.rand(3) * 0 + torch.empty(3).zero_() + F.dropout(x, 0.5, False)
+                    + torch.index_add(x, 0, i, x))
+
+        print(f(torch.ones(3), torch.tensor([0, 1, 2])).tolist())
+    """)
+    plain, child, trace = both(tmp_path, script, [])
+    assert plain.code == 0 and "[" in plain.out
+    assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err)

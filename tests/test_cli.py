@@ -204,3 +204,50 @@ def test_show_refuses_bad_traces_with_exit_4(tmp_path: Path, capsys: pytest.Capt
                          (tmp_path / "absent.trace", "absent.trace")):
         assert_clean_error(run_in_process(["show", str(path)], capsys), 4, needle)
     assert_clean_error(run_cli(["show", str(corrupt)], cwd=tmp_path), 4, "corrupt")
+
+
+def test_out_naming_a_file_exits_2(tmp_path: Path, argv_script: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    taken = tmp_path / "afile"
+    taken.write_text("precious")
+    result = run_in_process(["run", str(argv_script), "--repeats", "2", "--out", str(taken)], capsys)
+    assert_clean_error(result, 2, "afile", "is a file")
+    assert taken.read_text() == "precious"
+
+
+def test_help_names_every_usage_error(tmp_path: Path) -> None:
+    assert "usage error (bad option, missing script, --out not empty)" in run_cli(["--help"], cwd=tmp_path).stdout
+
+
+def test_a_timeout_is_rendered_as_a_timeout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recs = training_records()
+    run_dir = write_run(tmp_path / "run", [recs, recs[:4]], exit_codes=[0, -15], timed_out=[False, True])
+    result = run_in_process(["report", str(run_dir)], capsys)
+    assert result.returncode == 5, result.output
+    assert "TIMEOUT" in result.stdout and "timed out" in result.stdout
+    for wrong in ("DIVERGENT", "ended differently", "every repeat", "First divergence", "Likely causes"):
+        assert wrong not in result.stdout, wrong
+
+
+COIN = "import os\nprint(os.urandom(4).hex())\n"  # differs between repeats on stdout only, without torch
+
+
+def test_ignore_stdout_is_kept_for_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "coin.py").write_text(COIN)
+    made = run_cli(["run", "coin.py", "-n", "2", "-j", "2", "--ignore-stdout", "--out", "run"], cwd=tmp_path)
+    assert made.returncode == 0, made.output
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["ignore_stdout"] is True
+    assert run_in_process(["report", str(tmp_path / "run")], capsys).returncode == 0
+
+
+def test_explain_a_run_from_another_directory(tmp_path: Path) -> None:
+    (tmp_path / "coin.py").write_text(COIN)
+    made = run_cli(["run", "coin.py", "-n", "2", "-j", "2", "--out", "run"], cwd=tmp_path)
+    assert made.returncode == 1 and "--ignore-stdout" in made.stdout, made.output
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = run_cli(["explain", "../run", "-j", "2", "--json", "e.json"], cwd=elsewhere)
+    assert result.returncode == 1, result.output
+    assert "Traceback" not in result.output
+    experiments = result.report["experiments"] if result.report is not None else []
+    assert experiments and all(e["verdict"] == "divergent" for e in experiments)  # no pin fixes os.urandom
+    assert len(list((tmp_path / "run").glob("explain-*.trace"))) == 2 * len(experiments)

@@ -254,3 +254,38 @@ def test_divergence_on_chunk_boundary(tmp_path: Path, chunk: int) -> None:
         c = run_compare(sub, [recs, recs[: 2 * chunk]], incomplete=[1])
         assert c.first_divergence is not None and c.first_divergence.index == 2 * chunk
         assert c.records == [len(recs), 2 * chunk]
+
+
+def test_nan_against_a_number_is_a_mismatch_not_agreement(tmp_path: Path) -> None:
+    nan = float("nan")
+    a, b = np.array([nan, 1.0, 2.0, 3.0]), np.array([0.5, 1.0, 2.0, 3.0])
+    assert sample_differences(a, b, "float32") == (float("inf"), None)
+    assert sample_differences(b, a, "float32") == (float("inf"), None)
+    assert sample_differences(np.array([nan, 1.0]), np.array([nan, 1.0]), "float32")[0] == 0.0
+    recs = [Rec("a", 1, samples=(0.5, 1.0, 2.0, 3.0))]
+    comp = run_compare(tmp_path, [recs, [recs[0].but(digest=2, samples=(nan, 1.0, 2.0, 3.0))]])
+    first = comp.first_divergence
+    assert first is not None and first.max_abs_diff == float("inf") and first.max_ulp_diff is None
+    assert "NaN in one repeat" in first.detail and "agree" not in first.detail
+    assert comp.by_step[0].max_abs_diff == float("inf")
+
+
+def test_a_timed_out_repeat_stopping_early_is_no_divergence(tmp_path: Path) -> None:
+    recs = training_records(steps=3)
+    paths = [write_trace(tmp_path / "r0.trace", recs, {"exit_code": 0}),
+             write_trace(tmp_path / "r1.trace", recs[:5], None)]
+    comp = compare_traces(paths, truncated=[False, True])
+    assert comp.first_divergence is None and comp.records_compared == 5 and comp.records == [len(recs), 5]
+    changed = mutate_digest(recs[:5], 3)
+    write_trace(tmp_path / "r2.trace", changed, None)
+    first = compare_traces([paths[0], tmp_path / "r2.trace"], truncated=[False, True]).first_divergence
+    assert first is not None and first.index == 3 and first.category == "content"  # before the timeout: real
+
+
+def test_a_missing_trace_is_empty_and_incomplete_and_is_not_written(tmp_path: Path) -> None:
+    recs = training_records(steps=1)
+    path = write_trace(tmp_path / "r0.trace", recs, {"exit_code": 0})
+    comp = compare_traces([path, tmp_path / "never.trace"])
+    assert comp.records == [len(recs), 0] and comp.complete == [True, False]
+    assert comp.first_divergence is not None and comp.first_divergence.index == 0
+    assert not (tmp_path / "never.trace").exists()

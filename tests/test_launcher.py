@@ -168,3 +168,21 @@ def test_ctrl_c_stops_every_repeat_with_no_orphans(tmp_path: Path) -> None:
     pids = pids_from(pid_file)
     assert pids and not any(alive(p) for p in pids)  # grandchildren (no marker in argv) are gone too
     assert len(pids) == 4 and not (work / "run" / "repeat-2.trace").exists()  # the queued repeat never started
+
+
+def test_plan_names_keep_a_prefix_with_a_dot_and_are_absolute(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    plans = plan_repeats(Path("run"), 2, ["cpu"], prefix="explain-python-rng.2")
+    names = [(p.trace.name, p.stdout.name, p.stderr.name) for p in plans]
+    assert names == [(f"explain-python-rng.2-{i}.trace", f"explain-python-rng.2-{i}.stdout",
+                      f"explain-python-rng.2-{i}.stderr") for i in range(2)]
+    # the repeats run in the script's directory: a relative run directory would point elsewhere there
+    assert all(path.is_absolute() and path.parent == tmp_path / "run"
+               for p in plans for path in (p.trace, p.stdout, p.stderr))
+
+
+def test_own_device_choice_hides_no_gpu(tmp_path: Path) -> None:
+    plans = plan_repeats(tmp_path, 2, ["cpu"], own_device=True)
+    assert all("CUDA_VISIBLE_DEVICES" not in p.env for p in plans)
+    assert all(p.child_config["device"] == "cpu" for p in plans)

@@ -55,9 +55,9 @@ def test_forward_and_backward_ops_carry_module_line_and_autograd_node(tmp_path: 
 
     def body(rec: Recorder) -> None:
         w = torch.randn(3, 2, requires_grad=True)
-        rec.module_stack.append(rec.intern("net.0"))
+        rec.local.module_stack.append(rec.intern("net.0"))
         y = (torch.ones(4, 3) @ w).relu(); lines["forward"] = here()  # noqa: E702
-        rec.module_stack.pop()
+        rec.local.module_stack.pop()
         y.sum().backward()
 
     trace = record(tmp_path / "t.trace", body)
@@ -182,3 +182,23 @@ def test_step_granularity_turns_module_records_off(tmp_path: Path) -> None:
     assert rec.record_modules is False
     assert install(rec, {"granularity": "module"}, lambda: None) is None
     rec.close({"exit_code": 0})
+
+
+def test_memory_reused_by_a_tensor_made_without_an_op_is_not_blank(tmp_path: Path) -> None:
+    """torch.empty's memory, freed and handed to torch.from_numpy (version 0 again), holds real data."""
+    import numpy as np
+
+    reused: list[bool] = []
+
+    def body(rec: Recorder) -> None:
+        for _ in range(5):  # the allocator normally hands the freed block straight back
+            e = torch.empty(1000)
+            address = e.data_ptr()
+            del e
+            x = torch.from_numpy(np.full(1000, 2.0, dtype=np.float32))
+            reused.append(x.data_ptr() == address)
+            x * 3
+
+    trace = rows(record(tmp_path / "t.trace", body))
+    assert any(reused), "the allocator never reused the freed block: the case was not exercised"
+    assert [r for r in trace if r["flags"] & Flag.UNINIT] == []

@@ -76,3 +76,19 @@ def test_a_tensor_recorded_twice_in_a_step_is_hashed_once_unless_modified(tmp_pa
     rec.close({"exit_code": 0})
     records = read_trace(tmp_path / "t.trace").records
     assert records["digest"][0] == records["digest"][1] != records["digest"][2]
+
+
+def test_a_digest_is_not_reused_across_forwards_of_a_root_when_written_through_numpy(tmp_path: Path) -> None:
+    """A write through a NumPy alias leaves `_version` alone: the next forward of a root re-hashes."""
+    import numpy as np
+
+    rec = _recorder(tmp_path)
+    buf = np.zeros(8, dtype=np.float32)
+    x = torch.from_numpy(buf)
+    for value in (0.0, 1.0):
+        buf[:] = value
+        rec.root_forward(1)  # the pre hook of root module 1: the second call starts a new iteration
+        rec.record(Kind.INPUT, "net.input", x)
+    rec.close({"exit_code": 0})
+    records = read_trace(tmp_path / "t.trace").records
+    assert records["digest"][0] != records["digest"][1]

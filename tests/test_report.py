@@ -168,3 +168,37 @@ def test_junit_string_matches_written_file(tmp_path: Path) -> None:
     report = _divergent_run(tmp_path)
     write_junit(report, tmp_path / "j.xml")
     assert (tmp_path / "j.xml").read_text() == to_junit(report)
+
+
+def test_a_repeat_timing_out_after_identical_records_is_a_timeout_not_a_divergence(tmp_path: Path) -> None:
+    recs = training_records(steps=3)
+    report = load_run(write_run(tmp_path / "run", [recs, recs, recs[:5]], exit_codes=[0, 0, -15],
+                                timed_out=[False, False, True]))
+    assert report.verdict == "timeout" and report.exit_code == 5
+    assert report.first_divergence is None and report.causes == [] and report.repeat_errors == {}
+    data = _strict_json(report, tmp_path)
+    assert data["verdict"] == "timeout" and data["timed_out"] is True and data["first_divergence"] is None
+    assert data["spread"]["records_compared"] == 5 and data["runs"][2]["error"] is None
+
+
+def test_every_repeat_timing_out_is_a_timeout_not_a_failure(tmp_path: Path) -> None:
+    recs = training_records(steps=3)
+    report = load_run(write_run(tmp_path / "run", [recs[:4], recs[:6]], exit_codes=[-15, -9],
+                                timed_out=[True, True]))
+    assert report.verdict == "timeout" and report.exit_code == 5 and report.failure == ""
+    assert report.first_divergence is None and report.repeat_errors == {}
+
+
+def test_a_divergence_before_the_timeout_is_reported_with_exit_5(tmp_path: Path) -> None:
+    recs = training_records(steps=3)
+    other = list(recs[:6])
+    other[2] = other[2].but(digest=7)
+    report = load_run(write_run(tmp_path / "run", [recs, other], exit_codes=[0, -15], timed_out=[False, True]))
+    assert report.verdict == "divergent" and report.exit_code == 5
+    first = to_dict(report)["first_divergence"]
+    assert first["index"] == 2 and first["category"] == "content"
+
+
+def test_not_timed_out_is_marked_false(tmp_path: Path) -> None:
+    recs = training_records()
+    assert _strict_json(load_run(write_run(tmp_path / "run", [recs, recs])), tmp_path)["timed_out"] is False

@@ -247,3 +247,23 @@ def test_reading_a_trace_never_unpickles(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "evil.trace").write_bytes(b"\x80\x04\x95" + b"\x00" * 40)
     with pytest.raises(TraceError, match="not a detaudit trace"):
         read_trace(tmp_path / "evil.trace")
+
+
+def test_records_from_other_threads_are_written_in_one_order_whatever_the_scheduling(tmp_path: Path) -> None:
+    from detaudit.trace import Flag
+
+    def row(name: int, digest: int) -> tuple:
+        return (1, 1, int(Flag.THREAD), 0, name, 0, 0, 0, 0, 0, digest, 0, 0, (0.0, 0.0, 0.0, 0.0))
+
+    bodies = []
+    for order, path in (((0, 1, 2), tmp_path / "a.trace"), ((2, 0, 1), tmp_path / "b.trace")):
+        w = TraceWriter(path, {})
+        names = [w.intern(s) for s in ("m.b", "m.a")] if order[0] == 0 else [w.intern(s) for s in ("m.a", "m.b")]
+        ids = {"m.b": names[0] if order[0] == 0 else names[1], "m.a": names[1] if order[0] == 0 else names[0]}
+        rows = [row(ids["m.b"], 5), row(ids["m.a"], 9), row(ids["m.a"], 3)]
+        for i in order:  # arrival order and string ids differ between the two "runs"
+            w.add(rows[i])
+        w.close({"exit_code": 0})
+        tr = read_trace(path)
+        bodies.append([(tr.strings[r["name"]], int(r["digest"])) for r in tr.records])
+    assert bodies[0] == bodies[1] == [("m.a", 3), ("m.a", 9), ("m.b", 5)]

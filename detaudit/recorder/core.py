@@ -6,6 +6,7 @@ the user-code location, a per-step digest cache and the device-side fingerprint 
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,6 +23,15 @@ _CACHE_LIMIT = 20000
 _PENDING_LIMIT = 1 << 16  # device records per host sync; normally one sync per step
 
 
+class ThreadState(threading.local):
+    """Per-thread recorder state: threads running models at once must not share a module stack."""
+
+    def __init__(self, owner: int) -> None:
+        self.module_stack: list[int] = []  # string ids of the modules whose forward is running
+        # Flag.THREAD off the recorder's own thread: those records arrive in scheduling order (TraceWriter.sync)
+        self.flag = 0 if threading.get_ident() == owner else int(Flag.THREAD)  # int: IntFlag `|` is slow
+
+
 class Recorder:
     """Records fingerprints into one trace; cheap enough to call from every module's forward."""
 
@@ -34,14 +44,21 @@ class Recorder:
         self.enabled = True
         self._shape_ids: dict[torch.Size, int] = {}
         self._loc_ids: dict[tuple[Any, int], int] = {}
-        # id(tensor) -> (weakref, version, digest, samples): a tensor recorded twice in one step
-        # (a container's output is its last child's output) is hashed once.
+        # id(tensor) -> (weakref, version, digest, samples): a tensor recorded twice in one iteration
+        # (a container's output is its last child's output; op granularity: an op's output read by the
+        # next op, a saved activation read in backward) is hashed once. The version counter misses
+        # writes through a NumPy alias or `.data`, so a digest is trusted for one iteration only: the
+        # cache is cleared at each optimizer step and when a root module that already ran since the
+        # last clear runs again (`root_forward`): one clear per training/inference iteration, which
+        # keeps the forward-to-backward reuse that makes op granularity affordable.
         self._cache: dict[int, tuple[Any, int, int, tuple[float, ...]]] = {}
+        self._roots_run: set[int] = set()
+        self.digest_caches: list[dict[Any, Any]] = [self._cache]  # cleared together (ops.py adds its own)
         self._pending: list[Any] = []  # rows waiting for device fingerprints, in record order
         self._reducer: DeviceReducer | None = None
         self.saves = 0
         self.record_modules = True  # False at step granularity: no module input/output records
-        self.module_stack: list[int] = []  # string ids of the modules whose forward is running
+        self.local = ThreadState(threading.get_ident())
         # >0 while detaudit itself computes on tensors, so the op recorder (recorder/ops.py) ignores it
         self.internal = 0
         self.step_callbacks: list[Callable[[int], None]] = []  # called with the new step after each step
@@ -77,6 +94,7 @@ class Recorder:
         """Record one tensor; returns its digest (0 while a device digest is pending)."""
         shape_id = self._shape_id(t.shape)
         dtype = DTYPE_CODES.get(t.dtype, 0)
+        flags |= self.local.flag
         device = t.device.type
         if device == self._host_device:
             digest, samples = self.cpu_digest(t)
@@ -125,7 +143,9 @@ class Recorder:
             self.internal -= 1
         if len(self._cache) > _CACHE_LIMIT:  # drop dead tensors first: op granularity caches every output
             live = {k: v for k, v in self._cache.items() if v[0]() is not None}
-            self._cache = live if len(live) < _CACHE_LIMIT // 2 else {}
+            self._cache.clear()
+            if len(live) < _CACHE_LIMIT // 2:
+                self._cache.update(live)
         self._cache[id(t)] = (weakref.ref(t), t._version, digest, samples)
         return digest, samples
 
@@ -165,11 +185,23 @@ class Recorder:
     def end_step(self) -> None:
         """Called after each primary optimizer step: flush, and forget per-step caches."""
         self.step += 1
-        self._cache.clear()
+        self.forget_digests()
         self.resolve_pending()
+        self.writer.sync()
         self.writer.flush()
         for callback in self.step_callbacks:
             callback(self.step)
+
+    def root_forward(self, module_id: int) -> None:
+        """A root module's forward starts: a second one since the last clear is a new iteration."""
+        if module_id in self._roots_run:
+            self.forget_digests()
+        self._roots_run.add(module_id)
+
+    def forget_digests(self) -> None:
+        self._roots_run.clear()
+        for cache in self.digest_caches:
+            cache.clear()
 
     def event(self, event: dict[str, Any]) -> None:
         self.resolve_pending()

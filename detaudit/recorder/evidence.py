@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import os
 import platform
@@ -389,7 +390,7 @@ class Evidence:
             ev.anchors[lib] = after
             return result
 
-        setattr(owner, name, seed)
+        replace(owner, name, seed)
 
     def _wrap_generator(self, np_random: ModuleType) -> None:
         original = np_random.default_rng
@@ -429,7 +430,7 @@ class Evidence:
                     ev.seen.discard((label, caller.f_code, caller.f_lineno))
             return original(*args, **kwargs)
 
-        setattr(owner, name, draw)
+        replace(owner, name, draw)
 
     def _wrap_empty(self, owner: Any, name: str, label: str) -> None:
         original = getattr(owner, name)
@@ -451,7 +452,7 @@ class Evidence:
                          "digest": _tensor_digest(t), "pinned": ev.pins.active("zero-empty")})
             return t
 
-        setattr(owner, name, empty)
+        replace(owner, name, empty)
 
     def _wrap_listed_ops(self, torch: ModuleType) -> None:
         """Wrap the functions and methods the running torch lists as nondeterministic."""
@@ -498,7 +499,7 @@ class Evidence:
                         break
             return original(*args, **kwargs)
 
-        setattr(owner, name, op)
+        replace(owner, name, op)
 
     def _wrap_backward(self, autograd: ModuleType) -> None:
         original = autograd.backward
@@ -512,7 +513,7 @@ class Evidence:
                     ev._walk_graph(tensors, sys._getframe(1))
             return original(tensors, *args, **kwargs)
 
-        setattr(autograd, "backward", backward)  # noqa: B010 (mypy: module attribute)
+        replace(autograd, "backward", backward)
 
     def _walk_graph(self, tensors: Any, caller: FrameType) -> None:
         torch = self.torch
@@ -585,7 +586,7 @@ class Evidence:
                          "loc": ev.where(caller)})
             return original(*args, **kwargs)
 
-        setattr(owner, name, call)
+        replace(owner, name, call)
 
     def _wrap_function(self, owner: Any, name: str, label: str) -> None:
         original = getattr(owner, name)
@@ -619,6 +620,24 @@ class WorkerStart:
             self.user_fn(worker_id)
             if ev is not None:
                 ev.emit({"type": "worker-init-done", "worker_id": worker_id, "rng": ev.rng_state()})
+
+
+def replace(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
+    """Put `wrapper` (made with functools.wraps) in place of `owner.name`, invisibly to TorchScript.
+
+    TorchScript resolves a function a scripted body calls by identity: a torch builtin through its
+    builtin table (keyed by id, filled at `import torch`), a Python function by compiling its source.
+    The wrapper is registered as the same builtin, or hands TorchScript the original to compile
+    (`__prepare_scriptable__`), so `torch.jit.script` compiles exactly as under plain python.
+    """
+    original = getattr(owner, name)
+    setattr(owner, name, wrapper)
+    builtins: Any = sys.modules.get("torch.jit._builtins")
+    op = builtins._find_builtin(original) if builtins is not None else None
+    if op is not None:
+        builtins._register_builtin(wrapper, op)
+    elif inspect.isfunction(original):
+        wrapper.__prepare_scriptable__ = lambda: original  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager

@@ -21,7 +21,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 from typing import Any
+
+from detaudit.recorder.evidence import replace
 
 ENV = "DETAUDIT_TEST_FAULT"
 
@@ -52,7 +55,11 @@ def install(evidence: Any, torch: Any) -> None:
     spec = os.environ.get(ENV)
     if not spec:
         return
-    fault = json.loads(spec)
+    try:
+        fault = json.loads(spec)
+    except ValueError:
+        print(f"detaudit: ignoring {ENV}: not valid JSON", file=sys.stderr)
+        return
     evidence.device_as = fault.get("device", "cuda")
     owner_path, name = fault["op"].rsplit(".", 1)
     owner: Any = torch
@@ -72,4 +79,4 @@ def install(evidence: Any, torch: Any) -> None:
         out = original(*args, **kwargs)
         return _tf32(torch, out) if when == "tf32" else out * _jitter()
 
-    setattr(owner, name, faulty)
+    replace(owner, name, faulty)

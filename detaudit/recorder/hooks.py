@@ -33,11 +33,15 @@ class ModuleNames:
         self._roots: dict[str, int] = {}
         self.roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
-    def add_root(self, root: torch.nn.Module) -> None:
+    def add_root(self, root: torch.nn.Module, numbered: bool = True) -> None:
+        """Name a root `Net`, `Net#2`, ... by first call. Not `numbered` (first called on another
+        thread): that order is the scheduler's, so all such roots of a class share its name."""
         base = type(root).__name__
-        count = self._roots.get(base, 0) + 1
-        self._roots[base] = count
-        root_name = base if count == 1 else f"{base}#{count}"
+        root_name = base
+        if numbered:
+            count = self._roots.get(base, 0) + 1
+            self._roots[base] = count
+            root_name = base if count == 1 else f"{base}#{count}"
         self.roots.add(root)
         for qual, module in root.named_modules(remove_duplicate=False):
             if qual and (module not in self.modules or module in self.roots):
@@ -88,15 +92,18 @@ class Hooks:
 
     # -- modules ---------------------------------------------------------------------------
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        rec = self.recorder
         module_id = self._module_ids.get(module)
         if module_id is None:
             if module not in self.names.modules:
-                self.names.add_root(module)
-            module_id = self._module_ids[module] = self.recorder.intern(self.names.modules[module])
-        self.recorder.module_stack.append(module_id)  # op records name the innermost running module
-        if module in self.names.roots and self.recorder.enabled and self.recorder.record_modules:
+                self.names.add_root(module, numbered=not rec.local.flag)
+            module_id = self._module_ids[module] = rec.intern(self.names.modules[module])
+        rec.local.module_stack.append(module_id)  # op records name the innermost running module
+        if module in self.names.roots:
+            rec.root_forward(module_id)
+            if not rec.enabled or not rec.record_modules:
+                return
             # The data a model is given: tells a data-pipeline cause from a model-internal one.
-            rec = self.recorder
             loc = rec.location_id(1)
             for path, tensor in iter_tensors(args, self.names.modules[module] + ".input"):
                 rec.record_tensor(Kind.INPUT, rec.intern(path), tensor, module_id, loc)
@@ -107,7 +114,7 @@ class Hooks:
         if module_id is None:  # forward hooks registered before ours can skip our pre hook
             self._on_forward_pre(module, args)
             module_id = self._module_ids[module]
-        stack = rec.module_stack
+        stack = rec.local.module_stack
         if stack and stack[-1] == module_id:
             stack.pop()
         elif module_id in stack:  # entries above it were left by forwards that raised
@@ -132,7 +139,7 @@ class Hooks:
         rec = self.recorder
         if self._primary is None:
             self._primary = weakref.ref(optimizer)
-        rec.module_stack.append(rec.intern(f"optimizer {type(optimizer).__name__}"))
+        rec.local.module_stack.append(rec.intern(f"optimizer {type(optimizer).__name__}"))
         if not rec.enabled:
             return
         loc = rec.location_id(1)
@@ -142,8 +149,8 @@ class Hooks:
 
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         rec = self.recorder
-        if rec.module_stack:
-            rec.module_stack.pop()
+        if rec.local.module_stack:
+            rec.local.module_stack.pop()
         if rec.enabled:
             loc = rec.location_id(1)
             state = optimizer.state

@@ -101,12 +101,15 @@ class OpRecorder(TorchDispatchMode):
         self._codes: dict[Any, int] = {}
         # id -> (weakref, version, digest, uninitialised): views' derived digests and empty outputs
         self._derived: dict[int, tuple[Any, int, int, bool]] = {}
-        # data_ptr -> version of never-written memory, for tensors that alias it without an op
-        # (nn.Parameter(torch.empty(n)) shares the storage and the version counter)
-        self._blank: dict[int, int] = {}
-        # (outputs, loc, module) of the last forward op: tagged onto its autograd node at the next op,
-        # because autograd attaches grad_fn only after this mode returns.
-        self._untagged: tuple[Any, int, int] | None = None
+        recorder.digest_caches.append(self._derived)  # trusted for one iteration, as the recorder's own
+        # data_ptr -> (weakref to the storage, version) of never-written memory, for tensors that alias
+        # it without an op (nn.Parameter(torch.empty(n)) shares the storage and the version counter).
+        # The storage check keeps a later tensor at a reused address (torch.from_numpy) from aliasing it.
+        self._blank: dict[int, tuple[weakref.ref[Any], int]] = {}
+        # (weakrefs to the outputs, loc, module) of the last forward op: tagged onto its autograd node at
+        # the next op, because autograd attaches grad_fn only after this mode returns. Weak: the outputs
+        # must not outlive the user's last reference to them.
+        self._untagged: tuple[list[weakref.ref[torch.Tensor]], int, int] | None = None
         self._unknown = False  # set while reading an op's inputs: one has no digest (accelerator)
         self._uninit = False  # ... one was never written
 
@@ -143,9 +146,9 @@ class OpRecorder(TorchDispatchMode):
             else:
                 for t in _tensors(out):
                     self._derived[id(t)] = (weakref.ref(t), t._version, meta_seed(t.dtype, t.shape), True)
-                    self._blank[t.data_ptr()] = t._version
+                    self._mark_blank(t)
             if mode == VIEW and node is None and _needs_node(args):
-                self._untagged = (out, rec.location_id(1), _top(rec))
+                self._untagged = ([weakref.ref(t) for t in _tensors(out)], rec.location_id(1), _top(rec))
             return out
 
         flags = Flag.RANDOM if info.random else 0
@@ -183,7 +186,7 @@ class OpRecorder(TorchDispatchMode):
             rec.record_tensor(Kind.OP, info.names[0] if i == 0 else info.name(rec, i), t, module, loc,
                               aux, flags, inputs)
         if node is None and outputs and torch.is_grad_enabled():
-            self._untagged = (outputs, loc, module)
+            self._untagged = ([weakref.ref(t) for t in outputs], loc, module)
         return out
 
     def _input_codes(self, info: _OpInfo, args: Any, kwargs: Any, codes: list[int]) -> None:
@@ -205,7 +208,7 @@ class OpRecorder(TorchDispatchMode):
                 codes.append(hit[2])
                 if hit[3]:
                     self._uninit = True
-            elif self._blank and self._blank.get(value.data_ptr(), -1) == value._version:
+            elif self._blank and self._is_blank(value):
                 codes.append(meta_seed(value.dtype, value.shape))
                 self._uninit = True
             elif value.device.type == "cpu":
@@ -256,17 +259,36 @@ class OpRecorder(TorchDispatchMode):
         derived = self._derived
         if len(derived) > _DERIVED_LIMIT:
             live = {k: v for k, v in derived.items() if v[0]() is not None}
-            derived = self._derived = live if len(live) < _DERIVED_LIMIT // 2 else {}
+            derived.clear()
+            if len(live) < _DERIVED_LIMIT // 2:
+                derived.update(live)
         for t in views:
             geometry = (*t.shape, *t.stride(), t.storage_offset(), info.code & 0x7FFFFFFFFFFFFFFF)
             digest = xxhash.xxh3_64_intdigest(struct.pack(f"<{len(geometry)}q", *geometry), codes[0])
             derived[id(t)] = (weakref.ref(t), t._version, digest, self._uninit)
 
+    def _mark_blank(self, t: torch.Tensor) -> None:
+        ptr = t.data_ptr()
+        blank = self._blank
+
+        def forget(ref: weakref.ref[Any]) -> None:  # the storage was freed: its address may be reused
+            if blank.get(ptr, (None,))[0] is ref:
+                del blank[ptr]
+
+        blank[ptr] = (weakref.ref(t.untyped_storage(), forget), t._version)
+
+    def _is_blank(self, t: torch.Tensor) -> bool:
+        entry = self._blank.get(t.data_ptr())
+        return entry is not None and entry[1] == t._version and entry[0]() is t.untyped_storage()
+
     def _tag_node(self) -> None:
-        outputs, loc, module = self._untagged  # type: ignore[misc]
+        refs, loc, module = self._untagged  # type: ignore[misc]
         self._untagged = None
-        for t in _tensors(outputs):
-            fn = t.grad_fn
+        for ref in refs:
+            t = ref()
+            if t is None:
+                continue
+            fn: Any = t.grad_fn
             if fn is not None:
                 fn.metadata.setdefault(_NODE_KEY, (loc, module))
                 return
@@ -282,7 +304,7 @@ def _needs_node(args: Any) -> bool:
 
 
 def _top(rec: Recorder) -> int:
-    stack = rec.module_stack
+    stack = rec.local.module_stack
     return stack[-1] if stack else 0
 
 

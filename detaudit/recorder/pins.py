@@ -50,6 +50,8 @@ class Pins:
 
     def apply_torch(self, torch: ModuleType) -> None:
         """At import: seed, and make the script's own flag calls unable to undo a pin."""
+        from detaudit.recorder.evidence import replace  # evidence imports this module
+
         if "torch-rng" in self.names:
             torch.manual_seed(PIN_SEED)
         if "deterministic" in self.names:
@@ -58,14 +60,14 @@ class Pins:
             def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
                 original_mode(True, warn_only=True)
 
-            setattr(torch, "use_deterministic_algorithms", use_deterministic_algorithms)  # noqa: B010 (a module)
+            replace(torch, "use_deterministic_algorithms", use_deterministic_algorithms)
         if "one-thread" in self.names:
             original_threads = torch.set_num_threads
 
             def set_num_threads(n: int) -> None:
                 original_threads(1)
 
-            setattr(torch, "set_num_threads", set_num_threads)  # noqa: B010 (a module)
+            replace(torch, "set_num_threads", set_num_threads)
         self.apply_torch_flags(torch)
 
     def apply_torch_flags(self, torch: ModuleType) -> None:
@@ -111,4 +113,6 @@ def reexec_without_aslr(names: Iterable[str]) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    # sys.orig_argv (3.10+) keeps the interpreter's own options; before it, argv is `-m detaudit.child ...`
+    argv = getattr(sys, "orig_argv", None)
+    os.execv(sys.executable, [sys.executable, *(argv[1:] if argv else ["-m", "detaudit.child", *sys.argv[1:]])])
