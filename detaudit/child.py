@@ -77,6 +77,10 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                 self.on_error(name, exc)
 
 
+class WindowRecorded(BaseException):
+    """Raised inside the script to end an op-window re-run early (see Session._stop_after_op_window)."""
+
+
 class Session:
     """One audited repeat: the trace writer, the hooks, and the script's outcome."""
 
@@ -125,11 +129,13 @@ class Session:
         detaudit._set_active_recorder(self.recorder)
 
     def _stop_after_op_window(self) -> None:
-        """The op-level re-run of --granularity auto has recorded its window: the rest is not needed."""
+        """The op-level re-run of --granularity auto has recorded its window: the rest is not needed.
+
+        Unwinds with an exception the script's `except Exception` cannot swallow, so its `finally`
+        blocks, context managers and atexit handlers still run (DataLoader workers are shut down).
+        """
         self.finish(0, None, stopped_after_step=self.recorder.step - 1)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        raise WindowRecorded
 
     def finish(self, exit_code: int, error: str | None, **extra: Any) -> None:
         footer = {"exit_code": exit_code, "error": error, "duration_s": round(time.time() - self.started, 4),
@@ -221,6 +227,8 @@ def main(argv: list[str]) -> None:
 
     try:
         _run_as_main(os.path.join(os.getcwd(), script_arg))
+    except WindowRecorded:
+        sys.exit(0)
     except SystemExit as exc:
         session.finish(_exit_code(exc), None)
         raise
