@@ -255,6 +255,10 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     devices = list(labels) if labels is not None else [r.device for r in results]
     # a repeat that timed out was stopped from outside: only what every repeat recorded is compared
     comparison = compare_traces(traces, devices, tolerance, truncated=[r.timed_out for r in results])
+    if comparison.recording_failed:  # no records is no evidence: never let it read as "deterministic"
+        index, why = next(iter(comparison.recording_failed.items()))
+        raise TraceError(f"repeat {index}: detaudit could not record this repeat ({why}); its trace has "
+                         f"no evidence to compare. Rerun with DETAUDIT_DEBUG=1 and report it.")
     report = Report(
         script=record["script"], script_args=record.get("script_args", []), run_dir=str(run_dir),
         runs=list(results), comparison=comparison, environment=record.get("environment", {}), bitwise=bitwise,

@@ -88,6 +88,7 @@ class Comparison:
     records_differing: int = 0
     by_step: list[StepSpread] = field(default_factory=list)
     aligned_to_end: bool = True
+    recording_failed: dict[int, str] = field(default_factory=dict)  # repeat -> why detaudit recorded nothing
 
     @property
     def divergent(self) -> bool:
@@ -331,6 +332,8 @@ def compare_traces(
     by_step = [StepSpread(step, v[0], v[1], v[2] if v[1] else None) for step, v in sorted(spread.items())]
     return Comparison(
         repeats=len(streams), records=counts, complete=[s.footer is not None for s in streams],
+        recording_failed={i: str(s.footer["recording_failed"]) for i, s in enumerate(streams)
+                          if isinstance(s.footer, dict) and s.footer.get("recording_failed")},
         first_divergence=first, records_compared=compared, records_differing=differing,
         by_step=by_step, aligned_to_end=aligned,
     )

@@ -121,3 +121,12 @@ def test_out_naming_a_file_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="is a file"):
         new_run_dir(tmp_path / "x.py", taken)
     assert taken.read_text() == "precious"
+
+
+def test_a_repeat_detaudit_could_not_record_is_an_error_not_a_deterministic_verdict(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [[], []])
+    write_trace(run / "repeat-1.trace.tmp", [], {"exit_code": 0, "error": None,
+                                                 "recording_failed": "instrumenting torch: boom"})
+    (run / "repeat-1.trace.tmp").replace(run / "repeat-1.trace")
+    with pytest.raises(TraceError, match="could not record this repeat .instrumenting torch: boom"):
+        load_run(run)
