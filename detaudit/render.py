@@ -104,6 +104,14 @@ def op_panel(report: Report) -> Panel | None:
     if f is None:
         return None
     r = f.record
+    if f.verdict == "inputs-differ" and f.origin is not None and f.origin.kind == "input":
+        # No recorded op made the differing data: the table would only show ops that consumed it.
+        window = f" in steps {f.window[0]}–{f.window[1]}" if f.window else ""
+        note = (f"No op recorded{window} produced the differing data: it first appears as the model's input "
+                f"{f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "") +
+                ", so it was made outside torch (NumPy, Python, a file...) or before the recorded steps. "
+                f"The first op to use it is {r.op}.")
+        return Panel(escape(note), title="The op behind it", title_align="left", border_style="magenta")
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
