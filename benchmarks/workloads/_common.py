@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 
 def parse_args(description: str, default_steps: int = 60) -> argparse.Namespace:
@@ -26,6 +27,21 @@ def parse_args(description: str, default_steps: int = 60) -> argparse.Namespace:
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     return args
+
+
+def train_classifier(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
+                     labels: torch.Tensor, args: argparse.Namespace) -> None:
+    """The workloads' shared loop: cross-entropy on batch `i % len(inputs)`, one optimizer step each."""
+
+    def step(i: int) -> torch.Tensor:
+        batch = i % len(inputs)
+        loss = F.cross_entropy(model(inputs[batch]), labels[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    train(step, model, args)
 
 
 def train(step: Callable[[int], torch.Tensor], model: torch.nn.Module, args: argparse.Namespace) -> None:

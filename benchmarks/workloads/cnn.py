@@ -3,7 +3,7 @@
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _common import parse_args, train
+from _common import parse_args, train_classifier
 
 
 class SmallCNN(nn.Module):
@@ -26,15 +26,7 @@ def main() -> None:
     labels = torch.randint(0, 10, (8, 64))
     model = SmallCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-    def step(i: int) -> torch.Tensor:
-        loss = F.cross_entropy(model(images[i % 8]), labels[i % 8])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    train(step, model, args)
+    train_classifier(model, optimizer, images, labels, args)
 
 
 if __name__ == "__main__":

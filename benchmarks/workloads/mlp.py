@@ -2,8 +2,7 @@
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from _common import parse_args, train
+from _common import parse_args, train_classifier
 
 
 def main() -> None:
@@ -12,15 +11,7 @@ def main() -> None:
     labels = torch.randint(0, 10, (8, 64))
     model = nn.Sequential(nn.Linear(3072, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-    def step(i: int) -> torch.Tensor:
-        loss = F.cross_entropy(model(images[i % 8]), labels[i % 8])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    train(step, model, args)
+    train_classifier(model, optimizer, images, labels, args)
 
 
 if __name__ == "__main__":

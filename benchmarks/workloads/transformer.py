@@ -2,8 +2,7 @@
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from _common import parse_args, train
+from _common import parse_args, train_classifier
 
 
 class Encoder(nn.Module):
@@ -24,15 +23,7 @@ def main() -> None:
     labels = torch.randint(0, 10, (8, 32))
     model = Encoder()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def step(i: int) -> torch.Tensor:
-        loss = F.cross_entropy(model(tokens[i % 8]), labels[i % 8])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    train(step, model, args)
+    train_classifier(model, optimizer, tokens, labels, args)
 
 
 if __name__ == "__main__":
