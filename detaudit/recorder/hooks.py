@@ -101,7 +101,7 @@ class Hooks:
         rec.local.module_stack.append(module_id)  # op records name the innermost running module
         if module in self.names.roots:
             rec.root_forward(module_id)
-            if not rec.enabled or not rec.record_modules:
+            if not rec.record_modules:
                 return
             # The data a model is given: tells a data-pipeline cause from a model-internal one.
             loc = rec.location_id(1)
@@ -119,7 +119,7 @@ class Hooks:
             stack.pop()
         elif module_id in stack:  # entries above it were left by forwards that raised
             del stack[len(stack) - 1 - stack[::-1].index(module_id):]
-        if not rec.enabled or not rec.record_modules:
+        if not rec.record_modules:
             return
         loc = rec.location_id(1)
         if isinstance(output, torch.Tensor):
@@ -140,31 +140,29 @@ class Hooks:
         if self._primary is None:
             self._primary = weakref.ref(optimizer)
         rec.local.module_stack.append(rec.intern(f"optimizer {type(optimizer).__name__}"))
-        if not rec.enabled:
-            return
         loc = rec.location_id(1)
         for name, p in self._params(optimizer):
             if p.grad is not None:
                 rec.record_tensor(Kind.GRAD, rec.intern(name), p.grad, 0, loc)
+        rec.internal += 1  # no op records inside the step (see Recorder.internal)
 
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         rec = self.recorder
+        rec.internal -= 1
         if rec.local.module_stack:
             rec.local.module_stack.pop()
-        if rec.enabled:
-            loc = rec.location_id(1)
-            state = optimizer.state
-            for name, p in self._params(optimizer):
-                rec.record_tensor(Kind.PARAM, rec.intern(name), p, 0, loc)
-                for key, value in state.get(p, {}).items():
-                    if isinstance(value, torch.Tensor):
-                        rec.record_tensor(Kind.OPTSTATE, rec.intern(f"{name}:{key}"), value, 0, loc)
+        loc = rec.location_id(1)
+        state = optimizer.state
+        for name, p in self._params(optimizer):
+            rec.record_tensor(Kind.PARAM, rec.intern(name), p, 0, loc)
+            for key, value in state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    rec.record_tensor(Kind.OPTSTATE, rec.intern(f"{name}:{key}"), value, 0, loc)
         if self._primary is not None and self._primary() is optimizer:
             rec.end_step()
 
     # -- torch.save ------------------------------------------------------------------------
     def _on_save(self, obj: Any) -> None:
         rec = self.recorder
-        if rec.enabled:
-            rec.record(Kind.SAVE, f"torch.save[{rec.saves}]", obj)
+        rec.record(Kind.SAVE, f"torch.save[{rec.saves}]", obj)
         rec.saves += 1

@@ -130,7 +130,7 @@ class OpRecorder(TorchDispatchMode):
         if self._untagged is not None:
             self._tag_node()
         rec = self.rec
-        if rec.internal or not rec.enabled:
+        if rec.internal:
             return func(*args, **kwargs)
         info = self._ops.get(func)
         if info is None:
