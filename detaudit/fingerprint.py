@@ -19,8 +19,7 @@ import torch
 import xxhash
 
 from detaudit.dtypes import DTYPE_ORDER
-
-N_SAMPLES = 4
+from detaudit.trace import N_SAMPLES
 
 # Looked up by name because older torch releases lack the unsigned and float8 types.
 DTYPE_CODES: dict[torch.dtype, int] = {

@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -240,7 +239,3 @@ def iter_tensors(value: Any, name: str, depth: int = 0) -> Any:
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             yield from iter_tensors(item, f"{name}[{i}]", depth + 1)
-
-
-def trace_path_for(directory: Path, repeat: int) -> Path:
-    return Path(directory) / f"repeat-{repeat}.trace"

@@ -46,10 +46,3 @@ def user_frame(depth: int = 2) -> FrameType | None:
             return frame
         frame = frame.f_back
     return None
-
-
-def user_location(depth: int = 2) -> str:
-    frame = user_frame(depth + 1)
-    if frame is None:
-        return ""
-    return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
