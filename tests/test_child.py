@@ -207,3 +207,17 @@ def test_torchscript_compiles_functions_detaudit_wraps_as_under_plain_python(tmp
     plain, child, trace = both(tmp_path, script, [])
     assert plain.code == 0 and "[" in plain.out
     assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err)
+
+
+def test_a_recorder_that_cannot_start_never_breaks_the_scripts_import(tmp_path: Path) -> None:
+    script = write_script(tmp_path, """\
+        import torch
+        print(torch.ones(2).sum().item())
+    """)
+    trace = tmp_path / "repeat-0.trace"
+    trace.write_bytes(b"taken")  # the writer refuses to overwrite: instrumenting torch fails
+    plain = run_plain(script, [], tmp_path)
+    child = run_child(script, [], tmp_path, trace)
+    assert (child.code, child.out) == (plain.code, plain.out) == (0, "2.0\n")
+    assert "detaudit: could not instrument" in child.err and "Traceback" not in child.err
+    assert trace.read_bytes() == b"taken"
