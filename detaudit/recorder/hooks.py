@@ -61,25 +61,24 @@ class ModuleNames:
 
 
 class Hooks:
-    """Installs and removes the global hooks for one Recorder."""
+    """Installs the global hooks for one Recorder (for the life of the repeat)."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
         self.names = ModuleNames()
-        self._handles: list[Any] = []
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
-        self._module_ids: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+        # id(module) -> (weakref, name id, is a root). Keyed by id with a weakref check rather than a
+        # WeakKeyDictionary/WeakSet, whose lookups allocate a weakref on every module call.
+        self._modules: dict[int, tuple[weakref.ref[torch.nn.Module], int, bool]] = {}
 
     def install(self) -> None:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
-        self._handles = [
-            nn_module.register_module_forward_pre_hook(self._on_forward_pre),
-            nn_module.register_module_forward_hook(self._on_forward),
-            optim.register_optimizer_step_pre_hook(self._on_step_pre),
-            optim.register_optimizer_step_post_hook(self._on_step_post),
-        ]
+        nn_module.register_module_forward_pre_hook(self._on_forward_pre)
+        nn_module.register_module_forward_hook(self._on_forward)
+        optim.register_optimizer_step_pre_hook(self._on_step_pre)
+        optim.register_optimizer_step_post_hook(self._on_step_post)
         original_save = torch.save
 
         @functools.wraps(original_save)
@@ -91,15 +90,30 @@ class Hooks:
         torch.serialization.save = save
 
     # -- modules ---------------------------------------------------------------------------
+    def _module(self, module: torch.nn.Module) -> tuple[weakref.ref[torch.nn.Module], int, bool]:
+        """(weakref, name id, is a root) of a module, learning its name on first sight."""
+        entry = self._modules.get(id(module))
+        if entry is not None and entry[0]() is module:
+            return entry
+        if module not in self.names.modules:
+            self.names.add_root(module, numbered=not self.recorder.local.flag)
+            self._modules.clear()  # the new root may have renamed modules seen before (former roots)
+        key = id(module)
+
+        def forget(ref: weakref.ref[torch.nn.Module]) -> None:
+            if self._modules.get(key, (None,))[0] is ref:
+                del self._modules[key]
+
+        entry = (weakref.ref(module, forget), self.recorder.intern(self.names.modules[module]),
+                 module in self.names.roots)
+        self._modules[key] = entry
+        return entry
+
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         rec = self.recorder
-        module_id = self._module_ids.get(module)
-        if module_id is None:
-            if module not in self.names.modules:
-                self.names.add_root(module, numbered=not rec.local.flag)
-            module_id = self._module_ids[module] = rec.intern(self.names.modules[module])
+        _, module_id, is_root = self._module(module)
         rec.local.module_stack.append(module_id)  # op records name the innermost running module
-        if module in self.names.roots:
+        if is_root:
             rec.root_forward(module_id)
             if not rec.record_modules:
                 return
@@ -110,10 +124,7 @@ class Hooks:
 
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         rec = self.recorder
-        module_id = self._module_ids.get(module)
-        if module_id is None:  # forward hooks registered before ours can skip our pre hook
-            self._on_forward_pre(module, args)
-            module_id = self._module_ids[module]
+        module_id = self._module(module)[1]
         stack = rec.local.module_stack
         if stack and stack[-1] == module_id:
             stack.pop()
