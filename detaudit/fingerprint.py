@@ -52,6 +52,9 @@ class Fingerprint:
 
 
 _meta_cache: dict[tuple[torch.dtype, torch.Size], int] = {}
+# Both per-shape caches are emptied past this size: scripts with dynamic shapes (variable sequence
+# lengths) would otherwise grow them for the whole run. Refilling costs a few microseconds per shape.
+_SHAPE_CACHE_LIMIT = 4096
 
 
 def meta_seed(dtype: torch.dtype, shape: torch.Size) -> int:
@@ -60,6 +63,8 @@ def meta_seed(dtype: torch.dtype, shape: torch.Size) -> int:
     seed = _meta_cache.get(key)
     if seed is None:
         seed = xxhash.xxh3_64_intdigest(f"{dtype}{tuple(shape)}".encode())
+        if len(_meta_cache) >= _SHAPE_CACHE_LIMIT:
+            _meta_cache.clear()
         _meta_cache[key] = seed
     return seed
 
@@ -126,6 +131,8 @@ def _plan(t: torch.Tensor) -> tuple[int, Any, Callable[[Any], tuple[float, ...]]
     numel = t.numel()
     buffer_type = ctypes.c_char * t.nbytes if numel else None
     plan = (meta_seed(t.dtype, t.shape), buffer_type, _sample_reader(t.dtype, numel))
+    if len(_plans) >= _SHAPE_CACHE_LIMIT:
+        _plans.clear()
     _plans[(t.dtype, t.shape)] = plan
     return plan
 

@@ -199,3 +199,14 @@ def test_device_reducer_sees_swaps_of_large_float_tensor() -> None:
             swapped = t.clone()
             swapped[[i, j]] = t[[j, i]]
             assert device_digest(swapped) != base, (i, j)
+
+
+def test_per_shape_caches_stay_bounded_and_digests_survive_a_refill(monkeypatch) -> None:
+    import detaudit.fingerprint as fp
+
+    monkeypatch.setattr(fp, "_SHAPE_CACHE_LIMIT", 8)
+    first = fp.fingerprint_cpu(torch.arange(3.0))
+    for n in range(1, 40):  # a dynamic-shape workload: a new shape each call
+        fp.fingerprint_cpu(torch.ones(n))
+    assert len(fp._plans) <= 8 and len(fp._meta_cache) <= 8
+    assert fp.fingerprint_cpu(torch.arange(3.0)) == first
