@@ -21,7 +21,7 @@ from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
 from detaudit.oprules import OpFinding, find_op_source
-from detaudit.report import Report, write_json
+from detaudit.report import Report, write_json, write_text_atomically
 from detaudit.trace import RecordStream
 
 RUN_FORMAT = "detaudit-run"
@@ -159,9 +159,7 @@ def op_source(run_dir: Path, record: dict[str, Any], traces: Sequence[Path],
 
 
 def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
-    tmp = run_dir / "run.json.tmp"
-    tmp.write_text(json.dumps(record, indent=2))
-    tmp.replace(run_dir / "run.json")
+    write_text_atomically(run_dir / "run.json", json.dumps(record, indent=2))
 
 
 def load_run(run_dir: Path) -> Report:

@@ -24,7 +24,7 @@ from typing import Any
 
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import RepeatResult
-from detaudit.report import Cause, Experiment, Report, write_json
+from detaudit.report import Cause, Experiment, Report, write_json, write_text_atomically
 
 EXPLAIN_FILE = "explain.json"
 EXPLAIN_FORMAT = "detaudit-explain"
@@ -97,11 +97,8 @@ def _load(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _save(run_dir: Path, stored: list[dict[str, Any]]) -> None:
-    path = Path(run_dir) / EXPLAIN_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"format": EXPLAIN_FORMAT, "version": EXPLAIN_VERSION, "experiments": stored},
-                              indent=2))
-    tmp.replace(path)
+    write_text_atomically(Path(run_dir) / EXPLAIN_FILE, json.dumps(
+        {"format": EXPLAIN_FORMAT, "version": EXPLAIN_VERSION, "experiments": stored}, indent=2))
 
 
 def _experiment(entry: dict[str, Any]) -> Experiment:

@@ -198,7 +198,7 @@ def to_dict(report: Report) -> dict[str, Any]:
 
 
 def write_json(report: Report, path: Path) -> None:
-    _write_atomically(path, json.dumps(to_dict(report), indent=2) + "\n")
+    _write_output(path, json.dumps(to_dict(report), indent=2) + "\n")
 
 
 def to_junit(report: Report) -> str:
@@ -237,15 +237,19 @@ def to_junit(report: Report) -> str:
 
 
 def write_junit(report: Report, path: Path) -> None:
-    _write_atomically(path, to_junit(report))
+    _write_output(path, to_junit(report))
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file so a failure never leaves half a report behind."""
-    path = Path(path)
+def _write_output(path: Path, text: str) -> None:
+    """A report file, or stdout for `-`."""
     if str(path) == "-":
         print(text, end="")
-        return
+    else:
+        write_text_atomically(Path(path), text)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file so a failure never leaves half a file (report, run record) behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
