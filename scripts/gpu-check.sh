@@ -17,6 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-${OUT:-gpu-results}}
 mkdir -p "$results"
+results=$(cd "$results" && pwd)
 py=${PYTHON:-python3}
 started=$(date +%s)
 stages=",${GPU_CHECK_STAGES:-cuda,e2e,bench},"
@@ -63,7 +64,7 @@ if [[ $stages == *,e2e,* ]]; then
 fi
 # the reports of every audit the tests ran (no traces): enough to see why a test failed
 (cd "$tmp" && find . \( -name '*.json' -o -name '*.stdout' -o -name '*.stderr' \) -size -2M -print0 \
-  | tar --null -czf "$OLDPWD/$results/test-runs.tgz" -T - 2>/dev/null)
+  | tar --null -czf "$results/test-runs.tgz" -T - 2>/dev/null)
 
 if [[ $stages == *,bench,* ]]; then
   bench=(--cuda --quick)
