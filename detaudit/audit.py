@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit import __version__, causes, explain
+from detaudit import __version__, causes, distributed, explain
 from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
@@ -46,6 +46,8 @@ class AuditOptions:
     child_config: dict[str, Any] = field(default_factory=dict)
     own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
     ignore_stdout: bool = False  # --ignore-stdout: a script that prints timings is not divergent for it
+    nproc_per_node: int | None = None  # each repeat is a torchrun launch of this many ranks (distributed.py)
+    torchrun_args: list[str] = field(default_factory=list)
 
 
 def new_run_dir(script: Path, out_dir: Path | None) -> Path:
@@ -83,9 +85,12 @@ def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
             cwd: Path | None = None) -> list[RepeatResult]:
     """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
+    child_config = {**options.child_config, **distributed.run_record(options.nproc_per_node)}
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
-                         options.child_config, prefix=prefix, own_device=options.own_device)
-    launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
+                         child_config, prefix=prefix, own_device=options.own_device)
+    launcher = distributed.launcher(options.nproc_per_node, options.torchrun_args, options.script,
+                                    options.script_args, options.timeout, options.jobs, cwd) \
+        or Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
     return launcher.run(plans, on_done)
 
 
@@ -104,6 +109,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
         "tolerance": asdict(options.tolerance), "env": options.env, "own_device": options.own_device,
         "ignore_stdout": options.ignore_stdout, "results": None,
+        **distributed.run_record(options.nproc_per_node, options.torchrun_args),
         "environment": host_environment(), "started": time.time(),
     }
     _write_record(run_dir, record)
@@ -243,7 +249,11 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     `labels`: the comparison groups (default: each repeat's device; same label bitwise, another
     label within the recorded tolerance of repeat 0). `bitwise` says which the report claims.
     `explained`: attach the `--explain` experiments stored in `run_dir`.
+    A torchrun run is analysed rank by rank, each rank with this function (ranks.py).
     """
+    if record.get("nproc_per_node"):
+        from detaudit import ranks
+        return ranks.analyse_ranks(run_dir, record, results, analyse, explained)
     traces = [run_dir / r.trace for r in results]
     if not any(t.is_file() for t in traces) and not any(r.timed_out for r in results):
         failure = _stderr_tail(run_dir, results[0])

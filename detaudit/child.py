@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from detaudit.distributed import enter_rank
 from detaudit.recorder import evidence, location
 from detaudit.recorder.pins import reexec_without_aslr
 
@@ -119,6 +120,7 @@ class Session:
             "op_window": self.config.get("op_window"),
             "pins": self.config.get("pins", []),
             "torch": getattr(torch_module, "__version__", "?"),
+            **({"distributed": self.config["distributed"]} if self.config.get("distributed") else {}),
         }
         writer = TraceWriter(Path(self.config["trace"]), header)
         self.recorder = Recorder(writer)
@@ -126,6 +128,9 @@ class Session:
         self.hooks = Hooks(self.recorder)
         self.hooks.install()
         ops.install(self.recorder, self.config, self._stop_after_op_window)
+        if self.config.get("distributed"):
+            from detaudit.recorder import distributed as collectives
+            collectives.install(self.recorder)
         detaudit._set_active_recorder(self.recorder)
 
     def _stop_after_op_window(self) -> None:
@@ -204,6 +209,7 @@ def _run_as_main(script: str) -> None:
 def main(argv: list[str]) -> None:
     config_path, script_arg, *script_args = argv
     config = json.loads(Path(config_path).read_text())
+    config["distributed"] = enter_rank(config)  # a torchrun rank: its own trace, stdout and pid file
     reexec_without_aslr(config.get("pins", []))  # the address-layout pin of --explain
     script = Path(script_arg).resolve()
     session = Session(config, script)

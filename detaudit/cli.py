@@ -129,10 +129,16 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
               "first that confirms a cause.")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="With --explain: most extra repeats the experiments may run. [default: 12]")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+              help="Run each repeat under torchrun with this many ranks, every rank recorded "
+                   "(docs/distributed.md).")
+@click.option("--torchrun-args", default="", metavar="ARGS",
+              help="With --nproc-per-node: further torchrun options, as one quoted string "
+                   "(`--torchrun-args \"--nnodes 2 --rdzv-endpoint host:29400\"`).")
 def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
         rtol: float, quiet: bool, ignore_stdout: bool, granularity: str, explain: bool, explain_all: bool,
-        budget: int | None) -> None:
+        budget: int | None, nproc_per_node: int | None, torchrun_args: str) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT; arguments after `--` go to the script untouched:
@@ -145,7 +151,7 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     options = AuditOptions(
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
-        own_device=own_device(devices), ignore_stdout=ignore_stdout,
+        own_device=own_device(devices), ignore_stdout=ignore_stdout, **_torchrun(nproc_per_node, torchrun_args),
     )
     context, on_done = _progress_runner(quiet, repeats * len(options.devices))
 
@@ -160,6 +166,17 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     if (explain or explain_all) and report.verdict == "divergent" and not report.timed_out:
         report = _explain(Path(report.run_dir), budget, explain_all, jobs, quiet)
     _finish(report, json_path, junit_path, quiet)
+
+
+def _torchrun(nproc_per_node: int | None, torchrun_args: str) -> dict[str, Any]:
+    """AuditOptions fields of --nproc-per-node/--torchrun-args."""
+    from detaudit.distributed import parse_torchrun_args
+
+    if not nproc_per_node:
+        if torchrun_args:
+            raise click.UsageError("--torchrun-args needs --nproc-per-node")
+        return {}
+    return {"nproc_per_node": nproc_per_node, "torchrun_args": parse_torchrun_args(torchrun_args)}
 
 
 @cli.command(epilog=EXIT_CODES_HELP)

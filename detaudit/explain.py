@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from detaudit import distributed
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import RepeatResult
 from detaudit.report import Cause, Experiment, Report, write_json, write_text_atomically
@@ -228,7 +229,7 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
         granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
         tolerance=Tolerance(**record.get("tolerance", {})), own_device=bool(record.get("own_device")),
-        ignore_stdout=bool(record.get("ignore_stdout")),
+        ignore_stdout=bool(record.get("ignore_stdout")), **distributed.options_of(record),
     )
     cost = repeats * len(base.devices)
     spent = 0

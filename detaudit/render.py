@@ -40,7 +40,8 @@ def verdict_line(report: Report) -> Text:
     late = [r.index for r in report.runs if r.timed_out]
     extra = {
         "deterministic": f": {n} repeats agree {agreement}",
-        "divergent": f": repeats disagree ({n} repeats)",
+        "divergent": f": repeats disagree ({n} repeats)" if report.first_divergence is not None
+        else f": the repeats agree, but DDP replicas differ across ranks ({n} repeats)",
         "failed": f": the script failed in every repeat ({n} repeats)",
         "timeout": f": repeat(s) {', '.join(map(str, late))} of {n} timed out",
     }[report.verdict]
@@ -187,6 +188,41 @@ def experiments_table(report: Report) -> Table | None:
     return table
 
 
+def ranks_table(report: Report) -> Table | None:
+    """A torchrun run: each rank's own first divergence and role, and teardown crashes."""
+    dist = report.distributed
+    if dist is None:
+        return None
+    table = Table(title=f"Ranks ({dist.nproc_per_node} per node; each compared across repeats in its own order)",
+                  title_justify="left", show_edge=False)
+    for col in ("rank", "role", "first divergence", "step", "causes"):
+        table.add_column(col, justify="right" if col in ("rank", "step") else "left")
+    for s in dist.ranks:
+        d = s.first_divergence
+        rec = d.record if d is not None else None
+        where = "-" if d is None else f"{rec.kind} {rec.name}" if rec is not None else d.category
+        role = "-" if s.role is None else s.role + (" (reported)" if s.rank == dist.rank else "")
+        table.add_row(str(s.rank), role, escape(where), _fmt(rec.step if rec is not None and rec.step >= 0 else None),
+                      escape(", ".join(c.id for c in s.report.causes)) or "-")
+    if dist.teardown_crashes:
+        table.caption = "; ".join(
+            f"repeat {c.repeat}: rank(s) {', '.join(map(str, c.ranks)) or '?'} crashed in interpreter teardown "
+            f"({c.signal or f'exit {c.exit_code}'}) after finishing the script; counted as finished"
+            for c in dist.teardown_crashes)
+    return table
+
+
+def replica_panel(report: Report) -> Panel | None:
+    replica = report.replica_divergence
+    if replica is None:
+        return None
+    text = (f"after optimizer step {replica.step}, DDP parameter {replica.name} on rank(s) "
+            f"{', '.join(map(str, replica.ranks))} differs from rank {replica.reference} "
+            f"(max |diff| {_fmt(replica.max_abs_diff)}, sampled) in repeat(s) {', '.join(map(str, replica.repeats))}. "
+            "DDP keeps replicas bitwise identical; something changed one rank's copy outside DDP's all-reduce.")
+    return Panel(escape(text), title="DDP replicas differ", title_align="left", border_style="red")
+
+
 def render(report: Report, console: Console) -> None:
     console.print(verdict_line(report))
     console.print(runs_table(report))
@@ -198,8 +234,8 @@ def render(report: Report, console: Console) -> None:
             code = report.runs[index].exit_code
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
                                 title=f"Repeat {index} ended differently (exit {code}): its stderr"))
-    for block in (divergence_panel(report), op_panel(report), spread_table(report), causes_block(report),
-                  experiments_table(report)):
+    for block in (ranks_table(report), replica_panel(report), divergence_panel(report), op_panel(report),
+                  spread_table(report), causes_block(report), experiments_table(report)):
         if block is not None:
             console.print(block)
     console.print(Text(f"run directory: {report.run_dir}", style="dim"))

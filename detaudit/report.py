@@ -25,6 +25,7 @@ from detaudit.launcher import RepeatResult
 
 if TYPE_CHECKING:
     from detaudit.oprules import OpFinding
+    from detaudit.ranks import DistributedFindings
 
 SCHEMA_NAME = "detaudit-report"
 SCHEMA_VERSION = 1
@@ -69,6 +70,7 @@ class Report:
     failure: str = ""  # the script's own error when it failed in every repeat
     repeat_errors: dict[int, str] = field(default_factory=dict)  # stderr tail of each repeat that failed
     bitwise: bool = True  # False: recordings compared within a tolerance (detaudit compare --atol/--rtol)
+    distributed: DistributedFindings | None = None  # a torchrun run: ranks, replica check (ranks.py)
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -86,9 +88,14 @@ class Report:
             return "divergent" if self.first_divergence is not None else "timeout"
         if self.runs and all(r.exit_code not in (0, None) for r in self.runs):
             return "failed"
-        if self.first_divergence is not None:
+        if self.first_divergence is not None or self.replica_divergence is not None:
             return "divergent"
         return "deterministic"
+
+    @property
+    def replica_divergence(self) -> Any:
+        """DDP replicas that differ inside a repeat: divergent even when every repeat agrees."""
+        return self.distributed.replica_divergence if self.distributed is not None else None
 
     @property
     def exit_code(self) -> int:
@@ -194,6 +201,26 @@ def to_dict(report: Report) -> dict[str, Any]:
         ],
         "failure": report.failure or None,
         "environment": report.environment,
+        **distributed_to_dict(report),
+    }
+
+
+def distributed_to_dict(report: Report) -> dict[str, Any]:
+    """`ranks`, `replica_divergence` and `teardown_crashes` of a torchrun run; nothing otherwise."""
+    dist = report.distributed
+    if dist is None:
+        return {}
+    first = divergence_to_dict(report.first_divergence)
+    replica = dist.replica_divergence
+    return {
+        "first_divergence": None if first is None else {**first, "rank": dist.rank},
+        "nproc_per_node": dist.nproc_per_node,
+        "ranks": [{"rank": s.rank, "first_divergence": divergence_to_dict(s.first_divergence), "role": s.role,
+                   "causes": [c.id for c in s.report.causes]} for s in dist.ranks],
+        "replica_divergence": None if replica is None else {
+            "step": replica.step, "name": replica.name, "ranks": replica.ranks, "reference": replica.reference,
+            "max_abs_diff": _finite(replica.max_abs_diff), "repeats": replica.repeats},
+        "teardown_crashes": [asdict(c) for c in dist.teardown_crashes],
     }
 
 

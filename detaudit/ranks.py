@@ -1,0 +1,283 @@
+"""A torchrun run, rank by rank: each rank's own first divergence and role, the DDP replica check,
+and teardown crashes (docs/distributed.md).
+
+Each rank is compared across repeats as an ordinary single-process run (the same pipeline:
+comparison, op finding, causes), in that rank's own execution order; there is no global order
+across ranks. A rank's role says where the nondeterminism was born:
+
+- origin: its first divergent record's inputs matched across repeats (everything the rank
+  recorded before it matched, and the record is not fed by a collective);
+- receiver: its first divergent record is fed by a collective (gradients of DDP-replicated
+  parameters after the all-reduce, and the parameters and optimizer state the step makes of
+  them) while everything it computed locally before (inputs, forward outputs, loss) matched.
+
+The run's `first_divergence` is the earliest origin (by step, then rank); the earliest receiver
+when no rank is an origin (the collective itself, or a rank that recorded nothing, is then the source).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from detaudit.compare import Divergence, gaps
+from detaudit.distributed import Layout
+from detaudit.errors import TraceError
+from detaudit.launcher import RepeatResult
+from detaudit.report import Report
+from detaudit.trace import Kind, RecordStream, Trace, read_trace
+
+Role = Literal["origin", "receiver"]
+COLLECTIVE_FED = ("grad", "param", "optstate")
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+_SIGNALS = {6: "SIGABRT", 11: "SIGSEGV", 9: "SIGKILL", 15: "SIGTERM", 7: "SIGBUS"}
+
+
+@dataclass
+class RankSummary:
+    """One rank across the repeats."""
+
+    rank: int
+    first_divergence: Divergence | None
+    role: Role | None
+    report: Report = field(repr=False)  # that rank's own report (comparison, causes)
+
+
+@dataclass(frozen=True)
+class ReplicaDivergence:
+    """DDP replicas that differ inside one repeat, at the first optimizer step where they do."""
+
+    step: int
+    name: str
+    ranks: list[int]  # the ranks whose copy differs from the lowest rank's
+    reference: int
+    max_abs_diff: float | None
+    repeats: list[int]  # the repeats where it happened
+
+
+@dataclass(frozen=True)
+class TeardownCrash:
+    """A repeat whose ranks all finished the script and closed their traces, then a rank died in
+    interpreter teardown (torchrun then exits non-zero)."""
+
+    repeat: int
+    exit_code: int | None  # the launcher's
+    ranks: list[int]  # the ranks torchrun names as failed (empty when it names none)
+    signal: str | None
+
+
+@dataclass
+class DistributedFindings:
+    nproc_per_node: int
+    rank: int | None  # the rank of `first_divergence`
+    ranks: list[RankSummary]
+    replica_divergence: ReplicaDivergence | None = None
+    teardown_crashes: list[TeardownCrash] = field(default_factory=list)
+
+
+def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult],
+                  analyse: Callable[..., Report], explained: bool = True) -> Report:
+    """The report of a torchrun run: `analyse` applied to each rank, then combined."""
+    layout = Layout(int(record["nproc_per_node"]))
+    rank_ids = sorted({rank for r in results for rank in layout.ranks(run_dir, r)})
+    single = {k: v for k, v in record.items() if k not in ("nproc_per_node", "torchrun_args")}
+    crashes = [c for r in results if (c := teardown_crash(run_dir, r, layout)) is not None]
+    clean = {c.repeat for c in crashes}
+    launched = [replace(r, exit_code=0) if r.index in clean else r for r in results]
+
+    summaries = []
+    for rank in rank_ids:
+        rank_results = [rank_result(run_dir, r, rank) for r in launched]
+        report = analyse(run_dir, rank_record(single, rank), rank_results, explained=explained)
+        d = report.first_divergence
+        role = None if d is None else classify(d, [run_dir / r.trace for r in rank_results])
+        summaries.append(RankSummary(rank, d, role, report))
+
+    chosen = earliest(summaries)
+    primary = chosen.report if chosen is not None else summaries[0].report
+    combined = replace(primary, runs=list(launched), repeat_errors={
+        r.index: primary.repeat_errors.get(r.index) or _stderr_excerpt(run_dir, r)
+        for r in launched if r.exit_code not in (0, None) and not r.timed_out})
+    if combined.verdict == "failed" and not combined.failure:
+        combined.failure = combined.repeat_errors.get(launched[0].index, "")
+    combined.distributed = DistributedFindings(
+        nproc_per_node=layout.nproc_per_node, rank=chosen.rank if chosen is not None else None, ranks=summaries,
+        replica_divergence=replica_check(run_dir, launched, rank_ids), teardown_crashes=crashes)
+    return combined
+
+
+def rank_result(run_dir: Path, result: RepeatResult, rank: int) -> RepeatResult:
+    """One rank's view of a repeat: its trace and stdout, and the exit status its trace recorded
+    (None when the trace has no footer: killed by torchrun after another rank failed, or by the timeout)."""
+    trace = Layout.rank_file(result.trace, rank)
+    stdout = Layout.rank_file(result.stdout, rank)
+    footer = _footer(run_dir / trace)
+    code: int | None = None
+    if footer is not None:
+        try:
+            code = int(footer.get("exit_code", 0))
+        except (TypeError, ValueError):
+            raise TraceError(f"{run_dir / trace}: corrupt trace: the footer's exit_code is not a number") from None
+    return replace(result, trace=trace, stdout=stdout, exit_code=code, stdout_digest=_digest(run_dir / stdout))
+
+
+def rank_record(record: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The run record as one rank sees it: the op-level re-run's traces are that rank's too."""
+    narrowing = record.get("narrowing")
+    if not narrowing or not isinstance(narrowing.get("results"), list):
+        return record
+    results = [{**r, "trace": Layout.rank_file(str(r.get("trace", "")), rank)} for r in narrowing["results"]
+               if isinstance(r, dict)]
+    return {**record, "narrowing": {**narrowing, "results": results}}
+
+
+def classify(d: Divergence, traces: Sequence[Path]) -> Role:
+    """Origin or receiver (module docstring): a receiver's first difference is a collective's output."""
+    rec = d.record
+    if d.category != "content" or rec is None or rec.kind not in COLLECTIVE_FED:
+        return "origin"
+    if d.op_finding is not None and d.op_finding.verdict not in ("inputs-differ",):
+        return "origin"  # an op of this rank was shown to change its output from equal inputs
+    fed = collective_fed_params(traces[d.reference] if d.reference < len(traces) else traces[0])
+    base = rec.name.split(":", 1)[0]  # optimizer state is named `param:key`
+    return "receiver" if fed is None or _is_replica(base, fed) else "origin"
+
+
+def collective_fed_params(path: Path) -> set[str] | None:
+    """Names of the parameters whose gradients a collective produced: DDP's replicas; None (all of
+    them) when the script all-reduces tensors itself; empty when no collective touched gradients."""
+    events = _events(path)
+    if any(e.get("type") == "collective" and e.get("fn") in ("dist.all_reduce", "dist.reduce_scatter",
+                                                                 "dist.reduce_scatter_tensor") for e in events):
+        return None
+    return {str(n) for e in events if e.get("type") == "ddp" for n in e.get("params", [])}
+
+
+def _is_replica(name: str, replicas: set[str]) -> bool:
+    """A parameter record's name against DDP's names (`module.fc.weight`); the inner model may have
+    been named first (called before wrapping), so `fc.weight` matches too."""
+    return name in replicas or f"module.{name}" in replicas
+
+
+def earliest(summaries: Sequence[RankSummary]) -> RankSummary | None:
+    """The earliest origin by (step, rank); the earliest receiver when there is no origin."""
+    def key(s: RankSummary) -> tuple[float, int]:
+        rec = s.first_divergence.record if s.first_divergence is not None else None
+        step = rec.step if rec is not None and rec.step >= 0 else float("inf")
+        return (step, s.rank)
+
+    for role in ("origin", "receiver"):
+        found = [s for s in summaries if s.role == role]
+        if found:
+            return min(found, key=key)
+    return None
+
+
+def replica_check(run_dir: Path, results: Sequence[RepeatResult], ranks: Sequence[int]) -> ReplicaDivergence | None:
+    """Compare DDP's replicated parameters across ranks after each optimizer step, repeat by repeat.
+
+    Within one repeat, so it catches ranks that drift apart identically in every repeat. Only
+    parameters a `ddp` event names are compared: FSDP shards and tensor-parallel slices differ by design.
+    """
+    found: list[tuple[int, int, ReplicaDivergence]] = []
+    for r in results:
+        traces = {rank: read_trace(run_dir / Layout.rank_file(r.trace, rank)) for rank in ranks
+                  if (run_dir / Layout.rank_file(r.trace, rank)).is_file()}
+        if len(traces) < 2:
+            continue
+        hit = _replicas_differ(traces)
+        if hit is not None:
+            found.append((hit.step, r.index, hit))
+    if not found:
+        return None
+    found.sort(key=lambda f: (f[0], f[1]))
+    first = found[0][2]
+    repeats = sorted(i for step, i, hit in found if (step, hit.name) == (first.step, first.name))
+    return replace(first, repeats=repeats)
+
+
+def _replicas_differ(traces: dict[int, Trace]) -> ReplicaDivergence | None:
+    replicas: set[str] = set()
+    for trace in traces.values():
+        replicas |= {str(n) for e in trace.events if e.get("type") == "ddp" for n in e.get("params", [])}
+    if not replicas:
+        return None
+    params: dict[int, dict[tuple[int, str], tuple[int, np.ndarray]]] = {}
+    for rank, trace in traces.items():
+        rows = trace.records[trace.records["kind"] == Kind.PARAM]
+        table = {}
+        for row in rows:
+            name = trace.strings[int(row["name"])]
+            if _is_replica(name, replicas):
+                table[(int(row["step"]), name)] = (int(row["digest"]), np.asarray(row["samples"], dtype=np.float64))
+        params[rank] = table
+    reference = min(params)
+    for key in sorted(params[reference]):
+        digest, samples = params[reference][key]
+        differing = [rank for rank in sorted(params) if rank != reference and key in params[rank]
+                     and params[rank][key][0] != digest]
+        if differing:
+            diffs = [float(gaps(samples, params[rank][key][1]).max()) for rank in differing]
+            return ReplicaDivergence(step=key[0], name=key[1], ranks=differing, reference=reference,
+                                     max_abs_diff=max(diffs) if diffs else None, repeats=[])
+    return None
+
+
+def teardown_crash(run_dir: Path, result: RepeatResult, layout: Layout) -> TeardownCrash | None:
+    """A repeat that failed although every rank finished its script with status 0 and closed its trace."""
+    if result.timed_out or result.exit_code in (0, None):
+        return None
+    for rank in layout.ranks(run_dir, result):
+        footer = _footer(run_dir / Layout.rank_file(result.trace, rank))
+        if footer is None or footer.get("exit_code") != 0:
+            return None
+    failed, signal = [], None
+    text = _read(run_dir / result.stderr)
+    for rank, code in _ROOT_CAUSE.findall(text):
+        failed.append(int(rank))
+        if int(code) < 0:
+            signal = _SIGNALS.get(-int(code), f"signal {-int(code)}")
+    return TeardownCrash(result.index, result.exit_code, sorted(set(failed)), signal)
+
+
+def _footer(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    stream = RecordStream(path)
+    stream.drain()
+    return stream.footer if isinstance(stream.footer, dict) else None
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    stream = RecordStream(path)
+    stream.drain()
+    return [e for e in stream.events if isinstance(e, dict)]
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _stderr_excerpt(run_dir: Path, result: RepeatResult) -> str:
+    from detaudit.audit import error_excerpt
+
+    return error_excerpt(_read(run_dir / result.stderr))

@@ -1,0 +1,92 @@
+"""Evidence of a rank's collectives: which modules DDP keeps as replicas, and which collectives ran.
+
+Installed only in the ranks of a torchrun repeat. Events (trace `events`, docs/distributed.md):
+- `ddp`: a DistributedDataParallel wrapper was built: the parameter names it keeps identical on
+  every rank (as the hooks name them: `module.fc.weight`), the names it ignores, and its reducer
+  settings (bucket size, gradient views, static graph), which fix the all-reduce order;
+- `process-group`: init_process_group's backend, rank and world size;
+- `collective`: the first call of each torch.distributed collective from Python, with its backend,
+  reduce op and dtype (DDP's own all-reduces run in C++ and are described by the `ddp` event).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from detaudit.recorder import location
+from detaudit.recorder.core import Recorder
+
+COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "all_to_all_single")
+
+
+def _where() -> str:
+    frame = location.user_frame(3)
+    return "" if frame is None else f"{location.display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def install(recorder: Recorder) -> None:
+    """Patch DDP construction, init_process_group and the collectives (for the life of the rank)."""
+    if not torch.distributed.is_available():
+        return
+    import torch.distributed as dist
+    from torch.nn.parallel import distributed as ddp_module
+
+    seen: set[str] = set()
+
+    def backend(group: Any = None) -> str | None:
+        try:
+            return str(dist.get_backend(group))
+        except Exception:  # not initialised, or a group this rank is not in
+            return None
+
+    original_init = ddp_module.DistributedDataParallel.__init__
+
+    @functools.wraps(original_init)
+    def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        ignored = sorted(getattr(self, "parameters_to_ignore", ()) or ())
+        names = [n for n, _ in self.named_parameters() if n.removeprefix("module.") not in ignored]
+        recorder.event({
+            "type": "ddp", "loc": _where(), "params": names, "ignored": ignored,
+            "backend": backend(getattr(self, "process_group", None)),
+            "bucket_cap_mb": kwargs.get("bucket_cap_mb"),
+            "gradient_as_bucket_view": bool(getattr(self, "gradient_as_bucket_view", False)),
+            "static_graph": bool(getattr(self, "static_graph", False)),
+            "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
+        })
+
+    ddp_module.DistributedDataParallel.__init__ = ddp_init  # type: ignore[method-assign]
+
+    original_pg = dist.init_process_group
+
+    @functools.wraps(original_pg)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = original_pg(*args, **kwargs)
+        recorder.event({"type": "process-group", "loc": _where(), "backend": backend(),
+                        "rank": dist.get_rank(), "world_size": dist.get_world_size()})
+        return result
+
+    dist.init_process_group = init_process_group
+
+    def wrap(name: str, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if name not in seen:
+                seen.add(name)
+                tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
+                recorder.event({"type": "collective", "fn": f"dist.{name}", "loc": _where(),
+                                "backend": backend(kwargs.get("group")), "op": str(kwargs.get("op", "")) or None,
+                                "dtype": str(tensor.dtype).removeprefix("torch.") if tensor is not None else None,
+                                "device": tensor.device.type if tensor is not None else None})
+            return fn(*args, **kwargs)
+
+        return collective
+
+    for name in COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if fn is not None:
+            setattr(dist, name, wrap(name, fn))
