@@ -29,7 +29,7 @@ from detaudit.compare import Divergence, gaps
 from detaudit.distributed import Layout
 from detaudit.errors import TraceError
 from detaudit.launcher import RepeatResult
-from detaudit.report import Report
+from detaudit.report import Cause, Report
 from detaudit.trace import Kind, RecordStream, Trace, read_trace
 
 Role = Literal["origin", "receiver"]
@@ -96,10 +96,14 @@ def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[Repea
         report = analyse(run_dir, rank_record(single, rank), rank_results, explained=explained)
         d = report.first_divergence
         role = None if d is None else classify(d, [run_dir / r.trace for r in rank_results])
+        if role == "receiver":
+            report.causes = []  # what reached it through a collective was born on another rank
         summaries.append(RankSummary(rank, d, role, report))
 
     chosen = earliest(summaries)
     primary = chosen.report if chosen is not None else summaries[0].report
+    if chosen is not None:
+        primary.causes = [on_rank(c, chosen, summaries) for c in primary.causes]
     combined = replace(primary, runs=list(launched), repeat_errors={
         r.index: primary.repeat_errors.get(r.index) or _stderr_excerpt(run_dir, r)
         for r in launched if r.exit_code not in (0, None) and not r.timed_out})
@@ -109,6 +113,15 @@ def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[Repea
         nproc_per_node=layout.nproc_per_node, rank=chosen.rank if chosen is not None else None, ranks=summaries,
         replica_divergence=replica_check(run_dir, launched, rank_ids), teardown_crashes=crashes)
     return combined
+
+
+def on_rank(cause: Cause, chosen: RankSummary, summaries: Sequence[RankSummary]) -> Cause:
+    """A cause found on one rank says so, and names the ranks that only received the difference."""
+    receivers = [s.rank for s in summaries if s.role == "receiver"]
+    line = f"found on rank {chosen.rank}, where the divergence was born ({chosen.role})"
+    if receivers:
+        line += f"; rank(s) {', '.join(map(str, receivers))} only received it through a collective"
+    return replace(cause, evidence=[line, *cause.evidence])
 
 
 def rank_result(run_dir: Path, result: RepeatResult, rank: int) -> RepeatResult:

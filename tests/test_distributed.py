@@ -1,0 +1,107 @@
+"""torchrun command construction, per-rank file layout, rank identity and the rank sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from detaudit.distributed import (
+    Layout,
+    enter_rank,
+    kill_ranks,
+    parse_torchrun_args,
+    rank_identity,
+    torchrun_command,
+)
+from detaudit.errors import UsageError
+from detaudit.launcher import RepeatResult
+
+
+def test_rank_files_sit_beside_the_repeat_files() -> None:
+    assert Layout.rank_file("repeat-0.trace", 1) == "repeat-0.rank-1.trace"
+    assert Layout.rank_file("explain-hash-seed.2-1.stdout", 0) == "explain-hash-seed.2-1.rank-0.stdout"
+
+
+def test_ranks_are_the_planned_ones_and_any_extra_trace(tmp_path: Path) -> None:
+    (tmp_path / "repeat-0.rank-3.trace").write_bytes(b"")
+    (tmp_path / "repeat-10.rank-5.trace").write_bytes(b"")  # another repeat's: not this one's
+    result = RepeatResult(0, "cpu", 0, 1.0, False, "repeat-0.trace", "repeat-0.stdout", "repeat-0.stderr", "")
+    assert Layout(2).ranks(tmp_path, result) == [0, 1, 3]
+
+
+def test_torchrun_command_is_standalone_with_the_worker_after_no_python() -> None:
+    cmd = torchrun_command(2, ["--max-restarts", "0"], ["python", "-m", "detaudit.child", "c.json", "t.py"])
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in cmd
+    i = cmd.index("--no-python")
+    assert cmd[i + 1:] == ["python", "-m", "detaudit.child", "c.json", "t.py"]
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "--max-restarts" in cmd[:i]
+
+
+def test_a_given_rendezvous_replaces_standalone() -> None:
+    args = parse_torchrun_args("--nnodes 2 --node-rank 0 --rdzv-endpoint=host:29400 --rdzv-backend c10d")
+    assert "--standalone" not in torchrun_command(2, args, ["w"])
+
+
+@pytest.mark.parametrize("text", ["--nproc-per-node 4", "--no-python", "-m", "--nproc_per_node=3", "'unclosed"])
+def test_torchrun_args_refuse_what_detaudit_sets(text: str) -> None:
+    with pytest.raises(UsageError, match="--torchrun-args"):
+        parse_torchrun_args(text)
+
+
+def test_rank_identity_keeps_torchrun_and_collective_variables_only() -> None:
+    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0",
+           "NCCL_ALGO": "Ring", "TORCH_NCCL_BLOCKING_WAIT": "1", "GLOO_SOCKET_IFNAME": "lo", "HOME": "/root",
+           "AWS_SECRET_ACCESS_KEY": "x"}
+    identity = rank_identity(env)
+    assert identity["rank"] == 1
+    assert identity["env"] == {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0"}
+    assert identity["collective_env"] == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_ALGO": "Ring",
+                                          "TORCH_NCCL_BLOCKING_WAIT": "1"}
+
+
+def test_an_ordinary_repeat_is_left_alone() -> None:
+    config = {"trace": "/x/repeat-0.trace"}
+    assert enter_rank(config) is None and config == {"trace": "/x/repeat-0.trace"}
+
+
+def test_a_rank_writes_its_own_trace_stdout_and_pid_file(tmp_path: Path) -> None:
+    code = (
+        "import json, sys; from detaudit.distributed import enter_rank\n"
+        f"config = {{'trace': {str(tmp_path / 'repeat-0.trace')!r}, 'nproc_per_node': 2}}\n"
+        "header = enter_rank(config)\n"
+        "print('hello from', header['rank'])\n"
+        "sys.stderr.write(json.dumps(config))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "RANK": "1"}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stderr)["trace"] == str(tmp_path / "repeat-0.rank-1.trace")
+    assert (tmp_path / "repeat-0.rank-1.stdout").read_text() == "hello from 1\n"
+    assert proc.stdout == ""
+    assert int((tmp_path / "repeat-0.rank-1.pid").read_text()) > 0
+
+
+@pytest.mark.slow
+def test_kill_ranks_kills_a_live_rank_group_and_spares_strangers(tmp_path: Path) -> None:
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "detaudit.child", str(tmp_path)],
+                            start_new_session=True)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        (tmp_path / "repeat-0.rank-0.pid").write_text(str(rank.pid))
+        (tmp_path / "repeat-0.rank-1.pid").write_text(str(stranger.pid))  # not our child: left alone
+        assert kill_ranks(tmp_path, "repeat-0.trace") == [rank.pid]
+        assert rank.wait(timeout=10) == -9
+        time.sleep(0.2)
+        assert stranger.poll() is None
+    finally:
+        rank.kill()
+        stranger.kill()
+        rank.wait()
+        stranger.wait()

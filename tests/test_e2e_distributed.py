@@ -1,0 +1,117 @@
+"""End to end under torchrun: 2 ranks, gloo on CPU, each repeat a real `torch.distributed.run` launch.
+
+Slow by nature (three interpreters per repeat); every scenario keeps to 2 repeats of a tiny model.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not __import__("torch").distributed.is_available(),
+                                 reason="torch.distributed is not built in")]
+TIMEOUT = 600  # two cores shared with others: a 2-rank launch can take a minute
+
+
+def audit(scripts: Path, tmp_path: Path, script: str, *extra: str) -> Any:
+    return run_cli(["run", str(scripts / script), "-n", "2", "--nproc-per-node", "2", "--granularity", "module",
+                    "--out", "run", "--json", "report.json", *extra], cwd=tmp_path, timeout=TIMEOUT)
+
+
+def ranks(report: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {r["rank"]: r for r in report["ranks"]}
+
+
+def test_seeded_ddp_job_is_deterministic_with_equal_replicas(scripts: Path, tmp_path: Path) -> None:
+    result = audit(scripts, tmp_path, "train_ddp.py", "--timeout", "300", "--", "--steps", "3")
+    assert result.returncode == 0, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "deterministic"
+    assert report["replica_divergence"] is None and report["nproc_per_node"] == 2
+    assert [(r["rank"], r["role"]) for r in report["ranks"]] == [(0, None), (1, None)]
+    run = tmp_path / "run"
+    for repeat in range(2):
+        for rank in range(2):
+            assert (run / f"repeat-{repeat}.rank-{rank}.trace").is_file()
+    assert "final loss" in (run / "repeat-0.rank-0.stdout").read_text()
+    assert "Ranks" in result.stdout
+
+
+def test_unseeded_rank_is_the_origin_and_the_other_a_receiver(scripts: Path, tmp_path: Path) -> None:
+    result = audit(scripts, tmp_path, "train_ddp_seeded_main.py", "--timeout", "300")
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "divergent"
+    by_rank = ranks(report)
+    assert by_rank[1]["role"] == "origin" and by_rank[1]["first_divergence"]["kind"] == "input"
+    assert by_rank[0]["role"] == "receiver" and by_rank[0]["first_divergence"]["kind"] == "grad"
+    assert report["first_divergence"]["rank"] == 1 and report["first_divergence"]["kind"] == "input"
+    assert report["causes"] and report["causes"][0]["id"] == "unseeded-torch-rng"
+    assert any("rank 1" in line for line in report["causes"][0]["evidence"])
+    assert by_rank[0]["causes"] == []  # the receiver is not blamed
+    assert "receiver" in result.stdout and "origin" in result.stdout
+
+
+def test_per_rank_seed_before_wrapping_is_no_false_positive(scripts: Path, tmp_path: Path) -> None:
+    result = audit(scripts, tmp_path, "train_ddp_rank_init.py", "--timeout", "300")
+    assert result.returncode == 0, result.output
+    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report["replica_divergence"] is None
+
+
+def test_parameter_changed_on_one_rank_is_a_replica_divergence(scripts: Path, tmp_path: Path) -> None:
+    result = audit(scripts, tmp_path, "train_ddp_clipped.py", "--timeout", "300")
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "divergent"
+    assert report["first_divergence"] is None  # every repeat agrees with every other
+    replica = report["replica_divergence"]
+    assert replica["name"] == "module.2.weight" and replica["ranks"] == [1] and replica["reference"] == 0
+    assert replica["repeats"] == [0, 1] and replica["max_abs_diff"] > 0
+    assert "DDP replicas differ" in result.stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_hang_on_one_rank_times_out_and_leaves_no_orphan(scripts: Path, tmp_path: Path) -> None:
+    result = audit(scripts, tmp_path, "train_ddp_wait.py", "--timeout", "60")
+    assert result.returncode == 5, result.output
+    assert result.report is not None and result.report["timed_out"]
+    pid_files = sorted((tmp_path / "run").glob("repeat-*.rank-*.pid"))
+    assert len(pid_files) == 4  # both ranks of both repeats started
+    pids = [int(p.read_text()) for p in pid_files]
+    assert not [pid for pid in pids if _alive(pid)]
+    leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, str(tmp_path))]
+    assert not leftovers
+
+
+def _cmdline_has(proc: Path, text: str) -> bool:
+    try:
+        return text.encode() in (proc / "cmdline").read_bytes() and _alive(int(proc.name)) \
+            and int(proc.name) != os.getpid()
+    except OSError:
+        return False
+
+
+def test_abort_in_teardown_after_a_complete_trace_is_a_teardown_crash(scripts: Path, tmp_path: Path) -> None:
+    result = audit(scripts, tmp_path, "train_ddp_fast_exit.py", "--timeout", "300")
+    assert result.returncode == 0, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "deterministic"
+    crashes = report["teardown_crashes"]
+    assert [c["repeat"] for c in crashes] == [0, 1]
+    assert all(c["ranks"] == [1] and c["signal"] == "SIGABRT" and c["exit_code"] == 1 for c in crashes)
+    assert all(run["exit_code"] == 0 for run in report["runs"])
+    assert "teardown" in result.stdout

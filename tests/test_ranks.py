@@ -1,0 +1,132 @@
+"""Rank-by-rank analysis of torchrun runs, on synthetic run directories (no launches)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from detaudit.audit import RUN_FORMAT, RUN_VERSION, load_run
+from detaudit.launcher import RepeatResult
+from detaudit.report import to_dict
+from detaudit.trace import Kind
+from tests.synthetic import Rec, write_trace
+
+DDP = {"type": "ddp", "params": ["module.fc.weight"], "ignored": [], "backend": "gloo"}
+ROOT_CAUSE = """Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_00:40:00
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 4242
+"""
+
+
+def step_records(step: int, x: int, grad: int, param: int) -> list[Rec]:
+    return [Rec("DistributedDataParallel.input[0]", x, step, Kind.INPUT, samples=(x, 0, 0, 0)),
+            Rec("module.fc", x + 1, step, Kind.OUTPUT, samples=(x + 1, 0, 0, 0)),
+            Rec("module.fc.weight", grad, step, Kind.GRAD, samples=(grad, 0, 0, 0)),
+            Rec("module.fc.weight", param, step, Kind.PARAM, samples=(param, 0, 0, 0))]
+
+
+def write_dist_run(run_dir: Path, traces: Sequence[Sequence[list[Rec]]], exit_codes: Sequence[int] | None = None,
+                   rank_exit: int = 0, stderr: str = "", events: Sequence[dict[str, Any]] = (DDP,)) -> Path:
+    """traces[repeat][rank]: a torchrun run directory as `detaudit run --nproc-per-node` leaves it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for i, per_rank in enumerate(traces):
+        for rank, recs in enumerate(per_rank):
+            write_trace(run_dir / f"repeat-{i}.rank-{rank}.trace", recs, {"exit_code": rank_exit, "error": None},
+                        events=[(0, e) for e in events], header={"repeat": i, "distributed": {"rank": rank}})
+            (run_dir / f"repeat-{i}.rank-{rank}.stdout").write_text("")
+        (run_dir / f"repeat-{i}.stdout").write_text("")
+        (run_dir / f"repeat-{i}.stderr").write_text(stderr)
+        code = exit_codes[i] if exit_codes else 0
+        results.append(RepeatResult(i, "cpu", code, 1.0, False, f"repeat-{i}.trace", f"repeat-{i}.stdout",
+                                    f"repeat-{i}.stderr", "d"))
+    record = {"format": RUN_FORMAT, "version": RUN_VERSION, "script": "train.py", "script_args": [],
+              "cwd": str(run_dir), "repeats": len(traces), "devices": ["cpu"], "granularity": "module",
+              "timeout": None, "tolerance": {"atol": 1e-5, "rtol": 1.3e-6}, "env": {}, "environment": {},
+              "started": time.time(), "nproc_per_node": len(traces[0]), "torchrun_args": [],
+              "results": [r.to_dict() for r in results]}
+    (run_dir / "run.json").write_text(json.dumps(record))
+    return run_dir
+
+
+def test_identical_ranks_and_repeats_are_deterministic(tmp_path: Path) -> None:
+    rank = step_records(0, 10, 20, 30) + step_records(1, 11, 21, 31)
+    report = load_run(write_dist_run(tmp_path, [[rank, rank], [rank, rank]]))
+    data = to_dict(report)
+    assert data["verdict"] == "deterministic" and data["exit_code"] == 0
+    assert data["ranks"] == [{"rank": 0, "first_divergence": None, "role": None, "causes": []},
+                             {"rank": 1, "first_divergence": None, "role": None, "causes": []}]
+    assert data["replica_divergence"] is None and data["teardown_crashes"] == []
+
+
+def test_input_differs_on_one_rank_origin_there_receiver_elsewhere(tmp_path: Path) -> None:
+    rank0 = step_records(0, 10, 20, 30)
+    rank1 = step_records(0, 50, 20, 30)
+    # repeat 1: rank 1 got other data; the all-reduced gradient then differs on both ranks
+    other0 = step_records(0, 10, 21, 31)
+    other1 = step_records(0, 60, 21, 31)
+    report = load_run(write_dist_run(tmp_path, [[rank0, rank1], [other0, other1]]))
+    data = to_dict(report)
+    roles = {r["rank"]: (r["role"], r["first_divergence"]["kind"]) for r in data["ranks"]}
+    assert roles == {0: ("receiver", "grad"), 1: ("origin", "input")}
+    assert data["first_divergence"]["rank"] == 1 and data["first_divergence"]["kind"] == "input"
+    assert data["verdict"] == "divergent"
+
+
+def test_a_gradient_no_collective_touched_is_an_origin(tmp_path: Path) -> None:
+    a = step_records(0, 10, 20, 30)
+    b = step_records(0, 10, 21, 31)
+    report = load_run(write_dist_run(tmp_path, [[a, a], [b, b]], events=()))
+    assert {s.role for s in report.distributed.ranks} == {"origin"}  # type: ignore[union-attr]
+    assert report.distributed.rank == 0  # type: ignore[union-attr]
+
+
+def test_only_receivers_report_the_earliest_of_them(tmp_path: Path) -> None:
+    a = step_records(0, 10, 20, 30)
+    b = step_records(0, 10, 21, 31)  # every rank's gradient differs, nothing local did: the collective
+    report = load_run(write_dist_run(tmp_path, [[a, a], [b, b]]))
+    assert [s.role for s in report.distributed.ranks] == ["receiver", "receiver"]  # type: ignore[union-attr]
+    assert report.distributed.rank == 0 and report.verdict == "divergent"  # type: ignore[union-attr]
+
+
+def test_replicas_that_differ_in_every_repeat_alike_are_divergent(tmp_path: Path) -> None:
+    rank0 = step_records(0, 10, 20, 30) + step_records(1, 11, 21, 31)
+    rank1 = step_records(0, 12, 20, 30) + step_records(1, 13, 21, 35)
+    report = load_run(write_dist_run(tmp_path, [[rank0, rank1], [rank0, rank1]]))
+    data = to_dict(report)
+    assert data["first_divergence"] is None
+    assert data["replica_divergence"] == {"step": 1, "name": "module.fc.weight", "ranks": [1], "reference": 0,
+                                          "max_abs_diff": 4.0, "repeats": [0, 1]}
+    assert data["verdict"] == "divergent" and data["exit_code"] == 1
+
+
+def test_parameters_outside_ddp_are_not_replicas(tmp_path: Path) -> None:
+    rank0 = step_records(0, 10, 20, 30)
+    rank1 = step_records(0, 12, 20, 99)  # e.g. an FSDP shard: no `ddp` event names it
+    report = load_run(write_dist_run(tmp_path, [[rank0, rank1], [rank0, rank1]], events=()))
+    assert report.replica_divergence is None and report.verdict == "deterministic"
+
+
+def test_abort_after_every_rank_finished_is_a_teardown_crash(tmp_path: Path) -> None:
+    rank = step_records(0, 10, 20, 30)
+    report = load_run(write_dist_run(tmp_path, [[rank, rank], [rank, rank]], exit_codes=[1, 0], stderr=ROOT_CAUSE))
+    data = to_dict(report)
+    assert data["verdict"] == "deterministic" and data["exit_code"] == 0
+    assert data["teardown_crashes"] == [{"repeat": 0, "exit_code": 1, "ranks": [1], "signal": "SIGABRT"}]
+    assert [r["exit_code"] for r in data["runs"]] == [0, 0]
+
+
+def test_a_rank_that_failed_in_its_script_is_no_teardown_crash(tmp_path: Path) -> None:
+    rank = step_records(0, 10, 20, 30)
+    report = load_run(write_dist_run(tmp_path, [[rank, rank], [rank, rank]], exit_codes=[1, 1], rank_exit=1,
+                                     stderr=ROOT_CAUSE))
+    assert report.distributed.teardown_crashes == []  # type: ignore[union-attr]
+    assert report.verdict == "failed" and report.failure
