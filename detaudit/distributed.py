@@ -44,6 +44,7 @@ class Layout:
     """How a repeat's files are named per rank (`repeat-0.trace` -> `repeat-0.rank-1.trace`)."""
 
     nproc_per_node: int
+    node_rank: int = 0  # --node-rank of a multi-node launch: this node's ranks start at node_rank * N
 
     @staticmethod
     def rank_file(name: str, rank: int) -> str:
@@ -53,15 +54,26 @@ class Layout:
         return f"{stem}.rank-{rank}.{suffix}"
 
     def ranks(self, run_dir: Path, result: RepeatResult) -> list[int]:
-        """The ranks of one repeat: every planned local rank, and any further rank that wrote a
-        trace here (a multi-node job recorded on a shared file system)."""
-        found = set(range(self.nproc_per_node))
+        """The ranks of one repeat: every rank this node launched, and any further rank that wrote
+        a trace here."""
+        first = self.node_rank * self.nproc_per_node
+        found = set(range(first, first + self.nproc_per_node))
         stem = result.trace.removesuffix(".trace")
         for path in Path(run_dir).glob(f"{stem}.rank-*.trace"):
             match = re.fullmatch(re.escape(stem) + r"\.rank-(\d+)\.trace", path.name)
             if match:
                 found.add(int(match.group(1)))
         return sorted(found)
+
+
+def node_rank(torchrun_args: list[str]) -> int:
+    """The `--node-rank` given to torchrun (0 when none or not a number: torchrun will complain)."""
+    for i, arg in enumerate(torchrun_args):
+        name, eq, value = arg.partition("=")
+        if name in ("--node-rank", "--node_rank"):
+            value = value if eq else (torchrun_args[i + 1] if i + 1 < len(torchrun_args) else "")
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 def parse_torchrun_args(text: str) -> list[str]:
@@ -90,7 +102,7 @@ class DistributedLauncher(Launcher):
 
     def __init__(self, *args: Any, nproc_per_node: int, torchrun_args: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.layout = Layout(nproc_per_node)
+        self.layout = Layout(nproc_per_node, node_rank(torchrun_args))
         self.torchrun_args = torchrun_args
         self._traces: dict[int, Path] = {}  # repeat -> its trace path (the rank files sit beside it)
 

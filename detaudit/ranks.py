@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from detaudit.compare import Divergence, gaps
-from detaudit.distributed import Layout
+from detaudit.distributed import Layout, node_rank
 from detaudit.errors import TraceError
 from detaudit.launcher import RepeatResult
 from detaudit.report import Cause, Report
@@ -83,7 +83,7 @@ class DistributedFindings:
 def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult],
                   analyse: Callable[..., Report], explained: bool = True) -> Report:
     """The report of a torchrun run: `analyse` applied to each rank, then combined."""
-    layout = Layout(int(record["nproc_per_node"]))
+    layout = Layout(int(record["nproc_per_node"]), node_rank(list(record.get("torchrun_args") or [])))
     rank_ids = sorted({rank for r in results for rank in layout.ranks(run_dir, r)})
     single = {k: v for k, v in record.items() if k not in ("nproc_per_node", "torchrun_args")}
     crashes = [c for r in results if (c := teardown_crash(run_dir, r, layout)) is not None]

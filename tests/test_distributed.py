@@ -15,6 +15,7 @@ from detaudit.distributed import (
     Layout,
     enter_rank,
     kill_ranks,
+    node_rank,
     parse_torchrun_args,
     rank_identity,
     torchrun_command,
@@ -33,6 +34,13 @@ def test_ranks_are_the_planned_ones_and_any_extra_trace(tmp_path: Path) -> None:
     (tmp_path / "repeat-10.rank-5.trace").write_bytes(b"")  # another repeat's: not this one's
     result = RepeatResult(0, "cpu", 0, 1.0, False, "repeat-0.trace", "repeat-0.stdout", "repeat-0.stderr", "")
     assert Layout(2).ranks(tmp_path, result) == [0, 1, 3]
+    assert Layout(2, node_rank=2).ranks(tmp_path, result) == [3, 4, 5]
+
+
+@pytest.mark.parametrize(("args", "rank"), [([], 0), (["--node-rank", "1"], 1), (["--node_rank=3"], 3),
+                                            (["--node-rank"], 0)])
+def test_node_rank_is_read_from_the_torchrun_args(args: list[str], rank: int) -> None:
+    assert node_rank(args) == rank
 
 
 def test_torchrun_command_is_standalone_with_the_worker_after_no_python() -> None:
