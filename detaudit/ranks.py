@@ -251,6 +251,8 @@ def teardown_crash(run_dir: Path, result: RepeatResult, layout: Layout) -> Teard
             return None
     failed, signal = [], None
     text = _read(run_dir / result.stderr)
+    # torchrun's summary lists the rank that failed first under "Root Cause"; the others it stopped
+    text = text[text.rfind("Root Cause"):] if "Root Cause" in text else text
     for rank, code in _ROOT_CAUSE.findall(text):
         failed.append(int(rank))
         if int(code) < 0:

@@ -15,7 +15,16 @@ from detaudit.trace import Kind
 from tests.synthetic import Rec, write_trace
 
 DDP = {"type": "ddp", "params": ["module.fc.weight"], "ignored": [], "backend": "gloo"}
-ROOT_CAUSE = """Root Cause (first observed failure):
+ROOT_CAUSE = """Failures:
+[1]:
+  time      : 2026-11-23_00:40:00
+  host      : box
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 4241)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 4241
+-------------------------------------------------------
+Root Cause (first observed failure):
 [0]:
   time      : 2026-11-23_00:40:00
   host      : box
