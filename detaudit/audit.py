@@ -22,6 +22,7 @@ from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
 from detaudit.oprules import OpFinding, find_op_source
 from detaudit.report import Report, write_json, write_text_atomically
+from detaudit.stdout import DEFAULT_STDOUT, StdoutMode, compare_stdout, most_lenient, recorded_mode
 from detaudit.trace import RecordStream
 
 RUN_FORMAT = "detaudit-run"
@@ -45,7 +46,7 @@ class AuditOptions:
     env: dict[str, str] = field(default_factory=dict)
     child_config: dict[str, Any] = field(default_factory=dict)
     own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
-    ignore_stdout: bool = False  # --ignore-stdout: a script that prints timings is not divergent for it
+    stdout: StdoutMode = DEFAULT_STDOUT  # how stdout is compared (docs/stdout.md)
 
 
 def new_run_dir(script: Path, out_dir: Path | None) -> Path:
@@ -103,7 +104,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         "script_args": options.script_args, "cwd": str(Path.cwd()), "repeats": options.repeats,
         "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
         "tolerance": asdict(options.tolerance), "env": options.env, "own_device": options.own_device,
-        "ignore_stdout": options.ignore_stdout, "results": None,
+        "stdout": options.stdout, "results": None,
         "environment": host_environment(), "started": time.time(),
     }
     _write_record(run_dir, record)
@@ -162,9 +163,12 @@ def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
     write_text_atomically(run_dir / "run.json", json.dumps(record, indent=2))
 
 
-def load_run(run_dir: Path) -> Report:
-    """Rebuild the report of a finished run from its directory."""
+def load_run(run_dir: Path, stdout: StdoutMode | None = None) -> Report:
+    """Rebuild the report of a finished run from its directory; `stdout`: compare stdout this way
+    instead of the way the run was recorded with."""
     record, results = read_run(run_dir)
+    if stdout is not None:
+        record = {**record, "stdout": stdout}
     return analyse(Path(run_dir), record, results)
 
 
@@ -191,20 +195,25 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[RepeatResult]]:
     return record, results
 
 
-def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) -> Report:
+def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
+                     stdout: StdoutMode | None = None) -> Report:
     """Compare recordings made elsewhere (another machine, another day): trace files or run directories.
 
     A run directory contributes its first repeat. Bitwise unless a tolerance is given, whatever
     devices the recordings were made on. A trace without a footer (killed, or crashed hard) is
-    incomplete: its exit status is unknown (None) and it is compared as far as it goes.
+    incomplete: its exit status is unknown (None) and it is compared as far as it goes. Stdout
+    (run directories only) is compared as `stdout` says, else as the recordings were made (the most
+    lenient of their modes).
     """
     if len(paths) < 2:
         raise UsageError("compare needs at least two traces or run directories")
     results = []
+    modes: list[StdoutMode] = []
     for i, path in enumerate(paths):
         path = Path(path)
         if path.is_dir():
-            _, run_results = read_run(path)
+            run_record, run_results = read_run(path)
+            modes.append(recorded_mode(run_record))
             first = run_results[0]
             results.append(replace(first, index=i, trace=str((path / first.trace).resolve()),
                                    stdout=str((path / first.stdout).resolve()),
@@ -229,7 +238,8 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) 
         else:
             raise UsageError(f"no such trace or run directory: {path}")
     record = {"script": ", ".join(str(p) for p in paths), "script_args": [],
-              "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment()}
+              "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment(),
+              "stdout": stdout or most_lenient(modes)}
     # one label for all when bitwise (a recording's device is shown, not used to loosen the
     # comparison); with a tolerance, every recording is compared with the first within it
     labels = ["recorded"] * len(results) if tolerance is None else [f"recording-{r.index}" for r in results]
@@ -261,8 +271,12 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         script=record["script"], script_args=record.get("script_args", []), run_dir=str(run_dir),
         runs=list(results), comparison=comparison, environment=record.get("environment", {}), bitwise=bitwise,
     )
-    report.outcome_divergence = outcome_divergence(results, bool(record.get("ignore_stdout")))
+    report.stdout_mode = recorded_mode(record)
+    report.outcome_divergence = outcome_divergence(results, report.stdout_mode, run_dir)
     first = comparison.first_divergence
+    ended = report.outcome_divergence
+    if first is None and ended is not None and ended.stdout is not None:
+        ended.detail += f"; all {comparison.records_compared} recorded tensor records agree"
     if first is not None and first.category == "structure":
         if report.outcome_divergence is not None:
             first.category = "outcome"
@@ -285,11 +299,12 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     return report
 
 
-def outcome_divergence(results: Sequence[RepeatResult], ignore_stdout: bool = False) -> Divergence | None:
-    """Repeats that end differently: another exit status, or other output on stdout (unless ignored).
+def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEFAULT_STDOUT,
+                       run_dir: Path = Path(".")) -> Divergence | None:
+    """Repeats that end differently: another exit status, or another line on stdout (docs/stdout.md).
 
     Only repeats that ended by themselves count: a timed-out repeat was stopped, and an
-    incomplete recording's exit status is unknown.
+    incomplete recording's exit status is unknown. Stdout is compared between repeats on one device.
     """
     ended = [r for r in results if not r.timed_out and r.exit_code is not None]
     if len(ended) < 2:
@@ -299,16 +314,17 @@ def outcome_divergence(results: Sequence[RepeatResult], ignore_stdout: bool = Fa
     if codes:
         detail = "exit status differs: " + ", ".join(f"repeat {r.index} exited {r.exit_code}" for r in ended)
         return Divergence(-1, "outcome", None, [r.index for r in codes], ref.index, detail=detail)
-    out = [r for r in ended if r.stdout_digest != ref.stdout_digest and r.device == ref.device
-           and r.stdout_digest and ref.stdout_digest]
-    if out and not ignore_stdout:
-        return Divergence(-1, "outcome", _stdout_record(), [r.index for r in out], ref.index,
-                          detail="stdout differs between repeats; if it prints timings, use --ignore-stdout")
-    return None
-
-
-def _stdout_record() -> RecordInfo:
-    return RecordInfo(-1, "stdout", "stdout", "", "", -1, "", "", "", False)
+    printed = [r for r in ended if r.device == ref.device and r.stdout and (run_dir / r.stdout).is_file()]
+    if stdout == "ignore" or len(printed) < 2 or printed[0] is not ref:
+        return None
+    found = compare_stdout([run_dir / r.stdout for r in printed], [r.index for r in printed], stdout)
+    if found is None:
+        return None
+    hint = "; `--stdout ignore` skips stdout" if stdout == "masked" else \
+        "; the default `--stdout masked` ignores timings (docs/stdout.md)"
+    record = RecordInfo(-1, "stdout", f"stdout line {found.line}", "", "", -1, "", "", "", False)
+    return Divergence(-1, "outcome", record, found.repeats, ref.index, stdout=found,
+                      detail=f"stdout line {found.line} differs ({found.mode} comparison){hint}")
 
 
 def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:
