@@ -237,9 +237,9 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
             ))
         else:
             raise UsageError(f"no such trace or run directory: {path}")
-    record = {"script": ", ".join(str(p) for p in paths), "script_args": [],
+    record: dict[str, Any] = {"script": ", ".join(str(p) for p in paths), "script_args": [],
               "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment(),
-              "stdout": stdout or most_lenient(modes)}
+              "stdout": stdout or most_lenient(modes), "argv": None}
     # one label for all when bitwise (a recording's device is shown, not used to loosen the
     # comparison); with a tolerance, every recording is compared with the first within it
     labels = ["recorded"] * len(results) if tolerance is None else [f"recording-{r.index}" for r in results]
@@ -271,6 +271,8 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         script=record["script"], script_args=record.get("script_args", []), run_dir=str(run_dir),
         runs=list(results), comparison=comparison, environment=record.get("environment", {}), bitwise=bitwise,
     )
+    # the script's sys.argv in every repeat (the child sets it so); compare_recorded has no one command line
+    report.argv = record.get("argv", [str(record["script"]), *record.get("script_args", [])])
     report.stdout_mode = recorded_mode(record)
     report.outcome_divergence = outcome_divergence(results, report.stdout_mode, run_dir)
     first = comparison.first_divergence

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -73,19 +75,23 @@ def divergence_panel(report: Report) -> Panel | None:
     d = divergence_to_dict(report.first_divergence)
     if d is None or report.first_divergence is None:
         return None
-    rec = report.first_divergence.record  # the record itself; the op behind it has its own panel
+    rec = report.first_divergence.record
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
+    # module, op and location are the JSON's (the op behind the record when one was pinpointed), so the
+    # terminal, JSON and JUnit name the same file:line; the record's own line is shown beside it
     rows = [
         ("what", d["category"] + (f" — {d['detail']}" if d["detail"] else "")),
         ("record", None if d["index"] < 0 else f"#{d['index']}"),
         ("step", d["step"] if d["step"] is not None and d["step"] >= 0 else None),
         ("kind", d["kind"]),
         ("name", d["name"]),
-        ("module", rec.module if rec else None),
-        ("op", f"{rec.op} ({rec.phase})" if rec and rec.op else None),
-        ("location", rec.location if rec else None),
+        ("module", d["module"]),
+        ("op", f"{d['op']} ({d['phase']})" if d["op"] else None),
+        ("location", d["location"]),
+        ("recorded at", rec.location if rec and rec.location and rec.location != d["location"] else None),
+        *_stdout_rows(report),
         ("tensor", f"{d['dtype']}[{d['shape']}]" if d["dtype"] else None),
         ("repeats", f"{', '.join(map(str, d['repeats']))} differ from repeat {d['reference']}"),
         ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
@@ -95,6 +101,45 @@ def divergence_panel(report: Report) -> Panel | None:
         if value is not None and value != "":
             grid.add_row(key, escape(str(value)))
     return Panel(grid, title="First divergence", title_align="left", border_style="red")
+
+
+def _stdout_rows(report: Report) -> list[tuple[str, str | None]]:
+    """The first differing stdout line as each repeat printed it."""
+    first = report.first_divergence
+    diff = first.stdout if first is not None else None
+    if diff is None:
+        return []
+    rows: list[tuple[str, str | None]] = [("line", f"{diff.line} of stdout ({diff.mode} comparison)")]
+    for index, text in diff.lines.items():
+        rows.append((f"repeat {index}", "(output ended)" if text is None else repr(text)))
+    return rows
+
+
+def summary_line(report: Report) -> Text:
+    """Verdict, first divergence, top cause and run directory on one line: printed last, so it stays in view."""
+    text = Text(report.verdict.upper(), style=_VERDICT_STYLE[report.verdict])
+    parts = []
+    d = divergence_to_dict(report.first_divergence)
+    if d is not None:
+        what = " ".join(str(x) for x in (d["kind"], d["name"]) if x) or d["category"]
+        step = f" at step {d['step']}" if d["step"] is not None and d["step"] >= 0 else ""
+        where = f" ({d['location']})" if d["location"] else ""
+        parts.append(f"first divergence: {what}{step}{where}")
+    elif report.verdict == "deterministic":
+        parts.append(f"{len(report.runs)} repeats agree on {report.comparison.records_compared} records")
+    elif report.verdict == "failed":
+        parts.append("the script failed in every repeat")
+    if report.causes:
+        top = report.causes[0]
+        parts.append(f"top cause: {top.id} ({top.confidence})")
+    parts.append(f"run: {report.run_dir}")
+    text.append(" · " + " · ".join(parts))
+    return text
+
+
+def argv_line(report: Report) -> Text | None:
+    """The script's command line exactly as the script received it (sys.argv), shell-quoted."""
+    return None if report.argv is None else Text(f"script argv: {shlex.join(report.argv)}", style="dim")
 
 
 def op_panel(report: Report) -> Panel | None:
@@ -187,8 +232,12 @@ def experiments_table(report: Report) -> Table | None:
     return table
 
 
-def render(report: Report, console: Console) -> None:
+def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
+    """The whole report; `notes` go just before the closing summary line, which is always printed last."""
     console.print(verdict_line(report))
+    argv = argv_line(report)
+    if argv is not None:
+        console.print(argv, soft_wrap=True)
     console.print(runs_table(report))
     if report.failure:
         console.print(Panel(escape(report.failure), title="The script's error (repeat 0)", title_align="left",
@@ -202,4 +251,6 @@ def render(report: Report, console: Console) -> None:
                   experiments_table(report)):
         if block is not None:
             console.print(block)
-    console.print(Text(f"run directory: {report.run_dir}", style="dim"))
+    for note in notes:
+        console.print(Text(note, style="bold"))
+    console.print(summary_line(report), soft_wrap=True)

@@ -71,6 +71,7 @@ class Report:
     repeat_errors: dict[int, str] = field(default_factory=dict)  # stderr tail of each repeat that failed
     bitwise: bool = True  # False: recordings compared within a tolerance (detaudit compare --atol/--rtol)
     stdout_mode: StdoutMode = DEFAULT_STDOUT  # how stdout was compared (docs/stdout.md)
+    argv: list[str] | None = None  # the script's sys.argv in every repeat; None for `compare`
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -176,7 +177,7 @@ def to_dict(report: Report) -> dict[str, Any]:
         "detaudit_version": __version__,
         "script": report.script,
         "script_args": report.script_args,
-        "argv": [report.script, *report.script_args],
+        "argv": report.argv,
         "stdout_mode": report.stdout_mode,
         "run_dir": report.run_dir,
         "verdict": report.verdict,

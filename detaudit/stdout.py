@@ -151,5 +151,5 @@ def recorded_mode(record: dict[str, object]) -> StdoutMode:
 def most_lenient(modes: Sequence[StdoutMode]) -> StdoutMode:
     """Of several recordings' modes, the one that compares least: whoever recorded stdout as
     meaningless (or as timing-laden) knew the script."""
-    order = ("ignore", "masked", "strict")
-    return next((m for m in order if m in modes), DEFAULT_STDOUT)  # type: ignore[return-value]
+    order: tuple[StdoutMode, ...] = ("ignore", "masked", "strict")
+    return next((m for m in order if m in modes), DEFAULT_STDOUT)

@@ -57,7 +57,7 @@ def test_missing_script_is_usage_error(tmp_path: Path) -> None:
     assert not (tmp_path / ".detaudit").exists()  # nothing was created for a run that never started
 
 
-@pytest.mark.parametrize("args", [["run", "x.py", "--repeats", "1"], ["run", "x.py", "--bogus"], ["run"],
+@pytest.mark.parametrize("args", [["run", "x.py", "--repeats", "1"], ["run", "--bogus", "x.py"], ["run"],
                                   ["nonsense-command"], ["run", "x.py", "--device", "tpu"]])
 def test_bad_usage_exits_2(tmp_path: Path, args: list[str]) -> None:
     (tmp_path / "x.py").write_text("print(1)\n")
@@ -235,14 +235,18 @@ def test_ignore_stdout_is_kept_for_report(tmp_path: Path, capsys: pytest.Capture
     (tmp_path / "coin.py").write_text(COIN)
     made = run_cli(["run", "coin.py", "-n", "2", "-j", "2", "--ignore-stdout", "--out", "run"], cwd=tmp_path)
     assert made.returncode == 0, made.output
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["ignore_stdout"] is True
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["stdout"] == "ignore"
     assert run_in_process(["report", str(tmp_path / "run")], capsys).returncode == 0
+    strict = run_in_process(["report", str(tmp_path / "run"), "--stdout", "strict"], capsys)
+    assert strict.returncode == 1 and "stdout line 1" in strict.stdout
+    both = run_in_process(["report", str(tmp_path / "run"), "--stdout", "strict", "--ignore-stdout"], capsys)
+    assert_clean_error(both, 2, "--ignore-stdout")
 
 
 def test_explain_a_run_from_another_directory(tmp_path: Path) -> None:
     (tmp_path / "coin.py").write_text(COIN)
     made = run_cli(["run", "coin.py", "-n", "2", "-j", "2", "--out", "run"], cwd=tmp_path)
-    assert made.returncode == 1 and "--ignore-stdout" in made.stdout, made.output
+    assert made.returncode == 1 and "--stdout ignore" in made.stdout, made.output
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     result = run_cli(["explain", "../run", "-j", "2", "--json", "e.json"], cwd=elsewhere)
