@@ -58,6 +58,11 @@ def new_run_dir(script: Path, out_dir: Path | None) -> Path:
             raise UsageError(f"--out {out_dir} already exists and is not empty; detaudit never overwrites a run")
         out_dir.mkdir(parents=True, exist_ok=True)
         return out_dir
+    home = DEFAULT_RUNS_DIR.parent
+    if not home.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        # runs are local artefacts (traces can be large): keep them out of the user's repository
+        (home / ".gitignore").write_text("# created by detaudit: its run directories are not for version control\n*\n")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = DEFAULT_RUNS_DIR / f"{stamp}-{script.stem}"
     candidate, n = base, 1
@@ -324,7 +329,7 @@ def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEF
         return None
     hint = "; `--stdout ignore` skips stdout" if stdout == "masked" else \
         "; the default `--stdout masked` ignores timings (docs/stdout.md)"
-    record = RecordInfo(-1, "stdout", f"stdout line {found.line}", "", "", -1, "", "", "", False)
+    record = RecordInfo(-1, "stdout", f"line {found.line}", "", "", -1, "", "", "", False)
     return Divergence(-1, "outcome", record, found.repeats, ref.index, stdout=found,
                       detail=f"stdout line {found.line} differs ({found.mode} comparison){hint}")
 

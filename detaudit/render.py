@@ -100,7 +100,8 @@ def divergence_panel(report: Report) -> Panel | None:
     for key, value in rows:
         if value is not None and value != "":
             grid.add_row(key, escape(str(value)))
-    return Panel(grid, title="First divergence", title_align="left", border_style="red")
+    return Panel(grid, title="First divergence", title_align="left", border_style="red",
+                 expand=False)
 
 
 def _stdout_rows(report: Report) -> list[tuple[str, str | None]]:
@@ -156,7 +157,7 @@ def op_panel(report: Report) -> Panel | None:
                 f"{f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "") +
                 ", so it was made outside torch (NumPy, Python, a file...) or before the recorded steps. "
                 f"The first op to use it is {r.op}.")
-        return Panel(escape(note), title="The op behind it", title_align="left", border_style="magenta")
+        return Panel(escape(note), title="The op behind it", title_align="left", border_style="magenta", expand=False)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -184,7 +185,8 @@ def op_panel(report: Report) -> Panel | None:
         table.add_row(">>" if n.chosen else "", str(x.index), escape(x.op or f"{x.kind} {x.name}"),
                       x.phase or "", escape(x.module), escape(x.location), n.inputs or "-",
                       Text(n.output, style="red" if n.output == "differ" else ""))
-    return Panel(Group(grid, Text(""), table), title="The op behind it", title_align="left", border_style="magenta")
+    return Panel(Group(grid, Text(""), table), title="The op behind it", title_align="left", border_style="magenta",
+                 expand=False)
 
 
 def spread_table(report: Report) -> Table | None:
@@ -241,11 +243,12 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
     console.print(runs_table(report))
     if report.failure:
         console.print(Panel(escape(report.failure), title="The script's error (repeat 0)", title_align="left",
-                            border_style="yellow"))
+                            border_style="yellow", expand=False))
     elif report.repeat_errors:
         for index, error in sorted(report.repeat_errors.items())[:2]:
             code = report.runs[index].exit_code
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
+                                expand=False,
                                 title=f"Repeat {index} ended differently (exit {code}): its stderr"))
     for block in (divergence_panel(report), op_panel(report), spread_table(report), causes_block(report),
                   experiments_table(report)):

@@ -43,12 +43,12 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
     (re.compile(r"(?i)(?<![A-Za-z])(pid)(\s*[:=#]?\s*)\d+"), r"\1\2#"),
     # a timing word, then its value: a clock, or a number with or without a unit or %
     (re.compile(rf"(?i)((?<![A-Za-z]){_WORDS}(?![A-Za-z])['\"]?\s*(?:\([^)]*\))?\s*[:=]?\s*)"
-                rf"(?:{_CLOCK}|{_NUM})(\s?(?:%|{_UNIT})(?![A-Za-z]))?"),
+                rf"(?:{_CLOCK}|{_NUM})(\s?(?:%|{_UNIT})(?!\w))?"),
      lambda m: m.group(1) + "#" + (m.group(2) or "")),
     # a rate as a column header before its value (`tok/s: 1234`)
     (re.compile(rf"((?<![A-Za-z]){_RATE}(?![A-Za-z])\s*[:=]?\s*){_NUM}"), r"\1#"),
     # a number with a time or rate unit (`14.20ms`, `0.82 s`, `19.5it/s`, `1200 tokens/s`), and tqdm's `?it/s`
-    (re.compile(rf"(?<![\w.#]){_NUM}(\s?{_UNIT})(?![A-Za-z])"), r"#\1"),
+    (re.compile(rf"(?<![\w.#]){_NUM}(\s?{_UNIT})(?!\w)"), r"#\1"),
     (re.compile(r"\?(?=\s?(?:it/s|s/it)\b)"), "#"),
 )
 
