@@ -61,7 +61,8 @@ def test_results_are_never_masked(line: str) -> None:
 
 
 def test_a_carriage_return_progress_line_is_what_the_terminal_shows() -> None:
-    line = "\r 10%|#  | 1/10 [00:00<00:01, 9.1it/s]\r 50%|##### | 5/10 [00:01<00:01, 4.2it/s]\r100%|#| 10/10 [00:02<00:00, 5.0it/s]"
+    line = ("\r 10%|#  | 1/10 [00:00<00:01, 9.1it/s]\r 50%|##### | 5/10 [00:01<00:01, 4.2it/s]"
+            "\r100%|#| 10/10 [00:02<00:00, 5.0it/s]")
     assert visible(line) == "100%|#| 10/10 [00:02<00:00, 5.0it/s]"
     assert mask_line(line) == "100%|#| 10/10 [<elapsed>, #it/s]"
     assert visible("done\r") == "done" and visible("\r\r") == ""
