@@ -18,6 +18,7 @@ from detaudit.report import Report, divergence_to_dict
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
                   "timeout": "bold red"}
 MAX_SPREAD_ROWS = 12
+MAX_STDOUT_REPEATS = 2  # differing repeats whose stdout line the terminal shows
 
 
 def _fmt(x: Any) -> str:
@@ -111,8 +112,12 @@ def _stdout_rows(report: Report) -> list[tuple[str, str | None]]:
     if diff is None:
         return []
     rows: list[tuple[str, str | None]] = [("line", f"{diff.line} of stdout ({diff.mode} comparison)")]
-    for index, text in diff.lines.items():
+    shown = [diff.reference, *diff.repeats[:MAX_STDOUT_REPEATS]]
+    for index in shown:
+        text = diff.lines[index]
         rows.append((f"repeat {index}", "(output ended)" if text is None else repr(text)))
+    if len(diff.repeats) > MAX_STDOUT_REPEATS:
+        rows.append(("", f"… and in {len(diff.repeats) - MAX_STDOUT_REPEATS} more repeats (all in the JSON report)"))
     return rows
 
 

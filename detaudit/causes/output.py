@@ -25,18 +25,18 @@ def stdout_differs(ctx: Context) -> Finding | None:
     if diff is None or ctx.divergence.category != "outcome":
         return None
     ref = diff.lines.get(diff.reference)
-    lines = []
-    for index in diff.repeats[:2]:
-        other = diff.lines[index]
-        lines.append(f"stdout line {diff.line}: {_quote(ref)} in repeat {diff.reference}, "
-                     f"{_quote(other)} in repeat {index}")
-        if ref is not None and other is not None:
-            changed = _changed_tokens(ref, other)
-            if changed:
-                lines.append("differing tokens: " + ", ".join(f"{x!r} vs {y!r}" for x, y in changed))
-            if diff.mode == "strict" and mask_line(ref) == mask_line(other):
-                lines.append("they differ only in timings, rates, timestamps, pids or addresses: the default "
-                             "`--stdout masked` compares them as equal (docs/stdout.md)")
+    index = diff.repeats[0]
+    other = diff.lines[index]
+    lines = [f"stdout line {diff.line}: {_quote(ref)} in repeat {diff.reference}, {_quote(other)} in repeat {index}"]
+    if len(diff.repeats) > 1:
+        lines.append(f"the same line differs in repeat(s) {', '.join(map(str, diff.repeats[1:]))} too")
+    if ref is not None and other is not None:
+        changed = _changed_tokens(ref, other)
+        if changed:
+            lines.append("differing tokens: " + ", ".join(f"{x!r} vs {y!r}" for x, y in changed))
+        if diff.mode == "strict" and mask_line(ref) == mask_line(other):
+            lines.append("they differ only in timings, rates, timestamps, pids or addresses: the default "
+                         "`--stdout masked` compares them as equal (docs/stdout.md)")
     if ctx.divergence.index < 0:
         lines.append("every recorded tensor agrees: the training itself did not diverge")
     fix = ("if the line reports a measurement (time, speed, memory, a path, an id), it is not a result: print it "
