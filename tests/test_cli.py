@@ -243,6 +243,24 @@ def test_ignore_stdout_is_kept_for_report(tmp_path: Path, capsys: pytest.Capture
     assert_clean_error(both, 2, "--ignore-stdout")
 
 
+def test_compare_takes_the_stdout_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recs = training_records(steps=1)
+    a = write_run(tmp_path / "a", [recs, recs], stdout=["seed 1\n"] * 2)
+    b = write_run(tmp_path / "b", [recs, recs], stdout=["seed 2\n"] * 2)
+    assert run_in_process(["compare", str(a), str(b)], capsys).returncode == 1
+    assert run_in_process(["compare", str(a), str(b), "--ignore-stdout"], capsys).returncode == 0
+    assert run_in_process(["compare", str(a), str(b), "--stdout", "ignore", "-q"], capsys).returncode == 0
+
+
+def test_jobs_that_oversubscribe_the_cores_warn(tmp_path: Path) -> None:
+    (tmp_path / "coin.py").write_text("print('heads')\n")
+    busy = run_cli(["run", "coin.py", "-n", "2", "-j", "2"], cwd=tmp_path, env={"OMP_NUM_THREADS": "4096"})
+    assert busy.returncode == 0 and "warning: --jobs 2 runs 2 repeats at once" in " ".join(busy.stderr.split())
+    assert (tmp_path / ".detaudit" / ".gitignore").read_text().strip().endswith("*")
+    alone = run_cli(["run", "coin.py", "-n", "2", "-j", "1"], cwd=tmp_path, env={"OMP_NUM_THREADS": "4096"})
+    assert alone.returncode == 0 and "warning" not in alone.stderr
+
+
 def test_explain_a_run_from_another_directory(tmp_path: Path) -> None:
     (tmp_path / "coin.py").write_text(COIN)
     made = run_cli(["run", "coin.py", "-n", "2", "-j", "2", "--out", "run"], cwd=tmp_path)
@@ -255,3 +273,5 @@ def test_explain_a_run_from_another_directory(tmp_path: Path) -> None:
     experiments = result.report["experiments"] if result.report is not None else []
     assert experiments and all(e["verdict"] == "divergent" for e in experiments)  # no pin fixes os.urandom
     assert len(list((tmp_path / "run").glob("explain-*.trace"))) == 2 * len(experiments)
+    progress = [line for line in result.stderr.splitlines() if line.startswith("explain-")]
+    assert len(progress) == 2 * len(experiments) and all("exit 0 in" in line for line in progress)

@@ -86,7 +86,7 @@ def test_the_demo_exits_0_and_ends_with_a_summary_that_a_pipe_does_not_wrap(tmp_
     lines = proc.stdout.strip().splitlines()
     assert "diverges on purpose" in lines[-2] and "`detaudit run` on your own script exits 1" in lines[-2]
     assert lines[-1].startswith("DIVERGENT · first divergence: input ")
-    assert "top cause: unseeded-numpy-rng (confirmed)" in lines[-1] and "run: .detaudit/runs/" in lines[-1]
+    assert "top cause: unseeded-numpy-rng (confirmed)" in lines[-1] and "/.detaudit/runs/" in lines[-1]
     assert max(len(line) for line in lines) > 120  # laid out whole, not wrapped at 80 columns
     assert (tmp_path / ".detaudit" / ".gitignore").read_text().splitlines()[-1] == "*"
     assert "explain-numpy-rng-0 (cpu): exit 0" in proc.stderr  # --explain shows its progress
