@@ -236,12 +236,16 @@ def to_junit(report: Report) -> str:
     first = data["first_divergence"]
     if first is not None:
         failures += 1
-        where = " ".join(str(x) for x in (first["kind"], first["name"], f"step {first['step']}",
-                                          first["location"] or "") if x)
-        failure = ET.SubElement(case, "failure", message=f"first divergence at record {first['index']}: {where}")
+        step = f"step {first['step']}" if first["step"] is not None and first["step"] >= 0 else ""
+        where = " ".join(str(x) for x in (first["kind"], first["name"], step, first["location"] or "") if x)
+        at = f" at record {first['index']}" if first["index"] >= 0 else ""
+        failure = ET.SubElement(case, "failure", message=f"first divergence{at}: {where or first['category']}")
+        printed = first["stdout"]
+        shown = [f"stdout line {printed['line']}, repeat {i}: {text!r}" for i, text in printed["lines"].items()] \
+            if printed else []
         failure.text = "\n".join(
-            [first["detail"] or ""] + [f"[{c['confidence']}] {c['id']}: {c['summary']}\nfix: {c['fix']}"
-                                       for c in data["causes"]]
+            [first["detail"] or "", *shown] + [f"[{c['confidence']}] {c['id']}: {c['summary']}\nfix: {c['fix']}"
+                                               for c in data["causes"]]
         )
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
