@@ -21,9 +21,9 @@ DEFAULT_STDOUT: StdoutMode = "masked"
 SHOWN_CHARS = 240  # a line shown in a report is cut to this many characters
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-_CLOCK = r"\d+:\d{2}(?::\d{2})?(?:\.\d+)?"
+_CLOCK = r"(?<!\d)\d{1,6}:\d{2}(?::\d{2})?(?:\.\d+)?"
 # words whose value is a time or a speed whatever its unit (`step_time 3.2`, `mfu 41.2%`, `eta 0:12`)
-_WORDS = r"(?:time|runtime|elapsed|eta|mfu|throughput|duration|took|latency|\w*per_sec(?:ond)?)"
+_WORDS = r"(?:time|runtime|elapsed|eta|mfu|throughput|duration|took|latency|[A-Za-z_]{0,40}?per_sec(?:ond)?)"
 _RATE = r"(?:[A-Za-z]+/s(?:ec)?|(?:m?s|sec)/[A-Za-z]+)"
 # units of time, and rates "something per second" / "seconds per something"
 _UNIT = r"(?:ms|us|µs|ns|s|sec|secs|seconds?|mins?|minutes?|hrs?|hours?|" + _RATE + ")"
@@ -42,7 +42,7 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
     (re.compile(r"0x[0-9a-fA-F]+"), "0x#"),
     (re.compile(r"(?i)(?<![A-Za-z])(pid)(\s*[:=#]?\s*)\d+"), r"\1\2#"),
     # a timing word, then its value: a clock, or a number with or without a unit or %
-    (re.compile(rf"(?i)((?<![A-Za-z]){_WORDS}(?![A-Za-z])['\"]?\s*(?:\([^)]*\))?\s*[:=]?\s*)"
+    (re.compile(rf"(?i)((?<![A-Za-z]){_WORDS}(?![A-Za-z])['\"]?\s*(?:\([^)]{{0,20}}\))?\s*[:=]?\s*)"
                 rf"(?:{_CLOCK}|{_NUM})(\s?(?:%|{_UNIT})(?!\w))?"),
      lambda m: m.group(1) + "#" + (m.group(2) or "")),
     # a rate as a column header before its value (`tok/s: 1234`)

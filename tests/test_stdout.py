@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,23 @@ def test_recorded_and_combined_modes() -> None:
     assert recorded_mode({}) == "masked" and recorded_mode({"stdout": "bogus"}) == "masked"
     assert most_lenient(["strict", "ignore", "masked"]) == "ignore"
     assert most_lenient(["strict", "masked"]) == "masked" and most_lenient([]) == "masked"
+
+
+ADVERSARIAL = ["1" * 200_000, "a_" * 100_000, "time(" * 40_000, "time (" * 40_000, "per_" * 50_000,
+               "00:01<" * 30_000, "1:" * 100_000, "-" * 200_000, "e1" * 100_000, "\x1b[" * 100_000]
+
+
+def test_masking_stays_linear_on_adversarial_lines() -> None:
+    """A hang guard, not a timing: a quadratic pattern would take hours on these 200k-character lines
+    (they took minutes at 100k before the patterns were bounded); linear masking takes well under a second."""
+    done: list[int] = []
+
+    def work() -> None:
+        for line in ADVERSARIAL:
+            mask_line(line)
+            done.append(1)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert len(done) == len(ADVERSARIAL), f"masking hung on {ADVERSARIAL[len(done)][:8]!r}…"
