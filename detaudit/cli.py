@@ -192,14 +192,19 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     _finish(report, json_path, junit_path, quiet)
 
 
+def _warn_oversubscription(jobs: int, devices: list[str]) -> None:
+    from detaudit.devices import oversubscription
+
+    warning = oversubscription(jobs, devices, os.environ, os.cpu_count())
+    if warning is not None:
+        err_console.print(f"[bold yellow]detaudit: warning:[/] {escape(warning)}", soft_wrap=True)
+
+
 def _audit(options: Any, explain: bool, explain_all: bool, budget: int | None, quiet: bool) -> Any:
     """Run the audit with progress on stderr, and the experiments when asked and the repeats diverged."""
     from detaudit.audit import run_audit
-    from detaudit.devices import oversubscription
 
-    warning = oversubscription(options.jobs, options.devices, os.environ, os.cpu_count())
-    if warning is not None:
-        err_console.print(f"[bold yellow]detaudit: warning:[/] {escape(warning)}", soft_wrap=True)
+    _warn_oversubscription(options.jobs, options.devices)
     context, on_done = _progress_runner(quiet, options.repeats * len(options.devices))
 
     def on_narrow(window: list[int]) -> None:
@@ -262,7 +267,10 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     the divergence is marked confirmed. Results are stored in RUN_DIR (explain.json), so
     `detaudit report RUN_DIR` shows them too.
     """
+    from detaudit.audit import read_run
 
+    record, _ = read_run(run_dir)
+    _warn_oversubscription(jobs, list(record.get("devices") or ["cpu"]))
     _finish(_explain(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet)
 
 
