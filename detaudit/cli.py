@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import click
 from rich.console import Console
@@ -23,6 +23,9 @@ from rich.table import Table
 
 from detaudit import __version__
 from detaudit.errors import EXIT_INTERRUPTED, EXIT_USAGE, DetauditError
+
+if TYPE_CHECKING:
+    from detaudit.stdout import StdoutMode
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -73,10 +76,11 @@ def stdout_options(command: Callable[..., Any]) -> Callable[..., Any]:
                              "(docs/stdout.md).")(command)
 
 
-def _stdout_mode(stdout_mode: str | None, ignore_stdout: bool) -> Any:
+def _stdout_mode(stdout_mode: str | None, ignore_stdout: bool) -> StdoutMode | None:
+    """The --stdout mode asked for (None: the command's default), with --ignore-stdout as its alias."""
     if ignore_stdout and stdout_mode not in (None, "ignore"):
         raise click.UsageError(f"--ignore-stdout contradicts --stdout {stdout_mode}; give one of them")
-    return "ignore" if ignore_stdout else stdout_mode
+    return "ignore" if ignore_stdout else cast("StdoutMode | None", stdout_mode)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
@@ -174,9 +178,9 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
-    script with everything after it (`detaudit run train.py data.txt --epochs 1 -n 5`); one the script
-    defines too is refused with both spellings. Arguments after `--` go to the script untouched:
-    `detaudit run train.py --repeats 5 -- --epochs 1`.
+    script with everything after it (`detaudit run train.py data.txt --epochs 1 -n 5` gives the script
+    `data.txt --epochs 1 -n 5`); one the script defines too is refused with both spellings. Arguments
+    after `--` go to the script untouched: `detaudit run train.py --repeats 5 -- --epochs 1`.
     """
     from detaudit.audit import AuditOptions
     from detaudit.compare import Tolerance
