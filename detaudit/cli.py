@@ -38,18 +38,23 @@ Exit codes:
   130 interrupted (Ctrl-C)
 """
 
-err_console = Console(stderr=True)
 DEFAULT_GRANULARITY = "auto"  # module cost unless the repeats diverge (docs/granularity.md)
-
-
 PIPE_WIDTH = 1000  # a pipe or CI log: lay the report out this wide, i.e. never wrap it at 80 columns
 
 
-def _console(quiet: bool = False) -> Console:
-    console = Console(quiet=quiet, highlight=False)
+def _make_console(**settings: Any) -> Console:
+    """A rich Console; off a terminal (and without COLUMNS) one that does not wrap at rich's default 80."""
+    console = Console(**settings)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(quiet=quiet, highlight=False, width=PIPE_WIDTH)
+        console = Console(**settings, width=PIPE_WIDTH)
     return console
+
+
+err_console = _make_console(stderr=True)
+
+
+def _console(quiet: bool = False) -> Console:
+    return _make_console(quiet=quiet, highlight=False)
 
 
 class RunCommand(click.Command):

@@ -124,7 +124,9 @@ def split_run_args(args: Sequence[str], specs: Sequence[OptionSpec],
                 continue
             split.script_args.extend(args[i:])  # the script's option, and everything after it
             break
-        width = 2 if spec.takes_value and not attached and i + 1 < len(args) else 1
+        if spec.takes_value and not attached and i + 1 == len(args):
+            raise UsageError(f"{arg} needs a value")
+        width = 2 if spec.takes_value and not attached else 1
         written = " ".join(args[i:i + width])
         if split.script is not None:
             clash = sorted(spec.names & defined)

@@ -95,3 +95,8 @@ def test_script_options_are_found_statically(tmp_path: Path) -> None:
     assert script_options(script) == {"-d", "--device", "--lr", "--compile"}
     (tmp_path / "broken.py").write_text("def (:\n")
     assert script_options(tmp_path / "broken.py") == set() and script_options(tmp_path / "missing.py") == set()
+
+
+def test_an_option_missing_its_value_is_named() -> None:
+    with pytest.raises(UsageError, match="--json needs a value"):
+        split(["train.py", "--json"])
