@@ -6,6 +6,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from detaudit.errors import UsageError
 from detaudit.scriptargs import OptionSpec, script_options, split_run_args
@@ -100,3 +102,21 @@ def test_script_options_are_found_statically(tmp_path: Path) -> None:
 def test_an_option_missing_its_value_is_named() -> None:
     with pytest.raises(UsageError, match="--json needs a value"):
         split(["train.py", "--json"])
+
+
+script_words = st.text(min_size=1, max_size=12).filter(lambda a: not a.startswith("-"))
+any_args = st.lists(st.text(max_size=12), max_size=8)
+
+
+@given(st.lists(script_words, max_size=4), any_args)
+def test_everything_after_a_double_dash_reaches_the_script_unchanged(positional: list[str], rest: list[str]) -> None:
+    result = split_run_args(["-q", "train.py", *positional, "--", *rest], SPECS, lambda s: {"--device", "-n"})
+    assert (result.ours, result.script, result.script_args) == (["-q"], "train.py", [*positional, *rest])
+
+
+@given(st.lists(script_words, max_size=4), st.from_regex(r"--[a-z][a-z-]{0,10}", fullmatch=True), any_args)
+def test_an_unknown_option_takes_everything_after_it_to_the_script(positional: list[str], unknown: str,
+                                                                  rest: list[str]) -> None:
+    assume(unknown not in {n for spec in SPECS for n in spec.names})
+    result = split_run_args(["train.py", *positional, unknown, *rest], SPECS, lambda s: set())
+    assert result.ours == [] and result.script_args == [*positional, unknown, *rest]
