@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, Union, get_args
 
 StdoutMode = Literal["strict", "masked", "ignore"]
 STDOUT_MODES: tuple[str, ...] = get_args(StdoutMode)
@@ -28,7 +28,7 @@ _RATE = r"(?:[A-Za-z]+/s(?:ec)?|(?:m?s|sec)/[A-Za-z]+)"
 # units of time, and rates "something per second" / "seconds per something"
 _UNIT = r"(?:ms|us|µs|ns|s|sec|secs|seconds?|mins?|minutes?|hrs?|hours?|" + _RATE + ")"
 
-_Replacement = str | Callable[[re.Match[str]], str]
+_Replacement = Union[str, Callable[["re.Match[str]"], str]]  # a runtime alias: no `|` before Python 3.10
 _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
     # ANSI colour / cursor escapes (progress bars, coloured loggers)
     (re.compile(r"\x1b\[[0-9;?]*[A-Za-z]"), ""),
