@@ -107,7 +107,7 @@ def first_difference(reference: Path, other: Path, mode: StdoutMode) -> tuple[in
         a, b = next(ref_lines, None), next(other_lines, None)
         if a is None and b is None:
             return None
-        if _key(a, mode) != _key(b, mode):
+        if a != b and _key(a, mode) != _key(b, mode):  # equal lines mask alike: only differing ones are masked
             return number, a, b
 
 
