@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit import __version__, causes, explain
+from detaudit import __version__, baseline, causes, explain
 from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
@@ -46,6 +46,8 @@ class AuditOptions:
     child_config: dict[str, Any] = field(default_factory=dict)
     own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
     ignore_stdout: bool = False  # --ignore-stdout: a script that prints timings is not divergent for it
+    module: str | None = None  # run `python -m MODULE` (the pytest plugin); `script` is then the module's file
+    baseline: Path | None = None  # --baseline: a recorded run (detaudit/baseline.py) to compare with as well
 
 
 def new_run_dir(script: Path, out_dir: Path | None) -> Path:
@@ -83,8 +85,9 @@ def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
             cwd: Path | None = None) -> list[RepeatResult]:
     """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
+    child_config = {**options.child_config, **({"module": options.module} if options.module else {})}
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
-                         options.child_config, prefix=prefix, own_device=options.own_device)
+                         child_config, prefix=prefix, own_device=options.own_device)
     launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
     return launcher.run(plans, on_done)
 
@@ -97,13 +100,19 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         raise UsageError(f"script not found: {options.script}")
     if options.granularity not in GRANULARITIES:
         raise UsageError(f"unknown granularity {options.granularity!r}; use one of {', '.join(GRANULARITIES)}")
+    if options.baseline is not None:  # refuse an unusable baseline before spending time on repeats
+        reference = baseline.load(options.baseline)
+        if reference.granularity != baseline.effective_granularity(options.granularity):
+            raise UsageError(f"--baseline {options.baseline} was recorded at granularity {reference.granularity}; "
+                             f"run with --granularity {reference.granularity} to compare with it")
     run_dir = new_run_dir(options.script, options.out_dir)
     record = {
         "format": RUN_FORMAT, "version": RUN_VERSION, "script": str(options.script),
         "script_args": options.script_args, "cwd": str(Path.cwd()), "repeats": options.repeats,
         "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
         "tolerance": asdict(options.tolerance), "env": options.env, "own_device": options.own_device,
-        "ignore_stdout": options.ignore_stdout, "results": None,
+        "ignore_stdout": options.ignore_stdout, "module": options.module,
+        "baseline": str(options.baseline.resolve()) if options.baseline is not None else None, "results": None,
         "environment": host_environment(), "started": time.time(),
     }
     _write_record(run_dir, record)
@@ -278,6 +287,9 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         report.failure = report.repeat_errors.get(results[0].index, "")
     if first is not None:
         first.op_finding = op_source(run_dir, record, traces, devices)
+    if record.get("baseline"):
+        report.baseline = baseline.check(baseline.load(Path(record["baseline"])), run_dir, record, results,
+                                         bool(record.get("ignore_stdout")))
     if report.first_divergence is not None:
         report.causes = causes.diagnose(report.first_divergence, traces, results)
         if explained:

@@ -50,16 +50,20 @@ def cli() -> None:
 
 
 def report_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--json, --junit and --quiet: how every command that produces a report delivers it."""
+    """--json, --junit, --html and --quiet: how every command that produces a report delivers it."""
     command = click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")(command)
+    command = click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+                           help="Write a self-contained HTML report with plots.")(command)
     command = click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
                            help="Write JUnit XML.")(command)
     return click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
                         help="Write the JSON report.")(command)
 
 
-def _finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet: bool) -> NoReturn:
+def _finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet: bool,
+            html_path: Path | None = None) -> NoReturn:
     """Write the requested report files, render, and exit with the report's exit code."""
+    from detaudit.html import write_html
     from detaudit.render import render, verdict_line
     from detaudit.report import write_json, write_junit
 
@@ -67,6 +71,8 @@ def _finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet:
         write_json(report, json_path)
     if junit_path is not None:
         write_junit(report, junit_path)
+    if html_path is not None:
+        write_html(report, html_path)
     if quiet:
         _console().print(verdict_line(report))
     else:
@@ -129,10 +135,17 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
               "first that confirms a cause.")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="With --explain: most extra repeats the experiments may run. [default: 12]")
+@click.option("--baseline", "baseline_dir", type=click.Path(path_type=Path), default=None,
+              help="Also compare with this recorded baseline (from --save-baseline); exit 1 if the run differs "
+                   "from it, naming what changed in the environment.")
+@click.option("--save-baseline", "save_baseline", type=click.Path(path_type=Path), default=None,
+              help="If the repeats agree, keep the first as a baseline in this directory (small; commit it "
+                   "or keep it as a CI artifact).")
 def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
         rtol: float, quiet: bool, ignore_stdout: bool, granularity: str, explain: bool, explain_all: bool,
-        budget: int | None) -> None:
+        budget: int | None, html_path: Path | None = None, baseline_dir: Path | None = None,
+        save_baseline: Path | None = None) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT; arguments after `--` go to the script untouched:
@@ -145,7 +158,7 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     options = AuditOptions(
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
-        own_device=own_device(devices), ignore_stdout=ignore_stdout,
+        own_device=own_device(devices), ignore_stdout=ignore_stdout, baseline=baseline_dir,
     )
     context, on_done = _progress_runner(quiet, repeats * len(options.devices))
 
@@ -159,17 +172,32 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
         report = run_audit(options, on_done, on_narrow)
     if (explain or explain_all) and report.verdict == "divergent" and not report.timed_out:
         report = _explain(Path(report.run_dir), budget, explain_all, jobs, quiet)
-    _finish(report, json_path, junit_path, quiet)
+    if save_baseline is not None:
+        _save_baseline(report, save_baseline)
+    _finish(report, json_path, junit_path, quiet, html_path)
+
+
+def _save_baseline(report: Any, dest: Path) -> None:
+    from detaudit import baseline
+
+    try:
+        saved = baseline.save(Path(report.run_dir), report, dest)
+    except DetauditError as exc:  # the run's own verdict and exit code still stand
+        err_console.print(f"[bold yellow]detaudit:[/] {escape(str(exc))}", soft_wrap=True)
+        return
+    size = sum(p.stat().st_size for p in saved.iterdir() if p.is_file())
+    err_console.print(f"baseline saved to {escape(str(saved))} ({size / 1024:.1f} KiB)", soft_wrap=True)
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @report_options
-def report(run_dir: Path, json_path: Path | None, junit_path: Path | None, quiet: bool) -> None:
+def report(run_dir: Path, json_path: Path | None, junit_path: Path | None, quiet: bool,
+           html_path: Path | None) -> None:
     """Re-render the report of a finished run from its directory."""
     from detaudit.audit import load_run
 
-    _finish(load_run(run_dir), json_path, junit_path, quiet)
+    _finish(load_run(run_dir), json_path, junit_path, quiet, html_path)
 
 
 def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool) -> Any:
@@ -195,7 +223,7 @@ def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, qu
               help="Repeats run in parallel.")
 @report_options
 def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, json_path: Path | None,
-            junit_path: Path | None, quiet: bool) -> None:
+            junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:
     """Confirm why a finished run diverged: re-run it with one source pinned at a time.
 
     Each experiment pins one candidate source (seeded RNGs, PYTHONHASHSEED, deterministic
@@ -204,7 +232,7 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     `detaudit report RUN_DIR` shows them too.
     """
 
-    _finish(_explain(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet)
+    _finish(_explain(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet, html_path)
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
@@ -213,7 +241,7 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
 @click.option("--rtol", type=float, default=None, help="Compare within this relative tolerance instead of bitwise.")
 @report_options
 def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None, json_path: Path | None,
-            junit_path: Path | None, quiet: bool) -> None:
+            junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:
     """Compare traces (or run directories) recorded elsewhere: another machine, another release.
 
     Bitwise by default; give --atol/--rtol to compare within a tolerance (as across devices).
@@ -225,7 +253,7 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
     tolerance = None
     if atol is not None or rtol is not None:
         tolerance = Tolerance(atol if atol is not None else 0.0, rtol if rtol is not None else 0.0)
-    _finish(compare_recorded(list(recordings), tolerance), json_path, junit_path, quiet)
+    _finish(compare_recorded(list(recordings), tolerance), json_path, junit_path, quiet, html_path)
 
 
 @cli.command()

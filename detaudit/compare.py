@@ -76,6 +76,7 @@ class StepSpread:
     records: int
     differing: int
     max_abs_diff: float | None
+    modules: dict[str, int] = field(default_factory=dict)  # module -> its differing records in this step
 
 
 @dataclass
@@ -246,6 +247,7 @@ def compare_traces(
     counts = [0] * len(streams)
     first: Divergence | None = None
     spread: dict[int, list[Any]] = {}
+    module_spread: dict[tuple[int, int], int] = {}  # (step, shared module id) -> differing records
     compared = differing = 0
     aligned = True
 
@@ -302,6 +304,12 @@ def compare_traces(
                 gap = gaps(a["samples"], b["samples"]).max(axis=1)
                 max_diff = np.maximum(max_diff, np.where(diff, gap, 0.0))
             steps = chunks[0]["step"][:upto]
+            if any_diff.any():
+                modules = maps[0][chunks[0]["module"][:upto][any_diff]]
+                keys, hits = np.unique(np.stack([steps[any_diff].astype(np.int64), modules]), axis=1,
+                                       return_counts=True)
+                for step, module, hit in zip(keys[0].tolist(), keys[1].tolist(), hits.tolist()):
+                    module_spread[(step, module)] = module_spread.get((step, module), 0) + hit
             for step, total, count, peak in _per_step(steps, any_diff, max_diff):
                 entry = spread.setdefault(step, [0, 0, 0.0])
                 entry[0] += total
@@ -330,6 +338,9 @@ def compare_traces(
     for s in streams:
         s.drain()
     by_step = [StepSpread(step, v[0], v[1], v[2] if v[1] else None) for step, v in sorted(spread.items())]
+    at = {s.step: s for s in by_step}
+    for (step, module), hits in sorted(module_spread.items()):
+        at[step].modules[strings.texts[module]] = hits
     return Comparison(
         repeats=len(streams), records=counts, complete=[s.footer is not None for s in streams],
         recording_failed={i: str(s.footer["recording_failed"]) for i, s in enumerate(streams)
