@@ -151,7 +151,7 @@ def check(baseline: Baseline, run_dir: Path, record: dict[str, Any], results: Se
         changes.insert(0, EnvironmentChange("script arguments", " ".join(baseline.script_args),
                                             " ".join(record.get("script_args", []))))
     return BaselineCheck(str(baseline.path), divergence, changes, comparison.records_compared,
-                         comparison.records_differing)
+                         comparison.records_differing, comparison.by_step)
 
 
 def environment_changes(before: dict[str, Any], after: dict[str, Any]) -> list[EnvironmentChange]:

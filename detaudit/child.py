@@ -1,7 +1,8 @@
 """Inside one repeat: become `python SCRIPT ARGS...` and record it.
 
 Started by the launcher as `python -m detaudit.child CONFIG SCRIPT [ARGS...]` in a fresh
-interpreter (or as `python -m MODULE ARGS...` when the config names a module: the pytest plugin). It restores argv, sys.path[0] and `__main__` as plain python would set them,
+interpreter; when the config names a module, it becomes `python -m MODULE ARGS...` instead (the
+pytest plugin). It restores argv, sys.path[0] and `__main__` as plain python would set them,
 installs the recorder when the script imports torch (not before: a script may set
 environment variables that torch reads at import), runs the script, and writes the footer
 with its exit status. The script's own traceback is printed as python would print it.

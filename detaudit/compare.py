@@ -247,7 +247,7 @@ def compare_traces(
     counts = [0] * len(streams)
     first: Divergence | None = None
     spread: dict[int, list[Any]] = {}
-    module_spread: dict[tuple[int, int], int] = {}  # (step, shared module id) -> differing records
+    module_spread: dict[tuple[int, str], int] = {}  # (step, module) -> differing records
     compared = differing = 0
     aligned = True
 
@@ -306,10 +306,13 @@ def compare_traces(
             steps = chunks[0]["step"][:upto]
             if any_diff.any():
                 modules = maps[0][chunks[0]["module"][:upto][any_diff]]
-                keys, hits = np.unique(np.stack([steps[any_diff].astype(np.int64), modules]), axis=1,
+                # records outside a module call (gradients, parameters, optimizer state) go by their name
+                names = np.where(modules == 0, maps[0][chunks[0]["name"][:upto][any_diff]], 0)
+                keys, hits = np.unique(np.stack([steps[any_diff].astype(np.int64), modules, names]), axis=1,
                                        return_counts=True)
-                for step, module, hit in zip(keys[0].tolist(), keys[1].tolist(), hits.tolist()):
-                    module_spread[(step, module)] = module_spread.get((step, module), 0) + hit
+                for step, module, name, hit in zip(*keys.tolist(), hits.tolist()):
+                    owner = strings.texts[module] if module else owning_module(strings.texts[name])
+                    module_spread[(step, owner)] = module_spread.get((step, owner), 0) + hit
             for step, total, count, peak in _per_step(steps, any_diff, max_diff):
                 entry = spread.setdefault(step, [0, 0, 0.0])
                 entry[0] += total
@@ -338,9 +341,9 @@ def compare_traces(
     for s in streams:
         s.drain()
     by_step = [StepSpread(step, v[0], v[1], v[2] if v[1] else None) for step, v in sorted(spread.items())]
-    at = {s.step: s for s in by_step}
-    for (step, module), hits in sorted(module_spread.items()):
-        at[step].modules[strings.texts[module]] = hits
+    by_number = {s.step: s for s in by_step}
+    for (number, module), count in sorted(module_spread.items()):
+        by_number[number].modules[module] = count
     return Comparison(
         repeats=len(streams), records=counts, complete=[s.footer is not None for s in streams],
         recording_failed={i: str(s.footer["recording_failed"]) for i, s in enumerate(streams)
@@ -348,6 +351,12 @@ def compare_traces(
         first_divergence=first, records_compared=compared, records_differing=differing,
         by_step=by_step, aligned_to_end=aligned,
     )
+
+
+def owning_module(name: str) -> str:
+    """The module a parameter-like record belongs to: `2` for `2.weight` and `2.weight:momentum_buffer`."""
+    qualified = name.split(":", 1)[0]
+    return qualified.rsplit(".", 1)[0] if "." in qualified else qualified
 
 
 def _per_step(steps: np.ndarray, differs: np.ndarray, gaps: np.ndarray) -> list[tuple[int, int, int, float]]:

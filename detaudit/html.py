@@ -209,15 +209,19 @@ def _environment_section(data: dict[str, Any]) -> str:
 
 # -- plots ----------------------------------------------------------------------------------------
 def _plots_section(data: dict[str, Any]) -> str:
+    """The spread between the repeats; when they agree but differ from a baseline, the spread from it."""
     steps = [s for s in data.get("spread", {}).get("by_step", []) if s.get("step", -1) >= 0]
+    against = "between the repeats"
+    if not any(s["differing"] for s in steps) and data.get("baseline"):
+        steps = [s for s in data["baseline"].get("by_step", []) if s.get("step", -1) >= 0]
+        against = "from the baseline (repeat 0 against it)"
     if not any(s["differing"] for s in steps):
         return ""
     peaks = [(s["step"], s["max_abs_diff"]) for s in steps if s["differing"] and s["max_abs_diff"] is not None]
     counts = [(s["step"], s["differing"]) for s in steps if s["differing"]]
     xs = [s["step"] for s in steps]
-    return ("<h2>How the divergence spreads</h2>"
-            "<p class='muted'>Per training step (optimizer steps completed), over the records every repeat made. "
-            "Max |diff| is measured on sampled elements.</p>"
+    return (f"<h2>How the divergence spreads</h2><p class='muted'>Differences {against}, per training step "
+            "(optimizer steps completed), over the records compared. Max |diff| is measured on sampled elements.</p>"
             + log_series_svg("max-abs-diff", "max |diff| per step (log scale)", xs, peaks)
             + log_series_svg("differing", "differing records per step (log scale)", xs, counts)
             + heat_strip_svg(steps))

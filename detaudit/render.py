@@ -231,8 +231,8 @@ def render(report: Report, console: Console) -> None:
             code = report.runs[index].exit_code
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
                                 title=f"Repeat {index} ended differently (exit {code}): its stderr"))
-    for block in (divergence_panel(report), baseline_panel(report), op_panel(report), spread_table(report), causes_block(report),
-                  experiments_table(report)):
+    for block in (divergence_panel(report), baseline_panel(report), op_panel(report), spread_table(report),
+                  causes_block(report), experiments_table(report)):
         if block is not None:
             console.print(block)
     console.print(Text(f"run directory: {report.run_dir}", style="dim"))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
 from detaudit import __version__
-from detaudit.compare import Comparison, Divergence, RecordInfo
+from detaudit.compare import Comparison, Divergence, RecordInfo, StepSpread
 from detaudit.errors import (
     EXIT_DETERMINISTIC,
     EXIT_DIVERGENT,
@@ -73,6 +73,7 @@ class BaselineCheck:
     environment_changes: list[EnvironmentChange]
     records_compared: int = 0
     records_differing: int = 0
+    by_step: list[StepSpread] = field(default_factory=list)
 
     @property
     def matches(self) -> bool:
@@ -201,11 +202,7 @@ def to_dict(report: Report) -> dict[str, Any]:
             "records_compared": comp.records_compared,
             "records_differing": comp.records_differing,
             "aligned_to_end": comp.aligned_to_end,
-            "by_step": [
-                {"step": s.step, "records": s.records, "differing": s.differing,
-                 "max_abs_diff": _finite(s.max_abs_diff), "modules": s.modules}
-                for s in comp.by_step
-            ],
+            "by_step": spread_to_list(comp.by_step),
         },
         "causes": [asdict(c) for c in report.causes],
         "experiments": [asdict(e) for e in report.experiments],
@@ -225,11 +222,17 @@ def to_dict(report: Report) -> dict[str, Any]:
     }
 
 
+def spread_to_list(by_step: list[StepSpread]) -> list[dict[str, Any]]:
+    return [{"step": s.step, "records": s.records, "differing": s.differing, "max_abs_diff": _finite(s.max_abs_diff),
+             "modules": s.modules} for s in by_step]
+
+
 def baseline_to_dict(check: BaselineCheck | None) -> dict[str, Any] | None:
     if check is None:
         return None
     return {"path": check.path, "matches": check.matches, "first_divergence": divergence_to_dict(check.divergence),
             "records_compared": check.records_compared, "records_differing": check.records_differing,
+            "by_step": spread_to_list(check.by_step),
             "environment_changes": [{"field": c.field, "baseline": c.baseline, "current": c.current}
                                     for c in check.environment_changes]}
 
