@@ -54,15 +54,27 @@ def effective_granularity(granularity: str) -> str:
     return "module" if granularity == "auto" else granularity
 
 
+ENVIRONMENT_KEYS = ("python", "torch", "numpy", "cuda", "cudnn", "driver", "cpu", "machine", "os")
+FLAG_KEYS = ("num_threads", "num_interop_threads", "deterministic_algorithms", "float32_matmul_precision",
+             "matmul.allow_tf32", "cudnn.allow_tf32", "cudnn.benchmark", "cudnn.deterministic")
+
+
 def fingerprint(record: dict[str, Any], trace: Path, device: str) -> dict[str, Any]:
-    """The environment one repeat ran in: the host (run.json) and torch as the script left it (footer)."""
-    env = {**{k: v for k, v in (record.get("environment") or {}).items() if k != "detaudit"}, "device": device}
+    """The environment one repeat ran in, from its trace's evidence (docs/causes.md): versions, hardware,
+    allow-listed variables, and the thread count and determinism flags as they stood at the first
+    optimizer step (else the first forward, else at import)."""
     stream = RecordStream(trace)
     stream.drain()
-    footer = stream.footer if isinstance(stream.footer, dict) else {}
-    env.update(footer.get("environment") or {})
-    env["detaudit"] = record.get("environment", {}).get("detaudit")
-    return env
+    events = stream.events
+    env = next((e for e in events if e.get("type") == "environment"), {})
+    states = {e.get("when"): e.get("flags") for e in events if e.get("type") == "state" and e.get("flags")}
+    flags = states.get("first-step") or states.get("first-forward") or states.get("import") or {}
+    host = record.get("environment") or {}
+    found = {"detaudit": host.get("detaudit"), "cpu_count": host.get("cpu_count"), "device": device}
+    found.update({key: env.get(key) for key in ENVIRONMENT_KEYS})
+    found.update({key: flags.get(key) for key in FLAG_KEYS})
+    found.update({f"${name}": value for name, value in sorted((env.get("env") or {}).items())})
+    return found
 
 
 def save(run_dir: Path, report: Report, dest: Path) -> Path:
@@ -148,8 +160,8 @@ def check(baseline: Baseline, run_dir: Path, record: dict[str, Any], results: Se
     now = fingerprint(record, trace, current.device) if trace.is_file() else {}
     changes = environment_changes(baseline.environment, now)
     if baseline.script_args != list(record.get("script_args", [])):
-        changes.insert(0, EnvironmentChange("script arguments", " ".join(baseline.script_args),
-                                            " ".join(record.get("script_args", []))))
+        changes.insert(0, EnvironmentChange("script arguments", " ".join(baseline.script_args) or "(none)",
+                                            " ".join(record.get("script_args", [])) or "(none)"))
     return BaselineCheck(str(baseline.path), divergence, changes, comparison.records_compared,
                          comparison.records_differing, comparison.by_step)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from detaudit.recorder import environ, evidence, location
+from detaudit.recorder import evidence, location
 from detaudit.recorder.pins import reexec_without_aslr
 
 
@@ -146,11 +146,6 @@ class Session:
             self.recording_failed = "torch was imported but the recorder was never installed"
         if self.recording_failed is not None:
             footer["recording_failed"] = self.recording_failed
-        if self.recorder is not None:
-            try:
-                footer["environment"] = environ.torch_environment(sys.modules["torch"])
-            except Exception as exc:  # an odd torch build must not cost the trace
-                footer["environment"] = {"error": f"{type(exc).__name__}: {exc}"}
         try:
             sink = self._empty_trace() if self.recorder is None else self.recorder
             evidence.finish(sink)
