@@ -201,10 +201,11 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[RepeatResult]]:
 
 
 def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) -> Report:
-    """Compare recordings made elsewhere (another machine, another day): trace files or run directories.
+    """Compare recordings made elsewhere (another machine, another day): trace files, run directories
+    or baselines.
 
-    A run directory contributes its first repeat. Bitwise unless a tolerance is given, whatever
-    devices the recordings were made on. A trace without a footer (killed, or crashed hard) is
+    A run directory contributes its first repeat, a baseline its reference trace. Bitwise unless a
+    tolerance is given, whatever devices the recordings were made on. A trace without a footer (killed, or crashed hard) is
     incomplete: its exit status is unknown (None) and it is compared as far as it goes.
     """
     if len(paths) < 2:
@@ -212,7 +213,9 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) 
     results = []
     for i, path in enumerate(paths):
         path = Path(path)
-        if path.is_dir():
+        if path.is_dir() and (path / baseline.MANIFEST).is_file():
+            results.append(replace(baseline.load(path).result, index=i))
+        elif path.is_dir():
             _, run_results = read_run(path)
             first = run_results[0]
             results.append(replace(first, index=i, trace=str((path / first.trace).resolve()),

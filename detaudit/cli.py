@@ -242,10 +242,10 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
 @report_options
 def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None, json_path: Path | None,
             junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:
-    """Compare traces (or run directories) recorded elsewhere: another machine, another release.
+    """Compare traces (or run directories, or baselines) recorded elsewhere: another machine, another release.
 
     Bitwise by default; give --atol/--rtol to compare within a tolerance (as across devices).
-    A run directory contributes its first repeat.
+    A run directory contributes its first repeat, a baseline (--save-baseline) its reference trace.
     """
     from detaudit.audit import compare_recorded
     from detaudit.compare import Tolerance
