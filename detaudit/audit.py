@@ -205,8 +205,9 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) 
     or baselines.
 
     A run directory contributes its first repeat, a baseline its reference trace. Bitwise unless a
-    tolerance is given, whatever devices the recordings were made on. A trace without a footer (killed, or crashed hard) is
-    incomplete: its exit status is unknown (None) and it is compared as far as it goes.
+    tolerance is given, whatever devices the recordings were made on. A trace without a footer
+    (killed, or crashed hard) is incomplete: its exit status is unknown (None) and it is compared
+    as far as it goes.
     """
     if len(paths) < 2:
         raise UsageError("compare needs at least two traces or run directories")
