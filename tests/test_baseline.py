@@ -11,7 +11,7 @@ from conftest import SCRIPTS, run_cli
 from synthetic import training_records, write_run
 
 from detaudit import baseline
-from detaudit.audit import load_run
+from detaudit.audit import compare_recorded, load_run
 from detaudit.errors import TraceError
 from detaudit.report import EnvironmentChange
 from detaudit.trace import Kind, read_trace
@@ -129,3 +129,13 @@ def test_unreadable_baseline_exits_4_before_running(tmp_path: Path) -> None:
     assert result.returncode == 4
     assert "not a detaudit baseline" in result.stderr and "Traceback" not in result.output
     assert not (tmp_path / ".detaudit").exists()
+
+
+def test_compare_reads_a_baseline_as_a_recording(tmp_path: Path) -> None:
+    saved = _saved(tmp_path)
+    recs = training_records(steps=2)
+    other = write_run(tmp_path / "other", [[r.but(digest=r.digest + 1) if r.step == 1 else r for r in recs]] * 2)
+    assert compare_recorded([saved, tmp_path / "run"]).verdict == "deterministic"
+    report = compare_recorded([saved, other])
+    assert report.verdict == "divergent" and report.first_divergence is not None
+    assert report.first_divergence.record is not None and report.first_divergence.record.step == 1

@@ -123,17 +123,30 @@ def test_broken():
 
 
 def test_marker_arguments_are_validated(pytester: pytest.Pytester) -> None:
-    item = pytester.getitem("import pytest\n@pytest.mark.deterministic(repeats=4, atol=1e-4)\ndef test_a(): pass\n")
-    args = marker_args(item)
+    items = {item.name: item for item in pytester.getitems("""
+import pytest
+
+@pytest.mark.deterministic(repeats=4, atol=1e-4)
+def test_ok(): pass
+
+@pytest.mark.deterministic(repetitions=3)
+def test_unknown(): pass
+
+@pytest.mark.deterministic(repeats=1)
+def test_one_repeat(): pass
+
+@pytest.mark.deterministic(3)
+def test_positional(): pass
+""")}
+    args = marker_args(items["test_ok"])
     assert (args.repeats, args.atol, args.rtol, args.max_steps) == (4, 1e-4, None, None)
-    for bad in ("repetitions=3", "repeats=1", "3"):
-        item = pytester.getitem(f"import pytest\n@pytest.mark.deterministic({bad})\ndef test_a(): pass\n")
+    for name in ("test_unknown", "test_one_repeat", "test_positional"):
         with pytest.raises(pytest.UsageError):
-            marker_args(item)
+            marker_args(items[name])
 
 
 def test_rerun_is_one_plain_test_session(pytester: pytest.Pytester) -> None:
-    item = pytester.getitem("import pytest\n@pytest.mark.parametrize('x', ['a b'])\ndef test_a(x): pass\n")
+    item = pytester.getitem("import pytest\n@pytest.mark.parametrize('x', ['a b'])\ndef test_a(x): pass\n", "test_a[a b]")
     argv = repeat_argv(item)
     assert argv[0] == f"{item.path}::test_a[a b]"  # absolute: found from the session's working directory
     assert argv[argv.index("-o"):argv.index("-o") + 2] == ["-o", "addopts="]  # no -n, --reruns from the ini
