@@ -146,7 +146,8 @@ def test_positional(): pass
 
 
 def test_rerun_is_one_plain_test_session(pytester: pytest.Pytester) -> None:
-    item = pytester.getitem("import pytest\n@pytest.mark.parametrize('x', ['a b'])\ndef test_a(x): pass\n", "test_a[a b]")
+    source = "import pytest\n@pytest.mark.parametrize('x', ['a b'])\ndef test_a(x): pass\n"
+    item = pytester.getitem(source, "test_a[a b]")
     argv = repeat_argv(item)
     assert argv[0] == f"{item.path}::test_a[a b]"  # absolute: found from the session's working directory
     assert argv[argv.index("-o"):argv.index("-o") + 2] == ["-o", "addopts="]  # no -n, --reruns from the ini
