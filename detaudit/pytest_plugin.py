@@ -19,6 +19,7 @@ import dataclasses
 import os
 import re
 import time
+import unittest
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _audited(item: pytest.Item) -> bool:
+    """A test function to audit here (not in a re-run; unittest.TestCase methods run as they are)."""
     return (isinstance(item, pytest.Function) and not os.environ.get(CHILD_ENV)
+            and not (item.cls is not None and issubclass(item.cls, unittest.TestCase))
             and (item.get_closest_marker(MARKER) is not None or item.config.getoption("detaudit")))
 
 
@@ -235,6 +238,8 @@ def _output_tail(path: Path, lines: int = 40) -> str:
 
 def describe_divergence(first: dict[str, Any]) -> str:
     """One line: which record, where, how large (from the JSON form of the first divergence)."""
+    if first["index"] < 0:  # the re-runs ended differently (exit status): no record to name
+        return f"{first['category']} — {first['detail']}"
     parts = [f"record #{first['index']}"]
     if first.get("kind"):
         parts.append(f"{first['kind']} {first['name']}")

@@ -161,3 +161,9 @@ def test_divergence_line() -> None:
                                 "max_abs_diff": 0.25, "detail": "bits differ"})
     assert line == ("record #7 output fc in fc at step 2 (test_x.py:9); repeat(s) 1, 2 differ from repeat 0, "
                     "max |diff| 0.25 — bits differ")
+
+
+def test_divergence_line_for_reruns_that_end_differently() -> None:
+    line = describe_divergence({"index": -1, "category": "outcome", "repeats": [1], "reference": 0,
+                                "detail": "exit status differs: repeat 0 exited 0, repeat 1 exited 1"})
+    assert line == "outcome — exit status differs: repeat 0 exited 0, repeat 1 exited 1"
