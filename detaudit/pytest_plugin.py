@@ -246,7 +246,7 @@ def describe_divergence(first: dict[str, Any]) -> str:
     if first.get("module"):
         parts.append(f"in {first['module']}")
     if first.get("op"):
-        parts.append(f"op {first['op']}")
+        parts.append(f"from op {first['op']}")
     if first.get("step") is not None and first["step"] >= 0:
         parts.append(f"at step {first['step']}")
     if first.get("location"):
