@@ -22,7 +22,8 @@ from detaudit.oprules import VERDICTS
 WIDTH, HEIGHT = 760, 210
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 14, 34
 MAX_STRIP_MODULES = 24  # heat strip rows: the modules with the most differing records
-_COLOURS = {"deterministic": "#1a7f37", "divergent": "#cf222e", "failed": "#9a6700", "timeout": "#cf222e"}
+_COLOURS = {"deterministic": "#1a7f37", "divergent": "#cf222e", "failed": "#9a6700", "timeout": "#cf222e",
+            "inconclusive": "#9a6700"}
 
 _STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1000px;color:#1f2328;
@@ -133,12 +134,15 @@ def _divergence_section(data: dict[str, Any]) -> str:
 
 
 def _divergence_rows(d: dict[str, Any]) -> list[tuple[str, Any]]:
+    # with an op finding, module, op and location name that op: they belong to its own section
+    own = not d.get("op_finding")
     return [
         ("what", d["category"] + (f" — {d['detail']}" if d.get("detail") else "")),
         ("record", None if d["index"] < 0 else f"#{d['index']}"),
         ("step", d["step"] if d.get("step") is not None and d["step"] >= 0 else None),
-        ("kind", d.get("kind")), ("name", d.get("name")), ("module", d.get("module")),
-        ("op", f"{d['op']} ({d['phase']})" if d.get("op") else None), ("location", d.get("location")),
+        ("kind", d.get("kind")), ("name", d.get("name")), ("module", d.get("module") if own else None),
+        ("op", f"{d['op']} ({d['phase']})" if own and d.get("op") else None),
+        ("location", d.get("location") if own else None),
         ("tensor", f"{d['dtype']}[{d['shape']}]" if d.get("dtype") else None),
         ("repeats", f"{', '.join(map(str, d['repeats']))} differ from {d['reference']}" if d.get("repeats") else None),
         ("max |diff|", d.get("max_abs_diff")), ("max ULP", d.get("max_ulp_diff")),
@@ -167,6 +171,14 @@ def _op_section(data: dict[str, Any]) -> str:
     if not f:
         return ""
     origin = f.get("origin")
+    if f["verdict"] == "inputs-differ" and origin and origin.get("kind") == "input":
+        # no recorded op made the differing data: the neighbour table would only show its consumers
+        window = f" in steps {f['window'][0]}–{f['window'][1]}" if f.get("window") else ""
+        where = f" ({origin['location']})" if origin.get("location") else ""
+        return (f"<h2>The op behind it</h2><p>No op recorded{escape(window)} produced the differing data: it "
+                f"first appears as the model's input {escape(str(origin['name']))}{escape(where)}, so it was made "
+                f"outside torch (NumPy, Python, a file...) or before the recorded steps. The first op to use it is "
+                f"<code>{escape(str(f['op']))}</code>.</p>")
     rows = [
         ("op", f"{f['op']} ({f['phase']}{', autograd node ' + f['node'] if f.get('node') else ''})"),
         ("module", f.get("module")), ("location", f.get("location")), ("step", f.get("step")),

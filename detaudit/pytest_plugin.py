@@ -215,6 +215,10 @@ def failure_message(report: Any) -> str:
                      or "(no output)")
     elif verdict == "timeout":
         lines.append("a re-run timed out before the re-runs diverged (--detaudit-timeout)")
+    elif verdict != "divergent":  # a verdict that settles nothing is no pass
+        reason = data.get("inconclusive")
+        lines.append(f"detaudit could not show that this test is deterministic: verdict {verdict}"
+                     + (f" ({reason})" if isinstance(reason, str) and reason else ""))
     else:
         lines.append(f"not deterministic: {runs} fresh-interpreter runs of this test diverge")
         first = data["first_divergence"]

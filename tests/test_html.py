@@ -13,7 +13,8 @@ import pytest
 from conftest import run_cli
 from synthetic import training_records, write_run
 
-from detaudit.audit import load_run
+from detaudit import baseline
+from detaudit.audit import load_run, read_run
 from detaudit.html import render_html
 from detaudit.report import to_dict
 
@@ -131,3 +132,23 @@ def test_html_of_the_demo_run(tmp_path: Path) -> None:
                         "--json", "compare.json"], cwd=tmp_path)
     assert compared.returncode == 1
     check_page((tmp_path / "compare.html").read_text(), json.loads((tmp_path / "compare.json").read_text()))
+
+
+def test_baseline_section_and_its_spread(tmp_path: Path) -> None:
+    """Repeats that agree but differ from a baseline: the plots show the spread from the baseline."""
+    recs = training_records(steps=3)
+    first = write_run(tmp_path / "first", [recs, recs])
+    saved = baseline.save(first, load_run(first), tmp_path / "base")
+    moved = [r.but(digest=r.digest + 7, samples=tuple(x + 0.5 for x in r.samples)) if r.step >= 1 else r
+             for r in recs]
+    later = write_run(tmp_path / "later", [moved, moved])
+    record, results = read_run(later)
+    record["environment"] = {**record["environment"], "cpu_count": 64}
+    report = load_run(later)
+    report.baseline = baseline.check(baseline.load(saved), later, record, results)
+    data = to_dict(report)
+    assert data["verdict"] == "deterministic" and data["exit_code"] == 1
+    page = check_page(render_html(data), data)
+    text = " ".join(page.text)
+    assert "from the baseline" in text and "differs" in text and "cpu_count" in text
+    assert {int(p["data-step"]) for p in page.plot("differing", "circle")} == {1, 2}
