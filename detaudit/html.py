@@ -22,6 +22,7 @@ from detaudit.oprules import VERDICTS
 WIDTH, HEIGHT = 760, 210
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 14, 34
 MAX_STRIP_MODULES = 24  # heat strip rows: the modules with the most differing records
+MAX_STRIP_CELLS = 300  # heat strip columns at most: longer runs group steps into cells
 _COLOURS = {"deterministic": "#1a7f37", "divergent": "#cf222e", "failed": "#9a6700", "timeout": "#cf222e",
             "inconclusive": "#9a6700"}
 
@@ -297,7 +298,8 @@ def log_series_svg(name: str, title: str, xs: Sequence[int], points: Sequence[tu
 
 
 def heat_strip_svg(steps: Sequence[dict[str, Any]]) -> str:
-    """Which modules hold differing records at each step: one row per module, one cell per step."""
+    """Which modules hold differing records at each step: one row per module, one cell per step
+    (per run of steps when there are more steps than MAX_STRIP_CELLS, so a long run stays small)."""
     totals: dict[str, int] = {}
     for s in steps:
         for module, hits in (s.get("modules") or {}).items():
@@ -306,14 +308,20 @@ def heat_strip_svg(steps: Sequence[dict[str, Any]]) -> str:
         return ""
     modules = sorted(totals, key=lambda m: (-totals[m], m))[:MAX_STRIP_MODULES]
     xs = [s["step"] for s in steps]
-    row_h, label_w = 16, 190
-    height = MARGIN_TOP + 18 + row_h * len(modules) + MARGIN_BOTTOM
-    left = label_w
-    inner = WIDTH - left - MARGIN_RIGHT
     lo, hi = min(xs), max(xs)
-    cell_w = inner / (hi - lo + 1)
-    peak = max(hits for s in steps for hits in (s.get("modules") or {}).values())
-    title = "modules with differing records, per step"
+    width = math.ceil((hi - lo + 1) / MAX_STRIP_CELLS)  # steps per cell
+    cells: dict[str, dict[int, int]] = {module: {} for module in modules}  # module -> cell -> differing
+    for s in steps:
+        for module, hits in (s.get("modules") or {}).items():
+            if module in cells:
+                cell = (s["step"] - lo) // width
+                cells[module][cell] = cells[module].get(cell, 0) + hits
+    row_h, left = 16, 190
+    height = MARGIN_TOP + 18 + row_h * len(modules) + MARGIN_BOTTOM
+    inner = WIDTH - left - MARGIN_RIGHT
+    cell_w = inner / math.ceil((hi - lo + 1) / width)
+    peak = max(hits for row in cells.values() for hits in row.values())
+    title = "modules with differing records, per step" + (f" (cells of {width} steps)" if width > 1 else "")
     dropped = len(totals) - len(modules)
     out = [f"<svg class='plot' data-plot='modules' width='{WIDTH}' "
            f"height='{height}' viewBox='0 0 {WIDTH} {height}' role='img' aria-label='{title}'>",
@@ -325,15 +333,14 @@ def heat_strip_svg(steps: Sequence[dict[str, Any]]) -> str:
         label = module or "(outside any module)"
         out.append(f"<text x='{left - 6}' y='{y + row_h - 4}' text-anchor='end'>{escape(label[-30:])}</text>")
         out.append(f"<rect x='{left}' y='{y}' width='{inner:.1f}' height='{row_h - 2}' fill='#f6f8fa'/>")
-        for s in steps:
-            hits = (s.get("modules") or {}).get(module, 0)
-            if not hits:
-                continue
+        for cell, hits in sorted(cells[module].items()):
+            first = lo + cell * width
+            span = f"steps {first}–{first + width - 1}" if width > 1 else f"step {first}"
             shade = 0.25 + 0.75 * math.log1p(hits) / math.log1p(peak)
-            out.append(f"<rect x='{left + (s['step'] - lo) * cell_w:.1f}' y='{y}' width='{max(cell_w, 1.0):.1f}' "
-                       f"height='{row_h - 2}' fill='#cf222e' fill-opacity='{shade:.2f}' data-step='{s['step']}' "
-                       f"data-module='{escape(module)}' data-count='{hits}'>"
-                       f"<title>step {s['step']}: {escape(label)}, {hits} differing</title></rect>")
+            out.append(f"<rect x='{left + cell * cell_w:.1f}' y='{y}' width='{max(cell_w, 1.0):.1f}' "
+                       f"height='{row_h - 2}' fill='#cf222e' fill-opacity='{shade:.2f}' data-step='{first}' "
+                       f"data-steps='{width}' data-module='{escape(module)}' data-count='{hits}'>"
+                       f"<title>{span}: {escape(label)}, {hits} differing</title></rect>")
     bottom = top + row_h * len(modules) + 2
     out.append(f"<text x='{left}' y='{bottom + 14}'>step {lo}</text>")
     out.append(f"<text x='{WIDTH - MARGIN_RIGHT}' y='{bottom + 14}' text-anchor='end'>step {hi}</text>")

@@ -15,7 +15,7 @@ from synthetic import training_records, write_run
 
 from detaudit import baseline
 from detaudit.audit import load_run, read_run
-from detaudit.html import render_html
+from detaudit.html import heat_strip_svg, render_html
 from detaudit.report import to_dict
 
 _VOID = {"meta", "br", "img", "input", "link", "hr", "circle", "line", "polyline", "rect"}
@@ -152,3 +152,11 @@ def test_baseline_section_and_its_spread(tmp_path: Path) -> None:
     text = " ".join(page.text)
     assert "from the baseline" in text and "differs" in text and "cpu_count" in text
     assert {int(p["data-step"]) for p in page.plot("differing", "circle")} == {1, 2}
+
+
+def test_heat_strip_groups_long_runs_into_cells() -> None:
+    steps = [{"step": s, "records": 4, "differing": 2, "max_abs_diff": 1.0, "modules": {"fc": 2}} for s in range(900)]
+    page = Page(heat_strip_svg(steps))
+    cells = [c for tag, c in page.elements if tag == "rect" and "data-count" in c]
+    assert len(cells) == 300 and {c["data-steps"] for c in cells} == {"3"}
+    assert sum(int(c["data-count"]) for c in cells) == 2 * 900  # every differing record is counted once
