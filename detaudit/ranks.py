@@ -96,11 +96,13 @@ def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[Repea
         report = analyse(run_dir, rank_record(single, rank), rank_results, explained=explained)
         d = report.first_divergence
         role = None if d is None else classify(d, [run_dir / r.trace for r in rank_results])
-        if role == "receiver":
-            report.causes = []  # what reached it through a collective was born on another rank
         summaries.append(RankSummary(rank, d, role, report))
 
     chosen = earliest(summaries)
+    if chosen is not None and chosen.role == "origin":
+        for s in summaries:
+            if s.role == "receiver":
+                s.report.causes = []  # what reached it through a collective was born on another rank
     primary = chosen.report if chosen is not None else summaries[0].report
     if chosen is not None:
         primary.causes = [on_rank(c, chosen, summaries) for c in primary.causes]

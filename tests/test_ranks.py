@@ -43,14 +43,16 @@ def step_records(step: int, x: int, grad: int, param: int) -> list[Rec]:
 
 
 def write_dist_run(run_dir: Path, traces: Sequence[Sequence[list[Rec]]], exit_codes: Sequence[int] | None = None,
-                   rank_exit: int = 0, stderr: str = "", events: Sequence[dict[str, Any]] = (DDP,)) -> Path:
+                   rank_exit: int = 0, stderr: str = "", events: Sequence[dict[str, Any]] = (DDP,),
+                   collective_env: Sequence[dict[str, str]] | None = None) -> Path:
     """traces[repeat][rank]: a torchrun run directory as `detaudit run --nproc-per-node` leaves it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for i, per_rank in enumerate(traces):
         for rank, recs in enumerate(per_rank):
             write_trace(run_dir / f"repeat-{i}.rank-{rank}.trace", recs, {"exit_code": rank_exit, "error": None},
-                        events=[(0, e) for e in events], header={"repeat": i, "distributed": {"rank": rank}})
+                        events=[(0, e) for e in events], header={"repeat": i, "distributed": {
+                            "rank": rank, "collective_env": collective_env[i] if collective_env else {}}})
             (run_dir / f"repeat-{i}.rank-{rank}.stdout").write_text("")
         (run_dir / f"repeat-{i}.stdout").write_text("")
         (run_dir / f"repeat-{i}.stderr").write_text(stderr)
@@ -88,6 +90,7 @@ def test_input_differs_on_one_rank_origin_there_receiver_elsewhere(tmp_path: Pat
     assert roles == {0: ("receiver", "grad"), 1: ("origin", "input")}
     assert data["first_divergence"]["rank"] == 1 and data["first_divergence"]["kind"] == "input"
     assert data["verdict"] == "divergent"
+    assert data["ranks"][0]["causes"] == []  # a receiver is not blamed for what it received
 
 
 def test_a_gradient_no_collective_touched_is_an_origin(tmp_path: Path) -> None:
@@ -104,6 +107,18 @@ def test_only_receivers_report_the_earliest_of_them(tmp_path: Path) -> None:
     report = load_run(write_dist_run(tmp_path, [[a, a], [b, b]]))
     assert [s.role for s in report.distributed.ranks] == ["receiver", "receiver"]  # type: ignore[union-attr]
     assert report.distributed.rank == 0 and report.verdict == "divergent"  # type: ignore[union-attr]
+    found = {c.id: c for c in report.causes}
+    assert found["collective-algorithm"].confidence == "possible"  # gloo, same settings: only a suspect
+    assert any("DistributedDataParallel" in line and "gloo" in line for line in found["collective-algorithm"].evidence)
+
+
+def test_collective_settings_that_differ_make_the_collective_likely(tmp_path: Path) -> None:
+    a = step_records(0, 10, 20, 30)
+    b = step_records(0, 10, 21, 31)
+    report = load_run(write_dist_run(tmp_path, [[a, a], [b, b]],
+                                     collective_env=[{"NCCL_ALGO": "Ring"}, {"NCCL_ALGO": "Tree"}]))
+    assert report.causes[0].id == "collective-algorithm" and report.causes[0].confidence == "likely"
+    assert any("NCCL_ALGO" in line for line in report.causes[0].evidence)
 
 
 def test_replicas_that_differ_in_every_repeat_alike_are_divergent(tmp_path: Path) -> None:
