@@ -78,6 +78,7 @@ class DistributedFindings:
     ranks: list[RankSummary]
     replica_divergence: ReplicaDivergence | None = None
     teardown_crashes: list[TeardownCrash] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # advisories from the ranks' evidence (no divergence)
 
 
 def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult],
@@ -113,8 +114,25 @@ def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[Repea
         combined.failure = combined.repeat_errors.get(launched[0].index, "")
     combined.distributed = DistributedFindings(
         nproc_per_node=layout.nproc_per_node, rank=chosen.rank if chosen is not None else None, ranks=summaries,
-        replica_divergence=replica_check(run_dir, launched, rank_ids), teardown_crashes=crashes)
+        replica_divergence=replica_check(run_dir, launched, rank_ids), teardown_crashes=crashes,
+        notes=sampler_notes(run_dir, launched[0], rank_ids))
     return combined
+
+
+def sampler_notes(run_dir: Path, result: RepeatResult, ranks: Sequence[int]) -> list[str]:
+    """A shuffling DistributedSampler reused at the same epoch (first repeat; every rank alike)."""
+    notes = []
+    for rank in ranks:
+        for e in _events(run_dir / Layout.rank_file(result.trace, rank)):
+            if e.get("type") == "sampler-epoch":
+                notes.append(f"rank {rank}: the DistributedSampler iterated at {e.get('loc') or '?'} shuffled in "
+                             f"the same order in every epoch (epoch {e.get('epoch')} again; `set_epoch` was never "
+                             "called): deterministic, but each epoch sees the data in one fixed order. "
+                             "Call `sampler.set_epoch(epoch)` before each epoch.")
+                break
+        if notes:
+            break
+    return notes
 
 
 def on_rank(cause: Cause, chosen: RankSummary, summaries: Sequence[RankSummary]) -> Cause:

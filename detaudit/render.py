@@ -289,11 +289,11 @@ def ranks_table(report: Report) -> Table | None:
         role = "-" if s.role is None else s.role + (" (reported)" if s.rank == dist.rank else "")
         table.add_row(str(s.rank), role, escape(where), _fmt(rec.step if rec is not None and rec.step >= 0 else None),
                       escape(", ".join(c.id for c in s.report.causes)) or "-")
-    if dist.teardown_crashes:
-        table.caption = "; ".join(
-            f"repeat {c.repeat}: rank(s) {', '.join(map(str, c.ranks)) or '?'} crashed in interpreter teardown "
-            f"({c.signal or f'exit {c.exit_code}'}) after finishing the script; counted as finished"
-            for c in dist.teardown_crashes)
+    captions = [f"repeat {c.repeat}: rank(s) {', '.join(map(str, c.ranks)) or '?'} crashed in interpreter teardown "
+                f"({c.signal or f'exit {c.exit_code}'}) after finishing the script; counted as finished"
+                for c in dist.teardown_crashes] + [f"note: {note}" for note in dist.notes]
+    if captions:
+        table.caption = escape("\n".join(captions))
     return table
 
 

@@ -260,6 +260,7 @@ def distributed_to_dict(report: Report) -> dict[str, Any]:
             "step": replica.step, "name": replica.name, "ranks": replica.ranks, "reference": replica.reference,
             "max_abs_diff": _finite(replica.max_abs_diff), "repeats": replica.repeats},
         "teardown_crashes": [asdict(c) for c in dist.teardown_crashes],
+        "notes": dist.notes,
     }
 
 

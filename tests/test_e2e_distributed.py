@@ -6,6 +6,10 @@ Slow by nature (three interpreters per repeat); every scenario keeps to 2 repeat
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,8 @@ def test_per_rank_seed_before_wrapping_is_no_false_positive(scripts: Path, tmp_p
     assert result.returncode == 0, result.output
     assert result.report is not None and result.report["verdict"] == "deterministic"
     assert result.report["replica_divergence"] is None
+    # its DistributedSampler shuffles but never gets set_epoch: deterministic, but worth a note
+    assert any("set_epoch" in note for note in result.report["notes"])
 
 
 def test_parameter_changed_on_one_rank_is_a_replica_divergence(scripts: Path, tmp_path: Path) -> None:
@@ -115,3 +121,21 @@ def test_abort_in_teardown_after_a_complete_trace_is_a_teardown_crash(scripts: P
     assert all(c["ranks"] == [1] and c["signal"] == "SIGABRT" and c["exit_code"] == 1 for c in crashes)
     assert all(run["exit_code"] == 0 for run in report["runs"])
     assert "teardown" in result.stdout
+
+
+def test_ctrl_c_stops_every_rank(scripts: Path, tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "detaudit", "run", str(scripts / "train_ddp_wait.py"), "-n", "2",
+                             "--nproc-per-node", "2", "--granularity", "module", "--out", "run"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "run"
+    deadline = time.monotonic() + TIMEOUT
+    while len(list(run.glob("repeat-0.rank-*.trace"))) < 2 and time.monotonic() < deadline:  # both ranks recording
+        time.sleep(0.5)
+    pids = [int(p.read_text()) for p in run.glob("repeat-0.rank-*.pid")]
+    assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    time.sleep(0.5)
+    assert not [pid for pid in pids if _alive(pid)]
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, str(tmp_path))]

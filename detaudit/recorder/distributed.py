@@ -6,12 +6,15 @@ Installed only in the ranks of a torchrun repeat. Events (trace `events`, docs/d
   settings (bucket size, gradient views, static graph), which fix the all-reduce order;
 - `process-group`: init_process_group's backend, rank and world size;
 - `collective`: the first call of each torch.distributed collective from Python, with its backend,
-  reduce op and dtype (DDP's own all-reduces run in C++ and are described by the `ddp` event).
+  reduce op and dtype (DDP's own all-reduces run in C++ and are described by the `ddp` event);
+- `sampler-epoch`: a shuffling DistributedSampler iterated again at an epoch it already used
+  (`set_epoch` not called): the same order every epoch, deterministic but rarely what was meant.
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import torch
@@ -90,3 +93,26 @@ def install(recorder: Recorder) -> None:
         fn = getattr(dist, name, None)
         if fn is not None:
             setattr(dist, name, wrap(name, fn))
+    _watch_sampler_epochs(recorder)
+
+
+def _watch_sampler_epochs(recorder: Recorder) -> None:
+    from torch.utils.data import distributed as data_distributed
+
+    sampler_class = data_distributed.DistributedSampler
+    original_iter = sampler_class.__iter__
+    used: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()  # sampler -> epochs iterated
+    told: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    @functools.wraps(original_iter)
+    def sampler_iter(self: Any) -> Any:
+        epochs = used.setdefault(self, set())
+        epoch = int(getattr(self, "epoch", 0))
+        if getattr(self, "shuffle", False) and epoch in epochs and self not in told:
+            told.add(self)
+            recorder.event({"type": "sampler-epoch", "loc": _where(), "epoch": epoch,
+                            "seed": getattr(self, "seed", None), "iterations": len(epochs) + 1})
+        epochs.add(epoch)
+        return original_iter(self)
+
+    sampler_class.__iter__ = sampler_iter  # type: ignore[method-assign]

@@ -4,6 +4,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
 
 def main() -> None:
@@ -13,13 +15,14 @@ def main() -> None:
     net = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 2))
     model = DistributedDataParallel(net)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    features = torch.randn(16, 6)
-    labels = torch.randint(0, 2, (16,))
-    for epoch in range(3):
-        loss = nn.functional.cross_entropy(model(features), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    data = TensorDataset(torch.randn(32, 6), torch.randint(0, 2, (32,)))
+    loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=True))
+    for epoch in range(2):
+        for features, labels in loader:
+            loss = nn.functional.cross_entropy(model(features), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
     print(f"rank {rank}: loss {loss.item():.5f}")
     dist.destroy_process_group()
 
