@@ -214,7 +214,8 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
         own_device=own_device(devices), stdout=_stdout_mode(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
-        baseline=baseline_dir, **_torchrun(nproc_per_node, torchrun_args),
+        baseline=baseline_dir,
+        **_torchrun(nproc_per_node, torchrun_args, baseline_dir is not None or save_baseline is not None),
     )
     report = _audit(options, explain or explain_all, explain_all, budget, quiet)
     if save_baseline is not None:
@@ -262,7 +263,7 @@ def _save_baseline(report: Any, dest: Path) -> None:
     err_console.print(f"baseline saved to {escape(str(saved))} ({size / 1024:.1f} KiB)", soft_wrap=True)
 
 
-def _torchrun(nproc_per_node: int | None, torchrun_args: str) -> dict[str, Any]:
+def _torchrun(nproc_per_node: int | None, torchrun_args: str, baseline: bool) -> dict[str, Any]:
     """AuditOptions fields of --nproc-per-node/--torchrun-args."""
     from detaudit.distributed import parse_torchrun_args
 
@@ -270,6 +271,9 @@ def _torchrun(nproc_per_node: int | None, torchrun_args: str) -> dict[str, Any]:
         if torchrun_args:
             raise click.UsageError("--torchrun-args needs --nproc-per-node")
         return {}
+    if baseline:
+        raise click.UsageError("--baseline and --save-baseline do not support --nproc-per-node yet (a baseline "
+                               "keeps one trace; a torchrun run has one per rank)")
     return {"nproc_per_node": nproc_per_node, "torchrun_args": parse_torchrun_args(torchrun_args)}
 
 

@@ -22,6 +22,7 @@ from detaudit.distributed import (
 )
 from detaudit.errors import UsageError
 from detaudit.launcher import RepeatResult
+from tests.conftest import run_cli
 
 
 def test_rank_files_sit_beside_the_repeat_files() -> None:
@@ -113,3 +114,16 @@ def test_kill_ranks_kills_a_live_rank_group_and_spares_strangers(tmp_path: Path)
         stranger.kill()
         rank.wait()
         stranger.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [["--torchrun-args", "--max-restarts 1"],
+                                  ["--nproc-per-node", "2", "--torchrun-args", "--nproc-per-node 4"],
+                                  ["--nproc-per-node", "2", "--save-baseline", "base"],
+                                  ["--nproc-per-node", "0"]])
+def test_distributed_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
+    (tmp_path / "x.py").write_text("print(1)\n")
+    result = run_cli(["run", "x.py", "-n", "2", *args], cwd=tmp_path)
+    assert result.returncode == 2, result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / ".detaudit").exists()
