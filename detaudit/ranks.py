@@ -9,7 +9,9 @@ across ranks. A rank's role says where the nondeterminism was born:
   recorded before it matched, and the record is not fed by a collective);
 - receiver: its first divergent record is fed by a collective (gradients of DDP-replicated
   parameters after the all-reduce, and the parameters and optimizer state the step makes of
-  them) while everything it computed locally before (inputs, forward outputs, loss) matched.
+  them) while everything it computed locally before (inputs, forward outputs, loss) matched;
+  or, with op records, the op behind its divergence is a collective (`c10d.allgather_`...),
+  whose output is other ranks' data.
 
 The run's `first_divergence` is the earliest origin (by step, then rank); the earliest receiver
 when no rank is an origin (the collective itself, or a rank that recorded nothing, is then the source).
@@ -34,6 +36,7 @@ from detaudit.trace import Kind, RecordStream, Trace, read_trace
 
 Role = Literal["origin", "receiver"]
 COLLECTIVE_FED = ("grad", "param", "optstate")
+COLLECTIVE_OPS = ("c10d.", "_c10d_functional.", "c10d_functional.")  # op records of collectives (op granularity)
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 _SIGNALS = {6: "SIGABRT", 11: "SIGSEGV", 9: "SIGKILL", 15: "SIGTERM", 7: "SIGBUS"}
 
@@ -172,9 +175,12 @@ def rank_record(record: dict[str, Any], rank: int) -> dict[str, Any]:
 def classify(d: Divergence, traces: Sequence[Path]) -> Role:
     """Origin or receiver (module docstring): a receiver's first difference is a collective's output."""
     rec = d.record
+    found = d.op_finding
+    if found is not None and found.record.op.startswith(COLLECTIVE_OPS):
+        return "receiver"  # the op behind it is a collective: its output carries the other ranks' data
     if d.category != "content" or rec is None or rec.kind not in COLLECTIVE_FED:
         return "origin"
-    if d.op_finding is not None and d.op_finding.verdict not in ("inputs-differ",):
+    if found is not None and found.verdict != "inputs-differ":
         return "origin"  # an op of this rank was shown to change its output from equal inputs
     fed = collective_fed_params(traces[d.reference] if d.reference < len(traces) else traces[0])
     base = rec.name.split(":", 1)[0]  # optimizer state is named `param:key`

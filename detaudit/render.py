@@ -164,7 +164,11 @@ def summary_line(report: Report) -> Text:
         what = " ".join(str(x) for x in (d["kind"], d["name"]) if x) or d["category"]
         step = f" at step {d['step']}" if d["step"] is not None and d["step"] >= 0 else ""
         where = f" ({d['location']})" if d["location"] else ""
-        parts.append(f"first divergence: {what}{step}{where}")
+        rank = f" on rank {report.distributed.rank}" if report.distributed is not None else ""
+        parts.append(f"first divergence: {what}{step}{rank}{where}")
+    elif report.replica_divergence is not None:
+        r = report.replica_divergence
+        parts.append(f"DDP replica {r.name} differs on rank(s) {', '.join(map(str, r.ranks))} after step {r.step}")
     elif report.verdict == "deterministic":
         parts.append(f"{len(report.runs)} repeats agree on {report.comparison.records_compared} records")
     elif report.verdict == "failed":
