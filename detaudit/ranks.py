@@ -32,7 +32,7 @@ from detaudit.distributed import Layout, node_rank
 from detaudit.errors import TraceError
 from detaudit.launcher import RepeatResult
 from detaudit.report import Cause, Report
-from detaudit.trace import Kind, RecordStream, Trace, read_trace
+from detaudit.trace import Kind, RecordStream
 
 Role = Literal["origin", "receiver"]
 COLLECTIVE_FED = ("grad", "param", "optstate")
@@ -225,11 +225,8 @@ def replica_check(run_dir: Path, results: Sequence[RepeatResult], ranks: Sequenc
     """
     found: list[tuple[int, int, ReplicaDivergence]] = []
     for r in results:
-        traces = {rank: read_trace(run_dir / Layout.rank_file(r.trace, rank)) for rank in ranks
-                  if (run_dir / Layout.rank_file(r.trace, rank)).is_file()}
-        if len(traces) < 2:
-            continue
-        hit = _replicas_differ(traces)
+        paths = {rank: run_dir / Layout.rank_file(r.trace, rank) for rank in ranks}
+        hit = _replicas_differ({rank: p for rank, p in paths.items() if p.is_file()})
         if hit is not None:
             found.append((hit.step, r.index, hit))
     if not found:
@@ -240,31 +237,43 @@ def replica_check(run_dir: Path, results: Sequence[RepeatResult], ranks: Sequenc
     return replace(first, repeats=repeats)
 
 
-def _replicas_differ(traces: dict[int, Trace]) -> ReplicaDivergence | None:
-    replicas: set[str] = set()
-    for trace in traces.values():
-        replicas |= {str(n) for e in trace.events if e.get("type") == "ddp" for n in e.get("params", [])}
+def _replicas_differ(paths: dict[int, Path]) -> ReplicaDivergence | None:
+    if len(paths) < 2:
+        return None
+    params = {rank: _parameters(path) for rank, path in paths.items()}
+    replicas = {n for names, _ in params.values() for n in names}
     if not replicas:
         return None
-    params: dict[int, dict[tuple[int, str], tuple[int, np.ndarray]]] = {}
-    for rank, trace in traces.items():
-        rows = trace.records[trace.records["kind"] == Kind.PARAM]
-        table = {}
-        for row in rows:
-            name = trace.strings[int(row["name"])]
-            if _is_replica(name, replicas):
-                table[(int(row["step"]), name)] = (int(row["digest"]), np.asarray(row["samples"], dtype=np.float64))
-        params[rank] = table
     reference = min(params)
-    for key in sorted(params[reference]):
-        digest, samples = params[reference][key]
-        differing = [rank for rank in sorted(params) if rank != reference and key in params[rank]
-                     and params[rank][key][0] != digest]
+    ref_table = params[reference][1]
+    for key in sorted(k for k in ref_table if _is_replica(k[1], replicas)):
+        digest, samples = ref_table[key]
+        differing = [rank for rank in sorted(params) if rank != reference and key in params[rank][1]
+                     and params[rank][1][key][0] != digest]
         if differing:
-            diffs = [float(gaps(samples, params[rank][key][1]).max()) for rank in differing]
+            diffs = [float(gaps(samples, params[rank][1][key][1]).max()) for rank in differing]
             return ReplicaDivergence(step=key[0], name=key[1], ranks=differing, reference=reference,
-                                     max_abs_diff=max(diffs) if diffs else None, repeats=[])
+                                     max_abs_diff=max(diffs), repeats=[])
     return None
+
+
+def _parameters(path: Path) -> tuple[set[str], dict[tuple[int, str], tuple[int, np.ndarray]]]:
+    """A rank's DDP parameter names (its `ddp` events) and its parameter records by (step, name),
+    streamed: only parameter records are kept, however long the trace."""
+    stream = RecordStream(path)
+    table: dict[tuple[int, str], tuple[int, np.ndarray]] = {}
+    while True:
+        chunk = stream.take(1 << 16)
+        if not len(chunk):
+            break
+        stream.check_strings(chunk)
+        for row in chunk[chunk["kind"] == Kind.PARAM]:
+            table[(int(row["step"]), stream.strings[int(row["name"])])] = (
+                int(row["digest"]), np.asarray(row["samples"], dtype=np.float64))
+    stream.drain()
+    names = {str(n) for e in stream.events if isinstance(e, dict) and e.get("type") == "ddp"
+             for n in e.get("params", [])}
+    return names, table
 
 
 def teardown_crash(run_dir: Path, result: RepeatResult, layout: Layout) -> TeardownCrash | None:
