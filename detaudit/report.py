@@ -315,6 +315,14 @@ def to_junit(report: Report) -> str:
             [first["detail"] or "", *shown] + [f"[{c['confidence']}] {c['id']}: {c['summary']}\nfix: {c['fix']}"
                                                for c in data["causes"]]
         )
+    replica = data.get("replica_divergence")
+    if "replica_divergence" in data:  # a torchrun run: DDP replicas compared across ranks in every repeat
+        case = ET.SubElement(suite, "testcase", classname="detaudit.distributed", name="DDP replicas agree")
+        cases += 1
+        if replica is not None:
+            failures += 1
+            ET.SubElement(case, "failure", message=f"after step {replica['step']}, {replica['name']} on rank(s) "
+                          f"{', '.join(map(str, replica['ranks']))} differs from rank {replica['reference']}")
     if data["baseline"] is not None:
         case = ET.SubElement(suite, "testcase", classname="detaudit.baseline", name="matches the baseline")
         cases += 1

@@ -13,7 +13,7 @@ from detaudit.compare import Divergence, RecordInfo
 from detaudit.launcher import RepeatResult
 from detaudit.oprules import OpFinding
 from detaudit.ranks import classify
-from detaudit.report import to_dict
+from detaudit.report import to_dict, to_junit
 from detaudit.trace import Kind
 from tests.synthetic import Rec, write_trace
 
@@ -133,6 +133,8 @@ def test_replicas_that_differ_in_every_repeat_alike_are_divergent(tmp_path: Path
     assert data["replica_divergence"] == {"step": 1, "name": "module.fc.weight", "ranks": [1], "reference": 0,
                                           "max_abs_diff": 4.0, "repeats": [0, 1]}
     assert data["verdict"] == "divergent" and data["exit_code"] == 1
+    junit = to_junit(report)
+    assert 'name="DDP replicas agree"' in junit and "module.fc.weight on rank(s) 1 differs from rank 0" in junit
 
 
 def test_parameters_outside_ddp_are_not_replicas(tmp_path: Path) -> None:
