@@ -48,7 +48,7 @@ def test_seeded_ddp_job_is_deterministic_with_equal_replicas(scripts: Path, tmp_
 
 
 def test_unseeded_rank_is_the_origin_and_the_other_a_receiver(scripts: Path, tmp_path: Path) -> None:
-    result = audit(scripts, tmp_path, "train_ddp_seeded_main.py", "--timeout", "300")
+    result = audit(scripts, tmp_path, "train_ddp_seeded_main.py", "--timeout", "300", "--explain", "--budget", "2")
     assert result.returncode == 1, result.output
     report = result.report
     assert report is not None and report["verdict"] == "divergent"
@@ -57,6 +57,7 @@ def test_unseeded_rank_is_the_origin_and_the_other_a_receiver(scripts: Path, tmp
     assert by_rank[0]["role"] == "receiver" and by_rank[0]["first_divergence"]["kind"] == "grad"
     assert report["first_divergence"]["rank"] == 1 and report["first_divergence"]["kind"] == "input"
     assert report["causes"] and report["causes"][0]["id"] == "unseeded-torch-rng"
+    assert report["causes"][0]["confidence"] == "confirmed"  # --explain re-ran the torchrun job with it pinned
     assert any("rank 1" in line for line in report["causes"][0]["evidence"])
     assert by_rank[0]["causes"] == []  # the receiver is not blamed
     assert "receiver" in result.stdout and "origin" in result.stdout
