@@ -236,6 +236,9 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
             results.append(replace(baseline.load(path).result, index=i))
         elif path.is_dir():
             run_record, run_results = read_run(path)
+            if run_record.get("nproc_per_node"):
+                raise UsageError(f"{path} is a torchrun run: it has one trace per rank; compare one rank's traces "
+                                 f"(e.g. {path / distributed.Layout.rank_file(run_results[0].trace, 0)})")
             modes.append(recorded_mode(run_record))
             first = run_results[0]
             results.append(replace(first, index=i, trace=str((path / first.trace).resolve()),

@@ -8,8 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from detaudit.audit import RUN_FORMAT, RUN_VERSION, load_run
+import pytest
+
+from detaudit.audit import RUN_FORMAT, RUN_VERSION, compare_recorded, load_run
 from detaudit.compare import Divergence, RecordInfo
+from detaudit.errors import UsageError
 from detaudit.launcher import RepeatResult
 from detaudit.oprules import OpFinding
 from detaudit.ranks import classify
@@ -172,3 +175,12 @@ def test_a_collective_op_behind_the_divergence_makes_a_receiver(tmp_path: Path) 
     # equal inputs, different output: for a local op an origin, for a collective the other ranks' data
     assert classify(_grad_divergence("c10d.allgather_.default", "uninitialized-memory"), [path]) == "receiver"
     assert classify(_grad_divergence("aten.index_add_.default", "nondeterministic"), [path]) == "origin"
+
+
+def test_compare_refuses_a_torchrun_run_directory_and_names_a_rank_trace(tmp_path: Path) -> None:
+    rank = step_records(0, 10, 20, 30)
+    run = write_dist_run(tmp_path / "run", [[rank, rank], [rank, rank]])
+    with pytest.raises(UsageError, match=r"one trace per rank.*repeat-0\.rank-0\.trace"):
+        compare_recorded([run, run])
+    report = compare_recorded([run / "repeat-0.rank-1.trace", run / "repeat-1.rank-1.trace"])
+    assert report.verdict == "deterministic"
