@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import importlib.abc
 import importlib.machinery
+import io
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from detaudit.recorder import evidence, location
 from detaudit.recorder.pins import reexec_without_aslr
@@ -91,6 +92,7 @@ class Session:
         self.hooks: Any = None
         self.started = time.time()
         self.recording_failed: str | None = None
+        self.finished = False
 
     def on_import_error(self, module: str, exc: BaseException) -> None:
         """Instrumenting an imported module failed: the script runs on, the report must say so."""
@@ -138,6 +140,9 @@ class Session:
         raise WindowRecorded
 
     def finish(self, exit_code: int, error: str | None, **extra: Any) -> None:
+        if self.finished:  # once: os._exit from an atexit handler after the script ended, say
+            return
+        self.finished = True
         footer = {"exit_code": exit_code, "error": error, "duration_s": round(time.time() - self.started, 4),
                   **extra}
         if self.recorder is None and self.recording_failed is None and "torch" in sys.modules:
@@ -181,15 +186,28 @@ def _print_user_traceback(exc: BaseException) -> None:
     traceback.print_exception(type(exc), exc, tb)
 
 
+def _read_source(script: str) -> str:
+    """The script's text, decoded as python decodes it; a file that is not Python text raises python's
+    own one-line SyntaxError (never tokenize's internals)."""
+    with open(script, "rb") as fh:
+        data = fh.read()
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise SyntaxError(f"Non-UTF-8 code starting with '\\x{data[exc.start]:02x}' in file {script} on line "
+                          f"{line}, but no encoding declared; see https://peps.python.org/pep-0263/ for details"
+                          if encoding == "utf-8" else f"{exc}") from None
+
+
 def _run_as_main(script: str) -> None:
     """Execute the script as `__main__`, with the module attributes plain python gives it.
 
     `script` is the path exactly as python would spell `__file__` (absolute, neither normalised
     nor symlink-resolved), so tracebacks and `__file__` read the same as under plain python.
     """
-    with tokenize.open(script) as fh:
-        source = fh.read()
-    code = compile(source, script, "exec", dont_inherit=True)
+    code = compile(_read_source(script), script, "exec", dont_inherit=True)
     main_module = ModuleType("__main__")
     main_module.__file__ = script
     main_module.__cached__ = None  # type: ignore[attr-defined]
@@ -199,6 +217,33 @@ def _run_as_main(script: str) -> None:
     main_module.__builtins__ = builtins  # type: ignore[attr-defined]
     sys.modules["__main__"] = main_module
     exec(code, main_module.__dict__)
+
+
+def _keep_records_at_exit(session: Session) -> None:
+    """Records reach the trace however the process ends.
+
+    `os._exit` (no atexit, no finally) is wrapped: the trace is finished with its exit status
+    first. SIGTERM and SIGHUP (a timeout, a stop, a closed terminal) flush what was recorded but
+    write no footer, so the trace reads as incomplete, then end the process by that signal as
+    python would. Forked children (DataLoader workers) exit untouched.
+    """
+    real_exit = os._exit
+    pid = os.getpid()
+
+    def _exit(code: int) -> NoReturn:
+        if os.getpid() == pid:
+            session.finish(code if isinstance(code, int) else 1, None, ended_by="os._exit")
+        real_exit(code)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if os.getpid() == pid and session.recorder is not None:
+            session.recorder.flush_safely()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    os._exit = _exit  # type: ignore[assignment]
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
 
 
 def main(argv: list[str]) -> None:
@@ -217,13 +262,7 @@ def main(argv: list[str]) -> None:
     after_import.catch_up()
     sys.meta_path.insert(0, after_import)
 
-    def on_term(signum: int, frame: Any) -> None:
-        # Keep what was recorded, but write no footer: the trace must read as incomplete.
-        if session.recorder is not None:
-            session.recorder.flush_safely()
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_term)
+    _keep_records_at_exit(session)
 
     try:
         _run_as_main(os.path.join(os.getcwd(), script_arg))
@@ -232,9 +271,10 @@ def main(argv: list[str]) -> None:
     except SystemExit as exc:
         session.finish(_exit_code(exc), None)
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # as python reports it: the script's frames, exit status 130
         session.finish(130, "KeyboardInterrupt")
-        raise
+        _print_user_traceback(exc)
+        sys.exit(130)
     except BaseException as exc:
         summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         session.finish(1, summary)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from detaudit import schema
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import RepeatResult
 from detaudit.report import Cause, Experiment, Report, write_json, write_text_atomically
@@ -84,21 +85,24 @@ def plan(causes: Sequence[Cause]) -> list[str]:
 
 # -- stored experiments ---------------------------------------------------------------------------
 def _load(run_dir: Path) -> list[dict[str, Any]]:
+    from detaudit.audit import read_json_record, repeat_results
+
     path = Path(run_dir) / EXPLAIN_FILE
-    if not path.is_file():
+    if not path.exists():
         return []
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"{path}: unreadable experiment record ({exc})") from None
+    data = read_json_record(path, "experiment record")
     if not isinstance(data, dict) or data.get("format") != EXPLAIN_FORMAT or data.get("version") != EXPLAIN_VERSION:
         raise TraceError(f"{path}: not an experiment record this detaudit reads")
-    return list(data.get("experiments", []))
+    schema.check(data, schema.EXPLAIN_RECORD, str(path))
+    experiments = list(data.get("experiments", []))
+    for i, entry in enumerate(experiments):
+        repeat_results(entry.get("results", []), path, f"experiments[{i}].results")
+    return experiments
 
 
 def _save(run_dir: Path, stored: list[dict[str, Any]]) -> None:
     write_text_atomically(Path(run_dir) / EXPLAIN_FILE, json.dumps(
-        {"format": EXPLAIN_FORMAT, "version": EXPLAIN_VERSION, "experiments": stored}, indent=2))
+        {"format": EXPLAIN_FORMAT, "version": EXPLAIN_VERSION, "experiments": stored}, indent=2), mode=0o600)
 
 
 def _experiment(entry: dict[str, Any]) -> Experiment:
@@ -269,5 +273,5 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         if on_experiment is not None:
             on_experiment(experiment)
     report = load_run(run_dir)
-    write_json(report, run_dir / "report.json")
+    write_json(report, run_dir / "report.json", mode=0o600)
     return report

@@ -14,7 +14,7 @@ from detaudit.oprules import VERDICTS
 from detaudit.report import Report, divergence_to_dict
 
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
-                  "timeout": "bold red"}
+                  "timeout": "bold red", "inconclusive": "bold yellow"}
 MAX_SPREAD_ROWS = 12
 
 
@@ -43,6 +43,7 @@ def verdict_line(report: Report) -> Text:
         "divergent": f": repeats disagree ({n} repeats)",
         "failed": f": the script failed in every repeat ({n} repeats)",
         "timeout": f": repeat(s) {', '.join(map(str, late))} of {n} timed out",
+        "inconclusive": f": {report.inconclusive_reason} ({n} repeats)",
     }[report.verdict]
     text.append(extra + f" on {', '.join(devices)}")
     if report.verdict == "timeout":
@@ -50,7 +51,7 @@ def verdict_line(report: Report) -> Text:
                     "before that, which says nothing about the rest")
     if report.timed_out and report.verdict != "timeout":
         text.append(f" — repeat(s) {', '.join(map(str, late))} timed out", style="bold red")
-    if not all(report.comparison.complete) and not report.timed_out:
+    if not all(report.comparison.complete) and not report.timed_out and report.verdict != "inconclusive":
         text.append(" (incomplete recordings are compared as far as they go)")
     return text
 
@@ -190,14 +191,16 @@ def experiments_table(report: Report) -> Table | None:
 def render(report: Report, console: Console) -> None:
     console.print(verdict_line(report))
     console.print(runs_table(report))
-    if report.failure:
-        console.print(Panel(escape(report.failure), title="The script's error (repeat 0)", title_align="left",
-                            border_style="yellow"))
+    if report.verdict == "failed":
+        console.print(Panel(escape(report.failure or "(no output on stderr)"), title="The script's error (repeat 0)",
+                            title_align="left", border_style="yellow"))
     elif report.repeat_errors:
+        alike = len({r.exit_code for r in report.runs if not r.timed_out}) == 1
         for index, error in sorted(report.repeat_errors.items())[:2]:
             code = report.runs[index].exit_code
+            how = f"exited {code}" if alike else f"ended differently (exit {code})"
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
-                                title=f"Repeat {index} ended differently (exit {code}): its stderr"))
+                                title=f"Repeat {index} {how}: its stderr"))
     for block in (divergence_panel(report), op_panel(report), spread_table(report), causes_block(report),
                   experiments_table(report)):
         if block is not None:
