@@ -19,7 +19,7 @@ from typing import Any
 
 from detaudit import __version__, causes, explain, schema
 from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
-from detaudit.errors import TraceError, UsageError, output_error
+from detaudit.errors import OutputError, TraceError, UsageError, output_error
 from detaudit.launcher import Interrupted, Launcher, RepeatResult, check_script, plan_repeats
 from detaudit.oprules import OpFinding, find_op_source
 from detaudit.report import Report, write_json, write_text_atomically
@@ -63,6 +63,9 @@ def new_run_dir(script: Path, out_dir: Path | None) -> Path:
         if out_dir is not None:
             if out_dir.exists() and not out_dir.is_dir():
                 raise UsageError(f"--out {out_dir} is a file, not a directory; give a new or empty directory")
+            above = next((p for p in out_dir.absolute().parents if p.exists()), None)
+            if above is not None and not above.is_dir():
+                raise OutputError(f"cannot write {out_dir}: {above} is a file, not a directory")
             out_dir.parent.mkdir(parents=True, exist_ok=True)
             try:
                 out_dir.mkdir(mode=0o700)

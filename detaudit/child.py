@@ -191,7 +191,12 @@ def _read_source(script: str) -> str:
     own one-line SyntaxError (never tokenize's internals)."""
     with open(script, "rb") as fh:
         data = fh.read()
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:  # a bad cookie, or bytes that are no text at all (reported below)
+        encoding = "utf-8"
+        if _decodes(data, encoding):
+            raise SyntaxError(exc.msg) from None
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as exc:
@@ -199,6 +204,14 @@ def _read_source(script: str) -> str:
         raise SyntaxError(f"Non-UTF-8 code starting with '\\x{data[exc.start]:02x}' in file {script} on line "
                           f"{line}, but no encoding declared; see https://peps.python.org/pep-0263/ for details"
                           if encoding == "utf-8" else f"{exc}") from None
+
+
+def _decodes(data: bytes, encoding: str) -> bool:
+    try:
+        data.decode(encoding)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _run_as_main(script: str) -> None:

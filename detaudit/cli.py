@@ -319,8 +319,8 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
                 info = describe(stream, row, total)
                 name = (f"{info.op} ({info.node or 'bwd'})" if info.backward else f"{info.op} (fwd)") \
                     + (f" in {info.module}" if info.module else "") if info.op else info.name
-                table.add_row(str(total), str(info.step), info.kind, escape(name), f"{info.dtype}[{info.shape}]",
-                              f"{int(row['digest']):016x}", escape(info.location))
+                table.add_row(str(total), str(info.step), info.kind, clean(name), clean(f"{info.dtype}[{info.shape}]"),
+                              f"{int(row['digest']):016x}", clean(info.location))
                 shown += 1
             total += 1
     stream.drain()
@@ -399,16 +399,19 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _main(argv, printable)
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        if not _interrupted:  # interrupted: exiting; a late signal must still find our handler, not the default
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
     try:
         cli.main(args=argv, prog_name="detaudit", standalone_mode=False)
-    except click.exceptions.Abort:
-        err_console.print("detaudit: interrupted")
-        sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.Abort as exc:  # click turns a KeyboardInterrupt (our Interrupted) into Abort
+        text, code = _interrupt_message(exc.__context__) if isinstance(exc.__context__, KeyboardInterrupt) \
+            else ("detaudit: interrupted", EXIT_INTERRUPTED)
+        err_console.print(escape(printable(text)), soft_wrap=True)
+        sys.exit(code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_USAGE if exc.exit_code not in (0,) else 0)
@@ -430,7 +433,7 @@ def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
         _internal_error(exc)
 
 
-_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM}
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM, errno.EFBIG}
 
 
 def _internal_error(exc: Exception) -> NoReturn:

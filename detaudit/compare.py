@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from detaudit.dtypes import DTYPE_NAMES
-from detaudit.safetext import printable
 from detaudit.trace import RECORD_DTYPE, EmptyTrace, Flag, Kind, RecordStream
 
 if TYPE_CHECKING:
@@ -121,20 +120,15 @@ class _Strings:
 
 
 def describe(stream: RecordStream, row: Any, index: int) -> RecordInfo:
-    """The record in words; its strings come from the trace (maybe foreign): control characters escaped."""
-    strings = stream.strings
-
-    def s(sid: Any) -> str:
-        return printable(strings[sid])
-
+    s = stream.strings
     kind = Kind(int(row["kind"])).name.lower() if int(row["kind"]) in Kind._value2member_map_ else "?"
     is_op = int(row["kind"]) == Kind.OP
     flags = int(row["flags"])
     return RecordInfo(
-        index=index, kind=kind, name=s(row["name"]), module=s(row["module"]), location=s(row["loc"]),
-        step=int(row["step"]), shape=s(row["shape"]), dtype=DTYPE_NAMES.get(int(row["dtype"]), "?"),
-        op=s(row["name"]) if is_op else "", backward=bool(flags & Flag.BACKWARD),
-        node=s(row["aux"]) if is_op else "", random=bool(flags & Flag.RANDOM),
+        index=index, kind=kind, name=s[row["name"]], module=s[row["module"]], location=s[row["loc"]],
+        step=int(row["step"]), shape=s[row["shape"]], dtype=DTYPE_NAMES.get(int(row["dtype"]), "?"),
+        op=s[row["name"]] if is_op else "", backward=bool(flags & Flag.BACKWARD),
+        node=s[row["aux"]] if is_op else "", random=bool(flags & Flag.RANDOM),
     )
 
 

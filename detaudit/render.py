@@ -5,17 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console, Group
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from detaudit.oprules import VERDICTS
 from detaudit.report import Report, divergence_to_dict
+from detaudit.safetext import printable
 
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
                   "timeout": "bold red", "inconclusive": "bold yellow"}
 MAX_SPREAD_ROWS = 12
+
+
+def escape(text: str) -> str:
+    """User text for the terminal: no rich markup, no terminal control sequences (names, paths and
+    stderr come from the script or from a trace made elsewhere)."""
+    return _markup_escape(printable(text))
 
 
 def _fmt(x: Any) -> str:
@@ -45,7 +52,7 @@ def verdict_line(report: Report) -> Text:
         "timeout": f": repeat(s) {', '.join(map(str, late))} of {n} timed out",
         "inconclusive": f": {report.inconclusive_reason} ({n} repeats)",
     }[report.verdict]
-    text.append(extra + f" on {', '.join(devices)}")
+    text.append(printable(extra + f" on {', '.join(devices)}"))
     if report.verdict == "timeout":
         text.append(f"; the repeats agree on the {report.comparison.records_compared} records all of them made "
                     "before that, which says nothing about the rest")
@@ -62,10 +69,11 @@ def runs_table(report: Report) -> Table:
         table.add_column(col, justify="right" if col in ("repeat", "exit", "time (s)", "records") else "left")
     comp = report.comparison
     for r in report.runs:
-        exit_text = "timeout" if r.timed_out else "?" if r.exit_code is None else str(r.exit_code)
+        exit_text = "timeout" if r.timed_out else "stopped" if r.interrupted else "?" if r.exit_code is None \
+            else str(r.exit_code)
         records = comp.records[r.index] if r.index < len(comp.records) else 0
         complete = comp.complete[r.index] if r.index < len(comp.complete) else False
-        table.add_row(str(r.index), r.device, exit_text, f"{r.duration_s:.2f}",
+        table.add_row(str(r.index), escape(r.device), exit_text, f"{r.duration_s:.2f}",
                       f"{records}{'' if complete else ' (incomplete)'}", escape(r.trace))
     return table
 
@@ -169,11 +177,11 @@ def causes_block(report: Report) -> Group | None:
     for i, cause in enumerate(report.causes, 1):
         head = Text(f"{i}. [{cause.confidence}] ", style="bold magenta" if cause.confidence == "confirmed" else "bold")
         head.append(f"{cause.id}: ", style="bold")
-        head.append(cause.summary)
+        head.append(printable(cause.summary))
         parts.append(head)
         for line in cause.evidence:
-            parts.append(Text(f"   • {line}"))
-        parts.append(Text(f"   fix: {cause.fix}", style="green"))
+            parts.append(Text(printable(f"   • {line}")))
+        parts.append(Text(printable(f"   fix: {cause.fix}"), style="green"))
     return Group(*parts)
 
 
@@ -205,4 +213,4 @@ def render(report: Report, console: Console) -> None:
                   experiments_table(report)):
         if block is not None:
             console.print(block)
-    console.print(Text(f"run directory: {report.run_dir}", style="dim"))
+    console.print(Text(printable(f"run directory: {report.run_dir}"), style="dim"))

@@ -216,7 +216,7 @@ def to_dict(report: Report) -> dict[str, Any]:
         "runs": [
             {
                 "repeat": r.index, "device": r.device, "exit_code": r.exit_code, "duration_s": r.duration_s,
-                "timed_out": r.timed_out, "records": comp.records[r.index] if r.index < len(comp.records) else 0,
+                "timed_out": r.timed_out, "interrupted": r.interrupted, "records": comp.records[r.index] if r.index < len(comp.records) else 0,
                 "complete": comp.complete[r.index] if r.index < len(comp.complete) else False,
                 "trace": r.trace, "stdout": r.stdout, "stderr": r.stderr, "stdout_digest": r.stdout_digest,
                 "error": report.repeat_errors.get(r.index),
@@ -288,6 +288,10 @@ def check_writable(path: Path) -> None:
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"cannot write {path}: it is a directory")
+    if path.exists() and not path.is_file():  # a device or FIFO is written in place, not replaced
+        if not os.access(path, os.W_OK):
+            raise OutputError(f"cannot write {path}: permission denied")
+        return
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -314,6 +318,10 @@ def write_text_atomically(path: Path, text: str, mode: int | None = None) -> Non
         mode = 0o666 & ~umask
     tmp: str | None = None
     try:
+        if path.exists() and not path.is_file() and not path.is_dir():  # /dev/stdout, a FIFO: written in place
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

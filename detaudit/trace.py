@@ -315,6 +315,8 @@ def _frames(path: Path) -> Iterator[tuple[bytes, bytes]]:
             tag, length = _FRAME_HEAD.unpack(head)
             if tag not in b"HSREF" or length > _MAX_FRAME:
                 raise _fail(path, f"corrupt trace: bad frame header at byte {fh.tell() - _FRAME_HEAD.size}")
+            if fh.tell() + length > os.fstat(fh.fileno()).st_size:
+                return  # cut short (a killed repeat); checked first: a bogus length must not allocate
             payload = fh.read(length)
             if len(payload) < length:
                 return
@@ -397,12 +399,14 @@ class RecordStream:
                 self._buffered += len(rows)
                 return True
             if tag == b"S":
+                # counted before parsing: a table of millions of strings is refused without building it
+                if len(self.strings) + (payload.count(b'"') - payload.count(b'\\"')) // 2 > MAX_STRINGS:
+                    raise self._too_many_strings()
                 new = _json(self.path, payload)
                 if not isinstance(new, list) or not all(isinstance(s, str) for s in new):
                     raise _fail(self.path, "corrupt trace: bad string table")
                 if len(self.strings) + len(new) > MAX_STRINGS:
-                    raise _fail(self.path, f"corrupt trace: more than {MAX_STRINGS} distinct strings (names, "
-                                "locations, shapes); detaudit writes far fewer")
+                    raise self._too_many_strings()
                 self.strings.extend(new)
             elif tag == b"E":
                 self.events.append(_object(self.path, _json(self.path, payload), "evidence event", schema.EVENT))
@@ -412,6 +416,10 @@ class RecordStream:
                 raise _fail(self.path, "corrupt trace: a second header")
         self._done = True
         return False
+
+    def _too_many_strings(self) -> TraceError:
+        return _fail(self.path, f"corrupt trace: more than {MAX_STRINGS} distinct strings (names, locations, "
+                     "shapes); detaudit refuses to load a string table that large")
 
     def take(self, n: int) -> np.ndarray:
         """Up to `n` next records (fewer only at the end of the trace)."""

@@ -85,7 +85,7 @@ def test_compare_refuses_a_footer_that_is_not_an_object(tmp_path: Path) -> None:
     recs = training_records(steps=1)
     good = write_trace(tmp_path / "a.trace", recs, {"exit_code": 0})
     for name, footer, needle in (("list", b"[1, 2]", "footer is not a JSON object"),
-                                 ("text", b'{"exit_code": "x"}', "not a number")):
+                                 ("text", b'{"exit_code": "x"}', "field `exit_code` must be an integer")):
         bad = write_trace(tmp_path / f"{name}.trace", recs, None)  # no footer yet: append our own
         bad.write_bytes(bad.read_bytes() + _frame(b"F", footer))
         with pytest.raises(TraceError, match=needle):
@@ -96,13 +96,17 @@ def test_compare_treats_incomplete_recordings_as_incomplete_not_failed(tmp_path:
     recs = training_records(steps=2)
     paths = [write_trace(tmp_path / "a.trace", recs, None), write_trace(tmp_path / "b.trace", recs, None)]
     same = compare_recorded(paths)
-    assert same.verdict == "deterministic" and [r.exit_code for r in same.runs] == [None, None]
+    # agreement of recordings cut short proves nothing about the rest: inconclusive, never deterministic
+    assert same.verdict == "inconclusive" and same.exit_code == 6
+    assert [r.exit_code for r in same.runs] == [None, None]
     assert same.comparison.complete == [False, False]
     paths.append(write_trace(tmp_path / "c.trace", recs[:4], None))
-    cut = compare_recorded([paths[0], paths[2]])
-    assert cut.verdict == "divergent" and cut.exit_code == 1
-    assert cut.first_divergence is not None and "incomplete" in cut.first_divergence.detail
+    cut = compare_recorded([paths[0], paths[2]])  # an equal prefix, one shorter: compared as far as it goes
+    assert cut.verdict == "inconclusive" and cut.first_divergence is None
+    assert cut.comparison.records_compared == 4 and "incomplete" in cut.inconclusive_reason
     assert to_dict(cut)["runs"][1]["exit_code"] is None
+    changed = write_trace(tmp_path / "d.trace", [recs[0], recs[1].but(digest=77), *recs[2:4]], None)
+    assert compare_recorded([paths[0], changed]).verdict == "divergent"  # a difference inside the prefix counts
 
 
 def test_ignore_stdout_is_honoured_from_the_run_record(tmp_path: Path) -> None:
