@@ -216,7 +216,8 @@ def to_dict(report: Report) -> dict[str, Any]:
         "runs": [
             {
                 "repeat": r.index, "device": r.device, "exit_code": r.exit_code, "duration_s": r.duration_s,
-                "timed_out": r.timed_out, "interrupted": r.interrupted, "records": comp.records[r.index] if r.index < len(comp.records) else 0,
+                "timed_out": r.timed_out, "interrupted": r.interrupted,
+                "records": comp.records[r.index] if r.index < len(comp.records) else 0,
                 "complete": comp.complete[r.index] if r.index < len(comp.complete) else False,
                 "trace": r.trace, "stdout": r.stdout, "stderr": r.stderr, "stdout_digest": r.stdout_digest,
                 "error": report.repeat_errors.get(r.index),

@@ -33,7 +33,8 @@ MEMORY_LIMIT = 150 << 20
 CASE_SECONDS = 20
 
 EVENTS: list[tuple[int, dict[str, Any]]] = [
-    (0, {"type": "hash", "PYTHONHASHSEED": None, "randomization": 1, "probe": -348284926241805, "aslr_disabled": False}),
+    (0, {"type": "hash", "PYTHONHASHSEED": None, "randomization": 1, "probe": -348284926241805,
+         "aslr_disabled": False}),
     (0, {"type": "environment", "python": "3.11.7", "torch": "2.13.0+cpu", "numpy": "2.4.6", "cuda": None,
          "cudnn": None, "driver": None, "cpu": "AMD EPYC", "machine": "x86_64", "os": "Linux 6",
          "device_request": "cpu", "device": "cpu", "env": {}}),
