@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from synthetic import Rec, training_records, write_run, write_trace
 
-from detaudit.audit import compare_recorded, error_excerpt, load_run, new_run_dir
+from detaudit.audit import claim_run, compare_recorded, error_excerpt, load_run, new_run_dir
 from detaudit.compare import Tolerance
 from detaudit.errors import TraceError, UsageError
 from detaudit.report import to_dict
@@ -134,3 +134,67 @@ def test_a_repeat_detaudit_could_not_record_is_an_error_not_a_deterministic_verd
     (run / "repeat-1.trace.tmp").replace(run / "repeat-1.trace")
     with pytest.raises(TraceError, match="could not record this repeat .instrumenting torch: boom"):
         load_run(run)
+
+
+# -- issue 10: no false verdicts, no shared run directory, safe error paths --------------------------------
+def test_a_traceback_followed_by_lines_without_frames_is_excerpted_not_crashed() -> None:
+    text = "Traceback (most recent call last):\n" + "\n".join(f"    noise {i}" for i in range(20)) + "\nError: x\n"
+    excerpt = error_excerpt(text, lines=15)
+    assert excerpt.endswith("Error: x") and len(excerpt.splitlines()) == 15
+
+
+def test_an_existing_empty_out_dir_is_claimed_by_one_run_only(tmp_path: Path) -> None:
+    """Two runs that both found `--out` empty: creating run.json exclusively decides, whatever the timing."""
+    out = tmp_path / "shared"
+    out.mkdir()
+    first, second = new_run_dir(Path("t.py"), out), new_run_dir(Path("t.py"), out)
+    assert first == second == out
+    claim_run(first, {"who": "first"})
+    with pytest.raises(UsageError, match="taken by another detaudit run"):
+        claim_run(second, {"who": "second"})
+    assert json.loads((out / "run.json").read_text()) == {"who": "first"}
+    with pytest.raises(UsageError, match="not empty"):
+        new_run_dir(Path("t.py"), out)
+
+
+def test_default_run_dirs_are_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    made = {new_run_dir(Path("train.py"), None) for _ in range(3)}
+    assert len(made) == 3 and all(d.stat().st_mode & 0o777 == 0o700 for d in made)
+
+
+def _abandoned_run(tmp_path: Path, lengths: list[int], footers: list[bool]) -> Path:
+    """Repeats that exited 0 but whose traces lost their end (the writer failed, or was cut off)."""
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs] * len(lengths))
+    for i, (n, footer) in enumerate(zip(lengths, footers)):
+        path = run_dir / f"repeat-{i}.trace"
+        path.unlink()
+        write_trace(path, recs[:n], {"exit_code": 0} if footer else None)
+    return run_dir
+
+
+def test_lost_recordings_are_inconclusive_never_deterministic(tmp_path: Path) -> None:
+    report = load_run(_abandoned_run(tmp_path, [0, 0, 0], [False, False, False]))  # three empty "agreeing" repeats
+    assert report.verdict == "inconclusive" and report.exit_code == 6
+    assert "incomplete" in report.inconclusive_reason
+    assert to_dict(report)["inconclusive"] == report.inconclusive_reason
+
+
+def test_one_cut_recording_makes_an_agreeing_run_inconclusive(tmp_path: Path) -> None:
+    report = load_run(_abandoned_run(tmp_path, [18, 5, 18], [True, False, True]))
+    assert report.verdict == "inconclusive" and "repeat(s) 1" in report.inconclusive_reason
+    assert report.comparison.records_compared == 5
+
+
+def test_no_tensor_recorded_is_nothing_to_compare(tmp_path: Path) -> None:
+    report = load_run(_abandoned_run(tmp_path, [0, 0], [True, True]))
+    assert report.verdict == "inconclusive" and report.inconclusive_reason.startswith("nothing to compare")
+
+
+def test_a_lost_recording_never_hides_a_divergence_it_holds(tmp_path: Path) -> None:
+    run_dir = _abandoned_run(tmp_path, [18, 6], [True, False])
+    recs = training_records(steps=2)
+    (run_dir / "repeat-1.trace").unlink()
+    write_trace(run_dir / "repeat-1.trace", [*recs[:3], recs[3].but(digest=1), *recs[4:6]], None)
+    assert load_run(run_dir).verdict == "divergent"

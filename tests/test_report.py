@@ -202,3 +202,29 @@ def test_a_divergence_before_the_timeout_is_reported_with_exit_5(tmp_path: Path)
 def test_not_timed_out_is_marked_false(tmp_path: Path) -> None:
     recs = training_records()
     assert _strict_json(load_run(write_run(tmp_path / "run", [recs, recs])), tmp_path)["timed_out"] is False
+
+
+def test_atomic_writes_use_unique_temporaries_and_leave_none(tmp_path: Path) -> None:
+    """Writers of one file at once (two runs, a run and a report) never share a temporary name."""
+    import threading
+
+    from detaudit.report import write_text_atomically
+
+    target = tmp_path / "run.json"
+    errors: list[BaseException] = []
+
+    def write(n: int) -> None:
+        try:
+            for i in range(50):
+                write_text_atomically(target, json.dumps({"writer": n, "i": i}) * 200)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    json.loads(target.read_text().split("}{")[0] + "}" if "}{" in target.read_text() else target.read_text())
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
