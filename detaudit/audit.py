@@ -290,9 +290,10 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) 
             first = run_results[0]
             if not (path / first.trace).is_file():
                 raise TraceError(f"{path}: its first repeat left no trace ({first.trace})")
-            results.append(replace(first, index=i, trace=str((path / first.trace).resolve()),
-                                   stdout=str((path / first.stdout).resolve()),
-                                   stderr=str((path / first.stderr).resolve())))
+            # absolute, not resolved: a symlink planted in the run directory stays a symlink (never followed)
+            results.append(replace(first, index=i, trace=str((path / first.trace).absolute()),
+                                   stdout=str((path / first.stdout).absolute()),
+                                   stderr=str((path / first.stderr).absolute())))
         elif path.is_file():
             stream = RecordStream(path)
             stream.drain()
@@ -399,7 +400,7 @@ def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:
         return ""
     path = run_dir / result.stderr
     try:
-        with open_regular(path, "stderr capture") as fh:
+        with open_regular(path, "stderr capture", follow_symlinks=False) as fh:
             size = os.fstat(fh.fileno()).st_size
             fh.seek(max(0, size - STDERR_TAIL_BYTES))
             text = fh.read(STDERR_TAIL_BYTES).decode(errors="replace")

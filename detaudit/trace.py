@@ -323,14 +323,17 @@ def _frames(path: Path) -> Iterator[tuple[bytes, bytes]]:
             yield tag, payload
 
 
-def open_regular(path: Path, what: str) -> Any:
+def open_regular(path: Path, what: str, follow_symlinks: bool = True) -> Any:
     """Open a file detaudit reads (trace, run record) in binary mode: regular files only.
 
     A FIFO, a device (`/dev/zero`) or a directory named where a trace belongs would hang or
     never end; it is refused before any byte is read (O_NONBLOCK: opening a FIFO never waits).
+    `follow_symlinks=False` for files whose text is shown (a run directory's stderr captures):
+    a symlink planted there must not print a file from outside it.
     """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError as exc:
         raise _fail(path, f"cannot open {what} ({exc.strerror})") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -347,6 +347,13 @@ def test_run_record_paths_stay_inside_the_run_directory(tmp_path: Path, capsys: 
         result = run_in_process(["report", str(run_dir), "--json", str(tmp_path / "r.json")], capsys)
         assert_clean_error(result, 4, "results[1].stderr", "inside the run directory")
         assert "hunter2" not in result.output
+    record["results"][1]["stderr"] = "repeat-1.stderr"  # a plain name again, but planted as a symlink
+    (run_dir / "run.json").write_text(json.dumps(record))
+    (run_dir / "repeat-1.stderr").unlink()
+    (run_dir / "repeat-1.stderr").symlink_to(secret)
+    for args in (["report", str(run_dir), "--json", "-"], ["compare", str(run_dir), str(run_dir), "--json", "-"]):
+        result = run_in_process(args, capsys)
+        assert result.returncode in (0, 1) and "hunter2" not in result.output
 
 
 def test_a_fifo_where_stderr_belongs_never_hangs_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -159,7 +159,7 @@ def test_parity_with_plain_python(tmp_path: Path) -> None:
     report = result.report
     assert report is not None
     assert [r["exit_code"] for r in report["runs"]] == [plain.returncode] * 2
-    assert result.returncode == (0 if plain.returncode == 0 else 3)
+    assert result.returncode == (6 if plain.returncode == 0 else 3)  # torch-free: nothing to compare
     for run in report["runs"]:
         assert (tmp_path / "run" / run["stdout"]).read_text() == plain.stdout
         assert (tmp_path / "run" / run["stderr"]).read_text() == plain.stderr
