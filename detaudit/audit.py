@@ -50,6 +50,7 @@ class AuditOptions:
     child_config: dict[str, Any] = field(default_factory=dict)
     own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
     ignore_stdout: bool = False  # --ignore-stdout: a script that prints timings is not divergent for it
+    redact_args: bool = False  # --redact-args: the script's arguments are stored nowhere (they may hold secrets)
 
 
 def new_run_dir(script: Path, out_dir: Path | None) -> Path:
@@ -121,8 +122,9 @@ def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
             cwd: Path | None = None) -> list[RepeatResult]:
     """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
+    child_config = {**options.child_config, "redact_args": True} if options.redact_args else options.child_config
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
-                         options.child_config, prefix=prefix, own_device=options.own_device)
+                         child_config, prefix=prefix, own_device=options.own_device)
     launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
     try:
         return launcher.run(plans, on_done)
@@ -141,7 +143,8 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     run_dir = new_run_dir(options.script, options.out_dir)
     record = {
         "format": RUN_FORMAT, "version": RUN_VERSION, "script": str(options.script),
-        "script_args": options.script_args, "cwd": str(Path.cwd()), "repeats": options.repeats,
+        "script_args": stored_args(options.script_args, options.redact_args), "args_redacted": options.redact_args,
+        "cwd": str(Path.cwd()), "repeats": options.repeats,
         "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
         "tolerance": asdict(options.tolerance), "env": options.env, "own_device": options.own_device,
         "ignore_stdout": options.ignore_stdout, "results": None,
@@ -173,6 +176,14 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         report = analyse(run_dir, record, results)
     write_json(report, run_dir / "report.json", mode=0o600)
     return report
+
+
+REDACTED = "<redacted>"
+
+
+def stored_args(args: Sequence[str], redact: bool) -> list[str]:
+    """The script arguments as run files and reports keep them: each one replaced under --redact-args."""
+    return [REDACTED] * len(args) if redact else list(args)
 
 
 def op_window(report: Report) -> list[int] | None:

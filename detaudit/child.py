@@ -114,7 +114,7 @@ class Session:
         header = {
             "repeat": self.config.get("repeat", 0),
             "script": str(self.script),
-            "argv": sys.argv,
+            "argv": self.stored_argv(),
             "pid": os.getpid(),
             "device_request": self.config.get("device", "auto"),
             "granularity": self.config.get("granularity", "module"),
@@ -129,6 +129,12 @@ class Session:
         self.hooks.install()
         ops.install(self.recorder, self.config, self._stop_after_op_window)
         detaudit._set_active_recorder(self.recorder)
+
+    def stored_argv(self) -> list[str]:
+        """argv as the trace keeps it: the arguments replaced under --redact-args (they may hold secrets)."""
+        if self.config.get("redact_args"):
+            return [sys.argv[0], *["<redacted>"] * (len(sys.argv) - 1)]
+        return sys.argv
 
     def _stop_after_op_window(self) -> None:
         """The op-level re-run of --granularity auto has recorded its window: the rest is not needed.
@@ -164,7 +170,7 @@ class Session:
         """
         from detaudit.trace import TraceWriter
 
-        header = {"repeat": self.config.get("repeat", 0), "script": str(self.script), "argv": sys.argv,
+        header = {"repeat": self.config.get("repeat", 0), "script": str(self.script), "argv": self.stored_argv(),
                   "pid": os.getpid(), "torch": None}
         return TraceWriter(Path(self.config["trace"]), header)
 

@@ -176,10 +176,12 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
               "first that confirms a cause.")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="With --explain: most extra repeats the experiments may run. [default: 12]")
+@click.option("--redact-args", is_flag=True, help="Store the script's arguments nowhere (run directory, traces, "
+              "reports): each is written as <redacted>. The script still receives them.")
 def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
         rtol: float, quiet: bool, ignore_stdout: bool, granularity: str, explain: bool, explain_all: bool,
-        budget: int | None) -> None:
+        budget: int | None, redact_args: bool) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT; arguments after `--` go to the script untouched:
@@ -194,7 +196,7 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     options = AuditOptions(
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
-        own_device=own_device(devices), ignore_stdout=ignore_stdout,
+        own_device=own_device(devices), ignore_stdout=ignore_stdout, redact_args=redact_args,
     )
     context, on_done = _progress_runner(quiet, repeats * len(options.devices))
 
@@ -207,7 +209,8 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     with context:
         report = run_audit(options, on_done, on_narrow)
     if (explain or explain_all) and report.verdict == "divergent" and not report.timed_out:
-        report = _explain(Path(report.run_dir), budget, explain_all, jobs, quiet)
+        report = _explain(Path(report.run_dir), budget, explain_all, jobs, quiet,
+                          list(script_args) if redact_args else None)
     _finish(report, json_path, junit_path, quiet)
 
 
@@ -222,7 +225,8 @@ def report(run_dir: Path, json_path: Path | None, junit_path: Path | None, quiet
     _finish(load_run(run_dir), json_path, junit_path, quiet)
 
 
-def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool) -> Any:
+def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool,
+             script_args: list[str] | None = None) -> Any:
     from detaudit.explain import DEFAULT_BUDGET, run_experiments
 
     def line(experiment: Any) -> None:
@@ -232,7 +236,8 @@ def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, qu
 
     if not quiet:
         err_console.print("explain: re-running with one source of nondeterminism pinned at a time")
-    return run_experiments(run_dir, budget or DEFAULT_BUDGET, explain_all, jobs=jobs, on_experiment=line)
+    return run_experiments(run_dir, budget or DEFAULT_BUDGET, explain_all, jobs=jobs, on_experiment=line,
+                           script_args=script_args)
 
 
 @cli.command(epilog=EXIT_CODES_HELP)

@@ -205,10 +205,12 @@ def _verdict(report: Report, baseline: Report) -> tuple[str, int | None, str]:
 def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bool = False,
                     repeats: int | None = None, jobs: int = 1,
                     on_done: Callable[[RepeatResult], None] | None = None,
-                    on_experiment: Callable[[Experiment], None] | None = None) -> Report:
+                    on_experiment: Callable[[Experiment], None] | None = None,
+                    script_args: Sequence[str] | None = None) -> Report:
     """Run the experiments for a finished, divergent run and return its report with them applied.
 
     `repeats` per device and experiment defaults to the baseline's; `budget` bounds their total.
+    `script_args`: the real arguments of a run recorded with --redact-args (its run.json has none).
     """
     from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run
     from detaudit.compare import Tolerance
@@ -220,19 +222,24 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
     if report.timed_out:
         raise UsageError(f"{run_dir}: a repeat timed out; --explain needs a run whose repeats all finished")
     record, _ = read_run(run_dir)
+    redacted = bool(record.get("args_redacted"))
+    if redacted and script_args is None and record.get("script_args"):
+        raise UsageError(f"{run_dir}: the run was recorded with --redact-args, so its script arguments were not "
+                         "stored and cannot be re-run; use `detaudit run ... --redact-args --explain`")
     stored = _load(run_dir)
     tested = {e["pin"] for e in stored if e["verdict"] != "skipped"}
     # as many repeats per device as the baseline had: fewer would let chance agreement "confirm" a pin
     repeats = repeats or max(MIN_REPEATS, int(record.get("repeats") or MIN_REPEATS))
     cwd = Path(record.get("cwd") or ".").resolve()
     script = Path(record["script"])
+    args = list(record.get("script_args", []) if script_args is None else script_args)
     base = AuditOptions(
-        script=script if script.is_absolute() else cwd / script, script_args=list(record.get("script_args", [])),
+        script=script if script.is_absolute() else cwd / script, script_args=args,
         repeats=repeats, devices=list(record.get("devices") or ["cpu"]), timeout=record.get("timeout"), jobs=jobs,
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
         granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
         tolerance=Tolerance(**record.get("tolerance", {})), own_device=bool(record.get("own_device")),
-        ignore_stdout=bool(record.get("ignore_stdout")),
+        ignore_stdout=bool(record.get("ignore_stdout")), redact_args=redacted,
     )
     cost = repeats * len(base.devices)
     spent = 0

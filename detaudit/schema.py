@@ -139,7 +139,7 @@ RUN_RECORD = Obj({
     "format": str, "version": Int(), "script": str, "script_args": ListOf(str), "cwd": str,
     "repeats": Int(1), "devices": ListOf(str), "granularity": STR_OR_NONE, "timeout": NUMBER_OR_NONE,
     "tolerance": Obj({"atol": Number(), "rtol": Number()}), "env": MapOf(str), "own_device": bool,
-    "ignore_stdout": bool, "results": OneOf((ListOf(REPEAT_RESULT), NONE)), "environment": dict,
+    "ignore_stdout": bool, "args_redacted": bool, "results": OneOf((ListOf(REPEAT_RESULT), NONE)), "environment": dict,
     "started": Number(), "interrupted": bool,
     "narrowing": OneOf((NONE, Obj({"window": ListOf(Int(0), 2), "prefix": str, "results": ListOf(REPEAT_RESULT)},
                                   frozenset({"results"})))),

@@ -371,3 +371,17 @@ def test_malformed_run_records_exit_4_naming_the_file(tmp_path: Path, capsys: py
     run_dir = write_run(tmp_path / "run", [training_records(), training_records()])
     (run_dir / "run.json").write_text(content)
     assert_clean_error(run_in_process(["report", str(run_dir)], capsys), 4, "run.json")
+
+
+@pytest.mark.slow
+def test_redact_args_stores_the_scripts_arguments_nowhere(tmp_path: Path) -> None:
+    script = tmp_path / "uses_token.py"
+    script.write_text("import sys\nprint(len(sys.argv[2]))\n")  # receives the real argument, never prints it
+    result = run_cli(["run", str(script), "-n", "2", "--out", "run", "--json", "r.json", "--junit", "r.xml",
+                      "--redact-args", "--", "--token", "s3cr3t-value"], cwd=tmp_path)
+    assert result.returncode == 6, result.output
+    assert result.report is not None and result.report["script_args"] == ["<redacted>", "<redacted>"]
+    assert (tmp_path / "run" / "repeat-0.stdout").read_text() == "12\n"  # the script saw the real value
+    stored = [p for p in [*(tmp_path / "run").iterdir(), tmp_path / "r.json", tmp_path / "r.xml"]]
+    assert all(b"s3cr3t" not in p.read_bytes() for p in stored)
+    assert "s3cr3t" not in result.output
