@@ -75,7 +75,16 @@ DEFAULT_GRANULARITY = "auto"  # module cost unless the repeats diverge (docs/gra
 
 
 def _console(quiet: bool = False) -> Console:
-    return Console(quiet=quiet, highlight=False)
+    console = Console(quiet=quiet, highlight=False)
+    # stdout closed by its reader (`| head`): stop writing, keep the verdict's exit code (rich would exit 1)
+    console.on_broken_pipe = _silence_stdout  # type: ignore[method-assign]
+    return console
+
+
+def _silence_stdout() -> None:
+    from detaudit.report import silence_stdout
+
+    silence_stdout()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)

@@ -276,10 +276,20 @@ def write_junit(report: Report, path: Path) -> None:
 def _write_output(path: Path, text: str, mode: int | None = None) -> None:
     """A report file, or stdout for `-`."""
     if str(path) == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader stopped early (`| head`): not an error of the run
+            silence_stdout()
     else:
         write_text_atomically(Path(path), text, mode)
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null once its reader has gone, so nothing more fails writing to it."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def check_writable(path: Path) -> None:

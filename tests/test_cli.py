@@ -385,3 +385,19 @@ def test_redact_args_stores_the_scripts_arguments_nowhere(tmp_path: Path) -> Non
     stored = [p for p in [*(tmp_path / "run").iterdir(), tmp_path / "r.json", tmp_path / "r.xml"]]
     assert all(b"s3cr3t" not in p.read_bytes() for p in stored)
     assert "s3cr3t" not in result.output
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_never_turns_into_an_error(tmp_path: Path) -> None:
+    """`detaudit show T | head`, `detaudit report R --json - | head`: the exit code stays the command's own."""
+    path = write_trace(tmp_path / "long.trace", training_records(steps=30), {"exit_code": 0})
+    run_dir = write_run(tmp_path / "run", [training_records()] * 2)
+    commands = (["show", str(path), "--limit", "0"], ["report", str(run_dir), "--json", "-"], ["report", str(run_dir)])
+    for args in commands:
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before the first byte: every write to stdout fails (EPIPE)
+        proc = subprocess.run([sys.executable, "-m", "detaudit", *args], cwd=tmp_path, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+        os.close(write_end)
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
