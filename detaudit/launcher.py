@@ -131,7 +131,7 @@ class Launcher:
         self.jobs = max(1, jobs)
         self.cwd = cwd or Path.cwd()
         self._live: dict[int, subprocess.Popen[bytes]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a second Ctrl-C (kill_now) may land inside stop()
         self._stopping = False
         self._hurry = threading.Event()
 
