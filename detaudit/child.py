@@ -242,9 +242,10 @@ def _keep_records_at_exit(session: Session) -> None:
     """Records reach the trace however the process ends.
 
     `os._exit` (no atexit, no finally) is wrapped: the trace is finished with its exit status
-    first. SIGTERM and SIGHUP (a timeout, a stop, a closed terminal) flush what was recorded but
-    write no footer, so the trace reads as incomplete, then end the process by that signal as
-    python would. Forked children (DataLoader workers) exit untouched.
+    first; `os.execv`/`execve` (and the `exec*` functions built on them) flush first. SIGTERM and
+    SIGHUP (a timeout, a stop, a closed terminal) flush what was recorded but write no footer, so
+    the trace reads as incomplete, then end the process by that signal as python would. Forked
+    children (DataLoader workers) exit untouched.
     """
     real_exit = os._exit
     pid = os.getpid()
@@ -260,7 +261,18 @@ def _keep_records_at_exit(session: Session) -> None:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
+    def before_exec(exec_fn: Callable[..., NoReturn]) -> Callable[..., NoReturn]:
+        """`os.execv`/`execve` replace the process: flush first (no footer: the new program is not recorded)."""
+        def exec_wrapper(*args: Any) -> NoReturn:
+            if os.getpid() == pid and session.recorder is not None:
+                session.recorder.flush_safely()
+            exec_fn(*args)
+
+        return exec_wrapper
+
     os._exit = _exit  # type: ignore[assignment]
+    os.execv = before_exec(os.execv)
+    os.execve = before_exec(os.execve)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)
 

@@ -313,3 +313,19 @@ def test_a_fatal_signal_flushes_what_was_recorded_and_ends_like_python(tmp_path:
     assert proc.wait(timeout=30) == -signum  # as plain python ends on that signal
     tr = read_trace(trace)
     assert not tr.complete and len(tr.records) >= 14  # buffered records were flushed, no footer
+
+
+@pytest.mark.slow
+def test_exec_replacing_the_process_keeps_what_was_recorded(tmp_path: Path) -> None:
+    script = write_script(tmp_path, """
+        import os, sys
+        import torch
+        model = torch.nn.Linear(4, 2)
+        for _ in range(5):
+            model(torch.randn(3, 4))
+        os.execv(sys.executable, [sys.executable, "-c", "print('replaced')"])
+    """)
+    plain, child, trace = both(tmp_path, script, [])
+    assert (child.code, child.out) == (plain.code, plain.out) == (0, "replaced\n")
+    tr = read_trace(trace)
+    assert not tr.complete and len(tr.records) >= 10  # flushed before the exec; no footer: never "whole"
