@@ -228,3 +228,24 @@ def test_atomic_writes_use_unique_temporaries_and_leave_none(tmp_path: Path) -> 
     assert not errors
     json.loads(target.read_text().split("}{")[0] + "}" if "}{" in target.read_text() else target.read_text())
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+@pytest.mark.parametrize("errno_name", ["ENOSPC", "EROFS", "EACCES"])
+def test_a_failed_write_is_one_output_error_and_leaves_no_temporary(tmp_path: Path, errno_name: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    from detaudit.errors import EXIT_OUTPUT, OutputError
+    from detaudit.report import write_text_atomically
+
+    code = getattr(errno, errno_name)
+
+    def fail(src: str, dst: str) -> None:
+        raise OSError(code, os.strerror(code), src)
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OutputError, match=errno_name) as caught:
+        write_text_atomically(tmp_path / "report.json", "{}")
+    assert caught.value.exit_code == EXIT_OUTPUT and "report.json" in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
