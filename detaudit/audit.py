@@ -202,10 +202,7 @@ def op_source(run_dir: Path, record: dict[str, Any], traces: Sequence[Path],
     run's own traces when they hold op records."""
     narrowing = record.get("narrowing")
     if narrowing:
-        try:
-            ops_results = [RepeatResult(**r) for r in narrowing["results"]]
-        except (TypeError, KeyError):
-            raise TraceError(f"{run_dir}/run.json: malformed narrowing record") from None
+        ops_results = repeat_results(narrowing["results"], run_dir / "run.json", "narrowing.results")
         paths = [run_dir / r.trace for r in ops_results]
         if not all(p.is_file() for p in paths):
             return None
@@ -268,6 +265,12 @@ def repeat_results(entries: list[dict[str, Any]], path: Path, where: str) -> lis
 
 
 _RESULT_FIELDS = frozenset(RepeatResult.__dataclass_fields__)
+
+
+def tolerance_of(record: dict[str, Any]) -> Tolerance:
+    """The run's tolerance (keys this release does not know are ignored)."""
+    stored = record.get("tolerance") or {}
+    return Tolerance(**{k: float(stored[k]) for k in ("atol", "rtol") if k in stored})
 
 
 def is_plain_name(name: str) -> bool:
@@ -341,7 +344,7 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         failure = _stderr_tail(run_dir, results[0])
         raise TraceError(f"no trace was written (did the script start?); {failure}" if failure
                          else "no trace was written")
-    tolerance = Tolerance(**record.get("tolerance", {}))
+    tolerance = tolerance_of(record)
     devices = list(labels) if labels is not None else [r.device for r in results]
     # a repeat that timed out was stopped from outside: only what every repeat recorded is compared
     # (and one stopped by an interrupt, or recorded elsewhere without a footer: exit status unknown)

@@ -212,8 +212,7 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
     `repeats` per device and experiment defaults to the baseline's; `budget` bounds their total.
     `script_args`: the real arguments of a run recorded with --redact-args (its run.json has none).
     """
-    from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run
-    from detaudit.compare import Tolerance
+    from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run, tolerance_of
 
     run_dir = Path(run_dir).resolve()  # the repeats run in the script's directory, not ours
     report = load_run(run_dir)
@@ -238,7 +237,7 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         repeats=repeats, devices=list(record.get("devices") or ["cpu"]), timeout=record.get("timeout"), jobs=jobs,
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
         granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
-        tolerance=Tolerance(**record.get("tolerance", {})), own_device=bool(record.get("own_device")),
+        tolerance=tolerance_of(record), own_device=bool(record.get("own_device")),
         ignore_stdout=bool(record.get("ignore_stdout")), redact_args=redacted,
     )
     cost = repeats * len(base.devices)

@@ -117,6 +117,10 @@ def mutate_json(value: Any, rng: random.Random) -> str:
         parent = parent[key]
     if choice < 0.25 and isinstance(parent, dict):
         del parent[path[-1]]
+    elif choice < 0.35 and isinstance(parent, dict):  # a key this release does not know
+        parent["added_by_a_newer_release"] = odd_value(rng)
+    elif choice < 0.4 and isinstance(parent[path[-1]], dict):
+        parent[path[-1]]["added_by_a_newer_release"] = odd_value(rng)
     else:
         parent[path[-1]] = odd_value(rng)
     return json.dumps(value)
