@@ -46,6 +46,7 @@ _ROW = struct.Struct("<4B6I3Q4d")
 assert _ROW.size == RECORD_DTYPE.itemsize
 _MAX_FRAME = 1 << 30
 MAX_STRINGS = 1 << 20  # a string table bigger than this is no trace detaudit wrote (bounds compare's memory)
+MAX_EVENTS = 1 << 19  # evidence is capped at the source (once per call site); more is no trace detaudit wrote
 FLUSH_EVERY = 4096
 THREAD_BLOCK_LIMIT = 1 << 17  # records from other threads held for one canonical block, at most
 
@@ -412,6 +413,9 @@ class RecordStream:
                     raise self._too_many_strings()
                 self.strings.extend(new)
             elif tag == b"E":
+                if len(self.events) >= MAX_EVENTS:
+                    raise _fail(self.path, f"corrupt trace: more than {MAX_EVENTS} evidence events; detaudit "
+                                "refuses to load that many")
                 self.events.append(_object(self.path, _json(self.path, payload), "evidence event", schema.EVENT))
             elif tag == b"F":
                 self.footer = _object(self.path, _json(self.path, payload), "footer", schema.TRACE_FOOTER)
