@@ -16,14 +16,17 @@ Repeats go into the run directory as `explain-<pin>-<i>.*`; the experiments are 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from detaudit import schema
-from detaudit.errors import TraceError, UsageError
+from detaudit.errors import TraceError, UsageError, output_error
 from detaudit.launcher import RepeatResult
 from detaudit.report import Cause, Experiment, Report, write_json, write_text_atomically
 
@@ -211,7 +214,38 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
 
     `repeats` per device and experiment defaults to the baseline's; `budget` bounds their total.
     `script_args`: the real arguments of a run recorded with --redact-args (its run.json has none).
+    One explain at a time per run directory: a second one would pick the same file names and
+    overwrite explain.json under the first.
     """
+    with _exclusive(Path(run_dir)):
+        return _run_experiments(run_dir, budget, explain_all, repeats, jobs, on_done, on_experiment, script_args)
+
+
+@contextlib.contextmanager
+def _exclusive(run_dir: Path) -> Iterator[None]:
+    """Hold `RUN_DIR/.explain.lock` (flock, released however the process ends) or refuse at once."""
+    if not (run_dir / "run.json").is_file():  # not a run directory: leave no file in it (the caller says why)
+        yield
+        return
+    try:
+        fd = os.open(run_dir / ".explain.lock", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise output_error(run_dir / ".explain.lock", exc) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"{run_dir}: another `detaudit explain` is running on this run directory; wait for "
+                             "it to finish") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int | None, jobs: int,
+                     on_done: Callable[[RepeatResult], None] | None,
+                     on_experiment: Callable[[Experiment], None] | None,
+                     script_args: Sequence[str] | None) -> Report:
     from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run, tolerance_of
 
     run_dir = Path(run_dir).resolve()  # the repeats run in the script's directory, not ours
