@@ -318,9 +318,13 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
     for key in ("script", "argv", "repeat", "device_request", "granularity", "torch", "pid"):
         if key in stream.header:
             console.print(f"  {key}: {clean(stream.header[key])}")
-    table = Table(show_edge=False)
-    for col in ("#", "step", "kind", "name", "tensor", "digest", "location"):
-        table.add_column(col, no_wrap=col == "digest", min_width=16 if col == "digest" else None)
+    def new_table(header: bool) -> Table:
+        table = Table(show_edge=False, show_header=header)
+        for col in ("#", "step", "kind", "name", "tensor", "digest", "location"):
+            table.add_column(col, no_wrap=col == "digest", min_width=16 if col == "digest" else None)
+        return table
+
+    table = new_table(True)
     shown = 0
     total = 0
     while True:
@@ -337,8 +341,12 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
                               f"{int(row['digest']):016x}", clean(info.location))
                 shown += 1
             total += 1
+        if table.row_count >= 4096:  # printed as it goes: `--limit 0` on a long trace keeps memory bounded
+            console.print(table)
+            table = new_table(False)
     stream.drain()
-    console.print(table)
+    if table.row_count or not shown:
+        console.print(table)
     if limit and total > shown:
         console.print(f"  … {total - shown} more records (use --limit 0 to print all)")
     if events and stream.events:
