@@ -247,6 +247,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
                      on_experiment: Callable[[Experiment], None] | None,
                      script_args: Sequence[str] | None) -> Report:
     from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run, tolerance_of
+    from detaudit.stdout import recorded_mode
 
     run_dir = Path(run_dir).resolve()  # the repeats run in the script's directory, not ours
     report = load_run(run_dir)
@@ -272,7 +273,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
         granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
         tolerance=tolerance_of(record), own_device=bool(record.get("own_device")),
-        ignore_stdout=bool(record.get("ignore_stdout")), redact_args=redacted,
+        stdout=recorded_mode(record), module=record.get("module"), redact_args=redacted,
     )
     cost = repeats * len(base.devices)
     spent = 0

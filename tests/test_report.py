@@ -249,3 +249,10 @@ def test_a_failed_write_is_one_output_error_and_leaves_no_temporary(tmp_path: Pa
         write_text_atomically(tmp_path / "report.json", "{}")
     assert caught.value.exit_code == EXIT_OUTPUT and "report.json" in str(caught.value)
     assert list(tmp_path.iterdir()) == []
+def test_junit_quotes_the_differing_stdout_line_of_each_repeat(tmp_path: Path) -> None:
+    recs = training_records(steps=1)
+    run = write_run(tmp_path / "run", [recs, recs], stdout=["epoch 1 acc 0.91\n", "epoch 1 acc 0.92\n"])
+    failure = ET.fromstring(to_junit(load_run(run))).find("testcase[@name='repeats agree']/failure")
+    assert failure is not None and failure.get("message") == "first divergence: stdout line 1"
+    assert "stdout line 1, repeat 0: 'epoch 1 acc 0.91'" in (failure.text or "")
+    assert "stdout line 1, repeat 1: 'epoch 1 acc 0.92'" in (failure.text or "")
