@@ -140,8 +140,8 @@ RUN_RECORD = Obj({
     "repeats": Int(1), "devices": ListOf(str), "granularity": STR_OR_NONE, "timeout": NUMBER_OR_NONE,
     "tolerance": Obj({"atol": Number(), "rtol": Number()}), "env": MapOf(str), "own_device": bool,
     "ignore_stdout": bool, "stdout": str, "module": STR_OR_NONE, "baseline": STR_OR_NONE,
-    "argv": OneOf((NONE, ListOf(str))), "args_redacted": bool, "results": OneOf((ListOf(REPEAT_RESULT), NONE)), "environment": dict,
-    "started": Number(), "interrupted": bool,
+    "argv": OneOf((NONE, ListOf(str))), "args_redacted": bool, "results": OneOf((ListOf(REPEAT_RESULT), NONE)),
+    "environment": dict, "started": Number(), "interrupted": bool,
     "narrowing": OneOf((NONE, Obj({"window": ListOf(Int(0), 2), "prefix": str, "results": ListOf(REPEAT_RESULT)},
                                   frozenset({"results"})))),
 }, frozenset({"format", "version", "script"}))
