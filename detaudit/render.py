@@ -177,11 +177,13 @@ def summary_line(report: Report) -> Text:
         parts.append(f"{len(report.runs)} repeats agree on {report.comparison.records_compared} records")
     elif report.verdict == "failed":
         parts.append("the script failed in every repeat")
+    elif report.verdict == "inconclusive":
+        parts.append(report.inconclusive_reason.split(":")[0])
     if report.causes:
         top = report.causes[0]
         parts.append(f"top cause: {top.id} ({top.confidence})")
     parts.append(f"run: {report.run_dir}")
-    text.append(" · " + " · ".join(parts))
+    text.append(printable(" · " + " · ".join(parts)))
     return text
 
 
