@@ -546,9 +546,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _main(argv, printable)
     finally:
-        if not _interrupted:  # interrupted: exiting; a late signal must still find our handler, not the default
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        for signum, handler in previous.items():
+            # interrupted: every repeat is already stopped and detaudit is exiting; a late signal is ignored
+            # (python resets its own handlers to the default while it shuts down: one would kill it mid-exit)
+            signal.signal(signum, signal.SIG_IGN if _interrupted else handler)
 
 
 def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
