@@ -129,8 +129,9 @@ class DistributedLauncher(Launcher):
                 h.update(path.read_bytes())
         return h.hexdigest()[:16]
 
-    def stop(self) -> None:
-        super().stop()
+    def kill_now(self) -> None:
+        """Ctrl-C (`stop` ends here) or a second Ctrl-C: the ranks' own groups go with the launchers'."""
+        super().kill_now()
         for trace in list(self._traces.values()):
             kill_ranks(trace.parent, trace.name)
 
@@ -215,9 +216,10 @@ def enter_rank(config: dict[str, Any]) -> dict[str, Any] | None:
     config["trace"] = str(trace.with_name(Layout.rank_file(trace.name, rank)))
     stdout = trace.with_name(Layout.rank_file(trace.name.removesuffix(".trace") + ".stdout", rank))
     pid_file = trace.with_name(Layout.rank_file(trace.name.removesuffix(".trace") + ".pid", rank))
-    pid_file.write_text(str(os.getpid()))
+    with open(os.open(pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as fh:
+        fh.write(str(os.getpid()))
     sys.stdout.flush()
-    fd = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # private, as the launcher's files
     os.dup2(fd, 1)
     os.close(fd)
     return {**identity, "nproc_per_node": config["nproc_per_node"]}

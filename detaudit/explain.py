@@ -16,14 +16,17 @@ Repeats go into the run directory as `explain-<pin>-<i>.*`; the experiments are 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit import distributed
-from detaudit.errors import TraceError, UsageError
+from detaudit import distributed, schema
+from detaudit.errors import TraceError, UsageError, output_error
 from detaudit.launcher import RepeatResult
 from detaudit.report import Cause, Experiment, Report, write_json, write_text_atomically
 
@@ -85,21 +88,24 @@ def plan(causes: Sequence[Cause]) -> list[str]:
 
 # -- stored experiments ---------------------------------------------------------------------------
 def _load(run_dir: Path) -> list[dict[str, Any]]:
+    from detaudit.audit import read_json_record, repeat_results
+
     path = Path(run_dir) / EXPLAIN_FILE
-    if not path.is_file():
+    if not path.exists():
         return []
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"{path}: unreadable experiment record ({exc})") from None
+    data = read_json_record(path, "experiment record")
     if not isinstance(data, dict) or data.get("format") != EXPLAIN_FORMAT or data.get("version") != EXPLAIN_VERSION:
         raise TraceError(f"{path}: not an experiment record this detaudit reads")
-    return list(data.get("experiments", []))
+    schema.check(data, schema.EXPLAIN_RECORD, str(path))
+    experiments = list(data.get("experiments", []))
+    for i, entry in enumerate(experiments):
+        repeat_results(entry.get("results", []), path, f"experiments[{i}].results")
+    return experiments
 
 
 def _save(run_dir: Path, stored: list[dict[str, Any]]) -> None:
     write_text_atomically(Path(run_dir) / EXPLAIN_FILE, json.dumps(
-        {"format": EXPLAIN_FORMAT, "version": EXPLAIN_VERSION, "experiments": stored}, indent=2))
+        {"format": EXPLAIN_FORMAT, "version": EXPLAIN_VERSION, "experiments": stored}, indent=2), mode=0o600)
 
 
 def _experiment(entry: dict[str, Any]) -> Experiment:
@@ -202,13 +208,45 @@ def _verdict(report: Report, baseline: Report) -> tuple[str, int | None, str]:
 def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bool = False,
                     repeats: int | None = None, jobs: int = 1,
                     on_done: Callable[[RepeatResult], None] | None = None,
-                    on_experiment: Callable[[Experiment], None] | None = None) -> Report:
+                    on_experiment: Callable[[Experiment], None] | None = None,
+                    script_args: Sequence[str] | None = None) -> Report:
     """Run the experiments for a finished, divergent run and return its report with them applied.
 
     `repeats` per device and experiment defaults to the baseline's; `budget` bounds their total.
+    `script_args`: the real arguments of a run recorded with --redact-args (its run.json has none).
+    One explain at a time per run directory: a second one would pick the same file names and
+    overwrite explain.json under the first.
     """
-    from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run
-    from detaudit.compare import Tolerance
+    with _exclusive(Path(run_dir)):
+        return _run_experiments(run_dir, budget, explain_all, repeats, jobs, on_done, on_experiment, script_args)
+
+
+@contextlib.contextmanager
+def _exclusive(run_dir: Path) -> Iterator[None]:
+    """Hold `RUN_DIR/.explain.lock` (flock, released however the process ends) or refuse at once."""
+    if not (run_dir / "run.json").is_file():  # not a run directory: leave no file in it (the caller says why)
+        yield
+        return
+    try:
+        fd = os.open(run_dir / ".explain.lock", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise output_error(run_dir / ".explain.lock", exc) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"{run_dir}: another `detaudit explain` is running on this run directory; wait for "
+                             "it to finish") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int | None, jobs: int,
+                     on_done: Callable[[RepeatResult], None] | None,
+                     on_experiment: Callable[[Experiment], None] | None,
+                     script_args: Sequence[str] | None) -> Report:
+    from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run, tolerance_of
     from detaudit.stdout import recorded_mode
 
     run_dir = Path(run_dir).resolve()  # the repeats run in the script's directory, not ours
@@ -218,19 +256,25 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
     if report.timed_out:
         raise UsageError(f"{run_dir}: a repeat timed out; --explain needs a run whose repeats all finished")
     record, _ = read_run(run_dir)
+    redacted = bool(record.get("args_redacted"))
+    if redacted and script_args is None and record.get("script_args"):
+        raise UsageError(f"{run_dir}: the run was recorded with --redact-args, so its script arguments were not "
+                         "stored and cannot be re-run; use `detaudit run ... --redact-args --explain`")
     stored = _load(run_dir)
     tested = {e["pin"] for e in stored if e["verdict"] != "skipped"}
     # as many repeats per device as the baseline had: fewer would let chance agreement "confirm" a pin
     repeats = repeats or max(MIN_REPEATS, int(record.get("repeats") or MIN_REPEATS))
     cwd = Path(record.get("cwd") or ".").resolve()
     script = Path(record["script"])
+    args = list(record.get("script_args", []) if script_args is None else script_args)
     base = AuditOptions(
-        script=script if script.is_absolute() else cwd / script, script_args=list(record.get("script_args", [])),
+        script=script if script.is_absolute() else cwd / script, script_args=args,
         repeats=repeats, devices=list(record.get("devices") or ["cpu"]), timeout=record.get("timeout"), jobs=jobs,
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
         granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
-        tolerance=Tolerance(**record.get("tolerance", {})), own_device=bool(record.get("own_device")),
-        stdout=recorded_mode(record), module=record.get("module"), **distributed.options_of(record),
+        tolerance=tolerance_of(record), own_device=bool(record.get("own_device")),
+        stdout=recorded_mode(record), module=record.get("module"), redact_args=redacted,
+        **distributed.options_of(record),
     )
     cost = repeats * len(base.devices)
     spent = 0
@@ -271,5 +315,5 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         if on_experiment is not None:
             on_experiment(experiment)
     report = load_run(run_dir)
-    write_json(report, run_dir / "report.json")
+    write_json(report, run_dir / "report.json", mode=0o600)
     return report

@@ -51,5 +51,6 @@ def test_ddp_collectives_and_a_reused_sampler_epoch_are_recorded(tmp_path: Path)
     assert ddp["params"] == ["module.weight", "module.bias"] and ddp["ignored"] == []
     assert ddp["backend"] == "gloo" and ddp["bucket_cap_mb"] == 1
     assert events["collective"]["fn"] == "dist.all_reduce" and events["collective"]["dtype"] == "float32"
+    assert events["collective"]["reduce_op"] is None  # the default (SUM): not passed
     # epochs 0, 1 (set_epoch), then 1 again: told once, at the third pass
     assert events["sampler-epoch"]["epoch"] == 1 and events["sampler-epoch"]["iterations"] == 3

@@ -46,7 +46,7 @@ def collective_algorithm(ctx: Context) -> Finding | None:
                          f"{len(e.get('params', []))} parameters over {e.get('backend') or '?'} ({settings})")
         else:
             lines.append(f"{e.get('fn')} over {e.get('backend') or '?'} at {e.get('loc') or '?'}"
-                         + (f" ({e.get('op')}, {e.get('dtype')})" if e.get("op") else ""))
+                         + (f" ({e.get('reduce_op')}, {e.get('dtype')})" if e.get("reduce_op") else ""))
     envs = _collective_env(ctx)
     env_differs = bool(envs) and ctx.differs(envs)
     if env_differs:

@@ -81,10 +81,11 @@ def install(recorder: Recorder) -> None:
             if name not in seen:
                 seen.add(name)
                 tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
+                op = kwargs.get("op", args[1] if name in ("all_reduce", "reduce_scatter") and len(args) > 1 else None)
                 recorder.event({"type": "collective", "fn": f"dist.{name}", "loc": _where(),
-                                "backend": backend(kwargs.get("group")), "op": str(kwargs.get("op", "")) or None,
-                                "dtype": str(tensor.dtype).removeprefix("torch.") if tensor is not None else None,
-                                "device": tensor.device.type if tensor is not None else None})
+                                "backend": backend(kwargs.get("group")), "reduce_op": None if op is None else str(op),
+                                **({} if tensor is None else {"dtype": str(tensor.dtype).removeprefix("torch."),
+                                                              "device": tensor.device.type})})
             return fn(*args, **kwargs)
 
         return collective

@@ -126,7 +126,7 @@ class Evidence:
                           default=str)
         with self._lock:
             if self._side_fd is None:
-                self._side_fd = os.open(self.side_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self._side_fd = os.open(self.side_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.write(self._side_fd, (line + "\n").encode())
 
     def _after_fork(self) -> None:
