@@ -22,7 +22,7 @@ from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
 from detaudit.oprules import OpFinding, find_op_source
 from detaudit.report import Report, write_json, write_text_atomically
-from detaudit.trace import RecordStream
+from detaudit.trace import RecordStream, read_footer
 
 RUN_FORMAT = "detaudit-run"
 RUN_VERSION = 1
@@ -46,6 +46,8 @@ class AuditOptions:
     child_config: dict[str, Any] = field(default_factory=dict)
     own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
     ignore_stdout: bool = False  # --ignore-stdout: a script that prints timings is not divergent for it
+    max_steps: int | None = None  # --max-steps: each repeat stops after this many steps (recorder/bounds.py)
+    max_time: float | None = None  # --max-time: ... at the first step boundary after this many seconds
 
 
 def new_run_dir(script: Path, out_dir: Path | None) -> Path:
@@ -83,10 +85,24 @@ def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
             cwd: Path | None = None) -> list[RepeatResult]:
     """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
+    bounds = {k: v for k, v in (("max_steps", options.max_steps), ("max_time", options.max_time)) if v is not None}
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
-                         options.child_config, prefix=prefix, own_device=options.own_device)
+                         {**options.child_config, **bounds}, prefix=prefix, own_device=options.own_device)
     launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
-    return launcher.run(plans, on_done)
+    if not bounds:
+        return launcher.run(plans, on_done)
+
+    def stopped(result: RepeatResult) -> RepeatResult:
+        return replace(result, stopped_at_step=_stopped_at(run_dir / result.trace))
+
+    results = launcher.run(plans, None if on_done is None else lambda r: on_done(stopped(r)))
+    return [stopped(r) for r in results]
+
+
+def _stopped_at(trace: Path) -> int | None:
+    footer = read_footer(trace)
+    step = footer.get("stopped_at_step") if footer is not None else None
+    return step if isinstance(step, int) else None
 
 
 def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None,
@@ -103,7 +119,8 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         "script_args": options.script_args, "cwd": str(Path.cwd()), "repeats": options.repeats,
         "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
         "tolerance": asdict(options.tolerance), "env": options.env, "own_device": options.own_device,
-        "ignore_stdout": options.ignore_stdout, "results": None,
+        "ignore_stdout": options.ignore_stdout, "max_steps": options.max_steps, "max_time": options.max_time,
+        "results": None,
         "environment": host_environment(), "started": time.time(),
     }
     _write_record(run_dir, record)
@@ -251,8 +268,10 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
                          else "no trace was written")
     tolerance = Tolerance(**record.get("tolerance", {}))
     devices = list(labels) if labels is not None else [r.device for r in results]
-    # a repeat that timed out was stopped from outside: only what every repeat recorded is compared
-    comparison = compare_traces(traces, devices, tolerance, truncated=[r.timed_out for r in results])
+    # a repeat that timed out or hit --max-steps/--max-time was stopped: only what every repeat recorded
+    # is compared
+    comparison = compare_traces(traces, devices, tolerance,
+                                truncated=[r.timed_out or r.stopped_at_step is not None for r in results])
     if comparison.recording_failed:  # no records is no evidence: never let it read as "deterministic"
         index, why = next(iter(comparison.recording_failed.items()))
         raise TraceError(f"repeat {index}: detaudit could not record this repeat ({why}); its trace has "
@@ -273,7 +292,7 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
             first.detail += (f"; the recording of repeat(s) {', '.join(map(str, cut))} is incomplete "
                              "(no footer: killed, or crashed hard)")
     report.repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results
-                            if r.exit_code not in (0, None) and not r.timed_out}
+                            if r.exit_code not in (0, None) and not r.timed_out and r.stopped_at_step is None}
     if report.verdict == "failed":
         report.failure = report.repeat_errors.get(results[0].index, "")
     if first is not None:
@@ -288,10 +307,10 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
 def outcome_divergence(results: Sequence[RepeatResult], ignore_stdout: bool = False) -> Divergence | None:
     """Repeats that end differently: another exit status, or other output on stdout (unless ignored).
 
-    Only repeats that ended by themselves count: a timed-out repeat was stopped, and an
-    incomplete recording's exit status is unknown.
+    Only repeats that ended by themselves count: a timed-out repeat, or one stopped by
+    --max-steps/--max-time, was stopped, and an incomplete recording's exit status is unknown.
     """
-    ended = [r for r in results if not r.timed_out and r.exit_code is not None]
+    ended = [r for r in results if not r.timed_out and r.exit_code is not None and r.stopped_at_step is None]
     if len(ended) < 2:
         return None
     ref = ended[0]

@@ -81,6 +81,10 @@ class WindowRecorded(BaseException):
     """Raised inside the script to end an op-window re-run early (see Session._stop_after_op_window)."""
 
 
+class BoundReached(BaseException):
+    """Raised inside the script when --max-steps or --max-time is reached (recorder/bounds.py)."""
+
+
 class Session:
     """One audited repeat: the trace writer, the hooks, and the script's outcome."""
 
@@ -126,7 +130,18 @@ class Session:
         self.hooks = Hooks(self.recorder)
         self.hooks.install()
         ops.install(self.recorder, self.config, self._stop_after_op_window)
+        max_steps, max_time = self.config.get("max_steps"), self.config.get("max_time")
+        if max_steps is not None or max_time is not None:
+            from detaudit.recorder.bounds import Bounds
+
+            Bounds(self.recorder, self.hooks.is_root_call, max_steps, max_time, self.started,
+                   self._stop_at_bound).install()
         detaudit._set_active_recorder(self.recorder)
+
+    def _stop_at_bound(self, stop: Any) -> None:
+        """--max-steps / --max-time reached: end the repeat here, as if the script had ended."""
+        self.finish(0, None, **stop.footer())
+        raise BoundReached
 
     def _stop_after_op_window(self) -> None:
         """The op-level re-run of --granularity auto has recorded its window: the rest is not needed.
@@ -227,7 +242,7 @@ def main(argv: list[str]) -> None:
 
     try:
         _run_as_main(os.path.join(os.getcwd(), script_arg))
-    except WindowRecorded:
+    except (WindowRecorded, BoundReached):
         sys.exit(0)
     except SystemExit as exc:
         session.finish(_exit_code(exc), None)

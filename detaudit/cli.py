@@ -92,6 +92,8 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
 
     def line(result: Any) -> None:
         status = "timed out" if result.timed_out else f"exit {result.exit_code}"
+        if result.stopped_at_step is not None:
+            status = f"stopped after step {result.stopped_at_step}"
         err_console.print(f"repeat {result.index} ({result.device}): {status} in {result.duration_s:.1f}s")
 
     return nullcontext(), line
@@ -129,10 +131,16 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
               "first that confirms a cause.")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="With --explain: most extra repeats the experiments may run. [default: 12]")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop each repeat right after its N-th optimizer step, as if the script ended there (a script "
+                   "with no optimizer: its N-th call of the model). Exit status and later stdout are not compared.")
+@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop each repeat at the first step boundary after SECONDS; the steps every repeat completed "
+                   "are compared.")
 def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
         rtol: float, quiet: bool, ignore_stdout: bool, granularity: str, explain: bool, explain_all: bool,
-        budget: int | None) -> None:
+        budget: int | None, max_steps: int | None, max_time: float | None) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT; arguments after `--` go to the script untouched:
@@ -145,7 +153,7 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     options = AuditOptions(
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
-        own_device=own_device(devices), ignore_stdout=ignore_stdout,
+        own_device=own_device(devices), ignore_stdout=ignore_stdout, max_steps=max_steps, max_time=max_time,
     )
     context, on_done = _progress_runner(quiet, repeats * len(options.devices))
 

@@ -229,6 +229,7 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
         tolerance=Tolerance(**record.get("tolerance", {})), own_device=bool(record.get("own_device")),
         ignore_stdout=bool(record.get("ignore_stdout")),
+        max_steps=record.get("max_steps"), max_time=record.get("max_time"),
     )
     cost = repeats * len(base.devices)
     spent = 0

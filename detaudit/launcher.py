@@ -51,6 +51,7 @@ class RepeatResult:
     stdout: str
     stderr: str
     stdout_digest: str
+    stopped_at_step: int | None = None  # stopped by --max-steps/--max-time after this many steps
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

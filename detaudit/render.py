@@ -52,6 +52,10 @@ def verdict_line(report: Report) -> Text:
         text.append(f" — repeat(s) {', '.join(map(str, late))} timed out", style="bold red")
     if not all(report.comparison.complete) and not report.timed_out:
         text.append(" (incomplete recordings are compared as far as they go)")
+    stops = sorted({r.stopped_at_step for r in report.runs if r.stopped_at_step is not None})
+    if stops:
+        text.append(f"; bounded: repeats stopped after step {', '.join(map(str, stops))} (--max-steps/--max-time), "
+                    "the steps every repeat completed are compared")
     return text
 
 
@@ -62,6 +66,8 @@ def runs_table(report: Report) -> Table:
     comp = report.comparison
     for r in report.runs:
         exit_text = "timeout" if r.timed_out else "?" if r.exit_code is None else str(r.exit_code)
+        if r.stopped_at_step is not None:
+            exit_text = f"stopped@{r.stopped_at_step}"
         records = comp.records[r.index] if r.index < len(comp.records) else 0
         complete = comp.complete[r.index] if r.index < len(comp.complete) else False
         table.add_row(str(r.index), r.device, exit_text, f"{r.duration_s:.2f}",

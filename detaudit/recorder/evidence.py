@@ -68,6 +68,15 @@ _POSITIONAL = {"indexput": {"accumulate": 3}, "put": {"accumulate": 3}, "scatter
 _active: Evidence | None = None
 
 
+def _never_compiling() -> bool:
+    return False
+
+
+# torch.compiler.is_compiling once torch is imported: every wrapper below passes straight through
+# while dynamo traces (recorder/compiled.py), so wrapping never changes a compiled graph.
+compiling: Callable[[], bool] = _never_compiling
+
+
 def active() -> Evidence | None:
     return _active
 
@@ -240,6 +249,10 @@ class Evidence:
 
     def on_torch(self, torch: ModuleType) -> None:
         """Right after `import torch` (before the script sees it) and before the recorder's hooks."""
+        global compiling
+        from detaudit.recorder import compiled
+
+        compiling = compiled.compiling
         self.torch = torch
         if "numpy.random" in sys.modules and self.numpy is None:
             self.on_numpy_random(sys.modules["numpy.random"])
@@ -279,6 +292,10 @@ class Evidence:
             return
         event: dict[str, Any] = {"type": "state", "when": "end", "rng": self.rng_state()}
         if self.torch is not None:
+            from detaudit.recorder import compiled
+
+            if compiled.was_used():
+                self.emit(compiled.evidence())
             event["flags"] = self.flags()
             cuda = self.torch.cuda
             if cuda.is_initialized():
@@ -287,6 +304,8 @@ class Evidence:
 
     # -- one-shot hooks ---------------------------------------------------------------------------
     def _on_first_forward(self, module: Any, args: Any) -> None:
+        if compiling():
+            return
         self._first_forward.remove()
         self.pins.apply_torch_flags(self.torch)
         with _never_fatal():
@@ -295,7 +314,7 @@ class Evidence:
 
     def _on_first_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # torch iterates the live hook dict here, so the hook cannot remove itself: one check per step
-        if self._stepped:
+        if self._stepped or compiling():
             return
         self._stepped = True
         self.pins.apply_torch_flags(self.torch)
@@ -371,6 +390,8 @@ class Evidence:
 
         @functools.wraps(original)
         def seed(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             library = ev.is_library(caller)
             before = ev.rng_digest(lib)
@@ -398,6 +419,8 @@ class Evidence:
 
         @functools.wraps(original)
         def default_rng(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             library = ev.is_library(caller)
             seed = args[0] if args else kwargs.get("seed")
@@ -419,6 +442,8 @@ class Evidence:
 
         @functools.wraps(original)
         def draw(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             if (label, caller.f_code, caller.f_lineno) not in ev.seen:
                 ev.seen.add((label, caller.f_code, caller.f_lineno))
@@ -439,6 +464,8 @@ class Evidence:
         @functools.wraps(original)
         def empty(*args: Any, **kwargs: Any) -> Any:
             t = original(*args, **kwargs)
+            if compiling():
+                return t
             caller = sys._getframe(1)
             if ev.is_library(caller):
                 return t
@@ -480,6 +507,8 @@ class Evidence:
 
         @functools.wraps(original)
         def op(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             if (name, caller.f_code, caller.f_lineno) not in ev.seen and args and isinstance(args[0], torch.Tensor):
                 ev.seen.add((name, caller.f_code, caller.f_lineno))
@@ -580,6 +609,8 @@ class Evidence:
 
         @functools.wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             if not ev.is_library(caller):
                 ev.emit({"type": "call", "fn": label, "value": _short(args[0] if args else None),

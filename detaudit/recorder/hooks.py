@@ -10,11 +10,14 @@
 from __future__ import annotations
 
 import functools
+import warnings
 import weakref
 from typing import Any
 
 import torch
 
+from detaudit.recorder.compiled import compiling, is_wrapper, plain_name
+from detaudit.recorder.compiled import evidence as compile_evidence
 from detaudit.recorder.core import Recorder, iter_tensors
 from detaudit.trace import Kind
 
@@ -45,13 +48,13 @@ class ModuleNames:
         self.roots.add(root)
         for qual, module in root.named_modules(remove_duplicate=False):
             if qual and (module not in self.modules or module in self.roots):
-                self.modules[module] = qual
+                self.modules[module] = plain_name(qual)
                 self.roots.discard(module)
         self.modules[root] = root_name
         for qual, param in root.named_parameters(remove_duplicate=False):
             known = self.params.get(id(param))
             if known is None or known[0]() is not param:
-                self.params[id(param)] = (weakref.ref(param), qual)
+                self.params[id(param)] = (weakref.ref(param), plain_name(qual))
 
     def param_name(self, param: torch.Tensor, group: int, index: int) -> str:
         known = self.params.get(id(param))
@@ -79,39 +82,61 @@ class Hooks:
         nn_module.register_module_forward_hook(self._on_forward)
         optim.register_optimizer_step_pre_hook(self._on_step_pre)
         optim.register_optimizer_step_post_hook(self._on_step_post)
+        # torch.compile(model) warns that global hooks fire for its wrapper too; these hooks skip
+        # the wrapper (recorder/compiled.py), and plain python would print no such warning.
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
         original_save = torch.save
 
         @functools.wraps(original_save)
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-            self._on_save(obj)
+            if not compiling():
+                self._on_save(obj)
             return original_save(obj, f, *args, **kwargs)
 
         torch.save = save
         torch.serialization.save = save
 
     # -- modules ---------------------------------------------------------------------------
-    def _module(self, module: torch.nn.Module) -> tuple[weakref.ref[torch.nn.Module], int, bool]:
-        """(weakref, name id, is a root) of a module, learning its name on first sight."""
+    # Every hook returns at once while dynamo traces (recorder/compiled.py): nothing enters the graph.
+    # The `OptimizedModule` of `torch.compile(model)` is recorded as `model` (its name, at its
+    # boundary, outside the compiled code); `model`'s own hooks, inside that call, are skipped.
+    def _module(self, module: torch.nn.Module) -> tuple[weakref.ref[torch.nn.Module], int, bool, int]:
+        """(weakref, name id, is a root, id of the wrapped module or 0) of a module, learning its
+        name on first sight."""
         entry = self._modules.get(id(module))
         if entry is not None and entry[0]() is module:
             return entry
-        if module not in self.names.modules:
-            self.names.add_root(module, numbered=not self.recorder.local.flag)
-            self._modules.clear()  # the new root may have renamed modules seen before (former roots)
         key = id(module)
+        inner = 0
+        named = module
+        if is_wrapper(module):
+            named = module._orig_mod
+            inner = id(named)
+        if named not in self.names.modules:
+            self.names.add_root(named, numbered=not self.recorder.local.flag)
+            self._modules.clear()  # the new root may have renamed modules seen before (former roots)
+        if inner:
+            self.recorder.event({**compile_evidence(), "module": self.names.modules[named]})
 
         def forget(ref: weakref.ref[torch.nn.Module]) -> None:
             if self._modules.get(key, (None,))[0] is ref:
                 del self._modules[key]
 
-        entry = (weakref.ref(module, forget), self.recorder.intern(self.names.modules[module]),
-                 module in self.names.roots)
+        entry = (weakref.ref(module, forget), self.recorder.intern(self.names.modules[named]),
+                 named in self.names.roots, inner)
         self._modules[key] = entry
         return entry
 
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if compiling():
+            return
         rec = self.recorder
-        _, module_id, is_root = self._module(module)
+        _, module_id, is_root, inner = self._module(module)
+        wrapped = rec.local.wrapped
+        if wrapped and wrapped[-1] == id(module):
+            return  # called by its torch.compile wrapper, which records this call
+        if inner:
+            wrapped.append(inner)
         rec.local.module_stack.append(module_id)  # op records name the innermost running module
         if is_root:
             rec.root_forward(module_id)
@@ -119,12 +144,19 @@ class Hooks:
                 return
             # The data a model is given: tells a data-pipeline cause from a model-internal one.
             loc = rec.location_id(1)
-            for path, tensor in iter_tensors(args, self.names.modules[module] + ".input"):
+            for path, tensor in iter_tensors(args, rec.writer.text(module_id) + ".input"):
                 rec.record_tensor(Kind.INPUT, rec.intern(path), tensor, module_id, loc)
 
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if compiling():
+            return
         rec = self.recorder
-        module_id = self._module(module)[1]
+        _, module_id, _, inner = self._module(module)
+        wrapped = rec.local.wrapped
+        if wrapped and wrapped[-1] == id(module):
+            return
+        if inner and wrapped and wrapped[-1] == inner:
+            wrapped.pop()
         stack = rec.local.module_stack
         if stack and stack[-1] == module_id:
             stack.pop()
@@ -136,9 +168,16 @@ class Hooks:
         if isinstance(output, torch.Tensor):
             rec.record_tensor(Kind.OUTPUT, module_id, output, module_id, loc)
             return
-        name = self.names.modules[module]
-        for path, tensor in iter_tensors(output, name):
+        for path, tensor in iter_tensors(output, rec.writer.text(module_id)):
             rec.record_tensor(Kind.OUTPUT, rec.intern(path), tensor, module_id, loc)
+
+    def is_root_call(self, module: torch.nn.Module) -> bool:
+        """Whether a forward that just ended was a root module's own call (a compiled model's
+        once, at its wrapper); for forward hooks registered after this recorder's."""
+        if compiling():
+            return False
+        wrapped = self.recorder.local.wrapped
+        return not (wrapped and wrapped[-1] == id(module)) and self._module(module)[2]
 
     # -- optimizers ------------------------------------------------------------------------
     def _params(self, optimizer: torch.optim.Optimizer) -> Any:
@@ -147,6 +186,8 @@ class Hooks:
                 yield self.names.param_name(p, gi, pi), p
 
     def _on_step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if compiling():
+            return
         rec = self.recorder
         if self._primary is None:
             self._primary = weakref.ref(optimizer)
@@ -158,6 +199,8 @@ class Hooks:
         rec.internal += 1  # no op records inside the step (see Recorder.internal)
 
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if compiling():
+            return
         rec = self.recorder
         rec.internal -= 1
         if rec.local.module_stack:

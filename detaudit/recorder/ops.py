@@ -113,6 +113,13 @@ class OpRecorder(TorchDispatchMode):
         self._unknown = False  # set while reading an op's inputs: one has no digest (accelerator)
         self._uninit = False  # ... one was never written
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Let torch.compile run compiled code while this mode is active (the default would make
+        dynamo fall back to eager, changing what a compiled script computes): ops inside compiled
+        regions are not recorded."""
+        return True
+
     def start(self) -> None:
         if not self.active:
             self.__enter__()
