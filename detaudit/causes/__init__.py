@@ -21,7 +21,8 @@ Detector = Callable[[Context], "Finding | None"]
 
 DETECTORS: tuple[Detector, ...] = (
     rng.varying_seed, rng.unseeded_torch_rng, rng.unseeded_numpy_rng, rng.unseeded_python_rng,
-    rng.dataloader_workers, device.environment, device.tf32, device.thread_count, device.nondeterministic_op, compiled.compiled_kernels,
+    rng.dataloader_workers, device.environment, device.tf32, device.thread_count, device.nondeterministic_op,
+    compiled.compiled_kernels,
     device.uninitialized_memory, device.cudnn_benchmark, device.cublas_workspace, order.concurrency,
     order.python_hash_seed, order.object_order,
 )

@@ -35,7 +35,8 @@ def compiled_kernels(ctx: Context) -> Finding | None:
     if env:
         lines.append("compile environment: " + ", ".join(f"{k}={v}" for k, v in sorted(env.items())))
     if inside and rec is not None and rec.kind in PARAM_KINDS:
-        lines.append("the first divergence is in a parameter's gradient or update, which compiled backward kernels produce")
+        lines.append("the first divergence is in a parameter's gradient or update, which compiled backward kernels "
+                     "produce")
     lines.append(f"first divergence: {ctx.where()}")
     fix = ("call `torch.use_deterministic_algorithms(True)` before the first compiled call: inductor then generates "
            "deterministic kernels")

@@ -64,7 +64,7 @@ class Bounds:
             bounds.optimizer_built = True
             original(optimizer, *args, **kwargs)
 
-        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
+        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign,assignment]
 
     def _on_step(self, step: int) -> None:
         self._check(step, "optimizer steps")

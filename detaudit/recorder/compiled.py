@@ -62,7 +62,8 @@ def evidence() -> dict[str, Any]:
             value = getattr(config, name, None)
             if isinstance(value, (bool, int, float, str)) or value is None:
                 flags[name] = value
-    env = {k: v for k, v in os.environ.items() if k.startswith(("TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_COMPILE"))}
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(("TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_COMPILE")) and not k.endswith("CACHE_DIR")}
     return {"type": "compile", "frames": frames, "inductor": flags, "env": env}
 
 

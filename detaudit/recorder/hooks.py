@@ -70,9 +70,10 @@ class Hooks:
         self.recorder = recorder
         self.names = ModuleNames()
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
-        # id(module) -> (weakref, name id, is a root). Keyed by id with a weakref check rather than a
-        # WeakKeyDictionary/WeakSet, whose lookups allocate a weakref on every module call.
-        self._modules: dict[int, tuple[weakref.ref[torch.nn.Module], int, bool]] = {}
+        # id(module) -> (weakref, name id, is a root, id of the module a compile wrapper wraps). Keyed by id
+        # with a weakref check rather than a WeakKeyDictionary/WeakSet, whose lookups allocate a weakref on
+        # every module call.
+        self._modules: dict[int, tuple[weakref.ref[torch.nn.Module], int, bool, int]] = {}
 
     def install(self) -> None:
         from torch.nn.modules import module as nn_module
@@ -110,7 +111,7 @@ class Hooks:
         inner = 0
         named = module
         if is_wrapper(module):
-            named = module._orig_mod
+            named = module._orig_mod  # type: ignore[assignment]
             inner = id(named)
         if named not in self.names.modules:
             self.names.add_root(named, numbered=not self.recorder.local.flag)
