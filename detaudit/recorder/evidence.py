@@ -29,6 +29,7 @@ import random
 import sys
 import sysconfig
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,6 +47,7 @@ WORKERS_SUFFIX = ".workers.jsonl"
 BACKWARD_WALKS = 4           # autograd graphs inspected (the first backward calls)
 MAX_GRAPH_NODES = 20000
 MAX_EMPTY_EVENTS = 256
+MAX_CLOCK_SITES = 256
 ENV_ALLOW = (
     "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
     "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "PYTORCH_CUDA_ALLOC_CONF",
@@ -61,6 +63,7 @@ NUMPY_DRAWS = ("random", "rand", "randn", "randint", "random_sample", "normal", 
 PYTHON_DRAWS = ("random", "uniform", "randint", "randrange", "choice", "choices", "shuffle", "sample", "gauss",
                 "normalvariate", "getrandbits", "betavariate", "expovariate")
 EMPTY_FUNCTIONS = ("empty", "empty_like", "empty_strided")
+CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
 # positional index of condition arguments, counting `self` for Tensor methods (same for torch.X(input, ...))
 _POSITIONAL = {"indexput": {"accumulate": 3}, "put": {"accumulate": 3}, "scatterreduce": {"reduce": 4},
                "embeddingbag": {"mode": 4}}
@@ -113,6 +116,8 @@ class Evidence:
         self._stepped = False
         self.empty_events = 0
         self.op_entries: dict[str, list[oplist.OpEntry]] = {}
+        # user call sites of the wall clock: (code, line) -> [label, reads]; None for library code
+        self.clock_reads: dict[tuple[Any, int], list[Any] | None] = {}
         self._library = _library_prefixes()
         self._side_fd: int | None = None
         self._lock = threading.Lock()
@@ -213,6 +218,8 @@ class Evidence:
         for name in PYTHON_DRAWS:
             self._wrap_draw(random, name, "python", f"random.{name}")
         self._wrap_method(threading.Thread, "start", "threading.Thread.start")
+        for name in CLOCKS:
+            self._wrap_clock(name)
         self.emit({"type": "hash", "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
                    "randomization": sys.flags.hash_randomization, "probe": hash("detaudit-hash-probe"),
                    "aslr_disabled": aslr_disabled()})
@@ -290,6 +297,10 @@ class Evidence:
         """At the end of the repeat (also on timeout): the final flags and RNG states."""
         if os.getpid() != self.pid or self.in_worker:
             return
+        sites = [{"fn": v[0], "loc": self.where_code(code, line), "reads": v[1]}
+                 for (code, line), v in self.clock_reads.items() if v is not None]
+        if sites:
+            self.emit({"type": "clock-reads", "sites": sites})
         event: dict[str, Any] = {"type": "state", "when": "end", "rng": self.rng_state()}
         if self.torch is not None:
             from detaudit.recorder import compiled
@@ -586,6 +597,36 @@ class Evidence:
                 loader.worker_init_fn = WorkerStart(fn)
 
         loader_cls.__init__ = init  # type: ignore[misc]
+
+    def where_code(self, code: Any, line: int) -> str:
+        return f"{location.display_path(code.co_filename)}:{line}"
+
+    def _wrap_clock(self, name: str) -> None:
+        """Count the script's reads of the wall clock per call site: a loop bounded by time runs a
+        different number of times in each repeat, and these counts show where (causes/clock.py)."""
+        original = getattr(time, name, None)
+        if original is None:
+            return
+        ev = self
+        label = f"time.{name}"
+
+        @functools.wraps(original)
+        def clock() -> Any:
+            if compiling():
+                return original()
+            caller = sys._getframe(1)
+            key = (caller.f_code, caller.f_lineno)
+            site = ev.clock_reads.get(key, False)
+            if site is False:
+                site = None if ev.is_library(caller) else [label, 0]
+                if site is not None and len(ev.clock_reads) < MAX_CLOCK_SITES:
+                    ev.emit({"type": "clock", "fn": label, "loc": ev.where(caller)})
+                ev.clock_reads[key] = site
+            if site is not None:
+                site[1] += 1
+            return original()
+
+        setattr(time, name, clock)
 
     def _wrap_method(self, owner: Any, name: str, label: str) -> None:
         original = getattr(owner, name)

@@ -70,6 +70,7 @@ class Hooks:
         self.recorder = recorder
         self.names = ModuleNames()
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
+        self._schedulers: dict[int, str] = {}  # id(scheduler) -> record name, in order of first step
         # id(module) -> (weakref, name id, is a root, id of the module a compile wrapper wraps). Keyed by id
         # with a weakref check rather than a WeakKeyDictionary/WeakSet, whose lookups allocate a weakref on
         # every module call.
@@ -96,6 +97,25 @@ class Hooks:
 
         torch.save = save
         torch.serialization.save = save
+        self._wrap_schedulers()
+
+    def _wrap_schedulers(self) -> None:
+        """Record each LR scheduler's state after its `step()` (its own step: ReduceLROnPlateau's too)."""
+        from torch.optim import lr_scheduler
+
+        for cls in (getattr(lr_scheduler, "LRScheduler", None), getattr(lr_scheduler, "ReduceLROnPlateau", None)):
+            original = getattr(cls, "step", None) if cls is not None and "step" in vars(cls) else None
+            if cls is None or original is None:
+                continue
+
+            def step(scheduler: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
+                result = __original(scheduler, *args, **kwargs)
+                if not compiling():
+                    self._on_scheduler_step(scheduler)
+                return result
+
+            functools.update_wrapper(step, original)
+            cls.step = step
 
     # -- modules ---------------------------------------------------------------------------
     # Every hook returns at once while dynamo traces (recorder/compiled.py): nothing enters the graph.
@@ -216,8 +236,35 @@ class Hooks:
         if self._primary is not None and self._primary() is optimizer:
             rec.end_step()
 
+    # -- LR schedulers ---------------------------------------------------------------------
+    def _on_scheduler_step(self, scheduler: Any) -> None:
+        """The scheduler's numeric state (epoch counter, base and last learning rates, ...) as one record."""
+        rec = self.recorder
+        name = self._schedulers.get(id(scheduler))
+        if name is None:
+            base = f"lr_scheduler {type(scheduler).__name__}"
+            count = sum(1 for n in self._schedulers.values() if n.split("#")[0] == base) + 1
+            name = base if count == 1 else f"{base}#{count}"
+            self._schedulers[id(scheduler)] = name
+        values = _numbers({k: v for k, v in scheduler.state_dict().items() if k != "optimizer"})
+        rec.record_tensor(Kind.OPTSTATE, rec.intern(name), torch.tensor(values, dtype=torch.float64), 0,
+                          rec.location_id(2))
+
     # -- torch.save ------------------------------------------------------------------------
     def _on_save(self, obj: Any) -> None:
         rec = self.recorder
         rec.record(Kind.SAVE, f"torch.save[{rec.saves}]", obj)
         rec.saves += 1
+
+
+def _numbers(value: Any) -> list[float]:
+    """The numbers in a (nested) state dict, in key order: booleans, ints, floats, tensors' elements."""
+    if isinstance(value, bool | int | float):
+        return [float(value)]
+    if isinstance(value, torch.Tensor):
+        return [float(x) for x in value.detach().flatten().tolist()]
+    if isinstance(value, dict):
+        return [x for key in sorted(value, key=str) for x in _numbers(value[key])]
+    if isinstance(value, list | tuple):
+        return [x for item in value for x in _numbers(item)]
+    return []

@@ -11,7 +11,8 @@ output, a module output) is looked up by identity and version, and a view's dige
 from its base's digest and the view's geometry, so only tensors never seen before are hashed.
 
 Skipped (docs/granularity.md): view and alias ops (they cannot diverge unless their base
-does), ops with no tensor output (metadata queries, `item()`), profiler bookkeeping ops, and
+does), ops with no tensor output (metadata queries, `item()`), profiler bookkeeping ops, `set_` onto
+a storage (a tensor sent by another process, e.g. a DataLoader worker: data from outside), and
 the outputs of `torch.empty` and kin (uninitialised memory; an op that reads it before anything
 writes it is flagged UNINIT instead).
 """
@@ -55,6 +56,11 @@ SELF_BLIND_OPS = frozenset({
 })
 UNINIT_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 PASS_NAMESPACES = frozenset({"profiler", "prim"})
+# `t.set_(storage, ...)` points a tensor at existing memory: how a tensor a DataLoader worker (or any
+# other process) sent arrives (torch.multiprocessing rebuilds it in shared memory). Its contents were
+# made outside this process's ops, so like a script's input it is data entering from outside, never
+# "the op behind" a divergence; ops that read it hash it as a fresh input.
+STORAGE_ALIAS_OPS = frozenset({"set_"})
 
 
 class _OpInfo:
@@ -65,7 +71,7 @@ class _OpInfo:
     def __init__(self, func: Any, rec: Recorder) -> None:
         packet = func.overloadpacket.__name__
         self.text = str(func)
-        if func.namespace in PASS_NAMESPACES:
+        if func.namespace in PASS_NAMESPACES or packet in STORAGE_ALIAS_OPS and "Storage" in func._overloadname:
             self.mode = PASS
         elif func.is_view:
             self.mode = VIEW
