@@ -29,7 +29,7 @@ import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detaudit.fingerprint import meta_seed
-from detaudit.recorder.core import Recorder
+from detaudit.recorder.core import Recorder, version_of
 from detaudit.trace import Flag, Kind
 
 PASS, VIEW, UNINIT, RECORD = range(4)
@@ -158,7 +158,7 @@ class OpRecorder(TorchDispatchMode):
                 self._derive_view(info, args, out)
             else:
                 for t in _tensors(out):
-                    self._derived[id(t)] = (weakref.ref(t), t._version, meta_seed(t.dtype, t.shape), True)
+                    self._derived[id(t)] = (weakref.ref(t), version_of(t), meta_seed(t.dtype, t.shape), True)
                     self._mark_blank(t)
             if mode == VIEW and node is None and _needs_node(args):
                 self._untagged = ([weakref.ref(t) for t in _tensors(out)], rec.location_id(1), _top(rec))
@@ -217,7 +217,7 @@ class OpRecorder(TorchDispatchMode):
     def _leaf(self, value: Any, codes: list[int]) -> None:
         if isinstance(value, torch.Tensor):
             hit = self._derived.get(id(value))
-            if hit is not None and hit[0]() is value and hit[1] == value._version:
+            if hit is not None and hit[0]() is value and hit[1] == version_of(value):
                 codes.append(hit[2])
                 if hit[3]:
                     self._uninit = True
@@ -278,7 +278,7 @@ class OpRecorder(TorchDispatchMode):
         for t in views:
             geometry = (*t.shape, *t.stride(), t.storage_offset(), info.code & 0x7FFFFFFFFFFFFFFF)
             digest = xxhash.xxh3_64_intdigest(struct.pack(f"<{len(geometry)}q", *geometry), codes[0])
-            derived[id(t)] = (weakref.ref(t), t._version, digest, self._uninit)
+            derived[id(t)] = (weakref.ref(t), version_of(t), digest, self._uninit)
 
     def _mark_blank(self, t: torch.Tensor) -> None:
         ptr = t.data_ptr()
@@ -288,11 +288,11 @@ class OpRecorder(TorchDispatchMode):
             if blank.get(ptr, (None,))[0] is ref:
                 del blank[ptr]
 
-        blank[ptr] = (weakref.ref(t.untyped_storage(), forget), t._version)
+        blank[ptr] = (weakref.ref(t.untyped_storage(), forget), version_of(t))
 
     def _is_blank(self, t: torch.Tensor) -> bool:
         entry = self._blank.get(t.data_ptr())
-        return entry is not None and entry[1] == t._version and entry[0]() is t.untyped_storage()
+        return entry is not None and entry[1] == version_of(t) and entry[0]() is t.untyped_storage()
 
     def _tag_node(self) -> None:
         refs, loc, module = self._untagged  # type: ignore[misc]
