@@ -5,6 +5,7 @@
                                         and refreshes benchmarks/RESULTS.md
     python benchmarks/run.py --quick    smoke run for CI (well under a minute); writes results/quick.json
     python benchmarks/run.py --no-write print the table only
+    python benchmarks/run.py --only gpt just the GPT-style model's rows (eager and compiled, --max-steps)
 
 Every ratio compares two things measured in this run, on this machine, interleaved where
 possible, so machine load shifts both sides alike. Pass/fail is printed, never asserted.
@@ -68,11 +69,14 @@ class Sizes:
     auto_steps: int = 30
     compare_records: int = 1_000_000
     compare_repeats: int = 5
+    gpt_steps: int = 60
+    gpt_rounds: int = 2
+    gpt_bounded_steps: int = 20
 
 
 QUICK = Sizes(fp_sizes_mb=(8, 64), fp_rounds=3, small_calls=5000, workloads=("mlp",), steps=12,
               warmup_steps=3, rounds=1, audit_workloads=("mlp",), audit_repeats=2, auto_workloads=(),
-              compare_records=50_000)
+              compare_records=50_000, gpt_steps=15, gpt_rounds=1, gpt_bounded_steps=5)
 
 
 def median(values: Sequence[float]) -> float:
@@ -156,13 +160,18 @@ class Timing:
     hook_share: float | None = None  # module granularity: median of (time in hooks / rest of the step)
 
 
-def run_workload(workload: str, granularity: str | None, steps: int, warmup: int, tmp: Path, tag: str) -> Timing:
-    """Run a workload once: plain python (granularity None) or as one detaudit repeat."""
+def run_workload(workload: str, granularity: str | None, steps: int, warmup: int, tmp: Path, tag: str,
+                 extra: Sequence[str] = (), child: dict[str, Any] | None = None) -> Timing:
+    """Run a workload once: plain python (granularity None) or as one detaudit repeat.
+
+    `extra`: more script arguments; `child`: more repeat settings (`max_steps`: a bounded repeat,
+    which stops before the workload prints its step times, so only its wall time is measured).
+    """
     from detaudit.launcher import plan_repeats
     from detaudit.trace import RecordStream
 
     script = WORKLOADS / f"{workload}.py"
-    args = ["--steps", str(steps)]
+    args = ["--steps", str(steps), *extra]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     trace = None
     if granularity is None:
@@ -173,7 +182,7 @@ def run_workload(workload: str, granularity: str | None, steps: int, warmup: int
         plan = plan_repeats(run_dir, 1, ["cpu"], granularity)[0]
         trace = plan.trace
         config = run_dir / "config.json"
-        config.write_text(json.dumps({**plan.child_config, "trace": str(trace)}))
+        config.write_text(json.dumps({**plan.child_config, **(child or {}), "trace": str(trace)}))
         env.update(plan.env)
         # hooktimer.py is `python -m detaudit.child` plus a stopwatch around the module/optimizer hooks
         runner = [str(HERE / "hooktimer.py")] if granularity == "module" else ["-m", "detaudit.child"]
@@ -183,7 +192,11 @@ def run_workload(workload: str, granularity: str | None, steps: int, warmup: int
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{workload} ({granularity or 'plain'}) failed:\n{proc.stderr[-2000:]}")
-    bench = next(line for line in proc.stderr.splitlines() if line.startswith("BENCH "))
+    bench = next((line for line in proc.stderr.splitlines() if line.startswith("BENCH ")), None)
+    if bench is None and child and child.get("max_steps"):
+        return Timing(math.nan, math.nan, wall, stdout=proc.stdout, trace=trace)
+    if bench is None:
+        raise RuntimeError(f"{workload} ({granularity or 'plain'}) printed no step times:\n{proc.stderr[-2000:]}")
     times = json.loads(bench[6:])
     timing = Timing(median(times["step_s"][warmup:]), median(times["cpu_s"][warmup:]), wall, stdout=proc.stdout)
     hooks = [line for line in proc.stderr.splitlines() if line.startswith("HOOKS ")]
@@ -320,6 +333,53 @@ def crash_readable(tmp: Path) -> Row:
     return Row("5 trace size", "trace readable after a crash", "readable prefix, marked incomplete",
                f"{len(part.records)}/{len(whole.records)} records, footer {footer}", None, ok,
                "trace truncated at 2/3 of its bytes, mid-frame")
+
+
+# -- 6. a GPT-style model, eager and compiled ------------------------------------------------------
+
+def bench_gpt(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
+    """benchmarks/workloads/gpt.py: module granularity against plain, eager and through torch.compile,
+    and a `--max-steps` repeat of a long run against the same number of plain steps (whole processes)."""
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
+    for variant, extra in (("eager", ()), ("compiled", ("--compile",))):
+        runs: dict[str, list[Timing]] = {"plain": [], "module": []}
+        for rnd in range(sizes.gpt_rounds):
+            for label in runs:
+                runs[label].append(run_workload("gpt", None if label == "plain" else label, sizes.gpt_steps,
+                                                sizes.warmup_steps, tmp, f"gpt-{variant}-{label}-{rnd}", extra))
+        plain = runs["plain"]
+        same = all(t.stdout == plain[0].stdout for t in runs["module"])
+        note = "" if same else "; OUTPUT DIFFERS from the plain run (instrumentation changed the numerics)"
+        step = median([t.step_s for t in runs["module"]]) / median([t.step_s for t in plain])
+        cpu = median([t.cpu_s for t in runs["module"]]) / median([t.cpu_s for t in plain])
+        share = 1 + median([t.hook_share for t in runs["module"] if t.hook_share is not None] or [math.nan])
+        name = f"gpt ({variant}): module granularity"
+        how = (f"{sizes.gpt_steps} steps, first {sizes.warmup_steps} (compilation) excluded, median of "
+               f"{sizes.gpt_rounds} interleaved runs")
+        rows.append(Row("6 gpt", f"{name} (step CPU time)", "≤ 1.10× plain",
+                        f"{fmt_ms(median([t.cpu_s for t in plain]))} → "
+                        f"{fmt_ms(median([t.cpu_s for t in runs['module']]))}", cpu, cpu <= 1.10 and same,
+                        f"{how}; step wall time {step:.2f}×" + note))
+        rows.append(Row("6 gpt", f"{name} (time in hooks, same process)", "≤ 1.10× plain",
+                        f"hooks add {share - 1:.1%} to the rest of the step", share, share <= 1.10 and same,
+                        "median over steps of (time inside detaudit's hooks / rest of that step)" + note))
+        raw[variant] = {k: [{f: v for f, v in asdict(t).items() if f not in ("stdout", "trace")} for t in ts]
+                        for k, ts in runs.items()}
+    bounded = sizes.gpt_bounded_steps
+    walls: dict[str, list[float]] = {"plain": [], "bounded": []}
+    for rnd in range(sizes.gpt_rounds):
+        walls["plain"].append(run_workload("gpt", None, bounded, 0, tmp, f"gpt-plain{bounded}-{rnd}").wall_s)
+        walls["bounded"].append(run_workload("gpt", "module", 100_000, 0, tmp, f"gpt-bounded-{rnd}",
+                                             child={"max_steps": bounded}).wall_s)
+    ratio = median(walls["bounded"]) / median(walls["plain"])
+    rows.append(Row("6 gpt", f"gpt (eager): one repeat of --max-steps {bounded} of a 100000-step run",
+                    f"≤ 1.15× {bounded} plain steps", f"{median(walls['plain']):.2f} s → "
+                    f"{median(walls['bounded']):.2f} s", ratio, ratio <= 1.15,
+                    "whole processes, interpreter start included; module granularity (what `auto` records "
+                    f"when the repeats agree); median of {sizes.gpt_rounds} interleaved runs"))
+    raw["bounded"] = walls
+    return rows, raw
 
 
 # -- 3. whole audit -----------------------------------------------------------------------------
@@ -570,6 +630,7 @@ def run_suite(sizes: Sizes, sections: set[str], log: Callable[[str], None]) -> t
         ("audit", lambda: bench_audit(sizes, tmp)),
         ("auto", lambda: bench_auto(sizes, tmp)),
         ("compare", lambda: bench_compare(sizes, tmp)),
+        ("gpt", lambda: bench_gpt(sizes, tmp)),
     ]
     try:
         for name, step in steps:
@@ -594,8 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run with small sizes (CI)")
     parser.add_argument("--no-write", action="store_true", help="print the table, write no files")
-    parser.add_argument("--only", default="fingerprint,overhead,audit,auto,compare",
-                        help="comma-separated sections to run")
+    parser.add_argument("--only", default="fingerprint,overhead,audit,auto,compare,gpt",
+                        help="comma-separated sections to run (`--only gpt`: just the GPT-style model's rows)")
     args = parser.parse_args(argv)
     import torch
 
