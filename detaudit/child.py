@@ -159,6 +159,8 @@ class Session:
             self.recording_failed = "torch was imported but the recorder was never installed"
         if self.recording_failed is not None:
             footer["recording_failed"] = self.recording_failed
+        if self.hooks is not None and self.hooks.stopped is not None:
+            footer["recording_stopped"] = self.hooks.stopped
         try:
             sink = self._empty_trace() if self.recorder is None else self.recorder
             evidence.finish(sink)

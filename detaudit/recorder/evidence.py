@@ -616,8 +616,9 @@ class Evidence:
                 return original()
             caller = sys._getframe(1)
             key = (caller.f_code, caller.f_lineno)
-            site = ev.clock_reads.get(key, False)
-            if site is False:
+            if key in ev.clock_reads:
+                site = ev.clock_reads[key]
+            else:
                 site = None if ev.is_library(caller) else [label, 0]
                 if site is not None and len(ev.clock_reads) < MAX_CLOCK_SITES:
                     ev.emit({"type": "clock", "fn": label, "loc": ev.where(caller)})

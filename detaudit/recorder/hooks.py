@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -71,6 +73,7 @@ class Hooks:
         self.names = ModuleNames()
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
         self._schedulers: dict[int, str] = {}  # id(scheduler) -> record name, in order of first step
+        self.stopped: str | None = None  # why recording stopped (a hook raised), if it did
         # id(module) -> (weakref, name id, is a root, id of the module a compile wrapper wraps). Keyed by id
         # with a weakref check rather than a WeakKeyDictionary/WeakSet, whose lookups allocate a weakref on
         # every module call.
@@ -80,10 +83,10 @@ class Hooks:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
-        nn_module.register_module_forward_pre_hook(self._on_forward_pre)
-        nn_module.register_module_forward_hook(self._on_forward)
-        optim.register_optimizer_step_pre_hook(self._on_step_pre)
-        optim.register_optimizer_step_post_hook(self._on_step_post)
+        nn_module.register_module_forward_pre_hook(self._guard(self._on_forward_pre))
+        nn_module.register_module_forward_hook(self._guard(self._on_forward))
+        optim.register_optimizer_step_pre_hook(self._guard(self._on_step_pre))
+        optim.register_optimizer_step_post_hook(self._guard(self._on_step_post))
         # torch.compile(model) warns that global hooks fire for its wrapper too; these hooks skip
         # the wrapper (recorder/compiled.py), and plain python would print no such warning.
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
@@ -92,7 +95,7 @@ class Hooks:
         @functools.wraps(original_save)
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
             if not compiling():
-                self._on_save(obj)
+                self._guard(self._on_save)(obj)
             return original_save(obj, f, *args, **kwargs)
 
         torch.save = save
@@ -111,11 +114,27 @@ class Hooks:
             def step(scheduler: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
                 result = __original(scheduler, *args, **kwargs)
                 if not compiling():
-                    self._on_scheduler_step(scheduler)
+                    self._guard(self._on_scheduler_step)(scheduler)
                 return result
 
             functools.update_wrapper(step, original)
             cls.step = step
+
+    def _guard(self, hook: Callable[..., None]) -> Callable[..., None]:
+        """`hook`, made unable to break the script: if recording raises, recording stops for the rest of
+        the repeat (the trace keeps what was recorded and its footer says why) and the script runs on."""
+
+        def guarded(*args: Any) -> None:
+            if compiling() or self.stopped is not None:
+                return
+            try:
+                hook(*args)
+            except Exception as exc:
+                self.stopped = f"{type(exc).__name__}: {exc}"
+                print(f"detaudit: recording stopped, this repeat is recorded only up to here: {self.stopped}",
+                      file=sys.stderr)
+
+        return guarded
 
     # -- modules ---------------------------------------------------------------------------
     # Every hook returns at once while dynamo traces (recorder/compiled.py): nothing enters the graph.
