@@ -60,3 +60,14 @@ def _records(path: Path) -> list[dict[str, str]]:
 
     trace = read_trace(path)
     return [{"name": trace.strings[r["name"]]} for r in trace.records]
+
+
+@pytest.mark.slow
+def test_max_steps_stops_a_compiled_run(tmp_path: Path) -> None:
+    result = run_cli(["run", SCRIPT, "-n", "2", "--granularity", "module", "--max-steps", "2", "--out", "run",
+                      "--json", "r.json", "--", "--deterministic", "--steps", "100000"], cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.output
+    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert [r["stopped_at_step"] for r in result.report["runs"]] == [2, 2]
+    # stopped inside the second optimizer.step(), before the script printed that step
+    assert (tmp_path / "run" / "repeat-0.stdout").read_text() == "step 0 loss 3.394834\n"

@@ -134,3 +134,13 @@ def test_generation_loop(tmp_path: Path) -> None:
     assert (d["step"], d["kind"], d["name"]) == (0, "input", "TinyLM.input[0]")
     assert d["index"] > 0
     assert buggy.report["causes"][0]["id"] == "unseeded-numpy-rng"
+
+
+def test_max_time_compares_the_steps_every_repeat_completed(tmp_path: Path) -> None:
+    result = audit(tmp_path, SCRIPTS / "train_tagger.py", "--granularity", "step", "--max-time", "12",
+                   script_args=("--epochs", "100000"))
+    assert result.returncode == 0, result.output
+    assert result.report is not None and result.report["verdict"] == "deterministic"
+    stopped = [r["stopped_at_step"] for r in result.report["runs"]]
+    assert all(isinstance(s, int) and s >= 1 for s in stopped), stopped
+    assert result.report["spread"]["by_step"][-1]["step"] <= min(stopped)
