@@ -22,6 +22,7 @@ from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
 from detaudit.oprules import OpFinding, find_op_source
 from detaudit.report import Report, write_json, write_text_atomically
+from detaudit.stdout import DEFAULT_STDOUT, StdoutMode, compare_stdout, most_lenient, recorded_mode
 from detaudit.trace import RecordStream, read_footer
 
 RUN_FORMAT = "detaudit-run"
@@ -45,7 +46,7 @@ class AuditOptions:
     env: dict[str, str] = field(default_factory=dict)
     child_config: dict[str, Any] = field(default_factory=dict)
     own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
-    ignore_stdout: bool = False  # --ignore-stdout: a script that prints timings is not divergent for it
+    stdout: StdoutMode = DEFAULT_STDOUT  # how stdout is compared (docs/stdout.md)
     max_steps: int | None = None  # --max-steps: each repeat stops after this many steps (recorder/bounds.py)
     max_time: float | None = None  # --max-time: ... at the first step boundary after this many seconds
 
@@ -59,6 +60,11 @@ def new_run_dir(script: Path, out_dir: Path | None) -> Path:
             raise UsageError(f"--out {out_dir} already exists and is not empty; detaudit never overwrites a run")
         out_dir.mkdir(parents=True, exist_ok=True)
         return out_dir
+    home = DEFAULT_RUNS_DIR.parent
+    if not home.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        # runs are local artefacts (traces can be large): keep them out of the user's repository
+        (home / ".gitignore").write_text("# created by detaudit: its run directories are not for version control\n*\n")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = DEFAULT_RUNS_DIR / f"{stamp}-{script.stem}"
     candidate, n = base, 1
@@ -119,8 +125,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         "script_args": options.script_args, "cwd": str(Path.cwd()), "repeats": options.repeats,
         "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
         "tolerance": asdict(options.tolerance), "env": options.env, "own_device": options.own_device,
-        "ignore_stdout": options.ignore_stdout, "max_steps": options.max_steps, "max_time": options.max_time,
-        "results": None,
+        "stdout": options.stdout, "max_steps": options.max_steps, "max_time": options.max_time, "results": None,
         "environment": host_environment(), "started": time.time(),
     }
     _write_record(run_dir, record)
@@ -179,9 +184,12 @@ def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
     write_text_atomically(run_dir / "run.json", json.dumps(record, indent=2))
 
 
-def load_run(run_dir: Path) -> Report:
-    """Rebuild the report of a finished run from its directory."""
+def load_run(run_dir: Path, stdout: StdoutMode | None = None) -> Report:
+    """Rebuild the report of a finished run from its directory; `stdout`: compare stdout this way
+    instead of the way the run was recorded with."""
     record, results = read_run(run_dir)
+    if stdout is not None:
+        record = {**record, "stdout": stdout}
     return analyse(Path(run_dir), record, results)
 
 
@@ -208,20 +216,25 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[RepeatResult]]:
     return record, results
 
 
-def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) -> Report:
+def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
+                     stdout: StdoutMode | None = None) -> Report:
     """Compare recordings made elsewhere (another machine, another day): trace files or run directories.
 
     A run directory contributes its first repeat. Bitwise unless a tolerance is given, whatever
     devices the recordings were made on. A trace without a footer (killed, or crashed hard) is
-    incomplete: its exit status is unknown (None) and it is compared as far as it goes.
+    incomplete: its exit status is unknown (None) and it is compared as far as it goes. Stdout
+    (run directories only) is compared as `stdout` says, else as the recordings were made (the most
+    lenient of their modes).
     """
     if len(paths) < 2:
         raise UsageError("compare needs at least two traces or run directories")
     results = []
+    modes: list[StdoutMode] = []
     for i, path in enumerate(paths):
         path = Path(path)
         if path.is_dir():
-            _, run_results = read_run(path)
+            run_record, run_results = read_run(path)
+            modes.append(recorded_mode(run_record))
             first = run_results[0]
             results.append(replace(first, index=i, trace=str((path / first.trace).resolve()),
                                    stdout=str((path / first.stdout).resolve()),
@@ -245,8 +258,9 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) 
             ))
         else:
             raise UsageError(f"no such trace or run directory: {path}")
-    record = {"script": ", ".join(str(p) for p in paths), "script_args": [],
-              "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment()}
+    record: dict[str, Any] = {"script": ", ".join(str(p) for p in paths), "script_args": [],
+              "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment(),
+              "stdout": stdout or most_lenient(modes), "argv": None}
     # one label for all when bitwise (a recording's device is shown, not used to loosen the
     # comparison); with a tolerance, every recording is compared with the first within it
     labels = ["recorded"] * len(results) if tolerance is None else [f"recording-{r.index}" for r in results]
@@ -280,8 +294,14 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         script=record["script"], script_args=record.get("script_args", []), run_dir=str(run_dir),
         runs=list(results), comparison=comparison, environment=record.get("environment", {}), bitwise=bitwise,
     )
-    report.outcome_divergence = outcome_divergence(results, bool(record.get("ignore_stdout")))
+    # the script's sys.argv in every repeat (the child sets it so); compare_recorded has no one command line
+    report.argv = record.get("argv", [str(record["script"]), *record.get("script_args", [])])
+    report.stdout_mode = recorded_mode(record)
+    report.outcome_divergence = outcome_divergence(results, report.stdout_mode, run_dir)
     first = comparison.first_divergence
+    ended = report.outcome_divergence
+    if first is None and ended is not None and ended.stdout is not None:
+        ended.detail += f"; all {comparison.records_compared} recorded tensor records agree"
     if first is not None and first.category == "structure":
         if report.outcome_divergence is not None:
             first.category = "outcome"
@@ -304,11 +324,13 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     return report
 
 
-def outcome_divergence(results: Sequence[RepeatResult], ignore_stdout: bool = False) -> Divergence | None:
-    """Repeats that end differently: another exit status, or other output on stdout (unless ignored).
+def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEFAULT_STDOUT,
+                       run_dir: Path = Path(".")) -> Divergence | None:
+    """Repeats that end differently: another exit status, or another line on stdout (docs/stdout.md).
 
     Only repeats that ended by themselves count: a timed-out repeat, or one stopped by
-    --max-steps/--max-time, was stopped, and an incomplete recording's exit status is unknown.
+    --max-steps/--max-time, was stopped, and an incomplete recording's exit status is unknown. Stdout is
+    compared between repeats on one device.
     """
     ended = [r for r in results if not r.timed_out and r.exit_code is not None and r.stopped_at_step is None]
     if len(ended) < 2:
@@ -318,16 +340,17 @@ def outcome_divergence(results: Sequence[RepeatResult], ignore_stdout: bool = Fa
     if codes:
         detail = "exit status differs: " + ", ".join(f"repeat {r.index} exited {r.exit_code}" for r in ended)
         return Divergence(-1, "outcome", None, [r.index for r in codes], ref.index, detail=detail)
-    out = [r for r in ended if r.stdout_digest != ref.stdout_digest and r.device == ref.device
-           and r.stdout_digest and ref.stdout_digest]
-    if out and not ignore_stdout:
-        return Divergence(-1, "outcome", _stdout_record(), [r.index for r in out], ref.index,
-                          detail="stdout differs between repeats; if it prints timings, use --ignore-stdout")
-    return None
-
-
-def _stdout_record() -> RecordInfo:
-    return RecordInfo(-1, "stdout", "stdout", "", "", -1, "", "", "", False)
+    printed = [r for r in ended if r.device == ref.device and r.stdout and (run_dir / r.stdout).is_file()]
+    if stdout == "ignore" or len(printed) < 2 or printed[0] is not ref:
+        return None
+    found = compare_stdout([run_dir / r.stdout for r in printed], [r.index for r in printed], stdout)
+    if found is None:
+        return None
+    hint = "; `--stdout ignore` skips stdout" if stdout == "masked" else \
+        "; the default `--stdout masked` ignores timings (docs/stdout.md)"
+    record = RecordInfo(-1, "stdout", f"line {found.line}", "", "", -1, "", "", "", False)
+    return Divergence(-1, "outcome", record, found.repeats, ref.index, stdout=found,
+                      detail=f"stdout line {found.line} differs ({found.mode} comparison){hint}")
 
 
 def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:

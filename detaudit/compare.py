@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from detaudit.dtypes import DTYPE_NAMES
+from detaudit.stdout import StdoutDifference
 from detaudit.trace import RECORD_DTYPE, Flag, Kind, RecordStream
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ class Divergence:
     detail: str = ""
     others: dict[int, RecordInfo] = field(default_factory=dict)  # structure: what the other repeats had
     op_finding: OpFinding | None = None  # the op behind it, when ops were recorded (detaudit/oprules.py)
+    stdout: StdoutDifference | None = None  # outcome: the first stdout line that differs (detaudit/stdout.py)
 
 
 @dataclass

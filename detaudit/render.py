@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -16,6 +18,7 @@ from detaudit.report import Report, divergence_to_dict
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
                   "timeout": "bold red"}
 MAX_SPREAD_ROWS = 12
+MAX_STDOUT_REPEATS = 2  # differing repeats whose stdout line the terminal shows
 
 
 def _fmt(x: Any) -> str:
@@ -79,19 +82,23 @@ def divergence_panel(report: Report) -> Panel | None:
     d = divergence_to_dict(report.first_divergence)
     if d is None or report.first_divergence is None:
         return None
-    rec = report.first_divergence.record  # the record itself; the op behind it has its own panel
+    rec = report.first_divergence.record
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
+    # module, op and location are the JSON's (the op behind the record when one was pinpointed), so the
+    # terminal, JSON and JUnit name the same file:line; the record's own line is shown beside it
     rows = [
         ("what", d["category"] + (f" — {d['detail']}" if d["detail"] else "")),
         ("record", None if d["index"] < 0 else f"#{d['index']}"),
         ("step", d["step"] if d["step"] is not None and d["step"] >= 0 else None),
         ("kind", d["kind"]),
         ("name", d["name"]),
-        ("module", rec.module if rec else None),
-        ("op", f"{rec.op} ({rec.phase})" if rec and rec.op else None),
-        ("location", rec.location if rec else None),
+        ("module", d["module"]),
+        ("op", f"{d['op']} ({d['phase']})" if d["op"] else None),
+        ("location", d["location"]),
+        ("recorded at", rec.location if rec and rec.location and rec.location != d["location"] else None),
+        *_stdout_rows(report),
         ("tensor", f"{d['dtype']}[{d['shape']}]" if d["dtype"] else None),
         ("repeats", f"{', '.join(map(str, d['repeats']))} differ from repeat {d['reference']}"),
         ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
@@ -100,7 +107,51 @@ def divergence_panel(report: Report) -> Panel | None:
     for key, value in rows:
         if value is not None and value != "":
             grid.add_row(key, escape(str(value)))
-    return Panel(grid, title="First divergence", title_align="left", border_style="red")
+    return Panel(grid, title="First divergence", title_align="left", border_style="red",
+                 expand=False)
+
+
+def _stdout_rows(report: Report) -> list[tuple[str, str | None]]:
+    """The first differing stdout line as each repeat printed it."""
+    first = report.first_divergence
+    diff = first.stdout if first is not None else None
+    if diff is None:
+        return []
+    rows: list[tuple[str, str | None]] = [("line", f"{diff.line} of stdout ({diff.mode} comparison)")]
+    shown = [diff.reference, *diff.repeats[:MAX_STDOUT_REPEATS]]
+    for index in shown:
+        text = diff.lines[index]
+        rows.append((f"repeat {index}", "(output ended)" if text is None else repr(text)))
+    if len(diff.repeats) > MAX_STDOUT_REPEATS:
+        rows.append(("", f"… and in {len(diff.repeats) - MAX_STDOUT_REPEATS} more repeats (all in the JSON report)"))
+    return rows
+
+
+def summary_line(report: Report) -> Text:
+    """Verdict, first divergence, top cause and run directory on one line: printed last, so it stays in view."""
+    text = Text(report.verdict.upper(), style=_VERDICT_STYLE[report.verdict])
+    parts = []
+    d = divergence_to_dict(report.first_divergence)
+    if d is not None:
+        what = " ".join(str(x) for x in (d["kind"], d["name"]) if x) or d["category"]
+        step = f" at step {d['step']}" if d["step"] is not None and d["step"] >= 0 else ""
+        where = f" ({d['location']})" if d["location"] else ""
+        parts.append(f"first divergence: {what}{step}{where}")
+    elif report.verdict == "deterministic":
+        parts.append(f"{len(report.runs)} repeats agree on {report.comparison.records_compared} records")
+    elif report.verdict == "failed":
+        parts.append("the script failed in every repeat")
+    if report.causes:
+        top = report.causes[0]
+        parts.append(f"top cause: {top.id} ({top.confidence})")
+    parts.append(f"run: {report.run_dir}")
+    text.append(" · " + " · ".join(parts))
+    return text
+
+
+def argv_line(report: Report) -> Text | None:
+    """The script's command line exactly as the script received it (sys.argv), shell-quoted."""
+    return None if report.argv is None else Text(f"script argv: {shlex.join(report.argv)}", style="dim")
 
 
 def op_panel(report: Report) -> Panel | None:
@@ -117,7 +168,7 @@ def op_panel(report: Report) -> Panel | None:
                 f"{f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "") +
                 ", so it was made outside torch (NumPy, Python, a file...) or before the recorded steps. "
                 f"The first op to use it is {r.op}.")
-        return Panel(escape(note), title="The op behind it", title_align="left", border_style="magenta")
+        return Panel(escape(note), title="The op behind it", title_align="left", border_style="magenta", expand=False)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -145,7 +196,8 @@ def op_panel(report: Report) -> Panel | None:
         table.add_row(">>" if n.chosen else "", str(x.index), escape(x.op or f"{x.kind} {x.name}"),
                       x.phase or "", escape(x.module), escape(x.location), n.inputs or "-",
                       Text(n.output, style="red" if n.output == "differ" else ""))
-    return Panel(Group(grid, Text(""), table), title="The op behind it", title_align="left", border_style="magenta")
+    return Panel(Group(grid, Text(""), table), title="The op behind it", title_align="left", border_style="magenta",
+                 expand=False)
 
 
 def spread_table(report: Report) -> Table | None:
@@ -193,19 +245,26 @@ def experiments_table(report: Report) -> Table | None:
     return table
 
 
-def render(report: Report, console: Console) -> None:
+def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
+    """The whole report; `notes` go just before the closing summary line, which is always printed last."""
     console.print(verdict_line(report))
+    argv = argv_line(report)
+    if argv is not None:
+        console.print(argv, soft_wrap=True)
     console.print(runs_table(report))
     if report.failure:
         console.print(Panel(escape(report.failure), title="The script's error (repeat 0)", title_align="left",
-                            border_style="yellow"))
+                            border_style="yellow", expand=False))
     elif report.repeat_errors:
         for index, error in sorted(report.repeat_errors.items())[:2]:
             code = report.runs[index].exit_code
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
+                                expand=False,
                                 title=f"Repeat {index} ended differently (exit {code}): its stderr"))
     for block in (divergence_panel(report), op_panel(report), spread_table(report), causes_block(report),
                   experiments_table(report)):
         if block is not None:
             console.print(block)
-    console.print(Text(f"run directory: {report.run_dir}", style="dim"))
+    for note in notes:
+        console.print(Text(note, style="bold"))
+    console.print(summary_line(report), soft_wrap=True)

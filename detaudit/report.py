@@ -22,6 +22,7 @@ from detaudit.errors import (
     EXIT_TIMEOUT,
 )
 from detaudit.launcher import RepeatResult
+from detaudit.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
 
 if TYPE_CHECKING:
     from detaudit.oprules import OpFinding
@@ -69,6 +70,8 @@ class Report:
     failure: str = ""  # the script's own error when it failed in every repeat
     repeat_errors: dict[int, str] = field(default_factory=dict)  # stderr tail of each repeat that failed
     bitwise: bool = True  # False: recordings compared within a tolerance (detaudit compare --atol/--rtol)
+    stdout_mode: StdoutMode = DEFAULT_STDOUT  # how stdout was compared (docs/stdout.md)
+    argv: list[str] | None = None  # the script's sys.argv in every repeat; None for `compare`
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -128,7 +131,16 @@ def divergence_to_dict(d: Divergence | None) -> dict[str, Any] | None:
         "max_ulp_diff": d.max_ulp_diff,
         "detail": d.detail,
         "op_finding": finding_to_dict(d.op_finding),
+        "stdout": stdout_to_dict(d.stdout),
     }
+
+
+def stdout_to_dict(s: StdoutDifference | None) -> dict[str, Any] | None:
+    """The first differing stdout line, as each repeat printed it (null: its output had ended)."""
+    if s is None:
+        return None
+    return {"line": s.line, "mode": s.mode, "reference": s.reference,
+            "lines": {str(i): text for i, text in s.lines.items()}}
 
 
 def _record_brief(r: RecordInfo) -> dict[str, Any]:
@@ -165,6 +177,8 @@ def to_dict(report: Report) -> dict[str, Any]:
         "detaudit_version": __version__,
         "script": report.script,
         "script_args": report.script_args,
+        "argv": report.argv,
+        "stdout_mode": report.stdout_mode,
         "run_dir": report.run_dir,
         "verdict": report.verdict,
         "exit_code": report.exit_code,
@@ -223,12 +237,16 @@ def to_junit(report: Report) -> str:
     first = data["first_divergence"]
     if first is not None:
         failures += 1
-        where = " ".join(str(x) for x in (first["kind"], first["name"], f"step {first['step']}",
-                                          first["location"] or "") if x)
-        failure = ET.SubElement(case, "failure", message=f"first divergence at record {first['index']}: {where}")
+        step = f"step {first['step']}" if first["step"] is not None and first["step"] >= 0 else ""
+        where = " ".join(str(x) for x in (first["kind"], first["name"], step, first["location"] or "") if x)
+        at = f" at record {first['index']}" if first["index"] >= 0 else ""
+        failure = ET.SubElement(case, "failure", message=f"first divergence{at}: {where or first['category']}")
+        printed = first["stdout"]
+        shown = [f"stdout line {printed['line']}, repeat {i}: {text!r}" for i, text in printed["lines"].items()] \
+            if printed else []
         failure.text = "\n".join(
-            [first["detail"] or ""] + [f"[{c['confidence']}] {c['id']}: {c['summary']}\nfix: {c['fix']}"
-                                       for c in data["causes"]]
+            [first["detail"] or "", *shown] + [f"[{c['confidence']}] {c['id']}: {c['summary']}\nfix: {c['fix']}"
+                                               for c in data["causes"]]
         )
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))

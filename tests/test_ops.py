@@ -199,3 +199,43 @@ def test_memory_reused_by_a_tensor_made_without_an_op_is_not_blank(tmp_path: Pat
     trace = rows(record(tmp_path / "t.trace", body))
     assert same_address == [True]
     assert [r for r in trace if r["flags"] & Flag.UNINIT] == []
+
+
+def test_device_path_at_op_granularity_resolves_without_recording_its_own_transfer(tmp_path: Path) -> None:
+    """On the device path, op records know their inputs' digests (needed to prove an op is the source),
+    and detaudit's own transfer ops are never recorded (both found on an H100)."""
+    path = tmp_path / "t.trace"
+    rec = Recorder(TraceWriter(path, {"repeat": 0}), device_path_on_cpu=True)
+    ops = install(rec, {"granularity": "op"}, lambda: None)
+    try:
+        x = torch.randn(8, 4)
+        for _ in range(3):
+            x = (x @ torch.ones(4, 4)).relu()
+            rec.end_step()
+    finally:
+        assert ops is not None
+        ops.stop()
+    rec.close({"exit_code": 0})
+    trace = read_trace(path)
+    names = [trace.strings[r["name"]] for r in trace.records]
+    assert names and not any("stack" in n or "_to_copy" in n for n in names), names
+    assert (trace.records["flags"] & Flag.DEVICE).all()
+    # inside the op window accelerator digests are taken at once, so every op's inputs are known
+    assert (trace.records["in_ordered"] != 0).all()
+
+
+def test_an_in_place_op_records_the_contents_it_wrote(tmp_path: Path) -> None:
+    """The version counter moves only after the dispatch mode returns: an in-place op's output must
+    not be given the digest cached for its argument before the write."""
+    def body(rec: Recorder) -> None:
+        pooled = torch.zeros(4, 3)
+        pooled.index_add_(0, torch.tensor([0, 1, 1, 3]), torch.ones(4, 3))
+        pooled.add_(1)
+
+    trace = record(tmp_path / "t.trace", body)
+    digests = {row["name"]: row["digest"] for row in rows(trace)}
+    assert len({digests["aten.zeros.default"], digests["aten.index_add_.default"], digests["aten.add_.Tensor"]}) == 3
+    from detaudit.fingerprint import fingerprint_cpu
+
+    expected = torch.zeros(4, 3).index_add_(0, torch.tensor([0, 1, 1, 3]), torch.ones(4, 3)).add_(1)
+    assert digests["aten.add_.Tensor"] == fingerprint_cpu(expected)[0]

@@ -71,7 +71,8 @@ def main() -> None:
     starts = torch.randint(0, len(data) - block - 1, (8, batch))
     inputs = torch.stack([torch.stack([data[s:s + block] for s in row]) for row in starts])
     targets = torch.stack([torch.stack([data[s + 1:s + block + 1] for s in row]) for row in starts])
-    model = GPT(len(chars))
+    model = GPT(len(chars)).to(args.device)
+    inputs, targets = inputs.to(args.device), targets.to(args.device)
     forward = torch.compile(model) if compiled else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
 

@@ -66,7 +66,7 @@ STORAGE_ALIAS_OPS = frozenset({"set_"})
 class _OpInfo:
     """What the recorder needs to know about one OpOverload, worked out on its first call."""
 
-    __slots__ = ("mode", "names", "random", "self_blind", "blind_kwargs", "mutated", "code", "text")
+    __slots__ = ("mode", "names", "random", "self_blind", "blind_kwargs", "mutated", "writes", "code", "text")
 
     def __init__(self, func: Any, rec: Recorder) -> None:
         packet = func.overloadpacket.__name__
@@ -87,6 +87,9 @@ class _OpInfo:
         # Positions of arguments written in place, for ops that return nothing (`_foreach_add_`).
         self.mutated = [i for i, a in enumerate(arguments)
                         if a.alias_info is not None and a.alias_info.is_write and not a.is_out]
+        # Writes an argument in place (`index_add_`, `out=`): autograd bumps the version counter only
+        # after this mode returns, so a digest cached for the argument would still look current.
+        self.writes = any(a.alias_info is not None and a.alias_info.is_write for a in arguments)
         self.code = xxhash.xxh3_64_intdigest(self.text.encode())
 
     def name(self, rec: Recorder, index: int) -> int:
@@ -128,6 +131,7 @@ class OpRecorder(TorchDispatchMode):
 
     def start(self) -> None:
         if not self.active:
+            self.rec.eager_device = True
             self.__enter__()
             self.active = True
 
@@ -136,6 +140,7 @@ class OpRecorder(TorchDispatchMode):
             self._untagged = None
             self.__exit__(None, None, None)
             self.active = False
+            self.rec.eager_device = False
 
     # -- the hot path ----------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -195,6 +200,9 @@ class OpRecorder(TorchDispatchMode):
         if self._blank:  # memory now holding an op's output is no longer blank
             for t in outputs:
                 self._blank.pop(t.data_ptr(), None)
+        if info.writes:
+            for t in outputs:
+                rec.forget_digest(t)
         for i, t in enumerate(outputs):
             rec.record_tensor(Kind.OP, info.names[0] if i == 0 else info.name(rec, i), t, module, loc,
                               aux, flags, inputs)
@@ -224,8 +232,8 @@ class OpRecorder(TorchDispatchMode):
             elif self._blank and self._is_blank(value):
                 codes.append(meta_seed(value.dtype, value.shape))
                 self._uninit = True
-            elif value.device.type == "cpu":
-                codes.append(self.rec.cpu_digest(value)[0])
+            elif value.device.type == "cpu" or (self.rec.eager_device and value.device.type != "meta"):
+                codes.append(self.rec.digest_now(value)[0])
             else:
                 self._unknown = True
             return
