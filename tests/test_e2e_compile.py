@@ -37,7 +37,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, torc
 @pytest.mark.parametrize("granularity", ["step", "module", "op", "auto"])
 def test_compiled_model_trains_as_under_python(tmp_path: Path, granularity: str,
                                                plain: tuple[str, dict[str, torch.Tensor]]) -> None:
-    result = run_cli(["run", SCRIPT, "-n", "2", "--granularity", granularity, "--out", "run", "--json", "r.json",
+    result = run_cli(["run", "-n", "2", "--granularity", granularity, "--out", "run", "--json", "r.json", SCRIPT,
                       "--", *ARGS, "--out", "w.pt"], cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.output
     assert result.report is not None and result.report["verdict"] == "deterministic"
@@ -64,8 +64,8 @@ def _records(path: Path) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_max_steps_stops_a_compiled_run(tmp_path: Path) -> None:
-    result = run_cli(["run", SCRIPT, "-n", "2", "--granularity", "module", "--max-steps", "2", "--out", "run",
-                      "--json", "r.json", "--", "--deterministic", "--steps", "100000"], cwd=tmp_path, timeout=900)
+    result = run_cli(["run", "-n", "2", "--granularity", "module", "--max-steps", "2", "--out", "run", "--json",
+                      "r.json", SCRIPT, "--", "--deterministic", "--steps", "100000"], cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.output
     assert result.report is not None and result.report["verdict"] == "deterministic"
     assert [r["stopped_at_step"] for r in result.report["runs"]] == [2, 2]

@@ -32,7 +32,8 @@ def seeded_copy(tmp_path: Path, script: str, line: str, replacement: str) -> Pat
 
 def audit(tmp_path: Path, script: Path, *options: str, script_args: tuple[str, ...] = ()) -> CliResult:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    result = run_cli(["run", str(script), "-n", "2", "--out", "run", "--json", "r.json", *options, "--",
+    # detaudit's options before SCRIPT: the scripts define some of the same options (--out)
+    result = run_cli(["run", "-n", "2", "--out", "run", "--json", "r.json", *options, str(script), "--",
                       *script_args], cwd=tmp_path, timeout=900)
     assert result.report is not None, result.output
     return result
@@ -108,8 +109,8 @@ def test_max_steps_bounds_an_endless_run_with_the_same_first_divergence(
 
 
 def test_wall_clock_loop_is_blamed_on_the_clock_with_its_call_site(tmp_path: Path) -> None:
-    result = run_cli(["run", str(SCRIPTS / "train_budgeted.py"), "-n", "3", "--granularity", "step", "--out", "run",
-                      "--json", "r.json", "--", "--budget", "1.5"], cwd=tmp_path, timeout=900)
+    result = run_cli(["run", "-n", "3", "--granularity", "step", "--out", "run", "--json", "r.json",
+                      str(SCRIPTS / "train_budgeted.py"), "--", "--budget", "1.5"], cwd=tmp_path, timeout=900)
     assert result.returncode == 1, result.output
     assert result.report is not None
     assert result.report["first_divergence"]["category"] in ("structure", "outcome")
