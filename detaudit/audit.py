@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit import __version__, causes, explain
+from detaudit import __version__, baseline, causes, explain
 from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
@@ -47,6 +47,8 @@ class AuditOptions:
     child_config: dict[str, Any] = field(default_factory=dict)
     own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
     stdout: StdoutMode = DEFAULT_STDOUT  # how stdout is compared (docs/stdout.md)
+    module: str | None = None  # run `python -m MODULE` (the pytest plugin); `script` is then the module's file
+    baseline: Path | None = None  # --baseline: a recorded run (detaudit/baseline.py) to compare with as well
     max_steps: int | None = None  # --max-steps: each repeat stops after this many steps (recorder/bounds.py)
     max_time: float | None = None  # --max-time: ... at the first step boundary after this many seconds
 
@@ -92,8 +94,9 @@ def execute(options: AuditOptions, run_dir: Path,
             cwd: Path | None = None) -> list[RepeatResult]:
     """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
     bounds = {k: v for k, v in (("max_steps", options.max_steps), ("max_time", options.max_time)) if v is not None}
+    child_config = {**options.child_config, **({"module": options.module} if options.module else {}), **bounds}
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
-                         {**options.child_config, **bounds}, prefix=prefix, own_device=options.own_device)
+                         child_config, prefix=prefix, own_device=options.own_device)
     launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
     if not bounds:
         return launcher.run(plans, on_done)
@@ -119,13 +122,20 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         raise UsageError(f"script not found: {options.script}")
     if options.granularity not in GRANULARITIES:
         raise UsageError(f"unknown granularity {options.granularity!r}; use one of {', '.join(GRANULARITIES)}")
+    if options.baseline is not None:  # refuse an unusable baseline before spending time on repeats
+        reference = baseline.load(options.baseline)
+        if reference.granularity != baseline.effective_granularity(options.granularity):
+            raise UsageError(f"--baseline {options.baseline} was recorded at granularity {reference.granularity}; "
+                             f"run with --granularity {reference.granularity} to compare with it")
     run_dir = new_run_dir(options.script, options.out_dir)
     record = {
         "format": RUN_FORMAT, "version": RUN_VERSION, "script": str(options.script),
         "script_args": options.script_args, "cwd": str(Path.cwd()), "repeats": options.repeats,
         "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
         "tolerance": asdict(options.tolerance), "env": options.env, "own_device": options.own_device,
-        "stdout": options.stdout, "max_steps": options.max_steps, "max_time": options.max_time, "results": None,
+        "stdout": options.stdout, "module": options.module, "max_steps": options.max_steps,
+        "max_time": options.max_time,
+        "baseline": str(options.baseline.resolve()) if options.baseline is not None else None, "results": None,
         "environment": host_environment(), "started": time.time(),
     }
     _write_record(run_dir, record)
@@ -218,13 +228,14 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[RepeatResult]]:
 
 def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
                      stdout: StdoutMode | None = None) -> Report:
-    """Compare recordings made elsewhere (another machine, another day): trace files or run directories.
+    """Compare recordings made elsewhere (another machine, another day): trace files, run directories
+    or baselines.
 
-    A run directory contributes its first repeat. Bitwise unless a tolerance is given, whatever
-    devices the recordings were made on. A trace without a footer (killed, or crashed hard) is
-    incomplete: its exit status is unknown (None) and it is compared as far as it goes. Stdout
-    (run directories only) is compared as `stdout` says, else as the recordings were made (the most
-    lenient of their modes).
+    A run directory contributes its first repeat, a baseline its reference trace. Bitwise unless a
+    tolerance is given, whatever devices the recordings were made on. A trace without a footer
+    (killed, or crashed hard) is incomplete: its exit status is unknown (None) and it is compared
+    as far as it goes. Stdout (run directories only) is compared as `stdout` says, else as the
+    recordings were made (the most lenient of their modes).
     """
     if len(paths) < 2:
         raise UsageError("compare needs at least two traces or run directories")
@@ -232,7 +243,9 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
     modes: list[StdoutMode] = []
     for i, path in enumerate(paths):
         path = Path(path)
-        if path.is_dir():
+        if path.is_dir() and (path / baseline.MANIFEST).is_file():
+            results.append(replace(baseline.load(path).result, index=i))
+        elif path.is_dir():
             run_record, run_results = read_run(path)
             modes.append(recorded_mode(run_record))
             first = run_results[0]
@@ -317,6 +330,9 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         report.failure = report.repeat_errors.get(results[0].index, "")
     if first is not None:
         first.op_finding = op_source(run_dir, record, traces, devices)
+    if record.get("baseline"):
+        report.baseline = baseline.check(baseline.load(Path(record["baseline"])), run_dir, record, results,
+                                         recorded_mode(record))
     if report.first_divergence is not None:
         report.causes = causes.diagnose(report.first_divergence, traces, results)
         if explained:

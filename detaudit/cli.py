@@ -95,8 +95,10 @@ def cli() -> None:
 
 
 def report_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--json, --junit and --quiet: how every command that produces a report delivers it."""
+    """--json, --junit, --html and --quiet: how every command that produces a report delivers it."""
     command = click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")(command)
+    command = click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+                           help="Write a self-contained HTML report with plots.")(command)
     command = click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
                            help="Write JUnit XML.")(command)
     return click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
@@ -104,9 +106,10 @@ def report_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet: bool,
-            notes: tuple[str, ...] = (), exit_code: int | None = None) -> NoReturn:
+            html_path: Path | None = None, notes: tuple[str, ...] = (), exit_code: int | None = None) -> NoReturn:
     """Write the requested report files, render (`notes` just before the closing summary line), and
     exit with the report's exit code unless told another."""
+    from detaudit.html import write_html
     from detaudit.render import render, summary_line
     from detaudit.report import write_json, write_junit
 
@@ -114,6 +117,8 @@ def _finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet:
         write_json(report, json_path)
     if junit_path is not None:
         write_junit(report, junit_path)
+    if html_path is not None:
+        write_html(report, html_path)
     if quiet:
         _console().print(summary_line(report), soft_wrap=True)
     else:
@@ -184,10 +189,18 @@ def _progress_runner(quiet: bool, total: int, label: str = "running repeats") ->
 @click.option("--max-time", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop each repeat at the first step boundary after SECONDS; the steps every repeat completed "
                    "are compared.")
+@click.option("--baseline", "baseline_dir", type=click.Path(path_type=Path), default=None,
+              help="Also compare with this recorded baseline (from --save-baseline); exit 1 if the run differs "
+                   "from it, naming what changed in the environment.")
+@click.option("--save-baseline", "save_baseline", type=click.Path(path_type=Path), default=None,
+              help="If the repeats agree, keep the first as a baseline in this directory (small; commit it "
+                   "or keep it as a CI artifact).")
 def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
         rtol: float, quiet: bool, stdout_mode: str | None, ignore_stdout: bool, granularity: str, explain: bool,
-        explain_all: bool, budget: int | None, max_steps: int | None, max_time: float | None) -> None:
+        explain_all: bool, budget: int | None, html_path: Path | None = None, baseline_dir: Path | None = None,
+        save_baseline: Path | None = None, max_steps: int | None = None,
+        max_time: float | None = None) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
@@ -204,10 +217,12 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
         own_device=own_device(devices), stdout=_stdout_mode(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
-        max_steps=max_steps, max_time=max_time,
+        baseline=baseline_dir, max_steps=max_steps, max_time=max_time,
     )
     report = _audit(options, explain or explain_all, explain_all, budget, quiet)
-    _finish(report, json_path, junit_path, quiet)
+    if save_baseline is not None:
+        _save_baseline(report, save_baseline)
+    _finish(report, json_path, junit_path, quiet, html_path)
 
 
 def _warn_oversubscription(jobs: int, devices: list[str]) -> None:
@@ -238,16 +253,28 @@ def _audit(options: Any, explain: bool, explain_all: bool, budget: int | None, q
     return report
 
 
+def _save_baseline(report: Any, dest: Path) -> None:
+    from detaudit import baseline
+
+    try:
+        saved = baseline.save(Path(report.run_dir), report, dest)
+    except DetauditError as exc:  # the run's own verdict and exit code still stand
+        err_console.print(f"[bold yellow]detaudit:[/] {escape(str(exc))}", soft_wrap=True)
+        return
+    size = sum(p.stat().st_size for p in saved.iterdir() if p.is_file())
+    err_console.print(f"baseline saved to {escape(str(saved))} ({size / 1024:.1f} KiB)", soft_wrap=True)
+
+
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @stdout_options
 @report_options
 def report(run_dir: Path, stdout_mode: str | None, ignore_stdout: bool, json_path: Path | None,
-           junit_path: Path | None, quiet: bool) -> None:
+           junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:
     """Re-render the report of a finished run from its directory (stdout compared as recorded unless --stdout)."""
     from detaudit.audit import load_run
 
-    _finish(load_run(run_dir, _stdout_mode(stdout_mode, ignore_stdout)), json_path, junit_path, quiet)
+    _finish(load_run(run_dir, _stdout_mode(stdout_mode, ignore_stdout)), json_path, junit_path, quiet, html_path)
 
 
 def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool) -> Any:
@@ -277,7 +304,7 @@ def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, qu
               help="Repeats run in parallel.")
 @report_options
 def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, json_path: Path | None,
-            junit_path: Path | None, quiet: bool) -> None:
+            junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:
     """Confirm why a finished run diverged: re-run it with one source pinned at a time.
 
     Each experiment pins one candidate source (seeded RNGs, PYTHONHASHSEED, deterministic
@@ -289,7 +316,7 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
 
     record, _ = read_run(run_dir)
     _warn_oversubscription(jobs, list(record.get("devices") or ["cpu"]))
-    _finish(_explain(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet)
+    _finish(_explain(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet, html_path)
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
@@ -299,12 +326,14 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
 @stdout_options
 @report_options
 def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None, stdout_mode: str | None,
-            ignore_stdout: bool, json_path: Path | None, junit_path: Path | None, quiet: bool) -> None:
-    """Compare traces (or run directories) recorded elsewhere: another machine, another release.
+            ignore_stdout: bool, json_path: Path | None, junit_path: Path | None, quiet: bool,
+            html_path: Path | None) -> None:
+    """Compare traces (or run directories, or baselines) recorded elsewhere: another machine, another release.
 
     Bitwise by default; give --atol/--rtol to compare within a tolerance (as across devices).
     A run directory contributes its first repeat, and its stdout, compared as the runs were recorded
-    (the most lenient of their --stdout modes) unless --stdout says otherwise.
+    (the most lenient of their --stdout modes) unless --stdout says otherwise; a baseline
+    (--save-baseline) contributes its reference trace.
     """
     from detaudit.audit import compare_recorded
     from detaudit.compare import Tolerance
@@ -313,7 +342,7 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
     if atol is not None or rtol is not None:
         tolerance = Tolerance(atol if atol is not None else 0.0, rtol if rtol is not None else 0.0)
     _finish(compare_recorded(list(recordings), tolerance, _stdout_mode(stdout_mode, ignore_stdout)),
-            json_path, junit_path, quiet)
+            json_path, junit_path, quiet, html_path)
 
 
 @cli.command()
@@ -386,9 +415,9 @@ def demo(repeats: int, out_dir: Path | None) -> None:
     if report.verdict == "divergent":
         note = ("The demo script diverges on purpose (an unseeded NumPy RNG), so this demo exits 0: it showed "
                 "what it meant to. `detaudit run` on your own script exits 1 on a divergence.")
-        _finish(report, None, None, False, (note,), exit_code=0)
+        _finish(report, None, None, False, notes=(note,), exit_code=0)
     if report.verdict == "deterministic":
-        _finish(report, None, None, False, ("The demo meant to show a divergence, but the repeats agreed.",),
+        _finish(report, None, None, False, notes=("The demo meant to show a divergence, but the repeats agreed.",),
                 exit_code=1)
     _finish(report, None, None, False)
 

@@ -229,7 +229,8 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
         granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
         tolerance=Tolerance(**record.get("tolerance", {})), own_device=bool(record.get("own_device")),
-        stdout=recorded_mode(record), max_steps=record.get("max_steps"), max_time=record.get("max_time"),
+        stdout=recorded_mode(record), module=record.get("module"), max_steps=record.get("max_steps"),
+        max_time=record.get("max_time"),
     )
     cost = repeats * len(base.devices)
     spent = 0

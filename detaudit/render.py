@@ -59,7 +59,40 @@ def verdict_line(report: Report) -> Text:
     if stops:
         text.append(f"; bounded: repeats stopped after step {', '.join(map(str, stops))} (--max-steps/--max-time), "
                     "the steps every repeat completed are compared")
+    if report.baseline is not None:
+        text.append("; matches the baseline" if report.baseline.matches else "; DIFFERS FROM THE BASELINE",
+                    style="" if report.baseline.matches else "bold red")
     return text
+
+
+def baseline_panel(report: Report) -> Panel | None:
+    """Where the run first differs from the baseline, next to what changed in the environment."""
+    check = report.baseline
+    if check is None or (check.matches and not check.environment_changes):
+        return None
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    d = divergence_to_dict(check.divergence)
+    if d is None:
+        grid.add_row("result", f"matches ({check.records_compared} records compared)")
+    else:
+        where = " ".join(str(x) for x in (d["kind"], d["name"], f"in {d['module']}" if d["module"] else "") if x)
+        grid.add_row("first differs", escape(f"record #{d['index']}" if d["index"] >= 0 else d["category"]))
+        for key, value in (("at", where), ("step", d["step"] if (d["step"] or 0) >= 0 else None),
+                           ("location", d["location"]), ("detail", d["detail"]),
+                           ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
+                           ("differing", f"{check.records_differing} of {check.records_compared} records")):
+            if value not in (None, ""):
+                grid.add_row(key, escape(str(value)))
+    if check.environment_changes:
+        grid.add_row("changed since", "the baseline was recorded:")
+        for c in check.environment_changes:
+            grid.add_row(f"  {escape(c.field)}", escape(f"{_fmt(c.baseline)} → {_fmt(c.current)}"))
+    elif d is not None:
+        grid.add_row("environment", "unchanged: the numbers changed with the same software and settings")
+    return Panel(grid, title=f"Baseline {escape(check.path)}", title_align="left",
+                 border_style="green" if check.matches else "red")
 
 
 def runs_table(report: Report) -> Table:
@@ -261,8 +294,8 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
                                 expand=False,
                                 title=f"Repeat {index} ended differently (exit {code}): its stderr"))
-    for block in (divergence_panel(report), op_panel(report), spread_table(report), causes_block(report),
-                  experiments_table(report)):
+    for block in (divergence_panel(report), baseline_panel(report), op_panel(report), spread_table(report),
+                  causes_block(report), experiments_table(report)):
         if block is not None:
             console.print(block)
     for note in notes:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
 from detaudit import __version__
-from detaudit.compare import Comparison, Divergence, RecordInfo
+from detaudit.compare import Comparison, Divergence, RecordInfo, StepSpread
 from detaudit.errors import (
     EXIT_DETERMINISTIC,
     EXIT_DIVERGENT,
@@ -56,6 +56,31 @@ class Experiment:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class EnvironmentChange:
+    """One environment fingerprint field that differs from the baseline's (detaudit/baseline.py)."""
+
+    field: str
+    baseline: Any
+    current: Any
+
+
+@dataclass
+class BaselineCheck:
+    """The run's first repeat compared with a recorded baseline (`detaudit run --baseline DIR`)."""
+
+    path: str
+    divergence: Divergence | None
+    environment_changes: list[EnvironmentChange]
+    records_compared: int = 0
+    records_differing: int = 0
+    by_step: list[StepSpread] = field(default_factory=list)
+
+    @property
+    def matches(self) -> bool:
+        return self.divergence is None
+
+
 @dataclass
 class Report:
     script: str
@@ -72,6 +97,7 @@ class Report:
     bitwise: bool = True  # False: recordings compared within a tolerance (detaudit compare --atol/--rtol)
     stdout_mode: StdoutMode = DEFAULT_STDOUT  # how stdout was compared (docs/stdout.md)
     argv: list[str] | None = None  # the script's sys.argv in every repeat; None for `compare`
+    baseline: BaselineCheck | None = None  # --baseline: the comparison with a recorded run
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -97,6 +123,8 @@ class Report:
     def exit_code(self) -> int:
         if self.timed_out:
             return EXIT_TIMEOUT
+        if self.verdict == "deterministic" and self.baseline is not None and not self.baseline.matches:
+            return EXIT_DIVERGENT  # the repeats agree with each other, not with the baseline
         return {"failed": EXIT_SCRIPT_FAILED, "divergent": EXIT_DIVERGENT}.get(self.verdict, EXIT_DETERMINISTIC)
 
 
@@ -188,11 +216,7 @@ def to_dict(report: Report) -> dict[str, Any]:
             "records_compared": comp.records_compared,
             "records_differing": comp.records_differing,
             "aligned_to_end": comp.aligned_to_end,
-            "by_step": [
-                {"step": s.step, "records": s.records, "differing": s.differing,
-                 "max_abs_diff": _finite(s.max_abs_diff)}
-                for s in comp.by_step
-            ],
+            "by_step": spread_to_list(comp.by_step),
         },
         "causes": [asdict(c) for c in report.causes],
         "experiments": [asdict(e) for e in report.experiments],
@@ -209,7 +233,23 @@ def to_dict(report: Report) -> dict[str, Any]:
         ],
         "failure": report.failure or None,
         "environment": report.environment,
+        "baseline": baseline_to_dict(report.baseline),
     }
+
+
+def spread_to_list(by_step: list[StepSpread]) -> list[dict[str, Any]]:
+    return [{"step": s.step, "records": s.records, "differing": s.differing, "max_abs_diff": _finite(s.max_abs_diff),
+             "modules": s.modules} for s in by_step]
+
+
+def baseline_to_dict(check: BaselineCheck | None) -> dict[str, Any] | None:
+    if check is None:
+        return None
+    return {"path": check.path, "matches": check.matches, "first_divergence": divergence_to_dict(check.divergence),
+            "records_compared": check.records_compared, "records_differing": check.records_differing,
+            "by_step": spread_to_list(check.by_step),
+            "environment_changes": [{"field": c.field, "baseline": c.baseline, "current": c.current}
+                                    for c in check.environment_changes]}
 
 
 def write_json(report: Report, path: Path) -> None:
@@ -248,6 +288,17 @@ def to_junit(report: Report) -> str:
             [first["detail"] or "", *shown] + [f"[{c['confidence']}] {c['id']}: {c['summary']}\nfix: {c['fix']}"
                                                for c in data["causes"]]
         )
+    if data["baseline"] is not None:
+        case = ET.SubElement(suite, "testcase", classname="detaudit.baseline", name="matches the baseline")
+        cases += 1
+        base = data["baseline"]
+        if not base["matches"]:
+            failures += 1
+            first = base["first_divergence"] or {}
+            failure = ET.SubElement(case, "failure", message=f"differs from the baseline {base['path']} at record "
+                                    f"{first.get('index')}: {first.get('kind') or ''} {first.get('name') or ''}")
+            failure.text = "\n".join(f"{c['field']}: {c['baseline']} -> {c['current']}"
+                                     for c in base["environment_changes"])
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))
