@@ -98,20 +98,17 @@ def execute(options: AuditOptions, run_dir: Path,
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
                          child_config, prefix=prefix, own_device=options.own_device)
     launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
-    if not bounds:
-        return launcher.run(plans, on_done)
-
-    def stopped(result: RepeatResult) -> RepeatResult:
-        return replace(result, stopped_at_step=_stopped_at(run_dir / result.trace))
-
-    results = launcher.run(plans, None if on_done is None else lambda r: on_done(stopped(r)))
-    return [stopped(r) for r in results]
+    results = launcher.run(plans, None if on_done is None else lambda r: on_done(ended(r, run_dir)))
+    return [ended(r, run_dir) for r in results]
 
 
-def _stopped_at(trace: Path) -> int | None:
-    footer = read_footer(trace)
-    step = footer.get("stopped_at_step") if footer is not None else None
-    return step if isinstance(step, int) else None
+def ended(result: RepeatResult, run_dir: Path) -> RepeatResult:
+    """The result with what its trace's footer says about an early end: stopped by --max-steps or
+    --max-time (`stopped_at_step`), or recording stopped because a hook failed (`recording_stopped`)."""
+    footer = read_footer(run_dir / result.trace) or {}
+    step, why = footer.get("stopped_at_step"), footer.get("recording_stopped")
+    return replace(result, stopped_at_step=step if isinstance(step, int) else None,
+                   recording_stopped=str(why) if why else None)
 
 
 def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None,
@@ -295,10 +292,11 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
                          else "no trace was written")
     tolerance = Tolerance(**record.get("tolerance", {}))
     devices = list(labels) if labels is not None else [r.device for r in results]
-    # a repeat that timed out or hit --max-steps/--max-time was stopped: only what every repeat recorded
-    # is compared
+    # a repeat that timed out or hit --max-steps/--max-time was stopped, and one whose recording stopped
+    # (a hook failed) recorded less: only what every repeat recorded is compared
     comparison = compare_traces(traces, devices, tolerance,
-                                truncated=[r.timed_out or r.stopped_at_step is not None for r in results])
+                                truncated=[r.timed_out or r.stopped_at_step is not None
+                                           or r.recording_stopped is not None for r in results])
     if comparison.recording_failed:  # no records is no evidence: never let it read as "deterministic"
         index, why = next(iter(comparison.recording_failed.items()))
         raise TraceError(f"repeat {index}: detaudit could not record this repeat ({why}); its trace has "

@@ -59,6 +59,11 @@ def verdict_line(report: Report) -> Text:
     if stops:
         text.append(f"; bounded: repeats stopped after step {', '.join(map(str, stops))} (--max-steps/--max-time), "
                     "the steps every repeat completed are compared")
+    cut = [r for r in report.runs if r.recording_stopped]
+    if cut:
+        which = ", ".join(str(r.index) for r in cut)
+        text.append(f"; recording stopped early in repeat(s) {which} ({cut[0].recording_stopped}): compared as far "
+                    "as every repeat recorded", style="bold yellow")
     if report.baseline is not None:
         text.append("; matches the baseline" if report.baseline.matches else "; DIFFERS FROM THE BASELINE",
                     style="" if report.baseline.matches else "bold red")
