@@ -145,3 +145,16 @@ def test_max_time_compares_the_steps_every_repeat_completed(tmp_path: Path) -> N
     stopped = [r["stopped_at_step"] for r in result.report["runs"]]
     assert all(isinstance(s, int) and s >= 1 for s in stopped), stopped
     assert result.report["spread"]["by_step"][-1]["step"] <= min(stopped)
+
+
+def test_a_reseed_when_the_backbone_is_unfrozen_is_found_at_that_step(tmp_path: Path) -> None:
+    script = seeded_copy(tmp_path, "train_tagger.py", "            set_trainable(model, frozen, True)\n",
+                         "            set_trainable(model, frozen, True)\n            torch.seed()\n")
+    result = audit(tmp_path / "run-here", script, "--granularity", "module", script_args=("--epochs", "2"))
+    assert result.returncode == 1, result.output
+    d = first(result)
+    # epoch 0 (steps 0-3) and its validation agree; the first draw after the reseed is the backbone's dropout
+    assert (d["step"], d["kind"], d["module"]) == (4, "output", "backbone.5")
+    assert result.report is not None and result.report["causes"][0]["id"] == "varying-seed"
+    seed_line = script.read_text().splitlines().index("            torch.seed()") + 1
+    assert f"train_tagger.py:{seed_line}" in " ".join(result.report["causes"][0]["evidence"])
