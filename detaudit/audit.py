@@ -25,7 +25,7 @@ from detaudit.oprules import OpFinding, find_op_source
 from detaudit.report import Report, write_json, write_text_atomically
 from detaudit.safetext import printable
 from detaudit.stdout import DEFAULT_STDOUT, StdoutMode, compare_stdout, most_lenient, recorded_mode
-from detaudit.trace import RecordStream, load_json, open_regular
+from detaudit.trace import RecordStream, load_json, open_regular, read_footer
 
 RUN_FORMAT = "detaudit-run"
 RUN_VERSION = 1
@@ -54,6 +54,8 @@ class AuditOptions:
     module: str | None = None  # run `python -m MODULE` (the pytest plugin); `script` is then the module's file
     baseline: Path | None = None  # --baseline: a recorded run (detaudit/baseline.py) to compare with as well
     redact_args: bool = False  # --redact-args: the script's arguments are stored nowhere (they may hold secrets)
+    max_steps: int | None = None  # --max-steps: each repeat stops after this many steps (recorder/bounds.py)
+    max_time: float | None = None  # --max-time: ... at the first step boundary after this many seconds
     nproc_per_node: int | None = None  # each repeat is a torchrun launch of this many ranks (distributed.py)
     torchrun_args: list[str] = field(default_factory=list)
 
@@ -133,8 +135,9 @@ def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
             cwd: Path | None = None) -> list[RepeatResult]:
     """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
+    bounds = {k: v for k, v in (("max_steps", options.max_steps), ("max_time", options.max_time)) if v is not None}
     child_config = {**options.child_config, **({"module": options.module} if options.module else {}),
-                    **({"redact_args": True} if options.redact_args else {}),
+                    **({"redact_args": True} if options.redact_args else {}), **bounds,
                     **distributed.run_record(options.nproc_per_node)}
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
                          child_config, prefix=prefix, own_device=options.own_device)
@@ -142,10 +145,20 @@ def execute(options: AuditOptions, run_dir: Path,
                                     options.script_args, options.timeout, options.jobs, cwd) \
         or Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
     try:
-        return launcher.run(plans, on_done)
+        results = launcher.run(plans, None if on_done is None else lambda r: on_done(ended(r, run_dir)))
     except Interrupted as exc:
         exc.run_dir = run_dir
         raise
+    return [ended(r, run_dir) for r in results]
+
+
+def ended(result: RepeatResult, run_dir: Path) -> RepeatResult:
+    """The result with what its trace's footer says about an early end: stopped by --max-steps or
+    --max-time (`stopped_at_step`), or recording stopped because a hook failed (`recording_stopped`)."""
+    footer = read_footer(run_dir / result.trace) or {}
+    step, why = footer.get("stopped_at_step"), footer.get("recording_stopped")
+    return replace(result, stopped_at_step=step if isinstance(step, int) else None,
+                   recording_stopped=str(why) if why else None)
 
 
 def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None,
@@ -167,7 +180,8 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         "cwd": str(Path.cwd()), "repeats": options.repeats,
         "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
         "tolerance": asdict(options.tolerance), "env": options.env, "own_device": options.own_device,
-        "stdout": options.stdout, "module": options.module,
+        "stdout": options.stdout, "module": options.module, "max_steps": options.max_steps,
+        "max_time": options.max_time,
         "baseline": str(options.baseline.resolve()) if options.baseline is not None else None, "results": None,
         **distributed.run_record(options.nproc_per_node, options.torchrun_args),
         "environment": host_environment(), "started": time.time(),
@@ -387,10 +401,13 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
                          else "no trace was written")
     tolerance = tolerance_of(record)
     devices = list(labels) if labels is not None else [r.device for r in results]
-    # a repeat that timed out was stopped from outside: only what every repeat recorded is compared
-    # (and one stopped by an interrupt, or recorded elsewhere without a footer: exit status unknown)
+    # a repeat that timed out, was interrupted or hit --max-steps/--max-time was stopped, one recorded
+    # elsewhere without a footer has an unknown end, and one whose recording stopped (a hook failed)
+    # recorded less: only what every repeat recorded is compared
     comparison = compare_traces(traces, devices, tolerance,
-                                truncated=[r.timed_out or r.interrupted or r.exit_code is None for r in results])
+                                truncated=[r.timed_out or r.interrupted or r.exit_code is None
+                                           or r.stopped_at_step is not None or r.recording_stopped is not None
+                                           for r in results])
     if comparison.recording_failed:  # no records is no evidence: never let it read as "deterministic"
         index, why = next(iter(comparison.recording_failed.items()))
         raise TraceError(f"repeat {index}: detaudit could not record this repeat ({why}); its trace has "
@@ -417,7 +434,7 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
             first.detail += (f"; the recording of repeat(s) {', '.join(map(str, cut))} is incomplete "
                              "(no footer: killed, or crashed hard)")
     report.repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results
-                            if r.exit_code not in (0, None) and not r.timed_out}
+                            if r.exit_code not in (0, None) and not r.timed_out and r.stopped_at_step is None}
     if report.verdict == "failed":
         report.failure = report.repeat_errors.get(results[0].index, "")
     if first is not None:
@@ -436,10 +453,11 @@ def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEF
                        run_dir: Path = Path(".")) -> Divergence | None:
     """Repeats that end differently: another exit status, or another line on stdout (docs/stdout.md).
 
-    Only repeats that ended by themselves count: a timed-out repeat was stopped, and an
-    incomplete recording's exit status is unknown. Stdout is compared between repeats on one device.
+    Only repeats that ended by themselves count: a timed-out repeat, or one stopped by
+    --max-steps/--max-time, was stopped, and an incomplete recording's exit status is unknown. Stdout is
+    compared between repeats on one device.
     """
-    ended = [r for r in results if not r.timed_out and r.exit_code is not None]
+    ended = [r for r in results if not r.timed_out and r.exit_code is not None and r.stopped_at_step is None]
     if len(ended) < 2:
         return None
     ref = ended[0]

@@ -85,6 +85,10 @@ class WindowRecorded(BaseException):
     """Raised inside the script to end an op-window re-run early (see Session._stop_after_op_window)."""
 
 
+class BoundReached(BaseException):
+    """Raised inside the script when --max-steps or --max-time is reached (recorder/bounds.py)."""
+
+
 class Session:
     """One audited repeat: the trace writer, the hooks, and the script's outcome."""
 
@@ -135,6 +139,12 @@ class Session:
         if self.config.get("distributed"):
             from detaudit.recorder import distributed as collectives
             collectives.install(self.recorder)
+        max_steps, max_time = self.config.get("max_steps"), self.config.get("max_time")
+        if max_steps is not None or max_time is not None:
+            from detaudit.recorder.bounds import Bounds
+
+            Bounds(self.recorder, self.hooks.is_root_call, max_steps, max_time, self.started,
+                   self._stop_at_bound).install()
         detaudit._set_active_recorder(self.recorder)
 
     def stored_argv(self) -> list[str]:
@@ -142,6 +152,11 @@ class Session:
         if self.config.get("redact_args"):
             return [sys.argv[0], *["<redacted>"] * (len(sys.argv) - 1)]
         return sys.argv
+
+    def _stop_at_bound(self, stop: Any) -> None:
+        """--max-steps / --max-time reached: end the repeat here, as if the script had ended."""
+        self.finish(0, None, **stop.footer())
+        raise BoundReached
 
     def _stop_after_op_window(self) -> None:
         """The op-level re-run of --granularity auto has recorded its window: the rest is not needed.
@@ -162,6 +177,8 @@ class Session:
             self.recording_failed = "torch was imported but the recorder was never installed"
         if self.recording_failed is not None:
             footer["recording_failed"] = self.recording_failed
+        if self.hooks is not None and self.hooks.stopped is not None:
+            footer["recording_stopped"] = self.hooks.stopped
         try:
             sink = self._empty_trace() if self.recorder is None else self.recorder
             evidence.finish(sink)
@@ -312,7 +329,7 @@ def main(argv: list[str]) -> None:
             _run_module(module)
         else:
             _run_as_main(os.path.join(os.getcwd(), script_arg))
-    except WindowRecorded:
+    except (WindowRecorded, BoundReached):
         sys.exit(0)
     except SystemExit as exc:
         session.finish(_exit_code(exc), None)

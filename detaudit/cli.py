@@ -202,6 +202,8 @@ def _progress_runner(quiet: bool, total: int, label: str = "running repeats") ->
 
     def line(result: Any) -> None:
         status = "timed out" if result.timed_out else f"exit {result.exit_code}"
+        if result.stopped_at_step is not None:
+            status = f"stopped after step {result.stopped_at_step}"
         name = result.trace.removesuffix(".trace")
         err_console.print(f"{name} ({result.device}): {status} in {result.duration_s:.1f}s")
 
@@ -238,6 +240,12 @@ def _progress_runner(quiet: bool, total: int, label: str = "running repeats") ->
               "first that confirms a cause.")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="With --explain: most extra repeats the experiments may run. [default: 12]")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop each repeat right after its N-th optimizer step, as if the script ended there (a script "
+                   "with no optimizer: its N-th call of the model). Exit status and later stdout are not compared.")
+@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop each repeat at the first step boundary after SECONDS; the steps every repeat completed "
+                   "are compared.")
 @click.option("--baseline", "baseline_dir", type=click.Path(path_type=Path), default=None,
               help="Also compare with this recorded baseline (from --save-baseline); exit 1 if the run differs "
                    "from it, naming what changed in the environment.")
@@ -256,8 +264,8 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
         rtol: float, quiet: bool, stdout_mode: str | None, ignore_stdout: bool, granularity: str, explain: bool,
         explain_all: bool, budget: int | None, html_path: Path | None = None, baseline_dir: Path | None = None,
-        save_baseline: Path | None = None, redact_args: bool = False, nproc_per_node: int | None = None,
-        torchrun_args: str = "") -> None:
+        save_baseline: Path | None = None, redact_args: bool = False, max_steps: int | None = None,
+        max_time: float | None = None, nproc_per_node: int | None = None, torchrun_args: str = "") -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
@@ -276,8 +284,9 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
         own_device=own_device(devices), stdout=_stdout_mode(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
-        baseline=baseline_dir, redact_args=redact_args,
-        **_torchrun(nproc_per_node, torchrun_args, baseline_dir is not None or save_baseline is not None),
+        baseline=baseline_dir, redact_args=redact_args, max_steps=max_steps, max_time=max_time,
+        **_torchrun(nproc_per_node, torchrun_args, baseline_dir is not None or save_baseline is not None,
+                    max_time is not None),
     )
     report = _audit(options, explain or explain_all, explain_all, budget, quiet)
     if save_baseline is not None:
@@ -326,7 +335,7 @@ def _save_baseline(report: Any, dest: Path) -> None:
     err_console.print(f"baseline saved to {escape(str(saved))} ({size / 1024:.1f} KiB)", soft_wrap=True)
 
 
-def _torchrun(nproc_per_node: int | None, torchrun_args: str, baseline: bool) -> dict[str, Any]:
+def _torchrun(nproc_per_node: int | None, torchrun_args: str, baseline: bool, max_time: bool) -> dict[str, Any]:
     """AuditOptions fields of --nproc-per-node/--torchrun-args."""
     from detaudit.distributed import parse_torchrun_args
 
@@ -337,6 +346,9 @@ def _torchrun(nproc_per_node: int | None, torchrun_args: str, baseline: bool) ->
     if baseline:
         raise click.UsageError("--baseline and --save-baseline do not support --nproc-per-node yet (a baseline "
                                "keeps one trace; a torchrun run has one per rank)")
+    if max_time:
+        raise click.UsageError("--max-time cannot bound a torchrun run: each rank would stop by its own clock, "
+                               "at different steps, and leave the others waiting in a collective; use --max-steps")
     return {"nproc_per_node": nproc_per_node, "torchrun_args": parse_torchrun_args(torchrun_args)}
 
 

@@ -274,6 +274,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
         granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
         tolerance=tolerance_of(record), own_device=bool(record.get("own_device")),
         stdout=recorded_mode(record), module=record.get("module"), redact_args=redacted,
+        max_steps=record.get("max_steps"), max_time=record.get("max_time"),
         **distributed.options_of(record),
     )
     cost = repeats * len(base.devices)

@@ -52,6 +52,8 @@ class RepeatResult:
     stderr: str
     stdout_digest: str
     interrupted: bool = False  # stopped by Ctrl-C/SIGTERM/SIGHUP before it ended by itself
+    stopped_at_step: int | None = None  # stopped by --max-steps/--max-time after this many steps
+    recording_stopped: str | None = None  # a detaudit hook failed: recorded only up to there (why)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -64,6 +64,15 @@ def verdict_line(report: Report) -> Text:
         text.append(f" — repeat(s) {', '.join(map(str, late))} timed out", style="bold red")
     if not all(report.comparison.complete) and not report.timed_out and report.verdict != "inconclusive":
         text.append(" (incomplete recordings are compared as far as they go)")
+    stops = sorted({r.stopped_at_step for r in report.runs if r.stopped_at_step is not None})
+    if stops:
+        text.append(f"; bounded: repeats stopped after step {', '.join(map(str, stops))} (--max-steps/--max-time), "
+                    "the steps every repeat completed are compared")
+    cut = [r for r in report.runs if r.recording_stopped]
+    if cut:
+        which = ", ".join(str(r.index) for r in cut)
+        text.append(f"; recording stopped early in repeat(s) {which} ({cut[0].recording_stopped}): compared as far "
+                    "as every repeat recorded", style="bold yellow")
     if report.baseline is not None:
         text.append("; matches the baseline" if report.baseline.matches else "; DIFFERS FROM THE BASELINE",
                     style="" if report.baseline.matches else "bold red")
@@ -108,6 +117,8 @@ def runs_table(report: Report) -> Table:
     for r in report.runs:
         exit_text = "timeout" if r.timed_out else "stopped" if r.interrupted else "?" if r.exit_code is None \
             else str(r.exit_code)
+        if r.stopped_at_step is not None:
+            exit_text = f"stopped@{r.stopped_at_step}"
         records = comp.records[r.index] if r.index < len(comp.records) else 0
         complete = comp.complete[r.index] if r.index < len(comp.complete) else False
         table.add_row(str(r.index), escape(r.device), exit_text, f"{r.duration_s:.2f}",

@@ -261,7 +261,8 @@ def to_dict(report: Report) -> dict[str, Any]:
         "runs": [
             {
                 "repeat": r.index, "device": r.device, "exit_code": r.exit_code, "duration_s": r.duration_s,
-                "timed_out": r.timed_out, "interrupted": r.interrupted,
+                "timed_out": r.timed_out, "interrupted": r.interrupted, "stopped_at_step": r.stopped_at_step,
+                "recording_stopped": r.recording_stopped,
                 "records": comp.records[r.index] if r.index < len(comp.records) else 0,
                 "complete": comp.complete[r.index] if r.index < len(comp.complete) else False,
                 "trace": r.trace, "stdout": r.stdout, "stderr": r.stderr, "stdout_digest": r.stdout_digest,
@@ -329,7 +330,7 @@ def to_junit(report: Report) -> str:
         if run["timed_out"]:
             ET.SubElement(case, "error", message="timed out")
             errors += 1
-        elif run["exit_code"] not in (0, None):
+        elif run["exit_code"] not in (0, None) and run["stopped_at_step"] is None:
             ET.SubElement(case, "failure", message=f"script exited with {run['exit_code']}")
             failures += 1
     case = ET.SubElement(suite, "testcase", classname="detaudit.determinism", name="repeats agree")

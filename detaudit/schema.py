@@ -132,6 +132,7 @@ FILE_NAME = str  # further checked by audit.inside_run_dir
 REPEAT_RESULT = Obj({
     "index": Int(0), "device": str, "exit_code": INT_OR_NONE, "duration_s": Number(), "timed_out": bool,
     "trace": FILE_NAME, "stdout": FILE_NAME, "stderr": FILE_NAME, "stdout_digest": str, "interrupted": bool,
+    "stopped_at_step": INT_OR_NONE, "recording_stopped": STR_OR_NONE,
 }, frozenset({"index", "device", "exit_code", "duration_s", "timed_out", "trace", "stdout", "stderr",
               "stdout_digest"}))
 
@@ -141,7 +142,8 @@ RUN_RECORD = Obj({
     "tolerance": Obj({"atol": Number(), "rtol": Number()}), "env": MapOf(str), "own_device": bool,
     "ignore_stdout": bool, "stdout": str, "module": STR_OR_NONE, "baseline": STR_OR_NONE,
     "argv": OneOf((NONE, ListOf(str))), "args_redacted": bool, "results": OneOf((ListOf(REPEAT_RESULT), NONE)),
-    "environment": dict, "started": Number(), "interrupted": bool,
+    "environment": dict, "started": Number(), "interrupted": bool, "max_steps": INT_OR_NONE,
+    "max_time": NUMBER_OR_NONE,
     "nproc_per_node": Int(1), "torchrun_args": ListOf(str),  # torchrun runs (docs/distributed.md)
     "narrowing": OneOf((NONE, Obj({"window": ListOf(Int(0), 2), "prefix": str, "results": ListOf(REPEAT_RESULT)},
                                   frozenset({"results"})))),
@@ -162,7 +164,8 @@ TRACE_HEADER = Obj({"format": str, "version": Int(), "repeat": Int(), "script": 
                                         "collective_env": MapOf(str)}, frozenset({"rank"}))})
 
 TRACE_FOOTER = Obj({"records": Int(0), "exit_code": INT_OR_NONE, "error": STR_OR_NONE, "duration_s": Number(),
-                    "recording_failed": STR_OR_NONE, "stopped_after_step": Int()})
+                    "recording_failed": STR_OR_NONE, "stopped_after_step": Int(), "stopped_at_step": Int(0),
+                    "stopped_by": str, "counting": str, "recording_stopped": STR_OR_NONE})
 
 _RNG = MapOf(Obj({"digest": STR_OR_NONE, "drawn": bool, "initial_seed": Int()}))
 _MODULE = Obj({"module": str, "class": str, "entry": str}, frozenset({"module", "class"}))
@@ -177,4 +180,6 @@ EVENT = Obj({
     "library": bool, "drawn_before": bool, "state": STR_OR_NONE, "root": str, "listed": ListOf(_MODULE),
     "matmul": ListOf(_MODULE), "what": str, "target": STR_OR_NONE, "env": MapOf(str),
     "gpu": ListOf(str), "randomization": Int(), "aslr_disabled": OneOf((bool, NONE)),
+    "frames": Int(0), "inductor": MapOf(OneOf((bool, Number(), str, NONE))),
+    "sites": ListOf(Obj({"fn": str, "loc": STR_OR_NONE, "reads": Int(0)})),
 }, frozenset({"at", "type"}))

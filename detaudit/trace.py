@@ -163,6 +163,10 @@ class TraceWriter:
                     self._pending_strings.append(text)
         return sid
 
+    def text(self, sid: int) -> str:
+        """The text of an interned string id."""
+        return self._texts[sid]
+
     def add(self, row: tuple[Any, ...]) -> None:
         """Queue one record; `row` follows RECORD_DTYPE's field order (samples last, as a 4-tuple)."""
         if row[2] & _THREAD:
@@ -322,6 +326,26 @@ def _frames(path: Path) -> Iterator[tuple[bytes, bytes]]:
             if len(payload) < length:
                 return
             yield tag, payload
+
+
+def read_footer(path: Path) -> dict[str, Any] | None:
+    """A trace's footer without reading its records (frames are skipped by length); None when the
+    trace is missing, incomplete or not readable as a trace (RecordStream says why)."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(len(MAGIC)) != MAGIC:
+                return None
+            while True:
+                head = fh.read(_FRAME_HEAD.size)
+                if len(head) < _FRAME_HEAD.size:
+                    return None
+                tag, length = _FRAME_HEAD.unpack(head)
+                if tag == b"F":
+                    footer = json.loads(fh.read(length))
+                    return footer if isinstance(footer, dict) else None
+                fh.seek(length, os.SEEK_CUR)
+    except (OSError, ValueError):
+        return None
 
 
 def open_regular(path: Path, what: str, follow_symlinks: bool = True) -> Any:

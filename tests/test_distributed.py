@@ -120,6 +120,7 @@ def test_kill_ranks_kills_a_live_rank_group_and_spares_strangers(tmp_path: Path)
 @pytest.mark.parametrize("args", [["--torchrun-args", "--max-restarts 1"],
                                   ["--nproc-per-node", "2", "--torchrun-args", "--nproc-per-node 4"],
                                   ["--nproc-per-node", "2", "--save-baseline", "base"],
+                                  ["--nproc-per-node", "2", "--max-time", "5"],
                                   ["--nproc-per-node", "0"]])
 def test_distributed_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
     (tmp_path / "x.py").write_text("print(1)\n")

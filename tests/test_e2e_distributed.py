@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from detaudit.trace import read_trace
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.slow,
@@ -45,6 +46,18 @@ def test_seeded_ddp_job_is_deterministic_with_equal_replicas(scripts: Path, tmp_
             assert (run / f"repeat-{repeat}.rank-{rank}.trace").is_file()
     assert "final loss" in (run / "repeat-0.rank-0.stdout").read_text()
     assert "Ranks" in result.stdout
+
+
+def test_max_steps_stops_every_rank_at_the_same_step(scripts: Path, tmp_path: Path) -> None:
+    result = audit(scripts, tmp_path, "train_ddp.py", "--timeout", "300", "--max-steps", "2", "--", "--steps", "6")
+    assert result.returncode == 0, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "deterministic"
+    for rank in range(2):
+        footer = read_trace(tmp_path / "run" / f"repeat-0.rank-{rank}.trace").footer
+        assert footer is not None and footer["exit_code"] == 0
+    steps = {int(s) for s in read_trace(tmp_path / "run" / "repeat-0.rank-1.trace").records["step"]}
+    assert steps == {0, 1}
 
 
 def test_unseeded_rank_is_the_origin_and_the_other_a_receiver(scripts: Path, tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ import random
 import sys
 import sysconfig
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,6 +47,7 @@ WORKERS_SUFFIX = ".workers.jsonl"
 BACKWARD_WALKS = 4           # autograd graphs inspected (the first backward calls)
 MAX_GRAPH_NODES = 20000
 MAX_EMPTY_EVENTS = 256
+MAX_CLOCK_SITES = 256
 ENV_ALLOW = (
     "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
     "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "PYTORCH_CUDA_ALLOC_CONF",
@@ -61,11 +63,21 @@ NUMPY_DRAWS = ("random", "rand", "randn", "randint", "random_sample", "normal", 
 PYTHON_DRAWS = ("random", "uniform", "randint", "randrange", "choice", "choices", "shuffle", "sample", "gauss",
                 "normalvariate", "getrandbits", "betavariate", "expovariate")
 EMPTY_FUNCTIONS = ("empty", "empty_like", "empty_strided")
+CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
 # positional index of condition arguments, counting `self` for Tensor methods (same for torch.X(input, ...))
 _POSITIONAL = {"indexput": {"accumulate": 3}, "put": {"accumulate": 3}, "scatterreduce": {"reduce": 4},
                "embeddingbag": {"mode": 4}}
 
 _active: Evidence | None = None
+
+
+def _never_compiling() -> bool:
+    return False
+
+
+# torch.compiler.is_compiling once torch is imported: every wrapper below passes straight through
+# while dynamo traces (recorder/compiled.py), so wrapping never changes a compiled graph.
+compiling: Callable[[], bool] = _never_compiling
 
 
 def active() -> Evidence | None:
@@ -104,6 +116,8 @@ class Evidence:
         self._stepped = False
         self.empty_events = 0
         self.op_entries: dict[str, list[oplist.OpEntry]] = {}
+        # user call sites of the wall clock: (code, line) -> [label, reads]; None for library code
+        self.clock_reads: dict[tuple[Any, int], list[Any] | None] = {}
         self._library = _library_prefixes()
         self._side_fd: int | None = None
         self._lock = threading.Lock()
@@ -204,6 +218,8 @@ class Evidence:
         for name in PYTHON_DRAWS:
             self._wrap_draw(random, name, "python", f"random.{name}")
         self._wrap_method(threading.Thread, "start", "threading.Thread.start")
+        for name in CLOCKS:
+            self._wrap_clock(name)
         self.emit({"type": "hash", "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
                    "randomization": sys.flags.hash_randomization, "probe": hash("detaudit-hash-probe"),
                    "aslr_disabled": aslr_disabled()})
@@ -240,6 +256,10 @@ class Evidence:
 
     def on_torch(self, torch: ModuleType) -> None:
         """Right after `import torch` (before the script sees it) and before the recorder's hooks."""
+        global compiling
+        from detaudit.recorder import compiled
+
+        compiling = compiled.compiling
         self.torch = torch
         if "numpy.random" in sys.modules and self.numpy is None:
             self.on_numpy_random(sys.modules["numpy.random"])
@@ -277,8 +297,16 @@ class Evidence:
         """At the end of the repeat (also on timeout): the final flags and RNG states."""
         if os.getpid() != self.pid or self.in_worker:
             return
+        sites = [{"fn": v[0], "loc": self.where_code(code, line), "reads": v[1]}
+                 for (code, line), v in self.clock_reads.items() if v is not None]
+        if sites:
+            self.emit({"type": "clock-reads", "sites": sites})
         event: dict[str, Any] = {"type": "state", "when": "end", "rng": self.rng_state()}
         if self.torch is not None:
+            from detaudit.recorder import compiled
+
+            if compiled.was_used():
+                self.emit(compiled.evidence())
             event["flags"] = self.flags()
             cuda = self.torch.cuda
             if cuda.is_initialized():
@@ -287,6 +315,8 @@ class Evidence:
 
     # -- one-shot hooks ---------------------------------------------------------------------------
     def _on_first_forward(self, module: Any, args: Any) -> None:
+        if compiling():
+            return
         self._first_forward.remove()
         self.pins.apply_torch_flags(self.torch)
         with _never_fatal():
@@ -295,7 +325,7 @@ class Evidence:
 
     def _on_first_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # torch iterates the live hook dict here, so the hook cannot remove itself: one check per step
-        if self._stepped:
+        if self._stepped or compiling():
             return
         self._stepped = True
         self.pins.apply_torch_flags(self.torch)
@@ -371,6 +401,8 @@ class Evidence:
 
         @functools.wraps(original)
         def seed(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             library = ev.is_library(caller)
             before = ev.rng_digest(lib)
@@ -398,6 +430,8 @@ class Evidence:
 
         @functools.wraps(original)
         def default_rng(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             library = ev.is_library(caller)
             seed = args[0] if args else kwargs.get("seed")
@@ -419,6 +453,8 @@ class Evidence:
 
         @functools.wraps(original)
         def draw(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             if (label, caller.f_code, caller.f_lineno) not in ev.seen:
                 ev.seen.add((label, caller.f_code, caller.f_lineno))
@@ -439,6 +475,8 @@ class Evidence:
         @functools.wraps(original)
         def empty(*args: Any, **kwargs: Any) -> Any:
             t = original(*args, **kwargs)
+            if compiling():
+                return t
             caller = sys._getframe(1)
             if ev.is_library(caller):
                 return t
@@ -480,6 +518,8 @@ class Evidence:
 
         @functools.wraps(original)
         def op(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             if (name, caller.f_code, caller.f_lineno) not in ev.seen and args and isinstance(args[0], torch.Tensor):
                 ev.seen.add((name, caller.f_code, caller.f_lineno))
@@ -558,6 +598,37 @@ class Evidence:
 
         loader_cls.__init__ = init  # type: ignore[misc]
 
+    def where_code(self, code: Any, line: int) -> str:
+        return f"{location.display_path(code.co_filename)}:{line}"
+
+    def _wrap_clock(self, name: str) -> None:
+        """Count the script's reads of the wall clock per call site: a loop bounded by time runs a
+        different number of times in each repeat, and these counts show where (causes/clock.py)."""
+        original = getattr(time, name, None)
+        if original is None:
+            return
+        ev = self
+        label = f"time.{name}"
+
+        @functools.wraps(original)
+        def clock() -> Any:
+            if compiling():
+                return original()
+            caller = sys._getframe(1)
+            key = (caller.f_code, caller.f_lineno)
+            if key in ev.clock_reads:
+                site = ev.clock_reads[key]
+            else:
+                site = None if ev.is_library(caller) else [label, 0]
+                if site is not None and len(ev.clock_reads) < MAX_CLOCK_SITES:
+                    ev.emit({"type": "clock", "fn": label, "loc": ev.where(caller)})
+                ev.clock_reads[key] = site
+            if site is not None:
+                site[1] += 1
+            return original()
+
+        setattr(time, name, clock)
+
     def _wrap_method(self, owner: Any, name: str, label: str) -> None:
         original = getattr(owner, name)
         ev = self
@@ -580,6 +651,8 @@ class Evidence:
 
         @functools.wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             if not ev.is_library(caller):
                 ev.emit({"type": "call", "fn": label, "value": _short(args[0] if args else None),
