@@ -78,6 +78,9 @@ def load(path: Path, index: int, device: str) -> RepeatEvidence:
                 continue  # a worker killed mid-write leaves a partial last line
             if isinstance(event, dict):
                 rep.worker_events.append(event)
+    # workers append to the side file as they are scheduled: one worker's events together, in its own
+    # order, so the k-th event of a kind means the same thing in every repeat
+    rep.worker_events.sort(key=lambda e: (e.get("worker") if isinstance(e.get("worker"), int) else -1))
     return rep
 
 

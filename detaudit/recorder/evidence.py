@@ -19,6 +19,7 @@ Sinks: trace events via `Recorder.event` (buffered until torch is imported); in 
 
 from __future__ import annotations
 
+import array
 import contextlib
 import functools
 import inspect
@@ -26,6 +27,7 @@ import json
 import os
 import platform
 import random
+import re
 import sys
 import sysconfig
 import threading
@@ -65,6 +67,8 @@ EMPTY_FUNCTIONS = ("empty", "empty_like", "empty_strided")
 _POSITIONAL = {"indexput": {"accumulate": 3}, "put": {"accumulate": 3}, "scatterreduce": {"reduce": 4},
                "embeddingbag": {"mode": 4}}
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
 _active: Evidence | None = None
 
 
@@ -74,6 +78,13 @@ def active() -> Evidence | None:
 
 def digest_bytes(data: bytes) -> str:
     return f"{xxhash.xxh3_64_intdigest(data):016x}"
+
+
+def python_rng_digest(state: tuple[Any, ...]) -> str:
+    """Digest of `random.getstate()` from its values, never `hash()`: on Python <= 3.11 `hash(None)`
+    (the state's last field when no Gaussian is cached) is the object's address, different every run."""
+    version, words, gauss_next = state
+    return digest_bytes(array.array("Q", words).tobytes() + repr((version, gauss_next)).encode())
 
 
 def _library_prefixes() -> tuple[str, ...]:
@@ -122,8 +133,8 @@ class Evidence:
     def _write_side(self, event: dict[str, Any]) -> None:
         if self.side_path is None:
             return
-        line = json.dumps({"at": self.fork_at, "pid": os.getpid(), "worker": self.worker_id(), **event},
-                          default=str)
+        # no pid: evidence holds only what repeats with the same state agree on (the header has the pid)
+        line = json.dumps({"at": self.fork_at, "worker": self.worker_id(), **event}, default=_short)
         with self._lock:
             if self._side_fd is None:
                 self._side_fd = os.open(self.side_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -179,7 +190,7 @@ class Evidence:
                 _, keys, pos, has_gauss, cached = self.numpy.get_state()
                 return digest_bytes(keys.tobytes() + repr((pos, has_gauss, cached)).encode())
             if lib == "python":
-                return f"{hash(random.getstate()) & 0xFFFFFFFFFFFFFFFF:016x}"
+                return python_rng_digest(random.getstate())
         except Exception:
             return None
         return None
@@ -650,9 +661,10 @@ def _never_fatal() -> Iterator[None]:
 
 
 def _short(value: Any) -> Any:
+    """A JSON-safe, run-independent form of a value: an object's repr loses its address."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    text = repr(value)
+    text = _ADDRESS.sub(" at 0x?", repr(value))
     return text if len(text) <= 80 else text[:77] + "..."
 
 
