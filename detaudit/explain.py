@@ -16,6 +16,7 @@ Repeats go into the run directory as `explain-<pin>-<i>.*`; the experiments are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -31,8 +32,13 @@ EXPLAIN_FORMAT = "detaudit-explain"
 EXPLAIN_VERSION = 1
 ALL = "all"
 DEFAULT_BUDGET = 12
+CHEAP_REPEATS = 2  # the default confirmation: one experiment of 2 repeats (a source that varies every run)
+# experiments that are cheap and decisive in 2 repeats: the source differs in every run when unpinned
+CHEAP_PINS = ("torch-rng", "numpy-rng", "python-rng", "hash-seed", "address-layout")
+CUDA_PINS = ("cudnn", "cublas", "tf32-off")
 MIN_REPEATS = 2
 ORDER_CAUSES = ("concurrency", "object-order", "unknown")
+SEP = "+"  # experiment names for a set of pins: `hash-seed+one-thread`
 
 
 @dataclass(frozen=True)
@@ -64,22 +70,71 @@ PINS: dict[str, Pin] = {p.name: p for p in (
 )}
 
 
+# the cause a pin isolates when no detector named it (id, summary, fix); ALL: a pair or more of sources
+PIN_CAUSES: dict[str, tuple[str, str, str]] = {
+    "torch-rng": ("unseeded-torch-rng", "the torch RNG differs between runs", "seed torch with a constant: "
+                  "`torch.manual_seed(0)` at the start of the script"),
+    "numpy-rng": ("unseeded-numpy-rng", "NumPy randomness differs between runs", "seed NumPy with a constant "
+                  "(`np.random.seed(0)`, `np.random.default_rng(0)`)"),
+    "python-rng": ("unseeded-python-rng", "Python `random` differs between runs", "seed it with a constant: "
+                   "`random.seed(0)`"),
+    "hash-seed": ("python-hash-seed", "string hash randomization changes an order derived from a set or dict",
+                  "iterate `sorted(...)` instead of a set of strings (or set `PYTHONHASHSEED=0`)"),
+    "address-layout": ("object-order", "iteration over objects hashed by identity (memory address)",
+                       "keep the objects in a list, or sort them by a stable attribute, instead of a set"),
+    "deterministic": ("nondeterministic-op", "an op accumulates in thread or atomic order",
+                      "call `torch.use_deterministic_algorithms(True)` at the top of the script"),
+    "one-thread": ("thread-count", "a multithreaded reduction sums in a run-dependent order",
+                   "use a constant thread count, or `torch.use_deterministic_algorithms(True)`"),
+    "cudnn": ("cudnn-benchmark", "cuDNN picks convolution algorithms per run",
+              "set `torch.backends.cudnn.benchmark = False` and `torch.backends.cudnn.deterministic = True`"),
+    "cublas": ("cublas-workspace", "cuBLAS splits matmuls in a run-dependent way",
+               "run with `CUBLAS_WORKSPACE_CONFIG=:4096:8`"),
+    "tf32-off": ("tf32", "TF32 precision", "turn TF32 off (`torch.set_float32_matmul_precision('highest')`)"),
+    "zero-empty": ("uninitialized-memory", "memory read before it is written", "use `torch.zeros` instead of "
+                   "`torch.empty`"),
+    ALL: ("unknown", "several sources together: only pinning them all at once makes the repeats agree",
+          "pin each of the named sources (see docs/causes.md for each pin's fix)"),
+}
+
+
 def pin_of(name: str) -> Pin:
-    """A pin by name; `all` is every pin at once."""
+    """A pin by name; `all` is every pin at once; `a+b` is the set of pins a and b."""
     if name == ALL:
-        env: dict[str, str] = {}
-        for p in PINS.values():
-            env.update(p.env)
-        return Pin(ALL, "every source at once", env, tuple(c for p in PINS.values() for c in p.child))
+        return _combined(ALL, "every source at once", list(PINS))
+    if SEP in name:
+        names = name.split(SEP)
+        return _combined(name, " and ".join(PINS[n].description for n in names), names)
     return PINS[name]
 
 
+def _combined(name: str, description: str, names: Sequence[str]) -> Pin:
+    env: dict[str, str] = {}
+    for n in names:
+        env.update(PINS[n].env)
+    return Pin(name, description, env, tuple(dict.fromkeys(c for n in names for c in PINS[n].child)))
+
+
 def plan(causes: Sequence[Cause]) -> list[str]:
-    """Pins to try, in the order of the causes' ranking."""
-    names: list[str] = []
+    """Pins to try: the experiment that separates a toss-up first, then in the order of the ranking."""
+    names = [c.separating_pin for c in causes[:1] if c.separating_pin in PINS]
     for cause in causes:
         names.extend(p for p in cause.pins if p in PINS and p not in names)
-    return names
+    return [n for n in names if n is not None]
+
+
+def covers(pin: str, other: str) -> bool:
+    """Pinning `pin` also pins everything `other` does (address-layout covers hash-seed)."""
+    a, b = pin_of(pin), pin_of(other)
+    return b.env.items() <= a.env.items() and set(b.child) <= set(a.child)
+
+
+def separating_pin(first: Sequence[str], second: Sequence[str]) -> str | None:
+    """The pin whose experiment tells two causes apart: it pins one cause's source and not the other's."""
+    for name in [*first, *second]:
+        if name in PINS and any(covers(name, p) for p in first) != any(covers(name, p) for p in second):
+            return name
+    return None
 
 
 # -- stored experiments ---------------------------------------------------------------------------
@@ -116,7 +171,11 @@ def apply_saved(report: Report, run_dir: Path) -> None:
 
 
 def apply(causes: list[Cause], experiments: Sequence[Experiment], baseline_index: int) -> list[Cause]:
-    """Confirm, qualify or demote each cause by the experiments that pinned its sources; re-rank."""
+    """Confirm, qualify or demote each cause by the experiments that pinned its sources; re-rank.
+
+    Only repeats that agree with the pin in place confirm; a first divergence that merely moved is
+    reported, never counted (it moves by chance when, say, a loop's length depends on the clock).
+    """
     done = {e.pin: e for e in experiments if e.verdict in ("deterministic", "divergent")}
     refuted: set[int] = set()
     for i, cause in enumerate(causes):
@@ -125,19 +184,24 @@ def apply(causes: list[Cause], experiments: Sequence[Experiment], baseline_index
             if e is None:
                 continue
             if e.verdict == "deterministic":
-                cause.confidence = "confirmed"
-                cause.evidence.append(f"--explain: with {e.description} pinned alone, the repeats agree")
+                _confirm(cause, f"--explain: with {e.description} pinned alone, the repeats agree")
                 break
             moved = e.first_divergence_index is not None and 0 <= baseline_index < e.first_divergence_index
-            if moved:
-                cause.evidence.append(f"--explain: with {e.description} pinned, the first divergence moved from "
-                                      f"#{baseline_index} to #{e.first_divergence_index} ({e.note}): it explains "
-                                      "the first divergence, another source remains")
+            cause.evidence.append(f"--explain: with {e.description} pinned alone, the repeats still diverge"
+                                  + (f" (the first divergence moved from #{baseline_index} to "
+                                     f"#{e.first_divergence_index}, which is no evidence by itself)" if moved else ""))
+            if cause.confidence != "confirmed":
+                cause.confidence = "possible"
+                refuted.add(i)
+        separating = done.get(cause.separating_pin or "")
+        if separating is not None and cause.separating_pin not in cause.pins and cause.confidence != "confirmed":
+            if separating.verdict == "deterministic":  # the other cause of the toss-up explains it
+                refuted.add(i)
             else:
-                cause.evidence.append(f"--explain: with {e.description} pinned alone, the repeats still diverge")
-                if cause.confidence != "confirmed":
-                    cause.confidence = "possible"
-                    refuted.add(i)
+                cause.confidence = "likely"
+                cause.evidence.append(f"--explain: with {separating.description} pinned the repeats still diverge, "
+                                      "which rules out the other explanation: this one remains (not confirmed)")
+    _isolated(causes, experiments)
     everything = done.get(ALL)
     if everything is not None and everything.verdict == "divergent":
         line = "--explain: with every pin at once the repeats still diverge, which no pinnable source explains"
@@ -151,6 +215,29 @@ def apply(causes: list[Cause], experiments: Sequence[Experiment], baseline_index
                                 "divergent record"))
     ranked = sorted(range(len(causes)), key=lambda i: (causes[i].confidence != "confirmed", i in refuted, i))
     return [causes[i] for i in ranked]
+
+
+def _confirm(cause: Cause, line: str) -> None:
+    cause.confidence = "confirmed"
+    cause.basis = "experiment"
+    cause.evidence.append(line)
+
+
+def _isolated(causes: list[Cause], experiments: Sequence[Experiment]) -> None:
+    """A source the bisection isolated that no listed cause names: add it, confirmed by that experiment."""
+    found = [e for e in experiments if e.verdict == "deterministic" and e.pin != ALL]
+    sets = [set(e.pin.split(SEP)) for e in found]
+    for e, names_set in zip(found, sets):
+        if any(other < names_set for other in sets):
+            continue  # a smaller set also made the repeats agree: that one names the source
+        names = e.pin.split(SEP)
+        if any(set(names) & set(c.pins) for c in causes if c.confidence == "confirmed"):
+            continue
+        cause_id, summary, fix = PIN_CAUSES.get(names[0], PIN_CAUSES[ALL]) if len(names) == 1 else PIN_CAUSES[ALL]
+        cause = Cause(cause_id, "possible", summary, [], fix, names)
+        _confirm(cause, f"--explain: no recorded evidence pointed here, but with {e.description} pinned the repeats "
+                        "agree" + (", and with any of them alone they do not" if len(names) > 1 else ""))
+        causes.insert(0, cause)
 
 
 # -- running experiments ----------------------------------------------------------------------------
@@ -198,13 +285,29 @@ def _verdict(report: Report, baseline: Report) -> tuple[str, int | None, str]:
     return "divergent", first.index, f"still at #{first.index}: {where}"
 
 
+def cheap_pin(causes: Sequence[Cause]) -> str | None:
+    """The one inexpensive, decisive experiment for the top cause (or the toss-up at the top), if there is one."""
+    if not causes or causes[0].confidence == "confirmed":
+        return None
+    top = causes[0]
+    candidates = [top.separating_pin] if top.separating_pin else list(dict.fromkeys(top.pins))
+    return candidates[0] if len(candidates) == 1 and candidates[0] in CHEAP_PINS else None
+
+
+def bisection_pins(devices: Sequence[str]) -> list[str]:
+    """The pins a bisection splits: CUDA-only pins only when a repeat ran on a GPU."""
+    return [p for p in PINS if p not in CUDA_PINS or "cuda" in devices]
+
+
 def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bool = False,
                     repeats: int | None = None, jobs: int = 1,
                     on_done: Callable[[RepeatResult], None] | None = None,
-                    on_experiment: Callable[[Experiment], None] | None = None) -> Report:
+                    on_experiment: Callable[[Experiment], None] | None = None, cheap: bool = False) -> Report:
     """Run the experiments for a finished, divergent run and return its report with them applied.
 
     `repeats` per device and experiment defaults to the baseline's; `budget` bounds their total.
+    `cheap`: only the top cause's one inexpensive, decisive experiment (`cheap_pin`), with
+    CHEAP_REPEATS repeats: the default confirmation after a divergent `run`.
     """
     from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run
     from detaudit.compare import Tolerance
@@ -217,9 +320,8 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         raise UsageError(f"{run_dir}: a repeat timed out; --explain needs a run whose repeats all finished")
     record, _ = read_run(run_dir)
     stored = _load(run_dir)
-    tested = {e["pin"] for e in stored if e["verdict"] != "skipped"}
     # as many repeats per device as the baseline had: fewer would let chance agreement "confirm" a pin
-    repeats = repeats or max(MIN_REPEATS, int(record.get("repeats") or MIN_REPEATS))
+    repeats = CHEAP_REPEATS if cheap else repeats or max(MIN_REPEATS, int(record.get("repeats") or MIN_REPEATS))
     cwd = Path(record.get("cwd") or ".").resolve()
     script = Path(record["script"])
     base = AuditOptions(
@@ -232,9 +334,14 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
     )
     cost = repeats * len(base.devices)
     spent = 0
+    bisecting = False
 
     def run_pin(name: str) -> Experiment:
+        """One experiment; one already run (and not skipped) is reused, not run again."""
         nonlocal spent
+        done = next((e for e in stored if e["pin"] == name and e["verdict"] != "skipped"), None)
+        if done is not None:
+            return _experiment(done)
         pin = pin_of(name)
         stored[:] = [e for e in stored if e["pin"] != name]  # a pin skipped earlier, now run
         if spent + cost > budget:
@@ -242,6 +349,8 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
                                     f"over the budget of {budget} extra repeats")
             stored.append(asdict(experiment))
             _save(run_dir, stored)
+            if bisecting:
+                raise _OverBudget
             return experiment
         spent += cost
         options = replace(base, env={**record.get("env", {}), **pin.env}, child_config={"pins": list(pin.child)})
@@ -252,22 +361,52 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         experiment = Experiment(name, pin.description, verdict, index, note)
         stored.append({**asdict(experiment), "prefix": prefix, "results": [r.to_dict() for r in results]})
         _save(run_dir, stored)
+        if on_experiment is not None:
+            on_experiment(experiment)
         return experiment
 
-    confirmed = any(e["verdict"] == "deterministic" and e["pin"] != ALL for e in stored)
-    for name in plan(report.causes):
-        if confirmed and not explain_all:
-            break
-        if name in tested:
-            continue
-        experiment = run_pin(name)
-        if on_experiment is not None:
-            on_experiment(experiment)
-        confirmed = confirmed or experiment.verdict == "deterministic"
-    if (not confirmed or explain_all) and ALL not in tested:
-        experiment = run_pin(ALL)
-        if on_experiment is not None:
-            on_experiment(experiment)
+    def agrees(name: str) -> bool:
+        return run_pin(name).verdict == "deterministic"
+
+    if cheap:
+        name = cheap_pin(report.causes)
+        if name is not None:
+            run_pin(name)
+    else:
+        confirmed = any(e["verdict"] == "deterministic" and e["pin"] != ALL for e in stored)
+        for name in plan(report.causes):
+            if confirmed and not explain_all:
+                break
+            confirmed = agrees(name) or confirmed
+        if (not confirmed or explain_all) and agrees(ALL) and not confirmed:
+            bisecting = True
+            with contextlib.suppress(_OverBudget):  # the skipped experiment says so in the report
+                bisect(bisection_pins(base.devices), agrees)
     report = load_run(run_dir)
     write_json(report, run_dir / "report.json")
     return report
+
+
+class _OverBudget(Exception):
+    """The budget ran out in the middle of a bisection: stop it there."""
+
+
+def bisect(candidates: list[str], agrees: Callable[[str], bool]) -> list[str]:
+    """Every pin at once makes the repeats agree and no single candidate did: narrow the set down.
+
+    Halve while one half alone still makes the repeats agree; when neither half does (sources in
+    both), drop one pin at a time while the rest still agree. Returns the smallest set found (one
+    source, or a named pair or more); its experiment is recorded under the set's name.
+    """
+    while len(candidates) > 1:
+        half = len(candidates) // 2
+        part = next((p for p in (candidates[:half], candidates[half:]) if agrees(SEP.join(p))), None)
+        if part is None:
+            break
+        candidates = part
+    for name in list(candidates):
+        if len(candidates) > 1:
+            rest = [c for c in candidates if c != name]
+            if agrees(SEP.join(rest)):
+                candidates = rest
+    return candidates

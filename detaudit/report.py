@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from xml.etree import ElementTree as ET
 
 from detaudit import __version__
@@ -32,6 +32,11 @@ SCHEMA_VERSION = 1
 _XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
+# How strong the proof of a cause is, strongest first: it decides the ranking before the score does
+Basis = Literal["experiment", "op-records", "direct", "circumstantial"]
+BASES: tuple[Basis, ...] = ("experiment", "op-records", "direct", "circumstantial")
+
+
 @dataclass
 class Cause:
     """One explanation of the divergence (ids: docs/causes.md)."""
@@ -42,6 +47,8 @@ class Cause:
     evidence: list[str]
     fix: str
     pins: list[str] = field(default_factory=list)  # `--explain` pins that test it (docs/causes.md)
+    basis: Basis = "circumstantial"  # what it rests on: an experiment, op-level records, direct evidence, or less
+    separating_pin: str | None = None  # a toss-up with another cause: the one experiment that tells them apart
 
 
 @dataclass

@@ -4,6 +4,7 @@ otherwise."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -299,3 +300,49 @@ def test_every_detector_has_a_documented_id() -> None:
     doc = (Path(__file__).parents[1] / "docs" / "causes.md").read_text()
     for cause_id in causes.CAUSE_IDS:
         assert f"`{cause_id}`" in doc
+
+
+# -- strength of proof --------------------------------------------------------------------------------------
+def with_op_finding(ctx: Context, verdict: str) -> Context:
+    op = record("op", "aten.index_put.default")
+    ctx.divergence.op_finding = SimpleNamespace(  # type: ignore[assignment]
+        verdict=verdict, summary=f"{verdict}: inputs match in every repeat, output differs", record=op)
+    return ctx
+
+
+def test_a_constant_seed_with_a_differing_state_digest_is_never_varying_seed() -> None:
+    """The evidence `received 0 in repeat 0, 0 in repeat 1` contradicts the claim: not emitted."""
+    def seed(i: int) -> dict[str, Any]:
+        return {"type": "seed", "lib": "python", "fn": "random.seed", "value": 0, "loc": "a.py:1", "library": False,
+                "drawn_before": False, "state": f"digest-{i}"}
+
+    assert rng.varying_seed(context([[seed(0)], [seed(1)]])) is None
+    entropy = [{**seed(i), "value": None} for i in range(2)]  # random.seed(): OS entropy, the state differs
+    assert rng.varying_seed(context([[entropy[0]], [entropy[1]]])) is not None
+
+
+def test_op_level_proof_outranks_direct_evidence() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", python={"digest": f"p{i}", "drawn": False}),
+                {"type": "draw", "lib": "python", "fn": "random.shuffle", "loc": "a.py:5", "generator": "global"},
+                op_event()]
+
+    ctx = with_op_finding(context([events(0), events(1)], rec=record("grad", "table")), "nondeterministic-op")
+    found = causes.rank(ctx)
+    assert [c.id for c in found][:2] == ["nondeterministic-op", "unseeded-python-rng"]
+    assert found[0].basis == "op-records" and found[1].basis == "direct"
+
+
+def test_hash_order_and_identity_order_are_a_toss_up_with_the_experiment_named() -> None:
+    ctx = with_op_finding(context([[hash_event(1)], [hash_event(2)]]), "input-order")
+    found = causes.rank(ctx)
+    assert {c.id for c in found[:2]} == {"python-hash-seed", "object-order"}
+    for c in found[:2]:
+        assert c.confidence == "possible" and c.separating_pin == "hash-seed"
+        assert "cannot be told apart without an experiment" in c.evidence[-1]
+        assert "PYTHONHASHSEED=0" in c.evidence[-1]
+
+
+def test_circumstantial_causes_are_never_likely() -> None:
+    found = causes.rank(context([[hash_event(1)], [hash_event(2)]]))
+    assert all(c.confidence == "possible" and c.basis == "circumstantial" for c in found)

@@ -43,11 +43,80 @@ def test_a_pin_that_removes_the_divergence_confirms_and_ranks_first() -> None:
     assert "still diverge" in ranked[1].evidence[-1]
 
 
-def test_a_pin_that_moves_the_divergence_later_says_where() -> None:
-    causes = [cause("unseeded-torch-rng", ["torch-rng"])]
-    ranked = explain.apply(causes, [Experiment("torch-rng", "the torch RNG", "divergent", 40, "moved later")], 3)
-    assert ranked[0].confidence == "likely"
-    assert "from #3 to #40" in ranked[0].evidence[-1]
+def test_a_divergence_that_only_moved_is_no_evidence() -> None:
+    """A loop whose length depends on the clock moves the first divergence by chance: never a confirmation."""
+    causes = [cause("python-hash-seed", ["hash-seed"])]
+    ranked = explain.apply(causes, [Experiment("hash-seed", "the hash seed", "divergent", 40145, "moved later")],
+                           39516)
+    assert ranked[0].confidence == "possible" and ranked[0].basis != "experiment"
+    assert "from #39516 to #40145, which is no evidence by itself" in ranked[0].evidence[-1]
+    assert "explains" not in ranked[0].evidence[-1]
+
+
+def test_a_confirmed_cause_rests_on_the_experiment() -> None:
+    ranked = explain.apply([cause("unseeded-torch-rng", ["torch-rng"])],
+                           [Experiment("torch-rng", "the torch RNG", "deterministic", None)], 3)
+    assert ranked[0].confidence == "confirmed" and ranked[0].basis == "experiment"
+
+
+def test_separating_pin_pins_one_cause_and_not_the_other() -> None:
+    # address-layout also sets PYTHONHASHSEED=0: only the hash-seed experiment tells the two apart
+    assert explain.separating_pin(["hash-seed"], ["address-layout"]) == "hash-seed"
+    assert explain.separating_pin(["address-layout"], ["hash-seed"]) == "hash-seed"
+    assert explain.separating_pin(["deterministic"], ["deterministic"]) is None
+
+
+def test_plan_runs_the_separating_experiment_first() -> None:
+    a = cause("object-order", ["address-layout"], "possible")
+    b = cause("python-hash-seed", ["hash-seed"], "possible")
+    a.separating_pin = b.separating_pin = "hash-seed"
+    assert explain.plan([a, b]) == ["hash-seed", "address-layout"]
+    assert explain.cheap_pin([a, b]) == "hash-seed"
+
+
+@pytest.mark.parametrize("verdict, first", [("deterministic", "python-hash-seed"), ("divergent", "object-order")])
+def test_the_separating_experiment_settles_a_toss_up(verdict: str, first: str) -> None:
+    a = cause("python-hash-seed", ["hash-seed"], "possible")
+    b = cause("object-order", ["address-layout"], "possible")
+    a.separating_pin = b.separating_pin = "hash-seed"
+    ranked = explain.apply([a, b], [Experiment("hash-seed", "the hash seed", verdict, None)], 5)
+    assert ranked[0].id == first
+    assert ranked[0].confidence == ("confirmed" if verdict == "deterministic" else "likely")
+    assert ranked[1].confidence == "possible"
+
+
+def test_cheap_confirmation_only_for_one_cheap_decisive_pin() -> None:
+    assert explain.cheap_pin([cause("unseeded-numpy-rng", ["numpy-rng"])]) == "numpy-rng"
+    assert explain.cheap_pin([cause("nondeterministic-op", ["deterministic", "one-thread"])]) is None
+    assert explain.cheap_pin([cause("varying-seed", ["torch-rng", "numpy-rng"])]) is None
+    assert explain.cheap_pin([cause("unseeded-numpy-rng", ["numpy-rng"], "confirmed")]) is None
+    assert explain.cheap_pin([]) is None
+
+
+@pytest.mark.parametrize("sources, expected", [
+    ({"hash-seed"}, ["hash-seed"]),
+    ({"zero-empty"}, ["zero-empty"]),
+    ({"torch-rng", "one-thread"}, ["torch-rng", "one-thread"]),
+])
+def test_bisection_isolates_the_source(sources: set[str], expected: list[str]) -> None:
+    tried: list[str] = []
+
+    def agrees(name: str) -> bool:
+        tried.append(name)
+        return sources <= set(name.split(explain.SEP))
+
+    assert explain.bisect(explain.bisection_pins(["cpu"]), agrees) == expected
+    assert len(tried) <= 12
+    assert not any(p in explain.CUDA_PINS for name in tried for p in name.split(explain.SEP))
+
+
+def test_an_isolated_source_no_cause_named_is_added_confirmed() -> None:
+    experiments = [Experiment("all", "every source", "deterministic", None),
+                   Experiment("torch-rng+numpy-rng+python-rng+hash-seed", "four", "deterministic", None),
+                   Experiment("hash-seed", "the string hash seed", "deterministic", None)]
+    ranked = explain.apply([cause("concurrency", [])], experiments, 5)
+    assert ranked[0].id == "python-hash-seed" and ranked[0].confidence == "confirmed"
+    assert [c.id for c in ranked] == ["python-hash-seed", "concurrency"]
 
 
 def test_everything_pinned_still_diverging_is_evidence_for_order_causes() -> None:
@@ -122,7 +191,10 @@ def test_experiments_run_at_the_baselines_granularity_from_any_directory(
     report = explain.run_experiments(Path("../run"), budget=4)
     assert seen and all(granularity == "step" for granularity, _ in seen)
     assert all(out.is_absolute() and out == run_dir.resolve() for _, out in seen)
-    assert report.experiments and report.experiments[-1].verdict == "deterministic"
+    verdicts = {e.pin: e.verdict for e in report.experiments}
+    assert verdicts["all"] == "deterministic"
+    # the bisection that follows stops at the budget and says so
+    assert report.experiments[-1].verdict == "skipped" and "budget of 4" in report.experiments[-1].note
 
 
 def test_a_run_with_a_timed_out_repeat_is_not_explained(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from detaudit.compare import Divergence
 from detaudit.errors import TraceError
 from detaudit.launcher import RepeatResult
 from detaudit.recorder.evidence import WORKERS_SUFFIX
-from detaudit.report import Cause
+from detaudit.report import Basis, Cause
 from detaudit.trace import RecordStream
 
 LIKELY = 0.7  # a score at or above this is reported as "likely", below as "possible"
@@ -27,16 +27,18 @@ LIKELY = 0.7  # a score at or above this is reported as "likely", below as "poss
 
 @dataclass
 class Finding:
-    """A detector's verdict: the Cause and how well it explains the first divergence (0..1)."""
+    """A detector's verdict: the Cause and how well it explains the first divergence (0..1) on its basis."""
 
     cause: Cause
     score: float
 
 
 def finding(cause_id: str, score: float, summary: str, evidence: list[str], fix: str,
-            pins: Sequence[str] = ()) -> Finding:
-    confidence = "likely" if score >= LIKELY else "possible"
-    return Finding(Cause(cause_id, confidence, summary, evidence, fix, list(dict.fromkeys(pins))), score)
+            pins: Sequence[str] = (), basis: Basis = "circumstantial") -> Finding:
+    """`basis`: op-records (the op-level re-run proved it), direct (evidence recorded before the
+    divergence ties it to it), circumstantial (a source known to vary, not tied to the divergence)."""
+    confidence = "likely" if score >= LIKELY and basis != "circumstantial" else "possible"
+    return Finding(Cause(cause_id, confidence, summary, evidence, fix, list(dict.fromkeys(pins)), basis), score)
 
 
 @dataclass
@@ -80,8 +82,13 @@ def load(path: Path, index: int, device: str) -> RepeatEvidence:
                 rep.worker_events.append(event)
     # workers append to the side file as they are scheduled: one worker's events together, in its own
     # order, so the k-th event of a kind means the same thing in every repeat
-    rep.worker_events.sort(key=lambda e: (e.get("worker") if isinstance(e.get("worker"), int) else -1))
+    rep.worker_events.sort(key=_worker)
     return rep
+
+
+def _worker(event: dict[str, Any]) -> int:
+    worker = event.get("worker")
+    return worker if isinstance(worker, int) else -1
 
 
 class Context:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
+from detaudit.report import Basis
 from detaudit.trace import RecordStream
 
 CUBLAS_OK = (":4096:8", ":16:8")
@@ -63,7 +64,8 @@ def nondeterministic_op(ctx: Context) -> Finding | None:
     if cpu:
         fix += "; on CPU, `torch.set_num_threads(1)` also removes it"
     return finding("nondeterministic-op", score, f"{name} accumulates in thread or atomic order, which changes "
-                   "from run to run", lines, fix, ["deterministic"] + (["one-thread"] if cpu else []))
+                   "from run to run", lines, fix, ["deterministic"] + (["one-thread"] if cpu else []),
+                   "op-records" if kernel else "direct")
 
 
 def cudnn_benchmark(ctx: Context) -> Finding | None:
@@ -83,7 +85,7 @@ def cudnn_benchmark(ctx: Context) -> Finding | None:
     fix = "set `torch.backends.cudnn.benchmark = False` and `torch.backends.cudnn.deterministic = True` before " \
           "the first forward"
     return finding("cudnn-benchmark", score, "cuDNN autotuning (benchmark mode) picks convolution algorithms "
-                   "per run", lines, fix, ["cudnn"])
+                   "per run", lines, fix, ["cudnn"], "direct")
 
 
 def cublas_workspace(ctx: Context) -> Finding | None:
@@ -133,7 +135,7 @@ def tf32(ctx: Context) -> Finding | None:
     fix = "set `torch.backends.cuda.matmul.allow_tf32 = False` and `torch.backends.cudnn.allow_tf32 = False` (or " \
           "`torch.set_float32_matmul_precision('highest')`) before comparing devices"
     return finding("tf32", 0.85, "TF32 device numerics differ from float32 on the other device", lines, fix,
-                   ["tf32-off"])
+                   ["tf32-off"], "direct")
 
 
 def thread_count(ctx: Context) -> Finding | None:
@@ -163,7 +165,8 @@ def thread_count(ctx: Context) -> Finding | None:
     fix = f"use a constant thread count: `torch.set_num_threads(4)`{where} (or OMP_NUM_THREADS=4); reductions " \
           "are summed in per-thread chunks, so another count gives other bits"
     return finding("thread-count", 0.85 if before else 0.6, "the number of threads differs between runs, and "
-                   "reductions split their work by it", lines, fix, ["one-thread"])
+                   "reductions split their work by it", lines, fix, ["one-thread"],
+                   "direct" if before else "circumstantial")
 
 
 def _record_digests(ctx: Context) -> dict[int, str]:
@@ -203,15 +206,16 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
              f"contents in each repeat ({ctx.pair_text([x.get('digest') for x in v], lambda d: d[:8])})"
              for v in varying[:3]]
     score = 0.5  # varying garbage is common and often overwritten before use: corroboration raises it
+    basis: Basis = "circumstantial"
     record_digests = _record_digests(ctx) if varying else {}
     for v in varying:
         if all(record_digests.get(x_rep.index) == x.get("digest") for x, x_rep in zip(v, ctx.involved)):
             lines.append(f"the tensor {v[0]['fn']} returned at {v[0].get('loc')} reached {ctx.where()} unchanged")
-            score = 0.95
+            score, basis = 0.95, "direct"
             break
     if uninit_op:
         lines.append(f"op-level records: {found.summary}")
-        score = 0.95
+        score, basis = 0.95, "op-records"
     lines.append(f"first divergence: {ctx.where()}")
     if varying:
         fn, loc = varying[0][0]["fn"], varying[0][0].get("loc")
@@ -220,7 +224,7 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
     else:
         fix = f"use `torch.zeros` instead of `torch.empty` where {found.record.location or 'it'} reads the memory"
     return finding("uninitialized-memory", score, "a tensor from torch.empty (or kin) is read before every "
-                   "element is written: its leftover contents differ per run", lines, fix, ["zero-empty"])
+                   "element is written: its leftover contents differ per run", lines, fix, ["zero-empty"], basis)
 
 
 def environment(ctx: Context) -> Finding | None:
@@ -252,4 +256,4 @@ def environment(ctx: Context) -> Finding | None:
     fix = "compare runs made with the same library versions and hardware (pin versions in a lockfile, note the GPU " \
           "model), or compare across them within a tolerance (`--atol`/`--rtol`)"
     return finding("environment", 0.9 if hardware else 0.6, "the compared repeats ran with different libraries, "
-                   "hardware or devices", lines, fix)
+                   "hardware or devices", lines, fix, basis="direct" if hardware else "circumstantial")
