@@ -280,6 +280,7 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         first.op_finding = op_source(run_dir, record, traces, devices)
     if report.first_divergence is not None:
         report.causes = causes.diagnose(report.first_divergence, traces, results)
+        report.inferred = [c.id for c in report.causes]
         if explained:
             explain.apply_saved(report, run_dir)
     return report

@@ -129,10 +129,13 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
               "first that confirms a cause.")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="With --explain: most extra repeats the experiments may run. [default: 12]")
+@click.option("--no-explain", is_flag=True, help="Do not run the default confirmation: when the top cause has "
+              "one cheap, decisive experiment (a pinned seed, PYTHONHASHSEED=0, address randomization off), a "
+              "divergent run re-runs the script twice with it to confirm the cause.")
 def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
         rtol: float, quiet: bool, ignore_stdout: bool, granularity: str, explain: bool, explain_all: bool,
-        budget: int | None) -> None:
+        budget: int | None, no_explain: bool) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT; arguments after `--` go to the script untouched:
@@ -141,6 +144,7 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     from detaudit.audit import AuditOptions, run_audit
     from detaudit.compare import Tolerance
     from detaudit.devices import own_device, resolve_devices
+    from detaudit.explain import cheap_pin
 
     options = AuditOptions(
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
@@ -157,8 +161,11 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
 
     with context:
         report = run_audit(options, on_done, on_narrow)
-    if (explain or explain_all) and report.verdict == "divergent" and not report.timed_out:
-        report = _explain(Path(report.run_dir), budget, explain_all, jobs, quiet)
+    if report.verdict == "divergent" and not report.timed_out:
+        if explain or explain_all:
+            report = _explain(Path(report.run_dir), budget, explain_all, jobs, quiet)
+        elif not no_explain and cheap_pin(report.causes) is not None:
+            report = _explain(Path(report.run_dir), None, False, jobs, quiet, cheap=True)
     _finish(report, json_path, junit_path, quiet)
 
 
@@ -172,7 +179,7 @@ def report(run_dir: Path, json_path: Path | None, junit_path: Path | None, quiet
     _finish(load_run(run_dir), json_path, junit_path, quiet)
 
 
-def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool) -> Any:
+def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool, cheap: bool = False) -> Any:
     from detaudit.explain import DEFAULT_BUDGET, run_experiments
 
     def line(experiment: Any) -> None:
@@ -181,8 +188,9 @@ def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, qu
                               + (f" ({escape(experiment.note)})" if experiment.note else ""))
 
     if not quiet:
-        err_console.print("explain: re-running with one source of nondeterminism pinned at a time")
-    return run_experiments(run_dir, budget or DEFAULT_BUDGET, explain_all, jobs=jobs, on_experiment=line)
+        err_console.print("explain: confirming the top cause with its one cheap experiment (--no-explain skips it)"
+                          if cheap else "explain: re-running with one source of nondeterminism pinned at a time")
+    return run_experiments(run_dir, budget or DEFAULT_BUDGET, explain_all, jobs=jobs, on_experiment=line, cheap=cheap)
 
 
 @cli.command(epilog=EXIT_CODES_HELP)

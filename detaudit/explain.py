@@ -333,6 +333,7 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         ignore_stdout=bool(record.get("ignore_stdout")),
     )
     cost = repeats * len(base.devices)
+    budget = cost if cheap else budget  # the default confirmation: one experiment, whatever --budget says
     spent = 0
     bisecting = False
 

@@ -16,6 +16,8 @@ from detaudit.report import Report, divergence_to_dict
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
                   "timeout": "bold red"}
 MAX_SPREAD_ROWS = 12
+BASIS_TEXT = {"experiment": "experiment", "op-records": "op-level records", "direct": "direct evidence",
+              "circumstantial": "circumstantial"}
 
 
 def _fmt(x: Any) -> str:
@@ -164,9 +166,15 @@ def spread_table(report: Report) -> Table | None:
 def causes_block(report: Report) -> Group | None:
     if not report.causes:
         return None
-    parts: list[Any] = [Text("Likely causes", style="bold")]
+    confirmed = [c.id for c in report.causes if c.confidence == "confirmed"]
+    inferred = [c.id for c in report.causes if c.confidence != "confirmed"]
+    title = Text("Likely causes", style="bold")
+    title.append(f" — confirmed by experiment: {', '.join(confirmed) or 'none'}; inferred from the evidence: "
+                 f"{', '.join(inferred) or 'none'}", style="")
+    parts: list[Any] = [title]
     for i, cause in enumerate(report.causes, 1):
-        head = Text(f"{i}. [{cause.confidence}] ", style="bold magenta" if cause.confidence == "confirmed" else "bold")
+        head = Text(f"{i}. [{cause.confidence} · {BASIS_TEXT[cause.basis]}] ",
+                    style="bold magenta" if cause.confidence == "confirmed" else "bold")
         head.append(f"{cause.id}: ", style="bold")
         head.append(cause.summary)
         parts.append(head)

@@ -76,6 +76,7 @@ class Report:
     failure: str = ""  # the script's own error when it failed in every repeat
     repeat_errors: dict[int, str] = field(default_factory=dict)  # stderr tail of each repeat that failed
     bitwise: bool = True  # False: recordings compared within a tolerance (detaudit compare --atol/--rtol)
+    inferred: list[str] = field(default_factory=list)  # cause ids as ranked from the evidence, before experiments
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -188,6 +189,7 @@ def to_dict(report: Report) -> dict[str, Any]:
             ],
         },
         "causes": [asdict(c) for c in report.causes],
+        "inferred_ranking": report.inferred,
         "experiments": [asdict(e) for e in report.experiments],
         "runs": [
             {
