@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit import __version__, causes, explain
+from detaudit import __version__, causes, explain, match
 from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
@@ -46,6 +46,7 @@ class AuditOptions:
     child_config: dict[str, Any] = field(default_factory=dict)
     own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
     ignore_stdout: bool = False  # --ignore-stdout: a script that prints timings is not divergent for it
+    self_check: bool = False  # --self-check: one extra repeat with a one-ULP change, which must be seen
 
 
 def new_run_dir(script: Path, out_dir: Path | None) -> Path:
@@ -121,8 +122,27 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         record["narrowing"] = {"window": window, "prefix": OPS_PREFIX, "results": [r.to_dict() for r in ops_results]}
         _write_record(run_dir, record)
         report = analyse(run_dir, record, results)
+    if options.self_check and report.verdict == "deterministic":
+        record["self_check"] = self_check(options, run_dir, results[0])
+        _write_record(run_dir, record)
+        report = analyse(run_dir, record, results)
     write_json(report, run_dir / "report.json")
     return report
+
+
+def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) -> dict[str, Any] | None:
+    """The negative control: one more repeat with a one-ULP change at a chosen record (detaudit/match.py)."""
+    chosen = match.choose_record(run_dir / reference.trace)
+    if chosen is None:
+        return None
+    perturbed = replace(options, repeats=1, devices=[reference.device],
+                        granularity="module" if options.granularity == "auto" else options.granularity,
+                        child_config={**options.child_config, "perturb_record": chosen[0]})
+    [result] = execute(perturbed, run_dir, prefix=match.SELF_CHECK_PREFIX)
+    if result.exit_code != reference.exit_code or not (run_dir / result.trace).is_file():
+        return {"record": chosen[0], "step": chosen[1], "name": chosen[2], "detected_at": None}
+    found = match.detect(run_dir / reference.trace, run_dir / result.trace, chosen, options.tolerance, True)
+    return asdict(found)
 
 
 def op_window(report: Report) -> list[int] | None:
@@ -283,6 +303,12 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         report.inferred = [c.id for c in report.causes]
         if explained:
             explain.apply_saved(report, run_dir)
+    if traces and traces[0].is_file():
+        report.match = match.describe_match(
+            traces[0], comparison, bitwise=bitwise, tolerance=tolerance, devices=[r.device for r in results],
+            granularity=str(record.get("granularity") or RecordStream(traces[0]).header.get("granularity", "?")),
+            stdout_compared=not record.get("ignore_stdout") and all(r.stdout_digest for r in results),
+            self_check=match.self_check_from(record.get("self_check")))
     return report
 
 

@@ -129,13 +129,16 @@ def _progress_runner(quiet: bool, total: int) -> tuple[Any, Any]:
               "first that confirms a cause.")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="With --explain: most extra repeats the experiments may run. [default: 12]")
+@click.option("--self-check", is_flag=True, help="If the repeats agree, run one more with a one-ULP change injected "
+              "into one recorded tensor, which must be reported at exactly that record: proof the audit could have "
+              "seen a difference.")
 @click.option("--no-explain", is_flag=True, help="Do not run the default confirmation: when the top cause has "
               "one cheap, decisive experiment (a pinned seed, PYTHONHASHSEED=0, address randomization off), a "
               "divergent run re-runs the script twice with it to confirm the cause.")
 def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
         rtol: float, quiet: bool, ignore_stdout: bool, granularity: str, explain: bool, explain_all: bool,
-        budget: int | None, no_explain: bool) -> None:
+        budget: int | None, no_explain: bool, self_check: bool) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT; arguments after `--` go to the script untouched:
@@ -149,7 +152,7 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     options = AuditOptions(
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
-        own_device=own_device(devices), ignore_stdout=ignore_stdout,
+        own_device=own_device(devices), ignore_stdout=ignore_stdout, self_check=self_check,
     )
     context, on_done = _progress_runner(quiet, repeats * len(options.devices))
 

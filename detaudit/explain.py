@@ -35,7 +35,7 @@ DEFAULT_BUDGET = 12
 CHEAP_REPEATS = 2  # the default confirmation: one experiment of 2 repeats (a source that varies every run)
 # experiments that are cheap and decisive in 2 repeats: the source differs in every run when unpinned
 CHEAP_PINS = ("torch-rng", "numpy-rng", "python-rng", "hash-seed", "address-layout")
-CUDA_PINS = ("cudnn", "cublas", "tf32-off")
+CUDA_PINS = ("cudnn", "cublas", "tf32-off", "nccl")
 MIN_REPEATS = 2
 ORDER_CAUSES = ("concurrency", "object-order", "unknown")
 SEP = "+"  # experiment names for a set of pins: `hash-seed+one-thread`
@@ -67,6 +67,8 @@ PINS: dict[str, Pin] = {p.name: p for p in (
     Pin("cublas", "cuBLAS (CUBLAS_WORKSPACE_CONFIG=:4096:8)", env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}),
     Pin("tf32-off", "float32 precision (TF32 off)", child=("tf32-off",)),
     Pin("zero-empty", "uninitialized memory (torch.empty and kin return zeros)", child=("zero-empty",)),
+    Pin("nccl", "NCCL's algorithm and protocol (NCCL_ALGO=Ring, NCCL_PROTO=Simple, NCCL_NVLS_ENABLE=0)",
+        env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_NVLS_ENABLE": "0"}),
 )}
 
 
@@ -93,6 +95,8 @@ PIN_CAUSES: dict[str, tuple[str, str, str]] = {
     "tf32-off": ("tf32", "TF32 precision", "turn TF32 off (`torch.set_float32_matmul_precision('highest')`)"),
     "zero-empty": ("uninitialized-memory", "memory read before it is written", "use `torch.zeros` instead of "
                    "`torch.empty`"),
+    "nccl": ("collective-algorithm", "NCCL's reduction algorithm or protocol varies",
+             "set `NCCL_ALGO=Ring NCCL_PROTO=Simple NCCL_NVLS_ENABLE=0` on every rank and run"),
     ALL: ("unknown", "several sources together: only pinning them all at once makes the repeats agree",
           "pin each of the named sources (see docs/causes.md for each pin's fix)"),
 }

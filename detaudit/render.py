@@ -195,6 +195,31 @@ def experiments_table(report: Report) -> Table | None:
     return table
 
 
+def match_block(report: Report) -> Group | None:
+    """What a deterministic verdict rests on, and what it could not have seen."""
+    m = report.match
+    if m is None or report.verdict not in ("deterministic", "timeout"):
+        return None
+    kinds = ", ".join(f"{n} {kind}" for kind, n in m.records_by_kind.items()) or "no records"
+    how = m.comparison + (f" (atol {m.tolerance['atol']:g}, rtol {m.tolerance['rtol']:g})" if m.tolerance else "")
+    parts: list[Any] = [Text("What the verdict rests on", style="bold"),
+                        Text(f"   compared: {kinds} — {how}, {m.granularity} granularity, {m.steps_covered} "
+                             f"optimizer steps; exit status compared; stdout "
+                             f"{'compared' if m.stdout_compared else 'not compared'}")]
+    parts += [Text(f"   not observed: {line}") for line in m.not_observed]
+    check = m.self_check
+    if check is not None:
+        if check.passed:
+            parts.append(Text(f"   self-check passed: a one-ULP change injected at record #{check.record} "
+                              f"({check.name}, step {check.step}) was reported at exactly that record",
+                              style="green"))
+        else:
+            seen = "not at all" if check.detected_at is None else f"at record #{check.detected_at}"
+            parts.append(Text(f"   self-check FAILED: a one-ULP change injected at record #{check.record} "
+                              f"({check.name}) was seen {seen}: do not trust this verdict", style="bold red"))
+    return Group(*parts)
+
+
 def render(report: Report, console: Console) -> None:
     console.print(verdict_line(report))
     console.print(runs_table(report))
@@ -206,8 +231,8 @@ def render(report: Report, console: Console) -> None:
             code = report.runs[index].exit_code
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
                                 title=f"Repeat {index} ended differently (exit {code}): its stderr"))
-    for block in (divergence_panel(report), op_panel(report), spread_table(report), causes_block(report),
-                  experiments_table(report)):
+    for block in (match_block(report), divergence_panel(report), op_panel(report), spread_table(report),
+                  causes_block(report), experiments_table(report)):
         if block is not None:
             console.print(block)
     console.print(Text(f"run directory: {report.run_dir}", style="dim"))

@@ -24,6 +24,7 @@ from detaudit.errors import (
 from detaudit.launcher import RepeatResult
 
 if TYPE_CHECKING:
+    from detaudit.match import Match
     from detaudit.oprules import OpFinding
 
 SCHEMA_NAME = "detaudit-report"
@@ -77,6 +78,7 @@ class Report:
     repeat_errors: dict[int, str] = field(default_factory=dict)  # stderr tail of each repeat that failed
     bitwise: bool = True  # False: recordings compared within a tolerance (detaudit compare --atol/--rtol)
     inferred: list[str] = field(default_factory=list)  # cause ids as ranked from the evidence, before experiments
+    match: Match | None = None  # what the verdict rests on (detaudit/match.py)
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -203,7 +205,17 @@ def to_dict(report: Report) -> dict[str, Any]:
         ],
         "failure": report.failure or None,
         "environment": report.environment,
+        "match": match_to_dict(report.match),
     }
+
+
+def match_to_dict(m: Match | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    data = asdict(m)
+    if m.self_check is not None:
+        data["self_check"]["passed"] = m.self_check.passed
+    return data
 
 
 def write_json(report: Report, path: Path) -> None:

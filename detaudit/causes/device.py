@@ -231,7 +231,7 @@ def environment(ctx: Context) -> Finding | None:
     envs = [r.first("environment") for r in ctx.involved]
     if any(e is None for e in envs):
         return None
-    lines = []
+    lines: list[str] = []
     for key in ENV_KEYS:
         values = [e.get(key) for e in envs if e is not None]
         if ctx.differs(values):
@@ -242,10 +242,13 @@ def environment(ctx: Context) -> Finding | None:
         values = [v.get(key) for v in variables]
         if ctx.differs(values):
             lines.append(f"{key}: {ctx.pair_text(values)}")
-    gpus = [next((s.get("gpu") for s in r.states() if s.get("gpu")), None) for r in ctx.involved]
+    gpus = _gpus(ctx)
     if ctx.differs(gpus):
         lines.append(f"GPU: {ctx.pair_text(gpus)}")
-    hardware = bool(lines)
+    gits = [e.get("git") for e in envs if e is not None]
+    if ctx.differs(gits):
+        lines.append(f"code: {ctx.pair_text(gits, _git_text)} (another commit or uncommitted changes)")
+    changed = bool(lines)
     devices = [device_of(r) for r in ctx.involved]
     if ctx.differs(devices):
         lines.append(f"device: {ctx.pair_text(devices)} (kernels differ between devices; compared within "
@@ -253,7 +256,41 @@ def environment(ctx: Context) -> Finding | None:
     if not lines:
         return None
     lines.append(f"first divergence: {ctx.where()}")
-    fix = "compare runs made with the same library versions and hardware (pin versions in a lockfile, note the GPU " \
-          "model), or compare across them within a tolerance (`--atol`/`--rtol`)"
-    return finding("environment", 0.9 if hardware else 0.6, "the compared repeats ran with different libraries, "
-                   "hardware or devices", lines, fix, basis="direct" if hardware else "circumstantial")
+    if changed:
+        fields = ", ".join(line.split(":", 1)[0] for line in lines[:-1])
+        fix = ("compare recordings made with the same code, library versions and hardware (pin versions in a "
+               "lockfile, note the GPU model), or compare across them within a tolerance (`--atol`/`--rtol`)")
+        return finding("environment-change", 0.9, f"the environment changed between the recordings ({fields}): a "
+                       "difference between setups, not run-to-run nondeterminism", lines, fix, basis="direct")
+    fix = "compare across devices within a tolerance (`--atol`/`--rtol`), or on one device bit for bit"
+    return finding("environment", 0.6, "the compared repeats ran on different devices", lines, fix,
+                   basis="circumstantial")
+
+
+def _gpus(ctx: Context) -> list[Any]:
+    return [next((s.get("gpu") for s in r.states() if s.get("gpu")), None) for r in ctx.involved]
+
+
+def _git_text(git: Any) -> str:
+    if not isinstance(git, dict):
+        return "no git commit"
+    return str(git.get("commit", "?"))[:12] + (" (dirty)" if git.get("dirty") else "")
+
+
+def device_rng_geometry(ctx: Context) -> Finding | None:
+    """Seeded CUDA random ops give other numbers on another GPU model: Philox offsets follow the launch
+    geometry (pytorch issues #196613, #194676), so the same seed is not the same stream across models."""
+    gpus = _gpus(ctx)
+    if None in gpus or not ctx.differs(gpus):
+        return None
+    draws = [e for e in ctx.ref.of("draw") if e.get("lib") == "torch" and e.get("device") == "cuda"
+             and ctx.precedes(e)]
+    if not draws:
+        return None
+    lines = [f"GPU: {ctx.pair_text(gpus)}"]
+    lines += [f"{e['fn']} at {e.get('loc')} drew on cuda ({e.get('generator')} generator)" for e in draws[:3]]
+    lines.append(f"first divergence: {ctx.where()}")
+    fix = (f"draw on the CPU with a seeded generator and move the result (`torch.randn(..., device='cpu', "
+           f"generator=g).to('cuda')`) at {draws[0].get('loc')}: CPU streams do not depend on the GPU model")
+    return finding("device-rng-geometry", 0.92, "a seeded random op on the GPU gives other numbers on another GPU "
+                   "model", lines, fix, basis="direct")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import difflib
 import functools
 import inspect
 import json
@@ -53,7 +54,8 @@ ENV_ALLOW = (
     "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
     "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "PYTORCH_CUDA_ALLOC_CONF",
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS", "OMP_DYNAMIC", "OMP_PROC_BIND", "OMP_PLACES", "MKL_DYNAMIC", "MKL_CBWR",
+    "NUMEXPR_NUM_THREADS", "NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE",
+    "OMP_DYNAMIC", "OMP_PROC_BIND", "OMP_PLACES", "MKL_DYNAMIC", "MKL_CBWR",
     "KMP_AFFINITY", "KMP_BLOCKTIME", "KMP_DETERMINISTIC_REDUCTION",
 )
 TORCH_DRAWS = ("rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "rand_like",
@@ -64,6 +66,15 @@ NUMPY_DRAWS = ("random", "rand", "randn", "randint", "random_sample", "normal", 
 PYTHON_DRAWS = ("random", "uniform", "randint", "randrange", "choice", "choices", "shuffle", "sample", "gauss",
                 "normalvariate", "getrandbits", "betavariate", "expovariate")
 EMPTY_FUNCTIONS = ("empty", "empty_like", "empty_strided")
+FLAG_SETTERS = ("use_deterministic_algorithms", "set_float32_matmul_precision")
+# flag attributes of torch.backends.cudnn / torch.backends.cuda.matmul: assignments are recorded with their
+# call site; any other public name assigned there is a typo torch silently keeps (flag-typo)
+MODULE_FLAGS = {"torch.backends.cudnn": ("benchmark", "deterministic", "enabled", "allow_tf32"),
+                "torch.backends.cuda.matmul": ("allow_tf32", "allow_fp16_reduced_precision_reduction",
+                                               "allow_bf16_reduced_precision_reduction")}
+COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce", "all_gather",
+               "reduce_scatter")
+MAX_FLAG_EVENTS = 64
 # positional index of condition arguments, counting `self` for Tensor methods (same for torch.X(input, ...))
 _POSITIONAL = {"indexput": {"accumulate": 3}, "put": {"accumulate": 3}, "scatterreduce": {"reduce": 4},
                "embeddingbag": {"mode": 4}}
@@ -115,6 +126,7 @@ class Evidence:
         self.walks = 0
         self._stepped = False
         self.empty_events = 0
+        self.flag_events = 0
         self.op_entries: dict[str, list[oplist.OpEntry]] = {}
         self._library = _library_prefixes()
         self._side_fd: int | None = None
@@ -271,6 +283,9 @@ class Evidence:
             self._wrap_empty(torch, name, f"torch.{name}")
         self._wrap_empty(torch.Tensor, "new_empty", "Tensor.new_empty")
         self._wrap_call_site(torch, "set_num_threads", "torch.set_num_threads")
+        self._wrap_flags(torch)
+        if torch.distributed.is_available():
+            self._wrap_collectives(torch.distributed)
         self._wrap_listed_ops(torch)
         self._wrap_backward(torch.autograd)
         self._wrap_dataloader(torch.utils.data.DataLoader)
@@ -335,6 +350,17 @@ class Evidence:
 
     def device(self, t: Any) -> str:
         return self.device_as or t.device.type
+
+    def draw_device(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """Where a torch random op draws: its tensor's device, its `device=` argument, or the default."""
+        torch = self.torch
+        if args and isinstance(args[0], torch.Tensor):
+            return self.device(args[0])
+        requested = kwargs.get("device")
+        if requested is not None:
+            return self.device_as or torch.device(requested).type
+        default = getattr(torch, "get_default_device", None)
+        return self.device_as or (default().type if default is not None else "cpu")
 
     # -- flags and environment ------------------------------------------------------------------
     def flags(self) -> dict[str, Any]:
@@ -437,8 +463,11 @@ class Evidence:
                 ev.seen.add((label, caller.f_code, caller.f_lineno))
                 if label != "dropout" or (args[2] if len(args) > 2 else kwargs.get("training", True)):
                     explicit = kwargs.get("generator") is not None
-                    ev.emit({"type": "draw", "lib": lib, "fn": label, "loc": ev.where(caller),
-                             "generator": "explicit" if explicit else "global"})
+                    event = {"type": "draw", "lib": lib, "fn": label, "loc": ev.where(caller),
+                             "generator": "explicit" if explicit else "global"}
+                    if lib == "torch":
+                        event["device"] = ev.draw_device(args, kwargs)
+                    ev.emit(event)
                 else:
                     ev.seen.discard((label, caller.f_code, caller.f_lineno))
             return original(*args, **kwargs)
@@ -551,6 +580,95 @@ class Evidence:
                         self.emit({"type": "op", "op": node_name, "device": device, "entry": entry.text,
                                    "phase": "backward", "loc": loc, "threads": torch.get_num_threads(),
                                    "deterministic": torch.are_deterministic_algorithms_enabled()})
+
+    # -- determinism flags and collectives -----------------------------------------------------------
+    def site(self, frame: FrameType) -> str:
+        """The immediate caller's `file:line`, library code included (a framework resetting a flag)."""
+        return f"{location.display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+    def _own(self, frame: FrameType) -> bool:
+        """detaudit's own frames (a pin forcing a flag) are not the script's settings."""
+        return frame.f_code.co_filename.startswith(location._skip_prefixes)
+
+    def _flag_event(self, event: dict[str, Any], caller: FrameType) -> None:
+        if self._own(caller) or self.flag_events >= MAX_FLAG_EVENTS:
+            return
+        self.flag_events += 1
+        self.emit({**event, "loc": self.where(caller), "by": self.site(caller)})
+
+    def _wrap_flags(self, torch: ModuleType) -> None:
+        for name in FLAG_SETTERS:
+            self._wrap_flag_setter(torch, name)
+        self._watch_module(torch.backends.cudnn, "torch.backends.cudnn", "cudnn.")
+        self._watch_module(torch.backends.cuda.matmul, "torch.backends.cuda.matmul", "matmul.")
+
+    def _wrap_flag_setter(self, torch: ModuleType, name: str) -> None:
+        original = getattr(torch, name)
+        ev = self
+
+        @functools.wraps(original)
+        def setter(*args: Any, **kwargs: Any) -> Any:
+            value = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
+            ev._flag_event({"type": "flag", "flag": name, "value": value}, sys._getframe(1))
+            return original(*args, **kwargs)
+
+        replace(torch, name, setter)
+
+    def _watch_module(self, module: ModuleType, label: str, prefix: str) -> None:
+        """Record assignments to a torch.backends flag module (its class is torch's own, so patchable)."""
+        cls = type(module)
+        if cls is ModuleType:
+            return
+        flags = MODULE_FLAGS[label]
+        known = set(dir(module)) | set(flags)
+        original = cls.__setattr__
+        ev = self
+
+        def __setattr__(obj: Any, name: str, value: Any) -> None:
+            if obj is module:
+                caller = sys._getframe(1)
+                if name in flags:
+                    ev._flag_event({"type": "flag", "flag": prefix + name, "value": repr(value)}, caller)
+                elif name not in known and not name.startswith("_"):
+                    ev._flag_event({"type": "flag-typo", "module": label, "name": name, "value": _short(value),
+                                    "meant": next(iter(difflib.get_close_matches(name, flags, 1)), None)}, caller)
+            original(obj, name, value)
+
+        cls.__setattr__ = __setattr__  # type: ignore[method-assign]
+
+    def _wrap_collectives(self, dist: ModuleType) -> None:
+        """Runs that use collectives: the backend, and the first call of each collective per call site."""
+        init = dist.init_process_group
+        ev = self
+
+        @functools.wraps(init)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = init(*args, **kwargs)
+            caller = sys._getframe(1)
+            with _never_fatal():
+                ev.emit({"type": "collective", "what": "init_process_group", "backend": str(dist.get_backend()),
+                         "world_size": dist.get_world_size(), "loc": ev.where(caller)})
+            return result
+
+        replace(dist, "init_process_group", init_process_group)
+        for name in COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is not None:
+                self._wrap_collective(dist, name, original)
+
+    def _wrap_collective(self, dist: ModuleType, name: str, original: Callable[..., Any]) -> None:
+        ev = self
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1)
+            if ev.first_time("collective", name, caller.f_code, caller.f_lineno):
+                tensor = args[0] if args else None
+                ev.emit({"type": "collective", "what": name, "loc": ev.where(caller),
+                         "device": ev.device(tensor) if hasattr(tensor, "device") else None})
+            return original(*args, **kwargs)
+
+        replace(dist, name, collective)
 
     def _wrap_dataloader(self, loader_cls: type) -> None:
         original = loader_cls.__init__  # type: ignore[misc]
