@@ -5,6 +5,8 @@
                                         and refreshes benchmarks/RESULTS.md
     python benchmarks/run.py --quick    smoke run for CI (well under a minute); writes results/quick.json
     python benchmarks/run.py --no-write print the table only
+    python benchmarks/run.py --cuda     the same on a GPU: fingerprints against device memcpy, the workloads'
+                                        overhead on CUDA (add --quick for a smoke run); writes results/cuda*.json
 
 Every ratio compares two things measured in this run, on this machine, interleaved where
 possible, so machine load shifts both sides alike. Pass/fail is printed, never asserted.
@@ -13,6 +15,7 @@ possible, so machine load shifts both sides alike. Pass/fail is printed, never a
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -25,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +71,7 @@ class Sizes:
     auto_steps: int = 30
     compare_records: int = 1_000_000
     compare_repeats: int = 5
+    device: str = "cpu"  # where the workloads and fingerprints run (--cuda: "cuda")
 
 
 QUICK = Sizes(fp_sizes_mb=(8, 64), fp_rounds=3, small_calls=5000, workloads=("mlp",), steps=12,
@@ -132,6 +136,60 @@ def bench_fingerprint(sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
     return rows, raw
 
 
+def bench_fingerprint_cuda(sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
+    """DeviceReducer (on-device digest + samples) against a device-to-device copy_, interleaved.
+
+    Both sides are timed with CUDA events around the device work only; the digest's one host
+    transfer is paid once per optimizer step for all tensors, so it is timed separately (fixed cost)."""
+    import torch
+
+    from detaudit.fingerprint import DeviceReducer
+
+    reducer = DeviceReducer()
+    rows: list[Row] = []
+    raw: dict[str, Any] = {"device": torch.cuda.get_device_name()}
+
+    def timed(fn: Callable[[], Any]) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    for size_mb in sizes.fp_sizes_mb:
+        src = torch.randn(size_mb * MB // 4, device="cuda")
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        reducer.reduce(src)  # weights for this size are built once, outside the timing
+        copy_s, fp_s = [], []
+        for _ in range(sizes.fp_rounds):
+            copy_s.append(timed(functools.partial(dst.copy_, src)))
+            fp_s.append(timed(functools.partial(reducer.reduce, src)))
+        copy_gbs, fp_gbs = src.nbytes / median(copy_s) / 1e9, src.nbytes / median(fp_s) / 1e9
+        raw[f"fingerprint_{size_mb}mb"] = {"copy_s": copy_s, "fingerprint_s": fp_s}
+        rows.append(Row("1 fingerprint", f"CUDA fingerprint {size_mb} MB float32", "≥ 0.25× device memcpy",
+                        f"{fp_gbs:.0f} GB/s vs copy_ {copy_gbs:.0f} GB/s", fp_gbs / copy_gbs, fp_gbs / copy_gbs >= 0.25,
+                        "DeviceReducer.reduce (2 weighted int64 sums + 4 samples) vs copy_ (reads and writes "
+                        "each byte once), CUDA events, median"))
+        del src, dst
+    small = torch.randn(256, device="cuda")
+    reducer.reduce(small)
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(sizes.small_calls // 10):
+            reducer.reduce(small)
+        per_call.append((time.perf_counter() - start) / (sizes.small_calls // 10))
+        torch.cuda.synchronize()
+    us = median(per_call) * 1e6
+    raw["fingerprint_1kb_us"] = [p * 1e6 for p in per_call]
+    rows.append(Row("1 fingerprint", "CUDA fingerprint 1 KB tensor (host launch cost)", "≤ 100 µs", f"{us:.1f} µs",
+                    us / 100, us <= 100, "host time to enqueue one tensor's reduction (no sync)"))
+    return rows, raw
+
+
 # -- 2 and 5. instrumentation overhead and trace size ---------------------------------------------
 
 def granularities() -> list[str]:
@@ -156,21 +214,27 @@ class Timing:
     hook_share: float | None = None  # module granularity: median of (time in hooks / rest of the step)
 
 
-def run_workload(workload: str, granularity: str | None, steps: int, warmup: int, tmp: Path, tag: str) -> Timing:
+def workload_env(device: str) -> dict[str, str]:
+    """CPU workloads must not see a GPU (a `cuda` device in the audit would change what is measured)."""
+    return {**os.environ, "COLUMNS": "120", **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
+
+
+def run_workload(workload: str, granularity: str | None, steps: int, warmup: int, tmp: Path, tag: str,
+                 device: str = "cpu") -> Timing:
     """Run a workload once: plain python (granularity None) or as one detaudit repeat."""
     from detaudit.launcher import plan_repeats
     from detaudit.trace import RecordStream
 
     script = WORKLOADS / f"{workload}.py"
-    args = ["--steps", str(steps)]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    args = ["--steps", str(steps), "--device", device]
+    env = workload_env(device)
     trace = None
     if granularity is None:
         cmd = [sys.executable, str(script), *args]
     else:
         run_dir = tmp / tag
         run_dir.mkdir()
-        plan = plan_repeats(run_dir, 1, ["cpu"], granularity)[0]
+        plan = plan_repeats(run_dir, 1, [device], granularity)[0]
         trace = plan.trace
         config = run_dir / "config.json"
         config.write_text(json.dumps({**plan.child_config, "trace": str(trace)}))
@@ -236,7 +300,7 @@ def bench_overhead(sizes: Sizes, tmp: Path, hash_gbs: float | None) -> tuple[lis
             for config in configs:
                 label = config or "plain"
                 timing = run_workload(workload, config, sizes.steps, sizes.warmup_steps, tmp,
-                                      f"{workload}-{label}-{rnd}")
+                                      f"{workload}-{label}-{rnd}", sizes.device)
                 runs.setdefault((workload, label), []).append(timing)
                 load.append(os.getloadavg()[0])
     # This runner keeps about one CPU busy itself; much more means other work shares the cores and
@@ -324,11 +388,11 @@ def crash_readable(tmp: Path) -> Row:
 
 # -- 3. whole audit -----------------------------------------------------------------------------
 
-AUDIT_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "COLUMNS": "120"}
+AUDIT_ENV = workload_env("cpu")
 
 
 def timed_audit(script: str, args: list[str], repeats: int, out: Path, jobs: int = 1,
-                granularity: str | None = None) -> tuple[float, int]:
+                granularity: str | None = None, device: str = "cpu") -> tuple[float, int]:
     """Wall seconds and exit code of one `detaudit run`, as a user would type it (default granularity
     unless one is given)."""
     cmd = [sys.executable, "-m", "detaudit", "run", script, "--repeats", str(repeats), "--jobs", str(jobs),
@@ -336,7 +400,8 @@ def timed_audit(script: str, args: list[str], repeats: int, out: Path, jobs: int
     if granularity is not None:
         cmd += ["--granularity", granularity]
     start = time.perf_counter()
-    proc = subprocess.run([*cmd, "--", *args], env=AUDIT_ENV, capture_output=True, text=True)
+    proc = subprocess.run([*cmd, "--", *args, "--device", device], env=workload_env(device), capture_output=True,
+                          text=True)
     return time.perf_counter() - start, proc.returncode
 
 
@@ -394,7 +459,7 @@ def bench_auto(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
         for rnd in range(sizes.auto_rounds):
             for granularity in times:
                 seconds, code = timed_audit(script, args, n, tmp / f"auto-{workload}-{granularity}-{rnd}",
-                                            granularity=granularity)
+                                            granularity=granularity, device=sizes.device)
                 times[granularity].append(seconds)
                 codes.append(code)
         module, auto = median(times["module"]), median(times["auto"])
@@ -565,7 +630,7 @@ def run_suite(sizes: Sizes, sections: set[str], log: Callable[[str], None]) -> t
     raw: dict[str, Any] = {}
     tmp = Path(tempfile.mkdtemp(prefix="detaudit-bench-"))
     steps: list[tuple[str, Callable[[], tuple[list[Row], dict[str, Any]]]]] = [
-        ("fingerprint", lambda: bench_fingerprint(sizes)),
+        ("fingerprint", lambda: bench_fingerprint_cuda(sizes) if sizes.device == "cuda" else bench_fingerprint(sizes)),
         ("overhead", lambda: bench_overhead(sizes, tmp, raw.get("fingerprint", {}).get("hash_gbs"))),
         ("audit", lambda: bench_audit(sizes, tmp)),
         ("auto", lambda: bench_auto(sizes, tmp)),
@@ -582,7 +647,8 @@ def run_suite(sizes: Sizes, sections: set[str], log: Callable[[str], None]) -> t
             if name == "overhead":
                 rows.append(crash_readable(tmp))
             log(f"  {name} took {time.perf_counter() - start:.1f} s")
-        rows.append(cuda_row())
+        if sizes.device == "cpu":
+            rows.append(cuda_row())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     order = {s: i for i, s in enumerate(("1", "2", "3", "4", "5", "6"))}
@@ -596,10 +662,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print the table, write no files")
     parser.add_argument("--only", default="fingerprint,overhead,audit,auto,compare",
                         help="comma-separated sections to run")
+    parser.add_argument("--cuda", action="store_true",
+                        help="run on the GPU: fingerprint, overhead and auto sections, workloads on cuda")
     args = parser.parse_args(argv)
     import torch
 
     sizes = QUICK if args.quick else Sizes()
+    if args.cuda:
+        if not torch.cuda.is_available():
+            parser.error("--cuda: torch sees no CUDA device here")
+        sizes = replace(sizes, device="cuda", workloads=("cnn", "mlp", "transformer"), auto_workloads=("mlp",))
+        if args.only == parser.get_default("only"):
+            args.only = "fingerprint,overhead,auto"
     started = time.perf_counter()
     load_before = os.getloadavg()
     print(f"load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} on {os.cpu_count()} CPUs",
@@ -608,6 +682,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(), "cpus": os.cpu_count(),
         "python": platform.python_version(), "torch": torch.__version__, "quick": args.quick,
+        "device": torch.cuda.get_device_name() if args.cuda else "cpu",
+        "cuda": torch.version.cuda if args.cuda else None,
         "load_before": " ".join(f"{x:.2f}" for x in load_before),
         "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "duration_s": time.perf_counter() - started, "sizes": asdict(sizes),
@@ -618,10 +694,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{sum(r.passed is None for r in rows)} not judged; {meta['duration_s']:.0f} s", file=sys.stderr)
     if not args.no_write:
         RESULTS_DIR.mkdir(exist_ok=True)
-        out = RESULTS_DIR / ("quick.json" if args.quick else "latest.json")
+        out = RESULTS_DIR / (("cuda-" if args.cuda else "") + ("quick.json" if args.quick else "latest.json"))
         out.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows], "raw": raw}, indent=1))
         print(f"wrote {out}", file=sys.stderr)
-        if not args.quick and args.only == parser.get_default("only"):
+        if not args.quick and not args.cuda and args.only == parser.get_default("only"):
             md = HERE / "RESULTS.md"
             md.write_text(markdown(rows, meta, kept_notes(md)))
             print(f"wrote {md}", file=sys.stderr)

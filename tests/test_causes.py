@@ -243,6 +243,17 @@ def test_tf32_needs_two_devices_and_tf32_on_the_cuda_side() -> None:
     assert device.tf32(context([gpu, gpu])) is None  # the same device: TF32 rounds alike every run
 
 
+def test_tf32_on_against_off_on_the_same_gpu() -> None:
+    def gpu(allow: bool) -> list[dict[str, Any]]:
+        return [{"type": "environment", "device": "cuda"}, cuda_modules(False),
+                {"type": "state", "when": "first-forward", "rng": {}, "flags": flags(**{"matmul.allow_tf32": allow})}]
+
+    found = device.tf32(context([gpu(False), gpu(True)]))
+    assert found is not None and found.cause.id == "tf32"
+    assert "repeat 0: cudnn.allow_tf32; repeat 1: matmul.allow_tf32, cudnn.allow_tf32" in found.cause.evidence[0]
+    assert causes.rank(context([gpu(False), gpu(True)]))[0].id == "tf32"
+
+
 def test_thread_count_differs() -> None:
     def events(n: int) -> list[dict[str, Any]]:
         return [{"type": "state", "when": "first-forward", "rng": {}, "flags": flags(num_threads=n)},

@@ -199,3 +199,24 @@ def test_memory_reused_by_a_tensor_made_without_an_op_is_not_blank(tmp_path: Pat
     trace = rows(record(tmp_path / "t.trace", body))
     assert same_address == [True]
     assert [r for r in trace if r["flags"] & Flag.UNINIT] == []
+
+
+def test_device_path_at_op_granularity_resolves_without_recording_its_own_transfer(tmp_path: Path) -> None:
+    """Resolving pending device fingerprints stacks and copies them: those ops are detaudit's own
+    and must not be recorded while the pending list is being drained (found on an H100)."""
+    path = tmp_path / "t.trace"
+    rec = Recorder(TraceWriter(path, {"repeat": 0}), device_path_on_cpu=True)
+    ops = install(rec, {"granularity": "op"}, lambda: None)
+    try:
+        x = torch.randn(8, 4)
+        for _ in range(3):
+            x = (x @ torch.ones(4, 4)).relu()
+            rec.end_step()
+    finally:
+        assert ops is not None
+        ops.stop()
+    rec.close({"exit_code": 0})
+    trace = read_trace(path)
+    names = [trace.strings[r["name"]] for r in trace.records]
+    assert names and not any("stack" in n or "_to_copy" in n for n in names), names
+    assert (trace.records["flags"] & Flag.DEVICE).all()

@@ -21,6 +21,7 @@ def parse_args(description: str, default_steps: int = 60) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--steps", type=int, default=default_steps, help="training steps to run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (benchmarks/run.py --cuda)")
     parser.add_argument("--diverge-at", type=int, default=None, metavar="STEP",
                         help="nudge a weight by an unseeded random amount before this step: a run-to-run "
                              "divergence, to time detaudit's narrowing (--granularity auto)")
@@ -31,7 +32,10 @@ def parse_args(description: str, default_steps: int = 60) -> argparse.Namespace:
 
 def train_classifier(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
                      labels: torch.Tensor, args: argparse.Namespace) -> None:
-    """The workloads' shared loop: cross-entropy on batch `i % len(inputs)`, one optimizer step each."""
+    """The workloads' shared loop: cross-entropy on batch `i % len(inputs)`, one optimizer step each.
+
+    The model must already be on `args.device` (the optimizer holds its parameters); the data is moved here."""
+    inputs, labels = inputs.to(args.device), labels.to(args.device)
 
     def step(i: int) -> torch.Tensor:
         batch = i % len(inputs)
@@ -52,6 +56,8 @@ def train(step: Callable[[int], torch.Tensor], model: torch.nn.Module, args: arg
     """
     wall, cpu = [], []
     loss = torch.zeros(())
+    # on a GPU a step's kernels run after its Python returns: wait for them, or only launches are timed
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     for i in range(args.steps):
         if i == args.diverge_at:
             with torch.no_grad():
@@ -59,6 +65,7 @@ def train(step: Callable[[int], torch.Tensor], model: torch.nn.Module, args: arg
                 weight.view(-1)[0] += 1e-3 * (int.from_bytes(os.urandom(2), "little") + 1) / 65536
         start, start_cpu = time.perf_counter(), time.process_time()
         loss = step(i)
+        sync()
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     print(f"final loss {loss.item():.8f}")

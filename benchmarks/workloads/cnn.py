@@ -24,7 +24,7 @@ def main() -> None:
     args = parse_args(__doc__)
     images = torch.randn(8, 64, 3, 32, 32)
     labels = torch.randint(0, 10, (8, 64))
-    model = SmallCNN()
+    model = SmallCNN().to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     train_classifier(model, optimizer, images, labels, args)
 

@@ -21,7 +21,7 @@ def main() -> None:
     args = parse_args(__doc__)
     tokens = torch.randint(0, 1000, (8, 32, 32))
     labels = torch.randint(0, 10, (8, 32))
-    model = Encoder()
+    model = Encoder().to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     train_classifier(model, optimizer, tokens, labels, args)
 

@@ -113,19 +113,35 @@ def cublas_workspace(ctx: Context) -> Finding | None:
                    "reductions", lines, fix, ["cublas"])
 
 
+def _tf32_reasons(flags: dict[str, Any]) -> list[str]:
+    reasons = [k for k in ("matmul.allow_tf32", "cudnn.allow_tf32") if flags.get(k)]
+    if flags.get("float32_matmul_precision", "highest") != "highest":
+        reasons.append(f"float32_matmul_precision={flags['float32_matmul_precision']!r}")
+    return reasons
+
+
 def tf32(ctx: Context) -> Finding | None:
-    if len({device_of(r) for r in ctx.involved}) < 2:
-        return None  # TF32 rounds the same way every run: it only separates devices
+    """TF32 separates devices (a TF32 GPU against the CPU), or two recordings on a GPU made with
+    TF32 on in one and off in the other; within one setting it rounds the same way every run."""
+    on_cuda = [rep for rep in ctx.involved if device_of(rep) == "cuda" and _modules(rep).get("device") == "cuda"]
+    if not on_cuda:
+        return None
+    settings = {rep.index: next(((when, _tf32_reasons(f)) for when, f in reversed(_flags(ctx, rep))), None)
+                for rep in ctx.involved}
     lines = []
-    for rep in ctx.involved:
-        for when, f in _flags(ctx, rep):
-            reasons = [k for k in ("matmul.allow_tf32", "cudnn.allow_tf32") if f.get(k)]
-            if f.get("float32_matmul_precision", "highest") != "highest":
-                reasons.append(f"float32_matmul_precision={f['float32_matmul_precision']!r}")
-            if device_of(rep) == "cuda" and reasons and _modules(rep).get("device") == "cuda":
+    if len({device_of(r) for r in ctx.involved}) >= 2:
+        for rep in on_cuda:
+            when, reasons = settings[rep.index] or ("", [])
+            if reasons:
                 lines.append(f"repeat {rep.index} ran on cuda with {', '.join(reasons)} (at the {when}): TF32 "
                              "keeps 10 mantissa bits in matmuls and convolutions, the CPU keeps 23")
                 break
+    else:
+        known = {i: s[1] for i, s in settings.items() if s is not None}
+        if len({tuple(r) for r in known.values()}) > 1:
+            text = "; ".join(f"repeat {i}: {', '.join(r) or 'TF32 off'}" for i, r in known.items())
+            lines.append(f"the TF32 settings differ between the runs ({text}): TF32 keeps 10 mantissa bits in "
+                         "matmuls and convolutions, float32 keeps 23")
     if not lines:
         return None
     d = ctx.divergence
@@ -133,9 +149,9 @@ def tf32(ctx: Context) -> Finding | None:
         lines.append(f"max |diff| {d.max_abs_diff:.3g} against repeat {d.reference} ({device_of(ctx.ref)})")
     lines.append(f"first divergence: {ctx.where()}")
     fix = "set `torch.backends.cuda.matmul.allow_tf32 = False` and `torch.backends.cudnn.allow_tf32 = False` (or " \
-          "`torch.set_float32_matmul_precision('highest')`) before comparing devices"
-    return finding("tf32", 0.85, "TF32 device numerics differ from float32 on the other device", lines, fix,
-                   ["tf32-off"], "direct")
+          "`torch.set_float32_matmul_precision('highest')`) in every run you compare"
+    return finding("tf32", 0.85, "TF32 numerics differ from float32 in the other run", lines, fix, ["tf32-off"],
+                   "direct")
 
 
 def thread_count(ctx: Context) -> Finding | None:

@@ -167,7 +167,11 @@ class Recorder:
         waiting = [p for p in self._pending if len(p) == 4]
         values: list[list[float]] = []
         if waiting:
-            values = torch.stack([p[2] for p in waiting]).cpu().tolist()
+            self.internal += 1  # the stack and copy are detaudit's own ops: the op recorder must not add them
+            try:
+                values = torch.stack([p[2] for p in waiting]).cpu().tolist()
+            finally:
+                self.internal -= 1
         resolved = iter(values)
         assert self._reducer is not None or not waiting
         for item in self._pending:
