@@ -629,7 +629,7 @@ class Evidence:
                 caller = sys._getframe(1)
                 if name in flags:
                     ev._flag_event({"type": "flag", "flag": prefix + name, "value": repr(value)}, caller)
-                elif name not in known and not name.startswith("_"):
+                elif name not in known and not name.startswith("_") and not isinstance(value, ModuleType):
                     ev._flag_event({"type": "flag-typo", "module": label, "name": name, "value": _short(value),
                                     "meant": next(iter(difflib.get_close_matches(name, flags, 1)), None)}, caller)
             original(obj, name, value)
