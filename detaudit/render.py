@@ -46,6 +46,9 @@ def verdict_line(report: Report) -> Text:
         "failed": f": the script failed in every repeat ({n} repeats)",
         "timeout": f": repeat(s) {', '.join(map(str, late))} of {n} timed out",
     }[report.verdict]
+    if report.verdict == "divergent" and report.causes and report.causes[0].id == "environment-change":
+        extra = ": the environment changed between the recordings, which is not run-to-run nondeterminism " \
+                f"({report.causes[0].summary.split('(', 1)[-1].split(')', 1)[0]} differ)"
     text.append(extra + f" on {', '.join(devices)}")
     if report.verdict == "timeout":
         text.append(f"; the repeats agree on the {report.comparison.records_compared} records all of them made "
