@@ -247,8 +247,8 @@ def to_junit(report: Report) -> str:
                                           first["location"] or "") if x)
         failure = ET.SubElement(case, "failure", message=f"first divergence at record {first['index']}: {where}")
         failure.text = "\n".join(
-            [first["detail"] or ""] + [f"[{c['confidence']}] {c['id']}: {c['summary']}\nfix: {c['fix']}"
-                                       for c in data["causes"]]
+            [first["detail"] or ""] + [f"[{c['confidence']}, {c['basis']}] {c['id']}: {c['summary']}\n"
+                                       f"fix: {c['fix']}" for c in data["causes"]]
         )
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
