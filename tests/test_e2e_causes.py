@@ -120,8 +120,10 @@ def test_thread_count_between_recordings(tmp_path: Path, scripts: Path) -> None:
 
 
 def test_tf32_between_cpu_and_a_tf32_device(tmp_path: Path, scripts: Path) -> None:
+    # both on the CPU, one simulating a TF32 device (on a GPU machine the script would pick CUDA)
+    cpu = {"CUDA_VISIBLE_DEVICES": ""}
     result = compare_recordings(tmp_path, scripts / "train_fast_mlp.py",
-                                [{}, fault("torch.nn.functional.linear", "tf32")], "--atol", "1e-5")
+                                [cpu, {**cpu, **fault("torch.nn.functional.linear", "tf32")}], "--atol", "1e-5")
     assert result.returncode == 1 and result.report is not None
     assert [c["id"] for c in result.report["causes"]][:2] == ["tf32", "environment"]
 

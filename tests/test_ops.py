@@ -202,8 +202,8 @@ def test_memory_reused_by_a_tensor_made_without_an_op_is_not_blank(tmp_path: Pat
 
 
 def test_device_path_at_op_granularity_resolves_without_recording_its_own_transfer(tmp_path: Path) -> None:
-    """Resolving pending device fingerprints stacks and copies them: those ops are detaudit's own
-    and must not be recorded while the pending list is being drained (found on an H100)."""
+    """On the device path, op records know their inputs' digests (needed to prove an op is the source),
+    and detaudit's own transfer ops are never recorded (both found on an H100)."""
     path = tmp_path / "t.trace"
     rec = Recorder(TraceWriter(path, {"repeat": 0}), device_path_on_cpu=True)
     ops = install(rec, {"granularity": "op"}, lambda: None)
@@ -220,3 +220,5 @@ def test_device_path_at_op_granularity_resolves_without_recording_its_own_transf
     names = [trace.strings[r["name"]] for r in trace.records]
     assert names and not any("stack" in n or "_to_copy" in n for n in names), names
     assert (trace.records["flags"] & Flag.DEVICE).all()
+    # inside the op window accelerator digests are taken at once, so every op's inputs are known
+    assert (trace.records["in_ordered"] != 0).all()

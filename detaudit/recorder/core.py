@@ -54,6 +54,11 @@ class Recorder:
         self.digest_caches: list[dict[Any, Any]] = [self._cache]  # cleared together (ops.py adds its own)
         self._pending: list[Any] = []  # rows waiting for device fingerprints, in record order
         self._reducer: DeviceReducer | None = None
+        # True while the op recorder's window is open: accelerator tensors are fingerprinted at once
+        # (one sync each) instead of at the step's end, so each op's input digests are known and the
+        # root-cause rule can prove "inputs match, output differs" on a GPU too. Outside op windows
+        # the batched, one-sync-per-step path stays.
+        self.eager_device = False
         self.saves = 0
         self.record_modules = True  # False at step granularity: no module input/output records
         self.local = ThreadState(threading.get_ident())
@@ -101,10 +106,12 @@ class Recorder:
         dtype = DTYPE_CODES.get(t.dtype, 0)
         flags |= self.local.flag
         device = t.device.type
-        if device == self._host_device:
-            digest, samples = self.cpu_digest(t)
+        if device == self._host_device or (self.eager_device and device != "meta"):
+            digest, samples = self.digest_now(t)
             if samples is _NAN4:
                 flags |= Flag.NO_DATA
+            if device != self._host_device:
+                flags |= Flag.DEVICE
             row = (kind, dtype, flags, 0, name, module, loc, self.step, shape_id, aux,
                    digest, inputs[0], inputs[1], samples)
             if self._pending:
@@ -131,8 +138,9 @@ class Recorder:
             self.resolve_pending()
         return 0
 
-    def cpu_digest(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
-        """(digest, samples) of a CPU tensor, from the cache when this exact version was seen.
+    def digest_now(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
+        """(digest, samples) of a tensor now, from the cache when this exact version was seen: xxh3 in
+        place on the host; on an accelerator, the device reduction and one transfer (a sync).
 
         Unreadable contents give a dtype/shape seed and NaN samples (the `_NAN4` object itself).
         """
@@ -141,7 +149,12 @@ class Recorder:
             return hit[2], hit[3]
         self.internal += 1
         try:
-            digest, samples = fingerprint_cpu(t)
+            if t.device.type == self._host_device:
+                digest, samples = fingerprint_cpu(t)
+            else:
+                if self._reducer is None:
+                    self._reducer = DeviceReducer()
+                digest, samples = DeviceReducer.finish(t.dtype, t.shape, self._reducer.reduce(t).cpu().tolist())
         except (RuntimeError, NotImplementedError, TypeError):
             digest, samples = meta_seed(t.dtype, t.shape), _NAN4
         finally:

@@ -115,6 +115,7 @@ class OpRecorder(TorchDispatchMode):
 
     def start(self) -> None:
         if not self.active:
+            self.rec.eager_device = True
             self.__enter__()
             self.active = True
 
@@ -123,6 +124,7 @@ class OpRecorder(TorchDispatchMode):
             self._untagged = None
             self.__exit__(None, None, None)
             self.active = False
+            self.rec.eager_device = False
 
     # -- the hot path ----------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -211,8 +213,8 @@ class OpRecorder(TorchDispatchMode):
             elif self._blank and self._is_blank(value):
                 codes.append(meta_seed(value.dtype, value.shape))
                 self._uninit = True
-            elif value.device.type == "cpu":
-                codes.append(self.rec.cpu_digest(value)[0])
+            elif value.device.type == "cpu" or (self.rec.eager_device and value.device.type != "meta"):
+                codes.append(self.rec.digest_now(value)[0])
             else:
                 self._unknown = True
             return
