@@ -11,12 +11,15 @@ import subprocess
 from pathlib import Path
 from typing import TypedDict
 
+import xxhash
+
 GIT_TIMEOUT_S = 5.0
 
 
 class GitState(TypedDict):
     commit: str
     dirty: bool  # tracked files differ from the commit (untracked files do not count)
+    script: str  # digest of the script file's bytes: with the commit, says whether the code that ran differs
 
 
 def git_state(script: Path) -> GitState | None:
@@ -29,7 +32,11 @@ def git_state(script: Path) -> GitState | None:
         return None
     if commit is None or status is None:
         return None
-    return {"commit": commit.strip(), "dirty": bool(status.strip())}
+    try:
+        script_digest = f"{xxhash.xxh3_64_intdigest(Path(script).read_bytes()):016x}"
+    except OSError:
+        script_digest = ""
+    return {"commit": commit.strip(), "dirty": bool(status.strip()), "script": script_digest}
 
 
 def _git(folder: Path, *args: str) -> str | None:

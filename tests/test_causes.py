@@ -420,13 +420,17 @@ def test_collective_algorithm_unset_or_differing() -> None:
 
 
 def test_environment_change_names_the_code_change() -> None:
-    def env(commit: str, dirty: bool) -> list[dict[str, Any]]:
+    def env(commit: str, dirty: bool, script: str = "5c") -> list[dict[str, Any]]:
         return [{"type": "environment", "torch": "2.13.0", "device": "cpu", "env": {},
-                 "git": {"commit": commit, "dirty": dirty}}]
+                 "git": {"commit": commit, "dirty": dirty, "script": script}}]
 
-    found = causes.rank(context([env("a" * 40, False), env("a" * 40, True)]))
+    found = causes.rank(context([env("a" * 40, False), env("b" * 40, False)]))
     assert found[0].id == "environment-change"
-    assert "code: aaaaaaaaaaaa in repeat 0, aaaaaaaaaaaa (dirty) in repeat 1" in found[0].evidence[0]
+    assert "code: aaaaaaaaaaaa, script 5c in repeat 0, bbbbbbbbbbbb, script 5c in repeat 1" in found[0].evidence[0]
+    edited = causes.rank(context([env("a" * 40, False), env("a" * 40, True, "6d")]))
+    assert edited[0].id == "environment-change" and "(dirty)" in edited[0].evidence[0]
+    # another file of the repository edited meanwhile: the code that ran is the same
+    assert device.environment(context([env("a" * 40, False), env("a" * 40, True)])) is None
 
 
 def test_device_rng_geometry_across_gpu_models() -> None:

@@ -24,9 +24,12 @@ def test_commit_and_dirty_flag(tmp_path: Path) -> None:
     git(tmp_path, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "one")
     (tmp_path / "notes.txt").write_text("untracked files do not make the tree dirty")
     state = git_state(script)
-    assert state == {"commit": git(tmp_path, "rev-parse", "HEAD").strip(), "dirty": False}
+    assert state is not None
+    assert (state["commit"], state["dirty"]) == (git(tmp_path, "rev-parse", "HEAD").strip(), False)
     script.write_text("print(2)\n")
-    assert git_state(script) == {"commit": state["commit"], "dirty": True}
+    changed = git_state(script)
+    assert changed is not None and changed["commit"] == state["commit"] and changed["dirty"]
+    assert changed["script"] != state["script"]
 
 
 def test_outside_a_repository_records_nothing(tmp_path: Path) -> None:

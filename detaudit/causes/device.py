@@ -262,7 +262,8 @@ def environment(ctx: Context) -> Finding | None:
     if ctx.differs(gpus):
         lines.append(f"GPU: {ctx.pair_text(gpus)}")
     gits = [e.get("git") for e in envs if e is not None]
-    if ctx.differs(gits):
+    # the commit and the script's own bytes: a dirty flag alone flips when any file of the repository is edited
+    if ctx.differs([(g or {}).get("commit") for g in gits]) or ctx.differs([(g or {}).get("script") for g in gits]):
         lines.append(f"code: {ctx.pair_text(gits, _git_text)} (another commit or uncommitted changes)")
     changed = bool(lines)
     devices = [device_of(r) for r in ctx.involved]
@@ -290,7 +291,8 @@ def _gpus(ctx: Context) -> list[Any]:
 def _git_text(git: Any) -> str:
     if not isinstance(git, dict):
         return "no git commit"
-    return str(git.get("commit", "?"))[:12] + (" (dirty)" if git.get("dirty") else "")
+    script = f", script {str(git['script'])[:8]}" if git.get("script") else ""
+    return str(git.get("commit", "?"))[:12] + (" (dirty)" if git.get("dirty") else "") + script
 
 
 def device_rng_geometry(ctx: Context) -> Finding | None:
