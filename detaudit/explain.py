@@ -228,20 +228,27 @@ def _confirm(cause: Cause, line: str) -> None:
 
 
 def _isolated(causes: list[Cause], experiments: Sequence[Experiment]) -> None:
-    """A source the bisection isolated that no listed cause names: add it, confirmed by that experiment."""
+    """A source the bisection isolated that no listed cause names: add it, confirmed by that experiment.
+
+    Appended (the ranking puts confirmed causes first): callers hold indices into `causes`.
+    """
     found = [e for e in experiments if e.verdict == "deterministic" and e.pin != ALL]
     sets = [set(e.pin.split(SEP)) for e in found]
+    cut_short = any(e.verdict == "skipped" for e in experiments)
     for e, names_set in zip(found, sets):
         if any(other < names_set for other in sets):
             continue  # a smaller set also made the repeats agree: that one names the source
         names = e.pin.split(SEP)
         if any(set(names) & set(c.pins) for c in causes if c.confidence == "confirmed"):
             continue
-        cause_id, summary, fix = PIN_CAUSES.get(names[0], PIN_CAUSES[ALL]) if len(names) == 1 else PIN_CAUSES[ALL]
+        cause_id, summary, fix = PIN_CAUSES.get(names[0] if len(names) == 1 else ALL, PIN_CAUSES[ALL])
+        line = f"--explain: no recorded evidence pointed here, but with {e.description} pinned the repeats agree"
+        if len(names) > 1:
+            line += ("; the budget ran out before the set was narrowed further (raise --budget)" if cut_short
+                     else "; none of them can be left out")
         cause = Cause(cause_id, "possible", summary, [], fix, names)
-        _confirm(cause, f"--explain: no recorded evidence pointed here, but with {e.description} pinned the repeats "
-                        "agree" + (", and with any of them alone they do not" if len(names) > 1 else ""))
-        causes.insert(0, cause)
+        _confirm(cause, line)
+        causes.append(cause)
 
 
 # -- running experiments ----------------------------------------------------------------------------
