@@ -4,6 +4,7 @@ demote causes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,50 @@ def test_a_run_with_a_timed_out_repeat_is_not_explained(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", [recs, other], exit_codes=[0, -15], timed_out=[False, True])
     with pytest.raises(UsageError, match="timed out"):
         explain.run_experiments(run_dir)
+
+
+def _fake_runs(monkeypatch: pytest.MonkeyPatch, agree: Callable[[AuditOptions], bool]) -> list[str]:
+    """Experiments whose repeats agree when `agree(options)` says so; returns the pins each ran with."""
+    recs = training_records(steps=2)
+    ran: list[str] = []
+
+    def fake_execute(options: AuditOptions, out: Path, on_done: object = None, prefix: str = "repeat",
+                     cwd: Path | None = None) -> list[RepeatResult]:
+        ran.append(prefix)
+        results = []
+        for plan in plan_repeats(out, options.repeats, options.devices, options.granularity, prefix=prefix):
+            differ = not agree(options) and plan.index > 0
+            write_trace(plan.trace, [recs[0].but(digest=99), *recs[1:]] if differ else recs, {"exit_code": 0})
+            plan.stdout.write_text("")
+            plan.stderr.write_text("")
+            results.append(RepeatResult(plan.index, plan.device, 0, 0.1, False, plan.trace.name, plan.stdout.name,
+                                        plan.stderr.name, "same"))
+        return results
+
+    monkeypatch.setattr(audit, "execute", fake_execute)
+    return ran
+
+
+def test_every_pin_agreeing_is_bisected_down_to_the_source_no_cause_named(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hash seed was the source; the evidence named nothing pinnable: the bisection finds it."""
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    ran = _fake_runs(monkeypatch, lambda options: options.env.get("PYTHONHASHSEED") == "0")
+    report = explain.run_experiments(run_dir, budget=40, repeats=2)
+    verdicts = {e.pin: e.verdict for e in report.experiments}
+    assert verdicts["all"] == "deterministic" and verdicts["hash-seed"] == "deterministic"
+    top = report.causes[0]
+    assert top.id == "python-hash-seed" and top.confidence == "confirmed" and top.pins == ["hash-seed"]
+    assert "no recorded evidence pointed here" in top.evidence[-1]
+    assert len(ran) <= 8  # all, then halves: far fewer than one experiment per pin pair
+
+
+def test_default_confirmation_runs_only_the_cheap_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    ran = _fake_runs(monkeypatch, lambda options: True)
+    monkeypatch.setattr(explain, "cheap_pin", lambda causes: "torch-rng")
+    report = explain.run_experiments(run_dir, cheap=True)
+    assert ran == ["explain-torch-rng"]
+    assert [(e.pin, e.verdict) for e in report.experiments] == [("torch-rng", "deterministic")]
