@@ -210,9 +210,10 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     """Confirm why a finished run diverged: re-run it with one source pinned at a time.
 
     Each experiment pins one candidate source (seeded RNGs, PYTHONHASHSEED, deterministic
-    algorithms, one thread, ...), in the order of the ranked causes; a cause whose pin alone removes
-    the divergence is marked confirmed. Results are stored in RUN_DIR (explain.json), so
-    `detaudit report RUN_DIR` shows them too.
+    algorithms, one thread, ...), in the order of the ranked causes (a toss-up's separating experiment
+    first); a cause whose pin alone makes the repeats agree is marked confirmed. If only every pin at
+    once does, the set of pins is bisected down to one source. Results are stored in RUN_DIR
+    (explain.json), so `detaudit report RUN_DIR` shows them too.
     """
 
     _finish(_explain(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet)
