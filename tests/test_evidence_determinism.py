@@ -3,7 +3,8 @@
 A fully seeded script (Python `random`, NumPy's global RNG and a Generator, torch, DataLoader
 workers seeded from torch) runs in several fresh interpreters, each with another hash seed and
 address randomization on. Every evidence event must be identical across them, except the two
-fields whose job is to record the hash seed itself. A digest built on `hash()`, `id()`, an
+fields whose job is to record the hash seed itself and the RNG states snapshotted at import, before
+the script seeded anything. A digest built on `hash()`, `id()`, an
 object's repr or the clock would differ here (the Python RNG digest once did: `hash(None)` is an
 address on Python <= 3.11).
 """
@@ -24,10 +25,17 @@ from detaudit.recorder.evidence import python_rng_digest
 HASH_SEEDS = ("1", "2", "3")
 
 
+# snapshots taken when torch or numpy is imported, before the script's own seeding calls: their RNG
+# states are OS entropy in every run (the difference unseeded-* rests on), not the same state
+BEFORE_SEEDING = ("import", "numpy-import")
+
+
 def normalised(event: dict[str, Any]) -> str:
-    """The event as compared: the variable that records the hash seed is the one thing that may differ."""
+    """The event as compared: only what records the hash seed, or a state before seeding, may differ."""
     if event.get("type") == "environment":
         event = {**event, "env": {k: v for k, v in event.get("env", {}).items() if k != "PYTHONHASHSEED"}}
+    if event.get("type") == "state" and event.get("when") in BEFORE_SEEDING:
+        event = {k: v for k, v in event.items() if k != "rng"}
     return json.dumps(event, sort_keys=True)
 
 
