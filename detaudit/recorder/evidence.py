@@ -422,6 +422,12 @@ class Evidence:
                 result = original(*args, **kwargs)
             if label == "torch.seed":
                 value = result
+            if label.startswith("torch.cuda."):
+                # seeds the GPU generators only, and runs inside torch.manual_seed before the CPU generator is
+                # seeded: the CPU state read here would be the unseeded one (entropy, a different digest per run)
+                ev.emit({"type": "seed", "lib": lib, "fn": label, "value": _short(value), "loc": ev.where(caller),
+                         "library": library, "drawn_before": False, "state": None, "pinned": pinned})
+                return result
             after = ev.rng_digest(lib)
             ev.emit({"type": "seed", "lib": lib, "fn": label, "value": _short(value), "loc": ev.where(caller),
                      "library": library, "drawn_before": before is not None and before != ev.anchors.get(lib),
