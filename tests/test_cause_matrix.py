@@ -61,7 +61,8 @@ MATRIX = [
     Row("score_features.py", "python-hash-seed", "python-hash-seed", NOT_SEED, toss_up=ORDER),
     Row("blend_features.py", "python-hash-seed", "python-hash-seed", NOT_SEED, toss_up=ORDER),
     Row("train_dedup.py", "object-order", "object-order", NOT_SEED, toss_up=ORDER),
-    Row("train_multiloss.py", "object-order", "object-order", NOT_SEED, toss_up=ORDER),
+    # 5 objects change order only through collisions: 2 pinned repeats can disagree or agree by chance
+    Row("train_multiloss.py", "object-order", "object-order", NOT_SEED, toss_up=ORDER, args=("-n", "3")),
     Row("train_lookup.py", "nondeterministic-op", "nondeterministic-op", NOT_SEED, args=RACE),
     Row("rate_items.py", "nondeterministic-op", "nondeterministic-op", NOT_SEED, args=RACE),
     # random.seed(0) and a CPU index_put_ race: once ranked a false varying-seed first
