@@ -16,12 +16,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit import __version__, causes, explain, match
+from detaudit import __version__, baseline, causes, explain, match
 from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
 from detaudit.oprules import OpFinding, find_op_source
 from detaudit.report import Report, write_json, write_text_atomically
+from detaudit.stdout import DEFAULT_STDOUT, StdoutMode, compare_stdout, most_lenient, recorded_mode
 from detaudit.trace import RecordStream
 
 RUN_FORMAT = "detaudit-run"
@@ -45,7 +46,9 @@ class AuditOptions:
     env: dict[str, str] = field(default_factory=dict)
     child_config: dict[str, Any] = field(default_factory=dict)
     own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
-    ignore_stdout: bool = False  # --ignore-stdout: a script that prints timings is not divergent for it
+    stdout: StdoutMode = DEFAULT_STDOUT  # how stdout is compared (docs/stdout.md)
+    module: str | None = None  # run `python -m MODULE` (the pytest plugin); `script` is then the module's file
+    baseline: Path | None = None  # --baseline: a recorded run (detaudit/baseline.py) to compare with as well
     self_check: bool = False  # --self-check: one extra repeat with a one-ULP change, which must be seen
 
 
@@ -58,6 +61,11 @@ def new_run_dir(script: Path, out_dir: Path | None) -> Path:
             raise UsageError(f"--out {out_dir} already exists and is not empty; detaudit never overwrites a run")
         out_dir.mkdir(parents=True, exist_ok=True)
         return out_dir
+    home = DEFAULT_RUNS_DIR.parent
+    if not home.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        # runs are local artefacts (traces can be large): keep them out of the user's repository
+        (home / ".gitignore").write_text("# created by detaudit: its run directories are not for version control\n*\n")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = DEFAULT_RUNS_DIR / f"{stamp}-{script.stem}"
     candidate, n = base, 1
@@ -84,8 +92,9 @@ def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
             cwd: Path | None = None) -> list[RepeatResult]:
     """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
+    child_config = {**options.child_config, **({"module": options.module} if options.module else {})}
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
-                         options.child_config, prefix=prefix, own_device=options.own_device)
+                         child_config, prefix=prefix, own_device=options.own_device)
     launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
     return launcher.run(plans, on_done)
 
@@ -98,13 +107,19 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         raise UsageError(f"script not found: {options.script}")
     if options.granularity not in GRANULARITIES:
         raise UsageError(f"unknown granularity {options.granularity!r}; use one of {', '.join(GRANULARITIES)}")
+    if options.baseline is not None:  # refuse an unusable baseline before spending time on repeats
+        reference = baseline.load(options.baseline)
+        if reference.granularity != baseline.effective_granularity(options.granularity):
+            raise UsageError(f"--baseline {options.baseline} was recorded at granularity {reference.granularity}; "
+                             f"run with --granularity {reference.granularity} to compare with it")
     run_dir = new_run_dir(options.script, options.out_dir)
     record = {
         "format": RUN_FORMAT, "version": RUN_VERSION, "script": str(options.script),
         "script_args": options.script_args, "cwd": str(Path.cwd()), "repeats": options.repeats,
         "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
         "tolerance": asdict(options.tolerance), "env": options.env, "own_device": options.own_device,
-        "ignore_stdout": options.ignore_stdout, "results": None,
+        "stdout": options.stdout, "module": options.module,
+        "baseline": str(options.baseline.resolve()) if options.baseline is not None else None, "results": None,
         "environment": host_environment(), "started": time.time(),
     }
     _write_record(run_dir, record)
@@ -182,9 +197,12 @@ def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
     write_text_atomically(run_dir / "run.json", json.dumps(record, indent=2))
 
 
-def load_run(run_dir: Path) -> Report:
-    """Rebuild the report of a finished run from its directory."""
+def load_run(run_dir: Path, stdout: StdoutMode | None = None) -> Report:
+    """Rebuild the report of a finished run from its directory; `stdout`: compare stdout this way
+    instead of the way the run was recorded with."""
     record, results = read_run(run_dir)
+    if stdout is not None:
+        record = {**record, "stdout": stdout}
     return analyse(Path(run_dir), record, results)
 
 
@@ -211,20 +229,28 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[RepeatResult]]:
     return record, results
 
 
-def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) -> Report:
-    """Compare recordings made elsewhere (another machine, another day): trace files or run directories.
+def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
+                     stdout: StdoutMode | None = None) -> Report:
+    """Compare recordings made elsewhere (another machine, another day): trace files, run directories
+    or baselines.
 
-    A run directory contributes its first repeat. Bitwise unless a tolerance is given, whatever
-    devices the recordings were made on. A trace without a footer (killed, or crashed hard) is
-    incomplete: its exit status is unknown (None) and it is compared as far as it goes.
+    A run directory contributes its first repeat, a baseline its reference trace. Bitwise unless a
+    tolerance is given, whatever devices the recordings were made on. A trace without a footer
+    (killed, or crashed hard) is incomplete: its exit status is unknown (None) and it is compared
+    as far as it goes. Stdout (run directories only) is compared as `stdout` says, else as the
+    recordings were made (the most lenient of their modes).
     """
     if len(paths) < 2:
         raise UsageError("compare needs at least two traces or run directories")
     results = []
+    modes: list[StdoutMode] = []
     for i, path in enumerate(paths):
         path = Path(path)
-        if path.is_dir():
-            _, run_results = read_run(path)
+        if path.is_dir() and (path / baseline.MANIFEST).is_file():
+            results.append(replace(baseline.load(path).result, index=i))
+        elif path.is_dir():
+            run_record, run_results = read_run(path)
+            modes.append(recorded_mode(run_record))
             first = run_results[0]
             results.append(replace(first, index=i, trace=str((path / first.trace).resolve()),
                                    stdout=str((path / first.stdout).resolve()),
@@ -248,8 +274,9 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None) 
             ))
         else:
             raise UsageError(f"no such trace or run directory: {path}")
-    record = {"script": ", ".join(str(p) for p in paths), "script_args": [],
-              "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment()}
+    record: dict[str, Any] = {"script": ", ".join(str(p) for p in paths), "script_args": [],
+              "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment(),
+              "stdout": stdout or most_lenient(modes), "argv": None}
     # one label for all when bitwise (a recording's device is shown, not used to loosen the
     # comparison); with a tolerance, every recording is compared with the first within it
     labels = ["recorded"] * len(results) if tolerance is None else [f"recording-{r.index}" for r in results]
@@ -281,8 +308,14 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         script=record["script"], script_args=record.get("script_args", []), run_dir=str(run_dir),
         runs=list(results), comparison=comparison, environment=record.get("environment", {}), bitwise=bitwise,
     )
-    report.outcome_divergence = outcome_divergence(results, bool(record.get("ignore_stdout")))
+    # the script's sys.argv in every repeat (the child sets it so); compare_recorded has no one command line
+    report.argv = record.get("argv", [str(record["script"]), *record.get("script_args", [])])
+    report.stdout_mode = recorded_mode(record)
+    report.outcome_divergence = outcome_divergence(results, report.stdout_mode, run_dir)
     first = comparison.first_divergence
+    ended = report.outcome_divergence
+    if first is None and ended is not None and ended.stdout is not None:
+        ended.detail += f"; all {comparison.records_compared} recorded tensor records agree"
     if first is not None and first.category == "structure":
         if report.outcome_divergence is not None:
             first.category = "outcome"
@@ -298,6 +331,9 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         report.failure = report.repeat_errors.get(results[0].index, "")
     if first is not None:
         first.op_finding = op_source(run_dir, record, traces, devices)
+    if record.get("baseline"):
+        report.baseline = baseline.check(baseline.load(Path(record["baseline"])), run_dir, record, results,
+                                         recorded_mode(record))
     if report.first_divergence is not None:
         report.causes = causes.diagnose(report.first_divergence, traces, results)
         report.inferred = [c.id for c in report.causes]
@@ -307,16 +343,17 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         report.match = match.describe_match(
             traces[0], comparison, bitwise=bitwise, tolerance=tolerance, devices=[r.device for r in results],
             granularity=str(record.get("granularity") or RecordStream(traces[0]).header.get("granularity", "?")),
-            stdout_compared=not record.get("ignore_stdout") and all(r.stdout_digest for r in results),
+            stdout=recorded_mode(record) if all(r.stdout_digest for r in results) else "ignore",
             self_check=match.self_check_from(record.get("self_check")))
     return report
 
 
-def outcome_divergence(results: Sequence[RepeatResult], ignore_stdout: bool = False) -> Divergence | None:
-    """Repeats that end differently: another exit status, or other output on stdout (unless ignored).
+def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEFAULT_STDOUT,
+                       run_dir: Path = Path(".")) -> Divergence | None:
+    """Repeats that end differently: another exit status, or another line on stdout (docs/stdout.md).
 
     Only repeats that ended by themselves count: a timed-out repeat was stopped, and an
-    incomplete recording's exit status is unknown.
+    incomplete recording's exit status is unknown. Stdout is compared between repeats on one device.
     """
     ended = [r for r in results if not r.timed_out and r.exit_code is not None]
     if len(ended) < 2:
@@ -326,16 +363,17 @@ def outcome_divergence(results: Sequence[RepeatResult], ignore_stdout: bool = Fa
     if codes:
         detail = "exit status differs: " + ", ".join(f"repeat {r.index} exited {r.exit_code}" for r in ended)
         return Divergence(-1, "outcome", None, [r.index for r in codes], ref.index, detail=detail)
-    out = [r for r in ended if r.stdout_digest != ref.stdout_digest and r.device == ref.device
-           and r.stdout_digest and ref.stdout_digest]
-    if out and not ignore_stdout:
-        return Divergence(-1, "outcome", _stdout_record(), [r.index for r in out], ref.index,
-                          detail="stdout differs between repeats; if it prints timings, use --ignore-stdout")
-    return None
-
-
-def _stdout_record() -> RecordInfo:
-    return RecordInfo(-1, "stdout", "stdout", "", "", -1, "", "", "", False)
+    printed = [r for r in ended if r.device == ref.device and r.stdout and (run_dir / r.stdout).is_file()]
+    if stdout == "ignore" or len(printed) < 2 or printed[0] is not ref:
+        return None
+    found = compare_stdout([run_dir / r.stdout for r in printed], [r.index for r in printed], stdout)
+    if found is None:
+        return None
+    hint = "; `--stdout ignore` skips stdout" if stdout == "masked" else \
+        "; the default `--stdout masked` ignores timings (docs/stdout.md)"
+    record = RecordInfo(-1, "stdout", f"line {found.line}", "", "", -1, "", "", "", False)
+    return Divergence(-1, "outcome", record, found.repeats, ref.index, stdout=found,
+                      detail=f"stdout line {found.line} differs ({found.mode} comparison){hint}")
 
 
 def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:

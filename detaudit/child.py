@@ -1,7 +1,8 @@
 """Inside one repeat: become `python SCRIPT ARGS...` and record it.
 
 Started by the launcher as `python -m detaudit.child CONFIG SCRIPT [ARGS...]` in a fresh
-interpreter. It restores argv, sys.path[0] and `__main__` as plain python would set them,
+interpreter; when the config names a module, it becomes `python -m MODULE ARGS...` instead (the
+pytest plugin). It restores argv, sys.path[0] and `__main__` as plain python would set them,
 installs the recorder when the script imports torch (not before: a script may set
 environment variables that torch reads at import), runs the script, and writes the footer
 with its exit status. The script's own traceback is printed as python would print it.
@@ -14,6 +15,7 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import runpy
 import signal
 import sys
 import time
@@ -202,6 +204,11 @@ def _run_as_main(script: str) -> None:
     exec(code, main_module.__dict__)
 
 
+def _run_module(name: str) -> None:
+    """Execute module `name` as `python -m name` would (the pytest plugin runs `python -m pytest`)."""
+    runpy.run_module(name, run_name="__main__", alter_sys=True)
+
+
 def main(argv: list[str]) -> None:
     config_path, script_arg, *script_args = argv
     config = json.loads(Path(config_path).read_text())
@@ -209,9 +216,10 @@ def main(argv: list[str]) -> None:
     script = Path(script_arg).resolve()
     session = Session(config, script)
 
+    module = config.get("module")  # `python -m MODULE`: SCRIPT is the module's file, sys.path[0] the cwd
     sys.argv = [script_arg, *script_args]
     if not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH, python 3.11+
-        sys.path[0] = str(script.parent)
+        sys.path[0] = os.getcwd() if module else str(script.parent)
     found = evidence.install(config)
     after_import = _AfterImport({"torch": session.on_torch_import, **found.import_callbacks()},
                                 session.on_import_error)
@@ -227,7 +235,10 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, on_term)
 
     try:
-        _run_as_main(os.path.join(os.getcwd(), script_arg))
+        if module:
+            _run_module(module)
+        else:
+            _run_as_main(os.path.join(os.getcwd(), script_arg))
     except WindowRecorded:
         sys.exit(0)
     except SystemExit as exc:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from detaudit.dtypes import DTYPE_NAMES
+from detaudit.stdout import StdoutDifference
 from detaudit.trace import RECORD_DTYPE, Flag, Kind, RecordStream
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ class Divergence:
     detail: str = ""
     others: dict[int, RecordInfo] = field(default_factory=dict)  # structure: what the other repeats had
     op_finding: OpFinding | None = None  # the op behind it, when ops were recorded (detaudit/oprules.py)
+    stdout: StdoutDifference | None = None  # outcome: the first stdout line that differs (detaudit/stdout.py)
 
 
 @dataclass
@@ -76,6 +78,7 @@ class StepSpread:
     records: int
     differing: int
     max_abs_diff: float | None
+    modules: dict[str, int] = field(default_factory=dict)  # module -> its differing records in this step
 
 
 @dataclass
@@ -246,6 +249,7 @@ def compare_traces(
     counts = [0] * len(streams)
     first: Divergence | None = None
     spread: dict[int, list[Any]] = {}
+    module_spread: dict[tuple[int, str], int] = {}  # (step, module) -> differing records
     compared = differing = 0
     aligned = True
 
@@ -302,6 +306,15 @@ def compare_traces(
                 gap = gaps(a["samples"], b["samples"]).max(axis=1)
                 max_diff = np.maximum(max_diff, np.where(diff, gap, 0.0))
             steps = chunks[0]["step"][:upto]
+            if any_diff.any():
+                modules = maps[0][chunks[0]["module"][:upto][any_diff]]
+                # records outside a module call (gradients, parameters, optimizer state) go by their name
+                names = np.where(modules == 0, maps[0][chunks[0]["name"][:upto][any_diff]], 0)
+                keys, hits = np.unique(np.stack([steps[any_diff].astype(np.int64), modules, names]), axis=1,
+                                       return_counts=True)
+                for step, module, name, hit in zip(*keys.tolist(), hits.tolist()):
+                    owner = strings.texts[module] if module else owning_module(strings.texts[name])
+                    module_spread[(step, owner)] = module_spread.get((step, owner), 0) + hit
             for step, total, count, peak in _per_step(steps, any_diff, max_diff):
                 entry = spread.setdefault(step, [0, 0, 0.0])
                 entry[0] += total
@@ -330,6 +343,9 @@ def compare_traces(
     for s in streams:
         s.drain()
     by_step = [StepSpread(step, v[0], v[1], v[2] if v[1] else None) for step, v in sorted(spread.items())]
+    by_number = {s.step: s for s in by_step}
+    for (number, module), count in sorted(module_spread.items()):
+        by_number[number].modules[module] = count
     return Comparison(
         repeats=len(streams), records=counts, complete=[s.footer is not None for s in streams],
         recording_failed={i: str(s.footer["recording_failed"]) for i, s in enumerate(streams)
@@ -337,6 +353,12 @@ def compare_traces(
         first_divergence=first, records_compared=compared, records_differing=differing,
         by_step=by_step, aligned_to_end=aligned,
     )
+
+
+def owning_module(name: str) -> str:
+    """The module a parameter-like record belongs to: `2` for `2.weight` and `2.weight:momentum_buffer`."""
+    qualified = name.split(":", 1)[0]
+    return qualified.rsplit(".", 1)[0] if "." in qualified else qualified
 
 
 def _per_step(steps: np.ndarray, differs: np.ndarray, gaps: np.ndarray) -> list[tuple[int, int, int, float]]:

@@ -12,7 +12,7 @@ import glob
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from detaudit.errors import UsageError
 
@@ -48,3 +48,25 @@ def resolve_devices(requested: Sequence[str]) -> list[str]:
         if device not in resolved:
             resolved.append(device)
     return resolved
+
+
+def oversubscription(jobs: int, devices: Sequence[str], env: Mapping[str, str], cores: int | None) -> str | None:
+    """A warning when `--jobs` would run more CPU threads than there are cores, else None.
+
+    Each CPU repeat's torch uses one thread per core unless OMP_NUM_THREADS says otherwise, so
+    parallel repeats of a CPU-bound script compete for the same cores and finish later than
+    sequential ones (and their timings get noisier). GPU repeats leave the cores mostly idle.
+    """
+    if jobs < 2 or "cpu" not in devices or not cores:
+        return None
+    try:
+        threads = max(1, int(env.get("OMP_NUM_THREADS", "")))
+        per = f"OMP_NUM_THREADS={threads}"
+    except ValueError:
+        threads, per = cores, "by default torch uses one thread per core"
+    if jobs * threads <= cores:
+        return None
+    return (f"--jobs {jobs} runs {jobs} repeats at once on {cores} CPU cores, and each repeat's torch uses "
+            f"{threads} thread(s) ({per}): a CPU-bound script will run slower than with --jobs 1. detaudit does "
+            f"not lower the script's thread count (that would change its numerics); use --jobs 1, or set "
+            f"OMP_NUM_THREADS so that jobs × threads ≤ cores.")

@@ -322,6 +322,7 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
     """
     from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run
     from detaudit.compare import Tolerance
+    from detaudit.stdout import recorded_mode
 
     run_dir = Path(run_dir).resolve()  # the repeats run in the script's directory, not ours
     report = load_run(run_dir)
@@ -341,7 +342,7 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
         granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
         tolerance=Tolerance(**record.get("tolerance", {})), own_device=bool(record.get("own_device")),
-        ignore_stdout=bool(record.get("ignore_stdout")),
+        stdout=recorded_mode(record), module=record.get("module"),
     )
     cost = repeats * len(base.devices)
     budget = cost if cheap else budget  # the default confirmation: one experiment, whatever --budget says

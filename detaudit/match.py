@@ -49,14 +49,14 @@ class Match:
     tolerance: dict[str, float] | None
     granularity: str
     steps_covered: int  # optimizer steps completed within the compared records
-    stdout_compared: bool
+    stdout_compared: str  # "strict" | "masked" (timing-like numbers masked, docs/stdout.md) | "no"
     exit_status_compared: bool
     not_observed: list[str] = field(default_factory=list)
     self_check: SelfCheck | None = None
 
 
 def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolerance: Tolerance,
-                   granularity: str, stdout_compared: bool, devices: Sequence[str],
+                   granularity: str, stdout: str, devices: Sequence[str],
                    self_check: SelfCheck | None = None) -> Match:
     """The reference trace's compared records counted by kind, and what the recording cannot have seen."""
     counts = np.zeros(max(Kind) + 1, dtype=np.int64)
@@ -94,11 +94,13 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
         not_observed.append(f"the contents of {no_data} records (meta or unreadable tensors: dtype and shape only)")
     if threaded:
         not_observed.append(f"the order of {threaded} records made on other threads (compared in canonical order)")
-    if not stdout_compared:
-        not_observed.append("stdout (--ignore-stdout)")
+    if stdout == "ignore":
+        not_observed.append("stdout (ignored, or not recorded)")
+    elif stdout == "masked":
+        not_observed.append("timings and other run-dependent numbers in stdout (masked: --stdout strict compares them)")
     return Match(by_kind, "bitwise" if bitwise else "tolerance",
                  None if bitwise else {"atol": tolerance.atol, "rtol": tolerance.rtol}, granularity, last_step,
-                 stdout_compared, True, not_observed, self_check)
+                 "no" if stdout == "ignore" else stdout, True, not_observed, self_check)
 
 
 def choose_record(trace: Path) -> tuple[int, int, str] | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -16,6 +18,7 @@ from detaudit.report import Report, divergence_to_dict
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
                   "timeout": "bold red"}
 MAX_SPREAD_ROWS = 12
+MAX_STDOUT_REPEATS = 2  # differing repeats whose stdout line the terminal shows
 BASIS_TEXT = {"experiment": "experiment", "op-records": "op-level records", "direct": "direct evidence",
               "circumstantial": "circumstantial"}
 
@@ -57,7 +60,40 @@ def verdict_line(report: Report) -> Text:
         text.append(f" — repeat(s) {', '.join(map(str, late))} timed out", style="bold red")
     if not all(report.comparison.complete) and not report.timed_out:
         text.append(" (incomplete recordings are compared as far as they go)")
+    if report.baseline is not None:
+        text.append("; matches the baseline" if report.baseline.matches else "; DIFFERS FROM THE BASELINE",
+                    style="" if report.baseline.matches else "bold red")
     return text
+
+
+def baseline_panel(report: Report) -> Panel | None:
+    """Where the run first differs from the baseline, next to what changed in the environment."""
+    check = report.baseline
+    if check is None or (check.matches and not check.environment_changes):
+        return None
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    d = divergence_to_dict(check.divergence)
+    if d is None:
+        grid.add_row("result", f"matches ({check.records_compared} records compared)")
+    else:
+        where = " ".join(str(x) for x in (d["kind"], d["name"], f"in {d['module']}" if d["module"] else "") if x)
+        grid.add_row("first differs", escape(f"record #{d['index']}" if d["index"] >= 0 else d["category"]))
+        for key, value in (("at", where), ("step", d["step"] if (d["step"] or 0) >= 0 else None),
+                           ("location", d["location"]), ("detail", d["detail"]),
+                           ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
+                           ("differing", f"{check.records_differing} of {check.records_compared} records")):
+            if value not in (None, ""):
+                grid.add_row(key, escape(str(value)))
+    if check.environment_changes:
+        grid.add_row("changed since", "the baseline was recorded:")
+        for c in check.environment_changes:
+            grid.add_row(f"  {escape(c.field)}", escape(f"{_fmt(c.baseline)} → {_fmt(c.current)}"))
+    elif d is not None:
+        grid.add_row("environment", "unchanged: the numbers changed with the same software and settings")
+    return Panel(grid, title=f"Baseline {escape(check.path)}", title_align="left",
+                 border_style="green" if check.matches else "red")
 
 
 def runs_table(report: Report) -> Table:
@@ -78,19 +114,23 @@ def divergence_panel(report: Report) -> Panel | None:
     d = divergence_to_dict(report.first_divergence)
     if d is None or report.first_divergence is None:
         return None
-    rec = report.first_divergence.record  # the record itself; the op behind it has its own panel
+    rec = report.first_divergence.record
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
+    # module, op and location are the JSON's (the op behind the record when one was pinpointed), so the
+    # terminal, JSON and JUnit name the same file:line; the record's own line is shown beside it
     rows = [
         ("what", d["category"] + (f" — {d['detail']}" if d["detail"] else "")),
         ("record", None if d["index"] < 0 else f"#{d['index']}"),
         ("step", d["step"] if d["step"] is not None and d["step"] >= 0 else None),
         ("kind", d["kind"]),
         ("name", d["name"]),
-        ("module", rec.module if rec else None),
-        ("op", f"{rec.op} ({rec.phase})" if rec and rec.op else None),
-        ("location", rec.location if rec else None),
+        ("module", d["module"]),
+        ("op", f"{d['op']} ({d['phase']})" if d["op"] else None),
+        ("location", d["location"]),
+        ("recorded at", rec.location if rec and rec.location and rec.location != d["location"] else None),
+        *_stdout_rows(report),
         ("tensor", f"{d['dtype']}[{d['shape']}]" if d["dtype"] else None),
         ("repeats", f"{', '.join(map(str, d['repeats']))} differ from repeat {d['reference']}"),
         ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
@@ -99,7 +139,51 @@ def divergence_panel(report: Report) -> Panel | None:
     for key, value in rows:
         if value is not None and value != "":
             grid.add_row(key, escape(str(value)))
-    return Panel(grid, title="First divergence", title_align="left", border_style="red")
+    return Panel(grid, title="First divergence", title_align="left", border_style="red",
+                 expand=False)
+
+
+def _stdout_rows(report: Report) -> list[tuple[str, str | None]]:
+    """The first differing stdout line as each repeat printed it."""
+    first = report.first_divergence
+    diff = first.stdout if first is not None else None
+    if diff is None:
+        return []
+    rows: list[tuple[str, str | None]] = [("line", f"{diff.line} of stdout ({diff.mode} comparison)")]
+    shown = [diff.reference, *diff.repeats[:MAX_STDOUT_REPEATS]]
+    for index in shown:
+        text = diff.lines[index]
+        rows.append((f"repeat {index}", "(output ended)" if text is None else repr(text)))
+    if len(diff.repeats) > MAX_STDOUT_REPEATS:
+        rows.append(("", f"… and in {len(diff.repeats) - MAX_STDOUT_REPEATS} more repeats (all in the JSON report)"))
+    return rows
+
+
+def summary_line(report: Report) -> Text:
+    """Verdict, first divergence, top cause and run directory on one line: printed last, so it stays in view."""
+    text = Text(report.verdict.upper(), style=_VERDICT_STYLE[report.verdict])
+    parts = []
+    d = divergence_to_dict(report.first_divergence)
+    if d is not None:
+        what = " ".join(str(x) for x in (d["kind"], d["name"]) if x) or d["category"]
+        step = f" at step {d['step']}" if d["step"] is not None and d["step"] >= 0 else ""
+        where = f" ({d['location']})" if d["location"] else ""
+        parts.append(f"first divergence: {what}{step}{where}")
+    elif report.verdict == "deterministic":
+        parts.append(f"{len(report.runs)} repeats agree on {report.comparison.records_compared} records")
+    elif report.verdict == "failed":
+        parts.append("the script failed in every repeat")
+    if report.causes:
+        top = report.causes[0]
+        parts.append(f"top cause: {top.id} ({top.confidence})")
+    parts.append(f"run: {report.run_dir}")
+    text.append(" · " + " · ".join(parts))
+    return text
+
+
+def argv_line(report: Report) -> Text | None:
+    """The script's command line exactly as the script received it (sys.argv), shell-quoted."""
+    return None if report.argv is None else Text(f"script argv: {shlex.join(report.argv)}", style="dim")
 
 
 def op_panel(report: Report) -> Panel | None:
@@ -116,7 +200,7 @@ def op_panel(report: Report) -> Panel | None:
                 f"{f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "") +
                 ", so it was made outside torch (NumPy, Python, a file...) or before the recorded steps. "
                 f"The first op to use it is {r.op}.")
-        return Panel(escape(note), title="The op behind it", title_align="left", border_style="magenta")
+        return Panel(escape(note), title="The op behind it", title_align="left", border_style="magenta", expand=False)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -144,7 +228,8 @@ def op_panel(report: Report) -> Panel | None:
         table.add_row(">>" if n.chosen else "", str(x.index), escape(x.op or f"{x.kind} {x.name}"),
                       x.phase or "", escape(x.module), escape(x.location), n.inputs or "-",
                       Text(n.output, style="red" if n.output == "differ" else ""))
-    return Panel(Group(grid, Text(""), table), title="The op behind it", title_align="left", border_style="magenta")
+    return Panel(Group(grid, Text(""), table), title="The op behind it", title_align="left", border_style="magenta",
+                 expand=False)
 
 
 def spread_table(report: Report) -> Table | None:
@@ -204,11 +289,11 @@ def match_block(report: Report) -> Group | None:
     if m is None or report.verdict not in ("deterministic", "timeout"):
         return None
     kinds = ", ".join(f"{n} {kind}" for kind, n in m.records_by_kind.items()) or "no records"
+    stdout = "not compared" if m.stdout_compared == "no" else f"compared ({m.stdout_compared})"
     how = m.comparison + (f" (atol {m.tolerance['atol']:g}, rtol {m.tolerance['rtol']:g})" if m.tolerance else "")
     parts: list[Any] = [Text("What the verdict rests on", style="bold"),
                         Text(f"   compared: {kinds} — {how}, {m.granularity} granularity, {m.steps_covered} "
-                             f"optimizer steps; exit status compared; stdout "
-                             f"{'compared' if m.stdout_compared else 'not compared'}")]
+                             f"optimizer steps; exit status compared; stdout {stdout}")]
     parts += [Text(f"   not observed: {line}") for line in m.not_observed]
     check = m.self_check
     if check is not None:
@@ -223,19 +308,26 @@ def match_block(report: Report) -> Group | None:
     return Group(*parts)
 
 
-def render(report: Report, console: Console) -> None:
+def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
+    """The whole report; `notes` go just before the closing summary line, which is always printed last."""
     console.print(verdict_line(report))
+    argv = argv_line(report)
+    if argv is not None:
+        console.print(argv, soft_wrap=True)
     console.print(runs_table(report))
     if report.failure:
         console.print(Panel(escape(report.failure), title="The script's error (repeat 0)", title_align="left",
-                            border_style="yellow"))
+                            border_style="yellow", expand=False))
     elif report.repeat_errors:
         for index, error in sorted(report.repeat_errors.items())[:2]:
             code = report.runs[index].exit_code
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
+                                expand=False,
                                 title=f"Repeat {index} ended differently (exit {code}): its stderr"))
-    for block in (match_block(report), divergence_panel(report), op_panel(report), spread_table(report),
-                  causes_block(report), experiments_table(report)):
+    for block in (match_block(report), divergence_panel(report), baseline_panel(report), op_panel(report),
+                  spread_table(report), causes_block(report), experiments_table(report)):
         if block is not None:
             console.print(block)
-    console.print(Text(f"run directory: {report.run_dir}", style="dim"))
+    for note in notes:
+        console.print(Text(note, style="bold"))
+    console.print(summary_line(report), soft_wrap=True)

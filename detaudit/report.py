@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from xml.etree import ElementTree as ET
 
 from detaudit import __version__
-from detaudit.compare import Comparison, Divergence, RecordInfo
+from detaudit.compare import Comparison, Divergence, RecordInfo, StepSpread
 from detaudit.errors import (
     EXIT_DETERMINISTIC,
     EXIT_DIVERGENT,
@@ -22,6 +22,7 @@ from detaudit.errors import (
     EXIT_TIMEOUT,
 )
 from detaudit.launcher import RepeatResult
+from detaudit.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
 
 if TYPE_CHECKING:
     from detaudit.match import Match
@@ -63,6 +64,31 @@ class Experiment:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class EnvironmentChange:
+    """One environment fingerprint field that differs from the baseline's (detaudit/baseline.py)."""
+
+    field: str
+    baseline: Any
+    current: Any
+
+
+@dataclass
+class BaselineCheck:
+    """The run's first repeat compared with a recorded baseline (`detaudit run --baseline DIR`)."""
+
+    path: str
+    divergence: Divergence | None
+    environment_changes: list[EnvironmentChange]
+    records_compared: int = 0
+    records_differing: int = 0
+    by_step: list[StepSpread] = field(default_factory=list)
+
+    @property
+    def matches(self) -> bool:
+        return self.divergence is None
+
+
 @dataclass
 class Report:
     script: str
@@ -77,6 +103,9 @@ class Report:
     failure: str = ""  # the script's own error when it failed in every repeat
     repeat_errors: dict[int, str] = field(default_factory=dict)  # stderr tail of each repeat that failed
     bitwise: bool = True  # False: recordings compared within a tolerance (detaudit compare --atol/--rtol)
+    stdout_mode: StdoutMode = DEFAULT_STDOUT  # how stdout was compared (docs/stdout.md)
+    argv: list[str] | None = None  # the script's sys.argv in every repeat; None for `compare`
+    baseline: BaselineCheck | None = None  # --baseline: the comparison with a recorded run
     inferred: list[str] = field(default_factory=list)  # cause ids as ranked from the evidence, before experiments
     match: Match | None = None  # what the verdict rests on (detaudit/match.py)
 
@@ -104,6 +133,8 @@ class Report:
     def exit_code(self) -> int:
         if self.timed_out:
             return EXIT_TIMEOUT
+        if self.verdict == "deterministic" and self.baseline is not None and not self.baseline.matches:
+            return EXIT_DIVERGENT  # the repeats agree with each other, not with the baseline
         return {"failed": EXIT_SCRIPT_FAILED, "divergent": EXIT_DIVERGENT}.get(self.verdict, EXIT_DETERMINISTIC)
 
 
@@ -138,7 +169,16 @@ def divergence_to_dict(d: Divergence | None) -> dict[str, Any] | None:
         "max_ulp_diff": d.max_ulp_diff,
         "detail": d.detail,
         "op_finding": finding_to_dict(d.op_finding),
+        "stdout": stdout_to_dict(d.stdout),
     }
+
+
+def stdout_to_dict(s: StdoutDifference | None) -> dict[str, Any] | None:
+    """The first differing stdout line, as each repeat printed it (null: its output had ended)."""
+    if s is None:
+        return None
+    return {"line": s.line, "mode": s.mode, "reference": s.reference,
+            "lines": {str(i): text for i, text in s.lines.items()}}
 
 
 def _record_brief(r: RecordInfo) -> dict[str, Any]:
@@ -175,6 +215,8 @@ def to_dict(report: Report) -> dict[str, Any]:
         "detaudit_version": __version__,
         "script": report.script,
         "script_args": report.script_args,
+        "argv": report.argv,
+        "stdout_mode": report.stdout_mode,
         "run_dir": report.run_dir,
         "verdict": report.verdict,
         "exit_code": report.exit_code,
@@ -184,11 +226,7 @@ def to_dict(report: Report) -> dict[str, Any]:
             "records_compared": comp.records_compared,
             "records_differing": comp.records_differing,
             "aligned_to_end": comp.aligned_to_end,
-            "by_step": [
-                {"step": s.step, "records": s.records, "differing": s.differing,
-                 "max_abs_diff": _finite(s.max_abs_diff)}
-                for s in comp.by_step
-            ],
+            "by_step": spread_to_list(comp.by_step),
         },
         "causes": [asdict(c) for c in report.causes],
         "inferred_ranking": report.inferred,
@@ -205,6 +243,7 @@ def to_dict(report: Report) -> dict[str, Any]:
         ],
         "failure": report.failure or None,
         "environment": report.environment,
+        "baseline": baseline_to_dict(report.baseline),
         "match": match_to_dict(report.match),
     }
 
@@ -216,6 +255,21 @@ def match_to_dict(m: Match | None) -> dict[str, Any] | None:
     if m.self_check is not None:
         data["self_check"]["passed"] = m.self_check.passed
     return data
+
+
+def spread_to_list(by_step: list[StepSpread]) -> list[dict[str, Any]]:
+    return [{"step": s.step, "records": s.records, "differing": s.differing, "max_abs_diff": _finite(s.max_abs_diff),
+             "modules": s.modules} for s in by_step]
+
+
+def baseline_to_dict(check: BaselineCheck | None) -> dict[str, Any] | None:
+    if check is None:
+        return None
+    return {"path": check.path, "matches": check.matches, "first_divergence": divergence_to_dict(check.divergence),
+            "records_compared": check.records_compared, "records_differing": check.records_differing,
+            "by_step": spread_to_list(check.by_step),
+            "environment_changes": [{"field": c.field, "baseline": c.baseline, "current": c.current}
+                                    for c in check.environment_changes]}
 
 
 def write_json(report: Report, path: Path) -> None:
@@ -243,13 +297,28 @@ def to_junit(report: Report) -> str:
     first = data["first_divergence"]
     if first is not None:
         failures += 1
-        where = " ".join(str(x) for x in (first["kind"], first["name"], f"step {first['step']}",
-                                          first["location"] or "") if x)
-        failure = ET.SubElement(case, "failure", message=f"first divergence at record {first['index']}: {where}")
+        step = f"step {first['step']}" if first["step"] is not None and first["step"] >= 0 else ""
+        where = " ".join(str(x) for x in (first["kind"], first["name"], step, first["location"] or "") if x)
+        at = f" at record {first['index']}" if first["index"] >= 0 else ""
+        failure = ET.SubElement(case, "failure", message=f"first divergence{at}: {where or first['category']}")
+        printed = first["stdout"]
+        shown = [f"stdout line {printed['line']}, repeat {i}: {text!r}" for i, text in printed["lines"].items()] \
+            if printed else []
         failure.text = "\n".join(
-            [first["detail"] or ""] + [f"[{c['confidence']}, {c['basis']}] {c['id']}: {c['summary']}\n"
-                                       f"fix: {c['fix']}" for c in data["causes"]]
+            [first["detail"] or "", *shown] + [f"[{c['confidence']}, {c['basis']}] {c['id']}: {c['summary']}\n"
+                                               f"fix: {c['fix']}" for c in data["causes"]]
         )
+    if data["baseline"] is not None:
+        case = ET.SubElement(suite, "testcase", classname="detaudit.baseline", name="matches the baseline")
+        cases += 1
+        base = data["baseline"]
+        if not base["matches"]:
+            failures += 1
+            first = base["first_divergence"] or {}
+            failure = ET.SubElement(case, "failure", message=f"differs from the baseline {base['path']} at record "
+                                    f"{first.get('index')}: {first.get('kind') or ''} {first.get('name') or ''}")
+            failure.text = "\n".join(f"{c['field']}: {c['baseline']} -> {c['current']}"
+                                     for c in base["environment_changes"])
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))

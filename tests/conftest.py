@@ -43,3 +43,6 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeo
 @pytest.fixture
 def scripts() -> Path:
     return SCRIPTS
+
+
+pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest itself

@@ -105,14 +105,34 @@ def test_compare_treats_incomplete_recordings_as_incomplete_not_failed(tmp_path:
     assert to_dict(cut)["runs"][1]["exit_code"] is None
 
 
-def test_ignore_stdout_is_honoured_from_the_run_record(tmp_path: Path) -> None:
+def test_stdout_mode_is_honoured_from_the_run_record(tmp_path: Path) -> None:
     recs = training_records(steps=1)
-    run_dir = write_run(tmp_path / "run", [recs, recs], stdout=["took 1.2s\n", "took 1.3s\n"])
-    first = load_run(run_dir).first_divergence
-    assert first is not None and "--ignore-stdout" in first.detail
+    run_dir = write_run(tmp_path / "run", [recs, recs], stdout=["epoch 1\ntook 1.2s\n", "epoch 1\ntook 1.3s\n"])
+    assert load_run(run_dir).verdict == "deterministic"  # masked by default: a timing is not a result
+    strict = load_run(run_dir, stdout="strict").first_divergence
+    assert strict is not None and strict.stdout is not None and strict.stdout.line == 2
+    assert strict.stdout.lines == {0: "took 1.2s", 1: "took 1.3s"}
+    assert f"all {len(recs)} recorded tensor records agree" in strict.detail
     record = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**record, "stdout": "strict"}))
+    assert load_run(run_dir).verdict == "divergent"
+    assert load_run(run_dir, stdout="ignore").verdict == "deterministic"
+    record.pop("stdout", None)  # a run recorded before --stdout existed said only ignore_stdout
     (run_dir / "run.json").write_text(json.dumps({**record, "ignore_stdout": True}))
-    assert load_run(run_dir).verdict == "deterministic"
+    assert load_run(run_dir, stdout="strict").verdict == "divergent" and load_run(run_dir).verdict == "deterministic"
+
+
+def test_compare_honours_the_mode_the_runs_were_recorded_with(tmp_path: Path) -> None:
+    recs = training_records(steps=1)
+    a = write_run(tmp_path / "a", [recs, recs], stdout=["took 1.2s\n"] * 2)
+    b = write_run(tmp_path / "b", [recs, recs], stdout=["took 1.5s\n"] * 2)
+    assert compare_recorded([a, b]).verdict == "deterministic"
+    assert compare_recorded([a, b], stdout="strict").verdict == "divergent"
+    for run in (a, b):
+        record = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps({**record, "stdout": "strict"}))
+    found = compare_recorded([a, b])
+    assert found.verdict == "divergent" and found.stdout_mode == "strict"
 
 
 def test_out_naming_a_file_is_a_usage_error(tmp_path: Path) -> None:

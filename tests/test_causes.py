@@ -14,6 +14,7 @@ from detaudit.causes import device, order, rng
 from detaudit.causes import flags as flags_module
 from detaudit.causes.context import Context, RepeatEvidence
 from detaudit.compare import Divergence, RecordInfo
+from detaudit.stdout import StdoutDifference
 
 
 def record(kind: str = "output", name: str = "fc", step: int = 0, index: int = 10, module: str = "") -> RecordInfo:
@@ -443,3 +444,37 @@ def test_device_rng_geometry_across_gpu_models() -> None:
     assert "train.py:12" in found[0].fix
     same = context([events("NVIDIA H100 80GB HBM3"), events("NVIDIA H100 80GB HBM3")])
     assert device.device_rng_geometry(same) is None
+
+
+# -- output --------------------------------------------------------------------------------------------
+def _stdout_only(ref: str, other: str, mode: str = "masked") -> Context:
+    diff = StdoutDifference(line=7, mode=mode, reference=0, lines={0: ref, 1: other})  # type: ignore[arg-type]
+    rec = RecordInfo(-1, "stdout", "line 7", "", "", -1, "", "", "", False)
+    reps = []
+    for i in range(2):
+        rep = RepeatEvidence(i, "cpu", Path(f"/nonexistent/repeat-{i}.trace"))
+        rep.events = [{"at": 0, **hash_event(probe=100 + i)}]  # hashing varies, as it does by default
+        reps.append(rep)
+    return Context(Divergence(-1, "outcome", rec, [1], 0, stdout=diff), reps)
+
+
+def test_only_stdout_differing_is_its_own_cause_never_hash_order_without_evidence() -> None:
+    found = causes.rank(_stdout_only("epoch 3 val 0.8123 best", "epoch 3 val 0.8125 best"))
+    assert [c.id for c in found] == ["stdout-differs"]
+    assert found[0].confidence == "likely"
+    assert "stdout line 7: 'epoch 3 val 0.8123 best' in repeat 0, 'epoch 3 val 0.8125 best' in repeat 1" in \
+        found[0].evidence
+    assert "differing tokens: '0.8123' vs '0.8125'" in found[0].evidence
+
+
+def test_a_strict_stdout_divergence_in_timings_only_says_masking_would_hide_it() -> None:
+    found = causes.rank(_stdout_only("step 1 time 3.10ms", "step 1 time 3.42ms", mode="strict"))
+    assert found[0].id == "stdout-differs"
+    assert any("`--stdout masked` compares them as equal" in line for line in found[0].evidence)
+    assert not any("compares them as equal" in line for line in causes.rank(_stdout_only("a 1", "a 2", "strict"))[0]
+                   .evidence)
+
+
+def test_output_that_ended_early_is_quoted_as_ended() -> None:
+    found = causes.rank(_stdout_only("done", None))  # type: ignore[arg-type]
+    assert "stdout line 7: 'done' in repeat 0, (output ended) in repeat 1" in found[0].evidence

@@ -57,7 +57,7 @@ def test_missing_script_is_usage_error(tmp_path: Path) -> None:
     assert not (tmp_path / ".detaudit").exists()  # nothing was created for a run that never started
 
 
-@pytest.mark.parametrize("args", [["run", "x.py", "--repeats", "1"], ["run", "x.py", "--bogus"], ["run"],
+@pytest.mark.parametrize("args", [["run", "x.py", "--repeats", "1"], ["run", "--bogus", "x.py"], ["run"],
                                   ["nonsense-command"], ["run", "x.py", "--device", "tpu"]])
 def test_bad_usage_exits_2(tmp_path: Path, args: list[str]) -> None:
     (tmp_path / "x.py").write_text("print(1)\n")
@@ -235,14 +235,36 @@ def test_ignore_stdout_is_kept_for_report(tmp_path: Path, capsys: pytest.Capture
     (tmp_path / "coin.py").write_text(COIN)
     made = run_cli(["run", "coin.py", "-n", "2", "-j", "2", "--ignore-stdout", "--out", "run"], cwd=tmp_path)
     assert made.returncode == 0, made.output
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["ignore_stdout"] is True
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["stdout"] == "ignore"
     assert run_in_process(["report", str(tmp_path / "run")], capsys).returncode == 0
+    strict = run_in_process(["report", str(tmp_path / "run"), "--stdout", "strict"], capsys)
+    assert strict.returncode == 1 and "stdout line 1" in strict.stdout
+    both = run_in_process(["report", str(tmp_path / "run"), "--stdout", "strict", "--ignore-stdout"], capsys)
+    assert_clean_error(both, 2, "--ignore-stdout")
+
+
+def test_compare_takes_the_stdout_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recs = training_records(steps=1)
+    a = write_run(tmp_path / "a", [recs, recs], stdout=["seed 1\n"] * 2)
+    b = write_run(tmp_path / "b", [recs, recs], stdout=["seed 2\n"] * 2)
+    assert run_in_process(["compare", str(a), str(b)], capsys).returncode == 1
+    assert run_in_process(["compare", str(a), str(b), "--ignore-stdout"], capsys).returncode == 0
+    assert run_in_process(["compare", str(a), str(b), "--stdout", "ignore", "-q"], capsys).returncode == 0
+
+
+def test_jobs_that_oversubscribe_the_cores_warn(tmp_path: Path) -> None:
+    (tmp_path / "coin.py").write_text("print('heads')\n")
+    busy = run_cli(["run", "coin.py", "-n", "2", "-j", "2"], cwd=tmp_path, env={"OMP_NUM_THREADS": "4096"})
+    assert busy.returncode == 0 and "warning: --jobs 2 runs 2 repeats at once" in " ".join(busy.stderr.split())
+    assert (tmp_path / ".detaudit" / ".gitignore").read_text().strip().endswith("*")
+    alone = run_cli(["run", "coin.py", "-n", "2", "-j", "1"], cwd=tmp_path, env={"OMP_NUM_THREADS": "4096"})
+    assert alone.returncode == 0 and "warning" not in alone.stderr
 
 
 def test_explain_a_run_from_another_directory(tmp_path: Path) -> None:
     (tmp_path / "coin.py").write_text(COIN)
     made = run_cli(["run", "coin.py", "-n", "2", "-j", "2", "--out", "run"], cwd=tmp_path)
-    assert made.returncode == 1 and "--ignore-stdout" in made.stdout, made.output
+    assert made.returncode == 1 and "--stdout ignore" in made.stdout, made.output
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     result = run_cli(["explain", "../run", "-j", "2", "--json", "e.json"], cwd=elsewhere)
@@ -251,3 +273,5 @@ def test_explain_a_run_from_another_directory(tmp_path: Path) -> None:
     experiments = result.report["experiments"] if result.report is not None else []
     assert experiments and all(e["verdict"] == "divergent" for e in experiments)  # no pin fixes os.urandom
     assert len(list((tmp_path / "run").glob("explain-*.trace"))) == 2 * len(experiments)
+    progress = [line for line in result.stderr.splitlines() if line.startswith("explain-")]
+    assert len(progress) == 2 * len(experiments) and all("exit 0 in" in line for line in progress)

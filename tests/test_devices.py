@@ -23,3 +23,17 @@ def test_named_devices_compare_across_devices(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(devices, "cuda_available", lambda: False)
     with pytest.raises(UsageError, match="no CUDA device"):
         devices.resolve_devices(["cuda"])
+
+
+def test_jobs_that_oversubscribe_the_cores_are_warned_about() -> None:
+    warning = devices.oversubscription(2, ["cpu"], {}, 2)
+    assert warning is not None and "--jobs 2" in warning and "2 CPU cores" in warning
+    assert "one thread per core" in warning
+    assert "OMP_NUM_THREADS=2" in (devices.oversubscription(3, ["cpu"], {"OMP_NUM_THREADS": "2"}, 4) or "")
+
+
+def test_jobs_that_fit_the_cores_or_run_on_a_gpu_are_not_warned_about() -> None:
+    assert devices.oversubscription(1, ["cpu"], {}, 2) is None
+    assert devices.oversubscription(2, ["cpu"], {"OMP_NUM_THREADS": "1"}, 2) is None
+    assert devices.oversubscription(4, ["cuda"], {}, 2) is None
+    assert devices.oversubscription(2, ["cpu"], {"OMP_NUM_THREADS": "many"}, None) is None

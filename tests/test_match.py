@@ -20,12 +20,12 @@ def test_match_counts_records_by_kind_and_says_what_was_not_observed(tmp_path: P
     paths = [write_trace(tmp_path / f"r{i}.trace", recs, {"exit_code": 0}) for i in range(2)]
     comparison = compare_traces(paths, ["cpu", "cpu"])
     m = describe_match(paths[0], comparison, bitwise=True, tolerance=Tolerance(), granularity="module",
-                       stdout_compared=False, devices=["cpu", "cpu"])
+                       stdout="ignore", devices=["cpu", "cpu"])
     assert m.records_by_kind == {"output": 6, "grad": 6, "param": 6}
     assert m.comparison == "bitwise" and m.tolerance is None and m.steps_covered == 2
     assert any("CUDA kernels" in line for line in m.not_observed)
     assert any("individual ops" in line for line in m.not_observed)
-    assert "stdout (--ignore-stdout)" in m.not_observed
+    assert "stdout (ignored, or not recorded)" in m.not_observed and m.stdout_compared == "no"
 
 
 def test_the_perturbed_record_is_plain_and_in_the_middle_step(tmp_path: Path) -> None:

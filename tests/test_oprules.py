@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree as ET
 
 import pytest
 from rich.console import Console
@@ -15,8 +16,8 @@ from synthetic import Rec, write_run
 from detaudit import oprules
 from detaudit.audit import load_run
 from detaudit.oprules import find_op_source
-from detaudit.render import op_panel
-from detaudit.report import to_dict
+from detaudit.render import op_panel, render
+from detaudit.report import to_dict, to_junit
 from detaudit.trace import Flag, Kind, TraceWriter
 
 
@@ -198,6 +199,31 @@ def test_an_auto_run_directory_reports_the_op_from_its_op_level_rerun(tmp_path: 
     assert finding["verdict"] == "nondeterministic-op" and finding["window"] == [0, 0] and finding["traces"] == "ops"
     assert [(n["index"], n["inputs"], n["output"]) for n in finding["neighbours"]][2:5] == [
         (2, "match", "match"), (3, "match", "differ"), (4, "differ", "differ")]
+
+
+def test_terminal_json_and_junit_name_the_same_file_and_line(tmp_path: Path) -> None:
+    """The op-level re-run pinpoints train.py:14 while the module-level record came from train.py:20: every
+    rendering names train.py:14 as the divergence's location, the terminal also says where it was recorded."""
+    run = tmp_path / "run"
+    module_level = [Rec("net.0", 1, kind=Kind.OUTPUT, module="net.0", loc="train.py:20"),
+                    Rec("net.0.weight", 2, kind=Kind.GRAD, loc="train.py:20")]
+    write_run(run, [module_level, [module_level[0], module_level[1].but(digest=3)]])
+    ops = traces(run, BASE, diverge(BASE, 3, ins_from=4))
+    record = json.loads((run / "run.json").read_text())
+    record["narrowing"] = {"window": [0, 0], "prefix": "ops", "results": [
+        {**r, "trace": p.name} for r, p in zip(record["results"], ops)]}
+    (run / "run.json").write_text(json.dumps(record))
+
+    report = load_run(run)
+    console = Console(record=True, width=200)
+    render(report, console)
+    text = console.export_text()
+    panel = text[text.index("First divergence"):text.index("The op behind it")]
+    assert "location     train.py:14" in panel and "recorded at  train.py:20" in panel
+    assert to_dict(report)["first_divergence"]["location"] == "train.py:14"
+    assert "train.py:14" in ET.fromstring(to_junit(report)).find("testcase[@name='repeats agree']/failure").get(
+        "message", "")
+    assert "(train.py:14)" in text.strip().splitlines()[-1]  # the closing summary line
 
     console = Console(record=True, width=160)
     panel = op_panel(report)

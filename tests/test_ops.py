@@ -222,3 +222,20 @@ def test_device_path_at_op_granularity_resolves_without_recording_its_own_transf
     assert (trace.records["flags"] & Flag.DEVICE).all()
     # inside the op window accelerator digests are taken at once, so every op's inputs are known
     assert (trace.records["in_ordered"] != 0).all()
+
+
+def test_an_in_place_op_records_the_contents_it_wrote(tmp_path: Path) -> None:
+    """The version counter moves only after the dispatch mode returns: an in-place op's output must
+    not be given the digest cached for its argument before the write."""
+    def body(rec: Recorder) -> None:
+        pooled = torch.zeros(4, 3)
+        pooled.index_add_(0, torch.tensor([0, 1, 1, 3]), torch.ones(4, 3))
+        pooled.add_(1)
+
+    trace = record(tmp_path / "t.trace", body)
+    digests = {row["name"]: row["digest"] for row in rows(trace)}
+    assert len({digests["aten.zeros.default"], digests["aten.index_add_.default"], digests["aten.add_.Tensor"]}) == 3
+    from detaudit.fingerprint import fingerprint_cpu
+
+    expected = torch.zeros(4, 3).index_add_(0, torch.tensor([0, 1, 1, 3]), torch.ones(4, 3)).add_(1)
+    assert digests["aten.add_.Tensor"] == fingerprint_cpu(expected)[0]

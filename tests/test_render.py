@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +13,8 @@ from detaudit.audit import load_run
 from detaudit.causes.context import finding
 from detaudit.compare import RecordInfo
 from detaudit.oprules import OpFinding
-from detaudit.render import op_panel, verdict_line
+from detaudit.render import argv_line, op_panel, render, verdict_line
+from detaudit.report import Report
 
 
 def _record(kind: str, name: str, op: str = "") -> RecordInfo:
@@ -43,3 +45,45 @@ def test_an_environment_change_is_not_called_nondeterminism(tmp_path: Path) -> N
     line = verdict_line(report).plain
     assert line.startswith("DIVERGENT: the environment changed between the recordings")
     assert "(torch, GPU differ)" in line
+
+
+def _finished(tmp_path: Path, stdout: list[str], mode: str = "masked") -> Report:
+    run = write_run(tmp_path / "run", [training_records(2)] * 2, stdout=stdout)
+    return load_run(run, stdout=mode)  # type: ignore[arg-type]
+
+
+def _text(report: Report, notes: tuple[str, ...] = ()) -> str:
+    console = Console(record=True, width=200)
+    render(report, console, notes)
+    return console.export_text()
+
+
+def test_the_summary_line_comes_last_with_verdict_divergence_cause_and_run_directory(tmp_path: Path) -> None:
+    report = _finished(tmp_path, ["loss 0.5\nstep 2 time 3.1ms\n", "loss 0.5\nstep 2 time 4.2ms\n"], "strict")
+    lines = _text(report, ("a note before the summary",)).strip().splitlines()
+    assert lines[-2] == "a note before the summary"
+    assert lines[-1] == (f"DIVERGENT · first divergence: stdout line 2 · top cause: stdout-differs (likely) · "
+                         f"run: {report.run_dir}")
+    assert lines[1] == "script argv: train.py"
+
+
+def test_a_stdout_divergence_shows_the_line_of_each_repeat(tmp_path: Path) -> None:
+    report = _finished(tmp_path, ["loss 0.5\nloss 0.25\n", "loss 0.5\nloss 0.26\n"])
+    text = _text(report)
+    assert re.search(r"line +2 of stdout \(masked comparison\)", text)
+    assert re.search(r"repeat 0 +'loss 0.25'", text) and re.search(r"repeat 1 +'loss 0.26'", text)
+    assert "all 12 recorded tensor records agree" in text
+    assert "python-hash-seed" not in text and "object-order" not in text
+
+
+def test_a_deterministic_summary_says_how_much_agreed(tmp_path: Path) -> None:
+    report = _finished(tmp_path, ["epoch 1 12.5 it/s\n", "epoch 1 13.1 it/s\n"])
+    assert _text(report).strip().splitlines()[-1] == (f"DETERMINISTIC · 2 repeats agree on 12 records · "
+                                                      f"run: {report.run_dir}")
+
+
+def test_the_argv_line_quotes_arguments_as_a_shell_would() -> None:
+    report = SimpleNamespace(argv=["train.py", "data dir/x.txt", "--device=cpu"])
+    line = argv_line(report)  # type: ignore[arg-type]
+    assert line is not None and line.plain == "script argv: train.py 'data dir/x.txt' --device=cpu"
+    assert argv_line(SimpleNamespace(argv=None)) is None  # type: ignore[arg-type]

@@ -202,3 +202,12 @@ def test_a_divergence_before_the_timeout_is_reported_with_exit_5(tmp_path: Path)
 def test_not_timed_out_is_marked_false(tmp_path: Path) -> None:
     recs = training_records()
     assert _strict_json(load_run(write_run(tmp_path / "run", [recs, recs])), tmp_path)["timed_out"] is False
+
+
+def test_junit_quotes_the_differing_stdout_line_of_each_repeat(tmp_path: Path) -> None:
+    recs = training_records(steps=1)
+    run = write_run(tmp_path / "run", [recs, recs], stdout=["epoch 1 acc 0.91\n", "epoch 1 acc 0.92\n"])
+    failure = ET.fromstring(to_junit(load_run(run))).find("testcase[@name='repeats agree']/failure")
+    assert failure is not None and failure.get("message") == "first divergence: stdout line 1"
+    assert "stdout line 1, repeat 0: 'epoch 1 acc 0.91'" in (failure.text or "")
+    assert "stdout line 1, repeat 1: 'epoch 1 acc 0.92'" in (failure.text or "")

@@ -220,6 +220,11 @@ class Recorder:
             self.forget_digests()
         self._roots_run.add(module_id)
 
+    def forget_digest(self, t: torch.Tensor) -> None:
+        """Drop what is cached for one tensor: it was just written in place."""
+        for cache in self.digest_caches:
+            cache.pop(id(t), None)
+
     def forget_digests(self) -> None:
         self._roots_run.clear()
         for cache in self.digest_caches:

@@ -60,7 +60,7 @@ PASS_NAMESPACES = frozenset({"profiler", "prim"})
 class _OpInfo:
     """What the recorder needs to know about one OpOverload, worked out on its first call."""
 
-    __slots__ = ("mode", "names", "random", "self_blind", "blind_kwargs", "mutated", "code", "text")
+    __slots__ = ("mode", "names", "random", "self_blind", "blind_kwargs", "mutated", "writes", "code", "text")
 
     def __init__(self, func: Any, rec: Recorder) -> None:
         packet = func.overloadpacket.__name__
@@ -81,6 +81,9 @@ class _OpInfo:
         # Positions of arguments written in place, for ops that return nothing (`_foreach_add_`).
         self.mutated = [i for i, a in enumerate(arguments)
                         if a.alias_info is not None and a.alias_info.is_write and not a.is_out]
+        # Writes an argument in place (`index_add_`, `out=`): autograd bumps the version counter only
+        # after this mode returns, so a digest cached for the argument would still look current.
+        self.writes = any(a.alias_info is not None and a.alias_info.is_write for a in arguments)
         self.code = xxhash.xxh3_64_intdigest(self.text.encode())
 
     def name(self, rec: Recorder, index: int) -> int:
@@ -184,6 +187,9 @@ class OpRecorder(TorchDispatchMode):
         if self._blank:  # memory now holding an op's output is no longer blank
             for t in outputs:
                 self._blank.pop(t.data_ptr(), None)
+        if info.writes:
+            for t in outputs:
+                rec.forget_digest(t)
         for i, t in enumerate(outputs):
             rec.record_tensor(Kind.OP, info.names[0] if i == 0 else info.name(rec, i), t, module, loc,
                               aux, flags, inputs)

@@ -1,0 +1,163 @@
+"""Whose option is it: split `detaudit run ... SCRIPT ...` into detaudit's options and the script's argv.
+
+Before SCRIPT every option is detaudit's. After it, an option detaudit does not know goes to the
+script together with everything after it; an option detaudit knows is taken only when it is not
+ambiguous: one the script defines too (found by a static scan of its argparse/click definitions)
+or one given twice is refused, with the exact `--` spelling that says whose it is.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from detaudit.errors import UsageError
+
+MAX_SCAN_BYTES = 4 << 20  # a script larger than this is not scanned for its option definitions
+_NUMBER = re.compile(r"-\d|-\.\d")
+_DEFINERS = frozenset({"add_argument", "option"})  # argparse (and its groups); click.option / typer-style
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One detaudit option: every spelling, whether it takes a value, whether it may be repeated."""
+
+    names: frozenset[str]
+    takes_value: bool
+    multiple: bool = False
+
+    @property
+    def label(self) -> str:
+        return "/".join(sorted(self.names, key=len))
+
+
+@dataclass
+class SplitArgs:
+    """`ours`: detaudit's options in the order given; `script` None when no SCRIPT was given."""
+
+    ours: list[str] = field(default_factory=list)
+    script: str | None = None
+    script_args: list[str] = field(default_factory=list)
+
+    def for_parser(self) -> list[str]:
+        """The arguments rebuilt so that a parser with SCRIPT and SCRIPT_ARGS... takes them as meant."""
+        if self.script is None:
+            return list(self.ours)
+        return [*self.ours, self.script, "--", *self.script_args]
+
+
+def script_options(script: Path) -> set[str]:
+    """Option strings the script itself defines (`add_argument("-d", "--device")`, `click.option(...)`).
+
+    A cheap static scan: unreadable or unparsable scripts define nothing as far as this knows.
+    """
+    try:
+        if script.stat().st_size > MAX_SCAN_BYTES:
+            return set()
+        tree = ast.parse(script.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name not in _DEFINERS:
+            continue
+        for arg in node.args:
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("-"):
+                found.add(arg.value.split("/")[0])  # click's "--flag/--no-flag"
+    return found
+
+
+def _option_name(arg: str, lookup: dict[str, OptionSpec]) -> tuple[str, bool]:
+    """(the option's name, whether its value is attached: `--x=1`, `-n5`)."""
+    if arg.startswith("--"):
+        name, eq, _ = arg.partition("=")
+        return name, bool(eq)
+    if len(arg) > 2 and arg[:2] in lookup and lookup[arg[:2]].takes_value:
+        return arg[:2], True
+    return arg, False
+
+
+def split_run_args(args: Sequence[str], specs: Sequence[OptionSpec],
+                   defined_by: Callable[[str], set[str]], prog: str = "detaudit run") -> SplitArgs:
+    """Split `run`'s arguments (see the module docstring); raises UsageError on an ambiguous option.
+
+    `defined_by(script)`: the option strings SCRIPT defines itself.
+    """
+    lookup = {name: spec for spec in specs for name in spec.names}
+    split = SplitArgs()
+    before: dict[OptionSpec, str] = {}  # detaudit options given before SCRIPT, as written
+    after: dict[OptionSpec, str] = {}
+    defined: set[str] = set()
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        is_option = arg.startswith("-") and arg not in ("-", "--") and not _NUMBER.match(arg)
+        if split.script is None and not is_option:
+            if arg == "--":  # `run [options] -- SCRIPT ARGS...`
+                split.ours.extend(args[i:])
+                return split
+            split.script = arg
+            defined = defined_by(arg)
+            i += 1
+            continue
+        if split.script is not None and arg == "--":
+            split.script_args.extend(args[i + 1:])
+            break
+        if split.script is not None and not is_option:
+            split.script_args.append(arg)
+            i += 1
+            continue
+        name, attached = _option_name(arg, lookup)
+        spec = lookup.get(name)
+        if spec is None:
+            if split.script is None:
+                split.ours.append(arg)  # before SCRIPT: detaudit's to reject ("no such option")
+                i += 1
+                continue
+            split.script_args.extend(args[i:])  # the script's option, and everything after it
+            break
+        if spec.takes_value and not attached and i + 1 == len(args):
+            raise UsageError(f"{arg} needs a value")
+        width = 2 if spec.takes_value and not attached else 1
+        written = " ".join(args[i:i + width])
+        if split.script is not None:
+            clash = sorted(spec.names & defined)
+            if clash:
+                raise UsageError(_ambiguous(prog, split, args, i, width,
+                                            f"{written} is an option of both detaudit and {split.script} "
+                                            f"(its own argument parser defines {', '.join(clash)})"))
+            earlier = before.get(spec) or (after.get(spec) if not spec.multiple else None)
+            if earlier is not None:
+                raise UsageError(_ambiguous(prog, split, args, i, width,
+                                            f"{spec.label} is given twice ({earlier}, then {written} after "
+                                            f"{split.script})", twice=True))
+            after[spec] = written
+        elif spec in before and not spec.multiple:
+            raise UsageError(f"{spec.label} is given twice ({before[spec]}, then {written}); give it once")
+        else:
+            before[spec] = written
+        split.ours.extend(args[i:i + width])
+        i += width
+    return split
+
+
+def _ambiguous(prog: str, split: SplitArgs, args: Sequence[str], i: int, width: int, why: str,
+               twice: bool = False) -> str:
+    """The refusal, with both spellings: the option to the script (after `--`), or to detaudit (before SCRIPT)."""
+    assert split.script is not None
+    to_script = shlex.join([*prog.split(), *split.ours, split.script, "--", *split.script_args, *args[i:]])
+    if twice:
+        return (f"{why}, so detaudit will not guess whose the second is. If it is the script's, put it after "
+                f"`--`: `{to_script}`. If it is detaudit's, give it once.")
+    to_us = shlex.join([*prog.split(), *split.ours, *args[i:i + width], split.script, *split.script_args,
+                        *args[i + width:]])
+    return (f"{why}, so detaudit will not guess whose it is. For the script, put it after `--`: `{to_script}`. "
+            f"For detaudit, put it before the script: `{to_us}`.")

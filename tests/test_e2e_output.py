@@ -1,0 +1,95 @@
+"""End to end, through the real CLI: what a user sees — printed timings, the script's own options, the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, run_cli
+
+TIMED = "train_timed.py"
+
+
+@pytest.fixture
+def timed(tmp_path: Path) -> Path:
+    shutil.copy(SCRIPTS / TIMED, tmp_path / TIMED)
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_a_seeded_script_that_prints_timings_is_deterministic_in_ten_repeats(timed: Path) -> None:
+    """One audit of 10 repeats: each repeat's stdout differs byte for byte from every other (timestamps,
+    step times, rates, a carriage-return progress bar), so all 45 pairs needed the masking, and a 2-repeat
+    audit of any pair of them is `deterministic` too (masked equality is an equivalence)."""
+    result = run_cli(["run", "-n", "10", "--granularity", "step", "-q", "--json", "r.json", "--out", "run",
+                      TIMED, "--", "--epochs", "1"], cwd=timed, timeout=900)
+    assert result.returncode == 0, result.output
+    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report["stdout_mode"] == "masked"
+    assert len({r["stdout_digest"] for r in result.report["runs"]}) == 10
+    records = result.report["spread"]["records_compared"]
+    assert result.stdout.strip().splitlines()[-1] == f"DETERMINISTIC · 10 repeats agree on {records} records · run: run"
+
+    strict = run_cli(["report", "run", "--stdout", "strict", "--json", "strict.json"], cwd=timed)
+    assert strict.returncode == 1, strict.output
+    assert strict.report is not None
+    first = strict.report["first_divergence"]
+    assert (first["kind"], first["name"], first["stdout"]["line"]) == ("stdout", "line 1", 1)
+    assert first["stdout"]["lines"]["0"].endswith("INFO config: {'epochs': 1, 'batch_size': 32, 'lr': 0.05, "
+                                                  "'device': 'cpu', 'log_every': 4, 'seed': 1234}")
+    assert f"all {records} recorded tensor records agree" in first["detail"]
+    assert [c["id"] for c in strict.report["causes"]] == ["stdout-differs"]
+
+
+def test_an_option_the_script_defines_too_is_refused_with_the_spelling_to_use(timed: Path) -> None:
+    result = run_cli(["run", "-n", "2", TIMED, "--device=cpu", "--epochs", "1"], cwd=timed)
+    assert result.returncode == 2, result.output
+    assert "Traceback" not in result.output and not (timed / ".detaudit").exists()
+    message = " ".join(result.stderr.split())
+    assert f"--device=cpu is an option of both detaudit and {TIMED}" in message
+    assert f"`detaudit run -n 2 {TIMED} -- --device=cpu --epochs 1`" in message
+    assert f"`detaudit run -n 2 --device=cpu {TIMED} --epochs 1`" in message
+
+
+@pytest.mark.slow
+def test_options_after_the_script_reach_it_and_strict_stdout_shows_the_first_differing_line(timed: Path) -> None:
+    script_argv = [TIMED, "--epochs", "1", "--device=cpu", "--log-every", "8", "--seed", "7"]
+    result = run_cli(["run", "-n", "2", "--granularity", "step", "--stdout", "strict", "--json", "r.json",
+                      "--out", "run", *script_argv], cwd=timed, env={"COLUMNS": "400"})
+    assert result.returncode == 1, result.output
+    assert result.report is not None and result.report["argv"] == script_argv
+    assert f"script argv: {' '.join(script_argv)}" in result.stdout
+    printed = (timed / "run" / "repeat-0.stdout").read_text()
+    assert "'device': 'cpu', 'log_every': 8, 'seed': 7" in printed  # the script parsed the options itself
+    first = result.report["first_divergence"]
+    assert first["kind"] == "stdout" and first["stdout"]["mode"] == "strict"
+    line = first["stdout"]["line"]
+    shown = [first["stdout"]["lines"]["0"], first["stdout"]["lines"]["1"]]
+    assert shown == [printed.split("\n")[line - 1],
+                     (timed / "run" / "repeat-1.stdout").read_text().split("\n")[line - 1]]
+    assert shown[0] in result.stdout and shown[1] in result.stdout  # both repeats' line, in the terminal report
+    assert result.stdout.strip().splitlines()[-1].startswith(
+        f"DIVERGENT · first divergence: stdout line {line} · top cause: stdout-differs (likely) · run: run")
+
+
+@pytest.mark.slow
+def test_the_demo_exits_0_and_ends_with_a_summary_that_a_pipe_does_not_wrap(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # a CI log: no terminal, no COLUMNS
+    proc = subprocess.run([sys.executable, "-m", "detaudit", "demo", "-n", "2"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert "diverges on purpose" in lines[-2] and "`detaudit run` on your own script exits 1" in lines[-2]
+    assert lines[-1].startswith("DIVERGENT · first divergence: input ")
+    assert "top cause: unseeded-numpy-rng (confirmed)" in lines[-1] and "/.detaudit/runs/" in lines[-1]
+    assert max(len(line) for line in lines) > 120  # laid out whole, not wrapped at 80 columns
+    assert (tmp_path / ".detaudit" / ".gitignore").read_text().splitlines()[-1] == "*"
+    assert "explain-numpy-rng-0 (cpu): exit 0" in proc.stderr  # --explain shows its progress
+    runs = list((tmp_path / ".detaudit" / "runs").iterdir())
+    report = json.loads((runs[0] / "report.json").read_text())
+    assert report["verdict"] == "divergent" and report["first_divergence"]["location"] in lines[-1]

@@ -1,0 +1,162 @@
+"""The HTML report (detaudit/html.py): one self-contained file whose plots hold the JSON's numbers."""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_cli
+from synthetic import training_records, write_run
+
+from detaudit import baseline
+from detaudit.audit import load_run, read_run
+from detaudit.html import heat_strip_svg, render_html
+from detaudit.report import to_dict
+
+_VOID = {"meta", "br", "img", "input", "link", "hr", "circle", "line", "polyline", "rect"}
+
+
+class Page(HTMLParser):
+    """Every element with its attributes, and a check that elements nest and close properly."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str]]] = []
+        self.text: list[str] = []
+        self.stack: list[str] = []
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.elements.append((tag, {k: v or "" for k, v in attrs}))
+        if tag not in _VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _VOID:
+            return
+        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes <{self.stack[-1] if self.stack else None}>"
+        self.stack.pop()
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+    def plot(self, name: str, tag: str) -> list[dict[str, str]]:
+        """The data points of one plot, in document order."""
+        inside, points = False, []
+        for t, attrs in self.elements:
+            if t == "svg":
+                inside = attrs.get("data-plot") == name
+            elif inside and t == tag:
+                points.append(attrs)
+        return points
+
+
+def check_page(text: str, data: dict[str, Any]) -> Page:
+    """Parses, loads nothing from outside, and its plots hold the numbers of the JSON report."""
+    page = Page(text)
+    assert page.stack == [], f"unclosed elements: {page.stack}"
+    assert not re.search(r"https?://|//cdn|<script|<link|@import|url\(", text, re.I)
+    for _, attrs in page.elements:
+        for key in ("src", "href"):
+            assert key not in attrs or attrs[key].startswith("#"), attrs
+    steps = [s for s in data["spread"]["by_step"] if s["differing"]]
+    if not steps and data.get("baseline"):
+        steps = [s for s in data["baseline"]["by_step"] if s["differing"]]
+    peaks = {int(p["data-step"]): float(p["data-value"]) for p in page.plot("max-abs-diff", "circle")}
+    assert peaks == {s["step"]: s["max_abs_diff"] for s in steps if s["max_abs_diff"] is not None}
+    counts = {int(p["data-step"]): float(p["data-value"]) for p in page.plot("differing", "circle")}
+    assert counts == {s["step"]: s["differing"] for s in steps}
+    cells = {(int(c["data-step"]), c["data-module"]): int(c["data-count"]) for c in page.plot("modules", "rect")
+             if "data-count" in c}
+    assert cells == {(s["step"], m): n for s in steps for m, n in s["modules"].items()}
+    return page
+
+
+def test_synthetic_divergence_report(tmp_path: Path) -> None:
+    ref = training_records(steps=4)
+    other = [r.but(digest=r.digest + 1, samples=tuple(x * 1.5 for x in r.samples)) if r.step >= 2 else r
+             for r in ref]
+    report = load_run(write_run(tmp_path / "run", [ref, other]))
+    data = to_dict(report)
+    page = check_page(render_html(data), data)
+    text = " ".join(page.text)
+    assert "DIVERGENT" in text and "First divergence" in text and "Repeats" in text
+    assert {attrs.get("data-plot") for tag, attrs in page.elements if tag == "svg"} == \
+        {"max-abs-diff", "differing", "modules"}
+    modules = {c["data-module"] for c in page.plot("modules", "rect") if "data-module" in c}
+    assert modules == {"net.0", "net.1"}
+
+
+def test_deterministic_report_has_no_plots(tmp_path: Path) -> None:
+    ref = training_records(steps=2)
+    data = to_dict(load_run(write_run(tmp_path / "run", [ref, ref])))
+    page = check_page(render_html(data), data)
+    assert not any(tag == "svg" for tag, _ in page.elements)
+    assert "DETERMINISTIC" in " ".join(page.text)
+
+
+def test_user_text_is_escaped(tmp_path: Path) -> None:
+    ref = training_records(steps=1)
+    ref[0] = ref[0].but(name="<script>alert(1)</script>", module="<b>")
+    data = to_dict(load_run(write_run(tmp_path / "run", [ref, [r.but(digest=r.digest + 1) for r in ref]])))
+    text = render_html(data)
+    assert "<script>" not in text and "&lt;script&gt;" in text
+    check_page(text, data)
+
+
+@pytest.mark.slow
+def test_html_of_the_demo_run(tmp_path: Path) -> None:
+    """The bundled demo, audited as `detaudit demo` does (without --explain): HTML from run, report, compare."""
+    demo = Path(str(resources.files("detaudit") / "demo" / "train_demo.py"))
+    result = run_cli(["run", str(demo), "-n", "2", "--out", "run", "--json", "run.json", "--html", "run.html"],
+                     cwd=tmp_path)
+    assert result.returncode == 1, result.output
+    data = json.loads((tmp_path / "run.json").read_text())
+    page = check_page((tmp_path / "run.html").read_text(), data)
+    text = " ".join(page.text)
+    for heading in ("Repeats", "First divergence", "The op behind it", "How the divergence spreads",
+                    "Likely causes", "unseeded-numpy-rng", "Environment"):
+        assert heading in text, heading
+    assert len(page.plot("max-abs-diff", "circle")) == len([s for s in data["spread"]["by_step"] if s["differing"]])
+
+    again = run_cli(["report", "run", "--html", "report.html", "--json", "report.json"], cwd=tmp_path)
+    assert again.returncode == 1
+    check_page((tmp_path / "report.html").read_text(), json.loads((tmp_path / "report.json").read_text()))
+    compared = run_cli(["compare", "run/repeat-0.trace", "run/repeat-1.trace", "--html", "compare.html",
+                        "--json", "compare.json"], cwd=tmp_path)
+    assert compared.returncode == 1
+    check_page((tmp_path / "compare.html").read_text(), json.loads((tmp_path / "compare.json").read_text()))
+
+
+def test_baseline_section_and_its_spread(tmp_path: Path) -> None:
+    """Repeats that agree but differ from a baseline: the plots show the spread from the baseline."""
+    recs = training_records(steps=3)
+    first = write_run(tmp_path / "first", [recs, recs])
+    saved = baseline.save(first, load_run(first), tmp_path / "base")
+    moved = [r.but(digest=r.digest + 7, samples=tuple(x + 0.5 for x in r.samples)) if r.step >= 1 else r
+             for r in recs]
+    later = write_run(tmp_path / "later", [moved, moved])
+    record, results = read_run(later)
+    record["environment"] = {**record["environment"], "cpu_count": 64}
+    report = load_run(later)
+    report.baseline = baseline.check(baseline.load(saved), later, record, results)
+    data = to_dict(report)
+    assert data["verdict"] == "deterministic" and data["exit_code"] == 1
+    page = check_page(render_html(data), data)
+    text = " ".join(page.text)
+    assert "from the baseline" in text and "differs" in text and "cpu_count" in text
+    assert {int(p["data-step"]) for p in page.plot("differing", "circle")} == {1, 2}
+
+
+def test_heat_strip_groups_long_runs_into_cells() -> None:
+    steps = [{"step": s, "records": 4, "differing": 2, "max_abs_diff": 1.0, "modules": {"fc": 2}} for s in range(900)]
+    page = Page(heat_strip_svg(steps))
+    cells = [c for tag, c in page.elements if tag == "rect" and "data-count" in c]
+    assert len(cells) == 300 and {c["data-steps"] for c in cells} == {"3"}
+    assert sum(int(c["data-count"]) for c in cells) == 2 * 900  # every differing record is counted once

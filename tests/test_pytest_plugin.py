@@ -1,0 +1,169 @@
+"""The pytest plugin (detaudit/pytest_plugin.py), tested by running pytest itself (`pytester`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from detaudit.pytest_plugin import describe_divergence, marker_args, repeat_argv
+
+TRAINING_TESTS = '''
+import pytest
+import torch
+
+
+def fit(seed=None):
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 6)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+    return model
+
+
+@pytest.mark.deterministic(repeats=2)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_seeded(seed, tmp_path):
+    torch.save(fit(seed).state_dict(), tmp_path / "model.pt")
+
+
+@pytest.mark.deterministic(repeats=2)
+def test_unseeded():
+    fit()
+
+
+def test_plain():
+    assert True
+
+
+def test_deselected():
+    raise AssertionError("deselected with -k")
+'''
+
+
+def _outcomes(result: pytest.RunResult) -> dict[str, int]:
+    return result.parseoutcomes()
+
+
+def _check_unseeded_failure(result: pytest.RunResult) -> Path:
+    """The unseeded test's failure names the first divergence, the top cause and the run directory."""
+    text = result.stdout.str()
+    assert "not deterministic: 2 fresh-interpreter runs of this test diverge" in text
+    assert re.search(r"first divergence: record #0 input .* at step 0 \(test_training\.py:\d+\)", text), text
+    assert "top cause: [likely] unseeded-torch-rng" in text
+    match = re.search(r"run directory: (\S+) ", text)
+    assert match, text
+    run_dir = Path(match.group(1))
+    assert (run_dir / "report.json").is_file() and (run_dir / "report.html").is_file()
+    return run_dir
+
+
+@pytest.mark.slow
+def test_marked_tests_audited_beside_randomly_and_rerunfailures(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("pytest_randomly")
+    pytest.importorskip("pytest_rerunfailures")
+    pytester.makepyfile(test_training=TRAINING_TESTS)
+    result = pytester.runpytest_subprocess("-p", "randomly", "--reruns", "2", "-k", "not deselected",
+                                           "--detaudit-granularity", "module", "-rf")
+    assert "Using --randomly-seed=" in result.stdout.str()  # pytest-randomly was active in the session
+    outcomes = _outcomes(result)
+    # seeded (both parameters, with tmp_path) and the unmarked test pass; the unseeded one fails, never rerun
+    assert outcomes.get("passed") == 3 and outcomes.get("failed") == 1, outcomes
+    assert "rerun" not in outcomes
+    assert "FAILED test_training.py::test_unseeded" in result.stdout.str()
+    run_dir = _check_unseeded_failure(result)
+    assert run_dir.is_relative_to(pytester.path / ".detaudit" / "runs" / "pytest")
+
+
+@pytest.mark.slow
+def test_audits_under_xdist(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_training=TRAINING_TESTS)
+    out = pytester.path / "audits"
+    result = pytester.runpytest_subprocess("-n", "2", "-k", "seeded", "--detaudit-granularity", "module",
+                                           "--detaudit-out", str(out))
+    outcomes = _outcomes(result)
+    assert outcomes.get("passed") == 2 and outcomes.get("failed") == 1, outcomes
+    _check_unseeded_failure(result)
+    assert len(list(out.iterdir())) == 3  # one run directory per audited test, none shared between workers
+
+
+@pytest.mark.slow
+def test_session_wide_audit_with_exitfirst(pytester: pytest.Pytester) -> None:
+    """`--detaudit` audits unmarked tests too; `-x` stops at the first divergent one."""
+    pytester.makepyfile(test_training=TRAINING_TESTS.replace("@pytest.mark.deterministic(repeats=2)\n", ""))
+    result = pytester.runpytest_subprocess("--detaudit", "--detaudit-repeats", "2", "-x", "-p", "no:randomly",
+                                           "-k", "unseeded or plain", "--detaudit-granularity", "module")
+    outcomes = _outcomes(result)
+    assert outcomes.get("failed") == 1 and "passed" not in outcomes, outcomes  # test_plain never ran
+    _check_unseeded_failure(result)
+
+
+@pytest.mark.slow
+def test_a_test_that_fails_in_every_rerun_fails_with_its_own_output(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_broken='''
+import pytest
+
+
+@pytest.mark.deterministic(repeats=2)
+def test_broken():
+    assert 1 + 1 == 3, "arithmetic is off"
+''')
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    assert _outcomes(result).get("failed") == 1
+    text = result.stdout.str()
+    assert "the test failed in every one of 2 fresh-interpreter re-runs" in text
+    assert "arithmetic is off" in text
+
+
+def test_marker_arguments_are_validated(pytester: pytest.Pytester) -> None:
+    items = {item.name: item for item in pytester.getitems("""
+import pytest
+
+@pytest.mark.deterministic(repeats=4, atol=1e-4)
+def test_ok(): pass
+
+@pytest.mark.deterministic(repetitions=3)
+def test_unknown(): pass
+
+@pytest.mark.deterministic(repeats=1)
+def test_one_repeat(): pass
+
+@pytest.mark.deterministic(3)
+def test_positional(): pass
+""")}
+    args = marker_args(items["test_ok"])
+    assert (args.repeats, args.atol, args.rtol, args.max_steps) == (4, 1e-4, None, None)
+    for name in ("test_unknown", "test_one_repeat", "test_positional"):
+        with pytest.raises(pytest.UsageError):
+            marker_args(items[name])
+
+
+def test_rerun_is_one_plain_test_session(pytester: pytest.Pytester) -> None:
+    source = "import pytest\n@pytest.mark.parametrize('x', ['a b'])\ndef test_a(x): pass\n"
+    item = pytester.getitem(source, "test_a[a b]")
+    argv = repeat_argv(item)
+    assert argv[0] == f"{item.path}::test_a[a b]"  # absolute: found from the session's working directory
+    assert argv[argv.index("-o"):argv.index("-o") + 2] == ["-o", "addopts="]  # no -n, --reruns from the ini
+    for plugin in ("randomly", "xdist", "rerunfailures", "cacheprovider"):
+        assert f"no:{plugin}" in argv
+
+
+def test_divergence_line() -> None:
+    line = describe_divergence({"index": 7, "kind": "output", "name": "fc", "module": "fc", "op": None, "step": 2,
+                                "location": "test_x.py:9", "repeats": [1, 2], "reference": 0,
+                                "max_abs_diff": 0.25, "detail": "bits differ"})
+    assert line == ("record #7 output fc in fc at step 2 (test_x.py:9); repeat(s) 1, 2 differ from repeat 0, "
+                    "max |diff| 0.25 — bits differ")
+
+
+def test_divergence_line_for_reruns_that_end_differently() -> None:
+    line = describe_divergence({"index": -1, "category": "outcome", "repeats": [1], "reference": 0,
+                                "detail": "exit status differs: repeat 0 exited 0, repeat 1 exited 1"})
+    assert line == "outcome — exit status differs: repeat 0 exited 0, repeat 1 exited 1"

@@ -1,0 +1,181 @@
+"""Masking what scripts print: timings and other volatile tokens go, results stay (docs/stdout.md)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from detaudit.stdout import compare_stdout, first_difference, mask_line, most_lenient, recorded_mode, visible
+
+# lines real training scripts print, with what must be left of them
+MASKED = [
+    ("iter 100: loss 2.1234, time 14.20ms, mfu 12.34%", "iter 100: loss 2.1234, time #ms, mfu #%"),
+    ("time: 0.82s", "time: #s"),
+    ("epoch 3 took 12.3 s", "epoch 3 took # s"),
+    ("step 10 | loss 0.5000 | 13.63 ms/batch", "step 10 | loss 0.5000 | # ms/batch"),
+    (" 50%|█████     | 50/100 [00:01<00:02, 19.50it/s]", " 50%|█████     | 50/100 [<elapsed>, #it/s]"),
+    ("100%|██████████| 100/100 [00:02<00:00, 45.31it/s]", "100%|██████████| 100/100 [<elapsed>, #it/s]"),
+    ("  0%|          | 0/100 [00:00<?, ?it/s]", "  0%|          | 0/100 [<elapsed>, #it/s]"),
+    ("train: 3.2s/it", "train: #s/it"),
+    ("1200 tokens/s 3.1 samples/s 45 tok/s", "# tokens/s # samples/s # tok/s"),
+    ("tok/sec: 123456.7 | loss 3.21", "tok/sec: # | loss 3.21"),
+    ("2026-11-22 23:58:05,123 INFO epoch 1 acc 93.5%", "<timestamp> INFO epoch 1 acc 93.5%"),
+    ("[2026-11-22T23:58:05.123456+00:00] done", "[<timestamp>] done"),
+    ("started 23:58:05, eta 0:00:12", "started <clock>, eta <clock>"),
+    ("step_time=0.034 data_time 0.001 loss=0.25", "step_time=# data_time # loss=0.25"),
+    ("throughput: 1234.5 samples/s", "throughput: # samples/s"),
+    ("Elapsed (s): 3.25", "Elapsed (s): #"),
+    ("<__main__.Net object at 0x7f3a1c2b9d50> pid 4242", "<__main__.Net object at 0x#> pid #"),
+    ("worker PID=31337 ready", "worker PID=# ready"),
+    ("{'train_runtime': 12.3, 'train_samples_per_second': 45.6, 'loss': 0.25}",
+     "{'train_runtime': #, 'train_samples_per_second': #, 'loss': 0.25}"),
+    ("Epoch 3/10 - loss: 0.4321 - accuracy: 0.8765 - 2s 12ms/step",
+     "Epoch 3/10 - loss: 0.4321 - accuracy: 0.8765 - #s #ms/step"),
+    ("\x1b[32mok\x1b[0m latency 3.2ms", "ok latency #ms"),
+]
+KEPT = [
+    "step 10 loss 0.1234",
+    "epoch 2: train_loss 0.123 val_acc 0.93 lr 0.001 grad_norm 1.23",
+    "accuracy 93.5% (935/1000)",
+    "lr 3e-4 weight decay 1e-2",
+    "timestep 5 reward -1.5",
+    "saved checkpoint to ckpt/epoch-3.pt",
+    "params: 1.2M, batches 32",
+    "3 steps, 12 samples, 4 seconds_budget_flag",
+    "best epoch 7 score 0.8123",
+    "digest a3f0c1d2e5b6",
+]
+
+
+@pytest.mark.parametrize("line, expected", MASKED)
+def test_volatile_tokens_are_masked(line: str, expected: str) -> None:
+    assert mask_line(line) == expected
+
+
+@pytest.mark.parametrize("line", KEPT)
+def test_results_are_never_masked(line: str) -> None:
+    assert mask_line(line) == line
+
+
+def test_a_carriage_return_progress_line_is_what_the_terminal_shows() -> None:
+    line = ("\r 10%|#  | 1/10 [00:00<00:01, 9.1it/s]\r 50%|##### | 5/10 [00:01<00:01, 4.2it/s]"
+            "\r100%|#| 10/10 [00:02<00:00, 5.0it/s]")
+    assert visible(line) == "100%|#| 10/10 [00:02<00:00, 5.0it/s]"
+    assert mask_line(line) == "100%|#| 10/10 [<elapsed>, #it/s]"
+    assert visible("done\r") == "done" and visible("\r\r") == ""
+
+
+finite = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
+units = st.sampled_from(["ms", "s", " s", "sec", "it/s", "s/it", " samples/s", " tokens/s", " tok/s", "ms/batch"])
+words = st.sampled_from(["time", "Time:", "elapsed", "eta", "mfu", "throughput:", "step_time=", "took"])
+
+
+@given(finite, finite, units)
+def test_two_timings_with_a_unit_mask_alike(a: float, b: float, unit: str) -> None:
+    assert mask_line(f"step 3 | {a:.2f}{unit}") == mask_line(f"step 3 | {b:.3f}{unit}")
+
+
+@given(finite, finite, words)
+def test_two_values_after_a_timing_word_mask_alike(a: float, b: float, word: str) -> None:
+    assert mask_line(f"iter 7 {word} {a:.4g}") == mask_line(f"iter 7 {word} {b}")
+
+
+@given(finite, finite, finite, finite)
+def test_losses_still_differ_when_the_timings_beside_them_are_masked(loss_a: float, loss_b: float, t_a: float,
+                                                                     t_b: float) -> None:
+    a, b = f"step 1 loss {loss_a:.6f} time {t_a:.2f}ms", f"step 1 loss {loss_b:.6f} time {t_b:.2f}ms"
+    assert (mask_line(a) == mask_line(b)) == (f"{loss_a:.6f}" == f"{loss_b:.6f}")
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80))
+def test_masking_is_idempotent(line: str) -> None:
+    once = mask_line(line)
+    assert mask_line(once) == once
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Nd"), blacklist_characters="\r\x1b"),
+               max_size=80))
+def test_a_line_without_digits_escapes_or_carriage_returns_is_unchanged(line: str) -> None:
+    assert mask_line(line.replace("?", "")) == line.replace("?", "")
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_bytes(text.encode())
+    return path
+
+
+def test_the_first_differing_line_is_found_and_counted_from_one(tmp_path: Path) -> None:
+    a = _write(tmp_path / "a", "epoch 1 loss 0.5 time 1.0ms\nepoch 2 loss 0.4 time 1.1ms\n")
+    b = _write(tmp_path / "b", "epoch 1 loss 0.5 time 2.0ms\nepoch 2 loss 0.3 time 1.1ms\n")
+    assert first_difference(a, b, "masked") == (2, "epoch 2 loss 0.4 time 1.1ms", "epoch 2 loss 0.3 time 1.1ms")
+    assert first_difference(a, b, "strict") == (1, "epoch 1 loss 0.5 time 1.0ms", "epoch 1 loss 0.5 time 2.0ms")
+
+
+def test_output_that_ends_early_differs_at_the_missing_line(tmp_path: Path) -> None:
+    a = _write(tmp_path / "a", "one\ntwo\n")
+    b = _write(tmp_path / "b", "one\n")
+    found = compare_stdout([a, b], [0, 1], "masked")
+    assert found is not None and found.line == 2 and found.lines == {0: "two", 1: None}
+
+
+def test_the_earliest_line_across_repeats_names_every_repeat_differing_there(tmp_path: Path) -> None:
+    ref = _write(tmp_path / "0", "a 1\nb 2\nc 3\n")
+    late = _write(tmp_path / "1", "a 1\nb 2\nc 4\n")
+    early = _write(tmp_path / "2", "a 1\nb 9\nc 3\n")
+    same = _write(tmp_path / "3", "a 1\nb 7\nc 3\n")
+    found = compare_stdout([ref, late, early, same], [0, 1, 2, 3], "strict")
+    assert found is not None and found.line == 2 and found.reference == 0
+    assert found.lines == {0: "b 2", 2: "b 9", 3: "b 7"} and found.repeats == [2, 3]
+
+
+def test_progress_lines_with_carriage_returns_compare_by_what_is_shown(tmp_path: Path) -> None:
+    a = _write(tmp_path / "a", "\r1/3 9.0it/s\r3/3 8.0it/s\nloss 0.1\n")
+    b = _write(tmp_path / "b", "\r1/3 4.0it/s\r2/3 5.0it/s\r3/3 6.0it/s\r\nloss 0.1\n")
+    assert compare_stdout([a, b], [0, 1], "masked") is None
+    found = compare_stdout([a, b], [0, 1], "strict")
+    assert found is not None and found.line == 1 and found.lines == {0: "3/3 8.0it/s", 1: "3/3 6.0it/s"}
+
+
+def test_long_lines_are_cut_for_the_report(tmp_path: Path) -> None:
+    a = _write(tmp_path / "a", "x" * 5000 + "1\n")
+    b = _write(tmp_path / "b", "x" * 5000 + "2\n")
+    found = compare_stdout([a, b], [0, 1], "strict")
+    assert found is not None and all(len(t or "") <= 241 for t in found.lines.values())
+
+
+def test_ignore_and_single_repeats_compare_nothing(tmp_path: Path) -> None:
+    a, b = _write(tmp_path / "a", "1\n"), _write(tmp_path / "b", "2\n")
+    assert compare_stdout([a, b], [0, 1], "ignore") is None
+    assert compare_stdout([a], [0], "strict") is None
+
+
+def test_recorded_and_combined_modes() -> None:
+    assert recorded_mode({"stdout": "strict"}) == "strict"
+    assert recorded_mode({"ignore_stdout": True}) == "ignore"  # a run recorded before --stdout existed
+    assert recorded_mode({}) == "masked" and recorded_mode({"stdout": "bogus"}) == "masked"
+    assert most_lenient(["strict", "ignore", "masked"]) == "ignore"
+    assert most_lenient(["strict", "masked"]) == "masked" and most_lenient([]) == "masked"
+
+
+ADVERSARIAL = ["1" * 200_000, "a_" * 100_000, "time(" * 40_000, "time (" * 40_000, "per_" * 50_000,
+               "00:01<" * 30_000, "1:" * 100_000, "-" * 200_000, "e1" * 100_000, "\x1b[" * 100_000]
+
+
+def test_masking_stays_linear_on_adversarial_lines() -> None:
+    """A hang guard, not a timing: a quadratic pattern would take hours on these 200k-character lines
+    (they took minutes at 100k before the patterns were bounded); linear masking takes well under a second."""
+    done: list[int] = []
+
+    def work() -> None:
+        for line in ADVERSARIAL:
+            mask_line(line)
+            done.append(1)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert len(done) == len(ADVERSARIAL), f"masking hung on {ADVERSARIAL[len(done)][:8]!r}…"
