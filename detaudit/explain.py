@@ -36,6 +36,9 @@ CHEAP_REPEATS = 2  # the default confirmation: one experiment of 2 repeats (a so
 # experiments that are cheap and decisive in 2 repeats: the source differs in every run when unpinned
 CHEAP_PINS = ("torch-rng", "numpy-rng", "python-rng", "hash-seed", "address-layout")
 CUDA_PINS = ("cudnn", "cublas", "tf32-off", "nccl")
+# address randomization moves memory in page steps, so a set of objects keeps its order across two
+# repeats about 1 time in 8: an experiment that separates a toss-up must agree over 3 (1 in 64)
+SEPARATING_REPEATS = 3
 MIN_REPEATS = 2
 ORDER_CAUSES = ("concurrency", "object-order", "unknown")
 SEP = "+"  # experiment names for a set of pins: `hash-seed+one-thread`
@@ -344,8 +347,16 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         tolerance=Tolerance(**record.get("tolerance", {})), own_device=bool(record.get("own_device")),
         stdout=recorded_mode(record), module=record.get("module"),
     )
-    cost = repeats * len(base.devices)
-    budget = cost if cheap else budget  # the default confirmation: one experiment, whatever --budget says
+    # a toss-up's separating experiment can agree by chance (objects land in the same order 1 time in 8):
+    # it gets SEPARATING_REPEATS repeats at least
+    separating = report.causes[0].separating_pin if report.causes else None
+
+    def repeats_for(name: str) -> int:
+        return max(repeats, SEPARATING_REPEATS) if name == separating else repeats
+
+    first = cheap_pin(report.causes) if cheap else None
+    # the default confirmation: one experiment, whatever --budget says
+    budget = repeats_for(first) * len(base.devices) if first is not None else budget
     spent = 0
     bisecting = False
 
@@ -357,6 +368,7 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
             return _experiment(done)
         pin = pin_of(name)
         stored[:] = [e for e in stored if e["pin"] != name]  # a pin skipped earlier, now run
+        cost = repeats_for(name) * len(base.devices)
         if spent + cost > budget:
             experiment = Experiment(name, pin.description, "skipped", None,
                                     f"over the budget of {budget} extra repeats")
@@ -366,7 +378,8 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
                 raise _OverBudget
             return experiment
         spent += cost
-        options = replace(base, env={**record.get("env", {}), **pin.env}, child_config={"pins": list(pin.child)})
+        options = replace(base, repeats=repeats_for(name), env={**record.get("env", {}), **pin.env},
+                          child_config={"pins": list(pin.child)})
         prefix = _free_prefix(run_dir, f"explain-{name}")
         results = execute(options, run_dir, on_done, prefix=prefix, cwd=cwd)
         sub = analyse(run_dir, {**record, "narrowing": None, "results": [r.to_dict() for r in results]}, results)
@@ -382,9 +395,8 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
         return run_pin(name).verdict == "deterministic"
 
     if cheap:
-        name = cheap_pin(report.causes)
-        if name is not None:
-            run_pin(name)
+        if first is not None:
+            run_pin(first)
     else:
         confirmed = any(e["verdict"] == "deterministic" and e["pin"] != ALL for e in stored)
         for name in plan(report.causes):

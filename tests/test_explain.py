@@ -251,3 +251,26 @@ def test_default_confirmation_runs_only_the_cheap_pin(tmp_path: Path, monkeypatc
     report = explain.run_experiments(run_dir, cheap=True)
     assert ran == ["explain-torch-rng"]
     assert [(e.pin, e.verdict) for e in report.experiments] == [("torch-rng", "deterministic")]
+
+
+def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Objects keep their set order across two repeats 1 time in 8 by chance: two agreeing prove too little."""
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    seen: list[int] = []
+    _fake_runs(monkeypatch, lambda options: seen.append(options.repeats) is None)
+    tied = [cause("python-hash-seed", ["hash-seed"], "possible"), cause("object-order", ["address-layout"], "possible")]
+    for c in tied:
+        c.separating_pin = "hash-seed"
+    real_load = audit.load_run
+
+    def with_toss_up(path: Path, *args: object, **kwargs: object) -> Report:
+        report = real_load(path)
+        report.causes = [Cause(c.id, c.confidence, c.summary, list(c.evidence), c.fix, list(c.pins),
+                               separating_pin=c.separating_pin) for c in tied]
+        return report
+
+    monkeypatch.setattr(audit, "load_run", with_toss_up)
+    report = explain.run_experiments(run_dir, cheap=True)
+    assert seen and set(seen) == {explain.SEPARATING_REPEATS}  # asked once per repeat
+    assert [e.pin for e in report.experiments] == ["hash-seed"]
