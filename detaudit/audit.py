@@ -21,6 +21,7 @@ from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import Launcher, RepeatResult, plan_repeats
 from detaudit.oprules import OpFinding, find_op_source
+from detaudit.provenance import git_state
 from detaudit.report import Report, write_json, write_text_atomically
 from detaudit.stdout import DEFAULT_STDOUT, StdoutMode, compare_stdout, most_lenient, recorded_mode
 from detaudit.trace import RecordStream
@@ -93,6 +94,8 @@ def execute(options: AuditOptions, run_dir: Path,
             cwd: Path | None = None) -> list[RepeatResult]:
     """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
     child_config = {**options.child_config, **({"module": options.module} if options.module else {})}
+    # the script's commit, found here once: a git subprocess inside a repeat would shift its heap layout
+    child_config["git"] = git_state(options.script)
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
                          child_config, prefix=prefix, own_device=options.own_device)
     launcher = Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)

@@ -1,6 +1,8 @@
 """Which code ran: the git commit of the script's repository and whether its tracked files differed.
 
-Recorded in every repeat's environment fingerprint, so a comparison across machines or days can
+Found once per batch of repeats by the parent (a subprocess inside a repeat would shift its heap
+layout, and with it the order of objects hashed by identity) and recorded in every repeat's
+environment fingerprint, so a comparison across machines or days can
 tell a code change from nondeterminism. No torch here; best effort: no git, or a script outside a
 repository, records nothing.
 """

@@ -42,7 +42,6 @@ import xxhash
 
 import detaudit
 import detaudit.recorder
-from detaudit.provenance import git_state
 from detaudit.recorder import location, oplist
 from detaudit.recorder.pins import Pins, aslr_disabled
 
@@ -398,7 +397,7 @@ class Evidence:
             "os": f"{platform.system()} {platform.release()}", "device_request": self.config.get("device"),
             "device": self.device_as or self.config.get("device"),
             "env": {k: os.environ[k] for k in ENV_ALLOW if k in os.environ},
-            "git": git_state(Path(sys.argv[0])) if sys.argv and sys.argv[0] else None,
+            "git": self.config.get("git"),  # found by the parent (audit.execute): no subprocess in the repeat
         }
 
     # -- wrappers ---------------------------------------------------------------------------------
