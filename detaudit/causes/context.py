@@ -86,9 +86,13 @@ def load(path: Path, index: int, device: str) -> RepeatEvidence:
     return rep
 
 
-def _worker(event: dict[str, Any]) -> int:
+def _worker(event: dict[str, Any]) -> tuple[int, str]:
+    """A worker's events in its own order; events from before torch named the worker (its own seeding
+    of the worker's RNGs) interleave by scheduling, so those are put in a canonical order instead."""
     worker = event.get("worker")
-    return worker if isinstance(worker, int) else -1
+    if isinstance(worker, int):
+        return worker, ""
+    return -1, json.dumps(event, sort_keys=True, default=str)
 
 
 class Context:
