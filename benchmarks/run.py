@@ -7,6 +7,7 @@
     python benchmarks/run.py --no-write print the table only
     python benchmarks/run.py --cuda     the same on a GPU: fingerprints against device memcpy, the workloads'
                                         overhead on CUDA (add --quick for a smoke run); writes results/cuda*.json
+    python benchmarks/run.py --only gpt just the GPT-style model's rows (eager and compiled, --max-steps)
 
 Every ratio compares two things measured in this run, on this machine, interleaved where
 possible, so machine load shifts both sides alike. Pass/fail is printed, never asserted.
@@ -72,11 +73,14 @@ class Sizes:
     compare_records: int = 1_000_000
     compare_repeats: int = 5
     device: str = "cpu"  # where the workloads and fingerprints run (--cuda: "cuda")
+    gpt_steps: int = 60
+    gpt_rounds: int = 2
+    gpt_bounded_steps: int = 20
 
 
 QUICK = Sizes(fp_sizes_mb=(8, 64), fp_rounds=3, small_calls=5000, workloads=("mlp",), steps=12,
               warmup_steps=3, rounds=1, audit_workloads=("mlp",), audit_repeats=2, auto_workloads=(),
-              compare_records=50_000)
+              compare_records=50_000, gpt_steps=15, gpt_rounds=1, gpt_bounded_steps=5)
 
 
 def median(values: Sequence[float]) -> float:
@@ -212,6 +216,7 @@ class Timing:
     stdout: str = ""
     trace: Path | None = None
     hook_share: float | None = None  # module granularity: median of (time in hooks / rest of the step)
+    process_cpu_s: float = 0.0  # CPU time of the whole process (all threads, interpreter start included)
 
 
 def workload_env(device: str) -> dict[str, str]:
@@ -220,13 +225,17 @@ def workload_env(device: str) -> dict[str, str]:
 
 
 def run_workload(workload: str, granularity: str | None, steps: int, warmup: int, tmp: Path, tag: str,
-                 device: str = "cpu") -> Timing:
-    """Run a workload once: plain python (granularity None) or as one detaudit repeat."""
+                 device: str = "cpu", extra: Sequence[str] = (), child: dict[str, Any] | None = None) -> Timing:
+    """Run a workload once: plain python (granularity None) or as one detaudit repeat.
+
+    `extra`: more script arguments; `child`: more repeat settings (`max_steps`: a bounded repeat,
+    which stops before the workload prints its step times, so only its wall time is measured).
+    """
     from detaudit.launcher import plan_repeats
     from detaudit.trace import RecordStream
 
     script = WORKLOADS / f"{workload}.py"
-    args = ["--steps", str(steps), "--device", device]
+    args = ["--steps", str(steps), "--device", device, *extra]
     env = workload_env(device)
     trace = None
     if granularity is None:
@@ -237,19 +246,27 @@ def run_workload(workload: str, granularity: str | None, steps: int, warmup: int
         plan = plan_repeats(run_dir, 1, [device], granularity)[0]
         trace = plan.trace
         config = run_dir / "config.json"
-        config.write_text(json.dumps({**plan.child_config, "trace": str(trace)}))
+        config.write_text(json.dumps({**plan.child_config, **(child or {}), "trace": str(trace)}))
         env.update(plan.env)
         # hooktimer.py is `python -m detaudit.child` plus a stopwatch around the module/optimizer hooks
         runner = [str(HERE / "hooktimer.py")] if granularity == "module" else ["-m", "detaudit.child"]
         cmd = [sys.executable, *runner, str(config), str(script), *args]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=WORKLOADS)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    process_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if proc.returncode != 0:
         raise RuntimeError(f"{workload} ({granularity or 'plain'}) failed:\n{proc.stderr[-2000:]}")
-    bench = next(line for line in proc.stderr.splitlines() if line.startswith("BENCH "))
+    bench = next((line for line in proc.stderr.splitlines() if line.startswith("BENCH ")), None)
+    if bench is None and child and child.get("max_steps"):
+        return Timing(math.nan, math.nan, wall, stdout=proc.stdout, trace=trace, process_cpu_s=process_cpu)
+    if bench is None:
+        raise RuntimeError(f"{workload} ({granularity or 'plain'}) printed no step times:\n{proc.stderr[-2000:]}")
     times = json.loads(bench[6:])
-    timing = Timing(median(times["step_s"][warmup:]), median(times["cpu_s"][warmup:]), wall, stdout=proc.stdout)
+    timing = Timing(median(times["step_s"][warmup:]), median(times["cpu_s"][warmup:]), wall, stdout=proc.stdout,
+                    process_cpu_s=process_cpu)
     hooks = [line for line in proc.stderr.splitlines() if line.startswith("HOOKS ")]
     if hooks:
         hook_s = json.loads(hooks[-1][6:])["hook_s"]
@@ -384,6 +401,66 @@ def crash_readable(tmp: Path) -> Row:
     return Row("5 trace size", "trace readable after a crash", "readable prefix, marked incomplete",
                f"{len(part.records)}/{len(whole.records)} records, footer {footer}", None, ok,
                "trace truncated at 2/3 of its bytes, mid-frame")
+
+
+# -- 7. a GPT-style model, eager and compiled ------------------------------------------------------
+
+def bench_gpt(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
+    """benchmarks/workloads/gpt.py: module granularity against plain, eager and through torch.compile,
+    and a `--max-steps` repeat of a long run against the same number of plain steps (whole processes)."""
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
+    for variant, extra in (("eager", ()), ("compiled", ("--compile",))):
+        runs: dict[str, list[Timing]] = {"plain": [], "module": []}
+        load = [os.getloadavg()[0]]
+        for rnd in range(sizes.gpt_rounds):
+            for label in runs:
+                runs[label].append(run_workload("gpt", None if label == "plain" else label, sizes.gpt_steps,
+                                                sizes.warmup_steps, tmp, f"gpt-{variant}-{label}-{rnd}",
+                                                sizes.device, extra=extra))
+                load.append(os.getloadavg()[0])
+        busy = max(load) > (os.cpu_count() or 1) + 1.5
+        plain = runs["plain"]
+        same = all(t.stdout == plain[0].stdout for t in runs["module"])
+        note = "" if same else "; OUTPUT DIFFERS from the plain run (instrumentation changed the numerics)"
+        step = median([t.step_s for t in runs["module"]]) / median([t.step_s for t in plain])
+        cpu = median([t.cpu_s for t in runs["module"]]) / median([t.cpu_s for t in plain])
+        share = 1 + median([t.hook_share for t in runs["module"] if t.hook_share is not None] or [math.nan])
+        name = f"gpt ({variant}): module granularity"
+        how = (f"{sizes.gpt_steps} steps, first {sizes.warmup_steps} (compilation) excluded, median of "
+               f"{sizes.gpt_rounds} interleaved runs")
+        rows.append(Row("7 gpt", f"{name} (step CPU time)", "≤ 1.10× plain",
+                        f"{fmt_ms(median([t.cpu_s for t in plain]))} → "
+                        f"{fmt_ms(median([t.cpu_s for t in runs['module']]))}", cpu,
+                        None if busy else cpu <= 1.10 and same,
+                        ("NOT JUDGED: machine busy (load average up to " f"{max(load):.1f}); " if busy else "")
+                        + f"{how}; step wall time {step:.2f}×" + note))
+        rows.append(Row("7 gpt", f"{name} (time in hooks, same process)", "≤ 1.10× plain",
+                        f"hooks add {share - 1:.1%} to the rest of the step", share, share <= 1.10 and same,
+                        "median over steps of (time inside detaudit's hooks / rest of that step)" + note))
+        raw[variant] = {k: [{f: v for f, v in asdict(t).items() if f not in ("stdout", "trace")} for t in ts]
+                        for k, ts in runs.items()}
+    bounded = sizes.gpt_bounded_steps
+    whole: dict[str, list[Timing]] = {"plain": [], "bounded": []}
+    load = [os.getloadavg()[0]]
+    for rnd in range(sizes.gpt_rounds):
+        whole["plain"].append(run_workload("gpt", None, bounded, 0, tmp, f"gpt-plain{bounded}-{rnd}", sizes.device))
+        whole["bounded"].append(run_workload("gpt", "module", 100_000, 0, tmp, f"gpt-bounded-{rnd}", sizes.device,
+                                             child={"max_steps": bounded}))
+        load.append(os.getloadavg()[0])
+    wall, cpu = ({k: median([getattr(t, what) for t in ts]) for k, ts in whole.items()}
+                 for what in ("wall_s", "process_cpu_s"))
+    ratio = wall["bounded"] / wall["plain"]
+    busy = max(load) > (os.cpu_count() or 1) + 1.5
+    rows.append(Row("7 gpt", f"gpt (eager): one repeat of --max-steps {bounded} of a 100000-step run",
+                    f"≤ 1.15× {bounded} plain steps", f"{wall['plain']:.2f} s → {wall['bounded']:.2f} s", ratio,
+                    None if busy else ratio <= 1.15,
+                    ("NOT JUDGED: machine busy (load average up to " f"{max(load):.1f}); " if busy else "")
+                    + "whole processes, interpreter start included; module granularity (what `auto` records when "
+                    f"the repeats agree); median of {sizes.gpt_rounds} interleaved runs; process CPU time "
+                    f"{cpu['plain']:.2f} s → {cpu['bounded']:.2f} s ({cpu['bounded'] / cpu['plain']:.2f}×)"))
+    raw["bounded"] = {k: [asdict(t) | {"trace": None} for t in ts] for k, ts in whole.items()}
+    return rows, raw
 
 
 # -- 3. whole audit -----------------------------------------------------------------------------
@@ -635,6 +712,7 @@ def run_suite(sizes: Sizes, sections: set[str], log: Callable[[str], None]) -> t
         ("audit", lambda: bench_audit(sizes, tmp)),
         ("auto", lambda: bench_auto(sizes, tmp)),
         ("compare", lambda: bench_compare(sizes, tmp)),
+        ("gpt", lambda: bench_gpt(sizes, tmp)),
     ]
     try:
         for name, step in steps:
@@ -651,7 +729,7 @@ def run_suite(sizes: Sizes, sections: set[str], log: Callable[[str], None]) -> t
             rows.append(cuda_row())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    order = {s: i for i, s in enumerate(("1", "2", "3", "4", "5", "6"))}
+    order = {s: i for i, s in enumerate(("1", "2", "3", "4", "5", "6", "7"))}
     rows.sort(key=lambda r: order.get(r.section[0], 9))
     return rows, raw
 
@@ -660,8 +738,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run with small sizes (CI)")
     parser.add_argument("--no-write", action="store_true", help="print the table, write no files")
-    parser.add_argument("--only", default="fingerprint,overhead,audit,auto,compare",
-                        help="comma-separated sections to run")
+    parser.add_argument("--only", default="fingerprint,overhead,audit,auto,compare,gpt",
+                        help="comma-separated sections to run (`--only gpt`: just the GPT-style model's rows)")
     parser.add_argument("--cuda", action="store_true",
                         help="run on the GPU: fingerprint, overhead and auto sections, workloads on cuda")
     args = parser.parse_args(argv)

@@ -24,16 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from detaudit import __version__
-from detaudit.compare import Tolerance, compare_traces
+from detaudit.compare import compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import RepeatResult
 from detaudit.report import BaselineCheck, EnvironmentChange, Report, write_text_atomically
 from detaudit.stdout import DEFAULT_STDOUT, StdoutMode
-from detaudit.trace import RecordStream
+from detaudit.trace import RecordStream, load_json, open_regular
 
 BASELINE_FORMAT = "detaudit-baseline"
 BASELINE_VERSION = 1
 MANIFEST = "baseline.json"
+MAX_MANIFEST_BYTES = 16 << 20
 TRACE = "reference.trace"
 STDOUT = "reference.stdout"  # compared line by line as the run's --stdout mode says (docs/stdout.md)
 
@@ -121,10 +122,8 @@ def load(path: Path) -> Baseline:
     if not manifest_path.is_file():
         raise TraceError(f"{path}: not a detaudit baseline (no {MANIFEST}); record one with "
                          "`detaudit run SCRIPT --save-baseline DIR`")
-    try:
-        data = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"{manifest_path}: unreadable baseline manifest ({exc})") from None
+    with open_regular(manifest_path, "baseline manifest") as fh:  # no FIFO or device; size-capped; nesting refused
+        data = load_json(fh.read(MAX_MANIFEST_BYTES), f"{manifest_path}: unreadable baseline manifest")
     if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:
         raise TraceError(f"{manifest_path}: not a detaudit baseline manifest")
     if data.get("version") != BASELINE_VERSION:
@@ -154,12 +153,12 @@ def load(path: Path) -> Baseline:
 def check(baseline: Baseline, run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult],
           stdout: StdoutMode = DEFAULT_STDOUT) -> BaselineCheck:
     """Compare the run's first repeat with the baseline, and list what changed around it."""
-    from detaudit.audit import outcome_divergence
+    from detaudit.audit import outcome_divergence, tolerance_of
 
     current = results[0]
     trace = Path(run_dir) / current.trace
     labels = [baseline.result.device, current.device]  # same device: bit for bit; else within the tolerance
-    comparison = compare_traces([baseline.trace, trace], labels, Tolerance(**record.get("tolerance", {})),
+    comparison = compare_traces([baseline.trace, trace], labels, tolerance_of(record),
                                 truncated=[False, current.timed_out])
     outcome = outcome_divergence([baseline.result, replace(current, index=1)], stdout, Path(run_dir))
     divergence = comparison.first_divergence or outcome

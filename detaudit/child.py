@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import importlib.abc
 import importlib.machinery
+import io
 import json
 import os
 import runpy
@@ -24,7 +25,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from detaudit.recorder import evidence, location
 from detaudit.recorder.pins import reexec_without_aslr
@@ -83,6 +84,10 @@ class WindowRecorded(BaseException):
     """Raised inside the script to end an op-window re-run early (see Session._stop_after_op_window)."""
 
 
+class BoundReached(BaseException):
+    """Raised inside the script when --max-steps or --max-time is reached (recorder/bounds.py)."""
+
+
 class Session:
     """One audited repeat: the trace writer, the hooks, and the script's outcome."""
 
@@ -93,6 +98,7 @@ class Session:
         self.hooks: Any = None
         self.started = time.time()
         self.recording_failed: str | None = None
+        self.finished = False
 
     def on_import_error(self, module: str, exc: BaseException) -> None:
         """Instrumenting an imported module failed: the script runs on, the report must say so."""
@@ -114,7 +120,7 @@ class Session:
         header = {
             "repeat": self.config.get("repeat", 0),
             "script": str(self.script),
-            "argv": sys.argv,
+            "argv": self.stored_argv(),
             "pid": os.getpid(),
             "device_request": self.config.get("device", "auto"),
             "granularity": self.config.get("granularity", "module"),
@@ -129,7 +135,24 @@ class Session:
         self.hooks = Hooks(self.recorder)
         self.hooks.install()
         ops.install(self.recorder, self.config, self._stop_after_op_window)
+        max_steps, max_time = self.config.get("max_steps"), self.config.get("max_time")
+        if max_steps is not None or max_time is not None:
+            from detaudit.recorder.bounds import Bounds
+
+            Bounds(self.recorder, self.hooks.is_root_call, max_steps, max_time, self.started,
+                   self._stop_at_bound).install()
         detaudit._set_active_recorder(self.recorder)
+
+    def stored_argv(self) -> list[str]:
+        """argv as the trace keeps it: the arguments replaced under --redact-args (they may hold secrets)."""
+        if self.config.get("redact_args"):
+            return [sys.argv[0], *["<redacted>"] * (len(sys.argv) - 1)]
+        return sys.argv
+
+    def _stop_at_bound(self, stop: Any) -> None:
+        """--max-steps / --max-time reached: end the repeat here, as if the script had ended."""
+        self.finish(0, None, **stop.footer())
+        raise BoundReached
 
     def _stop_after_op_window(self) -> None:
         """The op-level re-run of --granularity auto has recorded its window: the rest is not needed.
@@ -141,12 +164,17 @@ class Session:
         raise WindowRecorded
 
     def finish(self, exit_code: int, error: str | None, **extra: Any) -> None:
+        if self.finished:  # once: os._exit from an atexit handler after the script ended, say
+            return
+        self.finished = True
         footer = {"exit_code": exit_code, "error": error, "duration_s": round(time.time() - self.started, 4),
                   **extra}
         if self.recorder is None and self.recording_failed is None and "torch" in sys.modules:
             self.recording_failed = "torch was imported but the recorder was never installed"
         if self.recording_failed is not None:
             footer["recording_failed"] = self.recording_failed
+        if self.hooks is not None and self.hooks.stopped is not None:
+            footer["recording_stopped"] = self.hooks.stopped
         try:
             sink = self._empty_trace() if self.recorder is None else self.recorder
             evidence.finish(sink)
@@ -162,7 +190,7 @@ class Session:
         """
         from detaudit.trace import TraceWriter
 
-        header = {"repeat": self.config.get("repeat", 0), "script": str(self.script), "argv": sys.argv,
+        header = {"repeat": self.config.get("repeat", 0), "script": str(self.script), "argv": self.stored_argv(),
                   "pid": os.getpid(), "torch": None}
         return TraceWriter(Path(self.config["trace"]), header)
 
@@ -184,15 +212,41 @@ def _print_user_traceback(exc: BaseException) -> None:
     traceback.print_exception(type(exc), exc, tb)
 
 
+def _read_source(script: str) -> str:
+    """The script's text, decoded as python decodes it; a file that is not Python text raises python's
+    own one-line SyntaxError (never tokenize's internals)."""
+    with open(script, "rb") as fh:
+        data = fh.read()
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:  # a bad cookie, or bytes that are no text at all (reported below)
+        encoding = "utf-8"
+        if _decodes(data, encoding):
+            raise SyntaxError(exc.msg) from None
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise SyntaxError(f"Non-UTF-8 code starting with '\\x{data[exc.start]:02x}' in file {script} on line "
+                          f"{line}, but no encoding declared; see https://peps.python.org/pep-0263/ for details"
+                          if encoding == "utf-8" else f"{exc}") from None
+
+
+def _decodes(data: bytes, encoding: str) -> bool:
+    try:
+        data.decode(encoding)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _run_as_main(script: str) -> None:
     """Execute the script as `__main__`, with the module attributes plain python gives it.
 
     `script` is the path exactly as python would spell `__file__` (absolute, neither normalised
     nor symlink-resolved), so tracebacks and `__file__` read the same as under plain python.
     """
-    with tokenize.open(script) as fh:
-        source = fh.read()
-    code = compile(source, script, "exec", dont_inherit=True)
+    code = compile(_read_source(script), script, "exec", dont_inherit=True)
     main_module = ModuleType("__main__")
     main_module.__file__ = script
     main_module.__cached__ = None  # type: ignore[attr-defined]
@@ -204,6 +258,43 @@ def _run_as_main(script: str) -> None:
     exec(code, main_module.__dict__)
 
 
+def _keep_records_at_exit(session: Session) -> None:
+    """Records reach the trace however the process ends.
+
+    `os._exit` (no atexit, no finally) is wrapped: the trace is finished with its exit status
+    first; `os.execv`/`execve` (and the `exec*` functions built on them) flush first. SIGTERM and
+    SIGHUP (a timeout, a stop, a closed terminal) flush what was recorded but write no footer, so
+    the trace reads as incomplete, then end the process by that signal as python would. Forked
+    children (DataLoader workers) exit untouched.
+    """
+    real_exit = os._exit
+    pid = os.getpid()
+
+    def _exit(code: int) -> NoReturn:
+        if os.getpid() == pid:
+            session.finish(code if isinstance(code, int) else 1, None, ended_by="os._exit")
+        real_exit(code)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if os.getpid() == pid and session.recorder is not None:
+            session.recorder.flush_safely()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def before_exec(exec_fn: Callable[..., NoReturn]) -> Callable[..., NoReturn]:
+        """`os.execv`/`execve` replace the process: flush first (no footer: the new program is not recorded)."""
+        def exec_wrapper(*args: Any) -> NoReturn:
+            if os.getpid() == pid and session.recorder is not None:
+                session.recorder.flush_safely()
+            exec_fn(*args)
+
+        return exec_wrapper
+
+    os._exit = _exit  # type: ignore[assignment]
+    os.execv = before_exec(os.execv)
+    os.execve = before_exec(os.execve)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
 def _run_module(name: str) -> None:
     """Execute module `name` as `python -m name` would (the pytest plugin runs `python -m pytest`)."""
     runpy.run_module(name, run_name="__main__", alter_sys=True)
@@ -226,27 +317,22 @@ def main(argv: list[str]) -> None:
     after_import.catch_up()
     sys.meta_path.insert(0, after_import)
 
-    def on_term(signum: int, frame: Any) -> None:
-        # Keep what was recorded, but write no footer: the trace must read as incomplete.
-        if session.recorder is not None:
-            session.recorder.flush_safely()
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_term)
+    _keep_records_at_exit(session)
 
     try:
         if module:
             _run_module(module)
         else:
             _run_as_main(os.path.join(os.getcwd(), script_arg))
-    except WindowRecorded:
+    except (WindowRecorded, BoundReached):
         sys.exit(0)
     except SystemExit as exc:
         session.finish(_exit_code(exc), None)
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # as python reports it: the script's frames, exit status 130
         session.finish(130, "KeyboardInterrupt")
-        raise
+        _print_user_traceback(exc)
+        sys.exit(130)
     except BaseException as exc:
         summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         session.finish(1, summary)

@@ -2,14 +2,19 @@
 
 Exit codes: 0 deterministic · 1 divergent (including repeats that end differently) ·
 2 usage error · 3 the script failed in every repeat · 4 unreadable, corrupt or foreign trace ·
-5 a repeat timed out · 130 interrupted (Ctrl-C). Set DETAUDIT_DEBUG=1 to see detaudit's own
-traceback on an internal error.
+5 a repeat timed out · 6 inconclusive (nothing comparable was recorded) · 7 an output cannot be
+written · 129/130/143 interrupted by SIGHUP/Ctrl-C/SIGTERM. Set DETAUDIT_DEBUG=1 to see detaudit's
+own traceback on an internal error (70).
 """
 
 from __future__ import annotations
 
+import errno
+import math
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -22,7 +27,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from detaudit import __version__
-from detaudit.errors import EXIT_INTERRUPTED, EXIT_USAGE, DetauditError
+from detaudit.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OUTPUT,
+    EXIT_USAGE,
+    DetauditError,
+    output_error,
+)
 
 if TYPE_CHECKING:
     from detaudit.stdout import StdoutMode
@@ -35,8 +47,32 @@ Exit codes:
   3  the script failed in every repeat
   4  unreadable, corrupt or foreign trace / run directory
   5  a repeat timed out
-  130 interrupted (Ctrl-C)
+  6  inconclusive: nothing comparable was recorded (lost, cut short, no tensor)
+  7  an output cannot be written (read-only, disk full, no permission)
+  129/130/143 interrupted by SIGHUP / Ctrl-C / SIGTERM
 """
+
+err_console = Console(stderr=True)
+
+
+class FiniteFloat(click.ParamType):
+    """A finite float (nan and inf are refused: they would compare as nothing and write invalid JSON)."""
+
+    name = "float"
+
+    def __init__(self, minimum: float | None = None) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if self.minimum is not None and number <= self.minimum:
+            self.fail(f"{value!r} must be greater than {self.minimum:g}", param, ctx)
+        return number
 
 DEFAULT_GRANULARITY = "auto"  # module cost unless the repeats diverge (docs/granularity.md)
 PIPE_WIDTH = 1000  # a pipe or CI log: lay the report out this wide, i.e. never wrap it at 80 columns
@@ -54,7 +90,16 @@ err_console = _make_console(stderr=True)
 
 
 def _console(quiet: bool = False) -> Console:
-    return _make_console(quiet=quiet, highlight=False)
+    console = _make_console(quiet=quiet, highlight=False)
+    # stdout closed by its reader (`| head`): stop writing, keep the verdict's exit code (rich would exit 1)
+    console.on_broken_pipe = _silence_stdout  # type: ignore[method-assign]
+    return console
+
+
+def _silence_stdout() -> None:
+    from detaudit.report import silence_stdout
+
+    silence_stdout()
 
 
 class RunCommand(click.Command):
@@ -119,11 +164,24 @@ def _finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet:
         write_junit(report, junit_path)
     if html_path is not None:
         write_html(report, html_path)
+    # with `--json -` / `--junit -` stdout carries the document alone: the rendering goes to stderr
+    console = err_console if "-" in (str(json_path), str(junit_path)) else _console()
     if quiet:
-        _console().print(summary_line(report), soft_wrap=True)
+        console.print(summary_line(report), soft_wrap=True)
     else:
-        render(report, _console(), notes)
+        render(report, console, notes)
     sys.exit(report.exit_code if exit_code is None else exit_code)
+
+
+def _check_outputs(json_path: Path | None, junit_path: Path | None, html_path: Path | None = None) -> None:
+    """Before any repeat runs: the report files can be written (else exit 7 now, not after the run)."""
+    from detaudit.report import check_writable
+
+    for path in (json_path, junit_path, html_path):
+        if path is not None:
+            check_writable(path)
+    if str(json_path) == "-" and str(junit_path) == "-":
+        raise click.UsageError("--json - and --junit - cannot both write to stdout")
 
 
 def _progress_runner(quiet: bool, total: int, label: str = "running repeats") -> tuple[Any, Any]:
@@ -144,6 +202,8 @@ def _progress_runner(quiet: bool, total: int, label: str = "running repeats") ->
 
     def line(result: Any) -> None:
         status = "timed out" if result.timed_out else f"exit {result.exit_code}"
+        if result.stopped_at_step is not None:
+            status = f"stopped after step {result.stopped_at_step}"
         name = result.trace.removesuffix(".trace")
         err_console.print(f"{name} ({result.device}): {status} in {result.duration_s:.1f}s")
 
@@ -159,15 +219,14 @@ def _progress_runner(quiet: bool, total: int, label: str = "running repeats") ->
               help="Device to run on; repeat the option to compare devices within --atol/--rtol "
                    "(`--device cpu --device cuda`; with cpu the script sees no GPU). "
                    "[default: auto = wherever the script itself runs, unchanged]")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Seconds allowed per repeat.")
+@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per repeat.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Run directory (default: a new folder under .detaudit/runs/).")
 @report_options
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Repeats run in parallel.")
-@click.option("--atol", type=float, default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
-@click.option("--rtol", type=float, default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
+@click.option("--atol", type=FiniteFloat(), default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
+@click.option("--rtol", type=FiniteFloat(), default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
 @stdout_options
 @click.option("--granularity", type=click.Choice(["step", "module", "op", "auto"]), default=DEFAULT_GRANULARITY,
               show_default=True,
@@ -181,12 +240,20 @@ def _progress_runner(quiet: bool, total: int, label: str = "running repeats") ->
               "first that confirms a cause.")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="With --explain: most extra repeats the experiments may run. [default: 12]")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop each repeat right after its N-th optimizer step, as if the script ended there (a script "
+                   "with no optimizer: its N-th call of the model). Exit status and later stdout are not compared.")
+@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop each repeat at the first step boundary after SECONDS; the steps every repeat completed "
+                   "are compared.")
 @click.option("--baseline", "baseline_dir", type=click.Path(path_type=Path), default=None,
               help="Also compare with this recorded baseline (from --save-baseline); exit 1 if the run differs "
                    "from it, naming what changed in the environment.")
 @click.option("--save-baseline", "save_baseline", type=click.Path(path_type=Path), default=None,
               help="If the repeats agree, keep the first as a baseline in this directory (small; commit it "
                    "or keep it as a CI artifact).")
+@click.option("--redact-args", is_flag=True, help="Store the script's arguments nowhere (run directory, traces, "
+              "reports): each is written as <redacted>. The script still receives them.")
 @click.option("--no-explain", is_flag=True, help="Do not run the default confirmation: when the top cause has "
               "one cheap, decisive experiment (a pinned RNG seed, PYTHONHASHSEED=0, address randomization off), a "
               "divergent run re-runs the script twice with it to confirm the cause.")
@@ -197,7 +264,9 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
         rtol: float, quiet: bool, stdout_mode: str | None, ignore_stdout: bool, granularity: str, explain: bool,
         explain_all: bool, budget: int | None, html_path: Path | None = None, baseline_dir: Path | None = None,
-        save_baseline: Path | None = None, no_explain: bool = False, self_check: bool = False) -> None:
+        save_baseline: Path | None = None, redact_args: bool = False, max_steps: int | None = None,
+        max_time: float | None = None, no_explain: bool = False,
+        self_check: bool = False) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
@@ -210,11 +279,13 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     from detaudit.devices import own_device, resolve_devices
     from detaudit.stdout import DEFAULT_STDOUT
 
+    _check_outputs(json_path, junit_path, html_path)
+
     options = AuditOptions(
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
         own_device=own_device(devices), stdout=_stdout_mode(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
-        baseline=baseline_dir, self_check=self_check,
+        baseline=baseline_dir, redact_args=redact_args, max_steps=max_steps, max_time=max_time, self_check=self_check,
     )
     report = _audit(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
     if save_baseline is not None:
@@ -249,10 +320,11 @@ def _audit(options: Any, explain: bool, explain_all: bool, budget: int | None, q
     with context:
         report = run_audit(options, on_done, on_narrow)
     if report.verdict == "divergent" and not report.timed_out:
+        args = options.script_args if options.redact_args else None
         if explain:
-            report = _explain(Path(report.run_dir), budget, explain_all, options.jobs, quiet)
+            report = _explain(Path(report.run_dir), budget, explain_all, options.jobs, quiet, args)
         elif cheap and cheap_pin(report.causes) is not None:
-            report = _explain(Path(report.run_dir), None, False, options.jobs, quiet, cheap=True)
+            report = _explain(Path(report.run_dir), None, False, options.jobs, quiet, args, cheap=True)
     return report
 
 
@@ -277,10 +349,12 @@ def report(run_dir: Path, stdout_mode: str | None, ignore_stdout: bool, json_pat
     """Re-render the report of a finished run from its directory (stdout compared as recorded unless --stdout)."""
     from detaudit.audit import load_run
 
+    _check_outputs(json_path, junit_path, html_path)
     _finish(load_run(run_dir, _stdout_mode(stdout_mode, ignore_stdout)), json_path, junit_path, quiet, html_path)
 
 
-def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool, cheap: bool = False) -> Any:
+def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool,
+             script_args: list[str] | None = None, cheap: bool = False) -> Any:
     from detaudit.explain import CHEAP_REPEATS, DEFAULT_BUDGET, run_experiments
 
     def line(experiment: Any) -> None:
@@ -296,7 +370,7 @@ def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, qu
     context, on_done = _progress_runner(quiet, CHEAP_REPEATS if cheap else budget, "explain: pinned repeats")
     with context:
         return run_experiments(run_dir, budget, explain_all, jobs=jobs, on_done=on_done, on_experiment=line,
-                               cheap=cheap)
+                               script_args=script_args, cheap=cheap)
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
@@ -318,6 +392,7 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     once does, the set of pins is bisected down to one source. Results are stored in RUN_DIR
     (explain.json), so `detaudit report RUN_DIR` shows them too.
     """
+    _check_outputs(json_path, junit_path, html_path)
     from detaudit.audit import read_run
 
     record, _ = read_run(run_dir)
@@ -327,8 +402,10 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
 
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("recordings", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--atol", type=float, default=None, help="Compare within this absolute tolerance instead of bitwise.")
-@click.option("--rtol", type=float, default=None, help="Compare within this relative tolerance instead of bitwise.")
+@click.option("--atol", type=FiniteFloat(), default=None,
+              help="Compare within this absolute tolerance instead of bitwise.")
+@click.option("--rtol", type=FiniteFloat(), default=None,
+              help="Compare within this relative tolerance instead of bitwise.")
 @stdout_options
 @report_options
 def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None, stdout_mode: str | None,
@@ -344,6 +421,7 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
     from detaudit.audit import compare_recorded
     from detaudit.compare import Tolerance
 
+    _check_outputs(json_path, junit_path, html_path)
     tolerance = None
     if atol is not None or rtol is not None:
         tolerance = Tolerance(atol if atol is not None else 0.0, rtol if rtol is not None else 0.0)
@@ -359,18 +437,28 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
 def show(trace_path: Path, limit: int, events: bool) -> None:
     """Print one trace readably: header, records, evidence events and footer."""
     from detaudit.compare import describe
+    from detaudit.safetext import printable
     from detaudit.trace import RecordStream
 
+    def clean(value: Any) -> str:  # a trace may come from anywhere: no markup, no terminal controls
+        return escape(printable(str(value)))
+
+    if not trace_path.exists():
+        raise click.UsageError(f"no such trace: {trace_path}")
     stream = RecordStream(trace_path)
     console = _console()
-    console.print(f"[bold]{escape(str(trace_path))}[/] — format {stream.header.get('format')} "
-                  f"v{stream.header.get('version')}")
+    console.print(f"[bold]{clean(trace_path)}[/] — format {clean(stream.header.get('format'))} "
+                  f"v{clean(stream.header.get('version'))}")
     for key in ("script", "argv", "repeat", "device_request", "granularity", "torch", "pid"):
         if key in stream.header:
-            console.print(f"  {key}: {escape(str(stream.header[key]))}")
-    table = Table(show_edge=False)
-    for col in ("#", "step", "kind", "name", "tensor", "digest", "location"):
-        table.add_column(col, no_wrap=col == "digest", min_width=16 if col == "digest" else None)
+            console.print(f"  {key}: {clean(stream.header[key])}")
+    def new_table(header: bool) -> Table:
+        table = Table(show_edge=False, show_header=header)
+        for col in ("#", "step", "kind", "name", "tensor", "digest", "location"):
+            table.add_column(col, no_wrap=col == "digest", min_width=16 if col == "digest" else None)
+        return table
+
+    table = new_table(True)
     shown = 0
     total = 0
     while True:
@@ -383,22 +471,26 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
                 info = describe(stream, row, total)
                 name = (f"{info.op} ({info.node or 'bwd'})" if info.backward else f"{info.op} (fwd)") \
                     + (f" in {info.module}" if info.module else "") if info.op else info.name
-                table.add_row(str(total), str(info.step), info.kind, escape(name), f"{info.dtype}[{info.shape}]",
-                              f"{int(row['digest']):016x}", escape(info.location))
+                table.add_row(str(total), str(info.step), info.kind, clean(name), clean(f"{info.dtype}[{info.shape}]"),
+                              f"{int(row['digest']):016x}", clean(info.location))
                 shown += 1
             total += 1
+        if table.row_count >= 4096:  # printed as it goes: `--limit 0` on a long trace keeps memory bounded
+            console.print(table)
+            table = new_table(False)
     stream.drain()
-    console.print(table)
+    if table.row_count or not shown:
+        console.print(table)
     if limit and total > shown:
         console.print(f"  … {total - shown} more records (use --limit 0 to print all)")
     if events and stream.events:
         console.print("[bold]Evidence events[/]")
         for event in stream.events:
-            console.print("  " + escape(str(event)))
+            console.print("  " + clean(event))
     if stream.footer is None:
         console.print("[bold yellow]incomplete[/]: no footer (the repeat was killed or crashed hard)")
     else:
-        console.print(f"footer: {escape(str(stream.footer))}")
+        console.print(f"footer: {clean(stream.footer)}")
 
 
 @cli.command()
@@ -428,27 +520,98 @@ def demo(repeats: int, out_dir: Path | None) -> None:
     _finish(report, None, None, False)
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    """Ctrl-C, SIGTERM (CI cancellation, `timeout`) and SIGHUP all stop the run the same way.
+
+    The first raises `Interrupted` where the main thread is: the launcher stops every repeat's
+    process group and the CLI exits 128+signal. Any further one (impatience, or a second
+    SIGTERM from CI) kills every repeat's group at once and lets the stop finish: never a hang,
+    never a traceback.
+    """
+    from detaudit import launcher
+
+    global _interrupted
+    if _interrupted:
+        launcher.hurry()
+        return
+    _interrupted = True
+    raise launcher.Interrupted(signum)
+
+
+_interrupted = False
+
+
+def _interrupt_message(exc: BaseException) -> tuple[str, int]:
+    from detaudit.launcher import Interrupted
+
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    text = f"detaudit: interrupted ({name}); every repeat was stopped"
+    run_dir = exc.run_dir if isinstance(exc, Interrupted) else None
+    if run_dir is not None and (Path(run_dir) / "run.json").is_file():
+        text += (f". What the repeats recorded is in {run_dir}: `detaudit report {run_dir}` shows it, "
+                 f"`detaudit compare {run_dir}/repeat-0.trace {run_dir}/repeat-1.trace` compares two recordings "
+                 "as far as they go")
+    return text, 128 + signum
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: the one place that turns errors into messages and exit codes."""
+    from detaudit.safetext import printable
+
+    global _interrupted
+    _interrupted = False
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {signum: signal.signal(signum, _on_stop_signal) for signum in _STOP_SIGNALS}
+    try:
+        _main(argv, printable)
+    finally:
+        for signum, handler in previous.items():
+            # interrupted: every repeat is already stopped and detaudit is exiting; a late signal is ignored
+            # (python resets its own handlers to the default while it shuts down: one would kill it mid-exit)
+            signal.signal(signum, signal.SIG_IGN if _interrupted else handler)
+
+
+def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
     try:
         cli.main(args=argv, prog_name="detaudit", standalone_mode=False)
-    except click.exceptions.Abort:
-        err_console.print("detaudit: interrupted")
-        sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.Abort as exc:  # click turns a KeyboardInterrupt (our Interrupted) into Abort
+        text, code = _interrupt_message(exc.__context__) if isinstance(exc.__context__, KeyboardInterrupt) \
+            else ("detaudit: interrupted", EXIT_INTERRUPTED)
+        err_console.print(escape(printable(text)), soft_wrap=True)
+        sys.exit(code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_USAGE if exc.exit_code not in (0,) else 0)
     except DetauditError as exc:
         # soft_wrap: one line however long the path in it (CI logs and grep read it whole)
-        err_console.print(f"[bold red]detaudit: error:[/] {escape(str(exc))}", soft_wrap=True)
+        err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(exc)))}", soft_wrap=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err_console.print("detaudit: interrupted; every repeat was stopped")
-        sys.exit(EXIT_INTERRUPTED)
-    except Exception as exc:
-        if os.environ.get("DETAUDIT_DEBUG"):
-            raise
-        err_console.print(f"[bold red]detaudit: internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}. "
-                          "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.",
+    except KeyboardInterrupt as exc:
+        text, code = _interrupt_message(exc)
+        err_console.print(escape(printable(text)), soft_wrap=True)
+        sys.exit(code)
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS or os.environ.get("DETAUDIT_DEBUG"):
+            _internal_error(exc)
+        err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(output_error(exc.filename, exc))))}",
                           soft_wrap=True)
-        sys.exit(70)
+        sys.exit(EXIT_OUTPUT)
+    except Exception as exc:
+        _internal_error(exc)
+
+
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM, errno.EFBIG}
+
+
+def _internal_error(exc: Exception) -> NoReturn:
+    if os.environ.get("DETAUDIT_DEBUG"):
+        raise exc
+    err_console.print(f"[bold red]detaudit: internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}. "
+                      "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.",
+                      soft_wrap=True)
+    sys.exit(EXIT_INTERNAL)

@@ -17,7 +17,7 @@ import numpy as np
 
 from detaudit.dtypes import DTYPE_NAMES
 from detaudit.stdout import StdoutDifference
-from detaudit.trace import RECORD_DTYPE, Flag, Kind, RecordStream
+from detaudit.trace import RECORD_DTYPE, EmptyTrace, Flag, Kind, RecordStream
 
 if TYPE_CHECKING:
     from detaudit.oprules import OpFinding
@@ -227,7 +227,12 @@ class MissingTrace(RecordStream):
 def open_stream(path: Path) -> RecordStream:
     """The trace at `path`, or an empty incomplete stand-in when the repeat wrote none."""
     path = Path(path)
-    return RecordStream(path) if path.exists() else MissingTrace(path)
+    if not path.exists():
+        return MissingTrace(path)
+    try:
+        return RecordStream(path)
+    except EmptyTrace:
+        return MissingTrace(path)
 
 
 def compare_traces(
@@ -237,8 +242,8 @@ def compare_traces(
     """Compare every repeat's trace; see the module docstring for what "differs" means.
 
     `truncated` marks repeats cut short from outside (timed out): one of them ending is no
-    divergence, so only the records every repeat holds up to there are compared. A missing
-    trace counts as an empty, incomplete one.
+    divergence, so only the records every repeat holds up to there are compared; the same holds
+    for a trace without a footer. A missing trace counts as an empty, incomplete one.
     """
     tolerance = tolerance or Tolerance()
     devices = list(devices) if devices is not None else ["same"] * len(paths)
@@ -322,8 +327,9 @@ def compare_traces(
                 entry[2] = max(entry[2], peak)
             compared += upto
             differing += int(any_diff.sum())
-        # a timed-out repeat stopping is no divergence: the common prefix is all there is to compare
-        if n < longest and not any(cut[i] for i, c in enumerate(chunks) if len(c) == n):
+        # a timed-out repeat stopping is no divergence: the common prefix is all there is to compare; nor is
+        # a recording that ends without a footer (killed, or its writes failed): it is compared as far as it goes
+        if n < longest and not any(cut[i] or streams[i].footer is None for i, c in enumerate(chunks) if len(c) == n):
             if aligned:  # one trace ended while others go on: a structural or outcome difference
                 short = [i for i, c in enumerate(chunks) if len(c) == n]
                 long = [i for i, c in enumerate(chunks) if len(c) > n]

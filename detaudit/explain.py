@@ -17,13 +17,16 @@ Repeats go into the run directory as `explain-<pin>-<i>.*`; the experiments are 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit.errors import TraceError, UsageError
+from detaudit import schema
+from detaudit.errors import TraceError, UsageError, output_error
 from detaudit.launcher import RepeatResult
 from detaudit.report import Cause, Experiment, Report, write_json, write_text_atomically
 
@@ -146,21 +149,24 @@ def separating_pin(first: Sequence[str], second: Sequence[str]) -> str | None:
 
 # -- stored experiments ---------------------------------------------------------------------------
 def _load(run_dir: Path) -> list[dict[str, Any]]:
+    from detaudit.audit import read_json_record, repeat_results
+
     path = Path(run_dir) / EXPLAIN_FILE
-    if not path.is_file():
+    if not path.exists():
         return []
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"{path}: unreadable experiment record ({exc})") from None
+    data = read_json_record(path, "experiment record")
     if not isinstance(data, dict) or data.get("format") != EXPLAIN_FORMAT or data.get("version") != EXPLAIN_VERSION:
         raise TraceError(f"{path}: not an experiment record this detaudit reads")
-    return list(data.get("experiments", []))
+    schema.check(data, schema.EXPLAIN_RECORD, str(path))
+    experiments = list(data.get("experiments", []))
+    for i, entry in enumerate(experiments):
+        repeat_results(entry.get("results", []), path, f"experiments[{i}].results")
+    return experiments
 
 
 def _save(run_dir: Path, stored: list[dict[str, Any]]) -> None:
     write_text_atomically(Path(run_dir) / EXPLAIN_FILE, json.dumps(
-        {"format": EXPLAIN_FORMAT, "version": EXPLAIN_VERSION, "experiments": stored}, indent=2))
+        {"format": EXPLAIN_FORMAT, "version": EXPLAIN_VERSION, "experiments": stored}, indent=2), mode=0o600)
 
 
 def _experiment(entry: dict[str, Any]) -> Experiment:
@@ -316,15 +322,47 @@ def bisection_pins(devices: Sequence[str]) -> list[str]:
 def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bool = False,
                     repeats: int | None = None, jobs: int = 1,
                     on_done: Callable[[RepeatResult], None] | None = None,
-                    on_experiment: Callable[[Experiment], None] | None = None, cheap: bool = False) -> Report:
+                    on_experiment: Callable[[Experiment], None] | None = None,
+                    script_args: Sequence[str] | None = None, cheap: bool = False) -> Report:
     """Run the experiments for a finished, divergent run and return its report with them applied.
 
     `repeats` per device and experiment defaults to the baseline's; `budget` bounds their total.
-    `cheap`: only the top cause's one inexpensive, decisive experiment (`cheap_pin`), with
-    CHEAP_REPEATS repeats: the default confirmation after a divergent `run`.
+    `script_args`: the real arguments of a run recorded with --redact-args (its run.json has none).
+    One explain at a time per run directory: a second one would pick the same file names and
+    overwrite explain.json under the first. `cheap`: only the top cause's one inexpensive, decisive
+    experiment (`cheap_pin`), with CHEAP_REPEATS repeats: the default confirmation after a divergent `run`.
     """
-    from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run
-    from detaudit.compare import Tolerance
+    with _exclusive(Path(run_dir)):
+        return _run_experiments(run_dir, budget, explain_all, repeats, jobs, on_done, on_experiment, script_args,
+                                cheap)
+
+
+@contextlib.contextmanager
+def _exclusive(run_dir: Path) -> Iterator[None]:
+    """Hold `RUN_DIR/.explain.lock` (flock, released however the process ends) or refuse at once."""
+    if not (run_dir / "run.json").is_file():  # not a run directory: leave no file in it (the caller says why)
+        yield
+        return
+    try:
+        fd = os.open(run_dir / ".explain.lock", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise output_error(run_dir / ".explain.lock", exc) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"{run_dir}: another `detaudit explain` is running on this run directory; wait for "
+                             "it to finish") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int | None, jobs: int,
+                     on_done: Callable[[RepeatResult], None] | None,
+                     on_experiment: Callable[[Experiment], None] | None,
+                     script_args: Sequence[str] | None, cheap: bool) -> Report:
+    from detaudit.audit import AuditOptions, analyse, execute, load_run, read_run, tolerance_of
     from detaudit.stdout import recorded_mode
 
     run_dir = Path(run_dir).resolve()  # the repeats run in the script's directory, not ours
@@ -334,18 +372,24 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
     if report.timed_out:
         raise UsageError(f"{run_dir}: a repeat timed out; --explain needs a run whose repeats all finished")
     record, _ = read_run(run_dir)
+    redacted = bool(record.get("args_redacted"))
+    if redacted and script_args is None and record.get("script_args"):
+        raise UsageError(f"{run_dir}: the run was recorded with --redact-args, so its script arguments were not "
+                         "stored and cannot be re-run; use `detaudit run ... --redact-args --explain`")
     stored = _load(run_dir)
     # as many repeats per device as the baseline had: fewer would let chance agreement "confirm" a pin
     repeats = CHEAP_REPEATS if cheap else repeats or max(MIN_REPEATS, int(record.get("repeats") or MIN_REPEATS))
     cwd = Path(record.get("cwd") or ".").resolve()
     script = Path(record["script"])
+    args = list(record.get("script_args", []) if script_args is None else script_args)
     base = AuditOptions(
-        script=script if script.is_absolute() else cwd / script, script_args=list(record.get("script_args", [])),
+        script=script if script.is_absolute() else cwd / script, script_args=args,
         repeats=repeats, devices=list(record.get("devices") or ["cpu"]), timeout=record.get("timeout"), jobs=jobs,
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
         granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
-        tolerance=Tolerance(**record.get("tolerance", {})), own_device=bool(record.get("own_device")),
-        stdout=recorded_mode(record), module=record.get("module"),
+        tolerance=tolerance_of(record), own_device=bool(record.get("own_device")),
+        stdout=recorded_mode(record), module=record.get("module"), redact_args=redacted,
+        max_steps=record.get("max_steps"), max_time=record.get("max_time"),
     )
     # a toss-up's separating experiment can agree by chance (objects land in the same order 1 time in 8):
     # it gets SEPARATING_REPEATS repeats at least
@@ -408,7 +452,7 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
             with contextlib.suppress(_OverBudget):  # the skipped experiment says so in the report
                 bisect(bisection_pins(base.devices), agrees)
     report = load_run(run_dir)
-    write_json(report, run_dir / "report.json")
+    write_json(report, run_dir / "report.json", mode=0o600)
     return report
 
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from detaudit.errors import UsageError
+from detaudit.errors import UsageError, output_error
 
 GRACE_S = 3.0
 
@@ -51,6 +51,9 @@ class RepeatResult:
     stdout: str
     stderr: str
     stdout_digest: str
+    interrupted: bool = False  # stopped by Ctrl-C/SIGTERM/SIGHUP before it ended by itself
+    stopped_at_step: int | None = None  # stopped by --max-steps/--max-time after this many steps
+    recording_stopped: str | None = None  # a detaudit hook failed: recorded only up to there (why)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,32 +93,64 @@ def _digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP reached detaudit: every repeat is stopped, then this propagates.
+
+    `results` holds one entry per planned repeat once the launcher stopped them (interrupted ones
+    flagged), `run_dir` the directory they wrote to: the CLI names both, so the partial run can
+    still be reported and compared.
+    """
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.results: list[RepeatResult] = []
+        self.run_dir: Path | None = None
+
+
+_ACTIVE: set[Launcher] = set()  # launchers with repeats running, for `hurry`
+
+
+def hurry() -> None:
+    """A further interrupt while repeats are being stopped: SIGKILL every repeat's group at once."""
+    for launcher in list(_ACTIVE):
+        launcher.kill_now()
+
+
 class Launcher:
-    """Runs planned repeats, `jobs` at a time; `stop()` (Ctrl-C) kills every live process group."""
+    """Runs planned repeats, `jobs` at a time; `stop()` (Ctrl-C) kills every live process group.
+
+    Whatever way a repeat ends (by itself, timeout, interrupt), its whole process group is killed
+    before the leader is reaped: nothing it started outlives it or overlaps the next repeat.
+    """
 
     def __init__(self, script: Path, script_args: Sequence[str], timeout: float | None, jobs: int = 1,
                  cwd: Path | None = None) -> None:
-        if not script.is_file():
-            raise UsageError(f"script not found: {script}")
+        check_script(script)
         self.script = script
         self.script_args = list(script_args)
         self.timeout = timeout
         self.jobs = max(1, jobs)
         self.cwd = cwd or Path.cwd()
         self._live: dict[int, subprocess.Popen[bytes]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a second Ctrl-C (kill_now) may land inside stop()
         self._stopping = False
+        self._hurry = threading.Event()
 
     def _command(self, config_path: Path) -> list[str]:
         return [sys.executable, "-m", "detaudit.child", str(config_path), str(self.script), *self.script_args]
 
     def run_one(self, plan: RepeatPlan) -> RepeatResult:
         config_path = plan.trace.with_name(plan.trace.name.removesuffix(".trace") + ".config.json")
-        config_path.write_text(json.dumps({**plan.child_config, "trace": str(plan.trace)}))
         env = {**os.environ, **plan.env}
         started = time.perf_counter()
         timed_out = False
-        with open(plan.stdout, "wb") as out, open(plan.stderr, "wb") as err:
+        try:
+            _write_private(config_path, json.dumps({**plan.child_config, "trace": str(plan.trace)}).encode())
+            out, err = _open_private(plan.stdout), _open_private(plan.stderr)
+        except OSError as exc:
+            raise output_error(plan.trace.parent, exc) from None
+        with out, err:
             with self._lock:
                 if self._stopping:
                     raise KeyboardInterrupt
@@ -123,60 +158,125 @@ class Launcher:
                                         stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
                 self._live[plan.index] = proc
             try:
-                code = proc.wait(timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-                code = proc.returncode
+                if not _wait_exit(proc, self.timeout):
+                    timed_out = True
+                    _signal_group(proc, signal.SIGTERM)  # the child keeps what it recorded, writes no footer
+                    _wait_exit(proc, GRACE_S, self._hurry)
             finally:
+                _signal_group(proc, signal.SIGKILL)  # the group, before the leader is reaped: no survivor
+                code = proc.wait()
                 with self._lock:
                     self._live.pop(plan.index, None)
         config_path.unlink(missing_ok=True)
+        interrupted = self._stopping and not timed_out
         return RepeatResult(
-            index=plan.index, device=plan.device, exit_code=code if code is not None else -9,
+            index=plan.index, device=plan.device, exit_code=None if interrupted else code,
             duration_s=round(time.perf_counter() - started, 4), timed_out=timed_out,
             trace=plan.trace.name, stdout=plan.stdout.name, stderr=plan.stderr.name,
-            stdout_digest=_digest(plan.stdout),
+            stdout_digest=_digest(plan.stdout), interrupted=interrupted,
         )
 
     def run(self, plans: Sequence[RepeatPlan],
             on_done: Callable[[RepeatResult], None] | None = None) -> list[RepeatResult]:
-        """Run every plan; results come back in plan order."""
+        """Run every plan; results come back in plan order. On an interrupt, stop every repeat and
+        re-raise it (an `Interrupted` carries one result per plan)."""
         results: dict[int, RepeatResult] = {}
         pool = ThreadPoolExecutor(max_workers=self.jobs)
+        _ACTIVE.add(self)
         try:
-            pending: set[Future[RepeatResult]] = {pool.submit(self.run_one, p) for p in plans}
-            while pending:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                for future in done:
-                    result = future.result()
-                    results[result.index] = result
-                    if on_done:
-                        on_done(result)
-        except BaseException:
-            self.stop()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        pool.shutdown(wait=True)
+            try:
+                pending: set[Future[RepeatResult]] = {pool.submit(self.run_one, p) for p in plans}
+                while pending:
+                    done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        result = future.result()
+                        results[result.index] = result
+                        if on_done:
+                            on_done(result)
+                pool.shutdown(wait=True)
+            except BaseException as exc:
+                self.stop()
+                pool.shutdown(wait=True, cancel_futures=True)
+                if isinstance(exc, Interrupted):
+                    exc.results = self._partial(plans, results, pending)
+                raise
+        finally:
+            _ACTIVE.discard(self)
         return [results[p.index] for p in plans]
 
+    @staticmethod
+    def _partial(plans: Sequence[RepeatPlan], results: dict[int, RepeatResult],
+                 pending: set[Future[RepeatResult]]) -> list[RepeatResult]:
+        """One result per plan after an interrupt: finished repeats as they ended, the rest `interrupted`."""
+        for future in pending:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                result = future.result()
+                results.setdefault(result.index, result)
+        return [results.get(p.index) or RepeatResult(
+            index=p.index, device=p.device, exit_code=None, duration_s=0.0, timed_out=False, trace=p.trace.name,
+            stdout=p.stdout.name, stderr=p.stderr.name, stdout_digest="", interrupted=True) for p in plans]
+
     def stop(self) -> None:
+        """SIGTERM every live group, give them GRACE_S together (less after `kill_now`), then SIGKILL."""
         with self._lock:
             self._stopping = True
             live = list(self._live.values())
         for proc in live:
-            _kill_group(proc)
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        for proc in live:
+            _wait_exit(proc, max(0.0, deadline - time.monotonic()), self._hurry)
+        self.kill_now()
+
+    def kill_now(self) -> None:
+        self._hurry.set()
+        with self._lock:
+            self._stopping = True
+            live = list(self._live.values())
+        for proc in live:
+            _signal_group(proc, signal.SIGKILL)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the repeat's process group (the child flushes its trace), then SIGKILL."""
-    for sig, grace in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, GRACE_S)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
+def check_script(script: Path) -> None:
+    """The script must be a readable regular file (python's own messages, in one line, otherwise)."""
+    if script.is_dir():
+        raise UsageError(f"script {script} is a directory; give the .py file to run")
+    if not script.is_file():
+        raise UsageError(f"script not found: {script}")
+
+
+def _open_private(path: Path) -> Any:
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "wb")
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    with _open_private(path) as fh:
+        fh.write(data)
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], timeout: float | None, hurry: threading.Event | None = None) -> bool:
+    """Wait until the repeat's leader exits, without reaping it (its pid keeps naming its group).
+
+    True when it exited, False when `timeout` passed (or `hurry` was set) first.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        if proc.returncode is not None:
+            return True
         try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
-        break
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # stragglers (workers) after the leader
-        os.killpg(proc.pid, signal.SIGKILL)
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                return True
+        except ChildProcessError:  # reaped by another thread
+            return True
+        if (deadline is not None and time.monotonic() >= deadline) or (hurry is not None and hurry.is_set()):
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the repeat's process group, as long as its leader is not reaped (the group id is ours)."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)

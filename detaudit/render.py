@@ -7,20 +7,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from detaudit.oprules import VERDICTS
 from detaudit.report import Report, divergence_to_dict
+from detaudit.safetext import printable
 
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
-                  "timeout": "bold red"}
+                  "timeout": "bold red", "inconclusive": "bold yellow"}
 MAX_SPREAD_ROWS = 12
 MAX_STDOUT_REPEATS = 2  # differing repeats whose stdout line the terminal shows
 BASIS_TEXT = {"experiment": "experiment", "op-records": "op-level records", "direct": "direct evidence",
               "circumstantial": "circumstantial"}
+
+
+def escape(text: str) -> str:
+    """User text for the terminal: no rich markup, no terminal control sequences (names, paths and
+    stderr come from the script or from a trace made elsewhere)."""
+    return _markup_escape(printable(text))
 
 
 def _fmt(x: Any) -> str:
@@ -48,18 +55,28 @@ def verdict_line(report: Report) -> Text:
         "divergent": f": repeats disagree ({n} repeats)",
         "failed": f": the script failed in every repeat ({n} repeats)",
         "timeout": f": repeat(s) {', '.join(map(str, late))} of {n} timed out",
+        "inconclusive": f": {report.inconclusive_reason} ({n} repeats)",
     }[report.verdict]
     if report.verdict == "divergent" and report.causes and report.causes[0].id == "environment-change":
         extra = ": the environment changed between the recordings, which is not run-to-run nondeterminism " \
                 f"({report.causes[0].summary.split('(', 1)[-1].split(')', 1)[0]} differ)"
-    text.append(extra + f" on {', '.join(devices)}")
+    text.append(printable(extra + f" on {', '.join(devices)}"))
     if report.verdict == "timeout":
         text.append(f"; the repeats agree on the {report.comparison.records_compared} records all of them made "
                     "before that, which says nothing about the rest")
     if report.timed_out and report.verdict != "timeout":
         text.append(f" — repeat(s) {', '.join(map(str, late))} timed out", style="bold red")
-    if not all(report.comparison.complete) and not report.timed_out:
+    if not all(report.comparison.complete) and not report.timed_out and report.verdict != "inconclusive":
         text.append(" (incomplete recordings are compared as far as they go)")
+    stops = sorted({r.stopped_at_step for r in report.runs if r.stopped_at_step is not None})
+    if stops:
+        text.append(f"; bounded: repeats stopped after step {', '.join(map(str, stops))} (--max-steps/--max-time), "
+                    "the steps every repeat completed are compared")
+    cut = [r for r in report.runs if r.recording_stopped]
+    if cut:
+        which = ", ".join(str(r.index) for r in cut)
+        text.append(f"; recording stopped early in repeat(s) {which} ({cut[0].recording_stopped}): compared as far "
+                    "as every repeat recorded", style="bold yellow")
     if report.baseline is not None:
         text.append("; matches the baseline" if report.baseline.matches else "; DIFFERS FROM THE BASELINE",
                     style="" if report.baseline.matches else "bold red")
@@ -102,10 +119,13 @@ def runs_table(report: Report) -> Table:
         table.add_column(col, justify="right" if col in ("repeat", "exit", "time (s)", "records") else "left")
     comp = report.comparison
     for r in report.runs:
-        exit_text = "timeout" if r.timed_out else "?" if r.exit_code is None else str(r.exit_code)
+        exit_text = "timeout" if r.timed_out else "stopped" if r.interrupted else "?" if r.exit_code is None \
+            else str(r.exit_code)
+        if r.stopped_at_step is not None:
+            exit_text = f"stopped@{r.stopped_at_step}"
         records = comp.records[r.index] if r.index < len(comp.records) else 0
         complete = comp.complete[r.index] if r.index < len(comp.complete) else False
-        table.add_row(str(r.index), r.device, exit_text, f"{r.duration_s:.2f}",
+        table.add_row(str(r.index), escape(r.device), exit_text, f"{r.duration_s:.2f}",
                       f"{records}{'' if complete else ' (incomplete)'}", escape(r.trace))
     return table
 
@@ -173,11 +193,13 @@ def summary_line(report: Report) -> Text:
         parts.append(f"{len(report.runs)} repeats agree on {report.comparison.records_compared} records")
     elif report.verdict == "failed":
         parts.append("the script failed in every repeat")
+    elif report.verdict == "inconclusive":
+        parts.append(report.inconclusive_reason.split(":")[0])
     if report.causes:
         top = report.causes[0]
         parts.append(f"top cause: {top.id} ({top.confidence})")
     parts.append(f"run: {report.run_dir}")
-    text.append(" · " + " · ".join(parts))
+    text.append(printable(" · " + " · ".join(parts)))
     return text
 
 
@@ -264,11 +286,11 @@ def causes_block(report: Report) -> Group | None:
         head = Text(f"{i}. [{cause.confidence} · {BASIS_TEXT[cause.basis]}] ",
                     style="bold magenta" if cause.confidence == "confirmed" else "bold")
         head.append(f"{cause.id}: ", style="bold")
-        head.append(cause.summary)
+        head.append(printable(cause.summary))
         parts.append(head)
         for line in cause.evidence:
-            parts.append(Text(f"   • {line}"))
-        parts.append(Text(f"   fix: {cause.fix}", style="green"))
+            parts.append(Text(printable(f"   • {line}")))
+        parts.append(Text(printable(f"   fix: {cause.fix}"), style="green"))
     return Group(*parts)
 
 
@@ -315,19 +337,20 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
     if argv is not None:
         console.print(argv, soft_wrap=True)
     console.print(runs_table(report))
-    if report.failure:
-        console.print(Panel(escape(report.failure), title="The script's error (repeat 0)", title_align="left",
-                            border_style="yellow", expand=False))
+    if report.verdict == "failed":
+        console.print(Panel(escape(report.failure or "(no output on stderr)"), title="The script's error (repeat 0)",
+                            title_align="left", border_style="yellow", expand=False))
     elif report.repeat_errors:
+        alike = len({r.exit_code for r in report.runs if not r.timed_out}) == 1
         for index, error in sorted(report.repeat_errors.items())[:2]:
             code = report.runs[index].exit_code
+            how = f"exited {code}" if alike else f"ended differently (exit {code})"
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
-                                expand=False,
-                                title=f"Repeat {index} ended differently (exit {code}): its stderr"))
+                                expand=False, title=f"Repeat {index} {how}: its stderr"))
     for block in (match_block(report), divergence_panel(report), baseline_panel(report), op_panel(report),
                   spread_table(report), causes_block(report), experiments_table(report)):
         if block is not None:
             console.print(block)
     for note in notes:
-        console.print(Text(note, style="bold"))
+        console.print(Text(printable(note), style="bold"))
     console.print(summary_line(report), soft_wrap=True)

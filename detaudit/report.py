@@ -5,9 +5,13 @@ JSON schema: docs/report-schema.md. Bump SCHEMA_VERSION on any incompatible chan
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
+import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -18,8 +22,11 @@ from detaudit.compare import Comparison, Divergence, RecordInfo, StepSpread
 from detaudit.errors import (
     EXIT_DETERMINISTIC,
     EXIT_DIVERGENT,
+    EXIT_INCONCLUSIVE,
     EXIT_SCRIPT_FAILED,
     EXIT_TIMEOUT,
+    OutputError,
+    output_error,
 )
 from detaudit.launcher import RepeatResult
 from detaudit.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
@@ -127,7 +134,29 @@ class Report:
             return "failed"
         if self.first_divergence is not None:
             return "divergent"
+        if self.inconclusive_reason:
+            return "inconclusive"
         return "deterministic"
+
+    @property
+    def inconclusive_reason(self) -> str:
+        """Why agreement proves nothing, or "" when it does.
+
+        Agreement is evidence only when every repeat's recording is whole: a recording that was
+        lost or cut short (no footer), a repeat stopped by an interrupt, or repeats that recorded no
+        tensor at all agree vacuously — never "deterministic".
+        """
+        comp = self.comparison
+        cut = [r.index for r in self.runs if not r.timed_out
+               and (r.interrupted or (r.index < len(comp.complete) and not comp.complete[r.index]))]
+        if cut:
+            return (f"the recording of repeat(s) {', '.join(map(str, cut))} is incomplete (stopped, killed, or "
+                    f"its writes failed): the repeats agree on the {comp.records_compared} records they all "
+                    "made, which says nothing about the rest")
+        if self.runs and not any(comp.records):
+            return ("nothing to compare: no repeat recorded a tensor (the script never imported torch, or ran no "
+                    "module, optimizer step, torch.save or detaudit.checkpoint)")
+        return ""
 
     @property
     def exit_code(self) -> int:
@@ -135,7 +164,8 @@ class Report:
             return EXIT_TIMEOUT
         if self.verdict == "deterministic" and self.baseline is not None and not self.baseline.matches:
             return EXIT_DIVERGENT  # the repeats agree with each other, not with the baseline
-        return {"failed": EXIT_SCRIPT_FAILED, "divergent": EXIT_DIVERGENT}.get(self.verdict, EXIT_DETERMINISTIC)
+        return {"failed": EXIT_SCRIPT_FAILED, "divergent": EXIT_DIVERGENT,
+                "inconclusive": EXIT_INCONCLUSIVE}.get(self.verdict, EXIT_DETERMINISTIC)
 
 
 def _finite(x: Any) -> Any:
@@ -221,6 +251,7 @@ def to_dict(report: Report) -> dict[str, Any]:
         "verdict": report.verdict,
         "exit_code": report.exit_code,
         "timed_out": report.timed_out,
+        "inconclusive": report.inconclusive_reason or None,
         "first_divergence": divergence_to_dict(report.first_divergence),
         "spread": {
             "records_compared": comp.records_compared,
@@ -234,7 +265,9 @@ def to_dict(report: Report) -> dict[str, Any]:
         "runs": [
             {
                 "repeat": r.index, "device": r.device, "exit_code": r.exit_code, "duration_s": r.duration_s,
-                "timed_out": r.timed_out, "records": comp.records[r.index] if r.index < len(comp.records) else 0,
+                "timed_out": r.timed_out, "interrupted": r.interrupted, "stopped_at_step": r.stopped_at_step,
+                "recording_stopped": r.recording_stopped,
+                "records": comp.records[r.index] if r.index < len(comp.records) else 0,
                 "complete": comp.complete[r.index] if r.index < len(comp.complete) else False,
                 "trace": r.trace, "stdout": r.stdout, "stderr": r.stderr, "stdout_digest": r.stdout_digest,
                 "error": report.repeat_errors.get(r.index),
@@ -272,8 +305,9 @@ def baseline_to_dict(check: BaselineCheck | None) -> dict[str, Any] | None:
                                     for c in check.environment_changes]}
 
 
-def write_json(report: Report, path: Path) -> None:
-    _write_output(path, json.dumps(to_dict(report), indent=2) + "\n")
+def write_json(report: Report, path: Path, mode: int | None = None) -> None:
+    """The JSON report at `path` (`-`: stdout); `mode`: see write_text_atomically."""
+    _write_output(path, json.dumps(to_dict(report), indent=2) + "\n", mode)
 
 
 def to_junit(report: Report) -> str:
@@ -289,7 +323,7 @@ def to_junit(report: Report) -> str:
         if run["timed_out"]:
             ET.SubElement(case, "error", message="timed out")
             errors += 1
-        elif run["exit_code"] not in (0, None):
+        elif run["exit_code"] not in (0, None) and run["stopped_at_step"] is None:
             ET.SubElement(case, "failure", message=f"script exited with {run['exit_code']}")
             failures += 1
     case = ET.SubElement(suite, "testcase", classname="detaudit.determinism", name="repeats agree")
@@ -330,17 +364,76 @@ def write_junit(report: Report, path: Path) -> None:
     _write_output(path, to_junit(report))
 
 
-def _write_output(path: Path, text: str) -> None:
+def _write_output(path: Path, text: str, mode: int | None = None) -> None:
     """A report file, or stdout for `-`."""
     if str(path) == "-":
-        print(text, end="")
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader stopped early (`| head`): not an error of the run
+            silence_stdout()
     else:
-        write_text_atomically(Path(path), text)
+        write_text_atomically(Path(path), text, mode)
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file so a failure never leaves half a file (report, run record) behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+def silence_stdout() -> None:
+    """Point stdout at /dev/null once its reader has gone, so nothing more fails writing to it."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def check_writable(path: Path) -> None:
+    """Fail early (OutputError, exit 7), before any repeat runs, when a report file cannot be written."""
+    if str(path) == "-":
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"cannot write {path}: it is a directory")
+    if path.exists() and not path.is_file():  # a device or FIFO is written in place, not replaced
+        if not os.access(path, os.W_OK):
+            raise OutputError(f"cannot write {path}: permission denied")
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"cannot write {path}: {parent} is not a directory")
+    try:  # a real file: access() cannot tell a read-only mount or a full disk
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise output_error(path, exc) from None
+
+
+def write_text_atomically(path: Path, text: str, mode: int | None = None) -> None:
+    """Write via a uniquely named temporary file, then rename: a failure (disk full, read-only) never
+    leaves half a file or a temporary behind, and two writers never share a temporary.
+
+    `mode`: the file's permissions (run-directory files: 0o600); default: what the umask allows.
+    An OSError becomes an OutputError (exit 7) naming the path and the reason.
+    """
+    if mode is None:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    tmp: str | None = None
+    try:
+        if path.exists() and not path.is_file() and not path.is_dir():  # /dev/stdout, a FIFO: written in place
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise output_error(path, exc) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

@@ -89,7 +89,10 @@ class StdoutDifference:
 
 def _lines(path: Path) -> Iterator[str]:
     """A file's lines split on `\\n` only (a `\\r` progress update stays inside its line)."""
-    with open(path, "rb") as fh:
+    from detaudit.trace import open_regular
+
+    # a file of a run directory: regular, never followed through a symlink planted there
+    with open_regular(path, "stdout capture", follow_symlinks=False) as fh:
         for raw in fh:
             yield raw.rstrip(b"\n").decode("utf-8", errors="replace")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import stat
 import struct
 import threading
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from detaudit import schema
 from detaudit.errors import TraceError
 
 MAGIC = b"\x89DTRACE\n"
@@ -43,6 +45,8 @@ _FRAME_HEAD = struct.Struct("<cI")
 _ROW = struct.Struct("<4B6I3Q4d")
 assert _ROW.size == RECORD_DTYPE.itemsize
 _MAX_FRAME = 1 << 30
+MAX_STRINGS = 1 << 20  # a string table bigger than this is no trace detaudit wrote (bounds compare's memory)
+MAX_EVENTS = 1 << 19  # evidence is capped at the source (once per call site); more is no trace detaudit wrote
 FLUSH_EVERY = 4096
 THREAD_BLOCK_LIMIT = 1 << 17  # records from other threads held for one canonical block, at most
 
@@ -83,8 +87,13 @@ class TraceWriter:
 
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
         self.path = Path(path)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        # a high descriptor: out of the way of a script that closes and reopens low ones
+        self._fd = _high_fd(fd)
+        st = os.fstat(self._fd)
+        self._identity = (st.st_dev, st.st_ino)
         self._pid = os.getpid()
+        self.lost: str | None = None  # why records could not be written (disk full, descriptor taken)
         self._rows: list[bytes] = []  # packed records not yet written
         self._strings: dict[str, int] = {"": 0}
         self._texts: list[str] = [""]  # id -> text, to sort THREAD records by name
@@ -96,7 +105,46 @@ class TraceWriter:
         self.busy = False  # inside flush(): a signal handler must not flush again
 
         head = {"format": FORMAT_NAME, "version": FORMAT_VERSION, **header}
-        _write_all(self._fd, MAGIC + self._frame(b"H", json.dumps(head).encode()))
+        self._write(MAGIC + self._frame(b"H", json.dumps(head).encode()))
+
+    def _write(self, data: bytes) -> None:
+        """Append to the trace, only if the descriptor still refers to it.
+
+        A script may close every descriptor (`os.closerange`) and open its own file, which can
+        take the trace's number: writing then would put trace frames into the user's file. The
+        descriptor's device and inode are checked before each write; a descriptor that lost its
+        file is reopened by path (same inode only). A write that fails (disk full) marks the
+        trace `lost` and stops writing: a recording with a hole in it must read as incomplete.
+        """
+        if self.lost is not None:
+            return
+        try:
+            if not self._owns_fd():
+                self._reopen()
+            if self.lost is None:
+                _write_all(self._fd, data)
+        except OSError as exc:
+            self.lost = f"writing the trace failed: {exc.strerror or exc}"
+
+    def _owns_fd(self) -> bool:
+        try:
+            st = os.fstat(self._fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._identity
+
+    def _reopen(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            self.lost = "the trace's descriptor was closed by the script and the file could not be reopened"
+            return
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != self._identity:
+            os.close(fd)
+            self.lost = "the trace's descriptor was closed by the script and its file was replaced"
+            return
+        self._fd = _high_fd(fd)
 
     @staticmethod
     def _frame(tag: bytes, payload: bytes) -> bytes:
@@ -114,6 +162,10 @@ class TraceWriter:
                     self._texts.append(text)
                     self._pending_strings.append(text)
         return sid
+
+    def text(self, sid: int) -> str:
+        """The text of an interned string id."""
+        return self._texts[sid]
 
     def add(self, row: tuple[Any, ...]) -> None:
         """Queue one record; `row` follows RECORD_DTYPE's field order (samples last, as a 4-tuple)."""
@@ -157,7 +209,7 @@ class TraceWriter:
         with self._lock:
             self.flush()
             payload = json.dumps({"at": self.position, **event}, default=str).encode()
-            _write_all(self._fd, self._frame(b"E", payload))
+            self._write(self._frame(b"E", payload))
 
     def flush(self) -> None:
         if self.closed or os.getpid() != self._pid:
@@ -172,7 +224,7 @@ class TraceWriter:
             if self._rows:
                 out += self._frame(b"R", b"".join(self._rows))
             if out:
-                _write_all(self._fd, out)
+                self._write(out)
             self.records_written += len(self._rows)
             self._rows.clear()
             self._pending_strings = []
@@ -184,8 +236,12 @@ class TraceWriter:
         """Close without a footer: the trace reads as incomplete (a repeat that never finished)."""
         if not self.closed and os.getpid() == self._pid:
             self.flush()
-            os.close(self._fd)
+            self._close_fd()
             self.closed = True
+
+    def _close_fd(self) -> None:
+        if self._owns_fd():  # never close a descriptor that now belongs to the script
+            os.close(self._fd)
 
     def close(self, footer: dict[str, Any]) -> None:
         """Flush and write the footer that marks the trace complete."""
@@ -193,10 +249,26 @@ class TraceWriter:
             return
         self.sync()
         self.flush()
-        foot = {"records": self.records_written, **footer}
-        _write_all(self._fd, self._frame(b"F", json.dumps(foot, default=str).encode()))
-        os.close(self._fd)
+        if self.lost is None:  # a trace with a hole in it gets no footer: it must read as incomplete
+            foot = {"records": self.records_written, **footer}
+            self._write(self._frame(b"F", json.dumps(foot, default=str).encode()))
+        self._close_fd()
         self.closed = True
+
+
+_HIGH_FD = 900  # above what scripts open, below the usual 1024 soft limit
+
+
+def _high_fd(fd: int) -> int:
+    """Move `fd` to a high close-on-exec number when the limit allows (else keep it)."""
+    import fcntl
+
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _HIGH_FD)
+    except OSError:
+        return fd
+    os.close(fd)
+    return high
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -224,18 +296,21 @@ class Trace:
         return self.strings[sid]
 
 
+class EmptyTrace(TraceError):
+    """A trace cut before its header was whole: the repeat recorded nothing (read as incomplete)."""
+
+
 def _fail(path: Path, why: str) -> TraceError:
     return TraceError(f"{path}: {why}")
 
 
 def _frames(path: Path) -> Iterator[tuple[bytes, bytes]]:
     """Yield (tag, payload) frames; stop quietly at a truncated tail (a killed repeat)."""
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed by the `with` below; open errors need their own message
-    except OSError as exc:
-        raise _fail(path, f"cannot open trace ({exc.strerror})") from None
+    fh = open_regular(path, "trace")
     with fh:
         magic = fh.read(len(MAGIC))
+        if len(magic) < len(MAGIC) and MAGIC.startswith(magic):
+            return  # cut before the header was whole: an empty trace
         if magic != MAGIC:
             raise _fail(path, "not a detaudit trace (wrong magic bytes); was it written by detaudit run?")
         while True:
@@ -245,17 +320,70 @@ def _frames(path: Path) -> Iterator[tuple[bytes, bytes]]:
             tag, length = _FRAME_HEAD.unpack(head)
             if tag not in b"HSREF" or length > _MAX_FRAME:
                 raise _fail(path, f"corrupt trace: bad frame header at byte {fh.tell() - _FRAME_HEAD.size}")
+            if fh.tell() + length > os.fstat(fh.fileno()).st_size:
+                return  # cut short (a killed repeat); checked first: a bogus length must not allocate
             payload = fh.read(length)
             if len(payload) < length:
                 return
             yield tag, payload
 
 
-def _json(path: Path, payload: bytes) -> Any:
+def read_footer(path: Path) -> dict[str, Any] | None:
+    """A trace's footer without reading its records (frames are skipped by length); None when the
+    trace is missing, incomplete or not readable as a trace (RecordStream says why)."""
     try:
-        return json.loads(payload)
-    except ValueError:
-        raise _fail(path, "corrupt trace: a metadata frame is not valid JSON") from None
+        with open(path, "rb") as fh:
+            if fh.read(len(MAGIC)) != MAGIC:
+                return None
+            while True:
+                head = fh.read(_FRAME_HEAD.size)
+                if len(head) < _FRAME_HEAD.size:
+                    return None
+                tag, length = _FRAME_HEAD.unpack(head)
+                if tag == b"F":
+                    footer = json.loads(fh.read(length))
+                    return footer if isinstance(footer, dict) else None
+                fh.seek(length, os.SEEK_CUR)
+    except (OSError, ValueError):
+        return None
+
+
+def open_regular(path: Path, what: str, follow_symlinks: bool = True) -> Any:
+    """Open a file detaudit reads (trace, run record) in binary mode: regular files only.
+
+    A FIFO, a device (`/dev/zero`) or a directory named where a trace belongs would hang or
+    never end; it is refused before any byte is read (O_NONBLOCK: opening a FIFO never waits).
+    `follow_symlinks=False` for files whose text is shown (a run directory's stderr captures):
+    a symlink planted there must not print a file from outside it.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise _fail(path, f"cannot open {what} ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _fail(path, f"not a regular file; a {what} is a file detaudit wrote")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def load_json(data: bytes | str, where: str) -> Any:
+    """JSON from disk; any parse failure (deep nesting included) is a TraceError naming `where`."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise TraceError(f"{where}: not valid JSON (or nested too deeply)") from None
+
+
+def _json(path: Path, payload: bytes, what: str = "a metadata frame") -> Any:
+    return load_json(payload, f"{path}: corrupt trace: {what}")
+
+
+def _object(path: Path, value: Any, what: str, spec: schema.Spec) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(path, f"corrupt trace: the {what} is not a JSON object")
+    return schema.check(value, spec, f"{path}: corrupt trace: {what}")
 
 
 class RecordStream:
@@ -272,6 +400,9 @@ class RecordStream:
         self._buffered = 0
         self._done = False
         tag, payload = next(self._frames, (b"", b""))
+        if not tag:
+            raise EmptyTrace(f"{self.path}: empty trace: the repeat ended (or its disk filled up) before its "
+                             "header was written")
         if tag != b"H":
             raise _fail(self.path, "corrupt trace: missing header")
         self.header = _json(self.path, payload)
@@ -281,9 +412,10 @@ class RecordStream:
         if version != FORMAT_VERSION:
             raise _fail(
                 self.path,
-                f"trace format version {version} is not supported by this detaudit "
+                f"trace format version {version!r} is not supported by this detaudit "
                 f"(it reads version {FORMAT_VERSION}); use the detaudit release that wrote it",
             )
+        schema.check(self.header, schema.TRACE_HEADER, f"{self.path}: corrupt trace: header")
 
     def _pull(self) -> bool:
         for tag, payload in self._frames:
@@ -295,18 +427,30 @@ class RecordStream:
                 self._buffered += len(rows)
                 return True
             if tag == b"S":
+                # counted before parsing: a table of millions of strings is refused without building it
+                if len(self.strings) + (payload.count(b'"') - payload.count(b'\\"')) // 2 > MAX_STRINGS:
+                    raise self._too_many_strings()
                 new = _json(self.path, payload)
-                if not isinstance(new, list):
+                if not isinstance(new, list) or not all(isinstance(s, str) for s in new):
                     raise _fail(self.path, "corrupt trace: bad string table")
-                self.strings.extend(str(s) for s in new)
+                if len(self.strings) + len(new) > MAX_STRINGS:
+                    raise self._too_many_strings()
+                self.strings.extend(new)
             elif tag == b"E":
-                self.events.append(_json(self.path, payload))
+                if len(self.events) >= MAX_EVENTS:
+                    raise _fail(self.path, f"corrupt trace: more than {MAX_EVENTS} evidence events; detaudit "
+                                "refuses to load that many")
+                self.events.append(_object(self.path, _json(self.path, payload), "evidence event", schema.EVENT))
             elif tag == b"F":
-                self.footer = _json(self.path, payload)
+                self.footer = _object(self.path, _json(self.path, payload), "footer", schema.TRACE_FOOTER)
             else:
                 raise _fail(self.path, "corrupt trace: a second header")
         self._done = True
         return False
+
+    def _too_many_strings(self) -> TraceError:
+        return _fail(self.path, f"corrupt trace: more than {MAX_STRINGS} distinct strings (names, locations, "
+                     "shapes); detaudit refuses to load a string table that large")
 
     def take(self, n: int) -> np.ndarray:
         """Up to `n` next records (fewer only at the end of the trace)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from synthetic import Rec, training_records, write_run, write_trace
 
-from detaudit.audit import compare_recorded, error_excerpt, load_run, new_run_dir
+from detaudit.audit import claim_run, compare_recorded, error_excerpt, load_run, new_run_dir
 from detaudit.compare import Tolerance
 from detaudit.errors import TraceError, UsageError
 from detaudit.report import to_dict
@@ -85,7 +85,7 @@ def test_compare_refuses_a_footer_that_is_not_an_object(tmp_path: Path) -> None:
     recs = training_records(steps=1)
     good = write_trace(tmp_path / "a.trace", recs, {"exit_code": 0})
     for name, footer, needle in (("list", b"[1, 2]", "footer is not a JSON object"),
-                                 ("text", b'{"exit_code": "x"}', "not a number")):
+                                 ("text", b'{"exit_code": "x"}', "field `exit_code` must be an integer")):
         bad = write_trace(tmp_path / f"{name}.trace", recs, None)  # no footer yet: append our own
         bad.write_bytes(bad.read_bytes() + _frame(b"F", footer))
         with pytest.raises(TraceError, match=needle):
@@ -96,13 +96,17 @@ def test_compare_treats_incomplete_recordings_as_incomplete_not_failed(tmp_path:
     recs = training_records(steps=2)
     paths = [write_trace(tmp_path / "a.trace", recs, None), write_trace(tmp_path / "b.trace", recs, None)]
     same = compare_recorded(paths)
-    assert same.verdict == "deterministic" and [r.exit_code for r in same.runs] == [None, None]
+    # agreement of recordings cut short proves nothing about the rest: inconclusive, never deterministic
+    assert same.verdict == "inconclusive" and same.exit_code == 6
+    assert [r.exit_code for r in same.runs] == [None, None]
     assert same.comparison.complete == [False, False]
     paths.append(write_trace(tmp_path / "c.trace", recs[:4], None))
-    cut = compare_recorded([paths[0], paths[2]])
-    assert cut.verdict == "divergent" and cut.exit_code == 1
-    assert cut.first_divergence is not None and "incomplete" in cut.first_divergence.detail
+    cut = compare_recorded([paths[0], paths[2]])  # an equal prefix, one shorter: compared as far as it goes
+    assert cut.verdict == "inconclusive" and cut.first_divergence is None
+    assert cut.comparison.records_compared == 4 and "incomplete" in cut.inconclusive_reason
     assert to_dict(cut)["runs"][1]["exit_code"] is None
+    changed = write_trace(tmp_path / "d.trace", [recs[0], recs[1].but(digest=77), *recs[2:4]], None)
+    assert compare_recorded([paths[0], changed]).verdict == "divergent"  # a difference inside the prefix counts
 
 
 def test_stdout_mode_is_honoured_from_the_run_record(tmp_path: Path) -> None:
@@ -150,3 +154,67 @@ def test_a_repeat_detaudit_could_not_record_is_an_error_not_a_deterministic_verd
     (run / "repeat-1.trace.tmp").replace(run / "repeat-1.trace")
     with pytest.raises(TraceError, match="could not record this repeat .instrumenting torch: boom"):
         load_run(run)
+
+
+# -- issue 10: no false verdicts, no shared run directory, safe error paths --------------------------------
+def test_a_traceback_followed_by_lines_without_frames_is_excerpted_not_crashed() -> None:
+    text = "Traceback (most recent call last):\n" + "\n".join(f"    noise {i}" for i in range(20)) + "\nError: x\n"
+    excerpt = error_excerpt(text, lines=15)
+    assert excerpt.endswith("Error: x") and len(excerpt.splitlines()) == 15
+
+
+def test_an_existing_empty_out_dir_is_claimed_by_one_run_only(tmp_path: Path) -> None:
+    """Two runs that both found `--out` empty: creating run.json exclusively decides, whatever the timing."""
+    out = tmp_path / "shared"
+    out.mkdir()
+    first, second = new_run_dir(Path("t.py"), out), new_run_dir(Path("t.py"), out)
+    assert first == second == out
+    claim_run(first, {"who": "first"})
+    with pytest.raises(UsageError, match="taken by another detaudit run"):
+        claim_run(second, {"who": "second"})
+    assert json.loads((out / "run.json").read_text()) == {"who": "first"}
+    with pytest.raises(UsageError, match="not empty"):
+        new_run_dir(Path("t.py"), out)
+
+
+def test_default_run_dirs_are_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    made = {new_run_dir(Path("train.py"), None) for _ in range(3)}
+    assert len(made) == 3 and all(d.stat().st_mode & 0o777 == 0o700 for d in made)
+
+
+def _abandoned_run(tmp_path: Path, lengths: list[int], footers: list[bool]) -> Path:
+    """Repeats that exited 0 but whose traces lost their end (the writer failed, or was cut off)."""
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs] * len(lengths))
+    for i, (n, footer) in enumerate(zip(lengths, footers)):
+        path = run_dir / f"repeat-{i}.trace"
+        path.unlink()
+        write_trace(path, recs[:n], {"exit_code": 0} if footer else None)
+    return run_dir
+
+
+def test_lost_recordings_are_inconclusive_never_deterministic(tmp_path: Path) -> None:
+    report = load_run(_abandoned_run(tmp_path, [0, 0, 0], [False, False, False]))  # three empty "agreeing" repeats
+    assert report.verdict == "inconclusive" and report.exit_code == 6
+    assert "incomplete" in report.inconclusive_reason
+    assert to_dict(report)["inconclusive"] == report.inconclusive_reason
+
+
+def test_one_cut_recording_makes_an_agreeing_run_inconclusive(tmp_path: Path) -> None:
+    report = load_run(_abandoned_run(tmp_path, [18, 5, 18], [True, False, True]))
+    assert report.verdict == "inconclusive" and "repeat(s) 1" in report.inconclusive_reason
+    assert report.comparison.records_compared == 5
+
+
+def test_no_tensor_recorded_is_nothing_to_compare(tmp_path: Path) -> None:
+    report = load_run(_abandoned_run(tmp_path, [0, 0], [True, True]))
+    assert report.verdict == "inconclusive" and report.inconclusive_reason.startswith("nothing to compare")
+
+
+def test_a_lost_recording_never_hides_a_divergence_it_holds(tmp_path: Path) -> None:
+    run_dir = _abandoned_run(tmp_path, [18, 6], [True, False])
+    recs = training_records(steps=2)
+    (run_dir / "repeat-1.trace").unlink()
+    write_trace(run_dir / "repeat-1.trace", [*recs[:3], recs[3].but(digest=1), *recs[4:6]], None)
+    assert load_run(run_dir).verdict == "divergent"

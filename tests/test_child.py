@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -221,3 +222,110 @@ def test_a_recorder_that_cannot_start_never_breaks_the_scripts_import(tmp_path: 
     assert (child.code, child.out) == (plain.code, plain.out) == (0, "2.0\n")
     assert "detaudit: could not instrument" in child.err and "Traceback" not in child.err
     assert trace.read_bytes() == b"taken"
+
+
+# -- every way a process can end keeps its records (issue 10) ------------------------------------------
+@pytest.mark.slow
+def test_os_exit_after_forward_passes_keeps_every_record(tmp_path: Path) -> None:
+    """`os._exit` skips atexit and finally: the wrapped one finishes the trace first."""
+    script = write_script(tmp_path, """
+        import os
+        import torch
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        for _ in range(5):
+            model(torch.randn(3, 4))
+        print("done", flush=True)
+        os._exit(3)
+    """)
+    plain, child, trace = both(tmp_path, script, [])
+    assert (child.code, child.out) == (plain.code, plain.out) == (3, "done\n")
+    tr = read_trace(trace)
+    assert tr.complete and tr.footer is not None and tr.footer["exit_code"] == 3
+    assert tr.footer["ended_by"] == "os._exit"
+    assert len(tr.records) >= 5 * 4  # input and three outputs per pass, none lost in a buffer
+
+
+@pytest.mark.slow
+def test_closed_descriptors_never_send_trace_frames_into_the_scripts_file(tmp_path: Path) -> None:
+    script = write_script(tmp_path, """
+        import os
+        import torch
+        model = torch.nn.Linear(4, 2)
+        outs = [model(torch.randn(3, 4)) for _ in range(5)]
+        os.closerange(3, 4096)
+        with open("mine.txt", "w") as fh:
+            for _ in range(3):
+                outs.append(model(torch.randn(3, 4)))
+            fh.write("only my text\\n")
+    """)
+    _, child, trace = both(tmp_path, script, [])
+    assert child.code == 0, child.err
+    assert (tmp_path / "mine.txt").read_text() == "only my text\n"
+    tr = read_trace(trace)
+    assert tr.complete and len(tr.records) >= 8 * 2  # records after the closerange reached the trace too
+
+
+@pytest.mark.slow
+def test_keyboard_interrupt_in_the_script_exits_130_with_only_its_frames(tmp_path: Path) -> None:
+    script = write_script(tmp_path, """
+        def train():
+            raise KeyboardInterrupt
+        train()
+    """)
+    _, child, trace = both(tmp_path, script, [])
+    assert child.code == 130
+    assert "KeyboardInterrupt" in child.err and "in train" in child.err
+    assert "detaudit" not in child.err  # none of detaudit's frames
+    footer = read_trace(trace).footer
+    assert footer is not None and footer["exit_code"] == 130
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", b"x = 1\n\xff\xfe oops\n"])
+def test_a_file_that_is_not_python_text_gets_pythons_one_line_error(tmp_path: Path, content: bytes) -> None:
+    script = tmp_path / "picture.png"
+    script.write_bytes(content)
+    plain, child, _ = both(tmp_path, script, [])
+    assert child.code == plain.code == 1
+    assert child.err.strip() == plain.err.strip()
+    assert child.err.startswith("SyntaxError: Non-UTF-8 code") and len(child.err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_fatal_signal_flushes_what_was_recorded_and_ends_like_python(tmp_path: Path, signum: int) -> None:
+    script = write_script(tmp_path, """
+        import time
+        import torch
+        model = torch.nn.Linear(4, 2)
+        for _ in range(7):
+            model(torch.randn(3, 4))
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    trace = tmp_path / "repeat-0.trace"
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"repeat": 0, "device": "cpu", "granularity": "module", "trace": str(trace)}))
+    proc = subprocess.Popen([sys.executable, "-m", "detaudit.child", str(config), str(script)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(signum)
+    assert proc.wait(timeout=30) == -signum  # as plain python ends on that signal
+    tr = read_trace(trace)
+    assert not tr.complete and len(tr.records) >= 14  # buffered records were flushed, no footer
+
+
+@pytest.mark.slow
+def test_exec_replacing_the_process_keeps_what_was_recorded(tmp_path: Path) -> None:
+    script = write_script(tmp_path, """
+        import os, sys
+        import torch
+        model = torch.nn.Linear(4, 2)
+        for _ in range(5):
+            model(torch.randn(3, 4))
+        os.execv(sys.executable, [sys.executable, "-c", "print('replaced')"])
+    """)
+    plain, child, trace = both(tmp_path, script, [])
+    assert (child.code, child.out) == (plain.code, plain.out) == (0, "replaced\n")
+    tr = read_trace(trace)
+    assert not tr.complete and len(tr.records) >= 10  # flushed before the exec; no footer: never "whole"

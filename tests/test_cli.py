@@ -4,14 +4,17 @@ placement, `--` pass-through, report files, `report RUN_DIR` and `show TRACE`.""
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
 from conftest import CliResult, run_cli
-from synthetic import training_records, write_run, write_trace
+from synthetic import Rec, training_records, write_run, write_trace
 
 from detaudit.cli import main
 from detaudit.trace import MAGIC
@@ -97,7 +100,7 @@ def test_options_before_or_after_script_and_args_after_double_dash(
     else:
         args = ["run", "-n", "2", argv_script.name, "--json", "report.json", "--out", "run", "--", *script_args]
     result = run_in_process(args, capsys)
-    assert result.returncode == 0, result.output
+    assert result.returncode == 6, result.output  # a torch-free script: nothing to compare, never "deterministic"
     report = json.loads((tmp_path / "report.json").read_text())
     assert len(report["runs"]) == 2 and report["script_args"] == script_args
     for run in report["runs"]:
@@ -165,9 +168,9 @@ def test_corrupt_foreign_or_unknown_version_run_dirs_exit_4(tmp_path: Path, caps
     foreign_trace = write_run(tmp_path / "foreign", [recs, recs])
     (foreign_trace / "repeat-0.trace").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
     for run_dir, needle in ((corrupt, "corrupt"), (foreign_file, "notes.txt"), (no_record, "empty_dir"),
-                            (future, "99"), (garbled, "run.json"), (foreign_trace, "not a detaudit trace"),
-                            (tmp_path / "missing", "missing")):
+                            (future, "99"), (garbled, "run.json"), (foreign_trace, "not a detaudit trace")):
         assert_clean_error(run_in_process(["report", str(run_dir)], capsys), 4, needle)
+    assert_clean_error(run_in_process(["report", str(tmp_path / "missing")], capsys), 2, "missing")  # a typo
     assert_clean_error(run_cli(["report", str(corrupt)], cwd=tmp_path), 4, "corrupt")  # as a user runs it
 
 
@@ -200,9 +203,10 @@ def test_show_refuses_bad_traces_with_exit_4(tmp_path: Path, capsys: pytest.Capt
     future = tmp_path / "v.trace"
     payload = json.dumps({"format": "detaudit-trace", "version": 7}).encode()
     future.write_bytes(MAGIC + b"H" + struct.pack("<I", len(payload)) + payload)
-    for path, needle in ((corrupt, "corrupt"), (foreign, "not a detaudit trace"), (future, "version 7"),
-                         (tmp_path / "absent.trace", "absent.trace")):
+    for path, needle in ((corrupt, "corrupt"), (foreign, "not a detaudit trace"), (future, "version 7")):
         assert_clean_error(run_in_process(["show", str(path)], capsys), 4, needle)
+    # a path that does not exist is a usage error, as in `compare` and `report`
+    assert_clean_error(run_in_process(["show", str(tmp_path / "absent.trace")], capsys), 2, "absent.trace")
     assert_clean_error(run_cli(["show", str(corrupt)], cwd=tmp_path), 4, "corrupt")
 
 
@@ -234,9 +238,9 @@ COIN = "import os\nprint(os.urandom(4).hex())\n"  # differs between repeats on s
 def test_ignore_stdout_is_kept_for_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "coin.py").write_text(COIN)
     made = run_cli(["run", "coin.py", "-n", "2", "-j", "2", "--ignore-stdout", "--out", "run"], cwd=tmp_path)
-    assert made.returncode == 0, made.output
+    assert made.returncode == 6, made.output  # stdout ignored, no tensor: nothing left to compare
     assert json.loads((tmp_path / "run" / "run.json").read_text())["stdout"] == "ignore"
-    assert run_in_process(["report", str(tmp_path / "run")], capsys).returncode == 0
+    assert run_in_process(["report", str(tmp_path / "run")], capsys).returncode == 6  # not 1: stdout still ignored
     strict = run_in_process(["report", str(tmp_path / "run"), "--stdout", "strict"], capsys)
     assert strict.returncode == 1 and "stdout line 1" in strict.stdout
     both = run_in_process(["report", str(tmp_path / "run"), "--stdout", "strict", "--ignore-stdout"], capsys)
@@ -255,10 +259,10 @@ def test_compare_takes_the_stdout_options(tmp_path: Path, capsys: pytest.Capture
 def test_jobs_that_oversubscribe_the_cores_warn(tmp_path: Path) -> None:
     (tmp_path / "coin.py").write_text("print('heads')\n")
     busy = run_cli(["run", "coin.py", "-n", "2", "-j", "2"], cwd=tmp_path, env={"OMP_NUM_THREADS": "4096"})
-    assert busy.returncode == 0 and "warning: --jobs 2 runs 2 repeats at once" in " ".join(busy.stderr.split())
+    assert busy.returncode == 6 and "warning: --jobs 2 runs 2 repeats at once" in " ".join(busy.stderr.split())
     assert (tmp_path / ".detaudit" / ".gitignore").read_text().strip().endswith("*")
     alone = run_cli(["run", "coin.py", "-n", "2", "-j", "1"], cwd=tmp_path, env={"OMP_NUM_THREADS": "4096"})
-    assert alone.returncode == 0 and "warning" not in alone.stderr
+    assert alone.returncode == 6 and "warning" not in alone.stderr  # 6: a torch-free script
 
 
 def test_explain_a_run_from_another_directory(tmp_path: Path) -> None:
@@ -275,3 +279,149 @@ def test_explain_a_run_from_another_directory(tmp_path: Path) -> None:
     assert len(list((tmp_path / "run").glob("explain-*.trace"))) == 2 * len(experiments)
     progress = [line for line in result.stderr.splitlines() if line.startswith("explain-")]
     assert len(progress) == 2 * len(experiments) and all("exit 0 in" in line for line in progress)
+
+
+# -- outputs that cannot be written, concurrent runs, hostile inputs (issue 10) ----------------------------
+def leftovers(*dirs: Path) -> list[Path]:
+    return [p for d in dirs if d.is_dir() for p in d.rglob("*.tmp")]
+
+
+def test_unwritable_report_files_fail_before_any_repeat_runs(tmp_path: Path, argv_script: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "adir").mkdir()
+    for option in ("--json", "--junit"):
+        result = run_in_process(["run", str(argv_script), option, str(tmp_path / "adir")], capsys)
+        assert_clean_error(result, 7, "adir", "directory")
+    assert not (tmp_path / "adir").joinpath("run.json").exists()
+    run_dir = write_run(tmp_path / "run", [training_records(), training_records()])
+    full = run_in_process(["report", str(run_dir), "--json", "/dev/full"], capsys)  # a real ENOSPC
+    assert_clean_error(full, 7, "/dev/full", "No space left on device", "ENOSPC")
+    assert not leftovers(tmp_path, run_dir)
+
+
+def test_out_under_a_file_is_an_output_error(tmp_path: Path, argv_script: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile").write_text("x")
+    result = run_in_process(["run", str(argv_script), "--out", str(tmp_path / "afile" / "run")], capsys)
+    assert_clean_error(result, 7, "afile", "not a directory")
+
+
+@pytest.mark.slow
+def test_two_runs_with_one_out_never_share_it(tmp_path: Path, argv_script: Path) -> None:
+    """Started together: one run owns the directory, the other is refused, whichever wins the race."""
+    cmd = [sys.executable, "-m", "detaudit", "run", str(argv_script), "-n", "2", "--out", "shared", "-q"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outcomes = sorted((p.wait(timeout=300), p.stderr.read() if p.stderr else "") for p in procs)
+    assert [code for code, _ in outcomes] == [2, 6], outcomes  # 6: a torch-free script has nothing to compare
+    assert "shared" in outcomes[0][1] and "Traceback" not in outcomes[0][1]
+    run_dir = tmp_path / "shared"
+    assert sorted(p.name for p in run_dir.iterdir() if p.suffix == ".trace") == ["repeat-0.trace", "repeat-1.trace"]
+    assert run_dir.stat().st_mode & 0o777 == 0o700
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in run_dir.iterdir())
+    assert not leftovers(run_dir)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0"])
+def test_timeout_must_be_a_finite_positive_number(tmp_path: Path, argv_script: Path, value: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_in_process(["run", str(argv_script), "--timeout", value], capsys)
+    assert result.returncode == 2 and "--timeout" in result.stderr
+
+
+def test_json_to_stdout_leaves_only_the_document_there(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = write_run(tmp_path / "run", [training_records(), training_records()])
+    for extra in ([], ["-q"]):
+        result = run_in_process(["report", str(run_dir), "--json", "-", *extra], capsys)
+        assert result.returncode == 0
+        assert json.loads(result.stdout)["verdict"] == "deterministic"  # nothing else on stdout
+        assert "DETERMINISTIC" in result.stderr
+    junit = run_in_process(["report", str(run_dir), "--junit", "-"], capsys)
+    assert ET.fromstring(junit.stdout).tag == "testsuite"
+
+
+def test_show_never_passes_terminal_control_sequences_through(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    osc = "\x1b]0;owned\x07\x1b]52;c;Y3VybCBldmlsfHNo\x07\x9b2J"
+    path = write_trace(tmp_path / "foreign.trace", [Rec(osc, 1, module=osc, loc=osc + ":1")],
+                       {"exit_code": 0, "error": osc}, events=[(0, {"type": "draw", "loc": osc})],
+                       header={"repeat": 0, "script": osc})
+    result = run_in_process(["show", str(path)], capsys)
+    assert result.returncode == 0
+    assert "\x1b" not in result.output and "\x07" not in result.output and "\x9b" not in result.output
+    assert "\\x1b]52" in result.output  # shown, escaped
+
+
+def test_missing_paths_are_usage_errors_in_every_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_trace(tmp_path / "a.trace", training_records(), {"exit_code": 0})
+    for args in (["show", "nope.trace"], ["compare", str(trace), "nope.trace"], ["report", "no_run_dir"]):
+        assert_clean_error(run_in_process(args, capsys), 2, "no")
+    (tmp_path / "pkg").mkdir()
+    assert_clean_error(run_in_process(["run", str(tmp_path / "pkg")], capsys), 2, "is a directory")
+
+
+def test_run_record_paths_stay_inside_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    secret = tmp_path / "credentials"
+    secret.write_text("aws_secret_access_key = hunter2\n")
+    run_dir = write_run(tmp_path / "run", [training_records(), training_records()], exit_codes=[0, 1])
+    record = json.loads((run_dir / "run.json").read_text())
+    for escape_to in (str(secret), "../credentials"):
+        record["results"][1]["stderr"] = escape_to
+        (run_dir / "run.json").write_text(json.dumps(record))
+        result = run_in_process(["report", str(run_dir), "--json", str(tmp_path / "r.json")], capsys)
+        assert_clean_error(result, 4, "results[1].stderr", "inside the run directory")
+        assert "hunter2" not in result.output
+    record["results"][1]["stderr"] = "repeat-1.stderr"  # a plain name again, but planted as a symlink
+    (run_dir / "run.json").write_text(json.dumps(record))
+    (run_dir / "repeat-1.stderr").unlink()
+    (run_dir / "repeat-1.stderr").symlink_to(secret)
+    for args in (["report", str(run_dir), "--json", "-"], ["compare", str(run_dir), str(run_dir), "--json", "-"]):
+        result = run_in_process(args, capsys)
+        assert result.returncode in (0, 1) and "hunter2" not in result.output
+
+
+def test_a_fifo_where_stderr_belongs_never_hangs_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = write_run(tmp_path / "run", [training_records(), training_records()], exit_codes=[0, 1])
+    (run_dir / "repeat-1.stderr").unlink()
+    os.mkfifo(run_dir / "repeat-1.stderr")
+    result = run_in_process(["report", str(run_dir)], capsys)
+    assert result.returncode == 1  # exit statuses differ; the FIFO is skipped, not read
+
+
+@pytest.mark.parametrize("content", ["[" * 100_000 + "]" * 100_000, '{"format": "detaudit-run", "version": 1, '
+                                     '"script": "t.py", "results": [{"index": "zero"}]}', '{"format": []}'])
+def test_malformed_run_records_exit_4_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      content: str) -> None:
+    run_dir = write_run(tmp_path / "run", [training_records(), training_records()])
+    (run_dir / "run.json").write_text(content)
+    assert_clean_error(run_in_process(["report", str(run_dir)], capsys), 4, "run.json")
+
+
+@pytest.mark.slow
+def test_redact_args_stores_the_scripts_arguments_nowhere(tmp_path: Path) -> None:
+    script = tmp_path / "uses_token.py"
+    script.write_text("import sys\nprint(len(sys.argv[2]))\n")  # receives the real argument, never prints it
+    result = run_cli(["run", str(script), "-n", "2", "--out", "run", "--json", "r.json", "--junit", "r.xml",
+                      "--redact-args", "--", "--token", "s3cr3t-value"], cwd=tmp_path)
+    assert result.returncode == 6, result.output
+    assert result.report is not None and result.report["script_args"] == ["<redacted>", "<redacted>"]
+    assert (tmp_path / "run" / "repeat-0.stdout").read_text() == "12\n"  # the script saw the real value
+    stored = [p for p in [*(tmp_path / "run").iterdir(), tmp_path / "r.json", tmp_path / "r.xml"]]
+    assert all(b"s3cr3t" not in p.read_bytes() for p in stored)
+    assert "s3cr3t" not in result.output
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_never_turns_into_an_error(tmp_path: Path) -> None:
+    """`detaudit show T | head`, `detaudit report R --json - | head`: the exit code stays the command's own."""
+    path = write_trace(tmp_path / "long.trace", training_records(steps=30), {"exit_code": 0})
+    run_dir = write_run(tmp_path / "run", [training_records()] * 2)
+    commands = (["show", str(path), "--limit", "0"], ["report", str(run_dir), "--json", "-"], ["report", str(run_dir)])
+    for args in commands:
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before the first byte: every write to stdout fails (EPIPE)
+        proc = subprocess.run([sys.executable, "-m", "detaudit", *args], cwd=tmp_path, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+        os.close(write_end)
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr

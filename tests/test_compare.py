@@ -99,24 +99,42 @@ def test_content_divergence_before_structural_one_is_first(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("short_repeat", [0, 1])
-def test_shorter_trace_ended_early(tmp_path: Path, short_repeat: int) -> None:
+def test_shorter_complete_trace_ended_early(tmp_path: Path, short_repeat: int) -> None:
+    """A repeat that finished (footer written) after fewer records recorded something else: structure."""
     recs = training_records(steps=3)
     traces = [recs, recs]
     traces[short_repeat] = recs[:10]
-    c = run_compare(tmp_path, traces, incomplete=[short_repeat])
+    c = run_compare(tmp_path, traces)
     d = c.first_divergence
     assert d is not None and d.index == 10 and d.category == "structure"
     assert d.repeats == [short_repeat] and "stopped recording after 10 records" in d.detail
     assert c.records[short_repeat] == 10 and c.records[1 - short_repeat] == len(recs)
-    assert c.complete[short_repeat] is False and c.complete[1 - short_repeat] is True
     assert c.records_compared == 10 and c.records_differing == 0
+
+
+@pytest.mark.parametrize("short_repeat", [0, 1])
+def test_incomplete_trace_is_compared_as_far_as_it_goes(tmp_path: Path, short_repeat: int) -> None:
+    """A recording without a footer (killed, or its writes failed) ending early is no divergence."""
+    recs = training_records(steps=3)
+    traces = [recs, recs]
+    traces[short_repeat] = recs[:10]
+    c = run_compare(tmp_path, traces, incomplete=[short_repeat])
+    assert c.first_divergence is None and c.records_compared == 10
+    assert c.records[short_repeat] == 10 and c.records[1 - short_repeat] == len(recs)
+    assert c.complete[short_repeat] is False and c.complete[1 - short_repeat] is True
+    traces[short_repeat] = mutate_digest(recs[:10], 7)  # a difference inside the prefix still counts
+    (tmp_path / "changed").mkdir()
+    d = run_compare(tmp_path / "changed", traces, incomplete=[short_repeat]).first_divergence
+    assert d is not None and d.index == 7
 
 
 def test_empty_trace_against_full_one(tmp_path: Path) -> None:
     recs = training_records()
     c = run_compare(tmp_path, [recs, []], incomplete=[1])
-    d = c.first_divergence
-    assert d is not None and d.index == 0 and d.repeats == [1] and c.records == [len(recs), 0]
+    assert c.first_divergence is None and c.records == [len(recs), 0] and c.records_compared == 0
+    (tmp_path / "finished").mkdir()
+    d = run_compare(tmp_path / "finished", [recs, []]).first_divergence
+    assert d is not None and d.index == 0 and d.repeats == [1]  # a finished repeat that recorded nothing
 
 
 def _float32_step(x: float, ulps: int) -> float:
@@ -251,7 +269,7 @@ def test_divergence_on_chunk_boundary(tmp_path: Path, chunk: int) -> None:
             assert d is not None and d.index == k and d.repeats == [2]
         sub = tmp_path / "short"
         sub.mkdir()
-        c = run_compare(sub, [recs, recs[: 2 * chunk]], incomplete=[1])
+        c = run_compare(sub, [recs, recs[: 2 * chunk]])
         assert c.first_divergence is not None and c.first_divergence.index == 2 * chunk
         assert c.records == [len(recs), 2 * chunk]
 
@@ -287,5 +305,5 @@ def test_a_missing_trace_is_empty_and_incomplete_and_is_not_written(tmp_path: Pa
     path = write_trace(tmp_path / "r0.trace", recs, {"exit_code": 0})
     comp = compare_traces([path, tmp_path / "never.trace"])
     assert comp.records == [len(recs), 0] and comp.complete == [True, False]
-    assert comp.first_divergence is not None and comp.first_divergence.index == 0
+    assert comp.first_divergence is None and comp.records_compared == 0  # nothing to compare, no divergence
     assert not (tmp_path / "never.trace").exists()

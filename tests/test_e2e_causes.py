@@ -23,8 +23,9 @@ def fault(op: str, when: str) -> dict[str, str]:
     return {"DETAUDIT_TEST_FAULT": json.dumps({"op": op, "when": when})}
 
 
-def audit(tmp_path: Path, script: Path, *extra: str, env: dict[str, str] | None = None) -> CliResult:
-    return run_cli(["run", str(script), *FAST, "--out", str(tmp_path / "run"), "--json", "report.json", *extra],
+def audit(tmp_path: Path, script: Path, *extra: str, env: dict[str, str] | None = None,
+          fast: list[str] = FAST) -> CliResult:
+    return run_cli(["run", str(script), *fast, "--out", str(tmp_path / "run"), "--json", "report.json", *extra],
                    cwd=tmp_path, env=env)
 
 
@@ -60,13 +61,13 @@ CASES = [
 
 # A real thread race shows only when both of a repeat's threads run at once: give each repeat the
 # cores (no parallel repeats) and a third repeat, so two repeats agreeing by chance cannot hide it.
-THREAD_RACES = {"rate_items.py": ["-n", "3", "-j", "1"]}
+THREAD_RACES = {"rate_items.py": ["-n", "3", "-j", "1", "--granularity", "module", "-q"]}
 
 
 @pytest.mark.parametrize("script,cause_id,pin,line,env", CASES, ids=[f"{c[1]}:{c[0]}" for c in CASES])
 def test_top_cause_confirmed_by_explain(tmp_path: Path, scripts: Path, script: str, cause_id: str, pin: str,
                                         line: str, env: dict[str, str] | None) -> None:
-    result = audit(tmp_path, scripts / script, "--explain", *THREAD_RACES.get(script, []), env=env)
+    result = audit(tmp_path, scripts / script, "--explain", env=env, fast=THREAD_RACES.get(script, FAST))
     assert result.returncode == 1, result.output
     assert result.report is not None
     assert result.report["verdict"] == "divergent"

@@ -12,7 +12,7 @@ from synthetic import training_records, write_run, write_trace
 
 from detaudit import audit, explain
 from detaudit.audit import AuditOptions, load_run
-from detaudit.errors import UsageError
+from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import RepeatResult, plan_repeats
 from detaudit.report import Cause, Experiment, Report
 
@@ -274,3 +274,18 @@ def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, mo
     report = explain.run_experiments(run_dir, cheap=True)
     assert seen and set(seen) == {explain.SEPARATING_REPEATS}  # asked once per repeat
     assert [e.pin for e in report.experiments] == ["hash-seed"]
+
+
+def test_one_explain_at_a_time_per_run_directory(tmp_path: Path) -> None:
+    """A second explain would reuse the first one's file names and overwrite explain.json under it."""
+    from detaudit.explain import _exclusive  # noqa: PLC2701 - the lock itself is under test
+
+    recs = training_records()
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=1), *recs[1:]]])
+    with _exclusive(run_dir), pytest.raises(UsageError, match="another `detaudit explain` is running"):
+        explain.run_experiments(run_dir)
+    plain = tmp_path / "not_a_run"
+    plain.mkdir()
+    with pytest.raises(TraceError):
+        explain.run_experiments(plain)
+    assert list(plain.iterdir()) == []  # nothing left in a directory that is not a run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -47,6 +48,29 @@ def test_an_environment_change_is_not_called_nondeterminism(tmp_path: Path) -> N
     assert "(torch, GPU differ)" in line
 
 
+def _rendered(report: object) -> str:
+    from detaudit.render import render
+
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115 - devnull, test only
+    render(report, console)  # type: ignore[arg-type]
+    return console.export_text()
+
+
+def test_repeats_that_all_failed_alike_are_not_said_to_end_differently(tmp_path: Path) -> None:
+    recs = training_records()
+    run_dir = write_run(tmp_path / "run", [recs, recs], exit_codes=[3, 3])
+    (run_dir / "repeat-0.stderr").write_text("")  # the script failed without a word
+    text = _rendered(load_run(run_dir))
+    assert "The script's error" in text and "(no output on stderr)" in text and "ended differently" not in text
+    late = write_run(tmp_path / "late", [recs, recs, recs], exit_codes=[0, 1, 1], timed_out=[True, False, False])
+    text = _rendered(load_run(late))
+    assert "Repeat 1 exited 1" in text and "ended differently" not in text
+
+
+def test_inconclusive_verdict_line_says_why(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", [[], []])
+    text = _rendered(load_run(run_dir))
+    assert text.startswith("INCONCLUSIVE: nothing to compare") and "agree bit for bit" not in text
 def _finished(tmp_path: Path, stdout: list[str], mode: str = "masked") -> Report:
     run = write_run(tmp_path / "run", [training_records(2)] * 2, stdout=stdout)
     return load_run(run, stdout=mode)  # type: ignore[arg-type]

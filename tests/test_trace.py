@@ -114,9 +114,10 @@ def test_wrong_magic_is_not_a_detaudit_trace(tmp_path: Path) -> None:
     path.write_bytes(b"PK\x03\x04 this is a zip file, not a trace" * 10)
     with pytest.raises(TraceError, match="not a detaudit trace"):
         read_trace(path)
-    path.write_bytes(b"")
-    with pytest.raises(TraceError, match="not a detaudit trace"):
-        read_trace(path)
+    for cut in (b"", MAGIC[:3]):  # cut before the header was whole (killed at start, disk full): empty
+        path.write_bytes(cut)
+        with pytest.raises(TraceError, match="empty trace"):
+            read_trace(path)
 
 
 def _handmade(path: Path, header: object, rest: bytes = b"") -> Path:
@@ -267,3 +268,71 @@ def test_records_from_other_threads_are_written_in_one_order_whatever_the_schedu
         tr = read_trace(path)
         bodies.append([(tr.strings[r["name"]], int(r["digest"])) for r in tr.records])
     assert bodies[0] == bodies[1] == [("m.a", 3), ("m.a", 9), ("m.b", 5)]
+
+
+def test_writer_never_writes_into_a_descriptor_the_script_took_over(tmp_path: Path) -> None:
+    """A script closes every descriptor and opens its own file, which gets the trace's number."""
+    path = tmp_path / "t.trace"
+    writer = TraceWriter(path, {"repeat": 0})
+    writer.add((int(Kind.OUTPUT), 1, 0, 0, writer.intern("a"), 0, 0, 0, writer.intern("1"), 0, 1, 0, 0,
+                (1.0, 1.0, 1.0, 1.0)))
+    writer.flush()
+    user_file = tmp_path / "user.txt"
+    user_fd = os.open(user_file, os.O_WRONLY | os.O_CREAT)
+    os.dup2(user_fd, writer._fd)  # the trace's descriptor number now refers to the user's file
+    os.close(user_fd)
+    taken = writer._fd
+    writer.add((int(Kind.OUTPUT), 1, 0, 0, writer.intern("b"), 0, 0, 0, writer.intern("1"), 0, 2, 0, 0,
+                (1.0, 1.0, 1.0, 1.0)))
+    writer.close({"exit_code": 0})
+    assert user_file.read_bytes() == b""  # not one trace byte in the user's file
+    os.fstat(taken)  # ... and the user's descriptor was left open
+    os.close(taken)
+    trace = read_trace(path)  # the trace was reopened by path and finished
+    assert trace.complete and [trace.strings[i] for i in trace.records["name"]] == ["a", "b"]
+
+
+def test_a_failed_write_marks_the_trace_lost_and_incomplete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Disk full mid-run: the script is not disturbed, and the trace never claims to be whole."""
+    import errno
+
+    from detaudit import trace as trace_module
+
+    path = tmp_path / "t.trace"
+    writer = TraceWriter(path, {"repeat": 0})
+
+    def full(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trace_module, "_write_all", full)
+    writer.add((int(Kind.OUTPUT), 1, 0, 0, writer.intern("a"), 0, 0, 0, writer.intern("1"), 0, 1, 0, 0,
+                (1.0, 1.0, 1.0, 1.0)))
+    writer.flush()  # no exception reaches the recorder (and the user's forward hook)
+    writer.close({"exit_code": 0})
+    assert writer.lost is not None and "No space left" in writer.lost
+    monkeypatch.undo()
+    assert not read_trace(path).complete
+
+
+def test_trace_files_are_private(tmp_path: Path) -> None:
+    path = tmp_path / "t.trace"
+    TraceWriter(path, {"repeat": 0}).close({})
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "device"])
+def test_reader_refuses_what_is_not_a_regular_file(tmp_path: Path, kind: str) -> None:
+    path = Path("/dev/zero") if kind == "device" else tmp_path / "x.trace"
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it for reading would wait for a writer forever
+    elif kind == "dir":
+        path.mkdir()
+    with pytest.raises(TraceError, match="not a regular file|Is a directory"):
+        read_trace(path)
+
+
+def test_a_lying_frame_length_is_a_truncated_tail_not_an_allocation(tmp_path: Path) -> None:
+    path = tmp_path / "t.trace"
+    TraceWriter(path, {"repeat": 0}).close({"exit_code": 0})
+    path.write_bytes(path.read_bytes() + b"R" + struct.pack("<I", (1 << 30) - 1))
+    assert read_trace(path).complete

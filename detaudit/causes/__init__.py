@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from detaudit.causes import device, flags, order, output, rng
+from detaudit.causes import clock, compiled, device, flags, order, output, rng
 from detaudit.causes.context import LIKELY, Context, Finding, build, finding
 from detaudit.compare import Divergence
 from detaudit.explain import PINS, separating_pin
@@ -24,6 +24,7 @@ Detector = Callable[[Context], "Finding | None"]
 DETECTORS: tuple[Detector, ...] = (
     rng.varying_seed, rng.unseeded_torch_rng, rng.unseeded_numpy_rng, rng.unseeded_python_rng,
     rng.dataloader_workers, device.environment, device.tf32, device.thread_count, device.nondeterministic_op,
+    compiled.compiled_kernels, clock.wall_clock,
     device.uninitialized_memory, device.cudnn_benchmark, device.cublas_workspace, order.concurrency,
     order.python_hash_seed, order.object_order, output.stdout_differs, flags.flag_drift, flags.flag_typo,
     flags.collective_algorithm, device.device_rng_geometry,
@@ -32,7 +33,8 @@ CAUSE_IDS = (
     "unseeded-torch-rng", "unseeded-numpy-rng", "unseeded-python-rng", "varying-seed", "python-hash-seed",
     "object-order", "dataloader-workers", "nondeterministic-op", "cudnn-benchmark", "cublas-workspace", "tf32",
     "thread-count", "uninitialized-memory", "concurrency", "environment", "environment-change", "flag-drift",
-    "flag-typo", "collective-algorithm", "device-rng-geometry", "stdout-differs", "unknown",
+    "flag-typo", "collective-algorithm", "device-rng-geometry", "stdout-differs", "compiled-kernels",
+    "wall-clock", "unknown",
 )
 
 

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from detaudit import schema
 from detaudit.compare import Divergence
 from detaudit.errors import TraceError
 from detaudit.launcher import RepeatResult
 from detaudit.recorder.evidence import WORKERS_SUFFIX
 from detaudit.report import Basis, Cause
-from detaudit.trace import RecordStream
+from detaudit.trace import RecordStream, open_regular
 
 LIKELY = 0.7  # a score at or above this is reported as "likely", below as "possible"
 
@@ -73,13 +74,16 @@ def load(path: Path, index: int, device: str) -> RepeatEvidence:
         return rep
     side = Path(str(path) + WORKERS_SUFFIX)
     if side.is_file():
-        for line in side.read_text(errors="replace").splitlines():
+        # a file of the run directory: regular (no FIFO, no symlink out of it), size-capped, events typed
+        with open_regular(side, "worker evidence file", follow_symlinks=False) as fh:
+            text = fh.read(MAX_SIDE_BYTES).decode(errors="replace")
+        for line in text.splitlines():
             try:
                 event = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue  # a worker killed mid-write leaves a partial last line
             if isinstance(event, dict):
-                rep.worker_events.append(event)
+                rep.worker_events.append(schema.check(event, schema.EVENT, f"{side}: worker event"))
     # workers append to the side file as they are scheduled: one worker's events together, in its own
     # order, so the k-th event of a kind means the same thing in every repeat
     rep.worker_events.sort(key=_worker)
@@ -93,6 +97,9 @@ def _worker(event: dict[str, Any]) -> tuple[int, str]:
     if isinstance(worker, int):
         return worker, ""
     return -1, json.dumps(event, sort_keys=True, default=str)
+
+
+MAX_SIDE_BYTES = 16 << 20
 
 
 class Context:

@@ -6,6 +6,7 @@ the user-code location, a per-step digest cache and the device-side fingerprint 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -27,6 +28,7 @@ class ThreadState(threading.local):
 
     def __init__(self, owner: int) -> None:
         self.module_stack: list[int] = []  # string ids of the modules whose forward is running
+        self.wrapped: list[int] = []  # ids of modules whose torch.compile wrapper is running (hooks.py)
         # Flag.THREAD off the recorder's own thread: those records arrive in scheduling order (TraceWriter.sync)
         self.flag = 0 if threading.get_ident() == owner else int(Flag.THREAD)  # int: IntFlag `|` is slow
 
@@ -145,7 +147,7 @@ class Recorder:
         Unreadable contents give a dtype/shape seed and NaN samples (the `_NAN4` object itself).
         """
         hit = self._cache.get(id(t))
-        if hit is not None and hit[0]() is t and hit[1] == t._version:
+        if hit is not None and hit[0]() is t and hit[1] == version_of(t):
             return hit[2], hit[3]
         self.internal += 1
         try:
@@ -164,7 +166,7 @@ class Recorder:
             self._cache.clear()
             if len(live) < _CACHE_LIMIT // 2:
                 self._cache.update(live)
-        self._cache[id(t)] = (weakref.ref(t), t._version, digest, samples)
+        self._cache[id(t)] = (weakref.ref(t), version_of(t), digest, samples)
         return digest, samples
 
     def _emit(self, row: tuple[Any, ...]) -> None:
@@ -258,6 +260,18 @@ def one_ulp(t: torch.Tensor) -> torch.Tensor:
         flat = copy.view(bits).view(-1)
         flat[0] = flat[0] ^ 1
     return copy
+
+
+_uncounted = itertools.count(-1, -1)
+
+
+def version_of(t: torch.Tensor) -> int:
+    """The tensor's version counter; a never-repeated negative number for one that has none (made under
+    `torch.inference_mode()`), so no digest cached for it is ever trusted again."""
+    try:
+        return t._version
+    except RuntimeError:
+        return next(_uncounted)
 
 
 def iter_tensors(value: Any, name: str, depth: int = 0) -> Any:

@@ -32,6 +32,7 @@ import re
 import sys
 import sysconfig
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,6 +50,7 @@ WORKERS_SUFFIX = ".workers.jsonl"
 BACKWARD_WALKS = 4           # autograd graphs inspected (the first backward calls)
 MAX_GRAPH_NODES = 20000
 MAX_EMPTY_EVENTS = 256
+MAX_CLOCK_SITES = 256
 ENV_ALLOW = (
     "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
     "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "PYTORCH_CUDA_ALLOC_CONF",
@@ -74,6 +76,7 @@ MODULE_FLAGS = {"torch.backends.cudnn": ("benchmark", "deterministic", "enabled"
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce", "all_gather",
                "reduce_scatter")
 MAX_FLAG_EVENTS = 64
+CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
 # positional index of condition arguments, counting `self` for Tensor methods (same for torch.X(input, ...))
 _POSITIONAL = {"indexput": {"accumulate": 3}, "put": {"accumulate": 3}, "scatterreduce": {"reduce": 4},
                "embeddingbag": {"mode": 4}}
@@ -81,6 +84,15 @@ _POSITIONAL = {"indexput": {"accumulate": 3}, "put": {"accumulate": 3}, "scatter
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 _active: Evidence | None = None
+
+
+def _never_compiling() -> bool:
+    return False
+
+
+# torch.compiler.is_compiling once torch is imported: every wrapper below passes straight through
+# while dynamo traces (recorder/compiled.py), so wrapping never changes a compiled graph.
+compiling: Callable[[], bool] = _never_compiling
 
 
 def active() -> Evidence | None:
@@ -127,6 +139,8 @@ class Evidence:
         self.empty_events = 0
         self.flag_events = 0
         self.op_entries: dict[str, list[oplist.OpEntry]] = {}
+        # user call sites of the wall clock: (code, line) -> [label, reads]; None for library code
+        self.clock_reads: dict[tuple[Any, int], list[Any] | None] = {}
         self._library = _library_prefixes()
         self._side_fd: int | None = None
         self._lock = threading.Lock()
@@ -149,7 +163,7 @@ class Evidence:
         line = json.dumps({"at": self.fork_at, "worker": self.worker_id(), **event}, default=_short)
         with self._lock:
             if self._side_fd is None:
-                self._side_fd = os.open(self.side_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self._side_fd = os.open(self.side_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.write(self._side_fd, (line + "\n").encode())
 
     def _after_fork(self) -> None:
@@ -227,6 +241,8 @@ class Evidence:
         for name in PYTHON_DRAWS:
             self._wrap_draw(random, name, "python", f"random.{name}")
         self._wrap_method(threading.Thread, "start", "threading.Thread.start")
+        for name in CLOCKS:
+            self._wrap_clock(name)
         self.emit({"type": "hash", "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
                    "randomization": sys.flags.hash_randomization, "probe": hash("detaudit-hash-probe"),
                    "aslr_disabled": aslr_disabled()})
@@ -263,6 +279,10 @@ class Evidence:
 
     def on_torch(self, torch: ModuleType) -> None:
         """Right after `import torch` (before the script sees it) and before the recorder's hooks."""
+        global compiling
+        from detaudit.recorder import compiled
+
+        compiling = compiled.compiling
         self.torch = torch
         if "numpy.random" in sys.modules and self.numpy is None:
             self.on_numpy_random(sys.modules["numpy.random"])
@@ -303,8 +323,16 @@ class Evidence:
         """At the end of the repeat (also on timeout): the final flags and RNG states."""
         if os.getpid() != self.pid or self.in_worker:
             return
+        sites = [{"fn": v[0], "loc": self.where_code(code, line), "reads": v[1]}
+                 for (code, line), v in self.clock_reads.items() if v is not None]
+        if sites:
+            self.emit({"type": "clock-reads", "sites": sites})
         event: dict[str, Any] = {"type": "state", "when": "end", "rng": self.rng_state()}
         if self.torch is not None:
+            from detaudit.recorder import compiled
+
+            if compiled.was_used():
+                self.emit(compiled.evidence())
             event["flags"] = self.flags()
             cuda = self.torch.cuda
             if cuda.is_initialized():
@@ -313,6 +341,8 @@ class Evidence:
 
     # -- one-shot hooks ---------------------------------------------------------------------------
     def _on_first_forward(self, module: Any, args: Any) -> None:
+        if compiling():
+            return
         self._first_forward.remove()
         self.pins.apply_torch_flags(self.torch)
         with _never_fatal():
@@ -321,7 +351,7 @@ class Evidence:
 
     def _on_first_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # torch iterates the live hook dict here, so the hook cannot remove itself: one check per step
-        if self._stepped:
+        if self._stepped or compiling():
             return
         self._stepped = True
         self.pins.apply_torch_flags(self.torch)
@@ -409,6 +439,8 @@ class Evidence:
 
         @functools.wraps(original)
         def seed(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             library = ev.is_library(caller)
             before = ev.rng_digest(lib)
@@ -442,6 +474,8 @@ class Evidence:
 
         @functools.wraps(original)
         def default_rng(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             library = ev.is_library(caller)
             seed = args[0] if args else kwargs.get("seed")
@@ -463,6 +497,8 @@ class Evidence:
 
         @functools.wraps(original)
         def draw(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             if (label, caller.f_code, caller.f_lineno) not in ev.seen:
                 ev.seen.add((label, caller.f_code, caller.f_lineno))
@@ -486,6 +522,8 @@ class Evidence:
         @functools.wraps(original)
         def empty(*args: Any, **kwargs: Any) -> Any:
             t = original(*args, **kwargs)
+            if compiling():
+                return t
             caller = sys._getframe(1)
             if ev.is_library(caller):
                 return t
@@ -527,6 +565,8 @@ class Evidence:
 
         @functools.wraps(original)
         def op(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             if (name, caller.f_code, caller.f_lineno) not in ev.seen and args and isinstance(args[0], torch.Tensor):
                 ev.seen.add((name, caller.f_code, caller.f_lineno))
@@ -694,6 +734,37 @@ class Evidence:
 
         loader_cls.__init__ = init  # type: ignore[misc]
 
+    def where_code(self, code: Any, line: int) -> str:
+        return f"{location.display_path(code.co_filename)}:{line}"
+
+    def _wrap_clock(self, name: str) -> None:
+        """Count the script's reads of the wall clock per call site: a loop bounded by time runs a
+        different number of times in each repeat, and these counts show where (causes/clock.py)."""
+        original = getattr(time, name, None)
+        if original is None:
+            return
+        ev = self
+        label = f"time.{name}"
+
+        @functools.wraps(original)
+        def clock() -> Any:
+            if compiling():
+                return original()
+            caller = sys._getframe(1)
+            key = (caller.f_code, caller.f_lineno)
+            if key in ev.clock_reads:
+                site = ev.clock_reads[key]
+            else:
+                site = None if ev.is_library(caller) else [label, 0]
+                if site is not None and len(ev.clock_reads) < MAX_CLOCK_SITES:
+                    ev.emit({"type": "clock", "fn": label, "loc": ev.where(caller)})
+                ev.clock_reads[key] = site
+            if site is not None:
+                site[1] += 1
+            return original()
+
+        setattr(time, name, clock)
+
     def _wrap_method(self, owner: Any, name: str, label: str) -> None:
         original = getattr(owner, name)
         ev = self
@@ -716,6 +787,8 @@ class Evidence:
 
         @functools.wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
             caller = sys._getframe(1)
             if not ev.is_library(caller):
                 ev.emit({"type": "call", "fn": label, "value": _short(args[0] if args else None),

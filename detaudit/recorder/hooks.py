@@ -10,11 +10,16 @@
 from __future__ import annotations
 
 import functools
+import sys
+import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from detaudit.recorder.compiled import compiling, is_wrapper, plain_name
+from detaudit.recorder.compiled import evidence as compile_evidence
 from detaudit.recorder.core import Recorder, iter_tensors
 from detaudit.trace import Kind
 
@@ -45,13 +50,13 @@ class ModuleNames:
         self.roots.add(root)
         for qual, module in root.named_modules(remove_duplicate=False):
             if qual and (module not in self.modules or module in self.roots):
-                self.modules[module] = qual
+                self.modules[module] = plain_name(qual)
                 self.roots.discard(module)
         self.modules[root] = root_name
         for qual, param in root.named_parameters(remove_duplicate=False):
             known = self.params.get(id(param))
             if known is None or known[0]() is not param:
-                self.params[id(param)] = (weakref.ref(param), qual)
+                self.params[id(param)] = (weakref.ref(param), plain_name(qual))
 
     def param_name(self, param: torch.Tensor, group: int, index: int) -> str:
         known = self.params.get(id(param))
@@ -67,51 +72,111 @@ class Hooks:
         self.recorder = recorder
         self.names = ModuleNames()
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
-        # id(module) -> (weakref, name id, is a root). Keyed by id with a weakref check rather than a
-        # WeakKeyDictionary/WeakSet, whose lookups allocate a weakref on every module call.
-        self._modules: dict[int, tuple[weakref.ref[torch.nn.Module], int, bool]] = {}
+        self._schedulers: dict[int, str] = {}  # id(scheduler) -> record name, in order of first step
+        self.stopped: str | None = None  # why recording stopped (a hook raised), if it did
+        # id(module) -> (weakref, name id, is a root, id of the module a compile wrapper wraps). Keyed by id
+        # with a weakref check rather than a WeakKeyDictionary/WeakSet, whose lookups allocate a weakref on
+        # every module call.
+        self._modules: dict[int, tuple[weakref.ref[torch.nn.Module], int, bool, int]] = {}
 
     def install(self) -> None:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
-        nn_module.register_module_forward_pre_hook(self._on_forward_pre)
-        nn_module.register_module_forward_hook(self._on_forward)
-        optim.register_optimizer_step_pre_hook(self._on_step_pre)
-        optim.register_optimizer_step_post_hook(self._on_step_post)
+        nn_module.register_module_forward_pre_hook(self._guard(self._on_forward_pre))
+        nn_module.register_module_forward_hook(self._guard(self._on_forward))
+        optim.register_optimizer_step_pre_hook(self._guard(self._on_step_pre))
+        optim.register_optimizer_step_post_hook(self._guard(self._on_step_post))
+        # torch.compile(model) warns that global hooks fire for its wrapper too; these hooks skip
+        # the wrapper (recorder/compiled.py), and plain python would print no such warning.
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
         original_save = torch.save
 
         @functools.wraps(original_save)
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-            self._on_save(obj)
+            if not compiling():
+                self._guard(self._on_save)(obj)
             return original_save(obj, f, *args, **kwargs)
 
         torch.save = save
         torch.serialization.save = save
+        self._wrap_schedulers()
+
+    def _wrap_schedulers(self) -> None:
+        """Record each LR scheduler's state after its `step()` (its own step: ReduceLROnPlateau's too)."""
+        from torch.optim import lr_scheduler
+
+        for cls in (getattr(lr_scheduler, "LRScheduler", None), getattr(lr_scheduler, "ReduceLROnPlateau", None)):
+            original = getattr(cls, "step", None) if cls is not None and "step" in vars(cls) else None
+            if cls is None or original is None:
+                continue
+
+            def step(scheduler: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
+                result = __original(scheduler, *args, **kwargs)
+                if not compiling():
+                    self._guard(self._on_scheduler_step)(scheduler)
+                return result
+
+            functools.update_wrapper(step, original)
+            cls.step = step
+
+    def _guard(self, hook: Callable[..., None]) -> Callable[..., None]:
+        """`hook`, made unable to break the script: if recording raises, recording stops for the rest of
+        the repeat (the trace keeps what was recorded and its footer says why) and the script runs on."""
+
+        def guarded(*args: Any) -> None:
+            if compiling() or self.stopped is not None:
+                return
+            try:
+                hook(*args)
+            except Exception as exc:
+                self.stopped = f"{type(exc).__name__}: {exc}"
+                print(f"detaudit: recording stopped, this repeat is recorded only up to here: {self.stopped}",
+                      file=sys.stderr)
+
+        return guarded
 
     # -- modules ---------------------------------------------------------------------------
-    def _module(self, module: torch.nn.Module) -> tuple[weakref.ref[torch.nn.Module], int, bool]:
-        """(weakref, name id, is a root) of a module, learning its name on first sight."""
+    # Every hook returns at once while dynamo traces (recorder/compiled.py): nothing enters the graph.
+    # The `OptimizedModule` of `torch.compile(model)` is recorded as `model` (its name, at its
+    # boundary, outside the compiled code); `model`'s own hooks, inside that call, are skipped.
+    def _module(self, module: torch.nn.Module) -> tuple[weakref.ref[torch.nn.Module], int, bool, int]:
+        """(weakref, name id, is a root, id of the wrapped module or 0) of a module, learning its
+        name on first sight."""
         entry = self._modules.get(id(module))
         if entry is not None and entry[0]() is module:
             return entry
-        if module not in self.names.modules:
-            self.names.add_root(module, numbered=not self.recorder.local.flag)
-            self._modules.clear()  # the new root may have renamed modules seen before (former roots)
         key = id(module)
+        inner = 0
+        named = module
+        if is_wrapper(module):
+            named = module._orig_mod  # type: ignore[assignment]
+            inner = id(named)
+        if named not in self.names.modules:
+            self.names.add_root(named, numbered=not self.recorder.local.flag)
+            self._modules.clear()  # the new root may have renamed modules seen before (former roots)
+        if inner:
+            self.recorder.event({**compile_evidence(), "module": self.names.modules[named]})
 
         def forget(ref: weakref.ref[torch.nn.Module]) -> None:
             if self._modules.get(key, (None,))[0] is ref:
                 del self._modules[key]
 
-        entry = (weakref.ref(module, forget), self.recorder.intern(self.names.modules[module]),
-                 module in self.names.roots)
+        entry = (weakref.ref(module, forget), self.recorder.intern(self.names.modules[named]),
+                 named in self.names.roots, inner)
         self._modules[key] = entry
         return entry
 
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if compiling():
+            return
         rec = self.recorder
-        _, module_id, is_root = self._module(module)
+        _, module_id, is_root, inner = self._module(module)
+        wrapped = rec.local.wrapped
+        if wrapped and wrapped[-1] == id(module):
+            return  # called by its torch.compile wrapper, which records this call
+        if inner:
+            wrapped.append(inner)
         rec.local.module_stack.append(module_id)  # op records name the innermost running module
         if is_root:
             rec.root_forward(module_id)
@@ -119,12 +184,19 @@ class Hooks:
                 return
             # The data a model is given: tells a data-pipeline cause from a model-internal one.
             loc = rec.location_id(1)
-            for path, tensor in iter_tensors(args, self.names.modules[module] + ".input"):
+            for path, tensor in iter_tensors(args, rec.writer.text(module_id) + ".input"):
                 rec.record_tensor(Kind.INPUT, rec.intern(path), tensor, module_id, loc)
 
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if compiling():
+            return
         rec = self.recorder
-        module_id = self._module(module)[1]
+        _, module_id, _, inner = self._module(module)
+        wrapped = rec.local.wrapped
+        if wrapped and wrapped[-1] == id(module):
+            return
+        if inner and wrapped and wrapped[-1] == inner:
+            wrapped.pop()
         stack = rec.local.module_stack
         if stack and stack[-1] == module_id:
             stack.pop()
@@ -136,9 +208,16 @@ class Hooks:
         if isinstance(output, torch.Tensor):
             rec.record_tensor(Kind.OUTPUT, module_id, output, module_id, loc)
             return
-        name = self.names.modules[module]
-        for path, tensor in iter_tensors(output, name):
+        for path, tensor in iter_tensors(output, rec.writer.text(module_id)):
             rec.record_tensor(Kind.OUTPUT, rec.intern(path), tensor, module_id, loc)
+
+    def is_root_call(self, module: torch.nn.Module) -> bool:
+        """Whether a forward that just ended was a root module's own call (a compiled model's
+        once, at its wrapper); for forward hooks registered after this recorder's."""
+        if compiling():
+            return False
+        wrapped = self.recorder.local.wrapped
+        return not (wrapped and wrapped[-1] == id(module)) and self._module(module)[2]
 
     # -- optimizers ------------------------------------------------------------------------
     def _params(self, optimizer: torch.optim.Optimizer) -> Any:
@@ -147,6 +226,8 @@ class Hooks:
                 yield self.names.param_name(p, gi, pi), p
 
     def _on_step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if compiling():
+            return
         rec = self.recorder
         if self._primary is None:
             self._primary = weakref.ref(optimizer)
@@ -158,6 +239,8 @@ class Hooks:
         rec.internal += 1  # no op records inside the step (see Recorder.internal)
 
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if compiling():
+            return
         rec = self.recorder
         rec.internal -= 1
         if rec.local.module_stack:
@@ -172,8 +255,35 @@ class Hooks:
         if self._primary is not None and self._primary() is optimizer:
             rec.end_step()
 
+    # -- LR schedulers ---------------------------------------------------------------------
+    def _on_scheduler_step(self, scheduler: Any) -> None:
+        """The scheduler's numeric state (epoch counter, base and last learning rates, ...) as one record."""
+        rec = self.recorder
+        name = self._schedulers.get(id(scheduler))
+        if name is None:
+            base = f"lr_scheduler {type(scheduler).__name__}"
+            count = sum(1 for n in self._schedulers.values() if n.split("#")[0] == base) + 1
+            name = base if count == 1 else f"{base}#{count}"
+            self._schedulers[id(scheduler)] = name
+        values = _numbers({k: v for k, v in scheduler.state_dict().items() if k != "optimizer"})
+        rec.record_tensor(Kind.OPTSTATE, rec.intern(name), torch.tensor(values, dtype=torch.float64), 0,
+                          rec.location_id(2))
+
     # -- torch.save ------------------------------------------------------------------------
     def _on_save(self, obj: Any) -> None:
         rec = self.recorder
         rec.record(Kind.SAVE, f"torch.save[{rec.saves}]", obj)
         rec.saves += 1
+
+
+def _numbers(value: Any) -> list[float]:
+    """The numbers in a (nested) state dict, in key order: booleans, ints, floats, tensors' elements."""
+    if isinstance(value, bool | int | float):
+        return [float(value)]
+    if isinstance(value, torch.Tensor):
+        return [float(x) for x in value.detach().flatten().tolist()]
+    if isinstance(value, dict):
+        return [x for key in sorted(value, key=str) for x in _numbers(value[key])]
+    if isinstance(value, list | tuple):
+        return [x for item in value for x in _numbers(item)]
+    return []

@@ -11,7 +11,8 @@ output, a module output) is looked up by identity and version, and a view's dige
 from its base's digest and the view's geometry, so only tensors never seen before are hashed.
 
 Skipped (docs/granularity.md): view and alias ops (they cannot diverge unless their base
-does), ops with no tensor output (metadata queries, `item()`), profiler bookkeeping ops, and
+does), ops with no tensor output (metadata queries, `item()`), profiler bookkeeping ops, `set_` onto
+a storage (a tensor sent by another process, e.g. a DataLoader worker: data from outside), and
 the outputs of `torch.empty` and kin (uninitialised memory; an op that reads it before anything
 writes it is flagged UNINIT instead).
 """
@@ -28,7 +29,7 @@ import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detaudit.fingerprint import meta_seed
-from detaudit.recorder.core import Recorder
+from detaudit.recorder.core import Recorder, version_of
 from detaudit.trace import Flag, Kind
 
 PASS, VIEW, UNINIT, RECORD = range(4)
@@ -55,6 +56,11 @@ SELF_BLIND_OPS = frozenset({
 })
 UNINIT_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 PASS_NAMESPACES = frozenset({"profiler", "prim"})
+# `t.set_(storage, ...)` points a tensor at existing memory: how a tensor a DataLoader worker (or any
+# other process) sent arrives (torch.multiprocessing rebuilds it in shared memory). Its contents were
+# made outside this process's ops, so like a script's input it is data entering from outside, never
+# "the op behind" a divergence; ops that read it hash it as a fresh input.
+STORAGE_ALIAS_OPS = frozenset({"set_"})
 
 
 class _OpInfo:
@@ -65,7 +71,7 @@ class _OpInfo:
     def __init__(self, func: Any, rec: Recorder) -> None:
         packet = func.overloadpacket.__name__
         self.text = str(func)
-        if func.namespace in PASS_NAMESPACES:
+        if func.namespace in PASS_NAMESPACES or packet in STORAGE_ALIAS_OPS and "Storage" in func._overloadname:
             self.mode = PASS
         elif func.is_view:
             self.mode = VIEW
@@ -116,6 +122,13 @@ class OpRecorder(TorchDispatchMode):
         self._unknown = False  # set while reading an op's inputs: one has no digest (accelerator)
         self._uninit = False  # ... one was never written
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Let torch.compile run compiled code while this mode is active (the default would make
+        dynamo fall back to eager, changing what a compiled script computes): ops inside compiled
+        regions are not recorded."""
+        return True
+
     def start(self) -> None:
         if not self.active:
             self.rec.eager_device = True
@@ -150,7 +163,7 @@ class OpRecorder(TorchDispatchMode):
                 self._derive_view(info, args, out)
             else:
                 for t in _tensors(out):
-                    self._derived[id(t)] = (weakref.ref(t), t._version, meta_seed(t.dtype, t.shape), True)
+                    self._derived[id(t)] = (weakref.ref(t), version_of(t), meta_seed(t.dtype, t.shape), True)
                     self._mark_blank(t)
             if mode == VIEW and node is None and _needs_node(args):
                 self._untagged = ([weakref.ref(t) for t in _tensors(out)], rec.location_id(1), _top(rec))
@@ -212,7 +225,7 @@ class OpRecorder(TorchDispatchMode):
     def _leaf(self, value: Any, codes: list[int]) -> None:
         if isinstance(value, torch.Tensor):
             hit = self._derived.get(id(value))
-            if hit is not None and hit[0]() is value and hit[1] == value._version:
+            if hit is not None and hit[0]() is value and hit[1] == version_of(value):
                 codes.append(hit[2])
                 if hit[3]:
                     self._uninit = True
@@ -273,7 +286,7 @@ class OpRecorder(TorchDispatchMode):
         for t in views:
             geometry = (*t.shape, *t.stride(), t.storage_offset(), info.code & 0x7FFFFFFFFFFFFFFF)
             digest = xxhash.xxh3_64_intdigest(struct.pack(f"<{len(geometry)}q", *geometry), codes[0])
-            derived[id(t)] = (weakref.ref(t), t._version, digest, self._uninit)
+            derived[id(t)] = (weakref.ref(t), version_of(t), digest, self._uninit)
 
     def _mark_blank(self, t: torch.Tensor) -> None:
         ptr = t.data_ptr()
@@ -283,11 +296,11 @@ class OpRecorder(TorchDispatchMode):
             if blank.get(ptr, (None,))[0] is ref:
                 del blank[ptr]
 
-        blank[ptr] = (weakref.ref(t.untyped_storage(), forget), t._version)
+        blank[ptr] = (weakref.ref(t.untyped_storage(), forget), version_of(t))
 
     def _is_blank(self, t: torch.Tensor) -> bool:
         entry = self._blank.get(t.data_ptr())
-        return entry is not None and entry[1] == t._version and entry[0]() is t.untyped_storage()
+        return entry is not None and entry[1] == version_of(t) and entry[0]() is t.untyped_storage()
 
     def _tag_node(self) -> None:
         refs, loc, module = self._untagged  # type: ignore[misc]

@@ -1,0 +1,44 @@
+"""torch.compile causes: compiled-kernels (inductor's generated code accumulating in thread order,
+or autotuning picking other kernels from run to run)."""
+
+from __future__ import annotations
+
+from detaudit.causes.context import Context, Finding, finding
+
+TUNING = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
+PARAM_KINDS = ("grad", "param", "optstate")
+
+
+def compiled_kernels(ctx: Context) -> Finding | None:
+    """A compiled model, run without deterministic algorithms: inductor's CPU and GPU kernels
+    parallelise reductions and scatter-adds (an embedding's backward) with atomic adds."""
+    events = ctx.ref.of("compile")
+    if not events:
+        return None
+    inductor = events[-1].get("inductor") or {}
+    flags = ctx.ref.flags_at("end") or ctx.ref.flags_at("first-step") or {}
+    if flags.get("deterministic_algorithms") or inductor.get("deterministic"):
+        return None
+    modules = sorted({str(e["module"]) for e in events if e.get("module")})
+    rec = ctx.record
+    inside = rec is not None and (rec.kind in PARAM_KINDS or rec.module in modules or rec.name in modules)
+    score = 0.8 if inside else 0.5
+    where = f" on {', '.join(modules)}" if modules else ""
+    lines = [f"torch.compile ran{where} (inductor backend) with deterministic algorithms off: its generated "
+             "kernels may accumulate reductions and scatter-adds (an embedding's backward) in thread order"]
+    tuned = [k for k in TUNING if inductor.get(k)]
+    if tuned:
+        score += 0.05
+        lines.append(f"autotuning on ({', '.join(tuned)}): inductor times candidate kernels and keeps the fastest, "
+                     "which can differ from run to run")
+    env = {k: v for e in events for k, v in (e.get("env") or {}).items()}
+    if env:
+        lines.append("compile environment: " + ", ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    if inside and rec is not None and rec.kind in PARAM_KINDS:
+        lines.append("the first divergence is in a parameter's gradient or update, which compiled backward kernels "
+                     "produce")
+    lines.append(f"first divergence: {ctx.where()}")
+    fix = ("call `torch.use_deterministic_algorithms(True)` before the first compiled call: inductor then generates "
+           "deterministic kernels")
+    return finding("compiled-kernels", score, "compiled (inductor) kernels accumulate in an order that changes "
+                   "from run to run", lines, fix, ["deterministic"])

@@ -1,0 +1,88 @@
+"""Bounded repeats (`--max-steps N`, `--max-time SECONDS`): end a repeat early at a step boundary.
+
+A repeat stops right after its N-th optimizer step (after that step's records), or at the first
+step boundary after the wall-clock budget, as if the script had ended there. What counts as a
+step: optimizer steps of the first optimizer stepped (the one the recorder counts, see
+`Recorder.end_step`) once the script has built an optimizer; in a script that never builds one
+(inference, evaluation, generation), calls of a root module's forward.
+
+Stopping unwinds the script with a BaseException its `except Exception` cannot swallow, so its
+`finally` blocks and context managers run (DataLoader workers are shut down); the trace is closed
+first, with `stopped_at_step` in its footer, so nothing the unwinding does is recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from detaudit.recorder.compiled import compiling
+from detaudit.recorder.core import Recorder
+
+Counting = Literal["optimizer steps", "root-module forward calls"]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why and where a repeat was stopped (written to the trace footer)."""
+
+    at_step: int
+    by: Literal["max-steps", "max-time"]
+    counting: Counting
+
+    def footer(self) -> dict[str, Any]:
+        return {"stopped_at_step": self.at_step, "stopped_by": self.by, "counting": self.counting}
+
+
+class Bounds:
+    """Watches step boundaries and calls `on_stop` once a bound is reached."""
+
+    def __init__(self, recorder: Recorder, is_root: Callable[[torch.nn.Module], bool], max_steps: int | None,
+                 max_time: float | None, started: float, on_stop: Callable[[Stop], None]) -> None:
+        self.recorder = recorder
+        self.is_root = is_root
+        self.max_steps = max_steps
+        self.deadline = started + max_time if max_time is not None else None
+        self.on_stop = on_stop
+        self.optimizer_built = False
+        self.forwards = 0
+        self.stopped = False
+
+    def install(self) -> None:
+        from torch.nn.modules import module as nn_module
+
+        self.recorder.step_callbacks.append(self._on_step)
+        nn_module.register_module_forward_hook(self._on_forward)
+        original = torch.optim.Optimizer.__init__
+        bounds = self
+
+        def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            bounds.optimizer_built = True
+            original(optimizer, *args, **kwargs)
+
+        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign,assignment]
+
+    def _on_step(self, step: int) -> None:
+        self._check(step, "optimizer steps")
+
+    def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if compiling() or self.optimizer_built or not self.is_root(module):
+            return
+        self.forwards += 1
+        self._check(self.forwards, "root-module forward calls")
+
+    def _check(self, count: int, counting: Counting) -> None:
+        if self.stopped:
+            return
+        if self.max_steps is not None and count >= self.max_steps:
+            by: Literal["max-steps", "max-time"] = "max-steps"
+        elif self.deadline is not None and time.time() >= self.deadline:
+            by = "max-time"
+        else:
+            return
+        self.stopped = True
+        self.on_stop(Stop(count, by, counting))
