@@ -124,7 +124,8 @@ def _log(row: Row, entry: dict[str, Any]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("row", MATRIX, ids=[r.id for r in MATRIX])
 def test_cause_matrix(tmp_path: Path, row: Row) -> None:
-    run = run_cli(["run", str(SCRIPTS / row.script), *row.args, "--out", "run", "--json", "run.json", "-q"],
+    # detaudit's options before the script: a script may define --out itself (train_budgeted.py does)
+    run = run_cli(["run", *row.args, "--out", "run", "--json", "run.json", "-q", str(SCRIPTS / row.script)],
                   cwd=tmp_path, env=row.env)
     assert run.returncode == row.exit_code, run.output
     assert run.report is not None
