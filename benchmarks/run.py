@@ -741,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="fingerprint,overhead,audit,auto,compare,gpt",
                         help="comma-separated sections to run (`--only gpt`: just the GPT-style model's rows)")
     parser.add_argument("--cuda", action="store_true",
-                        help="run on the GPU: fingerprint, overhead and auto sections, workloads on cuda")
+                        help="run on the GPU: fingerprint, overhead, auto and gpt sections, workloads on cuda")
     args = parser.parse_args(argv)
     import torch
 
@@ -751,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--cuda: torch sees no CUDA device here")
         sizes = replace(sizes, device="cuda", workloads=("cnn", "mlp", "transformer"), auto_workloads=("mlp",))
         if args.only == parser.get_default("only"):
-            args.only = "fingerprint,overhead,auto"
+            args.only = "fingerprint,overhead,auto,gpt"
     started = time.perf_counter()
     load_before = os.getloadavg()
     print(f"load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} on {os.cpu_count()} CPUs",

@@ -17,11 +17,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit import __version__, baseline, causes, distributed, explain, schema
+from detaudit import __version__, baseline, causes, distributed, explain, match, schema
 from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
 from detaudit.errors import OutputError, TraceError, UsageError, output_error
 from detaudit.launcher import Interrupted, Launcher, RepeatResult, check_script, plan_repeats
 from detaudit.oprules import OpFinding, find_op_source
+from detaudit.provenance import git_state
 from detaudit.report import Report, write_json, write_text_atomically
 from detaudit.safetext import printable
 from detaudit.stdout import DEFAULT_STDOUT, StdoutMode, compare_stdout, most_lenient, recorded_mode
@@ -56,6 +57,7 @@ class AuditOptions:
     redact_args: bool = False  # --redact-args: the script's arguments are stored nowhere (they may hold secrets)
     max_steps: int | None = None  # --max-steps: each repeat stops after this many steps (recorder/bounds.py)
     max_time: float | None = None  # --max-time: ... at the first step boundary after this many seconds
+    self_check: bool = False  # --self-check: one extra repeat with a one-ULP change, which must be seen
     nproc_per_node: int | None = None  # each repeat is a torchrun launch of this many ranks (distributed.py)
     torchrun_args: list[str] = field(default_factory=list)
 
@@ -139,6 +141,8 @@ def execute(options: AuditOptions, run_dir: Path,
     child_config = {**options.child_config, **({"module": options.module} if options.module else {}),
                     **({"redact_args": True} if options.redact_args else {}), **bounds,
                     **distributed.run_record(options.nproc_per_node)}
+    # the script's commit, found here once: a git subprocess inside a repeat would shift its heap layout
+    child_config["git"] = git_state(options.script)
     plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
                          child_config, prefix=prefix, own_device=options.own_device)
     launcher = distributed.launcher(options.nproc_per_node, options.torchrun_args, options.script,
@@ -210,8 +214,27 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         record["narrowing"] = {"window": window, "prefix": OPS_PREFIX, "results": [r.to_dict() for r in ops_results]}
         _write_record(run_dir, record)
         report = analyse(run_dir, record, results)
+    if options.self_check and report.verdict == "deterministic":
+        record["self_check"] = self_check(options, run_dir, results[0])
+        _write_record(run_dir, record)
+        report = analyse(run_dir, record, results)
     write_json(report, run_dir / "report.json", mode=0o600)
     return report
+
+
+def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) -> dict[str, Any] | None:
+    """The negative control: one more repeat with a one-ULP change at a chosen record (detaudit/match.py)."""
+    chosen = match.choose_record(run_dir / reference.trace)
+    if chosen is None:
+        return None
+    perturbed = replace(options, repeats=1, devices=[reference.device],
+                        granularity="module" if options.granularity == "auto" else options.granularity,
+                        child_config={**options.child_config, "perturb_record": chosen[0]})
+    [result] = execute(perturbed, run_dir, prefix=match.SELF_CHECK_PREFIX)
+    if result.exit_code != reference.exit_code or not (run_dir / result.trace).is_file():
+        return {"record": chosen[0], "step": chosen[1], "name": chosen[2], "detected_at": None}
+    found = match.detect(run_dir / reference.trace, run_dir / result.trace, chosen, options.tolerance, True)
+    return asdict(found)
 
 
 REDACTED = "<redacted>"
@@ -444,8 +467,15 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
                                          recorded_mode(record))
     if report.first_divergence is not None:
         report.causes = causes.diagnose(report.first_divergence, traces, results)
+        report.inferred = [c.id for c in report.causes]
         if explained:
             explain.apply_saved(report, run_dir)
+    if traces and traces[0].is_file():
+        report.match = match.describe_match(
+            traces[0], comparison, bitwise=bitwise, tolerance=tolerance, devices=[r.device for r in results],
+            granularity=str(record.get("granularity") or RecordStream(traces[0]).header.get("granularity", "?")),
+            stdout=recorded_mode(record) if all(r.stdout_digest for r in results) else "ignore",
+            self_check=match.self_check_from(record.get("self_check")))
     return report
 
 

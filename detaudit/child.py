@@ -132,6 +132,7 @@ class Session:
         }
         writer = TraceWriter(Path(self.config["trace"]), header)
         self.recorder = Recorder(writer)
+        self.recorder.perturb_at = self.config.get("perturb_record")  # --self-check only
         evidence.attach(self.recorder, torch_module)  # before the hooks: its first-forward event precedes records
         self.hooks = Hooks(self.recorder)
         self.hooks.install()

@@ -254,6 +254,12 @@ def _progress_runner(quiet: bool, total: int, label: str = "running repeats") ->
                    "or keep it as a CI artifact).")
 @click.option("--redact-args", is_flag=True, help="Store the script's arguments nowhere (run directory, traces, "
               "reports): each is written as <redacted>. The script still receives them.")
+@click.option("--no-explain", is_flag=True, help="Do not run the default confirmation: when the top cause has "
+              "one cheap, decisive experiment (a pinned RNG seed, PYTHONHASHSEED=0, address randomization off), a "
+              "divergent run re-runs the script twice with it to confirm the cause.")
+@click.option("--self-check", is_flag=True, help="If the repeats agree, run one more with a one-ULP change injected "
+              "into one recorded tensor, which must be reported at exactly that record: proof the audit could have "
+              "seen a difference.")
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
               help="Run each repeat under torchrun with this many ranks, every rank recorded "
                    "(docs/distributed.md).")
@@ -265,7 +271,8 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
         rtol: float, quiet: bool, stdout_mode: str | None, ignore_stdout: bool, granularity: str, explain: bool,
         explain_all: bool, budget: int | None, html_path: Path | None = None, baseline_dir: Path | None = None,
         save_baseline: Path | None = None, redact_args: bool = False, max_steps: int | None = None,
-        max_time: float | None = None, nproc_per_node: int | None = None, torchrun_args: str = "") -> None:
+        max_time: float | None = None, no_explain: bool = False, self_check: bool = False,
+        nproc_per_node: int | None = None, torchrun_args: str = "") -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
@@ -284,11 +291,11 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
         script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
         timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
         own_device=own_device(devices), stdout=_stdout_mode(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
-        baseline=baseline_dir, redact_args=redact_args, max_steps=max_steps, max_time=max_time,
+        baseline=baseline_dir, redact_args=redact_args, max_steps=max_steps, max_time=max_time, self_check=self_check,
         **_torchrun(nproc_per_node, torchrun_args, baseline_dir is not None or save_baseline is not None,
                     max_time is not None),
     )
-    report = _audit(options, explain or explain_all, explain_all, budget, quiet)
+    report = _audit(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
     if save_baseline is not None:
         _save_baseline(report, save_baseline)
     _finish(report, json_path, junit_path, quiet, html_path)
@@ -302,9 +309,12 @@ def _warn_oversubscription(jobs: int, devices: list[str]) -> None:
         err_console.print(f"[bold yellow]detaudit: warning:[/] {escape(warning)}", soft_wrap=True)
 
 
-def _audit(options: Any, explain: bool, explain_all: bool, budget: int | None, quiet: bool) -> Any:
-    """Run the audit with progress on stderr, and the experiments when asked and the repeats diverged."""
+def _audit(options: Any, explain: bool, explain_all: bool, budget: int | None, quiet: bool,
+           cheap: bool = False) -> Any:
+    """Run the audit with progress on stderr, and the experiments when asked and the repeats diverged;
+    `cheap`: otherwise the top cause's one cheap, decisive experiment, if it has one (explain.cheap_pin)."""
     from detaudit.audit import run_audit
+    from detaudit.explain import cheap_pin
 
     _warn_oversubscription(options.jobs, options.devices)
     context, on_done = _progress_runner(quiet, options.repeats * len(options.devices))
@@ -317,9 +327,12 @@ def _audit(options: Any, explain: bool, explain_all: bool, budget: int | None, q
 
     with context:
         report = run_audit(options, on_done, on_narrow)
-    if explain and report.verdict == "divergent" and not report.timed_out:
-        report = _explain(Path(report.run_dir), budget, explain_all, options.jobs, quiet,
-                          options.script_args if options.redact_args else None)
+    if report.verdict == "divergent" and not report.timed_out:
+        args = options.script_args if options.redact_args else None
+        if explain:
+            report = _explain(Path(report.run_dir), budget, explain_all, options.jobs, quiet, args)
+        elif cheap and cheap_pin(report.causes) is not None:
+            report = _explain(Path(report.run_dir), None, False, options.jobs, quiet, args, cheap=True)
     return report
 
 
@@ -366,8 +379,8 @@ def report(run_dir: Path, stdout_mode: str | None, ignore_stdout: bool, json_pat
 
 
 def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool,
-             script_args: list[str] | None = None) -> Any:
-    from detaudit.explain import DEFAULT_BUDGET, run_experiments
+             script_args: list[str] | None = None, cheap: bool = False) -> Any:
+    from detaudit.explain import CHEAP_REPEATS, DEFAULT_BUDGET, run_experiments
 
     def line(experiment: Any) -> None:
         if not quiet:
@@ -376,12 +389,13 @@ def _explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, qu
 
     budget = budget or DEFAULT_BUDGET
     if not quiet:
-        err_console.print(f"explain: re-running with one source of nondeterminism pinned at a time "
+        err_console.print("explain: confirming the top cause with its one cheap experiment (--no-explain skips it)"
+                          if cheap else f"explain: re-running with one source of nondeterminism pinned at a time "
                           f"(at most {budget} more repeats)")
-    context, on_done = _progress_runner(quiet, budget, "explain: pinned repeats")
+    context, on_done = _progress_runner(quiet, CHEAP_REPEATS if cheap else budget, "explain: pinned repeats")
     with context:
         return run_experiments(run_dir, budget, explain_all, jobs=jobs, on_done=on_done, on_experiment=line,
-                               script_args=script_args)
+                               script_args=script_args, cheap=cheap)
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
@@ -398,9 +412,10 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     """Confirm why a finished run diverged: re-run it with one source pinned at a time.
 
     Each experiment pins one candidate source (seeded RNGs, PYTHONHASHSEED, deterministic
-    algorithms, one thread, ...), in the order of the ranked causes; a cause whose pin alone removes
-    the divergence is marked confirmed. Results are stored in RUN_DIR (explain.json), so
-    `detaudit report RUN_DIR` shows them too.
+    algorithms, one thread, ...), in the order of the ranked causes (a toss-up's separating experiment
+    first); a cause whose pin alone makes the repeats agree is marked confirmed. If only every pin at
+    once does, the set of pins is bisected down to one source. Results are stored in RUN_DIR
+    (explain.json), so `detaudit report RUN_DIR` shows them too.
     """
     _check_outputs(json_path, junit_path, html_path)
     from detaudit.audit import read_run

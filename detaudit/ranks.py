@@ -191,8 +191,8 @@ def collective_fed_params(path: Path) -> set[str] | None:
     """Names of the parameters whose gradients a collective produced: DDP's replicas; None (all of
     them) when the script all-reduces tensors itself; empty when no collective touched gradients."""
     events = _events(path)
-    if any(e.get("type") == "collective" and e.get("fn") in ("dist.all_reduce", "dist.reduce_scatter",
-                                                                 "dist.reduce_scatter_tensor") for e in events):
+    if any(e.get("type") == "collective" and e.get("what") in ("all_reduce", "reduce_scatter", "reduce_scatter_tensor")
+           for e in events):
         return None
     return {str(n) for e in events if e.get("type") == "ddp" for n in e.get("params", [])}
 

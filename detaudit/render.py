@@ -20,6 +20,8 @@ _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "faile
                   "timeout": "bold red", "inconclusive": "bold yellow"}
 MAX_SPREAD_ROWS = 12
 MAX_STDOUT_REPEATS = 2  # differing repeats whose stdout line the terminal shows
+BASIS_TEXT = {"experiment": "experiment", "op-records": "op-level records", "direct": "direct evidence",
+              "circumstantial": "circumstantial"}
 
 
 def escape(text: str) -> str:
@@ -56,6 +58,9 @@ def verdict_line(report: Report) -> Text:
         "timeout": f": repeat(s) {', '.join(map(str, late))} of {n} timed out",
         "inconclusive": f": {report.inconclusive_reason} ({n} repeats)",
     }[report.verdict]
+    if report.verdict == "divergent" and report.causes and report.causes[0].id == "environment-change":
+        extra = ": the environment changed between the recordings, which is not run-to-run nondeterminism " \
+                f"({report.causes[0].summary.split('(', 1)[-1].split(')', 1)[0]} differ)"
     text.append(printable(extra + f" on {', '.join(devices)}"))
     if report.verdict == "timeout":
         text.append(f"; the repeats agree on the {report.comparison.records_compared} records all of them made "
@@ -276,9 +281,15 @@ def spread_table(report: Report) -> Table | None:
 def causes_block(report: Report) -> Group | None:
     if not report.causes:
         return None
-    parts: list[Any] = [Text("Likely causes", style="bold")]
+    confirmed = [c.id for c in report.causes if c.confidence == "confirmed"]
+    inferred = [c.id for c in report.causes if c.confidence != "confirmed"]
+    title = Text("Likely causes", style="bold")
+    title.append(f" — confirmed by experiment: {', '.join(confirmed) or 'none'}; inferred from the evidence: "
+                 f"{', '.join(inferred) or 'none'}", style="")
+    parts: list[Any] = [title]
     for i, cause in enumerate(report.causes, 1):
-        head = Text(f"{i}. [{cause.confidence}] ", style="bold magenta" if cause.confidence == "confirmed" else "bold")
+        head = Text(f"{i}. [{cause.confidence} · {BASIS_TEXT[cause.basis]}] ",
+                    style="bold magenta" if cause.confidence == "confirmed" else "bold")
         head.append(f"{cause.id}: ", style="bold")
         head.append(printable(cause.summary))
         parts.append(head)
@@ -334,6 +345,31 @@ def replica_panel(report: Report) -> Panel | None:
     return Panel(escape(text), title="DDP replicas differ", title_align="left", border_style="red")
 
 
+def match_block(report: Report) -> Group | None:
+    """What a deterministic verdict rests on, and what it could not have seen."""
+    m = report.match
+    if m is None or report.verdict not in ("deterministic", "timeout"):
+        return None
+    kinds = ", ".join(f"{n} {kind}" for kind, n in m.records_by_kind.items()) or "no records"
+    stdout = "not compared" if m.stdout_compared == "no" else f"compared ({m.stdout_compared})"
+    how = m.comparison + (f" (atol {m.tolerance['atol']:g}, rtol {m.tolerance['rtol']:g})" if m.tolerance else "")
+    parts: list[Any] = [Text("What the verdict rests on", style="bold"),
+                        Text(f"   compared: {kinds} — {how}, {m.granularity} granularity, {m.steps_covered} "
+                             f"optimizer steps; exit status compared; stdout {stdout}")]
+    parts += [Text(f"   not observed: {line}") for line in m.not_observed]
+    check = m.self_check
+    if check is not None:
+        if check.passed:
+            parts.append(Text(f"   self-check passed: a one-ULP change injected at record #{check.record} "
+                              f"({check.name}, step {check.step}) was reported at exactly that record",
+                              style="green"))
+        else:
+            seen = "not at all" if check.detected_at is None else f"at record #{check.detected_at}"
+            parts.append(Text(f"   self-check FAILED: a one-ULP change injected at record #{check.record} "
+                              f"({check.name}) was seen {seen}: do not trust this verdict", style="bold red"))
+    return Group(*parts)
+
+
 def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
     """The whole report; `notes` go just before the closing summary line, which is always printed last."""
     console.print(verdict_line(report))
@@ -351,8 +387,9 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
             how = f"exited {code}" if alike else f"ended differently (exit {code})"
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
                                 expand=False, title=f"Repeat {index} {how}: its stderr"))
-    for block in (ranks_table(report), replica_panel(report), divergence_panel(report), baseline_panel(report),
-                  op_panel(report), spread_table(report), causes_block(report), experiments_table(report)):
+    for block in (ranks_table(report), replica_panel(report), match_block(report),
+                  divergence_panel(report), baseline_panel(report), op_panel(report),
+                  spread_table(report), causes_block(report), experiments_table(report)):
         if block is not None:
             console.print(block)
     for note in notes:

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from xml.etree import ElementTree as ET
 
 from detaudit import __version__
@@ -32,6 +32,7 @@ from detaudit.launcher import RepeatResult
 from detaudit.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
 
 if TYPE_CHECKING:
+    from detaudit.match import Match
     from detaudit.oprules import OpFinding
     from detaudit.ranks import DistributedFindings
 
@@ -39,6 +40,11 @@ SCHEMA_NAME = "detaudit-report"
 SCHEMA_VERSION = 1
 # Characters XML 1.0 cannot carry even escaped (names and details come from user code).
 _XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+# How strong the proof of a cause is, strongest first: it decides the ranking before the score does
+Basis = Literal["experiment", "op-records", "direct", "circumstantial"]
+BASES: tuple[Basis, ...] = ("experiment", "op-records", "direct", "circumstantial")
 
 
 @dataclass
@@ -51,6 +57,8 @@ class Cause:
     evidence: list[str]
     fix: str
     pins: list[str] = field(default_factory=list)  # `--explain` pins that test it (docs/causes.md)
+    basis: Basis = "circumstantial"  # what it rests on: an experiment, op-level records, direct evidence, or less
+    separating_pin: str | None = None  # a toss-up with another cause: the one experiment that tells them apart
 
 
 @dataclass
@@ -106,6 +114,8 @@ class Report:
     stdout_mode: StdoutMode = DEFAULT_STDOUT  # how stdout was compared (docs/stdout.md)
     argv: list[str] | None = None  # the script's sys.argv in every repeat; None for `compare`
     baseline: BaselineCheck | None = None  # --baseline: the comparison with a recorded run
+    inferred: list[str] = field(default_factory=list)  # cause ids as ranked from the evidence, before experiments
+    match: Match | None = None  # what the verdict rests on (detaudit/match.py)
     distributed: DistributedFindings | None = None  # a torchrun run: ranks, replica check (ranks.py)
 
     @property
@@ -257,6 +267,7 @@ def to_dict(report: Report) -> dict[str, Any]:
             "by_step": spread_to_list(comp.by_step),
         },
         "causes": [asdict(c) for c in report.causes],
+        "inferred_ranking": report.inferred,
         "experiments": [asdict(e) for e in report.experiments],
         "runs": [
             {
@@ -273,6 +284,7 @@ def to_dict(report: Report) -> dict[str, Any]:
         "failure": report.failure or None,
         "environment": report.environment,
         "baseline": baseline_to_dict(report.baseline),
+        "match": match_to_dict(report.match),
         **distributed_to_dict(report),
     }
 
@@ -295,6 +307,15 @@ def distributed_to_dict(report: Report) -> dict[str, Any]:
         "teardown_crashes": [asdict(c) for c in dist.teardown_crashes],
         "notes": dist.notes,
     }
+
+
+def match_to_dict(m: Match | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    data = asdict(m)
+    if m.self_check is not None:
+        data["self_check"]["passed"] = m.self_check.passed
+    return data
 
 
 def spread_to_list(by_step: list[StepSpread]) -> list[dict[str, Any]]:
@@ -346,8 +367,8 @@ def to_junit(report: Report) -> str:
         shown = [f"stdout line {printed['line']}, repeat {i}: {text!r}" for i, text in printed["lines"].items()] \
             if printed else []
         failure.text = "\n".join(
-            [first["detail"] or "", *shown] + [f"[{c['confidence']}] {c['id']}: {c['summary']}\nfix: {c['fix']}"
-                                               for c in data["causes"]]
+            [first["detail"] or "", *shown] + [f"[{c['confidence']}, {c['basis']}] {c['id']}: {c['summary']}\n"
+                                               f"fix: {c['fix']}" for c in data["causes"]]
         )
     replica = data.get("replica_divergence")
     if "replica_divergence" in data:  # a torchrun run: DDP replicas compared across ranks in every repeat

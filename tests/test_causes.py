@@ -4,12 +4,14 @@ otherwise."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from detaudit import causes
 from detaudit.causes import device, order, rng
+from detaudit.causes import flags as flags_module
 from detaudit.causes.context import Context, RepeatEvidence
 from detaudit.compare import Divergence, RecordInfo
 from detaudit.stdout import StdoutDifference
@@ -282,8 +284,9 @@ def test_environment_differences_but_not_thread_variables() -> None:
                  "env": {"OMP_NUM_THREADS": threads}}]
 
     found = causes.rank(context([env("2.13.0", "1"), env("2.12.1", "1")]))
-    assert found[0].id == "environment"
+    assert found[0].id == "environment-change"
     assert "torch: 2.13.0 in repeat 0, 2.12.1 in repeat 1" in found[0].evidence[0]
+    assert "environment changed between the recordings (torch)" in found[0].summary
     assert device.environment(context([env("2.13.0", "1"), env("2.13.0", "2")])) is None
 
 
@@ -311,6 +314,136 @@ def test_every_detector_has_a_documented_id() -> None:
     doc = (Path(__file__).parents[1] / "docs" / "causes.md").read_text()
     for cause_id in causes.CAUSE_IDS:
         assert f"`{cause_id}`" in doc
+
+
+# -- strength of proof --------------------------------------------------------------------------------------
+def with_op_finding(ctx: Context, verdict: str) -> Context:
+    op = record("op", "aten.index_put.default")
+    ctx.divergence.op_finding = SimpleNamespace(  # type: ignore[assignment]
+        verdict=verdict, summary=f"{verdict}: inputs match in every repeat, output differs", record=op)
+    return ctx
+
+
+def test_a_constant_seed_with_a_differing_state_digest_is_never_varying_seed() -> None:
+    """The evidence `received 0 in repeat 0, 0 in repeat 1` contradicts the claim: not emitted."""
+    def seed(i: int) -> dict[str, Any]:
+        return {"type": "seed", "lib": "python", "fn": "random.seed", "value": 0, "loc": "a.py:1", "library": False,
+                "drawn_before": False, "state": f"digest-{i}"}
+
+    assert rng.varying_seed(context([[seed(0)], [seed(1)]])) is None
+    entropy = [{**seed(i), "value": None} for i in range(2)]  # random.seed(): OS entropy, the state differs
+    assert rng.varying_seed(context([[entropy[0]], [entropy[1]]])) is not None
+
+
+def test_op_level_proof_outranks_direct_evidence() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", python={"digest": f"p{i}", "drawn": False}),
+                {"type": "draw", "lib": "python", "fn": "random.shuffle", "loc": "a.py:5", "generator": "global"},
+                op_event()]
+
+    ctx = with_op_finding(context([events(0), events(1)], rec=record("grad", "table")), "nondeterministic-op")
+    found = causes.rank(ctx)
+    assert [c.id for c in found][:2] == ["nondeterministic-op", "unseeded-python-rng"]
+    assert found[0].basis == "op-records" and found[1].basis == "direct"
+
+
+def test_hash_order_and_identity_order_are_a_toss_up_with_the_experiment_named() -> None:
+    ctx = with_op_finding(context([[hash_event(1)], [hash_event(2)]]), "input-order")
+    found = causes.rank(ctx)
+    assert {c.id for c in found[:2]} == {"python-hash-seed", "object-order"}
+    for c in found[:2]:
+        assert c.confidence == "possible" and c.separating_pin == "hash-seed"
+        assert "cannot be told apart without an experiment" in c.evidence[-1]
+        assert "PYTHONHASHSEED=0" in c.evidence[-1]
+
+
+def test_circumstantial_causes_are_never_likely() -> None:
+    found = causes.rank(context([[hash_event(1)], [hash_event(2)]]))
+    assert all(c.confidence == "possible" and c.basis == "circumstantial" for c in found)
+
+
+# -- causes users hit now -------------------------------------------------------------------------------------
+def flag(name: str, value: str, loc: str, by: str = "", at: int = 0) -> dict[str, Any]:
+    return {"type": "flag", "flag": name, "value": value, "loc": loc, "by": by or loc, "at": at}
+
+
+def test_flag_drift_names_the_call_that_changed_the_flag() -> None:
+    events = [flag("use_deterministic_algorithms", "True", "train.py:3"),
+              flag("use_deterministic_algorithms", "True, warn_only=True", "train.py:40",
+                   by="site-packages/trainer/core.py:120", at=4)]
+    found = flags_module.flag_drift(context([events, events], index=10))
+    assert found is not None and found.cause.id == "flag-drift"
+    assert "site-packages/trainer/core.py:120 (reached from train.py:40)" in found.cause.evidence[0]
+    assert "torch.use_deterministic_algorithms(True, warn_only=True)" in found.cause.evidence[0]
+    assert found.cause.pins == ["deterministic"] and found.cause.basis == "direct"
+    assert "site-packages/trainer/core.py:120" in found.cause.fix
+
+
+def test_flag_set_once_or_to_the_same_value_is_no_drift() -> None:
+    same = [flag("cudnn.benchmark", "False", "a.py:1"), flag("cudnn.benchmark", "False", "a.py:9")]
+    assert flags_module.flag_drift(context([same, same])) is None
+
+
+def test_flag_drift_seen_only_in_the_snapshots() -> None:
+    events = [state("first-forward", at=0), {**state("end", at=50), "flags": flags(deterministic_algorithms=True)}]
+    events[0]["flags"] = flags(deterministic_algorithms=False)
+    found = flags_module.flag_drift(context([events, events]))
+    assert found is not None and "deterministic_algorithms was False at the first forward" in found.cause.evidence[0]
+
+
+def test_flag_typo_says_what_was_meant() -> None:
+    typo = {"type": "flag-typo", "module": "torch.backends.cudnn", "name": "determinstic", "value": True,
+            "meant": "deterministic", "loc": "train.py:4", "by": "train.py:4"}
+    found = flags_module.flag_typo(context([[typo], [typo]]))
+    assert found is not None
+    assert "torch.backends.cudnn.determinstic = True" in found.cause.evidence[0]
+    assert "`torch.backends.cudnn.deterministic` at train.py:4" in found.cause.fix
+    assert found.cause.pins == ["cudnn"]
+
+
+def collective(backend: str = "nccl", **env: str) -> list[dict[str, Any]]:
+    return [{"type": "environment", "device": "cuda", "env": env},
+            {"type": "collective", "what": "init_process_group", "backend": backend, "world_size": 2,
+             "loc": "train.py:10"},
+            {"type": "collective", "what": "all_reduce", "loc": "train.py:30", "device": "cuda"}]
+
+
+def test_collective_algorithm_unset_or_differing() -> None:
+    unset = flags_module.collective_algorithm(context([collective(), collective()]))
+    assert unset is not None and unset.cause.basis == "circumstantial" and unset.cause.pins == ["nccl"]
+    assert any("NCCL_ALGO is not set" in line for line in unset.cause.evidence)
+    differ = flags_module.collective_algorithm(context([collective(NCCL_ALGO="Ring", NCCL_PROTO="Simple"),
+                                                        collective(NCCL_ALGO="Tree", NCCL_PROTO="Simple")]))
+    assert differ is not None and "NCCL_ALGO: Ring in repeat 0, Tree in repeat 1" in differ.cause.evidence
+    fixed = collective(NCCL_ALGO="Ring", NCCL_PROTO="Simple")
+    assert flags_module.collective_algorithm(context([fixed, fixed])) is None
+    assert flags_module.collective_algorithm(context([collective("gloo")[:2], collective("gloo")[:2]])) is None
+
+
+def test_environment_change_names_the_code_change() -> None:
+    def env(commit: str, dirty: bool, script: str = "5c") -> list[dict[str, Any]]:
+        return [{"type": "environment", "torch": "2.13.0", "device": "cpu", "env": {},
+                 "git": {"commit": commit, "dirty": dirty, "script": script}}]
+
+    found = causes.rank(context([env("a" * 40, False), env("b" * 40, False)]))
+    assert found[0].id == "environment-change"
+    assert "code: aaaaaaaaaaaa, script 5c in repeat 0, bbbbbbbbbbbb, script 5c in repeat 1" in found[0].evidence[0]
+    edited = causes.rank(context([env("a" * 40, False), env("a" * 40, True, "6d")]))
+    assert edited[0].id == "environment-change" and "(dirty)" in edited[0].evidence[0]
+    # another file of the repository edited meanwhile: the code that ran is the same
+    assert device.environment(context([env("a" * 40, False), env("a" * 40, True)])) is None
+
+
+def test_device_rng_geometry_across_gpu_models() -> None:
+    def events(gpu: str) -> list[dict[str, Any]]:
+        return [{"type": "draw", "lib": "torch", "fn": "torch.randn", "loc": "train.py:12", "generator": "global",
+                 "device": "cuda"}, {"type": "state", "when": "end", "at": 99, "gpu": [gpu], "rng": {}}]
+
+    found = causes.rank(context([events("NVIDIA H100 80GB HBM3"), events("NVIDIA A100-SXM4-80GB")]))
+    assert found[0].id == "device-rng-geometry"
+    assert "train.py:12" in found[0].fix
+    same = context([events("NVIDIA H100 80GB HBM3"), events("NVIDIA H100 80GB HBM3")])
+    assert device.device_rng_geometry(same) is None
 
 
 # -- output --------------------------------------------------------------------------------------------

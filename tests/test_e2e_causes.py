@@ -86,7 +86,7 @@ def test_concurrency_survives_every_pin(tmp_path: Path, scripts: Path) -> None:
 
 
 def test_explain_command_on_a_finished_run_and_report_afterwards(tmp_path: Path, scripts: Path) -> None:
-    first = audit(tmp_path, scripts / "train_tabular.py")
+    first = audit(tmp_path, scripts / "train_tabular.py", "--no-explain")
     assert first.returncode == 1 and first.report is not None
     assert first.report["causes"][0]["id"] == "unseeded-python-rng"
     assert first.report["causes"][0]["confidence"] == "likely" and not first.report["experiments"]

@@ -18,7 +18,8 @@ from conftest import SCRIPTS, CliResult, run_cli
 
 from detaudit.trace import MAGIC, read_trace
 
-FAST = ["--repeats", "2", "--jobs", "2", "--granularity", "module"]  # module-level behaviour; ops: test_e2e_ops.py
+# module-level behaviour (ops: test_e2e_ops.py); causes and their confirmation: test_e2e_causes.py
+FAST = ["--repeats", "2", "--jobs", "2", "--granularity", "module", "--no-explain"]
 
 
 def audit(tmp_path: Path, script: str, *extra: str, out: str = "run") -> CliResult:

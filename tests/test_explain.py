@@ -4,6 +4,7 @@ demote causes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,11 +44,80 @@ def test_a_pin_that_removes_the_divergence_confirms_and_ranks_first() -> None:
     assert "still diverge" in ranked[1].evidence[-1]
 
 
-def test_a_pin_that_moves_the_divergence_later_says_where() -> None:
-    causes = [cause("unseeded-torch-rng", ["torch-rng"])]
-    ranked = explain.apply(causes, [Experiment("torch-rng", "the torch RNG", "divergent", 40, "moved later")], 3)
-    assert ranked[0].confidence == "likely"
-    assert "from #3 to #40" in ranked[0].evidence[-1]
+def test_a_divergence_that_only_moved_is_no_evidence() -> None:
+    """A loop whose length depends on the clock moves the first divergence by chance: never a confirmation."""
+    causes = [cause("python-hash-seed", ["hash-seed"])]
+    ranked = explain.apply(causes, [Experiment("hash-seed", "the hash seed", "divergent", 40145, "moved later")],
+                           39516)
+    assert ranked[0].confidence == "possible" and ranked[0].basis != "experiment"
+    assert "from #39516 to #40145, which is no evidence by itself" in ranked[0].evidence[-1]
+    assert "explains" not in ranked[0].evidence[-1]
+
+
+def test_a_confirmed_cause_rests_on_the_experiment() -> None:
+    ranked = explain.apply([cause("unseeded-torch-rng", ["torch-rng"])],
+                           [Experiment("torch-rng", "the torch RNG", "deterministic", None)], 3)
+    assert ranked[0].confidence == "confirmed" and ranked[0].basis == "experiment"
+
+
+def test_separating_pin_pins_one_cause_and_not_the_other() -> None:
+    # address-layout also sets PYTHONHASHSEED=0: only the hash-seed experiment tells the two apart
+    assert explain.separating_pin(["hash-seed"], ["address-layout"]) == "hash-seed"
+    assert explain.separating_pin(["address-layout"], ["hash-seed"]) == "hash-seed"
+    assert explain.separating_pin(["deterministic"], ["deterministic"]) is None
+
+
+def test_plan_runs_the_separating_experiment_first() -> None:
+    a = cause("object-order", ["address-layout"], "possible")
+    b = cause("python-hash-seed", ["hash-seed"], "possible")
+    a.separating_pin = b.separating_pin = "hash-seed"
+    assert explain.plan([a, b]) == ["hash-seed", "address-layout"]
+    assert explain.cheap_pin([a, b]) == "hash-seed"
+
+
+@pytest.mark.parametrize("verdict, first", [("deterministic", "python-hash-seed"), ("divergent", "object-order")])
+def test_the_separating_experiment_settles_a_toss_up(verdict: str, first: str) -> None:
+    a = cause("python-hash-seed", ["hash-seed"], "possible")
+    b = cause("object-order", ["address-layout"], "possible")
+    a.separating_pin = b.separating_pin = "hash-seed"
+    ranked = explain.apply([a, b], [Experiment("hash-seed", "the hash seed", verdict, None)], 5)
+    assert ranked[0].id == first
+    assert ranked[0].confidence == ("confirmed" if verdict == "deterministic" else "likely")
+    assert ranked[1].confidence == "possible"
+
+
+def test_cheap_confirmation_only_for_one_cheap_decisive_pin() -> None:
+    assert explain.cheap_pin([cause("unseeded-numpy-rng", ["numpy-rng"])]) == "numpy-rng"
+    assert explain.cheap_pin([cause("nondeterministic-op", ["deterministic", "one-thread"])]) is None
+    assert explain.cheap_pin([cause("varying-seed", ["torch-rng", "numpy-rng"])]) is None
+    assert explain.cheap_pin([cause("unseeded-numpy-rng", ["numpy-rng"], "confirmed")]) is None
+    assert explain.cheap_pin([]) is None
+
+
+@pytest.mark.parametrize("sources, expected", [
+    ({"hash-seed"}, ["hash-seed"]),
+    ({"zero-empty"}, ["zero-empty"]),
+    ({"torch-rng", "one-thread"}, ["torch-rng", "one-thread"]),
+])
+def test_bisection_isolates_the_source(sources: set[str], expected: list[str]) -> None:
+    tried: list[str] = []
+
+    def agrees(name: str) -> bool:
+        tried.append(name)
+        return sources <= set(name.split(explain.SEP))
+
+    assert explain.bisect(explain.bisection_pins(["cpu"]), agrees) == expected
+    assert len(tried) <= 12
+    assert not any(p in explain.CUDA_PINS for name in tried for p in name.split(explain.SEP))
+
+
+def test_an_isolated_source_no_cause_named_is_added_confirmed() -> None:
+    experiments = [Experiment("all", "every source", "deterministic", None),
+                   Experiment("torch-rng+numpy-rng+python-rng+hash-seed", "four", "deterministic", None),
+                   Experiment("hash-seed", "the string hash seed", "deterministic", None)]
+    ranked = explain.apply([cause("concurrency", [])], experiments, 5)
+    assert ranked[0].id == "python-hash-seed" and ranked[0].confidence == "confirmed"
+    assert [c.id for c in ranked] == ["python-hash-seed", "concurrency"]
 
 
 def test_everything_pinned_still_diverging_is_evidence_for_order_causes() -> None:
@@ -122,7 +192,10 @@ def test_experiments_run_at_the_baselines_granularity_from_any_directory(
     report = explain.run_experiments(Path("../run"), budget=4)
     assert seen and all(granularity == "step" for granularity, _ in seen)
     assert all(out.is_absolute() and out == run_dir.resolve() for _, out in seen)
-    assert report.experiments and report.experiments[-1].verdict == "deterministic"
+    verdicts = {e.pin: e.verdict for e in report.experiments}
+    assert verdicts["all"] == "deterministic"
+    # the bisection that follows stops at the budget and says so
+    assert report.experiments[-1].verdict == "skipped" and "budget of 4" in report.experiments[-1].note
 
 
 def test_a_run_with_a_timed_out_repeat_is_not_explained(tmp_path: Path) -> None:
@@ -131,6 +204,76 @@ def test_a_run_with_a_timed_out_repeat_is_not_explained(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", [recs, other], exit_codes=[0, -15], timed_out=[False, True])
     with pytest.raises(UsageError, match="timed out"):
         explain.run_experiments(run_dir)
+
+
+def _fake_runs(monkeypatch: pytest.MonkeyPatch, agree: Callable[[AuditOptions], bool]) -> list[str]:
+    """Experiments whose repeats agree when `agree(options)` says so; returns the pins each ran with."""
+    recs = training_records(steps=2)
+    ran: list[str] = []
+
+    def fake_execute(options: AuditOptions, out: Path, on_done: object = None, prefix: str = "repeat",
+                     cwd: Path | None = None) -> list[RepeatResult]:
+        ran.append(prefix)
+        results = []
+        for plan in plan_repeats(out, options.repeats, options.devices, options.granularity, prefix=prefix):
+            differ = not agree(options) and plan.index > 0
+            write_trace(plan.trace, [recs[0].but(digest=99), *recs[1:]] if differ else recs, {"exit_code": 0})
+            plan.stdout.write_text("")
+            plan.stderr.write_text("")
+            results.append(RepeatResult(plan.index, plan.device, 0, 0.1, False, plan.trace.name, plan.stdout.name,
+                                        plan.stderr.name, "same"))
+        return results
+
+    monkeypatch.setattr(audit, "execute", fake_execute)
+    return ran
+
+
+def test_every_pin_agreeing_is_bisected_down_to_the_source_no_cause_named(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hash seed was the source; the evidence named nothing pinnable: the bisection finds it."""
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    ran = _fake_runs(monkeypatch, lambda options: options.env.get("PYTHONHASHSEED") == "0")
+    report = explain.run_experiments(run_dir, budget=40, repeats=2)
+    verdicts = {e.pin: e.verdict for e in report.experiments}
+    assert verdicts["all"] == "deterministic" and verdicts["hash-seed"] == "deterministic"
+    top = report.causes[0]
+    assert top.id == "python-hash-seed" and top.confidence == "confirmed" and top.pins == ["hash-seed"]
+    assert "no recorded evidence pointed here" in top.evidence[-1]
+    assert len(ran) <= 8  # all, then halves: far fewer than one experiment per pin pair
+
+
+def test_default_confirmation_runs_only_the_cheap_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    ran = _fake_runs(monkeypatch, lambda options: True)
+    monkeypatch.setattr(explain, "cheap_pin", lambda causes: "torch-rng")
+    report = explain.run_experiments(run_dir, cheap=True)
+    assert ran == ["explain-torch-rng"]
+    assert [(e.pin, e.verdict) for e in report.experiments] == [("torch-rng", "deterministic")]
+
+
+def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Objects keep their set order across two repeats 1 time in 8 by chance: two agreeing prove too little."""
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    seen: list[int] = []
+    _fake_runs(monkeypatch, lambda options: seen.append(options.repeats) is None)
+    tied = [cause("python-hash-seed", ["hash-seed"], "possible"), cause("object-order", ["address-layout"], "possible")]
+    for c in tied:
+        c.separating_pin = "hash-seed"
+    real_load = audit.load_run
+
+    def with_toss_up(path: Path, *args: object, **kwargs: object) -> Report:
+        report = real_load(path)
+        report.causes = [Cause(c.id, c.confidence, c.summary, list(c.evidence), c.fix, list(c.pins),
+                               separating_pin=c.separating_pin) for c in tied]
+        return report
+
+    monkeypatch.setattr(audit, "load_run", with_toss_up)
+    report = explain.run_experiments(run_dir, cheap=True)
+    assert seen and set(seen) == {explain.SEPARATING_REPEATS}  # asked once per repeat
+    assert [e.pin for e in report.experiments] == ["hash-seed"]
 
 
 def test_one_explain_at_a_time_per_run_directory(tmp_path: Path) -> None:

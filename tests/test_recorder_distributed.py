@@ -40,17 +40,14 @@ recorder.close({"exit_code": 0})
 
 
 @pytest.mark.slow
-def test_ddp_collectives_and_a_reused_sampler_epoch_are_recorded(tmp_path: Path) -> None:
+def test_ddp_replicas_and_a_reused_sampler_epoch_are_recorded(tmp_path: Path) -> None:
     trace = tmp_path / "rank.trace"
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(JOB), str(trace), str(tmp_path / "store")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     events = {e["type"]: e for e in read_trace(trace).events}
-    assert events["process-group"]["backend"] == "gloo" and events["process-group"]["world_size"] == 1
     ddp = events["ddp"]
     assert ddp["params"] == ["module.weight", "module.bias"] and ddp["ignored"] == []
     assert ddp["backend"] == "gloo" and ddp["bucket_cap_mb"] == 1
-    assert events["collective"]["fn"] == "dist.all_reduce" and events["collective"]["dtype"] == "float32"
-    assert events["collective"]["reduce_op"] is None  # the default (SUM): not passed
     # epochs 0, 1 (set_epoch), then 1 again: told once, at the third pass
     assert events["sampler-epoch"]["epoch"] == 1 and events["sampler-epoch"]["iterations"] == 3

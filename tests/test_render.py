@@ -11,9 +11,10 @@ from rich.console import Console
 from synthetic import training_records, write_run
 
 from detaudit.audit import load_run
+from detaudit.causes.context import finding
 from detaudit.compare import RecordInfo
 from detaudit.oprules import OpFinding
-from detaudit.render import argv_line, op_panel, render
+from detaudit.render import argv_line, op_panel, render, verdict_line
 from detaudit.report import Report
 
 
@@ -35,6 +36,16 @@ def test_data_that_entered_from_outside_torch_gets_a_note_not_an_op_table() -> N
     assert "No op recorded in steps 0–0 produced the differing data" in text
     assert "Net.input[0] (train.py:21)" in text and "aten.addmm.default" in text
     assert "phase" not in text  # no input/output match table
+
+
+def test_an_environment_change_is_not_called_nondeterminism(tmp_path: Path) -> None:
+    recs = training_records(steps=2)
+    report = load_run(write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]]))
+    report.causes = [finding("environment-change", 0.9, "the environment changed between the recordings "
+                             "(torch, GPU): a difference between setups", [], "fix", basis="direct").cause]
+    line = verdict_line(report).plain
+    assert line.startswith("DIVERGENT: the environment changed between the recordings")
+    assert "(torch, GPU differ)" in line
 
 
 def _rendered(report: object) -> str:

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from detaudit.causes import clock, collective, compiled, device, order, output, rng
+from detaudit.causes import clock, collective, compiled, device, flags, order, output, rng
 from detaudit.causes.context import LIKELY, Context, Finding, build, finding
 from detaudit.compare import Divergence
+from detaudit.explain import PINS, separating_pin
 from detaudit.launcher import RepeatResult
-from detaudit.report import Cause
+from detaudit.report import BASES, Cause
 
+TIE = 1e-6  # scores this close on the same basis fit the evidence equally
 BACKGROUND = 0.55  # below this, a cause is listed only when nothing likely explains the divergence
 Detector = Callable[[Context], "Finding | None"]
 
@@ -24,13 +26,15 @@ DETECTORS: tuple[Detector, ...] = (
     rng.dataloader_workers, device.environment, device.tf32, device.thread_count, device.nondeterministic_op,
     compiled.compiled_kernels, clock.wall_clock,
     device.uninitialized_memory, device.cudnn_benchmark, device.cublas_workspace, order.concurrency,
-    order.python_hash_seed, order.object_order, output.stdout_differs, collective.collective_algorithm,
+    order.python_hash_seed, order.object_order, output.stdout_differs, flags.flag_drift, flags.flag_typo,
+    flags.collective_algorithm, collective.collective_algorithm, device.device_rng_geometry,
 )
 CAUSE_IDS = (
     "unseeded-torch-rng", "unseeded-numpy-rng", "unseeded-python-rng", "varying-seed", "python-hash-seed",
     "object-order", "dataloader-workers", "nondeterministic-op", "cudnn-benchmark", "cublas-workspace", "tf32",
-    "thread-count", "uninitialized-memory", "concurrency", "environment", "stdout-differs", "compiled-kernels",
-    "wall-clock", "collective-algorithm", "unknown",
+    "thread-count", "uninitialized-memory", "concurrency", "environment", "environment-change", "flag-drift",
+    "flag-typo", "collective-algorithm", "device-rng-geometry", "stdout-differs", "compiled-kernels",
+    "wall-clock", "unknown",
 )
 
 
@@ -42,11 +46,33 @@ def diagnose(divergence: Divergence | None, traces: Sequence[Path], runs: Sequen
 
 
 def rank(ctx: Context) -> list[Cause]:
+    """Strongest proof first (op-level records > direct evidence > circumstantial), then score.
+
+    Two causes at the top that fit equally are a toss-up: both `possible`, and the report names the
+    one experiment that separates them (which `--explain` and the default confirmation run first).
+    """
     findings = [f for f in (detect(ctx) for detect in DETECTORS) if f is not None]
-    findings.sort(key=lambda f: -f.score)  # stable: ties keep DETECTORS order
+    findings.sort(key=lambda f: (BASES.index(f.cause.basis), -f.score))  # stable: ties keep DETECTORS order
     if findings and findings[0].score >= LIKELY:  # weak, always-true background causes only add noise
         findings = [f for f in findings if f.score >= BACKGROUND]
+    if len(findings) >= 2 and _tied(findings[0], findings[1]):
+        _toss_up(findings[0].cause, findings[1].cause)
     return [f.cause for f in findings] or [unknown(ctx).cause]
+
+
+def _tied(a: Finding, b: Finding) -> bool:
+    return a.cause.basis == b.cause.basis and abs(a.score - b.score) < TIE
+
+
+def _toss_up(a: Cause, b: Cause) -> None:
+    pin = separating_pin(a.pins, b.pins)
+    for this, other in ((a, b), (b, a)):
+        this.confidence = "possible"
+        this.separating_pin = pin
+        line = f"fits the evidence as well as {other.id}: the two cannot be told apart without an experiment"
+        if pin is not None:
+            line += f"; the one that separates them pins {PINS[pin].description} (`--explain` runs it first)"
+        this.evidence.append(line)
 
 
 def unknown(ctx: Context) -> Finding:

@@ -34,4 +34,4 @@ def wall_clock(ctx: Context) -> Finding | None:
            "bound the repeats with `detaudit run --max-steps N` (or `--max-time SECONDS`, which compares only "
            "the steps every repeat completed)")
     return finding("wall-clock", 0.85 if structural else 0.6, "the script's control flow follows the wall clock, "
-                   "so the repeats run different steps", lines, fix)
+                   "so the repeats run different steps", lines, fix, basis="direct")

@@ -1,4 +1,7 @@
-"""Collective cause: collective-algorithm (docs/distributed.md).
+"""Collective cause: collective-algorithm for a torchrun rank that received the difference (docs/distributed.md).
+
+NCCL runs with an unpinned algorithm are flags.collective_algorithm's (same id); this detector covers
+the rest: any backend, from the rank's role and DDP's reducer settings.
 
 A rank whose first difference is a gradient DDP (or the script) all-reduced, while everything it
 computed locally before matched, received the difference through the collective. When no rank
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from detaudit.causes import flags
 from detaudit.causes.context import LIKELY, Context, Finding, finding
 from detaudit.errors import TraceError
 from detaudit.trace import RecordStream
@@ -34,9 +38,10 @@ def collective_algorithm(ctx: Context) -> Finding | None:
     rec = ctx.record
     if rec is None or rec.kind not in FED or ctx.divergence.category != "content":
         return None
-    reducers = [e for e in ctx.ref.of("ddp") + ctx.ref.of("collective") if ctx.precedes(e)]
-    if not reducers:
-        return None
+    reducers = [e for e in ctx.ref.of("ddp") + ctx.ref.of("collective")
+                if ctx.precedes(e) and e.get("what") != "init_process_group"]
+    if not reducers or flags.collective_algorithm(ctx) is not None:
+        return None  # NCCL's unpinned algorithm has its own detector, under the same id
     lines = []
     for e in reducers:
         if e.get("type") == "ddp":
@@ -45,8 +50,8 @@ def collective_algorithm(ctx: Context) -> Finding | None:
             lines.append(f"DistributedDataParallel at {e.get('loc') or '?'} all-reduces the gradients of "
                          f"{len(e.get('params', []))} parameters over {e.get('backend') or '?'} ({settings})")
         else:
-            lines.append(f"{e.get('fn')} over {e.get('backend') or '?'} at {e.get('loc') or '?'}"
-                         + (f" ({e.get('reduce_op')}, {e.get('dtype')})" if e.get("reduce_op") else ""))
+            lines.append(f"dist.{e.get('what')} at {e.get('loc') or '?'}" + (f" on {e['device']}" if e.get("device")
+                                                                              else ""))
     envs = _collective_env(ctx)
     env_differs = bool(envs) and ctx.differs(envs)
     if env_differs:
@@ -54,9 +59,9 @@ def collective_algorithm(ctx: Context) -> Finding | None:
     elif envs and envs[0]:
         lines.append(f"collective settings (the same in every repeat): {envs[0]}")
     lines.append(f"everything this rank computed before it matched; first divergence: {ctx.where()}")
-    backends = {str(e.get("backend")) for e in reducers}
-    score = LIKELY + 0.1 if env_differs else 0.6 if "nccl" in backends else 0.5
+    score = LIKELY + 0.1 if env_differs else 0.5
     fix = ("pin the reduction order: the same NCCL_ALGO/NCCL_PROTO (e.g. NCCL_ALGO=Ring) and the same world size, "
            "bucket_cap_mb and rank-to-device layout in every run; or reduce in float64")
     return finding("collective-algorithm", score, "the all-reduce that combined the ranks' gradients may sum them "
-                   "in a different order from run to run", lines, fix)
+                   "in a different order from run to run", lines, fix, (),
+                   "direct" if env_differs else "circumstantial")

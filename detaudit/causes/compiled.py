@@ -41,4 +41,5 @@ def compiled_kernels(ctx: Context) -> Finding | None:
     fix = ("call `torch.use_deterministic_algorithms(True)` before the first compiled call: inductor then generates "
            "deterministic kernels")
     return finding("compiled-kernels", score, "compiled (inductor) kernels accumulate in an order that changes "
-                   "from run to run", lines, fix, ["deterministic"])
+                   "from run to run", lines, fix, ["deterministic"],
+                   basis="direct" if inside else "circumstantial")

@@ -20,7 +20,7 @@ from detaudit.compare import Divergence
 from detaudit.errors import TraceError
 from detaudit.launcher import RepeatResult
 from detaudit.recorder.evidence import WORKERS_SUFFIX
-from detaudit.report import Cause
+from detaudit.report import Basis, Cause
 from detaudit.trace import RecordStream, open_regular
 
 LIKELY = 0.7  # a score at or above this is reported as "likely", below as "possible"
@@ -28,16 +28,18 @@ LIKELY = 0.7  # a score at or above this is reported as "likely", below as "poss
 
 @dataclass
 class Finding:
-    """A detector's verdict: the Cause and how well it explains the first divergence (0..1)."""
+    """A detector's verdict: the Cause and how well it explains the first divergence (0..1) on its basis."""
 
     cause: Cause
     score: float
 
 
 def finding(cause_id: str, score: float, summary: str, evidence: list[str], fix: str,
-            pins: Sequence[str] = ()) -> Finding:
-    confidence = "likely" if score >= LIKELY else "possible"
-    return Finding(Cause(cause_id, confidence, summary, evidence, fix, list(dict.fromkeys(pins))), score)
+            pins: Sequence[str] = (), basis: Basis = "circumstantial") -> Finding:
+    """`basis`: op-records (the op-level re-run proved it), direct (evidence recorded before the
+    divergence ties it to it), circumstantial (a source known to vary, not tied to the divergence)."""
+    confidence = "likely" if score >= LIKELY and basis != "circumstantial" else "possible"
+    return Finding(Cause(cause_id, confidence, summary, evidence, fix, list(dict.fromkeys(pins)), basis), score)
 
 
 @dataclass
@@ -82,7 +84,19 @@ def load(path: Path, index: int, device: str) -> RepeatEvidence:
                 continue  # a worker killed mid-write leaves a partial last line
             if isinstance(event, dict):
                 rep.worker_events.append(schema.check(event, schema.EVENT, f"{side}: worker event"))
+    # workers append to the side file as they are scheduled: one worker's events together, in its own
+    # order, so the k-th event of a kind means the same thing in every repeat
+    rep.worker_events.sort(key=_worker)
     return rep
+
+
+def _worker(event: dict[str, Any]) -> tuple[int, str]:
+    """A worker's events in its own order; events from before torch named the worker (its own seeding
+    of the worker's RNGs) interleave by scheduling, so those are put in a canonical order instead."""
+    worker = event.get("worker")
+    if isinstance(worker, int):
+        return worker, ""
+    return -1, json.dumps(event, sort_keys=True, default=str)
 
 
 MAX_SIDE_BYTES = 16 << 20

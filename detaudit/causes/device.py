@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
+from detaudit.report import Basis
 from detaudit.trace import RecordStream
 
 CUBLAS_OK = (":4096:8", ":16:8")
@@ -63,7 +64,8 @@ def nondeterministic_op(ctx: Context) -> Finding | None:
     if cpu:
         fix += "; on CPU, `torch.set_num_threads(1)` also removes it"
     return finding("nondeterministic-op", score, f"{name} accumulates in thread or atomic order, which changes "
-                   "from run to run", lines, fix, ["deterministic"] + (["one-thread"] if cpu else []))
+                   "from run to run", lines, fix, ["deterministic"] + (["one-thread"] if cpu else []),
+                   "op-records" if kernel else "direct")
 
 
 def cudnn_benchmark(ctx: Context) -> Finding | None:
@@ -83,7 +85,7 @@ def cudnn_benchmark(ctx: Context) -> Finding | None:
     fix = "set `torch.backends.cudnn.benchmark = False` and `torch.backends.cudnn.deterministic = True` before " \
           "the first forward"
     return finding("cudnn-benchmark", score, "cuDNN autotuning (benchmark mode) picks convolution algorithms "
-                   "per run", lines, fix, ["cudnn"])
+                   "per run", lines, fix, ["cudnn"], "direct")
 
 
 def cublas_workspace(ctx: Context) -> Finding | None:
@@ -148,7 +150,8 @@ def tf32(ctx: Context) -> Finding | None:
     lines.append(f"first divergence: {ctx.where()}")
     fix = "set `torch.backends.cuda.matmul.allow_tf32 = False` and `torch.backends.cudnn.allow_tf32 = False` (or " \
           "`torch.set_float32_matmul_precision('highest')`) in every run you compare"
-    return finding("tf32", 0.85, "TF32 numerics differ from float32 in the other run", lines, fix, ["tf32-off"])
+    return finding("tf32", 0.85, "TF32 numerics differ from float32 in the other run", lines, fix, ["tf32-off"],
+                   "direct")
 
 
 def thread_count(ctx: Context) -> Finding | None:
@@ -178,7 +181,8 @@ def thread_count(ctx: Context) -> Finding | None:
     fix = f"use a constant thread count: `torch.set_num_threads(4)`{where} (or OMP_NUM_THREADS=4); reductions " \
           "are summed in per-thread chunks, so another count gives other bits"
     return finding("thread-count", 0.85 if before else 0.6, "the number of threads differs between runs, and "
-                   "reductions split their work by it", lines, fix, ["one-thread"])
+                   "reductions split their work by it", lines, fix, ["one-thread"],
+                   "direct" if before else "circumstantial")
 
 
 def _record_digests(ctx: Context) -> dict[int, str]:
@@ -218,15 +222,16 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
              f"contents in each repeat ({ctx.pair_text([x.get('digest') for x in v], lambda d: d[:8])})"
              for v in varying[:3]]
     score = 0.5  # varying garbage is common and often overwritten before use: corroboration raises it
+    basis: Basis = "circumstantial"
     record_digests = _record_digests(ctx) if varying else {}
     for v in varying:
         if all(record_digests.get(x_rep.index) == x.get("digest") for x, x_rep in zip(v, ctx.involved)):
             lines.append(f"the tensor {v[0]['fn']} returned at {v[0].get('loc')} reached {ctx.where()} unchanged")
-            score = 0.95
+            score, basis = 0.95, "direct"
             break
     if uninit_op:
         lines.append(f"op-level records: {found.summary}")
-        score = 0.95
+        score, basis = 0.95, "op-records"
     lines.append(f"first divergence: {ctx.where()}")
     if varying:
         fn, loc = varying[0][0]["fn"], varying[0][0].get("loc")
@@ -235,14 +240,14 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
     else:
         fix = f"use `torch.zeros` instead of `torch.empty` where {found.record.location or 'it'} reads the memory"
     return finding("uninitialized-memory", score, "a tensor from torch.empty (or kin) is read before every "
-                   "element is written: its leftover contents differ per run", lines, fix, ["zero-empty"])
+                   "element is written: its leftover contents differ per run", lines, fix, ["zero-empty"], basis)
 
 
 def environment(ctx: Context) -> Finding | None:
     envs = [r.first("environment") for r in ctx.involved]
     if any(e is None for e in envs):
         return None
-    lines = []
+    lines: list[str] = []
     for key in ENV_KEYS:
         values = [e.get(key) for e in envs if e is not None]
         if ctx.differs(values):
@@ -253,10 +258,14 @@ def environment(ctx: Context) -> Finding | None:
         values = [v.get(key) for v in variables]
         if ctx.differs(values):
             lines.append(f"{key}: {ctx.pair_text(values)}")
-    gpus = [next((s.get("gpu") for s in r.states() if s.get("gpu")), None) for r in ctx.involved]
+    gpus = _gpus(ctx)
     if ctx.differs(gpus):
         lines.append(f"GPU: {ctx.pair_text(gpus)}")
-    hardware = bool(lines)
+    gits = [e.get("git") for e in envs if e is not None]
+    # the commit and the script's own bytes: a dirty flag alone flips when any file of the repository is edited
+    if ctx.differs([(g or {}).get("commit") for g in gits]) or ctx.differs([(g or {}).get("script") for g in gits]):
+        lines.append(f"code: {ctx.pair_text(gits, _git_text)} (another commit or uncommitted changes)")
+    changed = bool(lines)
     devices = [device_of(r) for r in ctx.involved]
     if ctx.differs(devices):
         lines.append(f"device: {ctx.pair_text(devices)} (kernels differ between devices; compared within "
@@ -264,7 +273,42 @@ def environment(ctx: Context) -> Finding | None:
     if not lines:
         return None
     lines.append(f"first divergence: {ctx.where()}")
-    fix = "compare runs made with the same library versions and hardware (pin versions in a lockfile, note the GPU " \
-          "model), or compare across them within a tolerance (`--atol`/`--rtol`)"
-    return finding("environment", 0.9 if hardware else 0.6, "the compared repeats ran with different libraries, "
-                   "hardware or devices", lines, fix)
+    if changed:
+        fields = ", ".join(line.split(":", 1)[0] for line in lines[:-1])
+        fix = ("compare recordings made with the same code, library versions and hardware (pin versions in a "
+               "lockfile, note the GPU model), or compare across them within a tolerance (`--atol`/`--rtol`)")
+        return finding("environment-change", 0.9, f"the environment changed between the recordings ({fields}): a "
+                       "difference between setups, not run-to-run nondeterminism", lines, fix, basis="direct")
+    fix = "compare across devices within a tolerance (`--atol`/`--rtol`), or on one device bit for bit"
+    return finding("environment", 0.6, "the compared repeats ran on different devices", lines, fix,
+                   basis="circumstantial")
+
+
+def _gpus(ctx: Context) -> list[Any]:
+    return [next((s.get("gpu") for s in r.states() if s.get("gpu")), None) for r in ctx.involved]
+
+
+def _git_text(git: Any) -> str:
+    if not isinstance(git, dict):
+        return "no git commit"
+    script = f", script {str(git['script'])[:8]}" if git.get("script") else ""
+    return str(git.get("commit", "?"))[:12] + (" (dirty)" if git.get("dirty") else "") + script
+
+
+def device_rng_geometry(ctx: Context) -> Finding | None:
+    """Seeded CUDA random ops give other numbers on another GPU model: Philox offsets follow the launch
+    geometry (pytorch issues #196613, #194676), so the same seed is not the same stream across models."""
+    gpus = _gpus(ctx)
+    if None in gpus or not ctx.differs(gpus):
+        return None
+    draws = [e for e in ctx.ref.of("draw") if e.get("lib") == "torch" and e.get("device") == "cuda"
+             and ctx.precedes(e)]
+    if not draws:
+        return None
+    lines = [f"GPU: {ctx.pair_text(gpus)}"]
+    lines += [f"{e['fn']} at {e.get('loc')} drew on cuda ({e.get('generator')} generator)" for e in draws[:3]]
+    lines.append(f"first divergence: {ctx.where()}")
+    fix = (f"draw on the CPU with a seeded generator and move the result (`torch.randn(..., device='cpu', "
+           f"generator=g).to('cuda')`) at {draws[0].get('loc')}: CPU streams do not depend on the GPU model")
+    return finding("device-rng-geometry", 0.92, "a seeded random op on the GPU gives other numbers on another GPU "
+                   "model", lines, fix, basis="direct")

@@ -8,6 +8,7 @@ another order, and on `--explain` (a fixed PYTHONHASHSEED; a fixed address layou
 from __future__ import annotations
 
 from detaudit.causes.context import Context, Finding, finding
+from detaudit.report import Basis
 
 COMPLETION_ORDER = ("concurrent.futures.as_completed", "multiprocessing.Pool.imap_unordered")
 
@@ -15,6 +16,13 @@ COMPLETION_ORDER = ("concurrent.futures.as_completed", "multiprocessing.Pool.ima
 def _reordered(ctx: Context) -> bool:
     found = ctx.op_finding
     return found is not None and found.verdict == "input-order"
+
+
+ORDER_SCORE = {True: 0.75, False: 0.45}  # the same for both order causes: no record tells them apart
+
+
+def _basis(ctx: Context) -> Basis:
+    return "op-records" if _reordered(ctx) else "circumstantial"
 
 
 def _near(ctx: Context) -> str:
@@ -35,11 +43,10 @@ def python_hash_seed(ctx: Context) -> Finding | None:
     if _reordered(ctx):
         lines.append(f"op-level records: {ctx.op_finding.summary}")
     lines.append(f"first divergence: {ctx.where()}")
-    score = 0.75 if _reordered(ctx) else 0.45
     fix = ("iterate `sorted(...)` instead of the set (or build the dict from a sorted list)" + _near(ctx)
            + "; `PYTHONHASHSEED=0` in the environment also fixes the order, but only where it is set")
-    return finding("python-hash-seed", score, "string hash randomization changes an order derived from a set "
-                   "or dict", lines, fix, ["hash-seed"])
+    return finding("python-hash-seed", ORDER_SCORE[_reordered(ctx)], "string hash randomization changes an order "
+                   "derived from a set or dict", lines, fix, ["hash-seed"], _basis(ctx))
 
 
 def object_order(ctx: Context) -> Finding | None:
@@ -55,11 +62,12 @@ def object_order(ctx: Context) -> Finding | None:
     if _reordered(ctx):
         lines.append(f"op-level records: {ctx.op_finding.summary}")
     lines.append(f"first divergence: {ctx.where()}")
-    score = (0.75 if _reordered(ctx) else 0.35) + (0.15 if hash_fixed else 0.0)
+    # string hashes fixed rules out python-hash-seed; otherwise nothing recorded tells the two apart
+    score = ORDER_SCORE[_reordered(ctx)] + (0.1 if hash_fixed else 0.0)
     fix = ("keep these objects in a list, or iterate `sorted(objs, key=...)` by a stable attribute, instead of a set"
            + _near(ctx))
     return finding("object-order", score, "iteration over a set of objects hashed by identity (memory address)",
-                   lines, fix, ["address-layout"])
+                   lines, fix, ["address-layout"], _basis(ctx))
 
 
 def concurrency(ctx: Context) -> Finding | None:
@@ -77,4 +85,4 @@ def concurrency(ctx: Context) -> Finding | None:
            "`[f.result() for f in futures]` (or use `executor.map`), and give each thread its own output slot "
            "instead of a shared accumulator")
     return finding("concurrency", 0.85 if completion else 0.6, "user threads or processes combine results in "
-                   "completion order", lines, fix)
+                   "completion order", lines, fix, basis="direct" if completion else "circumstantial")

@@ -42,7 +42,7 @@ def stdout_differs(ctx: Context) -> Finding | None:
     fix = ("if the line reports a measurement (time, speed, memory, a path, an id), it is not a result: print it "
            "to stderr or compare with `--stdout ignore`; if it is a result, it depends on something outside the "
            "recorded tensors (wall clock, pid, uuid, unseeded `random`, a file an earlier run left)")
-    return finding("stdout-differs", 0.8, "only what the script prints differs", lines, fix)
+    return finding("stdout-differs", 0.8, "only what the script prints differs", lines, fix, basis="direct")
 
 
 def _quote(text: str | None) -> str:

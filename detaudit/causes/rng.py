@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
+from detaudit.report import Basis
 
 NAMES = {"torch": "torch", "numpy": "NumPy", "python": "Python `random`"}
 PINS = {"torch": "torch-rng", "numpy": "numpy-rng", "python": "python-rng"}
@@ -93,7 +94,14 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
                     f"{loader.get('loc')}")
     what = "a Generator made without a seed" if generators and not draws else "its global RNG is never seeded"
     summary = f"{NAMES[lib]} randomness is not seeded ({what}), so it differs in every run"
-    return finding(f"unseeded-{lib}-rng", _score(ctx, lib, first_at), summary, lines, fix, [PINS[lib]])
+    return finding(f"unseeded-{lib}-rng", _score(ctx, lib, first_at), summary, lines, fix, [PINS[lib]],
+                   "op-records" if lib == "torch" and _random_op(ctx) else "direct")
+
+
+def _random_op(ctx: Context) -> bool:
+    """The op-level re-run saw a random op whose inputs matched and whose output differed."""
+    found = ctx.op_finding
+    return found is not None and found.verdict == "random-op"
 
 
 def unseeded_torch_rng(ctx: Context) -> Finding | None:
@@ -115,10 +123,12 @@ def varying_seed(ctx: Context) -> Finding | None:
     for lib in ("torch", "numpy", "python"):
         for calls in ctx.aligned(lambda r, lib=lib: user_seeds(r, lib)):
             values = [c.get("value") for c in calls]
-            if not ctx.differs(values) and not ctx.differs([c.get("state") for c in calls]):
+            entropy = all(v is None for v in values)  # seeded from OS entropy: only the state can differ
+            # the same value in every repeat is a seed that does not vary, whatever else does: never a cause
+            if not (ctx.differs([c.get("state") for c in calls]) if entropy else ctx.differs(values)):
                 continue
             c = calls[0]
-            if all(v is None for v in values):
+            if entropy:
                 lines.append(f"{c['fn']}() at {c.get('loc')} seeds from operating-system entropy: the state "
                              "differs in every repeat")
             else:
@@ -140,8 +150,10 @@ def varying_seed(ctx: Context) -> Finding | None:
     fix = (f"seed with a constant at {first.get('loc')}: `{fn}(0)`; when runs must differ on purpose, pass the seed "
            "in explicitly (an argument or config value) and log it")
     score = 0.95 if ctx.precedes(first) else 0.5
+    basis: Basis = "op-records" if "torch-rng" in pins and _random_op(ctx) else "direct" if ctx.precedes(first) \
+        else "circumstantial"
     return finding("varying-seed", score, "a seed is set, but to a value that changes from run to run "
-                   "(clock, pid or OS entropy)", lines, fix, pins)
+                   "(clock, pid or OS entropy)", lines, fix, pins, basis)
 
 
 def dataloader_workers(ctx: Context) -> Finding | None:
@@ -185,4 +197,4 @@ def dataloader_workers(ctx: Context) -> Finding | None:
            "`np.random.default_rng(torch.initial_seed() % 2**32)` (or seed it in a `worker_init_fn`), and pass "
            f"`generator=torch.Generator().manual_seed(0)` to the DataLoader at {loader.get('loc')}")
     return finding("dataloader-workers", score, "randomness inside DataLoader workers that torch's per-worker "
-                   "seeding does not reach", lines, fix, pins)
+                   "seeding does not reach", lines, fix, pins, "direct")

@@ -69,6 +69,7 @@ class Recorder:
         # in-place update op roughly doubled op-granularity cost on a 1.7M-parameter MLP)
         self.internal = 0
         self.step_callbacks: list[Callable[[int], None]] = []  # called with the new step after each step
+        self.perturb_at: int | None = None  # --self-check: the record index whose tensor gets a one-ULP change
 
     # -- names and places ---------------------------------------------------------------
     def intern(self, text: str) -> int:
@@ -99,6 +100,10 @@ class Recorder:
         aux: int = 0, flags: int = 0, inputs: tuple[int, int] = (0, 0),
     ) -> int:
         """Record one tensor; returns its digest (0 while a device digest is pending)."""
+        if self.perturb_at is not None and self.writer.position + len(self._pending) == self.perturb_at \
+                and not self.local.flag:
+            self.perturb_at = None
+            t = one_ulp(t)
         shape_id = self._shape_id(t.shape)
         dtype = DTYPE_CODES.get(t.dtype, 0)
         flags |= self.local.flag
@@ -239,6 +244,22 @@ class Recorder:
     def close(self, footer: dict[str, Any]) -> None:
         self.resolve_pending()
         self.writer.close(footer)
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def one_ulp(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` with the lowest bit of its first element flipped (one ULP for a float): the
+    `--self-check` negative control. The script's own tensor is untouched."""
+    bits = _BITS.get(t.element_size())
+    if bits is None or t.numel() == 0 or t.device.type == "meta":
+        return t
+    with torch.no_grad():
+        copy = t.detach().clone(memory_format=torch.contiguous_format)
+        flat = copy.view(bits).view(-1)
+        flat[0] = flat[0] ^ 1
+    return copy
 
 
 _uncounted = itertools.count(-1, -1)

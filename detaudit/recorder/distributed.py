@@ -1,14 +1,14 @@
-"""Evidence of a rank's collectives: which modules DDP keeps as replicas, and which collectives ran.
+"""Evidence only a rank has: which parameters DDP keeps as replicas, and how its data is sharded.
 
 Installed only in the ranks of a torchrun repeat. Events (trace `events`, docs/distributed.md):
 - `ddp`: a DistributedDataParallel wrapper was built: the parameter names it keeps identical on
   every rank (as the hooks name them: `module.fc.weight`), the names it ignores, and its reducer
   settings (bucket size, gradient views, static graph), which fix the all-reduce order;
-- `process-group`: init_process_group's backend, rank and world size;
-- `collective`: the first call of each torch.distributed collective from Python, with its backend,
-  reduce op and dtype (DDP's own all-reduces run in C++ and are described by the `ddp` event);
 - `sampler-epoch`: a shuffling DistributedSampler iterated again at an epoch it already used
   (`set_epoch` not called): the same order every epoch, deterministic but rarely what was meant.
+
+init_process_group and the Python-level collectives are recorded by recorder/evidence.py as
+`collective` events (every run); DDP's own all-reduces run in C++ and are described by `ddp`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,6 @@ import torch
 from detaudit.recorder import location
 from detaudit.recorder.core import Recorder
 
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "all_to_all", "all_to_all_single")
-
 
 def _where() -> str:
     frame = location.user_frame(3)
@@ -32,13 +29,11 @@ def _where() -> str:
 
 
 def install(recorder: Recorder) -> None:
-    """Patch DDP construction, init_process_group and the collectives (for the life of the rank)."""
+    """Patch DDP construction and DistributedSampler iteration (for the life of the rank)."""
     if not torch.distributed.is_available():
         return
     import torch.distributed as dist
     from torch.nn.parallel import distributed as ddp_module
-
-    seen: set[str] = set()
 
     def backend(group: Any = None) -> str | None:
         try:
@@ -64,36 +59,6 @@ def install(recorder: Recorder) -> None:
 
     ddp_module.DistributedDataParallel.__init__ = ddp_init  # type: ignore[method-assign]
 
-    original_pg = dist.init_process_group
-
-    @functools.wraps(original_pg)
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        result = original_pg(*args, **kwargs)
-        recorder.event({"type": "process-group", "loc": _where(), "backend": backend(),
-                        "rank": dist.get_rank(), "world_size": dist.get_world_size()})
-        return result
-
-    dist.init_process_group = init_process_group
-
-    def wrap(name: str, fn: Any) -> Any:
-        @functools.wraps(fn)
-        def collective(*args: Any, **kwargs: Any) -> Any:
-            if name not in seen:
-                seen.add(name)
-                tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
-                op = kwargs.get("op", args[1] if name in ("all_reduce", "reduce_scatter") and len(args) > 1 else None)
-                recorder.event({"type": "collective", "fn": f"dist.{name}", "loc": _where(),
-                                "backend": backend(kwargs.get("group")), "reduce_op": None if op is None else str(op),
-                                **({} if tensor is None else {"dtype": str(tensor.dtype).removeprefix("torch."),
-                                                              "device": tensor.device.type})})
-            return fn(*args, **kwargs)
-
-        return collective
-
-    for name in COLLECTIVES:
-        fn = getattr(dist, name, None)
-        if fn is not None:
-            setattr(dist, name, wrap(name, fn))
     _watch_sampler_epochs(recorder)
 
 

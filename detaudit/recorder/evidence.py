@@ -19,13 +19,16 @@ Sinks: trace events via `Recorder.event` (buffered until torch is imported); in 
 
 from __future__ import annotations
 
+import array
 import contextlib
+import difflib
 import functools
 import inspect
 import json
 import os
 import platform
 import random
+import re
 import sys
 import sysconfig
 import threading
@@ -52,7 +55,8 @@ ENV_ALLOW = (
     "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
     "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "PYTORCH_CUDA_ALLOC_CONF",
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS", "OMP_DYNAMIC", "OMP_PROC_BIND", "OMP_PLACES", "MKL_DYNAMIC", "MKL_CBWR",
+    "NUMEXPR_NUM_THREADS", "NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE",
+    "OMP_DYNAMIC", "OMP_PROC_BIND", "OMP_PLACES", "MKL_DYNAMIC", "MKL_CBWR",
     "KMP_AFFINITY", "KMP_BLOCKTIME", "KMP_DETERMINISTIC_REDUCTION",
 )
 TORCH_DRAWS = ("rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "rand_like",
@@ -63,10 +67,21 @@ NUMPY_DRAWS = ("random", "rand", "randn", "randint", "random_sample", "normal", 
 PYTHON_DRAWS = ("random", "uniform", "randint", "randrange", "choice", "choices", "shuffle", "sample", "gauss",
                 "normalvariate", "getrandbits", "betavariate", "expovariate")
 EMPTY_FUNCTIONS = ("empty", "empty_like", "empty_strided")
+FLAG_SETTERS = ("use_deterministic_algorithms", "set_float32_matmul_precision")
+# flag attributes of torch.backends.cudnn / torch.backends.cuda.matmul: assignments are recorded with their
+# call site; any other public name assigned there is a typo torch silently keeps (flag-typo)
+MODULE_FLAGS = {"torch.backends.cudnn": ("benchmark", "deterministic", "enabled", "allow_tf32"),
+                "torch.backends.cuda.matmul": ("allow_tf32", "allow_fp16_reduced_precision_reduction",
+                                               "allow_bf16_reduced_precision_reduction")}
+COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce", "all_gather",
+               "reduce_scatter")
+MAX_FLAG_EVENTS = 64
 CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
 # positional index of condition arguments, counting `self` for Tensor methods (same for torch.X(input, ...))
 _POSITIONAL = {"indexput": {"accumulate": 3}, "put": {"accumulate": 3}, "scatterreduce": {"reduce": 4},
                "embeddingbag": {"mode": 4}}
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 _active: Evidence | None = None
 
@@ -86,6 +101,13 @@ def active() -> Evidence | None:
 
 def digest_bytes(data: bytes) -> str:
     return f"{xxhash.xxh3_64_intdigest(data):016x}"
+
+
+def python_rng_digest(state: tuple[Any, ...]) -> str:
+    """Digest of `random.getstate()` from its values, never `hash()`: on Python <= 3.11 `hash(None)`
+    (the state's last field when no Gaussian is cached) is the object's address, different every run."""
+    version, words, gauss_next = state
+    return digest_bytes(array.array("Q", words).tobytes() + repr((version, gauss_next)).encode())
 
 
 def _library_prefixes() -> tuple[str, ...]:
@@ -115,6 +137,7 @@ class Evidence:
         self.walks = 0
         self._stepped = False
         self.empty_events = 0
+        self.flag_events = 0
         self.op_entries: dict[str, list[oplist.OpEntry]] = {}
         # user call sites of the wall clock: (code, line) -> [label, reads]; None for library code
         self.clock_reads: dict[tuple[Any, int], list[Any] | None] = {}
@@ -136,8 +159,8 @@ class Evidence:
     def _write_side(self, event: dict[str, Any]) -> None:
         if self.side_path is None:
             return
-        line = json.dumps({"at": self.fork_at, "pid": os.getpid(), "worker": self.worker_id(), **event},
-                          default=str)
+        # no pid: evidence holds only what repeats with the same state agree on (the header has the pid)
+        line = json.dumps({"at": self.fork_at, "worker": self.worker_id(), **event}, default=_short)
         with self._lock:
             if self._side_fd is None:
                 self._side_fd = os.open(self.side_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -193,7 +216,7 @@ class Evidence:
                 _, keys, pos, has_gauss, cached = self.numpy.get_state()
                 return digest_bytes(keys.tobytes() + repr((pos, has_gauss, cached)).encode())
             if lib == "python":
-                return f"{hash(random.getstate()) & 0xFFFFFFFFFFFFFFFF:016x}"
+                return python_rng_digest(random.getstate())
         except Exception:
             return None
         return None
@@ -279,6 +302,9 @@ class Evidence:
             self._wrap_empty(torch, name, f"torch.{name}")
         self._wrap_empty(torch.Tensor, "new_empty", "Tensor.new_empty")
         self._wrap_call_site(torch, "set_num_threads", "torch.set_num_threads")
+        self._wrap_flags(torch)
+        if torch.distributed.is_available():
+            self._wrap_collectives(torch.distributed)
         self._wrap_listed_ops(torch)
         self._wrap_backward(torch.autograd)
         self._wrap_dataloader(torch.utils.data.DataLoader)
@@ -354,6 +380,17 @@ class Evidence:
     def device(self, t: Any) -> str:
         return self.device_as or t.device.type
 
+    def draw_device(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """Where a torch random op draws: its tensor's device, its `device=` argument, or the default."""
+        torch = self.torch
+        if args and isinstance(args[0], torch.Tensor):
+            return self.device(args[0])
+        requested = kwargs.get("device")
+        if requested is not None:
+            return self.device_as or torch.device(requested).type
+        default = getattr(torch, "get_default_device", None)
+        return self.device_as or (default().type if default is not None else "cpu")
+
     # -- flags and environment ------------------------------------------------------------------
     def flags(self) -> dict[str, Any]:
         torch = self.torch
@@ -390,6 +427,7 @@ class Evidence:
             "os": f"{platform.system()} {platform.release()}", "device_request": self.config.get("device"),
             "device": self.device_as or self.config.get("device"),
             "env": {k: os.environ[k] for k in ENV_ALLOW if k in os.environ},
+            "git": self.config.get("git"),  # found by the parent (audit.execute): no subprocess in the repeat
         }
 
     # -- wrappers ---------------------------------------------------------------------------------
@@ -415,6 +453,12 @@ class Evidence:
                 result = original(*args, **kwargs)
             if label == "torch.seed":
                 value = result
+            if label.startswith("torch.cuda."):
+                # seeds the GPU generators only, and runs inside torch.manual_seed before the CPU generator is
+                # seeded: the CPU state read here would be the unseeded one (entropy, a different digest per run)
+                ev.emit({"type": "seed", "lib": lib, "fn": label, "value": _short(value), "loc": ev.where(caller),
+                         "library": library, "drawn_before": False, "state": None, "pinned": pinned})
+                return result
             after = ev.rng_digest(lib)
             ev.emit({"type": "seed", "lib": lib, "fn": label, "value": _short(value), "loc": ev.where(caller),
                      "library": library, "drawn_before": before is not None and before != ev.anchors.get(lib),
@@ -460,8 +504,11 @@ class Evidence:
                 ev.seen.add((label, caller.f_code, caller.f_lineno))
                 if label != "dropout" or (args[2] if len(args) > 2 else kwargs.get("training", True)):
                     explicit = kwargs.get("generator") is not None
-                    ev.emit({"type": "draw", "lib": lib, "fn": label, "loc": ev.where(caller),
-                             "generator": "explicit" if explicit else "global"})
+                    event = {"type": "draw", "lib": lib, "fn": label, "loc": ev.where(caller),
+                             "generator": "explicit" if explicit else "global"}
+                    if lib == "torch":
+                        event["device"] = ev.draw_device(args, kwargs)
+                    ev.emit(event)
                 else:
                     ev.seen.discard((label, caller.f_code, caller.f_lineno))
             return original(*args, **kwargs)
@@ -578,6 +625,95 @@ class Evidence:
                         self.emit({"type": "op", "op": node_name, "device": device, "entry": entry.text,
                                    "phase": "backward", "loc": loc, "threads": torch.get_num_threads(),
                                    "deterministic": torch.are_deterministic_algorithms_enabled()})
+
+    # -- determinism flags and collectives -----------------------------------------------------------
+    def site(self, frame: FrameType) -> str:
+        """The immediate caller's `file:line`, library code included (a framework resetting a flag)."""
+        return f"{location.display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+    def _own(self, frame: FrameType) -> bool:
+        """detaudit's own frames (a pin forcing a flag) are not the script's settings."""
+        return frame.f_code.co_filename.startswith(location._skip_prefixes)
+
+    def _flag_event(self, event: dict[str, Any], caller: FrameType) -> None:
+        if self._own(caller) or self.flag_events >= MAX_FLAG_EVENTS:
+            return
+        self.flag_events += 1
+        self.emit({**event, "loc": self.where(caller), "by": self.site(caller)})
+
+    def _wrap_flags(self, torch: ModuleType) -> None:
+        for name in FLAG_SETTERS:
+            self._wrap_flag_setter(torch, name)
+        self._watch_module(torch.backends.cudnn, "torch.backends.cudnn", "cudnn.")
+        self._watch_module(torch.backends.cuda.matmul, "torch.backends.cuda.matmul", "matmul.")
+
+    def _wrap_flag_setter(self, torch: ModuleType, name: str) -> None:
+        original = getattr(torch, name)
+        ev = self
+
+        @functools.wraps(original)
+        def setter(*args: Any, **kwargs: Any) -> Any:
+            value = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
+            ev._flag_event({"type": "flag", "flag": name, "value": value}, sys._getframe(1))
+            return original(*args, **kwargs)
+
+        replace(torch, name, setter)
+
+    def _watch_module(self, module: ModuleType, label: str, prefix: str) -> None:
+        """Record assignments to a torch.backends flag module (its class is torch's own, so patchable)."""
+        cls = type(module)
+        if cls is ModuleType:
+            return
+        flags = MODULE_FLAGS[label]
+        known = set(dir(module)) | set(flags)
+        original = cls.__setattr__
+        ev = self
+
+        def __setattr__(obj: Any, name: str, value: Any) -> None:
+            if obj is module:
+                caller = sys._getframe(1)
+                if name in flags:
+                    ev._flag_event({"type": "flag", "flag": prefix + name, "value": repr(value)}, caller)
+                elif name not in known and not name.startswith("_") and not isinstance(value, ModuleType):
+                    ev._flag_event({"type": "flag-typo", "module": label, "name": name, "value": _short(value),
+                                    "meant": next(iter(difflib.get_close_matches(name, flags, 1)), None)}, caller)
+            original(obj, name, value)
+
+        cls.__setattr__ = __setattr__  # type: ignore[method-assign]
+
+    def _wrap_collectives(self, dist: ModuleType) -> None:
+        """Runs that use collectives: the backend, and the first call of each collective per call site."""
+        init = dist.init_process_group
+        ev = self
+
+        @functools.wraps(init)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = init(*args, **kwargs)
+            caller = sys._getframe(1)
+            with _never_fatal():
+                ev.emit({"type": "collective", "what": "init_process_group", "backend": str(dist.get_backend()),
+                         "world_size": dist.get_world_size(), "loc": ev.where(caller)})
+            return result
+
+        replace(dist, "init_process_group", init_process_group)
+        for name in COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is not None:
+                self._wrap_collective(dist, name, original)
+
+    def _wrap_collective(self, dist: ModuleType, name: str, original: Callable[..., Any]) -> None:
+        ev = self
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1)
+            if ev.first_time("collective", name, caller.f_code, caller.f_lineno):
+                tensor = args[0] if args else None
+                ev.emit({"type": "collective", "what": name, "loc": ev.where(caller),
+                         "device": ev.device(tensor) if hasattr(tensor, "device") else None})
+            return original(*args, **kwargs)
+
+        replace(dist, name, collective)
 
     def _wrap_dataloader(self, loader_cls: type) -> None:
         original = loader_cls.__init__  # type: ignore[misc]
@@ -723,9 +859,10 @@ def _never_fatal() -> Iterator[None]:
 
 
 def _short(value: Any) -> Any:
+    """A JSON-safe, run-independent form of a value: an object's repr loses its address."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    text = repr(value)
+    text = _ADDRESS.sub(" at 0x?", repr(value))
     return text if len(text) <= 80 else text[:77] + "..."
 
 

@@ -1,0 +1,79 @@
+"""Match strength (what a verdict rests on) and the --self-check negative control."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SCRIPTS, run_cli
+from synthetic import training_records, write_trace
+
+from detaudit.compare import Tolerance, compare_traces
+from detaudit.match import choose_record, describe_match, detect, self_check_from
+from detaudit.recorder.core import one_ulp
+from detaudit.trace import Flag
+
+
+def test_match_counts_records_by_kind_and_says_what_was_not_observed(tmp_path: Path) -> None:
+    recs = training_records(steps=3, layers=2)
+    paths = [write_trace(tmp_path / f"r{i}.trace", recs, {"exit_code": 0}) for i in range(2)]
+    comparison = compare_traces(paths, ["cpu", "cpu"])
+    m = describe_match(paths[0], comparison, bitwise=True, tolerance=Tolerance(), granularity="module",
+                       stdout="ignore", devices=["cpu", "cpu"])
+    assert m.records_by_kind == {"output": 6, "grad": 6, "param": 6}
+    assert m.comparison == "bitwise" and m.tolerance is None and m.steps_covered == 2
+    assert any("CUDA kernels" in line for line in m.not_observed)
+    assert any("individual ops" in line for line in m.not_observed)
+    assert "stdout (ignored, or not recorded)" in m.not_observed and m.stdout_compared == "no"
+
+
+def test_the_perturbed_record_is_plain_and_in_the_middle_step(tmp_path: Path) -> None:
+    recs = training_records(steps=4, layers=2)
+    recs[6] = recs[6].but(flags=int(Flag.NO_DATA))  # contents unreadable: a change there cannot show
+    recs[7] = recs[7].but(shape="0x3")  # empty: nothing to change
+    path = write_trace(tmp_path / "r.trace", recs, {"exit_code": 0})
+    index, step, name = choose_record(path) or (None, None, None)
+    assert (index, step) == (8, 1) and name == recs[8].name
+
+
+@pytest.mark.parametrize("seen_at, passed", [(8, True), (3, False), (None, False)])
+def test_self_check_passes_only_at_exactly_the_injected_record(tmp_path: Path, seen_at: int | None,
+                                                                passed: bool) -> None:
+    recs = training_records(steps=4)
+    changed = list(recs)
+    if seen_at is not None:
+        changed[seen_at] = changed[seen_at].but(digest=changed[seen_at].digest + 1)
+    ref = write_trace(tmp_path / "ref.trace", recs, {"exit_code": 0})
+    other = write_trace(tmp_path / "other.trace", changed, {"exit_code": 0})
+    check = detect(ref, other, (8, 1, recs[8].name), Tolerance(), bitwise=True)
+    assert check.passed is passed and check.detected_at == seen_at
+    assert self_check_from({"record": 8, "step": 1, "name": "x", "detected_at": seen_at}) == \
+        check.__class__(8, 1, "x", seen_at)
+
+
+@pytest.mark.parametrize("value", [torch.tensor([1.5, 2.0]), torch.ones(3, 2).t(), torch.arange(4),
+                                   torch.tensor([True, False]), torch.ones(2, dtype=torch.bfloat16)])
+def test_one_ulp_changes_one_element_by_its_lowest_bit_and_leaves_the_original(value: torch.Tensor) -> None:
+    before = value.clone()
+    changed = one_ulp(value)
+    assert torch.equal(value, before)
+    differ = (changed != value).flatten()
+    assert int(differ.sum()) == 1 and bool(differ[0])
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[value.element_size()]
+    a = value.contiguous().view(bits).flatten()[0].item()
+    b = changed.contiguous().view(bits).flatten()[0].item()
+    assert a ^ b == 1  # the lowest bit: one ULP for a float
+
+
+@pytest.mark.slow
+def test_self_check_end_to_end(tmp_path: Path) -> None:
+    result = run_cli(["run", str(SCRIPTS / "train_mlp.py"), "-n", "2", "--granularity", "step", "--self-check",
+                      "--out", "run", "--json", "report.json"], cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert result.report is not None
+    check = result.report["match"]["self_check"]
+    assert check["passed"] and check["detected_at"] == check["record"]
+    assert "self-check passed" in result.stdout
+    assert (tmp_path / "run" / "selfcheck-0.trace").is_file()
+    assert result.report["match"]["granularity"] == "step"
