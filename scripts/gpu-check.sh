@@ -7,8 +7,8 @@
 # 2. makes detaudit importable: an editable install when pip can do it offline, else PYTHONPATH
 #    (GPU machines often have no network; torch with CUDA, numpy, click, rich, xxhash, pytest and
 #    hypothesis must already be there, or be carried as wheels in ./wheels/: checked first);
-# 3. runs the CUDA suite (`pytest -m cuda tests/gpu`), then the CPU suite's end-to-end cause and
-#    op-localisation tests, which on a GPU machine run their scripts on CUDA;
+# 3. runs the CUDA suite (`pytest -m cuda tests/gpu`), then the CPU suite's cause matrix and
+#    end-to-end cause and op-localisation tests, which on a GPU machine run their scripts on CUDA;
 # 4. runs `benchmarks/run.py --cuda --quick` (or the full CUDA table with GPU_CHECK_FULL_BENCH=1);
 # 5. writes RESULTS_DIR/summary.txt and exits non-zero if any test failed.
 # GPU_CHECK_STAGES (default "cuda,e2e,bench") picks stages: a device lease is short, so a session
@@ -58,7 +58,7 @@ if [[ $stages == *,cuda,* ]]; then
   tail -n 40 "$results/pytest-cuda.txt"
 fi
 if [[ $stages == *,e2e,* ]]; then
-  "$py" -m pytest tests/test_e2e_causes.py tests/test_e2e_ops.py "${parallel[@]}" -q -rA -p no:cacheprovider \
+  "$py" -m pytest tests/test_cause_matrix.py tests/test_e2e_causes.py tests/test_e2e_ops.py "${parallel[@]}" -q -rA -p no:cacheprovider \
     --basetemp="$tmp/e2e" >"$results/pytest-e2e-on-cuda.txt" 2>&1 || status=1
   tail -n 15 "$results/pytest-e2e-on-cuda.txt"
 fi

@@ -94,6 +94,23 @@ MATRIX = [
     Row("fit_model.py", None, exit_code=3),
     Row("show_env.py", None, exit_code=3),
 ]
+# where the confirmed cause must point: the user's line (or the one-line fix) in its evidence or fix
+WHERE = {
+    "train_cnn.py": "train_cnn.py:9",
+    "predict.py": "model.eval()",
+    "fit_regression.py": "fit_regression.py:7",
+    "train_epochs.py": "train_epochs.py:13",
+    "train_tabular.py": "train_tabular.py:18",
+    "train_autoencoder.py": "train_autoencoder.py:9",
+    "embed_train.py": "embed_train.py",
+    "train_dedup.py": "train_dedup.py",
+    "train_augmented.py": "train_augmented.py:19",
+    "rate_items.py": "rate_items.py:29",
+    "train_custom_layer.py": "train_custom_layer.py:9",
+    "train_denoiser.py+fault": "train_denoiser.py",
+    "pool_graphs.py+fault": "pool_graphs.py:14",
+    "train_mlp.py+fault": "CUBLAS_WORKSPACE_CONFIG=:4096:8",
+}
 # scripts whose outcome is not a property of the script alone: covered by their own tests
 NOT_IN_MATRIX = {
     "train_then_wait.py": "hangs by design (timeout, exit 5: test_e2e_run)",
@@ -162,3 +179,6 @@ def test_cause_matrix(tmp_path: Path, row: Row) -> None:
         assert any(e["pin"] == "all" and e["verdict"] == "divergent" for e in explained.report["experiments"])
     else:
         assert final[0]["id"] == row.confirmed and final[0]["confidence"] == "confirmed", final
+        where = WHERE.get(row.id)
+        if where is not None:
+            assert where in final[0]["fix"] or any(where in e for e in final[0]["evidence"]), final[0]
