@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from conftest import run_cli
 
+pytestmark = pytest.mark.slow  # every test here runs the real CLI on real scripts
+
 
 def line_of(script: Path, text: str) -> str:
     """`name.py:N` of the only line of `script` containing `text`."""
