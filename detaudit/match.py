@@ -62,6 +62,7 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
     counts = np.zeros(max(Kind) + 1, dtype=np.int64)
     no_data = threaded = 0
     last_step = 0
+    stepped = -1  # the last step index at which parameters were recorded after an optimizer step
     left = comparison.records_compared
     try:
         stream = RecordStream(trace)
@@ -74,6 +75,9 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
             no_data += int(np.count_nonzero(chunk["flags"] & int(Flag.NO_DATA)))
             threaded += int(np.count_nonzero(chunk["flags"] & int(Flag.THREAD)))
             last_step = max(last_step, int(chunk["step"].max()))
+            after = chunk["step"][(chunk["kind"] == int(Kind.PARAM)) | (chunk["kind"] == int(Kind.OPTSTATE))]
+            if len(after):
+                stepped = max(stepped, int(after.max()))
     except Exception:  # an unreadable trace was already reported by the comparison
         pass
     by_kind = {Kind(k).name.lower(): int(n) for k, n in enumerate(counts) if k in Kind._value2member_map_ and n}
@@ -99,7 +103,10 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
     elif stdout == "masked":
         not_observed.append("timings and other run-dependent numbers in stdout (masked: --stdout strict compares them)")
     return Match(by_kind, "bitwise" if bitwise else "tolerance",
-                 None if bitwise else {"atol": tolerance.atol, "rtol": tolerance.rtol}, granularity, last_step,
+                 None if bitwise else {"atol": tolerance.atol, "rtol": tolerance.rtol}, granularity,
+                 # a record's step counts the steps completed before it; a step's own parameters carry its
+                 # index, so N completed steps end with parameters at N - 1
+                 max(last_step, stepped + 1),
                  "no" if stdout == "ignore" else stdout, True, not_observed, self_check)
 
 

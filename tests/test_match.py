@@ -22,7 +22,7 @@ def test_match_counts_records_by_kind_and_says_what_was_not_observed(tmp_path: P
     m = describe_match(paths[0], comparison, bitwise=True, tolerance=Tolerance(), granularity="module",
                        stdout="ignore", devices=["cpu", "cpu"])
     assert m.records_by_kind == {"output": 6, "grad": 6, "param": 6}
-    assert m.comparison == "bitwise" and m.tolerance is None and m.steps_covered == 2
+    assert m.comparison == "bitwise" and m.tolerance is None and m.steps_covered == 3
     assert any("CUDA kernels" in line for line in m.not_observed)
     assert any("individual ops" in line for line in m.not_observed)
     assert "stdout (ignored, or not recorded)" in m.not_observed and m.stdout_compared == "no"
