@@ -207,6 +207,10 @@ class DeviceReducer:
         head = torch.stack(lanes).view(torch.float64)
         return torch.cat([head, samples])
 
+    def digest_now(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
+        """(digest, samples) of one tensor at once: its reduction and one transfer (a host sync)."""
+        return self.finish(t.dtype, t.shape, self.reduce(t).cpu().tolist())
+
     @staticmethod
     def finish(dtype: torch.dtype, shape: torch.Size, reduced: list[float]) -> tuple[int, tuple[float, ...]]:
         """Host side: turn the transferred numbers into (digest, samples)."""
@@ -222,6 +226,5 @@ def fingerprint(t: torch.Tensor) -> Fingerprint:
     elif t.device.type == "meta":
         digest, samples = meta_seed(t.dtype, t.shape), _NO_SAMPLES
     else:
-        reducer = DeviceReducer()
-        digest, samples = reducer.finish(t.dtype, t.shape, reducer.reduce(t).cpu().tolist())
+        digest, samples = DeviceReducer().digest_now(t)
     return Fingerprint(digest, str(t.dtype).removeprefix("torch."), tuple(t.shape), samples)

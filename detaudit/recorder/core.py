@@ -156,7 +156,7 @@ class Recorder:
             else:
                 if self._reducer is None:
                     self._reducer = DeviceReducer()
-                digest, samples = DeviceReducer.finish(t.dtype, t.shape, self._reducer.reduce(t).cpu().tolist())
+                digest, samples = self._reducer.digest_now(t)
         except (RuntimeError, NotImplementedError, TypeError):
             digest, samples = meta_seed(t.dtype, t.shape), _NAN4
         finally:
