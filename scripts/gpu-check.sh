@@ -12,7 +12,8 @@
 # 4. runs `benchmarks/run.py --cuda --quick` (or the full CUDA table with GPU_CHECK_FULL_BENCH=1);
 # 5. writes RESULTS_DIR/summary.txt and exits non-zero if any test failed.
 # GPU_CHECK_STAGES (default "cuda,e2e,bench") picks stages: a device lease is short, so a session
-# may split them over two calls. Tests run 4 at a time when pytest-xdist is installed.
+# may split them over two calls. Tests run GPU_CHECK_WORKERS (default 4) at a time when pytest-xdist
+# is installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-${OUT:-gpu-results}}
@@ -49,7 +50,7 @@ if ! "$py" -m pip install --quiet --no-deps --no-build-isolation --no-index -e .
   echo "gpu-check: editable install not possible offline; using PYTHONPATH=$PWD"
 fi
 parallel=()
-"$py" -c "import xdist" 2>/dev/null && parallel=(-n 4)
+"$py" -c "import xdist" 2>/dev/null && parallel=(-n "${GPU_CHECK_WORKERS:-4}")
 
 status=0
 if [[ $stages == *,cuda,* ]]; then
