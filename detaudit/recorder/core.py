@@ -10,7 +10,8 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Union
 
 import torch
 
@@ -21,6 +22,21 @@ from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
 _NAN4 = (float("nan"),) * N_SAMPLES
 _CACHE_LIMIT = 20000
 _PENDING_LIMIT = 1 << 16  # device records per host sync; normally one sync per step
+
+
+@dataclass(slots=True)
+class AwaitingDigest:
+    """A record whose device fingerprint is still on the device: resolved in one batch (one sync)."""
+
+    head: tuple[Any, ...]  # the record's fields up to `aux` (RECORD_DTYPE order)
+    dtype: torch.dtype  # dtype and shape, not the tensor: pending records must not hold activations alive
+    shape: torch.Size
+    reduced: torch.Tensor  # the on-device reduction DeviceReducer.finish turns into (digest, samples)
+    inputs: tuple[int, int]
+
+
+# In record order: finished rows (plain tuples) and records awaiting their device fingerprint.
+Pending = Union[tuple[Any, ...], AwaitingDigest]
 
 
 class ThreadState(threading.local):
@@ -54,7 +70,7 @@ class Recorder:
         self._cache: dict[int, tuple[Any, int, int, tuple[float, ...]]] = {}
         self._roots_run: set[int] = set()
         self.digest_caches: list[dict[Any, Any]] = [self._cache]  # cleared together (ops.py adds its own)
-        self._pending: list[Any] = []  # rows waiting for device fingerprints, in record order
+        self._pending: list[Pending] = []  # rows held while device fingerprints are pending, in record order
         self._reducer: DeviceReducer | None = None
         # True while the op recorder's window is open: accelerator tensors are fingerprinted at once
         # (one sync each) instead of at the step's end, so each op's input digests are known and the
@@ -128,14 +144,13 @@ class Recorder:
             return digest
         if self._reducer is None:
             self._reducer = DeviceReducer()
-        partial = (kind, dtype, flags | Flag.DEVICE, 0, name, module, loc, self.step, shape_id, aux)
+        head = (kind, dtype, flags | Flag.DEVICE, 0, name, module, loc, self.step, shape_id, aux)
         self.internal += 1
         try:
             reduced = self._reducer.reduce(t)
         finally:
             self.internal -= 1
-        # Keep dtype and shape, not the tensor: pending records must not hold activations alive.
-        self._pending.append((partial, (t.dtype, t.shape), reduced, inputs))
+        self._pending.append(AwaitingDigest(head, t.dtype, t.shape, reduced, inputs))
         if len(self._pending) >= _PENDING_LIMIT:
             self.resolve_pending()
         return 0
@@ -179,21 +194,20 @@ class Recorder:
         """Bring pending device fingerprints to the host in one transfer (one sync)."""
         if not self._pending:
             return
-        waiting = [p for p in self._pending if len(p) == 4]
+        waiting = [p for p in self._pending if isinstance(p, AwaitingDigest)]
         values: list[list[float]] = []
         if waiting:
             self.internal += 1  # the stack and copy are detaudit's own ops: the op recorder must not add them
             try:
-                values = torch.stack([p[2] for p in waiting]).cpu().tolist()
+                values = torch.stack([p.reduced for p in waiting]).cpu().tolist()
             finally:
                 self.internal -= 1
         resolved = iter(values)
         assert self._reducer is not None or not waiting
         for item in self._pending:
-            if len(item) == 4:
-                partial, (dtype, shape), _, inputs = item
-                digest, samples = DeviceReducer.finish(dtype, shape, next(resolved))
-                self.writer.add((*partial, digest, inputs[0], inputs[1], samples))
+            if isinstance(item, AwaitingDigest):
+                digest, samples = DeviceReducer.finish(item.dtype, item.shape, next(resolved))
+                self.writer.add((*item.head, digest, item.inputs[0], item.inputs[1], samples))
             else:
                 self.writer.add(item)
         self._pending.clear()
