@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -20,11 +19,11 @@ from typing import Any
 from detaudit import __version__, baseline, causes, distributed, explain, match, schema
 from detaudit.compare import Divergence, RecordInfo, Tolerance, compare_traces
 from detaudit.errors import OutputError, TraceError, UsageError, output_error
+from detaudit.failure import excerpt, read_error
 from detaudit.launcher import Interrupted, Launcher, RepeatResult, check_script, plan_repeats
 from detaudit.oprules import OpFinding, find_op_source
 from detaudit.provenance import git_state
 from detaudit.report import Report, write_json, write_text_atomically
-from detaudit.safetext import printable
 from detaudit.stdout import DEFAULT_STDOUT, StdoutMode, compare_stdout, most_lenient, recorded_mode
 from detaudit.trace import RecordStream, load_json, open_regular, read_footer
 
@@ -316,7 +315,7 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[RepeatResult]]:
 
 def repeat_results(entries: list[dict[str, Any]], path: Path, where: str) -> list[RepeatResult]:
     """RepeatResults from (schema-checked) run-file entries; the files they name stay in the run directory."""
-    results = [RepeatResult(**{k: v for k, v in e.items() if k in _RESULT_FIELDS}) for e in entries]
+    results = [RepeatResult.from_dict(e) for e in entries]
     for i, r in enumerate(results):
         for key in ("trace", "stdout", "stderr"):
             name = getattr(r, key)
@@ -325,8 +324,6 @@ def repeat_results(entries: list[dict[str, Any]], path: Path, where: str) -> lis
                                  f"not {name!r}")
     return results
 
-
-_RESULT_FIELDS = frozenset(RepeatResult.__dataclass_fields__)
 
 
 def tolerance_of(record: dict[str, Any]) -> Tolerance:
@@ -509,6 +506,11 @@ def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEF
 
 
 def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:
+    """What the report shows of a failed repeat: its exception's frames (trace footer), else its stderr's end."""
+    return excerpt(result.error or read_error(run_dir / result.trace), _stderr_text(run_dir, result), lines)
+
+
+def _stderr_text(run_dir: Path, result: RepeatResult) -> str:
     """The end of a repeat's stderr file: a regular file in the run directory, its last 64 KB only."""
     if not result.stderr or not is_plain_name(Path(result.stderr).name):
         return ""
@@ -517,40 +519,6 @@ def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:
         with open_regular(path, "stderr capture", follow_symlinks=False) as fh:
             size = os.fstat(fh.fileno()).st_size
             fh.seek(max(0, size - STDERR_TAIL_BYTES))
-            text = fh.read(STDERR_TAIL_BYTES).decode(errors="replace")
+            return fh.read(STDERR_TAIL_BYTES).decode(errors="replace")
     except (OSError, TraceError):
         return ""
-    return printable(_ANSI.sub("", error_excerpt(text, lines)))
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor sequences of a script's coloured output
-
-
-_LIBRARY_MARKERS = ("site-packages", "dist-packages", f"{os.sep}lib{os.sep}python")
-
-
-def error_excerpt(stderr: str, lines: int = 15) -> str:
-    """The end of a repeat's stderr; for a long traceback, the user's own frames and the error.
-
-    Library frames (torch's, most often) crowd the user's line out of a plain tail.
-    """
-    all_lines = stderr.rstrip().splitlines()
-    starts = [i for i, line in enumerate(all_lines) if line.startswith("Traceback (most recent call last)")]
-    if not starts or len(all_lines) - starts[-1] <= lines:
-        return "\n".join(all_lines[-lines:])
-    block = all_lines[starts[-1]:]
-    frames = [i for i, line in enumerate(block) if line.startswith('  File "')]
-    if not frames:  # no frame lines (a chained or hand-written "traceback"): the plain tail
-        return "\n".join(all_lines[-lines:])
-    end_of_frames = frames[-1] + 1
-    while end_of_frames < len(block) and block[end_of_frames].startswith("    "):
-        end_of_frames += 1
-    kept = [block[0]]
-    for n, start in enumerate(frames):
-        stop = frames[n + 1] if n + 1 < len(frames) else end_of_frames
-        if n == len(frames) - 1 or not any(m in block[start] for m in _LIBRARY_MARKERS):
-            kept.extend(block[start:stop])
-        elif kept[-1] != "  ...":
-            kept.append("  ...")
-    return "\n".join(kept + block[end_of_frames:])
-

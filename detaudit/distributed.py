@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from detaudit.errors import UsageError
+from detaudit.failure import first_error
 from detaudit.launcher import Launcher, RepeatPlan, RepeatResult
 
 RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -117,7 +118,9 @@ class DistributedLauncher(Launcher):
             result = super().run_one(plan)
         finally:
             kill_ranks(plan.trace.parent, plan.trace.name)
-        return replace(result, stdout_digest=self._ranks_digest(plan, result))
+        ranks = self.layout.ranks(plan.trace.parent, result)
+        return replace(result, stdout_digest=self._ranks_digest(plan, result),
+                       error=first_error(plan.trace.with_name(Layout.rank_file(plan.trace.name, r)) for r in ranks))
 
     def _ranks_digest(self, plan: RepeatPlan, result: RepeatResult) -> str:
         """One digest over every rank's stdout, in rank order (ranks print concurrently)."""

@@ -30,6 +30,7 @@ import numpy as np
 from detaudit.compare import Divergence, gaps
 from detaudit.distributed import Layout, node_rank
 from detaudit.errors import TraceError
+from detaudit.failure import excerpt, first_error, from_footer
 from detaudit.launcher import RepeatResult
 from detaudit.report import Cause, Report
 from detaudit.trace import Kind, RecordStream
@@ -111,7 +112,7 @@ def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[Repea
     if chosen is not None:
         primary.causes = [on_rank(c, chosen, summaries) for c in primary.causes]
     combined = replace(primary, runs=list(launched), repeat_errors={
-        r.index: primary.repeat_errors.get(r.index) or _stderr_excerpt(run_dir, r)
+        r.index: primary.repeat_errors.get(r.index) or _stderr_excerpt(run_dir, r, layout)
         for r in launched if r.exit_code not in (0, None) and not r.timed_out})
     if combined.verdict == "failed" and not combined.failure:
         combined.failure = combined.repeat_errors.get(launched[0].index, "")
@@ -159,7 +160,8 @@ def rank_result(run_dir: Path, result: RepeatResult, rank: int) -> RepeatResult:
             code = int(footer.get("exit_code", 0))
         except (TypeError, ValueError):
             raise TraceError(f"{run_dir / trace}: corrupt trace: the footer's exit_code is not a number") from None
-    return replace(result, trace=trace, stdout=stdout, exit_code=code, stdout_digest=_digest(run_dir / stdout))
+    return replace(result, trace=trace, stdout=stdout, exit_code=code, stdout_digest=_digest(run_dir / stdout),
+                   error=from_footer(footer))
 
 
 def rank_record(record: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -327,7 +329,8 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _stderr_excerpt(run_dir: Path, result: RepeatResult) -> str:
-    from detaudit.audit import error_excerpt
-
-    return error_excerpt(_read(run_dir / result.stderr))
+def _stderr_excerpt(run_dir: Path, result: RepeatResult, layout: Layout) -> str:
+    """A failed repeat's error: the first rank's exception recorded in its footer, else torchrun's stderr."""
+    error = result.error or first_error(run_dir / Layout.rank_file(result.trace, rank)
+                                        for rank in layout.ranks(run_dir, result))
+    return excerpt(error, _read(run_dir / result.stderr))
