@@ -118,9 +118,10 @@ class DistributedLauncher(Launcher):
             result = super().run_one(plan)
         finally:
             kill_ranks(plan.trace.parent, plan.trace.name)
-        ranks = self.layout.ranks(plan.trace.parent, result)
+        traces = [plan.trace.with_name(Layout.rank_file(plan.trace.name, rank))
+                  for rank in self.layout.ranks(plan.trace.parent, result)]
         return replace(result, stdout_digest=self._ranks_digest(plan, result),
-                       error=first_error(plan.trace.with_name(Layout.rank_file(plan.trace.name, r)) for r in ranks))
+                       error=first_error(traces) if result.exit_code else None)  # the lowest rank that raised
 
     def _ranks_digest(self, plan: RepeatPlan, result: RepeatResult) -> str:
         """One digest over every rank's stdout, in rank order (ranks print concurrently)."""

@@ -185,7 +185,8 @@ class Launcher:
             index=plan.index, device=plan.device, exit_code=None if interrupted else code,
             duration_s=round(time.perf_counter() - started, 4), timed_out=timed_out,
             trace=plan.trace.name, stdout=plan.stdout.name, stderr=plan.stderr.name,
-            stdout_digest=_digest(plan.stdout), interrupted=interrupted, error=read_error(plan.trace),
+            stdout_digest=_digest(plan.stdout), interrupted=interrupted,
+            error=read_error(plan.trace) if code else None,  # only a failed script leaves one
         )
 
     def run(self, plans: Sequence[RepeatPlan],
