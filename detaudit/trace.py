@@ -341,9 +341,9 @@ def read_footer(path: Path) -> dict[str, Any] | None:
                     return None
                 tag, length = _FRAME_HEAD.unpack(head)
                 if tag == b"F":
-                    payload = fh.read(length)
-                    if len(payload) < length:  # cut short: no footer, as RecordStream reads it
+                    if fh.tell() + length > os.fstat(fh.fileno()).st_size:  # cut short (a bogus length never allocates)
                         return None
+                    payload = fh.read(length)
                     return _object(Path(path), _json(Path(path), payload), "footer", schema.TRACE_FOOTER)
                 fh.seek(length, os.SEEK_CUR)
     except (OSError, ValueError, TraceError):

@@ -207,3 +207,9 @@ def test_a_footer_cut_short_or_nested_too_deeply_reads_as_no_footer(tmp_path: Pa
     assert read_footer(path) is None
     (tmp_path / "cut.trace").write_bytes(MAGIC + b"F" + struct.pack("<I", 100) + b"{}")
     assert read_footer(tmp_path / "cut.trace") is None
+
+
+def test_a_footer_claiming_more_bytes_than_the_file_holds_is_no_footer(tmp_path: Path) -> None:
+    path = tmp_path / "huge.trace"
+    path.write_bytes(MAGIC + b"F" + struct.pack("<I", 0xFFFFFFF0) + b"{}")
+    assert read_footer(path) is None
