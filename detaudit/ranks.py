@@ -19,7 +19,6 @@ when no rank is an origin (the collective itself, or a rank that recorded nothin
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,9 +27,9 @@ from typing import Any, Literal
 import numpy as np
 
 from detaudit.compare import Divergence, gaps
-from detaudit.distributed import Layout, node_rank
+from detaudit.distributed import Layout, node_rank, rank_error, root_cause
 from detaudit.errors import TraceError
-from detaudit.failure import excerpt, first_error, from_footer
+from detaudit.failure import excerpt, from_footer
 from detaudit.launcher import RepeatResult
 from detaudit.report import Cause, Report
 from detaudit.trace import Kind, RecordStream
@@ -38,7 +37,6 @@ from detaudit.trace import Kind, RecordStream
 Role = Literal["origin", "receiver"]
 COLLECTIVE_FED = ("grad", "param", "optstate")
 COLLECTIVE_OPS = ("c10d.", "_c10d_functional.", "c10d_functional.")  # op records of collectives (op granularity)
-_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 _SIGNALS = {6: "SIGABRT", 11: "SIGSEGV", 9: "SIGKILL", 15: "SIGTERM", 7: "SIGBUS"}
 
 
@@ -112,10 +110,10 @@ def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[Repea
     if chosen is not None:
         primary.causes = [on_rank(c, chosen, summaries) for c in primary.causes]
     combined = replace(primary, runs=list(launched), repeat_errors={
-        r.index: primary.repeat_errors.get(r.index) or _stderr_excerpt(run_dir, r, layout)
+        r.index: _stderr_excerpt(run_dir, r, layout)
         for r in launched if r.exit_code not in (0, None) and not r.timed_out})
-    if combined.verdict == "failed" and not combined.failure:
-        combined.failure = combined.repeat_errors.get(launched[0].index, "")
+    if combined.verdict == "failed":  # the repeat's error (the rank that failed first), not the primary rank's
+        combined.failure = combined.repeat_errors.get(launched[0].index) or combined.failure
     combined.distributed = DistributedFindings(
         nproc_per_node=layout.nproc_per_node, rank=chosen.rank if chosen is not None else None, ranks=summaries,
         replica_divergence=replica_check(run_dir, launched, rank_ids), teardown_crashes=crashes,
@@ -287,13 +285,10 @@ def teardown_crash(run_dir: Path, result: RepeatResult, layout: Layout) -> Teard
         if footer is None or footer.get("exit_code") != 0:
             return None
     failed, signal = [], None
-    text = _read(run_dir / result.stderr)
-    # torchrun's summary lists the rank that failed first under "Root Cause"; the others it stopped
-    text = text[text.rfind("Root Cause"):] if "Root Cause" in text else text
-    for rank, code in _ROOT_CAUSE.findall(text):
-        failed.append(int(rank))
-        if int(code) < 0:
-            signal = _SIGNALS.get(-int(code), f"signal {-int(code)}")
+    for rank, code in root_cause(_read(run_dir / result.stderr)):
+        failed.append(rank)
+        if code < 0:
+            signal = _SIGNALS.get(-code, f"signal {-code}")
     return TeardownCrash(result.index, result.exit_code, sorted(set(failed)), signal)
 
 
@@ -330,7 +325,6 @@ def _read(path: Path) -> str:
 
 
 def _stderr_excerpt(run_dir: Path, result: RepeatResult, layout: Layout) -> str:
-    """A failed repeat's error: the first rank's exception recorded in its footer, else torchrun's stderr."""
-    error = result.error or first_error(run_dir / Layout.rank_file(result.trace, rank)
-                                        for rank in layout.ranks(run_dir, result))
-    return excerpt(error, _read(run_dir / result.stderr))
+    """A failed repeat's error: the failing rank's exception (its footer), else torchrun's stderr."""
+    text = _read(run_dir / result.stderr)
+    return excerpt(result.error or rank_error(run_dir, result, layout, text), text)
