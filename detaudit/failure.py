@@ -10,6 +10,7 @@ no frames: killed, written by an older detaudit, failed before the recorder exis
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import re
@@ -69,11 +70,19 @@ class ScriptError:
 
 
 # -- capture (in the child) -----------------------------------------------------------------------------
-_PACKAGE_DIR = str(Path(__file__).resolve().parent) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _DEMO_DIR = _PACKAGE_DIR + "demo" + os.sep  # detaudit's demo scripts are user code
 _LIBRARY_MARKERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
-_LIBRARY_DIRS = tuple(sorted({str(Path(p).resolve()) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")
-                              if (p := sysconfig.get_paths().get(key))} | {_PACKAGE_DIR}))
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    """The standard library's and installed packages' directories, and detaudit's (found on first use:
+    the child imports this module before every script, and most scripts never fail)."""
+    paths = sysconfig.get_paths()
+    found = {os.path.realpath(p) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")
+             if (p := paths.get(key))}
+    return tuple(sorted(found | {_PACKAGE_DIR}))
 
 
 def is_library(filename: str) -> bool:
@@ -83,7 +92,7 @@ def is_library(filename: str) -> bool:
     path = os.path.realpath(filename)
     if path.startswith(_DEMO_DIR):
         return False
-    return path.startswith(_LIBRARY_DIRS) or any(m in filename for m in _LIBRARY_MARKERS)
+    return path.startswith(_library_dirs()) or any(m in filename for m in _LIBRARY_MARKERS)
 
 
 def capture(exc: BaseException, skip_file: str, show_path: Callable[[str], str] = os.path.relpath,
