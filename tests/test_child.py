@@ -123,6 +123,7 @@ def test_raising_script_prints_its_own_traceback_and_exits_1(tmp_path: Path) -> 
     assert tr.footer is not None and tr.footer["exit_code"] == 1 and "KeyError" in tr.footer["error"]
 
 
+@pytest.mark.slow
 def test_the_footer_holds_the_exceptions_frames_user_and_library_told_apart(tmp_path: Path) -> None:
     script = write_script(tmp_path, """
         import torch

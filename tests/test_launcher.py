@@ -189,6 +189,7 @@ def test_own_device_choice_hides_no_gpu(tmp_path: Path) -> None:
     assert all(p.child_config["device"] == "cpu" for p in plans)
 
 
+@pytest.mark.slow
 def test_a_result_is_frozen_and_carries_the_scripts_error_from_the_footer(tmp_path: Path) -> None:
     script = tmp_path / "fails.py"
     script.write_text("def load(path):\n    raise FileNotFoundError(path)\n\nload('labels.csv')\n")
