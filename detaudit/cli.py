@@ -418,7 +418,7 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     (explain.json), so `detaudit report RUN_DIR` shows them too.
     """
     _check_outputs(json_path, junit_path, html_path)
-    from detaudit.audit import read_run
+    from detaudit.rundir import read_run
 
     record, _ = read_run(run_dir)
     _warn_oversubscription(jobs, list(record.get("devices") or ["cpu"]))
