@@ -47,46 +47,85 @@ GRANULARITIES = ("step", "module", "op", "auto")
 STDERR_TAIL_BYTES = 64 << 10  # how much of a repeat's stderr the report reads (its end)
 
 
-@dataclass
-class AuditOptions:
-    script: Path
+@dataclass(frozen=True)
+class Target:
+    """What each repeat runs: the script (or `python -m MODULE`, the pytest plugin) with its arguments."""
+
+    script: Path  # with `module`: that module's file (checked to exist, named in reports)
     script_args: list[str] = field(default_factory=list)
-    repeats: int = 3
-    devices: list[str] = field(default_factory=lambda: ["cpu"])
-    timeout: float | None = None
-    jobs: int = 1
-    out_dir: Path | None = None
-    granularity: str = "module"
-    tolerance: Tolerance = field(default_factory=Tolerance)
-    env: dict[str, str] = field(default_factory=dict)
-    child_config: dict[str, Any] = field(default_factory=dict)
-    own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
-    stdout: StdoutMode = DEFAULT_STDOUT  # how stdout is compared (docs/stdout.md)
-    module: str | None = None  # run `python -m MODULE` (the pytest plugin); `script` is then the module's file
-    baseline: Path | None = None  # --baseline: a recorded run (detaudit/baseline.py) to compare with as well
+    module: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # variables added to each repeat's environment
     redact_args: bool = False  # --redact-args: the script's arguments are stored nowhere (they may hold secrets)
-    max_steps: int | None = None  # --max-steps: each repeat stops after this many steps (recorder/bounds.py)
-    max_time: float | None = None  # --max-time: ... at the first step boundary after this many seconds
-    self_check: bool = False  # --self-check: one extra repeat with a one-ULP change, which must be seen
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How many repeats run, where, and how: per device, in parallel, under a timeout, under torchrun."""
+
+    repeats: int = 3  # per device
+    devices: list[str] = field(default_factory=lambda: ["cpu"])
+    own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
+    timeout: float | None = None  # seconds per repeat
+    jobs: int = 1
     nproc_per_node: int | None = None  # each repeat is a torchrun launch of this many ranks (distributed.py)
     torchrun_args: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What each repeat records (docs/granularity.md) and where it stops (recorder/bounds.py)."""
+
+    granularity: str = "module"  # one of GRANULARITIES
+    max_steps: int | None = None  # --max-steps: each repeat stops after this many steps
+    max_time: float | None = None  # --max-time: ... at the first step boundary after this many seconds
+    child_config: dict[str, Any] = field(default_factory=dict)  # more for the child: pins, op window, perturbation
+
+
+@dataclass(frozen=True)
+class Checks:
+    """How the repeats are compared, and with what else."""
+
+    tolerance: Tolerance = field(default_factory=Tolerance)  # between devices (same device: bitwise)
+    stdout: StdoutMode = DEFAULT_STDOUT  # how stdout is compared (docs/stdout.md)
+    baseline: Path | None = None  # --baseline: a recorded run (detaudit/baseline.py) to compare with as well
+    self_check: bool = False  # --self-check: one extra repeat with a one-ULP change, which must be seen
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    """Everything `run_audit` needs, grouped: what runs, how often and where, what is recorded, how it
+    is compared; `out_dir`: the run directory (default: a new one under .detaudit/runs)."""
+
+    target: Target
+    schedule: Schedule = field(default_factory=Schedule)
+    recording: Recording = field(default_factory=Recording)
+    checks: Checks = field(default_factory=Checks)
+    out_dir: Path | None = None
+
+    def recorded(self, **changes: Any) -> AuditOptions:
+        """These options recording otherwise (Recording fields; child_config entries are added)."""
+        extra = changes.pop("child_config", {})
+        return replace(self, recording=replace(self.recording, **changes,
+                                               child_config={**self.recording.child_config, **extra}))
 
 
 def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
             cwd: Path | None = None) -> list[RepeatResult]:
     """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
-    bounds = {k: v for k, v in (("max_steps", options.max_steps), ("max_time", options.max_time)) if v is not None}
-    child_config = {**options.child_config, **({"module": options.module} if options.module else {}),
-                    **({"redact_args": True} if options.redact_args else {}), **bounds,
-                    **distributed.run_record(options.nproc_per_node)}
+    target, schedule, recording = options.target, options.schedule, options.recording
+    bounds = {k: v for k, v in (("max_steps", recording.max_steps), ("max_time", recording.max_time))
+              if v is not None}
+    child_config = {**recording.child_config, **({"module": target.module} if target.module else {}),
+                    **({"redact_args": True} if target.redact_args else {}), **bounds,
+                    **distributed.run_record(schedule.nproc_per_node)}
     # the script's commit, found here once: a git subprocess inside a repeat would shift its heap layout
-    child_config["git"] = git_state(options.script)
-    plans = plan_repeats(run_dir, options.repeats, options.devices, options.granularity, options.env,
-                         child_config, prefix=prefix, own_device=options.own_device)
-    launcher = distributed.launcher(options.nproc_per_node, options.torchrun_args, options.script,
-                                    options.script_args, options.timeout, options.jobs, cwd) \
-        or Launcher(options.script, options.script_args, options.timeout, options.jobs, cwd=cwd)
+    child_config["git"] = git_state(target.script)
+    plans = plan_repeats(run_dir, schedule.repeats, schedule.devices, recording.granularity, target.env,
+                         child_config, prefix=prefix, own_device=schedule.own_device)
+    launcher = distributed.launcher(schedule.nproc_per_node, schedule.torchrun_args, target.script,
+                                    target.script_args, schedule.timeout, schedule.jobs, cwd) \
+        or Launcher(target.script, target.script_args, schedule.timeout, schedule.jobs, cwd=cwd)
     try:
         results = launcher.run(plans, None if on_done is None else lambda r: on_done(ended(r, run_dir)))
     except Interrupted as exc:
@@ -108,31 +147,32 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
               on_narrow: Callable[[list[int]], None] | None = None) -> Report:
     """Run, compare and diagnose. Under granularity `auto` a divergent run is re-run once, recording
     ops only around the first divergent step (`on_narrow` is told the window first)."""
-    check_script(options.script)
-    if options.granularity not in GRANULARITIES:
-        raise UsageError(f"unknown granularity {options.granularity!r}; use one of {', '.join(GRANULARITIES)}")
-    if options.baseline is not None:  # refuse an unusable baseline before spending time on repeats
-        reference = baseline.load(options.baseline)
-        if reference.granularity != baseline.effective_granularity(options.granularity):
-            raise UsageError(f"--baseline {options.baseline} was recorded at granularity {reference.granularity}; "
+    target, schedule, recording, checks = options.target, options.schedule, options.recording, options.checks
+    check_script(target.script)
+    if recording.granularity not in GRANULARITIES:
+        raise UsageError(f"unknown granularity {recording.granularity!r}; use one of {', '.join(GRANULARITIES)}")
+    if checks.baseline is not None:  # refuse an unusable baseline before spending time on repeats
+        reference = baseline.load(checks.baseline)
+        if reference.granularity != baseline.effective_granularity(recording.granularity):
+            raise UsageError(f"--baseline {checks.baseline} was recorded at granularity {reference.granularity}; "
                              f"run with --granularity {reference.granularity} to compare with it")
-    run_dir = new_run_dir(options.script, options.out_dir)
+    run_dir = new_run_dir(target.script, options.out_dir)
     record = {
-        "format": RUN_FORMAT, "version": RUN_VERSION, "script": str(options.script),
-        "script_args": stored_args(options.script_args, options.redact_args), "args_redacted": options.redact_args,
-        "cwd": str(Path.cwd()), "repeats": options.repeats,
-        "devices": options.devices, "granularity": options.granularity, "timeout": options.timeout,
-        "tolerance": asdict(options.tolerance), "env": options.env, "own_device": options.own_device,
-        "stdout": options.stdout, "module": options.module, "max_steps": options.max_steps,
-        "max_time": options.max_time,
-        "baseline": str(options.baseline.resolve()) if options.baseline is not None else None, "results": None,
-        **distributed.run_record(options.nproc_per_node, options.torchrun_args),
+        "format": RUN_FORMAT, "version": RUN_VERSION, "script": str(target.script),
+        "script_args": stored_args(target.script_args, target.redact_args), "args_redacted": target.redact_args,
+        "cwd": str(Path.cwd()), "repeats": schedule.repeats,
+        "devices": schedule.devices, "granularity": recording.granularity, "timeout": schedule.timeout,
+        "tolerance": asdict(checks.tolerance), "env": target.env, "own_device": schedule.own_device,
+        "stdout": checks.stdout, "module": target.module, "max_steps": recording.max_steps,
+        "max_time": recording.max_time,
+        "baseline": str(checks.baseline.resolve()) if checks.baseline is not None else None, "results": None,
+        **distributed.run_record(schedule.nproc_per_node, schedule.torchrun_args),
         "environment": host_environment(), "started": time.time(),
     }
     claim_run(run_dir, record)
-    auto = options.granularity == "auto"
+    auto = recording.granularity == "auto"
     try:
-        results = execute(replace(options, granularity="module") if auto else options, run_dir, on_done)
+        results = execute(options.recorded(granularity="module") if auto else options, run_dir, on_done)
     except Interrupted as exc:  # keep what the repeats recorded: `report` and `compare` can read it
         record["results"], record["interrupted"] = [r.to_dict() for r in exc.results], True
         write_record(run_dir, record)
@@ -144,7 +184,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     if window is not None:
         if on_narrow is not None:
             on_narrow(window)
-        narrowed = replace(options, granularity="op", child_config={**options.child_config, "op_window": window})
+        narrowed = options.recorded(granularity="op", child_config={"op_window": window})
         try:
             ops_results = execute(narrowed, run_dir, on_done, prefix=OPS_PREFIX)
         except Interrupted:  # the module-level run is whole and recorded: report it without the op re-run
@@ -153,7 +193,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         record["narrowing"] = {"window": window, "prefix": OPS_PREFIX, "results": [r.to_dict() for r in ops_results]}
         write_record(run_dir, record)
         report = analyse(run_dir, record, results)
-    if options.self_check and report.verdict == "deterministic":
+    if checks.self_check and report.verdict == "deterministic":
         record["self_check"] = self_check(options, run_dir, results[0])
         write_record(run_dir, record)
         report = analyse(run_dir, record, results)
@@ -166,13 +206,14 @@ def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) ->
     chosen = match.choose_record(run_dir / reference.trace)
     if chosen is None:
         return None
-    perturbed = replace(options, repeats=1, devices=[reference.device],
-                        granularity="module" if options.granularity == "auto" else options.granularity,
-                        child_config={**options.child_config, "perturb_record": chosen[0]})
+    granularity = options.recording.granularity
+    perturbed = replace(options.recorded(granularity="module" if granularity == "auto" else granularity,
+                                         child_config={"perturb_record": chosen[0]}),
+                        schedule=replace(options.schedule, repeats=1, devices=[reference.device]))
     [result] = execute(perturbed, run_dir, prefix=match.SELF_CHECK_PREFIX)
     if result.exit_code != reference.exit_code or not (run_dir / result.trace).is_file():
         return {"record": chosen[0], "step": chosen[1], "name": chosen[2], "detected_at": None}
-    found = match.detect(run_dir / reference.trace, run_dir / result.trace, chosen, options.tolerance, True)
+    found = match.detect(run_dir / reference.trace, run_dir / result.trace, chosen, options.checks.tolerance, True)
     return asdict(found)
 
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from detaudit import distributed
-from detaudit.audit import AuditOptions, analyse, execute, load_run
+from detaudit.audit import AuditOptions, Checks, Recording, Schedule, Target, analyse, execute, load_run
 from detaudit.errors import UsageError, output_error
 from detaudit.experiments import experiment_of
 from detaudit.launcher import RepeatResult
@@ -172,14 +172,14 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
     script = Path(record["script"])
     args = list(record.get("script_args", []) if script_args is None else script_args)
     base = AuditOptions(
-        script=script if script.is_absolute() else cwd / script, script_args=args,
-        repeats=repeats, devices=list(record.get("devices") or ["cpu"]), timeout=record.get("timeout"), jobs=jobs,
+        Target(script if script.is_absolute() else cwd / script, args, module=record.get("module"),
+               redact_args=redacted),
+        Schedule(repeats, list(record.get("devices") or ["cpu"]), bool(record.get("own_device")),
+                 record.get("timeout"), jobs, **distributed.options_of(record)),
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
-        granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
-        tolerance=tolerance_of(record), own_device=bool(record.get("own_device")),
-        stdout=recorded_mode(record), module=record.get("module"), redact_args=redacted,
-        max_steps=record.get("max_steps"), max_time=record.get("max_time"),
-        **distributed.options_of(record),
+        Recording("module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
+                  record.get("max_steps"), record.get("max_time")),
+        Checks(tolerance_of(record), recorded_mode(record)),
     )
     # a toss-up's separating experiment can agree by chance (objects land in the same order 1 time in 8):
     # it gets SEPARATING_REPEATS repeats at least
@@ -190,7 +190,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
 
     first = cheap_pin(report.causes) if cheap else None
     # the default confirmation: one experiment, whatever --budget says
-    budget = repeats_for(first) * len(base.devices) if first is not None else budget
+    budget = repeats_for(first) * len(base.schedule.devices) if first is not None else budget
     spent = 0
     bisecting = False
 
@@ -202,7 +202,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
             return experiment_of(done)
         pin = pin_of(name)
         stored[:] = [e for e in stored if e["pin"] != name]  # a pin skipped earlier, now run
-        cost = repeats_for(name) * len(base.devices)
+        cost = repeats_for(name) * len(base.schedule.devices)
         if spent + cost > budget:
             experiment = Experiment(name, pin.description, "skipped", None,
                                     f"over the budget of {budget} extra repeats")
@@ -212,8 +212,9 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
                 raise _OverBudget
             return experiment
         spent += cost
-        options = replace(base, repeats=repeats_for(name), env={**record.get("env", {}), **pin.env},
-                          child_config={"pins": list(pin.child)})
+        options = replace(base.recorded(child_config={"pins": list(pin.child)}),
+                          target=replace(base.target, env={**record.get("env", {}), **pin.env}),
+                          schedule=replace(base.schedule, repeats=repeats_for(name)))
         prefix = free_prefix(run_dir, f"explain-{name}")
         results = execute(options, run_dir, on_done, prefix=prefix, cwd=cwd)
         sub = analyse(run_dir, {**record, "narrowing": None, "results": [r.to_dict() for r in results]}, results)
@@ -240,7 +241,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
         if (not confirmed or explain_all) and agrees(ALL) and not confirmed:
             bisecting = True
             with contextlib.suppress(_OverBudget):  # the skipped experiment says so in the report
-                bisect(bisection_pins(base.devices), agrees)
+                bisect(bisection_pins(base.schedule.devices), agrees)
     report = load_run(run_dir)
     write_json(report, run_dir / REPORT_FILE, mode=0o600)
     return report

@@ -101,9 +101,10 @@ def test_experiments_run_at_the_baselines_granularity_from_any_directory(
 
     def fake_execute(options: AuditOptions, out: Path, on_done: object = None, prefix: str = "repeat",
                      cwd: Path | None = None) -> list[RepeatResult]:
-        seen.append((options.granularity, out))
+        seen.append((options.recording.granularity, out))
         results = []
-        for plan in plan_repeats(out, options.repeats, options.devices, options.granularity, prefix=prefix):
+        for plan in plan_repeats(out, options.schedule.repeats, options.schedule.devices,
+                                 options.recording.granularity, prefix=prefix):
             write_trace(plan.trace, recs, {"exit_code": 0})
             plan.stdout.write_text("")
             plan.stderr.write_text("")
@@ -141,7 +142,8 @@ def _fake_runs(monkeypatch: pytest.MonkeyPatch, agree: Callable[[AuditOptions], 
                      cwd: Path | None = None) -> list[RepeatResult]:
         ran.append(prefix)
         results = []
-        for plan in plan_repeats(out, options.repeats, options.devices, options.granularity, prefix=prefix):
+        for plan in plan_repeats(out, options.schedule.repeats, options.schedule.devices,
+                                 options.recording.granularity, prefix=prefix):
             differ = not agree(options) and plan.index > 0
             write_trace(plan.trace, [recs[0].but(digest=99), *recs[1:]] if differ else recs, {"exit_code": 0})
             plan.stdout.write_text("")
@@ -159,7 +161,7 @@ def test_every_pin_agreeing_is_bisected_down_to_the_source_no_cause_named(tmp_pa
     """The hash seed was the source; the evidence named nothing pinnable: the bisection finds it."""
     recs = training_records(steps=2)
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
-    ran = _fake_runs(monkeypatch, lambda options: options.env.get("PYTHONHASHSEED") == "0")
+    ran = _fake_runs(monkeypatch, lambda options: options.target.env.get("PYTHONHASHSEED") == "0")
     report = explain.run_experiments(run_dir, budget=40, repeats=2)
     verdicts = {e.pin: e.verdict for e in report.experiments}
     assert verdicts["all"] == "deterministic" and verdicts["hash-seed"] == "deterministic"
@@ -184,7 +186,7 @@ def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, mo
     recs = training_records(steps=2)
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
     seen: list[int] = []
-    _fake_runs(monkeypatch, lambda options: seen.append(options.repeats) is None)
+    _fake_runs(monkeypatch, lambda options: seen.append(options.schedule.repeats) is None)
     tied = [cause("python-hash-seed", ["hash-seed"], "possible", Pin.HASH_SEED),
             cause("object-order", ["address-layout"], "possible", Pin.HASH_SEED)]
 
