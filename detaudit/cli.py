@@ -289,13 +289,13 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
 
     options = AuditOptions(
         Target(script, list(script_args), redact_args=redact_args),
-        Schedule(repeats, resolve_devices(devices), own_device(devices), timeout, jobs,
-                 **_torchrun(nproc_per_node, torchrun_args, baseline_dir is not None or save_baseline is not None,
-                             max_time is not None)),
-        Recording(granularity, max_steps, max_time),
-        Checks(Tolerance(atol, rtol), _stdout_mode(stdout_mode, ignore_stdout) or DEFAULT_STDOUT, baseline_dir,
-               self_check),
-        out_dir,
+        Schedule(repeats=repeats, devices=resolve_devices(devices), own_device=own_device(devices), timeout=timeout,
+                 jobs=jobs, **_torchrun(nproc_per_node, torchrun_args,
+                                        baseline_dir is not None or save_baseline is not None, max_time is not None)),
+        Recording(granularity=granularity, max_steps=max_steps, max_time=max_time),
+        Checks(tolerance=Tolerance(atol, rtol), stdout=_stdout_mode(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
+               baseline=baseline_dir, self_check=self_check),
+        out_dir=out_dir,
     )
     report = _audit(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
     if save_baseline is not None:

@@ -174,12 +174,13 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
     base = AuditOptions(
         Target(script if script.is_absolute() else cwd / script, args, module=record.get("module"),
                redact_args=redacted),
-        Schedule(repeats, list(record.get("devices") or ["cpu"]), bool(record.get("own_device")),
-                 record.get("timeout"), jobs, **distributed.options_of(record)),
+        Schedule(repeats=repeats, devices=list(record.get("devices") or ["cpu"]),
+                 own_device=bool(record.get("own_device")), timeout=record.get("timeout"), jobs=jobs,
+                 **distributed.options_of(record)),
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
-        Recording("module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
-                  record.get("max_steps"), record.get("max_time")),
-        Checks(tolerance_of(record), recorded_mode(record)),
+        Recording(granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
+                  max_steps=record.get("max_steps"), max_time=record.get("max_time")),
+        Checks(tolerance=tolerance_of(record), stdout=recorded_mode(record)),
     )
     # a toss-up's separating experiment can agree by chance (objects land in the same order 1 time in 8):
     # it gets SEPARATING_REPEATS repeats at least
