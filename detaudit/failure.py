@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from detaudit.excerpt import error_excerpt
 from detaudit.safetext import printable
 
 MAX_FRAMES = 20  # the innermost ones: the user's line is near the raise, never 20 calls further out
@@ -174,11 +175,11 @@ def excerpt(error: ScriptError | None, stderr: str, lines: int = EXCERPT_LINES) 
     stderr (`stderr_excerpt`).
     """
     if error is None:
-        text = stderr_excerpt(stderr, lines)
+        text = error_excerpt(stderr, lines)
     else:
         parts = []
         if error.type == "SystemExit" and error.message.lstrip("-").isdigit():
-            said = stderr_excerpt(stderr, lines - 4)
+            said = error_excerpt(stderr, lines - 4)
             parts += [said] if said else []
         user, last = error.innermost_user, error.frames[-1] if error.frames else None
         if user is not None:
@@ -199,32 +200,3 @@ _INSTALLED = re.compile(r".*(?:site-packages|dist-packages|lib[\\/]python\d+\.\d
 def _short(file: str) -> str:
     """A library file as its import path shows it (`torch/nn/modules/linear.py`)."""
     return _INSTALLED.sub("", file)
-
-
-def stderr_excerpt(stderr: str, lines: int = EXCERPT_LINES) -> str:
-    """The end of a repeat's stderr; for a long traceback, the user's own frames and the error.
-
-    Library frames (torch's, most often) crowd the user's line out of a plain tail.
-    """
-    all_lines = stderr.rstrip().splitlines()
-    starts = [i for i, line in enumerate(all_lines) if line.startswith("Traceback (most recent call last)")]
-    if not starts or len(all_lines) - starts[-1] <= lines:
-        return "\n".join(all_lines[-lines:])
-    block = all_lines[starts[-1]:]
-    frames = [i for i, line in enumerate(block) if line.startswith('  File "')]
-    if not frames:  # no frame lines (a chained or hand-written "traceback"): the plain tail
-        return "\n".join(all_lines[-lines:])
-    end_of_frames = frames[-1] + 1
-    while end_of_frames < len(block) and block[end_of_frames].startswith("    "):
-        end_of_frames += 1
-    kept = [block[0]]
-    for n, start in enumerate(frames):
-        stop = frames[n + 1] if n + 1 < len(frames) else end_of_frames
-        if n == len(frames) - 1 or not any(m in block[start] for m in _STDERR_LIBRARY_MARKERS):
-            kept.extend(block[start:stop])
-        elif kept[-1] != "  ...":
-            kept.append("  ...")
-    return "\n".join(kept + block[end_of_frames:])
-
-
-_STDERR_LIBRARY_MARKERS = ("site-packages", "dist-packages", f"{os.sep}lib{os.sep}python")

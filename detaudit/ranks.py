@@ -31,7 +31,7 @@ from detaudit.distributed import Layout, node_rank, rank_error, root_cause
 from detaudit.errors import TraceError
 from detaudit.failure import excerpt, from_footer
 from detaudit.launcher import RepeatResult
-from detaudit.report import Cause, Report
+from detaudit.report import Cause, Report, all_failed
 from detaudit.trace import Kind, RecordStream
 
 Role = Literal["origin", "receiver"]
@@ -105,20 +105,20 @@ def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[Repea
     if chosen is not None and chosen.role == "origin":
         for s in summaries:
             if s.role == "receiver":
-                s.report.causes = []  # what reached it through a collective was born on another rank
+                s.report = replace(s.report, causes=[])  # what reached it through a collective was born elsewhere
     primary = chosen.report if chosen is not None else summaries[0].report
-    if chosen is not None:
-        primary.causes = [on_rank(c, chosen, summaries) for c in primary.causes]
-    combined = replace(primary, runs=list(launched), repeat_errors={
-        r.index: _stderr_excerpt(run_dir, r, layout)
-        for r in launched if r.exit_code not in (0, None) and not r.timed_out})
-    if combined.verdict == "failed":  # the repeat's error (the rank that failed first), not the primary rank's
-        combined.failure = combined.repeat_errors.get(launched[0].index) or combined.failure
-    combined.distributed = DistributedFindings(
+    repeat_errors = {r.index: _stderr_excerpt(run_dir, r, layout)  # the repeat's: its root-cause rank's error
+                     for r in launched if r.exit_code not in (0, None) and not r.timed_out}
+    findings = DistributedFindings(
         nproc_per_node=layout.nproc_per_node, rank=chosen.rank if chosen is not None else None, ranks=summaries,
         replica_divergence=replica_check(run_dir, launched, rank_ids), teardown_crashes=crashes,
         notes=sampler_notes(run_dir, launched[0], rank_ids))
-    return combined
+    failed = all_failed(launched) and not any(r.timed_out for r in launched)  # the combined verdict `failed`
+    return replace(primary, runs=list(launched), repeat_errors=repeat_errors, distributed=findings,
+                   causes=[on_rank(c, chosen, summaries) for c in primary.causes] if chosen is not None
+                   else primary.causes,
+                   # the repeat's error (the rank that failed first), not the primary rank's own
+                   failure=(repeat_errors.get(launched[0].index) or primary.failure) if failed else primary.failure)
 
 
 def sampler_notes(run_dir: Path, result: RepeatResult, ranks: Sequence[int]) -> list[str]:

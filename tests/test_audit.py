@@ -1,4 +1,4 @@
-"""audit.py without running repeats: reading run directories and `compare` of recordings."""
+"""audit.py without running repeats: the error excerpt, reading run directories and `compare` of recordings."""
 
 from __future__ import annotations
 
@@ -9,14 +9,39 @@ from pathlib import Path
 import pytest
 from synthetic import Rec, training_records, write_run, write_trace
 
-from detaudit.audit import claim_run, compare_recorded, load_run, new_run_dir
+from detaudit.audit import compare_recorded, load_run
 from detaudit.compare import Tolerance
-from detaudit.errors import TraceError, UsageError
+from detaudit.errors import TraceError
+from detaudit.excerpt import error_excerpt
 from detaudit.report import to_dict
 
 
 def _frame(tag: bytes, payload: bytes) -> bytes:
     return tag + struct.pack("<I", len(payload)) + payload
+
+
+def _traceback(user_frames: list[str], library_frames: int, error: str) -> str:
+    lines = ["Traceback (most recent call last):"]
+    for frame in user_frames:
+        lines += [f'  File "{frame}", line 22, in main', "    model(x)"]
+    for i in range(library_frames):
+        lines += [f'  File "/venv/lib/python3.11/site-packages/torch/nn/m{i}.py", line {i}, in f', "    g()"]
+    return "\n".join(["some output", *lines, error])
+
+
+def test_long_traceback_keeps_user_frames_and_the_error() -> None:
+    text = _traceback(["/work/fit_model.py"], 12, "RuntimeError: shapes cannot be multiplied")
+    excerpt = error_excerpt(text, lines=15)
+    assert 'File "/work/fit_model.py", line 22' in excerpt
+    assert excerpt.endswith("RuntimeError: shapes cannot be multiplied")
+    assert "m0.py" not in excerpt and "m11.py" in excerpt  # the innermost frame stays
+    assert "  ..." in excerpt
+
+
+def test_short_stderr_is_returned_as_is() -> None:
+    text = _traceback(["/work/a.py"], 1, "ValueError: bad")
+    assert error_excerpt(text, lines=15) == text
+    assert error_excerpt("just a line\n", lines=15) == "just a line"
 
 
 def _listing(run_dir: Path) -> dict[str, float]:
@@ -115,14 +140,6 @@ def test_compare_honours_the_mode_the_runs_were_recorded_with(tmp_path: Path) ->
     assert found.verdict == "divergent" and found.stdout_mode == "strict"
 
 
-def test_out_naming_a_file_is_a_usage_error(tmp_path: Path) -> None:
-    taken = tmp_path / "afile"
-    taken.write_text("precious")
-    with pytest.raises(UsageError, match="is a file"):
-        new_run_dir(tmp_path / "x.py", taken)
-    assert taken.read_text() == "precious"
-
-
 def test_a_repeat_detaudit_could_not_record_is_an_error_not_a_deterministic_verdict(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", [[], []])
     write_trace(run / "repeat-1.trace.tmp", [], {"exit_code": 0, "error": None,
@@ -133,24 +150,10 @@ def test_a_repeat_detaudit_could_not_record_is_an_error_not_a_deterministic_verd
 
 
 # -- issue 10: no false verdicts, no shared run directory, safe error paths --------------------------------
-def test_an_existing_empty_out_dir_is_claimed_by_one_run_only(tmp_path: Path) -> None:
-    """Two runs that both found `--out` empty: creating run.json exclusively decides, whatever the timing."""
-    out = tmp_path / "shared"
-    out.mkdir()
-    first, second = new_run_dir(Path("t.py"), out), new_run_dir(Path("t.py"), out)
-    assert first == second == out
-    claim_run(first, {"who": "first"})
-    with pytest.raises(UsageError, match="taken by another detaudit run"):
-        claim_run(second, {"who": "second"})
-    assert json.loads((out / "run.json").read_text()) == {"who": "first"}
-    with pytest.raises(UsageError, match="not empty"):
-        new_run_dir(Path("t.py"), out)
-
-
-def test_default_run_dirs_are_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    made = {new_run_dir(Path("train.py"), None) for _ in range(3)}
-    assert len(made) == 3 and all(d.stat().st_mode & 0o777 == 0o700 for d in made)
+def test_a_traceback_followed_by_lines_without_frames_is_excerpted_not_crashed() -> None:
+    text = "Traceback (most recent call last):\n" + "\n".join(f"    noise {i}" for i in range(20)) + "\nError: x\n"
+    excerpt = error_excerpt(text, lines=15)
+    assert excerpt.endswith("Error: x") and len(excerpt.splitlines()) == 15
 
 
 def _abandoned_run(tmp_path: Path, lengths: list[int], footers: list[bool]) -> Path:

@@ -12,7 +12,7 @@ import pytest
 import detaudit
 from detaudit import failure, schema
 from detaudit.errors import TraceError
-from detaudit.failure import MAX_FRAMES, MAX_MESSAGE, Frame, ScriptError, capture, excerpt, stderr_excerpt
+from detaudit.failure import MAX_FRAMES, MAX_MESSAGE, Frame, ScriptError, capture, excerpt
 from detaudit.trace import MAGIC, RecordStream, TraceWriter, read_footer
 
 USER = Frame("train.py", 22, "main", "preds = model(val_x)", True)
@@ -62,36 +62,6 @@ def test_without_frames_the_end_of_stderr_is_shown_safe_to_print() -> None:
     assert shown.splitlines()[0] == "line 26" and shown.endswith("Segmentation fault \\x07")
     assert excerpt(ScriptError("ValueError", "bad \x1b]52;c;AAAA\x07", (USER,)), "").endswith(
         "ValueError: bad \\x1b]52;c;AAAA\\x07")
-
-
-def _traceback(user_frames: list[str], library_frames: int, error: str) -> str:
-    lines = ["Traceback (most recent call last):"]
-    for frame in user_frames:
-        lines += [f'  File "{frame}", line 22, in main', "    model(x)"]
-    for i in range(library_frames):
-        lines += [f'  File "/venv/lib/python3.11/site-packages/torch/nn/m{i}.py", line {i}, in f', "    g()"]
-    return "\n".join(["some output", *lines, error])
-
-
-def test_long_stderr_traceback_keeps_user_frames_and_the_error() -> None:
-    text = _traceback(["/work/fit_model.py"], 12, "RuntimeError: shapes cannot be multiplied")
-    shown = stderr_excerpt(text, lines=15)
-    assert 'File "/work/fit_model.py", line 22' in shown
-    assert shown.endswith("RuntimeError: shapes cannot be multiplied")
-    assert "m0.py" not in shown and "m11.py" in shown  # the innermost frame stays
-    assert "  ..." in shown
-
-
-def test_short_stderr_is_returned_as_is() -> None:
-    text = _traceback(["/work/a.py"], 1, "ValueError: bad")
-    assert stderr_excerpt(text, lines=15) == text
-    assert stderr_excerpt("just a line\n", lines=15) == "just a line"
-
-
-def test_a_traceback_followed_by_lines_without_frames_is_excerpted_not_crashed() -> None:
-    text = "Traceback (most recent call last):\n" + "\n".join(f"    noise {i}" for i in range(20)) + "\nError: x\n"
-    shown = stderr_excerpt(text, lines=15)
-    assert shown.endswith("Error: x") and len(shown.splitlines()) == 15
 
 
 # -- capture ---------------------------------------------------------------------------------------------
