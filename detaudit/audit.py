@@ -267,7 +267,7 @@ def op_source(run_dir: Path, record: dict[str, Any], traces: Sequence[Path],
             return None
         finding = find_op_source(paths, [r.device for r in ops_results])
         if finding is not None:
-            finding.traces, finding.window = str(narrowing.get("prefix", OPS_PREFIX)), narrowing.get("window")
+            finding = replace(finding, traces=str(narrowing.get("prefix", OPS_PREFIX)), window=narrowing.get("window"))
         return finding
     if not traces or not all(t.is_file() for t in traces) \
             or RecordStream(traces[0]).header.get("granularity") != "op":
@@ -461,12 +461,12 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     if report.verdict == "failed":
         report.failure = report.repeat_errors.get(results[0].index, "")
     if first is not None:
-        first.op_finding = op_source(run_dir, record, traces, devices)
+        report.op_finding = op_source(run_dir, record, traces, devices)
     if record.get("baseline"):
         report.baseline = baseline.check(baseline.load(Path(record["baseline"])), run_dir, record, results,
                                          recorded_mode(record))
     if report.first_divergence is not None:
-        report.causes = causes.diagnose(report.first_divergence, traces, results)
+        report.causes = causes.diagnose(report.first_divergence, traces, results, report.op_finding)
         report.inferred = [c.id for c in report.causes]
         if explained:
             explain.apply_saved(report, run_dir)

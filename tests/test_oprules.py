@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 from synthetic import Rec, write_run
 
-from detaudit import oprules
+from detaudit import align
 from detaudit.audit import load_run
 from detaudit.oprules import find_op_source
 from detaudit.render import op_panel, render
@@ -172,7 +172,7 @@ def test_the_scan_is_the_same_across_chunk_boundaries(tmp_path: Path, monkeypatc
     long = [Op("aten.add.Tensor", 100 + i) for i in range(11)] + BASE
     paths = traces(tmp_path, long, diverge(long, 14, ins_from=15))
     whole = find_op_source(paths)
-    monkeypatch.setattr(oprules, "CHUNK", 4)
+    monkeypatch.setattr(align, "CHUNK", 4)
     chunked = find_op_source(paths)
     assert whole is not None and chunked is not None
     assert whole.record.index == chunked.record.index == 14

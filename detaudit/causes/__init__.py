@@ -15,6 +15,7 @@ from detaudit.causes.context import LIKELY, Context, Finding, build, finding
 from detaudit.compare import Divergence
 from detaudit.explain import PINS, separating_pin
 from detaudit.launcher import RepeatResult
+from detaudit.oprules import OpFinding
 from detaudit.report import BASES, Cause
 
 TIE = 1e-6  # scores this close on the same basis fit the evidence equally
@@ -38,11 +39,12 @@ CAUSE_IDS = (
 )
 
 
-def diagnose(divergence: Divergence | None, traces: Sequence[Path], runs: Sequence[RepeatResult]) -> list[Cause]:
-    """Ranked causes of the first divergence; empty for a deterministic run."""
+def diagnose(divergence: Divergence | None, traces: Sequence[Path], runs: Sequence[RepeatResult],
+             op_finding: OpFinding | None = None) -> list[Cause]:
+    """Ranked causes of the first divergence (`op_finding`: the op behind it); empty for a deterministic run."""
     if divergence is None or not runs:
         return []
-    return rank(build(divergence, traces, runs))
+    return rank(build(divergence, traces, runs, op_finding))
 
 
 def rank(ctx: Context) -> list[Cause]:
