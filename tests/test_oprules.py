@@ -191,6 +191,10 @@ def test_an_auto_run_directory_reports_the_op_from_its_op_level_rerun(tmp_path: 
     (run / "run.json").write_text(json.dumps(record))
 
     report = load_run(run)
+    # the op finding is the report's (the next stage's output), not the comparison's
+    assert report.op_finding is not None and report.op_finding.verdict == "nondeterministic-op"
+    assert not hasattr(report.comparison.first_divergence, "op_finding")
+    assert any(c.basis == "op-records" for c in report.causes)  # and the causes engine was given it
     first = to_dict(report)["first_divergence"]
     assert (first["kind"], first["name"]) == ("grad", "net.0.weight")
     assert (first["op"], first["phase"], first["node"], first["location"]) == (
