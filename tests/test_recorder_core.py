@@ -100,7 +100,7 @@ def test_rows_and_awaiting_device_digests_keep_record_order_in_the_pending_queue
     rec.record(Kind.CHECKPOINT, "a", torch.randn(3))
     rec.record(Kind.CHECKPOINT, "m", torch.empty(2, device="meta"))
     rec.record(Kind.CHECKPOINT, "b", torch.arange(4))
-    assert [type(p).__name__ for p in rec._pending] == ["AwaitingDigest", "tuple", "AwaitingDigest"]
+    assert [type(p).__name__ for p in rec._pending] == ["DeviceRecord", "tuple", "DeviceRecord"]
     rec.close({"exit_code": 0})
     tr = read_trace(tmp_path / "t.trace")
     assert [tr.strings[n] for n in tr.records["name"]] == ["a", "m", "b"]

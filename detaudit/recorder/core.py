@@ -10,8 +10,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, NamedTuple
 
 import torch
 
@@ -24,19 +23,17 @@ _CACHE_LIMIT = 20000
 _PENDING_LIMIT = 1 << 16  # device records per host sync; normally one sync per step
 
 
-@dataclass(slots=True)
-class AwaitingDigest:
-    """A record whose device fingerprint is still on the device: resolved in one batch (one sync)."""
+class DeviceRecord(NamedTuple):
+    """A pending record whose fingerprint is still on the device (made whole at the next host sync).
 
-    head: tuple[Any, ...]  # the record's fields up to `aux` (RECORD_DTYPE order)
-    dtype: torch.dtype  # dtype and shape, not the tensor: pending records must not hold activations alive
+    Keeps dtype and shape, not the tensor: pending records must not hold activations alive.
+    """
+
+    partial: tuple[Any, ...]  # the record's fields up to `aux` (trace.Record)
+    dtype: torch.dtype
     shape: torch.Size
-    reduced: torch.Tensor  # the on-device reduction DeviceReducer.finish turns into (digest, samples)
+    reduced: torch.Tensor  # DeviceReducer.reduce's values, still on the device
     inputs: tuple[int, int]
-
-
-# In record order: finished rows (plain tuples) and records awaiting their device fingerprint.
-Pending = Union[tuple[Any, ...], AwaitingDigest]
 
 
 class ThreadState(threading.local):
@@ -70,7 +67,9 @@ class Recorder:
         self._cache: dict[int, tuple[Any, int, int, tuple[float, ...]]] = {}
         self._roots_run: set[int] = set()
         self.digest_caches: list[dict[Any, Any]] = [self._cache]  # cleared together (ops.py adds its own)
-        self._pending: list[Pending] = []  # rows held while device fingerprints are pending, in record order
+        # records waiting for device fingerprints, in record order: DeviceRecords and the whole rows
+        # (plain tuples, trace.Record's order) recorded after the first of them
+        self._pending: list[DeviceRecord | tuple[Any, ...]] = []
         self._reducer: DeviceReducer | None = None
         # True while the op recorder's window is open: accelerator tensors are fingerprinted at once
         # (one sync each) instead of at the step's end, so each op's input digests are known and the
@@ -144,13 +143,13 @@ class Recorder:
             return digest
         if self._reducer is None:
             self._reducer = DeviceReducer()
-        head = (kind, dtype, flags | Flag.DEVICE, 0, name, module, loc, self.step, shape_id, aux)
+        partial = (kind, dtype, flags | Flag.DEVICE, 0, name, module, loc, self.step, shape_id, aux)
         self.internal += 1
         try:
             reduced = self._reducer.reduce(t)
         finally:
             self.internal -= 1
-        self._pending.append(AwaitingDigest(head, t.dtype, t.shape, reduced, inputs))
+        self._pending.append(DeviceRecord(partial, t.dtype, t.shape, reduced, inputs))
         if len(self._pending) >= _PENDING_LIMIT:
             self.resolve_pending()
         return 0
@@ -194,7 +193,7 @@ class Recorder:
         """Bring pending device fingerprints to the host in one transfer (one sync)."""
         if not self._pending:
             return
-        waiting = [p for p in self._pending if isinstance(p, AwaitingDigest)]
+        waiting = [p for p in self._pending if isinstance(p, DeviceRecord)]
         values: list[list[float]] = []
         if waiting:
             self.internal += 1  # the stack and copy are detaudit's own ops: the op recorder must not add them
@@ -205,9 +204,9 @@ class Recorder:
         resolved = iter(values)
         assert self._reducer is not None or not waiting
         for item in self._pending:
-            if isinstance(item, AwaitingDigest):
+            if isinstance(item, DeviceRecord):
                 digest, samples = DeviceReducer.finish(item.dtype, item.shape, next(resolved))
-                self.writer.add((*item.head, digest, item.inputs[0], item.inputs[1], samples))
+                self.writer.add((*item.partial, digest, item.inputs[0], item.inputs[1], samples))
             else:
                 self.writer.add(item)
         self._pending.clear()
