@@ -18,8 +18,8 @@ from typing import Any
 from detaudit import schema
 from detaudit.compare import Divergence
 from detaudit.errors import TraceError
+from detaudit.events import WORKERS_SUFFIX
 from detaudit.launcher import RepeatResult
-from detaudit.recorder.evidence import WORKERS_SUFFIX
 from detaudit.report import Basis, Cause
 from detaudit.trace import RecordStream, open_regular
 
