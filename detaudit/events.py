@@ -10,7 +10,9 @@ docs/causes.md describe the fields; `schema.EVENT` checks their types where even
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict, Union
+import functools
+from collections.abc import Iterable
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar, Union, cast, get_args, get_type_hints
 
 WORKERS_SUFFIX = ".workers.jsonl"  # `<trace>` + this: the DataLoader workers' events
 
@@ -287,3 +289,22 @@ Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, OpEve
 Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "call", "flag", "flag-typo",
                "collective", "dataloader", "worker-start", "worker-init-done", "concurrency", "clock",
                "clock-reads", "environment", "compile", "ddp", "sampler-epoch"]
+
+E = TypeVar("E")
+
+
+@functools.cache
+def _kind(cls: Any) -> str:
+    kind: str = get_args(get_type_hints(cls)["type"])[0]
+    return kind
+
+
+def kind_of(cls: type) -> str:
+    """The `type` value of an event class: `kind_of(SeedEvent) == "seed"`."""
+    return _kind(cls)
+
+
+def select(events: Iterable[Event], cls: type[E]) -> list[E]:
+    """The events of one kind, typed as that kind's TypedDict."""
+    kind = _kind(cast(Any, cls))
+    return [cast(E, e) for e in events if e.get("type") == kind]
