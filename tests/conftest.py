@@ -85,6 +85,15 @@ def _nothing_left_patched() -> Any:
 
 
 @pytest.fixture
+def evidence() -> Any:
+    """An in-process evidence recorder and its event sink (tests/evidence_sink.py), restored after the test."""
+    from evidence_sink import recording
+
+    with recording() as found:
+        yield found
+
+
+@pytest.fixture
 def scripts() -> Path:
     return SCRIPTS
 

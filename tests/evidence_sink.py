@@ -3,13 +3,14 @@ wrapper installed is restored after the test (recorder/patch.py)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import torch
 
-from detaudit.recorder import patch
+import detaudit
+from detaudit.recorder import location, patch
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.evidence.base import Evidence
 
@@ -27,9 +28,13 @@ class Sink:
         return [e for e in self.events if e["type"] == kind]
 
 
-@pytest.fixture
-def evidence() -> Iterator[tuple[Evidence, Sink]]:
+@contextlib.contextmanager
+def recording() -> Iterator[tuple[Evidence, Sink]]:
+    """An Evidence whose events go to a Sink; what its topics patch is restored on exit
+    (the `evidence` fixture of tests/conftest.py)."""
     kept = len(patch.patched())
+    skipped = location._skip_prefixes
+    location.skip_paths(location.package_dir(detaudit), detaudit.__file__ or "")  # as in a repeat
     ev = Evidence({"pins": []})
     sink = Sink()
     ev.attach_recorder(sink)
@@ -39,3 +44,4 @@ def evidence() -> Iterator[tuple[Evidence, Sink]]:
         yield ev, sink
     finally:
         patch.restore_all(kept)
+        location._skip_prefixes = skipped

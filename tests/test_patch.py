@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 import threading
 import types
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,7 +145,7 @@ def test_the_guard_fixture_fails_a_test_that_leaves_something_patched(pytester: 
     """)
     original_start = threading.Thread.start
     try:
-        result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly")
     finally:
         threading.Thread.start = original_start  # type: ignore[method-assign]
     result.assert_outcomes(passed=3, errors=2)
