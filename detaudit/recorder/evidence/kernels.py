@@ -13,7 +13,7 @@ import functools
 import sys
 from collections.abc import Callable
 from types import FrameType, ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from detaudit.events import FlagEvent, FlagTypoEvent, ModuleEntry, ModulesEvent, OpEvent
 from detaudit.recorder import oplist
@@ -84,7 +84,8 @@ def modules_event(ev: Evidence, root: Any) -> ModulesEvent:
     return ModulesEvent(type="modules", root=root_name, device=device, listed=listed, matmul=linear)
 
 
-def _op_event(ev: Evidence, op: str, device: str, entry: oplist.OpEntry, phase: Any, loc: str) -> OpEvent:
+def _op_event(ev: Evidence, op: str, device: str, entry: oplist.OpEntry, phase: Literal["forward", "backward"],
+              loc: str) -> OpEvent:
     torch = ev.torch
     return OpEvent(type="op", op=op, device=device, entry=entry.text, phase=phase, loc=loc,
                    threads=torch.get_num_threads(), deterministic=torch.are_deterministic_algorithms_enabled())
