@@ -7,7 +7,7 @@ Installed only in the ranks of a torchrun repeat. Events (trace `events`, docs/d
 - `sampler-epoch`: a shuffling DistributedSampler iterated again at an epoch it already used
   (`set_epoch` not called): the same order every epoch, deterministic but rarely what was meant.
 
-init_process_group and the Python-level collectives are recorded by recorder/evidence.py as
+init_process_group and the Python-level collectives are recorded by recorder/evidence/kernels.py as
 `collective` events (every run); DDP's own all-reduces run in C++ and are described by `ddp`.
 """
 
