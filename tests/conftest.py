@@ -76,7 +76,7 @@ def _nothing_left_patched() -> Any:
     kept = len(patch.patched())
     before = _watched()
     yield
-    left = [f"{getattr(p.owner, '__name__', p.owner)}.{p.name}" for p in patch.patched()[kept:]]
+    left = [f"{getattr(p.owner, '__name__', p.owner)}.{p.name}" for p in patch.patched()[kept:] if p.in_place]
     patch.restore_all(kept)
     after = _watched()
     left += [name for name, value in before.items() if after.get(name) is not value]

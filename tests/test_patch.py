@@ -80,6 +80,21 @@ def test_layers_restore_newest_first_and_restoring_twice_is_harmless() -> None:
     assert module.f is original  # type: ignore[attr-defined]
 
 
+def test_an_attribute_put_back_by_someone_else_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("m")
+    module.f = lambda: 1  # type: ignore[attr-defined]
+    original = module.f  # type: ignore[attr-defined]
+    monkeypatch.setattr(module, "f", original)
+    patch.wrap(module, "f", counting([], "w"))
+    monkeypatch.undo()  # pytest puts the original back
+    [p] = patch.patched()
+    assert not p.in_place
+    replacement = lambda: 2  # noqa: E731
+    module.f = replacement  # type: ignore[attr-defined]
+    patch.restore_all()
+    assert module.f is replacement  # type: ignore[attr-defined]
+
+
 def test_restore_all_since_keeps_older_patches() -> None:
     module = types.ModuleType("m")
     module.a = lambda: 1  # type: ignore[attr-defined]

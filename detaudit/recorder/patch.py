@@ -36,6 +36,11 @@ class Patch:
     wrapper: Callable[..., Any]
     builtin: bool  # the wrapper was registered in TorchScript's builtin table
 
+    @property
+    def in_place(self) -> bool:
+        """The wrapper is still what the owner holds (not undone by other means, e.g. pytest's monkeypatch)."""
+        return _stored(self.owner, self.name) is self.wrapper
+
 
 _patches: list[Patch] = []
 
@@ -74,7 +79,8 @@ def patched() -> list[Patch]:
 
 
 def restore(patch: Patch) -> None:
-    """Undo `patch` and every patch made after it, newest first; a patch already undone is ignored."""
+    """Undo `patch` and every patch made after it, newest first; a patch already undone is ignored, and
+    so is an attribute that no longer holds its wrapper."""
     if patch not in _patches:
         return
     while patch in _patches:
@@ -88,9 +94,10 @@ def restore_all(since: int = 0) -> None:
 
 
 def _undo(patch: Patch) -> None:
-    if patch.stored is _MISSING:
-        if _stored(patch.owner, patch.name) is not _MISSING:
-            delattr(patch.owner, patch.name)
+    if not patch.in_place:
+        pass  # put back (or replaced) by someone else: leave what is there
+    elif patch.stored is _MISSING:
+        delattr(patch.owner, patch.name)
     else:
         setattr(patch.owner, patch.name, patch.stored)
     if patch.builtin:
