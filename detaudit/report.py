@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,6 +30,7 @@ from detaudit.errors import (
     output_error,
 )
 from detaudit.launcher import RepeatResult
+from detaudit.pin import Pin
 from detaudit.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
 
 if TYPE_CHECKING:
@@ -45,29 +47,33 @@ _XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff
 # How strong the proof of a cause is, strongest first: it decides the ranking before the score does
 Basis = Literal["experiment", "op-records", "direct", "circumstantial"]
 BASES: tuple[Basis, ...] = ("experiment", "op-records", "direct", "circumstantial")
+Confidence = Literal["confirmed", "likely", "possible"]
+# `timeout`: a repeat timed out before any divergence; `inconclusive`: agreement that proves nothing
+Verdict = Literal["deterministic", "divergent", "failed", "timeout", "inconclusive"]
+ExperimentVerdict = Literal["deterministic", "divergent", "failed", "skipped"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Cause:
     """One explanation of the divergence (ids: docs/causes.md)."""
 
     id: str
-    confidence: str  # "confirmed" | "likely" | "possible"
+    confidence: Confidence
     summary: str
     evidence: list[str]
     fix: str
-    pins: list[str] = field(default_factory=list)  # `--explain` pins that test it (docs/causes.md)
+    pins: list[str] = field(default_factory=list)  # `--explain` pins (Pin values) that test it (docs/causes.md)
     basis: Basis = "circumstantial"  # what it rests on: an experiment, op-level records, direct evidence, or less
-    separating_pin: str | None = None  # a toss-up with another cause: the one experiment that tells them apart
+    separating_pin: Pin | None = None  # a toss-up with another cause: the one experiment that tells them apart
 
 
-@dataclass
+@dataclass(frozen=True)
 class Experiment:
-    """One `--explain` re-run with a source pinned."""
+    """One `--explain` re-run with a source pinned (`pin`: a Pin, a `+`-joined set of them, or `all`)."""
 
     pin: str
     description: str
-    verdict: str  # "deterministic" | "divergent" | "failed" | "skipped"
+    verdict: ExperimentVerdict
     first_divergence_index: int | None
     note: str = ""
 
@@ -81,7 +87,7 @@ class EnvironmentChange:
     current: Any
 
 
-@dataclass
+@dataclass(frozen=True)
 class BaselineCheck:
     """The run's first repeat compared with a recorded baseline (`detaudit run --baseline DIR`)."""
 
@@ -97,8 +103,15 @@ class BaselineCheck:
         return self.divergence is None
 
 
-@dataclass
+def all_failed(runs: Sequence[RepeatResult]) -> bool:
+    """Every repeat exited with an error status (the verdict `failed`, unless a repeat timed out)."""
+    return bool(runs) and all(r.exit_code not in (0, None) for r in runs)
+
+
+@dataclass(frozen=True)
 class Report:
+    """The audit's result, built once from the finished pieces (audit.analyse, ranks.analyse_ranks)."""
+
     script: str
     script_args: list[str]
     run_dir: str
@@ -117,6 +130,7 @@ class Report:
     inferred: list[str] = field(default_factory=list)  # cause ids as ranked from the evidence, before experiments
     match: Match | None = None  # what the verdict rests on (detaudit/match.py)
     distributed: DistributedFindings | None = None  # a torchrun run: ranks, replica check (ranks.py)
+    op_finding: OpFinding | None = None  # the op behind first_divergence, when ops were recorded (oprules.py)
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -127,12 +141,12 @@ class Report:
         return any(r.timed_out for r in self.runs)
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         """`timeout` when a repeat timed out before any divergence: the repeats agree as far as
         all of them got, which settles nothing (a divergence found before the timeout is `divergent`)."""
         if self.timed_out:
             return "divergent" if self.first_divergence is not None else "timeout"
-        if self.runs and all(r.exit_code not in (0, None) for r in self.runs):
+        if all_failed(self.runs):
             return "failed"
         if self.first_divergence is not None or self.replica_divergence is not None:
             return "divergent"
@@ -181,12 +195,13 @@ def _finite(x: Any) -> Any:
     return x
 
 
-def divergence_to_dict(d: Divergence | None) -> dict[str, Any] | None:
+def divergence_to_dict(d: Divergence | None, finding: OpFinding | None = None) -> dict[str, Any] | None:
+    """`finding`: the op behind `d` (Report.op_finding), when one was pinpointed."""
     if d is None:
         return None
     rec = d.record
     # op, phase, node, module and location name the op behind the divergence when one was pinpointed
-    op = d.op_finding.record if d.op_finding is not None else rec
+    op = finding.record if finding is not None else rec
     return {
         "index": d.index,
         "category": d.category,
@@ -205,7 +220,7 @@ def divergence_to_dict(d: Divergence | None) -> dict[str, Any] | None:
         "max_abs_diff": _finite(d.max_abs_diff),
         "max_ulp_diff": d.max_ulp_diff,
         "detail": d.detail,
-        "op_finding": finding_to_dict(d.op_finding),
+        "op_finding": finding_to_dict(finding),
         "stdout": stdout_to_dict(d.stdout),
     }
 
@@ -259,7 +274,7 @@ def to_dict(report: Report) -> dict[str, Any]:
         "exit_code": report.exit_code,
         "timed_out": report.timed_out,
         "inconclusive": report.inconclusive_reason or None,
-        "first_divergence": divergence_to_dict(report.first_divergence),
+        "first_divergence": divergence_to_dict(report.first_divergence, report.op_finding),
         "spread": {
             "records_compared": comp.records_compared,
             "records_differing": comp.records_differing,
@@ -294,12 +309,13 @@ def distributed_to_dict(report: Report) -> dict[str, Any]:
     dist = report.distributed
     if dist is None:
         return {}
-    first = divergence_to_dict(report.first_divergence)
+    first = divergence_to_dict(report.first_divergence, report.op_finding)
     replica = dist.replica_divergence
     return {
         "first_divergence": None if first is None else {**first, "rank": dist.rank},
         "nproc_per_node": dist.nproc_per_node,
-        "ranks": [{"rank": s.rank, "first_divergence": divergence_to_dict(s.first_divergence), "role": s.role,
+        "ranks": [{"rank": s.rank, "first_divergence": divergence_to_dict(s.first_divergence, s.report.op_finding),
+                   "role": s.role,
                    "causes": [c.id for c in s.report.causes]} for s in dist.ranks],
         "replica_divergence": None if replica is None else {
             "step": replica.step, "name": replica.name, "ranks": replica.ranks, "reference": replica.reference,
