@@ -21,11 +21,28 @@ def _bounds(tmp_path: Path, max_steps: int | None = None, max_time: float | None
     return bounds, stops
 
 
+def _optimizer(bounds: Bounds) -> torch.optim.Optimizer:
+    """An optimizer the bounds know about, as if built under `Bounds.install`'s wrapper."""
+    optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+    bounds.optimizer_built = True
+    bounds.optimizers.add(optimizer)
+    return optimizer
+
+
+def _step(bounds: Bounds, step: int, *optimizers: torch.optim.Optimizer) -> None:
+    """The counting optimizer (the first) ends step `step`; the others step right after it."""
+    bounds._on_step(step)
+    for optimizer in optimizers:
+        bounds._on_optimizer_pre(optimizer, (), {})
+        bounds._on_optimizer_post(optimizer, (), {})
+
+
 def test_max_steps_stops_once_after_the_nth_optimizer_step(tmp_path: Path) -> None:
     bounds, stops = _bounds(tmp_path, max_steps=3)
-    bounds.optimizer_built = True
+    optimizer = _optimizer(bounds)
     for step in range(1, 6):
-        bounds._on_step(step)
+        _step(bounds, step, optimizer)
+        assert len(stops) == (step >= 3)
     assert stops == [Stop(3, "max-steps", "optimizer steps")]
     assert stops[0].footer() == {"stopped_at_step": 3, "stopped_by": "max-steps", "counting": "optimizer steps"}
 
@@ -40,20 +57,44 @@ def test_without_an_optimizer_root_forward_calls_count(tmp_path: Path) -> None:
 
 def test_forward_calls_do_not_count_once_an_optimizer_exists(tmp_path: Path) -> None:
     bounds, stops = _bounds(tmp_path, max_steps=1)
-    bounds.optimizer_built = True
+    _optimizer(bounds)
     bounds._on_forward(torch.nn.Linear(1, 1), (), None)
     assert stops == []
 
 
 def test_max_time_stops_at_the_first_boundary_after_the_budget(tmp_path: Path) -> None:
     bounds, stops = _bounds(tmp_path, max_time=60.0)
-    bounds.optimizer_built = True
-    bounds._on_step(1)
+    _step(bounds, 1, _optimizer(bounds))
     assert stops == []
     late, late_stops = _bounds(tmp_path / "late", max_time=0.5, started=time.time() - 1)
-    late.optimizer_built = True
-    late._on_step(4)
+    _step(late, 4, _optimizer(late))
     assert late_stops == [Stop(4, "max-time", "optimizer steps")]
+
+
+def test_with_two_optimizers_the_step_ends_after_both_stepped(tmp_path: Path) -> None:
+    bounds, stops = _bounds(tmp_path, max_steps=2)
+    head, body = _optimizer(bounds), _optimizer(bounds)
+    _step(bounds, 1, head, body)
+    bounds._on_step(2)
+    bounds._on_optimizer_post(head, (), {})
+    assert stops == []  # the body's optimizer still steps in step 2: its records are kept
+    bounds._on_optimizer_pre(body, (), {})
+    bounds._on_optimizer_post(body, (), {})
+    assert stops == [Stop(2, "max-steps", "optimizer steps")]
+
+
+def test_a_step_where_only_one_of_two_optimizers_stepped_ends_at_the_next_forward(tmp_path: Path) -> None:
+    bounds, stops = _bounds(tmp_path, max_steps=1)
+    head, _frozen = _optimizer(bounds), _optimizer(bounds)
+    _step(bounds, 1, head)
+    assert stops == []
+    bounds._on_forward_pre(torch.nn.Linear(1, 1), ())
+    assert stops == [Stop(1, "max-steps", "optimizer steps")]
+    again, again_stops = _bounds(tmp_path / "again", max_steps=1)  # or when the counting one steps again
+    head, _frozen = _optimizer(again), _optimizer(again)
+    _step(again, 1, head)
+    again._on_optimizer_pre(head, (), {})
+    assert again_stops == [Stop(1, "max-steps", "optimizer steps")]
 
 
 def test_read_footer_skips_records(tmp_path: Path) -> None:

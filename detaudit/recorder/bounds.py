@@ -1,10 +1,13 @@
 """Bounded repeats (`--max-steps N`, `--max-time SECONDS`): end a repeat early at a step boundary.
 
-A repeat stops right after its N-th optimizer step (after that step's records), or at the first
+A repeat stops right after its N-th training step (after that step's records), or at the first
 step boundary after the wall-clock budget, as if the script had ended there. What counts as a
-step: optimizer steps of the first optimizer stepped (the one the recorder counts, see
-`Recorder.end_step`) once the script has built an optimizer; in a script that never builds one
-(inference, evaluation, generation), calls of a root module's forward.
+step: training steps as the recorder counts them (`Hooks._on_step_pre`: one per step of the first
+optimizer stepped, the other optimizers stepping right after it included) once the script has built
+an optimizer; in a script that never builds one (inference, evaluation, generation), calls of a
+root module's forward. With several optimizers alive, a step is over once every one of them has
+stepped since the counting one did, or at the next root forward or repeated optimizer step,
+whichever comes first: the others' records of that step are kept.
 
 Stopping unwinds the script with a BaseException its `except Exception` cannot swallow, so its
 `finally` blocks and context managers run (DataLoader workers are shut down); the trace is closed
@@ -14,6 +17,7 @@ first, with `stopped_at_step` in its footer, so nothing the unwinding does is re
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -50,19 +54,28 @@ class Bounds:
         self.deadline = started + max_time if max_time is not None else None
         self.on_stop = on_stop
         self.optimizer_built = False
+        self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self.forwards = 0
         self.stopped = False
+        self._due: int | None = None  # a step that ended while other optimizers may still step in it
+        self._stepped_since: set[int] = set()
 
     def install(self) -> None:
         from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim
 
         self.recorder.step_callbacks.append(self._on_step)
         nn_module.register_module_forward_hook(self._on_forward)
+        # after the recorder's hooks (installed first), so a step's own records come before a stop
+        nn_module.register_module_forward_pre_hook(self._on_forward_pre)
+        optim.register_optimizer_step_pre_hook(self._on_optimizer_pre)
+        optim.register_optimizer_step_post_hook(self._on_optimizer_post)
         bounds = self
 
         def make(original: Callable[..., None]) -> Callable[..., None]:
             def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
                 bounds.optimizer_built = True
+                bounds.optimizers.add(optimizer)
                 original(optimizer, *args, **kwargs)
 
             return init
@@ -70,7 +83,30 @@ class Bounds:
         wrap(torch.optim.Optimizer, "__init__", make)
 
     def _on_step(self, step: int) -> None:
-        self._check(step, "optimizer steps")
+        """A step ended: checked once the other optimizers had their turn in it (`_on_optimizer_post`)."""
+        self._step_over()  # the step before, if it was still open (an optimizer took over the counting)
+        self._due = step
+        self._stepped_since.clear()
+
+    def _on_optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._due is None or compiling():
+            return
+        self._stepped_since.add(id(optimizer))
+        if len(self._stepped_since) >= len(self.optimizers):
+            self._step_over()
+
+    def _on_optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._due is not None and id(optimizer) in self._stepped_since and not compiling():
+            self._step_over()
+
+    def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self._due is not None and not compiling() and self.is_root(module):
+            self._step_over()
+
+    def _step_over(self) -> None:
+        step, self._due = self._due, None
+        if step is not None:
+            self._check(step, "optimizer steps")
 
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if compiling() or self.optimizer_built or not self.is_root(module):

@@ -71,7 +71,15 @@ class Hooks:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
         self.names = ModuleNames()
+        # Training steps (see `_on_step_pre`): the counting optimizer, the optimizers stepped since its last
+        # step, the ones stepped right after it (None once the tail closed) and the step a tail step borrows.
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
+        self._stepped: set[int] = set()
+        self._tail: set[int] | None = None
+        self._lent: int | None = None
+        # (id(param), group, index) -> (weakref, name id); (name id, state key) -> name id of the state record
+        self._param_ids: dict[tuple[int, int, int], tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._state_ids: dict[tuple[int, str], int] = {}
         self._schedulers: dict[int, str] = {}  # id(scheduler) -> record name, in order of first step
         self.stopped: str | None = None  # why recording stopped (a hook raised), if it did
         # id(module) -> (weakref, name id, is a root, id of the module a compile wrapper wraps). Keyed by id
@@ -156,6 +164,7 @@ class Hooks:
         if named not in self.names.modules:
             self.names.add_root(named, numbered=not self.recorder.local.flag)
             self._modules.clear()  # the new root may have renamed modules seen before (former roots)
+            self._param_ids.clear()  # and named parameters an optimizer stepped before
         if inner:
             self.recorder.event({**compile_evidence(), "module": self.names.modules[named]})
 
@@ -180,6 +189,7 @@ class Hooks:
             wrapped.append(inner)
         rec.local.module_stack.append(module_id)  # op records name the innermost running module
         if is_root:
+            self._close_tail()
             rec.root_forward(module_id)
             if not rec.record_modules:
                 return
@@ -222,21 +232,58 @@ class Hooks:
 
     # -- optimizers ------------------------------------------------------------------------
     def _params(self, optimizer: torch.optim.Optimizer) -> Any:
+        """(name id, parameter) of each parameter, from a cache: an optimizer step records every parameter
+        and its state, so the name lookups were a good part of each small record's fixed cost."""
+        rec, cache = self.recorder, self._param_ids
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
-                yield self.names.param_name(p, gi, pi), p
+                known = cache.get((id(p), gi, pi))
+                if known is None or known[0]() is not p:
+                    known = (weakref.ref(p), rec.intern(self.names.param_name(p, gi, pi)))
+                    cache[(id(p), gi, pi)] = known
+                yield known[1], p
+
+    def _state_id(self, name_id: int, key: str) -> int:
+        """String id of `name:key`, the record name of a parameter's optimizer state."""
+        sid = self._state_ids.get((name_id, key))
+        if sid is None:
+            rec = self.recorder
+            sid = self._state_ids[(name_id, key)] = rec.intern(f"{rec.writer.text(name_id)}:{key}")
+        return sid
 
     def _on_step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """A training step is one iteration, however many optimizers step in it. The first optimizer
+        stepped counts the steps (`Recorder.end_step` after each of its steps); another one stepping right
+        after it (no root forward in between: two optimizers, one per parameter set) belongs to the step
+        that just ended and borrows its number; one stepping later (a GAN's generator after the
+        discriminator's forward) belongs to the next. If an optimizer steps twice while the counting one
+        does not (it was dropped for a new one), it counts the steps from then on."""
         if compiling():
             return
         rec = self.recorder
-        if self._primary is None:
-            self._primary = weakref.ref(optimizer)
+        key = id(optimizer)
+        primary = self._primary() if self._primary is not None else None
+        if primary is None:
+            self._primary, primary = weakref.ref(optimizer), optimizer
+        if optimizer is primary:
+            self._close_tail()
+        elif self._tail is not None and key not in self._tail and rec.step > 0:
+            self._tail.add(key)
+            self._lent = rec.step
+            rec.step -= 1
+        else:
+            self._close_tail()
+            if key in self._stepped:
+                rec.end_step()
+                self._stepped.clear()
+                self._primary = weakref.ref(optimizer)
+            else:
+                self._stepped.add(key)
         rec.local.module_stack.append(rec.intern(f"optimizer {type(optimizer).__name__}"))
         loc = rec.location_id(1)
-        for name, p in self._params(optimizer):
+        for name_id, p in self._params(optimizer):
             if p.grad is not None:
-                rec.record_tensor(Kind.GRAD, rec.intern(name), p.grad, 0, loc)
+                rec.record_tensor(Kind.GRAD, name_id, p.grad, 0, loc)
         rec.internal += 1  # no op records inside the step (see Recorder.internal)
 
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -248,13 +295,23 @@ class Hooks:
             rec.local.module_stack.pop()
         loc = rec.location_id(1)
         state = optimizer.state
-        for name, p in self._params(optimizer):
-            rec.record_tensor(Kind.PARAM, rec.intern(name), p, 0, loc)
+        for name_id, p in self._params(optimizer):
+            rec.record_tensor(Kind.PARAM, name_id, p, 0, loc)
             for key, value in state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
-                    rec.record_tensor(Kind.OPTSTATE, rec.intern(f"{name}:{key}"), value, 0, loc)
-        if self._primary is not None and self._primary() is optimizer:
+                    rec.record_tensor(Kind.OPTSTATE, self._state_id(name_id, key), value, 0, loc)
+        if self._lent is not None:
+            rec.step, self._lent = self._lent, None
+        elif self._primary is not None and self._primary() is optimizer:
             rec.end_step()
+            self._stepped.clear()
+            self._tail = set()
+
+    def _close_tail(self) -> None:
+        """The steps right after the counting optimizer's are over: what comes next is the next step's."""
+        self._tail = None
+        if self._lent is not None:  # the borrowing step raised before its post hook
+            self.recorder.step, self._lent = self._lent, None
 
     # -- LR schedulers ---------------------------------------------------------------------
     def _on_scheduler_step(self, scheduler: Any) -> None:

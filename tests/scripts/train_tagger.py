@@ -88,13 +88,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--accumulate", type=int, default=2)
+    parser.add_argument("--augment-from", type=int, default=0, help="first epoch with augmented windows")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--checkpoints", default="checkpoints")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
-    train = DataLoader(Windows(128, args.seed, augment=True), batch_size=args.batch_size, shuffle=True,
+    train_set = Windows(128, args.seed, augment=True)
+    train = DataLoader(train_set, batch_size=args.batch_size, shuffle=True,
                        num_workers=args.workers, worker_init_fn=seed_worker,
                        generator=torch.Generator().manual_seed(args.seed))
     val = DataLoader(Windows(48, args.seed + 1, augment=False), batch_size=args.batch_size)
@@ -115,6 +117,7 @@ def main() -> None:
     for epoch in range(args.epochs):
         if epoch == 1:
             set_trainable(model, frozen, True)
+        train_set.augment = epoch >= args.augment_from
         for i, (x, y) in enumerate(train):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = F.cross_entropy(model(x).float(), y) / args.accumulate

@@ -1,0 +1,117 @@
+"""recorder/hooks.py: what a training step is when several optimizers step (two per iteration, a GAN's
+alternating pair, gradient accumulation, an optimizer replaced mid-run). The hooks are called directly,
+as torch's global hooks would call them, so nothing is installed in the test process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from detaudit.recorder.core import Recorder
+from detaudit.recorder.hooks import Hooks
+from detaudit.trace import Kind, TraceWriter, read_trace
+
+
+class Pair(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(3, 3)
+        self.head = torch.nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+class Loop:
+    """A model, an optimizer for each of its two submodules, and the hooks' view of a training loop."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        torch.manual_seed(0)
+        self.path = tmp_path / "t.trace"
+        self.recorder = Recorder(TraceWriter(self.path, {"repeat": 0}))
+        self.hooks = Hooks(self.recorder)
+        self.model = Pair()
+        self.body = torch.optim.SGD(self.model.body.parameters(), lr=0.1)
+        self.head = torch.optim.SGD(self.model.head.parameters(), lr=0.1)
+
+    def forward_backward(self) -> None:
+        self.hooks._on_forward_pre(self.model, ())
+        out = self.model(torch.ones(2, 3))
+        self.hooks._on_forward(self.model, (), out)
+        out.sum().backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.hooks._on_step_pre(optimizer, (), {})
+        optimizer.step()
+        self.hooks._on_step_post(optimizer, (), {})
+        optimizer.zero_grad(set_to_none=True)
+
+    def steps(self, kind: Kind, name: str) -> list[int]:
+        """The step of each record of one kind and name, in record order."""
+        self.recorder.close({"exit_code": 0})
+        trace = read_trace(self.path)
+        return [int(r["step"]) for r in trace.records if r["kind"] == int(kind) and trace.strings[r["name"]] == name]
+
+
+def test_two_optimizers_stepping_one_after_the_other_share_the_step(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)
+    for _ in range(3):
+        loop.forward_backward()
+        loop.step(loop.head)
+        loop.step(loop.body)
+    assert loop.recorder.step == 3
+    assert loop.steps(Kind.GRAD, "head.weight") == [0, 1, 2]
+    assert loop.steps(Kind.GRAD, "body.weight") == [0, 1, 2]
+    assert loop.steps(Kind.PARAM, "body.weight") == [0, 1, 2]
+    assert loop.steps(Kind.OUTPUT, "Pair") == [0, 1, 2]
+
+
+def test_a_second_optimizer_that_joins_later_gets_the_step_of_its_iteration(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)  # the body is frozen for two steps, then both train
+    for i in range(4):
+        loop.forward_backward()
+        loop.step(loop.head)
+        if i >= 2:
+            loop.step(loop.body)
+    assert loop.recorder.step == 4
+    assert loop.steps(Kind.GRAD, "head.weight") == [0, 1, 2, 3]
+    assert loop.steps(Kind.GRAD, "body.weight") == [2, 3]
+
+
+def test_alternating_optimizers_with_a_forward_between_are_one_step(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)  # a GAN's shape: the second update needs a forward after the first
+    for _ in range(3):
+        loop.forward_backward()
+        loop.step(loop.head)
+        loop.forward_backward()
+        loop.step(loop.body)
+    assert loop.recorder.step == 3
+    assert loop.steps(Kind.GRAD, "head.weight") == [0, 1, 2]
+    # the second update comes after the counting optimizer's step, so the step number counts it
+    assert loop.steps(Kind.GRAD, "body.weight") == [1, 2, 3]
+    assert loop.steps(Kind.OUTPUT, "Pair") == [0, 1, 1, 2, 2, 3]
+
+
+def test_gradient_accumulation_counts_optimizer_steps_not_backward_passes(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)
+    for i in range(6):
+        loop.forward_backward()
+        if i % 3 == 2:
+            loop.step(loop.head)
+            loop.step(loop.body)
+    assert loop.recorder.step == 2
+    assert loop.steps(Kind.OUTPUT, "Pair") == [0, 0, 0, 1, 1, 1]
+    assert loop.steps(Kind.GRAD, "body.weight") == [0, 1]
+
+
+def test_an_optimizer_that_takes_over_counts_the_steps(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)  # head alone for two steps, then body alone (the head's optimizer is kept, unused)
+    for i in range(5):
+        loop.forward_backward()
+        loop.step(loop.head if i < 2 else loop.body)
+    assert loop.recorder.step == 5
+    # its first step borrows the head's, the second tells it is the one stepping now
+    assert loop.steps(Kind.GRAD, "head.weight") == [0, 1]
+    assert loop.steps(Kind.GRAD, "body.weight") == [2, 3, 4]
+    assert loop.steps(Kind.OUTPUT, "Pair") == [0, 1, 2, 2, 4]
