@@ -1,4 +1,10 @@
-"""Shared fixtures: the test scripts folder and a helper that runs the real CLI in a subprocess."""
+"""Shared fixtures and helpers: the test scripts folder, the real CLI in a subprocess, the lanes.
+
+Lanes: `python -m pytest -m "not slow"` is the fast lane. A test that starts an interpreter is
+marked `process`, one whose outcome depends on a race (thread timing, hash collisions) `race`;
+both are slow too (`pytest_collection_modifyitems` below), so "not slow" is the one spelling of
+the fast lane and `-m process` / `-m race` pick those out.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +20,15 @@ from typing import Any
 import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every `process` or `race` test is `slow`: the fast lane runs in-process, luck-free tests only."""
+    for item in items:
+        if (item.get_closest_marker("process") or item.get_closest_marker("race")) \
+                and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
 
 
 @dataclass
@@ -38,6 +54,25 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeo
         if path.is_file():
             report = json.loads(path.read_text())
     return CliResult(proc.returncode, proc.stdout, proc.stderr, report)
+
+
+def diverges_within(attempts: int, audit: Callable[[int], CliResult], divergent_exit: int = 1) -> CliResult:
+    """For a race: run `audit(attempt)` up to `attempts` times and return the first divergent result.
+
+    A race shows only when the repeats' timing lets it (both cores free, a hash collision), so one
+    agreeing audit proves nothing; an audit that fails otherwise (a crash, a usage error) stops at
+    once. Fails listing every attempt's exit code when none diverged. `audit` must use a fresh run
+    directory per attempt (e.g. `--out run-{attempt}`).
+    """
+    seen: list[str] = []
+    for attempt in range(attempts):
+        result = audit(attempt)
+        if result.returncode == divergent_exit:
+            return result
+        seen.append(f"attempt {attempt}: exit {result.returncode}")
+        if result.returncode != 0:  # not a lost race: report it as it is
+            break
+    pytest.fail(f"no divergence within {attempts} audits ({'; '.join(seen)}); last output:\n{result.output}")
 
 
 @pytest.fixture

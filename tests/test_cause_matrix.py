@@ -143,6 +143,7 @@ def _log(row: Row, entry: dict[str, Any]) -> None:
             f.write(json.dumps({"script": row.id, **entry}) + "\n")
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("row", MATRIX, ids=[r.id for r in MATRIX])
 def test_cause_matrix(tmp_path: Path, row: Row) -> None:

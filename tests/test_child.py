@@ -16,6 +16,8 @@ import pytest
 
 from detaudit.trace import read_trace
 
+pytestmark = pytest.mark.process  # each case runs the script under plain python and under detaudit.child
+
 SCRIPTS = Path(__file__).parent / "scripts"
 PARITY_SCRIPT = SCRIPTS / "show_env.py"
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import CliResult, run_cli
 
-pytestmark = pytest.mark.slow  # every test here runs the real CLI on real scripts
+pytestmark = [pytest.mark.slow, pytest.mark.process]  # every test here runs the real CLI on real scripts
 
 FAST = ["-n", "2", "-j", "2", "--granularity", "module", "-q"]
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from conftest import run_cli
 
-pytestmark = pytest.mark.slow  # every test here runs the real CLI on real scripts
+pytestmark = [pytest.mark.slow, pytest.mark.process]  # every test here runs the real CLI on real scripts
 
 
 def line_of(script: Path, text: str) -> str:
