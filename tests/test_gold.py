@@ -13,6 +13,7 @@ report.SCHEMA_VERSION (docs/report-schema.md) if a reader of the old JSON would 
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Callable
@@ -65,7 +66,10 @@ def check_gold(name: str, text: str) -> None:
         path.write_text(text, encoding="utf-8")
         pytest.skip(f"DETAUDIT_REGEN_GOLD=1: wrote {path}")
     assert path.is_file(), f"no gold file {path}: run with DETAUDIT_REGEN_GOLD=1 to write it"
-    assert text == path.read_text(encoding="utf-8"), f"{name} differs from its gold file (see the module docstring)"
+    gold = path.read_text(encoding="utf-8")
+    if text != gold:
+        diff = difflib.unified_diff(gold.splitlines(), text.splitlines(), f"gold/{name}", "now", lineterm="")
+        pytest.fail(f"{name} differs from its gold file (to accept: see the module docstring)\n" + "\n".join(diff))
 
 
 @pytest.mark.parametrize("case", CASES)
