@@ -89,6 +89,7 @@ def test_out_dir_that_is_not_empty_is_refused(tmp_path: Path, argv_script: Path,
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("placement", ["before", "after", "mixed"])
 def test_options_before_or_after_script_and_args_after_double_dash(
         tmp_path: Path, argv_script: Path, placement: str, capsys: pytest.CaptureFixture[str],
