@@ -31,6 +31,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+def _is_interpreter(program: Any) -> bool:
+    name = Path(os.fsdecode(program)).name
+    return os.fsdecode(program) == sys.executable or name.startswith(("python", "torchrun"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """A fast-lane test that starts an interpreter fails, naming it: mark the test `process`."""
+    if item.get_closest_marker("slow"):
+        return (yield)
+    started: list[str] = []
+    execute = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def spy(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> Any:
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        if argv and _is_interpreter(argv[0]):
+            started.append(" ".join(map(os.fsdecode, argv))[:200])
+        return execute(self, args, *rest, **kwargs)
+
+    subprocess.Popen._execute_child = spy  # type: ignore[attr-defined]
+    try:
+        result = yield
+    finally:
+        subprocess.Popen._execute_child = execute  # type: ignore[attr-defined]
+    if started:
+        pytest.fail(f"this test starts an interpreter ({started[0]}); mark it @pytest.mark.process (conftest.py)")
+    return result
+
+
 @dataclass
 class CliResult:
     returncode: int
