@@ -22,6 +22,16 @@ import pytest
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """torch in the test process runs one intra-op thread. The in-process tests use small tensors, and
+    on a shared 2-core machine two OpenMP threads wait for each other at every op (measured: a test of
+    200 digests of a 100k-element tensor, 1.6 s on one thread, 24-31 s on two while the machine was
+    loaded). Repeats, the child and every other interpreter a test starts keep torch's default."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every `process` or `race` test is `slow`: the fast lane runs in-process, luck-free tests only."""

@@ -10,6 +10,7 @@ each module imports first, alone, in a fresh interpreter.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -88,10 +89,15 @@ def _package_of(name: str) -> str:
     return name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
 def import_graph(type_checking: bool = False) -> dict[str, list[Edge]]:
     graph: dict[str, list[Edge]] = {}
     for name, path in MODULES.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        tree = parsed(path)
         edges = {}
         for target, line, lazy in _imports(tree, _package_of(name), type_checking):
             if target != name and (target not in edges or edges[target].lazy and not lazy):
