@@ -5,7 +5,7 @@ their arguments and return a Report read from a synthetic run directory. The tes
 become library calls, and that the exit code follows the Report's verdict. No interpreter starts.
 
 The core's API is reached in two places only: `Core` (what is patched, and where) and `flat` (the
-AuditOptions fields, by the name of the option that sets them): a refactor of either edits those.
+AuditOptions fields by name, wherever in the options object they live): a refactor edits those.
 """
 
 from __future__ import annotations
@@ -32,24 +32,21 @@ from detaudit.report import Cause, Report
 
 LOAD_RUN = detaudit.audit.load_run  # the real one, for the fakes' reports
 
-# AuditOptions fields as the CLI sets them: name -> attribute path on the options object
-OPTION_FIELDS = {
-    "script": "script", "script_args": "script_args", "repeats": "repeats", "devices": "devices",
-    "own_device": "own_device", "timeout": "timeout", "jobs": "jobs", "out_dir": "out_dir",
-    "tolerance": "tolerance", "granularity": "granularity", "stdout": "stdout", "baseline": "baseline",
-    "redact_args": "redact_args", "max_steps": "max_steps", "max_time": "max_time", "self_check": "self_check",
-    "nproc_per_node": "nproc_per_node", "torchrun_args": "torchrun_args",
-}
+# the AuditOptions fields the CLI sets, by name; each is found on the options object or on one of its
+# dataclass parts (options.schedule.repeats as well as options.repeats)
+OPTION_FIELDS = ("script", "script_args", "repeats", "devices", "own_device", "timeout", "jobs", "out_dir", "tolerance",
+                 "granularity", "stdout", "baseline", "redact_args", "max_steps", "max_time", "self_check",
+                 "nproc_per_node", "torchrun_args")
 
 
 def flat(options: Any) -> dict[str, Any]:
-    """The options a `run` passed to run_audit, by name (see OPTION_FIELDS)."""
+    """The options a command passed to run_audit, by name (OPTION_FIELDS)."""
+    parts = [options, *(v for v in vars(options).values() if dataclasses.is_dataclass(v))]
     values = {}
-    for name, path in OPTION_FIELDS.items():
-        value = options
-        for part in path.split("."):
-            value = getattr(value, part)
-        values[name] = value
+    for name in OPTION_FIELDS:
+        owners = [part for part in parts if hasattr(part, name)]
+        assert len(owners) == 1, f"AuditOptions field {name!r} found in {len(owners)} places"
+        values[name] = getattr(owners[0], name)
     return values
 
 
