@@ -8,11 +8,12 @@ the fast lane and `-m process` / `-m race` pick those out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,11 +47,9 @@ def _is_interpreter(program: Any) -> bool:
     return os.fsdecode(program) == sys.executable or name.startswith(("python", "torchrun"))
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Any:
-    """A fast-lane test that starts an interpreter fails, naming it: mark the test `process`."""
-    if item.get_closest_marker("slow"):
-        return (yield)
+@contextlib.contextmanager
+def _interpreters_started() -> Iterator[list[str]]:
+    """The command lines of the interpreters started inside the block."""
     started: list[str] = []
     execute = subprocess.Popen._execute_child  # type: ignore[attr-defined]
 
@@ -62,12 +61,24 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 
     subprocess.Popen._execute_child = spy  # type: ignore[attr-defined]
     try:
-        result = yield
+        yield started
     finally:
         subprocess.Popen._execute_child = execute  # type: ignore[attr-defined]
+
+
+def _in_process_only(item: pytest.Item) -> Generator[None, Any, Any]:
+    """A fast-lane test (or its fixtures) that starts an interpreter fails, naming it: mark it `process`."""
+    if item.get_closest_marker("slow"):
+        return (yield)
+    with _interpreters_started() as started:
+        result = yield
     if started:
         pytest.fail(f"this test starts an interpreter ({started[0]}); mark it @pytest.mark.process (conftest.py)")
     return result
+
+
+pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_in_process_only)
+pytest_runtest_call = pytest.hookimpl(wrapper=True)(_in_process_only)
 
 
 @dataclass
