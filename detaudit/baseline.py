@@ -27,7 +27,9 @@ from detaudit import __version__
 from detaudit.compare import compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import RepeatResult
+from detaudit.outcome import outcome_divergence
 from detaudit.report import BaselineCheck, EnvironmentChange, Report, write_text_atomically
+from detaudit.rundir import read_run, tolerance_of
 from detaudit.stdout import DEFAULT_STDOUT, StdoutMode
 from detaudit.trace import RecordStream, load_json, open_regular
 
@@ -82,8 +84,6 @@ def fingerprint(record: dict[str, Any], trace: Path, device: str) -> dict[str, A
 
 def save(run_dir: Path, report: Report, dest: Path) -> Path:
     """Keep `report`'s first repeat as a baseline in `dest` (new, empty, or an older baseline to replace)."""
-    from detaudit.audit import read_run
-
     if report.verdict != "deterministic":
         raise UsageError(f"baseline not saved: the run is {report.verdict}; a baseline must come from repeats "
                          "that agree, or every later comparison would fail")
@@ -153,8 +153,6 @@ def load(path: Path) -> Baseline:
 def check(baseline: Baseline, run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult],
           stdout: StdoutMode = DEFAULT_STDOUT) -> BaselineCheck:
     """Compare the run's first repeat with the baseline, and list what changed around it."""
-    from detaudit.audit import outcome_divergence, tolerance_of
-
     current = results[0]
     trace = Path(run_dir) / current.trace
     labels = [baseline.result.device, current.device]  # same device: bit for bit; else within the tolerance

@@ -280,7 +280,7 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     `data.txt --epochs 1 -n 5`); one the script defines too is refused with both spellings. Arguments
     after `--` go to the script untouched: `detaudit run train.py --repeats 5 -- --epochs 1`.
     """
-    from detaudit.audit import AuditOptions
+    from detaudit.audit import AuditOptions, Checks, Recording, Schedule, Target
     from detaudit.compare import Tolerance
     from detaudit.devices import own_device, resolve_devices
     from detaudit.stdout import DEFAULT_STDOUT
@@ -288,12 +288,14 @@ def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple
     _check_outputs(json_path, junit_path, html_path)
 
     options = AuditOptions(
-        script=script, script_args=list(script_args), repeats=repeats, devices=resolve_devices(devices),
-        timeout=timeout, jobs=jobs, out_dir=out_dir, tolerance=Tolerance(atol, rtol), granularity=granularity,
-        own_device=own_device(devices), stdout=_stdout_mode(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
-        baseline=baseline_dir, redact_args=redact_args, max_steps=max_steps, max_time=max_time, self_check=self_check,
-        **_torchrun(nproc_per_node, torchrun_args, baseline_dir is not None or save_baseline is not None,
-                    max_time is not None),
+        Target(script, list(script_args), redact_args=redact_args),
+        Schedule(repeats=repeats, devices=resolve_devices(devices), own_device=own_device(devices), timeout=timeout,
+                 jobs=jobs, **_torchrun(nproc_per_node, torchrun_args,
+                                        baseline_dir is not None or save_baseline is not None, max_time is not None)),
+        Recording(granularity=granularity, max_steps=max_steps, max_time=max_time),
+        Checks(tolerance=Tolerance(atol, rtol), stdout=_stdout_mode(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
+               baseline=baseline_dir, self_check=self_check),
+        out_dir=out_dir,
     )
     report = _audit(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
     if save_baseline is not None:
@@ -316,8 +318,9 @@ def _audit(options: Any, explain: bool, explain_all: bool, budget: int | None, q
     from detaudit.audit import run_audit
     from detaudit.explain import cheap_pin
 
-    _warn_oversubscription(options.jobs, options.devices)
-    context, on_done = _progress_runner(quiet, options.repeats * len(options.devices))
+    schedule = options.schedule
+    _warn_oversubscription(schedule.jobs, schedule.devices)
+    context, on_done = _progress_runner(quiet, schedule.repeats * len(schedule.devices))
 
     def on_narrow(window: list[int]) -> None:
         if isinstance(context, Progress):
@@ -328,11 +331,11 @@ def _audit(options: Any, explain: bool, explain_all: bool, budget: int | None, q
     with context:
         report = run_audit(options, on_done, on_narrow)
     if report.verdict == "divergent" and not report.timed_out:
-        args = options.script_args if options.redact_args else None
+        args = options.target.script_args if options.target.redact_args else None
         if explain:
-            report = _explain(Path(report.run_dir), budget, explain_all, options.jobs, quiet, args)
+            report = _explain(Path(report.run_dir), budget, explain_all, schedule.jobs, quiet, args)
         elif cheap and cheap_pin(report.causes) is not None:
-            report = _explain(Path(report.run_dir), None, False, options.jobs, quiet, args, cheap=True)
+            report = _explain(Path(report.run_dir), None, False, schedule.jobs, quiet, args, cheap=True)
     return report
 
 
@@ -349,7 +352,7 @@ def _save_baseline(report: Any, dest: Path) -> None:
 
 
 def _torchrun(nproc_per_node: int | None, torchrun_args: str, baseline: bool, max_time: bool) -> dict[str, Any]:
-    """AuditOptions fields of --nproc-per-node/--torchrun-args."""
+    """Schedule fields of --nproc-per-node/--torchrun-args."""
     from detaudit.distributed import parse_torchrun_args
 
     if not nproc_per_node:
@@ -418,7 +421,7 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     (explain.json), so `detaudit report RUN_DIR` shows them too.
     """
     _check_outputs(json_path, junit_path, html_path)
-    from detaudit.audit import read_run
+    from detaudit.rundir import read_run
 
     record, _ = read_run(run_dir)
     _warn_oversubscription(jobs, list(record.get("devices") or ["cpu"]))
@@ -526,14 +529,14 @@ def demo(repeats: int, out_dir: Path | None) -> None:
 
     The script diverges on purpose: the demo exits 0 when it found that divergence (`run` exits 1 on one).
     """
-    from detaudit.audit import AuditOptions
+    from detaudit.audit import AuditOptions, Recording, Schedule, Target
     from detaudit.devices import oversubscription, own_device, resolve_devices
 
     script = Path(str(resources.files("detaudit") / "demo" / "train_demo.py"))
     devices = resolve_devices(())
     jobs = 2 if oversubscription(2, devices, os.environ, os.cpu_count()) is None else 1
-    options = AuditOptions(script=script, repeats=repeats, devices=devices, timeout=120.0, jobs=jobs,
-                           out_dir=out_dir, granularity=DEFAULT_GRANULARITY, own_device=own_device(()))
+    options = AuditOptions(Target(script), Schedule(repeats, devices, own_device(()), timeout=120.0, jobs=jobs),
+                           Recording(DEFAULT_GRANULARITY), out_dir=out_dir)
     report = _audit(options, True, False, None, False)
     if report.verdict == "divergent":
         note = ("The demo script diverges on purpose (an unseeded NumPy RNG), so this demo exits 0: it showed "

@@ -160,7 +160,7 @@ def audit_test(item: pytest.Item) -> Any:
     """Run `item` in fresh interpreters under the recorder and return detaudit's Report."""
     import importlib.util
 
-    from detaudit.audit import AuditOptions, run_audit
+    from detaudit.audit import AuditOptions, Checks, Recording, Schedule, Target, run_audit
     from detaudit.compare import Tolerance
     from detaudit.devices import own_device, resolve_devices
 
@@ -172,19 +172,19 @@ def audit_test(item: pytest.Item) -> Any:
     extra: dict[str, Any] = {}
     if args.max_steps is not None:
         # bounded audits come with `detaudit run --max-steps`; without it the bound cannot be honoured
-        if "max_steps" not in {f.name for f in dataclasses.fields(AuditOptions)}:
+        if "max_steps" not in {f.name for f in dataclasses.fields(Recording)}:
             raise pytest.UsageError("@pytest.mark.deterministic(max_steps=...) needs a detaudit with --max-steps")
         extra["max_steps"] = args.max_steps
     config = item.config
     options = AuditOptions(
-        script=Path(spec.origin), script_args=repeat_argv(item), module="pytest", repeats=args.repeats,
-        devices=resolve_devices(args.devices), own_device=own_device(args.devices),
-        timeout=config.getoption("detaudit_timeout"), jobs=max(1, config.getoption("detaudit_jobs")),
-        out_dir=run_dir_for(item), granularity=config.getoption("detaudit_granularity"),
-        tolerance=Tolerance(defaults.atol if args.atol is None else args.atol,
-                            defaults.rtol if args.rtol is None else args.rtol),
+        Target(Path(spec.origin), repeat_argv(item), module="pytest", env={CHILD_ENV: "1", "PYTEST_ADDOPTS": ""}),
+        Schedule(args.repeats, resolve_devices(args.devices), own_device(args.devices),
+                 timeout=config.getoption("detaudit_timeout"), jobs=max(1, config.getoption("detaudit_jobs"))),
+        Recording(config.getoption("detaudit_granularity"), **extra),
         # pytest prints its own timings; the test's exit status and tensors are what is compared
-        stdout="ignore", env={CHILD_ENV: "1", "PYTEST_ADDOPTS": ""}, **extra,
+        Checks(Tolerance(defaults.atol if args.atol is None else args.atol,
+                         defaults.rtol if args.rtol is None else args.rtol), stdout="ignore"),
+        out_dir=run_dir_for(item),
     )
     report = run_audit(options)
     if report.verdict != "deterministic":

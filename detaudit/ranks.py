@@ -30,8 +30,9 @@ import numpy as np
 from detaudit.compare import Divergence, gaps
 from detaudit.distributed import Layout, node_rank
 from detaudit.errors import TraceError
+from detaudit.excerpt import error_excerpt
 from detaudit.launcher import RepeatResult
-from detaudit.report import Cause, Report
+from detaudit.report import Cause, Report, all_failed
 from detaudit.trace import Kind, RecordStream
 
 Role = Literal["origin", "receiver"]
@@ -106,20 +107,19 @@ def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[Repea
     if chosen is not None and chosen.role == "origin":
         for s in summaries:
             if s.role == "receiver":
-                s.report.causes = []  # what reached it through a collective was born on another rank
+                s.report = replace(s.report, causes=[])  # what reached it through a collective was born elsewhere
     primary = chosen.report if chosen is not None else summaries[0].report
-    if chosen is not None:
-        primary.causes = [on_rank(c, chosen, summaries) for c in primary.causes]
-    combined = replace(primary, runs=list(launched), repeat_errors={
-        r.index: primary.repeat_errors.get(r.index) or _stderr_excerpt(run_dir, r)
-        for r in launched if r.exit_code not in (0, None) and not r.timed_out})
-    if combined.verdict == "failed" and not combined.failure:
-        combined.failure = combined.repeat_errors.get(launched[0].index, "")
-    combined.distributed = DistributedFindings(
+    repeat_errors = {r.index: primary.repeat_errors.get(r.index) or _stderr_excerpt(run_dir, r)
+                     for r in launched if r.exit_code not in (0, None) and not r.timed_out}
+    findings = DistributedFindings(
         nproc_per_node=layout.nproc_per_node, rank=chosen.rank if chosen is not None else None, ranks=summaries,
         replica_divergence=replica_check(run_dir, launched, rank_ids), teardown_crashes=crashes,
         notes=sampler_notes(run_dir, launched[0], rank_ids))
-    return combined
+    failed = all_failed(launched) and not any(r.timed_out for r in launched)  # the combined verdict `failed`
+    return replace(primary, runs=list(launched), repeat_errors=repeat_errors, distributed=findings,
+                   causes=[on_rank(c, chosen, summaries) for c in primary.causes] if chosen is not None
+                   else primary.causes,
+                   failure=primary.failure or (repeat_errors.get(launched[0].index, "") if failed else ""))
 
 
 def sampler_notes(run_dir: Path, result: RepeatResult, ranks: Sequence[int]) -> list[str]:
@@ -328,6 +328,4 @@ def _read(path: Path) -> str:
 
 
 def _stderr_excerpt(run_dir: Path, result: RepeatResult) -> str:
-    from detaudit.audit import error_excerpt
-
     return error_excerpt(_read(run_dir / result.stderr))

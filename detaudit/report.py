@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,6 +30,7 @@ from detaudit.errors import (
     output_error,
 )
 from detaudit.launcher import RepeatResult
+from detaudit.pin import Pin
 from detaudit.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
 
 if TYPE_CHECKING:
@@ -45,29 +47,33 @@ _XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff
 # How strong the proof of a cause is, strongest first: it decides the ranking before the score does
 Basis = Literal["experiment", "op-records", "direct", "circumstantial"]
 BASES: tuple[Basis, ...] = ("experiment", "op-records", "direct", "circumstantial")
+Confidence = Literal["confirmed", "likely", "possible"]
+# `timeout`: a repeat timed out before any divergence; `inconclusive`: agreement that proves nothing
+Verdict = Literal["deterministic", "divergent", "failed", "timeout", "inconclusive"]
+ExperimentVerdict = Literal["deterministic", "divergent", "failed", "skipped"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Cause:
     """One explanation of the divergence (ids: docs/causes.md)."""
 
     id: str
-    confidence: str  # "confirmed" | "likely" | "possible"
+    confidence: Confidence
     summary: str
     evidence: list[str]
     fix: str
-    pins: list[str] = field(default_factory=list)  # `--explain` pins that test it (docs/causes.md)
+    pins: list[str] = field(default_factory=list)  # `--explain` pins (Pin values) that test it (docs/causes.md)
     basis: Basis = "circumstantial"  # what it rests on: an experiment, op-level records, direct evidence, or less
-    separating_pin: str | None = None  # a toss-up with another cause: the one experiment that tells them apart
+    separating_pin: Pin | None = None  # a toss-up with another cause: the one experiment that tells them apart
 
 
-@dataclass
+@dataclass(frozen=True)
 class Experiment:
-    """One `--explain` re-run with a source pinned."""
+    """One `--explain` re-run with a source pinned (`pin`: a Pin, a `+`-joined set of them, or `all`)."""
 
     pin: str
     description: str
-    verdict: str  # "deterministic" | "divergent" | "failed" | "skipped"
+    verdict: ExperimentVerdict
     first_divergence_index: int | None
     note: str = ""
 
@@ -81,7 +87,7 @@ class EnvironmentChange:
     current: Any
 
 
-@dataclass
+@dataclass(frozen=True)
 class BaselineCheck:
     """The run's first repeat compared with a recorded baseline (`detaudit run --baseline DIR`)."""
 
@@ -97,8 +103,15 @@ class BaselineCheck:
         return self.divergence is None
 
 
-@dataclass
+def all_failed(runs: Sequence[RepeatResult]) -> bool:
+    """Every repeat exited with an error status (the verdict `failed`, unless a repeat timed out)."""
+    return bool(runs) and all(r.exit_code not in (0, None) for r in runs)
+
+
+@dataclass(frozen=True)
 class Report:
+    """The audit's result, built once from the finished pieces (audit.analyse, ranks.analyse_ranks)."""
+
     script: str
     script_args: list[str]
     run_dir: str
@@ -127,12 +140,12 @@ class Report:
         return any(r.timed_out for r in self.runs)
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         """`timeout` when a repeat timed out before any divergence: the repeats agree as far as
         all of them got, which settles nothing (a divergence found before the timeout is `divergent`)."""
         if self.timed_out:
             return "divergent" if self.first_divergence is not None else "timeout"
-        if self.runs and all(r.exit_code not in (0, None) for r in self.runs):
+        if all_failed(self.runs):
             return "failed"
         if self.first_divergence is not None or self.replica_divergence is not None:
             return "divergent"

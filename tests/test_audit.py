@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from synthetic import Rec, training_records, write_run, write_trace
 
-from detaudit.audit import claim_run, compare_recorded, error_excerpt, load_run, new_run_dir
+from detaudit.audit import compare_recorded, load_run
 from detaudit.compare import Tolerance
-from detaudit.errors import TraceError, UsageError
+from detaudit.errors import TraceError
+from detaudit.excerpt import error_excerpt
 from detaudit.report import to_dict
 
 
@@ -139,14 +140,6 @@ def test_compare_honours_the_mode_the_runs_were_recorded_with(tmp_path: Path) ->
     assert found.verdict == "divergent" and found.stdout_mode == "strict"
 
 
-def test_out_naming_a_file_is_a_usage_error(tmp_path: Path) -> None:
-    taken = tmp_path / "afile"
-    taken.write_text("precious")
-    with pytest.raises(UsageError, match="is a file"):
-        new_run_dir(tmp_path / "x.py", taken)
-    assert taken.read_text() == "precious"
-
-
 def test_a_repeat_detaudit_could_not_record_is_an_error_not_a_deterministic_verdict(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", [[], []])
     write_trace(run / "repeat-1.trace.tmp", [], {"exit_code": 0, "error": None,
@@ -161,26 +154,6 @@ def test_a_traceback_followed_by_lines_without_frames_is_excerpted_not_crashed()
     text = "Traceback (most recent call last):\n" + "\n".join(f"    noise {i}" for i in range(20)) + "\nError: x\n"
     excerpt = error_excerpt(text, lines=15)
     assert excerpt.endswith("Error: x") and len(excerpt.splitlines()) == 15
-
-
-def test_an_existing_empty_out_dir_is_claimed_by_one_run_only(tmp_path: Path) -> None:
-    """Two runs that both found `--out` empty: creating run.json exclusively decides, whatever the timing."""
-    out = tmp_path / "shared"
-    out.mkdir()
-    first, second = new_run_dir(Path("t.py"), out), new_run_dir(Path("t.py"), out)
-    assert first == second == out
-    claim_run(first, {"who": "first"})
-    with pytest.raises(UsageError, match="taken by another detaudit run"):
-        claim_run(second, {"who": "second"})
-    assert json.loads((out / "run.json").read_text()) == {"who": "first"}
-    with pytest.raises(UsageError, match="not empty"):
-        new_run_dir(Path("t.py"), out)
-
-
-def test_default_run_dirs_are_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    made = {new_run_dir(Path("train.py"), None) for _ in range(3)}
-    assert len(made) == 3 and all(d.stat().st_mode & 0o777 == 0o700 for d in made)
 
 
 def _abandoned_run(tmp_path: Path, lengths: list[int], footers: list[bool]) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import SCRIPTS
 
-from detaudit.audit import AuditOptions, execute
+from detaudit.audit import AuditOptions, Recording, Schedule, Target, execute
 from detaudit.causes.context import load
 from detaudit.recorder.evidence import python_rng_digest
 
@@ -44,8 +44,8 @@ def normalised(event: dict[str, Any]) -> str:
 def test_every_evidence_event_is_identical_across_hash_seeds_and_address_layouts(tmp_path: Path) -> None:
     per_run: list[list[str]] = []
     for seed in HASH_SEEDS:
-        options = AuditOptions(script=SCRIPTS / "train_mixed_sources.py", repeats=1, granularity="module",
-                               env={"PYTHONHASHSEED": seed})
+        options = AuditOptions(Target(SCRIPTS / "train_mixed_sources.py", env={"PYTHONHASHSEED": seed}),
+                               Schedule(repeats=1), Recording("module"))
         [result] = execute(options, tmp_path, prefix=f"seed{seed}", cwd=tmp_path)
         assert result.exit_code == 0, (tmp_path / result.stderr).read_text()
         evidence = load(tmp_path / result.trace, 0, "cpu")

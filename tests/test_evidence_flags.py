@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from detaudit.audit import AuditOptions, execute
+from detaudit.audit import AuditOptions, Recording, Schedule, Target, execute
 from detaudit.causes.context import load
 
 SCRIPT = """\
@@ -36,7 +36,8 @@ print(torch.nn.Linear(3, 1)(x).shape)
 def test_flags_typos_and_collectives_are_recorded(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    options = AuditOptions(script=script, repeats=1, granularity="step", child_config={"pins": ["deterministic"]})
+    options = AuditOptions(Target(script), Schedule(repeats=1),
+                           Recording("step", child_config={"pins": ["deterministic"]}))
     [result] = execute(options, tmp_path, cwd=tmp_path)
     assert result.exit_code == 0, (tmp_path / result.stderr).read_text()
     events = load(tmp_path / result.trace, 0, "cpu")

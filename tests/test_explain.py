@@ -1,24 +1,26 @@
-"""Pin planning, what an experiment's repeats may conclude, and how results confirm, qualify or
-demote causes."""
+"""The experiment runner: pin planning, bisection, what an experiment's repeats may conclude, and
+running experiments end to end (with the repeats faked). How results re-rank causes: test_experiments.py."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from synthetic import training_records, write_run, write_trace
 
-from detaudit import audit, explain
+from detaudit import explain
 from detaudit.audit import AuditOptions, load_run
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import RepeatResult, plan_repeats
-from detaudit.report import Cause, Experiment, Report
+from detaudit.pin import SEP, Pin
+from detaudit.report import Cause, Confidence, Report
 
 
-def cause(cause_id: str, pins: list[str], confidence: str = "likely") -> Cause:
-    return Cause(cause_id, confidence, "summary", ["seen"], "fix", pins)
+def cause(cause_id: str, pins: list[str], confidence: Confidence = "likely", separating: Pin | None = None) -> Cause:
+    return Cause(cause_id, confidence, "summary", ["seen"], "fix", pins, separating_pin=separating)
 
 
 def test_plan_follows_the_ranking_without_duplicates() -> None:
@@ -27,63 +29,11 @@ def test_plan_follows_the_ranking_without_duplicates() -> None:
     assert explain.plan(causes) == ["deterministic", "one-thread"]
 
 
-def test_all_pins_everything() -> None:
-    everything = explain.pin_of(explain.ALL)
-    assert set(everything.child) >= {"torch-rng", "deterministic", "zero-empty", "address-layout"}
-    assert everything.env["PYTHONHASHSEED"] == "0" and everything.env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-
-
-def test_a_pin_that_removes_the_divergence_confirms_and_ranks_first() -> None:
-    causes = [cause("python-hash-seed", ["hash-seed"]), cause("object-order", ["address-layout"], "possible")]
-    experiments = [Experiment("hash-seed", "the hash seed", "divergent", 5, "still at #5"),
-                   Experiment("address-layout", "the layout", "deterministic", None)]
-    ranked = explain.apply(causes, experiments, 5)
-    assert [c.id for c in ranked] == ["object-order", "python-hash-seed"]
-    assert ranked[0].confidence == "confirmed"
-    assert ranked[1].confidence == "possible"
-    assert "still diverge" in ranked[1].evidence[-1]
-
-
-def test_a_divergence_that_only_moved_is_no_evidence() -> None:
-    """A loop whose length depends on the clock moves the first divergence by chance: never a confirmation."""
-    causes = [cause("python-hash-seed", ["hash-seed"])]
-    ranked = explain.apply(causes, [Experiment("hash-seed", "the hash seed", "divergent", 40145, "moved later")],
-                           39516)
-    assert ranked[0].confidence == "possible" and ranked[0].basis != "experiment"
-    assert "from #39516 to #40145, which is no evidence by itself" in ranked[0].evidence[-1]
-    assert "explains" not in ranked[0].evidence[-1]
-
-
-def test_a_confirmed_cause_rests_on_the_experiment() -> None:
-    ranked = explain.apply([cause("unseeded-torch-rng", ["torch-rng"])],
-                           [Experiment("torch-rng", "the torch RNG", "deterministic", None)], 3)
-    assert ranked[0].confidence == "confirmed" and ranked[0].basis == "experiment"
-
-
-def test_separating_pin_pins_one_cause_and_not_the_other() -> None:
-    # address-layout also sets PYTHONHASHSEED=0: only the hash-seed experiment tells the two apart
-    assert explain.separating_pin(["hash-seed"], ["address-layout"]) == "hash-seed"
-    assert explain.separating_pin(["address-layout"], ["hash-seed"]) == "hash-seed"
-    assert explain.separating_pin(["deterministic"], ["deterministic"]) is None
-
-
 def test_plan_runs_the_separating_experiment_first() -> None:
-    a = cause("object-order", ["address-layout"], "possible")
-    b = cause("python-hash-seed", ["hash-seed"], "possible")
-    a.separating_pin = b.separating_pin = "hash-seed"
+    a = cause("object-order", ["address-layout"], "possible", Pin.HASH_SEED)
+    b = cause("python-hash-seed", ["hash-seed"], "possible", Pin.HASH_SEED)
     assert explain.plan([a, b]) == ["hash-seed", "address-layout"]
     assert explain.cheap_pin([a, b]) == "hash-seed"
-
-
-@pytest.mark.parametrize("verdict, first", [("deterministic", "python-hash-seed"), ("divergent", "object-order")])
-def test_the_separating_experiment_settles_a_toss_up(verdict: str, first: str) -> None:
-    a = cause("python-hash-seed", ["hash-seed"], "possible")
-    b = cause("object-order", ["address-layout"], "possible")
-    a.separating_pin = b.separating_pin = "hash-seed"
-    ranked = explain.apply([a, b], [Experiment("hash-seed", "the hash seed", verdict, None)], 5)
-    assert ranked[0].id == first
-    assert ranked[0].confidence == ("confirmed" if verdict == "deterministic" else "likely")
-    assert ranked[1].confidence == "possible"
 
 
 def test_cheap_confirmation_only_for_one_cheap_decisive_pin() -> None:
@@ -104,35 +54,11 @@ def test_bisection_isolates_the_source(sources: set[str], expected: list[str]) -
 
     def agrees(name: str) -> bool:
         tried.append(name)
-        return sources <= set(name.split(explain.SEP))
+        return sources <= set(name.split(SEP))
 
     assert explain.bisect(explain.bisection_pins(["cpu"]), agrees) == expected
     assert len(tried) <= 12
-    assert not any(p in explain.CUDA_PINS for name in tried for p in name.split(explain.SEP))
-
-
-def test_an_isolated_source_no_cause_named_is_added_confirmed() -> None:
-    experiments = [Experiment("all", "every source", "deterministic", None),
-                   Experiment("torch-rng+numpy-rng+python-rng+hash-seed", "four", "deterministic", None),
-                   Experiment("hash-seed", "the string hash seed", "deterministic", None)]
-    ranked = explain.apply([cause("concurrency", [])], experiments, 5)
-    assert ranked[0].id == "python-hash-seed" and ranked[0].confidence == "confirmed"
-    assert [c.id for c in ranked] == ["python-hash-seed", "concurrency"]
-
-
-def test_everything_pinned_still_diverging_is_evidence_for_order_causes() -> None:
-    causes = [cause("concurrency", [])]
-    ranked = explain.apply(causes, [Experiment("all", "every source", "divergent", 0, "")], 0)
-    assert "every pin at once" in ranked[0].evidence[-1]
-    ranked = explain.apply([cause("unseeded-torch-rng", ["torch-rng"])],
-                           [Experiment("all", "every source", "divergent", 0, "")], 0)
-    assert ranked[-1].id == "unknown"
-
-
-def test_skipped_experiments_change_nothing() -> None:
-    causes = [cause("cudnn-benchmark", ["cudnn"])]
-    ranked = explain.apply(causes, [Experiment("cudnn", "cuDNN", "skipped", None, "over the budget")], 2)
-    assert ranked[0].confidence == "likely" and ranked[0].evidence == ["seen"]
+    assert not any(p in explain.CUDA_PINS for name in tried for p in name.split(SEP))
 
 
 def _baseline(tmp_path: Path) -> Report:
@@ -175,9 +101,10 @@ def test_experiments_run_at_the_baselines_granularity_from_any_directory(
 
     def fake_execute(options: AuditOptions, out: Path, on_done: object = None, prefix: str = "repeat",
                      cwd: Path | None = None) -> list[RepeatResult]:
-        seen.append((options.granularity, out))
+        seen.append((options.recording.granularity, out))
         results = []
-        for plan in plan_repeats(out, options.repeats, options.devices, options.granularity, prefix=prefix):
+        for plan in plan_repeats(out, options.schedule.repeats, options.schedule.devices,
+                                 options.recording.granularity, prefix=prefix):
             write_trace(plan.trace, recs, {"exit_code": 0})
             plan.stdout.write_text("")
             plan.stderr.write_text("")
@@ -185,7 +112,7 @@ def test_experiments_run_at_the_baselines_granularity_from_any_directory(
                                         plan.stderr.name, "same"))
         return results
 
-    monkeypatch.setattr(audit, "execute", fake_execute)
+    monkeypatch.setattr(explain, "execute", fake_execute)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -215,7 +142,8 @@ def _fake_runs(monkeypatch: pytest.MonkeyPatch, agree: Callable[[AuditOptions], 
                      cwd: Path | None = None) -> list[RepeatResult]:
         ran.append(prefix)
         results = []
-        for plan in plan_repeats(out, options.repeats, options.devices, options.granularity, prefix=prefix):
+        for plan in plan_repeats(out, options.schedule.repeats, options.schedule.devices,
+                                 options.recording.granularity, prefix=prefix):
             differ = not agree(options) and plan.index > 0
             write_trace(plan.trace, [recs[0].but(digest=99), *recs[1:]] if differ else recs, {"exit_code": 0})
             plan.stdout.write_text("")
@@ -224,7 +152,7 @@ def _fake_runs(monkeypatch: pytest.MonkeyPatch, agree: Callable[[AuditOptions], 
                                         plan.stderr.name, "same"))
         return results
 
-    monkeypatch.setattr(audit, "execute", fake_execute)
+    monkeypatch.setattr(explain, "execute", fake_execute)
     return ran
 
 
@@ -233,7 +161,7 @@ def test_every_pin_agreeing_is_bisected_down_to_the_source_no_cause_named(tmp_pa
     """The hash seed was the source; the evidence named nothing pinnable: the bisection finds it."""
     recs = training_records(steps=2)
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
-    ran = _fake_runs(monkeypatch, lambda options: options.env.get("PYTHONHASHSEED") == "0")
+    ran = _fake_runs(monkeypatch, lambda options: options.target.env.get("PYTHONHASHSEED") == "0")
     report = explain.run_experiments(run_dir, budget=40, repeats=2)
     verdicts = {e.pin: e.verdict for e in report.experiments}
     assert verdicts["all"] == "deterministic" and verdicts["hash-seed"] == "deterministic"
@@ -258,19 +186,14 @@ def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, mo
     recs = training_records(steps=2)
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
     seen: list[int] = []
-    _fake_runs(monkeypatch, lambda options: seen.append(options.repeats) is None)
-    tied = [cause("python-hash-seed", ["hash-seed"], "possible"), cause("object-order", ["address-layout"], "possible")]
-    for c in tied:
-        c.separating_pin = "hash-seed"
-    real_load = audit.load_run
+    _fake_runs(monkeypatch, lambda options: seen.append(options.schedule.repeats) is None)
+    tied = [cause("python-hash-seed", ["hash-seed"], "possible", Pin.HASH_SEED),
+            cause("object-order", ["address-layout"], "possible", Pin.HASH_SEED)]
 
     def with_toss_up(path: Path, *args: object, **kwargs: object) -> Report:
-        report = real_load(path)
-        report.causes = [Cause(c.id, c.confidence, c.summary, list(c.evidence), c.fix, list(c.pins),
-                               separating_pin=c.separating_pin) for c in tied]
-        return report
+        return replace(load_run(path), causes=tied)
 
-    monkeypatch.setattr(audit, "load_run", with_toss_up)
+    monkeypatch.setattr(explain, "load_run", with_toss_up)
     report = explain.run_experiments(run_dir, cheap=True)
     assert seen and set(seen) == {explain.SEPARATING_REPEATS}  # asked once per repeat
     assert [e.pin for e in report.experiments] == ["hash-seed"]

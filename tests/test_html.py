@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 from importlib import resources
 from pathlib import Path
@@ -14,9 +15,10 @@ from conftest import run_cli
 from synthetic import training_records, write_run
 
 from detaudit import baseline
-from detaudit.audit import load_run, read_run
+from detaudit.audit import load_run
 from detaudit.html import heat_strip_svg, render_html
 from detaudit.report import to_dict
+from detaudit.rundir import read_run
 
 _VOID = {"meta", "br", "img", "input", "link", "hr", "circle", "line", "polyline", "rect"}
 
@@ -146,7 +148,7 @@ def test_baseline_section_and_its_spread(tmp_path: Path) -> None:
     record, results = read_run(later)
     record["environment"] = {**record["environment"], "cpu_count": 64}
     report = load_run(later)
-    report.baseline = baseline.check(baseline.load(saved), later, record, results)
+    report = replace(report, baseline=baseline.check(baseline.load(saved), later, record, results))
     data = to_dict(report)
     assert data["verdict"] == "deterministic" and data["exit_code"] == 1
     page = check_page(render_html(data), data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,8 +42,9 @@ def test_data_that_entered_from_outside_torch_gets_a_note_not_an_op_table() -> N
 def test_an_environment_change_is_not_called_nondeterminism(tmp_path: Path) -> None:
     recs = training_records(steps=2)
     report = load_run(write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]]))
-    report.causes = [finding("environment-change", 0.9, "the environment changed between the recordings "
-                             "(torch, GPU): a difference between setups", [], "fix", basis="direct").cause]
+    report = replace(report, causes=[finding("environment-change", 0.9, "the environment changed between the "
+                                             "recordings (torch, GPU): a difference between setups", [], "fix",
+                                             basis="direct").cause])
     line = verdict_line(report).plain
     assert line.startswith("DIVERGENT: the environment changed between the recordings")
     assert "(torch, GPU differ)" in line

@@ -8,13 +8,14 @@ differ). `diagnose` ranks them; when none fires, `unknown` says what was ruled o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from detaudit.causes import clock, collective, compiled, device, flags, order, output, rng
 from detaudit.causes.context import LIKELY, Context, Finding, build, finding
 from detaudit.compare import Divergence
-from detaudit.explain import PINS, separating_pin
 from detaudit.launcher import RepeatResult
+from detaudit.pin import PINS, separating_pin
 from detaudit.report import BASES, Cause
 
 TIE = 1e-6  # scores this close on the same basis fit the evidence equally
@@ -56,7 +57,7 @@ def rank(ctx: Context) -> list[Cause]:
     if findings and findings[0].score >= LIKELY:  # weak, always-true background causes only add noise
         findings = [f for f in findings if f.score >= BACKGROUND]
     if len(findings) >= 2 and _tied(findings[0], findings[1]):
-        _toss_up(findings[0].cause, findings[1].cause)
+        findings[0].cause, findings[1].cause = _toss_up(findings[0].cause, findings[1].cause)
     return [f.cause for f in findings] or [unknown(ctx).cause]
 
 
@@ -64,15 +65,17 @@ def _tied(a: Finding, b: Finding) -> bool:
     return a.cause.basis == b.cause.basis and abs(a.score - b.score) < TIE
 
 
-def _toss_up(a: Cause, b: Cause) -> None:
+def _toss_up(a: Cause, b: Cause) -> tuple[Cause, Cause]:
+    """Both causes `possible`, each naming the other and the experiment that separates them."""
     pin = separating_pin(a.pins, b.pins)
-    for this, other in ((a, b), (b, a)):
-        this.confidence = "possible"
-        this.separating_pin = pin
+
+    def settled(this: Cause, other: Cause) -> Cause:
         line = f"fits the evidence as well as {other.id}: the two cannot be told apart without an experiment"
         if pin is not None:
             line += f"; the one that separates them pins {PINS[pin].description} (`--explain` runs it first)"
-        this.evidence.append(line)
+        return replace(this, confidence="possible", separating_pin=pin, evidence=[*this.evidence, line])
+
+    return settled(a, b), settled(b, a)
 
 
 def unknown(ctx: Context) -> Finding:

@@ -20,7 +20,7 @@ from detaudit.compare import Divergence
 from detaudit.errors import TraceError
 from detaudit.launcher import RepeatResult
 from detaudit.recorder.evidence import WORKERS_SUFFIX
-from detaudit.report import Basis, Cause
+from detaudit.report import Basis, Cause, Confidence
 from detaudit.trace import RecordStream, open_regular
 
 LIKELY = 0.7  # a score at or above this is reported as "likely", below as "possible"
@@ -38,7 +38,7 @@ def finding(cause_id: str, score: float, summary: str, evidence: list[str], fix:
             pins: Sequence[str] = (), basis: Basis = "circumstantial") -> Finding:
     """`basis`: op-records (the op-level re-run proved it), direct (evidence recorded before the
     divergence ties it to it), circumstantial (a source known to vary, not tied to the divergence)."""
-    confidence = "likely" if score >= LIKELY and basis != "circumstantial" else "possible"
+    confidence: Confidence = "likely" if score >= LIKELY and basis != "circumstantial" else "possible"
     return Finding(Cause(cause_id, confidence, summary, evidence, fix, list(dict.fromkeys(pins)), basis), score)
 
 

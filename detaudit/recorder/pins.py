@@ -1,7 +1,8 @@
 """Pins for `--explain`: hold one source of nondeterminism fixed inside a repeat.
 
-The launcher passes pin names in the child config (`pins`); environment-level pins (PYTHONHASHSEED,
-CUBLAS_WORKSPACE_CONFIG, OMP_NUM_THREADS) travel as environment variables instead (explain.PINS).
+The launcher passes pin names in the child config (`pins`: detaudit.pin.Pin values); environment-level
+pins (PYTHONHASHSEED, CUBLAS_WORKSPACE_CONFIG, OMP_NUM_THREADS) travel as environment variables instead
+(detaudit.pin.PINS).
 A pin overrides what the script does: seeding calls made by user code get a fixed value (the
 k-th call gets PIN_SEED + k, offset per DataLoader worker), flags are forced at import and again
 at the first forward and the first optimizer step (scripts set them after import).
@@ -16,17 +17,23 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
+from detaudit.pin import Pin, pins_of
+
 PIN_SEED = 1234
 ADDR_NO_RANDOMIZE = 0x0040000
-_PIN_OF_LIB = {"torch": "torch-rng", "numpy": "numpy-rng", "numpy-generator": "numpy-rng", "python": "python-rng"}
+_PIN_OF_LIB = {"torch": Pin.TORCH_RNG, "numpy": Pin.NUMPY_RNG, "numpy-generator": Pin.NUMPY_RNG,
+               "python": Pin.PYTHON_RNG}
 
 
 class Pins:
+    """The pins of one repeat (the child config's `pins`; a name this release does not know is a ValueError)."""
+
     def __init__(self, names: Iterable[str]) -> None:
-        self.names = frozenset(names)
+        self.names: frozenset[Pin] = frozenset(pins_of(list(names)))
         self._calls: dict[str, int] = {}
 
     def active(self, name: str) -> bool:
+        """Whether the pin of this name (a Pin value) holds in this repeat."""
         return name in self.names
 
     def seed_args(self, lib: str, args: tuple[Any, ...], kwargs: dict[str, Any], library: bool,
@@ -41,27 +48,27 @@ class Pins:
         return (value, *args[1:]), kwargs, value
 
     def apply_python(self, random_module: ModuleType) -> None:
-        if "python-rng" in self.names:
+        if Pin.PYTHON_RNG in self.names:
             random_module.seed(PIN_SEED)
 
     def apply_numpy(self, np_random: ModuleType) -> None:
-        if "numpy-rng" in self.names:
+        if Pin.NUMPY_RNG in self.names:
             np_random.seed(PIN_SEED)
 
     def apply_torch(self, torch: ModuleType) -> None:
         """At import: seed, and make the script's own flag calls unable to undo a pin."""
         from detaudit.recorder.evidence import replace  # evidence imports this module
 
-        if "torch-rng" in self.names:
+        if Pin.TORCH_RNG in self.names:
             torch.manual_seed(PIN_SEED)
-        if "deterministic" in self.names:
+        if Pin.DETERMINISTIC in self.names:
             original_mode = torch.use_deterministic_algorithms
 
             def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
                 original_mode(True, warn_only=True)
 
             replace(torch, "use_deterministic_algorithms", use_deterministic_algorithms)
-        if "one-thread" in self.names:
+        if Pin.ONE_THREAD in self.names:
             original_threads = torch.set_num_threads
 
             def set_num_threads(n: int) -> None:
@@ -72,14 +79,14 @@ class Pins:
 
     def apply_torch_flags(self, torch: ModuleType) -> None:
         """Force the flag pins (again at the first forward and step: scripts set flags after import)."""
-        if "deterministic" in self.names:
+        if Pin.DETERMINISTIC in self.names:
             torch.use_deterministic_algorithms(True, warn_only=True)
-        if "one-thread" in self.names:
+        if Pin.ONE_THREAD in self.names:
             torch.set_num_threads(1)
-        if "cudnn" in self.names:
+        if Pin.CUDNN in self.names:
             torch.backends.cudnn.benchmark = False
             torch.backends.cudnn.deterministic = True
-        if "tf32-off" in self.names:
+        if Pin.TF32_OFF in self.names:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
             torch.set_float32_matmul_precision("highest")
@@ -102,7 +109,7 @@ def reexec_without_aslr(names: Iterable[str]) -> None:
     hashed by identity does too. No-op where the personality call is refused (the experiment then
     says so through the `hash` event's `aslr_disabled`).
     """
-    if "address-layout" not in set(names) or not sys.platform.startswith("linux") or aslr_disabled():
+    if Pin.ADDRESS_LAYOUT not in set(names) or not sys.platform.startswith("linux") or aslr_disabled():
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)

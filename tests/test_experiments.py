@@ -1,0 +1,111 @@
+"""How `--explain` experiments confirm, qualify or demote causes, and how stored ones are read back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from synthetic import training_records, write_run
+
+from detaudit.audit import load_run
+from detaudit.errors import TraceError
+from detaudit.experiments import apply, saved
+from detaudit.pin import Pin
+from detaudit.report import Cause, Confidence, Experiment, ExperimentVerdict
+from detaudit.rundir import write_experiments
+
+
+def cause(cause_id: str, pins: list[str], confidence: Confidence = "likely", separating: Pin | None = None) -> Cause:
+    return Cause(cause_id, confidence, "summary", ["seen"], "fix", pins, separating_pin=separating)
+
+
+def test_a_pin_that_removes_the_divergence_confirms_and_ranks_first() -> None:
+    causes = [cause("python-hash-seed", ["hash-seed"]), cause("object-order", ["address-layout"], "possible")]
+    experiments = [Experiment("hash-seed", "the hash seed", "divergent", 5, "still at #5"),
+                   Experiment("address-layout", "the layout", "deterministic", None)]
+    ranked = apply(causes, experiments, 5)
+    assert [c.id for c in ranked] == ["object-order", "python-hash-seed"]
+    assert ranked[0].confidence == "confirmed"
+    assert ranked[1].confidence == "possible"
+    assert "still diverge" in ranked[1].evidence[-1]
+
+
+def test_a_divergence_that_only_moved_is_no_evidence() -> None:
+    """A loop whose length depends on the clock moves the first divergence by chance: never a confirmation."""
+    causes = [cause("python-hash-seed", ["hash-seed"])]
+    ranked = apply(causes, [Experiment("hash-seed", "the hash seed", "divergent", 40145, "moved later")],
+                           39516)
+    assert ranked[0].confidence == "possible" and ranked[0].basis != "experiment"
+    assert "from #39516 to #40145, which is no evidence by itself" in ranked[0].evidence[-1]
+    assert "explains" not in ranked[0].evidence[-1]
+
+
+def test_a_confirmed_cause_rests_on_the_experiment() -> None:
+    ranked = apply([cause("unseeded-torch-rng", ["torch-rng"])],
+                           [Experiment("torch-rng", "the torch RNG", "deterministic", None)], 3)
+    assert ranked[0].confidence == "confirmed" and ranked[0].basis == "experiment"
+
+
+@pytest.mark.parametrize("verdict, first", [("deterministic", "python-hash-seed"), ("divergent", "object-order")])
+def test_the_separating_experiment_settles_a_toss_up(verdict: ExperimentVerdict, first: str) -> None:
+    a = cause("python-hash-seed", ["hash-seed"], "possible", Pin.HASH_SEED)
+    b = cause("object-order", ["address-layout"], "possible", Pin.HASH_SEED)
+    ranked = apply([a, b], [Experiment("hash-seed", "the hash seed", verdict, None)], 5)
+    assert ranked[0].id == first
+    assert ranked[0].confidence == ("confirmed" if verdict == "deterministic" else "likely")
+    assert ranked[1].confidence == "possible"
+
+
+def test_an_isolated_source_no_cause_named_is_added_confirmed() -> None:
+    experiments = [Experiment("all", "every source", "deterministic", None),
+                   Experiment("torch-rng+numpy-rng+python-rng+hash-seed", "four", "deterministic", None),
+                   Experiment("hash-seed", "the string hash seed", "deterministic", None)]
+    ranked = apply([cause("concurrency", [])], experiments, 5)
+    assert ranked[0].id == "python-hash-seed" and ranked[0].confidence == "confirmed"
+    assert [c.id for c in ranked] == ["python-hash-seed", "concurrency"]
+
+
+def test_everything_pinned_still_diverging_is_evidence_for_order_causes() -> None:
+    causes = [cause("concurrency", [])]
+    ranked = apply(causes, [Experiment("all", "every source", "divergent", 0, "")], 0)
+    assert "every pin at once" in ranked[0].evidence[-1]
+    ranked = apply([cause("unseeded-torch-rng", ["torch-rng"])],
+                           [Experiment("all", "every source", "divergent", 0, "")], 0)
+    assert ranked[-1].id == "unknown"
+
+
+def test_skipped_experiments_change_nothing() -> None:
+    causes = [cause("cudnn-benchmark", ["cudnn"])]
+    ranked = apply(causes, [Experiment("cudnn", "cuDNN", "skipped", None, "over the budget")], 2)
+    assert ranked[0].confidence == "likely" and ranked[0].evidence == ["seen"]
+
+
+def test_apply_leaves_the_causes_it_was_given_unchanged() -> None:
+    """Causes are values: the ranking before experiments (`inferred`) must not change under the re-ranking."""
+    causes = [cause("python-hash-seed", ["hash-seed"])]
+    apply(causes, [Experiment("hash-seed", "the hash seed", "deterministic", None)], 5)
+    assert causes == [cause("python-hash-seed", ["hash-seed"])]
+
+
+def test_a_stored_experiment_reranks_the_rebuilt_report(tmp_path: Path) -> None:
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    before = load_run(run_dir)
+    assert before.experiments == []
+    write_experiments(run_dir, [{"pin": "torch-rng", "description": "the torch RNG", "verdict": "deterministic",
+                                 "first_divergence_index": None, "note": "", "prefix": "explain-torch-rng",
+                                 "results": []}])
+    assert saved(run_dir) == [Experiment("torch-rng", "the torch RNG", "deterministic", None)]
+    after = load_run(run_dir)
+    assert [e.pin for e in after.experiments] == ["torch-rng"]
+    assert after.inferred == before.inferred  # the ranking from the evidence alone stays on record
+    assert after.causes[0].confidence == "confirmed" and after.causes[0].basis == "experiment"
+
+
+def test_a_foreign_experiment_record_is_refused(tmp_path: Path) -> None:
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    (run_dir / "explain.json").write_text(json.dumps({"format": "detaudit-explain", "version": 99}))
+    with pytest.raises(TraceError, match="not an experiment record"):
+        load_run(run_dir)
