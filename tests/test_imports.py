@@ -182,8 +182,7 @@ def test_a_cycle_is_found_with_the_imports_that_make_it() -> None:
     assert strongly_connected(graph) == [["a", "b", "c"]]
 
 
-KNOWN_CYCLES = ("audit <-> explain (and causes -> explain), evidence <-> pins <-> faults, baseline -> audit (lazy), "
-                "ranks -> audit (lazy): removed by the issue-11 refactor in parallel branches")
+KNOWN_CYCLES = "recorder.evidence <-> recorder.pins <-> recorder.faults: removed by h-evidence's recorder/patch.py"
 
 
 @pytest.mark.xfail(strict=True, reason=f"known import cycles: {KNOWN_CYCLES}")
@@ -206,14 +205,13 @@ def upward_imports(graph: dict[str, list[Edge]]) -> list[str]:
             for edges in graph.values() for e in edges if placement[e.target][0] > placement[e.source][0]]
 
 
-@pytest.mark.xfail(strict=True, reason=f"imports that go up a layer make the known cycles: {KNOWN_CYCLES}")
 def test_imports_follow_the_documented_layers() -> None:
     upward = upward_imports(GRAPH)
     assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
 
 
-@pytest.mark.xfail(strict=True, reason="the runtime ones above, and type-only: compare -> oprules "
-                                       "(Divergence.op_finding), report -> ranks (Report.distributed)")
+@pytest.mark.xfail(strict=True, reason="type-only: compare -> oprules (Divergence.op_finding, moved by h-align), "
+                                       "report -> ranks (Report.distributed)")
 def test_type_annotations_follow_the_documented_layers_too() -> None:
     """A type named under `if TYPE_CHECKING:` is still a dependency of the design: a stage whose result
     holds the next stage's type cannot be read without it."""
