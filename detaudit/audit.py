@@ -239,7 +239,7 @@ def op_source(run_dir: Path, record: dict[str, Any], traces: Sequence[Path],
             return None
         finding = find_op_source(paths, [r.device for r in ops_results])
         if finding is not None:
-            finding.traces, finding.window = str(narrowing.get("prefix", OPS_PREFIX)), narrowing.get("window")
+            finding = replace(finding, traces=str(narrowing.get("prefix", OPS_PREFIX)), window=narrowing.get("window"))
         return finding
     if not traces or not all(t.is_file() for t in traces) \
             or RecordStream(traces[0]).header.get("granularity") != "op":
@@ -358,12 +358,13 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results
                      if r.exit_code not in (0, None) and not r.timed_out and r.stopped_at_step is None}
     failed = all_failed(results) and not any(r.timed_out for r in results)  # the verdict `failed`
+    op_finding: OpFinding | None = None
     if first is not None:
-        first.op_finding = op_source(run_dir, record, traces, devices)
+        op_finding = op_source(run_dir, record, traces, devices)  # the next stage's output: the report's
     checked = baseline.check(baseline.load(Path(record["baseline"])), run_dir, record, results, stdout_mode) \
         if record.get("baseline") else None
     divergence = first or ended
-    inferred = causes.diagnose(divergence, traces, results) if divergence is not None else []
+    inferred = causes.diagnose(divergence, traces, results, op_finding) if divergence is not None else []
     stored = experiments.saved(run_dir) if explained and divergence is not None else []
     ranked = experiments.apply(inferred, stored, divergence.index) if stored and divergence is not None \
         else inferred
@@ -380,7 +381,7 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         bitwise=bitwise, stdout_mode=stdout_mode,
         # the script's sys.argv in every repeat (the child sets it so); compare_recorded has no one command line
         argv=record.get("argv", [str(record["script"]), *record.get("script_args", [])]),
-        baseline=checked, inferred=[c.id for c in inferred], match=found,
+        baseline=checked, inferred=[c.id for c in inferred], match=found, op_finding=op_finding,
     )
 
 

@@ -464,7 +464,7 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
 @click.option("--events/--no-events", default=True, show_default=True, help="Print evidence events.")
 def show(trace_path: Path, limit: int, events: bool) -> None:
     """Print one trace readably: header, records, evidence events and footer."""
-    from detaudit.compare import describe
+    from detaudit.align import Aligner, describe
     from detaudit.safetext import printable
     from detaudit.trace import RecordStream
 
@@ -489,12 +489,9 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
     table = new_table(True)
     shown = 0
     total = 0
-    while True:
-        chunk = stream.take(4096)
-        if not len(chunk):
-            break
-        stream.check_strings(chunk)
-        for row in chunk:
+    aligner = Aligner([stream], chunk=4096)  # a lockstep walk of one trace: bounded memory, strings checked
+    for block in aligner:
+        for row in block.chunks[0]:
             if limit == 0 or shown < limit:
                 info = describe(stream, row, total)
                 name = (f"{info.op} ({info.node or 'bwd'})" if info.backward else f"{info.op} (fwd)") \
@@ -506,7 +503,7 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
         if table.row_count >= 4096:  # printed as it goes: `--limit 0` on a long trace keeps memory bounded
             console.print(table)
             table = new_table(False)
-    stream.drain()
+    aligner.finish()
     if table.row_count or not shown:
         console.print(table)
     if limit and total > shown:

@@ -1,6 +1,6 @@
-"""Align repeats record by record and find the first divergence.
+"""Find the first place where the repeats' traces differ, and how far the difference spreads.
 
-Streaming: traces are read in lockstep chunks, so memory stays bounded however long the run.
+Streaming: traces are walked in lockstep chunks (align.py), so memory stays bounded however long the run.
 Each repeat is compared with a reference: bitwise with the first repeat on its own device,
 and, for the first repeat on another device, within atol/rtol of repeat 0 (sampled values,
 with max-abs and max-ULP figures).
@@ -11,20 +11,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 import numpy as np
 
-from detaudit.dtypes import DTYPE_NAMES
+from detaudit.align import Aligner, RecordInfo, describe, reference_pairs
 from detaudit.stdout import StdoutDifference
-from detaudit.trace import RECORD_DTYPE, EmptyTrace, Flag, Kind, RecordStream
+from detaudit.trace import RECORD_DTYPE, EmptyTrace, RecordStream
 
-if TYPE_CHECKING:
-    from detaudit.oprules import OpFinding
-
-CHUNK = 1 << 16
-STRUCT_FIELDS = ("kind", "dtype", "step")
-STRING_FIELDS = ("name", "shape")
+# content: a value differs; structure: the repeats recorded different things (or one stopped early);
+# outcome: exit status or stdout differs (audit folds a structural difference into it when both happen)
+Category = Literal["content", "structure", "outcome"]
 
 
 @dataclass(frozen=True)
@@ -34,33 +31,14 @@ class Tolerance:
 
 
 @dataclass
-class RecordInfo:
-    """A record described in words (strings resolved)."""
-
-    index: int
-    kind: str
-    name: str
-    module: str
-    location: str
-    step: int
-    shape: str
-    dtype: str
-    op: str  # op records: the aten overload (`aten.index_put_.default`); "" otherwise
-    backward: bool
-    node: str = ""  # backward op records: the autograd node that ran the op (`IndexBackward0`)
-    random: bool = False  # op records: the op draws from an RNG
-
-    @property
-    def phase(self) -> str | None:
-        return ("backward" if self.backward else "forward") if self.op else None
-
-
-@dataclass
 class Divergence:
-    """The first place where some repeat differs from its reference."""
+    """The first place where some repeat differs from its reference.
+
+    Not frozen: `audit.analyse` adds what the outcome and the recordings' ends say to the detail.
+    """
 
     index: int
-    category: str  # "content" | "structure" | "outcome"
+    category: Category
     record: RecordInfo | None
     repeats: list[int]
     reference: int
@@ -68,11 +46,10 @@ class Divergence:
     max_ulp_diff: int | None = None
     detail: str = ""
     others: dict[int, RecordInfo] = field(default_factory=dict)  # structure: what the other repeats had
-    op_finding: OpFinding | None = None  # the op behind it, when ops were recorded (detaudit/oprules.py)
     stdout: StdoutDifference | None = None  # outcome: the first stdout line that differs (detaudit/stdout.py)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepSpread:
     step: int
     records: int
@@ -81,8 +58,10 @@ class StepSpread:
     modules: dict[str, int] = field(default_factory=dict)  # module -> its differing records in this step
 
 
-@dataclass
+@dataclass(frozen=True)
 class Comparison:
+    """The repeats' traces side by side; the op behind a divergence is the next stage's (oprules.py)."""
+
     repeats: int
     records: list[int]
     complete: list[bool]
@@ -96,43 +75,6 @@ class Comparison:
     @property
     def divergent(self) -> bool:
         return self.first_divergence is not None
-
-
-class _Strings:
-    """Maps each trace's local string ids onto one shared id space."""
-
-    def __init__(self) -> None:
-        self.ids: dict[str, int] = {"": 0}
-        self.texts: list[str] = [""]
-        self._maps: dict[int, np.ndarray] = {}
-
-    def mapping(self, key: int, strings: list[str]) -> np.ndarray:
-        current = self._maps.get(key, np.zeros(0, dtype=np.int64))
-        if len(current) < len(strings):
-            extra = []
-            for text in strings[len(current):]:
-                gid = self.ids.get(text)
-                if gid is None:
-                    gid = len(self.texts)
-                    self.ids[text] = gid
-                    self.texts.append(text)
-                extra.append(gid)
-            current = np.concatenate([current, np.asarray(extra, dtype=np.int64)])
-            self._maps[key] = current
-        return current
-
-
-def describe(stream: RecordStream, row: Any, index: int) -> RecordInfo:
-    s = stream.strings
-    kind = Kind(int(row["kind"])).name.lower() if int(row["kind"]) in Kind._value2member_map_ else "?"
-    is_op = int(row["kind"]) == Kind.OP
-    flags = int(row["flags"])
-    return RecordInfo(
-        index=index, kind=kind, name=s[row["name"]], module=s[row["module"]], location=s[row["loc"]],
-        step=int(row["step"]), shape=s[row["shape"]], dtype=DTYPE_NAMES.get(int(row["dtype"]), "?"),
-        op=s[row["name"]] if is_op else "", backward=bool(flags & Flag.BACKWARD),
-        node=s[row["aux"]] if is_op else "", random=bool(flags & Flag.RANDOM),
-    )
 
 
 def _ordered_bits(values: np.ndarray, dtype: str) -> np.ndarray | None:
@@ -192,20 +134,6 @@ def _within(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> np.ndarray:
     return close.all(axis=1)
 
 
-def reference_pairs(devices: Sequence[str]) -> list[tuple[int, int, bool]]:
-    """(reference, repeat, bitwise) pairs: same-device repeats bitwise, device leaders by tolerance."""
-    leaders: dict[str, int] = {}
-    pairs = []
-    for i, device in enumerate(devices):
-        if device not in leaders:
-            leaders[device] = i
-            if i:
-                pairs.append((0, i, False))
-        else:
-            pairs.append((leaders[device], i, True))
-    return pairs
-
-
 class MissingTrace(RecordStream):
     """A repeat that left no trace file (stopped before it could record): an empty, incomplete
     stream in memory, so reading a run directory never writes into it."""
@@ -249,34 +177,21 @@ def compare_traces(
     devices = list(devices) if devices is not None else ["same"] * len(paths)
     cut = list(truncated) if truncated is not None else [False] * len(paths)
     streams = [open_stream(Path(p)) for p in paths]
-    strings = _Strings()
+    aligner = Aligner(streams)
     pairs = reference_pairs(devices)
-    counts = [0] * len(streams)
     first: Divergence | None = None
     spread: dict[int, list[Any]] = {}
     module_spread: dict[tuple[int, str], int] = {}  # (step, module) -> differing records
     compared = differing = 0
     aligned = True
 
-    while True:
-        chunks = [s.take(CHUNK) for s in streams]
-        for i, chunk in enumerate(chunks):
-            streams[i].check_strings(chunk)
-            counts[i] += len(chunk)
-        n = min(len(c) for c in chunks)
-        longest = max(len(c) for c in chunks)
-        if longest == 0:
-            break
-        base = counts[0] - len(chunks[0])
-        maps = [strings.mapping(i, s.strings) for i, s in enumerate(streams)]
+    for block in aligner:
+        chunks, maps, base = block.chunks, block.maps, block.base
+        n, longest = block.n, block.longest
         was_aligned, upto = aligned, n  # upto: records before any structural divergence in this chunk
         for ref, rep, bitwise in pairs:
             a, b = chunks[ref][:n], chunks[rep][:n]
-            same_struct = np.ones(n, dtype=bool)
-            for f in STRUCT_FIELDS:
-                same_struct &= a[f] == b[f]
-            for f in STRING_FIELDS:
-                same_struct &= maps[ref][a[f]] == maps[rep][b[f]]
+            same_struct = block.same_structure(ref, rep)
             if bitwise:
                 same_value = a["digest"] == b["digest"]
             else:
@@ -317,8 +232,9 @@ def compare_traces(
                 names = np.where(modules == 0, maps[0][chunks[0]["name"][:upto][any_diff]], 0)
                 keys, hits = np.unique(np.stack([steps[any_diff].astype(np.int64), modules, names]), axis=1,
                                        return_counts=True)
+                texts = aligner.strings.texts
                 for step, module, name, hit in zip(*keys.tolist(), hits.tolist()):
-                    owner = strings.texts[module] if module else owning_module(strings.texts[name])
+                    owner = texts[module] if module else owning_module(texts[name])
                     module_spread[(step, owner)] = module_spread.get((step, owner), 0) + hit
             for step, total, count, peak in _per_step(steps, any_diff, max_diff):
                 entry = spread.setdefault(step, [0, 0, 0.0])
@@ -337,21 +253,12 @@ def compare_traces(
                 if first is None or idx < first.index:
                     first = _ended_early(streams, short, long, chunks, base, n)
             aligned = False
-        if n < longest or n < CHUNK:  # count what is left, for the per-repeat table
-            for i, s in enumerate(streams):
-                while True:
-                    rest = s.take(CHUNK)
-                    if not len(rest):
-                        break
-                    s.check_strings(rest)
-                    counts[i] += len(rest)
-            break
-    for s in streams:
-        s.drain()
-    by_step = [StepSpread(step, v[0], v[1], v[2] if v[1] else None) for step, v in sorted(spread.items())]
-    by_number = {s.step: s for s in by_step}
+    counts = aligner.finish()  # count what is left, for the per-repeat table
+    modules_by_step: dict[int, dict[str, int]] = {}
     for (number, module), count in sorted(module_spread.items()):
-        by_number[number].modules[module] = count
+        modules_by_step.setdefault(number, {})[module] = count
+    by_step = [StepSpread(step, v[0], v[1], v[2] if v[1] else None, modules_by_step.get(step, {}))
+               for step, v in sorted(spread.items())]
     return Comparison(
         repeats=len(streams), records=counts, complete=[s.footer is not None for s in streams],
         recording_failed={i: str(s.footer["recording_failed"]) for i, s in enumerate(streams)

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from detaudit.align import CHUNK, Aligner
 from detaudit.compare import Comparison, Tolerance, compare_traces
 from detaudit.dtypes import DTYPE_NAMES
 from detaudit.trace import Flag, Kind, RecordStream
 
 SELF_CHECK_PREFIX = "selfcheck"
-CHUNK = 1 << 16
 _SKIPPED = int(Flag.THREAD | Flag.NO_DATA | Flag.DEVICE)  # records the perturbation cannot be placed in exactly
 
 
@@ -114,17 +114,13 @@ def choose_record(trace: Path) -> tuple[int, int, str] | None:
     """(index, step, name) of the record to perturb: the first plain, non-empty record of the middle step."""
     stream = RecordStream(trace)
     rows: list[tuple[int, int, int, int, int]] = []  # index, step, name id, shape id, dtype
-    index = 0
-    while True:
-        chunk = stream.take(CHUNK)
-        if not len(chunk):
-            break
-        stream.check_strings(chunk)
+    aligner = Aligner([stream])
+    for block in aligner:
+        chunk = block.chunks[0]
         for i in np.flatnonzero((chunk["flags"] & _SKIPPED) == 0):
             r = chunk[i]
-            rows.append((index + int(i), int(r["step"]), int(r["name"]), int(r["shape"]), int(r["dtype"])))
-        index += len(chunk)
-    stream.drain()
+            rows.append((block.base + int(i), int(r["step"]), int(r["name"]), int(r["shape"]), int(r["dtype"])))
+    aligner.finish()
     strings = stream.strings
     usable = [r for r in rows if DTYPE_NAMES.get(r[4], "unknown") not in ("unknown", "complex128")
               and "0" not in strings[r[3]].split("x")]

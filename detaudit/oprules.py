@@ -11,7 +11,7 @@ Divergent ops that lead nowhere are common (random initialisation later overwrit
 next divergent record after it is an op whose inputs differ, or a non-op record (a module
 output, a gradient), rather than another source. Sources back to back, with no agreeing record
 between them (one op's several outputs, the initialisation of every layer), form one run and
-share a cause: the run's first is named. Traces are read in lockstep chunks, stopping as soon as
+share a cause: the run's first is named. Traces are walked in lockstep chunks (align.py), stopping as soon as
 the answer is known, so memory stays bounded.
 """
 
@@ -20,24 +20,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from detaudit.compare import (
-    CHUNK,
-    STRING_FIELDS,
-    STRUCT_FIELDS,
-    RecordInfo,
-    _Strings,
-    describe,
-    reference_pairs,
-)
+from detaudit.align import Aligner, RecordInfo, describe, reference_pairs
 from detaudit.trace import Flag, Kind, RecordStream
 
 BEFORE, AFTER = 3, 2  # neighbours shown around the op
 
-VERDICTS = {
+Verdict = Literal["nondeterministic-op", "random-op", "uninitialized-memory", "input-order", "inputs-differ",
+                  "different-ops"]
+VERDICTS: dict[Verdict, str] = {
     "nondeterministic-op": "its inputs match in every repeat but its output does not: the kernel itself "
                            "is nondeterministic",
     "random-op": "it draws from a random number generator and its inputs match: the RNG state differs "
@@ -49,23 +43,25 @@ VERDICTS = {
     "inputs-differ": "its inputs already differ",
     "different-ops": "the repeats ran different ops here: the control flow differs",
 }
+InputsState = Literal["match", "reordered", "differ", "unknown", ""]  # "": not an op record
+OutputState = Literal["match", "differ"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class OpRow:
     """One record of the match table around the op."""
 
     record: RecordInfo
-    inputs: str  # "match" | "reordered" | "differ" | "unknown" | "" (not an op record)
-    output: str  # "match" | "differ"
+    inputs: InputsState
+    output: OutputState
     chosen: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class OpFinding:
     """The op behind a divergence; consumed by the report and the causes engine."""
 
-    verdict: str  # a key of VERDICTS
+    verdict: Verdict
     record: RecordInfo  # the op (op, phase, node, module, location, step)
     repeats: list[int]  # repeats whose output differs from their reference there
     reference: int
@@ -143,18 +139,10 @@ def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) 
     pairs = [(ref, rep) for ref, rep, bitwise in reference_pairs(devices) if bitwise]
     if not pairs:
         return None
-    streams = [RecordStream(Path(p)) for p in paths]
-    strings = _Strings()
     scan = _Scan()
     structure_at: int | None = None
-    base = 0
-    while True:
-        chunks = [s.take(CHUNK) for s in streams]
-        for s, chunk in zip(streams, chunks):
-            s.check_strings(chunk)
-        n = min(len(c) for c in chunks)
-        longest = max(len(c) for c in chunks)
-        maps = [strings.mapping(i, s.strings) for i, s in enumerate(streams)]
+    for block in Aligner([RecordStream(Path(p)) for p in paths]):
+        chunks, base, n = block.chunks, block.base, block.n
         same = np.ones(n, dtype=bool)
         out_diff = np.zeros(n, dtype=bool)
         in_diff = np.zeros(n, dtype=bool)
@@ -162,10 +150,7 @@ def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) 
         unknown = np.zeros(n, dtype=bool)
         for ref, rep in pairs:
             a, b = chunks[ref][:n], chunks[rep][:n]
-            for f in STRUCT_FIELDS:
-                same &= a[f] == b[f]
-            for f in STRING_FIELDS:
-                same &= maps[ref][a[f]] == maps[rep][b[f]]
+            same &= block.same_structure(ref, rep)
             out_diff |= a["digest"] != b["digest"]
             in_diff |= a["in_ordered"] != b["in_ordered"]
             unordered_diff |= a["in_unordered"] != b["in_unordered"]
@@ -180,12 +165,9 @@ def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) 
             source = known and not unordered_diff[i]  # inputs match, or the same inputs reordered
             if scan.visit(base + i, is_op, source, known and bool(in_diff[i])):
                 return _finding(paths, pairs, scan, None)
-        if limit < n or n < longest:
+        if limit < n or n < block.longest:
             structure_at = base + limit
             break
-        if n < CHUNK:
-            break
-        base += n
     return _finding(paths, pairs, scan, structure_at)
 
 
@@ -212,6 +194,7 @@ def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan,
     at = rows[index]
     here = [info(k, index) for k in range(len(paths))]
     differs = sorted({rep for r, rep in pairs if (here[r].name, here[r].shape) != (here[rep].name, here[rep].shape)})
+    verdict: Verdict
     if differs:
         verdict = "different-ops"
     elif index == scan.first_differing_op:
@@ -232,7 +215,7 @@ def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan,
     )
 
 
-def _inputs_state(rows: Sequence[Any], pairs: list[tuple[int, int]]) -> str:
+def _inputs_state(rows: Sequence[Any], pairs: list[tuple[int, int]]) -> InputsState:
     if int(rows[pairs[0][0]]["kind"]) != Kind.OP:
         return ""
     if any(rows[r]["in_ordered"] == 0 or rows[rep]["in_ordered"] == 0 for r, rep in pairs):
@@ -244,7 +227,7 @@ def _inputs_state(rows: Sequence[Any], pairs: list[tuple[int, int]]) -> str:
     return "differ"
 
 
-def _output_state(rows: Sequence[Any], pairs: list[tuple[int, int]]) -> str:
+def _output_state(rows: Sequence[Any], pairs: list[tuple[int, int]]) -> OutputState:
     return "match" if all(rows[r]["digest"] == rows[rep]["digest"] for r, rep in pairs) else "differ"
 
 
@@ -253,16 +236,10 @@ def _read_rows(paths: Sequence[Path], wanted: set[int]) -> tuple[dict[int, tuple
     streams = [RecordStream(Path(p)) for p in paths]
     last = max(wanted)
     out: dict[int, tuple[Any, ...]] = {}
-    base = 0
-    while base <= last:
-        chunks = [s.take(CHUNK) for s in streams]
-        n = min(len(c) for c in chunks)
-        if n == 0:
-            break
-        for s, chunk in zip(streams, chunks):
-            s.check_strings(chunk)
+    for block in Aligner(streams):
         for i in wanted:
-            if base <= i < base + n:
-                out[i] = tuple(c[i - base].copy() for c in chunks)
-        base += n
+            if block.base <= i < block.base + block.n:
+                out[i] = tuple(c[i - block.base].copy() for c in block.chunks)
+        if block.base + block.n > last:
+            break
     return out, streams

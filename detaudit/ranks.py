@@ -32,6 +32,7 @@ from detaudit.distributed import Layout, node_rank
 from detaudit.errors import TraceError
 from detaudit.excerpt import error_excerpt
 from detaudit.launcher import RepeatResult
+from detaudit.oprules import OpFinding
 from detaudit.report import Cause, Report, all_failed
 from detaudit.trace import Kind, RecordStream
 
@@ -100,7 +101,7 @@ def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[Repea
         rank_results = [rank_result(run_dir, r, rank) for r in launched]
         report = analyse(run_dir, rank_record(single, rank), rank_results, explained=explained)
         d = report.first_divergence
-        role = None if d is None else classify(d, [run_dir / r.trace for r in rank_results])
+        role = None if d is None else classify(d, [run_dir / r.trace for r in rank_results], report.op_finding)
         summaries.append(RankSummary(rank, d, role, report))
 
     chosen = earliest(summaries)
@@ -172,10 +173,10 @@ def rank_record(record: dict[str, Any], rank: int) -> dict[str, Any]:
     return {**record, "narrowing": {**narrowing, "results": results}}
 
 
-def classify(d: Divergence, traces: Sequence[Path]) -> Role:
-    """Origin or receiver (module docstring): a receiver's first difference is a collective's output."""
+def classify(d: Divergence, traces: Sequence[Path], found: OpFinding | None = None) -> Role:
+    """Origin or receiver (module docstring): a receiver's first difference is a collective's output;
+    `found`: the op behind `d` (Report.op_finding)."""
     rec = d.record
-    found = d.op_finding
     if found is not None and found.record.op.startswith(COLLECTIVE_OPS):
         return "receiver"  # the op behind it is a collective: its output carries the other ranks' data
     if d.category != "content" or rec is None or rec.kind not in COLLECTIVE_FED:

@@ -132,7 +132,7 @@ def runs_table(report: Report) -> Table:
 
 
 def divergence_panel(report: Report) -> Panel | None:
-    d = divergence_to_dict(report.first_divergence)
+    d = divergence_to_dict(report.first_divergence, report.op_finding)
     if d is None or report.first_divergence is None:
         return None
     rec = report.first_divergence.record
@@ -184,7 +184,7 @@ def summary_line(report: Report) -> Text:
     """Verdict, first divergence, top cause and run directory on one line: printed last, so it stays in view."""
     text = Text(report.verdict.upper(), style=_VERDICT_STYLE[report.verdict])
     parts = []
-    d = divergence_to_dict(report.first_divergence)
+    d = divergence_to_dict(report.first_divergence, report.op_finding)
     if d is not None:
         what = " ".join(str(x) for x in (d["kind"], d["name"]) if x) or d["category"]
         step = f" at step {d['step']}" if d["step"] is not None and d["step"] >= 0 else ""
@@ -216,7 +216,7 @@ def argv_line(report: Report) -> Text | None:
 def op_panel(report: Report) -> Panel | None:
     """The op behind the first divergence, with the input/output match table around it."""
     first = report.first_divergence
-    f = first.op_finding if first is not None else None
+    f = report.op_finding if first is not None else None
     if f is None:
         return None
     r = f.record

@@ -130,6 +130,7 @@ class Report:
     inferred: list[str] = field(default_factory=list)  # cause ids as ranked from the evidence, before experiments
     match: Match | None = None  # what the verdict rests on (detaudit/match.py)
     distributed: DistributedFindings | None = None  # a torchrun run: ranks, replica check (ranks.py)
+    op_finding: OpFinding | None = None  # the op behind first_divergence, when ops were recorded (oprules.py)
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -194,12 +195,13 @@ def _finite(x: Any) -> Any:
     return x
 
 
-def divergence_to_dict(d: Divergence | None) -> dict[str, Any] | None:
+def divergence_to_dict(d: Divergence | None, finding: OpFinding | None = None) -> dict[str, Any] | None:
+    """`finding`: the op behind `d` (Report.op_finding), when one was pinpointed."""
     if d is None:
         return None
     rec = d.record
     # op, phase, node, module and location name the op behind the divergence when one was pinpointed
-    op = d.op_finding.record if d.op_finding is not None else rec
+    op = finding.record if finding is not None else rec
     return {
         "index": d.index,
         "category": d.category,
@@ -218,7 +220,7 @@ def divergence_to_dict(d: Divergence | None) -> dict[str, Any] | None:
         "max_abs_diff": _finite(d.max_abs_diff),
         "max_ulp_diff": d.max_ulp_diff,
         "detail": d.detail,
-        "op_finding": finding_to_dict(d.op_finding),
+        "op_finding": finding_to_dict(finding),
         "stdout": stdout_to_dict(d.stdout),
     }
 
@@ -272,7 +274,7 @@ def to_dict(report: Report) -> dict[str, Any]:
         "exit_code": report.exit_code,
         "timed_out": report.timed_out,
         "inconclusive": report.inconclusive_reason or None,
-        "first_divergence": divergence_to_dict(report.first_divergence),
+        "first_divergence": divergence_to_dict(report.first_divergence, report.op_finding),
         "spread": {
             "records_compared": comp.records_compared,
             "records_differing": comp.records_differing,
@@ -307,12 +309,13 @@ def distributed_to_dict(report: Report) -> dict[str, Any]:
     dist = report.distributed
     if dist is None:
         return {}
-    first = divergence_to_dict(report.first_divergence)
+    first = divergence_to_dict(report.first_divergence, report.op_finding)
     replica = dist.replica_divergence
     return {
         "first_divergence": None if first is None else {**first, "rank": dist.rank},
         "nproc_per_node": dist.nproc_per_node,
-        "ranks": [{"rank": s.rank, "first_divergence": divergence_to_dict(s.first_divergence), "role": s.role,
+        "ranks": [{"rank": s.rank, "first_divergence": divergence_to_dict(s.first_divergence, s.report.op_finding),
+                   "role": s.role,
                    "causes": [c.id for c in s.report.causes]} for s in dist.ranks],
         "replica_divergence": None if replica is None else {
             "step": replica.step, "name": replica.name, "ranks": replica.ranks, "reference": replica.reference,

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -39,6 +39,34 @@ RECORD_DTYPE = np.dtype(
         ("samples", "<f8", (N_SAMPLES,)),
     ]
 )
+
+
+
+class Record(NamedTuple):
+    """One record, field for field as RECORD_DTYPE stores it (readers get RECORD_DTYPE rows: the same names).
+
+    The writer takes any tuple in this order: the recorder builds plain tuples, because building a NamedTuple
+    costs about 0.33 µs more per record (0.40 µs against 0.07 µs), some 13% of recording a small tensor (2.5 µs).
+    """
+
+    kind: int  # Kind
+    dtype: int  # fingerprint.DTYPE_CODES
+    flags: int  # Flag
+    reserved: int
+    name: int  # string ids, here and below up to aux
+    module: int
+    loc: int
+    step: int  # optimizer steps completed before the record
+    shape: int
+    aux: int  # op records: the autograd node that ran a backward op
+    digest: int
+    in_ordered: int  # op records: digest of the inputs in order (0: unknown)
+    in_unordered: int  # ... and as a multiset (same inputs, another order)
+    samples: tuple[float, ...]  # N_SAMPLES sampled values
+
+
+assert Record._fields == RECORD_DTYPE.names  # one field order for writer and readers
+_FLAGS = Record._fields.index("flags")
 
 _FRAME_HEAD = struct.Struct("<cI")
 # One RECORD_DTYPE row, packed as the writer queues it: 4x faster than numpy on lists of tuples.
@@ -168,8 +196,8 @@ class TraceWriter:
         return self._texts[sid]
 
     def add(self, row: tuple[Any, ...]) -> None:
-        """Queue one record; `row` follows RECORD_DTYPE's field order (samples last, as a 4-tuple)."""
-        if row[2] & _THREAD:
+        """Queue one record; `row` is a `Record` or a plain tuple in its field order."""
+        if row[_FLAGS] & _THREAD:
             with self._lock:
                 self._threaded.append(row)
                 if len(self._threaded) >= THREAD_BLOCK_LIMIT:
@@ -191,9 +219,14 @@ class TraceWriter:
             if not self._threaded:
                 return
             texts = self._texts
-            # step, kind, the strings' texts (ids depend on which thread interned first), then content
-            self._threaded.sort(key=lambda r: (r[7], r[0], texts[r[4]], texts[r[5]], texts[r[8]], texts[r[6]],
-                                               texts[r[9]], r[1], r[2], r[10], r[11], r[12]))
+
+            def order(row: tuple[Any, ...]) -> tuple[Any, ...]:
+                # step, kind, the strings' texts (ids depend on which thread interned first), then content
+                r = Record._make(row)
+                return (r.step, r.kind, texts[r.name], texts[r.module], texts[r.shape], texts[r.loc], texts[r.aux],
+                        r.dtype, r.flags, r.digest, r.in_ordered, r.in_unordered)
+
+            self._threaded.sort(key=order)
             self._rows.extend(_ROW.pack(*r[:-1], *r[-1]) for r in self._threaded)
             self._threaded.clear()
 

@@ -319,7 +319,7 @@ def test_every_detector_has_a_documented_id() -> None:
 # -- strength of proof --------------------------------------------------------------------------------------
 def with_op_finding(ctx: Context, verdict: str) -> Context:
     op = record("op", "aten.index_put.default")
-    ctx.divergence.op_finding = SimpleNamespace(  # type: ignore[assignment]
+    ctx.op_finding = SimpleNamespace(
         verdict=verdict, summary=f"{verdict}: inputs match in every repeat, output differs", record=op)
     return ctx
 

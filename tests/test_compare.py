@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synthetic import Rec, training_records, write_trace
 
-from detaudit import compare
+from detaudit import align
 from detaudit.compare import Comparison, Tolerance, compare_traces, sample_differences
 from detaudit.trace import Kind
 
@@ -238,14 +238,14 @@ def _summary(c: Comparison) -> dict[str, object]:
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=traces_with_mutation(), chunk=st.sampled_from([1, 2, 3, 7, 64, compare.CHUNK]))
+@given(case=traces_with_mutation(), chunk=st.sampled_from([1, 2, 3, 7, 64, align.CHUNK]))
 def test_property_first_divergence_is_exactly_the_mutated_index(
         case: tuple[list[Rec], int, str, int, int], chunk: int) -> None:
     recs, k, how, repeats, mutated = case
     traces = [recs] * repeats
     traces[mutated] = _apply(recs, k, how)
     with tempfile.TemporaryDirectory() as tmp:
-        with mock.patch.object(compare, "CHUNK", chunk):
+        with mock.patch.object(align, "CHUNK", chunk):
             c = run_compare(Path(tmp), traces)
         d = c.first_divergence
         assert d is not None and d.index == k and d.repeats == [mutated]
@@ -253,7 +253,7 @@ def test_property_first_divergence_is_exactly_the_mutated_index(
         assert c.records[mutated] == (k if how == "truncate" else len(recs))
         # the whole comparison, spread included, does not depend on how the traces were chunked
         (Path(tmp) / "ref").mkdir()
-        with mock.patch.object(compare, "CHUNK", 1 << 16):
+        with mock.patch.object(align, "CHUNK", 1 << 16):
             reference = run_compare(Path(tmp) / "ref", traces)
         assert _summary(c) == _summary(reference)
 
@@ -261,7 +261,7 @@ def test_property_first_divergence_is_exactly_the_mutated_index(
 @pytest.mark.parametrize("chunk", [4, 5, 6])
 def test_divergence_on_chunk_boundary(tmp_path: Path, chunk: int) -> None:
     recs = training_records(steps=3)  # 18 records
-    with mock.patch.object(compare, "CHUNK", chunk):
+    with mock.patch.object(align, "CHUNK", chunk):
         for k in (chunk - 1, chunk, chunk + 1, 2 * chunk):
             sub = tmp_path / f"k{k}"
             sub.mkdir()

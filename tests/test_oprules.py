@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 from synthetic import Rec, write_run
 
-from detaudit import oprules
+from detaudit import align
 from detaudit.audit import load_run
 from detaudit.oprules import find_op_source
 from detaudit.render import op_panel, render
@@ -172,7 +172,7 @@ def test_the_scan_is_the_same_across_chunk_boundaries(tmp_path: Path, monkeypatc
     long = [Op("aten.add.Tensor", 100 + i) for i in range(11)] + BASE
     paths = traces(tmp_path, long, diverge(long, 14, ins_from=15))
     whole = find_op_source(paths)
-    monkeypatch.setattr(oprules, "CHUNK", 4)
+    monkeypatch.setattr(align, "CHUNK", 4)
     chunked = find_op_source(paths)
     assert whole is not None and chunked is not None
     assert whole.record.index == chunked.record.index == 14
@@ -191,6 +191,10 @@ def test_an_auto_run_directory_reports_the_op_from_its_op_level_rerun(tmp_path: 
     (run / "run.json").write_text(json.dumps(record))
 
     report = load_run(run)
+    # the op finding is the report's (the next stage's output), not the comparison's
+    assert report.op_finding is not None and report.op_finding.verdict == "nondeterministic-op"
+    assert not hasattr(report.comparison.first_divergence, "op_finding")
+    assert any(c.basis == "op-records" for c in report.causes)  # and the causes engine was given it
     first = to_dict(report)["first_divergence"]
     assert (first["kind"], first["name"]) == ("grad", "net.0.weight")
     assert (first["op"], first["phase"], first["node"], first["location"]) == (

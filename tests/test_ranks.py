@@ -14,7 +14,7 @@ from detaudit.audit import compare_recorded, load_run
 from detaudit.compare import Divergence, RecordInfo
 from detaudit.errors import UsageError
 from detaudit.launcher import RepeatResult
-from detaudit.oprules import OpFinding
+from detaudit.oprules import OpFinding, Verdict
 from detaudit.ranks import classify
 from detaudit.report import to_dict, to_junit
 from detaudit.rundir import RUN_FORMAT, RUN_VERSION
@@ -165,17 +165,19 @@ def test_a_rank_that_failed_in_its_script_is_no_teardown_crash(tmp_path: Path) -
     assert report.verdict == "failed" and report.failure
 
 
-def _grad_divergence(op: str, verdict: str) -> Divergence:
+def _grad_divergence(op: str, verdict: Verdict) -> tuple[Divergence, OpFinding]:
     rec = RecordInfo(6, "grad", "module.fc.weight", "", "train.py:27", 0, "4", "float32", "", False)
     op_rec = RecordInfo(4, "op", op, "", "train.py:19", 0, "4", "float32", op, False)
-    return Divergence(6, "content", rec, [1], 0, op_finding=OpFinding(verdict, op_rec, [1], 0))
+    return Divergence(6, "content", rec, [1], 0), OpFinding(verdict, op_rec, [1], 0)
 
 
 def test_a_collective_op_behind_the_divergence_makes_a_receiver(tmp_path: Path) -> None:
     path = write_trace(tmp_path / "t.trace", [], {"exit_code": 0})
     # equal inputs, different output: for a local op an origin, for a collective the other ranks' data
-    assert classify(_grad_divergence("c10d.allgather_.default", "uninitialized-memory"), [path]) == "receiver"
-    assert classify(_grad_divergence("aten.index_add_.default", "nondeterministic"), [path]) == "origin"
+    for op, verdict, role in (("c10d.allgather_.default", "uninitialized-memory", "receiver"),
+                              ("aten.index_add_.default", "nondeterministic-op", "origin")):
+        divergence, found = _grad_divergence(op, verdict)  # type: ignore[arg-type]
+        assert classify(divergence, [path], found) == role
 
 
 def test_compare_refuses_a_torchrun_run_directory_and_names_a_rank_trace(tmp_path: Path) -> None:

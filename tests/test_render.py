@@ -28,7 +28,7 @@ def test_data_that_entered_from_outside_torch_gets_a_note_not_an_op_table() -> N
     finding = OpFinding(verdict="inputs-differ", record=_record("op", "aten.addmm.default", op="aten.addmm.default"),
                         repeats=[1], reference=0, origin=_record("input", "Net.input[0]"), window=[0, 0],
                         traces="ops")
-    report = SimpleNamespace(first_divergence=SimpleNamespace(op_finding=finding))
+    report = SimpleNamespace(first_divergence=SimpleNamespace(), op_finding=finding)
     console = Console(record=True, width=200)
     panel = op_panel(report)  # type: ignore[arg-type]
     assert panel is not None

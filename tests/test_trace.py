@@ -17,7 +17,7 @@ from synthetic import Rec, training_records, write_trace
 import detaudit
 from detaudit import trace as trace_mod
 from detaudit.errors import TraceError
-from detaudit.trace import FORMAT_VERSION, MAGIC, RECORD_DTYPE, Kind, TraceWriter, read_trace
+from detaudit.trace import FORMAT_VERSION, MAGIC, RECORD_DTYPE, Flag, Kind, Record, TraceWriter, read_trace
 
 
 def _names(tr: trace_mod.Trace) -> list[str]:
@@ -61,6 +61,25 @@ def test_empty_trace_round_trips(tmp_path: Path) -> None:
 
 def test_record_layout_is_the_documented_84_bytes() -> None:
     assert RECORD_DTYPE.itemsize == 84
+
+
+def test_a_record_is_written_by_name_or_by_position_byte_for_byte_alike(tmp_path: Path) -> None:
+    """trace.Record names the fields of RECORD_DTYPE; the recorder's plain tuples write the same bytes."""
+    assert Record._fields == RECORD_DTYPE.names
+    fields = (int(Kind.OP), 7, int(Flag.RANDOM), 0, 1, 0, 2, 3, 0, 0, 2**64 - 1, 5, 6, (1.5, -0.0, float("inf"), 2.0))
+    files = []
+    for row in (fields, Record(*fields)):
+        path = tmp_path / f"{type(row).__name__}.trace"
+        writer = TraceWriter(path, {"pid": 1})
+        writer.intern("aten.rand.default")
+        writer.intern("train.py:3")
+        writer.add(row)
+        writer.close({"exit_code": 0})
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
+    [got] = read_trace(tmp_path / "Record.trace").records
+    assert [got[name].item() for name in Record._fields[:-1]] == list(fields[:-1])  # read back by name
+    assert got["samples"].tolist() == list(fields[-1])
 
 
 def test_identical_content_gives_identical_record_bodies(tmp_path: Path) -> None:

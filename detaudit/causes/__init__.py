@@ -15,6 +15,7 @@ from detaudit.causes import clock, collective, compiled, device, flags, order, o
 from detaudit.causes.context import LIKELY, Context, Finding, build, finding
 from detaudit.compare import Divergence
 from detaudit.launcher import RepeatResult
+from detaudit.oprules import OpFinding
 from detaudit.pin import PINS, separating_pin
 from detaudit.report import BASES, Cause
 
@@ -39,11 +40,12 @@ CAUSE_IDS = (
 )
 
 
-def diagnose(divergence: Divergence | None, traces: Sequence[Path], runs: Sequence[RepeatResult]) -> list[Cause]:
-    """Ranked causes of the first divergence; empty for a deterministic run."""
+def diagnose(divergence: Divergence | None, traces: Sequence[Path], runs: Sequence[RepeatResult],
+             op_finding: OpFinding | None = None) -> list[Cause]:
+    """Ranked causes of the first divergence (`op_finding`: the op behind it); empty for a deterministic run."""
     if divergence is None or not runs:
         return []
-    return rank(build(divergence, traces, runs))
+    return rank(build(divergence, traces, runs, op_finding))
 
 
 def rank(ctx: Context) -> list[Cause]:

@@ -19,6 +19,7 @@ from detaudit import schema
 from detaudit.compare import Divergence
 from detaudit.errors import TraceError
 from detaudit.launcher import RepeatResult
+from detaudit.oprules import OpFinding
 from detaudit.recorder.evidence import WORKERS_SUFFIX
 from detaudit.report import Basis, Cause, Confidence
 from detaudit.trace import RecordStream, open_regular
@@ -105,8 +106,12 @@ MAX_SIDE_BYTES = 16 << 20
 class Context:
     """The divergence plus every repeat's evidence, with the comparisons detectors need."""
 
-    def __init__(self, divergence: Divergence, repeats: list[RepeatEvidence]) -> None:
+    def __init__(self, divergence: Divergence, repeats: list[RepeatEvidence],
+                 op_finding: OpFinding | None = None) -> None:
         self.divergence = divergence
+        # the op behind the divergence, when ops were recorded (oprules.py); Any: detectors test it through
+        # booleans (`kernel = found is not None and ...`) that mypy cannot narrow
+        self.op_finding: Any = op_finding
         self.repeats = repeats
         self.limit = divergence.index if divergence.index >= 0 else math.inf
         by_index = {r.index: r for r in repeats}
@@ -116,10 +121,6 @@ class Context:
     @property
     def record(self) -> Any:
         return self.divergence.record
-
-    @property
-    def op_finding(self) -> Any:
-        return getattr(self.divergence, "op_finding", None)
 
     def precedes(self, event: dict[str, Any]) -> bool:
         return int(event.get("at", 0)) <= self.limit
@@ -148,6 +149,7 @@ class Context:
         return ", ".join(f"{fmt(v)} in repeat {r.index}" for v, r in zip(values, self.involved))
 
 
-def build(divergence: Divergence, traces: Sequence[Path], runs: Sequence[RepeatResult]) -> Context:
+def build(divergence: Divergence, traces: Sequence[Path], runs: Sequence[RepeatResult],
+          op_finding: OpFinding | None = None) -> Context:
     repeats = [load(path, run.index, run.device) for path, run in zip(traces, runs)]
-    return Context(divergence, repeats)
+    return Context(divergence, repeats, op_finding)

@@ -10,7 +10,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -21,6 +21,19 @@ from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
 _NAN4 = (float("nan"),) * N_SAMPLES
 _CACHE_LIMIT = 20000
 _PENDING_LIMIT = 1 << 16  # device records per host sync; normally one sync per step
+
+
+class DeviceRecord(NamedTuple):
+    """A pending record whose fingerprint is still on the device (made whole at the next host sync).
+
+    Keeps dtype and shape, not the tensor: pending records must not hold activations alive.
+    """
+
+    partial: tuple[Any, ...]  # the record's fields up to `aux` (trace.Record)
+    dtype: torch.dtype
+    shape: torch.Size
+    reduced: torch.Tensor  # DeviceReducer.reduce's values, still on the device
+    inputs: tuple[int, int]
 
 
 class ThreadState(threading.local):
@@ -54,7 +67,9 @@ class Recorder:
         self._cache: dict[int, tuple[Any, int, int, tuple[float, ...]]] = {}
         self._roots_run: set[int] = set()
         self.digest_caches: list[dict[Any, Any]] = [self._cache]  # cleared together (ops.py adds its own)
-        self._pending: list[Any] = []  # rows waiting for device fingerprints, in record order
+        # records waiting for device fingerprints, in record order: DeviceRecords and the whole rows
+        # (plain tuples, trace.Record's order) recorded after the first of them
+        self._pending: list[DeviceRecord | tuple[Any, ...]] = []
         self._reducer: DeviceReducer | None = None
         # True while the op recorder's window is open: accelerator tensors are fingerprinted at once
         # (one sync each) instead of at the step's end, so each op's input digests are known and the
@@ -134,8 +149,7 @@ class Recorder:
             reduced = self._reducer.reduce(t)
         finally:
             self.internal -= 1
-        # Keep dtype and shape, not the tensor: pending records must not hold activations alive.
-        self._pending.append((partial, (t.dtype, t.shape), reduced, inputs))
+        self._pending.append(DeviceRecord(partial, t.dtype, t.shape, reduced, inputs))
         if len(self._pending) >= _PENDING_LIMIT:
             self.resolve_pending()
         return 0
@@ -179,21 +193,20 @@ class Recorder:
         """Bring pending device fingerprints to the host in one transfer (one sync)."""
         if not self._pending:
             return
-        waiting = [p for p in self._pending if len(p) == 4]
+        waiting = [p for p in self._pending if isinstance(p, DeviceRecord)]
         values: list[list[float]] = []
         if waiting:
             self.internal += 1  # the stack and copy are detaudit's own ops: the op recorder must not add them
             try:
-                values = torch.stack([p[2] for p in waiting]).cpu().tolist()
+                values = torch.stack([p.reduced for p in waiting]).cpu().tolist()
             finally:
                 self.internal -= 1
         resolved = iter(values)
         assert self._reducer is not None or not waiting
         for item in self._pending:
-            if len(item) == 4:
-                partial, (dtype, shape), _, inputs = item
-                digest, samples = DeviceReducer.finish(dtype, shape, next(resolved))
-                self.writer.add((*partial, digest, inputs[0], inputs[1], samples))
+            if isinstance(item, DeviceRecord):
+                digest, samples = DeviceReducer.finish(item.dtype, item.shape, next(resolved))
+                self.writer.add((*item.partial, digest, item.inputs[0], item.inputs[1], samples))
             else:
                 self.writer.add(item)
         self._pending.clear()
