@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 from detaudit.distributed import enter_rank
 from detaudit.recorder import evidence, location
+from detaudit.recorder.patch import wrap
 from detaudit.recorder.pins import reexec_without_aslr
 
 
@@ -57,19 +58,19 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                 break
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        loader = spec.loader
-        original = loader.exec_module
+        def make(original: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+            def exec_module(module: ModuleType) -> None:
+                original(module)
+                callback = self.callbacks.pop(fullname, None)
+                if callback is not None:
+                    try:
+                        callback(module)
+                    except Exception as exc:
+                        self.on_error(fullname, exc)
 
-        def exec_module(module: ModuleType) -> None:
-            original(module)
-            callback = self.callbacks.pop(fullname, None)
-            if callback is not None:
-                try:
-                    callback(module)
-                except Exception as exc:
-                    self.on_error(fullname, exc)
+            return exec_module
 
-        loader.exec_module = exec_module  # type: ignore[method-assign]
+        wrap(spec.loader, "exec_module", make)
         return spec
 
     def catch_up(self) -> None:
@@ -295,9 +296,9 @@ def _keep_records_at_exit(session: Session) -> None:
 
         return exec_wrapper
 
-    os._exit = _exit  # type: ignore[assignment]
-    os.execv = before_exec(os.execv)
-    os.execve = before_exec(os.execve)
+    wrap(os, "_exit", lambda real: _exit)
+    wrap(os, "execv", before_exec)
+    wrap(os, "execve", before_exec)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)
 def _run_module(name: str) -> None:

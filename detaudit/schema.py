@@ -169,8 +169,9 @@ TRACE_FOOTER = Obj({"records": Int(0), "exit_code": INT_OR_NONE, "error": STR_OR
 
 _RNG = MapOf(Obj({"digest": STR_OR_NONE, "drawn": bool, "initial_seed": Int()}))
 _MODULE = Obj({"module": str, "class": str, "entry": str}, frozenset({"module", "class"}))
-# Evidence events (recorder/evidence.py): fields are typed by name, whatever the event type, so a new
-# event type is covered for the fields it shares; `at` and `type` are in every event.
+# Evidence events (detaudit/events.py, one TypedDict per kind): fields are typed by name, whatever the event
+# type, so a new event type is covered for the fields it shares; `at` and `type` are in every event. Every
+# field events.py declares has a spec here (tests/test_events.py); None: any JSON value.
 EVENT = Obj({
     "at": Int(0), "type": str, "loc": STR_OR_NONE, "lib": str, "fn": str, "when": str, "rng": _RNG,
     "flags": OneOf((NONE, MapOf(OneOf((bool, Number(), str, NONE))))), "op": str, "device": STR_OR_NONE,
@@ -182,4 +183,12 @@ EVENT = Obj({
     "gpu": ListOf(str), "randomization": Int(), "aslr_disabled": OneOf((bool, NONE)),
     "frames": Int(0), "inductor": MapOf(OneOf((bool, Number(), str, NONE))),
     "sites": ListOf(Obj({"fn": str, "loc": STR_OR_NONE, "reads": Int(0)})),
+    "worker": INT_OR_NONE, "value": None, "pinned": OneOf((bool, Int(), NONE)), "generator": OneOf((str, bool)),
+    "PYTHONHASHSEED": STR_OR_NONE, "flag": str, "by": STR_OR_NONE, "module": str, "name": str, "meant": STR_OR_NONE,
+    "backend": STR_OR_NONE, "world_size": Int(), "sampler": str, "worker_init_fn": STR_OR_NONE,
+    "python": STR_OR_NONE, "torch": STR_OR_NONE, "numpy": STR_OR_NONE, "cuda": STR_OR_NONE, "cudnn": INT_OR_NONE,
+    "driver": STR_OR_NONE, "cpu": STR_OR_NONE, "machine": STR_OR_NONE, "os": STR_OR_NONE,
+    "device_request": STR_OR_NONE, "git": OneOf((dict, NONE)), "params": ListOf(str), "ignored": ListOf(str),
+    "bucket_cap_mb": None, "gradient_as_bucket_view": bool, "static_graph": bool, "find_unused_parameters": bool,
+    "epoch": Int(), "iterations": Int(), "seed": INT_OR_NONE,
 }, frozenset({"at", "type"}))

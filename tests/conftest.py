@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from detaudit.recorder import patch
+
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
@@ -123,6 +125,57 @@ def diverges_within(attempts: int, audit: Callable[[int], CliResult], divergent_
         if result.returncode != 0:  # not a lost race: report it as it is
             break
     pytest.fail(f"no divergence within {attempts} audits ({'; '.join(seen)}); last output:\n{result.output}")
+
+
+# Globals detaudit's wrappers replace, watched by identity around every test in case one is patched
+# some other way than recorder/patch.py (whose registry is checked too). Owners not imported yet are skipped.
+WATCHED = {
+    "random": ("seed", "random", "shuffle"), "time": ("time", "perf_counter", "monotonic"),
+    "threading": ("Thread.start",), "os": ("_exit", "execv", "execve"),
+    "numpy.random": ("seed", "default_rng", "random", "rand"),
+    "concurrent.futures": ("ThreadPoolExecutor.submit", "as_completed"),
+    # not torch.manual_seed: importing torch._dynamo (torch.compile) replaces it for good
+    "torch": ("randn", "rand", "empty", "save", "set_num_threads",
+              "use_deterministic_algorithms", "Tensor.uniform_", "Tensor.index_add_", "autograd.backward",
+              "utils.data.DataLoader.__init__", "optim.Optimizer.__init__", "nn.functional.dropout"),
+}
+
+
+def _watched() -> dict[str, Any]:
+    found = {}
+    for module, names in WATCHED.items():
+        owner = sys.modules.get(module)
+        if owner is None:
+            continue
+        for name in names:
+            value: Any = owner
+            for part in name.split("."):
+                value = getattr(value, part, None)
+            found[f"{module}.{name}"] = value
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_patched() -> Any:
+    """Fail a test that leaves torch, numpy.random, random, time, threading or os patched."""
+    kept = len(patch.patched())
+    before = _watched()
+    yield
+    left = [f"{getattr(p.owner, '__name__', p.owner)}.{p.name}" for p in patch.patched()[kept:] if p.in_place]
+    patch.restore_all(kept)
+    after = _watched()
+    left += [name for name, value in before.items() if after.get(name) is not value]
+    if left:
+        pytest.fail(f"the test left patched: {', '.join(left)} (restore it: patch.restore_all, monkeypatch)")
+
+
+@pytest.fixture
+def evidence() -> Any:
+    """An in-process evidence recorder and its event sink (tests/evidence_sink.py), restored after the test."""
+    from evidence_sink import recording
+
+    with recording() as found:
+        yield found
 
 
 @pytest.fixture

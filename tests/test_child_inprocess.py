@@ -10,6 +10,7 @@ from types import ModuleType
 import pytest
 
 from detaudit import child
+from detaudit.recorder import patch
 
 
 def test_a_callback_runs_once_right_after_its_module_imports_and_its_failure_is_reported(
@@ -28,8 +29,12 @@ def test_a_callback_runs_once_right_after_its_module_imports_and_its_failure_is_
     monkeypatch.setattr(sys, "meta_path", [hook, *sys.meta_path])
     for name in ("watched_mod", "broken_cb_mod"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    import broken_cb_mod  # noqa: F401  (the callback's failure never reaches the importer)
-    import watched_mod  # noqa: F401
+    kept = len(patch.patched())
+    try:
+        import broken_cb_mod  # noqa: F401  (the callback's failure never reaches the importer)
+        import watched_mod  # noqa: F401
+    finally:
+        patch.restore_all(kept)  # the hook wrapped each module's loader.exec_module (recorder/patch.py)
 
     assert seen == ["watched_mod=1"] and errors == [("broken_cb_mod", "hook failed")]
     assert hook.callbacks == {}  # each dropped once its module imported

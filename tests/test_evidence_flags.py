@@ -8,6 +8,7 @@ import pytest
 
 from detaudit.audit import AuditOptions, Recording, Schedule, Target, execute
 from detaudit.causes.context import load
+from detaudit.events import CollectiveEvent, EnvironmentEvent, FlagEvent, FlagTypoEvent
 
 SCRIPT = """\
 import torch
@@ -41,16 +42,16 @@ def test_flags_typos_and_collectives_are_recorded(tmp_path: Path) -> None:
     [result] = execute(options, tmp_path, cwd=tmp_path)
     assert result.exit_code == 0, (tmp_path / result.stderr).read_text()
     events = load(tmp_path / result.trace, 0, "cpu")
-    [typo] = events.of("flag-typo")
+    [typo] = events.of(FlagTypoEvent)
     assert (typo["module"], typo["name"], typo["meant"], typo["loc"]) == \
         ("torch.backends.cudnn", "determinstic", "deterministic", "train.py:4")
     # the pin forces the flag itself: its own calls are not the script's settings
-    assert [(f["flag"], f["value"], f["loc"], f["by"]) for f in events.of("flag")] == [
+    assert [(f["flag"], f["value"], f["loc"], f["by"]) for f in events.of(FlagEvent)] == [
         ("use_deterministic_algorithms", "True", "train.py:5", "train.py:5"),
         ("use_deterministic_algorithms", "True, warn_only=True", "train.py:9", "train.py:9"),
         ("cudnn.benchmark", "False", "train.py:13", "train.py:13"),
     ]
-    collectives = events.of("collective")
+    collectives = events.of(CollectiveEvent)
     assert collectives[0]["what"] == "init_process_group" and collectives[0]["backend"] == "gloo"
     assert collectives[1]["what"] == "all_reduce" and collectives[1]["loc"] == "train.py:16"
-    assert events.first("environment")["git"] is None  # tmp_path is no git repository
+    assert events.first(EnvironmentEvent)["git"] is None  # tmp_path is no git repository

@@ -182,10 +182,6 @@ def test_a_cycle_is_found_with_the_imports_that_make_it() -> None:
     assert strongly_connected(graph) == [["a", "b", "c"]]
 
 
-KNOWN_CYCLES = "recorder.evidence <-> recorder.pins <-> recorder.faults: removed by h-evidence's recorder/patch.py"
-
-
-@pytest.mark.xfail(strict=True, reason=f"known import cycles: {KNOWN_CYCLES}")
 def test_no_import_cycles() -> None:
     groups = strongly_connected(GRAPH)
     described = []

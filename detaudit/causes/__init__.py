@@ -14,6 +14,7 @@ from pathlib import Path
 from detaudit.causes import clock, collective, compiled, device, flags, order, output, rng
 from detaudit.causes.context import LIKELY, Context, Finding, build, finding
 from detaudit.compare import Divergence
+from detaudit.events import ConcurrencyEvent, EmptyEvent, HashEvent, OpEvent
 from detaudit.launcher import RepeatResult
 from detaudit.oprules import OpFinding
 from detaudit.pin import PINS, separating_pin
@@ -90,14 +91,14 @@ def unknown(ctx: Context) -> Finding:
         if None not in states and not ctx.differs(states):
             how = f"seeded at {seeds[0].get('loc')}" if seeds else "never seeded but"
             ruled_out.append(f"{rng.NAMES[lib]} RNG: {how} its state matched in every repeat before the divergence")
-    hashes = [r.first("hash") for r in ctx.involved]
+    hashes = [r.first(HashEvent) for r in ctx.involved]
     if all(h is not None for h in hashes) and not ctx.differs([h["probe"] for h in hashes if h is not None]):
         ruled_out.append("string hashing: the same in every repeat (PYTHONHASHSEED fixed)")
-    if not ctx.ref.of("op"):
+    if not ctx.ref.of(OpEvent):
         ruled_out.append("no op on torch's nondeterministic list ran")
-    if not ctx.ref.of("empty"):
+    if not ctx.ref.of(EmptyEvent):
         ruled_out.append("no torch.empty-family allocation from the script")
-    if not ctx.ref.of("concurrency"):
+    if not ctx.ref.of(ConcurrencyEvent):
         ruled_out.append("no threads, executors or pools started by the script")
     if len({device.device_of(r) for r in ctx.involved}) == 1:
         ruled_out.append("same device and environment in every compared repeat")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
+from detaudit.events import ClockReadsEvent
 
 
 def _reads(rep: RepeatEvidence) -> dict[tuple[str, str], int]:
-    sites = (rep.first("clock-reads") or {}).get("sites", [])
+    event = rep.first(ClockReadsEvent)
+    sites = event.get("sites", []) if event is not None else []
     return {(str(s.get("loc")), str(s.get("fn"))): int(s.get("reads", 0)) for s in sites}
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from detaudit.causes import flags
 from detaudit.causes.context import LIKELY, Context, Finding, finding
 from detaudit.errors import TraceError
+from detaudit.events import CollectiveEvent, DdpEvent
 from detaudit.trace import RecordStream
 
 FED = ("grad", "param", "optstate")
@@ -38,13 +39,14 @@ def collective_algorithm(ctx: Context) -> Finding | None:
     rec = ctx.record
     if rec is None or rec.kind not in FED or ctx.divergence.category != "content":
         return None
-    reducers = [e for e in ctx.ref.of("ddp") + ctx.ref.of("collective")
-                if ctx.precedes(e) and e.get("what") != "init_process_group"]
+    reducers: list[DdpEvent | CollectiveEvent] = [
+        *ctx.ref.of(DdpEvent), *[e for e in ctx.ref.of(CollectiveEvent) if e.get("what") != "init_process_group"]]
+    reducers = [e for e in reducers if ctx.precedes(e)]
     if not reducers or flags.collective_algorithm(ctx) is not None:
         return None  # NCCL's unpinned algorithm has its own detector, under the same id
     lines = []
     for e in reducers:
-        if e.get("type") == "ddp":
+        if e["type"] == "ddp":
             settings = ", ".join(f"{k}={e.get(k)}" for k in ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
                                                               "find_unused_parameters") if e.get(k) is not None)
             lines.append(f"DistributedDataParallel at {e.get('loc') or '?'} all-reduces the gradients of "

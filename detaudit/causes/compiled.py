@@ -4,6 +4,7 @@ or autotuning picking other kernels from run to run)."""
 from __future__ import annotations
 
 from detaudit.causes.context import Context, Finding, finding
+from detaudit.events import CompileEvent
 
 TUNING = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 PARAM_KINDS = ("grad", "param", "optstate")
@@ -12,7 +13,7 @@ PARAM_KINDS = ("grad", "param", "optstate")
 def compiled_kernels(ctx: Context) -> Finding | None:
     """A compiled model, run without deterministic algorithms: inductor's CPU and GPU kernels
     parallelise reductions and scatter-adds (an embedding's backward) with atomic adds."""
-    events = ctx.ref.of("compile")
+    events = ctx.ref.of(CompileEvent)
     if not events:
         return None
     inductor = events[-1].get("inductor") or {}

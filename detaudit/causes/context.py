@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from detaudit import schema
 from detaudit.compare import Divergence
 from detaudit.errors import TraceError
+from detaudit.events import WORKERS_SUFFIX, Event, Flags, StateEvent, When, select
 from detaudit.launcher import RepeatResult
 from detaudit.oprules import OpFinding
-from detaudit.recorder.evidence import WORKERS_SUFFIX
 from detaudit.report import Basis, Cause, Confidence
 from detaudit.trace import RecordStream, open_regular
 
@@ -48,20 +48,28 @@ class RepeatEvidence:
     index: int
     device: str
     path: Path
-    events: list[dict[str, Any]] = field(default_factory=list)  # main process, in the order written
-    worker_events: list[dict[str, Any]] = field(default_factory=list)  # DataLoader workers (side file)
+    events: list[Event] = field(default_factory=list)  # main process, in the order written
+    worker_events: list[Event] = field(default_factory=list)  # DataLoader workers (side file)
 
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("type") == kind]
+    def of(self, kind: type[E]) -> list[E]:
+        """The main process's events of one kind: `rep.of(SeedEvent)`."""
+        return select(self.events, kind)
 
-    def first(self, kind: str) -> dict[str, Any] | None:
-        return next((e for e in self.events if e.get("type") == kind), None)
+    def first(self, kind: type[E]) -> E | None:
+        return next(iter(self.of(kind)), None)
 
-    def states(self) -> list[dict[str, Any]]:
-        return self.of("state")
+    def workers(self, kind: type[E]) -> list[E]:
+        """The DataLoader workers' events of one kind."""
+        return select(self.worker_events, kind)
 
-    def flags_at(self, when: str) -> dict[str, Any] | None:
+    def states(self) -> list[StateEvent]:
+        return self.of(StateEvent)
+
+    def flags_at(self, when: When) -> Flags | None:
         return next((e.get("flags") for e in self.states() if e.get("when") == when and e.get("flags")), None)
+
+
+E = TypeVar("E")
 
 
 def load(path: Path, index: int, device: str) -> RepeatEvidence:
@@ -70,7 +78,7 @@ def load(path: Path, index: int, device: str) -> RepeatEvidence:
     try:
         stream = RecordStream(Path(path))
         stream.drain()
-        rep.events = [e for e in stream.events if isinstance(e, dict)]
+        rep.events = [cast(Event, e) for e in stream.events if isinstance(e, dict)]  # types checked by the stream
     except (TraceError, OSError):
         return rep
     side = Path(str(path) + WORKERS_SUFFIX)
@@ -84,14 +92,14 @@ def load(path: Path, index: int, device: str) -> RepeatEvidence:
             except (ValueError, RecursionError):
                 continue  # a worker killed mid-write leaves a partial last line
             if isinstance(event, dict):
-                rep.worker_events.append(schema.check(event, schema.EVENT, f"{side}: worker event"))
+                rep.worker_events.append(cast(Event, schema.check(event, schema.EVENT, f"{side}: worker event")))
     # workers append to the side file as they are scheduled: one worker's events together, in its own
     # order, so the k-th event of a kind means the same thing in every repeat
     rep.worker_events.sort(key=_worker)
     return rep
 
 
-def _worker(event: dict[str, Any]) -> tuple[int, str]:
+def _worker(event: Event) -> tuple[int, str]:
     """A worker's events in its own order; events from before torch named the worker (its own seeding
     of the worker's RNGs) interleave by scheduling, so those are put in a canonical order instead."""
     worker = event.get("worker")
@@ -122,7 +130,7 @@ class Context:
     def record(self) -> Any:
         return self.divergence.record
 
-    def precedes(self, event: dict[str, Any]) -> bool:
+    def precedes(self, event: Event) -> bool:
         return int(event.get("at", 0)) <= self.limit
 
     def where(self) -> str:
@@ -135,7 +143,7 @@ class Context:
         loc = f" ({rec.location})" if rec.location else ""
         return f"record #{rec.index}, {what}{step}{loc}"
 
-    def aligned(self, pick: Any) -> Iterator[list[dict[str, Any]]]:
+    def aligned(self, pick: Callable[[RepeatEvidence], list[E]]) -> Iterator[list[E]]:
         """The k-th picked event of every involved repeat, for each k all of them have."""
         lists = [pick(r) for r in self.involved]
         for k in range(min(len(x) for x in lists) if lists else 0):

@@ -3,9 +3,10 @@ thread-count, uninitialized-memory, environment."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
+from detaudit.events import CallEvent, DrawEvent, EmptyEvent, EnvironmentEvent, ModuleEntry, ModulesEvent, OpEvent
 from detaudit.report import Basis
 from detaudit.trace import RecordStream
 
@@ -17,8 +18,15 @@ NOT_ENVIRONMENT = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
-def _modules(rep: RepeatEvidence) -> dict[str, Any]:
-    return rep.first("modules") or {}
+def _modules(rep: RepeatEvidence) -> tuple[str | None, list[ModuleEntry]]:
+    """(device, matmul-heavy layers) of the first model run; (None, []) when no model ran."""
+    mods = rep.first(ModulesEvent)
+    return (mods.get("device"), mods.get("matmul", [])) if mods is not None else (None, [])
+
+
+def _environment(rep: RepeatEvidence, key: Literal["device", "torch", "cuda"], default: str | None = None) -> Any:
+    env = rep.first(EnvironmentEvent)
+    return env.get(key, default) if env is not None else default
 
 
 def _flags(ctx: Context, rep: RepeatEvidence, before_only: bool = False) -> list[tuple[str, dict[str, Any]]]:
@@ -28,7 +36,7 @@ def _flags(ctx: Context, rep: RepeatEvidence, before_only: bool = False) -> list
 
 def device_of(rep: RepeatEvidence) -> str:
     """The device a repeat computed on (as its evidence says; recordings compared by `compare` have no other)."""
-    return str((rep.first("environment") or {}).get("device") or rep.device)
+    return str(_environment(rep, "device") or rep.device)
 
 
 def _in(ctx: Context, names: list[str]) -> bool:
@@ -37,13 +45,13 @@ def _in(ctx: Context, names: list[str]) -> bool:
 
 
 def nondeterministic_op(ctx: Context) -> Finding | None:
-    ops = [e for e in ctx.ref.of("op") if ctx.precedes(e) and not e.get("deterministic")
+    ops = [e for e in ctx.ref.of(OpEvent) if ctx.precedes(e) and not e.get("deterministic")
            and (e.get("device") != "cpu" or e.get("threads", 1) > 1)]
     found = ctx.op_finding
     kernel = found is not None and found.verdict == "nondeterministic-op"
     if not ops and not kernel:
         return None
-    torch_version = (ctx.ref.first("environment") or {}).get("torch", "?")
+    torch_version = _environment(ctx.ref, "torch", "?")
     lines = [f"{e['op']} ran on {e['device']} at {e.get('loc') or '?'} ({e.get('phase')}, {e.get('threads')} "
              f"threads, deterministic algorithms off); torch {torch_version} lists \"{e.get('entry')}\""
              for e in ops[:3]]
@@ -71,10 +79,10 @@ def nondeterministic_op(ctx: Context) -> Finding | None:
 def cudnn_benchmark(ctx: Context) -> Finding | None:
     on = [(rep.index, when) for rep in ctx.involved for when, f in _flags(ctx, rep)
           if f.get("cudnn.benchmark") and not f.get("cudnn.deterministic") and f.get("cudnn.enabled", True)]
-    mods = _modules(ctx.ref)
-    convs = [m["module"] for m in mods.get("matmul", []) if m["class"].startswith("Conv")]
-    conv_ops = [e for e in ctx.ref.of("op") if "conv" in e.get("op", "").lower() and e.get("device") == "cuda"]
-    if not on or not (convs and mods.get("device") == "cuda" or conv_ops):
+    device, matmul = _modules(ctx.ref)
+    convs = [m["module"] for m in matmul if m["class"].startswith("Conv")]
+    conv_ops = [e for e in ctx.ref.of(OpEvent) if "conv" in e.get("op", "").lower() and e.get("device") == "cuda"]
+    if not on or not (convs and device == "cuda" or conv_ops):
         return None
     lines = [f"torch.backends.cudnn.benchmark was True with cudnn.deterministic False (repeat {on[0][0]}, at the "
              f"{on[0][1]}): cuDNN times several convolution algorithms and keeps the fastest, which can change "
@@ -89,14 +97,14 @@ def cudnn_benchmark(ctx: Context) -> Finding | None:
 
 
 def cublas_workspace(ctx: Context) -> Finding | None:
-    mods = _modules(ctx.ref)
-    layers = [m["module"] for m in mods.get("matmul", []) if not m["class"].startswith("Conv")]  # cuDNN's
-    if mods.get("device") != "cuda" or not layers:
+    device, matmul = _modules(ctx.ref)
+    layers = [m["module"] for m in matmul if not m["class"].startswith("Conv")]  # cuDNN's
+    if device != "cuda" or not layers:
         return None
     flags = _flags(ctx, ctx.ref)
     if not flags or flags[-1][1].get("CUBLAS_WORKSPACE_CONFIG") in CUBLAS_OK:
         return None
-    cuda = (ctx.ref.first("environment") or {}).get("cuda")
+    cuda = _environment(ctx.ref, "cuda")
     if cuda and tuple(int(x) for x in str(cuda).split(".")[:2] if x.isdigit()) < (10, 2):
         return None
     deterministic = any(f.get("deterministic_algorithms") for _, f in flags)
@@ -123,7 +131,7 @@ def _tf32_reasons(flags: dict[str, Any]) -> list[str]:
 def tf32(ctx: Context) -> Finding | None:
     """TF32 separates devices (a TF32 GPU against the CPU), or two recordings on a GPU made with
     TF32 on in one and off in the other; within one setting it rounds the same way every run."""
-    on_cuda = [rep for rep in ctx.involved if device_of(rep) == "cuda" and _modules(rep).get("device") == "cuda"]
+    on_cuda = [rep for rep in ctx.involved if device_of(rep) == "cuda" and _modules(rep)[0] == "cuda"]
     if not on_cuda:
         return None
     settings = {rep.index: next(((when, _tf32_reasons(f)) for when, f in reversed(_flags(ctx, rep))), None)
@@ -173,7 +181,7 @@ def thread_count(ctx: Context) -> Finding | None:
             break
     if not lines:
         return None
-    calls = [e for e in ctx.ref.of("call") if e.get("fn") == "torch.set_num_threads"]
+    calls = [e for e in ctx.ref.of(CallEvent) if e.get("fn") == "torch.set_num_threads"]
     if calls:
         lines.append(f"torch.set_num_threads({calls[0].get('value')}) at {calls[0].get('loc')}")
     lines.append(f"first divergence: {ctx.where()}")
@@ -209,7 +217,7 @@ def _record_digests(ctx: Context) -> dict[int, str]:
 
 def uninitialized_memory(ctx: Context) -> Finding | None:
     varying = []
-    for empties in ctx.aligned(lambda r: [e for e in r.of("empty") if not e.get("pinned")]):
+    for empties in ctx.aligned(lambda r: [e for e in r.of(EmptyEvent) if not e.get("pinned")]):
         e = empties[0]
         digests = [x.get("digest") for x in empties]
         if ctx.precedes(e) and None not in digests and ctx.differs(digests):
@@ -244,7 +252,7 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
 
 
 def environment(ctx: Context) -> Finding | None:
-    envs = [r.first("environment") for r in ctx.involved]
+    envs = [r.first(EnvironmentEvent) for r in ctx.involved]
     if any(e is None for e in envs):
         return None
     lines: list[str] = []
@@ -301,7 +309,7 @@ def device_rng_geometry(ctx: Context) -> Finding | None:
     gpus = _gpus(ctx)
     if None in gpus or not ctx.differs(gpus):
         return None
-    draws = [e for e in ctx.ref.of("draw") if e.get("lib") == "torch" and e.get("device") == "cuda"
+    draws = [e for e in ctx.ref.of(DrawEvent) if e.get("lib") == "torch" and e.get("device") == "cuda"
              and ctx.precedes(e)]
     if not draws:
         return None

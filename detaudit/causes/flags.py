@@ -7,9 +7,9 @@ immediate caller (a framework's own line when a library reset the flag).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 from detaudit.causes.context import Context, Finding, finding
+from detaudit.events import CollectiveEvent, EnvironmentEvent, FlagEvent, FlagTypoEvent
 
 # what each flag is called in words, and the --explain pin that holds it
 FLAG_PINS = {"use_deterministic_algorithms": "deterministic", "cudnn.benchmark": "cudnn",
@@ -22,7 +22,7 @@ SNAPSHOT_FLAGS = {"deterministic_algorithms": "deterministic", "deterministic_wa
 NCCL_VARIABLES = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE")
 
 
-def _call(event: dict[str, Any]) -> str:
+def _call(event: FlagEvent) -> str:
     flag, value = event["flag"], event.get("value")
     if flag in ("use_deterministic_algorithms", "set_float32_matmul_precision"):
         return f"torch.{flag}({value})"
@@ -30,20 +30,24 @@ def _call(event: dict[str, Any]) -> str:
     return f"{prefix}{flag} = {value}"
 
 
-def _where(event: dict[str, Any]) -> str:
+def _where(event: FlagEvent | FlagTypoEvent) -> str:
     loc, by = event.get("loc") or "?", event.get("by") or ""
     return loc if not by or by == loc else f"{by} (reached from {loc})"
 
 
+def _env(event: EnvironmentEvent | None) -> dict[str, str]:
+    return (event.get("env") if event is not None else None) or {}
+
+
 def flag_drift(ctx: Context) -> Finding | None:
     """A determinism flag set once and changed later in the run: the later call decides what runs."""
-    by_flag: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for e in ctx.ref.of("flag"):
+    by_flag: dict[str, list[FlagEvent]] = defaultdict(list)
+    for e in ctx.ref.of(FlagEvent):
         by_flag[e["flag"]].append(e)
     lines: list[str] = []
     pins: list[str] = []
     before = False
-    last: dict[str, Any] | None = None
+    last: FlagEvent | None = None
     for flag, events in by_flag.items():
         for a, b in zip(events, events[1:]):
             if a.get("value") != b.get("value"):
@@ -70,7 +74,7 @@ def flag_drift(ctx: Context) -> Finding | None:
 
 def flag_typo(ctx: Context) -> Finding | None:
     """`torch.backends.cudnn.determinstic = True` is accepted silently: the flag it meant stays as it was."""
-    typos = ctx.ref.of("flag-typo")
+    typos = ctx.ref.of(FlagTypoEvent)
     if not typos:
         return None
     lines = [f"`{t['module']}.{t['name']} = {t.get('value')}` at {_where(t)} set an attribute torch never reads"
@@ -88,11 +92,11 @@ def flag_typo(ctx: Context) -> Finding | None:
 
 def collective_algorithm(ctx: Context) -> Finding | None:
     """NCCL picks its reduction algorithm and protocol by topology and size unless told: sums differ."""
-    collectives = [e for e in ctx.ref.of("collective") if ctx.precedes(e)]
+    collectives = [e for e in ctx.ref.of(CollectiveEvent) if ctx.precedes(e)]
     backends = {e.get("backend") for e in collectives if e.get("backend")}
     if not collectives or not ({"nccl"} & backends or any(e.get("device") == "cuda" for e in collectives)):
         return None
-    envs = [(r.first("environment") or {}).get("env") or {} for r in ctx.involved]
+    envs = [_env(r.first(EnvironmentEvent)) for r in ctx.involved]
     lines = []
     differ = False
     for key in NCCL_VARIABLES:

@@ -8,6 +8,7 @@ another order, and on `--explain` (a fixed PYTHONHASHSEED; a fixed address layou
 from __future__ import annotations
 
 from detaudit.causes.context import Context, Finding, finding
+from detaudit.events import ConcurrencyEvent, HashEvent
 from detaudit.report import Basis
 
 COMPLETION_ORDER = ("concurrent.futures.as_completed", "multiprocessing.Pool.imap_unordered")
@@ -31,7 +32,7 @@ def _near(ctx: Context) -> str:
 
 
 def python_hash_seed(ctx: Context) -> Finding | None:
-    hashes = [r.first("hash") for r in ctx.involved]
+    hashes = [r.first(HashEvent) for r in ctx.involved]
     if any(h is None for h in hashes):
         return None
     probes = [h["probe"] for h in hashes if h is not None]
@@ -50,7 +51,7 @@ def python_hash_seed(ctx: Context) -> Finding | None:
 
 
 def object_order(ctx: Context) -> Finding | None:
-    hashes = [r.first("hash") for r in ctx.involved]
+    hashes = [r.first(HashEvent) for r in ctx.involved]
     if any(h is None for h in hashes) or all(h.get("aslr_disabled") for h in hashes if h is not None):
         return None
     hash_fixed = not ctx.differs([h["probe"] for h in hashes if h is not None])
@@ -71,7 +72,7 @@ def object_order(ctx: Context) -> Finding | None:
 
 
 def concurrency(ctx: Context) -> Finding | None:
-    events = [e for e in ctx.ref.of("concurrency") if ctx.precedes(e)]
+    events = [e for e in ctx.ref.of(ConcurrencyEvent) if ctx.precedes(e)]
     if not events:
         return None
     completion = [e for e in events if e.get("what") in COMPLETION_ORDER]

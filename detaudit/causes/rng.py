@@ -3,9 +3,10 @@ dataloader-workers."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
+from detaudit.events import DataLoaderEvent, DrawEvent, GeneratorEvent, SeedEvent, StateEvent
 from detaudit.report import Basis
 
 NAMES = {"torch": "torch", "numpy": "NumPy", "python": "Python `random`"}
@@ -13,8 +14,10 @@ PINS = {"torch": "torch-rng", "numpy": "numpy-rng", "python": "python-rng"}
 SEED_CALL = {"torch": "torch.manual_seed(0)", "numpy": "np.random.seed(0)", "python": "random.seed(0)"}
 
 
-def user_seeds(rep: RepeatEvidence, lib: str) -> list[dict[str, Any]]:
-    return [e for e in rep.events if e.get("type") == "seed" and e.get("lib") == lib and not e.get("library")]
+def user_seeds(rep: RepeatEvidence, lib: str, workers: bool = False) -> list[SeedEvent]:
+    """The script's own seeding calls of `lib`, in the main process or (`workers`) in DataLoader workers."""
+    seeds = rep.workers(SeedEvent) if workers else rep.of(SeedEvent)
+    return [e for e in seeds if e.get("lib") == lib and not e.get("library")]
 
 
 def _initial_digests_differ(ctx: Context, lib: str) -> bool:
@@ -32,26 +35,31 @@ def unseeded_draws(ctx: Context, rep: RepeatEvidence, lib: str) -> list[tuple[in
     """(position, evidence line) for draws from the global RNG before any user seed, up to the divergence."""
     found: list[tuple[int, str]] = []
     for e in rep.events:
-        kind = e.get("type")
-        if kind == "seed" and e.get("lib") == lib and not e.get("library"):
+        if e["type"] == "seed" and e.get("lib") == lib and not e.get("library"):
             if e.get("drawn_before") and ctx.precedes(e):
                 found.append((e.get("at", 0), f"the global {NAMES[lib]} RNG was drawn from before {e['fn']}"
                                               f"({e.get('value')}) at {e.get('loc')} seeded it"))
             break
         if not ctx.precedes(e):
             break
-        if kind == "draw" and e.get("lib") == lib and e.get("generator") == "global":
+        if e["type"] == "draw" and e.get("lib") == lib and e.get("generator") == "global":
             found.append((e.get("at", 0), f"{e['fn']} at {e.get('loc') or '?'} drew from the unseeded global "
                                           f"{NAMES[lib]} RNG"))
-        elif kind == "state" and not found and e.get("rng", {}).get(lib, {}).get("drawn"):
+        elif e["type"] == "state" and not found and _drawn(e, lib):
             found.append((e.get("at", 0), f"the global {NAMES[lib]} RNG state had changed by the {e['when']} "
                                           "snapshot (it was drawn from)"))
     return found
 
 
+def _drawn(state: StateEvent, lib: str) -> bool:
+    digest = state.get("rng", {}).get(lib)
+    return bool(digest and digest.get("drawn"))
+
+
 def _unseeded_generators(ctx: Context) -> list[tuple[int, str, str]]:
     found = []
-    for gens in ctx.aligned(lambda r: [e for e in r.of("generator") if not e.get("seeded") and not e.get("library")]):
+    for gens in ctx.aligned(lambda r: [e for e in r.of(GeneratorEvent)
+                                       if not e.get("seeded") and not e.get("library")]):
         g = gens[0]
         if ctx.precedes(g) and ctx.differs([x.get("state") for x in gens]):
             found.append((g.get("at", 0), f"{g['fn']}() at {g.get('loc')} created a Generator without a seed "
@@ -86,9 +94,9 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
         fix = f"give the Generator a seed: `np.random.default_rng(0)` at {generators[0][2]}"
     else:
         fix = f"call `{SEED_CALL[lib]}` at the start of the script" + (f", before {loc}" if loc else "")
-        if any(e.get("fn") == "dropout" for e in ctx.ref.of("draw") if ctx.precedes(e)):
+        if any(e.get("fn") == "dropout" for e in ctx.ref.of(DrawEvent) if ctx.precedes(e)):
             fix += "; for inference, call `model.eval()` first (Dropout draws only in training mode)"
-        loader = next((e for e in ctx.ref.of("dataloader") if not e.get("generator")), None)
+        loader = next((e for e in ctx.ref.of(DataLoaderEvent) if not e.get("generator")), None)
         if lib == "torch" and loader is not None:
             fix += (f"; or pass `generator=torch.Generator().manual_seed(0)` to the DataLoader at "
                     f"{loader.get('loc')}")
@@ -119,9 +127,9 @@ def unseeded_python_rng(ctx: Context) -> Finding | None:
 def varying_seed(ctx: Context) -> Finding | None:
     lines: list[str] = []
     pins: list[str] = []
-    first: dict[str, Any] | None = None
+    first: SeedEvent | GeneratorEvent | None = None
     for lib in ("torch", "numpy", "python"):
-        for calls in ctx.aligned(lambda r, lib=lib: user_seeds(r, lib)):
+        for calls in ctx.aligned(functools.partial(user_seeds, lib=lib)):
             values = [c.get("value") for c in calls]
             entropy = all(v is None for v in values)  # seeded from OS entropy: only the state can differ
             # the same value in every repeat is a seed that does not vary, whatever else does: never a cause
@@ -136,7 +144,7 @@ def varying_seed(ctx: Context) -> Finding | None:
             pins.append(PINS[lib])
             first = first if first is not None and first.get("at", 0) <= c.get("at", 0) else c
             break
-    for gens in ctx.aligned(lambda r: [e for e in r.of("generator") if e.get("seeded") and not e.get("library")]):
+    for gens in ctx.aligned(lambda r: [e for e in r.of(GeneratorEvent) if e.get("seeded") and not e.get("library")]):
         g = gens[0]
         if ctx.differs([x.get("value") for x in gens]):
             lines.append(f"{g['fn']} at {g.get('loc')} received {ctx.pair_text([x.get('value') for x in gens])}")
@@ -157,14 +165,13 @@ def varying_seed(ctx: Context) -> Finding | None:
 
 
 def dataloader_workers(ctx: Context) -> Finding | None:
-    loaders = [e for e in ctx.ref.of("dataloader") if e.get("num_workers", 0) > 0 and ctx.precedes(e)]
+    loaders = [e for e in ctx.ref.of(DataLoaderEvent) if e.get("num_workers", 0) > 0 and ctx.precedes(e)]
     if not loaders:
         return None
     lines: list[str] = []
     pins: list[str] = []
     loc = ""
-    for gens in ctx.aligned(lambda r: [e for e in r.worker_events
-                                       if e.get("type") == "generator" and not e.get("library")]):
+    for gens in ctx.aligned(lambda r: [e for e in r.workers(GeneratorEvent) if not e.get("library")]):
         g = gens[0]
         if ctx.differs([x.get("state") for x in gens]):
             seeded = "with a seed that changes per run" if g.get("seeded") else "without a seed"
@@ -175,8 +182,7 @@ def dataloader_workers(ctx: Context) -> Finding | None:
             loc = loc or g.get("loc", "")
             break
     for lib in ("numpy", "python", "torch"):
-        for calls in ctx.aligned(lambda r, lib=lib: [e for e in r.worker_events if e.get("type") == "seed"
-                                                     and e.get("lib") == lib and not e.get("library")]):
+        for calls in ctx.aligned(functools.partial(user_seeds, lib=lib, workers=True)):
             if ctx.differs([c.get("state") for c in calls]):
                 c = calls[0]
                 lines.append(f"inside DataLoader worker {c.get('worker')}, {c['fn']} at {c.get('loc')} set a seed "

@@ -22,6 +22,7 @@ import torch
 
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.core import Recorder
+from detaudit.recorder.patch import wrap
 
 Counting = Literal["optimizer steps", "root-module forward calls"]
 
@@ -57,14 +58,16 @@ class Bounds:
 
         self.recorder.step_callbacks.append(self._on_step)
         nn_module.register_module_forward_hook(self._on_forward)
-        original = torch.optim.Optimizer.__init__
         bounds = self
 
-        def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
-            bounds.optimizer_built = True
-            original(optimizer, *args, **kwargs)
+        def make(original: Callable[..., None]) -> Callable[..., None]:
+            def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+                bounds.optimizer_built = True
+                original(optimizer, *args, **kwargs)
 
-        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign,assignment]
+            return init
+
+        wrap(torch.optim.Optimizer, "__init__", make)
 
     def _on_step(self, step: int) -> None:
         self._check(step, "optimizer steps")

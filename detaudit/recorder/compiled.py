@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
 import torch
+
+from detaudit.events import CompileEvent
 
 _compiler = getattr(torch, "compiler", None)
 compiling: Callable[[], bool] = getattr(_compiler, "is_compiling", None) or (lambda: False)
@@ -46,7 +47,7 @@ def plain_name(qual: str) -> str:
     return ".".join(p for p in qual.split(".") if p != WRAPPER_ATTR)
 
 
-def evidence() -> dict[str, Any]:
+def evidence() -> CompileEvent:
     """What decides compiled numerics: inductor's settings, the compile environment, frames compiled."""
     import sys
 
@@ -56,7 +57,7 @@ def evidence() -> dict[str, Any]:
     counters = getattr(dynamo, "counters", None)
     if counters is not None:
         frames = int(counters.get("frames", {}).get("ok", 0))
-    flags: dict[str, Any] = {}
+    flags: dict[str, bool | int | float | str | None] = {}
     if config is not None:
         for name in INDUCTOR_FLAGS:
             value = getattr(config, name, None)
@@ -64,7 +65,7 @@ def evidence() -> dict[str, Any]:
                 flags[name] = value
     env = {k: v for k, v in os.environ.items()
            if k.startswith(("TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_COMPILE")) and not k.endswith("CACHE_DIR")}
-    return {"type": "compile", "frames": frames, "inductor": flags, "env": env}
+    return CompileEvent(type="compile", frames=frames, inductor=flags, env=env)
 
 
 def was_used() -> bool:

@@ -10,10 +10,11 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
+from detaudit.events import Event
 from detaudit.fingerprint import DTYPE_CODES, DeviceReducer, fingerprint_cpu, meta_seed
 from detaudit.recorder.location import display_path, user_frame
 from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
@@ -245,9 +246,9 @@ class Recorder:
         for cache in self.digest_caches:
             cache.clear()
 
-    def event(self, event: dict[str, Any]) -> None:
+    def event(self, event: Event) -> None:
         self.resolve_pending()
-        self.writer.event(event)
+        self.writer.event(cast(dict[str, Any], event))
 
     def flush_safely(self) -> None:
         """Flush from a signal handler: skipped if the interrupted code was mid-flush."""

@@ -7,20 +7,22 @@ Installed only in the ranks of a torchrun repeat. Events (trace `events`, docs/d
 - `sampler-epoch`: a shuffling DistributedSampler iterated again at an epoch it already used
   (`set_epoch` not called): the same order every epoch, deterministic but rarely what was meant.
 
-init_process_group and the Python-level collectives are recorded by recorder/evidence.py as
+init_process_group and the Python-level collectives are recorded by recorder/evidence/kernels.py as
 `collective` events (every run); DDP's own all-reduces run in C++ and are described by `ddp`.
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from detaudit.events import DdpEvent, SamplerEpochEvent
 from detaudit.recorder import location
 from detaudit.recorder.core import Recorder
+from detaudit.recorder.patch import wrap
 
 
 def _where() -> str:
@@ -41,23 +43,23 @@ def install(recorder: Recorder) -> None:
         except Exception:  # not initialised, or a group this rank is not in
             return None
 
-    original_init = ddp_module.DistributedDataParallel.__init__
+    def make(original_init: Callable[..., None]) -> Callable[..., None]:
+        def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(self, *args, **kwargs)
+            ignored = sorted(getattr(self, "parameters_to_ignore", ()) or ())
+            names = [n for n, _ in self.named_parameters() if n.removeprefix("module.") not in ignored]
+            recorder.event(DdpEvent(
+                type="ddp", loc=_where(), params=names, ignored=ignored,
+                backend=backend(getattr(self, "process_group", None)),
+                bucket_cap_mb=kwargs.get("bucket_cap_mb"),
+                gradient_as_bucket_view=bool(getattr(self, "gradient_as_bucket_view", False)),
+                static_graph=bool(getattr(self, "static_graph", False)),
+                find_unused_parameters=bool(getattr(self, "find_unused_parameters", False)),
+            ))
 
-    @functools.wraps(original_init)
-    def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        ignored = sorted(getattr(self, "parameters_to_ignore", ()) or ())
-        names = [n for n, _ in self.named_parameters() if n.removeprefix("module.") not in ignored]
-        recorder.event({
-            "type": "ddp", "loc": _where(), "params": names, "ignored": ignored,
-            "backend": backend(getattr(self, "process_group", None)),
-            "bucket_cap_mb": kwargs.get("bucket_cap_mb"),
-            "gradient_as_bucket_view": bool(getattr(self, "gradient_as_bucket_view", False)),
-            "static_graph": bool(getattr(self, "static_graph", False)),
-            "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
-        })
+        return ddp_init
 
-    ddp_module.DistributedDataParallel.__init__ = ddp_init  # type: ignore[method-assign]
+    wrap(ddp_module.DistributedDataParallel, "__init__", make)
 
     _watch_sampler_epochs(recorder)
 
@@ -65,20 +67,20 @@ def install(recorder: Recorder) -> None:
 def _watch_sampler_epochs(recorder: Recorder) -> None:
     from torch.utils.data import distributed as data_distributed
 
-    sampler_class = data_distributed.DistributedSampler
-    original_iter = sampler_class.__iter__
     used: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()  # sampler -> epochs iterated
     told: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    @functools.wraps(original_iter)
-    def sampler_iter(self: Any) -> Any:
-        epochs = used.setdefault(self, set())
-        epoch = int(getattr(self, "epoch", 0))
-        if getattr(self, "shuffle", False) and epoch in epochs and self not in told:
-            told.add(self)
-            recorder.event({"type": "sampler-epoch", "loc": _where(), "epoch": epoch,
-                            "seed": getattr(self, "seed", None), "iterations": len(epochs) + 1})
-        epochs.add(epoch)
-        return original_iter(self)
+    def make(original_iter: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def sampler_iter(self: Any) -> Any:
+            epochs = used.setdefault(self, set())
+            epoch = int(getattr(self, "epoch", 0))
+            if getattr(self, "shuffle", False) and epoch in epochs and self not in told:
+                told.add(self)
+                recorder.event(SamplerEpochEvent(type="sampler-epoch", loc=_where(), epoch=epoch,
+                                                 seed=getattr(self, "seed", None), iterations=len(epochs) + 1))
+            epochs.add(epoch)
+            return original_iter(self)
 
-    sampler_class.__iter__ = sampler_iter  # type: ignore[method-assign]
+        return sampler_iter
+
+    wrap(data_distributed.DistributedSampler, "__iter__", make)

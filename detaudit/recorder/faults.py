@@ -18,13 +18,13 @@ Example: DETAUDIT_TEST_FAULT='{"op": "torch.nn.functional.conv2d", "when": "cudn
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from detaudit.recorder.evidence import replace
+from detaudit.recorder.patch import wrap
 
 ENV = "DETAUDIT_TEST_FAULT"
 
@@ -65,18 +65,20 @@ def install(evidence: Any, torch: Any) -> None:
     owner: Any = torch
     for part in owner_path.split(".")[1:]:
         owner = getattr(owner, part)
-    original = getattr(owner, name)
     when = fault["when"]
 
-    @functools.wraps(original)
-    def faulty(*args: Any, **kwargs: Any) -> Any:
-        if not _holds(when, torch):
-            return original(*args, **kwargs)
-        if name.endswith("_"):  # in place: perturb the last tensor operand, out of place
-            i = max(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-            args = (*args[:i], args[i] * _jitter(), *args[i + 1:])
-            return original(*args, **kwargs)
-        out = original(*args, **kwargs)
-        return _tf32(torch, out) if when == "tf32" else out * _jitter()
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def faulty(*args: Any, **kwargs: Any) -> Any:
+            if not _holds(when, torch):
+                return original(*args, **kwargs)
+            if name.endswith("_"):  # in place: perturb the last tensor operand, out of place
+                i = max(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+                args = (*args[:i], args[i] * _jitter(), *args[i + 1:])
+                return original(*args, **kwargs)
+            out = original(*args, **kwargs)
+            return _tf32(torch, out) if when == "tf32" else out * _jitter()
 
-    replace(owner, name, faulty)
+        return faulty
+
+    if not wrap(owner, name, make):
+        raise AttributeError(f"{ENV}: torch has no {fault['op']}")

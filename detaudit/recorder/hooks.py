@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 import warnings
 import weakref
@@ -21,6 +20,7 @@ import torch
 from detaudit.recorder.compiled import compiling, is_wrapper, plain_name
 from detaudit.recorder.compiled import evidence as compile_evidence
 from detaudit.recorder.core import Recorder, iter_tensors
+from detaudit.recorder.patch import wrap
 from detaudit.trace import Kind
 
 
@@ -90,16 +90,16 @@ class Hooks:
         # torch.compile(model) warns that global hooks fire for its wrapper too; these hooks skip
         # the wrapper (recorder/compiled.py), and plain python would print no such warning.
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-        original_save = torch.save
+        def make_save(original_save: Callable[..., Any]) -> Callable[..., Any]:
+            def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+                if not compiling():
+                    self._guard(self._on_save)(obj)
+                return original_save(obj, f, *args, **kwargs)
 
-        @functools.wraps(original_save)
-        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-            if not compiling():
-                self._guard(self._on_save)(obj)
-            return original_save(obj, f, *args, **kwargs)
+            return save
 
-        torch.save = save
-        torch.serialization.save = save
+        wrap(torch, "save", make_save)
+        wrap(torch.serialization, "save", lambda _: torch.save)  # the same wrapper, as `torch.save is` it
         self._wrap_schedulers()
 
     def _wrap_schedulers(self) -> None:
@@ -107,18 +107,19 @@ class Hooks:
         from torch.optim import lr_scheduler
 
         for cls in (getattr(lr_scheduler, "LRScheduler", None), getattr(lr_scheduler, "ReduceLROnPlateau", None)):
-            original = getattr(cls, "step", None) if cls is not None and "step" in vars(cls) else None
-            if cls is None or original is None:
+            if cls is None or "step" not in vars(cls):
                 continue
 
-            def step(scheduler: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
-                result = __original(scheduler, *args, **kwargs)
-                if not compiling():
-                    self._guard(self._on_scheduler_step)(scheduler)
-                return result
+            def make(original: Callable[..., Any]) -> Callable[..., Any]:
+                def step(scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+                    result = original(scheduler, *args, **kwargs)
+                    if not compiling():
+                        self._guard(self._on_scheduler_step)(scheduler)
+                    return result
 
-            functools.update_wrapper(step, original)
-            cls.step = step
+                return step
+
+            wrap(cls, "step", make)
 
     def _guard(self, hook: Callable[..., None]) -> Callable[..., None]:
         """`hook`, made unable to break the script: if recording raises, recording stops for the rest of

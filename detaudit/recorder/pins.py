@@ -13,11 +13,12 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
 
 from detaudit.pin import Pin, pins_of
+from detaudit.recorder.patch import wrap
 
 PIN_SEED = 1234
 ADDR_NO_RANDOMIZE = 0x0040000
@@ -57,24 +58,12 @@ class Pins:
 
     def apply_torch(self, torch: ModuleType) -> None:
         """At import: seed, and make the script's own flag calls unable to undo a pin."""
-        from detaudit.recorder.evidence import replace  # evidence imports this module
-
         if Pin.TORCH_RNG in self.names:
             torch.manual_seed(PIN_SEED)
         if Pin.DETERMINISTIC in self.names:
-            original_mode = torch.use_deterministic_algorithms
-
-            def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
-                original_mode(True, warn_only=True)
-
-            replace(torch, "use_deterministic_algorithms", use_deterministic_algorithms)
+            wrap(torch, "use_deterministic_algorithms", _always_deterministic)
         if Pin.ONE_THREAD in self.names:
-            original_threads = torch.set_num_threads
-
-            def set_num_threads(n: int) -> None:
-                original_threads(1)
-
-            replace(torch, "set_num_threads", set_num_threads)
+            wrap(torch, "set_num_threads", _always_one_thread)
         self.apply_torch_flags(torch)
 
     def apply_torch_flags(self, torch: ModuleType) -> None:
@@ -90,6 +79,20 @@ class Pins:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
             torch.set_float32_matmul_precision("highest")
+
+
+def _always_deterministic(original: Callable[..., None]) -> Callable[..., None]:
+    def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
+        original(True, warn_only=True)
+
+    return use_deterministic_algorithms
+
+
+def _always_one_thread(original: Callable[[int], None]) -> Callable[[int], None]:
+    def set_num_threads(n: int) -> None:
+        original(1)
+
+    return set_num_threads
 
 
 def aslr_disabled() -> bool:

@@ -1,0 +1,310 @@
+"""Evidence events: one TypedDict per event kind, shared by the recorder that writes them and the
+cause detectors that read them, so a renamed or retyped field fails mypy on both sides.
+
+On disk each event is one JSON object (an `E` frame of the trace, or a line of the DataLoader
+workers' side file `<trace>.workers.jsonl`), exactly the dict built here plus `at` (the index of the
+next record, added by the trace writer) and, in the side file, `worker`. docs/trace-format.md and
+docs/causes.md describe the fields; `schema.EVENT` checks their types where events are read back
+(tests/test_events.py holds the two in step). Torch-free: the readers import it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar, Union, cast, get_args, get_type_hints
+
+WORKERS_SUFFIX = ".workers.jsonl"  # `<trace>` + this: the DataLoader workers' events
+
+Lib = Literal["torch", "numpy", "python"]
+When = Literal["numpy-import", "import", "first-forward", "first-step", "end"]
+Short = Union[None, bool, int, float, str]  # a value as `_short` keeps it: JSON-safe, no addresses
+# a torch flag snapshot: "cudnn.benchmark", "deterministic_algorithms", "num_threads", the thread variables, ...
+# (keys are flag names, data rather than fields: detectors iterate them)
+Flags = dict[str, Union[bool, int, float, str, None]]
+
+
+class _Event(TypedDict):
+    at: NotRequired[int]  # added by the trace writer / side-file writer
+    worker: NotRequired[int | None]  # DataLoader worker id (side file only)
+
+
+class SeedEvent(_Event):
+    """A seeding call (`torch.manual_seed`, `np.random.seed`, `random.seed`, ...)."""
+
+    type: Literal["seed"]
+    lib: Lib
+    fn: str
+    value: Short
+    loc: str
+    library: bool  # made by library code, not the script
+    drawn_before: bool  # the RNG had been drawn from since its last seeding
+    state: str | None  # digest of the RNG state after the call (None: a GPU-only seeding)
+    pinned: int | None  # the value an --explain pin substituted
+
+
+class GeneratorEvent(_Event):
+    """`np.random.default_rng(...)`: a NumPy Generator was created."""
+
+    type: Literal["generator"]
+    lib: Literal["numpy"]
+    fn: str
+    seeded: bool
+    value: Short
+    loc: str
+    library: bool
+    state: str
+    pinned: int | None
+
+
+class DrawEvent(_Event):
+    """The first draw from an RNG at a call site."""
+
+    type: Literal["draw"]
+    lib: Lib
+    fn: str
+    loc: str
+    generator: Literal["explicit", "global"]
+    device: NotRequired[str]  # torch draws only
+
+
+class RngDigest(TypedDict):
+    digest: str | None
+    drawn: bool  # the state changed since the last seeding (or since the library was imported)
+    initial_seed: NotRequired[int]  # torch only
+
+
+class StateEvent(_Event):
+    """RNG states (and flags, once torch is imported) at a fixed moment of the run."""
+
+    type: Literal["state"]
+    when: When
+    rng: dict[str, RngDigest]  # by Lib
+    flags: NotRequired[Flags]
+    gpu: NotRequired[list[str]]  # the GPU names, at the end, when CUDA was initialized
+
+
+class HashEvent(_Event):
+    type: Literal["hash"]
+    PYTHONHASHSEED: str | None
+    randomization: int  # sys.flags.hash_randomization
+    probe: int  # hash("detaudit-hash-probe")
+    aslr_disabled: bool
+
+
+class OpEvent(_Event):
+    """A call of an op the running torch lists as nondeterministic (or its node in an autograd graph)."""
+
+    type: Literal["op"]
+    op: str
+    device: str
+    entry: str  # the line of torch's list that matched
+    phase: Literal["forward", "backward"]
+    loc: str
+    threads: int
+    deterministic: bool  # deterministic algorithms were on
+
+
+# "class" is a keyword: the functional form spells it
+ModuleEntry = TypedDict("ModuleEntry", {"module": str, "class": str, "entry": NotRequired[str]})
+
+
+class ModulesEvent(_Event):
+    """Listed module classes and matmul-heavy layers in the first model run."""
+
+    type: Literal["modules"]
+    root: str
+    device: str
+    listed: list[ModuleEntry]
+    matmul: list[ModuleEntry]
+
+
+class EmptyEvent(_Event):
+    """A `torch.empty`-family call from user code, with the digest of what it returned."""
+
+    type: Literal["empty"]
+    fn: str
+    loc: str
+    shape: list[int]
+    dtype: str
+    device: str
+    digest: str | None
+    pinned: bool  # the zero-empty pin zeroed it
+
+
+class CallEvent(_Event):
+    """A user call of a setting such as `torch.set_num_threads`, with its first argument."""
+
+    type: Literal["call"]
+    fn: str
+    value: Short
+    loc: str
+
+
+class FlagEvent(_Event):
+    """A determinism flag set by a setter call or an assignment to torch.backends.*."""
+
+    type: Literal["flag"]
+    flag: str
+    value: str
+    loc: str  # the user's line that led to the call
+    by: str  # the immediate caller (a library resetting the flag)
+
+
+class FlagTypoEvent(_Event):
+    """An assignment to a public name torch.backends.cudnn / cuda.matmul does not have (torch keeps it silently)."""
+
+    type: Literal["flag-typo"]
+    module: str
+    name: str
+    value: Short
+    meant: str | None  # the closest flag name
+    loc: str
+    by: str
+
+
+class CollectiveEvent(_Event):
+    """`init_process_group` (with backend and world size) or the first call of a collective at a call site."""
+
+    type: Literal["collective"]
+    what: str
+    loc: str
+    backend: NotRequired[str]
+    world_size: NotRequired[int]
+    device: NotRequired[str | None]
+
+
+class DataLoaderEvent(_Event):
+    type: Literal["dataloader"]
+    loc: str
+    num_workers: int
+    worker_init_fn: str | None
+    generator: bool
+    sampler: str
+
+
+class WorkerStartEvent(_Event):
+    """A DataLoader worker's RNG states after torch seeded it (before the user's worker_init_fn)."""
+
+    type: Literal["worker-start"]
+    worker_id: int
+    rng: dict[str, RngDigest]
+
+
+class WorkerInitDoneEvent(_Event):
+    """A DataLoader worker's RNG states after the user's worker_init_fn."""
+
+    type: Literal["worker-init-done"]
+    worker_id: int
+    rng: dict[str, RngDigest]
+
+
+class ConcurrencyEvent(_Event):
+    """A user thread start, pool construction or submission, or completion-order iteration."""
+
+    type: Literal["concurrency"]
+    what: str
+    loc: str
+    target: str | None
+
+
+class ClockEvent(_Event):
+    """The first read of the wall clock at a user call site."""
+
+    type: Literal["clock"]
+    fn: str
+    loc: str
+
+
+class ClockSite(TypedDict):
+    fn: str
+    loc: str
+    reads: int
+
+
+class ClockReadsEvent(_Event):
+    """At the end: how often each user call site read the clock."""
+
+    type: Literal["clock-reads"]
+    sites: list[ClockSite]
+
+
+class EnvironmentEvent(_Event):
+    """Versions, hardware and allow-listed environment variables (never secrets)."""
+
+    type: Literal["environment"]
+    python: str
+    torch: str
+    numpy: str | None
+    cuda: str | None
+    cudnn: int | None
+    driver: str | None
+    cpu: str
+    machine: str
+    os: str
+    device_request: str | None
+    device: str | None
+    env: dict[str, str]
+    git: dict[str, Any] | None  # found by the parent (audit.execute)
+
+
+class CompileEvent(_Event):
+    """What decides compiled numerics (recorder/compiled.py)."""
+
+    type: Literal["compile"]
+    frames: int
+    inductor: dict[str, Union[bool, int, float, str, None]]
+    env: dict[str, str]
+    module: NotRequired[str]  # the compiled module, when seen at its first call
+
+
+class DdpEvent(_Event):
+    """A DistributedDataParallel wrapper was built (recorder/distributed.py)."""
+
+    type: Literal["ddp"]
+    loc: str
+    params: list[str]
+    ignored: list[str]
+    backend: str | None
+    bucket_cap_mb: Any
+    gradient_as_bucket_view: bool
+    static_graph: bool
+    find_unused_parameters: bool
+
+
+class SamplerEpochEvent(_Event):
+    """A shuffling DistributedSampler iterated again at an epoch it already used."""
+
+    type: Literal["sampler-epoch"]
+    loc: str
+    epoch: int
+    seed: int | None
+    iterations: int
+
+
+Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, OpEvent, ModulesEvent, EmptyEvent,
+              CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
+              WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, ClockReadsEvent, EnvironmentEvent, CompileEvent,
+              DdpEvent, SamplerEpochEvent]
+Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "call", "flag", "flag-typo",
+               "collective", "dataloader", "worker-start", "worker-init-done", "concurrency", "clock",
+               "clock-reads", "environment", "compile", "ddp", "sampler-epoch"]
+
+E = TypeVar("E")
+
+
+@functools.cache
+def _kind(cls: Any) -> str:
+    kind: str = get_args(get_type_hints(cls)["type"])[0]
+    return kind
+
+
+def kind_of(cls: type) -> str:
+    """The `type` value of an event class: `kind_of(SeedEvent) == "seed"`."""
+    return _kind(cls)
+
+
+def select(events: Iterable[Event], cls: type[E]) -> list[E]:
+    """The events of one kind, typed as that kind's TypedDict."""
+    kind = _kind(cast(Any, cls))
+    return [cast(E, e) for e in events if e.get("type") == kind]

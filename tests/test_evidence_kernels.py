@@ -1,0 +1,122 @@
+"""recorder/evidence/kernels.py: listed ops, empty allocations, determinism flags and their typos."""
+
+from __future__ import annotations
+
+from typing import Any, get_type_hints
+
+import pytest
+import torch
+from evidence_sink import Sink
+
+from detaudit.events import EmptyEvent, FlagEvent, FlagTypoEvent, ModulesEvent, OpEvent
+from detaudit.recorder import patch
+from detaudit.recorder.evidence import kernels
+from detaudit.recorder.evidence.base import Evidence
+
+
+def fields(cls: Any) -> set[str]:
+    return set(get_type_hints(cls)) - {"at", "worker"}
+
+
+@pytest.fixture
+def flags_kept() -> Any:
+    """The torch flags these tests set, as they were."""
+    cudnn = torch.backends.cudnn
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             cudnn.benchmark)
+    yield
+    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    cudnn.benchmark = saved[2]
+
+
+def test_a_listed_op_on_a_listed_device_is_recorded_once_per_site(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    ev.device_as = "cuda"  # as the test fault injector reports it: index_add is listed for CUDA tensors
+    kernels.install(ev, torch)
+    for _ in range(2):
+        torch.zeros(3).index_add_(0, torch.tensor([0, 0]), torch.ones(2))
+    [op] = sink.of("op")
+    assert set(op) == fields(OpEvent)
+    assert (op["op"], op["device"], op["phase"], op["deterministic"]) == ("index_add_", "cuda", "forward", False)
+    assert "index_add" in op["entry"] and "test_evidence_kernels.py:" in op["loc"]
+
+
+def test_the_same_op_on_the_cpu_is_not_listed(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    kernels.install(ev, torch)
+    torch.zeros(3).index_add_(0, torch.tensor([0, 0]), torch.ones(2))
+    assert sink.of("op") == []
+
+
+def test_the_backward_walk_finds_listed_nodes(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    ev.device_as = "cuda"
+    kernels.install(ev, torch)
+    x = torch.ones(4, requires_grad=True)
+    y = x.index_select(0, torch.tensor([0, 0])).sum()  # the call itself: an op whose backward is listed
+    torch.autograd.backward(y)
+    assert [(e["op"], e["phase"]) for e in sink.of("op")] == [("index_select", "backward"),
+                                                             ("IndexSelectBackward0", "backward")]
+
+
+def test_empty_allocations_from_user_code_carry_their_contents_digest(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    kernels.install(ev, torch)
+    t = torch.empty(2, 3)
+    torch.ones(1).new_empty(4)
+    first, second = sink.of("empty")
+    assert set(first) == fields(EmptyEvent)
+    assert (first["fn"], first["shape"], first["dtype"], first["device"], first["pinned"]) == (
+        "torch.empty", [2, 3], "float32", "cpu", False)
+    assert first["digest"] is not None and second["fn"] == "Tensor.new_empty"
+    assert t.shape == (2, 3)
+
+
+def test_the_zero_empty_pin_zeroes_what_empty_returns(evidence: tuple[Evidence, Sink]) -> None:
+    _, sink = evidence
+    ev = Evidence({"pins": ["zero-empty"]})
+    ev.attach_recorder(sink)
+    ev.torch = torch
+    kernels.install(ev, torch)
+    assert torch.empty(64).eq(0).all() and sink.of("empty")[0]["pinned"]
+
+
+def test_flag_setters_and_assignments_are_recorded_with_their_site(evidence: tuple[Evidence, Sink],
+                                                                   flags_kept: None) -> None:
+    ev, sink = evidence
+    kernels.install(ev, torch)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = True
+    setter, assignment = sink.of("flag")
+    assert set(setter) == fields(FlagEvent)
+    assert (setter["flag"], setter["value"]) == ("use_deterministic_algorithms", "True, warn_only=True")
+    assert (assignment["flag"], assignment["value"]) == ("cudnn.benchmark", "True")
+    assert setter["loc"] == setter["by"] and "test_evidence_kernels.py:" in setter["loc"]
+
+
+def test_a_misspelt_flag_is_recorded_with_the_name_it_meant(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    kernels.install(ev, torch)
+    cudnn: Any = torch.backends.cudnn
+    cudnn.determinstic = True
+    try:
+        [typo] = sink.of("flag-typo")
+    finally:
+        del cudnn.determinstic
+    assert set(typo) == fields(FlagTypoEvent)
+    assert (typo["module"], typo["name"], typo["value"], typo["meant"]) == (
+        "torch.backends.cudnn", "determinstic", True, "deterministic")
+    patch.restore_all()
+    cudnn.determinstic = True  # restored: no longer watched
+    del cudnn.determinstic
+    assert len(sink.of("flag-typo")) == 1
+
+
+def test_the_first_model_lists_its_matmul_layers(evidence: tuple[Evidence, Sink]) -> None:
+    ev, _ = evidence
+    kernels.install(ev, torch)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(2, 1))
+    event = kernels.modules_event(ev, model)
+    assert set(event) == fields(ModulesEvent) - {"at", "worker"}
+    assert event["matmul"] == [{"module": "0", "class": "Conv2d"}, {"module": "2", "class": "Linear"}]
+    assert (event["root"], event["device"], event["listed"]) == ("Sequential", "cpu", [])

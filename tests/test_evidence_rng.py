@@ -1,0 +1,114 @@
+"""recorder/evidence/rng.py: seeding calls, Generator creation and first draws, in process."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import numpy as np
+import torch
+from evidence_sink import Sink
+
+from detaudit.events import DrawEvent, GeneratorEvent, SeedEvent
+from detaudit.recorder import patch
+from detaudit.recorder.evidence import rng
+from detaudit.recorder.evidence.base import Evidence, python_rng_digest
+from detaudit.recorder.pins import PIN_SEED
+
+
+def fields(cls: Any) -> set[str]:
+    return set(get_type_hints(cls)) - {"at", "worker"}
+
+
+def test_torch_seeding_records_value_site_and_whether_the_rng_was_drawn_from(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    state = torch.get_rng_state()
+    try:
+        rng.install_torch(ev, torch)
+        torch.manual_seed(5)
+        torch.randn(2)
+        torch.manual_seed(6)
+    finally:
+        torch.set_rng_state(state)
+    first, second = [e for e in sink.of("seed") if e["fn"] == "torch.manual_seed"]
+    assert set(first) == fields(SeedEvent) == set(second)
+    assert (first["fn"], first["value"], first["lib"], first["library"]) == ("torch.manual_seed", 5, "torch", False)
+    assert first["loc"].endswith(f"test_evidence_rng.py:{_line('torch.manual_seed(5)')}")
+    assert not first["drawn_before"] and second["drawn_before"]  # randn drew between the two
+    assert first["state"] != second["state"] and first["pinned"] is None
+    [draw] = sink.of("draw")
+    assert set(draw) == fields(DrawEvent)
+    assert (draw["fn"], draw["generator"], draw["device"]) == ("torch.randn", "global", "cpu")
+
+
+def test_a_draw_is_recorded_once_per_call_site_and_an_explicit_generator_is_told_apart(
+        evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    rng.install_torch(ev, torch)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        torch.rand(2, generator=gen)
+    torch.nn.functional.dropout(torch.ones(2), 0.5, False)  # eval mode: draws nothing
+    assert [(e["fn"], e["generator"]) for e in sink.of("draw")] == [("torch.rand", "explicit")]
+
+
+def test_python_random_seed_and_draw(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    state = random.getstate()
+    seed, draw = random.seed, random.random
+    try:
+        rng.install_python(ev)
+        random.random()
+        random.seed(3)
+        after = random.getstate()
+    finally:
+        random.setstate(state)
+    [d] = sink.of("draw")
+    [s] = sink.of("seed")
+    assert (d["lib"], d["fn"], d["generator"]) == ("python", "random.random", "global") and "device" not in d
+    assert (s["fn"], s["value"], s["drawn_before"], s["state"]) == ("random.seed", 3, True, python_rng_digest(after))
+    patch.restore_all()
+    assert (random.seed, random.random) == (seed, draw)
+
+
+def test_numpy_seed_generator_and_draw(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    state = np.random.get_state()
+    try:
+        rng.install_numpy(ev, np.random)
+        np.random.seed(1)
+        np.random.rand(2)
+        np.random.default_rng()
+        np.random.default_rng(7)
+    finally:
+        np.random.set_state(state)
+    [snapshot] = sink.of("state")
+    assert snapshot["when"] == "numpy-import" and set(snapshot["rng"]) >= {"numpy", "python"}
+    [s] = sink.of("seed")
+    assert (s["fn"], s["lib"], s["value"]) == ("np.random.seed", "numpy", 1)
+    unseeded, seeded = sink.of("generator")
+    assert set(unseeded) == fields(GeneratorEvent)
+    assert (unseeded["seeded"], seeded["seeded"], seeded["value"]) == (False, True, 7)
+    assert [d["fn"] for d in sink.of("draw")] == ["np.random.rand"]
+
+
+def test_a_seed_pin_replaces_the_scripts_seed(evidence: tuple[Evidence, Sink]) -> None:
+    _, sink = evidence
+    ev = Evidence({"pins": ["torch-rng"]})
+    ev.attach_recorder(sink)
+    ev.torch = torch
+    state = torch.get_rng_state()
+    try:
+        rng.install_torch(ev, torch)
+        torch.manual_seed(99)
+        assert torch.initial_seed() == PIN_SEED
+    finally:
+        torch.set_rng_state(state)
+    [s] = [e for e in sink.of("seed") if not e["library"]]
+    assert (s["value"], s["pinned"]) == (99, PIN_SEED)
+
+
+def _line(text: str) -> int:
+    source = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(source, 1) if line.strip() == text)
