@@ -8,7 +8,6 @@ and the re-ranking they imply experiments.py's; `--explain`'s runner (explain.py
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -18,7 +17,7 @@ from typing import Any
 from detaudit import baseline, causes, distributed, experiments, match, ranks
 from detaudit.compare import Tolerance, compare_traces
 from detaudit.errors import TraceError, UsageError
-from detaudit.excerpt import error_excerpt
+from detaudit.failure import excerpt, read_error
 from detaudit.launcher import Interrupted, Launcher, RepeatResult, check_script, plan_repeats
 from detaudit.oprules import OpFinding, find_op_source
 from detaudit.outcome import outcome_divergence
@@ -39,7 +38,6 @@ from detaudit.rundir import (
     tolerance_of,
     write_record,
 )
-from detaudit.safetext import printable
 from detaudit.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
 from detaudit.trace import RecordStream, open_regular, read_footer
 
@@ -386,6 +384,11 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
 
 
 def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:
+    """What the report shows of a failed repeat: its exception's frames (trace footer), else its stderr's end."""
+    return excerpt(result.error or read_error(run_dir / result.trace), _stderr_text(run_dir, result), lines)
+
+
+def _stderr_text(run_dir: Path, result: RepeatResult) -> str:
     """The end of a repeat's stderr file: a regular file in the run directory, its last 64 KB only."""
     if not result.stderr or not is_plain_name(Path(result.stderr).name):
         return ""
@@ -394,10 +397,6 @@ def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:
         with open_regular(path, "stderr capture", follow_symlinks=False) as fh:
             size = os.fstat(fh.fileno()).st_size
             fh.seek(max(0, size - STDERR_TAIL_BYTES))
-            text = fh.read(STDERR_TAIL_BYTES).decode(errors="replace")
+            return fh.read(STDERR_TAIL_BYTES).decode(errors="replace")
     except (OSError, TraceError):
         return ""
-    return printable(_ANSI.sub("", error_excerpt(text, lines)))
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor sequences of a script's coloured output

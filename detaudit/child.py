@@ -5,7 +5,8 @@ interpreter; when the config names a module, it becomes `python -m MODULE ARGS..
 pytest plugin). It restores argv, sys.path[0] and `__main__` as plain python would set them,
 installs the recorder when the script imports torch (not before: a script may set
 environment variables that torch reads at import), runs the script, and writes the footer
-with its exit status. The script's own traceback is printed as python would print it.
+with its exit status and, when it raised, its structured traceback (`exception`,
+detaudit/failure.py). The script's own traceback is printed as python would print it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
+from detaudit import failure
 from detaudit.distributed import enter_rank
 from detaudit.recorder import evidence, location
 from detaudit.recorder.patch import wrap
@@ -169,12 +171,18 @@ class Session:
         self.finish(0, None, stopped_after_step=self.recorder.step - 1)
         raise WindowRecorded
 
-    def finish(self, exit_code: int, error: str | None, **extra: Any) -> None:
+    def finish(self, exit_code: int, error: str | None, exception: BaseException | None = None,
+               **extra: Any) -> None:
+        """Write the footer: the exit status, python's one-line summary of the error (`error`) and
+        the exception's frames."""
         if self.finished:  # once: os._exit from an atexit handler after the script ended, say
             return
         self.finished = True
         footer = {"exit_code": exit_code, "error": error, "duration_s": round(time.time() - self.started, 4),
                   **extra}
+        captured = None if exception is None else _captured(exception)
+        if captured is not None:
+            footer["exception"] = captured
         if self.recorder is None and self.recording_failed is None and "torch" in sys.modules:
             self.recording_failed = "torch was imported but the recorder was never installed"
         if self.recording_failed is not None:
@@ -208,6 +216,15 @@ def _exit_code(exc: SystemExit) -> int:
     if isinstance(code, int):
         return code
     return 1
+
+
+def _captured(exc: BaseException) -> dict[str, Any] | None:
+    """The exception's frames for the footer; None if capturing them fails (the footer is written anyway)."""
+    try:
+        return failure.capture(exc, __file__, location.display_path).to_json()
+    except Exception as problem:
+        print(f"detaudit: could not record the script's traceback: {problem}", file=sys.stderr)
+        return None
 
 
 def _print_user_traceback(exc: BaseException) -> None:
@@ -334,15 +351,16 @@ def main(argv: list[str]) -> None:
     except (WindowRecorded, BoundReached):
         sys.exit(0)
     except SystemExit as exc:
-        session.finish(_exit_code(exc), None)
+        code = _exit_code(exc)
+        session.finish(code, None, exc if code else None)
         raise
     except KeyboardInterrupt as exc:  # as python reports it: the script's frames, exit status 130
-        session.finish(130, "KeyboardInterrupt")
+        session.finish(130, "KeyboardInterrupt", exc)
         _print_user_traceback(exc)
         sys.exit(130)
     except BaseException as exc:
         summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        session.finish(1, summary)
+        session.finish(1, summary, exc)
         _print_user_traceback(exc)
         sys.exit(1)  # a normal exit, as python's: atexit handlers run and buffered stdout is kept
     session.finish(0, None)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from detaudit.errors import UsageError
+from detaudit.failure import ScriptError, first_error
 from detaudit.launcher import Launcher, RepeatPlan, RepeatResult
 
 RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -117,7 +118,8 @@ class DistributedLauncher(Launcher):
             result = super().run_one(plan)
         finally:
             kill_ranks(plan.trace.parent, plan.trace.name)
-        return replace(result, stdout_digest=self._ranks_digest(plan, result))
+        error = rank_error(plan.trace.parent, result, self.layout, _tail(plan.stderr)) if result.exit_code else None
+        return replace(result, stdout_digest=self._ranks_digest(plan, result), error=error)
 
     def _ranks_digest(self, plan: RepeatPlan, result: RepeatResult) -> str:
         """One digest over every rank's stdout, in rank order (ranks print concurrently)."""
@@ -134,6 +136,35 @@ class DistributedLauncher(Launcher):
         super().kill_now()
         for trace in list(self._traces.values()):
             kill_ranks(trace.parent, trace.name)
+
+
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def root_cause(torchrun_stderr: str) -> list[tuple[int, int]]:
+    """(rank, exit code) of the ranks torchrun's failure summary lists under "Root Cause" (the first
+    observed failure; the others it stopped are listed above it); every listed rank without that heading."""
+    text = torchrun_stderr
+    text = text[text.rfind("Root Cause"):] if "Root Cause" in text else text
+    return [(int(rank), int(code)) for rank, code in _ROOT_CAUSE.findall(text)]
+
+
+def rank_error(run_dir: Path, result: RepeatResult, layout: Layout, torchrun_stderr: str) -> ScriptError | None:
+    """The exception that failed a torchrun repeat: the root-cause rank's when it recorded one, else the
+    lowest rank's that did (the ranks torchrun stopped often raised only "connection closed by peer")."""
+    first = [rank for rank, _ in root_cause(torchrun_stderr)]
+    ranks = sorted(layout.ranks(run_dir, result), key=lambda rank: (rank not in first, rank))
+    return first_error(Path(run_dir) / Layout.rank_file(result.trace, rank) for rank in ranks)
+
+
+def _tail(path: Path, size: int = 64 << 10) -> str:
+    """The end of torchrun's stderr capture, where its failure summary is."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - size))
+            return fh.read(size).decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def kill_ranks(run_dir: Path, trace_name: str) -> list[int]:

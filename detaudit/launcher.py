@@ -16,13 +16,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from detaudit.errors import UsageError, output_error
+from detaudit.failure import ScriptError, read_error
 
 GRACE_S = 3.0
 
@@ -40,8 +41,10 @@ class RepeatPlan:
     child_config: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RepeatResult:
+    """How one repeat ended. Stored in run.json (`to_dict`) but for `error`, whose source is the trace footer."""
+
     index: int
     device: str
     exit_code: int | None  # None: unknown (a recording compared without its footer)
@@ -54,9 +57,18 @@ class RepeatResult:
     interrupted: bool = False  # stopped by Ctrl-C/SIGTERM/SIGHUP before it ended by itself
     stopped_at_step: int | None = None  # stopped by --max-steps/--max-time after this many steps
     recording_stopped: str | None = None  # a detaudit hook failed: recorded only up to there (why)
+    error: ScriptError | None = None  # the exception that ended the script, read from the trace footer
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in _STORED}
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any]) -> RepeatResult:
+        """From a (schema-checked) run-file entry; keys this release does not store are ignored."""
+        return cls(**{k: v for k, v in entry.items() if k in _STORED})
+
+
+_STORED = tuple(f.name for f in fields(RepeatResult) if f.name != "error")
 
 
 def plan_repeats(
@@ -174,6 +186,7 @@ class Launcher:
             duration_s=round(time.perf_counter() - started, 4), timed_out=timed_out,
             trace=plan.trace.name, stdout=plan.stdout.name, stderr=plan.stderr.name,
             stdout_digest=_digest(plan.stdout), interrupted=interrupted,
+            error=read_error(plan.trace) if code else None,  # only a failed script leaves one
         )
 
     def run(self, plans: Sequence[RepeatPlan],

@@ -19,7 +19,6 @@ when no rank is an origin (the collective itself, or a rank that recorded nothin
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,9 +27,9 @@ from typing import Any, Literal
 import numpy as np
 
 from detaudit.compare import Divergence, gaps
-from detaudit.distributed import Layout, node_rank
+from detaudit.distributed import Layout, node_rank, rank_error, root_cause
 from detaudit.errors import TraceError
-from detaudit.excerpt import error_excerpt
+from detaudit.failure import excerpt, from_footer
 from detaudit.launcher import RepeatResult
 from detaudit.oprules import OpFinding
 from detaudit.report import Cause, Report, all_failed
@@ -39,7 +38,6 @@ from detaudit.trace import Kind, RecordStream
 Role = Literal["origin", "receiver"]
 COLLECTIVE_FED = ("grad", "param", "optstate")
 COLLECTIVE_OPS = ("c10d.", "_c10d_functional.", "c10d_functional.")  # op records of collectives (op granularity)
-_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 _SIGNALS = {6: "SIGABRT", 11: "SIGSEGV", 9: "SIGKILL", 15: "SIGTERM", 7: "SIGBUS"}
 
 
@@ -110,7 +108,7 @@ def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[Repea
             if s.role == "receiver":
                 s.report = replace(s.report, causes=[])  # what reached it through a collective was born elsewhere
     primary = chosen.report if chosen is not None else summaries[0].report
-    repeat_errors = {r.index: primary.repeat_errors.get(r.index) or _stderr_excerpt(run_dir, r)
+    repeat_errors = {r.index: _stderr_excerpt(run_dir, r, layout)  # the repeat's: its root-cause rank's error
                      for r in launched if r.exit_code not in (0, None) and not r.timed_out}
     findings = DistributedFindings(
         nproc_per_node=layout.nproc_per_node, rank=chosen.rank if chosen is not None else None, ranks=summaries,
@@ -120,7 +118,8 @@ def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[Repea
     return replace(primary, runs=list(launched), repeat_errors=repeat_errors, distributed=findings,
                    causes=[on_rank(c, chosen, summaries) for c in primary.causes] if chosen is not None
                    else primary.causes,
-                   failure=primary.failure or (repeat_errors.get(launched[0].index, "") if failed else ""))
+                   # the repeat's error (the rank that failed first), not the primary rank's own
+                   failure=(repeat_errors.get(launched[0].index) or primary.failure) if failed else primary.failure)
 
 
 def sampler_notes(run_dir: Path, result: RepeatResult, ranks: Sequence[int]) -> list[str]:
@@ -160,7 +159,8 @@ def rank_result(run_dir: Path, result: RepeatResult, rank: int) -> RepeatResult:
             code = int(footer.get("exit_code", 0))
         except (TypeError, ValueError):
             raise TraceError(f"{run_dir / trace}: corrupt trace: the footer's exit_code is not a number") from None
-    return replace(result, trace=trace, stdout=stdout, exit_code=code, stdout_digest=_digest(run_dir / stdout))
+    return replace(result, trace=trace, stdout=stdout, exit_code=code, stdout_digest=_digest(run_dir / stdout),
+                   error=from_footer(footer))
 
 
 def rank_record(record: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -286,13 +286,10 @@ def teardown_crash(run_dir: Path, result: RepeatResult, layout: Layout) -> Teard
         if footer is None or footer.get("exit_code") != 0:
             return None
     failed, signal = [], None
-    text = _read(run_dir / result.stderr)
-    # torchrun's summary lists the rank that failed first under "Root Cause"; the others it stopped
-    text = text[text.rfind("Root Cause"):] if "Root Cause" in text else text
-    for rank, code in _ROOT_CAUSE.findall(text):
-        failed.append(int(rank))
-        if int(code) < 0:
-            signal = _SIGNALS.get(-int(code), f"signal {-int(code)}")
+    for rank, code in root_cause(_read(run_dir / result.stderr)):
+        failed.append(rank)
+        if code < 0:
+            signal = _SIGNALS.get(-code, f"signal {-code}")
     return TeardownCrash(result.index, result.exit_code, sorted(set(failed)), signal)
 
 
@@ -328,5 +325,7 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _stderr_excerpt(run_dir: Path, result: RepeatResult) -> str:
-    return error_excerpt(_read(run_dir / result.stderr))
+def _stderr_excerpt(run_dir: Path, result: RepeatResult, layout: Layout) -> str:
+    """A failed repeat's error: the failing rank's exception (its footer), else torchrun's stderr."""
+    text = _read(run_dir / result.stderr)
+    return excerpt(result.error or rank_error(run_dir, result, layout, text), text)

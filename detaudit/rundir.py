@@ -163,7 +163,7 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[RepeatResult]]:
 
 def repeat_results(entries: list[dict[str, Any]], path: Path, where: str) -> list[RepeatResult]:
     """RepeatResults from (schema-checked) run-file entries; the files they name stay in the run directory."""
-    results = [RepeatResult(**{k: v for k, v in e.items() if k in _RESULT_FIELDS}) for e in entries]
+    results = [RepeatResult.from_dict(e) for e in entries]
     for i, r in enumerate(results):
         for key in ("trace", "stdout", "stderr"):
             name = getattr(r, key)
@@ -172,8 +172,6 @@ def repeat_results(entries: list[dict[str, Any]], path: Path, where: str) -> lis
                                  f"not {name!r}")
     return results
 
-
-_RESULT_FIELDS = frozenset(RepeatResult.__dataclass_fields__)
 
 
 def tolerance_of(record: dict[str, Any]) -> Tolerance:

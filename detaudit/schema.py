@@ -163,9 +163,17 @@ TRACE_HEADER = Obj({"format": str, "version": Int(), "repeat": Int(), "script": 
                     "distributed": Obj({"rank": Int(0), "nproc_per_node": Int(1), "env": MapOf(str),
                                         "collective_env": MapOf(str)}, frozenset({"rank"}))})
 
+# the exception that ended the script (detaudit/failure.py: ScriptError); absent in older traces
+SCRIPT_ERROR = Obj({
+    "type": str, "message": str, "omitted": Int(0),
+    "frames": ListOf(Obj({"file": str, "line": INT_OR_NONE, "function": str, "text": STR_OR_NONE, "user": bool},
+                         frozenset({"file", "function", "user"}))),
+}, frozenset({"type", "message", "frames"}))
+
 TRACE_FOOTER = Obj({"records": Int(0), "exit_code": INT_OR_NONE, "error": STR_OR_NONE, "duration_s": Number(),
                     "recording_failed": STR_OR_NONE, "stopped_after_step": Int(), "stopped_at_step": Int(0),
-                    "stopped_by": str, "counting": str, "recording_stopped": STR_OR_NONE})
+                    "stopped_by": str, "counting": str, "recording_stopped": STR_OR_NONE,
+                    "exception": SCRIPT_ERROR})
 
 _RNG = MapOf(Obj({"digest": STR_OR_NONE, "drawn": bool, "initial_seed": Int()}))
 _MODULE = Obj({"module": str, "class": str, "entry": str}, frozenset({"module", "class"}))

@@ -362,10 +362,10 @@ def _frames(path: Path) -> Iterator[tuple[bytes, bytes]]:
 
 
 def read_footer(path: Path) -> dict[str, Any] | None:
-    """A trace's footer without reading its records (frames are skipped by length); None when the
-    trace is missing, incomplete or not readable as a trace (RecordStream says why)."""
+    """A trace's footer without reading its records (frames are skipped by length), field types checked;
+    None when the trace is missing, incomplete or not readable as a trace (RecordStream says why)."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(Path(path), "trace") as fh:  # a FIFO planted as a trace must not hang the report
             if fh.read(len(MAGIC)) != MAGIC:
                 return None
             while True:
@@ -374,10 +374,12 @@ def read_footer(path: Path) -> dict[str, Any] | None:
                     return None
                 tag, length = _FRAME_HEAD.unpack(head)
                 if tag == b"F":
-                    footer = json.loads(fh.read(length))
-                    return footer if isinstance(footer, dict) else None
+                    if fh.tell() + length > os.fstat(fh.fileno()).st_size:  # cut short (a bogus length never allocates)
+                        return None
+                    payload = fh.read(length)
+                    return _object(Path(path), _json(Path(path), payload), "footer", schema.TRACE_FOOTER)
                 fh.seek(length, os.SEEK_CUR)
-    except (OSError, ValueError):
+    except (OSError, ValueError, TraceError):
         return None
 
 

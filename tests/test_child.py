@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from detaudit.failure import excerpt, from_footer, read_error
 from detaudit.trace import read_trace
 
 pytestmark = pytest.mark.process  # each case runs the script under plain python and under detaudit.child
@@ -124,6 +125,30 @@ def test_raising_script_prints_its_own_traceback_and_exits_1(tmp_path: Path) -> 
     assert tr.footer is not None and tr.footer["exit_code"] == 1 and "KeyError" in tr.footer["error"]
 
 
+@pytest.mark.slow
+def test_the_footer_holds_the_exceptions_frames_user_and_library_told_apart(tmp_path: Path) -> None:
+    script = write_script(tmp_path, """
+        import torch
+
+        def evaluate(model):
+            return model(torch.ones(2, 5))
+
+        evaluate(torch.nn.Linear(4, 3))
+        """)
+    trace = tmp_path / "repeat-0.trace"
+    child = run_child(script.name, [], tmp_path, trace)
+    assert child.code == 1
+    error = read_error(trace)
+    assert error is not None and error.type == "RuntimeError" and "cannot be multiplied" in error.message
+    user = [(f.file, f.line, f.function, f.text) for f in error.frames if f.user]
+    assert user == [("user_script.py", 7, "<module>", "evaluate(torch.nn.Linear(4, 3))"),
+                    ("user_script.py", 5, "evaluate", "return model(torch.ones(2, 5))")]
+    raised = error.frames[-1]  # torch's innermost frame; the ones between are counted, not kept
+    assert not raised.user and raised.file.endswith("linear.py") and error.omitted >= 1
+    assert not any("detaudit" in f.file for f in error.frames)
+    assert excerpt(error, child.err).startswith("user_script.py:5, in evaluate\n    return model(torch.ones(2, 5))")
+
+
 def test_output_written_before_a_crash_is_kept(tmp_path: Path) -> None:
     """stdout is a file under detaudit (block-buffered): a crash must not lose what was printed."""
     script = write_script(tmp_path, """
@@ -166,6 +191,8 @@ def test_system_exit_status_matches(tmp_path: Path, exit_stmt: str, code: int) -
     assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err)
     tr = read_trace(trace)
     assert tr.footer is not None
+    error = from_footer(tr.footer)  # a non-zero status leaves the exception and the line that raised it
+    assert error is None if code == 0 else (error.type == "SystemExit" and error.frames[-1].line == 3)
 
 
 def test_script_without_torch_still_leaves_a_complete_trace(tmp_path: Path) -> None:
@@ -280,6 +307,8 @@ def test_keyboard_interrupt_in_the_script_exits_130_with_only_its_frames(tmp_pat
     assert "detaudit" not in child.err  # none of detaudit's frames
     footer = read_trace(trace).footer
     assert footer is not None and footer["exit_code"] == 130
+    error = from_footer(footer)
+    assert error is not None and error.type == "KeyboardInterrupt" and error.frames[-1].function == "train"
 
 
 @pytest.mark.slow

@@ -131,3 +131,27 @@ def test_distributed_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> Non
     assert result.returncode == 2, result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / ".detaudit").exists()
+
+
+def test_a_failed_launch_carries_the_lowest_raising_ranks_error(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from detaudit.distributed import DistributedLauncher
+    from detaudit.launcher import Launcher, plan_repeats
+    from detaudit.trace import TraceWriter
+
+    def frame(line: int) -> dict[str, object]:
+        return {"file": "train.py", "line": line, "function": "main", "text": None, "user": True}
+
+    for rank, footer in ((0, None), (1, {"exit_code": 1, "exception": {"type": "E", "message": "one", "frames": [
+            frame(1)]}}), (2, {"exit_code": 1, "exception": {"type": "E", "message": "two", "frames": [frame(2)]}})):
+        writer = TraceWriter(tmp_path / f"repeat-0.rank-{rank}.trace", {"repeat": 0})
+        writer.close(footer) if footer else writer.abandon()  # rank 0: killed by torchrun, no footer
+    script = tmp_path / "train.py"
+    script.write_text("")
+    [plan] = plan_repeats(tmp_path, 1, ["cpu"])
+    for code, expected in ((1, "one"), (0, None)):
+        monkeypatch.setattr(Launcher, "run_one", lambda self, p, code=code: RepeatResult(
+            p.index, "cpu", code, 1.0, False, p.trace.name, p.stdout.name, p.stderr.name, ""))
+        launcher = DistributedLauncher(script, [], None, nproc_per_node=3, torchrun_args=[])
+        result = launcher.run_one(plan)
+        assert (result.error.message if result.error else None) == expected

@@ -10,13 +10,14 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
 
 import pytest
 
 from detaudit import launcher
 from detaudit.errors import UsageError
-from detaudit.launcher import Launcher, plan_repeats
+from detaudit.launcher import Launcher, RepeatResult, plan_repeats
 from detaudit.trace import read_trace
 
 # Records one module output, starts a grandchild in its process group, then hangs.
@@ -190,3 +191,17 @@ def test_own_device_choice_hides_no_gpu(tmp_path: Path) -> None:
     plans = plan_repeats(tmp_path, 2, ["cpu"], own_device=True)
     assert all("CUDA_VISIBLE_DEVICES" not in p.env for p in plans)
     assert all(p.child_config["device"] == "cpu" for p in plans)
+
+
+@pytest.mark.slow
+def test_a_result_is_frozen_and_carries_the_scripts_error_from_the_footer(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("def load(path):\n    raise FileNotFoundError(path)\n\nload('labels.csv')\n")
+    [result] = Launcher(script, [], timeout=60, cwd=tmp_path).run(plan_repeats(tmp_path, 1, ["cpu"]))
+    assert result.exit_code == 1 and result.error is not None
+    assert (result.error.type, result.error.message) == ("FileNotFoundError", "labels.csv")
+    assert [(f.line, f.function) for f in result.error.frames] == [(4, "<module>"), (2, "load")]
+    with pytest.raises(FrozenInstanceError):
+        result.exit_code = 0  # type: ignore[misc]
+    stored = result.to_dict()  # run.json keeps no copy: the footer is the error's one source
+    assert "error" not in stored and RepeatResult.from_dict({**stored, "new-key": 1}) == replace(result, error=None)

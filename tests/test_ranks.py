@@ -187,3 +187,28 @@ def test_compare_refuses_a_torchrun_run_directory_and_names_a_rank_trace(tmp_pat
         compare_recorded([run, run])
     report = compare_recorded([run / "repeat-0.rank-1.trace", run / "repeat-1.rank-1.trace"])
     assert report.verdict == "deterministic"
+
+
+def _raised(message: str, line: int) -> dict[str, Any]:
+    return {"type": "ValueError", "message": message, "frames": [
+        {"file": "train.py", "line": line, "function": "main", "text": "step()", "user": True}]}
+
+
+@pytest.mark.parametrize("rank0_raised", [False, True])
+def test_a_failed_repeat_shows_the_root_cause_ranks_frames_not_torchruns_summary(tmp_path: Path,
+                                                                                 rank0_raised: bool) -> None:
+    """Rank 1 failed first (torchrun's "Root Cause"); rank 0 finished, or raised only because its peer went."""
+    rank = step_records(0, 10, 20, 30)
+    run = write_dist_run(tmp_path, [[rank, rank], [rank, rank]], exit_codes=[1, 1], stderr=ROOT_CAUSE)
+    for repeat in range(2):
+        for r, footer in ((0, {"exit_code": 1, "exception": _raised("connection closed by peer", 7)}),
+                          (1, {"exit_code": 1, "exception": _raised("shard 3 has no labels", 41)})):
+            if r == 0 and not rank0_raised:
+                continue
+            path = run / f"repeat-{repeat}.rank-{r}.trace"
+            path.unlink()
+            write_trace(path, rank, footer, events=[(0, DDP)],
+                        header={"repeat": repeat, "distributed": {"rank": r, "collective_env": {}}})
+    report = load_run(run)
+    assert report.verdict == "failed"
+    assert report.failure == "train.py:41, in main\n    step()\nValueError: shard 3 has no labels"

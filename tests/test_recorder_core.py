@@ -92,3 +92,17 @@ def test_a_digest_is_not_reused_across_forwards_of_a_root_when_written_through_n
     rec.close({"exit_code": 0})
     records = read_trace(tmp_path / "t.trace").records
     assert records["digest"][0] != records["digest"][1]
+
+
+def test_rows_and_awaiting_device_digests_keep_record_order_in_the_pending_queue(tmp_path: Path) -> None:
+    """A finished row (a meta tensor's) queued between records awaiting device digests is written in place."""
+    rec = _recorder(tmp_path, device_path_on_cpu=True)
+    rec.record(Kind.CHECKPOINT, "a", torch.randn(3))
+    rec.record(Kind.CHECKPOINT, "m", torch.empty(2, device="meta"))
+    rec.record(Kind.CHECKPOINT, "b", torch.arange(4))
+    assert [type(p).__name__ for p in rec._pending] == ["DeviceRecord", "tuple", "DeviceRecord"]
+    rec.close({"exit_code": 0})
+    tr = read_trace(tmp_path / "t.trace")
+    assert [tr.strings[n] for n in tr.records["name"]] == ["a", "m", "b"]
+    assert list(tr.records["flags"] & Flag.NO_DATA) == [0, Flag.NO_DATA, 0]
+    assert not rec._pending
