@@ -1,11 +1,19 @@
-"""Shared fixtures: the test scripts folder and a helper that runs the real CLI in a subprocess."""
+"""Shared fixtures and helpers: the test scripts folder, the real CLI in a subprocess, the lanes.
+
+Lanes: `python -m pytest -m "not slow"` is the fast lane. A test that starts an interpreter is
+marked `process`, one whose outcome depends on a race (thread timing, hash collisions) `race`;
+both are slow too (`pytest_collection_modifyitems` below), so "not slow" is the one spelling of
+the fast lane and `-m process` / `-m race` pick those out.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +23,67 @@ import pytest
 from detaudit.recorder import patch
 
 SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """torch in the test process runs one intra-op thread. The in-process tests use small tensors, and
+    on a shared 2-core machine two OpenMP threads wait for each other at every op (measured: a test of
+    200 digests of a 100k-element tensor, 1.6 s on one thread, 24-31 s on two while the machine was
+    loaded). Repeats, the child and every other interpreter a test starts keep torch's default."""
+    import torch
+
+    from detaudit.devices import cuda_available
+
+    torch.set_num_threads(1)
+    cuda_available()  # cached; its probe (an interpreter, on GPU machines only) runs here, not inside a fast test
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every `process` or `race` test is `slow`: the fast lane runs in-process, luck-free tests only."""
+    for item in items:
+        if (item.get_closest_marker("process") or item.get_closest_marker("race")) \
+                and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+def _is_interpreter(program: Any) -> bool:
+    name = Path(os.fsdecode(program)).name
+    return os.fsdecode(program) == sys.executable or name.startswith(("python", "torchrun"))
+
+
+@contextlib.contextmanager
+def _interpreters_started() -> Iterator[list[str]]:
+    """The command lines of the interpreters started inside the block."""
+    started: list[str] = []
+    execute = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def spy(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> Any:
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        if argv and _is_interpreter(argv[0]):
+            started.append(" ".join(map(os.fsdecode, argv))[:200])
+        return execute(self, args, *rest, **kwargs)
+
+    subprocess.Popen._execute_child = spy  # type: ignore[attr-defined]
+    try:
+        yield started
+    finally:
+        subprocess.Popen._execute_child = execute  # type: ignore[attr-defined]
+
+
+def _in_process_only(item: pytest.Item) -> Generator[None, Any, Any]:
+    """A fast-lane test (or its fixtures) that starts an interpreter fails, naming it: mark it `process`."""
+    if item.get_closest_marker("slow"):
+        return (yield)
+    with _interpreters_started() as started:
+        result = yield
+    if started:
+        pytest.fail(f"this test starts an interpreter ({started[0]}); mark it @pytest.mark.process (conftest.py)")
+    return result
+
+
+pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_in_process_only)
+pytest_runtest_call = pytest.hookimpl(wrapper=True)(_in_process_only)
 
 
 @dataclass
@@ -40,6 +109,25 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeo
         if path.is_file():
             report = json.loads(path.read_text())
     return CliResult(proc.returncode, proc.stdout, proc.stderr, report)
+
+
+def diverges_within(attempts: int, audit: Callable[[int], CliResult], divergent_exit: int = 1) -> CliResult:
+    """For a race: run `audit(attempt)` up to `attempts` times and return the first divergent result.
+
+    A race shows only when the repeats' timing lets it (both cores free, a hash collision), so one
+    agreeing audit proves nothing; an audit that fails otherwise (a crash, a usage error) stops at
+    once. Fails listing every attempt's exit code when none diverged. `audit` must use a fresh run
+    directory per attempt (e.g. `--out run-{attempt}`).
+    """
+    seen: list[str] = []
+    for attempt in range(attempts):
+        result = audit(attempt)
+        if result.returncode == divergent_exit:
+            return result
+        seen.append(f"attempt {attempt}: exit {result.returncode}")
+        if result.returncode != 0:  # not a lost race: report it as it is
+            break
+    pytest.fail(f"no divergence within {attempts} audits ({'; '.join(seen)}); last output:\n{result.output}")
 
 
 # Globals detaudit's wrappers replace, watched by identity around every test in case one is patched

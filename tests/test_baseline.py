@@ -69,6 +69,7 @@ def test_environment_changes_name_every_field() -> None:
                        EnvironmentChange("torch", "2.12.0", "2.13.0")]
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_round_trip(tmp_path: Path) -> None:
     """Record, re-run unchanged, re-run with another learning rate, compare across a faked environment change."""
@@ -115,6 +116,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert "2.11.0" in html and "Baseline" in html
 
 
+@pytest.mark.process
 def test_baseline_of_another_granularity_is_refused(tmp_path: Path) -> None:
     saved = _saved(tmp_path)
     result = run_cli(["run", str(SCRIPTS / "fit_lr.py"), "--granularity", "op", "--baseline", str(saved)],
@@ -123,6 +125,7 @@ def test_baseline_of_another_granularity_is_refused(tmp_path: Path) -> None:
     assert "was recorded at granularity module" in result.stderr
 
 
+@pytest.mark.process
 def test_unreadable_baseline_exits_4_before_running(tmp_path: Path) -> None:
     (tmp_path / "nobase").mkdir()
     result = run_cli(["run", str(SCRIPTS / "fit_lr.py"), "--baseline", "nobase"], cwd=tmp_path)

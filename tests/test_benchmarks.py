@@ -30,6 +30,7 @@ def test_fingerprint_rows(bench: ModuleType) -> None:
     assert raw["hash_gbs"] > 0 and all(r.ratio and r.ratio > 0 for r in rows)
 
 
+@pytest.mark.process
 def test_compare_finds_the_planted_divergence_without_torch(bench: ModuleType, tmp_path: Path) -> None:
     sizes = bench.Sizes(compare_records=2000, compare_repeats=3)
     rows, raw = bench.bench_compare(sizes, tmp_path)

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SCRIPTS, run_cli
+from conftest import SCRIPTS, CliResult, diverges_within, run_cli
 
 ORDER = ("python-hash-seed", "object-order")  # a toss-up without an experiment (docs/causes.md)
 # a thread race shows only when a repeat has the cores; 3 repeats, so chance agreement cannot hide it
 RACE = ("-n", "3", "-j", "1")
+RACE_AUDITS = 3  # a race row: audits until one diverges (conftest.diverges_within)
 
 
 def fault(op: str, when: str) -> dict[str, str]:
@@ -42,6 +43,7 @@ class Row:
     env: dict[str, str] = field(default_factory=dict)
     toss_up: tuple[str, ...] = ()  # without an experiment the evidence cannot order these: either may lead
     tag: str = ""  # tells two rows of one script apart
+    race: bool = False  # the divergence needs a race to show (thread timing, id-hash collisions)
 
     @property
     def id(self) -> str:
@@ -63,17 +65,17 @@ MATRIX = [
     Row("blend_features.py", "python-hash-seed", "python-hash-seed", NOT_SEED, toss_up=ORDER),
     Row("train_dedup.py", "object-order", "object-order", NOT_SEED, toss_up=ORDER),
     # 5 objects change order only through collisions: 2 pinned repeats can disagree or agree by chance
-    Row("train_multiloss.py", "object-order", "object-order", NOT_SEED, toss_up=ORDER, args=("-n", "3")),
-    Row("train_lookup.py", "nondeterministic-op", "nondeterministic-op", NOT_SEED, args=RACE),
-    Row("rate_items.py", "nondeterministic-op", "nondeterministic-op", NOT_SEED, args=RACE),
+    Row("train_multiloss.py", "object-order", "object-order", NOT_SEED, toss_up=ORDER, args=("-n", "3"), race=True),
+    Row("train_lookup.py", "nondeterministic-op", "nondeterministic-op", NOT_SEED, args=RACE, race=True),
+    Row("rate_items.py", "nondeterministic-op", "nondeterministic-op", NOT_SEED, args=RACE, race=True),
     # random.seed(0) and a CPU index_put_ race: once ranked a false varying-seed first
-    Row("rank_products.py", "nondeterministic-op", "nondeterministic-op", NOT_SEED, args=RACE),
+    Row("rank_products.py", "nondeterministic-op", "nondeterministic-op", NOT_SEED, args=RACE, race=True),
     Row("train_custom_layer.py", "uninitialized-memory", "uninitialized-memory", NOT_SEED),
     Row("train_augmented.py", "dataloader-workers", "dataloader-workers", NOT_SEED),
     # random.seed(0) and DataLoader-worker randomness: once ranked a false varying-seed first
     Row("train_jittered.py", "dataloader-workers", "dataloader-workers", NOT_SEED),
-    Row("train_normalized.py", "concurrency", None, NOT_SEED),
-    Row("ensemble_eval.py", "concurrency", None, NOT_SEED),
+    Row("train_normalized.py", "concurrency", None, NOT_SEED, race=True),
+    Row("ensemble_eval.py", "concurrency", None, NOT_SEED, race=True),
     Row("pool_graphs.py", "nondeterministic-op", "nondeterministic-op", NOT_SEED,
         env=fault("torch.Tensor.index_add_", "nondeterministic")),
     Row("train_denoiser.py", "cudnn-benchmark", "cudnn-benchmark", NOT_SEED,
@@ -143,12 +145,17 @@ def _log(row: Row, entry: dict[str, Any]) -> None:
             f.write(json.dumps({"script": row.id, **entry}) + "\n")
 
 
+@pytest.mark.process
 @pytest.mark.slow
-@pytest.mark.parametrize("row", MATRIX, ids=[r.id for r in MATRIX])
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id, marks=[pytest.mark.race] if r.race else []) for r in MATRIX])
 def test_cause_matrix(tmp_path: Path, row: Row) -> None:
     # detaudit's options before the script: a script may define --out itself (train_budgeted.py does)
-    run = run_cli(["run", *row.args, "--out", "run", "--json", "run.json", "-q", str(SCRIPTS / row.script)],
-                  cwd=tmp_path, env=row.env)
+    def audit(attempt: int) -> CliResult:
+        out = f"run-{attempt}" if attempt else "run"
+        return run_cli(["run", *row.args, "--out", out, "--json", f"{out}.json", "-q", str(SCRIPTS / row.script)],
+                       cwd=tmp_path, env=row.env)
+
+    run = diverges_within(RACE_AUDITS, audit) if row.race else audit(0)
     assert run.returncode == row.exit_code, run.output
     assert run.report is not None
     if row.top is None:
@@ -156,7 +163,7 @@ def test_cause_matrix(tmp_path: Path, row: Row) -> None:
         return
     inferred, cheap = run.report["inferred_ranking"], run.report["causes"]
     cheap_confirmed = [c["id"] for c in cheap if c["confidence"] == "confirmed"]
-    explained = run_cli(["explain", "run", "--json", "explain.json", "-q"], cwd=tmp_path)
+    explained = run_cli(["explain", run.report["run_dir"], "--json", "explain.json", "-q"], cwd=tmp_path)
     assert explained.report is not None, explained.output
     final = explained.report["causes"]
     _log(row, {"inferred_top": inferred[0], "cheap_top": cheap[0]["id"], "cheap_confirmed": cheap_confirmed,

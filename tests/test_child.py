@@ -17,6 +17,8 @@ import pytest
 from detaudit.failure import excerpt, from_footer, read_error
 from detaudit.trace import read_trace
 
+pytestmark = pytest.mark.process  # each case runs the script under plain python and under detaudit.child
+
 SCRIPTS = Path(__file__).parent / "scripts"
 PARITY_SCRIPT = SCRIPTS / "show_env.py"
 

@@ -53,6 +53,7 @@ def argv_script(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.process
 def test_missing_script_is_usage_error(tmp_path: Path) -> None:
     result = run_cli(["run", "no_such_script.py", "--repeats", "2"], cwd=tmp_path)
     assert_clean_error(result, 2, "no_such_script.py")
@@ -60,6 +61,7 @@ def test_missing_script_is_usage_error(tmp_path: Path) -> None:
     assert not (tmp_path / ".detaudit").exists()  # nothing was created for a run that never started
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args", [["run", "x.py", "--repeats", "1"], ["run", "--bogus", "x.py"], ["run"],
                                   ["nonsense-command"], ["run", "x.py", "--device", "tpu"]])
 def test_bad_usage_exits_2(tmp_path: Path, args: list[str]) -> None:
@@ -69,6 +71,7 @@ def test_bad_usage_exits_2(tmp_path: Path, args: list[str]) -> None:
     assert "Traceback" not in result.output
 
 
+@pytest.mark.process
 def test_help_documents_exit_codes(tmp_path: Path) -> None:
     result = run_cli(["run", "--help"], cwd=tmp_path)
     assert result.returncode == 0
@@ -86,6 +89,7 @@ def test_out_dir_that_is_not_empty_is_refused(tmp_path: Path, argv_script: Path,
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("placement", ["before", "after", "mixed"])
 def test_options_before_or_after_script_and_args_after_double_dash(
         tmp_path: Path, argv_script: Path, placement: str, capsys: pytest.CaptureFixture[str],
@@ -108,6 +112,7 @@ def test_options_before_or_after_script_and_args_after_double_dash(
     assert not (tmp_path / "not-ours.json").exists()
 
 
+@pytest.mark.process
 def test_json_and_junit_written_and_report_rerenders_the_same_verdict(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = tmp_path / "coin.py"  # differs between repeats without any torch
@@ -152,6 +157,7 @@ def _corrupt(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.process
 def test_corrupt_foreign_or_unknown_version_run_dirs_exit_4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     recs = training_records()
     corrupt = write_run(tmp_path / "corrupt", [recs, recs])
@@ -195,6 +201,7 @@ def test_show_marks_incomplete_trace(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert result.returncode == 0 and "incomplete" in result.stdout
 
 
+@pytest.mark.process
 def test_show_refuses_bad_traces_with_exit_4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     corrupt = write_trace(tmp_path / "c.trace", training_records(), {"exit_code": 0})
     _corrupt(corrupt)
@@ -218,6 +225,7 @@ def test_out_naming_a_file_exits_2(tmp_path: Path, argv_script: Path, capsys: py
     assert taken.read_text() == "precious"
 
 
+@pytest.mark.process
 def test_help_names_every_usage_error(tmp_path: Path) -> None:
     assert "usage error (bad option, missing script, --out not empty)" in run_cli(["--help"], cwd=tmp_path).stdout
 
@@ -235,6 +243,7 @@ def test_a_timeout_is_rendered_as_a_timeout(tmp_path: Path, capsys: pytest.Captu
 COIN = "import os\nprint(os.urandom(4).hex())\n"  # differs between repeats on stdout only, without torch
 
 
+@pytest.mark.process
 def test_ignore_stdout_is_kept_for_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "coin.py").write_text(COIN)
     made = run_cli(["run", "coin.py", "-n", "2", "-j", "2", "--ignore-stdout", "--out", "run"], cwd=tmp_path)
@@ -256,6 +265,7 @@ def test_compare_takes_the_stdout_options(tmp_path: Path, capsys: pytest.Capture
     assert run_in_process(["compare", str(a), str(b), "--stdout", "ignore", "-q"], capsys).returncode == 0
 
 
+@pytest.mark.process
 def test_jobs_that_oversubscribe_the_cores_warn(tmp_path: Path) -> None:
     (tmp_path / "coin.py").write_text("print('heads')\n")
     busy = run_cli(["run", "coin.py", "-n", "2", "-j", "2"], cwd=tmp_path, env={"OMP_NUM_THREADS": "4096"})
@@ -265,6 +275,7 @@ def test_jobs_that_oversubscribe_the_cores_warn(tmp_path: Path) -> None:
     assert alone.returncode == 6 and "warning" not in alone.stderr  # 6: a torch-free script
 
 
+@pytest.mark.process
 def test_explain_a_run_from_another_directory(tmp_path: Path) -> None:
     (tmp_path / "coin.py").write_text(COIN)
     made = run_cli(["run", "coin.py", "-n", "2", "-j", "2", "--out", "run"], cwd=tmp_path)
@@ -306,6 +317,7 @@ def test_out_under_a_file_is_an_output_error(tmp_path: Path, argv_script: Path,
     assert_clean_error(result, 7, "afile", "not a directory")
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_two_runs_with_one_out_never_share_it(tmp_path: Path, argv_script: Path) -> None:
     """Started together: one run owns the directory, the other is refused, whichever wins the race."""
@@ -397,6 +409,7 @@ def test_malformed_run_records_exit_4_naming_the_file(tmp_path: Path, capsys: py
     assert_clean_error(run_in_process(["report", str(run_dir)], capsys), 4, "run.json")
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_redact_args_stores_the_scripts_arguments_nowhere(tmp_path: Path) -> None:
     script = tmp_path / "uses_token.py"
@@ -411,6 +424,7 @@ def test_redact_args_stores_the_scripts_arguments_nowhere(tmp_path: Path) -> Non
     assert "s3cr3t" not in result.output
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_a_reader_that_stops_early_never_turns_into_an_error(tmp_path: Path) -> None:
     """`detaudit show T | head`, `detaudit report R --json - | head`: the exit code stays the command's own."""

@@ -16,6 +16,9 @@ import pytest
 from conftest import run_cli
 from test_launcher import processes_mentioning, wait_until
 
+pytestmark = pytest.mark.process  # every test here starts `detaudit run` and signals it
+
+
 # Records one module output, starts a sleeper in its process group, says so, then waits.
 LONG = """
     import signal, subprocess, sys, time

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from detaudit.recorder import compiled
@@ -17,6 +18,7 @@ def _recorder(tmp_path: Path) -> Recorder:
     return Recorder(TraceWriter(tmp_path / "t.trace", {"repeat": 0}))
 
 
+@pytest.mark.slow  # torch.compile imports dynamo and inductor: seconds, in the first test that calls it
 def test_compile_wrapper_is_recognised_and_its_hops_dropped_from_names() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     model.add_module("enc", torch.compile(torch.nn.Linear(2, 2)))  # compiled lazily: no compilation here

@@ -80,6 +80,7 @@ def test_an_ordinary_repeat_is_left_alone() -> None:
     assert enter_rank(config) is None and config == {"trace": "/x/repeat-0.trace"}
 
 
+@pytest.mark.process
 def test_a_rank_writes_its_own_trace_stdout_and_pid_file(tmp_path: Path) -> None:
     code = (
         "import json, sys; from detaudit.distributed import enter_rank\n"
@@ -97,6 +98,7 @@ def test_a_rank_writes_its_own_trace_stdout_and_pid_file(tmp_path: Path) -> None
     assert int((tmp_path / "repeat-0.rank-1.pid").read_text()) > 0
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_kill_ranks_kills_a_live_rank_group_and_spares_strangers(tmp_path: Path) -> None:
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "detaudit.child", str(tmp_path)],
@@ -116,6 +118,7 @@ def test_kill_ranks_kills_a_live_rank_group_and_spares_strangers(tmp_path: Path)
         stranger.wait()
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [["--torchrun-args", "--max-restarts 1"],
                                   ["--nproc-per-node", "2", "--torchrun-args", "--nproc-per-node 4"],

@@ -33,6 +33,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, torc
     return proc.stdout, _weights(cwd / "plain.pt")
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("granularity", ["step", "module", "op", "auto"])
 def test_compiled_model_trains_as_under_python(tmp_path: Path, granularity: str,
@@ -62,6 +63,7 @@ def _records(path: Path) -> list[dict[str, str]]:
     return [{"name": trace.strings[r["name"]]} for r in trace.records]
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_max_steps_stops_a_compiled_run(tmp_path: Path) -> None:
     result = run_cli(["run", "-n", "2", "--granularity", "module", "--max-steps", "2", "--out", "run", "--json",

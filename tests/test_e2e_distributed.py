@@ -18,7 +18,7 @@ import pytest
 from detaudit.trace import read_trace
 from tests.conftest import run_cli
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.process,
               pytest.mark.skipif(not __import__("torch").distributed.is_available(),
                                  reason="torch.distributed is not built in")]
 TIMEOUT = 600  # two cores shared with others: a 2-rank launch can take a minute

@@ -18,7 +18,7 @@ from conftest import SCRIPTS, CliResult, run_cli
 
 from detaudit.trace import Kind, read_trace
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 def seeded_copy(tmp_path: Path, script: str, line: str, replacement: str) -> Path:

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import diverges_within, run_cli
 
-pytestmark = pytest.mark.slow  # every test here runs the real CLI on real scripts
+pytestmark = [pytest.mark.slow, pytest.mark.process]  # every test here runs the real CLI on real scripts
 
 
 def line_of(script: Path, text: str) -> str:
@@ -47,11 +47,12 @@ def test_auto_names_the_random_op_behind_a_dropout_left_in_training_mode(tmp_pat
     assert again.report["first_divergence"]["op_finding"] == finding
 
 
+@pytest.mark.race
 def test_op_granularity_names_index_put_in_the_backward_of_an_indexing_lookup(tmp_path: Path, scripts: Path) -> None:
     script = scripts / "rate_items.py"
     # one repeat at a time: the race shows only when both of a repeat's threads run at once
-    result = run_cli(["run", str(script), "-n", "3", "-j", "1", "--granularity", "op", "--json", "report.json"],
-                     tmp_path)
+    result = diverges_within(3, lambda attempt: run_cli(["run", str(script), "-n", "3", "-j", "1", "--granularity",
+                                                         "op", "--json", f"report-{attempt}.json"], tmp_path))
     assert result.returncode == 1, result.output
     finding = op_of(result.report)
     assert finding["verdict"] == "nondeterministic-op"

@@ -21,6 +21,7 @@ def timed(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_a_seeded_script_that_prints_timings_is_deterministic_in_ten_repeats(timed: Path) -> None:
     """One audit of 10 repeats: each repeat's stdout differs byte for byte from every other (timestamps,
@@ -46,6 +47,7 @@ def test_a_seeded_script_that_prints_timings_is_deterministic_in_ten_repeats(tim
     assert [c["id"] for c in strict.report["causes"]] == ["stdout-differs"]
 
 
+@pytest.mark.process
 def test_an_option_the_script_defines_too_is_refused_with_the_spelling_to_use(timed: Path) -> None:
     result = run_cli(["run", "-n", "2", TIMED, "--device=cpu", "--epochs", "1"], cwd=timed)
     assert result.returncode == 2, result.output
@@ -56,6 +58,7 @@ def test_an_option_the_script_defines_too_is_refused_with_the_spelling_to_use(ti
     assert f"`detaudit run -n 2 --device=cpu {TIMED} --epochs 1`" in message
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_options_after_the_script_reach_it_and_strict_stdout_shows_the_first_differing_line(timed: Path) -> None:
     script_argv = [TIMED, "--epochs", "1", "--device=cpu", "--log-every", "8", "--seed", "7"]
@@ -77,6 +80,7 @@ def test_options_after_the_script_reach_it_and_strict_stdout_shows_the_first_dif
         f"DIVERGENT · first divergence: stdout line {line} · top cause: stdout-differs (likely) · run: run")
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_the_demo_exits_0_and_ends_with_a_summary_that_a_pipe_does_not_wrap(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # a CI log: no terminal, no COLUMNS

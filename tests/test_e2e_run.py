@@ -18,7 +18,7 @@ from conftest import SCRIPTS, CliResult, run_cli
 
 from detaudit.trace import MAGIC, read_trace
 
-pytestmark = pytest.mark.slow  # every test here runs the real CLI on real scripts
+pytestmark = [pytest.mark.slow, pytest.mark.process]  # every test here runs the real CLI on real scripts
 
 # module-level behaviour (ops: test_e2e_ops.py); causes and their confirmation: test_e2e_causes.py
 FAST = ["--repeats", "2", "--jobs", "2", "--granularity", "module", "--no-explain"]

@@ -39,6 +39,7 @@ def normalised(event: dict[str, Any]) -> str:
     return json.dumps(event, sort_keys=True)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_every_evidence_event_is_identical_across_hash_seeds_and_address_layouts(tmp_path: Path) -> None:
     per_run: list[list[str]] = []

@@ -32,6 +32,7 @@ print(torch.nn.Linear(3, 1)(x).shape)
 """
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_flags_typos_and_collectives_are_recorded(tmp_path: Path) -> None:
     script = tmp_path / "train.py"

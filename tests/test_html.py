@@ -112,6 +112,7 @@ def test_user_text_is_escaped(tmp_path: Path) -> None:
     check_page(text, data)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_html_of_the_demo_run(tmp_path: Path) -> None:
     """The bundled demo, audited as `detaudit demo` does (without --explain): HTML from run, report, compare."""

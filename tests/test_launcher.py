@@ -90,6 +90,7 @@ def test_missing_script_is_a_usage_error(tmp_path: Path) -> None:
         Launcher(tmp_path / "nope.py", [], None)
 
 
+@pytest.mark.process
 def test_repeats_are_fresh_interpreters_and_results_come_in_plan_order(tmp_path: Path) -> None:
     script = tmp_path / "who.py"
     script.write_text(textwrap.dedent("""
@@ -107,6 +108,7 @@ def test_repeats_are_fresh_interpreters_and_results_come_in_plan_order(tmp_path:
     assert len({r.stdout_digest for r in results}) == 3
 
 
+@pytest.mark.process
 def test_timeout_kills_the_process_group_and_leaves_an_incomplete_trace(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launcher, "GRACE_S", 1.0)
@@ -129,6 +131,7 @@ def test_timeout_kills_the_process_group_and_leaves_an_incomplete_trace(
     assert "ready" in (tmp_path / results[0].stdout).read_text()
 
 
+@pytest.mark.process
 def test_timeout_kills_a_script_that_ignores_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launcher, "GRACE_S", 0.5)
     script = tmp_path / "stubborn.py"
@@ -142,6 +145,7 @@ def test_timeout_kills_a_script_that_ignores_sigterm(tmp_path: Path, monkeypatch
     assert not read_trace(tmp_path / results[0].trace).complete
 
 
+@pytest.mark.process
 def test_ctrl_c_stops_every_repeat_with_no_orphans(tmp_path: Path) -> None:
     marker = f"ctrlc-{os.getpid()}-{time.monotonic_ns()}"
     work = tmp_path / marker

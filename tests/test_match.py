@@ -66,6 +66,7 @@ def test_one_ulp_changes_one_element_by_its_lowest_bit_and_leaves_the_original(v
     assert a ^ b == 1  # the lowest bit: one ULP for a float
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_self_check_end_to_end(tmp_path: Path) -> None:
     result = run_cli(["run", str(SCRIPTS / "train_mlp.py"), "-n", "2", "--granularity", "step", "--self-check",

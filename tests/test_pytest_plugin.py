@@ -64,6 +64,7 @@ def _check_unseeded_failure(result: pytest.RunResult) -> Path:
     return run_dir
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_marked_tests_audited_beside_randomly_and_rerunfailures(pytester: pytest.Pytester) -> None:
     pytest.importorskip("pytest_randomly")
@@ -81,6 +82,7 @@ def test_marked_tests_audited_beside_randomly_and_rerunfailures(pytester: pytest
     assert run_dir.is_relative_to(pytester.path / ".detaudit" / "runs" / "pytest")
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_audits_under_xdist(pytester: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
@@ -94,6 +96,7 @@ def test_audits_under_xdist(pytester: pytest.Pytester) -> None:
     assert len(list(out.iterdir())) == 3  # one run directory per audited test, none shared between workers
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_session_wide_audit_with_exitfirst(pytester: pytest.Pytester) -> None:
     """`--detaudit` audits unmarked tests too; `-x` stops at the first divergent one."""
@@ -105,6 +108,7 @@ def test_session_wide_audit_with_exitfirst(pytester: pytest.Pytester) -> None:
     _check_unseeded_failure(result)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_a_test_that_fails_in_every_rerun_fails_with_its_own_output(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_broken='''

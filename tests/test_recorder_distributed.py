@@ -39,6 +39,7 @@ recorder.close({"exit_code": 0})
 """
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_ddp_replicas_and_a_reused_sampler_epoch_are_recorded(tmp_path: Path) -> None:
     trace = tmp_path / "rank.trace"

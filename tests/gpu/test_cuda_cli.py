@@ -20,6 +20,7 @@ from conftest import SCRIPTS, CliResult, run_cli
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.slow,
+    pytest.mark.process,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run scripts/gpu-check.sh on a GPU)"),
 ]
 

@@ -1,0 +1,299 @@
+"""The CLI against a mocked core (as coverage.py tests its command line): each command is invoked
+in-process with click's CliRunner while the library calls it makes (audit.run_audit, audit.load_run,
+audit.compare_recorded, explain.run_experiments, baseline.save) are replaced by fakes that record
+their arguments and return a Report read from a synthetic run directory. The tests check how options
+become library calls, and that the exit code follows the Report's verdict. No interpreter starts.
+
+The core's API is reached in two places only: `Core` (what is patched, and where) and `flat` (the
+AuditOptions fields by name, wherever in the options object they live): a refactor edits those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+import pytest
+from click.testing import CliRunner
+from synthetic import training_records, write_run
+
+import detaudit.audit
+import detaudit.baseline
+import detaudit.devices
+import detaudit.explain
+from detaudit.cli import cli, main
+from detaudit.compare import Tolerance
+from detaudit.errors import EXIT_BAD_TRACE, TraceError
+from detaudit.report import Cause, Report
+
+LOAD_RUN = detaudit.audit.load_run  # the real one, for the fakes' reports
+
+# the AuditOptions fields the CLI sets, by name; each is found on the options object or on one of its
+# dataclass parts (options.schedule.repeats as well as options.repeats)
+OPTION_FIELDS = ("script", "script_args", "repeats", "devices", "own_device", "timeout", "jobs", "out_dir", "tolerance",
+                 "granularity", "stdout", "baseline", "redact_args", "max_steps", "max_time", "self_check",
+                 "nproc_per_node", "torchrun_args")
+
+
+def flat(options: Any) -> dict[str, Any]:
+    """The options a command passed to run_audit, by name (OPTION_FIELDS)."""
+    parts = [options, *(v for v in vars(options).values() if dataclasses.is_dataclass(v))]
+    values = {}
+    for name in OPTION_FIELDS:
+        owners = [part for part in parts if hasattr(part, name)]
+        assert len(owners) == 1, f"AuditOptions field {name!r} found in {len(owners)} places"
+        values[name] = getattr(owners[0], name)
+    return values
+
+
+def synthetic_report(tmp_path: Path, verdict: str) -> Report:
+    """A real Report of a synthetic run directory (no interpreter) with the given verdict."""
+    recs = training_records()
+    other = [r.but(digest=123) if i == 5 else r for i, r in enumerate(recs)]
+    runs = {"deterministic": dict(traces=[recs, recs]), "divergent": dict(traces=[recs, other]),
+            "failed": dict(traces=[recs, recs], exit_codes=[1, 1]),
+            "timeout": dict(traces=[recs, recs], timed_out=[False, True]),
+            "inconclusive": dict(traces=[[], []])}[verdict]
+    run_dir = tmp_path / f"synthetic-{verdict}"
+    if not run_dir.exists():
+        write_run(run_dir, **runs)  # type: ignore[arg-type]
+    report = LOAD_RUN(run_dir)
+    assert report.verdict == verdict
+    return report
+
+
+class Core:
+    """The library calls the CLI makes, replaced by fakes that record (name, args, kwargs)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.tmp_path = tmp_path
+        self.verdict = "deterministic"
+        self.causes: list[Cause] = []
+        monkeypatch.setattr(detaudit.devices, "cuda_available", lambda: False)  # the same on every machine
+        for owner, name in ((detaudit.audit, "run_audit"), (detaudit.audit, "load_run"),
+                            (detaudit.audit, "compare_recorded"), (detaudit.explain, "run_experiments"),
+                            (detaudit.baseline, "save")):
+            monkeypatch.setattr(owner, name, self._fake(name))
+
+    def _fake(self, name: str) -> Any:
+        def fake(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, args, kwargs))
+            if name == "save":
+                dest = Path(args[2])
+                dest.mkdir(parents=True, exist_ok=True)
+                return dest
+            report = synthetic_report(self.tmp_path, self.verdict)
+            return dataclasses.replace(report, causes=self.causes) if self.causes else report
+        return fake
+
+    def called(self, name: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        return [(args, kwargs) for n, args, kwargs in self.calls if n == name]
+
+    def options(self) -> dict[str, Any]:
+        """The options of the one run_audit call."""
+        [(args, _)] = self.called("run_audit")
+        return flat(args[0])
+
+
+@pytest.fixture
+def core(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Core]:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "120")
+    yield Core(monkeypatch, tmp_path)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument('--lr')\n")
+    return path
+
+
+def invoke(args: list[str]) -> Any:
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    return result
+
+
+def test_run_defaults_become_the_documented_options(core: Core, script: Path) -> None:
+    result = invoke(["run", str(script)])
+    assert result.exit_code == 0, result.output
+    assert core.options() == {
+        "script": script, "script_args": [], "repeats": 3, "devices": ["cpu"], "own_device": True, "timeout": None,
+        "jobs": 1, "out_dir": None, "tolerance": Tolerance(1e-5, 1.3e-6), "granularity": "auto", "stdout": "masked",
+        "baseline": None, "redact_args": False, "max_steps": None, "max_time": None, "self_check": False,
+        "nproc_per_node": None, "torchrun_args": []}
+    assert core.called("run_experiments") == [] and core.called("save") == []
+
+
+def test_every_run_option_reaches_the_audit_options(core: Core, script: Path, tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    result = invoke(["run", "-n", "5", "--device", "cpu", "--timeout", "30", "--out", "out", "-j", "2",
+                     "--atol", "0.5", "--rtol", "0.25", "--stdout", "strict", "--granularity", "op",
+                     "--baseline", str(base), "--redact-args", "--max-steps", "4", "--self-check", str(script)])
+    assert result.exit_code == 0, result.output
+    options = core.options()
+    assert options["repeats"] == 5 and options["devices"] == ["cpu"] and options["own_device"] is False
+    assert options["timeout"] == 30.0 and options["out_dir"] == Path("out") and options["jobs"] == 2
+    assert options["tolerance"] == Tolerance(0.5, 0.25) and options["stdout"] == "strict"
+    assert options["granularity"] == "op" and options["baseline"] == base and options["redact_args"] is True
+    assert options["max_steps"] == 4 and options["self_check"] is True
+
+
+def test_max_time_and_torchrun_options(core: Core, script: Path) -> None:
+    assert invoke(["run", "--max-time", "2.5", str(script)]).exit_code == 0
+    assert core.options()["max_time"] == 2.5
+    core.calls.clear()
+    result = invoke(["run", "--nproc-per-node", "2", "--torchrun-args", "--max-restarts 0", str(script)])
+    assert result.exit_code == 0, result.output
+    assert core.options()["nproc_per_node"] == 2 and core.options()["torchrun_args"] == ["--max-restarts", "0"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-time", "2", "--nproc-per-node", "2"], "--max-time cannot bound a torchrun run"),
+    (["--torchrun-args", "--max-restarts 0"], "--torchrun-args needs --nproc-per-node"),
+    (["--save-baseline", "b", "--nproc-per-node", "2"], "do not support --nproc-per-node"),
+    (["--ignore-stdout", "--stdout", "strict"], "--ignore-stdout contradicts --stdout strict"),
+    (["--json", "-", "--junit", "-"], "cannot both write to stdout"),
+])
+def test_contradicting_options_are_usage_errors_before_any_audit(core: Core, script: Path, args: list[str],
+                                                                  message: str) -> None:
+    result = invoke(["run", *args, str(script)])
+    assert result.exit_code == 2 and message in result.output
+    assert core.calls == []
+
+
+def test_script_arguments_after_the_script_or_a_double_dash_reach_the_options(core: Core, script: Path) -> None:
+    assert invoke(["run", str(script), "data.txt", "--epochs", "1", "-n", "5"]).exit_code == 0
+    assert core.options()["script_args"] == ["data.txt", "--epochs", "1", "-n", "5"]
+    assert core.options()["repeats"] == 3  # `-n 5` came after an option detaudit does not know: the script's
+    core.calls.clear()
+    assert invoke(["run", str(script), "-n", "2", "--", "--repeats", "--json", "x"]).exit_code == 0
+    assert core.options()["script_args"] == ["--repeats", "--json", "x"] and core.options()["repeats"] == 2
+
+
+def test_ignore_stdout_is_the_ignore_mode(core: Core, script: Path) -> None:
+    assert invoke(["run", "--ignore-stdout", str(script)]).exit_code == 0
+    assert core.options()["stdout"] == "ignore"
+
+
+@pytest.mark.parametrize("verdict,code", [("deterministic", 0), ("divergent", 1), ("failed", 3), ("timeout", 5),
+                                          ("inconclusive", 6)])
+def test_the_exit_code_follows_the_reports_verdict(core: Core, script: Path, verdict: str, code: int) -> None:
+    core.verdict = verdict
+    for args in (["run", "--no-explain", str(script)], ["report", "somerun"], ["compare", "a.trace", "b.trace"]):
+        result = invoke(args)
+        assert result.exit_code == code, (args, result.output)
+
+
+def test_report_files_go_where_the_options_say(core: Core, script: Path, tmp_path: Path) -> None:
+    core.verdict = "divergent"
+    result = invoke(["run", "--no-explain", "--json", "out/r.json", "--junit", "r.xml", "--html", "r.html", "-q",
+                     str(script)])
+    assert result.exit_code == 1, result.output
+    assert json.loads((tmp_path / "out" / "r.json").read_text())["verdict"] == "divergent"
+    assert ET.parse(tmp_path / "r.xml").getroot().get("failures") == "1"
+    assert (tmp_path / "r.html").read_text().lstrip().lower().startswith("<!doctype html")
+    assert len(result.stdout.strip().splitlines()) == 1  # -q: the verdict line alone
+
+
+def test_json_to_stdout_carries_only_the_document(core: Core, script: Path) -> None:
+    result = invoke(["report", "somerun", "--json", "-"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["verdict"] == "deterministic"
+    assert "DETERMINISTIC" in result.stderr  # the rendering moved to stderr
+
+
+def test_report_and_compare_pass_their_stdout_mode_and_tolerance(core: Core) -> None:
+    assert invoke(["report", "somerun"]).exit_code == 0
+    assert invoke(["report", "somerun", "--stdout", "strict"]).exit_code == 0
+    assert [args for args, _ in core.called("load_run")] == [(Path("somerun"), None), (Path("somerun"), "strict")]
+    assert invoke(["compare", "a.trace", "b.trace"]).exit_code == 0
+    assert invoke(["compare", "a.trace", "b", "--atol", "0.1", "--ignore-stdout"]).exit_code == 0
+    assert invoke(["compare", "a.trace", "b", "--rtol", "0.2"]).exit_code == 0
+    assert [args for args, _ in core.called("compare_recorded")] == [
+        ([Path("a.trace"), Path("b.trace")], None, None), ([Path("a.trace"), Path("b")], Tolerance(0.1, 0.0), "ignore"),
+        ([Path("a.trace"), Path("b")], Tolerance(0.0, 0.2), None)]
+
+
+def test_explain_after_a_divergent_run_gets_the_budget_jobs_and_run_directory(core: Core, script: Path) -> None:
+    core.verdict = "divergent"
+    result = invoke(["run", "--explain-all", "--budget", "7", "-j", "2", str(script), "secret"])
+    assert result.exit_code == 1, result.output
+    [(args, kwargs)] = core.called("run_experiments")
+    run_dir = Path(synthetic_report(core.tmp_path, "divergent").run_dir)
+    assert args == (run_dir, 7, True) and kwargs["jobs"] == 2 and kwargs["cheap"] is False
+    assert kwargs["script_args"] is None  # not redacted: the experiments read them from the run directory
+
+
+def test_redacted_arguments_are_handed_to_the_experiments(core: Core, script: Path) -> None:
+    core.verdict = "divergent"
+    assert invoke(["run", "--explain", "--redact-args", str(script), "secret"]).exit_code == 1
+    [(args, kwargs)] = core.called("run_experiments")
+    assert args[1:] == (12, False) and kwargs["script_args"] == ["secret"]
+
+
+def test_the_cheap_confirmation_runs_only_for_a_cheap_pin_and_not_with_no_explain(core: Core, script: Path) -> None:
+    core.verdict = "divergent"
+    assert invoke(["run", str(script)]).exit_code == 1
+    assert core.called("run_experiments") == []  # no cause with a cheap pin
+    core.causes = [Cause("unseeded-torch-rng", "likely", "s", [], "f", pins=["torch-rng"])]
+    assert invoke(["run", "--no-explain", str(script)]).exit_code == 1
+    assert core.called("run_experiments") == []
+    assert invoke(["run", str(script)]).exit_code == 1
+    [(_, kwargs)] = core.called("run_experiments")
+    assert kwargs["cheap"] is True
+
+
+def test_no_experiment_for_an_agreeing_run(core: Core, script: Path) -> None:
+    assert invoke(["run", "--explain", str(script)]).exit_code == 0
+    assert core.called("run_experiments") == []
+
+
+def test_explain_command(core: Core) -> None:
+    core.verdict = "divergent"
+    run_dir = Path(synthetic_report(core.tmp_path, "divergent").run_dir)  # explain reads its run.json first
+    result = invoke(["explain", str(run_dir), "--budget", "3", "--all", "-j", "2", "--json", "e.json"])
+    assert result.exit_code == 1, result.output
+    [(args, kwargs)] = core.called("run_experiments")
+    assert args == (run_dir, 3, True) and kwargs["jobs"] == 2 and kwargs["cheap"] is False
+    assert json.loads(Path("e.json").read_text())["verdict"] == "divergent"
+
+
+def test_save_baseline_only_asks_the_library_to_save(core: Core, script: Path) -> None:
+    result = invoke(["run", "--save-baseline", "kept", str(script)])
+    assert result.exit_code == 0, result.output
+    [(args, _)] = core.called("save")
+    assert args[2] == Path("kept") and "baseline saved to kept" in result.stderr
+
+
+@pytest.mark.parametrize("verdict,code", [("divergent", 0), ("deterministic", 1)])
+def test_demo_exits_0_when_it_shows_its_divergence(core: Core, verdict: str, code: int) -> None:
+    core.verdict = verdict
+    assert invoke(["demo", "-n", "2"]).exit_code == code
+    options = core.options()
+    assert options["repeats"] == 2 and options["timeout"] == 120.0 and options["script"].name == "train_demo.py"
+    assert len(core.called("run_experiments")) == (verdict == "divergent")  # the demo always explains
+
+
+def test_a_library_error_is_one_line_with_its_exit_code(core: Core, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    def corrupt(*args: Any, **kwargs: Any) -> Report:
+        raise TraceError("somerun/repeat-0.trace is corrupt")
+
+    monkeypatch.setattr(detaudit.audit, "load_run", corrupt)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "somerun"])
+    assert exit_info.value.code == EXIT_BAD_TRACE
+    assert capsys.readouterr().err.strip() == "detaudit: error: somerun/repeat-0.trace is corrupt"
+
+
+def test_cuda_without_a_gpu_is_a_usage_error(core: Core, script: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--device", "cuda", str(script)])
+    assert exit_info.value.code == 2 and "no CUDA device" in capsys.readouterr().err
+    assert core.calls == []

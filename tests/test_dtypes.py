@@ -1,0 +1,16 @@
+"""dtypes: the trace's dtype codes are fixed forever and match torch's names."""
+
+from __future__ import annotations
+
+import torch
+
+from detaudit.dtypes import DTYPE_NAMES, DTYPE_ORDER
+
+
+def test_codes_are_positions_from_one_with_zero_unknown() -> None:
+    assert DTYPE_NAMES[0] == "unknown" and DTYPE_NAMES[1] == "float32" and DTYPE_NAMES[12] == "int64"
+    assert len(set(DTYPE_ORDER)) == len(DTYPE_ORDER) == len(DTYPE_NAMES) - 1
+
+
+def test_every_name_is_a_torch_dtype() -> None:
+    assert all(isinstance(getattr(torch, name), torch.dtype) for name in DTYPE_ORDER)

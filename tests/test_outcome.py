@@ -1,0 +1,35 @@
+"""outcome.py: repeats that end differently (exit status, then stdout) diverge; stopped ones do not count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from detaudit.launcher import RepeatResult
+from detaudit.outcome import outcome_divergence
+
+
+def result(index: int, exit_code: int | None = 0, timed_out: bool = False, stopped_at_step: int | None = None,
+           stdout: str = "") -> RepeatResult:
+    return RepeatResult(index, "cpu", exit_code, 0.5, timed_out, f"repeat-{index}.trace", stdout, "", "",
+                        stopped_at_step=stopped_at_step)
+
+
+def test_another_exit_status_is_an_outcome_divergence_naming_every_repeat() -> None:
+    found = outcome_divergence([result(0), result(1, exit_code=1), result(2)])
+    assert found is not None and found.category == "outcome" and found.repeats == [1] and found.reference == 0
+    assert found.detail == "exit status differs: repeat 0 exited 0, repeat 1 exited 1, repeat 2 exited 0"
+
+
+def test_timed_out_stopped_or_unknown_repeats_are_not_compared() -> None:
+    assert outcome_divergence([result(0), result(1, exit_code=-9, timed_out=True),
+                               result(2, exit_code=None), result(3, exit_code=1, stopped_at_step=4)]) is None
+
+
+def test_stdout_is_compared_in_the_mode_asked_for(tmp_path: Path) -> None:
+    (tmp_path / "0.out").write_text("epoch took 1.2s loss 0.25\n")
+    (tmp_path / "1.out").write_text("epoch took 3.4s loss 0.25\n")
+    repeats = [result(0, stdout="0.out"), result(1, stdout="1.out")]
+    assert outcome_divergence(repeats, "masked", tmp_path) is None  # only a timing differs
+    strict = outcome_divergence(repeats, "strict", tmp_path)
+    assert strict is not None and strict.stdout is not None and strict.stdout.line == 1
+    assert outcome_divergence(repeats, "ignore", tmp_path) is None
