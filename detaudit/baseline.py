@@ -28,7 +28,8 @@ from detaudit.compare import compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import RepeatResult
 from detaudit.outcome import outcome_divergence
-from detaudit.report import BaselineCheck, EnvironmentChange, Report, write_text_atomically
+from detaudit.output import write_text_atomically
+from detaudit.report import BaselineCheck, EnvironmentChange, Report
 from detaudit.rundir import read_run, tolerance_of
 from detaudit.stdout import DEFAULT_STDOUT, StdoutMode
 from detaudit.trace import RecordStream, load_json, open_regular

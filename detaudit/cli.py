@@ -97,7 +97,7 @@ def _console(quiet: bool = False) -> Console:
 
 
 def _silence_stdout() -> None:
-    from detaudit.report import silence_stdout
+    from detaudit.output import silence_stdout
 
     silence_stdout()
 
@@ -155,8 +155,9 @@ def _finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet:
     """Write the requested report files, render (`notes` just before the closing summary line), and
     exit with the report's exit code unless told another."""
     from detaudit.html import write_html
+    from detaudit.junit import write_junit
     from detaudit.render import render, summary_line
-    from detaudit.report import write_json, write_junit
+    from detaudit.report import write_json
 
     if json_path is not None:
         write_json(report, json_path)
@@ -175,7 +176,7 @@ def _finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet:
 
 def _check_outputs(json_path: Path | None, junit_path: Path | None, html_path: Path | None = None) -> None:
     """Before any repeat runs: the report files can be written (else exit 7 now, not after the run)."""
-    from detaudit.report import check_writable
+    from detaudit.output import check_writable
 
     for path in (json_path, junit_path, html_path):
         if path is not None:

@@ -70,9 +70,10 @@ def render_html(data: dict[str, Any]) -> str:
 
 def write_html(report: Any, path: Path) -> None:
     """Write the HTML report of `report` (a Report) to `path` (`-`: stdout)."""
-    from detaudit.report import _write_output, to_dict
+    from detaudit.output import write_output
+    from detaudit.report import to_dict
 
-    _write_output(path, render_html(to_dict(report)))
+    write_output(path, render_html(to_dict(report)))
 
 
 def _summary(data: dict[str, Any]) -> str:

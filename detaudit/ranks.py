@@ -20,9 +20,9 @@ when no rank is an origin (the collective itself, or a rank that recorded nothin
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -32,56 +32,21 @@ from detaudit.errors import TraceError
 from detaudit.failure import excerpt, from_footer
 from detaudit.launcher import RepeatResult
 from detaudit.oprules import OpFinding
-from detaudit.report import Cause, Report, all_failed
+from detaudit.report import (
+    Cause,
+    DistributedFindings,
+    RankSummary,
+    ReplicaDivergence,
+    Report,
+    Role,
+    TeardownCrash,
+    all_failed,
+)
 from detaudit.trace import Kind, RecordStream
 
-Role = Literal["origin", "receiver"]
 COLLECTIVE_FED = ("grad", "param", "optstate")
 COLLECTIVE_OPS = ("c10d.", "_c10d_functional.", "c10d_functional.")  # op records of collectives (op granularity)
 _SIGNALS = {6: "SIGABRT", 11: "SIGSEGV", 9: "SIGKILL", 15: "SIGTERM", 7: "SIGBUS"}
-
-
-@dataclass
-class RankSummary:
-    """One rank across the repeats."""
-
-    rank: int
-    first_divergence: Divergence | None
-    role: Role | None
-    report: Report = field(repr=False)  # that rank's own report (comparison, causes)
-
-
-@dataclass(frozen=True)
-class ReplicaDivergence:
-    """DDP replicas that differ inside one repeat, at the first optimizer step where they do."""
-
-    step: int
-    name: str
-    ranks: list[int]  # the ranks whose copy differs from the lowest rank's
-    reference: int
-    max_abs_diff: float | None
-    repeats: list[int]  # the repeats where it happened
-
-
-@dataclass(frozen=True)
-class TeardownCrash:
-    """A repeat whose ranks all finished the script and closed their traces, then a rank died in
-    interpreter teardown (torchrun then exits non-zero)."""
-
-    repeat: int
-    exit_code: int | None  # the launcher's
-    ranks: list[int]  # the ranks torchrun names as failed (empty when it names none)
-    signal: str | None
-
-
-@dataclass
-class DistributedFindings:
-    nproc_per_node: int
-    rank: int | None  # the rank of `first_divergence`
-    ranks: list[RankSummary]
-    replica_divergence: ReplicaDivergence | None = None
-    teardown_crashes: list[TeardownCrash] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # advisories from the ranks' evidence (no divergence)
 
 
 def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult],

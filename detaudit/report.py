@@ -1,22 +1,19 @@
-"""The audit's result as data, and its JSON and JUnit renderings (terminal rendering lives in render.py).
+"""The audit's result as data, and its JSON rendering (JUnit: junit.py; terminal: render.py).
+
+The value types of a torchrun run's findings live here too, below ranks.py that computes them,
+so a Report can be read without the stage that fills it in.
 
 JSON schema: docs/report-schema.md. Bump SCHEMA_VERSION on any incompatible change.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import re
-import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from xml.etree import ElementTree as ET
 
 from detaudit import __version__
 from detaudit.compare import Comparison, Divergence, RecordInfo, StepSpread
@@ -26,22 +23,18 @@ from detaudit.errors import (
     EXIT_INCONCLUSIVE,
     EXIT_SCRIPT_FAILED,
     EXIT_TIMEOUT,
-    OutputError,
-    output_error,
 )
 from detaudit.launcher import RepeatResult
+from detaudit.output import write_output
 from detaudit.pin import Pin
 from detaudit.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
 
 if TYPE_CHECKING:
     from detaudit.match import Match
     from detaudit.oprules import OpFinding
-    from detaudit.ranks import DistributedFindings
 
 SCHEMA_NAME = "detaudit-report"
 SCHEMA_VERSION = 1
-# Characters XML 1.0 cannot carry even escaped (names and details come from user code).
-_XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 # How strong the proof of a cause is, strongest first: it decides the ranking before the score does
@@ -51,6 +44,8 @@ Confidence = Literal["confirmed", "likely", "possible"]
 # `timeout`: a repeat timed out before any divergence; `inconclusive`: agreement that proves nothing
 Verdict = Literal["deterministic", "divergent", "failed", "timeout", "inconclusive"]
 ExperimentVerdict = Literal["deterministic", "divergent", "failed", "skipped"]
+# A rank's part in a torchrun divergence (ranks.py): where it was born, or where a collective carried it
+Role = Literal["origin", "receiver"]
 
 
 @dataclass(frozen=True)
@@ -175,7 +170,7 @@ class Report:
         return ""
 
     @property
-    def replica_divergence(self) -> Any:
+    def replica_divergence(self) -> ReplicaDivergence | None:
         """DDP replicas that differ inside a repeat: divergent even when every repeat agrees."""
         return self.distributed.replica_divergence if self.distributed is not None else None
 
@@ -187,6 +182,51 @@ class Report:
             return EXIT_DIVERGENT  # the repeats agree with each other, not with the baseline
         return {"failed": EXIT_SCRIPT_FAILED, "divergent": EXIT_DIVERGENT,
                 "inconclusive": EXIT_INCONCLUSIVE}.get(self.verdict, EXIT_DETERMINISTIC)
+
+
+@dataclass
+class RankSummary:
+    """One rank of a torchrun run across the repeats (ranks.py)."""
+
+    rank: int
+    first_divergence: Divergence | None
+    role: Role | None
+    report: Report = field(repr=False)  # that rank's own report (comparison, causes)
+
+
+@dataclass(frozen=True)
+class ReplicaDivergence:
+    """DDP replicas that differ inside one repeat, at the first optimizer step where they do."""
+
+    step: int
+    name: str
+    ranks: list[int]  # the ranks whose copy differs from the lowest rank's
+    reference: int
+    max_abs_diff: float | None
+    repeats: list[int]  # the repeats where it happened
+
+
+@dataclass(frozen=True)
+class TeardownCrash:
+    """A repeat whose ranks all finished the script and closed their traces, then a rank died in
+    interpreter teardown (torchrun then exits non-zero)."""
+
+    repeat: int
+    exit_code: int | None  # the launcher's
+    ranks: list[int]  # the ranks torchrun names as failed (empty when it names none)
+    signal: str | None
+
+
+@dataclass
+class DistributedFindings:
+    """A torchrun run's findings across its ranks (ranks.analyse_ranks)."""
+
+    nproc_per_node: int
+    rank: int | None  # the rank of `first_divergence`
+    ranks: list[RankSummary]
+    replica_divergence: ReplicaDivergence | None = None
+    teardown_crashes: list[TeardownCrash] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # advisories from the ranks' evidence (no divergence)
 
 
 def _finite(x: Any) -> Any:
@@ -350,142 +390,5 @@ def baseline_to_dict(check: BaselineCheck | None) -> dict[str, Any] | None:
 
 
 def write_json(report: Report, path: Path, mode: int | None = None) -> None:
-    """The JSON report at `path` (`-`: stdout); `mode`: see write_text_atomically."""
-    _write_output(path, json.dumps(to_dict(report), indent=2) + "\n", mode)
-
-
-def to_junit(report: Report) -> str:
-    """One test suite, one test case per repeat plus one for the comparison: CI systems show failures."""
-    data = to_dict(report)
-    suite = ET.Element("testsuite", name=f"detaudit {Path(report.script).name}")
-    cases = 0
-    failures = errors = 0
-    for run in data["runs"]:
-        case = ET.SubElement(suite, "testcase", classname="detaudit.repeat",
-                             name=f"repeat-{run['repeat']} ({run['device']})", time=str(run["duration_s"]))
-        cases += 1
-        if run["timed_out"]:
-            ET.SubElement(case, "error", message="timed out")
-            errors += 1
-        elif run["exit_code"] not in (0, None) and run["stopped_at_step"] is None:
-            ET.SubElement(case, "failure", message=f"script exited with {run['exit_code']}")
-            failures += 1
-    case = ET.SubElement(suite, "testcase", classname="detaudit.determinism", name="repeats agree")
-    cases += 1
-    first = data["first_divergence"]
-    if first is not None:
-        failures += 1
-        step = f"step {first['step']}" if first["step"] is not None and first["step"] >= 0 else ""
-        where = " ".join(str(x) for x in (first["kind"], first["name"], step, first["location"] or "") if x)
-        at = f" at record {first['index']}" if first["index"] >= 0 else ""
-        failure = ET.SubElement(case, "failure", message=f"first divergence{at}: {where or first['category']}")
-        printed = first["stdout"]
-        shown = [f"stdout line {printed['line']}, repeat {i}: {text!r}" for i, text in printed["lines"].items()] \
-            if printed else []
-        failure.text = "\n".join(
-            [first["detail"] or "", *shown] + [f"[{c['confidence']}, {c['basis']}] {c['id']}: {c['summary']}\n"
-                                               f"fix: {c['fix']}" for c in data["causes"]]
-        )
-    replica = data.get("replica_divergence")
-    if "replica_divergence" in data:  # a torchrun run: DDP replicas compared across ranks in every repeat
-        case = ET.SubElement(suite, "testcase", classname="detaudit.distributed", name="DDP replicas agree")
-        cases += 1
-        if replica is not None:
-            failures += 1
-            ET.SubElement(case, "failure", message=f"after step {replica['step']}, {replica['name']} on rank(s) "
-                          f"{', '.join(map(str, replica['ranks']))} differs from rank {replica['reference']}")
-    if data["baseline"] is not None:
-        case = ET.SubElement(suite, "testcase", classname="detaudit.baseline", name="matches the baseline")
-        cases += 1
-        base = data["baseline"]
-        if not base["matches"]:
-            failures += 1
-            first = base["first_divergence"] or {}
-            failure = ET.SubElement(case, "failure", message=f"differs from the baseline {base['path']} at record "
-                                    f"{first.get('index')}: {first.get('kind') or ''} {first.get('name') or ''}")
-            failure.text = "\n".join(f"{c['field']}: {c['baseline']} -> {c['current']}"
-                                     for c in base["environment_changes"])
-    suite.set("tests", str(cases))
-    suite.set("failures", str(failures))
-    suite.set("errors", str(errors))
-    xml = ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
-    return _XML_INVALID.sub(lambda m: f"\\x{ord(m.group()):02x}", xml)
-
-
-def write_junit(report: Report, path: Path) -> None:
-    _write_output(path, to_junit(report))
-
-
-def _write_output(path: Path, text: str, mode: int | None = None) -> None:
-    """A report file, or stdout for `-`."""
-    if str(path) == "-":
-        try:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        except BrokenPipeError:  # the reader stopped early (`| head`): not an error of the run
-            silence_stdout()
-    else:
-        write_text_atomically(Path(path), text, mode)
-
-
-def silence_stdout() -> None:
-    """Point stdout at /dev/null once its reader has gone, so nothing more fails writing to it."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-
-
-def check_writable(path: Path) -> None:
-    """Fail early (OutputError, exit 7), before any repeat runs, when a report file cannot be written."""
-    if str(path) == "-":
-        return
-    path = Path(path)
-    if path.is_dir():
-        raise OutputError(f"cannot write {path}: it is a directory")
-    if path.exists() and not path.is_file():  # a device or FIFO is written in place, not replaced
-        if not os.access(path, os.W_OK):
-            raise OutputError(f"cannot write {path}: permission denied")
-        return
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputError(f"cannot write {path}: {parent} is not a directory")
-    try:  # a real file: access() cannot tell a read-only mount or a full disk
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise output_error(path, exc) from None
-
-
-def write_text_atomically(path: Path, text: str, mode: int | None = None) -> None:
-    """Write via a uniquely named temporary file, then rename: a failure (disk full, read-only) never
-    leaves half a file or a temporary behind, and two writers never share a temporary.
-
-    `mode`: the file's permissions (run-directory files: 0o600); default: what the umask allows.
-    An OSError becomes an OutputError (exit 7) naming the path and the reason.
-    """
-    if mode is None:
-        umask = os.umask(0o022)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    tmp: str | None = None
-    try:
-        if path.exists() and not path.is_file() and not path.is_dir():  # /dev/stdout, a FIFO: written in place
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise output_error(path, exc) from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    """The JSON report at `path` (`-`: stdout); `mode`: see output.write_text_atomically."""
+    write_output(path, json.dumps(to_dict(report), indent=2) + "\n", mode)

@@ -36,7 +36,7 @@ from detaudit import __version__, schema
 from detaudit.compare import Tolerance
 from detaudit.errors import OutputError, TraceError, UsageError, output_error
 from detaudit.launcher import RepeatResult
-from detaudit.report import write_text_atomically
+from detaudit.output import write_text_atomically
 from detaudit.trace import load_json, open_regular
 
 RUN_FORMAT = "detaudit-run"

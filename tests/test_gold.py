@@ -2,7 +2,7 @@
 up as a diff of a checked-in file, and the files carry the literal schema name and version.
 
 Each case is a small Report read from a synthetic run directory (tests/synthetic.py: no
-interpreter), rendered with report.write_json and report.to_junit. Only what is volatile is
+interpreter), rendered with report.write_json and junit.to_junit. Only what is volatile is
 normalised: the run directory's temporary path, written as `<run_dir>`; everything else (repeat
 durations and the environment included) is fixed by the synthetic run.
 
@@ -23,7 +23,8 @@ import pytest
 from synthetic import Rec, training_records, write_run
 
 from detaudit.audit import load_run
-from detaudit.report import Report, to_junit, write_json
+from detaudit.junit import to_junit
+from detaudit.report import Report, write_json
 
 GOLD = Path(__file__).parent / "gold"
 REGENERATE = os.environ.get("DETAUDIT_REGEN_GOLD") == "1"

@@ -206,8 +206,6 @@ def test_imports_follow_the_documented_layers() -> None:
     assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
 
 
-@pytest.mark.xfail(strict=True, reason="type-only: report -> ranks (Report.distributed: ranks.DistributedFindings "
-                                       "would belong below report)")
 def test_type_annotations_follow_the_documented_layers_too() -> None:
     """A type named under `if TYPE_CHECKING:` is still a dependency of the design: a stage whose result
     holds the next stage's type cannot be read without it."""

@@ -15,9 +15,10 @@ from synthetic import Rec, write_run
 
 from detaudit import align
 from detaudit.audit import load_run
+from detaudit.junit import to_junit
 from detaudit.oprules import find_op_source
 from detaudit.render import op_panel, render
-from detaudit.report import to_dict, to_junit
+from detaudit.report import to_dict
 from detaudit.trace import Flag, Kind, TraceWriter
 
 

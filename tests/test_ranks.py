@@ -13,10 +13,11 @@ import pytest
 from detaudit.audit import compare_recorded, load_run
 from detaudit.compare import Divergence, RecordInfo
 from detaudit.errors import UsageError
+from detaudit.junit import to_junit
 from detaudit.launcher import RepeatResult
 from detaudit.oprules import OpFinding, Verdict
 from detaudit.ranks import classify
-from detaudit.report import to_dict, to_junit
+from detaudit.report import to_dict
 from detaudit.rundir import RUN_FORMAT, RUN_VERSION
 from detaudit.trace import Kind
 from tests.synthetic import Rec, write_trace

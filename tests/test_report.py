@@ -12,7 +12,8 @@ import pytest
 from synthetic import Rec, training_records, write_run
 
 from detaudit.audit import load_run
-from detaudit.report import SCHEMA_NAME, SCHEMA_VERSION, Report, to_dict, to_junit, write_json, write_junit
+from detaudit.junit import to_junit, write_junit
+from detaudit.report import SCHEMA_NAME, SCHEMA_VERSION, Report, to_dict, write_json
 
 DIVERGENCE_KEYS = {"index", "category", "kind", "name", "module", "op", "step", "location", "repeats",
                    "max_abs_diff", "max_ulp_diff", "reference", "detail", "shape", "dtype", "phase"}
@@ -204,51 +205,6 @@ def test_not_timed_out_is_marked_false(tmp_path: Path) -> None:
     assert _strict_json(load_run(write_run(tmp_path / "run", [recs, recs])), tmp_path)["timed_out"] is False
 
 
-def test_atomic_writes_use_unique_temporaries_and_leave_none(tmp_path: Path) -> None:
-    """Writers of one file at once (two runs, a run and a report) never share a temporary name."""
-    import threading
-
-    from detaudit.report import write_text_atomically
-
-    target = tmp_path / "run.json"
-    errors: list[BaseException] = []
-
-    def write(n: int) -> None:
-        try:
-            for i in range(50):
-                write_text_atomically(target, json.dumps({"writer": n, "i": i}) * 200)
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
-    json.loads(target.read_text().split("}{")[0] + "}" if "}{" in target.read_text() else target.read_text())
-    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
-
-
-@pytest.mark.parametrize("errno_name", ["ENOSPC", "EROFS", "EACCES"])
-def test_a_failed_write_is_one_output_error_and_leaves_no_temporary(tmp_path: Path, errno_name: str,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    import errno
-    import os
-
-    from detaudit.errors import EXIT_OUTPUT, OutputError
-    from detaudit.report import write_text_atomically
-
-    code = getattr(errno, errno_name)
-
-    def fail(src: str, dst: str) -> None:
-        raise OSError(code, os.strerror(code), src)
-
-    monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OutputError, match=errno_name) as caught:
-        write_text_atomically(tmp_path / "report.json", "{}")
-    assert caught.value.exit_code == EXIT_OUTPUT and "report.json" in str(caught.value)
-    assert list(tmp_path.iterdir()) == []
 def test_junit_quotes_the_differing_stdout_line_of_each_repeat(tmp_path: Path) -> None:
     recs = training_records(steps=1)
     run = write_run(tmp_path / "run", [recs, recs], stdout=["epoch 1 acc 0.91\n", "epoch 1 acc 0.92\n"])
