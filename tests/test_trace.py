@@ -315,7 +315,7 @@ def test_a_failed_write_marks_the_trace_lost_and_incomplete(tmp_path: Path, monk
     """Disk full mid-run: the script is not disturbed, and the trace never claims to be whole."""
     import errno
 
-    from detaudit import trace as trace_module
+    from detaudit.trace import writer as trace_module
 
     path = tmp_path / "t.trace"
     writer = TraceWriter(path, {"repeat": 0})

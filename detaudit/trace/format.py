@@ -1,0 +1,75 @@
+"""The trace format shared by the writer and the reader: magic, versions, frame head, the record's
+packed layout (RECORD_DTYPE, Record) and what its kind and flags mean (docs/trace-format.md)."""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+MAGIC = b"\x89DTRACE\n"
+FORMAT_NAME = "detaudit-trace"
+FORMAT_VERSION = 1
+N_SAMPLES = 4
+FRAME_HEAD = struct.Struct("<cI")  # tag (1 byte) | payload length (u32 LE)
+FRAME_TAGS = b"HSREF"  # header, strings, records, evidence event, footer
+
+RECORD_DTYPE = np.dtype(
+    [
+        ("kind", "u1"), ("dtype", "u1"), ("flags", "u1"), ("reserved", "u1"),
+        ("name", "<u4"), ("module", "<u4"), ("loc", "<u4"), ("step", "<u4"),
+        ("shape", "<u4"), ("aux", "<u4"),
+        ("digest", "<u8"), ("in_ordered", "<u8"), ("in_unordered", "<u8"),
+        ("samples", "<f8", (N_SAMPLES,)),
+    ]
+)
+
+
+class Record(NamedTuple):
+    """One record, field for field as RECORD_DTYPE stores it (readers get RECORD_DTYPE rows: the same names).
+
+    The writer takes any tuple in this order: the recorder builds plain tuples, because building a NamedTuple
+    costs about 0.33 µs more per record (0.40 µs against 0.07 µs), some 13% of recording a small tensor (2.5 µs).
+    """
+
+    kind: int  # Kind
+    dtype: int  # fingerprint.DTYPE_CODES
+    flags: int  # Flag
+    reserved: int
+    name: int  # string ids, here and below up to aux
+    module: int
+    loc: int
+    step: int  # optimizer steps completed before the record
+    shape: int
+    aux: int  # op records: the autograd node that ran a backward op
+    digest: int
+    in_ordered: int  # op records: digest of the inputs in order (0: unknown)
+    in_unordered: int  # ... and as a multiset (same inputs, another order)
+    samples: tuple[float, ...]  # N_SAMPLES sampled values
+
+
+assert Record._fields == RECORD_DTYPE.names  # one field order for writer and readers
+
+
+class Kind(enum.IntEnum):
+    """What a record fingerprints. Values are stored in traces: never renumber."""
+
+    OUTPUT = 1      # a module's forward output
+    GRAD = 2        # a parameter's gradient, just before optimizer.step
+    PARAM = 3       # a parameter, just after optimizer.step
+    OPTSTATE = 4    # an optimizer state tensor, just after optimizer.step
+    SAVE = 5        # a tensor passed to torch.save
+    CHECKPOINT = 6  # a tensor passed to detaudit.checkpoint
+    OP = 7          # an aten op's output (op granularity)
+    INPUT = 8       # an input to a root module's forward (the data the model was given)
+
+
+class Flag(enum.IntFlag):
+    BACKWARD = 1    # OP record produced during the backward pass
+    DEVICE = 2      # digest computed on an accelerator (not comparable bitwise with CPU digests)
+    RANDOM = 4      # OP record of an op that draws from an RNG
+    NO_DATA = 8     # no contents could be read (meta tensor, unsupported layout)
+    UNINIT = 16     # OP record of an op that read memory nothing had written (torch.empty and kin)
+    THREAD = 32     # recorded on a thread other than the main one: written in canonical order (TraceWriter.sync)

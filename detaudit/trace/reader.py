@@ -1,0 +1,241 @@
+"""Reading a trace, validated at the boundary: regular files only, the format and version checked,
+every metadata frame's fields typed (schema.py), tables bounded; a frame cut short (a killed repeat)
+ends the trace quietly, and a trace with no footer reads as incomplete."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detaudit import schema
+from detaudit.errors import TraceError
+from detaudit.trace.format import FORMAT_NAME, FORMAT_VERSION, FRAME_HEAD, FRAME_TAGS, MAGIC, RECORD_DTYPE
+
+_MAX_FRAME = 1 << 30
+MAX_STRINGS = 1 << 20  # a string table bigger than this is no trace detaudit wrote (bounds compare's memory)
+MAX_EVENTS = 1 << 19  # evidence is capped at the source (once per call site); more is no trace detaudit wrote
+
+
+@dataclass
+class Trace:
+    """One repeat's trace, read fully (use RecordStream to compare large traces)."""
+
+    path: Path
+    header: dict[str, Any]
+    strings: list[str]
+    records: np.ndarray
+    events: list[dict[str, Any]] = field(default_factory=list)
+    footer: dict[str, Any] | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.footer is not None
+
+    def text(self, sid: int) -> str:
+        return self.strings[sid]
+
+
+class EmptyTrace(TraceError):
+    """A trace cut before its header was whole: the repeat recorded nothing (read as incomplete)."""
+
+
+def _fail(path: Path, why: str) -> TraceError:
+    return TraceError(f"{path}: {why}")
+
+
+def _frames(path: Path) -> Iterator[tuple[bytes, bytes]]:
+    """Yield (tag, payload) frames; stop quietly at a truncated tail (a killed repeat)."""
+    fh = open_regular(path, "trace")
+    with fh:
+        magic = fh.read(len(MAGIC))
+        if len(magic) < len(MAGIC) and MAGIC.startswith(magic):
+            return  # cut before the header was whole: an empty trace
+        if magic != MAGIC:
+            raise _fail(path, "not a detaudit trace (wrong magic bytes); was it written by detaudit run?")
+        while True:
+            head = fh.read(FRAME_HEAD.size)
+            if len(head) < FRAME_HEAD.size:
+                return
+            tag, length = FRAME_HEAD.unpack(head)
+            if tag not in FRAME_TAGS or length > _MAX_FRAME:
+                raise _fail(path, f"corrupt trace: bad frame header at byte {fh.tell() - FRAME_HEAD.size}")
+            if fh.tell() + length > os.fstat(fh.fileno()).st_size:
+                return  # cut short (a killed repeat); checked first: a bogus length must not allocate
+            payload = fh.read(length)
+            if len(payload) < length:
+                return
+            yield tag, payload
+
+
+def read_footer(path: Path) -> dict[str, Any] | None:
+    """A trace's footer without reading its records (frames are skipped by length), field types checked;
+    None when the trace is missing, incomplete or not readable as a trace (RecordStream says why)."""
+    try:
+        with open_regular(Path(path), "trace") as fh:  # a FIFO planted as a trace must not hang the report
+            if fh.read(len(MAGIC)) != MAGIC:
+                return None
+            while True:
+                head = fh.read(FRAME_HEAD.size)
+                if len(head) < FRAME_HEAD.size:
+                    return None
+                tag, length = FRAME_HEAD.unpack(head)
+                if tag == b"F":
+                    if fh.tell() + length > os.fstat(fh.fileno()).st_size:  # cut short (a bogus length never allocates)
+                        return None
+                    payload = fh.read(length)
+                    return _object(Path(path), _json(Path(path), payload), "footer", schema.TRACE_FOOTER)
+                fh.seek(length, os.SEEK_CUR)
+    except (OSError, ValueError, TraceError):
+        return None
+
+
+def open_regular(path: Path, what: str, follow_symlinks: bool = True) -> Any:
+    """Open a file detaudit reads (trace, run record) in binary mode: regular files only.
+
+    A FIFO, a device (`/dev/zero`) or a directory named where a trace belongs would hang or
+    never end; it is refused before any byte is read (O_NONBLOCK: opening a FIFO never waits).
+    `follow_symlinks=False` for files whose text is shown (a run directory's stderr captures):
+    a symlink planted there must not print a file from outside it.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise _fail(path, f"cannot open {what} ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _fail(path, f"not a regular file; a {what} is a file detaudit wrote")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def load_json(data: bytes | str, where: str) -> Any:
+    """JSON from disk; any parse failure (deep nesting included) is a TraceError naming `where`."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise TraceError(f"{where}: not valid JSON (or nested too deeply)") from None
+
+
+def _json(path: Path, payload: bytes, what: str = "a metadata frame") -> Any:
+    return load_json(payload, f"{path}: corrupt trace: {what}")
+
+
+def _object(path: Path, value: Any, what: str, spec: schema.Spec) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(path, f"corrupt trace: the {what} is not a JSON object")
+    return schema.check(value, spec, f"{path}: corrupt trace: {what}")
+
+
+class RecordStream:
+    """Reads a trace's records in chunks of a caller-chosen size, keeping memory bounded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._frames = _frames(self.path)
+        self.header: dict[str, Any] = {}
+        self.strings: list[str] = [""]
+        self.events: list[dict[str, Any]] = []
+        self.footer: dict[str, Any] | None = None
+        self._buffer: list[np.ndarray] = []
+        self._buffered = 0
+        self._done = False
+        tag, payload = next(self._frames, (b"", b""))
+        if not tag:
+            raise EmptyTrace(f"{self.path}: empty trace: the repeat ended (or its disk filled up) before its "
+                             "header was written")
+        if tag != b"H":
+            raise _fail(self.path, "corrupt trace: missing header")
+        self.header = _json(self.path, payload)
+        if not isinstance(self.header, dict) or self.header.get("format") != FORMAT_NAME:
+            raise _fail(self.path, "not a detaudit trace (foreign header)")
+        version = self.header.get("version")
+        if version != FORMAT_VERSION:
+            raise _fail(
+                self.path,
+                f"trace format version {version!r} is not supported by this detaudit "
+                f"(it reads version {FORMAT_VERSION}); use the detaudit release that wrote it",
+            )
+        schema.check(self.header, schema.TRACE_HEADER, f"{self.path}: corrupt trace: header")
+
+    def _pull(self) -> bool:
+        for tag, payload in self._frames:
+            if tag == b"R":
+                if len(payload) % RECORD_DTYPE.itemsize:
+                    raise _fail(self.path, "corrupt trace: record frame of the wrong size")
+                rows = np.frombuffer(payload, dtype=RECORD_DTYPE)
+                self._buffer.append(rows)
+                self._buffered += len(rows)
+                return True
+            if tag == b"S":
+                # counted before parsing: a table of millions of strings is refused without building it
+                if len(self.strings) + (payload.count(b'"') - payload.count(b'\\"')) // 2 > MAX_STRINGS:
+                    raise self._too_many_strings()
+                new = _json(self.path, payload)
+                if not isinstance(new, list) or not all(isinstance(s, str) for s in new):
+                    raise _fail(self.path, "corrupt trace: bad string table")
+                if len(self.strings) + len(new) > MAX_STRINGS:
+                    raise self._too_many_strings()
+                self.strings.extend(new)
+            elif tag == b"E":
+                if len(self.events) >= MAX_EVENTS:
+                    raise _fail(self.path, f"corrupt trace: more than {MAX_EVENTS} evidence events; detaudit "
+                                "refuses to load that many")
+                self.events.append(_object(self.path, _json(self.path, payload), "evidence event", schema.EVENT))
+            elif tag == b"F":
+                self.footer = _object(self.path, _json(self.path, payload), "footer", schema.TRACE_FOOTER)
+            else:
+                raise _fail(self.path, "corrupt trace: a second header")
+        self._done = True
+        return False
+
+    def _too_many_strings(self) -> TraceError:
+        return _fail(self.path, f"corrupt trace: more than {MAX_STRINGS} distinct strings (names, locations, "
+                     "shapes); detaudit refuses to load a string table that large")
+
+    def take(self, n: int) -> np.ndarray:
+        """Up to `n` next records (fewer only at the end of the trace)."""
+        while self._buffered < n and not self._done:
+            self._pull()
+        if not self._buffer:
+            return np.empty(0, dtype=RECORD_DTYPE)
+        joined = self._buffer[0] if len(self._buffer) == 1 else np.concatenate(self._buffer)
+        out, rest = joined[:n], joined[n:]
+        self._buffer = [rest] if len(rest) else []
+        self._buffered = len(rest)
+        return out
+
+    def drain(self) -> None:
+        """Read to the end so events and footer are known."""
+        while not self._done:
+            self._pull()
+            self._buffer.clear()
+            self._buffered = 0
+
+    def check_strings(self, records: np.ndarray) -> None:
+        top = len(self.strings)
+        for column in ("name", "module", "loc", "shape", "aux"):
+            if len(records) and int(records[column].max()) >= top:
+                raise _fail(self.path, "corrupt trace: a record names a string that was never written")
+
+
+def read_trace(path: Path | str) -> Trace:
+    """Read a whole trace (for `show`, causes and tests; compare streams instead)."""
+    stream = RecordStream(Path(path))
+    chunks = []
+    while True:
+        chunk = stream.take(1 << 16)
+        if not len(chunk):
+            break
+        chunks.append(chunk)
+    stream.drain()
+    records = np.concatenate(chunks) if chunks else np.empty(0, dtype=RECORD_DTYPE)
+    stream.check_strings(records)
+    return Trace(stream.path, stream.header, stream.strings, records, stream.events, stream.footer)
