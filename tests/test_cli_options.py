@@ -1,0 +1,87 @@
+"""cli_options.py: command-line values into library values, called directly (the commands that use
+them are tested against a mocked core in test_cli_core.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+import detaudit.devices
+from detaudit.cli_options import (
+    DEFAULT_GRANULARITY,
+    FiniteFloat,
+    audit_options,
+    check_outputs,
+    compare_tolerance,
+    demo_options,
+    stdout_mode_of,
+)
+from detaudit.compare import Tolerance
+from detaudit.errors import OutputError
+
+RUN_DEFAULTS: dict[str, Any] = dict(repeats=3, devices=(), timeout=None, out_dir=None, jobs=1, atol=1e-5, rtol=1.3e-6,
+                                    stdout_mode=None, ignore_stdout=False, granularity="auto", baseline_dir=None,
+                                    save_baseline=None, redact_args=False, max_steps=None, max_time=None,
+                                    self_check=False, nproc_per_node=None, torchrun_args="")
+
+
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(detaudit.devices, "cuda_available", lambda: False)  # the same on every machine
+
+
+def test_run_options_land_in_their_parts(tmp_path: Path) -> None:
+    options = audit_options(tmp_path / "t.py", ("--lr", "1"), **{**RUN_DEFAULTS, "devices": ("cpu",), "jobs": 2,
+                                                                 "ignore_stdout": True, "max_steps": 4})
+    assert options.target.script == tmp_path / "t.py" and options.target.script_args == ["--lr", "1"]
+    assert options.schedule.devices == ["cpu"] and options.schedule.own_device is False and options.schedule.jobs == 2
+    assert options.recording.max_steps == 4 and options.checks.stdout == "ignore"
+    assert options.checks.tolerance == Tolerance(1e-5, 1.3e-6)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"torchrun_args": "--nnodes 2"}, "needs --nproc-per-node"),
+    ({"nproc_per_node": 2, "baseline_dir": Path("b")}, "do not support --nproc-per-node"),
+    ({"nproc_per_node": 2, "max_time": 5.0}, "cannot bound a torchrun run"),
+    ({"stdout_mode": "strict", "ignore_stdout": True}, "contradicts --stdout strict"),
+])
+def test_contradicting_run_options_are_usage_errors(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(click.UsageError, match=message):
+        audit_options(tmp_path / "t.py", (), **{**RUN_DEFAULTS, **changes})
+
+
+def test_stdout_mode_is_the_commands_default_unless_asked() -> None:
+    assert stdout_mode_of(None, False) is None
+    assert stdout_mode_of("strict", False) == "strict"
+    assert stdout_mode_of(None, True) == stdout_mode_of("ignore", True) == "ignore"
+
+
+def test_compare_is_bitwise_unless_a_tolerance_is_given() -> None:
+    assert compare_tolerance(None, None) is None
+    assert compare_tolerance(0.5, None) == Tolerance(0.5, 0.0)
+    assert compare_tolerance(None, 0.25) == Tolerance(0.0, 0.25)
+
+
+def test_finite_float_refuses_nan_inf_and_the_minimum() -> None:
+    positive = FiniteFloat(minimum=0)
+    assert positive.convert("2.5", None, None) == 2.5
+    for bad in ("nan", "inf", "0", "x"):
+        with pytest.raises(click.BadParameter):
+            positive.convert(bad, None, None)
+
+
+def test_report_outputs_are_checked_before_the_run(tmp_path: Path) -> None:
+    check_outputs(tmp_path / "r.json", Path("-"), None)
+    with pytest.raises(click.UsageError, match="cannot both write to stdout"):
+        check_outputs(Path("-"), Path("-"))
+    with pytest.raises(OutputError, match="is a directory"):
+        check_outputs(None, tmp_path)
+
+
+def test_the_demo_runs_the_shipped_script_at_the_default_granularity(tmp_path: Path) -> None:
+    options = demo_options(tmp_path / "demo.py", 4, tmp_path / "out")
+    assert options.schedule.repeats == 4 and options.schedule.jobs in (1, 2) and options.schedule.timeout == 120.0
+    assert options.recording.granularity == DEFAULT_GRANULARITY and options.out_dir == tmp_path / "out"

@@ -1,0 +1,58 @@
+"""cli_session.py: what a command prints while the library works (consoles, progress lines, a baseline
+that could not be saved); the commands themselves are tested in test_cli_core.py."""
+
+from __future__ import annotations
+
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+import detaudit.baseline
+import detaudit.cli_session as session
+from detaudit.errors import OutputError
+from detaudit.launcher import RepeatResult
+
+
+@pytest.fixture
+def stderr(monkeypatch: pytest.MonkeyPatch) -> StringIO:
+    text = StringIO()
+    monkeypatch.setattr(session, "err_console", Console(file=text, width=200))
+    return text
+
+
+def test_progress_off_a_terminal_is_one_plain_line_per_repeat(stderr: StringIO) -> None:
+    context, on_done = session.progress_runner(False, 2)
+    with context:
+        on_done(RepeatResult(0, "cpu", 0, 1.25, False, "repeat-0.trace", "", "", ""))
+        on_done(RepeatResult(1, "cpu", None, 9.0, True, "repeat-1.trace", "", "", ""))
+    assert stderr.getvalue().splitlines() == ["repeat-0 (cpu): exit 0 in 1.2s", "repeat-1 (cpu): timed out in 9.0s"]
+
+
+def test_quiet_shows_no_progress(stderr: StringIO) -> None:
+    context, on_done = session.progress_runner(True, 2)
+    assert on_done is None
+    with context:
+        pass
+    assert stderr.getvalue() == ""
+
+
+def test_a_pipe_is_never_wrapped_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr("sys.stdout", StringIO())
+    assert session.stdout_console().width == session.PIPE_WIDTH
+
+
+def test_a_baseline_that_cannot_be_saved_is_a_warning_not_an_error(stderr: StringIO, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object) -> Path:
+        raise OutputError("cannot write base: read-only")
+
+    monkeypatch.setattr(detaudit.baseline, "save", refuse)
+
+    class Finished:
+        run_dir = str(tmp_path)
+
+    session.save_baseline_to(Finished(), tmp_path / "base")
+    assert "cannot write base: read-only" in stderr.getvalue()
