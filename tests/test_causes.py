@@ -3,6 +3,7 @@ otherwise."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -317,8 +318,8 @@ def test_every_detector_has_a_documented_id() -> None:
 
 
 # -- strength of proof --------------------------------------------------------------------------------------
-def with_op_finding(ctx: Context, verdict: str) -> Context:
-    op = record("op", "aten.index_put.default")
+def with_op_finding(ctx: Context, verdict: str, op_name: str = "aten.index_put.default") -> Context:
+    op = replace(record("op", op_name), op=op_name)
     ctx.op_finding = SimpleNamespace(
         verdict=verdict, summary=f"{verdict}: inputs match in every repeat, output differs", record=op)
     return ctx
@@ -345,6 +346,27 @@ def test_op_level_proof_outranks_direct_evidence() -> None:
     found = causes.rank(ctx)
     assert [c.id for c in found][:2] == ["nondeterministic-op", "unseeded-python-rng"]
     assert found[0].basis == "op-records" and found[1].basis == "direct"
+
+
+def test_a_convolution_proven_nondeterministic_under_cudnn_benchmark_is_the_benchmark_first() -> None:
+    """Found on an H100: the op records prove the forward convolution's kernel nondeterministic; with
+    `cudnn.benchmark` on, the algorithm picked per run explains it, so the targeted cause (and its pin) leads
+    and the general reading follows; without benchmark, or for another op, the op cause leads alone."""
+    benchmark = [cuda_modules(), {"type": "state", "when": "first-forward", "rng": {}, "flags":
+                                  flags(**{"cudnn.benchmark": True})}]
+    conv = with_op_finding(context([benchmark, benchmark], rec=record("output", "encode")), "nondeterministic-op",
+                           "aten.convolution.default")
+    found = causes.rank(conv)
+    assert [c.id for c in found][:2] == ["cudnn-benchmark", "nondeterministic-op"]
+    assert found[0].basis == found[1].basis == "op-records"
+    assert any("op-level records" in line for line in found[0].evidence)
+    other = with_op_finding(context([benchmark, benchmark], rec=record("output", "encode")), "nondeterministic-op")
+    assert [c.id for c in causes.rank(other)][:2] == ["nondeterministic-op", "cudnn-benchmark"]
+    plain = [cuda_modules(), state("first-forward")]
+    no_benchmark = with_op_finding(context([plain, plain], rec=record("output", "encode")), "nondeterministic-op",
+                                   "aten.convolution.default")
+    assert "cudnn-benchmark" not in [c.id for c in causes.rank(no_benchmark)]
+    assert causes.rank(no_benchmark)[0].id == "nondeterministic-op"
 
 
 def test_hash_order_and_identity_order_are_a_toss_up_with_the_experiment_named() -> None:
