@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from detaudit.errors import DetauditError
+from detaudit.output import silence_stdout
 
 PIPE_WIDTH = 1000  # a pipe or CI log: lay the report out this wide, i.e. never wrap it at 80 columns
 
@@ -32,20 +33,15 @@ err_console = _make_console(stderr=True)
 
 
 def stdout_console(quiet: bool = False) -> Console:
+    """The console a command renders to (`quiet`: prints nothing)."""
     console = _make_console(quiet=quiet, highlight=False)
     # stdout closed by its reader (`| head`): stop writing, keep the verdict's exit code (rich would exit 1)
-    console.on_broken_pipe = _silence_stdout  # type: ignore[method-assign]
+    console.on_broken_pipe = silence_stdout  # type: ignore[method-assign]
     return console
 
 
-def _silence_stdout() -> None:
-    from detaudit.output import silence_stdout
-
-    silence_stdout()
-
-
 def finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet: bool,
-            html_path: Path | None = None, notes: tuple[str, ...] = (), exit_code: int | None = None) -> NoReturn:
+           html_path: Path | None = None, notes: tuple[str, ...] = (), exit_code: int | None = None) -> NoReturn:
     """Write the requested report files, render (`notes` just before the closing summary line), and
     exit with the report's exit code unless told another."""
     from detaudit.html import write_html
