@@ -119,8 +119,7 @@ class Session:
         from detaudit.trace import TraceWriter
 
         # detaudit's own frames are library code; its demo script is user code.
-        location.skip_paths(location.package_dir(torch_module), location.package_dir(detaudit.recorder),
-                            detaudit.__file__ or "", __file__)
+        location.skip_paths(location.package_dir(torch_module), *location.own_code())
         header = {
             "repeat": self.config.get("repeat", 0),
             "script": str(self.script),

@@ -16,6 +16,13 @@ def skip_paths(*paths: str) -> None:
     _skip_prefixes = tuple(sorted(set(_skip_prefixes) | {p for p in paths if p}))
 
 
+def own_code() -> tuple[str, ...]:
+    """detaudit's own files and packages: library code however detaudit is installed (an editable
+    install is not under site-packages). Its bundled demo (detaudit/demo/) is the user's script."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return tuple(os.path.join(root, name) for name in sorted(os.listdir(root)) if name != "demo")
+
+
 def package_dir(module: object) -> str:
     return os.path.dirname(str(getattr(module, "__file__", "") or "")) + os.sep
 

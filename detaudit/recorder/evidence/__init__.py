@@ -25,8 +25,6 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-import detaudit
-import detaudit.recorder
 from detaudit.events import StateEvent
 from detaudit.recorder import location
 from detaudit.recorder.evidence import base, concurrency, environment, kernels, rng
@@ -46,7 +44,7 @@ class Installer:
     def install_early(self) -> None:
         """At child start, before the script: Python's RNG, threads, clocks, hash seed, fork handling."""
         ev = self.ev
-        location.skip_paths(location.package_dir(detaudit.recorder), detaudit.__file__ or "")
+        location.skip_paths(*location.own_code())
         rng.install_python(ev)
         concurrency.install_threads(ev)
         environment.install_clocks(ev)
