@@ -54,7 +54,6 @@ class Recorder:
         self.writer = writer
         # Fingerprint CPU tensors the way accelerator tensors are (batched, deferred): lets the
         # CUDA code path run, and be tested, on a machine without a GPU.
-        self._host_device = "none" if device_path_on_cpu else "cpu"
         self._host_is_cpu = not device_path_on_cpu  # `t.is_cpu` is several times cheaper than `t.device.type`
         self.step = 0
         self._shape_ids: dict[torch.Size, int] = {}
@@ -124,12 +123,13 @@ class Recorder:
         shape_id = self._shape_id(t.shape)
         dtype = DTYPE_CODES.get(t.dtype, 0)
         flags |= self.local.flag
-        device = "cpu" if self._host_is_cpu and t.is_cpu else t.device.type
-        if device == self._host_device or (self.eager_device and device != "meta"):
+        on_host = self._host_is_cpu and t.is_cpu
+        device = "cpu" if on_host else t.device.type
+        if on_host or (self.eager_device and device != "meta"):
             digest, samples = self.digest_now(t)
             if samples is _NAN4:
                 flags |= Flag.NO_DATA
-            if device != self._host_device:
+            if not on_host:
                 flags |= Flag.DEVICE
             row = (kind, dtype, flags, 0, name, module, loc, self.step, shape_id, aux,
                    digest, inputs[0], inputs[1], samples)
