@@ -20,6 +20,7 @@ class Sink:
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
+        self.internal = 0  # >0 while detaudit does its own tensor work (Recorder.internal)
 
     def event(self, event: dict[str, Any]) -> None:
         self.events.append(dict(event))

@@ -72,6 +72,43 @@ def test_empty_allocations_from_user_code_carry_their_contents_digest(evidence: 
     assert t.shape == (2, 3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8, torch.int64, torch.bool])
+def test_each_repeat_fills_empty_memory_with_its_own_finite_values(dtype: torch.dtype) -> None:
+    """Leftover bytes are often the same in fresh processes: a read of them must not agree by chance."""
+    from evidence_sink import recording
+
+    filled = []
+    for repeat in (0, 1, 2):
+        with recording() as (ev, sink):
+            ev.config["repeat"] = repeat
+            kernels.install(ev, torch)
+            t = torch.empty(3, 5, dtype=dtype, requires_grad=dtype.is_floating_point)
+            filled.append(t.detach().clone())
+            assert t._version == 0  # the op recorder keys never-written memory by its version
+            assert sink.internal == 0 and not sink.of("empty")[0]["pinned"]
+    assert not torch.equal(filled[0], filled[1])
+    assert not torch.equal(filled[1], filled[2]) or dtype == torch.bool  # a bool has two values
+    if dtype.is_floating_point:
+        assert all(bool(f.isfinite().all()) for f in filled)
+    assert len(set(filled[0].flatten().tolist())) > 1 or dtype == torch.bool  # a pattern, not one value
+
+
+def test_memory_a_fill_cannot_reach_keeps_its_leftover_bytes(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    kernels.install(ev, torch)
+    overlapping = torch.empty_strided((4, 4), (1, 1))  # rows alias each other: no copy can write it
+    assert overlapping.shape == (4, 4) and sink.of("empty")[0]["fn"] == "torch.empty_strided"
+
+
+def test_past_the_pattern_size_one_value_fills_it(evidence: tuple[Evidence, Sink],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    ev, _ = evidence
+    ev.config["repeat"] = 4
+    monkeypatch.setattr(kernels, "FILL_PATTERN_MAX", 8)
+    kernels.install(ev, torch)
+    assert torch.empty(9).eq(5).all() and len(set(torch.empty(8).tolist())) == 8
+
+
 def test_the_zero_empty_pin_zeroes_what_empty_returns(evidence: tuple[Evidence, Sink]) -> None:
     _, sink = evidence
     ev = Evidence({"pins": ["zero-empty"]})

@@ -234,7 +234,8 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
     if not varying and not uninit_op:
         return None
     lines = [f"{v[0]['fn']}({'x'.join(map(str, v[0].get('shape', [])))}) at {v[0].get('loc')} returned different "
-             f"contents in each repeat ({ctx.pair_text([x.get('digest') for x in v], lambda d: d[:8])})"
+             f"contents in each repeat ({ctx.pair_text([x.get('digest') for x in v], lambda d: d[:8])}; detaudit "
+             "fills such memory per repeat, so a read of it cannot agree by chance)"
              for v in varying[:3]]
     score = 0.5  # varying garbage is common and often overwritten before use: corroboration raises it
     basis: Basis = "circumstantial"

@@ -23,6 +23,7 @@ from detaudit.recorder.patch import wrap
 BACKWARD_WALKS = 4           # autograd graphs inspected (the first backward calls)
 MAX_GRAPH_NODES = 20000
 MAX_EMPTY_EVENTS = 256
+FILL_PATTERN_MAX = 1 << 20  # elements filled with a per-element pattern (larger: one value)
 MAX_FLAG_EVENTS = 64
 EMPTY_FUNCTIONS = ("empty", "empty_like", "empty_strided")
 FLAG_SETTERS = ("use_deterministic_algorithms", "set_float32_matmul_precision")
@@ -100,19 +101,52 @@ def _wrap_empty(ev: Evidence, counters: Counters, owner: Any, name: str, label: 
             caller = sys._getframe(1)
             if ev.is_library(caller):
                 return t
-            if ev.pins.active("zero-empty"):
+            pinned = ev.pins.active("zero-empty")
+            if pinned:
                 with ev.torch.no_grad():
                     t.zero_()
             if counters.empty < MAX_EMPTY_EVENTS:
                 counters.empty += 1
+                if not pinned:
+                    _fill_per_repeat(ev, t)
                 ev.emit({"type": "empty", "fn": label, "loc": ev.where(caller), "shape": list(t.shape),
                          "dtype": str(t.dtype).removeprefix("torch."), "device": ev.device(t),
-                         "digest": _tensor_digest(t), "pinned": ev.pins.active("zero-empty")})
+                         "digest": _tensor_digest(t), "pinned": pinned})
             return t
 
         return empty
 
     wrap(owner, name, make)
+
+
+def _fill_per_repeat(ev: Evidence, t: Any) -> None:
+    """Fill memory from an `empty*` call with a pattern of this repeat's own. Leftover bytes are often the
+    same in every fresh process (new pages are zeros; the heap's history repeats), so a script that reads
+    them could agree by chance and pass as deterministic; with a fill that differs per repeat it cannot.
+    Cheap: a budget of calls (MAX_EMPTY_EVENTS) is filled, past FILL_PATTERN_MAX elements with one value.
+    Done as detaudit's own work (`internal`, and through `.data`, whose version counter is its own): the op
+    recorder still knows the memory as never written."""
+    torch = ev.torch
+    if t.layout != torch.strided or t.device.type == "meta" or t.numel() == 0:
+        return
+    repeat = int(ev.config.get("repeat", 0))
+    rec = ev.recorder
+    if rec is not None:
+        rec.internal += 1
+    try:
+        memory = t.data
+        if t.dtype == torch.bool:
+            memory.fill_(repeat % 2 == 0)
+        elif t.numel() > FILL_PATTERN_MAX:
+            memory.fill_(repeat + 1)
+        else:  # values in 1..126, element 0 is repeat + 1: distinct per repeat, finite in every dtype
+            index = torch.arange(t.numel(), device=t.device)
+            memory.copy_(((index * (2 * repeat + 3) + repeat + 1) % 127).view(t.shape))
+    except (RuntimeError, NotImplementedError, TypeError):
+        pass  # overlapping strides, quantized dtypes: such memory keeps its leftover bytes
+    finally:
+        if rec is not None:
+            rec.internal -= 1
 
 
 def _wrap_listed_ops(ev: Evidence, torch: ModuleType) -> None:
