@@ -343,16 +343,18 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     ended = outcome_divergence(results, stdout_mode, run_dir)
     first = comparison.first_divergence
     if first is None and ended is not None and ended.stdout is not None:
-        ended.detail += f"; all {comparison.records_compared} recorded tensor records agree"
+        ended = replace(ended, detail=f"{ended.detail}; all {comparison.records_compared} recorded tensor "
+                                      "records agree")
     if first is not None and first.category == "structure":
         if ended is not None:
-            first.category = "outcome"
-            first.detail = f"{ended.detail}; {first.detail}"
+            first = replace(first, category="outcome", detail=f"{ended.detail}; {first.detail}")
         cut = [i for i in first.repeats if i < len(results) and not comparison.complete[i]
                and not results[i].timed_out]
         if cut:
-            first.detail += (f"; the recording of repeat(s) {', '.join(map(str, cut))} is incomplete "
-                             "(no footer: killed, or crashed hard)")
+            first = replace(first, detail=f"{first.detail}; the recording of repeat(s) "
+                                          f"{', '.join(map(str, cut))} is incomplete (no footer: killed, or "
+                                          "crashed hard)")
+        comparison = replace(comparison, first_divergence=first)
     repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results
                      if r.exit_code not in (0, None) and not r.timed_out and r.stopped_at_step is None}
     failed = all_failed(results) and not any(r.timed_out for r in results)  # the verdict `failed`

@@ -30,12 +30,10 @@ class Tolerance:
     rtol: float = 1.3e-6
 
 
-@dataclass
+@dataclass(frozen=True)
 class Divergence:
-    """The first place where some repeat differs from its reference.
-
-    Not frozen: `audit.analyse` adds what the outcome and the recordings' ends say to the detail.
-    """
+    """The first place where some repeat differs from its reference (`audit.analyse` makes an amended copy
+    when the outcome or the recordings' ends add to the detail)."""
 
     index: int
     category: Category

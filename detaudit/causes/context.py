@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from detaudit import schema
+from detaudit.align import RecordInfo
 from detaudit.compare import Divergence
 from detaudit.errors import TraceError
 from detaudit.events import WORKERS_SUFFIX, Event, Flags, StateEvent, When, select
 from detaudit.launcher import RepeatResult
 from detaudit.oprules import OpFinding
+from detaudit.oprules import Verdict as OpVerdict
 from detaudit.report import Basis, Cause, Confidence
 from detaudit.trace import RecordStream, open_regular
 
@@ -117,17 +119,20 @@ class Context:
     def __init__(self, divergence: Divergence, repeats: list[RepeatEvidence],
                  op_finding: OpFinding | None = None) -> None:
         self.divergence = divergence
-        # the op behind the divergence, when ops were recorded (oprules.py); Any: detectors test it through
-        # booleans (`kernel = found is not None and ...`) that mypy cannot narrow
-        self.op_finding: Any = op_finding
+        self.op_finding = op_finding  # the op behind the divergence, when ops were recorded (oprules.py)
         self.repeats = repeats
         self.limit = divergence.index if divergence.index >= 0 else math.inf
         by_index = {r.index: r for r in repeats}
         self.ref = by_index.get(divergence.reference, repeats[0])
         self.involved = [self.ref] + [by_index[i] for i in divergence.repeats if i in by_index and i != self.ref.index]
 
+    def op_with(self, verdict: OpVerdict) -> OpFinding | None:
+        """The op behind the divergence when the op-level records gave it this verdict."""
+        found = self.op_finding
+        return found if found is not None and found.verdict == verdict else None
+
     @property
-    def record(self) -> Any:
+    def record(self) -> RecordInfo | None:
         return self.divergence.record
 
     def precedes(self, event: Event) -> bool:

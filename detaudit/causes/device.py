@@ -47,24 +47,23 @@ def _in(ctx: Context, names: list[str]) -> bool:
 def nondeterministic_op(ctx: Context) -> Finding | None:
     ops = [e for e in ctx.ref.of(OpEvent) if ctx.precedes(e) and not e.get("deterministic")
            and (e.get("device") != "cpu" or e.get("threads", 1) > 1)]
-    found = ctx.op_finding
-    kernel = found is not None and found.verdict == "nondeterministic-op"
-    if not ops and not kernel:
+    kernel = ctx.op_with("nondeterministic-op")
+    if not ops and kernel is None:
         return None
     torch_version = _environment(ctx.ref, "torch", "?")
     lines = [f"{e['op']} ran on {e['device']} at {e.get('loc') or '?'} ({e.get('phase')}, {e.get('threads')} "
              f"threads, deterministic algorithms off); torch {torch_version} lists \"{e.get('entry')}\""
              for e in ops[:3]]
-    if kernel:
-        lines.append(f"op-level records: {found.summary}")
+    if kernel is not None:
+        lines.append(f"op-level records: {kernel.summary}")
     lines.append(f"first divergence: {ctx.where()}")
     rec = ctx.record
-    score = 0.95 if kernel else 0.8
+    score = 0.95 if kernel is not None else 0.8
     if ops and rec is not None and (rec.kind == "grad" or rec.backward) and any(e.get("phase") == "backward"
                                                                                for e in ops):
         score = max(score, 0.88)
-    name = ops[0]["op"] if ops else found.record.op
-    loc = ops[0].get("loc") if ops else found.record.location
+    name = ops[0]["op"] if ops or kernel is None else kernel.record.op
+    loc = ops[0].get("loc") if ops or kernel is None else kernel.record.location
     what = f"the backward pass at {loc} ({name})" if name.endswith(("Backward0", "Backward1")) else f"{name} at {loc}"
     fix = f"call `torch.use_deterministic_algorithms(True)` at the top of the script: {what} then uses a " \
           "deterministic kernel"
@@ -73,7 +72,7 @@ def nondeterministic_op(ctx: Context) -> Finding | None:
         fix += "; on CPU, `torch.set_num_threads(1)` also removes it"
     return finding("nondeterministic-op", score, f"{name} accumulates in thread or atomic order, which changes "
                    "from run to run", lines, fix, ["deterministic"] + (["one-thread"] if cpu else []),
-                   "op-records" if kernel else "direct")
+                   "op-records" if kernel is not None else "direct")
 
 
 def cudnn_benchmark(ctx: Context) -> Finding | None:
@@ -91,8 +90,8 @@ def cudnn_benchmark(ctx: Context) -> Finding | None:
              f"first divergence: {ctx.where()}"]
     score = 0.9 if _in(ctx, convs) else 0.8
     basis: Basis = "direct"
-    found = ctx.op_finding
-    if found is not None and found.verdict == "nondeterministic-op" and "conv" in (found.record.op or "").lower():
+    found = ctx.op_with("nondeterministic-op")
+    if found is not None and "conv" in (found.record.op or "").lower():
         # the op records prove a convolution kernel gave other bits from the same inputs: with benchmark on,
         # the algorithm cuDNN picked per run explains that first (nondeterministic-op is the general reading)
         lines.insert(2, f"op-level records: {found.summary}")
@@ -229,9 +228,8 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
         digests = [x.get("digest") for x in empties]
         if ctx.precedes(e) and None not in digests and ctx.differs(digests):
             varying.append(empties)
-    found = ctx.op_finding
-    uninit_op = found is not None and found.verdict == "uninitialized-memory"
-    if not varying and not uninit_op:
+    found = ctx.op_with("uninitialized-memory")
+    if not varying and found is None:
         return None
     lines = [f"{v[0]['fn']}({'x'.join(map(str, v[0].get('shape', [])))}) at {v[0].get('loc')} returned different "
              f"contents in each repeat ({ctx.pair_text([x.get('digest') for x in v], lambda d: d[:8])}; detaudit "
@@ -245,7 +243,7 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
             lines.append(f"the tensor {v[0]['fn']} returned at {v[0].get('loc')} reached {ctx.where()} unchanged")
             score, basis = 0.95, "direct"
             break
-    if uninit_op:
+    if found is not None:
         lines.append(f"op-level records: {found.summary}")
         score, basis = 0.95, "op-records"
     lines.append(f"first divergence: {ctx.where()}")
@@ -254,7 +252,8 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
         fix = f"use `{fn.replace('empty', 'zeros')}(...)` instead of `{fn}(...)` at {loc}, or write every " \
               "element before reading it"
     else:
-        fix = f"use `torch.zeros` instead of `torch.empty` where {found.record.location or 'it'} reads the memory"
+        where = found.record.location if found is not None else None
+        fix = f"use `torch.zeros` instead of `torch.empty` where {where or 'it'} reads the memory"
     return finding("uninitialized-memory", score, "a tensor from torch.empty (or kin) is read before every "
                    "element is written: its leftover contents differ per run", lines, fix, ["zero-empty"], basis)
 

@@ -15,8 +15,12 @@ COMPLETION_ORDER = ("concurrent.futures.as_completed", "multiprocessing.Pool.ima
 
 
 def _reordered(ctx: Context) -> bool:
-    found = ctx.op_finding
-    return found is not None and found.verdict == "input-order"
+    return ctx.op_with("input-order") is not None
+
+
+def _op_line(ctx: Context) -> list[str]:
+    found = ctx.op_with("input-order")
+    return [f"op-level records: {found.summary}"] if found is not None else []
 
 
 ORDER_SCORE = {True: 0.75, False: 0.45}  # the same for both order causes: no record tells them apart
@@ -41,8 +45,7 @@ def python_hash_seed(ctx: Context) -> Finding | None:
     lines = [f"PYTHONHASHSEED is not set and hash randomization is on: hash('detaudit-hash-probe') was "
              f"{ctx.pair_text(probes)}",
              "str and bytes hashes, and with them the iteration order of a set of strings, change from run to run"]
-    if _reordered(ctx):
-        lines.append(f"op-level records: {ctx.op_finding.summary}")
+    lines += _op_line(ctx)
     lines.append(f"first divergence: {ctx.where()}")
     fix = ("iterate `sorted(...)` instead of the set (or build the dict from a sorted list)" + _near(ctx)
            + "; `PYTHONHASHSEED=0` in the environment also fixes the order, but only where it is set")
@@ -60,8 +63,7 @@ def object_order(ctx: Context) -> Finding | None:
              "PYTHONHASHSEED does not change this"]
     if hash_fixed:
         lines.append("string hashing is fixed in these repeats (same hash probe), which rules out python-hash-seed")
-    if _reordered(ctx):
-        lines.append(f"op-level records: {ctx.op_finding.summary}")
+    lines += _op_line(ctx)
     lines.append(f"first divergence: {ctx.where()}")
     # string hashes fixed rules out python-hash-seed; otherwise nothing recorded tells the two apart
     score = ORDER_SCORE[_reordered(ctx)] + (0.1 if hash_fixed else 0.0)

@@ -72,8 +72,7 @@ def _score(ctx: Context, lib: str, first_at: int) -> float:
     rec = ctx.record
     data = rec is not None and rec.kind == "input"
     score = (0.85 if data else 0.9) if lib == "torch" else (0.9 if data else 0.75)
-    finding_ = ctx.op_finding
-    if lib == "torch" and finding_ is not None and finding_.verdict == "random-op":
+    if lib == "torch" and _random_op(ctx):
         score = 0.95
     return score + 0.02 / (1 + first_at)  # the source drawn from first explains the first divergence
 
@@ -108,8 +107,7 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
 
 def _random_op(ctx: Context) -> bool:
     """The op-level re-run saw a random op whose inputs matched and whose output differed."""
-    found = ctx.op_finding
-    return found is not None and found.verdict == "random-op"
+    return ctx.op_with("random-op") is not None
 
 
 def unseeded_torch_rng(ctx: Context) -> Finding | None:
