@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from detaudit.pin import ALL, SEP, Pin
+from detaudit.pin import ALL, PINS, SEP, Pin
 from detaudit.report import Cause, Experiment
 from detaudit.rundir import read_experiments
 
@@ -128,12 +128,13 @@ def _isolated(causes: Sequence[Cause], experiments: Sequence[Experiment]) -> lis
         if any(other < names_set for other in sets):
             continue  # a smaller set also made the repeats agree: that one names the source
         names = e.pin.split(SEP)
-        if any(set(names) & set(c.pins) for c in [*causes, *added] if c.confidence == "confirmed"):
+        pins = [Pin(name) for name in names if name in PINS]  # `all` pins every source: no one pin
+        if any(set(pins) & set(c.pins) for c in [*causes, *added] if c.confidence == "confirmed"):
             continue
         cause_id, summary, fix = PIN_CAUSES.get(names[0] if len(names) == 1 else ALL, PIN_CAUSES[ALL])
         line = f"--explain: no recorded evidence pointed here, but with {e.description} pinned the repeats agree"
         if len(names) > 1:
             line += ("; the budget ran out before the set was narrowed further (raise --budget)" if cut_short
                      else "; none of them can be left out")
-        added.append(_confirmed(Cause(cause_id, "possible", summary, [], fix, names), line))
+        added.append(_confirmed(Cause(cause_id, "possible", summary, [], fix, pins), line))
     return added

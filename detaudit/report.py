@@ -57,7 +57,7 @@ class Cause:
     summary: str
     evidence: list[str]
     fix: str
-    pins: list[str] = field(default_factory=list)  # `--explain` pins (Pin values) that test it (docs/causes.md)
+    pins: list[Pin] = field(default_factory=list)  # the `--explain` pins that test it (docs/causes.md)
     basis: Basis = "circumstantial"  # what it rests on: an experiment, op-level records, direct evidence, or less
     separating_pin: Pin | None = None  # a toss-up with another cause: the one experiment that tells them apart
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from detaudit.causes.context import Context, Finding, finding
 from detaudit.events import CompileEvent
+from detaudit.pin import Pin
 
 TUNING = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 PARAM_KINDS = ("grad", "param", "optstate")
@@ -42,5 +43,5 @@ def compiled_kernels(ctx: Context) -> Finding | None:
     fix = ("call `torch.use_deterministic_algorithms(True)` before the first compiled call: inductor then generates "
            "deterministic kernels")
     return finding("compiled-kernels", score, "compiled (inductor) kernels accumulate in an order that changes "
-                   "from run to run", lines, fix, ["deterministic"],
+                   "from run to run", lines, fix, [Pin.DETERMINISTIC],
                    basis="direct" if inside else "circumstantial")

@@ -23,6 +23,7 @@ from detaudit.events import WORKERS_SUFFIX, Event, Flags, StateEvent, When, sele
 from detaudit.launcher import RepeatResult
 from detaudit.oprules import OpFinding
 from detaudit.oprules import Verdict as OpVerdict
+from detaudit.pin import Pin
 from detaudit.report import Basis, Cause, Confidence
 from detaudit.trace import RecordStream, open_regular
 
@@ -38,7 +39,7 @@ class Finding:
 
 
 def finding(cause_id: str, score: float, summary: str, evidence: list[str], fix: str,
-            pins: Sequence[str] = (), basis: Basis = "circumstantial") -> Finding:
+            pins: Sequence[Pin] = (), basis: Basis = "circumstantial") -> Finding:
     """`basis`: op-records (the op-level re-run proved it), direct (evidence recorded before the
     divergence ties it to it), circumstantial (a source known to vary, not tied to the divergence)."""
     confidence: Confidence = "likely" if score >= LIKELY and basis != "circumstantial" else "possible"

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
 from detaudit.events import CallEvent, DrawEvent, EmptyEvent, EnvironmentEvent, ModuleEntry, ModulesEvent, OpEvent
+from detaudit.pin import Pin
 from detaudit.report import Basis
 from detaudit.trace import RecordStream
 
@@ -71,7 +72,7 @@ def nondeterministic_op(ctx: Context) -> Finding | None:
     if cpu:
         fix += "; on CPU, `torch.set_num_threads(1)` also removes it"
     return finding("nondeterministic-op", score, f"{name} accumulates in thread or atomic order, which changes "
-                   "from run to run", lines, fix, ["deterministic"] + (["one-thread"] if cpu else []),
+                   "from run to run", lines, fix, [Pin.DETERMINISTIC] + ([Pin.ONE_THREAD] if cpu else []),
                    "op-records" if kernel is not None else "direct")
 
 
@@ -99,7 +100,7 @@ def cudnn_benchmark(ctx: Context) -> Finding | None:
     fix = "set `torch.backends.cudnn.benchmark = False` and `torch.backends.cudnn.deterministic = True` before " \
           "the first forward"
     return finding("cudnn-benchmark", score, "cuDNN autotuning (benchmark mode) picks convolution algorithms "
-                   "per run", lines, fix, ["cudnn"], basis)
+                   "per run", lines, fix, [Pin.CUDNN], basis)
 
 
 def cublas_workspace(ctx: Context) -> Finding | None:
@@ -124,7 +125,7 @@ def cublas_workspace(ctx: Context) -> Finding | None:
     fix = "run with `CUBLAS_WORKSPACE_CONFIG=:4096:8` in the environment (set before CUDA initializes), together " \
           "with `torch.use_deterministic_algorithms(True)`"
     return finding("cublas-workspace", score, "cuBLAS workspace configuration allows nondeterministic matmul "
-                   "reductions", lines, fix, ["cublas"])
+                   "reductions", lines, fix, [Pin.CUBLAS])
 
 
 def _tf32_reasons(flags: dict[str, Any]) -> list[str]:
@@ -164,7 +165,7 @@ def tf32(ctx: Context) -> Finding | None:
     lines.append(f"first divergence: {ctx.where()}")
     fix = "set `torch.backends.cuda.matmul.allow_tf32 = False` and `torch.backends.cudnn.allow_tf32 = False` (or " \
           "`torch.set_float32_matmul_precision('highest')`) in every run you compare"
-    return finding("tf32", 0.85, "TF32 numerics differ from float32 in the other run", lines, fix, ["tf32-off"],
+    return finding("tf32", 0.85, "TF32 numerics differ from float32 in the other run", lines, fix, [Pin.TF32_OFF],
                    "direct")
 
 
@@ -195,7 +196,7 @@ def thread_count(ctx: Context) -> Finding | None:
     fix = f"use a constant thread count: `torch.set_num_threads(4)`{where} (or OMP_NUM_THREADS=4); reductions " \
           "are summed in per-thread chunks, so another count gives other bits"
     return finding("thread-count", 0.85 if before else 0.6, "the number of threads differs between runs, and "
-                   "reductions split their work by it", lines, fix, ["one-thread"],
+                   "reductions split their work by it", lines, fix, [Pin.ONE_THREAD],
                    "direct" if before else "circumstantial")
 
 
@@ -255,7 +256,7 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
         where = found.record.location if found is not None else None
         fix = f"use `torch.zeros` instead of `torch.empty` where {where or 'it'} reads the memory"
     return finding("uninitialized-memory", score, "a tensor from torch.empty (or kin) is read before every "
-                   "element is written: its leftover contents differ per run", lines, fix, ["zero-empty"], basis)
+                   "element is written: its leftover contents differ per run", lines, fix, [Pin.ZERO_EMPTY], basis)
 
 
 def environment(ctx: Context) -> Finding | None:

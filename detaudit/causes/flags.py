@@ -10,15 +10,16 @@ from collections import defaultdict
 
 from detaudit.causes.context import Context, Finding, finding
 from detaudit.events import CollectiveEvent, EnvironmentEvent, FlagEvent, FlagTypoEvent
+from detaudit.pin import Pin
 
 # what each flag is called in words, and the --explain pin that holds it
-FLAG_PINS = {"use_deterministic_algorithms": "deterministic", "cudnn.benchmark": "cudnn",
-             "cudnn.deterministic": "cudnn", "cudnn.enabled": "cudnn", "cudnn.allow_tf32": "tf32-off",
-             "matmul.allow_tf32": "tf32-off", "set_float32_matmul_precision": "tf32-off"}
+FLAG_PINS = {"use_deterministic_algorithms": Pin.DETERMINISTIC, "cudnn.benchmark": Pin.CUDNN,
+             "cudnn.deterministic": Pin.CUDNN, "cudnn.enabled": Pin.CUDNN, "cudnn.allow_tf32": Pin.TF32_OFF,
+             "matmul.allow_tf32": Pin.TF32_OFF, "set_float32_matmul_precision": Pin.TF32_OFF}
 # snapshot keys (evidence `flags`) whose change between the first forward and the end is a drift
-SNAPSHOT_FLAGS = {"deterministic_algorithms": "deterministic", "deterministic_warn_only": "deterministic",
-                  "cudnn.benchmark": "cudnn", "cudnn.deterministic": "cudnn", "matmul.allow_tf32": "tf32-off",
-                  "cudnn.allow_tf32": "tf32-off", "float32_matmul_precision": "tf32-off"}
+SNAPSHOT_FLAGS = {"deterministic_algorithms": Pin.DETERMINISTIC, "deterministic_warn_only": Pin.DETERMINISTIC,
+                  "cudnn.benchmark": Pin.CUDNN, "cudnn.deterministic": Pin.CUDNN, "matmul.allow_tf32": Pin.TF32_OFF,
+                  "cudnn.allow_tf32": Pin.TF32_OFF, "float32_matmul_precision": Pin.TF32_OFF}
 NCCL_VARIABLES = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE")
 
 
@@ -45,14 +46,14 @@ def flag_drift(ctx: Context) -> Finding | None:
     for e in ctx.ref.of(FlagEvent):
         by_flag[e["flag"]].append(e)
     lines: list[str] = []
-    pins: list[str] = []
+    pins: list[Pin] = []
     before = False
     last: FlagEvent | None = None
     for flag, events in by_flag.items():
         for a, b in zip(events, events[1:]):
             if a.get("value") != b.get("value"):
                 lines.append(f"`{_call(a)}` at {_where(a)}, then `{_call(b)}` at {_where(b)}")
-                pins.append(FLAG_PINS.get(flag, "deterministic"))
+                pins.append(FLAG_PINS.get(flag, Pin.DETERMINISTIC))
                 before = before or ctx.precedes(b)
                 last = b if last is None or b.get("at", 0) <= last.get("at", 0) else last
     if not lines:  # set without a recorded call (a C extension, a setter not wrapped): the snapshots show it
@@ -84,10 +85,10 @@ def flag_typo(ctx: Context) -> Finding | None:
     meant = t.get("meant")
     fix = (f"spell it `{t['module']}.{meant}` at {t.get('loc')}" if meant
            else f"remove `{t['module']}.{t['name']}` at {t.get('loc')}: torch has no such flag")
-    pin = FLAG_PINS.get(("matmul." if "matmul" in t["module"] else "cudnn.") + (meant or ""), "")
+    pin = FLAG_PINS.get(("matmul." if "matmul" in t["module"] else "cudnn.") + (meant or ""))
     return finding("flag-typo", 0.65 if any(ctx.precedes(x) for x in typos) else 0.5,
                    "a misspelt determinism flag: torch keeps the new attribute and ignores it", lines, fix,
-                   [pin] if pin else [], "direct")
+                   [pin] if pin is not None else [], "direct")
 
 
 def collective_algorithm(ctx: Context) -> Finding | None:
@@ -113,5 +114,5 @@ def collective_algorithm(ctx: Context) -> Finding | None:
     fix = ("set `NCCL_ALGO=Ring NCCL_PROTO=Simple NCCL_NVLS_ENABLE=0` in the environment of every rank and every "
            "run (the same values on every machine)")
     return finding("collective-algorithm", 0.85 if differ else 0.6, "NCCL's reduction algorithm or protocol is "
-                   "not fixed: collectives sum in another order", lines, fix, ["nccl"],
+                   "not fixed: collectives sum in another order", lines, fix, [Pin.NCCL],
                    "direct" if differ else "circumstantial")

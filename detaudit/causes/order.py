@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from detaudit.causes.context import Context, Finding, finding
 from detaudit.events import ConcurrencyEvent, HashEvent
+from detaudit.pin import Pin
 from detaudit.report import Basis
 
 COMPLETION_ORDER = ("concurrent.futures.as_completed", "multiprocessing.Pool.imap_unordered")
@@ -50,7 +51,7 @@ def python_hash_seed(ctx: Context) -> Finding | None:
     fix = ("iterate `sorted(...)` instead of the set (or build the dict from a sorted list)" + _near(ctx)
            + "; `PYTHONHASHSEED=0` in the environment also fixes the order, but only where it is set")
     return finding("python-hash-seed", ORDER_SCORE[_reordered(ctx)], "string hash randomization changes an order "
-                   "derived from a set or dict", lines, fix, ["hash-seed"], _basis(ctx))
+                   "derived from a set or dict", lines, fix, [Pin.HASH_SEED], _basis(ctx))
 
 
 def object_order(ctx: Context) -> Finding | None:
@@ -70,7 +71,7 @@ def object_order(ctx: Context) -> Finding | None:
     fix = ("keep these objects in a list, or iterate `sorted(objs, key=...)` by a stable attribute, instead of a set"
            + _near(ctx))
     return finding("object-order", score, "iteration over a set of objects hashed by identity (memory address)",
-                   lines, fix, ["address-layout"], _basis(ctx))
+                   lines, fix, [Pin.ADDRESS_LAYOUT], _basis(ctx))
 
 
 def concurrency(ctx: Context) -> Finding | None:

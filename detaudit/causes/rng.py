@@ -7,10 +7,11 @@ import functools
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
 from detaudit.events import DataLoaderEvent, DrawEvent, GeneratorEvent, SeedEvent, StateEvent
+from detaudit.pin import Pin
 from detaudit.report import Basis
 
 NAMES = {"torch": "torch", "numpy": "NumPy", "python": "Python `random`"}
-PINS = {"torch": "torch-rng", "numpy": "numpy-rng", "python": "python-rng"}
+PINS = {"torch": Pin.TORCH_RNG, "numpy": Pin.NUMPY_RNG, "python": Pin.PYTHON_RNG}
 SEED_CALL = {"torch": "torch.manual_seed(0)", "numpy": "np.random.seed(0)", "python": "random.seed(0)"}
 
 
@@ -124,7 +125,7 @@ def unseeded_python_rng(ctx: Context) -> Finding | None:
 
 def varying_seed(ctx: Context) -> Finding | None:
     lines: list[str] = []
-    pins: list[str] = []
+    pins: list[Pin] = []
     first: SeedEvent | GeneratorEvent | None = None
     for lib in ("torch", "numpy", "python"):
         for calls in ctx.aligned(functools.partial(user_seeds, lib=lib)):
@@ -146,7 +147,7 @@ def varying_seed(ctx: Context) -> Finding | None:
         g = gens[0]
         if ctx.differs([x.get("value") for x in gens]):
             lines.append(f"{g['fn']} at {g.get('loc')} received {ctx.pair_text([x.get('value') for x in gens])}")
-            pins.append("numpy-rng")
+            pins.append(Pin.NUMPY_RNG)
             first = first if first is not None and first.get("at", 0) <= g.get("at", 0) else g
             break
     if first is None:
@@ -156,7 +157,7 @@ def varying_seed(ctx: Context) -> Finding | None:
     fix = (f"seed with a constant at {first.get('loc')}: `{fn}(0)`; when runs must differ on purpose, pass the seed "
            "in explicitly (an argument or config value) and log it")
     score = 0.95 if ctx.precedes(first) else 0.5
-    basis: Basis = "op-records" if "torch-rng" in pins and _random_op(ctx) else "direct" if ctx.precedes(first) \
+    basis: Basis = "op-records" if Pin.TORCH_RNG in pins and _random_op(ctx) else "direct" if ctx.precedes(first) \
         else "circumstantial"
     return finding("varying-seed", score, "a seed is set, but to a value that changes from run to run "
                    "(clock, pid or OS entropy)", lines, fix, pins, basis)
@@ -167,7 +168,7 @@ def dataloader_workers(ctx: Context) -> Finding | None:
     if not loaders:
         return None
     lines: list[str] = []
-    pins: list[str] = []
+    pins: list[Pin] = []
     loc = ""
     for gens in ctx.aligned(lambda r: [e for e in r.workers(GeneratorEvent) if not e.get("library")]):
         g = gens[0]
@@ -176,7 +177,7 @@ def dataloader_workers(ctx: Context) -> Finding | None:
             lines.append(f"inside DataLoader worker {g.get('worker')}, {g['fn']}() at {g.get('loc')} created a "
                          f"Generator {seeded}: torch seeds torch, `random` and np.random in each worker, not "
                          "Generators made there")
-            pins.append("numpy-rng")
+            pins.append(Pin.NUMPY_RNG)
             loc = loc or g.get("loc", "")
             break
     for lib in ("numpy", "python", "torch"):
