@@ -167,6 +167,13 @@ class Report:
         if self.runs and not any(comp.records):
             return ("nothing to compare: no repeat recorded a tensor (the script never imported torch, or ran no "
                     "module, optimizer step, torch.save or detaudit.checkpoint)")
+        check = self.match.self_check if self.match is not None else None
+        if check is not None and not check.passed:
+            seen = ("not at all" if check.detected_at is None else f"first at record #{check.detected_at}, "
+                    + ("before the change: that repeat diverged on its own" if check.detected_at < check.record
+                       else "after it"))
+            return (f"the --self-check negative control failed: a one-ULP change injected at record "
+                    f"#{check.record} ({check.name}) was seen {seen}, so the repeats' agreement proves nothing")
         return ""
 
     @property

@@ -83,6 +83,21 @@ def test_every_repeat_failing_is_failed_with_the_error(tmp_path: Path) -> None:
     assert data["verdict"] == "failed" and "RuntimeError: boom" in data["failure"]
 
 
+@pytest.mark.parametrize("seen_at, verdict, words", [(8, "deterministic", ""), (None, "inconclusive", "not at all"),
+                                                      (3, "inconclusive", "diverged on its own")])
+def test_agreement_that_a_failed_self_check_puts_in_doubt_is_inconclusive(
+        tmp_path: Path, seen_at: int | None, verdict: str, words: str) -> None:
+    recs = training_records(steps=4)
+    run_dir = write_run(tmp_path / "run", [recs, recs])
+    record = json.loads((run_dir / "run.json").read_text())
+    record["self_check"] = {"record": 8, "step": 1, "name": recs[8].name, "detected_at": seen_at}
+    (run_dir / "run.json").write_text(json.dumps(record))
+    report = load_run(run_dir)
+    assert report.verdict == verdict and report.exit_code == (0 if verdict == "deterministic" else 6)
+    assert words in report.inconclusive_reason and (words == "") == (report.inconclusive_reason == "")
+    assert _strict_json(report, tmp_path)["match"]["self_check"]["passed"] is (seen_at == 8)
+
+
 def test_some_repeats_failing_is_an_outcome_divergence(tmp_path: Path) -> None:
     recs = training_records(steps=3)
     report = load_run(write_run(tmp_path / "run", [recs, recs[:7], recs], exit_codes=[0, 1, 0]))
