@@ -63,14 +63,8 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
     no_data = threaded = 0
     last_step = 0
     stepped = -1  # the last step index at which parameters were recorded after an optimizer step
-    left = comparison.records_compared
     try:
-        stream = RecordStream(trace)
-        while left > 0:
-            chunk = stream.take(min(CHUNK, left))
-            if not len(chunk):
-                break
-            left -= len(chunk)
+        for chunk in RecordStream(trace).chunks(CHUNK, comparison.records_compared):
             counts += np.bincount(chunk["kind"], minlength=len(counts))[: len(counts)]
             no_data += int(np.count_nonzero(chunk["flags"] & int(Flag.NO_DATA)))
             threaded += int(np.count_nonzero(chunk["flags"] & int(Flag.THREAD)))

@@ -228,10 +228,7 @@ def _parameters(path: Path) -> tuple[set[str], dict[tuple[int, str], tuple[int, 
     streamed: only parameter records are kept, however long the trace."""
     stream = RecordStream(path)
     table: dict[tuple[int, str], tuple[int, np.ndarray]] = {}
-    while True:
-        chunk = stream.take(1 << 16)
-        if not len(chunk):
-            break
+    for chunk in stream.chunks():
         stream.check_strings(chunk)
         for row in chunk[chunk["kind"] == Kind.PARAM]:
             table[(int(row["step"]), stream.strings[int(row["name"])])] = (

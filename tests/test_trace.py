@@ -54,6 +54,16 @@ def test_full_u64_digests_and_nan_samples_survive(tmp_path: Path) -> None:
     assert np.isnan(s[0]) and np.signbit(s[1]) and np.isinf(s[2]) and s[3] == 1e-310
 
 
+@pytest.mark.parametrize("size, limit", [(1, float("inf")), (4, 10), (7, 9), (1 << 16, 0), (3, 1000)])
+def test_chunks_cover_the_first_records_in_order(tmp_path: Path, size: int, limit: float) -> None:
+    recs = training_records(steps=3)
+    path = write_trace(tmp_path / "r.trace", recs, {"exit_code": 0})
+    chunks = list(trace_mod.RecordStream(path).chunks(size, limit))
+    assert all(0 < len(c) <= size for c in chunks)
+    joined = np.concatenate(chunks) if chunks else np.empty(0, dtype=RECORD_DTYPE)
+    assert joined.tobytes() == read_trace(path).records[: int(min(limit, len(recs)))].tobytes()
+
+
 def test_empty_trace_round_trips(tmp_path: Path) -> None:
     tr = read_trace(write_trace(tmp_path / "t.trace", [], {"exit_code": 3}))
     assert len(tr.records) == 0 and tr.footer == {"records": 0, "exit_code": 3}

@@ -208,15 +208,11 @@ def _record_digests(ctx: Context) -> dict[int, str]:
         return digests
     for rep in ctx.involved:
         try:
-            stream = RecordStream(rep.path)
             seen = 0
-            while seen <= index:
-                chunk = stream.take(65536)
-                if not len(chunk):
-                    break
-                if seen + len(chunk) > index:
-                    digests[rep.index] = f"{int(chunk[index - seen]['digest']):016x}"
+            for chunk in RecordStream(rep.path).chunks(limit=index + 1):  # the record ends the last chunk
                 seen += len(chunk)
+                if seen == index + 1:
+                    digests[rep.index] = f"{int(chunk[-1]['digest']):016x}"
         except Exception:
             continue
     return digests

@@ -212,6 +212,16 @@ class RecordStream:
         self._buffered = len(rest)
         return out
 
+    def chunks(self, size: int = 1 << 16, limit: float = float("inf")) -> Iterator[np.ndarray]:
+        """The records in chunks of up to `size`, the first `limit` of them (all by default)."""
+        left = limit
+        while left > 0:
+            chunk = self.take(int(min(size, left)))
+            if not len(chunk):
+                return
+            left -= len(chunk)
+            yield chunk
+
     def drain(self) -> None:
         """Read to the end so events and footer are known."""
         while not self._done:
@@ -229,12 +239,7 @@ class RecordStream:
 def read_trace(path: Path | str) -> Trace:
     """Read a whole trace (for `show`, causes and tests; compare streams instead)."""
     stream = RecordStream(Path(path))
-    chunks = []
-    while True:
-        chunk = stream.take(1 << 16)
-        if not len(chunk):
-            break
-        chunks.append(chunk)
+    chunks = list(stream.chunks())
     stream.drain()
     records = np.concatenate(chunks) if chunks else np.empty(0, dtype=RECORD_DTYPE)
     stream.check_strings(records)
