@@ -132,6 +132,18 @@ class EmptyEvent(_Event):
     pinned: bool  # the zero-empty pin zeroed it
 
 
+EmptyState = Literal["written", "unwritten", "freed", "unknown"]
+
+
+class EmptyWritesEvent(_Event):
+    """At the first forward: what became of the memory each earlier `empty` event's call returned, in their
+    order — written since (it no longer holds detaudit's fill: an init, a copy), still unwritten (a read
+    of it reads the fill), freed, or unknown (device memory). Tells a layer's `empty` + init from a bug."""
+
+    type: Literal["empty-writes"]
+    states: list[EmptyState]
+
+
 class CallEvent(_Event):
     """A user call of a setting such as `torch.set_num_threads`, with its first argument."""
 
@@ -283,12 +295,12 @@ class SamplerEpochEvent(_Event):
 
 
 Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, OpEvent, ModulesEvent, EmptyEvent,
-              CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
+              EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, ClockReadsEvent, EnvironmentEvent, CompileEvent,
               DdpEvent, SamplerEpochEvent]
-Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "call", "flag", "flag-typo",
-               "collective", "dataloader", "worker-start", "worker-init-done", "concurrency", "clock",
-               "clock-reads", "environment", "compile", "ddp", "sampler-epoch"]
+Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "empty-writes", "call",
+               "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
+               "clock", "clock-reads", "environment", "compile", "ddp", "sampler-epoch"]
 
 E = TypeVar("E")
 

@@ -193,7 +193,7 @@ EVENT = Obj({
     "sites": ListOf(Obj({"fn": str, "loc": STR_OR_NONE, "reads": Int(0)})),
     "worker": INT_OR_NONE, "value": None, "pinned": OneOf((bool, Int(), NONE)), "generator": OneOf((str, bool)),
     "PYTHONHASHSEED": STR_OR_NONE, "flag": str, "by": STR_OR_NONE, "module": str, "name": str, "meant": STR_OR_NONE,
-    "backend": STR_OR_NONE, "world_size": Int(), "sampler": str, "worker_init_fn": STR_OR_NONE,
+    "states": ListOf(str), "backend": STR_OR_NONE, "world_size": Int(), "sampler": str, "worker_init_fn": STR_OR_NONE,
     "python": STR_OR_NONE, "torch": STR_OR_NONE, "numpy": STR_OR_NONE, "cuda": STR_OR_NONE, "cudnn": INT_OR_NONE,
     "driver": STR_OR_NONE, "cpu": STR_OR_NONE, "machine": STR_OR_NONE, "os": STR_OR_NONE,
     "device_request": STR_OR_NONE, "git": OneOf((dict, NONE)), "params": ListOf(str), "ignored": ListOf(str),

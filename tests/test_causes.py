@@ -279,6 +279,24 @@ def test_uninitialized_memory_from_user_empty() -> None:
     assert device.uninitialized_memory(context([events("cc" * 8), events("cc" * 8)])) is None
 
 
+@pytest.mark.parametrize("states, score, words", [
+    (None, 0.5, ""), (["written", "unwritten"], 0.6, "1 of them had not been written"),
+    (["written", "written"], 0.25, "probably not read"), (["freed", "written"], 0.5, "")])
+def test_what_became_of_the_empty_tensors_weighs_the_uninitialized_memory_cause(
+        states: list[str] | None, score: float, words: str) -> None:
+    """A custom layer's `empty` + init is everywhere: written before the first forward, it is no suspect."""
+    def events(d: str) -> list[dict[str, Any]]:
+        made = [{"type": "empty", "fn": "torch.empty", "loc": f"layer.py:{line}", "shape": [32], "dtype": "float32",
+                 "device": "cpu", "digest": d + str(line), "pinned": False} for line in (9, 12)]
+        return made + ([{"type": "empty-writes", "states": states}] if states is not None else [])
+
+    finding = device.uninitialized_memory(context([events("a" * 15), events("b" * 15)]))
+    assert finding is not None and finding.score == score and finding.cause.confidence == "possible"
+    assert words in " ".join(finding.cause.evidence)
+    if states and "unwritten" in states:  # the fix names the tensor still unwritten, not the first made
+        assert "layer.py:12" in finding.cause.fix
+
+
 def test_environment_differences_but_not_thread_variables() -> None:
     def env(version: str, threads: str) -> list[dict[str, Any]]:
         return [{"type": "environment", "python": "3.11.7", "torch": version, "device": "cpu",

@@ -8,7 +8,7 @@ import pytest
 import torch
 from evidence_sink import Sink
 
-from detaudit.events import EmptyEvent, FlagEvent, FlagTypoEvent, ModulesEvent, OpEvent
+from detaudit.events import EmptyEvent, EmptyWritesEvent, FlagEvent, FlagTypoEvent, ModulesEvent, OpEvent
 from detaudit.recorder import patch
 from detaudit.recorder.evidence import kernels
 from detaudit.recorder.evidence.base import Evidence
@@ -91,6 +91,20 @@ def test_each_repeat_fills_empty_memory_with_its_own_finite_values(dtype: torch.
     if dtype.is_floating_point:
         assert all(bool(f.isfinite().all()) for f in filled)
     assert len(set(filled[0].flatten().tolist())) > 1 or dtype == torch.bool  # a pattern, not one value
+
+
+def test_the_first_forward_says_which_empty_tensors_were_written_since(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    kernels.install(ev, torch)
+    initialised = torch.nn.Parameter(torch.empty(3, 4))
+    torch.nn.init.kaiming_uniform_(initialised)
+    left = torch.empty(5)
+    torch.empty(2).tolist()  # read, then freed
+    event = kernels.empty_writes_event(ev)
+    assert event == {"type": "empty-writes", "states": ["written", "unwritten", "freed"]}
+    assert set(event) == fields(EmptyWritesEvent)
+    torch.empty(1)  # after the first forward: recorded, no longer watched
+    assert kernels.empty_writes_event(ev) is None and len(sink.of("empty")) == 4 and left.numel() == 5
 
 
 def test_memory_a_fill_cannot_reach_keeps_its_leftover_bytes(evidence: tuple[Evidence, Sink]) -> None:

@@ -6,7 +6,16 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
-from detaudit.events import CallEvent, DrawEvent, EmptyEvent, EnvironmentEvent, ModuleEntry, ModulesEvent, OpEvent
+from detaudit.events import (
+    CallEvent,
+    DrawEvent,
+    EmptyEvent,
+    EmptyWritesEvent,
+    EnvironmentEvent,
+    ModuleEntry,
+    ModulesEvent,
+    OpEvent,
+)
 from detaudit.pin import Pin
 from detaudit.report import Basis
 from detaudit.trace import RecordStream
@@ -219,23 +228,36 @@ def _record_digests(ctx: Context) -> dict[int, str]:
 
 
 def uninitialized_memory(ctx: Context) -> Finding | None:
-    varying = []
-    for empties in ctx.aligned(lambda r: [e for e in r.of(EmptyEvent) if not e.get("pinned")]):
-        e = empties[0]
-        digests = [x.get("digest") for x in empties]
-        if ctx.precedes(e) and None not in digests and ctx.differs(digests):
-            varying.append(empties)
+    writes = ctx.ref.first(EmptyWritesEvent)
+    states = writes["states"] if writes is not None else []
+    varying: list[tuple[str | None, list[EmptyEvent]]] = []  # (state at the first forward, the repeats' events)
+    for empties in ctx.aligned(lambda r: list(enumerate(r.of(EmptyEvent)))):
+        k, e = empties[0]
+        digests = [x.get("digest") for _, x in empties]
+        if not e.get("pinned") and ctx.precedes(e) and None not in digests and ctx.differs(digests):
+            varying.append((states[k] if k < len(states) else None, [x for _, x in empties]))
     found = ctx.op_with("uninitialized-memory")
     if not varying and found is None:
         return None
+    varying.sort(key=lambda v: v[0] != "unwritten")  # the likeliest readers first
     lines = [f"{v[0]['fn']}({'x'.join(map(str, v[0].get('shape', [])))}) at {v[0].get('loc')} returned different "
              f"contents in each repeat ({ctx.pair_text([x.get('digest') for x in v], lambda d: d[:8])}; detaudit "
              "fills such memory per repeat, so a read of it cannot agree by chance)"
-             for v in varying[:3]]
-    score = 0.5  # varying garbage is common and often overwritten before use: corroboration raises it
+             for _, v in varying[:3]]
+    # the fill always varies (detaudit's own) and most `empty` tensors are written before use (a layer's init):
+    # one still unwritten when the first forward began is worth more, all of them written since much less
+    unwritten = sum(state == "unwritten" for state, _ in varying)
+    score = 0.5
+    if unwritten:
+        lines.append(f"{unwritten} of them had not been written when the first forward began")
+        score = 0.6
+    elif varying and all(state == "written" for state, _ in varying):
+        lines.append("each was written in place before the first forward (an init or a copy): probably not read "
+                     "uninitialised")
+        score = 0.25
     basis: Basis = "circumstantial"
     record_digests = _record_digests(ctx) if varying else {}
-    for v in varying:
+    for _, v in varying:
         if all(record_digests.get(x_rep.index) == x.get("digest") for x, x_rep in zip(v, ctx.involved)):
             lines.append(f"the tensor {v[0]['fn']} returned at {v[0].get('loc')} reached {ctx.where()} unchanged")
             score, basis = 0.95, "direct"
@@ -245,7 +267,8 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
         score, basis = 0.95, "op-records"
     lines.append(f"first divergence: {ctx.where()}")
     if varying:
-        fn, loc = varying[0][0]["fn"], varying[0][0].get("loc")
+        first = varying[0][1][0]
+        fn, loc = first["fn"], first.get("loc")
         fix = f"use `{fn.replace('empty', 'zeros')}(...)` instead of `{fn}(...)` at {loc}, or write every " \
               "element before reading it"
     else:

@@ -119,6 +119,9 @@ class Installer:
         with never_fatal():
             ev.emit(StateEvent(type="state", when="first-forward", rng=ev.rng_state(), flags=ev.flags()))
             ev.emit(kernels.modules_event(ev, module))
+            writes = kernels.empty_writes_event(ev)
+            if writes is not None:
+                ev.emit(writes)
 
     def _on_first_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # torch iterates the live hook dict here, so the hook cannot remove itself: one check per step

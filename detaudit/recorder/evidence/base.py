@@ -61,6 +61,8 @@ class Evidence:
         self.op_entries: dict[str, list[oplist.OpEntry]] = {}
         # user call sites of the wall clock: (code, line) -> [label, reads]; None for library code
         self.clock_reads: dict[tuple[Any, int], list[Any] | None] = {}
+        # weak references to what user `empty*` calls returned, until the first forward (kernels.py)
+        self.empties: list[Any] | None = []
         self._library = _library_prefixes()
         self._side_fd: int | None = None
         self._lock = threading.Lock()

@@ -11,11 +11,12 @@ from __future__ import annotations
 import difflib
 import functools
 import sys
+import weakref
 from collections.abc import Callable
 from types import FrameType, ModuleType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from detaudit.events import FlagEvent, FlagTypoEvent, ModuleEntry, ModulesEvent, OpEvent
+from detaudit.events import EmptyState, EmptyWritesEvent, FlagEvent, FlagTypoEvent, ModuleEntry, ModulesEvent, OpEvent
 from detaudit.recorder import oplist
 from detaudit.recorder.evidence.base import Evidence, never_fatal, short
 from detaudit.recorder.patch import wrap
@@ -109,14 +110,64 @@ def _wrap_empty(ev: Evidence, counters: Counters, owner: Any, name: str, label: 
                 counters.empty += 1
                 if not pinned:
                     _fill_per_repeat(ev, t)
+                digest = _tensor_digest(t)
                 ev.emit({"type": "empty", "fn": label, "loc": ev.where(caller), "shape": list(t.shape),
                          "dtype": str(t.dtype).removeprefix("torch."), "device": ev.device(t),
-                         "digest": _tensor_digest(t), "pinned": pinned})
+                         "digest": digest, "pinned": pinned})
+                if ev.empties is not None and not ev.in_worker:
+                    ev.empties.append(_Watched.of(t, digest))
             return t
 
         return empty
 
     wrap(owner, name, make)
+
+
+class _Watched(NamedTuple):
+    """Where an `empty` tensor's memory is, without keeping it alive: the tensor object itself is often
+    gone by the first forward (`nn.Parameter(torch.empty(n))` keeps only its storage)."""
+
+    storage: Any  # a weak reference to the untyped storage (torch keeps one Python object per storage)
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: Any
+    digest: str | None  # of the fill, on the host; None: not comparable (device memory, too large)
+
+    @classmethod
+    def of(cls, t: Any, digest: str | None) -> _Watched:
+        return cls(weakref.ref(t.untyped_storage()), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, digest)
+
+    def state(self, torch: ModuleType) -> EmptyState:
+        storage = self.storage()
+        if storage is None:
+            return "freed"
+        if self.digest is None:
+            return "unknown"
+        now = torch.empty(0, dtype=self.dtype).set_(storage, self.offset, self.shape, self.stride)
+        return "unwritten" if _tensor_digest(now) == self.digest else "written"
+
+
+def empty_writes_event(ev: Evidence) -> EmptyWritesEvent | None:
+    """At the first forward: which earlier `empty` tensors still hold their fill (then stop watching).
+    By content, not by version counter: writes through `.data` or a NumPy view count too."""
+    watched, ev.empties = ev.empties, None
+    if not watched:
+        return None
+    states: list[EmptyState] = []
+    rec = ev.recorder
+    if rec is not None:
+        rec.internal += 1  # detaudit's own reads: the op recorder must not see them
+    try:
+        for w in watched:
+            try:
+                states.append(w.state(ev.torch))
+            except Exception:  # a storage resized or of a kind `set_` refuses: nothing known
+                states.append("unknown")
+    finally:
+        if rec is not None:
+            rec.internal -= 1
+    return EmptyWritesEvent(type="empty-writes", states=states)
 
 
 def _fill_per_repeat(ev: Evidence, t: Any) -> None:
