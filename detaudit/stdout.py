@@ -20,13 +20,18 @@ STDOUT_MODES: tuple[str, ...] = get_args(StdoutMode)
 DEFAULT_STDOUT: StdoutMode = "masked"
 SHOWN_CHARS = 240  # a line shown in a report is cut to this many characters
 
-_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_NUM = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"  # 1,234.5 too
 _CLOCK = r"(?<!\d)\d{1,6}:\d{2}(?::\d{2})?(?:\.\d+)?"
 # words whose value is a time or a speed whatever its unit (`step_time 3.2`, `mfu 41.2%`, `eta 0:12`)
 _WORDS = r"(?:time|runtime|elapsed|eta|mfu|throughput|duration|took|latency|[A-Za-z_]{0,40}?per_sec(?:ond)?)"
 _RATE = r"(?:[A-Za-z]+/s(?:ec)?|(?:m?s|sec)/[A-Za-z]+)"
 # units of time, and rates "something per second" / "seconds per something"
-_UNIT = r"(?:ms|us|µs|ns|s|sec|secs|seconds?|mins?|minutes?|hrs?|hours?|" + _RATE + ")"
+_UNIT = r"(?:" + _RATE + "|ms|us|µs|ns|s|sec|secs|seconds?|mins?|minutes?|hrs?|hours?)"  # a rate first: `ms/step`
+# units that also serve as a column label before their value (`ms=12`); not `min`/`s`: `min: -0.01` is a result
+_LABEL = r"(?:ms|us|µs|ns|secs?|seconds)"
+# after a spaced unit, what makes the unit the label of the number that follows instead of the suffix of the one
+# before (`acc 0.91 sec/it 0.5`, `loss=0.51 ms=12`): a `:`/`=`, or a number with no unit of its own
+_LABELS_NEXT = rf"(?=\s*[:=]|\s+#|\s+{_NUM}(?!\s?{_UNIT}(?![\w/]))(?![\w.,]))"  # `#`: a header's value
 
 _Replacement = Union[str, Callable[["re.Match[str]"], str]]  # a runtime alias: no `|` before Python 3.10
 _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
@@ -41,14 +46,21 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
     # object addresses (`<Foo object at 0x7f3a...>`) and process ids
     (re.compile(r"0x[0-9a-fA-F]+"), "0x#"),
     (re.compile(r"(?i)(?<![A-Za-z])(pid)(\s*[:=#]?\s*)\d+"), r"\1\2#"),
+    # a compound duration (`1m02s`, `2h03m`, `1h2m3.5s`)
+    (re.compile(r"(?<![\w.])(?:\d+h\d+m(?:\d+(?:\.\d+)?s)?|\d+m\d+(?:\.\d+)?s)(?!\w)"), "#"),
     # a timing word, then its value: a clock, or a number with or without a unit or %
-    (re.compile(rf"(?i)((?<![A-Za-z]){_WORDS}(?![A-Za-z])['\"]?\s*(?:\([^)]{{0,20}}\))?\s*[:=]?\s*)"
+    (re.compile(rf"(?i)((?<![A-Za-z]){_WORDS}(?![A-Za-z])(?:\s+per\s+[A-Za-z_]{{1,20}})?['\"]?\s*"
+                rf"(?:\([^)]{{0,20}}\))?\s*[:=]?\s*)"
                 rf"(?:{_CLOCK}|{_NUM})(\s?(?:%|{_UNIT})(?!\w))?"),
      lambda m: m.group(1) + "#" + (m.group(2) or "")),
-    # a rate as a column header before its value (`tok/s: 1234`)
-    (re.compile(rf"((?<![A-Za-z]){_RATE}(?![A-Za-z])\s*[:=]?\s*){_NUM}"), r"\1#"),
-    # a number with a time or rate unit (`14.20ms`, `0.82 s`, `19.5it/s`, `1200 tokens/s`), and tqdm's `?it/s`
-    (re.compile(rf"(?<![\w.#]){_NUM}(\s?{_UNIT})(?!\w)"), r"#\1"),
+    # a rate as a column header before its value (`tok/s: 1234`, `sec/it 0.5`), a time unit as one (`ms=12`); a
+    # value with a unit of its own is not the header's (`1200 tokens/s 3.1 samples/s`)
+    (re.compile(rf"((?<![A-Za-z])(?:{_RATE}(?![A-Za-z])\s*[:=]?|(?<![\w.]){_LABEL}(?![A-Za-z/])\s*[:=])\s*)"
+                rf"{_NUM}(?!\s?{_UNIT}(?![\w/]))(?![\w.,])"), r"\1#"),
+    # a number with a time or rate unit (`14.20ms`, `0.82 s`, `19.5it/s`, `1200 tokens/s`) — spaced, only where the
+    # unit is not the label of what follows — and tqdm's `?it/s`
+    (re.compile(rf"(?<![\w.#,]){_NUM}({_UNIT})(?![\w/])"), r"#\1"),
+    (re.compile(rf"(?<![\w.#,]){_NUM}(\s{_UNIT})(?![\w/])(?!{_LABELS_NEXT})"), r"#\1"),
     (re.compile(r"\?(?=\s?(?:it/s|s/it)\b)"), "#"),
 )
 

@@ -36,6 +36,13 @@ MASKED = [
     ("Epoch 3/10 - loss: 0.4321 - accuracy: 0.8765 - 2s 12ms/step",
      "Epoch 3/10 - loss: 0.4321 - accuracy: 0.8765 - #s #ms/step"),
     ("\x1b[32mok\x1b[0m latency 3.2ms", "ok latency #ms"),
+    # a timing label before its value leaves the metric before it alone (a probe found these masked)
+    ("val_acc: 0.8870 ms/step: 0.5", "val_acc: 0.8870 ms/step: #"),
+    ("acc 0.91 sec/it 0.5", "acc 0.91 sec/it #"),
+    ("loss=0.5123 ms=12", "loss=0.5123 ms=#"),
+    ("elapsed=1m02s eta 1h2m3s", "elapsed=# eta #"),
+    ("time per batch 0.012", "time per batch #"),
+    ("1,234 tokens/s", "# tokens/s"),
 ]
 KEPT = [
     "step 10 loss 0.1234",
@@ -89,6 +96,16 @@ def test_losses_still_differ_when_the_timings_beside_them_are_masked(loss_a: flo
                                                                      t_b: float) -> None:
     a, b = f"step 1 loss {loss_a:.6f} time {t_a:.2f}ms", f"step 1 loss {loss_b:.6f} time {t_b:.2f}ms"
     assert (mask_line(a) == mask_line(b)) == (f"{loss_a:.6f}" == f"{loss_b:.6f}")
+
+
+labels = st.sampled_from(["ms/step:", "ms/step", "sec/it", "s/it", "ms=", "secs:", "tok/s:", "it/s"])
+keys = st.sampled_from(["loss", "val_acc:", "acc", "f1=", "score", "grad min:"])
+
+
+@given(finite, finite, keys, labels, finite)
+def test_a_metric_before_a_timing_label_is_never_masked(a: float, b: float, key: str, label: str, t: float) -> None:
+    line_a, line_b = f"{key} {a:.4f} {label} {t:.2f}", f"{key} {b:.4f} {label} {t * 2:.2f}"
+    assert (mask_line(line_a) == mask_line(line_b)) == (f"{a:.4f}" == f"{b:.4f}")
 
 
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80))
