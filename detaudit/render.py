@@ -111,7 +111,7 @@ def baseline_panel(report: Report) -> Panel | None:
     elif d is not None:
         grid.add_row("environment", "unchanged: the numbers changed with the same software and settings")
     return Panel(grid, title=f"Baseline {escape(check.path)}", title_align="left",
-                 border_style="green" if check.matches else "red")
+                 border_style="green" if check.matches else "red", expand=False)
 
 
 def runs_table(report: Report) -> Table:
@@ -186,16 +186,17 @@ def summary_line(report: Report) -> Text:
     parts = []
     d = divergence_to_dict(report.first_divergence, report.op_finding)
     if d is not None:
-        what = " ".join(str(x) for x in (d["kind"], d["name"]) if x) or d["category"]
-        step = f" at step {d['step']}" if d["step"] is not None and d["step"] >= 0 else ""
-        where = f" ({d['location']})" if d["location"] else ""
         rank = f" on rank {report.distributed.rank}" if report.distributed is not None else ""
-        parts.append(f"first divergence: {what}{step}{rank}{where}")
+        parts.append(f"first divergence: {_place(d, rank)}")
     elif report.replica_divergence is not None:
         r = report.replica_divergence
         parts.append(f"DDP replica {r.name} differs on rank(s) {', '.join(map(str, r.ranks))} after step {r.step}")
     elif report.verdict == "deterministic":
         parts.append(f"{len(report.runs)} repeats agree on {report.comparison.records_compared} records")
+        baseline = report.baseline
+        if baseline is not None and baseline.divergence is not None:  # exit 1: the line must say why
+            moved = divergence_to_dict(baseline.divergence, None)
+            parts.append(f"but DIFFER FROM THE BASELINE: {_place(moved, '') if moved is not None else 'see above'}")
     elif report.verdict == "failed":
         parts.append("the script failed in every repeat")
     elif report.verdict == "inconclusive":
@@ -206,6 +207,14 @@ def summary_line(report: Report) -> Text:
     parts.append(f"run: {report.run_dir}")
     text.append(printable(" · " + " · ".join(parts)))
     return text
+
+
+def _place(d: dict[str, Any], rank: str) -> str:
+    """`output fc1 at step 3 on rank 1 (train.py:42)` for a divergence's JSON form."""
+    what = " ".join(str(x) for x in (d["kind"], d["name"]) if x) or d["category"]
+    step = f" at step {d['step']}" if d["step"] is not None and d["step"] >= 0 else ""
+    where = f" ({d['location']})" if d["location"] else ""
+    return f"{what}{step}{rank}{where}"
 
 
 def argv_line(report: Report) -> Text | None:
@@ -342,7 +351,7 @@ def replica_panel(report: Report) -> Panel | None:
             f"{', '.join(map(str, replica.ranks))} differs from rank {replica.reference} "
             f"(max |diff| {_fmt(replica.max_abs_diff)}, sampled) in repeat(s) {', '.join(map(str, replica.repeats))}. "
             "DDP keeps replicas bitwise identical; something changed one rank's copy outside DDP's all-reduce.")
-    return Panel(escape(text), title="DDP replicas differ", title_align="left", border_style="red")
+    return Panel(escape(text), title="DDP replicas differ", title_align="left", border_style="red", width=110)
 
 
 def match_block(report: Report) -> Group | None:

@@ -13,10 +13,10 @@ from synthetic import training_records, write_run
 
 from detaudit.audit import load_run
 from detaudit.causes.context import finding
-from detaudit.compare import RecordInfo
+from detaudit.compare import Divergence, RecordInfo
 from detaudit.oprules import OpFinding
 from detaudit.render import argv_line, op_panel, render, verdict_line
-from detaudit.report import Report
+from detaudit.report import BaselineCheck, Report
 
 
 def _record(kind: str, name: str, op: str = "") -> RecordInfo:
@@ -106,6 +106,16 @@ def test_a_deterministic_summary_says_how_much_agreed(tmp_path: Path) -> None:
     report = _finished(tmp_path, ["epoch 1 12.5 it/s\n", "epoch 1 13.1 it/s\n"])
     assert _text(report).strip().splitlines()[-1] == (f"DETERMINISTIC · 2 repeats agree on 12 records · "
                                                       f"run: {report.run_dir}")
+
+
+def test_a_summary_of_agreeing_repeats_that_differ_from_the_baseline_says_so(tmp_path: Path) -> None:
+    """Exit 1 with a last line that read DETERMINISTIC and nothing else would send a CI user hunting."""
+    report = _finished(tmp_path, ["done\n", "done\n"])
+    moved = Divergence(3, "content", _record("param", "fc.weight"), [1], 0)
+    report = replace(report, baseline=BaselineCheck("base", moved, []))
+    last = _text(report).strip().splitlines()[-1]
+    assert report.exit_code == 1 and last.startswith("DETERMINISTIC · 2 repeats agree on 12 records · but DIFFER "
+                                                     "FROM THE BASELINE: param fc.weight at step 0 (train.py:21) · run:")
 
 
 def test_the_argv_line_quotes_arguments_as_a_shell_would() -> None:
