@@ -114,8 +114,9 @@ def test_a_summary_of_agreeing_repeats_that_differ_from_the_baseline_says_so(tmp
     moved = Divergence(3, "content", _record("param", "fc.weight"), [1], 0)
     report = replace(report, baseline=BaselineCheck("base", moved, []))
     last = _text(report).strip().splitlines()[-1]
-    assert report.exit_code == 1 and last.startswith("DETERMINISTIC · 2 repeats agree on 12 records · but DIFFER "
-                                                     "FROM THE BASELINE: param fc.weight at step 0 (train.py:21) · run:")
+    assert report.exit_code == 1 and last.startswith(
+        "DETERMINISTIC · 2 repeats agree on 12 records · but DIFFER FROM THE BASELINE: param fc.weight at step 0 "
+        "(train.py:21) · run:")
 
 
 def test_the_argv_line_quotes_arguments_as_a_shell_would() -> None:
