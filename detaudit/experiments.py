@@ -3,7 +3,8 @@
 Below the audit (which attaches a run's stored experiments to every report it rebuilds) and
 below explain.py (which runs new ones and stores them here). A cause whose pin alone made the
 repeats agree is confirmed; one whose pin left them diverging is demoted; the experiment that
-separates a toss-up settles it; a source the bisection isolated that no cause named is added.
+separates a toss-up settles it; a source the bisection isolated that no cause named is added. A control
+that agreed with nothing pinned voids every confirmation (`not-reproduced`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from detaudit.pin import ALL, PINS, SEP, Pin
+from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin
 from detaudit.report import Cause, Experiment
 from detaudit.rundir import read_experiments
 
@@ -67,6 +68,9 @@ def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_i
     reported, never counted (it moves by chance when, say, a loop's length depends on the clock).
     """
     done = {e.pin: e for e in experiments if e.verdict in ("deterministic", "divergent")}
+    control = done.get(CONTROL)
+    if control is not None and control.verdict == "deterministic":
+        return [NOT_REPRODUCED, *(replace(c, evidence=[*c.evidence, NOT_REPRODUCED.evidence[0]]) for c in causes)]
     refuted: set[int] = set()
     judged: list[Cause] = []
     for i, cause in enumerate(causes):
@@ -109,6 +113,15 @@ def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_i
                                 "divergent record"))
     ranked = sorted(range(len(judged)), key=lambda i: (judged[i].confidence != "confirmed", i in refuted, i))
     return [judged[i] for i in ranked]
+
+
+# the control (explain.py) agreed: the original repeats' disagreement did not come back with nothing pinned
+NOT_REPRODUCED = Cause(
+    "not-reproduced", "likely", "the divergence did not reproduce: re-run with nothing pinned, the repeats agree, so "
+    "no experiment can confirm a source",
+    ["--explain: a control with nothing pinned agreed, so a pinned experiment that agreed proves nothing"],
+    "look for state one run leaves for the next (a resume or checkpoint file, a cache, a download) and start each "
+    "run from the same state; a rare race shows only in more repeats (`--repeats 5`)", [], "experiment")
 
 
 def _confirmed(cause: Cause, line: str) -> Cause:

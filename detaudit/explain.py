@@ -8,7 +8,9 @@ removes the divergence is `confirmed`; a pin that only moves the first divergenc
 reported with where it moved to. When no single pin confirms anything, one last experiment pins
 everything at once: if that still diverges, the source is one no pin reaches (concurrency,
 object order, or unknown). Experiments stop at the first confirmation unless asked for all,
-and never exceed the budget of extra repeats.
+and never exceed the budget of extra repeats. The first pin that makes the repeats agree is checked
+against a control with nothing pinned (outside the budget): if the control agrees too, the
+divergence no longer reproduces and nothing is confirmed.
 
 Repeats go into the run directory as `explain-<pin>-<i>.*`; the experiments are stored in
 `explain.json` there, so `detaudit report RUN_DIR` shows them and a later explain reuses them.
@@ -28,7 +30,7 @@ from detaudit.audit import AuditOptions, Checks, Recording, Schedule, Target, an
 from detaudit.errors import UsageError, output_error
 from detaudit.experiments import experiment_of
 from detaudit.launcher import RepeatResult
-from detaudit.pin import ALL, PINS, SEP, Pin, pin_of
+from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, pin_of
 from detaudit.report import Cause, Experiment, ExperimentVerdict, Report, write_json
 from detaudit.rundir import (
     EXPLAIN_LOCK,
@@ -195,7 +197,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
     spent = 0
     bisecting = False
 
-    def run_pin(name: str) -> Experiment:
+    def run_pin(name: str, control_repeats: int = 0) -> Experiment:
         """One experiment; one already run (and not skipped) is reused, not run again."""
         nonlocal spent
         done = next((e for e in stored if e["pin"] == name and e["verdict"] != "skipped"), None)
@@ -203,7 +205,8 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
             return experiment_of(done)
         pin = pin_of(name)
         stored[:] = [e for e in stored if e["pin"] != name]  # a pin skipped earlier, now run
-        cost = repeats_for(name) * len(base.schedule.devices)
+        count = control_repeats or repeats_for(name)
+        cost = 0 if control_repeats else count * len(base.schedule.devices)
         if spent + cost > budget:
             experiment = Experiment(name, pin.description, "skipped", None,
                                     f"over the budget of {budget} extra repeats")
@@ -215,7 +218,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
         spent += cost
         options = replace(base.recorded(child_config={"pins": list(pin.child)}),
                           target=replace(base.target, env={**record.get("env", {}), **pin.env}),
-                          schedule=replace(base.schedule, repeats=repeats_for(name)))
+                          schedule=replace(base.schedule, repeats=count))
         prefix = free_prefix(run_dir, f"explain-{name}")
         results = execute(options, run_dir, on_done, prefix=prefix, cwd=cwd)
         sub = analyse(run_dir, {**record, "narrowing": None, "results": [r.to_dict() for r in results]}, results)
@@ -225,24 +228,33 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
         write_experiments(run_dir, stored)
         if on_experiment is not None:
             on_experiment(experiment)
+        if verdict == "deterministic" and name != CONTROL and control(repeats_for(name)).verdict == "deterministic":
+            raise _NotReproduced
         return experiment
+
+    def control(count: int) -> Experiment:
+        """Once, when a pin first makes the repeats agree: as many repeats with nothing pinned. If those agree
+        too, the divergence no longer reproduces (a file an earlier repeat left, a rare race) and agreement
+        under a pin proves nothing (experiments.apply then confirms no cause). Outside the budget."""
+        return run_pin(CONTROL, count)
 
     def agrees(name: str) -> bool:
         return run_pin(name).verdict == "deterministic"
 
-    if cheap:
-        if first is not None:
-            run_pin(first)
-    else:
-        confirmed = any(e["verdict"] == "deterministic" and e["pin"] != ALL for e in stored)
-        for name in plan(report.causes):
-            if confirmed and not explain_all:
-                break
-            confirmed = agrees(name) or confirmed
-        if (not confirmed or explain_all) and agrees(ALL) and not confirmed:
-            bisecting = True
-            with contextlib.suppress(_OverBudget):  # the skipped experiment says so in the report
-                bisect(bisection_pins(base.schedule.devices), agrees)
+    with contextlib.suppress(_NotReproduced):  # the stored control says so in the report
+        if cheap:
+            if first is not None:
+                run_pin(first)
+        else:
+            confirmed = any(e["verdict"] == "deterministic" and e["pin"] not in (ALL, CONTROL) for e in stored)
+            for name in plan(report.causes):
+                if confirmed and not explain_all:
+                    break
+                confirmed = agrees(name) or confirmed
+            if (not confirmed or explain_all) and agrees(ALL) and not confirmed:
+                bisecting = True
+                with contextlib.suppress(_OverBudget):  # the skipped experiment says so in the report
+                    bisect(bisection_pins(base.schedule.devices), agrees)
     report = load_run(run_dir)
     write_json(report, run_dir / REPORT_FILE, mode=0o600)
     return report
@@ -250,6 +262,10 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
 
 class _OverBudget(Exception):
     """The budget ran out in the middle of a bisection: stop it there."""
+
+
+class _NotReproduced(Exception):
+    """The control agreed: no further experiment can confirm anything."""
 
 
 def bisect(pins: Sequence[str], agrees: Callable[[str], bool]) -> list[str]:

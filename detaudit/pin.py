@@ -33,6 +33,7 @@ class Pin(StrEnum):
 
 
 ALL = "all"  # the experiment that pins every source at once
+CONTROL = "control"  # the experiment that pins nothing: does the divergence still reproduce now?
 SEP = "+"  # experiment names for a set of pins: `hash-seed+one-thread`
 
 
@@ -82,6 +83,8 @@ def pin_of(name: str) -> PinSpec:
     """A pin by name; `all` is every pin at once; `a+b` is the set of pins a and b."""
     if name == ALL:
         return _combined(ALL, "every source at once", list(PINS))
+    if name == CONTROL:
+        return PinSpec(CONTROL, "nothing (a control)")
     if SEP in name:
         names = pins_of(name.split(SEP))
         return _combined(name, " and ".join(PINS[n].description for n in names), names)

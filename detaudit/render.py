@@ -291,7 +291,8 @@ def causes_block(report: Report) -> Group | None:
     if not report.causes:
         return None
     confirmed = [c.id for c in report.causes if c.confidence == "confirmed"]
-    inferred = [c.id for c in report.causes if c.confidence != "confirmed"]
+    # a conclusion of the experiments that confirms no source (not-reproduced) is neither
+    inferred = [c.id for c in report.causes if c.confidence != "confirmed" and c.basis != "experiment"]
     title = Text("Likely causes", style="bold")
     title.append(f" — confirmed by experiment: {', '.join(confirmed) or 'none'}; inferred from the evidence: "
                  f"{', '.join(inferred) or 'none'}", style="")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from synthetic import training_records, write_run, write_trace
 
-from detaudit import explain
+from detaudit import experiments, explain
 from detaudit.audit import AuditOptions, load_run
 from detaudit.errors import TraceError, UsageError
 from detaudit.launcher import RepeatResult, plan_repeats
@@ -105,7 +105,8 @@ def test_experiments_run_at_the_baselines_granularity_from_any_directory(
         results = []
         for plan in plan_repeats(out, options.schedule.repeats, options.schedule.devices,
                                  options.recording.granularity, prefix=prefix):
-            write_trace(plan.trace, recs, {"exit_code": 0})
+            differ = not pinned(options) and plan.index > 0  # the control still diverges
+            write_trace(plan.trace, [recs[0].but(digest=99), *recs[1:]] if differ else recs, {"exit_code": 0})
             plan.stdout.write_text("")
             plan.stderr.write_text("")
             results.append(RepeatResult(plan.index, plan.device, 0, 0.1, False, plan.trace.name, plan.stdout.name,
@@ -131,6 +132,11 @@ def test_a_run_with_a_timed_out_repeat_is_not_explained(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", [recs, other], exit_codes=[0, -15], timed_out=[False, True])
     with pytest.raises(UsageError, match="timed out"):
         explain.run_experiments(run_dir)
+
+
+def pinned(options: AuditOptions) -> bool:
+    """An experiment pins something; the control pins nothing (synthetic runs have no environment of their own)."""
+    return bool(options.recording.child_config.get("pins") or options.target.env)
 
 
 def _fake_runs(monkeypatch: pytest.MonkeyPatch, agree: Callable[[AuditOptions], bool]) -> list[str]:
@@ -174,11 +180,27 @@ def test_every_pin_agreeing_is_bisected_down_to_the_source_no_cause_named(tmp_pa
 def test_default_confirmation_runs_only_the_cheap_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     recs = training_records(steps=2)
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
-    ran = _fake_runs(monkeypatch, lambda options: True)
+    ran = _fake_runs(monkeypatch, pinned)
     monkeypatch.setattr(explain, "cheap_pin", lambda causes: "torch-rng")
     report = explain.run_experiments(run_dir, cheap=True)
-    assert ran == ["explain-torch-rng"]
-    assert [(e.pin, e.verdict) for e in report.experiments] == [("torch-rng", "deterministic")]
+    assert ran == ["explain-torch-rng", "explain-control"]  # the pin agreed: the control must still diverge
+    assert [(e.pin, e.verdict) for e in report.experiments] == [("torch-rng", "deterministic"),
+                                                                ("control", "divergent")]
+
+
+def test_a_control_that_agrees_too_confirms_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first repeat left a file the later ones found: every later run agrees, pinned or not."""
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    ran = _fake_runs(monkeypatch, lambda options: True)
+    ranked = [cause("python-hash-seed", ["hash-seed"], "likely"), cause("object-order", ["address-layout"], "possible")]
+    monkeypatch.setattr(explain, "load_run", lambda path, *a, **k: replace(load_run(path, *a, **k), causes=ranked))
+    report = explain.run_experiments(run_dir, budget=40, repeats=3)
+    assert ran == ["explain-hash-seed", "explain-control"]  # and nothing after it
+    top, *rest = experiments.apply(ranked, report.experiments, 0)
+    assert top.id == "not-reproduced" and all(c.confidence != "confirmed" for c in rest)
+    assert [c.id for c in rest] == ["python-hash-seed", "object-order"]
+    assert report.experiments[-1].pin == "control" and report.experiments[-1].verdict == "deterministic"
 
 
 def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,7 +208,7 @@ def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, mo
     recs = training_records(steps=2)
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
     seen: list[int] = []
-    _fake_runs(monkeypatch, lambda options: seen.append(options.schedule.repeats) is None)
+    _fake_runs(monkeypatch, lambda options: seen.append(options.schedule.repeats) is None and pinned(options))
     tied = [cause("python-hash-seed", ["hash-seed"], "possible", Pin.HASH_SEED),
             cause("object-order", ["address-layout"], "possible", Pin.HASH_SEED)]
 
@@ -195,8 +217,8 @@ def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, mo
 
     monkeypatch.setattr(explain, "load_run", with_toss_up)
     report = explain.run_experiments(run_dir, cheap=True)
-    assert seen and set(seen) == {explain.SEPARATING_REPEATS}  # asked once per repeat
-    assert [e.pin for e in report.experiments] == ["hash-seed"]
+    assert seen and set(seen) == {explain.SEPARATING_REPEATS}  # asked once per repeat, the control as many
+    assert [e.pin for e in report.experiments] == ["hash-seed", "control"]
 
 
 def test_one_explain_at_a_time_per_run_directory(tmp_path: Path) -> None:
