@@ -163,7 +163,9 @@ def test_cause_matrix(tmp_path: Path, row: Row) -> None:
         return
     inferred, cheap = run.report["inferred_ranking"], run.report["causes"]
     cheap_confirmed = [c["id"] for c in cheap if c["confidence"] == "confirmed"]
-    explained = run_cli(["explain", run.report["run_dir"], "--json", "explain.json", "-q"], cwd=tmp_path)
+    # in the run's environment: a fault row's fault must be there to be pinned away (without it every pin
+    # "confirmed"; the control now says so)
+    explained = run_cli(["explain", run.report["run_dir"], "--json", "explain.json", "-q"], cwd=tmp_path, env=row.env)
     assert explained.report is not None, explained.output
     final = explained.report["causes"]
     _log(row, {"inferred_top": inferred[0], "cheap_top": cheap[0]["id"], "cheap_confirmed": cheap_confirmed,
