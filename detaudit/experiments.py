@@ -95,10 +95,13 @@ def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_i
         if separating is not None and cause.separating_pin not in cause.pins and cause.confidence != "confirmed":
             if separating.verdict == "deterministic":  # the other cause of the toss-up explains it
                 refuted.add(i)
-            else:
-                cause = replace(cause, confidence="likely")
+            else:  # `likely` by elimination only when the pair were the only explanations offered
+                rivals = [c.id for c in causes if c.separating_pin != cause.separating_pin]
+                cause = replace(cause, confidence="possible" if rivals else "likely")
                 evidence.append(f"--explain: with {separating.description} pinned the repeats still diverge, "
-                                "which rules out the other explanation: this one remains (not confirmed)")
+                                "which rules out the other explanation of the pair: "
+                                + (f"this one remains beside {', '.join(rivals)} (not confirmed)" if rivals
+                                   else "this one remains (not confirmed)"))
         judged.append(replace(cause, evidence=evidence))
     judged.extend(_isolated(judged, experiments))
     everything = done.get(ALL)

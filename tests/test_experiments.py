@@ -57,6 +57,16 @@ def test_the_separating_experiment_settles_a_toss_up(verdict: ExperimentVerdict,
     assert ranked[1].confidence == "possible"
 
 
+def test_elimination_within_a_toss_up_is_not_likely_while_another_cause_stands() -> None:
+    a = cause("object-order", ["address-layout"], "possible", Pin.HASH_SEED)
+    b = cause("python-hash-seed", ["hash-seed"], "possible", Pin.HASH_SEED)
+    ranked = apply([a, b, cause("concurrency", [], "possible")],
+                   [Experiment("hash-seed", "the hash seed", "divergent", None)], 5)
+    assert [(c.id, c.confidence) for c in ranked] == [("object-order", "possible"), ("concurrency", "possible"),
+                                                      ("python-hash-seed", "possible")]
+    assert ranked[0].evidence[-1].endswith("this one remains beside concurrency (not confirmed)")
+
+
 def test_an_isolated_source_no_cause_named_is_added_confirmed() -> None:
     experiments = [Experiment("all", "every source", "deterministic", None),
                    Experiment("torch-rng+numpy-rng+python-rng+hash-seed", "four", "deterministic", None),
