@@ -204,7 +204,8 @@ def summary_line(report: Report) -> Text:
     if report.causes:
         top = report.causes[0]
         parts.append(f"top cause: {top.id} ({top.confidence})")
-    parts.append(f"run: {report.run_dir}")
+    # recordings compared (`detaudit compare`) have no one command line and no run directory of their own
+    parts.append(f"run: {report.run_dir}" if report.argv is not None else f"compared: {report.script}")
     text.append(printable(" · " + " · ".join(parts)))
     return text
 

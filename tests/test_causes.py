@@ -309,6 +309,18 @@ def test_environment_differences_but_not_thread_variables() -> None:
     assert device.environment(context([env("2.13.0", "1"), env("2.13.0", "2")])) is None
 
 
+def test_recordings_made_with_other_script_arguments_are_an_environment_change() -> None:
+    """`compare` of a 30-step and a 100000-step run once blamed the hash seed."""
+    env = [{"type": "environment", "python": "3.11.7", "torch": "2.13.0", "device": "cpu", "env": {}}]
+    ctx = context([env, env])
+    ctx.repeats[0].script_args, ctx.repeats[1].script_args = ["--steps", "30"], ["--steps", "100000"]
+    found = causes.rank(ctx)
+    assert found[0].id == "environment-change" and "(script arguments)" in found[0].summary
+    assert "script arguments: --steps 30 in repeat 0, --steps 100000 in repeat 1" in found[0].evidence[0]
+    ctx.repeats[1].script_args = ["--steps", "30"]
+    assert device.environment(ctx) is None
+
+
 # -- ranking and unknown ---------------------------------------------------------------------------------
 def test_nothing_found_says_what_was_ruled_out() -> None:
     def events() -> list[dict[str, Any]]:

@@ -53,6 +53,7 @@ class RepeatEvidence:
     path: Path
     events: list[Event] = field(default_factory=list)  # main process, in the order written
     worker_events: list[Event] = field(default_factory=list)  # DataLoader workers (side file)
+    script_args: list[str] | None = None  # the script's arguments as its trace header has them (argv[1:])
 
     def of(self, kind: type[E]) -> list[E]:
         """The main process's events of one kind: `rep.of(SeedEvent)`."""
@@ -82,6 +83,8 @@ def load(path: Path, index: int, device: str) -> RepeatEvidence:
         stream = RecordStream(Path(path))
         stream.drain()
         rep.events = [cast(Event, e) for e in stream.events if isinstance(e, dict)]  # types checked by the stream
+        argv = stream.header.get("argv")
+        rep.script_args = [str(a) for a in argv[1:]] if isinstance(argv, list) and argv else None
     except (TraceError, OSError):
         return rep
     side = Path(str(path) + WORKERS_SUFFIX)

@@ -3,6 +3,7 @@ thread-count, uninitialized-memory, environment."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any, Literal
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
@@ -296,6 +297,9 @@ def environment(ctx: Context) -> Finding | None:
     gpus = _gpus(ctx)
     if ctx.differs(gpus):
         lines.append(f"GPU: {ctx.pair_text(gpus)}")
+    arguments = [r.script_args for r in ctx.involved]
+    if None not in arguments and ctx.differs(arguments):  # `compare` of two runs made with other arguments
+        lines.append(f"script arguments: {ctx.pair_text(arguments, shlex.join)}")
     gits = [e.get("git") for e in envs if e is not None]
     # the commit and the script's own bytes: a dirty flag alone flips when any file of the repository is edited
     if ctx.differs([(g or {}).get("commit") for g in gits]) or ctx.differs([(g or {}).get("script") for g in gits]):
