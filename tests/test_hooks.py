@@ -115,3 +115,19 @@ def test_an_optimizer_that_takes_over_counts_the_steps(tmp_path: Path) -> None:
     assert loop.steps(Kind.GRAD, "head.weight") == [0, 1]
     assert loop.steps(Kind.GRAD, "body.weight") == [2, 3, 4]
     assert loop.steps(Kind.OUTPUT, "Pair") == [0, 1, 2, 2, 4]
+
+
+def test_an_optimizer_whose_step_runs_the_forward_itself_is_no_partner_of_the_step_before(tmp_path: Path) -> None:
+    """LBFGS after Adam: `step(closure)` runs the forward inside the step, right after the other's step."""
+    loop = Loop(tmp_path)
+    for _ in range(2):
+        loop.forward_backward()
+        loop.step(loop.head)
+    for _ in range(3):  # the body's optimizer, stepping with a closure
+        loop.hooks._on_step_pre(loop.body, (), {})
+        loop.forward_backward()
+        loop.body.step()
+        loop.hooks._on_step_post(loop.body, (), {})
+        loop.body.zero_grad(set_to_none=True)
+    assert loop.recorder.step == 5  # five optimizer steps, five training steps
+    assert loop.steps(Kind.OUTPUT, "Pair") == [0, 1, 2, 3, 4]

@@ -77,6 +77,7 @@ class Hooks:
         self._stepped: set[int] = set()
         self._tail: set[int] | None = None
         self._lent: int | None = None
+        self._borrower: int | None = None  # id of the optimizer whose step borrowed `_lent`
         # (id(param), group, index) -> (weakref, name id); (name id, state key) -> name id of the state record
         self._param_ids: dict[tuple[int, int, int], tuple[weakref.ref[torch.Tensor], int]] = {}
         self._state_ids: dict[tuple[int, str], int] = {}
@@ -269,7 +270,7 @@ class Hooks:
             self._close_tail()
         elif self._tail is not None and key not in self._tail and rec.step > 0:
             self._tail.add(key)
-            self._lent = rec.step
+            self._lent, self._borrower = rec.step, key
             rec.step -= 1
         else:
             self._close_tail()
@@ -310,8 +311,11 @@ class Hooks:
     def _close_tail(self) -> None:
         """The steps right after the counting optimizer's are over: what comes next is the next step's."""
         self._tail = None
-        if self._lent is not None:  # the borrowing step raised before its post hook
+        if self._lent is not None:  # the borrowing step raised before its post hook, or runs a forward itself
             self.recorder.step, self._lent = self._lent, None
+            if self._borrower is not None:  # (LBFGS's closure): no partner of the last step, a newcomer
+                self._stepped.add(self._borrower)
+        self._borrower = None
 
     # -- LR schedulers ---------------------------------------------------------------------
     def _on_scheduler_step(self, scheduler: Any) -> None:
