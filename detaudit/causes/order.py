@@ -49,7 +49,8 @@ def python_hash_seed(ctx: Context) -> Finding | None:
     lines += _op_line(ctx)
     lines.append(f"first divergence: {ctx.where()}")
     fix = ("iterate `sorted(...)` instead of the set (or build the dict from a sorted list)" + _near(ctx)
-           + "; `PYTHONHASHSEED=0` in the environment also fixes the order, but only where it is set")
+           + "; where `hash(text)` itself is used (feature hashing, `hash(s) % buckets`), a stable hash instead: "
+           "`zlib.crc32(s.encode())`; `PYTHONHASHSEED=0` in the environment also fixes both, but only where it is set")
     return finding("python-hash-seed", ORDER_SCORE[_reordered(ctx)], "string hash randomization changes an order "
                    "derived from a set or dict", lines, fix, [Pin.HASH_SEED], _basis(ctx))
 

@@ -199,7 +199,8 @@ def dataloader_workers(ctx: Context) -> Finding | None:
     rec = ctx.record
     score = 0.9 if rec is not None and rec.kind == "input" else 0.7
     fix = (f"derive worker randomness from torch's per-worker seed at {loc}: "
-           "`np.random.default_rng(torch.initial_seed() % 2**32)` (or seed it in a `worker_init_fn`), and pass "
-           f"`generator=torch.Generator().manual_seed(0)` to the DataLoader at {loader.get('loc')}")
+           "`np.random.default_rng(torch.initial_seed() % 2**32)` (or seed it in a `worker_init_fn`)")
+    if not loader.get("generator"):  # torch's per-worker seeds come from it: unseeded, they vary too
+        fix += f", and pass `generator=torch.Generator().manual_seed(0)` to the DataLoader at {loader.get('loc')}"
     return finding("dataloader-workers", score, "randomness inside DataLoader workers that torch's per-worker "
                    "seeding does not reach", lines, fix, pins, "direct")
