@@ -150,7 +150,8 @@ class Context:
         what = f"{rec.kind} {rec.name}" + (f" of {rec.module}" if rec.module and rec.module != rec.name else "")
         step = f" at step {rec.step}" if rec.step >= 0 else ""
         loc = f" ({rec.location})" if rec.location else ""
-        return f"record #{rec.index}, {what}{step}{loc}"
+        index = f"record #{rec.index}, " if rec.index >= 0 else ""  # a stdout line or exit status is no record
+        return f"{index}{what}{step}{loc}"
 
     def aligned(self, pick: Callable[[RepeatEvidence], list[E]]) -> Iterator[list[E]]:
         """The k-th picked event of every involved repeat, for each k all of them have."""
