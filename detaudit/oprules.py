@@ -43,7 +43,8 @@ VERDICTS: dict[Verdict, str] = {
     "inputs-differ": "its inputs already differ",
     "different-ops": "the repeats ran different ops here: the control flow differs",
 }
-InputsState = Literal["match", "reordered", "differ", "unknown", ""]  # "": not an op record
+# "": not an op record; "unwritten": one input was never-written memory, whose contents its digest leaves out
+InputsState = Literal["match", "reordered", "differ", "unknown", "unwritten", ""]
 OutputState = Literal["match", "differ"]
 
 
@@ -220,6 +221,8 @@ def _inputs_state(rows: Sequence[Any], pairs: list[tuple[int, int]]) -> InputsSt
         return ""
     if any(rows[r]["in_ordered"] == 0 or rows[rep]["in_ordered"] == 0 for r, rep in pairs):
         return "unknown"
+    if any(int(rows[r]["flags"]) & Flag.UNINIT for r, _ in pairs):  # "match" would hide what it read
+        return "unwritten"
     if all(rows[r]["in_ordered"] == rows[rep]["in_ordered"] for r, rep in pairs):
         return "match"
     if all(rows[r]["in_unordered"] == rows[rep]["in_unordered"] for r, rep in pairs):

@@ -94,6 +94,9 @@ def test_flags_of_the_source_op_name_the_mechanism(tmp_path: Path, flag: int, ve
     base = [r.but(flags=r.flags | flag) if i == 1 else r for i, r in enumerate(BASE)]
     finding = find_op_source(traces(tmp_path, base, diverge(base, 1, ins_from=2)))
     assert finding is not None and finding.verdict == verdict and finding.record.index == 1
+    # the table never calls what an op read from never-written memory a match
+    assert [n.inputs for n in finding.neighbours if n.record.index == 1] == \
+        ["unwritten" if flag == Flag.UNINIT else "match"]
 
 
 def test_same_inputs_in_another_order_is_an_order_finding(tmp_path: Path) -> None:
