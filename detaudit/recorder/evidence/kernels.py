@@ -8,11 +8,12 @@ Cost: only the wrapped functions pay; the autograd graph is walked for the first
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType, ModuleType
 from typing import Any, Literal, NamedTuple
 
@@ -144,7 +145,8 @@ class _Watched(NamedTuple):
             return "freed"
         if self.digest is None:
             return "unknown"
-        now = torch.empty(0, dtype=self.dtype).set_(storage, self.offset, self.shape, self.stride)
+        now = torch.tensor([], dtype=self.dtype).set_(storage, self.offset, self.shape, self.stride)  # not `empty`:
+        # that is wrapped
         return "unwritten" if _tensor_digest(now) == self.digest else "written"
 
 
@@ -155,18 +157,12 @@ def empty_writes_event(ev: Evidence) -> EmptyWritesEvent | None:
     if not watched:
         return None
     states: list[EmptyState] = []
-    rec = ev.recorder
-    if rec is not None:
-        rec.internal += 1  # detaudit's own reads: the op recorder must not see them
-    try:
+    with _own_work(ev):
         for w in watched:
             try:
                 states.append(w.state(ev.torch))
             except Exception:  # a storage resized or of a kind `set_` refuses: nothing known
                 states.append("unknown")
-    finally:
-        if rec is not None:
-            rec.internal -= 1
     return EmptyWritesEvent(type="empty-writes", states=states)
 
 
@@ -181,11 +177,8 @@ def _fill_per_repeat(ev: Evidence, t: Any) -> None:
     if t.layout != torch.strided or t.device.type == "meta" or t.numel() == 0:
         return
     repeat = int(ev.config.get("repeat", 0))
-    rec = ev.recorder
-    if rec is not None:
-        rec.internal += 1
-    try:
-        memory = t.data
+    with _own_work(ev), contextlib.suppress(Exception):  # overlapping strides, quantized dtypes, subclasses:
+        memory = t.data  # the leftover bytes stay, and the script must not notice
         if t.dtype == torch.bool:
             memory.fill_(repeat % 2 == 0)
         elif t.numel() > FILL_PATTERN_MAX:
@@ -193,8 +186,16 @@ def _fill_per_repeat(ev: Evidence, t: Any) -> None:
         else:  # values in 1..126, element 0 is repeat + 1: distinct per repeat, finite in every dtype
             index = torch.arange(t.numel(), device=t.device)
             memory.copy_(((index * (2 * repeat + 3) + repeat + 1) % 127).view(t.shape))
-    except Exception:  # overlapping strides, quantized dtypes, tensor subclasses: the leftover bytes stay
-        pass  # and the script must not notice
+
+
+@contextlib.contextmanager
+def _own_work(ev: Evidence) -> Iterator[None]:
+    """detaudit's own tensor work: the op recorder must not record it (Recorder.internal)."""
+    rec = ev.recorder
+    if rec is not None:
+        rec.internal += 1
+    try:
+        yield
     finally:
         if rec is not None:
             rec.internal -= 1
