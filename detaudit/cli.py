@@ -242,6 +242,11 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
 
     if not trace_path.exists():
         raise click.UsageError(f"no such trace: {trace_path}")
+    if trace_path.is_dir():
+        traces = sorted(p.name for p in trace_path.glob("repeat-*.trace"))[:2]
+        hint = f"; this run directory has {', '.join(traces)}" if traces else ""
+        raise click.UsageError(f"{trace_path} is a directory: `show` prints one trace file{hint} "
+                               "(`detaudit report RUN_DIR` shows a run)")
     stream = RecordStream(trace_path)
     console = stdout_console()
     console.print(f"[bold]{clean(trace_path)}[/] — format {clean(stream.header.get('format'))} "

@@ -201,6 +201,12 @@ def test_show_marks_incomplete_trace(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert result.returncode == 0 and "incomplete" in result.stdout
 
 
+def test_show_of_a_run_directory_is_a_usage_error_naming_its_traces(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_run(tmp_path / "run", [training_records()] * 2)
+    assert_clean_error(run_in_process(["show", str(run)], capsys), 2, "repeat-0.trace, repeat-1.trace")
+
+
 @pytest.mark.process
 def test_show_refuses_bad_traces_with_exit_4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     corrupt = write_trace(tmp_path / "c.trace", training_records(), {"exit_code": 0})
