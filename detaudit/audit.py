@@ -372,6 +372,9 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         traces[0], comparison, bitwise=bitwise, tolerance=tolerance, devices=[r.device for r in results],
         granularity=str(record.get("granularity") or RecordStream(traces[0]).header.get("granularity", "?")),
         stdout=stdout_mode if all(r.stdout_digest for r in results) else "ignore",
+        # a repeat stopped by a timeout, an interrupt or a bound has no exit status of its own to compare
+        exit_status=not any(r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
+                            for r in results),
         self_check=match.self_check_from(record.get("self_check"))) if traces and traces[0].is_file() else None
     return Report(
         script=record["script"], script_args=record.get("script_args", []), run_dir=str(run_dir),

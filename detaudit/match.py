@@ -56,7 +56,7 @@ class Match:
 
 
 def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolerance: Tolerance,
-                   granularity: str, stdout: str, devices: Sequence[str],
+                   granularity: str, stdout: str, devices: Sequence[str], exit_status: bool = True,
                    self_check: SelfCheck | None = None) -> Match:
     """The reference trace's compared records counted by kind, and what the recording cannot have seen."""
     counts = np.zeros(max(Kind) + 1, dtype=np.int64)
@@ -101,7 +101,7 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
                  # a record's step counts the steps completed before it; a step's own parameters carry its
                  # index, so N completed steps end with parameters at N - 1
                  max(last_step, stepped + 1),
-                 "no" if stdout == "ignore" else stdout, True, not_observed, self_check)
+                 "no" if stdout == "ignore" else stdout, exit_status, not_observed, self_check)
 
 
 def choose_record(trace: Path) -> tuple[int, int, str] | None:

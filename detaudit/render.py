@@ -363,10 +363,11 @@ def match_block(report: Report) -> Group | None:
         return None
     kinds = ", ".join(f"{n} {kind}" for kind, n in m.records_by_kind.items()) or "no records"
     stdout = "not compared" if m.stdout_compared == "no" else f"compared ({m.stdout_compared})"
+    exit_status = "compared" if m.exit_status_compared else "not compared (a repeat was stopped)"
     how = m.comparison + (f" (atol {m.tolerance['atol']:g}, rtol {m.tolerance['rtol']:g})" if m.tolerance else "")
     parts: list[Any] = [Text("What the verdict rests on", style="bold"),
                         Text(f"   compared: {kinds} — {how}, {m.granularity} granularity, {m.steps_covered} "
-                             f"optimizer steps; exit status compared; stdout {stdout}")]
+                             f"optimizer steps; exit status {exit_status}; stdout {stdout}")]
     parts += [Text(f"   not observed: {line}") for line in m.not_observed]
     check = m.self_check
     if check is not None:
