@@ -26,12 +26,14 @@ _CLOCK = r"(?<!\d)\d{1,6}:\d{2}(?::\d{2})?(?:\.\d+)?"
 _WORDS = r"(?:time|runtime|elapsed|eta|mfu|throughput|duration|took|latency|[A-Za-z_]{0,40}?per_sec(?:ond)?)"
 _RATE = r"(?:[A-Za-z]+/s(?:ec)?|(?:m?s|sec)/[A-Za-z]+)"
 # units of time, and rates "something per second" / "seconds per something"
-_UNIT = r"(?:" + _RATE + "|ms|us|µs|ns|s|sec|secs|seconds?|mins?|minutes?|hrs?|hours?)"  # a rate first: `ms/step`
+_PLAIN = r"(?:ms|us|µs|ns|s|sec|secs|seconds?|mins?|minutes?|hrs?|hours?)"
+_UNIT = r"(?:" + _RATE + "|" + _PLAIN + ")"  # a rate first: `ms/step` is one unit
 # units that also serve as a column label before their value (`ms=12`); not `min`/`s`: `min: -0.01` is a result
 _LABEL = r"(?:ms|us|µs|ns|secs?|seconds)"
-# after a spaced unit, what makes the unit the label of the number that follows instead of the suffix of the one
-# before (`acc 0.91 sec/it 0.5`, `loss=0.51 ms=12`): a `:`/`=`, or a number with no unit of its own
-_LABELS_NEXT = rf"(?=\s*[:=]|\s+#|\s+{_NUM}(?!\s?{_UNIT}(?![\w/]))(?![\w.,]))"  # `#`: a header's value
+# after a spaced rate, what makes it the label of the number that follows instead of the suffix of the one
+# before (`acc 0.91 sec/it 0.5`): a `:`/`=`, or a number with no unit of its own (`#`: one a header rule masked).
+# A plain time unit labels the next number only with `:`/`=` (`loss=0.51 ms=12`; `41.2 ms 0.5123` is a suffix)
+_RATE_LABELS_NEXT = rf"(?=\s*[:=]|\s+#|\s+{_NUM}(?!\s?{_UNIT}(?![\w/]))(?![\w.,]))"
 
 _Replacement = Union[str, Callable[["re.Match[str]"], str]]  # a runtime alias: no `|` before Python 3.10
 _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
@@ -59,8 +61,9 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
                 rf"{_NUM}(?!\s?{_UNIT}(?![\w/]))(?![\w.,])"), r"\1#"),
     # a number with a time or rate unit (`14.20ms`, `0.82 s`, `19.5it/s`, `1200 tokens/s`) — spaced, only where the
     # unit is not the label of what follows — and tqdm's `?it/s`
-    (re.compile(rf"(?<![\w.#,]){_NUM}({_UNIT})(?![\w/])"), r"#\1"),
-    (re.compile(rf"(?<![\w.#,]){_NUM}(\s{_UNIT})(?![\w/])(?!{_LABELS_NEXT})"), r"#\1"),
+    (re.compile(rf"(?<![\w.#]){_NUM}({_UNIT})(?![\w/])"), r"#\1"),
+    (re.compile(rf"(?<![\w.#]){_NUM}(\s{_RATE})(?![\w/])(?!{_RATE_LABELS_NEXT})"), r"#\1"),
+    (re.compile(rf"(?<![\w.#]){_NUM}(\s{_PLAIN})(?![\w/])(?!\s*[:=])"), r"#\1"),
     (re.compile(r"\?(?=\s?(?:it/s|s/it)\b)"), "#"),
 )
 

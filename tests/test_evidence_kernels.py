@@ -114,13 +114,28 @@ def test_memory_a_fill_cannot_reach_keeps_its_leftover_bytes(evidence: tuple[Evi
     assert overlapping.shape == (4, 4) and sink.of("empty")[0]["fn"] == "torch.empty_strided"
 
 
-def test_past_the_pattern_size_one_value_fills_it(evidence: tuple[Evidence, Sink],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_large_tensor_gets_a_filled_prefix_and_a_strided_one_none(evidence: tuple[Evidence, Sink],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bounded: an arena from `empty` that the script touches lazily must not be paged in whole."""
     ev, _ = evidence
-    ev.config["repeat"] = 4
-    monkeypatch.setattr(kernels, "FILL_PATTERN_MAX", 8)
+    monkeypatch.setattr(kernels, "FILL_MAX", 8)
+    whole, prefix, strided = torch.full((6,), 1e30), torch.full((12,), 1e30), torch.full((4, 4), 1e30).t()
+    assert kernels._fill(ev, whole) == kernels._tensor_digest(whole) and bool(whole.abs().lt(1).all())
+    assert kernels._fill(ev, prefix) is None
+    assert bool(prefix[:8].abs().lt(1).all()) and bool(prefix[8:].eq(1e30).all())
+    assert kernels._fill(ev, strided) is None and bool(strided.eq(1e30).all())
+
+
+def test_empty_tensors_without_plain_storage_pass_through(evidence: tuple[Evidence, Sink]) -> None:
+    """A sparse layout, functorch's wrapped tensors: no fill, no watch, and never an error in the script."""
+    ev, sink = evidence
     kernels.install(ev, torch)
-    assert torch.empty(9).eq(5).all() and len(set(torch.empty(8).tolist())) == 8
+    sparse = torch.empty((2, 2), layout=torch.sparse_coo)
+    batched = torch.func.vmap(lambda x: torch.empty_like(x).copy_(x) * 2)(torch.ones(3, 2))
+    grads = torch.func.grad(lambda x: (torch.empty_like(x).copy_(x) * x).sum())(torch.ones(2))
+    assert sparse.is_sparse and batched.eq(2).all() and grads.eq(2).all()
+    assert len(sink.of("empty")) == 3
+    assert kernels.empty_writes_event(ev) == {"type": "empty-writes", "states": ["unknown"] * 3}
 
 
 def test_the_zero_empty_pin_zeroes_what_empty_returns(evidence: tuple[Evidence, Sink]) -> None:

@@ -243,7 +243,7 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
     varying.sort(key=lambda v: v[0] != "unwritten")  # the likeliest readers first
     lines = [f"{v[0]['fn']}({'x'.join(map(str, v[0].get('shape', [])))}) at {v[0].get('loc')} returned different "
              f"contents in each repeat ({ctx.pair_text([x.get('digest') for x in v], lambda d: d[:8])}; detaudit "
-             "fills such memory per repeat, so a read of it cannot agree by chance)"
+             "fills such memory differently in each process, so a read of it cannot agree by chance)"
              for _, v in varying[:3]]
     # the fill always varies (detaudit's own) and most `empty` tensors are written before use (a layer's init):
     # one still unwritten when the first forward began is worth more, all of them written since much less

@@ -63,6 +63,7 @@ class Evidence:
         self.clock_reads: dict[tuple[Any, int], list[Any] | None] = {}
         # weak references to what user `empty*` calls returned, until the first forward (kernels.py)
         self.empties: list[Any] | None = []
+        self.fill_generator: Any = None  # what fills `empty` memory: seeded from os.urandom per process
         self._library = _library_prefixes()
         self._side_fd: int | None = None
         self._lock = threading.Lock()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import os
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from detaudit.recorder.patch import wrap
 BACKWARD_WALKS = 4           # autograd graphs inspected (the first backward calls)
 MAX_GRAPH_NODES = 20000
 MAX_EMPTY_EVENTS = 256
-FILL_PATTERN_MAX = 1 << 20  # elements filled with a per-element pattern (larger: one value)
+FILL_MAX = 1 << 20  # elements of one `empty` tensor filled (a larger contiguous one: this prefix)
 MAX_FLAG_EVENTS = 64
 EMPTY_FUNCTIONS = ("empty", "empty_like", "empty_strided")
 FLAG_SETTERS = ("use_deterministic_algorithms", "set_float32_matmul_precision")
@@ -109,14 +110,14 @@ def _wrap_empty(ev: Evidence, counters: Counters, owner: Any, name: str, label: 
                     t.zero_()
             if counters.empty < MAX_EMPTY_EVENTS:
                 counters.empty += 1
-                if not pinned:
-                    _fill_per_repeat(ev, t)
-                digest = _tensor_digest(t)
-                ev.emit({"type": "empty", "fn": label, "loc": ev.where(caller), "shape": list(t.shape),
-                         "dtype": str(t.dtype).removeprefix("torch."), "device": ev.device(t),
-                         "digest": digest, "pinned": pinned})
-                if ev.empties is not None and not ev.in_worker:
-                    ev.empties.append(_Watched.of(t, digest))
+                with never_fatal():
+                    filled = None if pinned else _fill(ev, t)
+                    digest = _tensor_digest(t) if filled is None or t.device.type == "cpu" else filled
+                    ev.emit({"type": "empty", "fn": label, "loc": ev.where(caller), "shape": list(t.shape),
+                             "dtype": str(t.dtype).removeprefix("torch."), "device": ev.device(t),
+                             "digest": digest, "pinned": pinned})
+                    if ev.empties is not None and not ev.in_worker:
+                        ev.empties.append(_Watched.of(t, digest))
             return t
 
         return empty
@@ -136,15 +137,21 @@ class _Watched(NamedTuple):
     digest: str | None  # of the fill, on the host; None: not comparable (device memory, too large)
 
     @classmethod
-    def of(cls, t: Any, digest: str | None) -> _Watched:
-        return cls(weakref.ref(t.untyped_storage()), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, digest)
+    def of(cls, t: Any, digest: str | None) -> _Watched | None:
+        """None where the memory cannot be read back on the host (device memory, sparse layouts, functorch's
+        wrapped tensors): its state is `unknown`."""
+        if digest is None or t.device.type != "cpu":
+            return None
+        try:
+            return cls(weakref.ref(t.untyped_storage()), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype,
+                       digest)
+        except Exception:  # no plain storage (vmap's BatchedTensor, a subclass): nothing to watch
+            return None
 
     def state(self, torch: ModuleType) -> EmptyState:
         storage = self.storage()
         if storage is None:
             return "freed"
-        if self.digest is None:
-            return "unknown"
         now = torch.tensor([], dtype=self.dtype).set_(storage, self.offset, self.shape, self.stride)  # not `empty`:
         # that is wrapped
         return "unwritten" if _tensor_digest(now) == self.digest else "written"
@@ -159,6 +166,9 @@ def empty_writes_event(ev: Evidence) -> EmptyWritesEvent | None:
     states: list[EmptyState] = []
     with _own_work(ev):
         for w in watched:
+            if w is None:
+                states.append("unknown")
+                continue
             try:
                 states.append(w.state(ev.torch))
             except Exception:  # a storage resized or of a kind `set_` refuses: nothing known
@@ -166,26 +176,41 @@ def empty_writes_event(ev: Evidence) -> EmptyWritesEvent | None:
     return EmptyWritesEvent(type="empty-writes", states=states)
 
 
-def _fill_per_repeat(ev: Evidence, t: Any) -> None:
-    """Fill memory from an `empty*` call with a pattern of this repeat's own. Leftover bytes are often the
-    same in every fresh process (new pages are zeros; the heap's history repeats), so a script that reads
-    them could agree by chance and pass as deterministic; with a fill that differs per repeat it cannot.
-    Cheap: a budget of calls (MAX_EMPTY_EVENTS) is filled, past FILL_PATTERN_MAX elements with one value.
-    Done as detaudit's own work (`internal`, and through `.data`, whose version counter is its own): the op
-    recorder still knows the memory as never written."""
+def _fill(ev: Evidence, t: Any) -> str | None:
+    """Fill memory from an `empty*` call with values of this process's own; return the fill's digest
+    when it covers the tensor. Leftover bytes are often the same in every fresh process (new pages are
+    zeros; the heap's history repeats), so a script that reads them could agree by chance and pass as
+    deterministic. Random values from a private generator with a per-process seed: their max, min and
+    sum differ too, and two runs compared later (`compare`, baselines) get different fills. Bounded:
+    the first MAX_EMPTY_EVENTS calls, at most FILL_MAX elements (a larger contiguous tensor gets
+    that prefix: an arena touched lazily is not paged in). Done as detaudit's own work (`_own_work`, and
+    through `.data`, whose version counter is its own): the op recorder still knows the memory as never
+    written. Any failure leaves the leftover bytes, and the script never notices."""
     torch = ev.torch
-    if t.layout != torch.strided or t.device.type == "meta" or t.numel() == 0:
-        return
-    repeat = int(ev.config.get("repeat", 0))
-    with _own_work(ev), contextlib.suppress(Exception):  # overlapping strides, quantized dtypes, subclasses:
-        memory = t.data  # the leftover bytes stay, and the script must not notice
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided \
+            or t.device.type == "meta" or t.numel() == 0:
+        return None
+    whole = t.numel() <= FILL_MAX
+    if not whole and not t.is_contiguous():
+        return None
+    count = min(t.numel(), FILL_MAX)
+    with _own_work(ev), contextlib.suppress(Exception):
+        if ev.fill_generator is None:  # private: the script's RNGs are never touched
+            ev.fill_generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little"))
+        g = ev.fill_generator
         if t.dtype == torch.bool:
-            memory.fill_(repeat % 2 == 0)
-        elif t.numel() > FILL_PATTERN_MAX:
-            memory.fill_(repeat + 1)
-        else:  # values in 1..126, element 0 is repeat + 1: distinct per repeat, finite in every dtype
-            index = torch.arange(t.numel(), device=t.device)
-            memory.copy_(((index * (2 * repeat + 3) + repeat + 1) % 127).view(t.shape))
+            values = torch.randint(0, 2, (count,), generator=g).bool()
+        elif t.dtype.is_floating_point or t.dtype.is_complex:
+            values = (torch.rand(count, generator=g, dtype=torch.float64) * 2 - 1).to(t.dtype)
+        else:
+            values = torch.randint(1, 127, (count,), generator=g).to(t.dtype)
+        if not whole:
+            t.data.view(-1)[:count].copy_(values)
+            return None
+        values = values.view(t.shape)
+        t.data.copy_(values)
+        return _tensor_digest(values)
+    return None
 
 
 @contextlib.contextmanager
