@@ -1,6 +1,6 @@
 """Run one detaudit repeat with a stopwatch around the recorder's hooks.
 
-    python benchmarks/hooktimer.py CONFIG SCRIPT [ARGS...]     (as `python -m detaudit.child`)
+    python benchmarks/hooktimer.py CONFIG SCRIPT [ARGS...]     (as `python -m detaudit.run.child`)
 
 Prints `HOOKS {"hook_s": [...]}` on stderr: the seconds spent inside detaudit's module and
 optimizer hooks in each training step. Divided by the rest of the same step, this overhead
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from detaudit import child
+from detaudit.run import child
 
 per_step: list[float] = []
 pending = [0.0]

@@ -97,7 +97,7 @@ def bench_fingerprint(sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
     """xxh3 fingerprints against a copy into a reused buffer, interleaved, on the same tensor."""
     import torch
 
-    from detaudit.fingerprint import fingerprint_cpu
+    from detaudit.recorder.fingerprint import fingerprint_cpu
 
     rows: list[Row] = []
     raw: dict[str, Any] = {}
@@ -147,7 +147,7 @@ def bench_fingerprint_cuda(sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
     transfer is paid once per optimizer step for all tensors, so it is timed separately (fixed cost)."""
     import torch
 
-    from detaudit.fingerprint import DeviceReducer
+    from detaudit.recorder.fingerprint import DeviceReducer
 
     reducer = DeviceReducer()
     rows: list[Row] = []
@@ -198,7 +198,7 @@ def bench_fingerprint_cuda(sizes: Sizes) -> tuple[list[Row], dict[str, Any]]:
 
 def granularities() -> list[str]:
     """The granularities `detaudit run` offers (op/auto only once --granularity exists)."""
-    from detaudit.cli import run
+    from detaudit.cli.commands import run
 
     for param in run.params:
         if param.name == "granularity":
@@ -231,7 +231,7 @@ def run_workload(workload: str, granularity: str | None, steps: int, warmup: int
     `extra`: more script arguments; `child`: more repeat settings (`max_steps`: a bounded repeat,
     which stops before the workload prints its step times, so only its wall time is measured).
     """
-    from detaudit.launcher import plan_repeats
+    from detaudit.run.launcher import plan_repeats
     from detaudit.trace import RecordStream
 
     script = WORKLOADS / f"{workload}.py"
@@ -248,8 +248,8 @@ def run_workload(workload: str, granularity: str | None, steps: int, warmup: int
         config = run_dir / "config.json"
         config.write_text(json.dumps({**plan.child_config, **(child or {}), "trace": str(trace)}))
         env.update(plan.env)
-        # hooktimer.py is `python -m detaudit.child` plus a stopwatch around the module/optimizer hooks
-        runner = [str(HERE / "hooktimer.py")] if granularity == "module" else ["-m", "detaudit.child"]
+        # hooktimer.py is `python -m detaudit.run.child` plus a stopwatch around the module/optimizer hooks
+        runner = [str(HERE / "hooktimer.py")] if granularity == "module" else ["-m", "detaudit.run.child"]
         cmd = [sys.executable, *runner, str(config), str(script), *args]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -287,8 +287,8 @@ def hashed_mb_per_step(trace: Path) -> float:
     """
     import torch
 
-    from detaudit.dtypes import DTYPE_ORDER
     from detaudit.trace import read_trace
+    from detaudit.trace.dtypes import DTYPE_ORDER
 
     itemsize = {code: getattr(torch, name).itemsize
                 for code, name in enumerate(DTYPE_ORDER, start=1) if hasattr(torch, name)}
@@ -557,8 +557,8 @@ _COMPARE_CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 start = time.perf_counter()
-from detaudit.audit import load_run
-from detaudit.report import to_dict
+from detaudit.audit.pipeline import load_run
+from detaudit.report.model import to_dict
 imported = time.perf_counter()
 
 def peak():
@@ -608,7 +608,7 @@ def write_synthetic_traces(directory: Path, records: int, repeats: int) -> list[
 
 def bench_compare(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
     """Compare + report of synthetic traces in a fresh interpreter: seconds and peak RSS."""
-    from detaudit.rundir import RUN_FORMAT, RUN_VERSION
+    from detaudit.run.rundir import RUN_FORMAT, RUN_VERSION
 
     run_dir = tmp / "compare-run"
     run_dir.mkdir()

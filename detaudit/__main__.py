@@ -1,3 +1,3 @@
-from detaudit.cli import main
+from detaudit.cli.commands import main
 
 main()

@@ -160,9 +160,9 @@ def audit_test(item: pytest.Item) -> Any:
     """Run `item` in fresh interpreters under the recorder and return detaudit's Report."""
     import importlib.util
 
-    from detaudit.audit import AuditOptions, Checks, Recording, Schedule, Target, run_audit
-    from detaudit.compare import Tolerance
-    from detaudit.devices import own_device, resolve_devices
+    from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target, run_audit
+    from detaudit.results import Tolerance
+    from detaudit.run.devices import own_device, resolve_devices
 
     args = marker_args(item)
     spec = importlib.util.find_spec("pytest.__main__")
@@ -194,14 +194,14 @@ def audit_test(item: pytest.Item) -> Any:
 
 def _write_html(report: Any) -> None:
     """A failing audit leaves its HTML report next to report.json, for CI artifacts."""
-    from detaudit.html import write_html
+    from detaudit.report.html import write_html
 
     write_html(report, Path(report.run_dir) / "report.html")
 
 
 def failure_message(report: Any) -> str:
     """Why the audited test fails, in a few lines; "" when it passes."""
-    from detaudit.report import to_dict
+    from detaudit.report.model import to_dict
 
     data = to_dict(report)
     verdict = data["verdict"]

@@ -163,7 +163,7 @@ TRACE_HEADER = Obj({"format": str, "version": Int(), "repeat": Int(), "script": 
                     "distributed": Obj({"rank": Int(0), "nproc_per_node": Int(1), "env": MapOf(str),
                                         "collective_env": MapOf(str)}, frozenset({"rank"}))})
 
-# the exception that ended the script (detaudit/failure.py: ScriptError); absent in older traces
+# the exception that ended the script (detaudit/run/failure.py: ScriptError); absent in older traces
 SCRIPT_ERROR = Obj({
     "type": str, "message": str, "omitted": Int(0),
     "frames": ListOf(Obj({"file": str, "line": INT_OR_NONE, "function": str, "text": STR_OR_NONE, "user": bool},

@@ -32,7 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
     loaded). Repeats, the child and every other interpreter a test starts keep torch's default."""
     import torch
 
-    from detaudit.devices import cuda_available
+    from detaudit.run.devices import cuda_available
 
     torch.set_num_threads(1)
     cuda_available()  # cached; its probe (an interpreter, on GPU machines only) runs here, not inside a fast test

@@ -1,4 +1,4 @@
-"""The lockstep aligner (detaudit/align.py): blocks, shared string ids, structure, record naming."""
+"""The lockstep aligner (detaudit/compare/align.py): blocks, shared string ids, structure, record naming."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import detaudit
-from detaudit.align import Aligner, StringTable, describe, reference_pairs
+from detaudit.compare.align import Aligner, StringTable, describe, reference_pairs
 from detaudit.errors import TraceError
 from detaudit.trace import RECORD_DTYPE, Flag, Kind, Record, RecordStream, TraceWriter
 
@@ -135,7 +135,7 @@ def test_record_fields_are_the_trace_format_fields() -> None:
 
 
 def _imports(module: str) -> set[str]:
-    tree = ast.parse((Path(detaudit.__file__).parent / f"{module}.py").read_text())
+    tree = ast.parse((Path(detaudit.__file__).parent / "compare" / f"{module}.py").read_text())
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
@@ -147,6 +147,6 @@ def _imports(module: str) -> set[str]:
 
 def test_compare_and_oprules_do_not_import_each_other() -> None:
     """Data flows one way: align <- compare, align <- oprules; neither stage knows the other."""
-    assert "detaudit.oprules" not in _imports("compare")
-    assert "detaudit.compare" not in _imports("oprules")
-    assert not {"detaudit.compare", "detaudit.oprules"} & _imports("align")
+    assert "detaudit.compare.oprules" not in _imports("traces")
+    assert "detaudit.compare.traces" not in _imports("oprules")
+    assert not {"detaudit.compare.traces", "detaudit.compare.oprules"} & _imports("align")

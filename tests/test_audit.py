@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from synthetic import Rec, training_records, write_run, write_trace
 
-from detaudit.audit import compare_recorded, load_run
-from detaudit.compare import Tolerance
+from detaudit.audit.pipeline import compare_recorded, load_run
 from detaudit.errors import TraceError
-from detaudit.excerpt import error_excerpt
-from detaudit.report import to_dict
+from detaudit.report.model import to_dict
+from detaudit.results import Tolerance
+from detaudit.run.excerpt import error_excerpt
 
 
 def _frame(tag: bytes, payload: bytes) -> bytes:

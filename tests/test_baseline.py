@@ -1,4 +1,4 @@
-"""Baselines (detaudit/baseline.py): save, compare, name what changed; strict reading of the format."""
+"""Baselines (detaudit/report/baseline.py): save, compare, name what changed; strict reading of the format."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from conftest import SCRIPTS, run_cli
 from synthetic import training_records, write_run
 
-from detaudit import baseline
-from detaudit.audit import compare_recorded, load_run
+from detaudit.audit.pipeline import compare_recorded, load_run
 from detaudit.errors import TraceError
-from detaudit.report import EnvironmentChange
+from detaudit.report import baseline
+from detaudit.report.model import EnvironmentChange
 from detaudit.trace import Kind, read_trace
 
 

@@ -14,8 +14,8 @@ from detaudit import causes
 from detaudit.causes import device, order, rng
 from detaudit.causes import flags as flags_module
 from detaudit.causes.context import Context, RepeatEvidence
-from detaudit.compare import Divergence, RecordInfo
-from detaudit.stdout import StdoutDifference
+from detaudit.compare.stdout import StdoutDifference
+from detaudit.compare.traces import Divergence, RecordInfo
 
 
 def record(kind: str = "output", name: str = "fc", step: int = 0, index: int = 10, module: str = "") -> RecordInfo:

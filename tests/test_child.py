@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from detaudit.failure import excerpt, from_footer, read_error
+from detaudit.run.failure import excerpt, from_footer, read_error
 from detaudit.trace import read_trace
 
-pytestmark = pytest.mark.process  # each case runs the script under plain python and under detaudit.child
+pytestmark = pytest.mark.process  # each case runs the script under plain python and under detaudit.run.child
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PARITY_SCRIPT = SCRIPTS / "show_env.py"
@@ -38,10 +38,10 @@ def run_plain(script: str | Path, args: list[str], cwd: Path, env: dict[str, str
 
 def run_child(script: str | Path, args: list[str], cwd: Path, trace: Path,
               env: dict[str, str] | None = None) -> Ran:
-    """What the launcher starts for one repeat: `python -m detaudit.child CONFIG SCRIPT ARGS...`."""
+    """What the launcher starts for one repeat: `python -m detaudit.run.child CONFIG SCRIPT ARGS...`."""
     config = trace.with_suffix(".config.json")
     config.write_text(json.dumps({"repeat": 0, "device": "cpu", "granularity": "module", "trace": str(trace)}))
-    proc = subprocess.run([sys.executable, "-m", "detaudit.child", str(config), str(script), *args], cwd=cwd,
+    proc = subprocess.run([sys.executable, "-m", "detaudit.run.child", str(config), str(script), *args], cwd=cwd,
                           capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
     return Ran(proc.returncode, proc.stdout, proc.stderr)
 
@@ -337,7 +337,7 @@ def test_a_fatal_signal_flushes_what_was_recorded_and_ends_like_python(tmp_path:
     trace = tmp_path / "repeat-0.trace"
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"repeat": 0, "device": "cpu", "granularity": "module", "trace": str(trace)}))
-    proc = subprocess.Popen([sys.executable, "-m", "detaudit.child", str(config), str(script)], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "detaudit.run.child", str(config), str(script)], cwd=tmp_path,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     proc.send_signal(signum)

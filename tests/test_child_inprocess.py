@@ -9,8 +9,8 @@ from types import ModuleType
 
 import pytest
 
-from detaudit import child
 from detaudit.recorder import patch
+from detaudit.run import child
 
 
 def test_a_callback_runs_once_right_after_its_module_imports_and_its_failure_is_reported(

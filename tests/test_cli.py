@@ -16,7 +16,7 @@ import pytest
 from conftest import CliResult, run_cli
 from synthetic import Rec, training_records, write_run, write_trace
 
-from detaudit.cli import main
+from detaudit.cli.commands import main
 from detaudit.trace import MAGIC
 
 ARGV_SCRIPT = """

@@ -21,16 +21,16 @@ import pytest
 from click.testing import CliRunner
 from synthetic import training_records, write_run
 
-import detaudit.audit
-import detaudit.baseline
-import detaudit.devices
-import detaudit.explain
-from detaudit.cli import cli, main
-from detaudit.compare import Tolerance
+import detaudit.audit.pipeline
+import detaudit.explain.runner
+import detaudit.report.baseline
+import detaudit.run.devices
+from detaudit.cli.commands import cli, main
 from detaudit.errors import EXIT_BAD_TRACE, TraceError
-from detaudit.report import Cause, Report
+from detaudit.report.model import Report
+from detaudit.results import Cause, Tolerance
 
-LOAD_RUN = detaudit.audit.load_run  # the real one, for the fakes' reports
+LOAD_RUN = detaudit.audit.pipeline.load_run  # the real one, for the fakes' reports
 
 # the AuditOptions fields the CLI sets, by name; each is found on the options object or on one of its
 # dataclass parts (options.schedule.repeats as well as options.repeats)
@@ -74,10 +74,10 @@ class Core:
         self.tmp_path = tmp_path
         self.verdict = "deterministic"
         self.causes: list[Cause] = []
-        monkeypatch.setattr(detaudit.devices, "cuda_available", lambda: False)  # the same on every machine
-        for owner, name in ((detaudit.audit, "run_audit"), (detaudit.audit, "load_run"),
-                            (detaudit.audit, "compare_recorded"), (detaudit.explain, "run_experiments"),
-                            (detaudit.baseline, "save")):
+        monkeypatch.setattr(detaudit.run.devices, "cuda_available", lambda: False)  # the same on every machine
+        for owner, name in ((detaudit.audit.pipeline, "run_audit"), (detaudit.audit.pipeline, "load_run"),
+                            (detaudit.audit.pipeline, "compare_recorded"), (detaudit.explain.runner, "run_experiments"),
+                            (detaudit.report.baseline, "save")):
             monkeypatch.setattr(owner, name, self._fake(name))
 
     def _fake(self, name: str) -> Any:
@@ -285,7 +285,7 @@ def test_a_library_error_is_one_line_with_its_exit_code(core: Core, monkeypatch:
     def corrupt(*args: Any, **kwargs: Any) -> Report:
         raise TraceError("somerun/repeat-0.trace is corrupt")
 
-    monkeypatch.setattr(detaudit.audit, "load_run", corrupt)
+    monkeypatch.setattr(detaudit.audit.pipeline, "load_run", corrupt)
     with pytest.raises(SystemExit) as exit_info:
         main(["report", "somerun"])
     assert exit_info.value.code == EXIT_BAD_TRACE

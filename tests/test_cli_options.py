@@ -9,8 +9,8 @@ from typing import Any
 import click
 import pytest
 
-import detaudit.devices
-from detaudit.cli_options import (
+import detaudit.run.devices
+from detaudit.cli.options import (
     DEFAULT_GRANULARITY,
     FiniteFloat,
     audit_options,
@@ -19,8 +19,8 @@ from detaudit.cli_options import (
     demo_options,
     stdout_mode_of,
 )
-from detaudit.compare import Tolerance
 from detaudit.errors import OutputError
+from detaudit.results import Tolerance
 
 RUN_DEFAULTS: dict[str, Any] = dict(repeats=3, devices=(), timeout=None, out_dir=None, jobs=1, atol=1e-5, rtol=1.3e-6,
                                     stdout_mode=None, ignore_stdout=False, granularity="auto", baseline_dir=None,
@@ -30,7 +30,7 @@ RUN_DEFAULTS: dict[str, Any] = dict(repeats=3, devices=(), timeout=None, out_dir
 
 @pytest.fixture(autouse=True)
 def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(detaudit.devices, "cuda_available", lambda: False)  # the same on every machine
+    monkeypatch.setattr(detaudit.run.devices, "cuda_available", lambda: False)  # the same on every machine
 
 
 def test_run_options_land_in_their_parts(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import detaudit.baseline
-import detaudit.cli_session as session
+import detaudit.cli.session as session
+import detaudit.report.baseline
 from detaudit.errors import OutputError
-from detaudit.launcher import RepeatResult
+from detaudit.results import RepeatResult
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_a_baseline_that_cannot_be_saved_is_a_warning_not_an_error(stderr: Strin
     def refuse(*args: object) -> Path:
         raise OutputError("cannot write base: read-only")
 
-    monkeypatch.setattr(detaudit.baseline, "save", refuse)
+    monkeypatch.setattr(detaudit.report.baseline, "save", refuse)
 
     class Finished:
         run_dir = str(tmp_path)

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synthetic import Rec, training_records, write_trace
 
-from detaudit import align
-from detaudit.compare import Comparison, Tolerance, compare_traces, sample_differences
+from detaudit.compare import align
+from detaudit.compare.traces import Comparison, compare_traces, sample_differences
+from detaudit.results import Tolerance
 from detaudit.trace import Kind
 
 

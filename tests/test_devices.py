@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from detaudit import devices
 from detaudit.errors import UsageError
+from detaudit.run import devices
 
 
 @pytest.mark.parametrize("present, label", [(True, "cuda"), (False, "cpu")])

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from detaudit.distributed import (
+from detaudit.errors import UsageError
+from detaudit.results import RepeatResult
+from detaudit.run.distributed import (
     Layout,
     enter_rank,
     kill_ranks,
@@ -20,8 +22,6 @@ from detaudit.distributed import (
     rank_identity,
     torchrun_command,
 )
-from detaudit.errors import UsageError
-from detaudit.launcher import RepeatResult
 from tests.conftest import run_cli
 
 
@@ -45,11 +45,11 @@ def test_node_rank_is_read_from_the_torchrun_args(args: list[str], rank: int) ->
 
 
 def test_torchrun_command_is_standalone_with_the_worker_after_no_python() -> None:
-    cmd = torchrun_command(2, ["--max-restarts", "0"], ["python", "-m", "detaudit.child", "c.json", "t.py"])
+    cmd = torchrun_command(2, ["--max-restarts", "0"], ["python", "-m", "detaudit.run.child", "c.json", "t.py"])
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--standalone" in cmd
     i = cmd.index("--no-python")
-    assert cmd[i + 1:] == ["python", "-m", "detaudit.child", "c.json", "t.py"]
+    assert cmd[i + 1:] == ["python", "-m", "detaudit.run.child", "c.json", "t.py"]
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "--max-restarts" in cmd[:i]
 
 
@@ -83,7 +83,7 @@ def test_an_ordinary_repeat_is_left_alone() -> None:
 @pytest.mark.process
 def test_a_rank_writes_its_own_trace_stdout_and_pid_file(tmp_path: Path) -> None:
     code = (
-        "import json, sys; from detaudit.distributed import enter_rank\n"
+        "import json, sys; from detaudit.run.distributed import enter_rank\n"
         f"config = {{'trace': {str(tmp_path / 'repeat-0.trace')!r}, 'nproc_per_node': 2}}\n"
         "header = enter_rank(config)\n"
         "print('hello from', header['rank'])\n"
@@ -101,7 +101,7 @@ def test_a_rank_writes_its_own_trace_stdout_and_pid_file(tmp_path: Path) -> None
 @pytest.mark.process
 @pytest.mark.slow
 def test_kill_ranks_kills_a_live_rank_group_and_spares_strangers(tmp_path: Path) -> None:
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "detaudit.child", str(tmp_path)],
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "detaudit.run.child", str(tmp_path)],
                             start_new_session=True)
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
@@ -135,8 +135,8 @@ def test_distributed_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> Non
 
 def test_a_failed_launch_carries_the_lowest_raising_ranks_error(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from detaudit.distributed import DistributedLauncher
-    from detaudit.launcher import Launcher, plan_repeats
+    from detaudit.run.distributed import DistributedLauncher
+    from detaudit.run.launcher import Launcher, plan_repeats
     from detaudit.trace import TraceWriter
 
     def frame(line: int) -> dict[str, object]:

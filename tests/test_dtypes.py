@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from detaudit.dtypes import DTYPE_NAMES, DTYPE_ORDER
+from detaudit.trace.dtypes import DTYPE_NAMES, DTYPE_ORDER
 
 
 def test_codes_are_positions_from_one_with_zero_unknown() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import SCRIPTS
 
-from detaudit.audit import AuditOptions, Recording, Schedule, Target, execute
+from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target, execute
 from detaudit.causes.context import load
 from detaudit.recorder.evidence import python_rng_digest
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from detaudit.audit import AuditOptions, Recording, Schedule, Target, execute
+from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target, execute
 from detaudit.causes.context import load
 from detaudit.events import CollectiveEvent, EnvironmentEvent, FlagEvent, FlagTypoEvent
 

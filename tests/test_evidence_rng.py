@@ -14,7 +14,7 @@ from detaudit.events import DrawEvent, GeneratorEvent, SeedEvent
 from detaudit.recorder import patch
 from detaudit.recorder.evidence import rng
 from detaudit.recorder.evidence.base import Evidence, python_rng_digest
-from detaudit.recorder.pins import PIN_SEED
+from detaudit.recorder.pinning import PIN_SEED
 
 
 def fields(cls: Any) -> set[str]:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from synthetic import training_records, write_run
 
-from detaudit.audit import load_run
+from detaudit.audit.pipeline import load_run
+from detaudit.causes.confirm import apply, saved
 from detaudit.errors import TraceError
-from detaudit.experiments import apply, saved
 from detaudit.pin import Pin
-from detaudit.report import Cause, Confidence, Experiment, ExperimentVerdict
-from detaudit.rundir import write_experiments
+from detaudit.results import Cause, Confidence, Experiment, ExperimentVerdict
+from detaudit.run.rundir import write_experiments
 
 
 def cause(cause_id: str, pins: list[str], confidence: Confidence = "likely", separating: Pin | None = None) -> Cause:

@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 from synthetic import training_records, write_run, write_trace
 
-from detaudit import experiments, explain
-from detaudit.audit import AuditOptions, load_run
+from detaudit.audit.pipeline import AuditOptions, load_run
+from detaudit.causes import confirm as experiments
 from detaudit.errors import TraceError, UsageError
-from detaudit.launcher import RepeatResult, plan_repeats
+from detaudit.explain import runner as explain
 from detaudit.pin import SEP, Pin
-from detaudit.report import Cause, Confidence, Report
+from detaudit.report.model import Report
+from detaudit.results import Cause, Confidence, RepeatResult
+from detaudit.run.launcher import plan_repeats
 
 
 def cause(cause_id: str, pins: list[str], confidence: Confidence = "likely", separating: Pin | None = None) -> Cause:
@@ -223,7 +225,7 @@ def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, mo
 
 def test_one_explain_at_a_time_per_run_directory(tmp_path: Path) -> None:
     """A second explain would reuse the first one's file names and overwrite explain.json under it."""
-    from detaudit.explain import _exclusive  # noqa: PLC2701 - the lock itself is under test
+    from detaudit.explain.runner import _exclusive  # noqa: PLC2701 - the lock itself is under test
 
     recs = training_records()
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=1), *recs[1:]]])

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 import detaudit
-from detaudit import failure, schema
+from detaudit import schema
 from detaudit.errors import TraceError
-from detaudit.failure import MAX_FRAMES, MAX_MESSAGE, Frame, ScriptError, capture, excerpt
+from detaudit.results import MAX_FRAMES, MAX_MESSAGE, Frame, ScriptError
+from detaudit.run import failure
+from detaudit.run.failure import capture, excerpt
 from detaudit.trace import MAGIC, RecordStream, TraceWriter, read_footer
 
 USER = Frame("train.py", 22, "main", "preds = model(val_x)", True)

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detaudit.fingerprint import DeviceReducer, fingerprint
+from detaudit.recorder.fingerprint import DeviceReducer, fingerprint
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int16, torch.int32,
           torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128]
@@ -202,7 +202,7 @@ def test_device_reducer_sees_swaps_of_large_float_tensor() -> None:
 
 
 def test_per_shape_caches_stay_bounded_and_digests_survive_a_refill(monkeypatch) -> None:
-    import detaudit.fingerprint as fp
+    import detaudit.recorder.fingerprint as fp
 
     monkeypatch.setattr(fp, "_SHAPE_CACHE_LIMIT", 8)
     first = fp.fingerprint_cpu(torch.arange(3.0))

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from synthetic import Rec, training_records, write_run, write_trace
 
-from detaudit.cli import main
+from detaudit.cli.commands import main
 from detaudit.trace import MAGIC
 
 VERDICT_CODES = {0, 1, 3, 4, 5, 6}

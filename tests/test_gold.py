@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from synthetic import Rec, training_records, write_run
 
-from detaudit.audit import load_run
-from detaudit.junit import to_junit
-from detaudit.report import Report, write_json
+from detaudit.audit.pipeline import load_run
+from detaudit.report.junit import to_junit
+from detaudit.report.model import Report, write_json
 
 GOLD = Path(__file__).parent / "gold"
 REGENERATE = os.environ.get("DETAUDIT_REGEN_GOLD") == "1"

@@ -1,4 +1,4 @@
-"""The HTML report (detaudit/html.py): one self-contained file whose plots hold the JSON's numbers."""
+"""The HTML report (detaudit/report/html.py): one self-contained file whose plots hold the JSON's numbers."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 from conftest import run_cli
 from synthetic import training_records, write_run
 
-from detaudit import baseline
-from detaudit.audit import load_run
-from detaudit.html import heat_strip_svg, render_html
-from detaudit.report import to_dict
-from detaudit.rundir import read_run
+from detaudit.audit.pipeline import load_run
+from detaudit.report import baseline
+from detaudit.report.html import heat_strip_svg, render_html
+from detaudit.report.model import to_dict
+from detaudit.run.rundir import read_run
 
 _VOID = {"meta", "br", "img", "input", "link", "hr", "circle", "line", "polyline", "rect"}
 

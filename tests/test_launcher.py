@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from detaudit import launcher
 from detaudit.errors import UsageError
-from detaudit.launcher import Launcher, RepeatResult, plan_repeats
+from detaudit.results import RepeatResult
+from detaudit.run import launcher
+from detaudit.run.launcher import Launcher, plan_repeats
 from detaudit.trace import read_trace
 
 # Records one module output, starts a grandchild in its process group, then hangs.

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 
 import detaudit
-from detaudit import fingerprint
-from detaudit.recorder import location
+from detaudit.recorder import fingerprint, location
 
 
 def test_all_of_detaudit_but_its_demo_is_library_code() -> None:

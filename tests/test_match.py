@@ -9,9 +9,10 @@ import torch
 from conftest import SCRIPTS, run_cli
 from synthetic import training_records, write_trace
 
-from detaudit.compare import Tolerance, compare_traces
-from detaudit.match import choose_record, describe_match, detect, self_check_from
+from detaudit.compare.match import choose_record, describe_match, detect, self_check_from
+from detaudit.compare.traces import compare_traces
 from detaudit.recorder.core import one_ulp
+from detaudit.results import Tolerance
 from detaudit.trace import Flag
 
 

@@ -1,4 +1,4 @@
-"""The root-cause rule over op records (detaudit/oprules.py), on hand-written traces."""
+"""The root-cause rule over op records (detaudit/compare/oprules.py), on hand-written traces."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import pytest
 from rich.console import Console
 from synthetic import Rec, write_run
 
-from detaudit import align
-from detaudit.audit import load_run
-from detaudit.junit import to_junit
-from detaudit.oprules import find_op_source
-from detaudit.render import op_panel, render
-from detaudit.report import to_dict
+from detaudit.audit.pipeline import load_run
+from detaudit.cli.render import op_panel, render
+from detaudit.compare import align
+from detaudit.compare.oprules import find_op_source
+from detaudit.report.junit import to_junit
+from detaudit.report.model import to_dict
 from detaudit.trace import Flag, Kind, TraceWriter
 
 

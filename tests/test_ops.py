@@ -235,7 +235,7 @@ def test_an_in_place_op_records_the_contents_it_wrote(tmp_path: Path) -> None:
     trace = record(tmp_path / "t.trace", body)
     digests = {row["name"]: row["digest"] for row in rows(trace)}
     assert len({digests["aten.zeros.default"], digests["aten.index_add_.default"], digests["aten.add_.Tensor"]}) == 3
-    from detaudit.fingerprint import fingerprint_cpu
+    from detaudit.recorder.fingerprint import fingerprint_cpu
 
     expected = torch.zeros(4, 3).index_add_(0, torch.tensor([0, 1, 1, 3]), torch.ones(4, 3)).add_(1)
     assert digests["aten.add_.Tensor"] == fingerprint_cpu(expected)[0]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from detaudit.launcher import RepeatResult
-from detaudit.outcome import outcome_divergence
+from detaudit.compare.outcome import outcome_divergence
+from detaudit.results import RepeatResult
 
 
 def result(index: int, exit_code: int | None = 0, timed_out: bool = False, stopped_at_step: int | None = None,

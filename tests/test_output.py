@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from detaudit.errors import EXIT_OUTPUT, OutputError
-from detaudit.output import check_writable, write_output, write_text_atomically
+from detaudit.run.files import check_writable, write_output, write_text_atomically
 
 
 def test_atomic_writes_use_unique_temporaries_and_leave_none(tmp_path: Path) -> None:

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from detaudit import explain
-from detaudit.launcher import plan_repeats
+from detaudit.explain import runner as explain
 from detaudit.pin import ALL, PINS, Pin, pin_of, pins_of, separating_pin
-from detaudit.recorder import pins as child_pins
-from detaudit.recorder.pins import PIN_SEED, Pins, reexec_without_aslr
+from detaudit.recorder import pinning as child_pins
+from detaudit.recorder.pinning import PIN_SEED, Pins, reexec_without_aslr
+from detaudit.run.launcher import plan_repeats
 
 OFFERED = sorted(set(explain.bisection_pins(["cpu", "cuda"])) | set(pin_of(ALL).child))
 

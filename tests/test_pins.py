@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from detaudit.recorder.pins import PIN_SEED, Pins
+from detaudit.recorder.pinning import PIN_SEED, Pins
 
 
 def test_pins_fix_user_seeds_but_not_library_ones() -> None:

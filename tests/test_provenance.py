@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from detaudit.provenance import git_state
+from detaudit.run.provenance import git_state
 
 
 def git(folder: Path, *args: str) -> str:

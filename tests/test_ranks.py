@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from detaudit.audit import compare_recorded, load_run
-from detaudit.compare import Divergence, RecordInfo
+from detaudit.audit.pipeline import compare_recorded, load_run
+from detaudit.audit.ranks import classify
+from detaudit.compare.oprules import OpFinding, Verdict
+from detaudit.compare.traces import Divergence, RecordInfo
 from detaudit.errors import UsageError
-from detaudit.junit import to_junit
-from detaudit.launcher import RepeatResult
-from detaudit.oprules import OpFinding, Verdict
-from detaudit.ranks import classify
-from detaudit.report import to_dict
-from detaudit.rundir import RUN_FORMAT, RUN_VERSION
+from detaudit.report.junit import to_junit
+from detaudit.report.model import to_dict
+from detaudit.results import RepeatResult
+from detaudit.run.rundir import RUN_FORMAT, RUN_VERSION
 from detaudit.trace import Kind
 from tests.synthetic import Rec, write_trace
 

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 from rich.console import Console
 from synthetic import training_records, write_run
 
-from detaudit.audit import load_run
+from detaudit.audit.pipeline import load_run
 from detaudit.causes.context import finding
-from detaudit.compare import Divergence, RecordInfo
-from detaudit.oprules import OpFinding
-from detaudit.render import argv_line, op_panel, render, verdict_line
-from detaudit.report import BaselineCheck, Report
+from detaudit.cli.render import argv_line, op_panel, render, verdict_line
+from detaudit.compare.oprules import OpFinding
+from detaudit.compare.traces import Divergence, RecordInfo
+from detaudit.report.model import BaselineCheck, Report
 
 
 def _record(kind: str, name: str, op: str = "") -> RecordInfo:
@@ -51,7 +51,7 @@ def test_an_environment_change_is_not_called_nondeterminism(tmp_path: Path) -> N
 
 
 def _rendered(report: object) -> str:
-    from detaudit.render import render
+    from detaudit.cli.render import render
 
     console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115 - devnull, test only
     render(report, console)  # type: ignore[arg-type]

@@ -11,9 +11,9 @@ from xml.etree import ElementTree as ET
 import pytest
 from synthetic import Rec, training_records, write_run
 
-from detaudit.audit import load_run
-from detaudit.junit import to_junit, write_junit
-from detaudit.report import SCHEMA_NAME, SCHEMA_VERSION, Report, to_dict, write_json
+from detaudit.audit.pipeline import load_run
+from detaudit.report.junit import to_junit, write_junit
+from detaudit.report.model import SCHEMA_NAME, SCHEMA_VERSION, Report, to_dict, write_json
 
 DIVERGENCE_KEYS = {"index", "category", "kind", "name", "module", "op", "step", "location", "repeats",
                    "max_abs_diff", "max_ulp_diff", "reference", "detail", "shape", "dtype", "phase"}

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from synthetic import training_records, write_run
 
-from detaudit.compare import Tolerance
 from detaudit.errors import TraceError, UsageError
-from detaudit.rundir import (
+from detaudit.results import Tolerance
+from detaudit.run.rundir import (
     REDACTED,
     RUN_VERSION,
     claim_run,

@@ -10,7 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from detaudit.errors import UsageError
-from detaudit.scriptargs import OptionSpec, script_options, split_run_args
+from detaudit.run.scriptargs import OptionSpec, script_options, split_run_args
 
 SPECS = [OptionSpec(frozenset({"-n", "--repeats"}), True), OptionSpec(frozenset({"--device"}), True, multiple=True),
          OptionSpec(frozenset({"-q", "--quiet"}), False), OptionSpec(frozenset({"--json"}), True),

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from detaudit.stdout import compare_stdout, first_difference, mask_line, most_lenient, recorded_mode, visible
+from detaudit.compare.stdout import compare_stdout, first_difference, mask_line, most_lenient, recorded_mode, visible
 
 # lines real training scripts print, with what must be left of them
 MASKED = [

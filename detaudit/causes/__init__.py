@@ -11,14 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from detaudit.causes import clock, collective, compiled, device, flags, order, output, rng
+from detaudit.causes import clock, collective, compiled, device, flags, order, rng, stdout
 from detaudit.causes.context import LIKELY, Context, Finding, build, finding
-from detaudit.compare import Divergence
+from detaudit.compare.oprules import OpFinding
+from detaudit.compare.traces import Divergence
 from detaudit.events import ConcurrencyEvent, EmptyEvent, HashEvent, OpEvent
-from detaudit.launcher import RepeatResult
-from detaudit.oprules import OpFinding
 from detaudit.pin import PINS, separating_pin
-from detaudit.report import BASES, Cause
+from detaudit.results import BASES, Cause, RepeatResult
 
 TIE = 1e-6  # scores this close on the same basis fit the evidence equally
 BACKGROUND = 0.55  # below this, a cause is listed only when nothing likely explains the divergence
@@ -29,7 +28,7 @@ DETECTORS: tuple[Detector, ...] = (
     rng.dataloader_workers, device.environment, device.tf32, device.thread_count, device.nondeterministic_op,
     compiled.compiled_kernels, clock.wall_clock,
     device.uninitialized_memory, device.cudnn_benchmark, device.cublas_workspace, order.concurrency,
-    order.python_hash_seed, order.object_order, output.stdout_differs, flags.flag_drift, flags.flag_typo,
+    order.python_hash_seed, order.object_order, stdout.stdout_differs, flags.flag_drift, flags.flag_typo,
     flags.collective_algorithm, collective.collective_algorithm, device.device_rng_geometry,
 )
 CAUSE_IDS = (

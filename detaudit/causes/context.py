@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from detaudit import schema
-from detaudit.align import RecordInfo
-from detaudit.compare import Divergence
+from detaudit.compare.align import RecordInfo
+from detaudit.compare.oprules import OpFinding
+from detaudit.compare.oprules import Verdict as OpVerdict
+from detaudit.compare.traces import Divergence
 from detaudit.errors import TraceError
 from detaudit.events import WORKERS_SUFFIX, Event, Flags, StateEvent, When, select
-from detaudit.launcher import RepeatResult
-from detaudit.oprules import OpFinding
-from detaudit.oprules import Verdict as OpVerdict
 from detaudit.pin import Pin
-from detaudit.report import Basis, Cause, Confidence
+from detaudit.results import Basis, Cause, Confidence, RepeatResult
 from detaudit.trace import RecordStream, open_regular
 
 LIKELY = 0.7  # a score at or above this is reported as "likely", below as "possible"

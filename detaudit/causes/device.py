@@ -18,7 +18,7 @@ from detaudit.events import (
     OpEvent,
 )
 from detaudit.pin import Pin
-from detaudit.report import Basis
+from detaudit.results import Basis
 from detaudit.trace import RecordStream
 
 CUBLAS_OK = (":4096:8", ":16:8")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from detaudit.causes.context import Context, Finding, finding
 from detaudit.events import ConcurrencyEvent, HashEvent
 from detaudit.pin import Pin
-from detaudit.report import Basis
+from detaudit.results import Basis
 
 COMPLETION_ORDER = ("concurrent.futures.as_completed", "multiprocessing.Pool.imap_unordered")
 

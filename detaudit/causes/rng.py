@@ -8,7 +8,7 @@ import functools
 from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
 from detaudit.events import DataLoaderEvent, DrawEvent, GeneratorEvent, SeedEvent, StateEvent
 from detaudit.pin import Pin
-from detaudit.report import Basis
+from detaudit.results import Basis
 
 NAMES = {"torch": "torch", "numpy": "NumPy", "python": "Python `random`"}
 PINS = {"torch": Pin.TORCH_RNG, "numpy": Pin.NUMPY_RNG, "python": Pin.PYTHON_RNG}

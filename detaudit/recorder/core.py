@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, cast
 import torch
 
 from detaudit.events import Event
-from detaudit.fingerprint import DTYPE_CODES, DeviceReducer, fingerprint_cpu, meta_seed
+from detaudit.recorder.fingerprint import DTYPE_CODES, DeviceReducer, fingerprint_cpu, meta_seed
 from detaudit.recorder.location import display_path, user_frame
 from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
 

@@ -28,8 +28,8 @@ import torch
 import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from detaudit.fingerprint import meta_seed
 from detaudit.recorder.core import Recorder, version_of
+from detaudit.recorder.fingerprint import meta_seed
 from detaudit.trace import Flag, Kind
 
 PASS, VIEW, UNINIT, RECORD = range(4)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from detaudit.fingerprint import DeviceReducer
+from detaudit.recorder.fingerprint import DeviceReducer
 
 pytestmark = [
     pytest.mark.cuda,

@@ -25,7 +25,7 @@ import xxhash
 
 from detaudit.events import WORKERS_SUFFIX, Event, Flags, Lib, RngDigest, Short
 from detaudit.recorder import location, oplist
-from detaudit.recorder.pins import Pins
+from detaudit.recorder.pinning import Pins
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 

@@ -19,7 +19,7 @@ from typing import Any
 from detaudit.events import CallEvent, ClockEvent, ClockReadsEvent, ClockSite, EnvironmentEvent, HashEvent
 from detaudit.recorder.evidence.base import Evidence, short
 from detaudit.recorder.patch import wrap
-from detaudit.recorder.pins import aslr_disabled
+from detaudit.recorder.pinning import aslr_disabled
 
 MAX_CLOCK_SITES = 256
 CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")

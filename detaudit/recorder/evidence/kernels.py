@@ -389,7 +389,7 @@ def _collective(ev: Evidence, original: Callable[..., Any], name: str) -> Callab
 def _tensor_digest(t: Any) -> str | None:
     if t.device.type != "cpu" or t.numel() > (1 << 22):
         return None
-    from detaudit.fingerprint import fingerprint_cpu
+    from detaudit.recorder.fingerprint import fingerprint_cpu
 
     try:
         return f"{fingerprint_cpu(t)[0]:016x}"

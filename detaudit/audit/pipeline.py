@@ -1,0 +1,413 @@
+"""The audit pipeline: run repeats -> traces -> compare -> causes -> Report, and reload it from disk.
+
+Only the pipeline: the run directory's layout and records are rundir.py's, stored experiments
+and the re-ranking they imply experiments.py's; `--explain`'s runner (explain.py) sits above.
+`detaudit report RUN_DIR` rebuilds the report from the run directory alone (`load_run`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from detaudit import causes
+from detaudit.audit import ranks
+from detaudit.causes import confirm as experiments
+from detaudit.compare import match
+from detaudit.compare.oprules import OpFinding, find_op_source
+from detaudit.compare.outcome import outcome_divergence
+from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
+from detaudit.compare.traces import compare_traces
+from detaudit.errors import TraceError, UsageError
+from detaudit.report import baseline
+from detaudit.report.model import Report, all_failed, write_json
+from detaudit.results import RepeatResult, Tolerance
+from detaudit.run import distributed
+from detaudit.run.failure import excerpt, read_error
+from detaudit.run.launcher import Interrupted, Launcher, check_script, plan_repeats
+from detaudit.run.provenance import git_state
+from detaudit.run.rundir import (
+    OPS_PREFIX,
+    REPORT_FILE,
+    RUN_FORMAT,
+    RUN_VERSION,
+    claim_run,
+    host_environment,
+    is_plain_name,
+    new_run_dir,
+    read_run,
+    repeat_results,
+    stored_args,
+    tolerance_of,
+    write_record,
+)
+from detaudit.trace import RecordStream, open_regular, read_footer
+
+GRANULARITIES = ("step", "module", "op", "auto")
+STDERR_TAIL_BYTES = 64 << 10  # how much of a repeat's stderr the report reads (its end)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What each repeat runs: the script (or `python -m MODULE`, the pytest plugin) with its arguments."""
+
+    script: Path  # with `module`: that module's file (checked to exist, named in reports)
+    script_args: list[str] = field(default_factory=list)
+    module: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # variables added to each repeat's environment
+    redact_args: bool = False  # --redact-args: the script's arguments are stored nowhere (they may hold secrets)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How many repeats run, where, and how: per device, in parallel, under a timeout, under torchrun."""
+
+    repeats: int = 3  # per device
+    devices: list[str] = field(default_factory=lambda: ["cpu"])
+    own_device: bool = False  # --device auto: the script picks its device; `devices` only labels it
+    timeout: float | None = None  # seconds per repeat
+    jobs: int = 1
+    nproc_per_node: int | None = None  # each repeat is a torchrun launch of this many ranks (distributed.py)
+    torchrun_args: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What each repeat records (docs/granularity.md) and where it stops (recorder/bounds.py)."""
+
+    granularity: str = "module"  # one of GRANULARITIES
+    max_steps: int | None = None  # --max-steps: each repeat stops after this many steps
+    max_time: float | None = None  # --max-time: ... at the first step boundary after this many seconds
+    child_config: dict[str, Any] = field(default_factory=dict)  # more for the child: pins, op window, perturbation
+
+
+@dataclass(frozen=True)
+class Checks:
+    """How the repeats are compared, and with what else."""
+
+    tolerance: Tolerance = field(default_factory=Tolerance)  # between devices (same device: bitwise)
+    stdout: StdoutMode = DEFAULT_STDOUT  # how stdout is compared (docs/stdout.md)
+    baseline: Path | None = None  # --baseline: a recorded run (detaudit/report/baseline.py) to compare with as well
+    self_check: bool = False  # --self-check: one extra repeat with a one-ULP change, which must be seen
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    """Everything `run_audit` needs, grouped: what runs, how often and where, what is recorded, how it
+    is compared; `out_dir`: the run directory (default: a new one under .detaudit/runs)."""
+
+    target: Target
+    schedule: Schedule = field(default_factory=Schedule)
+    recording: Recording = field(default_factory=Recording)
+    checks: Checks = field(default_factory=Checks)
+    out_dir: Path | None = None
+
+    def recorded(self, **changes: Any) -> AuditOptions:
+        """These options recording otherwise (Recording fields; child_config entries are added)."""
+        extra = changes.pop("child_config", {})
+        return replace(self, recording=replace(self.recording, **changes,
+                                               child_config={**self.recording.child_config, **extra}))
+
+
+def execute(options: AuditOptions, run_dir: Path,
+            on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
+            cwd: Path | None = None) -> list[RepeatResult]:
+    """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
+    target, schedule, recording = options.target, options.schedule, options.recording
+    bounds = {k: v for k, v in (("max_steps", recording.max_steps), ("max_time", recording.max_time))
+              if v is not None}
+    child_config = {**recording.child_config, **({"module": target.module} if target.module else {}),
+                    **({"redact_args": True} if target.redact_args else {}), **bounds,
+                    **distributed.run_record(schedule.nproc_per_node)}
+    # the script's commit, found here once: a git subprocess inside a repeat would shift its heap layout
+    child_config["git"] = git_state(target.script)
+    plans = plan_repeats(run_dir, schedule.repeats, schedule.devices, recording.granularity, target.env,
+                         child_config, prefix=prefix, own_device=schedule.own_device)
+    launcher = distributed.launcher(schedule.nproc_per_node, schedule.torchrun_args, target.script,
+                                    target.script_args, schedule.timeout, schedule.jobs, cwd) \
+        or Launcher(target.script, target.script_args, schedule.timeout, schedule.jobs, cwd=cwd)
+    try:
+        results = launcher.run(plans, None if on_done is None else lambda r: on_done(ended(r, run_dir)))
+    except Interrupted as exc:
+        exc.run_dir = run_dir
+        raise
+    return [ended(r, run_dir) for r in results]
+
+
+def ended(result: RepeatResult, run_dir: Path) -> RepeatResult:
+    """The result with what its trace's footer says about an early end: stopped by --max-steps or
+    --max-time (`stopped_at_step`), or recording stopped because a hook failed (`recording_stopped`)."""
+    footer = read_footer(run_dir / result.trace) or {}
+    step, why = footer.get("stopped_at_step"), footer.get("recording_stopped")
+    return replace(result, stopped_at_step=step if isinstance(step, int) else None,
+                   recording_stopped=str(why) if why else None)
+
+
+def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None,
+              on_narrow: Callable[[list[int]], None] | None = None) -> Report:
+    """Run, compare and diagnose. Under granularity `auto` a divergent run is re-run once, recording
+    ops only around the first divergent step (`on_narrow` is told the window first)."""
+    target, schedule, recording, checks = options.target, options.schedule, options.recording, options.checks
+    check_script(target.script)
+    if recording.granularity not in GRANULARITIES:
+        raise UsageError(f"unknown granularity {recording.granularity!r}; use one of {', '.join(GRANULARITIES)}")
+    if checks.baseline is not None:  # refuse an unusable baseline before spending time on repeats
+        reference = baseline.load(checks.baseline)
+        if reference.granularity != baseline.effective_granularity(recording.granularity):
+            raise UsageError(f"--baseline {checks.baseline} was recorded at granularity {reference.granularity}; "
+                             f"run with --granularity {reference.granularity} to compare with it")
+    run_dir = new_run_dir(target.script, options.out_dir)
+    record = {
+        "format": RUN_FORMAT, "version": RUN_VERSION, "script": str(target.script),
+        "script_args": stored_args(target.script_args, target.redact_args), "args_redacted": target.redact_args,
+        "cwd": str(Path.cwd()), "repeats": schedule.repeats,
+        "devices": schedule.devices, "granularity": recording.granularity, "timeout": schedule.timeout,
+        "tolerance": asdict(checks.tolerance), "env": target.env, "own_device": schedule.own_device,
+        "stdout": checks.stdout, "module": target.module, "max_steps": recording.max_steps,
+        "max_time": recording.max_time,
+        "baseline": str(checks.baseline.resolve()) if checks.baseline is not None else None, "results": None,
+        **distributed.run_record(schedule.nproc_per_node, schedule.torchrun_args),
+        "environment": host_environment(), "started": time.time(),
+    }
+    claim_run(run_dir, record)
+    auto = recording.granularity == "auto"
+    try:
+        results = execute(options.recorded(granularity="module") if auto else options, run_dir, on_done)
+    except Interrupted as exc:  # keep what the repeats recorded: `report` and `compare` can read it
+        record["results"], record["interrupted"] = [r.to_dict() for r in exc.results], True
+        write_record(run_dir, record)
+        raise
+    record["results"] = [r.to_dict() for r in results]
+    write_record(run_dir, record)
+    report = analyse(run_dir, record, results)
+    window = op_window(report) if auto else None
+    if window is not None:
+        if on_narrow is not None:
+            on_narrow(window)
+        narrowed = options.recorded(granularity="op", child_config={"op_window": window})
+        try:
+            ops_results = execute(narrowed, run_dir, on_done, prefix=OPS_PREFIX)
+        except Interrupted:  # the module-level run is whole and recorded: report it without the op re-run
+            write_record(run_dir, record)
+            raise
+        record["narrowing"] = {"window": window, "prefix": OPS_PREFIX, "results": [r.to_dict() for r in ops_results]}
+        write_record(run_dir, record)
+        report = analyse(run_dir, record, results)
+    if checks.self_check and report.verdict == "deterministic":
+        record["self_check"] = self_check(options, run_dir, results[0])
+        write_record(run_dir, record)
+        report = analyse(run_dir, record, results)
+    write_json(report, run_dir / REPORT_FILE, mode=0o600)
+    return report
+
+
+def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) -> dict[str, Any] | None:
+    """The negative control: one more repeat with a one-ULP change at a chosen record (detaudit/compare/match.py)."""
+    chosen = match.choose_record(run_dir / reference.trace)
+    if chosen is None:
+        return None
+    granularity = options.recording.granularity
+    perturbed = replace(options.recorded(granularity="module" if granularity == "auto" else granularity,
+                                         child_config={"perturb_record": chosen[0]}),
+                        schedule=replace(options.schedule, repeats=1, devices=[reference.device]))
+    [result] = execute(perturbed, run_dir, prefix=match.SELF_CHECK_PREFIX)
+    if result.exit_code != reference.exit_code or not (run_dir / result.trace).is_file():
+        return {"record": chosen[0], "step": chosen[1], "name": chosen[2], "detected_at": None}
+    found = match.detect(run_dir / reference.trace, run_dir / result.trace, chosen, options.checks.tolerance, True)
+    return asdict(found)
+
+
+def op_window(report: Report) -> list[int] | None:
+    """Steps to record ops in after a module-level run: the first divergent step and the one before."""
+    first = report.comparison.first_divergence
+    if first is None or first.record is None or first.record.step < 0 or report.verdict != "divergent" \
+            or report.timed_out:
+        return None
+    step = first.record.step
+    return [max(0, step - 1), step]
+
+
+def op_source(run_dir: Path, record: dict[str, Any], traces: Sequence[Path],
+              devices: Sequence[str]) -> OpFinding | None:
+    """The op behind the divergence: from the op-level re-run when there was one, else from the
+    run's own traces when they hold op records."""
+    narrowing = record.get("narrowing")
+    if narrowing:
+        ops_results = repeat_results(narrowing["results"], run_dir / "run.json", "narrowing.results")
+        paths = [run_dir / r.trace for r in ops_results]
+        if not all(p.is_file() for p in paths):
+            return None
+        finding = find_op_source(paths, [r.device for r in ops_results])
+        if finding is not None:
+            finding = replace(finding, traces=str(narrowing.get("prefix", OPS_PREFIX)), window=narrowing.get("window"))
+        return finding
+    if not traces or not all(t.is_file() for t in traces) \
+            or RecordStream(traces[0]).header.get("granularity") != "op":
+        return None
+    return find_op_source(traces, devices)
+
+
+def load_run(run_dir: Path, stdout: StdoutMode | None = None) -> Report:
+    """Rebuild the report of a finished run from its directory; `stdout`: compare stdout this way
+    instead of the way the run was recorded with."""
+    record, results = read_run(run_dir)
+    if stdout is not None:
+        record = {**record, "stdout": stdout}
+    return analyse(Path(run_dir), record, results)
+
+
+def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
+                     stdout: StdoutMode | None = None) -> Report:
+    """Compare recordings made elsewhere (another machine, another day): trace files, run directories
+    or baselines.
+
+    A run directory contributes its first repeat, a baseline its reference trace. Bitwise unless a
+    tolerance is given, whatever devices the recordings were made on. A trace without a footer
+    (killed, or crashed hard) is incomplete: its exit status is unknown (None) and it is compared
+    as far as it goes. Stdout (run directories only) is compared as `stdout` says, else as the
+    recordings were made (the most lenient of their modes).
+    """
+    if len(paths) < 2:
+        raise UsageError("compare needs at least two traces or run directories")
+    results = []
+    modes: list[StdoutMode] = []
+    for i, path in enumerate(paths):
+        path = Path(path)
+        if path.is_dir() and (path / baseline.MANIFEST).is_file():
+            results.append(replace(baseline.load(path).result, index=i))
+        elif path.is_dir():
+            run_record, run_results = read_run(path)
+            if run_record.get("nproc_per_node"):
+                raise UsageError(f"{path} is a torchrun run: it has one trace per rank; compare one rank's traces "
+                                 f"(e.g. {path / distributed.Layout.rank_file(run_results[0].trace, 0)})")
+            modes.append(recorded_mode(run_record))
+            first = run_results[0]
+            if not (path / first.trace).is_file():
+                raise TraceError(f"{path}: its first repeat left no trace ({first.trace})")
+            # absolute, not resolved: a symlink planted in the run directory stays a symlink (never followed)
+            results.append(replace(first, index=i, trace=str((path / first.trace).absolute()),
+                                   stdout=str((path / first.stdout).absolute()),
+                                   stderr=str((path / first.stderr).absolute())))
+        elif path.is_file():
+            stream = RecordStream(path)
+            stream.drain()
+            footer = stream.footer  # schema-checked by the reader: exit_code int|None, duration_s a number
+            code = None if footer is None else footer.get("exit_code", 0)
+            duration = float((footer or {}).get("duration_s", 0.0))
+            results.append(RepeatResult(
+                index=i, device=str(stream.header.get("device_request", "recorded")), exit_code=code,
+                duration_s=duration, timed_out=False, trace=str(path.resolve()), stdout="", stderr="",
+                stdout_digest="",
+            ))
+        elif path.exists():
+            raise TraceError(f"{path}: not a regular file or a run directory")
+        else:
+            raise UsageError(f"no such trace or run directory: {path}")
+    record: dict[str, Any] = {"script": ", ".join(str(p) for p in paths), "script_args": [],
+              "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment(),
+              "stdout": stdout or most_lenient(modes), "argv": None}
+    # one label for all when bitwise (a recording's device is shown, not used to loosen the
+    # comparison); with a tolerance, every recording is compared with the first within it
+    labels = ["recorded"] * len(results) if tolerance is None else [f"recording-{r.index}" for r in results]
+    return analyse(Path.cwd(), record, results, bitwise=tolerance is None, labels=labels, explained=False)
+
+
+def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult], bitwise: bool = True,
+            labels: Sequence[str] | None = None, explained: bool = True) -> Report:
+    """Compare the traces, find outcome differences and causes, and assemble the Report. Reads only.
+
+    `labels`: the comparison groups (default: each repeat's device; same label bitwise, another
+    label within the recorded tolerance of repeat 0). `bitwise` says which the report claims.
+    `explained`: attach the `--explain` experiments stored in `run_dir`.
+    A torchrun run is analysed rank by rank, each rank with this function (ranks.py).
+    """
+    if record.get("nproc_per_node"):
+        return ranks.analyse_ranks(run_dir, record, results, analyse, explained)
+    traces = [run_dir / r.trace for r in results]
+    if not any(t.is_file() for t in traces) and not any(r.timed_out or r.interrupted for r in results):
+        failure = _stderr_tail(run_dir, results[0])
+        raise TraceError(f"no trace was written (did the script start?); {failure}" if failure
+                         else "no trace was written")
+    tolerance = tolerance_of(record)
+    devices = list(labels) if labels is not None else [r.device for r in results]
+    # a repeat that timed out, was interrupted or hit --max-steps/--max-time was stopped, one recorded
+    # elsewhere without a footer has an unknown end, and one whose recording stopped (a hook failed)
+    # recorded less: only what every repeat recorded is compared
+    comparison = compare_traces(traces, devices, tolerance,
+                                truncated=[r.timed_out or r.interrupted or r.exit_code is None
+                                           or r.stopped_at_step is not None or r.recording_stopped is not None
+                                           for r in results])
+    if comparison.recording_failed:  # no records is no evidence: never let it read as "deterministic"
+        index, why = next(iter(comparison.recording_failed.items()))
+        raise TraceError(f"repeat {index}: detaudit could not record this repeat ({why}); its trace has "
+                         f"no evidence to compare. Rerun with DETAUDIT_DEBUG=1 and report it.")
+    stdout_mode = recorded_mode(record)
+    ended = outcome_divergence(results, stdout_mode, run_dir)
+    first = comparison.first_divergence
+    if first is None and ended is not None and ended.stdout is not None:
+        ended = replace(ended, detail=f"{ended.detail}; all {comparison.records_compared} recorded tensor "
+                                      "records agree")
+    if first is not None and first.category == "structure":
+        if ended is not None:
+            first = replace(first, category="outcome", detail=f"{ended.detail}; {first.detail}")
+        cut = [i for i in first.repeats if i < len(results) and not comparison.complete[i]
+               and not results[i].timed_out]
+        if cut:
+            first = replace(first, detail=f"{first.detail}; the recording of repeat(s) "
+                                          f"{', '.join(map(str, cut))} is incomplete (no footer: killed, or "
+                                          "crashed hard)")
+        comparison = replace(comparison, first_divergence=first)
+    repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results
+                     if r.exit_code not in (0, None) and not r.timed_out and r.stopped_at_step is None}
+    failed = all_failed(results) and not any(r.timed_out for r in results)  # the verdict `failed`
+    op_finding: OpFinding | None = None
+    if first is not None:
+        op_finding = op_source(run_dir, record, traces, devices)  # the next stage's output: the report's
+    checked = baseline.check(baseline.load(Path(record["baseline"])), run_dir, record, results, stdout_mode) \
+        if record.get("baseline") else None
+    divergence = first or ended
+    inferred = causes.diagnose(divergence, traces, results, op_finding) if divergence is not None else []
+    stored = experiments.saved(run_dir) if explained and divergence is not None else []
+    ranked = experiments.apply(inferred, stored, divergence.index) if stored and divergence is not None \
+        else inferred
+    found = match.describe_match(
+        traces[0], comparison, bitwise=bitwise, tolerance=tolerance, devices=[r.device for r in results],
+        granularity=str(record.get("granularity") or RecordStream(traces[0]).header.get("granularity", "?")),
+        stdout=stdout_mode if all(r.stdout_digest for r in results) else "ignore",
+        # a repeat stopped by a timeout, an interrupt or a bound has no exit status of its own to compare
+        exit_status=not any(r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
+                            for r in results),
+        self_check=match.self_check_from(record.get("self_check"))) if traces and traces[0].is_file() else None
+    return Report(
+        script=record["script"], script_args=record.get("script_args", []), run_dir=str(run_dir),
+        runs=list(results), comparison=comparison, outcome_divergence=ended, causes=ranked, experiments=stored,
+        environment=record.get("environment", {}),
+        failure=repeat_errors.get(results[0].index, "") if failed else "", repeat_errors=repeat_errors,
+        bitwise=bitwise, stdout_mode=stdout_mode,
+        # the script's sys.argv in every repeat (the child sets it so); compare_recorded has no one command line
+        argv=record.get("argv", [str(record["script"]), *record.get("script_args", [])]),
+        baseline=checked, inferred=[c.id for c in inferred], match=found, op_finding=op_finding,
+    )
+
+
+def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:
+    """What the report shows of a failed repeat: its exception's frames (trace footer), else its stderr's end."""
+    return excerpt(result.error or read_error(run_dir / result.trace), _stderr_text(run_dir, result), lines)
+
+
+def _stderr_text(run_dir: Path, result: RepeatResult) -> str:
+    """The end of a repeat's stderr file: a regular file in the run directory, its last 64 KB only."""
+    if not result.stderr or not is_plain_name(Path(result.stderr).name):
+        return ""
+    path = run_dir / result.stderr
+    try:
+        with open_regular(path, "stderr capture", follow_symlinks=False) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(0, size - STDERR_TAIL_BYTES))
+            return fh.read(STDERR_TAIL_BYTES).decode(errors="replace")
+    except (OSError, TraceError):
+        return ""

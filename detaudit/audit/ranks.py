@@ -1,0 +1,284 @@
+"""A torchrun run, rank by rank: each rank's own first divergence and role, the DDP replica check,
+and teardown crashes (docs/distributed.md).
+
+Each rank is compared across repeats as an ordinary single-process run (the same pipeline:
+comparison, op finding, causes), in that rank's own execution order; there is no global order
+across ranks. A rank's role says where the nondeterminism was born:
+
+- origin: its first divergent record's inputs matched across repeats (everything the rank
+  recorded before it matched, and the record is not fed by a collective);
+- receiver: its first divergent record is fed by a collective (gradients of DDP-replicated
+  parameters after the all-reduce, and the parameters and optimizer state the step makes of
+  them) while everything it computed locally before (inputs, forward outputs, loss) matched;
+  or, with op records, the op behind its divergence is a collective (`c10d.allgather_`...),
+  whose output is other ranks' data.
+
+The run's `first_divergence` is the earliest origin (by step, then rank); the earliest receiver
+when no rank is an origin (the collective itself, or a rank that recorded nothing, is then the source).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detaudit.compare.oprules import OpFinding
+from detaudit.compare.traces import Divergence, gaps
+from detaudit.errors import TraceError
+from detaudit.report.model import DistributedFindings, RankSummary, ReplicaDivergence, Report, TeardownCrash, all_failed
+from detaudit.results import Cause, RepeatResult, Role
+from detaudit.run.distributed import Layout, node_rank, rank_error, root_cause
+from detaudit.run.failure import excerpt, from_footer
+from detaudit.trace import Kind, RecordStream
+
+COLLECTIVE_FED = ("grad", "param", "optstate")
+COLLECTIVE_OPS = ("c10d.", "_c10d_functional.", "c10d_functional.")  # op records of collectives (op granularity)
+_SIGNALS = {6: "SIGABRT", 11: "SIGSEGV", 9: "SIGKILL", 15: "SIGTERM", 7: "SIGBUS"}
+
+
+def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult],
+                  analyse: Callable[..., Report], explained: bool = True) -> Report:
+    """The report of a torchrun run: `analyse` applied to each rank, then combined."""
+    layout = Layout(int(record["nproc_per_node"]), node_rank(list(record.get("torchrun_args") or [])))
+    rank_ids = sorted({rank for r in results for rank in layout.ranks(run_dir, r)})
+    single = {k: v for k, v in record.items() if k not in ("nproc_per_node", "torchrun_args")}
+    crashes = [c for r in results if (c := teardown_crash(run_dir, r, layout)) is not None]
+    clean = {c.repeat for c in crashes}
+    launched = [replace(r, exit_code=0) if r.index in clean else r for r in results]
+
+    summaries = []
+    for rank in rank_ids:
+        rank_results = [rank_result(run_dir, r, rank) for r in launched]
+        report = analyse(run_dir, rank_record(single, rank), rank_results, explained=explained)
+        d = report.first_divergence
+        role = None if d is None else classify(d, [run_dir / r.trace for r in rank_results], report.op_finding)
+        summaries.append(RankSummary(rank, d, role, report))
+
+    chosen = earliest(summaries)
+    if chosen is not None and chosen.role == "origin":
+        for s in summaries:
+            if s.role == "receiver":
+                s.report = replace(s.report, causes=[])  # what reached it through a collective was born elsewhere
+    primary = chosen.report if chosen is not None else summaries[0].report
+    repeat_errors = {r.index: _stderr_excerpt(run_dir, r, layout)  # the repeat's: its root-cause rank's error
+                     for r in launched if r.exit_code not in (0, None) and not r.timed_out}
+    findings = DistributedFindings(
+        nproc_per_node=layout.nproc_per_node, rank=chosen.rank if chosen is not None else None, ranks=summaries,
+        replica_divergence=replica_check(run_dir, launched, rank_ids), teardown_crashes=crashes,
+        notes=sampler_notes(run_dir, launched[0], rank_ids))
+    failed = all_failed(launched) and not any(r.timed_out for r in launched)  # the combined verdict `failed`
+    return replace(primary, runs=list(launched), repeat_errors=repeat_errors, distributed=findings,
+                   causes=[on_rank(c, chosen, summaries) for c in primary.causes] if chosen is not None
+                   else primary.causes,
+                   # the repeat's error (the rank that failed first), not the primary rank's own
+                   failure=(repeat_errors.get(launched[0].index) or primary.failure) if failed else primary.failure)
+
+
+def sampler_notes(run_dir: Path, result: RepeatResult, ranks: Sequence[int]) -> list[str]:
+    """A shuffling DistributedSampler reused at the same epoch (first repeat; every rank alike)."""
+    notes = []
+    for rank in ranks:
+        for e in _events(run_dir / Layout.rank_file(result.trace, rank)):
+            if e.get("type") == "sampler-epoch":
+                notes.append(f"rank {rank}: the DistributedSampler iterated at {e.get('loc') or '?'} shuffled in "
+                             f"the same order in every epoch (epoch {e.get('epoch')} again; `set_epoch` was never "
+                             "called): deterministic, but each epoch sees the data in one fixed order. "
+                             "Call `sampler.set_epoch(epoch)` before each epoch.")
+                break
+        if notes:
+            break
+    return notes
+
+
+def on_rank(cause: Cause, chosen: RankSummary, summaries: Sequence[RankSummary]) -> Cause:
+    """A cause found on one rank says so, and names the ranks that only received the difference."""
+    receivers = [s.rank for s in summaries if s.role == "receiver"]
+    line = f"found on rank {chosen.rank}, where the divergence was born ({chosen.role})"
+    if receivers:
+        line += f"; rank(s) {', '.join(map(str, receivers))} only received it through a collective"
+    return replace(cause, evidence=[line, *cause.evidence])
+
+
+def rank_result(run_dir: Path, result: RepeatResult, rank: int) -> RepeatResult:
+    """One rank's view of a repeat: its trace and stdout, and the exit status its trace recorded
+    (None when the trace has no footer: killed by torchrun after another rank failed, or by the timeout)."""
+    trace = Layout.rank_file(result.trace, rank)
+    stdout = Layout.rank_file(result.stdout, rank)
+    footer = _footer(run_dir / trace)
+    code: int | None = None
+    if footer is not None:
+        try:
+            code = int(footer.get("exit_code", 0))
+        except (TypeError, ValueError):
+            raise TraceError(f"{run_dir / trace}: corrupt trace: the footer's exit_code is not a number") from None
+    return replace(result, trace=trace, stdout=stdout, exit_code=code, stdout_digest=_digest(run_dir / stdout),
+                   error=from_footer(footer))
+
+
+def rank_record(record: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The run record as one rank sees it: the op-level re-run's traces are that rank's too."""
+    narrowing = record.get("narrowing")
+    if not narrowing or not isinstance(narrowing.get("results"), list):
+        return record
+    results = [{**r, "trace": Layout.rank_file(str(r.get("trace", "")), rank)} for r in narrowing["results"]
+               if isinstance(r, dict)]
+    return {**record, "narrowing": {**narrowing, "results": results}}
+
+
+def classify(d: Divergence, traces: Sequence[Path], found: OpFinding | None = None) -> Role:
+    """Origin or receiver (module docstring): a receiver's first difference is a collective's output;
+    `found`: the op behind `d` (Report.op_finding)."""
+    rec = d.record
+    if found is not None and found.record.op.startswith(COLLECTIVE_OPS):
+        return "receiver"  # the op behind it is a collective: its output carries the other ranks' data
+    if d.category != "content" or rec is None or rec.kind not in COLLECTIVE_FED:
+        return "origin"
+    if found is not None and found.verdict != "inputs-differ":
+        return "origin"  # an op of this rank was shown to change its output from equal inputs
+    fed = collective_fed_params(traces[d.reference] if d.reference < len(traces) else traces[0])
+    base = rec.name.split(":", 1)[0]  # optimizer state is named `param:key`
+    return "receiver" if fed is None or _is_replica(base, fed) else "origin"
+
+
+def collective_fed_params(path: Path) -> set[str] | None:
+    """Names of the parameters whose gradients a collective produced: DDP's replicas; None (all of
+    them) when the script all-reduces tensors itself; empty when no collective touched gradients."""
+    events = _events(path)
+    if any(e.get("type") == "collective" and e.get("what") in ("all_reduce", "reduce_scatter", "reduce_scatter_tensor")
+           for e in events):
+        return None
+    return {str(n) for e in events if e.get("type") == "ddp" for n in e.get("params", [])}
+
+
+def _is_replica(name: str, replicas: set[str]) -> bool:
+    """A parameter record's name against DDP's names (`module.fc.weight`); the inner model may have
+    been named first (called before wrapping), so `fc.weight` matches too."""
+    return name in replicas or f"module.{name}" in replicas
+
+
+def earliest(summaries: Sequence[RankSummary]) -> RankSummary | None:
+    """The earliest origin by (step, rank); the earliest receiver when there is no origin."""
+    def key(s: RankSummary) -> tuple[float, int]:
+        rec = s.first_divergence.record if s.first_divergence is not None else None
+        step = rec.step if rec is not None and rec.step >= 0 else float("inf")
+        return (step, s.rank)
+
+    for role in ("origin", "receiver"):
+        found = [s for s in summaries if s.role == role]
+        if found:
+            return min(found, key=key)
+    return None
+
+
+def replica_check(run_dir: Path, results: Sequence[RepeatResult], ranks: Sequence[int]) -> ReplicaDivergence | None:
+    """Compare DDP's replicated parameters across ranks after each optimizer step, repeat by repeat.
+
+    Within one repeat, so it catches ranks that drift apart identically in every repeat. Only
+    parameters a `ddp` event names are compared: FSDP shards and tensor-parallel slices differ by design.
+    """
+    found: list[tuple[int, int, ReplicaDivergence]] = []
+    for r in results:
+        paths = {rank: run_dir / Layout.rank_file(r.trace, rank) for rank in ranks}
+        hit = _replicas_differ({rank: p for rank, p in paths.items() if p.is_file()})
+        if hit is not None:
+            found.append((hit.step, r.index, hit))
+    if not found:
+        return None
+    found.sort(key=lambda f: (f[0], f[1]))
+    first = found[0][2]
+    repeats = sorted(i for step, i, hit in found if (step, hit.name) == (first.step, first.name))
+    return replace(first, repeats=repeats)
+
+
+def _replicas_differ(paths: dict[int, Path]) -> ReplicaDivergence | None:
+    if len(paths) < 2:
+        return None
+    params = {rank: _parameters(path) for rank, path in paths.items()}
+    replicas = {n for names, _ in params.values() for n in names}
+    if not replicas:
+        return None
+    reference = min(params)
+    ref_table = params[reference][1]
+    for key in sorted(k for k in ref_table if _is_replica(k[1], replicas)):
+        digest, samples = ref_table[key]
+        differing = [rank for rank in sorted(params) if rank != reference and key in params[rank][1]
+                     and params[rank][1][key][0] != digest]
+        if differing:
+            diffs = [float(gaps(samples, params[rank][1][key][1]).max()) for rank in differing]
+            return ReplicaDivergence(step=key[0], name=key[1], ranks=differing, reference=reference,
+                                     max_abs_diff=max(diffs), repeats=[])
+    return None
+
+
+def _parameters(path: Path) -> tuple[set[str], dict[tuple[int, str], tuple[int, np.ndarray]]]:
+    """A rank's DDP parameter names (its `ddp` events) and its parameter records by (step, name),
+    streamed: only parameter records are kept, however long the trace."""
+    stream = RecordStream(path)
+    table: dict[tuple[int, str], tuple[int, np.ndarray]] = {}
+    for chunk in stream.chunks():
+        stream.check_strings(chunk)
+        for row in chunk[chunk["kind"] == Kind.PARAM]:
+            table[(int(row["step"]), stream.strings[int(row["name"])])] = (
+                int(row["digest"]), np.asarray(row["samples"], dtype=np.float64))
+    stream.drain()
+    names = {str(n) for e in stream.events if isinstance(e, dict) and e.get("type") == "ddp"
+             for n in e.get("params", [])}
+    return names, table
+
+
+def teardown_crash(run_dir: Path, result: RepeatResult, layout: Layout) -> TeardownCrash | None:
+    """A repeat that failed although every rank finished its script with status 0 and closed its trace."""
+    if result.timed_out or result.exit_code in (0, None):
+        return None
+    for rank in layout.ranks(run_dir, result):
+        footer = _footer(run_dir / Layout.rank_file(result.trace, rank))
+        if footer is None or footer.get("exit_code") != 0:
+            return None
+    failed, signal = [], None
+    for rank, code in root_cause(_read(run_dir / result.stderr)):
+        failed.append(rank)
+        if code < 0:
+            signal = _SIGNALS.get(-code, f"signal {-code}")
+    return TeardownCrash(result.index, result.exit_code, sorted(set(failed)), signal)
+
+
+def _footer(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    stream = RecordStream(path)
+    stream.drain()
+    return stream.footer if isinstance(stream.footer, dict) else None
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    stream = RecordStream(path)
+    stream.drain()
+    return [e for e in stream.events if isinstance(e, dict)]
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _stderr_excerpt(run_dir: Path, result: RepeatResult, layout: Layout) -> str:
+    """A failed repeat's error: the failing rank's exception (its footer), else torchrun's stderr."""
+    text = _read(run_dir / result.stderr)
+    return excerpt(result.error or rank_error(run_dir, result, layout, text), text)

@@ -1,0 +1,1 @@
+"""The terminal front end: click commands, options, the session, rich rendering."""

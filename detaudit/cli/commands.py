@@ -1,0 +1,409 @@
+"""The `detaudit` command line: parse options, call the library, render, exit with the right code.
+
+The commands, their help, and the one place that turns errors into messages and exit codes
+(`main`); options become library values in cli_options.py, and what a command shows while the
+library works, and how it ends, is cli_session.py.
+
+Exit codes: 0 deterministic · 1 divergent (including repeats that end differently) ·
+2 usage error · 3 the script failed in every repeat · 4 unreadable, corrupt or foreign trace ·
+5 a repeat timed out · 6 inconclusive (nothing comparable was recorded) · 7 an output cannot be
+written · 129/130/143 interrupted by SIGHUP/Ctrl-C/SIGTERM. Set DETAUDIT_DEBUG=1 to see detaudit's
+own traceback on an internal error (70).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from detaudit import __version__
+from detaudit.cli.options import (
+    DEFAULT_GRANULARITY,
+    FiniteFloat,
+    RunCommand,
+    audit_options,
+    check_outputs,
+    compare_tolerance,
+    demo_options,
+    report_options,
+    stdout_mode_of,
+    stdout_options,
+)
+from detaudit.cli.session import (
+    audit_run,
+    err_console,
+    explain_run,
+    finish,
+    save_baseline_to,
+    stdout_console,
+    warn_oversubscription,
+)
+from detaudit.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OUTPUT,
+    EXIT_USAGE,
+    DetauditError,
+    output_error,
+)
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0  deterministic: every repeat agrees
+  1  divergent (including repeats that end differently)
+  2  usage error (bad option, missing script, --out not empty)
+  3  the script failed in every repeat
+  4  unreadable, corrupt or foreign trace / run directory
+  5  a repeat timed out
+  6  inconclusive: nothing comparable was recorded (lost, cut short, no tensor)
+  7  an output cannot be written (read-only, disk full, no permission)
+  129/130/143 interrupted by SIGHUP / Ctrl-C / SIGTERM
+"""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
+@click.version_option(__version__, prog_name="detaudit")
+def cli() -> None:
+    """Audit a PyTorch script for run-to-run determinism: is it, where does it first diverge, and why."""
+
+
+@cli.command(cls=RunCommand, epilog=EXIT_CODES_HELP)
+@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True,
+              help="Repeats per device.")
+@click.option("--device", "devices", type=click.Choice(["cpu", "cuda", "auto"]), multiple=True,
+              help="Device to run on; repeat the option to compare devices within --atol/--rtol "
+                   "(`--device cpu --device cuda`; with cpu the script sees no GPU). "
+                   "[default: auto = wherever the script itself runs, unchanged]")
+@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per repeat.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: a new folder under .detaudit/runs/).")
+@report_options
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Repeats run in parallel.")
+@click.option("--atol", type=FiniteFloat(), default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
+@click.option("--rtol", type=FiniteFloat(), default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
+@stdout_options
+@click.option("--granularity", type=click.Choice(["step", "module", "op", "auto"]), default=DEFAULT_GRANULARITY,
+              show_default=True,
+              help="What each repeat records. step: gradients, parameters and optimizer state at each optimizer "
+                   "step. module: also every module's output. op: also every aten op with its inputs (slowest). "
+                   "auto: module; if the repeats diverge, re-run them once recording ops around the first "
+                   "divergent step, to name the op and the line (docs/granularity.md).")
+@click.option("--explain", is_flag=True, help="If the repeats diverge, confirm the causes by re-running with one "
+              "source pinned at a time (docs/causes.md).")
+@click.option("--explain-all", is_flag=True, help="With --explain: try every candidate pin, not only up to the "
+              "first that confirms a cause.")
+@click.option("--budget", type=click.IntRange(min=1), default=None,
+              help="With --explain: most extra repeats the experiments may run. [default: 12]")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop each repeat right after its N-th optimizer step, as if the script ended there (a script "
+                   "with no optimizer: its N-th call of the model). Exit status and later stdout are not compared.")
+@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop each repeat at the first step boundary after SECONDS; the steps every repeat completed "
+                   "are compared.")
+@click.option("--baseline", "baseline_dir", type=click.Path(path_type=Path), default=None,
+              help="Also compare with this recorded baseline (from --save-baseline); exit 1 if the run differs "
+                   "from it, naming what changed in the environment.")
+@click.option("--save-baseline", "save_baseline", type=click.Path(path_type=Path), default=None,
+              help="If the repeats agree, keep the first as a baseline in this directory (small; commit it "
+                   "or keep it as a CI artifact).")
+@click.option("--redact-args", is_flag=True, help="Store the script's arguments nowhere (run directory, traces, "
+              "reports): each is written as <redacted>. The script still receives them.")
+@click.option("--no-explain", is_flag=True, help="Do not run the default confirmation: when the top cause has "
+              "one cheap, decisive experiment (a pinned RNG seed, PYTHONHASHSEED=0, address randomization off), a "
+              "divergent run re-runs the script twice with it to confirm the cause.")
+@click.option("--self-check", is_flag=True, help="If the repeats agree, run one more with a one-ULP change injected "
+              "into one recorded tensor, which must be reported at exactly that record: proof the audit could have "
+              "seen a difference.")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+              help="Run each repeat under torchrun with this many ranks, every rank recorded "
+                   "(docs/distributed.md).")
+@click.option("--torchrun-args", default="", metavar="ARGS",
+              help="With --nproc-per-node: further torchrun options, as one quoted string "
+                   "(`--torchrun-args \"--nnodes 2 --rdzv-endpoint host:29400\"`).")
+def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
+        out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
+        rtol: float, quiet: bool, stdout_mode: str | None, ignore_stdout: bool, granularity: str, explain: bool,
+        explain_all: bool, budget: int | None, html_path: Path | None = None, baseline_dir: Path | None = None,
+        save_baseline: Path | None = None, redact_args: bool = False, max_steps: int | None = None,
+        max_time: float | None = None, no_explain: bool = False, self_check: bool = False,
+        nproc_per_node: int | None = None, torchrun_args: str = "") -> None:
+    """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
+
+    Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
+    script with everything after it (`detaudit run train.py data.txt --epochs 1 -n 5` gives the script
+    `data.txt --epochs 1 -n 5`); one the script defines too is refused with both spellings. Arguments
+    after `--` go to the script untouched: `detaudit run train.py --repeats 5 -- --epochs 1`.
+    """
+    check_outputs(json_path, junit_path, html_path)
+    options = audit_options(script, script_args, repeats=repeats, devices=devices, timeout=timeout, out_dir=out_dir,
+                            jobs=jobs, atol=atol, rtol=rtol, stdout_mode=stdout_mode, ignore_stdout=ignore_stdout,
+                            granularity=granularity, baseline_dir=baseline_dir, save_baseline=save_baseline,
+                            redact_args=redact_args, max_steps=max_steps, max_time=max_time, self_check=self_check,
+                            nproc_per_node=nproc_per_node, torchrun_args=torchrun_args)
+    report = audit_run(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
+    if save_baseline is not None:
+        save_baseline_to(report, save_baseline)
+    finish(report, json_path, junit_path, quiet, html_path)
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@stdout_options
+@report_options
+def report(run_dir: Path, stdout_mode: str | None, ignore_stdout: bool, json_path: Path | None,
+           junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:
+    """Re-render the report of a finished run from its directory (stdout compared as recorded unless --stdout)."""
+    from detaudit.audit.pipeline import load_run
+
+    check_outputs(json_path, junit_path, html_path)
+    finish(load_run(run_dir, stdout_mode_of(stdout_mode, ignore_stdout)), json_path, junit_path, quiet, html_path)
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--budget", type=click.IntRange(min=1), default=None,
+              help="Most extra repeats the experiments may run. [default: 12]")
+@click.option("--all", "explain_all", is_flag=True,
+              help="Try every candidate pin, not only up to the first that confirms a cause.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Repeats run in parallel.")
+@report_options
+def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, json_path: Path | None,
+            junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:
+    """Confirm why a finished run diverged: re-run it with one source pinned at a time.
+
+    Each experiment pins one candidate source (seeded RNGs, PYTHONHASHSEED, deterministic
+    algorithms, one thread, ...), in the order of the ranked causes (a toss-up's separating experiment
+    first); a cause whose pin alone makes the repeats agree is marked confirmed. If only every pin at
+    once does, the set of pins is bisected down to one source. Results are stored in RUN_DIR
+    (explain.json), so `detaudit report RUN_DIR` shows them too.
+    """
+    check_outputs(json_path, junit_path, html_path)
+    from detaudit.run.rundir import read_run
+
+    record, _ = read_run(run_dir)
+    warn_oversubscription(jobs, list(record.get("devices") or ["cpu"]))
+    finish(explain_run(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet, html_path)
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("recordings", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--atol", type=FiniteFloat(), default=None,
+              help="Compare within this absolute tolerance instead of bitwise.")
+@click.option("--rtol", type=FiniteFloat(), default=None,
+              help="Compare within this relative tolerance instead of bitwise.")
+@stdout_options
+@report_options
+def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None, stdout_mode: str | None,
+            ignore_stdout: bool, json_path: Path | None, junit_path: Path | None, quiet: bool,
+            html_path: Path | None) -> None:
+    """Compare traces (or run directories, or baselines) recorded elsewhere: another machine, another release.
+
+    Bitwise by default; give --atol/--rtol to compare within a tolerance (as across devices).
+    A run directory contributes its first repeat, and its stdout, compared as the runs were recorded
+    (the most lenient of their --stdout modes) unless --stdout says otherwise; a baseline
+    (--save-baseline) contributes its reference trace.
+    """
+    from detaudit.audit.pipeline import compare_recorded
+
+    check_outputs(json_path, junit_path, html_path)
+    stdout = stdout_mode_of(stdout_mode, ignore_stdout)
+    report = compare_recorded(list(recordings), compare_tolerance(atol, rtol), stdout)
+    finish(report, json_path, junit_path, quiet, html_path)
+
+
+@cli.command()
+@click.argument("trace_path", metavar="TRACE", type=click.Path(path_type=Path))
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+              help="Records to print (0: all).")
+@click.option("--events/--no-events", default=True, show_default=True, help="Print evidence events.")
+def show(trace_path: Path, limit: int, events: bool) -> None:
+    """Print one trace readably: header, records, evidence events and footer."""
+    from detaudit.compare.align import Aligner, describe
+    from detaudit.safetext import printable
+    from detaudit.trace import RecordStream
+
+    def clean(value: Any) -> str:  # a trace may come from anywhere: no markup, no terminal controls
+        return escape(printable(str(value)))
+
+    if not trace_path.exists():
+        raise click.UsageError(f"no such trace: {trace_path}")
+    if trace_path.is_dir():
+        traces = sorted(p.name for p in trace_path.glob("repeat-*.trace"))[:2]
+        hint = f"; this run directory has {', '.join(traces)}" if traces else ""
+        raise click.UsageError(f"{trace_path} is a directory: `show` prints one trace file{hint} "
+                               "(`detaudit report RUN_DIR` shows a run)")
+    stream = RecordStream(trace_path)
+    console = stdout_console()
+    console.print(f"[bold]{clean(trace_path)}[/] — format {clean(stream.header.get('format'))} "
+                  f"v{clean(stream.header.get('version'))}")
+    for key in ("script", "argv", "repeat", "device_request", "granularity", "torch", "pid"):
+        if key in stream.header:
+            console.print(f"  {key}: {clean(stream.header[key])}")
+    def new_table(header: bool) -> Table:
+        table = Table(show_edge=False, show_header=header)
+        for col in ("#", "step", "kind", "name", "tensor", "digest", "location"):
+            table.add_column(col, no_wrap=col == "digest", min_width=16 if col == "digest" else None)
+        return table
+
+    table = new_table(True)
+    shown = 0
+    total = 0
+    aligner = Aligner([stream], chunk=4096)  # a lockstep walk of one trace: bounded memory, strings checked
+    for block in aligner:
+        for row in block.chunks[0]:
+            if limit == 0 or shown < limit:
+                info = describe(stream, row, total)
+                name = (f"{info.op} ({info.node or 'bwd'})" if info.backward else f"{info.op} (fwd)") \
+                    + (f" in {info.module}" if info.module else "") if info.op else info.name
+                table.add_row(str(total), str(info.step), info.kind, clean(name), clean(f"{info.dtype}[{info.shape}]"),
+                              f"{int(row['digest']):016x}", clean(info.location))
+                shown += 1
+            total += 1
+        if table.row_count >= 4096:  # printed as it goes: `--limit 0` on a long trace keeps memory bounded
+            console.print(table)
+            table = new_table(False)
+    aligner.finish()
+    if table.row_count or not shown:
+        console.print(table)
+    if limit and total > shown:
+        console.print(f"  … {total - shown} more records (use --limit 0 to print all)")
+    if events and stream.events:
+        console.print("[bold]Evidence events[/]")
+        for event in stream.events:
+            console.print("  " + clean(event))
+    if stream.footer is None:
+        console.print("[bold yellow]incomplete[/]: no footer (the repeat was killed or crashed hard)")
+    else:
+        console.print(f"footer: {clean(stream.footer)}")
+
+
+@cli.command()
+@click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None)
+def demo(repeats: int, out_dir: Path | None) -> None:
+    """Audit a small training script shipped with detaudit (with --explain), to see a real report.
+
+    The script diverges on purpose: the demo exits 0 when it found that divergence (`run` exits 1 on one).
+    """
+    script = Path(str(resources.files("detaudit") / "demo" / "train_demo.py"))
+    report = audit_run(demo_options(script, repeats, out_dir), True, False, None, False)
+    if report.verdict == "divergent":
+        note = ("The demo script diverges on purpose (an unseeded NumPy RNG), so this demo exits 0: it showed "
+                "what it meant to. `detaudit run` on your own script exits 1 on a divergence.")
+        finish(report, None, None, False, notes=(note,), exit_code=0)
+    if report.verdict == "deterministic":
+        finish(report, None, None, False, notes=("The demo meant to show a divergence, but the repeats agreed.",),
+                exit_code=1)
+    finish(report, None, None, False)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    """Ctrl-C, SIGTERM (CI cancellation, `timeout`) and SIGHUP all stop the run the same way.
+
+    The first raises `Interrupted` where the main thread is: the launcher stops every repeat's
+    process group and the CLI exits 128+signal. Any further one (impatience, or a second
+    SIGTERM from CI) kills every repeat's group at once and lets the stop finish: never a hang,
+    never a traceback.
+    """
+    from detaudit.run import launcher
+
+    global _interrupted
+    if _interrupted:
+        launcher.hurry()
+        return
+    _interrupted = True
+    raise launcher.Interrupted(signum)
+
+
+_interrupted = False
+
+
+def _interrupt_message(exc: BaseException) -> tuple[str, int]:
+    from detaudit.run.launcher import Interrupted
+
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    text = f"detaudit: interrupted ({name}); every repeat was stopped"
+    run_dir = exc.run_dir if isinstance(exc, Interrupted) else None
+    if run_dir is not None and (Path(run_dir) / "run.json").is_file():
+        text += (f". What the repeats recorded is in {run_dir}: `detaudit report {run_dir}` shows it, "
+                 f"`detaudit compare {run_dir}/repeat-0.trace {run_dir}/repeat-1.trace` compares two recordings "
+                 "as far as they go")
+    return text, 128 + signum
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: the one place that turns errors into messages and exit codes."""
+    from detaudit.safetext import printable
+
+    global _interrupted
+    _interrupted = False
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {signum: signal.signal(signum, _on_stop_signal) for signum in _STOP_SIGNALS}
+    try:
+        _main(argv, printable)
+    finally:
+        for signum, handler in previous.items():
+            # interrupted: every repeat is already stopped and detaudit is exiting; a late signal is ignored
+            # (python resets its own handlers to the default while it shuts down: one would kill it mid-exit)
+            signal.signal(signum, signal.SIG_IGN if _interrupted else handler)
+
+
+def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
+    try:
+        cli.main(args=argv, prog_name="detaudit", standalone_mode=False)
+    except click.exceptions.Abort as exc:  # click turns a KeyboardInterrupt (our Interrupted) into Abort
+        text, code = _interrupt_message(exc.__context__) if isinstance(exc.__context__, KeyboardInterrupt) \
+            else ("detaudit: interrupted", EXIT_INTERRUPTED)
+        err_console.print(escape(printable(text)), soft_wrap=True)
+        sys.exit(code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE if exc.exit_code not in (0,) else 0)
+    except DetauditError as exc:
+        # soft_wrap: one line however long the path in it (CI logs and grep read it whole)
+        err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(exc)))}", soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt as exc:
+        text, code = _interrupt_message(exc)
+        err_console.print(escape(printable(text)), soft_wrap=True)
+        sys.exit(code)
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS or os.environ.get("DETAUDIT_DEBUG"):
+            _internal_error(exc)
+        err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(output_error(exc.filename, exc))))}",
+                          soft_wrap=True)
+        sys.exit(EXIT_OUTPUT)
+    except Exception as exc:
+        _internal_error(exc)
+
+
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM, errno.EFBIG}
+
+
+def _internal_error(exc: Exception) -> NoReturn:
+    if os.environ.get("DETAUDIT_DEBUG"):
+        raise exc
+    err_console.print(f"[bold red]detaudit: internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}. "
+                      "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.",
+                      soft_wrap=True)
+    sys.exit(EXIT_INTERNAL)

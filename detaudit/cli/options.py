@@ -1,0 +1,155 @@
+"""The command line's options and their translation into library values: the option types and the
+option groups several commands share, and the checks and conversions a command makes before it calls
+the core (AuditOptions for `run` and `demo`, a tolerance for `compare`). No terminal output here:
+cli.py holds the commands, cli_session.py what they print while the library works.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import click
+
+if TYPE_CHECKING:
+    from detaudit.audit.pipeline import AuditOptions
+    from detaudit.compare.stdout import StdoutMode
+    from detaudit.results import Tolerance
+
+DEFAULT_GRANULARITY = "auto"  # module cost unless the repeats diverge (docs/granularity.md)
+
+
+class FiniteFloat(click.ParamType):
+    """A finite float (nan and inf are refused: they would compare as nothing and write invalid JSON)."""
+
+    name = "float"
+
+    def __init__(self, minimum: float | None = None) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if self.minimum is not None and number <= self.minimum:
+            self.fail(f"{value!r} must be greater than {self.minimum:g}", param, ctx)
+        return number
+
+
+class RunCommand(click.Command):
+    """`run`: after SCRIPT, options detaudit does not know are the script's (detaudit/run/scriptargs.py)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from detaudit.run.scriptargs import OptionSpec, script_options, split_run_args
+
+        specs = [OptionSpec(frozenset(p.opts + p.secondary_opts), not p.is_flag and not p.count, p.multiple)
+                 for p in self.params if isinstance(p, click.Option)]
+        split = split_run_args(args, specs, lambda script: script_options(Path(script)), prog=ctx.command_path)
+        return super().parse_args(ctx, split.for_parser())
+
+
+def stdout_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--stdout and its older alias --ignore-stdout (docs/stdout.md)."""
+    from detaudit.compare.stdout import STDOUT_MODES
+
+    command = click.option("--ignore-stdout", is_flag=True, help="Same as --stdout ignore.")(command)
+    return click.option("--stdout", "stdout_mode", type=click.Choice(STDOUT_MODES), default=None,
+                        help="How to compare what the repeats print: masked (default for `run`: line by line, "
+                             "timings, rates, timestamps, pids and addresses masked), strict (byte for byte) or "
+                             "ignore. `report` and `compare` default to what the runs were recorded with "
+                             "(docs/stdout.md).")(command)
+
+
+def stdout_mode_of(stdout_mode: str | None, ignore_stdout: bool) -> StdoutMode | None:
+    """The --stdout mode asked for (None: the command's default), with --ignore-stdout as its alias."""
+    if ignore_stdout and stdout_mode not in (None, "ignore"):
+        raise click.UsageError(f"--ignore-stdout contradicts --stdout {stdout_mode}; give one of them")
+    return "ignore" if ignore_stdout else cast("StdoutMode | None", stdout_mode)
+
+
+def report_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--json, --junit, --html and --quiet: how every command that produces a report delivers it."""
+    command = click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")(command)
+    command = click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+                           help="Write a self-contained HTML report with plots.")(command)
+    command = click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
+                           help="Write JUnit XML.")(command)
+    return click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
+                        help="Write the JSON report.")(command)
+
+
+def check_outputs(json_path: Path | None, junit_path: Path | None, html_path: Path | None = None) -> None:
+    """Before any repeat runs: the report files can be written (else exit 7 now, not after the run)."""
+    from detaudit.run.files import check_writable
+
+    for path in (json_path, junit_path, html_path):
+        if path is not None:
+            check_writable(path)
+    if str(json_path) == "-" and str(junit_path) == "-":
+        raise click.UsageError("--json - and --junit - cannot both write to stdout")
+
+
+def audit_options(script: Path, script_args: tuple[str, ...], *, repeats: int, devices: tuple[str, ...],
+                  timeout: float | None, out_dir: Path | None, jobs: int, atol: float, rtol: float,
+                  stdout_mode: str | None, ignore_stdout: bool, granularity: str, baseline_dir: Path | None,
+                  save_baseline: Path | None, redact_args: bool, max_steps: int | None, max_time: float | None,
+                  self_check: bool, nproc_per_node: int | None, torchrun_args: str) -> AuditOptions:
+    """`run`'s options as the library's AuditOptions (a contradiction among them is a UsageError)."""
+    from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target
+    from detaudit.compare.stdout import DEFAULT_STDOUT
+    from detaudit.results import Tolerance
+    from detaudit.run.devices import own_device, resolve_devices
+
+    return AuditOptions(
+        Target(script, list(script_args), redact_args=redact_args),
+        Schedule(repeats=repeats, devices=resolve_devices(devices), own_device=own_device(devices), timeout=timeout,
+                 jobs=jobs, **_torchrun(nproc_per_node, torchrun_args,
+                                        baseline_dir is not None or save_baseline is not None, max_time is not None)),
+        Recording(granularity=granularity, max_steps=max_steps, max_time=max_time),
+        Checks(tolerance=Tolerance(atol, rtol), stdout=stdout_mode_of(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
+               baseline=baseline_dir, self_check=self_check),
+        out_dir=out_dir,
+    )
+
+
+def demo_options(script: Path, repeats: int, out_dir: Path | None) -> AuditOptions:
+    """The shipped demo script on this machine's device, two repeats at a time unless that oversubscribes it."""
+    from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
+    from detaudit.run.devices import oversubscription, own_device, resolve_devices
+
+    devices = resolve_devices(())
+    jobs = 2 if oversubscription(2, devices, os.environ, os.cpu_count()) is None else 1
+    return AuditOptions(Target(script), Schedule(repeats, devices, own_device(()), timeout=120.0, jobs=jobs),
+                        Recording(DEFAULT_GRANULARITY), out_dir=out_dir)
+
+
+def compare_tolerance(atol: float | None, rtol: float | None) -> Tolerance | None:
+    """`compare`: bitwise (None) unless --atol or --rtol is given (the other is then 0)."""
+    from detaudit.results import Tolerance
+
+    if atol is None and rtol is None:
+        return None
+    return Tolerance(atol if atol is not None else 0.0, rtol if rtol is not None else 0.0)
+
+
+def _torchrun(nproc_per_node: int | None, torchrun_args: str, baseline: bool, max_time: bool) -> dict[str, Any]:
+    """Schedule fields of --nproc-per-node/--torchrun-args."""
+    from detaudit.run.distributed import parse_torchrun_args
+
+    if not nproc_per_node:
+        if torchrun_args:
+            raise click.UsageError("--torchrun-args needs --nproc-per-node")
+        return {}
+    if baseline:
+        raise click.UsageError("--baseline and --save-baseline do not support --nproc-per-node yet (a baseline "
+                               "keeps one trace; a torchrun run has one per rank)")
+    if max_time:
+        raise click.UsageError("--max-time cannot bound a torchrun run: each rank would stop by its own clock, "
+                               "at different steps, and leave the others waiting in a collective; use --max-steps")
+    return {"nproc_per_node": nproc_per_node, "torchrun_args": parse_torchrun_args(torchrun_args)}

@@ -1,0 +1,409 @@
+"""Rich terminal rendering of a Report: the only module besides cli.py that knows about terminals."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markup import escape as _markup_escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from detaudit.compare.oprules import VERDICTS
+from detaudit.report.model import Report, divergence_to_dict
+from detaudit.safetext import printable
+
+_VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
+                  "timeout": "bold red", "inconclusive": "bold yellow"}
+MAX_SPREAD_ROWS = 12
+MAX_STDOUT_REPEATS = 2  # differing repeats whose stdout line the terminal shows
+BASIS_TEXT = {"experiment": "experiment", "op-records": "op-level records", "direct": "direct evidence",
+              "circumstantial": "circumstantial"}
+
+
+def escape(text: str) -> str:
+    """User text for the terminal: no rich markup, no terminal control sequences (names, paths and
+    stderr come from the script or from a trace made elsewhere)."""
+    return _markup_escape(printable(text))
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def verdict_line(report: Report) -> Text:
+    style = _VERDICT_STYLE[report.verdict]
+    n = len(report.runs)
+    devices = sorted({r.device for r in report.runs})
+    text = Text(report.verdict.upper(), style=style)
+    if not report.bitwise:
+        agreement = "within tolerance"
+    elif len(devices) > 1:
+        agreement = "bit for bit on each device and within tolerance across devices"
+    else:
+        agreement = "bit for bit"
+    late = [r.index for r in report.runs if r.timed_out]
+    extra = {
+        "deterministic": f": {n} repeats agree {agreement}",
+        "divergent": f": repeats disagree ({n} repeats)" if report.first_divergence is not None
+        else f": the repeats agree, but DDP replicas differ across ranks ({n} repeats)",
+        "failed": f": the script failed in every repeat ({n} repeats)",
+        "timeout": f": repeat(s) {', '.join(map(str, late))} of {n} timed out",
+        "inconclusive": f": {report.inconclusive_reason} ({n} repeats)",
+    }[report.verdict]
+    if report.verdict == "divergent" and report.causes and report.causes[0].id == "environment-change":
+        extra = ": the environment changed between the recordings, which is not run-to-run nondeterminism " \
+                f"({report.causes[0].summary.split('(', 1)[-1].split(')', 1)[0]} differ)"
+    text.append(printable(extra + f" on {', '.join(devices)}"))
+    if report.verdict == "timeout":
+        text.append(f"; the repeats agree on the {report.comparison.records_compared} records all of them made "
+                    "before that, which says nothing about the rest")
+    if report.timed_out and report.verdict != "timeout":
+        text.append(f" — repeat(s) {', '.join(map(str, late))} timed out", style="bold red")
+    if not all(report.comparison.complete) and not report.timed_out and report.verdict != "inconclusive":
+        text.append(" (incomplete recordings are compared as far as they go)")
+    stops = sorted({r.stopped_at_step for r in report.runs if r.stopped_at_step is not None})
+    if stops:
+        text.append(f"; bounded: repeats stopped after step {', '.join(map(str, stops))} (--max-steps/--max-time), "
+                    "the steps every repeat completed are compared")
+    cut = [r for r in report.runs if r.recording_stopped]
+    if cut:
+        which = ", ".join(str(r.index) for r in cut)
+        text.append(f"; recording stopped early in repeat(s) {which} ({cut[0].recording_stopped}): compared as far "
+                    "as every repeat recorded", style="bold yellow")
+    if report.baseline is not None:
+        text.append("; matches the baseline" if report.baseline.matches else "; DIFFERS FROM THE BASELINE",
+                    style="" if report.baseline.matches else "bold red")
+    return text
+
+
+def baseline_panel(report: Report) -> Panel | None:
+    """Where the run first differs from the baseline, next to what changed in the environment."""
+    check = report.baseline
+    if check is None or (check.matches and not check.environment_changes):
+        return None
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    d = divergence_to_dict(check.divergence)
+    if d is None:
+        grid.add_row("result", f"matches ({check.records_compared} records compared)")
+    else:
+        where = " ".join(str(x) for x in (d["kind"], d["name"], f"in {d['module']}" if d["module"] else "") if x)
+        grid.add_row("first differs", escape(f"record #{d['index']}" if d["index"] >= 0 else d["category"]))
+        for key, value in (("at", where), ("step", d["step"] if (d["step"] or 0) >= 0 else None),
+                           ("location", d["location"]), ("detail", d["detail"]),
+                           ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
+                           ("differing", f"{check.records_differing} of {check.records_compared} records")):
+            if value not in (None, ""):
+                grid.add_row(key, escape(str(value)))
+    if check.environment_changes:
+        grid.add_row("changed since", "the baseline was recorded:")
+        for c in check.environment_changes:
+            grid.add_row(f"  {escape(c.field)}", escape(f"{_fmt(c.baseline)} → {_fmt(c.current)}"))
+    elif d is not None:
+        grid.add_row("environment", "unchanged: the numbers changed with the same software and settings")
+    return Panel(grid, title=f"Baseline {escape(check.path)}", title_align="left",
+                 border_style="green" if check.matches else "red", expand=False)
+
+
+def runs_table(report: Report) -> Table:
+    table = Table(title="Repeats", title_justify="left", show_edge=False)
+    for col in ("repeat", "device", "exit", "time (s)", "records", "trace"):
+        table.add_column(col, justify="right" if col in ("repeat", "exit", "time (s)", "records") else "left")
+    comp = report.comparison
+    for r in report.runs:
+        exit_text = "timeout" if r.timed_out else "stopped" if r.interrupted else "?" if r.exit_code is None \
+            else str(r.exit_code)
+        if r.stopped_at_step is not None:
+            exit_text = f"stopped@{r.stopped_at_step}"
+        records = comp.records[r.index] if r.index < len(comp.records) else 0
+        complete = comp.complete[r.index] if r.index < len(comp.complete) else False
+        table.add_row(str(r.index), escape(r.device), exit_text, f"{r.duration_s:.2f}",
+                      f"{records}{'' if complete else ' (incomplete)'}", escape(r.trace))
+    return table
+
+
+def divergence_panel(report: Report) -> Panel | None:
+    d = divergence_to_dict(report.first_divergence, report.op_finding)
+    if d is None or report.first_divergence is None:
+        return None
+    rec = report.first_divergence.record
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    # module, op and location are the JSON's (the op behind the record when one was pinpointed), so the
+    # terminal, JSON and JUnit name the same file:line; the record's own line is shown beside it
+    rows = [
+        ("what", d["category"] + (f" — {d['detail']}" if d["detail"] else "")),
+        ("record", None if d["index"] < 0 else f"#{d['index']}"),
+        ("step", d["step"] if d["step"] is not None and d["step"] >= 0 else None),
+        ("kind", d["kind"]),
+        ("name", d["name"]),
+        ("module", d["module"]),
+        ("op", f"{d['op']} ({d['phase']})" if d["op"] else None),
+        ("location", d["location"]),
+        ("recorded at", rec.location if rec and rec.location and rec.location != d["location"] else None),
+        *_stdout_rows(report),
+        ("tensor", f"{d['dtype']}[{d['shape']}]" if d["dtype"] else None),
+        ("repeats", f"{', '.join(map(str, d['repeats']))} differ from repeat {d['reference']}"),
+        ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
+        ("max ULP", _fmt(d["max_ulp_diff"]) if d["max_ulp_diff"] is not None else None),
+    ]
+    for key, value in rows:
+        if value is not None and value != "":
+            grid.add_row(key, escape(str(value)))
+    return Panel(grid, title="First divergence", title_align="left", border_style="red",
+                 expand=False)
+
+
+def _stdout_rows(report: Report) -> list[tuple[str, str | None]]:
+    """The first differing stdout line as each repeat printed it."""
+    first = report.first_divergence
+    diff = first.stdout if first is not None else None
+    if diff is None:
+        return []
+    rows: list[tuple[str, str | None]] = [("line", f"{diff.line} of stdout ({diff.mode} comparison)")]
+    shown = [diff.reference, *diff.repeats[:MAX_STDOUT_REPEATS]]
+    for index in shown:
+        text = diff.lines[index]
+        rows.append((f"repeat {index}", "(output ended)" if text is None else repr(text)))
+    if len(diff.repeats) > MAX_STDOUT_REPEATS:
+        rows.append(("", f"… and in {len(diff.repeats) - MAX_STDOUT_REPEATS} more repeats (all in the JSON report)"))
+    return rows
+
+
+def summary_line(report: Report) -> Text:
+    """Verdict, first divergence, top cause and run directory on one line: printed last, so it stays in view."""
+    text = Text(report.verdict.upper(), style=_VERDICT_STYLE[report.verdict])
+    parts = []
+    d = divergence_to_dict(report.first_divergence, report.op_finding)
+    if d is not None:
+        rank = f" on rank {report.distributed.rank}" if report.distributed is not None else ""
+        parts.append(f"first divergence: {_place(d, rank)}")
+    elif report.replica_divergence is not None:
+        r = report.replica_divergence
+        parts.append(f"DDP replica {r.name} differs on rank(s) {', '.join(map(str, r.ranks))} after step {r.step}")
+    elif report.verdict == "deterministic":
+        parts.append(f"{len(report.runs)} repeats agree on {report.comparison.records_compared} records")
+        baseline = report.baseline
+        if baseline is not None and baseline.divergence is not None:  # exit 1: the line must say why
+            moved = divergence_to_dict(baseline.divergence, None)
+            parts.append(f"but DIFFER FROM THE BASELINE: {_place(moved, '') if moved is not None else 'see above'}")
+    elif report.verdict == "failed":
+        parts.append("the script failed in every repeat")
+    elif report.verdict == "inconclusive":
+        parts.append(report.inconclusive_reason.split(":")[0])
+    if report.causes:
+        top = report.causes[0]
+        parts.append(f"top cause: {top.id} ({top.confidence})")
+    # recordings compared (`detaudit compare`) have no one command line and no run directory of their own
+    parts.append(f"run: {report.run_dir}" if report.argv is not None else f"compared: {report.script}")
+    text.append(printable(" · " + " · ".join(parts)))
+    return text
+
+
+def _place(d: dict[str, Any], rank: str) -> str:
+    """`output fc1 at step 3 on rank 1 (train.py:42)` for a divergence's JSON form."""
+    what = " ".join(str(x) for x in (d["kind"], d["name"]) if x) or d["category"]
+    step = f" at step {d['step']}" if d["step"] is not None and d["step"] >= 0 else ""
+    where = f" ({d['location']})" if d["location"] else ""
+    return f"{what}{step}{rank}{where}"
+
+
+def argv_line(report: Report) -> Text | None:
+    """The script's command line exactly as the script received it (sys.argv), shell-quoted."""
+    return None if report.argv is None else Text(f"script argv: {shlex.join(report.argv)}", style="dim")
+
+
+def op_panel(report: Report) -> Panel | None:
+    """The op behind the first divergence, with the input/output match table around it."""
+    first = report.first_divergence
+    f = report.op_finding if first is not None else None
+    if f is None:
+        return None
+    r = f.record
+    if f.verdict == "inputs-differ" and f.origin is not None and f.origin.kind == "input":
+        # No recorded op made the differing data: the table would only show ops that consumed it.
+        window = f" in steps {f.window[0]}–{f.window[1]}" if f.window else ""
+        note = (f"No op recorded{window} produced the differing data: it first appears as the model's input "
+                f"{f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "") +
+                ", so it was made outside torch (NumPy, Python, a file...) or before the recorded steps. "
+                f"The first op to use it is {r.op}.")
+        return Panel(escape(note), title="The op behind it", title_align="left", border_style="magenta", expand=False)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    rows = [
+        ("op", f"{r.op} ({r.phase}{', autograd node ' + r.node if r.node else ''})"),
+        ("module", r.module),
+        ("location", r.location + (" (the forward line that created its autograd node)" if r.backward else "")
+         if r.location else None),
+        ("step", r.step),
+        ("why", f"{f.verdict}: {VERDICTS[f.verdict]}"),
+        ("origin", f"{f.origin.kind} {f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "")
+         if f.origin is not None else None),
+        ("elsewhere", ", ".join(f"repeat {i} ran {o.op or o.name}" for i, o in sorted(f.others.items()))),
+        ("recorded in", f"an op-level re-run ({f.traces}-*.trace), ops in steps {f.window[0]}–{f.window[1]}"
+         if f.traces and f.window else None),
+    ]
+    for key, value in rows:
+        if value is not None and value != "":
+            grid.add_row(key, escape(str(value)))
+    table = Table(show_edge=False, box=None, padding=(0, 1))
+    for col in ("", "#", "record", "phase", "module", "location", "inputs", "output"):
+        table.add_column(col)
+    for n in f.neighbours:
+        x = n.record
+        table.add_row(">>" if n.chosen else "", str(x.index), escape(x.op or f"{x.kind} {x.name}"),
+                      x.phase or "", escape(x.module), escape(x.location), n.inputs or "-",
+                      Text(n.output, style="red" if n.output == "differ" else ""))
+    return Panel(Group(grid, Text(""), table), title="The op behind it", title_align="left", border_style="magenta",
+                 expand=False)
+
+
+def spread_table(report: Report) -> Table | None:
+    comp = report.comparison
+    steps = [s for s in comp.by_step if s.differing]
+    if not steps:
+        return None
+    table = Table(title=f"Spread: {comp.records_differing} of {comp.records_compared} aligned records differ",
+                  title_justify="left", show_edge=False)
+    for col in ("step", "differing", "records", "max |diff| (sampled)"):
+        table.add_column(col, justify="right")
+    shown = steps if len(steps) <= MAX_SPREAD_ROWS else steps[: MAX_SPREAD_ROWS // 2] + steps[-MAX_SPREAD_ROWS // 2:]
+    for i, s in enumerate(shown):
+        if len(steps) > MAX_SPREAD_ROWS and i == MAX_SPREAD_ROWS // 2:
+            table.add_row("…", "", "", "")
+        table.add_row(str(s.step), str(s.differing), str(s.records), _fmt(s.max_abs_diff))
+    if not comp.aligned_to_end:
+        table.caption = "records after a structural divergence are not aligned and not counted"
+    return table
+
+
+def causes_block(report: Report) -> Group | None:
+    if not report.causes:
+        return None
+    confirmed = [c.id for c in report.causes if c.confidence == "confirmed"]
+    # a conclusion of the experiments that confirms no source (not-reproduced) is neither
+    inferred = [c.id for c in report.causes if c.confidence != "confirmed" and c.basis != "experiment"]
+    title = Text("Likely causes", style="bold")
+    title.append(f" — confirmed by experiment: {', '.join(confirmed) or 'none'}; inferred from the evidence: "
+                 f"{', '.join(inferred) or 'none'}", style="")
+    parts: list[Any] = [title]
+    for i, cause in enumerate(report.causes, 1):
+        head = Text(f"{i}. [{cause.confidence} · {BASIS_TEXT[cause.basis]}] ",
+                    style="bold magenta" if cause.confidence == "confirmed" else "bold")
+        head.append(f"{cause.id}: ", style="bold")
+        head.append(printable(cause.summary))
+        parts.append(head)
+        for line in cause.evidence:
+            parts.append(Text(printable(f"   • {line}")))
+        parts.append(Text(printable(f"   fix: {cause.fix}"), style="green"))
+    return Group(*parts)
+
+
+def experiments_table(report: Report) -> Table | None:
+    if not report.experiments:
+        return None
+    table = Table(title="Experiments (--explain)", title_justify="left", show_edge=False)
+    for col in ("pinned", "result", "first divergence", "note"):
+        table.add_column(col)
+    for e in report.experiments:
+        table.add_row(escape(e.description), e.verdict, _fmt(e.first_divergence_index), escape(e.note))
+    return table
+
+
+def ranks_table(report: Report) -> Table | None:
+    """A torchrun run: each rank's own first divergence and role, and teardown crashes."""
+    dist = report.distributed
+    if dist is None:
+        return None
+    table = Table(title=f"Ranks ({dist.nproc_per_node} per node; each compared across repeats in its own order)",
+                  title_justify="left", show_edge=False)
+    for col in ("rank", "role", "first divergence", "step", "causes"):
+        table.add_column(col, justify="right" if col in ("rank", "step") else "left")
+    for s in dist.ranks:
+        d = s.first_divergence
+        rec = d.record if d is not None else None
+        where = "-" if d is None else f"{rec.kind} {rec.name}" if rec is not None else d.category
+        role = "-" if s.role is None else s.role + (" (reported)" if s.rank == dist.rank else "")
+        table.add_row(str(s.rank), role, escape(where), _fmt(rec.step if rec is not None and rec.step >= 0 else None),
+                      escape(", ".join(c.id for c in s.report.causes)) or "-")
+    captions = [f"repeat {c.repeat}: rank(s) {', '.join(map(str, c.ranks)) or '?'} crashed in interpreter teardown "
+                f"({c.signal or f'exit {c.exit_code}'}) after finishing the script; counted as finished"
+                for c in dist.teardown_crashes] + [f"note: {note}" for note in dist.notes]
+    if captions:
+        table.caption = escape("\n".join(captions))
+    return table
+
+
+def replica_panel(report: Report) -> Panel | None:
+    replica = report.replica_divergence
+    if replica is None:
+        return None
+    text = (f"after optimizer step {replica.step}, DDP parameter {replica.name} on rank(s) "
+            f"{', '.join(map(str, replica.ranks))} differs from rank {replica.reference} "
+            f"(max |diff| {_fmt(replica.max_abs_diff)}, sampled) in repeat(s) {', '.join(map(str, replica.repeats))}. "
+            "DDP keeps replicas bitwise identical; something changed one rank's copy outside DDP's all-reduce.")
+    return Panel(escape(text), title="DDP replicas differ", title_align="left", border_style="red", width=110)
+
+
+def match_block(report: Report) -> Group | None:
+    """What a deterministic verdict rests on, and what it could not have seen."""
+    m = report.match
+    if m is None or report.verdict not in ("deterministic", "timeout"):
+        return None
+    kinds = ", ".join(f"{n} {kind}" for kind, n in m.records_by_kind.items()) or "no records"
+    stdout = "not compared" if m.stdout_compared == "no" else f"compared ({m.stdout_compared})"
+    exit_status = "compared" if m.exit_status_compared else "not compared (a repeat was stopped)"
+    how = m.comparison + (f" (atol {m.tolerance['atol']:g}, rtol {m.tolerance['rtol']:g})" if m.tolerance else "")
+    parts: list[Any] = [Text("What the verdict rests on", style="bold"),
+                        Text(f"   compared: {kinds} — {how}, {m.granularity} granularity, {m.steps_covered} "
+                             f"optimizer steps; exit status {exit_status}; stdout {stdout}")]
+    parts += [Text(f"   not observed: {line}") for line in m.not_observed]
+    check = m.self_check
+    if check is not None:
+        if check.passed:
+            parts.append(Text(f"   self-check passed: a one-ULP change injected at record #{check.record} "
+                              f"({check.name}, step {check.step}) was reported at exactly that record",
+                              style="green"))
+        else:
+            seen = "not at all" if check.detected_at is None else f"at record #{check.detected_at}"
+            parts.append(Text(f"   self-check FAILED: a one-ULP change injected at record #{check.record} "
+                              f"({check.name}) was seen {seen}: do not trust this verdict", style="bold red"))
+    return Group(*parts)
+
+
+def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
+    """The whole report; `notes` go just before the closing summary line, which is always printed last."""
+    console.print(verdict_line(report))
+    argv = argv_line(report)
+    if argv is not None:
+        console.print(argv, soft_wrap=True)
+    console.print(runs_table(report))
+    if report.verdict == "failed":
+        console.print(Panel(escape(report.failure or "(no output on stderr)"), title="The script's error (repeat 0)",
+                            title_align="left", border_style="yellow", expand=False))
+    elif report.repeat_errors:
+        alike = len({r.exit_code for r in report.runs if not r.timed_out}) == 1
+        for index, error in sorted(report.repeat_errors.items())[:2]:
+            code = report.runs[index].exit_code
+            how = f"exited {code}" if alike else f"ended differently (exit {code})"
+            console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
+                                expand=False, title=f"Repeat {index} {how}: its stderr"))
+    for block in (ranks_table(report), replica_panel(report), match_block(report),
+                  divergence_panel(report), baseline_panel(report), op_panel(report),
+                  spread_table(report), causes_block(report), experiments_table(report)):
+        if block is not None:
+            console.print(block)
+    for note in notes:
+        console.print(Text(printable(note), style="bold"))
+    console.print(summary_line(report), soft_wrap=True)

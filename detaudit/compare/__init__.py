@@ -1,0 +1,1 @@
+"""Comparing recordings: traces side by side, op rules, stdout and exit statuses, what a verdict rests on."""

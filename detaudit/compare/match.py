@@ -1,0 +1,145 @@
+"""What a verdict rests on (match strength), and the `--self-check` negative control.
+
+"Deterministic" is only as strong as what was compared: `Match` says how many records of each
+kind, bitwise or within a tolerance, at which granularity, over which steps, whether stdout was
+compared, and what was not observed at all. `--self-check` runs one extra repeat in which the
+recorder flips the lowest bit of one recorded tensor (one ULP for a float) at a chosen record; the
+comparison must report a divergence at exactly that record, proof that the pipeline could have
+seen a difference. No torch here (the perturbation itself is in recorder/core.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detaudit.compare.align import CHUNK, Aligner
+from detaudit.compare.traces import Comparison, compare_traces
+from detaudit.results import Tolerance
+from detaudit.trace import Flag, Kind, RecordStream
+from detaudit.trace.dtypes import DTYPE_NAMES
+
+SELF_CHECK_PREFIX = "selfcheck"
+_SKIPPED = int(Flag.THREAD | Flag.NO_DATA | Flag.DEVICE)  # records the perturbation cannot be placed in exactly
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """The negative control's outcome: a one-ULP change injected at `record` was seen at `detected_at`."""
+
+    record: int
+    step: int
+    name: str
+    detected_at: int | None
+
+    @property
+    def passed(self) -> bool:
+        return self.detected_at == self.record
+
+
+@dataclass(frozen=True)
+class Match:
+    """What the comparison covered (docs/report-schema.md: `match`)."""
+
+    records_by_kind: dict[str, int]
+    comparison: str  # "bitwise" | "tolerance"
+    tolerance: dict[str, float] | None
+    granularity: str
+    steps_covered: int  # optimizer steps completed within the compared records
+    stdout_compared: str  # "strict" | "masked" (timing-like numbers masked, docs/stdout.md) | "no"
+    exit_status_compared: bool
+    not_observed: list[str] = field(default_factory=list)
+    self_check: SelfCheck | None = None
+
+
+def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolerance: Tolerance,
+                   granularity: str, stdout: str, devices: Sequence[str], exit_status: bool = True,
+                   self_check: SelfCheck | None = None) -> Match:
+    """The reference trace's compared records counted by kind, and what the recording cannot have seen."""
+    counts = np.zeros(max(Kind) + 1, dtype=np.int64)
+    no_data = threaded = 0
+    last_step = 0
+    stepped = -1  # the last step index at which parameters were recorded after an optimizer step
+    try:
+        for chunk in RecordStream(trace).chunks(CHUNK, comparison.records_compared):
+            counts += np.bincount(chunk["kind"], minlength=len(counts))[: len(counts)]
+            no_data += int(np.count_nonzero(chunk["flags"] & int(Flag.NO_DATA)))
+            threaded += int(np.count_nonzero(chunk["flags"] & int(Flag.THREAD)))
+            last_step = max(last_step, int(chunk["step"].max()))
+            after = chunk["step"][(chunk["kind"] == int(Kind.PARAM)) | (chunk["kind"] == int(Kind.OPTSTATE))]
+            if len(after):
+                stepped = max(stepped, int(after.max()))
+    except Exception:  # an unreadable trace was already reported by the comparison
+        pass
+    by_kind = {Kind(k).name.lower(): int(n) for k, n in enumerate(counts) if k in Kind._value2member_map_ and n}
+    not_observed = []
+    if granularity in ("module", "auto"):
+        not_observed.append("individual ops (module granularity: module outputs, inputs, gradients, parameters, "
+                            "optimizer state and saves)")
+    elif granularity == "step":
+        not_observed.append("module outputs and individual ops (step granularity: gradients, parameters and "
+                            "optimizer state at each step)")
+    else:
+        not_observed.append("ops inside compiled regions (torch.compile, TorchScript): only their outputs")
+    if "cuda" not in devices:
+        not_observed.append("CUDA kernels: every compared repeat ran on CPU")
+    not_observed.append("tensors that never reach a module, an optimizer, torch.save or detaudit.checkpoint "
+                        "(and work inside DataLoader workers, except the batches they return)")
+    if no_data:
+        not_observed.append(f"the contents of {no_data} records (meta or unreadable tensors: dtype and shape only)")
+    if threaded:
+        not_observed.append(f"the order of {threaded} records made on other threads (compared in canonical order)")
+    if stdout == "ignore":
+        not_observed.append("stdout (ignored, or not recorded)")
+    elif stdout == "masked":
+        not_observed.append("timings and other run-dependent numbers in stdout (masked: --stdout strict compares them)")
+    return Match(by_kind, "bitwise" if bitwise else "tolerance",
+                 None if bitwise else {"atol": tolerance.atol, "rtol": tolerance.rtol}, granularity,
+                 # a record's step counts the steps completed before it; a step's own parameters carry its
+                 # index, so N completed steps end with parameters at N - 1
+                 max(last_step, stepped + 1),
+                 "no" if stdout == "ignore" else stdout, exit_status, not_observed, self_check)
+
+
+def choose_record(trace: Path) -> tuple[int, int, str] | None:
+    """(index, step, name) of the record to perturb: the first plain, non-empty record of the middle step."""
+    stream = RecordStream(trace)
+    rows: list[tuple[int, int, int, int, int]] = []  # index, step, name id, shape id, dtype
+    aligner = Aligner([stream])
+    for block in aligner:
+        chunk = block.chunks[0]
+        for i in np.flatnonzero((chunk["flags"] & _SKIPPED) == 0):
+            r = chunk[i]
+            rows.append((block.base + int(i), int(r["step"]), int(r["name"]), int(r["shape"]), int(r["dtype"])))
+    aligner.finish()
+    strings = stream.strings
+    usable = [r for r in rows if DTYPE_NAMES.get(r[4], "unknown") not in ("unknown", "complex128")
+              and "0" not in strings[r[3]].split("x")]
+    if not usable:
+        return None
+    middle = max(r[1] for r in usable) // 2
+    index_, step, name, _, _ = next(r for r in usable if r[1] >= middle)
+    return index_, step, strings[name]
+
+
+def detect(reference: Path, perturbed: Path, record: tuple[int, int, str], tolerance: Tolerance,
+           bitwise: bool) -> SelfCheck:
+    """Compare the perturbed repeat with the reference exactly as the audit compares repeats."""
+    comparison = compare_traces([reference, perturbed], ["ref", "ref"] if bitwise else ["ref", "other"], tolerance)
+    first = comparison.first_divergence
+    return SelfCheck(record[0], record[1], record[2], first.index if first is not None else None)
+
+
+def self_check_from(data: dict[str, Any] | None) -> SelfCheck | None:
+    """The stored self-check of a run record (run.json `self_check`)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return SelfCheck(int(data["record"]), int(data["step"]), str(data["name"]),
+                         None if data.get("detected_at") is None else int(data["detected_at"]))
+    except (KeyError, TypeError, ValueError):
+        return None

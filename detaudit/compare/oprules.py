@@ -1,0 +1,248 @@
+"""The root-cause rule over op records: which op made the repeats diverge, and why.
+
+An op whose inputs match in every repeat but whose output does not is itself the source:
+a random op (RNG), an op that read never-written memory, or a nondeterministic kernel. An op
+whose inputs are the same tensors in another order points at the order they were gathered in
+(set or dict iteration, hash seeds). An op whose inputs already differ only passes a divergence
+on, so the rule walks back to where its inputs started to differ.
+
+Divergent ops that lead nowhere are common (random initialisation later overwritten by
+`load_state_dict`), so the chosen source is the first one whose divergence *propagates*: the
+next divergent record after it is an op whose inputs differ, or a non-op record (a module
+output, a gradient), rather than another source. Sources back to back, with no agreeing record
+between them (one op's several outputs, the initialisation of every layer), form one run and
+share a cause: the run's first is named. Traces are walked in lockstep chunks (align.py), stopping as soon as
+the answer is known, so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from detaudit.compare.align import Aligner, RecordInfo, describe, reference_pairs
+from detaudit.trace import Flag, Kind, RecordStream
+
+BEFORE, AFTER = 3, 2  # neighbours shown around the op
+
+Verdict = Literal["nondeterministic-op", "random-op", "uninitialized-memory", "input-order", "inputs-differ",
+                  "different-ops"]
+VERDICTS: dict[Verdict, str] = {
+    "nondeterministic-op": "its inputs match in every repeat but its output does not: the kernel itself "
+                           "is nondeterministic",
+    "random-op": "it draws from a random number generator and its inputs match: the RNG state differs "
+                 "between repeats",
+    "uninitialized-memory": "it read memory that nothing had written (torch.empty and kin), whose leftover "
+                            "contents differ between repeats",
+    "input-order": "it received the same input tensors in a different order (gathered from a set, a dict "
+                   "or another order that changes between runs)",
+    "inputs-differ": "its inputs already differ",
+    "different-ops": "the repeats ran different ops here: the control flow differs",
+}
+# "": not an op record; "unwritten": one input was never-written memory, whose contents its digest leaves out
+InputsState = Literal["match", "reordered", "differ", "unknown", "unwritten", ""]
+OutputState = Literal["match", "differ"]
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One record of the match table around the op."""
+
+    record: RecordInfo
+    inputs: InputsState
+    output: OutputState
+    chosen: bool = False
+
+
+@dataclass(frozen=True)
+class OpFinding:
+    """The op behind a divergence; consumed by the report and the causes engine."""
+
+    verdict: Verdict
+    record: RecordInfo  # the op (op, phase, node, module, location, step)
+    repeats: list[int]  # repeats whose output differs from their reference there
+    reference: int
+    origin: RecordInfo | None = None  # inputs-differ: the earliest differing record (non-op), if any
+    others: dict[int, RecordInfo] = field(default_factory=dict)  # different-ops: what the others ran
+    neighbours: list[OpRow] = field(default_factory=list)
+    traces: str = ""  # which traces it was read from (the op-level re-run's prefix under --granularity auto)
+    window: list[int] | None = None  # steps the op-level re-run recorded ops in
+
+    @property
+    def summary(self) -> str:
+        r = self.record
+        head = f"{r.op} ({r.phase}{', ' + r.node if r.node else ''})"
+        where = " ".join(x for x in (f"in {r.module}" if r.module else "", f"at {r.location}" if r.location else "")
+                         if x)
+        text = f"{head} {where}".strip() + f": {VERDICTS[self.verdict]}"
+        if self.verdict == "inputs-differ":
+            if self.origin is not None:
+                o = self.origin
+                text += f"; they started to differ at {o.kind} {o.name}" + (f" ({o.location})" if o.location else "")
+            else:
+                text += ("; no recorded op produced the difference: it entered as data from outside torch "
+                         "(Python or NumPy values, a file) or a scalar argument")
+        if self.verdict == "different-ops":
+            text += "; " + ", ".join(f"repeat {i} ran {o.op or o.name}" for i, o in sorted(self.others.items()))
+        return text
+
+
+class _Scan:
+    """Finds the source index by the propagation rule (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.candidate: int | None = None  # the first source of the latest run, not yet seen to propagate
+        self.last_source = -2
+        self.first_source: int | None = None
+        self.first_differing_op: int | None = None  # divergent op with differing inputs and no source before
+        self.origin: int | None = None  # first divergent non-op record with no source before it
+        self.chosen: int | None = None
+
+    def visit(self, index: int, is_op: bool, source: bool, differing_inputs: bool) -> bool:
+        """Feed one divergent record (in order); True once the answer is known."""
+        if source:
+            if self.origin is not None:
+                return True  # the divergence entered as data before this source: it did not cause it
+            if self.first_source is None:
+                self.first_source = index
+            if index != self.last_source + 1:  # a new run of back-to-back sources
+                self.candidate = index
+            self.last_source = index
+            return False
+        if self.candidate is not None:
+            if differing_inputs or not is_op:
+                self.chosen = self.candidate
+                return True
+            return False
+        if differing_inputs:
+            self.first_differing_op = index
+            return True
+        if not is_op and self.origin is None:
+            self.origin = index
+        return False
+
+    @property
+    def index(self) -> int | None:
+        if self.chosen is not None:
+            return self.chosen
+        if self.first_source is not None:
+            return self.first_source
+        return self.first_differing_op
+
+
+def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) -> OpFinding | None:
+    """The op behind the first divergence of these traces; None when they hold no divergent op."""
+    devices = list(devices) if devices is not None else ["same"] * len(paths)
+    pairs = [(ref, rep) for ref, rep, bitwise in reference_pairs(devices) if bitwise]
+    if not pairs:
+        return None
+    scan = _Scan()
+    structure_at: int | None = None
+    for block in Aligner([RecordStream(Path(p)) for p in paths]):
+        chunks, base, n = block.chunks, block.base, block.n
+        same = np.ones(n, dtype=bool)
+        out_diff = np.zeros(n, dtype=bool)
+        in_diff = np.zeros(n, dtype=bool)
+        unordered_diff = np.zeros(n, dtype=bool)
+        unknown = np.zeros(n, dtype=bool)
+        for ref, rep in pairs:
+            a, b = chunks[ref][:n], chunks[rep][:n]
+            same &= block.same_structure(ref, rep)
+            out_diff |= a["digest"] != b["digest"]
+            in_diff |= a["in_ordered"] != b["in_ordered"]
+            unordered_diff |= a["in_unordered"] != b["in_unordered"]
+            unknown |= (a["in_ordered"] == 0) | (b["in_ordered"] == 0)
+        bad = np.flatnonzero(~same)
+        limit = int(bad[0]) if len(bad) else n
+        ref_rows = chunks[pairs[0][0]]
+        for i in np.flatnonzero(out_diff[:limit]).tolist():
+            row = ref_rows[i]
+            is_op = int(row["kind"]) == Kind.OP
+            known = is_op and not unknown[i]
+            source = known and not unordered_diff[i]  # inputs match, or the same inputs reordered
+            if scan.visit(base + i, is_op, source, known and bool(in_diff[i])):
+                return _finding(paths, pairs, scan, None)
+        if limit < n or n < block.longest:
+            structure_at = base + limit
+            break
+    return _finding(paths, pairs, scan, structure_at)
+
+
+def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan,
+             structure_at: int | None) -> OpFinding | None:
+    """Turn the scan's indices into an OpFinding, reading the records around the chosen one."""
+    index = scan.index
+    origin = scan.origin if scan.chosen is None and scan.first_source is None else None
+    if index is None:
+        index = structure_at
+    if index is None:
+        return None
+    near = range(max(0, index - BEFORE), index + AFTER + 1)
+    if structure_at is not None:
+        near = range(near.start, min(near.stop, structure_at + 1))
+    rows, streams = _read_rows(paths, {*near, index} | ({origin} if origin is not None else set()))
+    ref = pairs[0][0]
+    if index not in rows or int(rows[index][ref]["kind"]) != Kind.OP:
+        return None  # e.g. a structural divergence at a module record: nothing to say about ops
+
+    def info(k: int, i: int) -> RecordInfo:
+        return describe(streams[k], rows[i][k], i)
+
+    at = rows[index]
+    here = [info(k, index) for k in range(len(paths))]
+    differs = sorted({rep for r, rep in pairs if (here[r].name, here[r].shape) != (here[rep].name, here[rep].shape)})
+    verdict: Verdict
+    if differs:
+        verdict = "different-ops"
+    elif index == scan.first_differing_op:
+        verdict = "inputs-differ"
+    elif all(at[r]["in_ordered"] == at[rep]["in_ordered"] for r, rep in pairs):
+        flags = int(at[ref]["flags"])
+        verdict = ("random-op" if flags & Flag.RANDOM else
+                   "uninitialized-memory" if flags & Flag.UNINIT else "nondeterministic-op")
+    else:
+        verdict = "input-order"
+    repeats = differs or sorted({rep for r, rep in pairs if at[r]["digest"] != at[rep]["digest"]})
+    neighbours = [OpRow(info(ref, i), _inputs_state(rows[i], pairs), _output_state(rows[i], pairs), i == index)
+                  for i in near if i in rows]
+    return OpFinding(
+        verdict=verdict, record=here[ref], repeats=repeats, reference=ref,
+        origin=info(ref, origin) if origin is not None and origin in rows else None,
+        others={i: here[i] for i in differs}, neighbours=neighbours,
+    )
+
+
+def _inputs_state(rows: Sequence[Any], pairs: list[tuple[int, int]]) -> InputsState:
+    if int(rows[pairs[0][0]]["kind"]) != Kind.OP:
+        return ""
+    if any(rows[r]["in_ordered"] == 0 or rows[rep]["in_ordered"] == 0 for r, rep in pairs):
+        return "unknown"
+    if any(int(rows[r]["flags"]) & Flag.UNINIT for r, _ in pairs):  # "match" would hide what it read
+        return "unwritten"
+    if all(rows[r]["in_ordered"] == rows[rep]["in_ordered"] for r, rep in pairs):
+        return "match"
+    if all(rows[r]["in_unordered"] == rows[rep]["in_unordered"] for r, rep in pairs):
+        return "reordered"
+    return "differ"
+
+
+def _output_state(rows: Sequence[Any], pairs: list[tuple[int, int]]) -> OutputState:
+    return "match" if all(rows[r]["digest"] == rows[rep]["digest"] for r, rep in pairs) else "differ"
+
+
+def _read_rows(paths: Sequence[Path], wanted: set[int]) -> tuple[dict[int, tuple[Any, ...]], list[RecordStream]]:
+    """({index: (the row of each trace)}, the streams, whose string tables cover those rows)."""
+    streams = [RecordStream(Path(p)) for p in paths]
+    last = max(wanted)
+    out: dict[int, tuple[Any, ...]] = {}
+    for block in Aligner(streams):
+        for i in wanted:
+            if block.base <= i < block.base + block.n:
+                out[i] = tuple(c[i - block.base].copy() for c in block.chunks)
+        if block.base + block.n > last:
+            break
+    return out, streams

@@ -1,0 +1,43 @@
+"""How the repeats ended: another exit status, or another line on stdout, is a divergence of its own.
+
+Shared by the audit (repeats compared with each other) and the baseline check (the first repeat
+compared with a recorded one); below both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, compare_stdout
+from detaudit.compare.traces import Divergence, RecordInfo
+from detaudit.results import RepeatResult
+
+
+def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEFAULT_STDOUT,
+                       run_dir: Path = Path(".")) -> Divergence | None:
+    """Repeats that end differently: another exit status, or another line on stdout (docs/stdout.md).
+
+    Only repeats that ended by themselves count: a timed-out repeat, or one stopped by
+    --max-steps/--max-time, was stopped, and an incomplete recording's exit status is unknown. Stdout is
+    compared between repeats on one device.
+    """
+    ended = [r for r in results if not r.timed_out and r.exit_code is not None and r.stopped_at_step is None]
+    if len(ended) < 2:
+        return None
+    ref = ended[0]
+    codes = [r for r in ended if r.exit_code != ref.exit_code]
+    if codes:
+        detail = "exit status differs: " + ", ".join(f"repeat {r.index} exited {r.exit_code}" for r in ended)
+        return Divergence(-1, "outcome", None, [r.index for r in codes], ref.index, detail=detail)
+    printed = [r for r in ended if r.device == ref.device and r.stdout and (run_dir / r.stdout).is_file()]
+    if stdout == "ignore" or len(printed) < 2 or printed[0] is not ref:
+        return None
+    found = compare_stdout([run_dir / r.stdout for r in printed], [r.index for r in printed], stdout)
+    if found is None:
+        return None
+    hint = "; `--stdout ignore` skips stdout" if stdout == "masked" else \
+        "; the default `--stdout masked` ignores timings (docs/stdout.md)"
+    record = RecordInfo(-1, "stdout", f"line {found.line}", "", "", -1, "", "", "", False)
+    return Divergence(-1, "outcome", record, found.repeats, ref.index, stdout=found,
+                      detail=f"stdout line {found.line} differs ({found.mode} comparison){hint}")

@@ -1,0 +1,1 @@
+"""Confirmation by experiment: re-run with one source of nondeterminism pinned at a time."""

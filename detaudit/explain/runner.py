@@ -1,0 +1,290 @@
+"""`--explain`: confirm causes by experiment, one pinned source at a time.
+
+The baseline repeats already showed the divergence and ranked the causes; they are not run
+again. Each experiment re-runs the script (a few repeats per device) with one source pinned
+(PINS: seeded RNGs, a fixed PYTHONHASHSEED, deterministic algorithms, one thread, ...), in the
+order of the ranking, and compares those repeats with each other. A cause whose pin alone
+removes the divergence is `confirmed`; a pin that only moves the first divergence later is
+reported with where it moved to. When no single pin confirms anything, one last experiment pins
+everything at once: if that still diverges, the source is one no pin reaches (concurrency,
+object order, or unknown). Experiments stop at the first confirmation unless asked for all,
+and never exceed the budget of extra repeats. The first pin that makes the repeats agree is checked
+against a control with nothing pinned (outside the budget): if the control agrees too, the
+divergence no longer reproduces and nothing is confirmed.
+
+Repeats go into the run directory as `explain-<pin>-<i>.*`; the experiments are stored in
+`explain.json` there, so `detaudit report RUN_DIR` shows them and a later explain reuses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target, analyse, execute, load_run
+from detaudit.causes.confirm import experiment_of
+from detaudit.compare.stdout import recorded_mode
+from detaudit.errors import UsageError, output_error
+from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, pin_of
+from detaudit.report.model import Report, write_json
+from detaudit.results import Cause, Experiment, ExperimentVerdict, RepeatResult
+from detaudit.run import distributed
+from detaudit.run.rundir import (
+    EXPLAIN_LOCK,
+    REPORT_FILE,
+    RUN_FILE,
+    free_prefix,
+    read_experiments,
+    read_run,
+    tolerance_of,
+    write_experiments,
+)
+
+DEFAULT_BUDGET = 12
+CHEAP_REPEATS = 2  # the default confirmation: one experiment of 2 repeats (a source that varies every run)
+# experiments that are cheap and decisive in 2 repeats: the source differs in every run when unpinned
+CHEAP_PINS = (Pin.TORCH_RNG, Pin.NUMPY_RNG, Pin.PYTHON_RNG, Pin.HASH_SEED, Pin.ADDRESS_LAYOUT)
+CUDA_PINS = (Pin.CUDNN, Pin.CUBLAS, Pin.TF32_OFF, Pin.NCCL)
+# address randomization moves memory in page steps, so a set of objects keeps its order across two
+# repeats about 1 time in 8: an experiment that separates a toss-up must agree over 3 (1 in 64)
+SEPARATING_REPEATS = 3
+MIN_REPEATS = 2
+
+
+def plan(causes: Sequence[Cause]) -> list[Pin]:
+    """Pins to try: the experiment that separates a toss-up first, then in the order of the ranking."""
+    names = [c.separating_pin for c in causes[:1] if c.separating_pin is not None]
+    for cause in causes:
+        names.extend(Pin(p) for p in cause.pins if p in PINS and p not in names)
+    return names
+
+
+def _verdict(report: Report, baseline: Report) -> tuple[ExperimentVerdict, int | None, str]:
+    """(verdict, first divergence index, note) of one experiment's repeats.
+
+    Only repeats that all ran to the end, with complete traces and the exit status the baseline
+    had, can confirm a pin: a crash or a missing trace proves nothing (`failed`), and exit
+    statuses that still differ are a divergence.
+    """
+    baseline_index = baseline.first_divergence.index if baseline.first_divergence is not None else -1
+    if report.verdict == "failed":
+        return "failed", None, "the script failed in every pinned repeat"
+    if report.timed_out:
+        return "failed", None, "a pinned repeat timed out"
+    ok_codes = {r.exit_code for r in baseline.runs}
+    ended = report.outcome_divergence
+    if ended is not None and ended.record is None and len(ok_codes) > 1:  # exit statuses differ, as before
+        first = report.comparison.first_divergence
+        return ("divergent", first.index if first is not None else None,
+                f"the repeats still end differently ({ended.detail})")
+    broken = [f"repeat {r.index} exited {r.exit_code}" for r in report.runs if r.exit_code not in ok_codes]
+    broken += [f"repeat {r.index} left an incomplete or no trace" for r, complete
+               in zip(report.runs, report.comparison.complete) if not complete]
+    if broken:
+        return "failed", None, f"inconclusive: {'; '.join(broken)}"
+    first = report.comparison.first_divergence
+    if first is None:
+        if report.outcome_divergence is not None and baseline_index < 0:
+            return "divergent", None, report.outcome_divergence.detail
+        note = f"the output still differs ({report.outcome_divergence.detail})" if report.outcome_divergence else ""
+        return "deterministic", None, note
+    rec = first.record
+    where = f"{rec.kind} {rec.name} step {rec.step}" if rec is not None else first.detail
+    if baseline_index >= 0 and first.index > baseline_index:
+        return "divergent", first.index, f"moved later, to #{first.index}: {where}"
+    return "divergent", first.index, f"still at #{first.index}: {where}"
+
+
+def cheap_pin(causes: Sequence[Cause]) -> Pin | None:
+    """The one inexpensive, decisive experiment for the top cause (or the toss-up at the top), if there is one."""
+    if not causes or causes[0].confidence == "confirmed":
+        return None
+    top = causes[0]
+    candidates = [top.separating_pin] if top.separating_pin else list(dict.fromkeys(top.pins))
+    return Pin(candidates[0]) if len(candidates) == 1 and candidates[0] in CHEAP_PINS else None
+
+
+def bisection_pins(devices: Sequence[str]) -> list[Pin]:
+    """The pins a bisection splits: CUDA-only pins only when a repeat ran on a GPU."""
+    return [p for p in PINS if p not in CUDA_PINS or "cuda" in devices]
+
+
+def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bool = False,
+                    repeats: int | None = None, jobs: int = 1,
+                    on_done: Callable[[RepeatResult], None] | None = None,
+                    on_experiment: Callable[[Experiment], None] | None = None,
+                    script_args: Sequence[str] | None = None, cheap: bool = False) -> Report:
+    """Run the experiments for a finished, divergent run and return its report with them applied.
+
+    `repeats` per device and experiment defaults to the baseline's; `budget` bounds their total.
+    `script_args`: the real arguments of a run recorded with --redact-args (its run.json has none).
+    One explain at a time per run directory: a second one would pick the same file names and
+    overwrite explain.json under the first. `cheap`: only the top cause's one inexpensive, decisive
+    experiment (`cheap_pin`), with CHEAP_REPEATS repeats: the default confirmation after a divergent `run`.
+    """
+    with _exclusive(Path(run_dir)):
+        return _run_experiments(run_dir, budget, explain_all, repeats, jobs, on_done, on_experiment, script_args,
+                                cheap)
+
+
+@contextlib.contextmanager
+def _exclusive(run_dir: Path) -> Iterator[None]:
+    """Hold `RUN_DIR/.explain.lock` (flock, released however the process ends) or refuse at once."""
+    if not (run_dir / RUN_FILE).is_file():  # not a run directory: leave no file in it (the caller says why)
+        yield
+        return
+    try:
+        fd = os.open(run_dir / EXPLAIN_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise output_error(run_dir / EXPLAIN_LOCK, exc) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"{run_dir}: another `detaudit explain` is running on this run directory; wait for "
+                             "it to finish") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int | None, jobs: int,
+                     on_done: Callable[[RepeatResult], None] | None,
+                     on_experiment: Callable[[Experiment], None] | None,
+                     script_args: Sequence[str] | None, cheap: bool) -> Report:
+    run_dir = Path(run_dir).resolve()  # the repeats run in the script's directory, not ours
+    report = load_run(run_dir)
+    if report.verdict != "divergent" or report.first_divergence is None:
+        raise UsageError(f"{run_dir}: the run is {report.verdict}; --explain needs a divergent run")
+    if report.timed_out:
+        raise UsageError(f"{run_dir}: a repeat timed out; --explain needs a run whose repeats all finished")
+    record, _ = read_run(run_dir)
+    redacted = bool(record.get("args_redacted"))
+    if redacted and script_args is None and record.get("script_args"):
+        raise UsageError(f"{run_dir}: the run was recorded with --redact-args, so its script arguments were not "
+                         "stored and cannot be re-run; use `detaudit run ... --redact-args --explain`")
+    stored = read_experiments(run_dir)
+    # as many repeats per device as the baseline had: fewer would let chance agreement "confirm" a pin
+    repeats = CHEAP_REPEATS if cheap else repeats or max(MIN_REPEATS, int(record.get("repeats") or MIN_REPEATS))
+    cwd = Path(record.get("cwd") or ".").resolve()
+    script = Path(record["script"])
+    args = list(record.get("script_args", []) if script_args is None else script_args)
+    base = AuditOptions(
+        Target(script if script.is_absolute() else cwd / script, args, module=record.get("module"),
+               redact_args=redacted),
+        Schedule(repeats=repeats, devices=list(record.get("devices") or ["cpu"]),
+                 own_device=bool(record.get("own_device")), timeout=record.get("timeout"), jobs=jobs,
+                 **distributed.options_of(record)),
+        # the baseline's own kind of trace, so record indices compare (auto's base run is module)
+        Recording(granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
+                  max_steps=record.get("max_steps"), max_time=record.get("max_time")),
+        Checks(tolerance=tolerance_of(record), stdout=recorded_mode(record)),
+    )
+    # a toss-up's separating experiment can agree by chance (objects land in the same order 1 time in 8):
+    # it gets SEPARATING_REPEATS repeats at least
+    separating = report.causes[0].separating_pin if report.causes else None
+
+    def repeats_for(name: str) -> int:
+        return max(repeats, SEPARATING_REPEATS) if name == separating else repeats
+
+    first = cheap_pin(report.causes) if cheap else None
+    # the default confirmation: one experiment, whatever --budget says
+    budget = repeats_for(first) * len(base.schedule.devices) if first is not None else budget
+    spent = 0
+    bisecting = False
+
+    def run_pin(name: str, control_repeats: int = 0) -> Experiment:
+        """One experiment; one already run (and not skipped) is reused, not run again."""
+        nonlocal spent
+        done = next((e for e in stored if e["pin"] == name and e["verdict"] != "skipped"), None)
+        if done is not None:
+            return experiment_of(done)
+        pin = pin_of(name)
+        stored[:] = [e for e in stored if e["pin"] != name]  # a pin skipped earlier, now run
+        count = control_repeats or repeats_for(name)
+        cost = 0 if control_repeats else count * len(base.schedule.devices)
+        if spent + cost > budget:
+            experiment = Experiment(name, pin.description, "skipped", None,
+                                    f"over the budget of {budget} extra repeats")
+            stored.append(asdict(experiment))
+            write_experiments(run_dir, stored)
+            if bisecting:
+                raise _OverBudget
+            return experiment
+        spent += cost
+        options = replace(base.recorded(child_config={"pins": list(pin.child)}),
+                          target=replace(base.target, env={**record.get("env", {}), **pin.env}),
+                          schedule=replace(base.schedule, repeats=count))
+        prefix = free_prefix(run_dir, f"explain-{name}")
+        results = execute(options, run_dir, on_done, prefix=prefix, cwd=cwd)
+        sub = analyse(run_dir, {**record, "narrowing": None, "results": [r.to_dict() for r in results]}, results)
+        verdict, index, note = _verdict(sub, report)
+        experiment = Experiment(name, pin.description, verdict, index, note)
+        stored.append({**asdict(experiment), "prefix": prefix, "results": [r.to_dict() for r in results]})
+        write_experiments(run_dir, stored)
+        if on_experiment is not None:
+            on_experiment(experiment)
+        if verdict == "deterministic" and name != CONTROL and control(repeats_for(name)).verdict == "deterministic":
+            raise _NotReproduced
+        return experiment
+
+    def control(count: int) -> Experiment:
+        """Once, when a pin first makes the repeats agree: as many repeats with nothing pinned. If those agree
+        too, the divergence no longer reproduces (a file an earlier repeat left, a rare race) and agreement
+        under a pin proves nothing (experiments.apply then confirms no cause). Outside the budget."""
+        return run_pin(CONTROL, count)
+
+    def agrees(name: str) -> bool:
+        return run_pin(name).verdict == "deterministic"
+
+    with contextlib.suppress(_NotReproduced):  # the stored control says so in the report
+        if cheap:
+            if first is not None:
+                run_pin(first)
+        else:
+            confirmed = any(e["verdict"] == "deterministic" and e["pin"] not in (ALL, CONTROL) for e in stored)
+            for name in plan(report.causes):
+                if confirmed and not explain_all:
+                    break
+                confirmed = agrees(name) or confirmed
+            if (not confirmed or explain_all) and agrees(ALL) and not confirmed:
+                bisecting = True
+                with contextlib.suppress(_OverBudget):  # the skipped experiment says so in the report
+                    bisect(bisection_pins(base.schedule.devices), agrees)
+    report = load_run(run_dir)
+    write_json(report, run_dir / REPORT_FILE, mode=0o600)
+    return report
+
+
+class _OverBudget(Exception):
+    """The budget ran out in the middle of a bisection: stop it there."""
+
+
+class _NotReproduced(Exception):
+    """The control agreed: no further experiment can confirm anything."""
+
+
+def bisect(pins: Sequence[str], agrees: Callable[[str], bool]) -> list[str]:
+    """Every pin at once makes the repeats agree and no single candidate did: narrow the set down.
+
+    Halve while one half alone still makes the repeats agree; when neither half does (sources in
+    both), drop one pin at a time while the rest still agree. Returns the smallest set found (one
+    source, or a named pair or more); its experiment is recorded under the set's name.
+    """
+    candidates = list(pins)
+    while len(candidates) > 1:
+        half = len(candidates) // 2
+        part = next((p for p in (candidates[:half], candidates[half:]) if agrees(SEP.join(p))), None)
+        if part is None:
+            break
+        candidates = part
+    for name in list(candidates):
+        if len(candidates) > 1:
+            rest = [c for c in candidates if c != name]
+            if agrees(SEP.join(rest)):
+                candidates = rest
+    return candidates

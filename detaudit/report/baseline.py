@@ -1,0 +1,186 @@
+"""Baselines: one recorded run kept (committed, or a CI artifact) to compare later runs with.
+
+`detaudit run SCRIPT --save-baseline DIR` keeps the first repeat's trace (`reference.trace`,
+about 90 bytes a record) and a manifest (`baseline.json`): how it was run, how it ended, and
+the environment fingerprint (host, Python, torch build, threads, determinism flags, the
+environment variables that steer them). `--baseline DIR` compares a new run's first repeat with
+it, as well as the repeats with each other, and names every fingerprint field that changed, so
+"the upgrade changed the numbers" reads differently from "the job is nondeterministic".
+
+Format `detaudit-baseline` version 1 (docs/trace-format.md, "Baselines"); read back strictly:
+a manifest that is not one, of another version, or whose trace does not match its checksum is
+refused (exit 4). JSON and the trace format only: never pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from detaudit import __version__
+from detaudit.compare.outcome import outcome_divergence
+from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode
+from detaudit.compare.traces import compare_traces
+from detaudit.errors import TraceError, UsageError
+from detaudit.report.model import BaselineCheck, EnvironmentChange, Report
+from detaudit.results import RepeatResult
+from detaudit.run.files import write_text_atomically
+from detaudit.run.rundir import read_run, tolerance_of
+from detaudit.trace import RecordStream, load_json, open_regular
+
+BASELINE_FORMAT = "detaudit-baseline"
+BASELINE_VERSION = 1
+MANIFEST = "baseline.json"
+MAX_MANIFEST_BYTES = 16 << 20
+TRACE = "reference.trace"
+STDOUT = "reference.stdout"  # compared line by line as the run's --stdout mode says (docs/stdout.md)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A baseline read back and validated."""
+
+    path: Path
+    trace: Path
+    granularity: str
+    script: str
+    script_args: list[str]
+    result: RepeatResult  # the recorded repeat: device, exit status, stdout digest
+    environment: dict[str, Any]
+
+
+def effective_granularity(granularity: str) -> str:
+    """What the compared traces hold: `auto` records modules (its op-level re-run goes elsewhere)."""
+    return "module" if granularity == "auto" else granularity
+
+
+ENVIRONMENT_KEYS = ("python", "torch", "numpy", "cuda", "cudnn", "driver", "cpu", "machine", "os")
+FLAG_KEYS = ("num_threads", "num_interop_threads", "deterministic_algorithms", "float32_matmul_precision",
+             "matmul.allow_tf32", "cudnn.allow_tf32", "cudnn.benchmark", "cudnn.deterministic")
+
+
+def fingerprint(record: dict[str, Any], trace: Path, device: str) -> dict[str, Any]:
+    """The environment one repeat ran in, from its trace's evidence (docs/causes.md): versions, hardware,
+    allow-listed variables, and the thread count and determinism flags as they stood at the first
+    optimizer step (else the first forward, else at import)."""
+    stream = RecordStream(trace)
+    stream.drain()
+    events = stream.events
+    env = next((e for e in events if e.get("type") == "environment"), {})
+    states = {e.get("when"): e.get("flags") for e in events if e.get("type") == "state" and e.get("flags")}
+    flags = states.get("first-step") or states.get("first-forward") or states.get("import") or {}
+    host = record.get("environment") or {}
+    found = {"detaudit": host.get("detaudit"), "cpu_count": host.get("cpu_count"), "device": device}
+    found.update({key: env.get(key) for key in ENVIRONMENT_KEYS})
+    found.update({key: flags.get(key) for key in FLAG_KEYS})
+    found.update({f"${name}": value for name, value in sorted((env.get("env") or {}).items())})
+    return found
+
+
+def save(run_dir: Path, report: Report, dest: Path) -> Path:
+    """Keep `report`'s first repeat as a baseline in `dest` (new, empty, or an older baseline to replace)."""
+    if report.verdict != "deterministic":
+        raise UsageError(f"baseline not saved: the run is {report.verdict}; a baseline must come from repeats "
+                         "that agree, or every later comparison would fail")
+    dest = Path(dest)
+    if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not (dest / MANIFEST).is_file())):
+        raise UsageError(f"--save-baseline {dest}: not a new or empty directory, nor a baseline to replace")
+    record, results = read_run(run_dir)
+    first = results[0]
+    source = Path(run_dir) / first.trace
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = dest / (TRACE + ".tmp")
+    shutil.copyfile(source, tmp)
+    tmp.replace(dest / TRACE)
+    printed = Path(run_dir) / first.stdout
+    if first.stdout and printed.is_file():
+        shutil.copyfile(printed, dest / (STDOUT + ".tmp"))
+        (dest / (STDOUT + ".tmp")).replace(dest / STDOUT)
+    manifest = {
+        "format": BASELINE_FORMAT, "version": BASELINE_VERSION, "detaudit_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "script": Path(str(record["script"])).name, "script_args": list(record.get("script_args", [])),
+        "granularity": effective_granularity(str(record.get("granularity", "module"))),
+        "reference": {"trace": TRACE, "sha256": _sha256(dest / TRACE), "records": report.comparison.records[0],
+                      "device": first.device, "exit_code": first.exit_code, "stdout_digest": first.stdout_digest},
+        "environment": fingerprint(record, source, first.device),
+    }
+    write_text_atomically(dest / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    return dest
+
+
+def load(path: Path) -> Baseline:
+    """Read and validate a baseline directory (or its baseline.json)."""
+    path = Path(path)
+    directory = path.parent if path.name == MANIFEST else path
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        raise TraceError(f"{path}: not a detaudit baseline (no {MANIFEST}); record one with "
+                         "`detaudit run SCRIPT --save-baseline DIR`")
+    with open_regular(manifest_path, "baseline manifest") as fh:  # no FIFO or device; size-capped; nesting refused
+        data = load_json(fh.read(MAX_MANIFEST_BYTES), f"{manifest_path}: unreadable baseline manifest")
+    if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:
+        raise TraceError(f"{manifest_path}: not a detaudit baseline manifest")
+    if data.get("version") != BASELINE_VERSION:
+        raise TraceError(f"{manifest_path}: baseline version {data.get('version')} is not supported (this detaudit "
+                         f"reads version {BASELINE_VERSION}); record the baseline again")
+    try:
+        ref = data["reference"]
+        trace = directory / str(ref["trace"])
+        printed = directory / STDOUT
+        result = RepeatResult(index=0, device=str(ref["device"]), exit_code=int(ref["exit_code"]), duration_s=0.0,
+                              timed_out=False, trace=str(trace.resolve()),
+                              stdout=str(printed.resolve()) if printed.is_file() else "", stderr="",
+                              stdout_digest=str(ref["stdout_digest"]))
+        baseline = Baseline(directory, trace, str(data["granularity"]), str(data["script"]),
+                            [str(a) for a in data["script_args"]], result, dict(data["environment"]))
+        expected = str(ref["sha256"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceError(f"{manifest_path}: malformed baseline manifest (field {exc})") from None
+    if trace.parent != directory or not trace.is_file():
+        raise TraceError(f"{manifest_path}: its trace {ref['trace']!r} is missing")
+    if _sha256(trace) != expected:
+        raise TraceError(f"{trace}: does not match the checksum in {MANIFEST} (edited or corrupt); "
+                         "record the baseline again")
+    return baseline
+
+
+def check(baseline: Baseline, run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult],
+          stdout: StdoutMode = DEFAULT_STDOUT) -> BaselineCheck:
+    """Compare the run's first repeat with the baseline, and list what changed around it."""
+    current = results[0]
+    trace = Path(run_dir) / current.trace
+    labels = [baseline.result.device, current.device]  # same device: bit for bit; else within the tolerance
+    comparison = compare_traces([baseline.trace, trace], labels, tolerance_of(record),
+                                truncated=[False, current.timed_out])
+    outcome = outcome_divergence([baseline.result, replace(current, index=1)], stdout, Path(run_dir))
+    divergence = comparison.first_divergence or outcome
+    if divergence is not None and divergence.category == "structure" and outcome is not None:
+        divergence = outcome
+    now = fingerprint(record, trace, current.device) if trace.is_file() else {}
+    changes = environment_changes(baseline.environment, now)
+    if baseline.script_args != list(record.get("script_args", [])):
+        changes.insert(0, EnvironmentChange("script arguments", " ".join(baseline.script_args) or "(none)",
+                                            " ".join(record.get("script_args", [])) or "(none)"))
+    return BaselineCheck(str(baseline.path), divergence, changes, comparison.records_compared,
+                         comparison.records_differing, comparison.by_step)
+
+
+def environment_changes(before: dict[str, Any], after: dict[str, Any]) -> list[EnvironmentChange]:
+    """Every fingerprint field whose value differs (a field only one side has counts as changed)."""
+    return [EnvironmentChange(key, before.get(key), after.get(key))
+            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

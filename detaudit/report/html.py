@@ -1,0 +1,349 @@
+"""The report as one self-contained HTML file, plots included (`--html PATH`).
+
+Reads only the JSON form of a Report (`report.to_dict`, docs/report-schema.md), so a saved
+report.json renders the same as a live run. No terminal code, and nothing loaded from the
+network: styles are inline and the plots are SVG written here. A plotting library would either
+pull a megabyte of JavaScript into every report or need a CDN to render offline; three small
+charts (two log-scale series and a heat strip) are a few dozen lines of SVG. Every plotted
+point carries its value in `data-*` attributes and a `<title>` tooltip, so the numbers can be
+read (and tested) from the file itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from detaudit.compare.oprules import VERDICTS
+
+WIDTH, HEIGHT = 760, 210
+MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 14, 34
+MAX_STRIP_MODULES = 24  # heat strip rows: the modules with the most differing records
+MAX_STRIP_CELLS = 300  # heat strip columns at most: longer runs group steps into cells
+_COLOURS = {"deterministic": "#1a7f37", "divergent": "#cf222e", "failed": "#9a6700", "timeout": "#cf222e",
+            "inconclusive": "#9a6700"}
+
+_STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1000px;color:#1f2328;
+padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
+.verdict{font-weight:700;color:#fff;padding:2px 10px;border-radius:6px}
+table{border-collapse:collapse;margin:6px 0}td,th{padding:3px 10px;border-bottom:1px solid #eaeef2;text-align:left;
+vertical-align:top}th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums}
+code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12.5px}
+.kv th{background:none;width:130px}.muted{color:#656d76}.differ{color:#cf222e;font-weight:600}
+.cause{border:1px solid #d0d7de;border-radius:6px;padding:8px 12px;margin:8px 0}
+.confirmed{border-color:#8250df}.fix{color:#1a7f37}.chosen{background:#fff8c5}
+.changed td{background:#fff1e5}svg{display:block;margin:4px 0 12px}svg text{font:11px system-ui,sans-serif}
+"""
+
+
+def render_html(data: dict[str, Any]) -> str:
+    """The whole report page for the JSON dict of a Report."""
+    verdict = str(data.get("verdict", "?"))
+    script = str(data.get("script", ""))
+    title = f"detaudit: {verdict} — {Path(script).name}"
+    body = [
+        f"<h1>detaudit report <span class='verdict' style='background:{_COLOURS.get(verdict, '#57606a')}'>"
+        f"{escape(verdict.upper())}</span></h1>",
+        f"<p class='mono'>{escape(' '.join([script, *map(str, data.get('script_args', []))]))}</p>",
+        f"<p>{escape(_summary(data))}</p>",
+        _runs_section(data),
+        _failure_section(data),
+        _divergence_section(data),
+        _baseline_section(data),
+        _op_section(data),
+        _plots_section(data),
+        _causes_section(data),
+        _environment_section(data),
+        f"<p class='muted'>run directory <span class='mono'>{escape(str(data.get('run_dir', '')))}</span> · "
+        f"detaudit {escape(str(data.get('detaudit_version', '')))} · report schema "
+        f"{escape(str(data.get('schema_version', '')))}</p>",
+    ]
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width,initial-scale=1'><title>{escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body>\n" + "\n".join(b for b in body if b) + "\n</body></html>\n")
+
+
+def write_html(report: Any, path: Path) -> None:
+    """Write the HTML report of `report` (a Report) to `path` (`-`: stdout)."""
+    from detaudit.report.model import to_dict
+    from detaudit.run.files import write_output
+
+    write_output(path, render_html(to_dict(report)))
+
+
+def _summary(data: dict[str, Any]) -> str:
+    runs = data.get("runs", [])
+    spread = data.get("spread", {})
+    devices = ", ".join(sorted({str(r.get("device")) for r in runs}))
+    text = f"{len(runs)} repeats on {devices}; {spread.get('records_differing', 0)} of " \
+           f"{spread.get('records_compared', 0)} aligned records differ."
+    baseline = data.get("baseline")
+    if baseline:
+        text += " The repeats " + ("match" if baseline.get("matches") else "differ from") + " the baseline."
+    return text
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequence[str] = (),
+           row_class: Sequence[str] | None = None) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    lines = []
+    for i, row in enumerate(rows):
+        cells = "".join(f"<td class='num'>{_cell(v)}</td>" if headers[j] in numeric else f"<td>{_cell(v)}</td>"
+                        for j, v in enumerate(row))
+        cls = f" class='{row_class[i]}'" if row_class and row_class[i] else ""
+        lines.append(f"<tr{cls}>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(lines)}</table>"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "<span class='muted'>-</span>"
+    if isinstance(value, float):
+        return escape(f"{value:.4g}")
+    return escape(str(value))
+
+
+def _kv(rows: Sequence[tuple[str, Any]]) -> str:
+    body = "".join(f"<tr><th>{escape(k)}</th><td>{_cell(v)}</td></tr>" for k, v in rows if v not in (None, ""))
+    return f"<table class='kv'>{body}</table>"
+
+
+def _runs_section(data: dict[str, Any]) -> str:
+    rows = [[r["repeat"], r["device"], "timeout" if r["timed_out"] else r["exit_code"], r["duration_s"],
+             f"{r['records']}{'' if r['complete'] else ' (incomplete)'}", r["trace"]] for r in data.get("runs", [])]
+    return "<h2>Repeats</h2>" + _table(["repeat", "device", "exit", "time (s)", "records", "trace"], rows,
+                                       numeric=["repeat", "exit", "time (s)", "records"])
+
+
+def _failure_section(data: dict[str, Any]) -> str:
+    if data.get("failure"):
+        return f"<h2>The script's error (repeat 0)</h2><pre>{escape(data['failure'])}</pre>"
+    errors = [(r["repeat"], r["exit_code"], r["error"]) for r in data.get("runs", []) if r.get("error")]
+    return "".join(f"<h2>Repeat {i} ended differently (exit {code}): its stderr</h2><pre>{escape(err)}</pre>"
+                   for i, code, err in errors[:2])
+
+
+def _divergence_section(data: dict[str, Any]) -> str:
+    d = data.get("first_divergence")
+    if not d:
+        return ""
+    return "<h2>First divergence</h2>" + _kv(_divergence_rows(d))
+
+
+def _divergence_rows(d: dict[str, Any]) -> list[tuple[str, Any]]:
+    # with an op finding, module, op and location name that op: they belong to its own section
+    own = not d.get("op_finding")
+    return [
+        ("what", d["category"] + (f" — {d['detail']}" if d.get("detail") else "")),
+        ("record", None if d["index"] < 0 else f"#{d['index']}"),
+        ("step", d["step"] if d.get("step") is not None and d["step"] >= 0 else None),
+        ("kind", d.get("kind")), ("name", d.get("name")), ("module", d.get("module") if own else None),
+        ("op", f"{d['op']} ({d['phase']})" if own and d.get("op") else None),
+        ("location", d.get("location") if own else None),
+        ("tensor", f"{d['dtype']}[{d['shape']}]" if d.get("dtype") else None),
+        ("repeats", f"{', '.join(map(str, d['repeats']))} differ from {d['reference']}" if d.get("repeats") else None),
+        ("max |diff|", d.get("max_abs_diff")), ("max ULP", d.get("max_ulp_diff")),
+    ]
+
+
+def _baseline_section(data: dict[str, Any]) -> str:
+    b = data.get("baseline")
+    if not b:
+        return ""
+    parts = [f"<h2>Baseline</h2><p>compared with <span class='mono'>{escape(str(b.get('path', '')))}</span>: "
+             f"<b>{'matches' if b.get('matches') else 'differs'}</b></p>"]
+    if b.get("first_divergence"):
+        parts.append(_kv(_divergence_rows(b["first_divergence"])))
+    changes = b.get("environment_changes") or []
+    if changes:
+        parts.append("<p>The environment changed since the baseline was recorded:</p>")
+        parts.append(_table(["field", "baseline", "now"], [[c["field"], c["baseline"], c["current"]] for c in changes],
+                            row_class=["changed"] * len(changes)))
+    return "".join(parts)
+
+
+def _op_section(data: dict[str, Any]) -> str:
+    d = data.get("first_divergence") or {}
+    f = d.get("op_finding")
+    if not f:
+        return ""
+    origin = f.get("origin")
+    if f["verdict"] == "inputs-differ" and origin and origin.get("kind") == "input":
+        # no recorded op made the differing data: the neighbour table would only show its consumers
+        window = f" in steps {f['window'][0]}–{f['window'][1]}" if f.get("window") else ""
+        where = f" ({origin['location']})" if origin.get("location") else ""
+        return (f"<h2>The op behind it</h2><p>No op recorded{escape(window)} produced the differing data: it "
+                f"first appears as the model's input {escape(str(origin['name']))}{escape(where)}, so it was made "
+                f"outside torch (NumPy, Python, a file...) or before the recorded steps. The first op to use it is "
+                f"<code>{escape(str(f['op']))}</code>.</p>")
+    rows = [
+        ("op", f"{f['op']} ({f['phase']}{', autograd node ' + f['node'] if f.get('node') else ''})"),
+        ("module", f.get("module")), ("location", f.get("location")), ("step", f.get("step")),
+        ("why", f"{f['verdict']}: {VERDICTS.get(f['verdict'], '')}"), ("summary", f.get("summary")),
+        ("origin", f"{origin['kind']} {origin['name']}" + (f" ({origin['location']})" if origin.get("location") else "")
+         if origin else None),
+        ("recorded in", f"an op-level re-run ({f['traces']}-*.trace), ops in steps {f['window'][0]}–{f['window'][1]}"
+         if f.get("traces") and f.get("window") else None),
+    ]
+    neighbours = f.get("neighbours") or []
+    table = _table(["", "#", "record", "phase", "module", "location", "inputs", "output"],
+                   [[">>" if n["chosen"] else "", n["index"], n.get("op") or f"{n['kind']} {n['name']}", n.get("phase"),
+                     n.get("module"), n.get("location"), n.get("inputs"), n.get("output")] for n in neighbours],
+                   row_class=["chosen" if n["chosen"] else "" for n in neighbours]) if neighbours else ""
+    return "<h2>The op behind it</h2>" + _kv(rows) + table
+
+
+def _causes_section(data: dict[str, Any]) -> str:
+    parts = []
+    for i, c in enumerate(data.get("causes", []), 1):
+        evidence = "".join(f"<li>{escape(e)}</li>" for e in c["evidence"])
+        parts.append(f"<div class='cause {escape(c['confidence'])}'><b>{i}. [{escape(c['confidence'])}] "
+                     f"{escape(c['id'])}</b>: {escape(c['summary'])}<ul>{evidence}</ul>"
+                     f"<div class='fix'>fix: {escape(c['fix'])}</div></div>")
+    experiments = data.get("experiments", [])
+    if experiments:
+        parts.append("<h3>Experiments (--explain)</h3>" + _table(
+            ["pinned", "result", "first divergence", "note"],
+            [[e["description"], e["verdict"], e["first_divergence_index"], e["note"]] for e in experiments]))
+    return "<h2>Likely causes</h2>" + "".join(parts) if parts else ""
+
+
+def _environment_section(data: dict[str, Any]) -> str:
+    env = data.get("environment") or {}
+    if not env:
+        return ""
+    return "<h2>Environment</h2>" + _kv([(k, env[k] if not isinstance(env[k], (dict, list)) else str(env[k]))
+                                         for k in sorted(env)])
+
+
+# -- plots ----------------------------------------------------------------------------------------
+def _plots_section(data: dict[str, Any]) -> str:
+    """The spread between the repeats; when they agree but differ from a baseline, the spread from it."""
+    steps = [s for s in data.get("spread", {}).get("by_step", []) if s.get("step", -1) >= 0]
+    against = "between the repeats"
+    if not any(s["differing"] for s in steps) and data.get("baseline"):
+        steps = [s for s in data["baseline"].get("by_step", []) if s.get("step", -1) >= 0]
+        against = "from the baseline (repeat 0 against it)"
+    if not any(s["differing"] for s in steps):
+        return ""
+    peaks = [(s["step"], s["max_abs_diff"]) for s in steps if s["differing"] and s["max_abs_diff"] is not None]
+    counts = [(s["step"], s["differing"]) for s in steps if s["differing"]]
+    xs = [s["step"] for s in steps]
+    return (f"<h2>How the divergence spreads</h2><p class='muted'>Differences {against}, per training step "
+            "(optimizer steps completed), over the records compared. Max |diff| is measured on sampled elements.</p>"
+            + log_series_svg("max-abs-diff", "max |diff| per step (log scale)", xs, peaks)
+            + log_series_svg("differing", "differing records per step (log scale)", xs, counts)
+            + heat_strip_svg(steps))
+
+
+def _x_scale(xs: Sequence[int]) -> Any:
+    lo, hi = min(xs), max(xs)
+    span = max(hi - lo, 1)
+    inner = WIDTH - MARGIN_LEFT - MARGIN_RIGHT
+
+    def at(x: float) -> float:
+        return MARGIN_LEFT + (x - lo) / span * inner if hi > lo else MARGIN_LEFT + inner / 2
+
+    return at
+
+
+def _x_axis(xs: Sequence[int], at: Any, y: float) -> list[str]:
+    lo, hi = min(xs), max(xs)
+    ticks = sorted({lo, hi, *range(lo, hi + 1, max(1, math.ceil((hi - lo) / 8)))})
+    out = [f"<line x1='{MARGIN_LEFT}' y1='{y}' x2='{WIDTH - MARGIN_RIGHT}' y2='{y}' stroke='#8c959f'/>"]
+    out += [f"<text x='{at(t):.1f}' y='{y + 14}' text-anchor='middle'>{t}</text>" for t in ticks]
+    out.append(f"<text x='{(MARGIN_LEFT + WIDTH - MARGIN_RIGHT) / 2}' y='{y + 28}' text-anchor='middle'>step</text>")
+    return out
+
+
+def log_series_svg(name: str, title: str, xs: Sequence[int], points: Sequence[tuple[int, float]]) -> str:
+    """A log-scale series over steps; zero values sit on the floor line, marked hollow."""
+    if not points:
+        return ""
+    positive = [v for _, v in points if v > 0]
+    lo_exp = math.floor(math.log10(min(positive))) if positive else 0
+    hi_exp = math.ceil(math.log10(max(positive))) if positive else 1
+    if hi_exp <= lo_exp:
+        hi_exp = lo_exp + 1
+    top, bottom = MARGIN_TOP + 16, HEIGHT - MARGIN_BOTTOM
+    at = _x_scale(xs)
+
+    def y_of(v: float) -> float:
+        if v <= 0:
+            return bottom
+        return bottom - (math.log10(v) - lo_exp) / (hi_exp - lo_exp) * (bottom - top)
+
+    out = [f"<svg class='plot' data-plot='{name}' width='{WIDTH}' "
+           f"height='{HEIGHT}' viewBox='0 0 {WIDTH} {HEIGHT}' role='img' aria-label='{escape(title)}'>",
+           f"<text x='{MARGIN_LEFT}' y='{MARGIN_TOP}' font-weight='600'>{escape(title)}</text>"]
+    for e in range(lo_exp, hi_exp + 1):
+        y = y_of(10.0 ** e)
+        out.append(f"<line x1='{MARGIN_LEFT}' y1='{y:.1f}' x2='{WIDTH - MARGIN_RIGHT}' y2='{y:.1f}' stroke='#eaeef2'/>")
+        out.append(f"<text x='{MARGIN_LEFT - 6}' y='{y + 4:.1f}' text-anchor='end'>1e{e}</text>")
+    out += _x_axis(xs, at, bottom)
+    coords = [(at(x), y_of(v)) for x, v in points]
+    if len(coords) > 1:
+        out.append("<polyline fill='none' stroke='#cf222e' stroke-width='1.5' points='"
+                   + " ".join(f"{x:.1f},{y:.1f}" for x, y in coords) + "'/>")
+    for (x, v), (cx, cy) in zip(points, coords):
+        fill = "#cf222e" if v > 0 else "#fff"
+        out.append(f"<circle cx='{cx:.1f}' cy='{cy:.1f}' r='3' fill='{fill}' stroke='#cf222e' "
+                   f"data-step='{x}' data-value='{v!r}'><title>step {x}: {v:.4g}</title></circle>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def heat_strip_svg(steps: Sequence[dict[str, Any]]) -> str:
+    """Which modules hold differing records at each step: one row per module, one cell per step
+    (per run of steps when there are more steps than MAX_STRIP_CELLS, so a long run stays small)."""
+    totals: dict[str, int] = {}
+    for s in steps:
+        for module, hits in (s.get("modules") or {}).items():
+            totals[module] = totals.get(module, 0) + hits
+    if not totals:
+        return ""
+    modules = sorted(totals, key=lambda m: (-totals[m], m))[:MAX_STRIP_MODULES]
+    xs = [s["step"] for s in steps]
+    lo, hi = min(xs), max(xs)
+    width = math.ceil((hi - lo + 1) / MAX_STRIP_CELLS)  # steps per cell
+    cells: dict[str, dict[int, int]] = {module: {} for module in modules}  # module -> cell -> differing
+    for s in steps:
+        for module, hits in (s.get("modules") or {}).items():
+            if module in cells:
+                cell = (s["step"] - lo) // width
+                cells[module][cell] = cells[module].get(cell, 0) + hits
+    row_h, left = 16, 190
+    height = MARGIN_TOP + 18 + row_h * len(modules) + MARGIN_BOTTOM
+    inner = WIDTH - left - MARGIN_RIGHT
+    cell_w = inner / math.ceil((hi - lo + 1) / width)
+    peak = max(hits for row in cells.values() for hits in row.values())
+    title = "modules with differing records, per step" + (f" (cells of {width} steps)" if width > 1 else "")
+    dropped = len(totals) - len(modules)
+    out = [f"<svg class='plot' data-plot='modules' width='{WIDTH}' "
+           f"height='{height}' viewBox='0 0 {WIDTH} {height}' role='img' aria-label='{title}'>",
+           f"<text x='{MARGIN_LEFT}' y='{MARGIN_TOP}' font-weight='600'>{title}"
+           + (f" (top {len(modules)} of {len(totals)})" if dropped else "") + "</text>"]
+    top = MARGIN_TOP + 12
+    for row, module in enumerate(modules):
+        y = top + row * row_h
+        label = module or "(outside any module)"
+        out.append(f"<text x='{left - 6}' y='{y + row_h - 4}' text-anchor='end'>{escape(label[-30:])}</text>")
+        out.append(f"<rect x='{left}' y='{y}' width='{inner:.1f}' height='{row_h - 2}' fill='#f6f8fa'/>")
+        for cell, hits in sorted(cells[module].items()):
+            first = lo + cell * width
+            span = f"steps {first}–{first + width - 1}" if width > 1 else f"step {first}"
+            shade = 0.25 + 0.75 * math.log1p(hits) / math.log1p(peak)
+            out.append(f"<rect x='{left + cell * cell_w:.1f}' y='{y}' width='{max(cell_w, 1.0):.1f}' "
+                       f"height='{row_h - 2}' fill='#cf222e' fill-opacity='{shade:.2f}' data-step='{first}' "
+                       f"data-steps='{width}' data-module='{escape(module)}' data-count='{hits}'>"
+                       f"<title>{span}: {escape(label)}, {hits} differing</title></rect>")
+    bottom = top + row_h * len(modules) + 2
+    out.append(f"<text x='{left}' y='{bottom + 14}'>step {lo}</text>")
+    out.append(f"<text x='{WIDTH - MARGIN_RIGHT}' y='{bottom + 14}' text-anchor='end'>step {hi}</text>")
+    out.append("</svg>")
+    return "".join(out)

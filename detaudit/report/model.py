@@ -1,0 +1,364 @@
+"""The audit's result as data, and its JSON rendering (JUnit: junit.py; terminal: render.py).
+
+The value types of a torchrun run's findings live here too, below ranks.py that computes them,
+so a Report can be read without the stage that fills it in.
+
+JSON schema: docs/report-schema.md. Bump SCHEMA_VERSION on any incompatible change.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from detaudit import __version__
+from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
+from detaudit.compare.traces import Comparison, Divergence, RecordInfo, StepSpread
+from detaudit.errors import (
+    EXIT_DETERMINISTIC,
+    EXIT_DIVERGENT,
+    EXIT_INCONCLUSIVE,
+    EXIT_SCRIPT_FAILED,
+    EXIT_TIMEOUT,
+)
+from detaudit.results import Cause, Experiment, RepeatResult, Role, Verdict
+from detaudit.run.files import write_output
+
+if TYPE_CHECKING:
+    from detaudit.compare.match import Match
+    from detaudit.compare.oprules import OpFinding
+
+SCHEMA_NAME = "detaudit-report"
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class EnvironmentChange:
+    """One environment fingerprint field that differs from the baseline's (detaudit/report/baseline.py)."""
+
+    field: str
+    baseline: Any
+    current: Any
+
+
+@dataclass(frozen=True)
+class BaselineCheck:
+    """The run's first repeat compared with a recorded baseline (`detaudit run --baseline DIR`)."""
+
+    path: str
+    divergence: Divergence | None
+    environment_changes: list[EnvironmentChange]
+    records_compared: int = 0
+    records_differing: int = 0
+    by_step: list[StepSpread] = field(default_factory=list)
+
+    @property
+    def matches(self) -> bool:
+        return self.divergence is None
+
+
+def all_failed(runs: Sequence[RepeatResult]) -> bool:
+    """Every repeat exited with an error status (the verdict `failed`, unless a repeat timed out)."""
+    return bool(runs) and all(r.exit_code not in (0, None) for r in runs)
+
+
+@dataclass(frozen=True)
+class Report:
+    """The audit's result, built once from the finished pieces (audit.analyse, ranks.analyse_ranks)."""
+
+    script: str
+    script_args: list[str]
+    run_dir: str
+    runs: list[RepeatResult]
+    comparison: Comparison
+    outcome_divergence: Divergence | None = None
+    causes: list[Cause] = field(default_factory=list)
+    experiments: list[Experiment] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    failure: str = ""  # the script's own error when it failed in every repeat
+    repeat_errors: dict[int, str] = field(default_factory=dict)  # stderr tail of each repeat that failed
+    bitwise: bool = True  # False: recordings compared within a tolerance (detaudit compare --atol/--rtol)
+    stdout_mode: StdoutMode = DEFAULT_STDOUT  # how stdout was compared (docs/stdout.md)
+    argv: list[str] | None = None  # the script's sys.argv in every repeat; None for `compare`
+    baseline: BaselineCheck | None = None  # --baseline: the comparison with a recorded run
+    inferred: list[str] = field(default_factory=list)  # cause ids as ranked from the evidence, before experiments
+    match: Match | None = None  # what the verdict rests on (detaudit/compare/match.py)
+    distributed: DistributedFindings | None = None  # a torchrun run: ranks, replica check (ranks.py)
+    op_finding: OpFinding | None = None  # the op behind first_divergence, when ops were recorded (oprules.py)
+
+    @property
+    def first_divergence(self) -> Divergence | None:
+        return self.comparison.first_divergence or self.outcome_divergence
+
+    @property
+    def timed_out(self) -> bool:
+        return any(r.timed_out for r in self.runs)
+
+    @property
+    def verdict(self) -> Verdict:
+        """`timeout` when a repeat timed out before any divergence: the repeats agree as far as
+        all of them got, which settles nothing (a divergence found before the timeout is `divergent`)."""
+        if self.timed_out:
+            return "divergent" if self.first_divergence is not None else "timeout"
+        if all_failed(self.runs):
+            return "failed"
+        if self.first_divergence is not None or self.replica_divergence is not None:
+            return "divergent"
+        if self.inconclusive_reason:
+            return "inconclusive"
+        return "deterministic"
+
+    @property
+    def inconclusive_reason(self) -> str:
+        """Why agreement proves nothing, or "" when it does.
+
+        Agreement is evidence only when every repeat's recording is whole: a recording that was
+        lost or cut short (no footer), a repeat stopped by an interrupt, or repeats that recorded no
+        tensor at all agree vacuously — never "deterministic".
+        """
+        comp = self.comparison
+        cut = [r.index for r in self.runs if not r.timed_out
+               and (r.interrupted or (r.index < len(comp.complete) and not comp.complete[r.index]))]
+        if cut:
+            return (f"the recording of repeat(s) {', '.join(map(str, cut))} is incomplete (stopped, killed, or "
+                    f"its writes failed): the repeats agree on the {comp.records_compared} records they all "
+                    "made, which says nothing about the rest")
+        if self.runs and not any(comp.records):
+            return ("nothing to compare: no repeat recorded a tensor (the script never imported torch, or ran no "
+                    "module, optimizer step, torch.save or detaudit.checkpoint)")
+        check = self.match.self_check if self.match is not None else None
+        if check is not None and not check.passed:
+            seen = ("not at all" if check.detected_at is None else f"first at record #{check.detected_at}, "
+                    + ("before the change: that repeat diverged on its own" if check.detected_at < check.record
+                       else "after it"))
+            return (f"the --self-check negative control failed: a one-ULP change injected at record "
+                    f"#{check.record} ({check.name}) was seen {seen}, so the repeats' agreement proves nothing")
+        return ""
+
+    @property
+    def replica_divergence(self) -> ReplicaDivergence | None:
+        """DDP replicas that differ inside a repeat: divergent even when every repeat agrees."""
+        return self.distributed.replica_divergence if self.distributed is not None else None
+
+    @property
+    def exit_code(self) -> int:
+        if self.timed_out:
+            return EXIT_TIMEOUT
+        if self.verdict == "deterministic" and self.baseline is not None and not self.baseline.matches:
+            return EXIT_DIVERGENT  # the repeats agree with each other, not with the baseline
+        return {"failed": EXIT_SCRIPT_FAILED, "divergent": EXIT_DIVERGENT,
+                "inconclusive": EXIT_INCONCLUSIVE}.get(self.verdict, EXIT_DETERMINISTIC)
+
+
+@dataclass
+class RankSummary:
+    """One rank of a torchrun run across the repeats (ranks.py)."""
+
+    rank: int
+    first_divergence: Divergence | None
+    role: Role | None
+    report: Report = field(repr=False)  # that rank's own report (comparison, causes)
+
+
+@dataclass(frozen=True)
+class ReplicaDivergence:
+    """DDP replicas that differ inside one repeat, at the first optimizer step where they do."""
+
+    step: int
+    name: str
+    ranks: list[int]  # the ranks whose copy differs from the lowest rank's
+    reference: int
+    max_abs_diff: float | None
+    repeats: list[int]  # the repeats where it happened
+
+
+@dataclass(frozen=True)
+class TeardownCrash:
+    """A repeat whose ranks all finished the script and closed their traces, then a rank died in
+    interpreter teardown (torchrun then exits non-zero)."""
+
+    repeat: int
+    exit_code: int | None  # the launcher's
+    ranks: list[int]  # the ranks torchrun names as failed (empty when it names none)
+    signal: str | None
+
+
+@dataclass
+class DistributedFindings:
+    """A torchrun run's findings across its ranks (ranks.analyse_ranks)."""
+
+    nproc_per_node: int
+    rank: int | None  # the rank of `first_divergence`
+    ranks: list[RankSummary]
+    replica_divergence: ReplicaDivergence | None = None
+    teardown_crashes: list[TeardownCrash] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # advisories from the ranks' evidence (no divergence)
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def divergence_to_dict(d: Divergence | None, finding: OpFinding | None = None) -> dict[str, Any] | None:
+    """`finding`: the op behind `d` (Report.op_finding), when one was pinpointed."""
+    if d is None:
+        return None
+    rec = d.record
+    # op, phase, node, module and location name the op behind the divergence when one was pinpointed
+    op = finding.record if finding is not None else rec
+    return {
+        "index": d.index,
+        "category": d.category,
+        "kind": rec.kind if rec else None,
+        "name": rec.name if rec else None,
+        "module": (op.module or None) if op else None,
+        "op": (op.op or None) if op else None,
+        "phase": op.phase if op else None,
+        "node": (op.node or None) if op else None,
+        "step": rec.step if rec else None,
+        "location": (op.location or None) if op else None,
+        "shape": rec.shape if rec else None,
+        "dtype": rec.dtype if rec else None,
+        "repeats": d.repeats,
+        "reference": d.reference,
+        "max_abs_diff": _finite(d.max_abs_diff),
+        "max_ulp_diff": d.max_ulp_diff,
+        "detail": d.detail,
+        "op_finding": finding_to_dict(finding),
+        "stdout": stdout_to_dict(d.stdout),
+    }
+
+
+def stdout_to_dict(s: StdoutDifference | None) -> dict[str, Any] | None:
+    """The first differing stdout line, as each repeat printed it (null: its output had ended)."""
+    if s is None:
+        return None
+    return {"line": s.line, "mode": s.mode, "reference": s.reference,
+            "lines": {str(i): text for i, text in s.lines.items()}}
+
+
+def _record_brief(r: RecordInfo) -> dict[str, Any]:
+    return {"index": r.index, "kind": r.kind, "name": r.name, "op": r.op or None, "phase": r.phase,
+            "node": r.node or None, "module": r.module or None, "location": r.location or None, "step": r.step,
+            "shape": r.shape, "dtype": r.dtype}
+
+
+def finding_to_dict(f: OpFinding | None) -> dict[str, Any] | None:
+    """The op behind the divergence, with the input/output match table around it (docs/report-schema.md)."""
+    if f is None:
+        return None
+    return {
+        "verdict": f.verdict,
+        "summary": f.summary,
+        **_record_brief(f.record),
+        "random": f.record.random,
+        "repeats": f.repeats,
+        "reference": f.reference,
+        "origin": _record_brief(f.origin) if f.origin is not None else None,
+        "others": {str(i): _record_brief(o) for i, o in f.others.items()},
+        "traces": f.traces or None,
+        "window": f.window,
+        "neighbours": [{**_record_brief(n.record), "inputs": n.inputs or None, "output": n.output,
+                        "chosen": n.chosen} for n in f.neighbours],
+    }
+
+
+def to_dict(report: Report) -> dict[str, Any]:
+    comp = report.comparison
+    return {
+        "schema": SCHEMA_NAME,
+        "schema_version": SCHEMA_VERSION,
+        "detaudit_version": __version__,
+        "script": report.script,
+        "script_args": report.script_args,
+        "argv": report.argv,
+        "stdout_mode": report.stdout_mode,
+        "run_dir": report.run_dir,
+        "verdict": report.verdict,
+        "exit_code": report.exit_code,
+        "timed_out": report.timed_out,
+        "inconclusive": report.inconclusive_reason or None,
+        "first_divergence": divergence_to_dict(report.first_divergence, report.op_finding),
+        "spread": {
+            "records_compared": comp.records_compared,
+            "records_differing": comp.records_differing,
+            "aligned_to_end": comp.aligned_to_end,
+            "by_step": spread_to_list(comp.by_step),
+        },
+        "causes": [asdict(c) for c in report.causes],
+        "inferred_ranking": report.inferred,
+        "experiments": [asdict(e) for e in report.experiments],
+        "runs": [
+            {
+                "repeat": r.index, "device": r.device, "exit_code": r.exit_code, "duration_s": r.duration_s,
+                "timed_out": r.timed_out, "interrupted": r.interrupted, "stopped_at_step": r.stopped_at_step,
+                "recording_stopped": r.recording_stopped,
+                "records": comp.records[r.index] if r.index < len(comp.records) else 0,
+                "complete": comp.complete[r.index] if r.index < len(comp.complete) else False,
+                "trace": r.trace, "stdout": r.stdout, "stderr": r.stderr, "stdout_digest": r.stdout_digest,
+                "error": report.repeat_errors.get(r.index),
+            }
+            for r in report.runs
+        ],
+        "failure": report.failure or None,
+        "environment": report.environment,
+        "baseline": baseline_to_dict(report.baseline),
+        "match": match_to_dict(report.match),
+        **distributed_to_dict(report),
+    }
+
+
+def distributed_to_dict(report: Report) -> dict[str, Any]:
+    """`ranks`, `replica_divergence` and `teardown_crashes` of a torchrun run; nothing otherwise."""
+    dist = report.distributed
+    if dist is None:
+        return {}
+    first = divergence_to_dict(report.first_divergence, report.op_finding)
+    replica = dist.replica_divergence
+    return {
+        "first_divergence": None if first is None else {**first, "rank": dist.rank},
+        "nproc_per_node": dist.nproc_per_node,
+        "ranks": [{"rank": s.rank, "first_divergence": divergence_to_dict(s.first_divergence, s.report.op_finding),
+                   "role": s.role,
+                   "causes": [c.id for c in s.report.causes]} for s in dist.ranks],
+        "replica_divergence": None if replica is None else {
+            "step": replica.step, "name": replica.name, "ranks": replica.ranks, "reference": replica.reference,
+            "max_abs_diff": _finite(replica.max_abs_diff), "repeats": replica.repeats},
+        "teardown_crashes": [asdict(c) for c in dist.teardown_crashes],
+        "notes": dist.notes,
+    }
+
+
+def match_to_dict(m: Match | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    data = asdict(m)
+    if m.self_check is not None:
+        data["self_check"]["passed"] = m.self_check.passed
+    return data
+
+
+def spread_to_list(by_step: list[StepSpread]) -> list[dict[str, Any]]:
+    return [{"step": s.step, "records": s.records, "differing": s.differing, "max_abs_diff": _finite(s.max_abs_diff),
+             "modules": s.modules} for s in by_step]
+
+
+def baseline_to_dict(check: BaselineCheck | None) -> dict[str, Any] | None:
+    if check is None:
+        return None
+    return {"path": check.path, "matches": check.matches, "first_divergence": divergence_to_dict(check.divergence),
+            "records_compared": check.records_compared, "records_differing": check.records_differing,
+            "by_step": spread_to_list(check.by_step),
+            "environment_changes": [{"field": c.field, "baseline": c.baseline, "current": c.current}
+                                    for c in check.environment_changes]}
+
+
+def write_json(report: Report, path: Path, mode: int | None = None) -> None:
+    """The JSON report at `path` (`-`: stdout); `mode`: see output.write_text_atomically."""
+    write_output(path, json.dumps(to_dict(report), indent=2) + "\n", mode)

@@ -1,0 +1,257 @@
+"""Multi-process repeats: each repeat is one torchrun launch, each rank records its own trace.
+
+torchrun is the launcher people already use, so detaudit runs it rather than imitating it:
+`python -m torch.distributed.run --standalone --nproc-per-node N --no-python python -u -m
+detaudit.run.child CONFIG SCRIPT ARGS`. `--no-python` makes torchrun start exactly that command for
+every rank, so the recorder is injected without touching the script. Inside a rank, the child
+calls `enter_rank` to learn its rank from torchrun's environment and write to its own files.
+
+Layout of a run directory (docs/distributed.md): `repeat-I.rank-R.trace`, `.stdout` and `.pid`
+per rank; `repeat-I.stdout`/`.stderr` hold what torchrun itself printed (the ranks' stderr too).
+
+torchrun starts every worker in a session of its own, so stopping the launcher's process group
+does not reach them: after a repeat (and on Ctrl-C) every rank's group that is still alive is
+killed from the pid files the ranks wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shlex
+import signal
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from detaudit.errors import UsageError
+from detaudit.results import RepeatResult, ScriptError
+from detaudit.run.failure import first_error
+from detaudit.run.launcher import Launcher, RepeatPlan
+
+RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+            "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
+            "MASTER_PORT")
+COLLECTIVE_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
+# torchrun options detaudit sets itself: passing them again through --torchrun-args is a usage error
+_OWN_OPTIONS = ("--nproc-per-node", "--nproc_per_node", "--no-python", "--no_python", "--module", "-m",
+                "--run-path", "--run_path")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a repeat's files are named per rank (`repeat-0.trace` -> `repeat-0.rank-1.trace`)."""
+
+    nproc_per_node: int
+    node_rank: int = 0  # --node-rank of a multi-node launch: this node's ranks start at node_rank * N
+
+    @staticmethod
+    def rank_file(name: str, rank: int) -> str:
+        stem, dot, suffix = name.rpartition(".")
+        if not dot:
+            return f"{name}.rank-{rank}"
+        return f"{stem}.rank-{rank}.{suffix}"
+
+    def ranks(self, run_dir: Path, result: RepeatResult) -> list[int]:
+        """The ranks of one repeat: every rank this node launched, and any further rank that wrote
+        a trace here."""
+        first = self.node_rank * self.nproc_per_node
+        found = set(range(first, first + self.nproc_per_node))
+        stem = result.trace.removesuffix(".trace")
+        for path in Path(run_dir).glob(f"{stem}.rank-*.trace"):
+            match = re.fullmatch(re.escape(stem) + r"\.rank-(\d+)\.trace", path.name)
+            if match:
+                found.add(int(match.group(1)))
+        return sorted(found)
+
+
+def node_rank(torchrun_args: list[str]) -> int:
+    """The `--node-rank` given to torchrun (0 when none or not a number: torchrun will complain)."""
+    for i, arg in enumerate(torchrun_args):
+        name, eq, value = arg.partition("=")
+        if name in ("--node-rank", "--node_rank"):
+            value = value if eq else (torchrun_args[i + 1] if i + 1 < len(torchrun_args) else "")
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def parse_torchrun_args(text: str) -> list[str]:
+    """`--torchrun-args "..."`: shell-split, refusing the options detaudit must own."""
+    try:
+        args = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"--torchrun-args: cannot split {text!r}: {exc}") from None
+    for arg in args:
+        if arg.split("=", 1)[0] in _OWN_OPTIONS:
+            raise UsageError(f"--torchrun-args: {arg.split('=', 1)[0]} is set by detaudit "
+                             "(use --nproc-per-node on detaudit itself)")
+    return args
+
+
+def torchrun_command(nproc_per_node: int, torchrun_args: list[str], worker: list[str]) -> list[str]:
+    """The launcher command of one repeat; `--standalone` unless the user gave a rendezvous."""
+    rendezvous = any(a.split("=", 1)[0] in ("--rdzv-endpoint", "--rdzv_endpoint", "--master-addr",
+                                            "--master_addr", "--standalone") for a in torchrun_args)
+    return [sys.executable, "-m", "torch.distributed.run", *([] if rendezvous else ["--standalone"]),
+            "--nproc-per-node", str(nproc_per_node), *torchrun_args, "--no-python", *worker]
+
+
+class DistributedLauncher(Launcher):
+    """A Launcher whose repeats are torchrun launches; it sweeps the ranks' process groups after each."""
+
+    def __init__(self, *args: Any, nproc_per_node: int, torchrun_args: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.layout = Layout(nproc_per_node, node_rank(torchrun_args))
+        self.torchrun_args = torchrun_args
+        self._traces: dict[int, Path] = {}  # repeat -> its trace path (the rank files sit beside it)
+
+    def _command(self, config_path: Path) -> list[str]:
+        worker = [sys.executable, "-u", "-m", "detaudit.run.child", str(config_path), str(self.script),
+                  *self.script_args]
+        return torchrun_command(self.layout.nproc_per_node, self.torchrun_args, worker)
+
+    def run_one(self, plan: RepeatPlan) -> RepeatResult:
+        self._traces[plan.index] = plan.trace
+        try:
+            result = super().run_one(plan)
+        finally:
+            kill_ranks(plan.trace.parent, plan.trace.name)
+        error = rank_error(plan.trace.parent, result, self.layout, _tail(plan.stderr)) if result.exit_code else None
+        return replace(result, stdout_digest=self._ranks_digest(plan, result), error=error)
+
+    def _ranks_digest(self, plan: RepeatPlan, result: RepeatResult) -> str:
+        """One digest over every rank's stdout, in rank order (ranks print concurrently)."""
+        h = hashlib.sha256()
+        for rank in self.layout.ranks(plan.trace.parent, result):
+            path = plan.trace.parent / Layout.rank_file(plan.stdout.name, rank)
+            h.update(f"rank {rank}\n".encode())
+            with contextlib.suppress(OSError):
+                h.update(path.read_bytes())
+        return h.hexdigest()[:16]
+
+    def kill_now(self) -> None:
+        """Ctrl-C (`stop` ends here) or a second Ctrl-C: the ranks' own groups go with the launchers'."""
+        super().kill_now()
+        for trace in list(self._traces.values()):
+            kill_ranks(trace.parent, trace.name)
+
+
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def root_cause(torchrun_stderr: str) -> list[tuple[int, int]]:
+    """(rank, exit code) of the ranks torchrun's failure summary lists under "Root Cause" (the first
+    observed failure; the others it stopped are listed above it); every listed rank without that heading."""
+    text = torchrun_stderr
+    text = text[text.rfind("Root Cause"):] if "Root Cause" in text else text
+    return [(int(rank), int(code)) for rank, code in _ROOT_CAUSE.findall(text)]
+
+
+def rank_error(run_dir: Path, result: RepeatResult, layout: Layout, torchrun_stderr: str) -> ScriptError | None:
+    """The exception that failed a torchrun repeat: the root-cause rank's when it recorded one, else the
+    lowest rank's that did (the ranks torchrun stopped often raised only "connection closed by peer")."""
+    first = [rank for rank, _ in root_cause(torchrun_stderr)]
+    ranks = sorted(layout.ranks(run_dir, result), key=lambda rank: (rank not in first, rank))
+    return first_error(Path(run_dir) / Layout.rank_file(result.trace, rank) for rank in ranks)
+
+
+def _tail(path: Path, size: int = 64 << 10) -> str:
+    """The end of torchrun's stderr capture, where its failure summary is."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - size))
+            return fh.read(size).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def kill_ranks(run_dir: Path, trace_name: str) -> list[int]:
+    """SIGKILL the process group of every rank of a repeat that is still alive; the pids killed.
+
+    A rank leads its own group (torchrun starts workers with start_new_session), so its DataLoader
+    workers go with it. A pid is only signalled while it still runs detaudit's child for this run
+    (a recycled pid is left alone).
+    """
+    stem = trace_name.removesuffix(".trace")
+    killed = []
+    for pid_file in Path(run_dir).glob(f"{stem}.rank-*.pid"):
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if not _runs_our_child(pid, run_dir):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
+
+
+def _runs_our_child(pid: int, run_dir: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        try:
+            os.kill(pid, 0)  # no /proc (macOS): alive is all that can be checked
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    return b"detaudit.run.child" in cmdline and any(str(run_dir).encode() in part for part in cmdline)
+
+
+def run_record(nproc_per_node: int | None, torchrun_args: list[str] | None = None) -> dict[str, Any]:
+    """What run.json (and each rank's config) says about the launch; empty for a single process."""
+    if not nproc_per_node:
+        return {}
+    return {"nproc_per_node": nproc_per_node, **({} if torchrun_args is None else {"torchrun_args": torchrun_args})}
+
+
+def options_of(record: dict[str, Any]) -> dict[str, Any]:
+    """AuditOptions fields to re-run a recorded run the same way (--explain)."""
+    if not record.get("nproc_per_node"):
+        return {}
+    return {"nproc_per_node": int(record["nproc_per_node"]), "torchrun_args": list(record.get("torchrun_args", []))}
+
+
+def launcher(nproc_per_node: int | None, torchrun_args: list[str], script: Path, script_args: list[str],
+             timeout: float | None, jobs: int, cwd: Path | None) -> DistributedLauncher | None:
+    """The launcher of a torchrun run, or None for a single-process one."""
+    if not nproc_per_node:
+        return None
+    return DistributedLauncher(script, script_args, timeout, jobs, cwd=cwd, nproc_per_node=nproc_per_node,
+                               torchrun_args=torchrun_args)
+
+
+def rank_identity(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a rank records about its place in the job: torchrun's variables and the collective
+    libraries' settings (NCCL_*, TORCH_NCCL_*, GLOO_*), which change the reduction order."""
+    env = os.environ if environ is None else environ
+    return {
+        "rank": int(env.get("RANK", "0")),
+        "env": {k: env[k] for k in RANK_ENV if k in env},
+        "collective_env": {k: v for k, v in sorted(env.items()) if k.startswith(COLLECTIVE_ENV_PREFIXES)},
+    }
+
+
+def enter_rank(config: dict[str, Any]) -> dict[str, Any] | None:
+    """In a rank of a distributed repeat: point the config at this rank's trace, send this rank's
+    stdout to its own file and leave a pid file for the launcher. Returns the header entry
+    (`distributed`), or None for an ordinary repeat (config unchanged)."""
+    if not config.get("nproc_per_node"):
+        return None
+    identity = rank_identity()
+    rank = identity["rank"]
+    trace = Path(config["trace"])
+    config["trace"] = str(trace.with_name(Layout.rank_file(trace.name, rank)))
+    stdout = trace.with_name(Layout.rank_file(trace.name.removesuffix(".trace") + ".stdout", rank))
+    pid_file = trace.with_name(Layout.rank_file(trace.name.removesuffix(".trace") + ".pid", rank))
+    with open(os.open(pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as fh:
+        fh.write(str(os.getpid()))
+    sys.stdout.flush()
+    fd = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # private, as the launcher's files
+    os.dup2(fd, 1)
+    os.close(fd)
+    return {**identity, "nproc_per_node": config["nproc_per_node"]}

@@ -1,0 +1,266 @@
+"""Start each repeat in a fresh interpreter and collect what it left behind.
+
+Never fork a warmed parent: a fork inherits the hash seed, RNG states and address layout and
+would hide real nondeterminism. Each repeat gets its own process group so a timeout or Ctrl-C
+stops it and everything it started (DataLoader workers included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from detaudit.errors import UsageError, output_error
+from detaudit.results import RepeatResult
+from detaudit.run.failure import read_error
+
+GRACE_S = 3.0
+
+
+@dataclass(frozen=True)
+class RepeatPlan:
+    """What one repeat runs with; `env` holds only the variables added or changed for it."""
+
+    index: int
+    device: str
+    trace: Path
+    stdout: Path
+    stderr: Path
+    env: dict[str, str] = field(default_factory=dict)
+    child_config: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_repeats(
+    out_dir: Path, repeats: int, devices: Sequence[str], granularity: str = "module",
+    env: dict[str, str] | None = None, child_config: dict[str, Any] | None = None, prefix: str = "repeat",
+    own_device: bool = False,
+) -> list[RepeatPlan]:
+    """Repeats for every requested device, numbered in order (device by device).
+
+    Paths are absolute: the repeats run in the script's working directory, not ours. `own_device`:
+    the script picks its device itself (`--device auto`), so a `cpu` label hides no GPU.
+    """
+    out_dir = Path(out_dir).resolve()
+    plans: list[RepeatPlan] = []
+    for device in devices:
+        for _ in range(repeats):
+            i = len(plans)
+            extra = dict(env or {})
+            if device == "cpu" and not own_device:
+                extra["CUDA_VISIBLE_DEVICES"] = ""  # a script that picks CUDA when present must see none
+            config = {"repeat": i, "device": device, "granularity": granularity, **(child_config or {})}
+            # names built whole: a prefix with a dot (`explain-hash-seed.2`) is no file suffix to replace
+            stem = f"{prefix}-{i}"
+            plans.append(RepeatPlan(i, device, out_dir / f"{stem}.trace", out_dir / f"{stem}.stdout",
+                                    out_dir / f"{stem}.stderr", extra, config))
+    return plans
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP reached detaudit: every repeat is stopped, then this propagates.
+
+    `results` holds one entry per planned repeat once the launcher stopped them (interrupted ones
+    flagged), `run_dir` the directory they wrote to: the CLI names both, so the partial run can
+    still be reported and compared.
+    """
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.results: list[RepeatResult] = []
+        self.run_dir: Path | None = None
+
+
+_ACTIVE: set[Launcher] = set()  # launchers with repeats running, for `hurry`
+
+
+def hurry() -> None:
+    """A further interrupt while repeats are being stopped: SIGKILL every repeat's group at once."""
+    for launcher in list(_ACTIVE):
+        launcher.kill_now()
+
+
+class Launcher:
+    """Runs planned repeats, `jobs` at a time; `stop()` (Ctrl-C) kills every live process group.
+
+    Whatever way a repeat ends (by itself, timeout, interrupt), its whole process group is killed
+    before the leader is reaped: nothing it started outlives it or overlaps the next repeat.
+    """
+
+    def __init__(self, script: Path, script_args: Sequence[str], timeout: float | None, jobs: int = 1,
+                 cwd: Path | None = None) -> None:
+        check_script(script)
+        self.script = script
+        self.script_args = list(script_args)
+        self.timeout = timeout
+        self.jobs = max(1, jobs)
+        self.cwd = cwd or Path.cwd()
+        self._live: dict[int, subprocess.Popen[bytes]] = {}
+        self._lock = threading.RLock()  # reentrant: a second Ctrl-C (kill_now) may land inside stop()
+        self._stopping = False
+        self._hurry = threading.Event()
+
+    def _command(self, config_path: Path) -> list[str]:
+        return [sys.executable, "-m", "detaudit.run.child", str(config_path), str(self.script), *self.script_args]
+
+    def run_one(self, plan: RepeatPlan) -> RepeatResult:
+        config_path = plan.trace.with_name(plan.trace.name.removesuffix(".trace") + ".config.json")
+        env = {**os.environ, **plan.env}
+        started = time.perf_counter()
+        timed_out = False
+        try:
+            _write_private(config_path, json.dumps({**plan.child_config, "trace": str(plan.trace)}).encode())
+            out, err = _open_private(plan.stdout), _open_private(plan.stderr)
+        except OSError as exc:
+            raise output_error(plan.trace.parent, exc) from None
+        with out, err:
+            with self._lock:
+                if self._stopping:
+                    raise KeyboardInterrupt
+                proc = subprocess.Popen(self._command(config_path), cwd=self.cwd, env=env, stdout=out,
+                                        stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+                self._live[plan.index] = proc
+            try:
+                if not _wait_exit(proc, self.timeout):
+                    timed_out = True
+                    _signal_group(proc, signal.SIGTERM)  # the child keeps what it recorded, writes no footer
+                    _wait_exit(proc, GRACE_S, self._hurry)
+            finally:
+                _signal_group(proc, signal.SIGKILL)  # the group, before the leader is reaped: no survivor
+                code = proc.wait()
+                with self._lock:
+                    self._live.pop(plan.index, None)
+        config_path.unlink(missing_ok=True)
+        interrupted = self._stopping and not timed_out
+        return RepeatResult(
+            index=plan.index, device=plan.device, exit_code=None if interrupted else code,
+            duration_s=round(time.perf_counter() - started, 4), timed_out=timed_out,
+            trace=plan.trace.name, stdout=plan.stdout.name, stderr=plan.stderr.name,
+            stdout_digest=_digest(plan.stdout), interrupted=interrupted,
+            error=read_error(plan.trace) if code else None,  # only a failed script leaves one
+        )
+
+    def run(self, plans: Sequence[RepeatPlan],
+            on_done: Callable[[RepeatResult], None] | None = None) -> list[RepeatResult]:
+        """Run every plan; results come back in plan order. On an interrupt, stop every repeat and
+        re-raise it (an `Interrupted` carries one result per plan)."""
+        results: dict[int, RepeatResult] = {}
+        pool = ThreadPoolExecutor(max_workers=self.jobs)
+        _ACTIVE.add(self)
+        try:
+            try:
+                pending: set[Future[RepeatResult]] = {pool.submit(self.run_one, p) for p in plans}
+                while pending:
+                    done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        result = future.result()
+                        results[result.index] = result
+                        if on_done:
+                            on_done(result)
+                pool.shutdown(wait=True)
+            except BaseException as exc:
+                self.stop()
+                pool.shutdown(wait=True, cancel_futures=True)
+                if isinstance(exc, Interrupted):
+                    exc.results = self._partial(plans, results, pending)
+                raise
+        finally:
+            _ACTIVE.discard(self)
+        return [results[p.index] for p in plans]
+
+    @staticmethod
+    def _partial(plans: Sequence[RepeatPlan], results: dict[int, RepeatResult],
+                 pending: set[Future[RepeatResult]]) -> list[RepeatResult]:
+        """One result per plan after an interrupt: finished repeats as they ended, the rest `interrupted`."""
+        for future in pending:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                result = future.result()
+                results.setdefault(result.index, result)
+        return [results.get(p.index) or RepeatResult(
+            index=p.index, device=p.device, exit_code=None, duration_s=0.0, timed_out=False, trace=p.trace.name,
+            stdout=p.stdout.name, stderr=p.stderr.name, stdout_digest="", interrupted=True) for p in plans]
+
+    def stop(self) -> None:
+        """SIGTERM every live group, give them GRACE_S together (less after `kill_now`), then SIGKILL."""
+        with self._lock:
+            self._stopping = True
+            live = list(self._live.values())
+        for proc in live:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        for proc in live:
+            _wait_exit(proc, max(0.0, deadline - time.monotonic()), self._hurry)
+        self.kill_now()
+
+    def kill_now(self) -> None:
+        self._hurry.set()
+        with self._lock:
+            self._stopping = True
+            live = list(self._live.values())
+        for proc in live:
+            _signal_group(proc, signal.SIGKILL)
+
+
+def check_script(script: Path) -> None:
+    """The script must be a readable regular file (python's own messages, in one line, otherwise)."""
+    if script.is_dir():
+        raise UsageError(f"script {script} is a directory; give the .py file to run")
+    if not script.is_file():
+        raise UsageError(f"script not found: {script}")
+
+
+def _open_private(path: Path) -> Any:
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "wb")
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    with _open_private(path) as fh:
+        fh.write(data)
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], timeout: float | None, hurry: threading.Event | None = None) -> bool:
+    """Wait until the repeat's leader exits, without reaping it (its pid keeps naming its group).
+
+    True when it exited, False when `timeout` passed (or `hurry` was set) first.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        if proc.returncode is not None:
+            return True
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                return True
+        except ChildProcessError:  # reaped by another thread
+            return True
+        if (deadline is not None and time.monotonic() >= deadline) or (hurry is not None and hurry.is_set()):
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the repeat's process group, as long as its leader is not reaped (the group id is ours)."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
