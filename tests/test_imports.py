@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
