@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
-from detaudit.recorder.core import Recorder, iter_tensors
+from detaudit.recorder.core import Recorder, iter_tensors, one_ulp
 from detaudit.trace import Flag, Kind, TraceWriter, read_trace
 
 
@@ -106,3 +107,46 @@ def test_rows_and_awaiting_device_digests_keep_record_order_in_the_pending_queue
     assert [tr.strings[n] for n in tr.records["name"]] == ["a", "m", "b"]
     assert list(tr.records["flags"] & Flag.NO_DATA) == [0, Flag.NO_DATA, 0]
     assert not rec._pending
+
+
+def _every_layout() -> dict[str, torch.Tensor]:
+    d = torch.tensor([[1.5, 0.0, -2.0, 0.0], [0.0, 3.0, 0.0, 4.0], [5.0, 0.0, 0.0, 6.0], [0.0, 7.0, 8.0, 0.0]])
+    pieces = [torch.randn(2, 3), torch.randn(4, 3)]
+    return {"strided": d, "coo": d.to_sparse(), "csr": d.to_sparse_csr(), "csc": d.to_sparse_csc(),
+            "bsr": d.to_sparse_bsr((2, 2)), "bsc": d.to_sparse_bsc((2, 2)),
+            "jagged": torch.nested.nested_tensor(pieces, layout=torch.jagged),
+            "strided nested": torch.nested.nested_tensor(pieces, layout=torch.strided),
+            "quantized": torch.quantize_per_tensor(d, 0.5, 0, torch.qint8), "meta": d.to("meta")}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's "sparse support is in beta"
+@pytest.mark.parametrize("device_path", [False, True], ids=["host", "device"])
+def test_every_layout_is_recorded_with_its_contents_except_meta(tmp_path: Path, device_path: bool) -> None:
+    """Only a meta tensor is content-less (NO_DATA: "not observed: contents"); a nested tensor's ragged
+    dimension is "j" in the trace (torch's j1, j2... are numbered per process)."""
+    tensors = _every_layout()
+    rec = _recorder(tmp_path, device_path_on_cpu=device_path)
+    for name, t in tensors.items():
+        rec.record(Kind.SAVE, name, t)
+    rec.close({"exit_code": 0})
+    tr = read_trace(tmp_path / "t.trace")
+    flags = {tr.strings[n]: int(f) & Flag.NO_DATA for n, f in zip(tr.records["name"], tr.records["flags"])}
+    assert flags == {name: Flag.NO_DATA if name == "meta" else 0 for name in tensors}
+    shapes = [tr.strings[s] for s in tr.records["shape"]]
+    assert shapes[list(tensors).index("jagged")] == "2xjx3" and shapes[list(tensors).index("strided nested")] == "2xjx3"
+    assert len(set(tr.records["digest"])) == len(tensors)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_one_ulp_changes_every_layout_with_values_and_leaves_the_original() -> None:
+    from detaudit.recorder.fingerprint import fingerprint
+
+    for name, t in _every_layout().items():
+        before = fingerprint(t).digest
+        changed = one_ulp(t)
+        assert fingerprint(t).digest == before, name
+        if name in ("meta", "quantized"):  # no values to change (--self-check never picks these)
+            assert changed is t
+        else:
+            assert fingerprint(changed).digest != before, name
+            assert fingerprint(changed).shape == fingerprint(t).shape, name

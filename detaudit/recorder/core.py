@@ -15,7 +15,15 @@ from typing import Any, NamedTuple, cast
 import torch
 
 from detaudit.events import Event
-from detaudit.recorder.fingerprint import DTYPE_CODES, DeviceReducer, fingerprint_cpu, meta_seed
+from detaudit.recorder.fingerprint import (
+    DTYPE_CODES,
+    DeviceReducer,
+    fingerprint_cpu,
+    is_plain,
+    logical_shape,
+    meta_seed,
+    parts,
+)
 from detaudit.recorder.location import display_path, user_frame
 from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
 
@@ -27,12 +35,11 @@ _PENDING_LIMIT = 1 << 16  # device records per host sync; normally one sync per 
 class DeviceRecord(NamedTuple):
     """A pending record whose fingerprint is still on the device (made whole at the next host sync).
 
-    Keeps dtype and shape, not the tensor: pending records must not hold activations alive.
+    Keeps the digest's seed, not the tensor: pending records must not hold activations alive.
     """
 
     partial: tuple[Any, ...]  # the record's fields up to `aux` (trace.Record)
-    dtype: torch.dtype
-    shape: torch.Size
+    seed: int
     reduced: torch.Tensor  # DeviceReducer.reduce's values, still on the device
     inputs: tuple[int, int]
 
@@ -56,7 +63,7 @@ class Recorder:
         # CUDA code path run, and be tested, on a machine without a GPU.
         self._host_is_cpu = not device_path_on_cpu  # `t.is_cpu` is several times cheaper than `t.device.type`
         self.step = 0
-        self._shape_ids: dict[torch.Size, int] = {}
+        self._shape_ids: dict[tuple[int | str, ...], int] = {}
         self._loc_ids: dict[tuple[Any, int], int] = {}
         # id(tensor) -> (weakref, version, digest, samples): a tensor recorded twice in one iteration
         # (a container's output is its last child's output; op granularity: an op's output read by the
@@ -103,7 +110,7 @@ class Recorder:
             self._loc_ids[key] = lid
         return lid
 
-    def _shape_id(self, shape: torch.Size) -> int:
+    def _shape_id(self, shape: tuple[int | str, ...]) -> int:
         sid = self._shape_ids.get(shape)
         if sid is None:
             sid = self.intern("x".join(str(d) for d in shape) if len(shape) else "scalar")
@@ -119,8 +126,12 @@ class Recorder:
         if self.perturb_at is not None and self.writer.position + len(self._pending) == self.perturb_at \
                 and not self.local.flag:
             self.perturb_at = None
-            t = one_ulp(t)
-        shape_id = self._shape_id(t.shape)
+            self.internal += 1  # the copy is detaudit's own work: the op recorder must not add it
+            try:
+                t = one_ulp(t)
+            finally:
+                self.internal -= 1
+        shape_id = self._shape_id(logical_shape(t) if t.is_nested else t.shape)
         dtype = DTYPE_CODES.get(t.dtype, 0)
         flags |= self.local.flag
         on_host = self._host_is_cpu and t.is_cpu
@@ -139,7 +150,7 @@ class Recorder:
                 self.writer.add(row)
             return digest
         if device == "meta":
-            digest = meta_seed(t.dtype, t.shape)
+            digest = _unread_seed(t)
             self._emit((kind, dtype, flags | Flag.NO_DATA, 0, name, module, loc, self.step, shape_id, aux,
                         digest, inputs[0], inputs[1], _NAN4))
             return digest
@@ -148,10 +159,14 @@ class Recorder:
         partial = (kind, dtype, flags | Flag.DEVICE, 0, name, module, loc, self.step, shape_id, aux)
         self.internal += 1
         try:
-            reduced = self._reducer.reduce(t)
+            seed, reduced = self._reducer.reduce(t)
+        except (RuntimeError, NotImplementedError, TypeError):  # no readable contents: dtype and shape only
+            self._emit((kind, dtype, flags | Flag.NO_DATA, 0, name, module, loc, self.step, shape_id, aux,
+                        _unread_seed(t), inputs[0], inputs[1], _NAN4))
+            return 0
         finally:
             self.internal -= 1
-        self._pending.append(DeviceRecord(partial, t.dtype, t.shape, reduced, inputs))
+        self._pending.append(DeviceRecord(partial, seed, reduced, inputs))
         if len(self._pending) >= _PENDING_LIMIT:
             self.resolve_pending()
         return 0
@@ -174,7 +189,7 @@ class Recorder:
                     self._reducer = DeviceReducer()
                 digest, samples = self._reducer.digest_now(t)
         except (RuntimeError, NotImplementedError, TypeError):
-            digest, samples = meta_seed(t.dtype, t.shape), _NAN4
+            digest, samples = _unread_seed(t), _NAN4
         finally:
             self.internal -= 1
         if len(self._cache) > _CACHE_LIMIT:  # drop dead tensors first: op granularity caches every output
@@ -196,18 +211,20 @@ class Recorder:
         if not self._pending:
             return
         waiting = [p for p in self._pending if isinstance(p, DeviceRecord)]
-        values: list[list[float]] = []
+        values: list[float] = []
         if waiting:
-            self.internal += 1  # the stack and copy are detaudit's own ops: the op recorder must not add them
+            self.internal += 1  # the concatenation and copy are detaudit's own ops: the op recorder must not add them
             try:
-                values = torch.stack([p.reduced for p in waiting]).cpu().tolist()
+                values = torch.cat([p.reduced for p in waiting]).cpu().tolist()
             finally:
                 self.internal -= 1
-        resolved = iter(values)
+        at = 0  # a record's values: 2 lanes per part (a sparse tensor has several) and the samples
         assert self._reducer is not None or not waiting
         for item in self._pending:
             if isinstance(item, DeviceRecord):
-                digest, samples = DeviceReducer.finish(item.dtype, item.shape, next(resolved))
+                n = item.reduced.numel()
+                digest, samples = DeviceReducer.finish(item.seed, values[at:at + n])
+                at += n
                 self.writer.add((*item.partial, digest, item.inputs[0], item.inputs[1], samples))
             else:
                 self.writer.add(item)
@@ -266,15 +283,35 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 def one_ulp(t: torch.Tensor) -> torch.Tensor:
     """A copy of `t` with the lowest bit of its first element flipped (one ULP for a float): the
-    `--self-check` negative control. The script's own tensor is untouched."""
-    bits = _BITS.get(t.element_size())
-    if bits is None or t.numel() == 0 or t.device.type == "meta":
+    `--self-check` negative control. The script's own tensor is untouched. A sparse or nested tensor
+    gets the change in its first element (fingerprint.parts); one without values (meta, quantized:
+    --self-check never picks those) is returned as it is."""
+    if t.device.type == "meta":
         return t
     with torch.no_grad():
-        copy = t.detach().clone(memory_format=torch.contiguous_format)
-        flat = copy.view(bits).view(-1)
-        flat[0] = flat[0] ^ 1
-    return copy
+        if is_plain(t):
+            copy = t.detach().clone(memory_format=torch.contiguous_format)
+            held: tuple[torch.Tensor, ...] = (copy,)
+        else:
+            copy = t.detach().clone()
+            p = parts(copy)  # views into the copy
+            held = () if p.values is None else p.tensors[p.values:]
+        return copy if any(_flip_first(x) for x in held) else t
+
+
+def _flip_first(x: torch.Tensor) -> bool:
+    """Flip the lowest bit of `x`'s first element in place; False when it has none to flip."""
+    bits = _BITS.get(x.element_size())
+    if bits is None or x.numel() == 0:
+        return False
+    words = x.view(bits)
+    words[(0,) * words.dim()] ^= 1
+    return True
+
+
+def _unread_seed(t: torch.Tensor) -> int:
+    """The digest of a tensor whose contents cannot be read: its dtype and (logical) shape."""
+    return meta_seed(t.dtype, logical_shape(t))
 
 
 _uncounted = itertools.count(-1, -1)

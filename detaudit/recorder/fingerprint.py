@@ -5,6 +5,12 @@ differ?" without storing the tensor. CPU tensors are hashed in place (xxh3 over 
 bytes, no copy when contiguous). Tensors on other devices are reduced on the device with an
 order-independent integer sum, so only a few numbers cross to the host and the digest does
 not depend on how the device schedules the reduction.
+
+A tensor that is not one plain strided buffer (sparse COO/CSR/CSC/BSR/BSC, jagged or strided
+nested, quantized) is fingerprinted through its `Parts`: the plain tensors torch keeps it in
+(values, indices, offsets, quantization scales), each hashed as above, under a seed naming the
+layout, so equal values in another layout never share a digest. Nothing is densified (a sparse
+gradient of a large embedding would not fit). Meta tensors have no contents: dtype and shape only.
 """
 
 from __future__ import annotations
@@ -47,17 +53,28 @@ class Fingerprint:
 
     digest: int
     dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]  # a nested tensor's ragged dimensions are "j"
     samples: tuple[float, ...]
 
 
-_meta_cache: dict[tuple[torch.dtype, torch.Size], int] = {}
+@dataclass(frozen=True)
+class Parts:
+    """A tensor that is not one plain strided buffer, as the plain tensors holding its contents."""
+
+    seed: int  # layout, dtype, logical shape and scalar parameters (a quantization scale)
+    tensors: tuple[torch.Tensor, ...]
+    # the parts from this index on hold the elements (the first gives the samples, --self-check's change
+    # goes into the first non-empty one); None: no part holds values (quantized: integers)
+    values: int | None
+
+
+_meta_cache: dict[tuple[torch.dtype, tuple[int | str, ...]], int] = {}
 # Both per-shape caches are emptied past this size: scripts with dynamic shapes (variable sequence
 # lengths) would otherwise grow them for the whole run. Refilling costs a few microseconds per shape.
 _SHAPE_CACHE_LIMIT = 4096
 
 
-def meta_seed(dtype: torch.dtype, shape: torch.Size) -> int:
+def meta_seed(dtype: torch.dtype, shape: tuple[int | str, ...]) -> int:
     """A 64-bit seed derived from dtype and shape, so equal bytes of another shape hash apart."""
     key = (dtype, shape)
     seed = _meta_cache.get(key)
@@ -69,6 +86,71 @@ def meta_seed(dtype: torch.dtype, shape: torch.Size) -> int:
     return seed
 
 
+def is_plain(t: torch.Tensor) -> bool:
+    """One strided buffer holds all of the tensor's contents (the common case)."""
+    return t.layout == torch.strided and not t.is_nested and not t.is_quantized
+
+
+def logical_shape(t: torch.Tensor) -> tuple[int | str, ...]:
+    """The shape, with each ragged dimension of a nested tensor as "j" (torch numbers them j1, j2, ...
+    in creation order across the process, which says nothing about the tensor)."""
+    if not t.is_nested:
+        return tuple(t.shape)
+    if t.layout == torch.jagged:
+        return tuple(d if isinstance(d, int) else "j" for d in t.shape)
+    sizes = t._nested_tensor_size()  # strided nested: one row of sizes per component
+    columns = [sorted(set(sizes[:, i].tolist())) for i in range(sizes.shape[1])]
+    return (t.size(0), *(c[0] if len(c) == 1 else "j" for c in columns))
+
+
+def parts(t: torch.Tensor) -> Parts:
+    """The plain tensors holding a non-plain tensor's contents, as torch stores them (what torch.save
+    writes): an uncoalesced COO tensor is not coalesced, a jagged tensor's values keep the rows its
+    offsets skip. Raises for a layout without readable contents (meta, or one torch adds later)."""
+    t = t.detach()
+    layout, extra = t.layout, ""
+    tensors: tuple[torch.Tensor, ...]
+    if t.device.type == "meta":
+        raise NotImplementedError("a meta tensor has no contents")
+    if t.is_quantized:
+        scheme = t.qscheme()
+        if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            extra = f"{t.q_scale()!r},{t.q_zero_point()}"
+            tensors = (t.int_repr(),)
+        else:
+            extra = str(t.q_per_channel_axis())
+            tensors = (t.int_repr(), t.q_per_channel_scales(), t.q_per_channel_zero_points())
+        extra = f"{scheme}:{extra}"
+        values = None  # the integers are no values: a sampled difference in them would be no distance
+    elif layout == torch.sparse_coo:
+        extra, tensors, values = str(t.is_coalesced()), (t._indices(), t._values()), 1
+    elif layout in (torch.sparse_csr, torch.sparse_bsr):
+        tensors, values = (t.crow_indices(), t.col_indices(), t.values()), 2
+    elif layout in (torch.sparse_csc, torch.sparse_bsc):
+        tensors, values = (t.ccol_indices(), t.row_indices(), t.values()), 2
+    elif layout == torch.jagged:
+        nested: Any = t  # torch.nested's NestedTensor: its methods are not in Tensor's stubs
+        lengths = nested.lengths()
+        extra = str(nested._ragged_idx)
+        tensors = (nested.offsets(), t.values()) if lengths is None else (nested.offsets(), lengths, t.values())
+        values = len(tensors) - 1
+    elif t.is_nested:  # strided nested: each component as the script sees it, and their sizes
+        tensors, values = (t._nested_tensor_size(), *t.unbind()), 1 if t.size(0) else None
+    else:
+        raise NotImplementedError(f"no fingerprint for layout {layout}")
+    # each part's dtype and shape too: the device reduction's lanes do not carry them
+    key = f"{layout}|{t.dtype}|{logical_shape(t)}|{extra}|" + ";".join(f"{p.dtype}{tuple(p.shape)}" for p in tensors)
+    return Parts(xxhash.xxh3_64_intdigest(key.encode()), tensors, values)
+
+
+def _parts_cpu(t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
+    """(digest, samples) of a non-plain CPU tensor: its parts' digests hashed under its own seed."""
+    p = parts(t)
+    prints = [fingerprint_cpu(part) for part in p.tensors]
+    digest = xxhash.xxh3_64_intdigest(struct.pack(f"<{len(prints)}Q", *(d for d, _ in prints)), p.seed)
+    return digest, _NO_SAMPLES if p.values is None else prints[p.values][1]
+
+
 def _host_bytes(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor with the same logical contents (a copy only when needed).
 
@@ -78,8 +160,6 @@ def _host_bytes(t: torch.Tensor) -> torch.Tensor:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    if t.layout != torch.strided:
-        t = t.to_dense()
     if not t.is_contiguous():
         t = t.contiguous()
     return t
@@ -129,7 +209,8 @@ _plans: dict[tuple[torch.dtype, torch.Size], tuple[int, Any, Callable[[Any], tup
 
 def _plan(t: torch.Tensor) -> tuple[int, Any, Callable[[Any], tuple[float, ...]]]:
     numel = t.numel()
-    buffer_type = ctypes.c_char * t.nbytes if numel else None
+    # None: no buffer to read here (an empty tensor, or a quantized one, read through its parts)
+    buffer_type = ctypes.c_char * t.nbytes if numel and not t.is_quantized else None
     plan = (meta_seed(t.dtype, t.shape), buffer_type, _sample_reader(t.dtype, numel))
     if len(_plans) >= _SHAPE_CACHE_LIMIT:
         _plans.clear()
@@ -139,15 +220,18 @@ def _plan(t: torch.Tensor) -> tuple[int, Any, Callable[[Any], tuple[float, ...]]
 
 def fingerprint_cpu(t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
     """(digest, samples) of a CPU tensor; the hot path, so one cache lookup and no objects beyond
-    the tuple (about 1.5 us for a small tensor)."""
-    if not (t.is_contiguous() and t.layout == torch.strided) or t.is_conj() or t.is_neg():
+    the tuple (about 1.5 us for a small tensor). Quantized tensors are told apart only on a plan's
+    empty branch, off that path."""
+    if t.layout != torch.strided or t.is_nested:
+        return _parts_cpu(t)
+    if not t.is_contiguous() or t.is_conj() or t.is_neg():
         t = _host_bytes(t)
     plan = _plans.get((t.dtype, t.shape))
     if plan is None:
         plan = _plan(t)
     seed, buffer_type, read_samples = plan
     if buffer_type is None:
-        return seed, _NO_SAMPLES
+        return _parts_cpu(t) if t.is_quantized else (seed, _NO_SAMPLES)
     buf = buffer_type.from_address(t.data_ptr())
     return xxhash.xxh3_64_intdigest(buf, seed), read_samples(buf)
 
@@ -177,9 +261,20 @@ class DeviceReducer:
             self._weights[key] = w
         return w[:n]
 
-    def reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """A device tensor of 2 + N_SAMPLES float64/int64 values; resolve with `finish`."""
+    def reduce(self, t: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """(seed, a device tensor of float64/int64 values: two lanes per part, then N_SAMPLES samples);
+        resolve with `finish`. A plain tensor is its own one part."""
         t = t.detach()
+        if is_plain(t):
+            return meta_seed(t.dtype, t.shape), self._reduce_plain(t)
+        p = parts(t)
+        reduced = [self._reduce_plain(part) for part in p.tensors]
+        samples = reduced[p.values][2:] if p.values is not None else \
+            torch.full((N_SAMPLES,), _NAN, dtype=torch.float64, device=t.device)
+        return p.seed, torch.cat([*(r[:2] for r in reduced), samples])
+
+    def _reduce_plain(self, t: torch.Tensor) -> torch.Tensor:
+        """Two lanes and N_SAMPLES samples of one strided tensor, on its device."""
         if t.is_conj():
             t = t.resolve_conj()
         if t.is_neg():
@@ -209,13 +304,14 @@ class DeviceReducer:
 
     def digest_now(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
         """(digest, samples) of one tensor at once: its reduction and one transfer (a host sync)."""
-        return self.finish(t.dtype, t.shape, self.reduce(t).cpu().tolist())
+        seed, reduced = self.reduce(t)
+        return self.finish(seed, reduced.cpu().tolist())
 
     @staticmethod
-    def finish(dtype: torch.dtype, shape: torch.Size, reduced: list[float]) -> tuple[int, tuple[float, ...]]:
-        """Host side: turn the transferred numbers into (digest, samples)."""
-        lanes = struct.pack("<dd", reduced[0], reduced[1])
-        return xxhash.xxh3_64_intdigest(lanes, meta_seed(dtype, shape)), tuple(reduced[2:])
+    def finish(seed: int, reduced: list[float]) -> tuple[int, tuple[float, ...]]:
+        """Host side: turn the transferred numbers (`reduce`'s, whole) into (digest, samples)."""
+        lanes = reduced[:-N_SAMPLES]
+        return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(lanes)}d", *lanes), seed), tuple(reduced[-N_SAMPLES:])
 
 
 def fingerprint(t: torch.Tensor) -> Fingerprint:
@@ -224,7 +320,7 @@ def fingerprint(t: torch.Tensor) -> Fingerprint:
     if t.device.type == "cpu":
         digest, samples = fingerprint_cpu(t)
     elif t.device.type == "meta":
-        digest, samples = meta_seed(t.dtype, t.shape), _NO_SAMPLES
+        digest, samples = meta_seed(t.dtype, logical_shape(t)), _NO_SAMPLES
     else:
         digest, samples = DeviceReducer().digest_now(t)
-    return Fingerprint(digest, str(t.dtype).removeprefix("torch."), tuple(t.shape), samples)
+    return Fingerprint(digest, str(t.dtype).removeprefix("torch."), logical_shape(t), samples)

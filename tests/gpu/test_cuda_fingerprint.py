@@ -22,7 +22,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int
 
 
 def _digest(reducer: DeviceReducer, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
-    return reducer.finish(t.dtype, t.shape, reducer.reduce(t).cpu().tolist())
+    seed, reduced = reducer.reduce(t)
+    return reducer.finish(seed, reduced.cpu().tolist())
 
 
 def _sample(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
