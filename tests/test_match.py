@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import torch
@@ -36,6 +37,46 @@ def test_the_perturbed_record_is_plain_and_in_the_middle_step(tmp_path: Path) ->
     path = write_trace(tmp_path / "r.trace", recs, {"exit_code": 0})
     index, step, name = choose_record(path) or (None, None, None)
     assert (index, step) == (8, 1) and name == recs[8].name
+
+
+def test_a_device_record_can_carry_the_change_but_not_a_content_less_or_threaded_one(tmp_path: Path) -> None:
+    """On an accelerator every record is DEVICE: --self-check picks those (it silently did nothing there)."""
+    recs = [r.but(flags=int(Flag.DEVICE)) for r in training_records(steps=2)]
+    assert choose_record(write_trace(tmp_path / "device.trace", recs, {"exit_code": 0})) is not None
+    unusable = [r.but(flags=int(Flag.NO_DATA if i % 2 else Flag.THREAD)) for i, r in enumerate(recs)]
+    assert choose_record(write_trace(tmp_path / "none.trace", unusable, {"exit_code": 0})) is None
+
+
+def test_the_change_lands_at_its_record_on_the_device_path_too(tmp_path: Path) -> None:
+    """Recorder.perturb_at counts records still waiting for their device digests: the change is
+    seen at exactly the chosen record (the device path runs on the CPU here)."""
+    from detaudit.recorder.core import Recorder
+    from detaudit.trace import Kind, TraceWriter, read_trace
+
+    digests = []
+    for sub, perturb in (("ref", None), ("changed", 3)):
+        rec = Recorder(TraceWriter(tmp_path / f"{sub}.trace", {"repeat": 0}), device_path_on_cpu=True)
+        rec.perturb_at = perturb
+        for i in range(6):
+            rec.record(Kind.CHECKPOINT, f"t{i}", torch.arange(4.0) + i)
+        rec.close({"exit_code": 0})
+        digests.append(read_trace(tmp_path / f"{sub}.trace").records["digest"])
+    assert [i for i in range(6) if digests[0][i] != digests[1][i]] == [3]
+
+
+def test_a_self_check_that_cannot_run_says_why(tmp_path: Path) -> None:
+    from synthetic import write_run
+
+    from detaudit.audit.pipeline import self_check
+    from detaudit.run.rundir import read_run
+
+    recs = [r.but(flags=int(Flag.THREAD)) for r in training_records(steps=2)]
+    run_dir = write_run(tmp_path / "run", [recs, recs])
+    _, results = read_run(run_dir)
+    stored = self_check(cast(Any, None), run_dir, results[0])  # no options needed: no repeat is started
+    check = self_check_from(stored)
+    assert check is not None and not check.passed and check.record is None
+    assert "no recorded tensor could carry" in check.not_run
 
 
 @pytest.mark.parametrize("seen_at, passed", [(8, True), (3, False), (None, False)])

@@ -14,6 +14,7 @@ from synthetic import Rec, training_records, write_run
 from detaudit.audit.pipeline import load_run
 from detaudit.report.junit import to_junit, write_junit
 from detaudit.report.model import SCHEMA_NAME, SCHEMA_VERSION, Report, to_dict, write_json
+from detaudit.trace import Flag
 
 DIVERGENCE_KEYS = {"index", "category", "kind", "name", "module", "op", "step", "location", "repeats",
                    "max_abs_diff", "max_ulp_diff", "reference", "detail", "shape", "dtype", "phase"}
@@ -96,6 +97,36 @@ def test_agreement_that_a_failed_self_check_puts_in_doubt_is_inconclusive(
     assert report.verdict == verdict and report.exit_code == (0 if verdict == "deterministic" else 6)
     assert words in report.inconclusive_reason and (words == "") == (report.inconclusive_reason == "")
     assert _strict_json(report, tmp_path)["match"]["self_check"]["passed"] is (seen_at == 8)
+
+
+@pytest.mark.parametrize("contentless", ["all", "some"])
+def test_agreement_on_content_less_records_only_is_inconclusive(tmp_path: Path, contentless: str) -> None:
+    """Meta or unreadable tensors (NO_DATA: dtype and shape only) agree whatever the values were."""
+    recs = [r.but(flags=int(Flag.NO_DATA)) if contentless == "all" or i % 2 else r
+            for i, r in enumerate(training_records(steps=2))]
+    report = load_run(write_run(tmp_path / "run", [recs, recs]))
+    data = _strict_json(report, tmp_path)
+    if contentless == "some":
+        assert report.verdict == "deterministic" and report.exit_code == 0
+        assert 0 < data["match"]["records_without_contents"] < len(recs)
+        return
+    assert report.verdict == "inconclusive" and report.exit_code == 6
+    assert f"every one of the {len(recs)} compared records is content-less" in report.inconclusive_reason
+    assert data["match"]["records_without_contents"] == len(recs) and data["verdict"] == "inconclusive"
+
+
+def test_agreement_a_self_check_could_not_test_is_inconclusive(tmp_path: Path) -> None:
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, recs])
+    record = json.loads((run_dir / "run.json").read_text())
+    record["self_check"] = {"record": None, "step": None, "name": None, "detected_at": None,
+                            "not_run": "no recorded tensor could carry the one-ULP change"}
+    (run_dir / "run.json").write_text(json.dumps(record))
+    report = load_run(run_dir)
+    assert report.verdict == "inconclusive" and report.exit_code == 6
+    assert report.inconclusive_reason.startswith("--self-check could not make its negative control: no recorded")
+    check = _strict_json(report, tmp_path)["match"]["self_check"]
+    assert check["passed"] is False and check["not_run"].startswith("no recorded tensor")
 
 
 def test_some_repeats_failing_is_an_outcome_divergence(tmp_path: Path) -> None:

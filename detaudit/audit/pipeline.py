@@ -205,18 +205,23 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     return report
 
 
-def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) -> dict[str, Any] | None:
-    """The negative control: one more repeat with a one-ULP change at a chosen record (detaudit/compare/match.py)."""
+def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) -> dict[str, Any]:
+    """The negative control: one more repeat with a one-ULP change at a chosen record (detaudit/compare/match.py).
+    One that cannot be made says why (`not_run`): the report then calls agreement inconclusive."""
     chosen = match.choose_record(run_dir / reference.trace)
     if chosen is None:
-        return None
+        return asdict(match.SelfCheck(None, None, None, None, not_run=(
+            "no recorded tensor could carry the one-ULP change (every record is content-less, empty, made on "
+            "another thread, or of a dtype without a lowest bit to flip)")))
     granularity = options.recording.granularity
     perturbed = replace(options.recorded(granularity="module" if granularity == "auto" else granularity,
                                          child_config={"perturb_record": chosen[0]}),
                         schedule=replace(options.schedule, repeats=1, devices=[reference.device]))
     [result] = execute(perturbed, run_dir, prefix=match.SELF_CHECK_PREFIX)
     if result.exit_code != reference.exit_code or not (run_dir / result.trace).is_file():
-        return {"record": chosen[0], "step": chosen[1], "name": chosen[2], "detected_at": None}
+        ended = "left no trace" if result.exit_code == reference.exit_code else \
+            f"exited with status {result.exit_code}, the reference with {reference.exit_code}"
+        return asdict(match.SelfCheck(*chosen, None, not_run=f"the control repeat {ended}"))
     found = match.detect(run_dir / reference.trace, run_dir / result.trace, chosen, options.checks.tolerance, True)
     return asdict(found)
 

@@ -371,7 +371,9 @@ def match_block(report: Report) -> Group | None:
     parts += [Text(f"   not observed: {line}") for line in m.not_observed]
     check = m.self_check
     if check is not None:
-        if check.passed:
+        if check.not_run:
+            parts.append(Text(f"   self-check NOT RUN: {check.not_run}: do not trust this verdict", style="bold red"))
+        elif check.passed:
             parts.append(Text(f"   self-check passed: a one-ULP change injected at record #{check.record} "
                               f"({check.name}, step {check.step}) was reported at exactly that record",
                               style="green"))

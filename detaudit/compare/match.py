@@ -24,21 +24,25 @@ from detaudit.trace import Flag, Kind, RecordStream
 from detaudit.trace.dtypes import DTYPE_NAMES
 
 SELF_CHECK_PREFIX = "selfcheck"
-_SKIPPED = int(Flag.THREAD | Flag.NO_DATA | Flag.DEVICE)  # records the perturbation cannot be placed in exactly
+# records the perturbation cannot be placed in exactly (another thread's), or that would not show it (no contents)
+_SKIPPED = int(Flag.THREAD | Flag.NO_DATA)
 
 
 @dataclass(frozen=True)
 class SelfCheck:
-    """The negative control's outcome: a one-ULP change injected at `record` was seen at `detected_at`."""
+    """The negative control's outcome: a one-ULP change injected at `record` was seen at `detected_at`;
+    or, with `not_run`, why it could not be made (no record could carry the change, or the control
+    repeat ended otherwise than the reference): then it proves nothing and agreement is inconclusive."""
 
-    record: int
-    step: int
-    name: str
+    record: int | None
+    step: int | None
+    name: str | None
     detected_at: int | None
+    not_run: str = ""
 
     @property
     def passed(self) -> bool:
-        return self.detected_at == self.record
+        return not self.not_run and self.record is not None and self.detected_at == self.record
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,12 @@ class Match:
     exit_status_compared: bool
     not_observed: list[str] = field(default_factory=list)
     self_check: SelfCheck | None = None
+    records_without_contents: int = 0  # compared records with dtype and shape only (Flag.NO_DATA)
+
+    @property
+    def contentless(self) -> bool:
+        """Every compared record is content-less: agreement on dtypes and shapes proves nothing."""
+        return 0 < self.records_without_contents == sum(self.records_by_kind.values())
 
 
 def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolerance: Tolerance,
@@ -102,7 +112,7 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
                  # a record's step counts the steps completed before it; a step's own parameters carry its
                  # index, so N completed steps end with parameters at N - 1
                  max(last_step, stepped + 1),
-                 "no" if stdout == "ignore" else stdout, exit_status, not_observed, self_check)
+                 "no" if stdout == "ignore" else stdout, exit_status, not_observed, self_check, no_data)
 
 
 def choose_record(trace: Path) -> tuple[int, int, str] | None:
@@ -139,6 +149,10 @@ def self_check_from(data: dict[str, Any] | None) -> SelfCheck | None:
     if not isinstance(data, dict):
         return None
     try:
+        if data.get("not_run"):  # the record it would have changed, when one was chosen
+            chosen = data.get("record") is not None
+            return SelfCheck(int(data["record"]) if chosen else None, int(data["step"]) if chosen else None,
+                             str(data["name"]) if chosen else None, None, str(data["not_run"]))
         return SelfCheck(int(data["record"]), int(data["step"]), str(data["name"]),
                          None if data.get("detected_at") is None else int(data["detected_at"]))
     except (KeyError, TypeError, ValueError):

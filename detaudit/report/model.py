@@ -117,8 +117,9 @@ class Report:
         """Why agreement proves nothing, or "" when it does.
 
         Agreement is evidence only when every repeat's recording is whole: a recording that was
-        lost or cut short (no footer), a repeat stopped by an interrupt, or repeats that recorded no
-        tensor at all agree vacuously — never "deterministic".
+        lost or cut short (no footer), a repeat stopped by an interrupt, repeats that recorded no
+        tensor at all, or only content-less ones (dtype and shape), agree vacuously — never
+        "deterministic"; so does agreement that a requested --self-check failed or could not test.
         """
         comp = self.comparison
         cut = [r.index for r in self.runs if not r.timed_out
@@ -130,10 +131,18 @@ class Report:
         if self.runs and not any(comp.records):
             return ("nothing to compare: no repeat recorded a tensor (the script never imported torch, or ran no "
                     "module, optimizer step, torch.save or detaudit.checkpoint)")
+        if self.match is not None and self.match.contentless:
+            return (f"every one of the {self.match.records_without_contents} compared records is content-less "
+                    "(meta tensors, or contents detaudit cannot read: dtype and shape only): the repeats agree "
+                    "on dtypes and shapes, which says nothing about values")
         check = self.match.self_check if self.match is not None else None
+        if check is not None and check.not_run:
+            return (f"--self-check could not make its negative control: {check.not_run}; without it the "
+                    "repeats' agreement is not proven")
         if check is not None and not check.passed:
             seen = ("not at all" if check.detected_at is None else f"first at record #{check.detected_at}, "
-                    + ("before the change: that repeat diverged on its own" if check.detected_at < check.record
+                    + ("before the change: that repeat diverged on its own"
+                       if check.record is None or check.detected_at < check.record
                        else "after it"))
             return (f"the --self-check negative control failed: a one-ULP change injected at record "
                     f"#{check.record} ({check.name}) was seen {seen}, so the repeats' agreement proves nothing")
