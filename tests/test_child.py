@@ -275,6 +275,41 @@ def test_os_exit_after_forward_passes_keeps_every_record(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ending, code", [("", 0), ("raise SystemExit(2)", 2), ("1 / 0", 1),
+                                          ("atexit.register(os._exit, 4)", 4)])
+def test_work_after_the_script_body_is_recorded_until_the_exit_handlers_ran(tmp_path: Path, ending: str,
+                                                                            code: int) -> None:
+    """A torch.save in an atexit handler, and in a thread still running when the body returns, is
+    recorded (issue 27: it was not, so a save differing per run was DETERMINISTIC); the footer keeps
+    the script's exit status. os._exit from a handler registered after the save ends the process before
+    it, with its status."""
+    script = write_script(tmp_path, f"""
+        import atexit, io, os, threading, time
+        import torch
+        def late_save():
+            torch.save({{"late": torch.arange(3.0)}}, io.BytesIO())
+        def thread_save():
+            time.sleep(0.2)
+            torch.save({{"thread": torch.ones(2)}}, io.BytesIO())
+        def broken():
+            raise ValueError("an exit handler failing does not change the exit status")
+        atexit.register(broken)
+        atexit.register(late_save)
+        threading.Thread(target=thread_save).start()
+        torch.save({{"body": torch.zeros(2)}}, io.BytesIO())
+        {ending}
+    """)
+    plain, child, trace = both(tmp_path, script, [])
+    assert child.code == plain.code == code, child.err
+    tr = read_trace(trace)
+    assert tr.complete and tr.footer is not None and tr.footer["exit_code"] == code
+    names = [tr.strings[n] for n in tr.records["name"]]
+    # numbered in the order saved: python joins the script's threads before it runs the exit handlers
+    late = [] if "os._exit" in ending else ["torch.save[2].late"]  # os._exit ran first: last in, first out
+    assert sorted(names) == ["torch.save[0].body", "torch.save[1].thread", *late], names
+
+
+@pytest.mark.slow
 def test_closed_descriptors_never_send_trace_frames_into_the_scripts_file(tmp_path: Path) -> None:
     script = write_script(tmp_path, """
         import os

@@ -7,10 +7,14 @@ installs the recorder when the script imports torch (not before: a script may se
 environment variables that torch reads at import), runs the script, and writes the footer
 with its exit status and, when it raised, its structured traceback (`exception`,
 detaudit/run/failure.py). The script's own traceback is printed as python would print it.
+Recording goes on after the script's body returns: its threads and its `atexit` handlers (a
+last torch.save) are recorded, and the footer is written by an exit handler that runs after
+all of the script's. Only object finalizers at interpreter shutdown come later, unrecorded.
 """
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import importlib.abc
 import importlib.machinery
@@ -101,7 +105,9 @@ class Session:
         self.recorder: Any = None
         self.hooks: Any = None
         self.started = time.time()
+        self.pid = os.getpid()
         self.recording_failed: str | None = None
+        self.outcome: dict[str, Any] | None = None  # the footer to write at `close`, once the script ended
         self.finished = False
 
     def on_import_error(self, module: str, exc: BaseException) -> None:
@@ -172,16 +178,30 @@ class Session:
 
     def finish(self, exit_code: int, error: str | None, exception: BaseException | None = None,
                **extra: Any) -> None:
-        """Write the footer: the exit status, python's one-line summary of the error (`error`) and
-        the exception's frames."""
-        if self.finished:  # once: os._exit from an atexit handler after the script ended, say
+        """Write the footer now: the process ends here (os._exit), or recording stops (a bound)."""
+        self.ended(exit_code, error, exception, **extra)
+        self.close()
+
+    def ended(self, exit_code: int, error: str | None, exception: BaseException | None = None,
+              **extra: Any) -> None:
+        """The script ended so: its exit status, python's one-line summary of the error (`error`) and
+        the exception's frames, kept for the footer `close` writes. A later outcome replaces it until
+        then (os._exit from an atexit handler sets the process's real exit status)."""
+        if self.finished:
             return
-        self.finished = True
-        footer = {"exit_code": exit_code, "error": error, "duration_s": round(time.time() - self.started, 4),
-                  **extra}
+        footer = {"exit_code": exit_code, "error": error, "duration_s": None, **extra}
         captured = None if exception is None else _captured(exception)
         if captured is not None:
             footer["exception"] = captured
+        self.outcome = footer
+
+    def close(self) -> None:
+        """Write the footer, once, in the repeat's own process (a forked child runs its parent's exit
+        handlers too); records made after it are not kept."""
+        if self.finished or self.outcome is None or os.getpid() != self.pid:
+            return
+        self.finished = True
+        footer = {**self.outcome, "duration_s": round(time.time() - self.started, 4)}
         if self.recorder is None and self.recording_failed is None and "torch" in sys.modules:
             self.recording_failed = "torch was imported but the recorder was never installed"
         if self.recording_failed is not None:
@@ -341,6 +361,9 @@ def main(argv: list[str]) -> None:
     sys.meta_path.insert(0, after_import)
 
     _keep_records_at_exit(session)
+    # The footer is written by the first exit handler registered, so the last to run (atexit is last in,
+    # first out): the script's own handlers, and the threads python joins before them, are recorded.
+    atexit.register(session.close)
 
     try:
         if module:
@@ -351,18 +374,18 @@ def main(argv: list[str]) -> None:
         sys.exit(0)
     except SystemExit as exc:
         code = _exit_code(exc)
-        session.finish(code, None, exc if code else None)
+        session.ended(code, None, exc if code else None)
         raise
     except KeyboardInterrupt as exc:  # as python reports it: the script's frames, exit status 130
-        session.finish(130, "KeyboardInterrupt", exc)
+        session.ended(130, "KeyboardInterrupt", exc)
         _print_user_traceback(exc)
         sys.exit(130)
     except BaseException as exc:
         summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        session.finish(1, summary, exc)
+        session.ended(1, summary, exc)
         _print_user_traceback(exc)
         sys.exit(1)  # a normal exit, as python's: atexit handlers run and buffered stdout is kept
-    session.finish(0, None)
+    session.ended(0, None)
 
 
 if __name__ == "__main__":
