@@ -275,10 +275,11 @@ def test_os_exit_after_forward_passes_keeps_every_record(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ending, code", [("", 0), ("raise SystemExit(2)", 2), ("1 / 0", 1),
-                                          ("atexit.register(os._exit, 4)", 4)])
+@pytest.mark.parametrize("ending, code, footer_code", [
+    ("", 0, 0), ("raise SystemExit(2)", 2, 2), ("1 / 0", 1, 1), ("atexit.register(os._exit, 4)", 4, 4),
+    ("atexit.register(os.abort)", -signal.SIGABRT, 0)])  # the script ended with 0, then its handler aborted
 def test_work_after_the_script_body_is_recorded_until_the_exit_handlers_ran(tmp_path: Path, ending: str,
-                                                                            code: int) -> None:
+                                                                            code: int, footer_code: int) -> None:
     """A torch.save in an atexit handler, and in a thread still running when the body returns, is
     recorded (issue 27: it was not, so a save differing per run was DETERMINISTIC); the footer keeps
     the script's exit status. os._exit from a handler registered after the save ends the process before
@@ -302,10 +303,12 @@ def test_work_after_the_script_body_is_recorded_until_the_exit_handlers_ran(tmp_
     plain, child, trace = both(tmp_path, script, [])
     assert child.code == plain.code == code, child.err
     tr = read_trace(trace)
-    assert tr.complete and tr.footer is not None and tr.footer["exit_code"] == code
+    assert tr.complete and tr.footer is not None and tr.footer["exit_code"] == footer_code
+    assert tr.footer.get("ended_by") == ("os.abort" if "abort" in ending else "os._exit" if "_exit" in ending
+                                         else None)
     names = [tr.strings[n] for n in tr.records["name"]]
     # numbered in the order saved: python joins the script's threads before it runs the exit handlers
-    late = [] if "os._exit" in ending else ["torch.save[2].late"]  # os._exit ran first: last in, first out
+    late = [] if "os." in ending else ["torch.save[2].late"]  # os._exit/abort ran first: last in, first out
     assert sorted(names) == ["torch.save[0].body", "torch.save[1].thread", *late], names
 
 

@@ -190,3 +190,32 @@ def test_a_script_that_closes_every_descriptor_keeps_its_file_and_the_trace(tmp_
     assert all(r["complete"] and r["records"] >= 7 * 4 for r in report["runs"])
     saved = json.loads((tmp_path / "scores.json").read_text())  # only the script's JSON: no trace frame in it
     assert saved["warmup"] == 3 and len(saved["scores"]) == 4
+
+
+# -- issue 27 class A: no verdict resting on content that was never compared -------------------------
+@pytest.mark.parametrize("layout", ["csr", "jagged"])
+def test_sparse_and_nested_tensors_that_differ_per_run_are_divergent(tmp_path: Path, layout: str) -> None:
+    """Their contents were "not observed" (dtype and shape only): differing values were DETERMINISTIC."""
+    result = audit(tmp_path, "score_sparse_features.py", "--", "--layout", layout)
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "divergent"
+    first = report["first_divergence"]
+    assert (first["kind"], first["name"], first["index"]) == ("input", "Features.input[0]", 0), first
+    assert first["shape"] == ("3x4" if layout == "csr" else "2xjx1")
+    assert report["match"]["records_without_contents"] == 0
+    assert not any("contents of" in line for line in report["match"]["not_observed"])
+    assert_exact_first_divergence(tmp_path / "run", report)
+
+
+def test_a_save_in_an_atexit_handler_that_differs_per_run_is_divergent(tmp_path: Path) -> None:
+    """Work after the script's body returns was not recorded: a per-run export was DETERMINISTIC."""
+    result = audit(tmp_path, "finalize_export.py")
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "divergent"
+    first = report["first_divergence"]
+    assert (first["kind"], first["name"]) == ("save", "torch.save[0].calibration"), first
+    assert first["location"].endswith("finalize_export.py:12"), first  # the save in the handler
+    assert all(r["complete"] and r["exit_code"] == 0 for r in report["runs"])
+    assert_exact_first_divergence(tmp_path / "run", report)

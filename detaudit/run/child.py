@@ -304,7 +304,10 @@ def _keep_records_at_exit(session: Session) -> None:
     """Records reach the trace however the process ends.
 
     `os._exit` (no atexit, no finally) is wrapped: the trace is finished with its exit status
-    first; `os.execv`/`execve` (and the `exec*` functions built on them) flush first. SIGTERM and
+    first; `os.execv`/`execve` (and the `exec*` functions built on them) flush first. `os.abort`
+    from an exit handler (native state released by hand) finishes the trace with the script's own
+    exit status, so the launcher sees a teardown crash after a whole recording; called while the
+    script runs, it flushes only, as a fatal signal does. SIGTERM and
     SIGHUP (a timeout, a stop, a closed terminal) flush what was recorded but write no footer, so
     the trace reads as incomplete, then end the process by that signal as python would. Forked
     children (DataLoader workers) exit untouched.
@@ -316,6 +319,18 @@ def _keep_records_at_exit(session: Session) -> None:
         if os.getpid() == pid:
             session.finish(code if isinstance(code, int) else 1, None, ended_by="os._exit")
         real_exit(code)
+
+    def abort_wrapper(real_abort: Callable[[], NoReturn]) -> Callable[[], NoReturn]:
+        def _abort() -> NoReturn:
+            if os.getpid() == pid:
+                if session.outcome is not None:  # the script ended: this is its exit handlers' work
+                    session.outcome["ended_by"] = "os.abort"
+                    session.close()
+                elif session.recorder is not None:
+                    session.recorder.flush_safely()
+            real_abort()
+
+        return _abort
 
     def on_signal(signum: int, frame: Any) -> None:
         if os.getpid() == pid and session.recorder is not None:
@@ -333,6 +348,7 @@ def _keep_records_at_exit(session: Session) -> None:
         return exec_wrapper
 
     wrap(os, "_exit", lambda real: _exit)
+    wrap(os, "abort", abort_wrapper)
     wrap(os, "execv", before_exec)
     wrap(os, "execve", before_exec)
     for signum in (signal.SIGTERM, signal.SIGHUP):
