@@ -239,3 +239,27 @@ def test_an_in_place_op_records_the_contents_it_wrote(tmp_path: Path) -> None:
 
     expected = torch.zeros(4, 3).index_add_(0, torch.tensor([0, 1, 1, 3]), torch.ones(4, 3)).add_(1)
     assert digests["aten.add_.Tensor"] == fingerprint_cpu(expected)[0]
+
+
+def test_ops_on_sparse_and_nested_tensors_are_recorded_and_never_raise_into_the_script(tmp_path: Path) -> None:
+    """Making a jagged tensor is a view with ragged sizes (its geometry has no integers: it raised into
+    the script); a strided nested tensor has no plain shape; a sparse one no strides."""
+    results: dict[str, torch.Tensor] = {}
+
+    def body(rec: Recorder) -> None:
+        values = torch.arange(12.0).reshape(6, 2)
+        jagged = torch.nested.nested_tensor_from_jagged(values, torch.tensor([0, 2, 6]))
+        results["jagged"] = (jagged * 2).values()
+        results["nested"] = torch.nested.nested_tensor([values[:2], values[2:]]).relu().unbind()[1]
+        csr = torch.tensor([[0.0, 1.5], [2.0, 0.0]]).to_sparse_csr()
+        results["csr"] = (csr * 3).values()
+        results["coo"] = torch.sparse.mm(torch.eye(2).to_sparse(), torch.ones(2, 2))
+
+    trace = record(tmp_path / "t.trace", body)
+    assert torch.equal(results["jagged"], torch.arange(12.0).reshape(6, 2) * 2)
+    assert torch.equal(results["nested"], torch.arange(4.0, 12.0).reshape(4, 2))
+    assert torch.equal(results["csr"], torch.tensor([4.5, 6.0])) and torch.equal(results["coo"], torch.ones(2, 2))
+    recorded = {(r["name"], bool(r["flags"] & Flag.NO_DATA)) for r in rows(trace)}
+    # the products and the relu, with their contents (torch's own meta bookkeeping tensors have none)
+    assert {("aten.mul.Tensor", False), ("aten.relu.default", False)} <= recorded, recorded
+    assert ("aten.mul.Tensor", True) not in recorded

@@ -21,8 +21,8 @@ from detaudit.recorder.fingerprint import (
     fingerprint_cpu,
     is_plain,
     logical_shape,
-    meta_seed,
     parts,
+    shape_seed,
 )
 from detaudit.recorder.location import display_path, user_frame
 from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
@@ -150,7 +150,7 @@ class Recorder:
                 self.writer.add(row)
             return digest
         if device == "meta":
-            digest = _unread_seed(t)
+            digest = shape_seed(t)
             self._emit((kind, dtype, flags | Flag.NO_DATA, 0, name, module, loc, self.step, shape_id, aux,
                         digest, inputs[0], inputs[1], _NAN4))
             return digest
@@ -162,7 +162,7 @@ class Recorder:
             seed, reduced = self._reducer.reduce(t)
         except (RuntimeError, NotImplementedError, TypeError):  # no readable contents: dtype and shape only
             self._emit((kind, dtype, flags | Flag.NO_DATA, 0, name, module, loc, self.step, shape_id, aux,
-                        _unread_seed(t), inputs[0], inputs[1], _NAN4))
+                        shape_seed(t), inputs[0], inputs[1], _NAN4))
             return 0
         finally:
             self.internal -= 1
@@ -189,7 +189,7 @@ class Recorder:
                     self._reducer = DeviceReducer()
                 digest, samples = self._reducer.digest_now(t)
         except (RuntimeError, NotImplementedError, TypeError):
-            digest, samples = _unread_seed(t), _NAN4
+            digest, samples = shape_seed(t), _NAN4
         finally:
             self.internal -= 1
         if len(self._cache) > _CACHE_LIMIT:  # drop dead tensors first: op granularity caches every output
@@ -307,11 +307,6 @@ def _flip_first(x: torch.Tensor) -> bool:
     words = x.view(bits)
     words[(0,) * words.dim()] ^= 1
     return True
-
-
-def _unread_seed(t: torch.Tensor) -> int:
-    """The digest of a tensor whose contents cannot be read: its dtype and (logical) shape."""
-    return meta_seed(t.dtype, logical_shape(t))
 
 
 _uncounted = itertools.count(-1, -1)

@@ -151,6 +151,11 @@ def _parts_cpu(t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
     return digest, _NO_SAMPLES if p.values is None else prints[p.values][1]
 
 
+def shape_seed(t: torch.Tensor) -> int:
+    """The digest of a tensor whose contents are not read: its dtype and (logical) shape."""
+    return meta_seed(t.dtype, logical_shape(t) if t.is_nested else t.shape)
+
+
 def _host_bytes(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor with the same logical contents (a copy only when needed).
 
@@ -320,7 +325,7 @@ def fingerprint(t: torch.Tensor) -> Fingerprint:
     if t.device.type == "cpu":
         digest, samples = fingerprint_cpu(t)
     elif t.device.type == "meta":
-        digest, samples = meta_seed(t.dtype, logical_shape(t)), _NO_SAMPLES
+        digest, samples = shape_seed(t), _NO_SAMPLES
     else:
         digest, samples = DeviceReducer().digest_now(t)
     return Fingerprint(digest, str(t.dtype).removeprefix("torch."), logical_shape(t), samples)

@@ -29,7 +29,7 @@ import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detaudit.recorder.core import Recorder, version_of
-from detaudit.recorder.fingerprint import meta_seed
+from detaudit.recorder.fingerprint import shape_seed
 from detaudit.trace import Flag, Kind
 
 PASS, VIEW, UNINIT, RECORD = range(4)
@@ -163,7 +163,7 @@ class OpRecorder(TorchDispatchMode):
                 self._derive_view(info, args, out)
             else:
                 for t in _tensors(out):
-                    self._derived[id(t)] = (weakref.ref(t), version_of(t), meta_seed(t.dtype, t.shape), True)
+                    self._derived[id(t)] = (weakref.ref(t), version_of(t), shape_seed(t), True)
                     self._mark_blank(t)
             if mode == VIEW and node is None and _needs_node(args):
                 self._untagged = ([weakref.ref(t) for t in _tensors(out)], rec.location_id(1), _top(rec))
@@ -214,7 +214,7 @@ class OpRecorder(TorchDispatchMode):
         """Append one 64-bit code per input leaf (tensor digest, or the value of a plain argument)."""
         for i, arg in enumerate(args):
             if i == 0 and info.self_blind and isinstance(arg, torch.Tensor):
-                codes.append(meta_seed(arg.dtype, arg.shape))
+                codes.append(shape_seed(arg))
             else:
                 self._leaf(arg, codes)
         for key, arg in kwargs.items():
@@ -230,7 +230,7 @@ class OpRecorder(TorchDispatchMode):
                 if hit[3]:
                     self._uninit = True
             elif self._blank and self._is_blank(value):
-                codes.append(meta_seed(value.dtype, value.shape))
+                codes.append(shape_seed(value))
                 self._uninit = True
             elif value.device.type == "cpu" or (self.rec.eager_device and value.device.type != "meta"):
                 codes.append(self.rec.digest_now(value)[0])
@@ -270,6 +270,8 @@ class OpRecorder(TorchDispatchMode):
         if not isinstance(base, torch.Tensor):
             return
         views = list(_tensors(out))
+        if any(v.is_nested or v.layout != torch.strided for v in views):
+            return  # no plain geometry (ragged sizes, no strides): such a view is hashed itself when read
         if base.numel() > 4 * sum(v.numel() for v in views) and all(v.is_contiguous() for v in views):
             return
         codes: list[int] = []
