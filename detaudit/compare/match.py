@@ -98,7 +98,8 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
     if "cuda" not in devices:
         not_observed.append("CUDA kernels: every compared repeat ran on CPU")
     not_observed.append("tensors that never reach a module, an optimizer, torch.save or detaudit.checkpoint "
-                        "(and work inside DataLoader workers, except the batches they return)")
+                        "(and work inside DataLoader workers, except the batches they return, and in object "
+                        "finalizers at interpreter shutdown, after the atexit handlers)")
     if no_data:
         not_observed.append(f"the contents of {no_data} records (meta or unreadable tensors: dtype and shape only)")
     if threaded:
