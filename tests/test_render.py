@@ -124,3 +124,22 @@ def test_the_argv_line_quotes_arguments_as_a_shell_would() -> None:
     line = argv_line(report)  # type: ignore[arg-type]
     assert line is not None and line.plain == "script argv: train.py 'data dir/x.txt' --device=cpu"
     assert argv_line(SimpleNamespace(argv=None)) is None  # type: ignore[arg-type]
+
+
+def test_a_self_check_that_could_not_run_and_content_less_records_are_shown(tmp_path: Path) -> None:
+    import json
+
+    from detaudit.trace import Flag
+
+    recs = [r.but(flags=int(Flag.NO_DATA)) for r in training_records(steps=2)]
+    run_dir = write_run(tmp_path / "run", [recs, recs])
+    record = json.loads((run_dir / "run.json").read_text())
+    record["self_check"] = {"record": None, "step": None, "name": None, "detected_at": None,
+                            "not_run": "no recorded tensor could carry the one-ULP change"}
+    (run_dir / "run.json").write_text(json.dumps(record))
+    console = Console(record=True, width=300)
+    render(load_run(run_dir), console)
+    text = console.export_text()
+    assert text.startswith("INCONCLUSIVE") and "compared records is content-less" in text
+    assert "self-check NOT RUN: no recorded tensor could carry the one-ULP change" in text
+    assert f"the contents of {len(recs)} records" in text  # under "not observed"

@@ -357,9 +357,9 @@ def replica_panel(report: Report) -> Panel | None:
 
 
 def match_block(report: Report) -> Group | None:
-    """What a deterministic verdict rests on, and what it could not have seen."""
+    """What an agreeing verdict rests on, and what it could not have seen (inconclusive: why it proves nothing)."""
     m = report.match
-    if m is None or report.verdict not in ("deterministic", "timeout"):
+    if m is None or report.verdict not in ("deterministic", "timeout", "inconclusive"):
         return None
     kinds = ", ".join(f"{n} {kind}" for kind, n in m.records_by_kind.items()) or "no records"
     stdout = "not compared" if m.stdout_compared == "no" else f"compared ({m.stdout_compared})"
