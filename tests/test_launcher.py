@@ -91,6 +91,43 @@ def test_missing_script_is_a_usage_error(tmp_path: Path) -> None:
         Launcher(tmp_path / "nope.py", [], None)
 
 
+def _special(tmp_path: Path, kind: str) -> Path:
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "s.py")  # no writer: reading it would block forever
+        return tmp_path / "s.py"
+    if kind == "directory":
+        (tmp_path / "pkg").mkdir()
+        return tmp_path / "pkg"
+    return Path(kind)
+
+
+@pytest.mark.parametrize(("kind", "said"), [
+    ("/dev/zero", "is a device, not a regular file"), ("/dev/null", "is a device"),
+    ("fifo", "is a FIFO \\(named pipe\\), not a regular file"), ("directory", "is a directory"),
+    ("/dev/stdin", "is a stream of this process"), ("/proc/self/fd/0", "is a stream of this process"),
+])
+def test_a_script_that_is_no_regular_file_is_refused_before_any_repeat(tmp_path: Path, kind: str,
+                                                                      said: str) -> None:
+    """Refused at once, never read: nothing blocks where --timeout does not reach, nothing fills memory."""
+    with pytest.raises(UsageError, match=said):
+        launcher.check_script(_special(tmp_path, kind))
+
+
+def test_a_directory_python_would_run_names_its_main_file(tmp_path: Path) -> None:
+    (tmp_path / "__main__.py").write_text("print(1)\n")
+    with pytest.raises(UsageError, match=f"give {tmp_path / '__main__.py'}"):
+        launcher.check_script(tmp_path)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_script_is_a_usage_error(tmp_path: Path) -> None:
+    script = tmp_path / "secret.py"
+    script.write_text("print(1)\n")
+    script.chmod(0)
+    with pytest.raises(UsageError, match="permission denied"):
+        launcher.check_script(script)
+
+
 @pytest.mark.process
 def test_repeats_are_fresh_interpreters_and_results_come_in_plan_order(tmp_path: Path) -> None:
     script = tmp_path / "who.py"

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -222,11 +223,34 @@ class Launcher:
 
 
 def check_script(script: Path) -> None:
-    """The script must be a readable regular file (python's own messages, in one line, otherwise)."""
-    if script.is_dir():
-        raise UsageError(f"script {script} is a directory; give the .py file to run")
-    if not script.is_file():
-        raise UsageError(f"script not found: {script}")
+    """The script must be a readable regular file, read afresh by every repeat (a UsageError otherwise).
+
+    A FIFO or a device (`/dev/zero`, a terminal) would block or never end before a repeat and its
+    --timeout began, and a pipe can be read once only; standard input (`/dev/stdin`, `/proc/self/fd/0`)
+    is detaudit's, and every repeat runs with it closed.
+    """
+    shown = os.path.abspath(script)
+    if shown.startswith(("/dev/std", "/dev/fd/", "/proc/")):
+        raise UsageError(f"script {script} is a stream of this process, not a file: every repeat reads the script "
+                         "afresh, with standard input closed; save the script to a file and give that")
+    try:
+        st = os.stat(script)
+    except FileNotFoundError:
+        raise UsageError(f"script not found: {script}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot open script {script}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        main = Path(script) / "__main__.py"
+        hint = f"; python would run its __main__.py: give {main}" if main.is_file() else ""
+        raise UsageError(f"script {script} is a directory; give the .py file to run{hint}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else \
+            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket or special file"
+        raise UsageError(f"script {script} is {kind}, not a regular file: every repeat reads the script afresh "
+                         "(a pipe gives its text once, a device may never end); save the script to a file and "
+                         "give that")
+    if not os.access(script, os.R_OK):
+        raise UsageError(f"cannot open script {script}: permission denied")
 
 
 def _open_private(path: Path) -> Any:
