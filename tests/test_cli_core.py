@@ -167,6 +167,20 @@ def test_contradicting_options_are_usage_errors_before_any_audit(core: Core, scr
     assert core.calls == []
 
 
+@pytest.mark.parametrize("args", [
+    ["--max-time", "nan"], ["--max-time", "inf"], ["--max-time", "-1"], ["--atol", "-1e-5"], ["--rtol", "-0.1"],
+    ["--atol", "nan"], ["--timeout", "nan"],
+])
+def test_a_bound_or_tolerance_that_is_not_finite_or_negative_is_refused(core: Core, script: Path,
+                                                                       args: list[str]) -> None:
+    """A nan --max-time wrote a run record detaudit then refused; a negative tolerance refuses equal values."""
+    result = invoke(["run", *args, str(script)])
+    assert result.exit_code == 2 and args[0] in result.output, result.output
+    assert core.calls == []
+    refused = invoke(["compare", "a", "b", "--atol", "-1"])
+    assert refused.exit_code == 2 and "must be at least 0" in refused.output
+
+
 def test_script_arguments_after_the_script_or_a_double_dash_reach_the_options(core: Core, script: Path) -> None:
     assert invoke(["run", str(script), "data.txt", "--epochs", "1", "-n", "5"]).exit_code == 0
     assert core.options()["script_args"] == ["data.txt", "--epochs", "1", "-n", "5"]
@@ -290,6 +304,21 @@ def test_a_library_error_is_one_line_with_its_exit_code(core: Core, monkeypatch:
         main(["report", "somerun"])
     assert exit_info.value.code == EXIT_BAD_TRACE
     assert capsys.readouterr().err.strip() == "detaudit: error: somerun/repeat-0.trace is corrupt"
+
+
+def test_a_script_that_is_no_regular_file_is_refused_before_anything_reads_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`run /dev/zero` read the "script" whole (the option scan) until the kernel killed it; a FIFO blocked."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("pipe.py")
+    for script in ("/dev/zero", "pipe.py", "/dev/stdin"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["run", script, "--lr", "1"])
+        assert exit_info.value.code == 2
+        assert "not a regular file" in capsys.readouterr().err or script == "/dev/stdin"
+    assert not (tmp_path / ".detaudit").exists()
 
 
 def test_cuda_without_a_gpu_is_a_usage_error(core: Core, script: Path, capsys: pytest.CaptureFixture[str]) -> None:

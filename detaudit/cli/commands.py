@@ -30,6 +30,7 @@ from rich.table import Table
 from detaudit import __version__
 from detaudit.cli.options import (
     DEFAULT_GRANULARITY,
+    TOLERANCE,
     FiniteFloat,
     RunCommand,
     audit_options,
@@ -93,8 +94,8 @@ def cli() -> None:
 @report_options
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Repeats run in parallel.")
-@click.option("--atol", type=FiniteFloat(), default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
-@click.option("--rtol", type=FiniteFloat(), default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
+@click.option("--atol", type=TOLERANCE, default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
+@click.option("--rtol", type=TOLERANCE, default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
 @stdout_options
 @click.option("--granularity", type=click.Choice(["step", "module", "op", "auto"]), default=DEFAULT_GRANULARITY,
               show_default=True,
@@ -111,7 +112,7 @@ def cli() -> None:
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help="Stop each repeat right after its N-th optimizer step, as if the script ended there (a script "
                    "with no optimizer: its N-th call of the model). Exit status and later stdout are not compared.")
-@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--max-time", type=FiniteFloat(minimum=0), default=None,
               help="Stop each repeat at the first step boundary after SECONDS; the steps every repeat completed "
                    "are compared.")
 @click.option("--baseline", "baseline_dir", type=click.Path(path_type=Path), default=None,
@@ -202,9 +203,9 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
 
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("recordings", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--atol", type=FiniteFloat(), default=None,
+@click.option("--atol", type=TOLERANCE, default=None,
               help="Compare within this absolute tolerance instead of bitwise.")
-@click.option("--rtol", type=FiniteFloat(), default=None,
+@click.option("--rtol", type=TOLERANCE, default=None,
               help="Compare within this relative tolerance instead of bitwise.")
 @stdout_options
 @report_options

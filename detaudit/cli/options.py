@@ -23,12 +23,14 @@ DEFAULT_GRANULARITY = "auto"  # module cost unless the repeats diverge (docs/gra
 
 
 class FiniteFloat(click.ParamType):
-    """A finite float (nan and inf are refused: they would compare as nothing and write invalid JSON)."""
+    """A finite float (nan and inf are refused: they would compare as nothing and write invalid JSON),
+    above `minimum` (or at least it, `inclusive`)."""
 
     name = "float"
 
-    def __init__(self, minimum: float | None = None) -> None:
+    def __init__(self, minimum: float | None = None, inclusive: bool = False) -> None:
         self.minimum = minimum
+        self.inclusive = inclusive
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
         try:
@@ -37,9 +39,13 @@ class FiniteFloat(click.ParamType):
             self.fail(f"{value!r} is not a number", param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
-        if self.minimum is not None and number <= self.minimum:
-            self.fail(f"{value!r} must be greater than {self.minimum:g}", param, ctx)
+        if self.minimum is not None and (number < self.minimum if self.inclusive else number <= self.minimum):
+            self.fail(f"{value!r} must be {'at least' if self.inclusive else 'greater than'} {self.minimum:g}",
+                      param, ctx)
         return number
+
+
+TOLERANCE = FiniteFloat(minimum=0, inclusive=True)  # --atol/--rtol: a negative tolerance would refuse equal values
 
 
 class RunCommand(click.Command):
