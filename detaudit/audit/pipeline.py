@@ -307,6 +307,7 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
             raise TraceError(f"{path}: not a regular file or a run directory")
         else:
             raise UsageError(f"no such trace or run directory: {path}")
+    _refuse_the_same_recording_twice(paths, results)
     record: dict[str, Any] = {"script": ", ".join(str(p) for p in paths), "script_args": [],
               "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment(),
               "stdout": stdout or most_lenient(modes), "argv": None}
@@ -314,6 +315,24 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
     # comparison); with a tolerance, every recording is compared with the first within it
     labels = ["recorded"] * len(results) if tolerance is None else [f"recording-{r.index}" for r in results]
     return analyse(Path.cwd(), record, results, bitwise=tolerance is None, labels=labels, explained=False)
+
+
+def _refuse_the_same_recording_twice(paths: Sequence[Path], results: Sequence[RepeatResult]) -> None:
+    """One trace file given twice (the same path, a run directory and its own trace, a link) would agree
+    with itself: a DETERMINISTIC that compared nothing. A UsageError instead."""
+    seen: dict[tuple[int, int], Path] = {}
+    for path, result in zip(paths, results):
+        try:
+            st = os.stat(result.trace)
+        except OSError:
+            continue  # unreadable: the comparison says so
+        earlier = seen.get((st.st_dev, st.st_ino))
+        if earlier is not None:
+            same = f"{earlier} and {path} are the same recording" if earlier != Path(path) \
+                else f"{path} is given twice"
+            raise UsageError(f"{same} ({result.trace}): a recording always agrees with "
+                             "itself, so comparing them proves nothing; give two different recordings")
+        seen[(st.st_dev, st.st_ino)] = Path(path)
 
 
 def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult], bitwise: bool = True,
