@@ -234,6 +234,13 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
 @click.option("--events/--no-events", default=True, show_default=True, help="Print evidence events.")
 def show(trace_path: Path, limit: int, events: bool) -> None:
     """Print one trace readably: header, records, evidence events and footer."""
+    from detaudit.run.files import naming
+
+    with naming("standard output"):
+        _show(trace_path, limit, events)
+
+
+def _show(trace_path: Path, limit: int, events: bool) -> None:
     from detaudit.compare.align import Aligner, describe
     from detaudit.safetext import printable
     from detaudit.trace import RecordStream
@@ -288,9 +295,19 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
         for event in stream.events:
             console.print("  " + clean(event))
     if stream.footer is None:
-        console.print("[bold yellow]incomplete[/]: no footer (the repeat was killed or crashed hard)")
+        console.print(f"[bold yellow]incomplete[/]: no footer {_why_no_footer(trace_path, stream.header.get('pid'))}")
     else:
         console.print(f"footer: {clean(stream.footer)}")
+
+
+def _why_no_footer(trace_path: Path, pid: object) -> str:
+    """A trace without a footer: still being written (its repeat is running), or its repeat never finished."""
+    from detaudit.run.distributed import runs_our_child
+
+    if isinstance(pid, int) and pid > 0 and runs_our_child(pid, trace_path.resolve().parent):
+        return (f"yet: the repeat (pid {pid}) is still running and writing this trace; shown as far as it was "
+                "written")
+    return "(the repeat was killed or crashed hard)"
 
 
 @cli.command()
@@ -391,7 +408,8 @@ def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
     except OSError as exc:
         if exc.errno not in _OUTPUT_ERRNOS or os.environ.get("DETAUDIT_DEBUG"):
             _internal_error(exc)
-        err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(output_error(exc.filename, exc))))}",
+        where = exc.filename if exc.filename is not None else "an output (standard output or a report file)"
+        err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(output_error(where, exc))))}",
                           soft_wrap=True)
         sys.exit(EXIT_OUTPUT)
     except Exception as exc:

@@ -182,7 +182,7 @@ def kill_ranks(run_dir: Path, trace_name: str) -> list[int]:
             pid = int(pid_file.read_text().strip())
         except (OSError, ValueError):
             continue
-        if not _runs_our_child(pid, run_dir):
+        if not runs_our_child(pid, run_dir):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
@@ -190,7 +190,8 @@ def kill_ranks(run_dir: Path, trace_name: str) -> list[int]:
     return killed
 
 
-def _runs_our_child(pid: int, run_dir: Path) -> bool:
+def runs_our_child(pid: int, run_dir: Path) -> bool:
+    """Whether process `pid` is alive and a repeat (or rank) writing into `run_dir` (pids are reused)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -199,7 +200,8 @@ def _runs_our_child(pid: int, run_dir: Path) -> bool:
         except (ProcessLookupError, PermissionError):
             return False
         return True
-    return b"detaudit.run.child" in cmdline and any(str(run_dir).encode() in part for part in cmdline)
+    return any(b"detaudit.run.child" in part for part in cmdline) and any(str(run_dir).encode() in part
+                                                                         for part in cmdline)
 
 
 def run_record(nproc_per_node: int | None, torchrun_args: list[str] | None = None) -> dict[str, Any]:
