@@ -129,6 +129,21 @@ def test_an_unreadable_script_is_a_usage_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.process
+def test_a_run_directory_deleted_while_a_repeat_runs_is_an_output_error(tmp_path: Path) -> None:
+    """`rm -rf .detaudit` mid-run gave exit 70, "a bug in detaudit", half the time: now always exit 7."""
+    from detaudit.errors import EXIT_OUTPUT, OutputError
+
+    script = tmp_path / "rm.py"
+    script.write_text("import shutil, sys\nshutil.rmtree(sys.argv[1])\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    [plan] = plan_repeats(run_dir, 1, ["cpu"])
+    with pytest.raises(OutputError, match=f"cannot write {run_dir}: No such file or directory") as raised:
+        Launcher(script, [str(run_dir)], timeout=60).run_one(plan)
+    assert raised.value.exit_code == EXIT_OUTPUT
+
+
+@pytest.mark.process
 def test_repeats_are_fresh_interpreters_and_results_come_in_plan_order(tmp_path: Path) -> None:
     script = tmp_path / "who.py"
     script.write_text(textwrap.dedent("""

@@ -151,13 +151,17 @@ class Launcher:
                 code = proc.wait()
                 with self._lock:
                     self._live.pop(plan.index, None)
-        config_path.unlink(missing_ok=True)
         interrupted = self._stopping and not timed_out
+        try:  # the run directory deleted while the repeat ran (`rm -rf .detaudit`): an output error, exit 7
+            config_path.unlink(missing_ok=True)
+            stdout_digest = _digest(plan.stdout)
+        except OSError as exc:
+            raise output_error(plan.trace.parent, exc) from None
         return RepeatResult(
             index=plan.index, device=plan.device, exit_code=None if interrupted else code,
             duration_s=round(time.perf_counter() - started, 4), timed_out=timed_out,
             trace=plan.trace.name, stdout=plan.stdout.name, stderr=plan.stderr.name,
-            stdout_digest=_digest(plan.stdout), interrupted=interrupted,
+            stdout_digest=stdout_digest, interrupted=interrupted,
             error=read_error(plan.trace) if code else None,  # only a failed script leaves one
         )
 
