@@ -326,3 +326,41 @@ def test_cuda_without_a_gpu_is_a_usage_error(core: Core, script: Path, capsys: p
         main(["run", "--device", "cuda", str(script)])
     assert exit_info.value.code == 2 and "no CUDA device" in capsys.readouterr().err
     assert core.calls == []
+
+
+@pytest.mark.parametrize(("body", "said"), [("raise RuntimeError('this module is broken')\n", "RuntimeError"),
+                                            ("def (\n", "SyntaxError")])
+def test_a_broken_module_from_the_environment_is_not_called_a_bug_in_detaudit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], body: str,
+        said: str) -> None:
+    """A broken module on PYTHONPATH that detaudit imports was reported as "a bug in detaudit" (exit 70)."""
+    import sys
+
+    (tmp_path / "envmod_broken.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "envmod_broken", raising=False)
+    monkeypatch.delenv("DETAUDIT_DEBUG", raising=False)
+
+    def importing(*args: Any, **kwargs: Any) -> Report:
+        import envmod_broken  # noqa: F401  (what a lazy `import numpy` meets when PYTHONPATH holds a broken one)
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(detaudit.audit.pipeline, "compare_recorded", importing)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "a", "b"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "bug in detaudit" not in err
+    assert f"a module detaudit imports is broken: {tmp_path / 'envmod_broken.py'}:1: {said}" in err
+
+
+def test_detaudits_own_failure_is_still_an_internal_error(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("DETAUDIT_DEBUG", raising=False)
+
+    def buggy(*args: Any, **kwargs: Any) -> Report:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(detaudit.audit.pipeline, "compare_recorded", buggy)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "a", "b"])
+    assert exit_info.value.code == 70 and "This is a bug in detaudit" in capsys.readouterr().err

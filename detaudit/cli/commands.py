@@ -419,9 +419,33 @@ def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
 _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM, errno.EFBIG}
 
 
+def _broken_import(exc: BaseException) -> str | None:
+    """Where a module from outside detaudit (PYTHONPATH, site-packages) failed while detaudit imported it:
+    `file:line`, or the missing module's name; None when the failure is detaudit's own."""
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    if isinstance(exc, SyntaxError) and exc.filename and not os.path.abspath(exc.filename).startswith(own):
+        return f"{exc.filename}:{exc.lineno}"
+    tb = exc.__traceback__
+    while tb is not None:  # python trims the import machinery's frames: a module's body is what is left
+        code = tb.tb_frame.f_code
+        if code.co_name == "<module>" and not code.co_filename.startswith(("<", own)):
+            return f"{code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    missing = getattr(exc, "name", None)
+    if isinstance(exc, ModuleNotFoundError) and missing and not missing.startswith("detaudit"):
+        return f"module {missing!r} (not installed)"
+    return None
+
+
 def _internal_error(exc: Exception) -> NoReturn:
     if os.environ.get("DETAUDIT_DEBUG"):
         raise exc
+    where = _broken_import(exc)
+    if where is not None:  # the environment's fault, not a bug in detaudit
+        err_console.print(f"[bold red]detaudit: error:[/] a module detaudit imports is broken: {escape(where)}: "
+                          f"{escape(type(exc).__name__)}: {escape(str(exc))}. It comes from the environment "
+                          "(PYTHONPATH, the installed packages), not from detaudit: fix or remove it.", soft_wrap=True)
+        sys.exit(EXIT_USAGE)
     err_console.print(f"[bold red]detaudit: internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}. "
                       "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.",
                       soft_wrap=True)
