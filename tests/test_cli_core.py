@@ -181,6 +181,13 @@ def test_a_bound_or_tolerance_that_is_not_finite_or_negative_is_refused(core: Co
     assert refused.exit_code == 2 and "must be at least 0" in refused.output
 
 
+def test_the_script_reaches_the_repeats_as_typed(core: Core, script: Path) -> None:
+    """`./-y.py` reached the script as `-y.py`: sys.argv[0] is the script as typed, as under plain python."""
+    assert invoke(["run", "./train.py"]).exit_code == 0
+    [(args, _)] = core.called("run_audit")
+    assert args[0].target.script == Path("train.py") and args[0].target.as_typed == "./train.py"
+
+
 def test_script_arguments_after_the_script_or_a_double_dash_reach_the_options(core: Core, script: Path) -> None:
     assert invoke(["run", str(script), "data.txt", "--epochs", "1", "-n", "5"]).exit_code == 0
     assert core.options()["script_args"] == ["data.txt", "--epochs", "1", "-n", "5"]

@@ -143,6 +143,15 @@ def test_a_run_directory_deleted_while_a_repeat_runs_is_an_output_error(tmp_path
     assert raised.value.exit_code == EXIT_OUTPUT
 
 
+def test_the_child_gets_the_script_as_typed_and_no_working_directory_on_its_path(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "-y.py").write_text("print(1)\n")
+    command = Launcher("./-y.py", ["a"], None)._command(tmp_path / "c.json")
+    assert command[-3:] == [str(tmp_path / "c.json"), "./-y.py", "a"]
+    assert command[:2] == [sys.executable, "-c"] and "del sys.path[0]" in command[2]
+
+
 @pytest.mark.process
 def test_repeats_are_fresh_interpreters_and_results_come_in_plan_order(tmp_path: Path) -> None:
     script = tmp_path / "who.py"

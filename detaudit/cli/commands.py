@@ -80,7 +80,7 @@ def cli() -> None:
 
 
 @cli.command(cls=RunCommand, epilog=EXIT_CODES_HELP)
-@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("script", type=click.Path())  # a str: kept as typed, the script's sys.argv[0]
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True,
               help="Repeats per device.")
@@ -135,7 +135,7 @@ def cli() -> None:
 @click.option("--torchrun-args", default="", metavar="ARGS",
               help="With --nproc-per-node: further torchrun options, as one quoted string "
                    "(`--torchrun-args \"--nnodes 2 --rdzv-endpoint host:29400\"`).")
-def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
+def run(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
         rtol: float, quiet: bool, stdout_mode: str | None, ignore_stdout: bool, granularity: str, explain: bool,
         explain_all: bool, budget: int | None, html_path: Path | None = None, baseline_dir: Path | None = None,

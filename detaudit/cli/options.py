@@ -101,7 +101,7 @@ def check_outputs(json_path: Path | None, junit_path: Path | None, html_path: Pa
         raise click.UsageError("--json - and --junit - cannot both write to stdout")
 
 
-def audit_options(script: Path, script_args: tuple[str, ...], *, repeats: int, devices: tuple[str, ...],
+def audit_options(script: Path | str, script_args: tuple[str, ...], *, repeats: int, devices: tuple[str, ...],
                   timeout: float | None, out_dir: Path | None, jobs: int, atol: float, rtol: float,
                   stdout_mode: str | None, ignore_stdout: bool, granularity: str, baseline_dir: Path | None,
                   save_baseline: Path | None, redact_args: bool, max_steps: int | None, max_time: float | None,
@@ -113,7 +113,7 @@ def audit_options(script: Path, script_args: tuple[str, ...], *, repeats: int, d
     from detaudit.run.devices import own_device, resolve_devices
 
     return AuditOptions(
-        Target(script, list(script_args), redact_args=redact_args),
+        Target(Path(script), list(script_args), redact_args=redact_args, argv0=str(script)),
         Schedule(repeats=repeats, devices=resolve_devices(devices), own_device=own_device(devices), timeout=timeout,
                  jobs=jobs, **_torchrun(nproc_per_node, torchrun_args,
                                         baseline_dir is not None or save_baseline is not None, max_time is not None)),

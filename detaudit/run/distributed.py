@@ -30,7 +30,7 @@ from typing import Any
 from detaudit.errors import UsageError
 from detaudit.results import RepeatResult, ScriptError
 from detaudit.run.failure import first_error
-from detaudit.run.launcher import Launcher, RepeatPlan
+from detaudit.run.launcher import Launcher, RepeatPlan, child_command
 
 RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
@@ -109,8 +109,7 @@ class DistributedLauncher(Launcher):
         self._traces: dict[int, Path] = {}  # repeat -> its trace path (the rank files sit beside it)
 
     def _command(self, config_path: Path) -> list[str]:
-        worker = [sys.executable, "-u", "-m", "detaudit.run.child", str(config_path), str(self.script),
-                  *self.script_args]
+        worker = child_command(config_path, self.script_arg, self.script_args, python_flags=["-u"])
         return torchrun_command(self.layout.nproc_per_node, self.torchrun_args, worker)
 
     def run_one(self, plan: RepeatPlan) -> RepeatResult:
@@ -218,7 +217,7 @@ def options_of(record: dict[str, Any]) -> dict[str, Any]:
     return {"nproc_per_node": int(record["nproc_per_node"]), "torchrun_args": list(record.get("torchrun_args", []))}
 
 
-def launcher(nproc_per_node: int | None, torchrun_args: list[str], script: Path, script_args: list[str],
+def launcher(nproc_per_node: int | None, torchrun_args: list[str], script: Path | str, script_args: list[str],
              timeout: float | None, jobs: int, cwd: Path | None) -> DistributedLauncher | None:
     """The launcher of a torchrun run, or None for a single-process one."""
     if not nproc_per_node:

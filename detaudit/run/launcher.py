@@ -28,6 +28,28 @@ from detaudit.results import RepeatResult
 from detaudit.run.failure import read_error
 
 GRACE_S = 3.0
+# What a repeat's interpreter runs first (`python -c`): drop the working directory python puts first on
+# sys.path, then import detaudit, from the directory this process has it from when the path lacks it. So
+# neither the script's directory (the child adds it for the script, run/ownimports.py keeps detaudit out
+# of it) nor the working directory ever supply a module detaudit imports (a script named json.py, xxhash.py).
+_BOOT = """import sys
+if not getattr(sys.flags, "safe_path", False):
+    del sys.path[0]
+root = sys.argv.pop(1)
+if root not in sys.path:  # this copy of detaudit, not another one further down the path
+    sys.path.insert(0, root)
+    import detaudit
+    del sys.path[0]
+from detaudit.run.child import main
+main(sys.argv[1:])
+"""
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def child_command(config_path: Path, script: str, script_args: Sequence[str],
+                  python_flags: Sequence[str] = ()) -> list[str]:
+    """What one repeat (or one torchrun rank) runs: the child (detaudit/run/child.py) becoming `python SCRIPT`."""
+    return [sys.executable, *python_flags, "-c", _BOOT, _ROOT, str(config_path), script, *script_args]
 
 
 @dataclass(frozen=True)
@@ -108,10 +130,12 @@ class Launcher:
     before the leader is reaped: nothing it started outlives it or overlaps the next repeat.
     """
 
-    def __init__(self, script: Path, script_args: Sequence[str], timeout: float | None, jobs: int = 1,
+    def __init__(self, script: Path | str, script_args: Sequence[str], timeout: float | None, jobs: int = 1,
                  cwd: Path | None = None) -> None:
-        check_script(script)
-        self.script = script
+        """`script` as typed: the child's sys.argv[0] (`./-y.py` stays that, as under plain python)."""
+        check_script(Path(script))
+        self.script = Path(script)
+        self.script_arg = str(script)
         self.script_args = list(script_args)
         self.timeout = timeout
         self.jobs = max(1, jobs)
@@ -122,7 +146,7 @@ class Launcher:
         self._hurry = threading.Event()
 
     def _command(self, config_path: Path) -> list[str]:
-        return [sys.executable, "-m", "detaudit.run.child", str(config_path), str(self.script), *self.script_args]
+        return child_command(config_path, self.script_arg, self.script_args)
 
     def run_one(self, plan: RepeatPlan) -> RepeatResult:
         config_path = plan.trace.with_name(plan.trace.name.removesuffix(".trace") + ".config.json")
