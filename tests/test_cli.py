@@ -438,7 +438,8 @@ def test_run_record_paths_stay_inside_the_run_directory(tmp_path: Path, capsys: 
     (run_dir / "run.json").write_text(json.dumps(record))
     (run_dir / "repeat-1.stderr").unlink()
     (run_dir / "repeat-1.stderr").symlink_to(secret)
-    for args in (["report", str(run_dir), "--json", "-"], ["compare", str(run_dir), str(run_dir), "--json", "-"]):
+    other = write_run(tmp_path / "other", [training_records(), training_records()])  # compare refuses RUN RUN
+    for args in (["report", str(run_dir), "--json", "-"], ["compare", str(run_dir), str(other), "--json", "-"]):
         result = run_in_process(args, capsys)
         assert result.returncode in (0, 1) and "hunter2" not in result.output
 
