@@ -109,9 +109,10 @@ def test_a_compiled_script_runs_as_python_runs_it(tmp_path: Path) -> None:
     py_compile.compile(str(source), cfile=str(tmp_path / "s.pyc"), doraise=True)
     shutil.copy(tmp_path / "s.pyc", tmp_path / "compiled")  # no suffix: python knows it by its magic number
     (tmp_path / "bad.pyc").write_bytes(b"not compiled at all")
+    (tmp_path / "badcode.pyc").write_bytes((tmp_path / "s.pyc").read_bytes()[:16] + b"\xffgarbage")
     source.unlink()
     outs = []
-    for name in ("s.pyc", "compiled", "bad.pyc"):
+    for name in ("s.pyc", "compiled", "badcode.pyc", "bad.pyc"):
         plain, child, trace = both(tmp_path, name, [])
         trace.unlink()
         assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err), name

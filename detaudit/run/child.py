@@ -17,7 +17,6 @@ import importlib.machinery
 import importlib.util
 import io
 import json
-import marshal
 import os
 import runpy
 import signal
@@ -237,15 +236,15 @@ def _print_user_traceback(exc: BaseException) -> None:
     traceback.print_exception(type(exc), exc, tb)
 
 
-def _read_compiled(data: bytes) -> CodeType:
+def _read_compiled(script: str, data: bytes) -> CodeType:
     """A compiled script (`python script.pyc` runs it): its code object, refused with python's own messages."""
     if data[:4] != importlib.util.MAGIC_NUMBER:
         raise RuntimeError("Bad magic number in .pyc file")
-    try:
-        code = marshal.loads(data[16:])  # after the header: magic, flags, and the source's date and size (or hash)
-    except (EOFError, ValueError, TypeError):
+    try:  # the import system's reader of .pyc files (no unmarshalling of our own)
+        code = importlib.machinery.SourcelessFileLoader("__main__", script).get_code("__main__")
+    except (ImportError, EOFError, ValueError, TypeError):
         code = None
-    if not isinstance(code, CodeType):
+    if code is None:
         raise RuntimeError("Bad code object in .pyc file")
     return code
 
@@ -285,7 +284,7 @@ def _run_as_main(script: str) -> None:
     with open(script, "rb") as fh:
         data = fh.read()
     compiled = script.endswith(".pyc") or data[:2] == importlib.util.MAGIC_NUMBER[:2]  # as python tells them
-    code = _read_compiled(data) if compiled else compile(_read_source(script, data), script, "exec",
+    code = _read_compiled(script, data) if compiled else compile(_read_source(script, data), script, "exec",
                                                          dont_inherit=True)
     main_module = ModuleType("__main__")
     main_module.__file__ = script
