@@ -54,4 +54,5 @@ child.Session.on_torch_import = on_torch_import  # type: ignore[method-assign,as
 atexit.register(lambda: print("HOOKS " + json.dumps({"hook_s": per_step}), file=sys.stderr))
 
 if __name__ == "__main__":
+    del sys.path[0]  # this file's directory: the child starts from the interpreter's own path (launcher.child_command)
     child.main(sys.argv[1:])

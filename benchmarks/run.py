@@ -231,7 +231,7 @@ def run_workload(workload: str, granularity: str | None, steps: int, warmup: int
     `extra`: more script arguments; `child`: more repeat settings (`max_steps`: a bounded repeat,
     which stops before the workload prints its step times, so only its wall time is measured).
     """
-    from detaudit.run.launcher import plan_repeats
+    from detaudit.run.launcher import child_command, plan_repeats
     from detaudit.trace import RecordStream
 
     script = WORKLOADS / f"{workload}.py"
@@ -249,8 +249,8 @@ def run_workload(workload: str, granularity: str | None, steps: int, warmup: int
         config.write_text(json.dumps({**plan.child_config, **(child or {}), "trace": str(trace)}))
         env.update(plan.env)
         # hooktimer.py is `python -m detaudit.run.child` plus a stopwatch around the module/optimizer hooks
-        runner = [str(HERE / "hooktimer.py")] if granularity == "module" else ["-m", "detaudit.run.child"]
-        cmd = [sys.executable, *runner, str(config), str(script), *args]
+        cmd = [sys.executable, str(HERE / "hooktimer.py"), str(config), str(script), *args] \
+            if granularity == "module" else child_command(config, str(script), args)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=WORKLOADS)

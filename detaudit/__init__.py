@@ -12,8 +12,11 @@ _active: Any = None
 def checkpoint(name: str, obj: Any) -> None:
     """Record `obj` (a tensor, module, optimizer, or nested dict/list/tuple of them) under `name`.
 
-    A no-op unless the script runs under `detaudit run`, so it can stay in production code.
+    A no-op unless the script runs under `detaudit run`, so it can stay in production code. `name` is
+    checked either way (a TypeError into the script), so the script behaves the same under plain python.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"detaudit.checkpoint() name must be a str, not {type(name).__name__} ({name!r:.60})")
     if _active is not None:
         from detaudit.trace import Kind
 

@@ -191,3 +191,22 @@ def test_a_lost_recording_never_hides_a_divergence_it_holds(tmp_path: Path) -> N
     (run_dir / "repeat-1.trace").unlink()
     write_trace(run_dir / "repeat-1.trace", [*recs[:3], recs[3].but(digest=1), *recs[4:6]], None)
     assert load_run(run_dir).verdict == "divergent"
+
+
+def test_compare_refuses_one_recording_given_twice(tmp_path: Path) -> None:
+    """`compare RUN RUN` said DETERMINISTIC: a recording agrees with itself, which proves nothing."""
+    import os
+
+    from detaudit.errors import UsageError
+
+    recs = training_records(steps=1)
+    run = write_run(tmp_path / "run", [recs, recs])
+    trace = run / "repeat-0.trace"
+    os.symlink(trace, tmp_path / "link.trace")
+    for paths, said in (([run, run], "is given twice"), ([trace, trace], "is given twice"),
+                        ([run, trace], "are the same recording"),
+                        ([trace, tmp_path / "link.trace"], "are the same recording"),
+                        ([run, run / "repeat-1.trace", trace], "are the same recording")):
+        with pytest.raises(UsageError, match=said):
+            compare_recorded(paths)
+    assert compare_recorded([trace, run / "repeat-1.trace"]).verdict == "deterministic"  # two repeats: fine

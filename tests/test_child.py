@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from detaudit.run.failure import excerpt, from_footer, read_error
+from detaudit.run.launcher import child_command
 from detaudit.trace import read_trace
 
 pytestmark = pytest.mark.process  # each case runs the script under plain python and under detaudit.run.child
@@ -38,10 +39,10 @@ def run_plain(script: str | Path, args: list[str], cwd: Path, env: dict[str, str
 
 def run_child(script: str | Path, args: list[str], cwd: Path, trace: Path,
               env: dict[str, str] | None = None) -> Ran:
-    """What the launcher starts for one repeat: `python -m detaudit.run.child CONFIG SCRIPT ARGS...`."""
+    """What the launcher starts for one repeat (launcher.child_command: the child, CONFIG SCRIPT ARGS...)."""
     config = trace.with_suffix(".config.json")
     config.write_text(json.dumps({"repeat": 0, "device": "cpu", "granularity": "module", "trace": str(trace)}))
-    proc = subprocess.run([sys.executable, "-m", "detaudit.run.child", str(config), str(script), *args], cwd=cwd,
+    proc = subprocess.run(child_command(config, str(script), args), cwd=cwd,
                           capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
     return Ran(proc.returncode, proc.stdout, proc.stderr)
 
@@ -85,6 +86,82 @@ def test_symlinked_script_parity(tmp_path: Path) -> None:
     link.symlink_to(PARITY_SCRIPT)
     plain, child, _ = both(tmp_path, link.name, ["x"])
     assert (child.code, child.out) == (plain.code, plain.out)
+
+
+def test_a_script_named_with_a_leading_dash_gets_its_argv0_as_typed(tmp_path: Path) -> None:
+    """`./-y.py` reached the script as `-y.py` (a Path drops the `./`): re-running sys.argv[0] then fails."""
+    write_script(tmp_path, "import sys\nprint(sys.argv, __file__)\n", name="-y.py")
+    plain, child, _ = both(tmp_path, "./-y.py", ["--x"])
+    assert plain.code == 0 and "['./-y.py', '--x']" in plain.out
+    assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err)
+
+
+def test_a_compiled_script_runs_as_python_runs_it(tmp_path: Path) -> None:
+    """A .pyc script (python runs it) was compiled as source and failed in every repeat."""
+    import py_compile
+    import shutil
+
+    source = write_script(tmp_path, """
+        import sys
+        print(sys.argv[0], __file__.endswith(("s.pyc", "compiled")), __loader__.__class__.__name__, 6 * 7)
+        sys.exit(3)
+    """)
+    py_compile.compile(str(source), cfile=str(tmp_path / "s.pyc"), doraise=True)
+    shutil.copy(tmp_path / "s.pyc", tmp_path / "compiled")  # no suffix: python knows it by its magic number
+    (tmp_path / "bad.pyc").write_bytes(b"not compiled at all")
+    (tmp_path / "badcode.pyc").write_bytes((tmp_path / "s.pyc").read_bytes()[:16] + b"\xffgarbage")
+    source.unlink()
+    outs = []
+    for name in ("s.pyc", "compiled", "badcode.pyc", "bad.pyc"):
+        plain, child, trace = both(tmp_path, name, [])
+        trace.unlink()
+        assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err), name
+        outs.append(child.out)
+    assert plain.code == 1 and "Bad magic number in .pyc file" in plain.err
+    assert outs[:2] == ["s.pyc True SourcelessFileLoader 42\n", "compiled True SourcelessFileLoader 42\n"]
+
+
+SHADOW = "import os\nos.write(2, b'SHADOWED {name}\\n')\n"
+MODULES_AT_EXIT = """\
+import atexit, os, sys
+def _modules_at_exit():
+    os.write(2, ("MODULES " + " ".join(sorted(sys.modules)) + "\\n").encode())
+atexit.register(_modules_at_exit)
+"""
+
+
+def _top_level_modules(err: str) -> set[str]:
+    [line] = [line for line in err.splitlines() if line.startswith("MODULES ")]
+    return {name.split(".")[0] for name in line.split()[1:]}
+
+
+@pytest.mark.parametrize(("name", "body"), [
+    ("xxhash.py", "print('no torch here')\n"),
+    pytest.param("train.py", "import torch, detaudit\nm = torch.nn.Linear(3, 2)\nopt = torch.optim.SGD("
+                 "m.parameters(), lr=0.1)\nm(torch.ones(1, 3)).sum().backward()\nopt.step()\n"
+                 "torch.save(m.state_dict(), 'm.pt')\ndetaudit.checkpoint('w', m.weight)\n",
+                 marks=pytest.mark.slow),
+])
+def test_detaudits_own_imports_never_come_from_the_scripts_directory(tmp_path: Path, name: str, body: str) -> None:
+    """A script named after a module detaudit imports (xxhash.py), or one beside such a file, was imported by
+    detaudit as that module (and ran twice per repeat). Every module the child imports that plain python does
+    not, for this script, is planted in the script's directory (also the working directory): none may load."""
+    write_script(tmp_path, MODULES_AT_EXIT + body, name=name)
+    plain, child, trace = both(tmp_path, name, [])
+    assert plain.code == child.code == 0, child.err
+    extra = _top_level_modules(child.err) - _top_level_modules(plain.err) - set(sys.builtin_module_names)
+    extra -= {"detaudit", "__main__", "__mp_main__"}
+    assert {"xxhash", "numpy"} <= extra | _top_level_modules(plain.err)  # the check has teeth: what detaudit needs
+    for module in extra - {Path(name).stem}:  # the script itself is the one named xxhash
+        (tmp_path / f"{module}.py").write_text(SHADOW.format(name=module))
+    trace.unlink()
+    plain, child, trace = both(tmp_path, name, [])
+    assert "SHADOWED" not in plain.err  # the planted files are only what detaudit imports
+    assert "SHADOWED" not in child.err, child.err
+    assert child.code == plain.code == 0 and child.out == plain.out  # ran once: never imported as a module
+    tr = read_trace(trace)
+    assert tr.footer is not None and tr.footer["exit_code"] == 0 and "recording_failed" not in tr.footer
+    assert len(tr.records) > 0 or "import torch" not in body
 
 
 def test_script_sees_main_module_attributes_like_plain_python(tmp_path: Path) -> None:
@@ -375,7 +452,7 @@ def test_a_fatal_signal_flushes_what_was_recorded_and_ends_like_python(tmp_path:
     trace = tmp_path / "repeat-0.trace"
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"repeat": 0, "device": "cpu", "granularity": "module", "trace": str(trace)}))
-    proc = subprocess.Popen([sys.executable, "-m", "detaudit.run.child", str(config), str(script)], cwd=tmp_path,
+    proc = subprocess.Popen(child_command(config, str(script), []), cwd=tmp_path,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     proc.send_signal(signum)

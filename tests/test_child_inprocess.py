@@ -50,8 +50,8 @@ def test_system_exit_codes_map_as_python_maps_them(code: object, status: int) ->
 def test_source_is_decoded_by_its_cookie_and_bytes_that_are_no_text_get_pythons_error(tmp_path: Path) -> None:
     latin = tmp_path / "latin.py"
     latin.write_bytes("# -*- coding: latin-1 -*-\nname = 'café'\n".encode("latin-1"))
-    assert "café" in child._read_source(str(latin))
+    assert "café" in child._read_source(str(latin), latin.read_bytes())
     bad = tmp_path / "bad.py"
     bad.write_bytes(b"x = 1\n\xff\xfe oops\n")
     with pytest.raises(SyntaxError, match=r"Non-UTF-8 code starting with '\\xff' in file .*bad.py on line 2"):
-        child._read_source(str(bad))
+        child._read_source(str(bad), bad.read_bytes())

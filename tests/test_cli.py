@@ -3,6 +3,7 @@ placement, `--` pass-through, report files, `report RUN_DIR` and `show TRACE`.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -201,6 +202,50 @@ def test_show_marks_incomplete_trace(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert result.returncode == 0 and "incomplete" in result.stdout
 
 
+def test_show_tells_a_trace_still_being_written_from_one_whose_repeat_died(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`show` on a running repeat's trace said it was "killed or crashed hard"."""
+    import detaudit.run.distributed
+
+    path = write_trace(tmp_path / "repeat-0.trace", training_records(), footer=None, header={"repeat": 0, "pid": 4242})
+    asked: list[tuple[int, Path]] = []
+
+    def running(pid: int, run_dir: Path) -> bool:
+        asked.append((pid, run_dir))
+        return True
+
+    monkeypatch.setattr(detaudit.run.distributed, "runs_our_child", running)
+    live = run_in_process(["show", str(path)], capsys)
+    assert live.returncode == 0 and "still running and writing this trace" in live.stdout
+    assert "killed" not in live.stdout and asked == [(4242, tmp_path.resolve())]
+    monkeypatch.setattr(detaudit.run.distributed, "runs_our_child", lambda pid, run_dir: False)
+    dead = run_in_process(["show", str(path)], capsys)
+    assert "killed or crashed hard" in dead.stdout and "still running" not in dead.stdout
+
+
+def test_a_live_pid_that_runs_no_repeat_of_this_run_is_not_taken_for_one(tmp_path: Path) -> None:
+    from detaudit.run.distributed import runs_our_child
+
+    assert not runs_our_child(os.getpid(), tmp_path)  # alive, but pytest, not a repeat writing into tmp_path
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("extra", [[], ["--json", "-"], ["--quiet"]])
+def test_a_full_disk_behind_stdout_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch, extra: list[str]) -> None:
+    """Output to a full disk said "cannot write None"."""
+    run = write_run(tmp_path / "run", [training_records()] * 2)
+    trace = write_trace(tmp_path / "t.trace", training_records(), {"exit_code": 0})
+    full = open("/dev/full", "w")  # noqa: SIM115 (closed below: its buffered bytes can never be flushed)
+    monkeypatch.setattr(sys, "stdout", full)
+    for args in (["report", str(run), *extra], ["show", str(trace)]):
+        result = run_in_process(args, capsys)
+        assert_clean_error(result, 7, "cannot write standard output: No space left on device (ENOSPC)")
+    monkeypatch.undo()
+    with contextlib.suppress(OSError):
+        full.close()
+
+
 def test_show_of_a_run_directory_is_a_usage_error_naming_its_traces(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     run = write_run(tmp_path / "run", [training_records()] * 2)
@@ -393,7 +438,8 @@ def test_run_record_paths_stay_inside_the_run_directory(tmp_path: Path, capsys: 
     (run_dir / "run.json").write_text(json.dumps(record))
     (run_dir / "repeat-1.stderr").unlink()
     (run_dir / "repeat-1.stderr").symlink_to(secret)
-    for args in (["report", str(run_dir), "--json", "-"], ["compare", str(run_dir), str(run_dir), "--json", "-"]):
+    other = write_run(tmp_path / "other", [training_records(), training_records()])  # compare refuses RUN RUN
+    for args in (["report", str(run_dir), "--json", "-"], ["compare", str(run_dir), str(other), "--json", "-"]):
         result = run_in_process(args, capsys)
         assert result.returncode in (0, 1) and "hunter2" not in result.output
 

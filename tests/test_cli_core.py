@@ -167,6 +167,27 @@ def test_contradicting_options_are_usage_errors_before_any_audit(core: Core, scr
     assert core.calls == []
 
 
+@pytest.mark.parametrize("args", [
+    ["--max-time", "nan"], ["--max-time", "inf"], ["--max-time", "-1"], ["--atol", "-1e-5"], ["--rtol", "-0.1"],
+    ["--atol", "nan"], ["--timeout", "nan"],
+])
+def test_a_bound_or_tolerance_that_is_not_finite_or_negative_is_refused(core: Core, script: Path,
+                                                                       args: list[str]) -> None:
+    """A nan --max-time wrote a run record detaudit then refused; a negative tolerance refuses equal values."""
+    result = invoke(["run", *args, str(script)])
+    assert result.exit_code == 2 and args[0] in result.output, result.output
+    assert core.calls == []
+    refused = invoke(["compare", "a", "b", "--atol", "-1"])
+    assert refused.exit_code == 2 and "must be at least 0" in refused.output
+
+
+def test_the_script_reaches_the_repeats_as_typed(core: Core, script: Path) -> None:
+    """`./-y.py` reached the script as `-y.py`: sys.argv[0] is the script as typed, as under plain python."""
+    assert invoke(["run", "./train.py"]).exit_code == 0
+    [(args, _)] = core.called("run_audit")
+    assert args[0].target.script == Path("train.py") and args[0].target.as_typed == "./train.py"
+
+
 def test_script_arguments_after_the_script_or_a_double_dash_reach_the_options(core: Core, script: Path) -> None:
     assert invoke(["run", str(script), "data.txt", "--epochs", "1", "-n", "5"]).exit_code == 0
     assert core.options()["script_args"] == ["data.txt", "--epochs", "1", "-n", "5"]
@@ -292,8 +313,61 @@ def test_a_library_error_is_one_line_with_its_exit_code(core: Core, monkeypatch:
     assert capsys.readouterr().err.strip() == "detaudit: error: somerun/repeat-0.trace is corrupt"
 
 
+def test_a_script_that_is_no_regular_file_is_refused_before_anything_reads_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`run /dev/zero` read the "script" whole (the option scan) until the kernel killed it; a FIFO blocked."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("pipe.py")
+    for script in ("/dev/zero", "pipe.py", "/dev/stdin"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["run", script, "--lr", "1"])
+        assert exit_info.value.code == 2
+        assert "not a regular file" in capsys.readouterr().err or script == "/dev/stdin"
+    assert not (tmp_path / ".detaudit").exists()
+
+
 def test_cuda_without_a_gpu_is_a_usage_error(core: Core, script: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--device", "cuda", str(script)])
     assert exit_info.value.code == 2 and "no CUDA device" in capsys.readouterr().err
     assert core.calls == []
+
+
+@pytest.mark.parametrize(("body", "said"), [("raise RuntimeError('this module is broken')\n", "RuntimeError"),
+                                            ("def (\n", "SyntaxError")])
+def test_a_broken_module_from_the_environment_is_not_called_a_bug_in_detaudit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], body: str,
+        said: str) -> None:
+    """A broken module on PYTHONPATH that detaudit imports was reported as "a bug in detaudit" (exit 70)."""
+    import sys
+
+    (tmp_path / "envmod_broken.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "envmod_broken", raising=False)
+    monkeypatch.delenv("DETAUDIT_DEBUG", raising=False)
+
+    def importing(*args: Any, **kwargs: Any) -> Report:
+        import envmod_broken  # noqa: F401  (what a lazy `import numpy` meets when PYTHONPATH holds a broken one)
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(detaudit.audit.pipeline, "compare_recorded", importing)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "a", "b"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "bug in detaudit" not in err
+    assert f"a module detaudit imports is broken: {tmp_path / 'envmod_broken.py'}:1: {said}" in err
+
+
+def test_detaudits_own_failure_is_still_an_internal_error(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("DETAUDIT_DEBUG", raising=False)
+
+    def buggy(*args: Any, **kwargs: Any) -> Report:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(detaudit.audit.pipeline, "compare_recorded", buggy)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "a", "b"])
+    assert exit_info.value.code == 70 and "This is a bug in detaudit" in capsys.readouterr().err

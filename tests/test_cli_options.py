@@ -85,3 +85,12 @@ def test_the_demo_runs_the_shipped_script_at_the_default_granularity(tmp_path: P
     options = demo_options(tmp_path / "demo.py", 4, tmp_path / "out")
     assert options.schedule.repeats == 4 and options.schedule.jobs in (1, 2) and options.schedule.timeout == 120.0
     assert options.recording.granularity == DEFAULT_GRANULARITY and options.out_dir == tmp_path / "out"
+
+
+def test_a_tolerance_is_finite_and_not_negative() -> None:
+    from detaudit.cli.options import TOLERANCE
+
+    assert TOLERANCE.convert("0", None, None) == 0.0 and TOLERANCE.convert("1e-3", None, None) == 1e-3
+    for bad in ("-1e-5", "-0.1", "nan", "-inf", "inf"):
+        with pytest.raises(click.BadParameter):
+            TOLERANCE.convert(bad, None, None)

@@ -91,6 +91,67 @@ def test_missing_script_is_a_usage_error(tmp_path: Path) -> None:
         Launcher(tmp_path / "nope.py", [], None)
 
 
+def _special(tmp_path: Path, kind: str) -> Path:
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "s.py")  # no writer: reading it would block forever
+        return tmp_path / "s.py"
+    if kind == "directory":
+        (tmp_path / "pkg").mkdir()
+        return tmp_path / "pkg"
+    return Path(kind)
+
+
+@pytest.mark.parametrize(("kind", "said"), [
+    ("/dev/zero", "is a device, not a regular file"), ("/dev/null", "is a device"),
+    ("fifo", "is a FIFO \\(named pipe\\), not a regular file"), ("directory", "is a directory"),
+    ("/dev/stdin", "is a stream of this process"), ("/proc/self/fd/0", "is a stream of this process"),
+])
+def test_a_script_that_is_no_regular_file_is_refused_before_any_repeat(tmp_path: Path, kind: str,
+                                                                      said: str) -> None:
+    """Refused at once, never read: nothing blocks where --timeout does not reach, nothing fills memory."""
+    with pytest.raises(UsageError, match=said):
+        launcher.check_script(_special(tmp_path, kind))
+
+
+def test_a_directory_python_would_run_names_its_main_file(tmp_path: Path) -> None:
+    (tmp_path / "__main__.py").write_text("print(1)\n")
+    with pytest.raises(UsageError, match=f"give {tmp_path / '__main__.py'}"):
+        launcher.check_script(tmp_path)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_script_is_a_usage_error(tmp_path: Path) -> None:
+    script = tmp_path / "secret.py"
+    script.write_text("print(1)\n")
+    script.chmod(0)
+    with pytest.raises(UsageError, match="permission denied"):
+        launcher.check_script(script)
+
+
+@pytest.mark.process
+def test_a_run_directory_deleted_while_a_repeat_runs_is_an_output_error(tmp_path: Path) -> None:
+    """`rm -rf .detaudit` mid-run gave exit 70, "a bug in detaudit", half the time: now always exit 7."""
+    from detaudit.errors import EXIT_OUTPUT, OutputError
+
+    script = tmp_path / "rm.py"
+    script.write_text("import shutil, sys\nshutil.rmtree(sys.argv[1])\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    [plan] = plan_repeats(run_dir, 1, ["cpu"])
+    with pytest.raises(OutputError, match=f"cannot write {run_dir}: No such file or directory") as raised:
+        Launcher(script, [str(run_dir)], timeout=60).run_one(plan)
+    assert raised.value.exit_code == EXIT_OUTPUT
+
+
+def test_the_child_gets_the_script_as_typed_and_no_working_directory_on_its_path(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "-y.py").write_text("print(1)\n")
+    command = Launcher("./-y.py", ["a"], None)._command(tmp_path / "c.json")
+    assert command[-3:] == [str(tmp_path / "c.json"), "./-y.py", "a"]
+    assert command[:2] == [sys.executable, "-c"] and "del sys.path[0]" in command[2]
+
+
 @pytest.mark.process
 def test_repeats_are_fresh_interpreters_and_results_come_in_plan_order(tmp_path: Path) -> None:
     script = tmp_path / "who.py"

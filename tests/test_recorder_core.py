@@ -150,3 +150,25 @@ def test_one_ulp_changes_every_layout_with_values_and_leaves_the_original() -> N
         else:
             assert fingerprint(changed).digest != before, name
             assert fingerprint(changed).shape == fingerprint(t).shape, name
+
+
+def test_a_checkpoint_name_that_is_no_string_raises_a_type_error_into_the_script(tmp_path: Path) -> None:
+    """`checkpoint(123, t)` put an int into the string table: the trace read as corrupt. Raised under plain
+    python too (no recorder), so the script behaves the same either way."""
+    import pytest
+
+    import detaudit
+
+    rec = _recorder(tmp_path)
+    for active in (None, rec):
+        detaudit._set_active_recorder(active)
+        try:
+            for name in (123, None, b"bytes", ("a",)):
+                with pytest.raises(TypeError, match=r"detaudit.checkpoint\(\) name must be a str, not"):
+                    detaudit.checkpoint(name, torch.ones(2))  # type: ignore[arg-type]
+            detaudit.checkpoint("fine", torch.ones(2))
+        finally:
+            detaudit._set_active_recorder(None)
+    rec.close({"exit_code": 0})
+    tr = read_trace(tmp_path / "t.trace")
+    assert [tr.strings[i] for i in tr.records["name"]] == ["fine"]

@@ -120,3 +120,19 @@ def test_an_unknown_option_takes_everything_after_it_to_the_script(positional: l
     assume(unknown not in {n for spec in SPECS for n in spec.names})
     result = split_run_args(["train.py", *positional, unknown, *rest], SPECS, lambda s: set())
     assert result.ours == [] and result.script_args == [*positional, unknown, *rest]
+
+
+def test_script_options_reads_only_a_bounded_regular_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`/dev/zero` would be read forever and a FIFO would block before any repeat (or its --timeout) began."""
+    import os
+
+    fifo = tmp_path / "pipe.py"
+    os.mkfifo(fifo)  # no writer: a blocking open or read would hang this test
+    assert script_options(fifo) == set()
+    assert script_options(Path("/dev/zero")) == set()
+    assert script_options(tmp_path) == set()
+    big = tmp_path / "big.py"
+    big.write_text('import argparse\nargparse.ArgumentParser().add_argument("--big")\n')
+    assert script_options(big) == {"--big"}
+    monkeypatch.setattr("detaudit.run.scriptargs.MAX_SCAN_BYTES", 16)
+    assert script_options(big) == set()  # larger than the cap: not scanned (read no further than the cap)

@@ -365,3 +365,42 @@ def test_a_lying_frame_length_is_a_truncated_tail_not_an_allocation(tmp_path: Pa
     TraceWriter(path, {"repeat": 0}).close({"exit_code": 0})
     path.write_bytes(path.read_bytes() + b"R" + struct.pack("<I", (1 << 30) - 1))
     assert read_trace(path).complete
+
+
+def _row(writer: TraceWriter, name: str, digest: int) -> Record:
+    return Record(int(Kind.CHECKPOINT), 0, 0, 0, writer.intern(name), 0, 0, 0, 0, 0, digest, 0, 0, (0.0,) * 4)
+
+
+def test_the_writer_stops_at_the_string_tables_limit_and_the_reader_reads_what_it_wrote(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """1.1 million distinct checkpoint names made a trace detaudit then called corrupt (exit 4)."""
+    from detaudit.trace import reader, writer
+
+    monkeypatch.setattr(writer, "MAX_STRINGS", 8)
+    monkeypatch.setattr(reader, "MAX_STRINGS", 8)
+    w = TraceWriter(tmp_path / "t.trace", {"repeat": 0})
+    for i in range(20):  # id 0 is "": 7 names fit
+        w.add(_row(w, f"ck{i}", i))
+    w.add(_row(w, "ck0", 0))  # a known name after the stop is not written either: no hole in the recording
+    w.close({"exit_code": 0})
+    tr = read_trace(tmp_path / "t.trace")
+    assert _names(tr) == [f"ck{i}" for i in range(7)] and list(tr.records["digest"]) == list(range(7))
+    assert tr.footer is not None and "more than 8 distinct names" in tr.footer["recording_stopped"]
+    assert capfd.readouterr().err.count("recording stopped") == 1
+
+
+def test_the_writer_keeps_the_readers_event_limit_and_counts_what_it_dropped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """600,000 torch.manual_seed calls (one seed event each) made a trace detaudit then called corrupt."""
+    from detaudit.trace import reader, writer
+
+    monkeypatch.setattr(writer, "MAX_EVENTS", 5)
+    monkeypatch.setattr(reader, "MAX_EVENTS", 5)
+    w = TraceWriter(tmp_path / "t.trace", {"repeat": 0})
+    for i in range(9):
+        w.event({"type": "seed", "value": i})
+    w.add(_row(w, "after", 1))  # records go on
+    w.close({"exit_code": 0})
+    tr = read_trace(tmp_path / "t.trace")
+    assert [e["value"] for e in tr.events] == [0, 1, 2, 3, 4] and _names(tr) == ["after"]
+    assert tr.footer is not None and tr.footer["events_dropped"] == 4 and "recording_stopped" not in tr.footer

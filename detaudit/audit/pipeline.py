@@ -60,6 +60,11 @@ class Target:
     module: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # variables added to each repeat's environment
     redact_args: bool = False  # --redact-args: the script's arguments are stored nowhere (they may hold secrets)
+    argv0: str | None = None  # the script as typed, sys.argv[0] under plain python (a Path drops the `./` of `./-y.py`)
+
+    @property
+    def as_typed(self) -> str:
+        return self.argv0 or str(self.script)
 
 
 @dataclass(frozen=True)
@@ -127,9 +132,9 @@ def execute(options: AuditOptions, run_dir: Path,
     child_config["git"] = git_state(target.script)
     plans = plan_repeats(run_dir, schedule.repeats, schedule.devices, recording.granularity, target.env,
                          child_config, prefix=prefix, own_device=schedule.own_device)
-    launcher = distributed.launcher(schedule.nproc_per_node, schedule.torchrun_args, target.script,
+    launcher = distributed.launcher(schedule.nproc_per_node, schedule.torchrun_args, target.as_typed,
                                     target.script_args, schedule.timeout, schedule.jobs, cwd) \
-        or Launcher(target.script, target.script_args, schedule.timeout, schedule.jobs, cwd=cwd)
+        or Launcher(target.as_typed, target.script_args, schedule.timeout, schedule.jobs, cwd=cwd)
     try:
         results = launcher.run(plans, None if on_done is None else lambda r: on_done(ended(r, run_dir)))
     except Interrupted as exc:
@@ -162,7 +167,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
                              f"run with --granularity {reference.granularity} to compare with it")
     run_dir = new_run_dir(target.script, options.out_dir)
     record = {
-        "format": RUN_FORMAT, "version": RUN_VERSION, "script": str(target.script),
+        "format": RUN_FORMAT, "version": RUN_VERSION, "script": target.as_typed,
         "script_args": stored_args(target.script_args, target.redact_args), "args_redacted": target.redact_args,
         "cwd": str(Path.cwd()), "repeats": schedule.repeats,
         "devices": schedule.devices, "granularity": recording.granularity, "timeout": schedule.timeout,
@@ -312,6 +317,7 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
             raise TraceError(f"{path}: not a regular file or a run directory")
         else:
             raise UsageError(f"no such trace or run directory: {path}")
+    _refuse_the_same_recording_twice(paths, results)
     record: dict[str, Any] = {"script": ", ".join(str(p) for p in paths), "script_args": [],
               "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment(),
               "stdout": stdout or most_lenient(modes), "argv": None}
@@ -319,6 +325,24 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
     # comparison); with a tolerance, every recording is compared with the first within it
     labels = ["recorded"] * len(results) if tolerance is None else [f"recording-{r.index}" for r in results]
     return analyse(Path.cwd(), record, results, bitwise=tolerance is None, labels=labels, explained=False)
+
+
+def _refuse_the_same_recording_twice(paths: Sequence[Path], results: Sequence[RepeatResult]) -> None:
+    """One trace file given twice (the same path, a run directory and its own trace, a link) would agree
+    with itself: a DETERMINISTIC that compared nothing. A UsageError instead."""
+    seen: dict[tuple[int, int], Path] = {}
+    for path, result in zip(paths, results):
+        try:
+            st = os.stat(result.trace)
+        except OSError:
+            continue  # unreadable: the comparison says so
+        earlier = seen.get((st.st_dev, st.st_ino))
+        if earlier is not None:
+            same = f"{earlier} and {path} are the same recording" if earlier != Path(path) \
+                else f"{path} is given twice"
+            raise UsageError(f"{same} ({result.trace}): a recording always agrees with "
+                             "itself, so comparing them proves nothing; give two different recordings")
+        seen[(st.st_dev, st.st_ino)] = Path(path)
 
 
 def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult], bitwise: bool = True,

@@ -30,6 +30,7 @@ from rich.table import Table
 from detaudit import __version__
 from detaudit.cli.options import (
     DEFAULT_GRANULARITY,
+    TOLERANCE,
     FiniteFloat,
     RunCommand,
     audit_options,
@@ -79,7 +80,7 @@ def cli() -> None:
 
 
 @cli.command(cls=RunCommand, epilog=EXIT_CODES_HELP)
-@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("script", type=click.Path())  # a str: kept as typed, the script's sys.argv[0]
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True,
               help="Repeats per device.")
@@ -93,8 +94,8 @@ def cli() -> None:
 @report_options
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Repeats run in parallel.")
-@click.option("--atol", type=FiniteFloat(), default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
-@click.option("--rtol", type=FiniteFloat(), default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
+@click.option("--atol", type=TOLERANCE, default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
+@click.option("--rtol", type=TOLERANCE, default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
 @stdout_options
 @click.option("--granularity", type=click.Choice(["step", "module", "op", "auto"]), default=DEFAULT_GRANULARITY,
               show_default=True,
@@ -111,7 +112,7 @@ def cli() -> None:
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help="Stop each repeat right after its N-th optimizer step, as if the script ended there (a script "
                    "with no optimizer: its N-th call of the model). Exit status and later stdout are not compared.")
-@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--max-time", type=FiniteFloat(minimum=0), default=None,
               help="Stop each repeat at the first step boundary after SECONDS; the steps every repeat completed "
                    "are compared.")
 @click.option("--baseline", "baseline_dir", type=click.Path(path_type=Path), default=None,
@@ -134,7 +135,7 @@ def cli() -> None:
 @click.option("--torchrun-args", default="", metavar="ARGS",
               help="With --nproc-per-node: further torchrun options, as one quoted string "
                    "(`--torchrun-args \"--nnodes 2 --rdzv-endpoint host:29400\"`).")
-def run(script: Path, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
+def run(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
         rtol: float, quiet: bool, stdout_mode: str | None, ignore_stdout: bool, granularity: str, explain: bool,
         explain_all: bool, budget: int | None, html_path: Path | None = None, baseline_dir: Path | None = None,
@@ -202,9 +203,9 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
 
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("recordings", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--atol", type=FiniteFloat(), default=None,
+@click.option("--atol", type=TOLERANCE, default=None,
               help="Compare within this absolute tolerance instead of bitwise.")
-@click.option("--rtol", type=FiniteFloat(), default=None,
+@click.option("--rtol", type=TOLERANCE, default=None,
               help="Compare within this relative tolerance instead of bitwise.")
 @stdout_options
 @report_options
@@ -233,6 +234,13 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
 @click.option("--events/--no-events", default=True, show_default=True, help="Print evidence events.")
 def show(trace_path: Path, limit: int, events: bool) -> None:
     """Print one trace readably: header, records, evidence events and footer."""
+    from detaudit.run.files import naming
+
+    with naming("standard output"):
+        _show(trace_path, limit, events)
+
+
+def _show(trace_path: Path, limit: int, events: bool) -> None:
     from detaudit.compare.align import Aligner, describe
     from detaudit.safetext import printable
     from detaudit.trace import RecordStream
@@ -287,9 +295,19 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
         for event in stream.events:
             console.print("  " + clean(event))
     if stream.footer is None:
-        console.print("[bold yellow]incomplete[/]: no footer (the repeat was killed or crashed hard)")
+        console.print(f"[bold yellow]incomplete[/]: no footer {_why_no_footer(trace_path, stream.header.get('pid'))}")
     else:
         console.print(f"footer: {clean(stream.footer)}")
+
+
+def _why_no_footer(trace_path: Path, pid: object) -> str:
+    """A trace without a footer: still being written (its repeat is running), or its repeat never finished."""
+    from detaudit.run.distributed import runs_our_child
+
+    if isinstance(pid, int) and pid > 0 and runs_our_child(pid, trace_path.resolve().parent):
+        return (f"yet: the repeat (pid {pid}) is still running and writing this trace; shown as far as it was "
+                "written")
+    return "(the repeat was killed or crashed hard)"
 
 
 @cli.command()
@@ -390,7 +408,8 @@ def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
     except OSError as exc:
         if exc.errno not in _OUTPUT_ERRNOS or os.environ.get("DETAUDIT_DEBUG"):
             _internal_error(exc)
-        err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(output_error(exc.filename, exc))))}",
+        where = exc.filename if exc.filename is not None else "an output (standard output or a report file)"
+        err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(output_error(where, exc))))}",
                           soft_wrap=True)
         sys.exit(EXIT_OUTPUT)
     except Exception as exc:
@@ -400,9 +419,33 @@ def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
 _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM, errno.EFBIG}
 
 
+def _broken_import(exc: BaseException) -> str | None:
+    """Where a module from outside detaudit (PYTHONPATH, site-packages) failed while detaudit imported it:
+    `file:line`, or the missing module's name; None when the failure is detaudit's own."""
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    if isinstance(exc, SyntaxError) and exc.filename and not os.path.abspath(exc.filename).startswith(own):
+        return f"{exc.filename}:{exc.lineno}"
+    tb = exc.__traceback__
+    while tb is not None:  # python trims the import machinery's frames: a module's body is what is left
+        code = tb.tb_frame.f_code
+        if code.co_name == "<module>" and not code.co_filename.startswith(("<", own)):
+            return f"{code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    missing = getattr(exc, "name", None)
+    if isinstance(exc, ModuleNotFoundError) and missing and not missing.startswith("detaudit"):
+        return f"module {missing!r} (not installed)"
+    return None
+
+
 def _internal_error(exc: Exception) -> NoReturn:
     if os.environ.get("DETAUDIT_DEBUG"):
         raise exc
+    where = _broken_import(exc)
+    if where is not None:  # the environment's fault, not a bug in detaudit
+        err_console.print(f"[bold red]detaudit: error:[/] a module detaudit imports is broken: {escape(where)}: "
+                          f"{escape(type(exc).__name__)}: {escape(str(exc))}. It comes from the environment "
+                          "(PYTHONPATH, the installed packages), not from detaudit: fix or remove it.", soft_wrap=True)
+        sys.exit(EXIT_USAGE)
     err_console.print(f"[bold red]detaudit: internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}. "
                       "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.",
                       soft_wrap=True)

@@ -23,12 +23,14 @@ DEFAULT_GRANULARITY = "auto"  # module cost unless the repeats diverge (docs/gra
 
 
 class FiniteFloat(click.ParamType):
-    """A finite float (nan and inf are refused: they would compare as nothing and write invalid JSON)."""
+    """A finite float (nan and inf are refused: they would compare as nothing and write invalid JSON),
+    above `minimum` (or at least it, `inclusive`)."""
 
     name = "float"
 
-    def __init__(self, minimum: float | None = None) -> None:
+    def __init__(self, minimum: float | None = None, inclusive: bool = False) -> None:
         self.minimum = minimum
+        self.inclusive = inclusive
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
         try:
@@ -37,9 +39,13 @@ class FiniteFloat(click.ParamType):
             self.fail(f"{value!r} is not a number", param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
-        if self.minimum is not None and number <= self.minimum:
-            self.fail(f"{value!r} must be greater than {self.minimum:g}", param, ctx)
+        if self.minimum is not None and (number < self.minimum if self.inclusive else number <= self.minimum):
+            self.fail(f"{value!r} must be {'at least' if self.inclusive else 'greater than'} {self.minimum:g}",
+                      param, ctx)
         return number
+
+
+TOLERANCE = FiniteFloat(minimum=0, inclusive=True)  # --atol/--rtol: a negative tolerance would refuse equal values
 
 
 class RunCommand(click.Command):
@@ -95,7 +101,7 @@ def check_outputs(json_path: Path | None, junit_path: Path | None, html_path: Pa
         raise click.UsageError("--json - and --junit - cannot both write to stdout")
 
 
-def audit_options(script: Path, script_args: tuple[str, ...], *, repeats: int, devices: tuple[str, ...],
+def audit_options(script: Path | str, script_args: tuple[str, ...], *, repeats: int, devices: tuple[str, ...],
                   timeout: float | None, out_dir: Path | None, jobs: int, atol: float, rtol: float,
                   stdout_mode: str | None, ignore_stdout: bool, granularity: str, baseline_dir: Path | None,
                   save_baseline: Path | None, redact_args: bool, max_steps: int | None, max_time: float | None,
@@ -107,7 +113,7 @@ def audit_options(script: Path, script_args: tuple[str, ...], *, repeats: int, d
     from detaudit.run.devices import own_device, resolve_devices
 
     return AuditOptions(
-        Target(script, list(script_args), redact_args=redact_args),
+        Target(Path(script), list(script_args), redact_args=redact_args, argv0=str(script)),
         Schedule(repeats=repeats, devices=resolve_devices(devices), own_device=own_device(devices), timeout=timeout,
                  jobs=jobs, **_torchrun(nproc_per_node, torchrun_args,
                                         baseline_dir is not None or save_baseline is not None, max_time is not None)),

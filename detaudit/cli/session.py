@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from detaudit.errors import DetauditError
-from detaudit.run.files import silence_stdout
+from detaudit.run.files import naming, silence_stdout
 
 PIPE_WIDTH = 1000  # a pipe or CI log: lay the report out this wide, i.e. never wrap it at 80 columns
 
@@ -57,10 +57,11 @@ def finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet: 
         write_html(report, html_path)
     # with `--json -` / `--junit -` stdout carries the document alone: the rendering goes to stderr
     console = err_console if "-" in (str(json_path), str(junit_path)) else stdout_console()
-    if quiet:
-        console.print(summary_line(report), soft_wrap=True)
-    else:
-        render(report, console, notes)
+    with naming("standard error" if console is err_console else "standard output"):
+        if quiet:
+            console.print(summary_line(report), soft_wrap=True)
+        else:
+            render(report, console, notes)
     sys.exit(report.exit_code if exit_code is None else exit_code)
 
 

@@ -18,6 +18,7 @@ import atexit
 import builtins
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import io
 import json
 import os
@@ -29,7 +30,7 @@ import tokenize
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any, NoReturn
 
 from detaudit.recorder import evidence, location
@@ -37,6 +38,7 @@ from detaudit.recorder.patch import wrap
 from detaudit.recorder.pinning import reexec_without_aslr
 from detaudit.run import failure
 from detaudit.run.distributed import enter_rank
+from detaudit.run.ownimports import OwnImports
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -254,11 +256,22 @@ def _print_user_traceback(exc: BaseException) -> None:
     traceback.print_exception(type(exc), exc, tb)
 
 
-def _read_source(script: str) -> str:
+def _read_compiled(script: str, data: bytes) -> CodeType:
+    """A compiled script (`python script.pyc` runs it): its code object, refused with python's own messages."""
+    if data[:4] != importlib.util.MAGIC_NUMBER:
+        raise RuntimeError("Bad magic number in .pyc file")
+    try:  # the import system's reader of .pyc files (no unmarshalling of our own)
+        code = importlib.machinery.SourcelessFileLoader("__main__", script).get_code("__main__")
+    except (ImportError, EOFError, ValueError, TypeError):
+        code = None
+    if code is None:
+        raise RuntimeError("Bad code object in .pyc file")
+    return code
+
+
+def _read_source(script: str, data: bytes) -> str:
     """The script's text, decoded as python decodes it; a file that is not Python text raises python's
     own one-line SyntaxError (never tokenize's internals)."""
-    with open(script, "rb") as fh:
-        data = fh.read()
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as exc:  # a bad cookie, or bytes that are no text at all (reported below)
@@ -288,11 +301,16 @@ def _run_as_main(script: str) -> None:
     `script` is the path exactly as python would spell `__file__` (absolute, neither normalised
     nor symlink-resolved), so tracebacks and `__file__` read the same as under plain python.
     """
-    code = compile(_read_source(script), script, "exec", dont_inherit=True)
+    with open(script, "rb") as fh:
+        data = fh.read()
+    compiled = script.endswith(".pyc") or data[:2] == importlib.util.MAGIC_NUMBER[:2]  # as python tells them
+    code = _read_compiled(script, data) if compiled else compile(_read_source(script, data), script, "exec",
+                                                         dont_inherit=True)
     main_module = ModuleType("__main__")
     main_module.__file__ = script
     main_module.__cached__ = None  # type: ignore[attr-defined]
-    main_module.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+    loader = importlib.machinery.SourcelessFileLoader if compiled else importlib.machinery.SourceFileLoader
+    main_module.__loader__ = loader("__main__", script)
     main_module.__spec__ = None
     main_module.__annotations__ = {}
     main_module.__builtins__ = builtins  # type: ignore[attr-defined]
@@ -368,8 +386,14 @@ def main(argv: list[str]) -> None:
 
     module = config.get("module")  # `python -m MODULE`: SCRIPT is the module's file, sys.path[0] the cwd
     sys.argv = [script_arg, *script_args]
+    # the launcher's bootstrap left sys.path as the interpreter's own (no working directory): detaudit's
+    # imports keep to it, the script gets its directory first, as under plain python
+    user_dir = os.getcwd() if module else str(script.parent)
+    sys.meta_path.insert(0, OwnImports(sys.path, location.own_code(),
+                                       (user_dir, os.path.dirname(os.path.abspath(script_arg))),
+                                       (_run_as_main.__code__, _run_module.__code__)))
     if not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH, python 3.11+
-        sys.path[0] = os.getcwd() if module else str(script.parent)
+        sys.path.insert(0, user_dir)
     found = evidence.install(config)
     after_import = _AfterImport({"torch": session.on_torch_import, **found.import_callbacks()},
                                 session.on_import_error)

@@ -30,7 +30,7 @@ from typing import Any
 from detaudit.errors import UsageError
 from detaudit.results import RepeatResult, ScriptError
 from detaudit.run.failure import first_error
-from detaudit.run.launcher import Launcher, RepeatPlan
+from detaudit.run.launcher import Launcher, RepeatPlan, child_command
 
 RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
@@ -109,8 +109,7 @@ class DistributedLauncher(Launcher):
         self._traces: dict[int, Path] = {}  # repeat -> its trace path (the rank files sit beside it)
 
     def _command(self, config_path: Path) -> list[str]:
-        worker = [sys.executable, "-u", "-m", "detaudit.run.child", str(config_path), str(self.script),
-                  *self.script_args]
+        worker = child_command(config_path, self.script_arg, self.script_args, python_flags=["-u"])
         return torchrun_command(self.layout.nproc_per_node, self.torchrun_args, worker)
 
     def run_one(self, plan: RepeatPlan) -> RepeatResult:
@@ -182,7 +181,7 @@ def kill_ranks(run_dir: Path, trace_name: str) -> list[int]:
             pid = int(pid_file.read_text().strip())
         except (OSError, ValueError):
             continue
-        if not _runs_our_child(pid, run_dir):
+        if not runs_our_child(pid, run_dir):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
@@ -190,7 +189,8 @@ def kill_ranks(run_dir: Path, trace_name: str) -> list[int]:
     return killed
 
 
-def _runs_our_child(pid: int, run_dir: Path) -> bool:
+def runs_our_child(pid: int, run_dir: Path) -> bool:
+    """Whether process `pid` is alive and a repeat (or rank) writing into `run_dir` (pids are reused)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -199,7 +199,8 @@ def _runs_our_child(pid: int, run_dir: Path) -> bool:
         except (ProcessLookupError, PermissionError):
             return False
         return True
-    return b"detaudit.run.child" in cmdline and any(str(run_dir).encode() in part for part in cmdline)
+    return any(b"detaudit.run.child" in part for part in cmdline) and any(str(run_dir).encode() in part
+                                                                         for part in cmdline)
 
 
 def run_record(nproc_per_node: int | None, torchrun_args: list[str] | None = None) -> dict[str, Any]:
@@ -216,7 +217,7 @@ def options_of(record: dict[str, Any]) -> dict[str, Any]:
     return {"nproc_per_node": int(record["nproc_per_node"]), "torchrun_args": list(record.get("torchrun_args", []))}
 
 
-def launcher(nproc_per_node: int | None, torchrun_args: list[str], script: Path, script_args: list[str],
+def launcher(nproc_per_node: int | None, torchrun_args: list[str], script: Path | str, script_args: list[str],
              timeout: float | None, jobs: int, cwd: Path | None) -> DistributedLauncher | None:
     """The launcher of a torchrun run, or None for a single-process one."""
     if not nproc_per_node:

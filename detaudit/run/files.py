@@ -10,17 +10,33 @@ import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from detaudit.errors import OutputError, output_error
+
+
+@contextlib.contextmanager
+def naming(what: str) -> Iterator[None]:
+    """Writes to a stream (stdout redirected to a full disk): an OSError that names no file becomes an
+    OutputError naming `what`. A closed pipe is not an error of the run: it passes through unchanged."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise output_error(what, exc) from None
 
 
 def write_output(path: Path, text: str, mode: int | None = None) -> None:
     """A report file, or stdout for `-`."""
     if str(path) == "-":
         try:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            with naming("standard output"):
+                sys.stdout.write(text)
+                sys.stdout.flush()
         except BrokenPipeError:  # the reader stopped early (`| head`): not an error of the run
             silence_stdout()
     else:

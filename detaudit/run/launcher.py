@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -27,6 +28,28 @@ from detaudit.results import RepeatResult
 from detaudit.run.failure import read_error
 
 GRACE_S = 3.0
+# What a repeat's interpreter runs first (`python -c`): drop the working directory python puts first on
+# sys.path, then import detaudit, from the directory this process has it from when the path lacks it. So
+# neither the script's directory (the child adds it for the script, run/ownimports.py keeps detaudit out
+# of it) nor the working directory ever supply a module detaudit imports (a script named json.py, xxhash.py).
+_BOOT = """import sys
+if not getattr(sys.flags, "safe_path", False):
+    del sys.path[0]
+root = sys.argv.pop(1)
+if root not in sys.path:  # this copy of detaudit, not another one further down the path
+    sys.path.insert(0, root)
+    import detaudit
+    del sys.path[0]
+from detaudit.run.child import main
+main(sys.argv[1:])
+"""
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def child_command(config_path: Path, script: str, script_args: Sequence[str],
+                  python_flags: Sequence[str] = ()) -> list[str]:
+    """What one repeat (or one torchrun rank) runs: the child (detaudit/run/child.py) becoming `python SCRIPT`."""
+    return [sys.executable, *python_flags, "-c", _BOOT, _ROOT, str(config_path), script, *script_args]
 
 
 @dataclass(frozen=True)
@@ -107,10 +130,12 @@ class Launcher:
     before the leader is reaped: nothing it started outlives it or overlaps the next repeat.
     """
 
-    def __init__(self, script: Path, script_args: Sequence[str], timeout: float | None, jobs: int = 1,
+    def __init__(self, script: Path | str, script_args: Sequence[str], timeout: float | None, jobs: int = 1,
                  cwd: Path | None = None) -> None:
-        check_script(script)
-        self.script = script
+        """`script` as typed: the child's sys.argv[0] (`./-y.py` stays that, as under plain python)."""
+        check_script(Path(script))
+        self.script = Path(script)
+        self.script_arg = str(script)
         self.script_args = list(script_args)
         self.timeout = timeout
         self.jobs = max(1, jobs)
@@ -121,7 +146,7 @@ class Launcher:
         self._hurry = threading.Event()
 
     def _command(self, config_path: Path) -> list[str]:
-        return [sys.executable, "-m", "detaudit.run.child", str(config_path), str(self.script), *self.script_args]
+        return child_command(config_path, self.script_arg, self.script_args)
 
     def run_one(self, plan: RepeatPlan) -> RepeatResult:
         config_path = plan.trace.with_name(plan.trace.name.removesuffix(".trace") + ".config.json")
@@ -150,13 +175,17 @@ class Launcher:
                 code = proc.wait()
                 with self._lock:
                     self._live.pop(plan.index, None)
-        config_path.unlink(missing_ok=True)
         interrupted = self._stopping and not timed_out
+        try:  # the run directory deleted while the repeat ran (`rm -rf .detaudit`): an output error, exit 7
+            config_path.unlink(missing_ok=True)
+            stdout_digest = _digest(plan.stdout)
+        except OSError as exc:
+            raise output_error(plan.trace.parent, exc) from None
         return RepeatResult(
             index=plan.index, device=plan.device, exit_code=None if interrupted else code,
             duration_s=round(time.perf_counter() - started, 4), timed_out=timed_out,
             trace=plan.trace.name, stdout=plan.stdout.name, stderr=plan.stderr.name,
-            stdout_digest=_digest(plan.stdout), interrupted=interrupted,
+            stdout_digest=stdout_digest, interrupted=interrupted,
             error=read_error(plan.trace) if code else None,  # only a failed script leaves one
         )
 
@@ -222,11 +251,34 @@ class Launcher:
 
 
 def check_script(script: Path) -> None:
-    """The script must be a readable regular file (python's own messages, in one line, otherwise)."""
-    if script.is_dir():
-        raise UsageError(f"script {script} is a directory; give the .py file to run")
-    if not script.is_file():
-        raise UsageError(f"script not found: {script}")
+    """The script must be a readable regular file, read afresh by every repeat (a UsageError otherwise).
+
+    A FIFO or a device (`/dev/zero`, a terminal) would block or never end before a repeat and its
+    --timeout began, and a pipe can be read once only; standard input (`/dev/stdin`, `/proc/self/fd/0`)
+    is detaudit's, and every repeat runs with it closed.
+    """
+    shown = os.path.abspath(script)
+    if shown.startswith(("/dev/std", "/dev/fd/", "/proc/")):
+        raise UsageError(f"script {script} is a stream of this process, not a file: every repeat reads the script "
+                         "afresh, with standard input closed; save the script to a file and give that")
+    try:
+        st = os.stat(script)
+    except FileNotFoundError:
+        raise UsageError(f"script not found: {script}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot open script {script}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        main = Path(script) / "__main__.py"
+        hint = f"; python would run its __main__.py: give {main}" if main.is_file() else ""
+        raise UsageError(f"script {script} is a directory; give the .py file to run{hint}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else \
+            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket or special file"
+        raise UsageError(f"script {script} is {kind}, not a regular file: every repeat reads the script afresh "
+                         "(a pipe gives its text once, a device may never end); save the script to a file and "
+                         "give that")
+    if not os.access(script, os.R_OK):
+        raise UsageError(f"cannot open script {script}: permission denied")
 
 
 def _open_private(path: Path) -> Any:

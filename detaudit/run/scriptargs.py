@@ -9,8 +9,10 @@ or one given twice is refused, with the exact `--` spelling that says whose it i
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,14 +55,25 @@ class SplitArgs:
 def script_options(script: Path) -> set[str]:
     """Option strings the script itself defines (`add_argument("-d", "--device")`, `click.option(...)`).
 
-    A cheap static scan: unreadable or unparsable scripts define nothing as far as this knows.
+    A cheap static scan: unreadable or unparsable scripts define nothing as far as this knows. Only a
+    regular file is read, and at most MAX_SCAN_BYTES of it: `/dev/zero` would never end, a FIFO
+    would block before any repeat (and its --timeout) started; the launcher refuses both.
     """
     try:
-        if script.stat().st_size > MAX_SCAN_BYTES:
+        fd = os.open(script, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens without a writer
+    except OSError:
+        return set()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             return set()
-        tree = ast.parse(script.read_bytes())
+        data = os.read(fd, MAX_SCAN_BYTES + 1)
+        if len(data) > MAX_SCAN_BYTES:
+            return set()
+        tree = ast.parse(data)
     except (OSError, SyntaxError, ValueError):
         return set()
+    finally:
+        os.close(fd)
     found: set[str] = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):

@@ -15,6 +15,10 @@ FORMAT_VERSION = 1
 N_SAMPLES = 4
 FRAME_HEAD = struct.Struct("<cI")  # tag (1 byte) | payload length (u32 LE)
 FRAME_TAGS = b"HSREF"  # header, strings, records, evidence event, footer
+# What a trace may hold: the reader refuses more (it bounds compare's memory), so the writer stops before it
+MAX_FRAME = 1 << 30  # bytes in one frame's payload
+MAX_STRINGS = 1 << 20  # distinct strings (names, locations, shapes)
+MAX_EVENTS = 1 << 19  # evidence events (capped at the source, once per call site, save seeding calls)
 
 RECORD_DTYPE = np.dtype(
     [

@@ -16,11 +16,17 @@ import numpy as np
 
 from detaudit import schema
 from detaudit.errors import TraceError
-from detaudit.trace.format import FORMAT_NAME, FORMAT_VERSION, FRAME_HEAD, FRAME_TAGS, MAGIC, RECORD_DTYPE
-
-_MAX_FRAME = 1 << 30
-MAX_STRINGS = 1 << 20  # a string table bigger than this is no trace detaudit wrote (bounds compare's memory)
-MAX_EVENTS = 1 << 19  # evidence is capped at the source (once per call site); more is no trace detaudit wrote
+from detaudit.trace.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    FRAME_HEAD,
+    FRAME_TAGS,
+    MAGIC,
+    MAX_EVENTS,
+    MAX_FRAME,
+    MAX_STRINGS,
+    RECORD_DTYPE,
+)
 
 
 @dataclass
@@ -64,7 +70,7 @@ def _frames(path: Path) -> Iterator[tuple[bytes, bytes]]:
             if len(head) < FRAME_HEAD.size:
                 return
             tag, length = FRAME_HEAD.unpack(head)
-            if tag not in FRAME_TAGS or length > _MAX_FRAME:
+            if tag not in FRAME_TAGS or length > MAX_FRAME:
                 raise _fail(path, f"corrupt trace: bad frame header at byte {fh.tell() - FRAME_HEAD.size}")
             if fh.tell() + length > os.fstat(fh.fileno()).st_size:
                 return  # cut short (a killed repeat); checked first: a bogus length must not allocate

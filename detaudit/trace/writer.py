@@ -7,11 +7,23 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from detaudit.trace.format import FORMAT_NAME, FORMAT_VERSION, FRAME_HEAD, MAGIC, RECORD_DTYPE, Flag, Record
+from detaudit.trace.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    FRAME_HEAD,
+    MAGIC,
+    MAX_EVENTS,
+    MAX_FRAME,
+    MAX_STRINGS,
+    RECORD_DTYPE,
+    Flag,
+    Record,
+)
 
 _FLAGS = Record._fields.index("flags")
 
@@ -30,6 +42,11 @@ class TraceWriter:
     flagged THREAD (made on another thread) arrive in scheduling order, which changes from run to run;
     they are held and written by `sync` as one block sorted by content, so a deterministic threaded
     script writes identical traces and a value that differs still shows as a difference at its name.
+
+    The format's limits (format.MAX_STRINGS, MAX_EVENTS, MAX_FRAME: what the reader accepts) are kept
+    here, never discovered by the reader: past the string table's, no further record is written and
+    the footer says why (`recording_stopped`: compared as far as it was recorded); past the events',
+    further evidence is counted (`events_dropped`), not written.
     """
 
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
@@ -41,6 +58,9 @@ class TraceWriter:
         self._identity = (st.st_dev, st.st_ino)
         self._pid = os.getpid()
         self.lost: str | None = None  # why records could not be written (disk full, descriptor taken)
+        self.stopped: str | None = None  # a limit of the format was reached: no record after it is written
+        self.events_written = 0
+        self.events_dropped = 0
         self._rows: list[bytes] = []  # packed records not yet written
         self._strings: dict[str, int] = {"": 0}
         self._texts: list[str] = [""]  # id -> text, to sort THREAD records by name
@@ -97,13 +117,24 @@ class TraceWriter:
     def _frame(tag: bytes, payload: bytes) -> bytes:
         return FRAME_HEAD.pack(tag, len(payload)) + payload
 
+    def _stop(self, why: str) -> None:
+        """A limit of the format is reached: nothing recorded from here on is written (said once, on stderr)."""
+        if self.stopped is None:
+            self.stopped = why
+            print(f"detaudit: recording stopped, this repeat is recorded only up to here: {why}", file=sys.stderr)
+
     def intern(self, text: str) -> int:
-        """The string-table id of `text` (names, locations, shapes are stored once)."""
+        """The string-table id of `text` (names, locations, shapes are stored once); past MAX_STRINGS the
+        recording stops (the id returned then belongs to no written record)."""
         sid = self._strings.get(text)
         if sid is None:
             with self._lock:
                 sid = self._strings.get(text)
                 if sid is None:
+                    if len(self._strings) >= MAX_STRINGS:
+                        self._stop(f"more than {MAX_STRINGS:,} distinct names, locations and shapes (checkpoint "
+                                   "names, say), the most a trace holds")
+                        return 0
                     sid = len(self._strings)
                     self._strings[text] = sid
                     self._texts.append(text)
@@ -116,6 +147,8 @@ class TraceWriter:
 
     def add(self, row: tuple[Any, ...]) -> None:
         """Queue one record; `row` is a `Record` or a plain tuple in its field order."""
+        if self.stopped is not None:
+            return
         if row[_FLAGS] & _THREAD:
             with self._lock:
                 self._threaded.append(row)
@@ -159,9 +192,19 @@ class TraceWriter:
         if self.closed or os.getpid() != self._pid:
             return
         with self._lock:
+            if self.events_written >= MAX_EVENTS:
+                if not self.events_dropped:
+                    print(f"detaudit: more than {MAX_EVENTS:,} evidence events (seeding calls, say); later ones are "
+                          "not recorded, causes are inferred from the first ones", file=sys.stderr)
+                self.events_dropped += 1
+                return
             self.flush()
             payload = json.dumps({"at": self.position, **event}, default=str).encode()
+            if len(payload) > MAX_FRAME:
+                self.events_dropped += 1
+                return
             self._write(self._frame(b"E", payload))
+            self.events_written += 1
 
     def flush(self) -> None:
         if self.closed or os.getpid() != self._pid:
@@ -172,7 +215,13 @@ class TraceWriter:
         try:
             out = b""
             if self._pending_strings:
-                out += self._frame(b"S", json.dumps(self._pending_strings).encode())
+                strings = json.dumps(self._pending_strings).encode()
+                if len(strings) > MAX_FRAME:  # names of a gigabyte: the reader would call the frame corrupt
+                    self._stop("the names recorded since the last flush exceed a trace frame (1 GiB)")
+                    self._rows.clear()
+                    self._pending_strings = []
+                    return
+                out += self._frame(b"S", strings)
             if self._rows:
                 out += self._frame(b"R", b"".join(self._rows))
             if out:
@@ -203,6 +252,10 @@ class TraceWriter:
         self.flush()
         if self.lost is None:  # a trace with a hole in it gets no footer: it must read as incomplete
             foot = {"records": self.records_written, **footer}
+            if self.stopped is not None and not foot.get("recording_stopped"):
+                foot["recording_stopped"] = self.stopped
+            if self.events_dropped:
+                foot["events_dropped"] = self.events_dropped
             self._write(self._frame(b"F", json.dumps(foot, default=str).encode()))
         self._close_fd()
         self.closed = True
