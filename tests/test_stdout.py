@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from detaudit.compare.stdout import compare_stdout, first_difference, mask_line, most_lenient, recorded_mode, visible
+from detaudit.compare.stdout import (
+    Masker,
+    compare_stdout,
+    comparison_key,
+    first_difference,
+    mask_line,
+    most_lenient,
+    recorded_mode,
+    visible,
+)
 
 # lines real training scripts print, with what must be left of them
 MASKED = [
@@ -208,3 +217,167 @@ def test_masking_stays_linear_on_adversarial_lines() -> None:
     worker.start()
     worker.join(timeout=120)
     assert len(done) == len(ADVERSARIAL), f"masking hung on {ADVERSARIAL[len(done)][:8]!r}…"
+
+
+# -- bytes, not decoded text -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["strict", "masked"])
+def test_lines_differing_only_in_invalid_utf8_differ(tmp_path: Path, mode: str) -> None:
+    """A review found them equal (decoded with errors="replace", every bad byte became one U+FFFD)."""
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    a.write_bytes(b"ok\nid \x80\x81 loss 0.5\n")
+    b.write_bytes(b"ok\nid \x80\xfe loss 0.5\n")
+    found = compare_stdout([a, b], [0, 1], mode)  # type: ignore[arg-type]
+    assert found is not None and found.line == 2
+    assert found.lines == {0: "id \\x80\\x81 loss 0.5", 1: "id \\x80\\xfe loss 0.5"}  # shown apart, not as "�"
+
+
+@given(st.binary(max_size=40), st.binary(max_size=40))
+def test_masked_comparison_never_equates_lines_whose_non_masked_bytes_differ(a: bytes, b: bytes) -> None:
+    """Whatever the bytes: lines without digits (nothing to mask) differ under masking iff their tokens do."""
+    a, b = (x.translate(None, b"0123456789\r\n\x1b?") for x in (a, b))
+    ta, tb = (x.split() for x in (a, b))
+    key_a, key_b = (comparison_key(mask_line(x.decode("utf-8", "surrogateescape"))) for x in (a, b))
+    if ta != tb and not any(set(x) & set("|%━╸╺█▏▎▍▌▋▊▉▐░▒▓-=─═_~#<>".encode()) for x in (a, b)):
+        assert key_a != key_b
+
+
+# -- padding, widths and framework output --------------------------------------------------------------------------
+
+
+def _same(lines_a: list[str], lines_b: list[str]) -> bool:
+    ma, mb = Masker(), Masker()
+    return [comparison_key(ma.mask(x)) for x in lines_a] == [comparison_key(mb.mask(x)) for x in lines_b]
+
+
+# (repeat a, repeat b): lines recorded from seeded runs of Lightning 2.6 (rich and tqdm bars), HF Trainer 5.x,
+# keras, fastai-style tables and hand-written formats; each pair differs only in measurements
+RECORDED_EQUAL = [
+    # word_language_model: `'| time: {:5.2f}s |'` crossing a power of ten (issue 25)
+    (["| end of epoch   1 | time:  9.87s | valid loss  5.79 | valid ppl   326.95"],
+     ["| end of epoch   1 | time: 10.02s | valid loss  5.79 | valid ppl   326.95"]),
+    # Lightning's rich progress bar: the bar shrinks by a character as the rate gains a digit
+    (["Epoch 1/1  ━━━━━━━━━━━━━━━━━━ 5/5 0:00:00 • 0:00:00 86.99it/s train_loss: 1.258      "],
+     ["Epoch 1/1  ━━━━━━━━━━━━━━━━━ 5/5 0:00:00 • 0:00:00 524.74it/s train_loss: 1.258      "]),
+    # Lightning's tqdm bar, redrawn with \r; tqdm pads a shorter line with spaces
+    (["\rEpoch 0:  60%|██████    | 3/5 [00:00<00:00, 97.31it/s, v_num=1, train_loss=1.810] "
+      "\rEpoch 0:  60%|██████    | 3/5 [00:00<00:00, 96.79it/s, v_num=1, train_loss=2.140]"],
+     ["\rEpoch 0:  60%|██████    | 3/5 [00:00<00:00, 168.83it/s, v_num=1, train_loss=1.810]"
+      "\rEpoch 0:  60%|██████    | 3/5 [00:00<00:00, 167.83it/s, v_num=1, train_loss=2.140]"]),
+    # tqdm's unscaled rate is `{:5.2f}`: `,  6.97it/s` / `, 37.82it/s`; a dynamic-width bar
+    ([" 67%|██████▋   | 2/3 [00:01<00:00,  1.39it/s]"], [" 67%|██████████████▋       | 2/3 [00:00<00:00, 37.82it/s]"]),
+    (["100%|##########| 3/3 [00:01<00:00,  1.77it/s]"], ["100%|###############| 3/3 [00:00<00:00, 112.10it/s]"]),
+    # HF Trainer: per-step logs (metrics, equal) and the closing dict, measurements quoted and keyed by name
+    (["{'loss': '0.6926', 'grad_norm': '0.2047', 'learning_rate': '5e-05', 'epoch': '0.3333'}",
+      "{'train_runtime': '1.874', 'train_samples_per_second': '12.8', 'train_steps_per_second': '1.601', "
+      "'train_loss': '0.6934', 'epoch': '1'}"],
+     ["{'loss': '0.6926', 'grad_norm': '0.2047', 'learning_rate': '5e-05', 'epoch': '0.3333'}",
+      "{'train_runtime': '12.79', 'train_samples_per_second': '8.597', 'train_steps_per_second': '1.075', "
+      "'train_loss': '0.6934', 'epoch': '1'}"]),
+    (["{'eval_loss': 0.6931, 'eval_runtime': 0.0512, 'eval_samples_per_second': 468.8, 'epoch': 1.0}"],
+     ["{'eval_loss': 0.6931, 'eval_runtime': 0.1049, 'eval_samples_per_second': 1,228.5, 'epoch': 1.0}"]),
+    # JSON lines and logfmt
+    (['{"step": 10, "loss": 0.5123, "step_time": 0.118, "tokens_per_sec": 9812.4}'],
+     ['{"step": 10, "loss": 0.5123, "step_time": 1.02, "tokens_per_sec": 10411.9}']),
+    (["level=info step=10 loss=0.5123 elapsed=9.8s throughput=812.5"],
+     ["level=info step=10 loss=0.5123 elapsed=10.1s throughput=1012.5"]),
+    # keras 3
+    (["32/32 ━━━━━━━━━━━━━━━━━━━━ 1s 9ms/step - accuracy: 0.8765 - loss: 0.4321"],
+     ["32/32 ━━━━━━━━━━━━━━━━━━━━ 12s 102ms/step - accuracy: 0.8765 - loss: 0.4321"]),
+    # tables: a measurement column named by its header, aligned by whitespace or by separators
+    (["epoch     train_loss  valid_loss  accuracy  time    ", "0         0.512345    0.498765    0.850000  00:09"],
+     ["epoch     train_loss  valid_loss  accuracy  time    ", "0         0.512345    0.498765    0.850000  01:12"]),
+    (["| epoch | loss   | epoch time (s) |", "|-------|--------|----------------|",
+      "|     1 | 0.5000 |           9.50 |"],
+     ["| epoch | loss   | epoch time (s) |", "|-------|--------|----------------|",
+      "|     1 | 0.5000 |          10.50 |"]),
+    (["┃ Epoch ┃ Loss   ┃ it/s  ┃", "│ 1     │ 0.5000 │ 9.12  │"],
+     ["┃ Epoch ┃ Loss   ┃ it/s   ┃", "│ 1     │ 0.5000 │ 10.12  │"]),
+    (["+-------+---------+", "| step  | time    |", "+-------+---------+", "| 1     | 9.1     |"],
+     ["+-------+----------+", "| step  | time     |", "+-------+----------+", "| 1     | 10.01    |"]),
+    # pandas-style: the measurement column's width pads the header too
+    (["   epoch  loss  time", "0      1  0.51  9.81"], ["   epoch  loss   time", "0      1  0.51  10.81"]),
+]
+RECORDED_DIFFERENT = [
+    (["Epoch 1/1  ━━━━━━━━━━━━━━━━━━ 5/5 0:00:00 • 0:00:00 86.99it/s train_loss: 1.258"],
+     ["Epoch 1/1  ━━━━━━━━━━━━━━━━━━ 5/5 0:00:00 • 0:00:00 86.99it/s train_loss: 1.259"], "train_loss"),
+    (["Epoch 0: 100%|██████████| 5/5 [00:00<00:00, 150.50it/s, v_num=0, train_loss=1.600]"],
+     ["Epoch 0: 100%|██████████| 5/5 [00:00<00:00, 107.69it/s, v_num=1, train_loss=1.600]"], "v_num"),
+    (["{'train_runtime': '1.874', 'train_loss': '0.6934', 'epoch': '1'}"],
+     ["{'train_runtime': '2.874', 'train_loss': '0.6935', 'epoch': '1'}"], "train_loss"),
+    (['{"step": 10, "val_acc": 0.93, "step_time": 0.118}'], ['{"step": 10, "val_acc": 0.94, "step_time": 0.118}'],
+     "val_acc"),
+    (["step=10 loss=0.5123 elapsed=9.8s"], ["step=10 loss=0.5124 elapsed=9.8s"], "loss"),
+    (["| epoch | val_acc | time |", "|     1 |  0.9312 | 9.50 |"],
+     ["| epoch | val_acc | time |", "|     1 |  0.9313 | 9.50 |"], "column val_acc"),
+    (["epoch  train_loss  time", "0      0.512345    00:09"], ["epoch  train_loss  time", "0      0.512346    00:09"],
+     "column train_loss"),
+    (["| end of epoch   1 | time:  9.87s | valid loss  5.79 |"],
+     ["| end of epoch   1 | time: 10.02s | valid loss  5.80 |"], "loss"),
+]
+
+
+@pytest.mark.parametrize("a, b", RECORDED_EQUAL)
+def test_measurements_in_framework_output_compare_equal(a: list[str], b: list[str]) -> None:
+    assert _same(a, b)
+
+
+@pytest.mark.parametrize("a, b, field", RECORDED_DIFFERENT)
+def test_a_metric_beside_them_still_differs_and_is_named(tmp_path: Path, a: list[str], b: list[str],
+                                                         field: str | None) -> None:
+    assert not _same(a, b)
+    ref, other = _write(tmp_path / "a", "\n".join(a) + "\n"), _write(tmp_path / "b", "\n".join(b) + "\n")
+    found = compare_stdout([ref, other], [0, 1], "masked")
+    assert found is not None and found.field == field
+
+
+magnitudes = st.floats(min_value=-1e7, max_value=1e7, allow_nan=False, allow_infinity=False)
+widths = st.integers(min_value=0, max_value=14)
+aligns = st.sampled_from(["", "<", ">", "^"])
+seps = st.sampled_from(["", ","])
+# a measurement in each of the places the rules recognise it, `{}` its formatted value
+MEASURED = st.sampled_from([
+    "| time: {}s |", "{{'train_runtime': '{}', 'train_loss': '0.6934'}}", '{{"step_time": {}, "loss": 0.5}}',
+    "step=3 elapsed={} loss=0.51", "step 3 | {} ms/batch | loss 0.51", "5/5 [00:01<00:00, {}it/s, loss=0.51]",
+    "eta {} loss 0.51", "throughput: {} samples/s", "latency={}ms acc=0.9",
+])
+
+
+def _formatted(value: float, width: int, align: str, sep: str, digits: int) -> str:
+    return format(value, f"{align}{width}{sep}.{digits}f")
+
+
+@given(MEASURED, magnitudes, magnitudes, widths, widths, aligns, aligns, seps, seps,
+       st.integers(0, 4), st.integers(0, 4))
+def test_width_sign_digits_and_alignment_of_masked_values_never_count(
+        template: str, a: float, b: float, wa: int, wb: int, la: str, lb: str, sa: str, sb: str, da: int,
+        db: int) -> None:
+    line_a = template.format(_formatted(a, wa, la, sa, da))
+    line_b = template.format(_formatted(b, wb, lb, sb, db))
+    assert _same([line_a], [line_b]), (line_a, line_b)
+
+
+@given(magnitudes, magnitudes, widths, widths, st.integers(1, 4))
+def test_a_table_column_of_measurements_never_counts(a: float, b: float, wa: int, wb: int, digits: int) -> None:
+    header = "epoch  loss    time"
+    rows = [f"1      0.5123  {a:<{wa}.{digits}f}", f"1      0.5123  {b:<{wb}.{digits}f}"]
+    assert _same([header, rows[0]], [header, rows[1]])
+
+
+metric_values = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, allow_infinity=False)
+# a metric beside a measurement, in each format: `{m}` the metric, `{t}` the measurement
+BESIDE = st.sampled_from([
+    "{{'train_runtime': '{t}', 'train_loss': '{m}'}}", '{{"val_acc": {m}, "step_time": {t}}}',
+    "loss={m} elapsed={t}s", "5/5 [00:01<00:00, {t}it/s, train_loss={m}]", "| loss {m} | time: {t}s |",
+    "val_acc: {m} ms/step: {t}", "acc {m} sec/it {t}", "Epoch 1/1 ━━━━ 5/5 0:00:00 • 0:00:00 {t}it/s loss: {m}",
+])
+
+
+@given(BESIDE, metric_values, metric_values, magnitudes, magnitudes, widths, widths)
+def test_a_metric_change_always_counts(template: str, ma: float, mb: float, ta: float, tb: float, wa: int,
+                                       wb: int) -> None:
+    line_a = template.format(m=f"{ma:.4f}", t=f"{ta:{wa}.2f}".strip())
+    line_b = template.format(m=f"{mb:.4f}", t=f"{tb:{wb}.2f}".strip())
+    assert _same([line_a], [line_b]) == (f"{ma:.4f}" == f"{mb:.4f}"), (line_a, line_b)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from detaudit.causes.context import Context, Finding, finding
-from detaudit.compare.stdout import mask_line
+from detaudit.compare.stdout import comparison_key, mask_line
 
 _TOKEN = re.compile(r"\S+")
 
@@ -30,11 +30,13 @@ def stdout_differs(ctx: Context) -> Finding | None:
     lines = [f"stdout line {diff.line}: {_quote(ref)} in repeat {diff.reference}, {_quote(other)} in repeat {index}"]
     if len(diff.repeats) > 1:
         lines.append(f"the same line differs in repeat(s) {', '.join(map(str, diff.repeats[1:]))} too")
+    if diff.field is not None:
+        lines.append(f"the first difference is the value of {diff.field}")
     if ref is not None and other is not None:
         changed = _changed_tokens(ref, other)
         if changed:
             lines.append("differing tokens: " + ", ".join(f"{x!r} vs {y!r}" for x, y in changed))
-        if diff.mode == "strict" and mask_line(ref) == mask_line(other):
+        if diff.mode == "strict" and comparison_key(mask_line(ref)) == comparison_key(mask_line(other)):
             lines.append("they differ only in timings, rates, timestamps, pids or addresses: the default "
                          "`--stdout masked` compares them as equal (docs/stdout.md)")
     if ctx.divergence.index < 0:

@@ -38,6 +38,7 @@ def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEF
         return None
     hint = "; `--stdout ignore` skips stdout" if stdout == "masked" else \
         "; the default `--stdout masked` ignores timings (docs/stdout.md)"
+    at = f" at {found.field}" if found.field else ""
     record = RecordInfo(-1, "stdout", f"line {found.line}", "", "", -1, "", "", "", False)
     return Divergence(-1, "outcome", record, found.repeats, ref.index, stdout=found,
-                      detail=f"stdout line {found.line} differs ({found.mode} comparison){hint}")
+                      detail=f"stdout line {found.line} differs{at} ({found.mode} comparison){hint}")

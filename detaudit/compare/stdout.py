@@ -23,7 +23,8 @@ SHOWN_CHARS = 240  # a line shown in a report is cut to this many characters
 _NUM = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"  # 1,234.5 too
 _CLOCK = r"(?<!\d)\d{1,6}:\d{2}(?::\d{2})?(?:\.\d+)?"
 # words whose value is a time or a speed whatever its unit (`step_time 3.2`, `mfu 41.2%`, `eta 0:12`)
-_WORDS = r"(?:time|runtime|elapsed|eta|mfu|throughput|duration|took|latency|[A-Za-z_]{0,40}?per_sec(?:ond)?)"
+_WORDS = (r"(?:time|runtime|walltime|elapsed|eta|mfu|fps|throughput|duration|took|latency"
+          r"|[A-Za-z_]{0,40}?per_sec(?:ond)?)")
 _RATE = r"(?:[A-Za-z]+/s(?:ec)?|(?:m?s|sec)/[A-Za-z]+)"
 # units of time, and rates "something per second" / "seconds per something"
 _PLAIN = r"(?:ms|us|µs|ns|s|sec|secs|seconds?|mins?|minutes?|hrs?|hours?)"
@@ -52,7 +53,7 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
     (re.compile(r"(?<![\w.])(?:\d+h\d+m(?:\d+(?:\.\d+)?s)?|\d+m\d+(?:\.\d+)?s)(?!\w)"), "#"),
     # a timing word, then its value: a clock, or a number with or without a unit or %
     (re.compile(rf"(?i)((?<![A-Za-z]){_WORDS}(?![A-Za-z])(?:\s+per\s+[A-Za-z_]{{1,20}})?['\"]?\s*"
-                rf"(?:\([^)]{{0,20}}\))?\s*[:=]?\s*)"
+                rf"(?:\([^)]{{0,20}}\))?\s*[:=]?\s*['\"]?)"
                 rf"(?:{_CLOCK}|{_NUM})(\s?(?:%|{_UNIT})(?!\w))?"),
      lambda m: m.group(1) + "#" + (m.group(2) or "")),
     # a rate as a column header before its value (`tok/s: 1234`, `sec/it 0.5`), a time unit as one (`ms=12`); a
@@ -68,11 +69,29 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
 )
 
 
+# progress bars: tqdm's `NN%|bar|` (the bar's width can follow the terminal and the other fields), rich's and
+# keras' `━━━╸` and block-character runs; the percentage and the `n/total` beside them are still compared
+_BAR = re.compile(r"(?<=%\|)[^|]{1,400}(?=\|)|[━╸╺█▏▎▍▌▋▊▉▐░▒▓]+")
+# a value of a measurement column in a table, or a measurement standing in a dict/JSON/logfmt pair
+_MEASURE = re.compile(rf"^\s*['\"]?(?:{_CLOCK}|\d{{1,2}}:\d{{2}}|{_NUM})['\"]?\s?(?:%|{_UNIT})?\s*$")
+_PLACEHOLDER = r"(?:#|<timestamp>|<elapsed>|<clock>|<bar>)"
+_AROUND = re.compile(rf"\s*({_PLACEHOLDER})\s*")
+_RULE_RUN = re.compile(r"([-=─━═_~])\1{2,}")  # a table's horizontal rule: its length follows the column widths
+_SPACES = re.compile(r"\s+")
+# column separators of a table (`|`, rich's `│` rows and `┃` header)
+_SEPARATOR = re.compile(r"[|│┃║]")
+_TIMING_HEADER = re.compile(rf"(?i)(?:(?<![A-Za-z]){_WORDS}(?![A-Za-z])|^\s*(?:{_RATE}|{_PLAIN})\s*$"
+                            rf"|[(\[]\s*(?:{_PLAIN}|{_RATE})\s*[)\]])")
+# the name a value stands under in a line: `key: `, `'key': '`, `"key": `, `key=`, `key `
+_KEY_BEFORE = re.compile(r"([A-Za-z_][\w./-]{0,60})['\"]?(?:\s*[:=]\s*['\"]?\s*|\s+)$")
+_NUMBER = re.compile(rf"(?<![\w.]){_NUM}(?!\w)")  # a number standing alone: a row's, not a header's
+
+
 def visible(line: str) -> str:
     """What a terminal shows of a line written with carriage returns: its last non-empty segment."""
     if "\r" not in line:
         return line
-    parts = [p for p in line.split("\r") if p]
+    parts = [p for p in line.split("\r") if p.strip()]
     return parts[-1] if parts else ""
 
 
@@ -84,49 +103,199 @@ def mask_line(line: str) -> str:
     return text
 
 
+def comparison_key(masked: str) -> str:
+    """What of a masked line is compared: its tokens, not how they are padded.
+
+    A masked value's width (`1.00s` / `10.00s`, a rate's digits) moves the padding around it, a
+    column's width, a progress bar's length and a table rule's length: none of these count. How much
+    whitespace separates two tokens does not count either, whether any does still counts (`1 2` is
+    not `12`), except next to a placeholder.
+    """
+    text = _BAR.sub("<bar>", masked)
+    text = _RULE_RUN.sub(r"\1\1\1", text)
+    text = _AROUND.sub(r"\1", text)
+    return _SPACES.sub(" ", text).strip()
+
+
+@dataclass(frozen=True)
+class _Header:
+    """A table's header line: where its columns are and which of them hold measurements."""
+
+    piped: bool
+    spans: tuple[tuple[int, int], ...]  # whitespace tables: each column's [start, end) in the header
+    names: tuple[str, ...]
+    timing: tuple[bool, ...]
+
+
+def _fields(text: str) -> tuple[bool, list[tuple[int, int]]]:
+    """A line's fields: between column separators when it has them, else its whitespace-separated tokens."""
+    if _SEPARATOR.search(text):
+        bounds = [-1, *(m.start() for m in _SEPARATOR.finditer(text)), len(text)]
+        spans = [(a + 1, b) for a, b in zip(bounds, bounds[1:])]
+        return True, [(a, b) for a, b in spans if text[a:b].strip() or 0 < a <= b < len(text)]
+    return False, [m.span() for m in re.finditer(r"\S+", text)]
+
+
+def _header(text: str) -> _Header | None:
+    """The line as a table header: two or more named columns, no numbers, one of them a measurement."""
+    piped, spans = _fields(text)
+    names = tuple(text[a:b].strip() for a, b in spans)
+    if len(names) < 2 or any(n and not re.search(r"[A-Za-z]", n) for n in names) \
+            or any(_NUMBER.search(n) for n in names):
+        return None
+    timing = tuple(bool(n) and _TIMING_HEADER.search(n) is not None for n in names)
+    return _Header(piped, tuple(spans), names, timing) if any(timing) else None
+
+
+class Masker:
+    """Masks one output's lines in order: a table's header names the columns whose values are
+    measurements (`time`, `epoch_time (s)`, `it/s`), so those values are masked in the rows below it."""
+
+    def __init__(self) -> None:
+        self.header: _Header | None = None
+
+    def mask(self, line: str) -> str:
+        text = _RULES[0][0].sub("", visible(line))  # escapes first: columns are found on what is shown
+        header = _header(text)
+        if header is not None:
+            self.header = header
+        elif self.header is not None:
+            text = self._mask_columns(text, self.header)
+        return mask_line(text)
+
+    def column(self, line: str, position: int) -> str | None:
+        """The header name of the column at `position` of a (masked) row, when a header applies."""
+        columns = self._columns(line, self.header) if self.header is not None else None
+        return next((name for (a, b), name, _ in columns or () if a <= position <= b and name), None)
+
+    @staticmethod
+    def _columns(text: str, header: _Header) -> list[tuple[tuple[int, int], str, bool]] | None:
+        """Each field of a row with its column's name and whether it holds measurements; None when the
+        line is no row of this table. A whitespace table's row may lead with an unnamed index (pandas)."""
+        piped, spans = _fields(text)
+        names, timing, head = list(header.names), list(header.timing), list(header.spans)
+        if not piped and len(spans) == len(names) + 1 and header.spans[0][0] > 0:
+            names, timing, head = ["", *names], [False, *timing], [(0, 0), *head]
+        if piped != header.piped or len(spans) != len(names):
+            return None
+        if not piped:  # aligned: each field lies under its own header column
+            for i, (a, b) in enumerate(spans):
+                lo = head[i - 1][1] if i else 0
+                hi = head[i + 1][0] if i + 1 < len(spans) else len(text) + 1
+                if b <= lo or a >= hi:
+                    return None
+        return list(zip(spans, names, timing))
+
+    @classmethod
+    def _mask_columns(cls, text: str, header: _Header) -> str:
+        columns = cls._columns(text, header)
+        if columns is None:
+            return text
+        out, last = [], 0
+        for (a, b), _, timing in columns:
+            if timing and _MEASURE.match(text[a:b]):
+                out.append(text[last:a] + "#")
+                last = b
+        return "".join(out) + text[last:]
+
+
 @dataclass(frozen=True)
 class StdoutDifference:
     """The first stdout line where some repeat differs from the reference repeat.
 
-    `lines` maps a repeat to its text of that line as printed (None: its output had ended);
-    line numbers count from 1.
+    `lines` maps a repeat to its text of that line as printed (None: its output had ended), invalid
+    UTF-8 shown as `\\x..` escapes; line numbers count from 1. `field`: the key or table column under
+    which the first repeat listed in `lines` after the reference differs (`'v_num'`, `column val_acc`),
+    when the line names one.
     """
 
     line: int
     mode: StdoutMode
     reference: int
     lines: dict[int, str | None]
+    field: str | None = None
 
     @property
     def repeats(self) -> list[int]:
         return [i for i in self.lines if i != self.reference]
 
 
-def _lines(path: Path) -> Iterator[str]:
-    """A file's lines split on `\\n` only (a `\\r` progress update stays inside its line)."""
+def _lines(path: Path) -> Iterator[bytes]:
+    """A file's lines as bytes, split on `\\n` only (a `\\r` progress update stays inside its line)."""
     from detaudit.trace import open_regular
 
     # a file of a run directory: regular, never followed through a symlink planted there
     with open_regular(path, "stdout capture", follow_symlinks=False) as fh:
         for raw in fh:
-            yield raw.rstrip(b"\n").decode("utf-8", errors="replace")
+            yield raw.rstrip(b"\n")
 
 
-def _key(line: str | None, mode: StdoutMode) -> str | None:
-    return line if line is None or mode == "strict" else mask_line(line)
+def _text(raw: bytes) -> str:
+    """A line as text for masking, losslessly: invalid UTF-8 bytes become distinct surrogates, so
+    lines whose bytes differ never mask alike."""
+    return raw.decode("utf-8", errors="surrogateescape")
 
 
-def first_difference(reference: Path, other: Path, mode: StdoutMode) -> tuple[int, str | None, str | None] | None:
-    """(line number, reference's line, other's line) of the first line that differs under `mode`."""
+def shown(raw: bytes | None) -> str | None:
+    """A line as a report shows it: invalid UTF-8 as `\\x..` escapes (never one replacement character
+    for every byte, which would show two different lines as the same)."""
+    return None if raw is None else raw.decode("utf-8", errors="backslashreplace")
+
+
+@dataclass(frozen=True)
+class _Found:
+    line: int
+    reference: bytes | None
+    other: bytes | None
+    field: str | None
+
+
+def _first_difference(reference: Path, other: Path, mode: StdoutMode) -> _Found | None:
     ref_lines, other_lines = _lines(reference), _lines(other)
+    ref_mask, other_mask = Masker(), Masker()
     number = 0
     while True:
         number += 1
         a, b = next(ref_lines, None), next(other_lines, None)
         if a is None and b is None:
             return None
-        if a != b and _key(a, mode) != _key(b, mode):  # equal lines mask alike: only differing ones are masked
-            return number, a, b
+        if mode == "strict" or a is None or b is None:
+            if a != b:
+                return _Found(number, a, b, None)
+            continue
+        # every line goes through its file's masker, equal or not: a table header must be seen
+        key_a, key_b = comparison_key(ref_mask.mask(_text(a))), comparison_key(other_mask.mask(_text(b)))
+        if a != b and key_a != key_b:
+            return _Found(number, a, b, differing_field(_text(a), _text(b), ref_mask))
+
+
+def first_difference(reference: Path, other: Path, mode: StdoutMode) -> tuple[int, str | None, str | None] | None:
+    """(line number, reference's line, other's line) of the first line that differs under `mode`:
+    byte for byte under `strict`, by `comparison_key` of the masked lines under `masked`."""
+    found = _first_difference(reference, other, mode)
+    return None if found is None else (found.line, shown(found.reference), shown(found.other))
+
+
+def differing_field(a: str, b: str, masker: Masker | None = None) -> str | None:
+    """The key (`'v_num'`, `train_loss`) or table column the first differing token of two lines stands
+    under, or None when the line names none."""
+    ma, mb = (_RULE_RUN.sub(r"\1\1\1", _BAR.sub("<bar>", mask_line(x))) for x in (a, b))
+    ta, tb = re.findall(r"\S+", ma), re.findall(r"\S+", mb)
+    spans = [m.span() for m in re.finditer(r"\S+", ma)]
+    diff = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
+    if diff is None:
+        return None
+    start, end = spans[diff]
+    token = ma[start:end]
+    # the key may be the token's own head (`v_num=0` vs `v_num=1`, `'loss':`)
+    inner = re.match(r"['\"]?([A-Za-z_][\w./-]{0,60})['\"]?[:=]", token)
+    if inner is not None and ta[diff].split(inner.group(0)[-1])[0] == tb[diff].split(inner.group(0)[-1])[0]:
+        return inner.group(1)
+    before = _KEY_BEFORE.search(ma[:start])
+    if before is not None:
+        return before.group(1)
+    column = masker.column(ma, start) if masker is not None else None
+    return f"column {column}" if column else None
 
 
 def compare_stdout(paths: Sequence[Path], indices: Sequence[int], mode: StdoutMode) -> StdoutDifference | None:
@@ -137,18 +306,18 @@ def compare_stdout(paths: Sequence[Path], indices: Sequence[int], mode: StdoutMo
     """
     if mode == "ignore" or len(paths) < 2:
         return None
-    found: dict[int, tuple[int, str | None, str | None]] = {}
+    found: dict[int, _Found] = {}
     for path, index in zip(paths[1:], indices[1:]):
-        diff = first_difference(paths[0], path, mode)
+        diff = _first_difference(paths[0], path, mode)
         if diff is not None:
             found[index] = diff
     if not found:
         return None
-    line = min(d[0] for d in found.values())
-    at_line = {i: d for i, d in found.items() if d[0] == line}
-    ref_text = next(iter(at_line.values()))[1]
-    lines = {indices[0]: cut_text(ref_text), **{i: cut_text(d[2]) for i, d in at_line.items()}}
-    return StdoutDifference(line, mode, indices[0], lines)
+    line = min(d.line for d in found.values())
+    at_line = {i: d for i, d in found.items() if d.line == line}
+    first = next(iter(at_line.values()))
+    lines = {indices[0]: cut_text(shown(first.reference)), **{i: cut_text(shown(d.other)) for i, d in at_line.items()}}
+    return StdoutDifference(line, mode, indices[0], lines, first.field)
 
 
 def cut_text(line: str | None) -> str | None:

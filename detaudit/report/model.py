@@ -249,7 +249,7 @@ def stdout_to_dict(s: StdoutDifference | None) -> dict[str, Any] | None:
     if s is None:
         return None
     return {"line": s.line, "mode": s.mode, "reference": s.reference,
-            "lines": {str(i): text for i, text in s.lines.items()}}
+            "lines": {str(i): text for i, text in s.lines.items()}, "field": s.field}
 
 
 def _record_brief(r: RecordInfo) -> dict[str, Any]:
