@@ -53,7 +53,7 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
     (re.compile(r"(?<![\w.])(?:\d+h\d+m(?:\d+(?:\.\d+)?s)?|\d+m\d+(?:\.\d+)?s)(?!\w)"), "#"),
     # a timing word, then its value: a clock, or a number with or without a unit or %
     (re.compile(rf"(?i)((?<![A-Za-z]){_WORDS}(?![A-Za-z])(?:\s+per\s+[A-Za-z_]{{1,20}})?['\"]?\s*"
-                rf"(?:\([^)]{{0,20}}\))?\s*[:=]?\s*['\"]?)"
+                rf"(?:\([^)]{{0,20}}\))?\s*[:=]?\s*['\"]?\s*)"
                 rf"(?:{_CLOCK}|{_NUM})(\s?(?:%|{_UNIT})(?!\w))?"),
      lambda m: m.group(1) + "#" + (m.group(2) or "")),
     # a rate as a column header before its value (`tok/s: 1234`, `sec/it 0.5`), a time unit as one (`ms=12`); a
@@ -63,8 +63,8 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
     # a number with a time or rate unit (`14.20ms`, `0.82 s`, `19.5it/s`, `1200 tokens/s`) — spaced, only where the
     # unit is not the label of what follows — and tqdm's `?it/s`
     (re.compile(rf"(?<![\w.#]){_NUM}({_UNIT})(?![\w/])"), r"#\1"),
-    (re.compile(rf"(?<![\w.#]){_NUM}(\s{_RATE})(?![\w/])(?!{_RATE_LABELS_NEXT})"), r"#\1"),
-    (re.compile(rf"(?<![\w.#]){_NUM}(\s{_PLAIN})(?![\w/])(?!\s*[:=])"), r"#\1"),
+    (re.compile(rf"(?<![\w.#]){_NUM}(\s{{1,16}}{_RATE})(?![\w/])(?!{_RATE_LABELS_NEXT})"), r"#\1"),
+    (re.compile(rf"(?<![\w.#]){_NUM}(\s{{1,16}}{_PLAIN})(?![\w/])(?!\s*[:=])"), r"#\1"),
     (re.compile(r"\?(?=\s?(?:it/s|s/it)\b)"), "#"),
 )
 
