@@ -294,13 +294,24 @@ class SamplerEpochEvent(_Event):
     iterations: int
 
 
+class CarriedEvent(_Event):
+    """A file read or a directory listed that an earlier repeat of this audit changed (recorder/evidence/files.py)."""
+
+    type: Literal["carried"]
+    what: Literal["read", "list"]
+    path: str  # relative to the working directory when inside it
+    loc: str  # the user's line that led to the call
+    by: str  # the immediate caller (a library listing its log directory)
+    entries: list[str]  # a listing: the entries an earlier repeat created or modified (at most 8, sorted)
+
+
 Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, OpEvent, ModulesEvent, EmptyEvent,
               EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, ClockReadsEvent, EnvironmentEvent, CompileEvent,
-              DdpEvent, SamplerEpochEvent]
+              DdpEvent, SamplerEpochEvent, CarriedEvent]
 Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
-               "clock", "clock-reads", "environment", "compile", "ddp", "sampler-epoch"]
+               "clock", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried"]
 
 E = TypeVar("E")
 

@@ -198,5 +198,5 @@ EVENT = Obj({
     "driver": STR_OR_NONE, "cpu": STR_OR_NONE, "machine": STR_OR_NONE, "os": STR_OR_NONE,
     "device_request": STR_OR_NONE, "git": OneOf((dict, NONE)), "params": ListOf(str), "ignored": ListOf(str),
     "bucket_cap_mb": None, "gradient_as_bucket_view": bool, "static_graph": bool, "find_unused_parameters": bool,
-    "epoch": Int(), "iterations": Int(), "seed": INT_OR_NONE,
+    "epoch": Int(), "iterations": Int(), "seed": INT_OR_NONE, "path": str, "entries": ListOf(str),
 }, frozenset({"at", "type"}))

@@ -24,7 +24,7 @@ from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, re
 from detaudit.compare.traces import compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.report import baseline
-from detaudit.report.model import Report, all_failed, write_json
+from detaudit.report.model import CarriedOutput, Report, all_failed, write_json
 from detaudit.results import RepeatResult, Tolerance
 from detaudit.run import distributed
 from detaudit.run.failure import excerpt, read_error
@@ -179,6 +179,8 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         "environment": host_environment(), "started": time.time(),
     }
     claim_run(run_dir, record)
+    # what an earlier repeat changed is told apart by time (recorder/evidence/files.py)
+    options = options.recorded(child_config={"audit_started": record["started"]})
     auto = recording.granularity == "auto"
     try:
         results = execute(options.recorded(granularity="module") if auto else options, run_dir, on_done)
@@ -377,9 +379,14 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     stdout_mode = recorded_mode(record)
     ended = outcome_divergence(results, stdout_mode, run_dir)
     first = comparison.first_divergence
+    carried: CarriedOutput | None = None
     if first is None and ended is not None and ended.stdout is not None:
         ended = replace(ended, detail=f"{ended.detail}; all {comparison.records_compared} recorded tensor "
                                       "records agree")
+        # explained by what earlier repeats left (a log directory's next version_N): reported, no divergence
+        evidence = causes.carried_output(ended, traces, results)
+        if evidence is not None:
+            carried, ended = CarriedOutput(ended, evidence), None
     if first is not None and first.category == "structure":
         if ended is not None:
             first = replace(first, category="outcome", detail=f"{ended.detail}; {first.detail}")
@@ -420,6 +427,7 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         # the script's sys.argv in every repeat (the child sets it so); compare_recorded has no one command line
         argv=record.get("argv", [str(record["script"]), *record.get("script_args", [])]),
         baseline=checked, inferred=[c.id for c in inferred], match=found, op_finding=op_finding,
+        carried_output=carried,
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from detaudit.causes import clock, collective, compiled, device, flags, order, rng, stdout
+from detaudit.causes import carried, clock, collective, compiled, device, flags, order, rng, stdout
 from detaudit.causes.context import LIKELY, Context, Finding, build, finding
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.traces import Divergence
@@ -28,7 +28,8 @@ DETECTORS: tuple[Detector, ...] = (
     rng.dataloader_workers, device.environment, device.tf32, device.thread_count, device.nondeterministic_op,
     compiled.compiled_kernels, clock.wall_clock,
     device.uninitialized_memory, device.cudnn_benchmark, device.cublas_workspace, order.concurrency,
-    order.python_hash_seed, order.object_order, stdout.stdout_differs, flags.flag_drift, flags.flag_typo,
+    order.python_hash_seed, order.object_order, carried.carried_state, stdout.stdout_differs, flags.flag_drift,
+    flags.flag_typo,
     flags.collective_algorithm, collective.collective_algorithm, device.device_rng_geometry,
 )
 CAUSE_IDS = (
@@ -36,7 +37,7 @@ CAUSE_IDS = (
     "object-order", "dataloader-workers", "nondeterministic-op", "cudnn-benchmark", "cublas-workspace", "tf32",
     "thread-count", "uninitialized-memory", "concurrency", "environment", "environment-change", "flag-drift",
     "flag-typo", "collective-algorithm", "device-rng-geometry", "stdout-differs", "compiled-kernels",
-    "wall-clock", "unknown",
+    "wall-clock", "carried-state", "unknown",
 )
 
 
@@ -46,6 +47,11 @@ def diagnose(divergence: Divergence | None, traces: Sequence[Path], runs: Sequen
     if divergence is None or not runs:
         return []
     return rank(build(divergence, traces, runs, op_finding))
+
+
+def carried_output(divergence: Divergence, traces: Sequence[Path], runs: Sequence[RepeatResult]) -> list[str] | None:
+    """Evidence that state carried between repeats explains a stdout-only difference (causes/carried.py), or None."""
+    return carried.explains_output(build(divergence, traces, runs))
 
 
 def rank(ctx: Context) -> list[Cause]:

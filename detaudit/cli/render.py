@@ -164,6 +164,23 @@ def divergence_panel(report: Report) -> Panel | None:
                  expand=False)
 
 
+def carried_panel(report: Report) -> Panel | None:
+    """A stdout difference explained by state carried between repeats: shown, though not a divergence."""
+    carried = report.carried_output
+    if carried is None or carried.divergence.stdout is None:
+        return None
+    diff = carried.divergence.stdout
+    lines = [f"stdout line {diff.line} differs" + (f" at {diff.field}" if diff.field else "")
+             + f" in repeat(s) {', '.join(map(str, diff.repeats))}, every recorded tensor agrees, and each of "
+             "those repeats read state an earlier repeat of this audit left: not counted as a divergence"]
+    lines += [f"repeat {i}: {'(output ended)' if t is None else repr(t)}"
+              for i, t in list(diff.lines.items())[:MAX_STDOUT_REPEATS + 1]]
+    lines += [f"• {line}" for line in carried.evidence[:6]]
+    lines.append("a run from a clean directory prints the same in every repeat (docs/stdout.md)")
+    return Panel(escape("\n".join(lines)), title="Output that follows state carried between repeats",
+                 title_align="left", border_style="yellow", expand=False)
+
+
 def _stdout_rows(report: Report) -> list[tuple[str, str | None]]:
     """The first differing stdout line as each repeat printed it."""
     first = report.first_divergence
@@ -402,7 +419,7 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
                                 expand=False, title=f"Repeat {index} {how}: its stderr"))
     for block in (ranks_table(report), replica_panel(report), match_block(report),
-                  divergence_panel(report), baseline_panel(report), op_panel(report),
+                  divergence_panel(report), carried_panel(report), baseline_panel(report), op_panel(report),
                   spread_table(report), causes_block(report), experiments_table(report)):
         if block is not None:
             console.print(block)

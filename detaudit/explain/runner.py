@@ -181,7 +181,9 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
                  **distributed.options_of(record)),
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
         Recording(granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
-                  max_steps=record.get("max_steps"), max_time=record.get("max_time")),
+                  max_steps=record.get("max_steps"), max_time=record.get("max_time"),
+                  # files the earlier repeats changed are told apart by time (recorder/evidence/files.py)
+                  child_config={"audit_started": record["started"]} if record.get("started") else {}),
         Checks(tolerance=tolerance_of(record), stdout=recorded_mode(record)),
     )
     # a toss-up's separating experiment can agree by chance (objects land in the same order 1 time in 8):

@@ -61,6 +61,16 @@ class BaselineCheck:
         return self.divergence is None
 
 
+@dataclass(frozen=True)
+class CarriedOutput:
+    """A stdout-only difference that state carried between repeats explains (causes/carried.py): every
+    recorded tensor agrees and each differing repeat read what an earlier repeat left. Reported, but
+    not a divergence: the repeats computed the same; they were told different things to print."""
+
+    divergence: Divergence  # the first differing stdout line (category outcome, kind stdout)
+    evidence: list[str]  # what each differing repeat read, with path and line
+
+
 def all_failed(runs: Sequence[RepeatResult]) -> bool:
     """Every repeat exited with an error status (the verdict `failed`, unless a repeat timed out)."""
     return bool(runs) and all(r.exit_code not in (0, None) for r in runs)
@@ -89,6 +99,7 @@ class Report:
     match: Match | None = None  # what the verdict rests on (detaudit/compare/match.py)
     distributed: DistributedFindings | None = None  # a torchrun run: ranks, replica check (ranks.py)
     op_finding: OpFinding | None = None  # the op behind first_divergence, when ops were recorded (oprules.py)
+    carried_output: CarriedOutput | None = None  # a stdout difference explained by carried state: no divergence
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -320,7 +331,17 @@ def to_dict(report: Report) -> dict[str, Any]:
         "baseline": baseline_to_dict(report.baseline),
         "match": match_to_dict(report.match),
         **distributed_to_dict(report),
+        **carried_to_dict(report.carried_output),
     }
+
+
+def carried_to_dict(carried: CarriedOutput | None) -> dict[str, Any]:
+    """`carried_output`, only when a stdout difference was explained by state carried between repeats."""
+    if carried is None:
+        return {}
+    d = carried.divergence
+    return {"carried_output": {"detail": d.detail, "repeats": d.repeats, "reference": d.reference,
+                               "stdout": stdout_to_dict(d.stdout), "evidence": carried.evidence}}
 
 
 def distributed_to_dict(report: Report) -> dict[str, Any]:

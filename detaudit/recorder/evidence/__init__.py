@@ -9,6 +9,8 @@ Recorded, by topic (the events are typed in detaudit/events.py):
 - concurrency.py: user threads and pools, DataLoader settings and what happens inside its workers;
 - environment.py: PYTHONHASHSEED, an environment fingerprint (allow-listed variables only, never
   secrets), thread-count settings, wall-clock reads per call site;
+- files.py: files read and directories listed that an earlier repeat of this audit changed (state
+  carried between repeats);
 - here: RNG states and torch flags at import, the first forward, the first optimizer step and the end.
 
 Cost: only the wrapped functions pay (seeding, RNG draws, listed ops, empty allocations, thread
@@ -27,7 +29,7 @@ from typing import Any
 
 from detaudit.events import StateEvent
 from detaudit.recorder import location
-from detaudit.recorder.evidence import base, concurrency, environment, kernels, rng
+from detaudit.recorder.evidence import base, concurrency, environment, files, kernels, rng
 from detaudit.recorder.evidence.base import Evidence, never_fatal, python_rng_digest
 
 __all__ = ["Evidence", "active", "attach", "finish", "install", "python_rng_digest"]
@@ -48,6 +50,7 @@ class Installer:
         rng.install_python(ev)
         concurrency.install_threads(ev)
         environment.install_clocks(ev)
+        files.install(ev)
         ev.emit(environment.hash_event())
         os.register_at_fork(after_in_child=ev.after_fork)
 

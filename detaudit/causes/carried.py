@@ -1,0 +1,78 @@
+"""carried-state: a repeat read a file (or listed a directory) that an earlier repeat of the audit left.
+
+The evidence is direct: the recorder saw the read, with its path and the user's line, and the file's
+modification time falls between the audit's start and the repeat's (recorder/evidence/files.py).
+A repeat that starts from another repeat's leftovers is not a rerun of the same computation: its
+output may differ while every recorded tensor agrees (Lightning numbering its log directory
+`version_N` after what it finds), or its tensors may (an auto-resumed checkpoint, a cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
+from detaudit.events import CarriedEvent
+
+MAX_LINES = 4
+
+
+def carried(rep: RepeatEvidence, ctx: Context | None = None) -> list[CarriedEvent]:
+    """A repeat's carried reads and listings (its DataLoader workers' too), before the divergence when
+    `ctx` is given."""
+    found = rep.of(CarriedEvent) + rep.workers(CarriedEvent)
+    return [e for e in found if ctx is None or ctx.precedes(e)]
+
+
+def describe(index: int, event: CarriedEvent) -> str:
+    """One evidence line: what the repeat read, where, and what an earlier repeat had left there."""
+    if event.get("what") == "list":
+        names = event.get("entries") or []
+        left = (f"holding {', '.join(names)}, which an earlier repeat of this audit created or changed"
+                if names else "which an earlier repeat of this audit changed (an entry added or removed)")
+        what = f"listed directory {event.get('path')}/, {left}"
+    else:
+        what = f"read {event.get('path')}, which an earlier repeat of this audit wrote"
+    by = event.get("by", "")
+    via = f" (through {by})" if by and by != event.get("loc") else ""
+    return f"repeat {index} {what}, at {event.get('loc')}{via}"
+
+
+def evidence_lines(repeats: Sequence[RepeatEvidence], ctx: Context | None = None) -> list[str]:
+    """The carried reads of the given repeats, the first few of each, as evidence lines."""
+    lines: list[str] = []
+    for rep in repeats:
+        lines.extend(describe(rep.index, e) for e in carried(rep, ctx)[:MAX_LINES])
+    return lines
+
+
+def explains_output(ctx: Context) -> list[str] | None:
+    """Evidence that carried state explains a stdout-only difference, or None.
+
+    It does when every recorded tensor agrees (the caller's condition) and every repeat whose line
+    differs read or listed state an earlier repeat left: the reference, run first, started from the
+    directory as it was. A differing repeat without such a read is not explained, whatever others read.
+    """
+    differing = [r for r in ctx.involved if r is not ctx.ref]
+    if not differing or not all(carried(r) for r in differing):
+        return None
+    return evidence_lines(differing)
+
+
+def carried_state(ctx: Context) -> Finding | None:
+    """Direct evidence: before the divergence, a repeat involved read state another repeat left."""
+    reading = [r for r in ctx.involved if carried(r, ctx)]
+    if not reading:
+        return None
+    everyone = all(carried(r, ctx) for r in ctx.involved if r is not ctx.ref)
+    lines = evidence_lines(reading, ctx)
+    lines.append("each repeat must start from the same state; this one started from what an earlier repeat "
+                 "left, so it ran another computation")
+    lines.append(f"first divergence: {ctx.where()}")
+    first = carried(reading[0], ctx)[0]
+    fix = (f"start every repeat from the same state: write to a fresh directory per run (or delete "
+           f"{first.get('path')} before it), and do not resume from or cache into files a previous run left "
+           f"(the read at {first.get('loc')}); a logger that numbers its runs (Lightning's `version_N`) takes "
+           "a fixed `version=` or a per-run directory")
+    return finding("carried-state", 0.85 if everyone else 0.6, "a repeat read state an earlier repeat left",
+                   lines, fix, basis="direct")
