@@ -1,0 +1,72 @@
+"""causes/carried.py: state an earlier repeat left, read by a later one, as a cause and as an excuse for output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from detaudit import causes
+from detaudit.causes import carried
+from detaudit.causes.context import Context, RepeatEvidence
+from detaudit.compare.stdout import StdoutDifference
+from detaudit.compare.traces import Divergence, RecordInfo
+
+LISTED = {"type": "carried", "what": "list", "path": "lightning_logs", "loc": "train.py:24",
+          "by": "lightning/fabric/loggers/csv_logs.py:120", "entries": ["version_0"]}
+READ = {"type": "carried", "what": "read", "path": "last.ckpt", "loc": "train.py:30",
+        "by": "torch/serialization.py:776", "entries": []}
+
+
+def _context(per_repeat: list[list[dict[str, Any]]], stdout_only: bool, at: int = 0) -> Context:
+    reps = []
+    for i, events in enumerate(per_repeat):
+        rep = RepeatEvidence(i, "cpu", Path(f"/nonexistent/repeat-{i}.trace"))
+        hashing = {"type": "hash", "PYTHONHASHSEED": None, "randomization": 1, "probe": 100 + i, "aslr_disabled": False}
+        rep.events = [{"at": 0, **hashing}, *({"at": at, **e} for e in events)]
+        reps.append(rep)
+    differing = list(range(1, len(reps)))
+    if stdout_only:
+        diff = StdoutDifference(13, "masked", 0, {i: f"v_num={i}" for i in range(len(reps))}, "v_num")
+        rec = RecordInfo(-1, "stdout", "line 13", "", "", -1, "", "", "", False)
+        return Context(Divergence(-1, "outcome", rec, differing, 0, stdout=diff), reps)
+    rec = RecordInfo(5, "output", "fc", "fc", "train.py:40", 0, "4x3", "float32", "", False)
+    return Context(Divergence(5, "content", rec, differing, 0), reps)
+
+
+def test_a_stdout_difference_is_explained_when_every_differing_repeat_read_carried_state() -> None:
+    evidence = carried.explains_output(_context([[], [LISTED], [LISTED]], stdout_only=True))
+    assert evidence is not None and len(evidence) == 2
+    assert evidence[0] == ("repeat 1 listed directory lightning_logs/, holding version_0, which an earlier repeat of "
+                           "this audit created or changed, at train.py:24 (through "
+                           "lightning/fabric/loggers/csv_logs.py:120)")
+
+
+def test_a_differing_repeat_that_read_nothing_carried_is_not_explained() -> None:
+    assert carried.explains_output(_context([[], [LISTED], []], stdout_only=True)) is None
+    assert carried.explains_output(_context([[LISTED], [], []], stdout_only=True)) is None  # only the reference
+    assert carried.explains_output(_context([[], []], stdout_only=True)) is None
+
+
+def test_carried_state_outranks_the_hash_and_order_guesses_with_the_path_and_line() -> None:
+    found = causes.rank(_context([[], [READ], [READ]], stdout_only=False))
+    assert found[0].id == "carried-state" and found[0].basis == "direct" and found[0].confidence == "likely"
+    assert found[0].evidence[0] == ("repeat 1 read last.ckpt, which an earlier repeat of this audit wrote, at "
+                                    "train.py:30 (through torch/serialization.py:776)")
+    assert "last.ckpt" in found[0].fix and "train.py:30" in found[0].fix
+    assert "python-hash-seed" not in [c.id for c in found]  # a weak background guess beside a likely cause
+
+
+def test_a_read_after_the_divergence_does_not_explain_it() -> None:
+    found = causes.rank(_context([[], [READ], [READ]], stdout_only=False, at=9))
+    assert "carried-state" not in [c.id for c in found]
+
+
+def test_only_some_differing_repeats_reading_carried_state_is_possible() -> None:
+    found = causes.rank(_context([[], [READ], []], stdout_only=False))
+    cause = next(c for c in found if c.id == "carried-state")
+    assert cause.confidence == "possible"
+
+
+def test_the_stdout_cause_ranks_below_carried_state_when_the_output_is_not_excused() -> None:
+    ranked = [c.id for c in causes.rank(_context([[], [LISTED], []], stdout_only=True))]
+    assert ranked[:2] == ["stdout-differs", "carried-state"]
