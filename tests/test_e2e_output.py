@@ -97,3 +97,55 @@ def test_the_demo_exits_0_and_ends_with_a_summary_that_a_pipe_does_not_wrap(tmp_
     runs = list((tmp_path / ".detaudit" / "runs").iterdir())
     report = json.loads((runs[0] / "report.json").read_text())
     assert report["verdict"] == "divergent" and report["first_divergence"]["location"] in lines[-1]
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_seeded_script_printing_framework_style_metrics_and_a_progress_bar_is_deterministic(tmp_path: Path) -> None:
+    """HF Trainer-style log dicts and closing metrics (measurements quoted, keyed by name), a tqdm-style bar
+    with a `{:5.2f}` rate, a fixed-width `time: {:5.2f}ms` line and a table with a `time` column: every
+    repeat prints other timings, of other widths (issue 25: each of these was a false divergence)."""
+    shutil.copy(SCRIPTS / "train_hf_style.py", tmp_path)
+    result = run_cli(["run", "-n", "3", "--granularity", "step", "--no-explain", "-q", "--json", "r.json",
+                      "--out", "run", "train_hf_style.py"], cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.output
+    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert len({r["stdout_digest"] for r in result.report["runs"]}) == 3  # the timings differ
+    assert "carried_output" not in result.report
+    # the metrics are compared: the closing dict's train_loss, the per-step losses
+    printed = (tmp_path / "run" / "repeat-0.stdout").read_text()
+    assert "'train_loss': '" in printed and "'train_runtime': '" in printed
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_log_directory_numbered_by_earlier_repeats_is_reported_but_no_divergence(tmp_path: Path) -> None:
+    """Lightning's default logger: each repeat lists `logs/` and takes the next `version_N`, so `v_num`
+    differs while every tensor agrees. The listing is direct evidence (path, line): reported, exit 0."""
+    shutil.copy(SCRIPTS / "train_versioned_logs.py", tmp_path)
+    result = run_cli(["run", "-n", "3", "--no-explain", "--json", "r.json", "--out", "run",
+                      "train_versioned_logs.py"], cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "deterministic" and report["first_divergence"] is None
+    carried = report["carried_output"]
+    assert carried["repeats"] == [1, 2] and carried["stdout"]["field"] == "v_num"
+    assert carried["stdout"]["lines"]["1"].startswith("Epoch 0: 100%|██████████| 1/4") and "v_num=1" in \
+        carried["stdout"]["lines"]["1"]
+    assert carried["evidence"][0] == ("repeat 1 listed directory logs/, holding version_0, which an earlier repeat "
+                                      "of this audit created or changed, at train_versioned_logs.py:10")
+    assert "Output that follows state carried between repeats" in result.stdout
+
+    # the same state carried into the tensors: divergent, and the read is named as the cause
+    (tmp_path / "resume.py").write_text(
+        "import os\nimport torch\n\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\n"
+        "if os.path.exists('last.pt'):\n    model.load_state_dict(torch.load('last.pt'))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nx, y = torch.randn(8, 4), torch.randn(8, 1)\n"
+        "loss = torch.nn.functional.mse_loss(model(x), y)\nloss.backward()\nopt.step()\n"
+        "torch.save(model.state_dict(), 'last.pt')\n")
+    resumed = run_cli(["run", "-n", "3", "--no-explain", "--json", "r2.json", "--out", "run2", "resume.py"],
+                      cwd=tmp_path, timeout=900)
+    assert resumed.returncode == 1, resumed.output
+    assert resumed.report is not None and resumed.report["causes"][0]["id"] == "carried-state"
+    assert resumed.report["causes"][0]["evidence"][0].startswith(
+        "repeat 1 read last.pt, which an earlier repeat of this audit wrote, at resume.py:7")
