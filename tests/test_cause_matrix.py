@@ -92,7 +92,8 @@ MATRIX = [
     *[Row(s, None, exit_code=0) for s in (
         "train_mlp.py", "train_threads.py", "train_signals.py", "train_logged.py", "train_checkpointed.py",
         "score_experts.py", "train_fast_mlp.py", "train_wide.py", "train_mixed_sources.py", "fit_lr.py",
-        "train_timed.py", "train_tagger.py", "export_scores.py", "generate_text.py")],
+        "train_timed.py", "train_tagger.py", "export_scores.py", "generate_text.py", "train_hf_style.py",
+        "train_versioned_logs.py")],
     Row("fit_model.py", None, exit_code=3),
     Row("show_env.py", None, exit_code=3),
 ]
