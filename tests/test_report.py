@@ -9,9 +9,12 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 import pytest
-from synthetic import Rec, training_records, write_run
+from rich.console import Console
+from synthetic import Rec, training_records, write_run, write_trace
 
 from detaudit.audit.pipeline import load_run
+from detaudit.cli.render import render
+from detaudit.report.html import render_html
 from detaudit.report.junit import to_junit, write_junit
 from detaudit.report.model import SCHEMA_NAME, SCHEMA_VERSION, Report, to_dict, write_json
 from detaudit.trace import Flag
@@ -258,3 +261,45 @@ def test_junit_quotes_the_differing_stdout_line_of_each_repeat(tmp_path: Path) -
     assert failure is not None and failure.get("message") == "first divergence: stdout line 1"
     assert "stdout line 1, repeat 0: 'epoch 1 acc 0.91'" in (failure.text or "")
     assert "stdout line 1, repeat 1: 'epoch 1 acc 0.92'" in (failure.text or "")
+
+
+LISTED = {"type": "carried", "what": "list", "path": "lightning_logs", "loc": "train.py:24",
+          "by": "fsspec/implementations/local.py:64", "entries": ["version_0"]}
+
+
+def _versioned(tmp_path: Path, carried_in: tuple[int, ...]) -> Report:
+    """Three repeats that agree on every record and print another `v_num`; `carried_in`: the repeats whose
+    trace holds the listing of a log directory an earlier repeat changed."""
+    records = training_records(2)
+    run = write_run(tmp_path / "run", [records] * 3,
+                    stdout=[f"Epoch 0: 100%|██████████| 5/5 [00:00<00:00, {r}it/s, v_num={i}, train_loss=1.600]\n"
+                            for i, r in enumerate(("37.82", "109.38", "8.10"))])
+    for i in carried_in:
+        (run / f"repeat-{i}.trace").unlink()
+        write_trace(run / f"repeat-{i}.trace", records, {"exit_code": 0, "error": None}, events=[(0, LISTED)],
+                    header={"repeat": i})
+    return load_run(run)
+
+
+def test_a_stdout_difference_explained_by_carried_state_is_reported_and_not_a_divergence(tmp_path: Path) -> None:
+    report = _versioned(tmp_path, (1, 2))
+    assert report.verdict == "deterministic" and report.exit_code == 0 and report.first_divergence is None
+    data = to_dict(report)
+    carried = data["carried_output"]
+    assert carried["repeats"] == [1, 2] and carried["stdout"]["field"] == "v_num"
+    assert carried["evidence"][0].startswith("repeat 1 listed directory lightning_logs/, holding version_0")
+    assert "at v_num" in carried["detail"]
+    console = Console(record=True, width=200)
+    render(report, console)
+    text = console.export_text()
+    assert "Output that follows state carried between repeats" in text and "v_num=1" in text
+    assert "Output that follows state carried between repeats (not a divergence)" in render_html(data)
+
+
+def test_a_differing_repeat_that_read_no_carried_state_keeps_the_divergence(tmp_path: Path) -> None:
+    report = _versioned(tmp_path, (1,))
+    assert report.verdict == "divergent" and report.carried_output is None
+    assert "carried_output" not in to_dict(report)
+    first = report.first_divergence
+    assert first is not None and first.stdout is not None and first.stdout.field == "v_num"
+    assert [c.id for c in report.causes][:2] == ["stdout-differs", "carried-state"]

@@ -54,6 +54,7 @@ def render_html(data: dict[str, Any]) -> str:
         _runs_section(data),
         _failure_section(data),
         _divergence_section(data),
+        _carried_section(data),
         _baseline_section(data),
         _op_section(data),
         _plots_section(data),
@@ -133,6 +134,19 @@ def _divergence_section(data: dict[str, Any]) -> str:
     if not d:
         return ""
     return "<h2>First divergence</h2>" + _kv(_divergence_rows(d))
+
+
+def _carried_section(data: dict[str, Any]) -> str:
+    """A stdout difference explained by state carried between repeats: shown, though not a divergence."""
+    c = data.get("carried_output")
+    if not c:
+        return ""
+    out = c.get("stdout") or {}
+    rows = [("what", c.get("detail")), ("field", out.get("field")),
+            *((f"repeat {i}", "(output ended)" if t is None else repr(t)) for i, t in (out.get("lines") or {}).items())]
+    items = "".join(f"<li>{escape(str(line))}</li>" for line in c.get("evidence", []))
+    return ("<h2>Output that follows state carried between repeats (not a divergence)</h2>" + _kv(rows)
+            + f"<ul>{items}</ul>")
 
 
 def _divergence_rows(d: dict[str, Any]) -> list[tuple[str, Any]]:
