@@ -381,3 +381,10 @@ def test_a_metric_change_always_counts(template: str, ma: float, mb: float, ta: 
     line_a = template.format(m=f"{ma:.4f}", t=f"{ta:{wa}.2f}".strip())
     line_b = template.format(m=f"{mb:.4f}", t=f"{tb:{wb}.2f}".strip())
     assert _same([line_a], [line_b]) == (f"{ma:.4f}" == f"{mb:.4f}"), (line_a, line_b)
+
+
+def test_prose_is_no_table_header_and_a_pipe_after_a_percentage_is_no_bar() -> None:
+    # single-spaced words naming a timing are a sentence, not a header: the numbers below stay compared
+    assert not _same(["Training time summary", "epoch 0.5123 3"], ["Training time summary", "epoch 0.5124 3"])
+    assert not _same(["acc:93%|loss 0.5123|"], ["acc:93%|loss 0.5124|"])
+    assert _same(["acc:93%|###6      | 3/5"], ["acc:93%|#######6          | 3/5"])

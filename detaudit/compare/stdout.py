@@ -71,7 +71,8 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
 
 # progress bars: tqdm's `NN%|bar|` (the bar's width can follow the terminal and the other fields), rich's and
 # keras' `━━━╸` and block-character runs; the percentage and the `n/total` beside them are still compared
-_BAR = re.compile(r"(?<=%\|)[^|]{1,400}(?=\|)|[━╸╺█▏▎▍▌▋▊▉▐░▒▓]+")
+# (tqdm's: full cells, one partial cell, blanks; `ascii=True` draws `#` and a digit)
+_BAR = re.compile(r"(?<=%\|)(?=[^|])[#█]{0,400}[1-9▏▎▍▌▋▊▉]?[ ]{0,400}(?=\|)|[━╸╺█▏▎▍▌▋▊▉▐░▒▓]+")
 # a value of a measurement column in a table, or a measurement standing in a dict/JSON/logfmt pair
 _MEASURE = re.compile(rf"^\s*['\"]?(?:{_CLOCK}|\d{{1,2}}:\d{{2}}|{_NUM})['\"]?\s?(?:%|{_UNIT})?\s*$")
 _PLACEHOLDER = r"(?:#|<timestamp>|<elapsed>|<clock>|<bar>)"
@@ -140,6 +141,8 @@ def _header(text: str) -> _Header | None:
     """The line as a table header: two or more named columns, no numbers, one of them a measurement."""
     piped, spans = _fields(text)
     names = tuple(text[a:b].strip() for a, b in spans)
+    if not piped and any(start - end < 2 for (_, end), (start, _) in zip(spans, spans[1:])):
+        return None  # a whitespace table pads its columns: single spaces are prose (`epoch time: total`)
     if len(names) < 2 or any(n and not re.search(r"[A-Za-z]", n) for n in names) \
             or any(_NUMBER.search(n) for n in names):
         return None
