@@ -76,9 +76,9 @@ _BAR = re.compile(r"(?<=%\|)(?=[^|])[#█]{0,400}[1-9▏▎▍▌▋▊▉]?[ ]{
 # a value of a measurement column in a table, or a measurement standing in a dict/JSON/logfmt pair
 _MEASURE = re.compile(rf"^\s*['\"]?(?:{_CLOCK}|\d{{1,2}}:\d{{2}}|{_NUM})['\"]?\s?(?:%|{_UNIT})?\s*$")
 _PLACEHOLDER = r"(?:#|<timestamp>|<elapsed>|<clock>|<bar>)"
-_AROUND = re.compile(rf"\s*({_PLACEHOLDER})\s*")
+_AROUND = re.compile(rf"[ \t]*({_PLACEHOLDER})[ \t]*")  # padding is spaces (and tabs)
 _RULE_RUN = re.compile(r"([-=─━═_~])\1{2,}")  # a table's horizontal rule: its length follows the column widths
-_SPACES = re.compile(r"\s+")
+_SPACES = re.compile(r"[ \t]+")
 # column separators of a table (`|`, rich's `│` rows and `┃` header)
 _SEPARATOR = re.compile(r"[|│┃║]")
 _TIMING_HEADER = re.compile(rf"(?i)(?:(?<![A-Za-z]){_WORDS}(?![A-Za-z])|^\s*(?:{_RATE}|{_PLAIN})\s*$"
@@ -115,7 +115,7 @@ def comparison_key(masked: str) -> str:
     text = _BAR.sub("<bar>", masked)
     text = _RULE_RUN.sub(r"\1\1\1", text)
     text = _AROUND.sub(r"\1", text)
-    return _SPACES.sub(" ", text).strip()
+    return _SPACES.sub(" ", text).strip(" \t")
 
 
 @dataclass(frozen=True)
