@@ -92,7 +92,7 @@ def visible(line: str) -> str:
     """What a terminal shows of a line written with carriage returns: its last non-empty segment."""
     if "\r" not in line:
         return line
-    parts = [p for p in line.split("\r") if p.strip()]
+    parts = [p for p in line.split("\r") if p]
     return parts[-1] if parts else ""
 
 
