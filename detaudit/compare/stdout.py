@@ -73,7 +73,7 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
 # keras' `━━━╸` and block-character runs; the percentage and the `n/total` beside them are still compared
 # (tqdm's: full cells, one partial cell, blanks; `ascii=True` draws `#` and a digit)
 _BAR = re.compile(r"(?<=%\|)(?=[^|])[#█]{0,400}[1-9▏▎▍▌▋▊▉]?[ ]{0,400}(?=\|)|[━╸╺█▏▎▍▌▋▊▉▐░▒▓]+")
-# a value of a measurement column in a table, or a measurement standing in a dict/JSON/logfmt pair
+# a value in a table column of measurements: a number or clock (fastai's `00:03`), quoted or with its unit
 _MEASURE = re.compile(rf"^\s*['\"]?(?:{_CLOCK}|\d{{1,2}}:\d{{2}}|{_NUM})['\"]?\s?(?:%|{_UNIT})?\s*$")
 _PLACEHOLDER = r"(?:#|<timestamp>|<elapsed>|<clock>|<bar>)"
 _AROUND = re.compile(rf"[ \t]*({_PLACEHOLDER})[ \t]*")  # padding is spaces (and tabs)
