@@ -16,16 +16,18 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SCRIPTS, CliResult, diverges_within, run_cli
+from audits import Audit, Cache, Done
+from conftest import SCRIPTS
+
+from detaudit.pin import CONTROL
 
 ORDER = ("python-hash-seed", "object-order")  # a toss-up without an experiment (docs/causes.md)
 # a thread race shows only when a repeat has the cores; 3 repeats, so chance agreement cannot hide it
 RACE = ("-n", "3", "-j", "1")
-RACE_AUDITS = 3  # a race row: audits until one diverges (conftest.diverges_within)
+RACE_AUDITS = 3  # a race row: attempts until the race fires throughout one (audited below)
 
 
 def fault(op: str, when: str) -> dict[str, str]:
@@ -88,8 +90,8 @@ MATRIX = [
     # only printed timings differ, compared strictly: no pin reaches the clock, and no order cause is guessed
     Row("train_timed.py", "stdout-differs", None, ("python-hash-seed", "object-order", *NOT_SEED),
         args=("-n", "2", "--granularity", "step", "--stdout", "strict"), tag="strict"),
-    # deterministic and failing scripts: no cause at all
-    *[Row(s, None, exit_code=0) for s in (
+    # deterministic and failing scripts: no cause at all, and --explain runs no experiment
+    *[Row(s, None, exit_code=0, args=("-n", "2", "--explain")) for s in (
         "train_mlp.py", "train_threads.py", "train_signals.py", "train_logged.py", "train_checkpointed.py",
         "score_experts.py", "train_fast_mlp.py", "train_wide.py", "train_mixed_sources.py", "fit_lr.py",
         "train_timed.py", "train_tagger.py", "export_scores.py", "generate_text.py")],
@@ -147,28 +149,52 @@ def _log(row: Row, entry: dict[str, Any]) -> None:
             f.write(json.dumps({"script": row.id, **entry}) + "\n")
 
 
+def _control_agreed(report: dict[str, Any]) -> bool:
+    """The control (nothing pinned) agreed: the race did not fire in that experiment, so it confirms nothing."""
+    return any(e["pin"] == CONTROL and e["verdict"] == "deterministic" for e in report["experiments"])
+
+
+def audit_of(row: Row, attempt: int = 0) -> Audit:
+    return Audit(row.script, row.args, env=tuple(sorted(row.env.items())), attempt=attempt)
+
+
+EXPLAIN = ("explain", "run", "--json", "explain.json", "-q")
+
+
+def audited(shared: Cache, row: Row) -> tuple[Done, Done | None]:
+    """The row's run and, when it diverged, its `explain` (in the run's environment: a fault row's fault must be
+    there to be pinned away; without it every pin "confirmed"). A race row takes the first of RACE_AUDITS
+    attempts in which the race fired throughout: the run diverged and no control (the default confirmation's,
+    --explain's) agreed; an attempt that fails otherwise (a crash) is reported as it is."""
+    seen: list[str] = []
+    for attempt in range(RACE_AUDITS if row.race else 1):
+        run = shared.run(audit_of(row, attempt))
+        if run.result.returncode != 1 or run.result.report is None:
+            seen.append(f"attempt {attempt}: exit {run.result.returncode}")
+            if run.result.returncode != 0 or not row.race:
+                return run, None
+            continue
+        explained = shared.then(run, EXPLAIN, env=row.env)
+        if not row.race or not (_control_agreed(run.report) or _control_agreed(explained.report)):
+            return run, explained
+        seen.append(f"attempt {attempt}: a control agreed")
+    pytest.fail(f"the race did not fire throughout any of {RACE_AUDITS} attempts ({'; '.join(seen)})")
+
+
 @pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("row", [pytest.param(r, id=r.id, marks=[pytest.mark.race] if r.race else []) for r in MATRIX])
-def test_cause_matrix(tmp_path: Path, row: Row) -> None:
-    # detaudit's options before the script: a script may define --out itself (train_budgeted.py does)
-    def audit(attempt: int) -> CliResult:
-        out = f"run-{attempt}" if attempt else "run"
-        return run_cli(["run", *row.args, "--out", out, "--json", f"{out}.json", "-q", str(SCRIPTS / row.script)],
-                       cwd=tmp_path, env=row.env)
-
-    run = diverges_within(RACE_AUDITS, audit) if row.race else audit(0)
-    assert run.returncode == row.exit_code, run.output
-    assert run.report is not None
+def test_cause_matrix(shared: Cache, row: Row) -> None:
+    run, explained = audited(shared, row)
+    assert run.result.returncode == row.exit_code, run.result.output
+    assert run.result.report is not None, run.result.output
     if row.top is None:
-        assert run.report["causes"] == [] and run.report["experiments"] == []
+        assert run.report["causes"] == [] and run.report["experiments"] == [], run.report["causes"]
+        assert run.report["verdict"] == ("deterministic" if row.exit_code == 0 else "failed")
         return
+    assert explained is not None and explained.result.report is not None, explained and explained.result.output
     inferred, cheap = run.report["inferred_ranking"], run.report["causes"]
     cheap_confirmed = [c["id"] for c in cheap if c["confidence"] == "confirmed"]
-    # in the run's environment: a fault row's fault must be there to be pinned away (without it every pin
-    # "confirmed"; the control now says so)
-    explained = run_cli(["explain", run.report["run_dir"], "--json", "explain.json", "-q"], cwd=tmp_path, env=row.env)
-    assert explained.report is not None, explained.output
     final = explained.report["causes"]
     _log(row, {"inferred_top": inferred[0], "cheap_top": cheap[0]["id"], "cheap_confirmed": cheap_confirmed,
                "explain_top": final[0]["id"], "explain_confirmed": final[0]["confidence"] == "confirmed",
@@ -177,7 +203,7 @@ def test_cause_matrix(tmp_path: Path, row: Row) -> None:
     # without --explain: the right cause first (a declared toss-up: either of the pair, both `possible`,
     # the separating experiment named); nothing the evidence contradicts
     if row.toss_up and inferred[0] in row.toss_up:
-        tied = [c for c in run.report["causes"] if c["id"] in row.toss_up]
+        tied = [c for c in cheap if c["id"] in row.toss_up]
         assert len(tied) == 2 and all(c["separating_pin"] for c in tied), tied
     else:
         assert inferred[0] == row.top, inferred
