@@ -10,8 +10,7 @@ command on a finished run (`explain`) runs once too, on its own copy of the run 
 The cache lives in the session's base temporary folder, shared by pytest-xdist workers: the first
 worker to ask runs the audit under a file lock, the others wait for it and read. A shared run is
 read-only to its readers; a test that writes into one (corrupts a trace, runs `explain`) works on
-`copy_to(tmp_path)`. `started()` counts the CLI commands this process ran for the cache: a guard for
-the budget, and the way a test proves that its audits are shared.
+`copy_to(tmp_path)`. tests/test_audits.py counts the interpreters the cache starts.
 """
 
 from __future__ import annotations
@@ -29,6 +28,9 @@ from conftest import SCRIPTS, CliResult, run_cli
 from filelock import FileLock
 
 RUN, REPORT = "run", "run.json"  # the run directory and the --json report, inside the audit's folder
+# the cause matrix's options for a script (tests/test_cause_matrix.py); an e2e test of that script reads the same run
+DIVERGENT = ("-n", "2")
+DETERMINISTIC = ("-n", "2", "--explain")  # a deterministic script: --explain must run no experiment
 SAVED = "cli-result.json"  # what the CLI returned, written last: a folder without it is unfinished
 
 
@@ -37,7 +39,7 @@ class Audit:
     """One `detaudit run` of a scenario script; equal audits are one run."""
 
     script: str  # a file in tests/scripts
-    options: tuple[str, ...] = ("-n", "2")  # detaudit's options, given before the script
+    options: tuple[str, ...] = DIVERGENT  # detaudit's options, given before the script
     script_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     attempt: int = 0  # a race: each attempt is a run of its own
@@ -75,14 +77,6 @@ class Done:
         return folder / RUN
 
 
-_started: list[str] = []
-
-
-def started() -> list[str]:
-    """The keys of the commands this process ran (not read from the cache), in order."""
-    return list(_started)
-
-
 def _key(parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -94,9 +88,12 @@ class Cache:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
 
+    @staticmethod
+    def key(audit: Audit) -> str:
+        return _key(["run", audit.command(), audit.env, audit.attempt])
+
     def run(self, audit: Audit) -> Done:
-        return self._once(_key(["run", audit.command(), audit.env, audit.attempt]), audit.command(), dict(audit.env),
-                          None)
+        return self._once(self.key(audit), audit.command(), dict(audit.env), None)
 
     def then(self, done: Done, args: Sequence[str], env: Mapping[str, str] | None = None) -> Done:
         """`detaudit ARGS` (run in a copy of `done`'s folder, where `run` names its run directory), once."""
@@ -116,7 +113,6 @@ class Cache:
                     parent.copy_to(folder)
                 else:
                     folder.mkdir()
-                _started.append(key)
                 result = run_cli(args, cwd=folder, env=env)
                 saved.write_text(json.dumps({"returncode": result.returncode, "stdout": result.stdout,
                                              "stderr": result.stderr, "report": result.report}))

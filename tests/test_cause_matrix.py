@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from audits import Audit, Cache, Done
+from audits import DETERMINISTIC, DIVERGENT, Audit, Cache, Done
 from conftest import SCRIPTS
 
 from detaudit.pin import CONTROL
@@ -41,7 +41,7 @@ class Row:
     confirmed: str | None = None  # the cause --explain confirms; None: no pin confirms one
     must_not: tuple[str, ...] = ()
     exit_code: int = 1
-    args: tuple[str, ...] = ("-n", "2")
+    args: tuple[str, ...] = DIVERGENT
     env: dict[str, str] = field(default_factory=dict)
     toss_up: tuple[str, ...] = ()  # without an experiment the evidence cannot order these: either may lead
     tag: str = ""  # tells two rows of one script apart
@@ -91,12 +91,12 @@ MATRIX = [
     Row("train_timed.py", "stdout-differs", None, ("python-hash-seed", "object-order", *NOT_SEED),
         args=("-n", "2", "--granularity", "step", "--stdout", "strict"), tag="strict"),
     # deterministic and failing scripts: no cause at all, and --explain runs no experiment
-    *[Row(s, None, exit_code=0, args=("-n", "2", "--explain")) for s in (
+    *[Row(s, None, exit_code=0, args=DETERMINISTIC) for s in (
         "train_mlp.py", "train_threads.py", "train_signals.py", "train_logged.py", "train_checkpointed.py",
         "score_experts.py", "train_fast_mlp.py", "train_wide.py", "train_mixed_sources.py", "fit_lr.py",
         "train_timed.py", "train_tagger.py", "export_scores.py", "generate_text.py")],
-    Row("fit_model.py", None, exit_code=3),
-    Row("show_env.py", None, exit_code=3),
+    Row("fit_model.py", None, exit_code=3, args=DETERMINISTIC),
+    Row("show_env.py", None, exit_code=3, args=DETERMINISTIC),
 ]
 # where the confirmed cause must point: the user's line (or the one-line fix) in its evidence or fix; a tuple
 # lists equally right places (a backward op is named at its forward line when op records found it, at the
@@ -222,3 +222,16 @@ def test_cause_matrix(shared: Cache, row: Row) -> None:
         if where is not None:
             places = (where,) if isinstance(where, str) else where
             assert any(p in final[0]["fix"] or any(p in e for e in final[0]["evidence"]) for p in places), final[0]
+
+
+@pytest.mark.process
+@pytest.mark.race  # threads finish in an order of their own: it may happen to repeat
+def test_concurrency_survives_every_pin(shared: Cache) -> None:
+    """The matrix's own run of ensemble_eval.py: no single pin confirms anything, every pin at once still diverges."""
+    _, explained = audited(shared, next(r for r in MATRIX if r.script == "ensemble_eval.py"))
+    assert explained is not None
+    report = explained.report
+    top = report["causes"][0]
+    assert top["id"] == "concurrency" and "ensemble_eval.py:22" in top["fix"]
+    assert [(e["pin"], e["verdict"]) for e in report["experiments"]] == [("all", "divergent")]
+    assert any("every pin at once" in line for line in top["evidence"])
