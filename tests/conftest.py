@@ -187,3 +187,11 @@ def scripts() -> Path:
 
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest itself
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The session's shared scenario audits (tests/audits.py): each runs once, whichever test asks first."""
+    from audits import Cache, cache_root
+
+    return Cache(cache_root(tmp_path_factory.getbasetemp()))

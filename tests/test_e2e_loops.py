@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from audits import DETERMINISTIC, Audit, Cache
 from conftest import SCRIPTS, CliResult, run_cli
 
 from detaudit.trace import Kind, read_trace
@@ -122,8 +123,8 @@ def test_wall_clock_loop_is_blamed_on_the_clock_with_its_call_site(tmp_path: Pat
     assert "python-hash-seed" not in [c["id"] for c in result.report["causes"]]
 
 
-def test_generation_loop(tmp_path: Path) -> None:
-    clean = audit(tmp_path / "clean", SCRIPTS / "generate_text.py", "--granularity", "module")
+def test_generation_loop(tmp_path: Path, shared: Cache) -> None:
+    clean = shared.run(Audit("generate_text.py", DETERMINISTIC)).result  # the cause matrix's run (module records)
     assert clean.returncode == 0, clean.output
     script = seeded_copy(tmp_path, "generate_text.py", "    np.random.seed(args.seed)\n", "")
     buggy = audit(tmp_path / "bug", script, "--granularity", "module", "--max-steps", "10")

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from audits import Audit, Cache
 from conftest import diverges_within, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]  # every test here runs the real CLI on real scripts
@@ -25,10 +26,11 @@ def op_of(report: dict[str, Any] | None) -> dict[str, Any]:
     return finding
 
 
-def test_auto_names_the_random_op_behind_a_dropout_left_in_training_mode(tmp_path: Path, scripts: Path) -> None:
+def test_auto_names_the_random_op_behind_a_dropout_left_in_training_mode(tmp_path: Path, scripts: Path,
+                                                                         shared: Cache) -> None:
     script = scripts / "predict.py"
-    result = run_cli(["run", str(script), "-n", "2", "-j", "2", "--granularity", "auto", "--out", "run",
-                      "--json", "report.json"], tmp_path)
+    done = shared.run(Audit("predict.py"))  # granularity auto, the default: the cause matrix's run of the script
+    result = done.result
     assert result.returncode == 1, result.output
     first = result.report["first_divergence"] if result.report else {}
     assert first["kind"] == "output" and first["op"].startswith("aten.bernoulli")
@@ -39,9 +41,9 @@ def test_auto_names_the_random_op_behind_a_dropout_left_in_training_mode(tmp_pat
     chosen = [n for n in finding["neighbours"] if n["chosen"]]
     assert chosen and chosen[0]["inputs"] == "match" and chosen[0]["output"] == "differ"
     assert "The op behind it" in result.stdout and "random-op" in result.stdout
-    assert sorted(p.name for p in (tmp_path / "run").glob("ops-*.trace")) == ["ops-0.trace", "ops-1.trace"]
+    assert sorted(p.name for p in done.run_dir.glob("ops-*.trace")) == ["ops-0.trace", "ops-1.trace"]
 
-    again = run_cli(["report", "run", "--json", "again.json"], tmp_path)
+    again = run_cli(["report", str(done.run_dir), "--json", "again.json"], tmp_path)
     assert again.returncode == 1, again.output
     assert again.report is not None
     assert again.report["first_divergence"]["op_finding"] == finding

@@ -1,12 +1,15 @@
 """Issue 2's "Done when" list: the real CLI on the scripts in tests/scripts/ (see MANIFEST.md).
 
 Each divergent case is also checked against the traces themselves: every record before the
-reported index is bitwise identical in all repeats, and the record at the index differs.
+reported index is bitwise identical in all repeats, and the record at the index differs. A script
+the cause matrix audits too is read from that same run (tests/audits.py: `shared`); the others
+are audited here with FAST.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from audits import DETERMINISTIC, Audit, Cache, Done
 from conftest import SCRIPTS, CliResult, run_cli
 
+import detaudit
 from detaudit.trace import MAGIC, read_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]  # every test here runs the real CLI on real scripts
@@ -30,6 +35,13 @@ def audit(tmp_path: Path, script: str, *extra: str, out: str = "run") -> CliResu
     assert "Traceback" not in result.output or "Traceback" in _repeat_stderr(tmp_path / out), result.output
     assert result.report is not None, result.output
     return result
+
+
+def shared_audit(shared: Cache, audit: Audit) -> Done:
+    done = shared.run(audit)
+    assert "Traceback" not in done.result.output or "Traceback" in _repeat_stderr(done.run_dir), done.result.output
+    assert done.result.report is not None, done.result.output
+    return done
 
 
 def _repeat_stderr(run_dir: Path) -> str:
@@ -50,13 +62,15 @@ def assert_exact_first_divergence(run_dir: Path, report: dict[str, Any]) -> None
     assert int(record["step"]) == first["step"]
 
 
-def test_seeded_training_loop_is_deterministic(tmp_path: Path) -> None:
-    result = audit(tmp_path, "train_mlp.py")
+def test_seeded_training_loop_is_deterministic(tmp_path: Path, shared: Cache) -> None:
+    done = shared_audit(shared, Audit("train_mlp.py", DETERMINISTIC))
+    result = done.result
     assert result.returncode == 0, result.output
     report = result.report
     assert report is not None and report["verdict"] == "deterministic" and report["first_divergence"] is None
     assert all(r["exit_code"] == 0 and r["complete"] and r["records"] > 20 for r in report["runs"])
     assert report["runs"][0]["records"] == report["runs"][1]["records"]
+    done.copy_to(tmp_path)  # this test corrupts a trace: its own copy of the run
     kinds = {k for k in read_trace(tmp_path / "run" / "repeat-0.trace").records["kind"]}
     assert {1, 2, 3, 4} <= kinds  # module outputs, grads, params and optimizer state were all recorded
     assert "DETERMINISTIC" in result.stdout
@@ -73,8 +87,9 @@ def test_seeded_training_loop_is_deterministic(tmp_path: Path) -> None:
     assert corrupt.returncode == 4 and "corrupt" in corrupt.stderr and "Traceback" not in corrupt.output
 
 
-def test_unseeded_training_diverges_at_first_differing_tensor(tmp_path: Path) -> None:
-    result = audit(tmp_path, "train_cnn.py")  # fixed inputs, unseeded initial weights
+def test_unseeded_training_diverges_at_first_differing_tensor(shared: Cache) -> None:
+    done = shared_audit(shared, Audit("train_cnn.py"))  # fixed inputs, unseeded initial weights
+    result = done.result
     assert result.returncode == 1, result.output
     report = result.report
     assert report is not None and report["verdict"] == "divergent"
@@ -84,11 +99,12 @@ def test_unseeded_training_diverges_at_first_differing_tensor(tmp_path: Path) ->
     # location: the forward call (train_cnn.py:15), or the random init behind it when ops were recorded
     assert first["step"] == 0 and first["location"].rsplit(":", 1)[0].endswith("train_cnn.py")
     assert first["repeats"] == [1] and first["max_abs_diff"] is not None and first["max_abs_diff"] > 0
-    assert_exact_first_divergence(tmp_path / "run", report)
+    assert_exact_first_divergence(done.run_dir, report)
 
 
-def test_divergence_only_after_some_steps(tmp_path: Path) -> None:
-    result = audit(tmp_path, "train_regressor.py")  # unseeded numpy jitter once warm-up (3 steps) is over
+def test_divergence_only_after_some_steps(shared: Cache) -> None:
+    done = shared_audit(shared, Audit("train_regressor.py"))  # unseeded numpy jitter once warm-up (3 steps) is over
+    result = done.result
     assert result.returncode == 1, result.output
     report = result.report
     assert report is not None
@@ -96,34 +112,40 @@ def test_divergence_only_after_some_steps(tmp_path: Path) -> None:
     assert first["step"] == 3 and first["kind"] == "input" and first["category"] == "content"
     steps = {s["step"]: s for s in report["spread"]["by_step"]}
     assert all(steps[s]["differing"] == 0 for s in range(3)) and steps[3]["differing"] > 0
-    assert_exact_first_divergence(tmp_path / "run", report)
+    assert_exact_first_divergence(done.run_dir, report)
 
 
-def test_inference_without_eval_diverges_at_dropout(tmp_path: Path) -> None:
-    result = audit(tmp_path, "predict.py")
+def test_inference_without_eval_diverges_at_dropout(shared: Cache) -> None:
+    done = shared_audit(shared, Audit("predict.py"))
+    result = done.result
     assert result.returncode == 1, result.output
     report = result.report
     assert report is not None
     first = report["first_divergence"]
     assert first["kind"] == "output" and first["name"] == "2" and first["module"] == "2"  # Sequential[2]: Dropout
     assert first["step"] == 0 and first["location"].rsplit(":", 1)[0].endswith("predict.py")
-    assert_exact_first_divergence(tmp_path / "run", report)
-    names = [read_trace(tmp_path / "run" / "repeat-0.trace").strings[i]
-             for i in read_trace(tmp_path / "run" / "repeat-0.trace").records["name"][: first["index"]]]
+    assert_exact_first_divergence(done.run_dir, report)
+    trace = read_trace(done.run_dir / "repeat-0.trace")
+    names = [trace.strings[i] for i in trace.records["name"][: first["index"]]]
     assert "0" in names and "1" in names  # the Linear and ReLU before it were recorded and agree
 
 
-def test_script_that_always_crashes_exits_3_and_shows_its_error(tmp_path: Path) -> None:
-    result = audit(tmp_path, "fit_model.py")  # validation batch of the wrong width
+def test_script_that_always_crashes_exits_3_and_shows_its_error(shared: Cache) -> None:
+    done = shared_audit(shared, Audit("fit_model.py", DETERMINISTIC))  # validation batch of the wrong width
+    result = done.result
     assert result.returncode == 3, result.output
     report = result.report
     assert report is not None and report["verdict"] == "failed"
     assert all(r["exit_code"] == 1 for r in report["runs"])
     error = "RuntimeError: mat1 and mat2 shapes cannot be multiplied"
     assert error in report["failure"] and error in result.stdout.replace("\n", " ")
-    stderr = _repeat_stderr(tmp_path / "run")
+    stderr = _repeat_stderr(done.run_dir)
     assert "fit_model.py\", line 22" in stderr  # the script's own traceback, pointing at its own line
-    assert "detaudit" not in stderr
+    # nothing of detaudit's: no frame of its package (wherever the checkout lives), no message of its own
+    package = Path(detaudit.__file__).parent
+    frames = [Path(f) for f in re.findall(r'File "([^"]+)", line', stderr)]
+    assert frames and not [f for f in frames if f.is_relative_to(package)], frames
+    assert "runpy" not in stderr and not re.search(r"^detaudit\b", stderr, re.M), stderr
 
 
 def test_script_that_crashes_in_some_repeats_is_divergent(tmp_path: Path) -> None:
@@ -171,9 +193,9 @@ def test_parity_with_plain_python(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_os_exit_after_inference_is_audited_not_waved_through(tmp_path: Path) -> None:
+def test_os_exit_after_inference_is_audited_not_waved_through(shared: Cache) -> None:
     """The probe's false DETERMINISTIC: buffered records lost at `os._exit`, three empty repeats "agreeing"."""
-    result = audit(tmp_path, "score_batches.py")
+    result = shared_audit(shared, Audit("score_batches.py")).result
     assert result.returncode == 1, result.output
     report = result.report
     assert report is not None and report["verdict"] == "divergent"
@@ -182,13 +204,14 @@ def test_os_exit_after_inference_is_audited_not_waved_through(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_a_script_that_closes_every_descriptor_keeps_its_file_and_the_trace(tmp_path: Path) -> None:
-    result = audit(tmp_path, "export_scores.py")
+def test_a_script_that_closes_every_descriptor_keeps_its_file_and_the_trace(shared: Cache) -> None:
+    done = shared_audit(shared, Audit("export_scores.py", DETERMINISTIC))
+    result = done.result
     assert result.returncode == 0, result.output
     report = result.report
     assert report is not None and report["verdict"] == "deterministic"
     assert all(r["complete"] and r["records"] >= 7 * 4 for r in report["runs"])
-    saved = json.loads((tmp_path / "scores.json").read_text())  # only the script's JSON: no trace frame in it
+    saved = json.loads((done.cwd / "scores.json").read_text())  # only the script's JSON: no trace frame in it
     assert saved["warmup"] == 3 and len(saved["scores"]) == 4
 
 
