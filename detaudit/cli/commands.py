@@ -197,7 +197,7 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     from detaudit.run.rundir import read_run
 
     record, _ = read_run(run_dir)
-    warn_oversubscription(jobs, list(record.get("devices") or ["cpu"]))
+    warn_oversubscription(jobs, list(record.devices or ["cpu"]))
     finish(explain_run(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet, html_path)
 
 
