@@ -4,11 +4,8 @@ The commands, their help, and the one place that turns errors into messages and 
 (`main`); options become library values in cli_options.py, and what a command shows while the
 library works, and how it ends, is cli_session.py.
 
-Exit codes: 0 deterministic · 1 divergent (including repeats that end differently) ·
-2 usage error · 3 the script failed in every repeat · 4 unreadable, corrupt or foreign trace ·
-5 a repeat timed out · 6 inconclusive (nothing comparable was recorded) · 7 an output cannot be
-written · 129/130/143 interrupted by SIGHUP/Ctrl-C/SIGTERM. Set DETAUDIT_DEBUG=1 to see detaudit's
-own traceback on an internal error (70).
+Exit codes: errors.ExitCode (every command's --help lists them). Set DETAUDIT_DEBUG=1 to see
+detaudit's own traceback on an internal error.
 """
 
 from __future__ import annotations
@@ -50,27 +47,15 @@ from detaudit.cli.session import (
     stdout_console,
     warn_oversubscription,
 )
-from detaudit.errors import (
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_OUTPUT,
-    EXIT_USAGE,
-    DetauditError,
-    output_error,
-)
+from detaudit.errors import DetauditError, ExitCode, output_error
 
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0  deterministic: every repeat agrees
-  1  divergent (including repeats that end differently)
-  2  usage error (bad option, missing script, --out not empty)
-  3  the script failed in every repeat
-  4  unreadable, corrupt or foreign trace / run directory
-  5  a repeat timed out
-  6  inconclusive: nothing comparable was recorded (lost, cut short, no tensor)
-  7  an output cannot be written (read-only, disk full, no permission)
-  129/130/143 interrupted by SIGHUP / Ctrl-C / SIGTERM
-"""
+
+def exit_codes_help() -> str:
+    """The exit-code table every command's --help ends with (`\\b`: click keeps the lines as they are)."""
+    return "\b\nExit codes:\n" + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode)
+
+
+EXIT_CODES_HELP = exit_codes_help()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
@@ -391,12 +376,12 @@ def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
         cli.main(args=argv, prog_name="detaudit", standalone_mode=False)
     except click.exceptions.Abort as exc:  # click turns a KeyboardInterrupt (our Interrupted) into Abort
         text, code = _interrupt_message(exc.__context__) if isinstance(exc.__context__, KeyboardInterrupt) \
-            else ("detaudit: interrupted", EXIT_INTERRUPTED)
+            else ("detaudit: interrupted", ExitCode.INTERRUPTED)
         err_console.print(escape(printable(text)), soft_wrap=True)
         sys.exit(code)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(EXIT_USAGE if exc.exit_code not in (0,) else 0)
+        sys.exit(ExitCode.USAGE if exc.exit_code not in (0,) else 0)
     except DetauditError as exc:
         # soft_wrap: one line however long the path in it (CI logs and grep read it whole)
         err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(exc)))}", soft_wrap=True)
@@ -411,7 +396,7 @@ def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
         where = exc.filename if exc.filename is not None else "an output (standard output or a report file)"
         err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(output_error(where, exc))))}",
                           soft_wrap=True)
-        sys.exit(EXIT_OUTPUT)
+        sys.exit(ExitCode.OUTPUT)
     except Exception as exc:
         _internal_error(exc)
 
@@ -449,4 +434,4 @@ def _internal_error(exc: Exception) -> NoReturn:
     err_console.print(f"[bold red]detaudit: internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}. "
                       "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.",
                       soft_wrap=True)
-    sys.exit(EXIT_INTERNAL)
+    sys.exit(ExitCode.INTERNAL)
