@@ -434,6 +434,7 @@ def _stderr_text(run_dir: Path, result: RepeatResult) -> str:
         with open_regular(path, "stderr capture", follow_symlinks=False) as fh:
             size = os.fstat(fh.fileno()).st_size
             fh.seek(max(0, size - STDERR_TAIL_BYTES))
-            return fh.read(STDERR_TAIL_BYTES).decode(errors="replace")
+            tail: bytes = fh.read(STDERR_TAIL_BYTES)
+            return tail.decode(errors="replace")
     except (OSError, TraceError):
         return ""
