@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.markup import escape
@@ -30,7 +30,7 @@ from detaudit.cli.options import (
     TOLERANCE,
     FiniteFloat,
     RunCommand,
-    audit_options,
+    audit_option_group,
     check_outputs,
     compare_tolerance,
     demo_options,
@@ -48,6 +48,9 @@ from detaudit.cli.session import (
     warn_oversubscription,
 )
 from detaudit.errors import DetauditError, ExitCode, output_error
+
+if TYPE_CHECKING:
+    from detaudit.audit.pipeline import AuditOptions
 
 
 def exit_codes_help() -> str:
@@ -120,13 +123,9 @@ def cli() -> None:
 @click.option("--torchrun-args", default="", metavar="ARGS",
               help="With --nproc-per-node: further torchrun options, as one quoted string "
                    "(`--torchrun-args \"--nnodes 2 --rdzv-endpoint host:29400\"`).")
-def run(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
-        out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
-        rtol: float, quiet: bool, stdout_mode: str | None, ignore_stdout: bool, granularity: str, explain: bool,
-        explain_all: bool, budget: int | None, html_path: Path | None = None, baseline_dir: Path | None = None,
-        save_baseline: Path | None = None, redact_args: bool = False, max_steps: int | None = None,
-        max_time: float | None = None, no_explain: bool = False, self_check: bool = False,
-        nproc_per_node: int | None = None, torchrun_args: str = "") -> None:
+@audit_option_group
+def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, html_path: Path | None, quiet: bool,
+        explain: bool, explain_all: bool, budget: int | None, no_explain: bool, save_baseline: Path | None) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
@@ -135,11 +134,6 @@ def run(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
     after `--` go to the script untouched: `detaudit run train.py --repeats 5 -- --epochs 1`.
     """
     check_outputs(json_path, junit_path, html_path)
-    options = audit_options(script, script_args, repeats=repeats, devices=devices, timeout=timeout, out_dir=out_dir,
-                            jobs=jobs, atol=atol, rtol=rtol, stdout_mode=stdout_mode, ignore_stdout=ignore_stdout,
-                            granularity=granularity, baseline_dir=baseline_dir, save_baseline=save_baseline,
-                            redact_args=redact_args, max_steps=max_steps, max_time=max_time, self_check=self_check,
-                            nproc_per_node=nproc_per_node, torchrun_args=torchrun_args)
     report = audit_run(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
     if save_baseline is not None:
         save_baseline_to(report, save_baseline)
@@ -430,7 +424,7 @@ def _internal_error(exc: Exception) -> NoReturn:
         err_console.print(f"[bold red]detaudit: error:[/] a module detaudit imports is broken: {escape(where)}: "
                           f"{escape(type(exc).__name__)}: {escape(str(exc))}. It comes from the environment "
                           "(PYTHONPATH, the installed packages), not from detaudit: fix or remove it.", soft_wrap=True)
-        sys.exit(EXIT_USAGE)
+        sys.exit(ExitCode.USAGE)
     err_console.print(f"[bold red]detaudit: internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}. "
                       "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.",
                       soft_wrap=True)
