@@ -10,7 +10,7 @@ the code holds a `RunRecord`, an `ExplainRecord` or a `BaselineManifest` (tests/
 checks). Keys a record does not know are ignored (a newer writer may add some); a key that is
 present must have its type. Files themselves are opened in run/rundir.py and report/baseline.py.
 
-Formats: docs/run-directory.md (run.json, explain.json) and docs/trace-format.md ("Baselines").
+The files and what they hold: run/rundir.py (run.json, explain.json) and docs/trace-format.md ("Baselines").
 """
 
 from __future__ import annotations
