@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from detaudit import schema
 from detaudit.errors import TraceError
@@ -289,7 +289,7 @@ class StoredExperiment:
 
     @classmethod
     def from_fields(cls, f: _Fields) -> StoredExperiment:
-        verdict: Any = f.choice("verdict", EXPERIMENT_VERDICTS)
+        verdict = cast(ExperimentVerdict, f.choice("verdict", EXPERIMENT_VERDICTS))
         experiment = Experiment(f.text("pin"), f.text("description"), verdict,
                                 f.optional_integer("first_divergence_index"), f.text("note", ""))
         return cls(experiment, f.optional_text("prefix"), f.results("results"))
