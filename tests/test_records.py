@@ -59,6 +59,14 @@ def test_a_run_record_round_trips_and_keeps_the_key_order_it_always_had() -> Non
     assert list(plain)[-3:] == ["results", "environment", "started"]
 
 
+@pytest.mark.parametrize("check", [SelfCheck(None, None, None, None, "no recorded tensor could carry the change"),
+                                   SelfCheck(4, 1, "fc.weight", None, "the control repeat left no trace"),
+                                   SelfCheck(4, 1, "fc.weight", None)])
+def test_a_self_check_round_trips_made_or_not(check: SelfCheck) -> None:
+    data = json.loads(json.dumps(dataclasses.replace(FULL, self_check=check).to_dict()))
+    assert RunRecord.from_dict(data, "run.json").self_check == check
+
+
 def test_a_minimal_record_reads_with_the_defaults_its_missing_keys_mean() -> None:
     record = RunRecord.from_dict({"format": "detaudit-run", "version": 1, "script": "t.py"}, "run.json")
     assert record == RunRecord("t.py")
