@@ -608,7 +608,7 @@ def write_synthetic_traces(directory: Path, records: int, repeats: int) -> list[
 
 def bench_compare(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
     """Compare + report of synthetic traces in a fresh interpreter: seconds and peak RSS."""
-    from detaudit.run.rundir import RUN_FORMAT, RUN_VERSION
+    from detaudit.records import RUN_FORMAT, RUN_VERSION
 
     run_dir = tmp / "compare-run"
     run_dir.mkdir()

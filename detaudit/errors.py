@@ -2,40 +2,55 @@
 
 from __future__ import annotations
 
-EXIT_DETERMINISTIC = 0
-EXIT_DIVERGENT = 1
-EXIT_USAGE = 2
-EXIT_SCRIPT_FAILED = 3
-EXIT_BAD_TRACE = 4
-EXIT_TIMEOUT = 5
-EXIT_INCONCLUSIVE = 6  # nothing comparable was recorded (lost, cut short, or no tensor at all)
-EXIT_OUTPUT = 7  # an output (run directory, --json, --junit) cannot be written: read-only, full, no permission
-EXIT_INTERNAL = 70
-EXIT_SIGHUP = 129  # 128 + the signal, as shells report a process ended by it
-EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
-EXIT_SIGTERM = 143
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Every status the CLI exits with, and what it means: the one source of `--help`'s table (cli/commands.py)
+    and of the tables in README and docs (tests/test_errors.py checks they agree)."""
+
+    meaning: str
+
+    def __new__(cls, value: int, meaning: str) -> ExitCode:
+        member = int.__new__(cls, value)
+        member._value_ = value
+        member.meaning = meaning
+        return member
+
+    DETERMINISTIC = 0, "deterministic: every repeat agrees"
+    DIVERGENT = 1, "divergent (including repeats that end differently), or different from --baseline"
+    USAGE = 2, "usage error (bad option, missing script, --out not empty)"
+    SCRIPT_FAILED = 3, "the script failed in every repeat"
+    BAD_TRACE = 4, "unreadable, corrupt or foreign trace / run directory / baseline"
+    TIMEOUT = 5, "a repeat timed out"
+    INCONCLUSIVE = 6, "inconclusive: nothing comparable was recorded (lost, cut short, no tensor)"
+    OUTPUT = 7, "an output cannot be written (read-only, disk full, no permission)"
+    INTERNAL = 70, "internal error: a bug in detaudit (DETAUDIT_DEBUG=1 shows its traceback)"
+    SIGHUP = 129, "interrupted by SIGHUP (128 + the signal, as shells report it)"
+    INTERRUPTED = 130, "interrupted by Ctrl-C (SIGINT)"
+    SIGTERM = 143, "interrupted by SIGTERM"
 
 
 class DetauditError(Exception):
     """A failure we can explain in one paragraph; `exit_code` is what the CLI exits with."""
 
-    exit_code = EXIT_USAGE
+    exit_code = ExitCode.USAGE
 
 
 class UsageError(DetauditError):
-    exit_code = EXIT_USAGE
+    exit_code = ExitCode.USAGE
 
 
 class TraceError(DetauditError):
     """A trace or run directory that is unreadable, corrupt, foreign or from an unknown version."""
 
-    exit_code = EXIT_BAD_TRACE
+    exit_code = ExitCode.BAD_TRACE
 
 
 class OutputError(DetauditError):
     """Something detaudit must write cannot be written (EROFS, ENOSPC, EACCES...): one line, its own code."""
 
-    exit_code = EXIT_OUTPUT
+    exit_code = ExitCode.OUTPUT
 
 
 def output_error(path: object, exc: OSError) -> OutputError:

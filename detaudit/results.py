@@ -96,6 +96,24 @@ _STORED = tuple(f.name for f in fields(RepeatResult) if f.name != "error")
 
 
 @dataclass(frozen=True)
+class SelfCheck:
+    """The `--self-check` negative control (run.json `self_check`): a one-ULP change injected at record
+    `record` (in step `step`, named `name`) was seen at `detected_at` (None: not seen); or, with `not_run`,
+    why it could not be made (no record could carry the change, or the control repeat ended otherwise
+    than the reference): then it proves nothing and agreement is inconclusive."""
+
+    record: int | None
+    step: int | None
+    name: str | None
+    detected_at: int | None
+    not_run: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not self.not_run and self.record is not None and self.detected_at == self.record
+
+
+@dataclass(frozen=True)
 class Tolerance:
     atol: float = 1e-5
     rtol: float = 1.3e-6

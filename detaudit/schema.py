@@ -1,4 +1,5 @@
-"""Field-type checks for the JSON that detaudit reads back from disk (run.json, explain.json, trace frames).
+"""Field-type checks for the JSON that detaudit reads back from disk (trace frames; run.json, explain.json and
+baseline.json field by field through detaudit/records.py).
 
 Files on disk may come from another machine, another release, or a hand edit: every value the
 code later uses is checked here, at the boundary, so a wrong type is a TraceError (exit 4) that
@@ -135,27 +136,6 @@ REPEAT_RESULT = Obj({
     "stopped_at_step": INT_OR_NONE, "recording_stopped": STR_OR_NONE,
 }, frozenset({"index", "device", "exit_code", "duration_s", "timed_out", "trace", "stdout", "stderr",
               "stdout_digest"}))
-
-RUN_RECORD = Obj({
-    "format": str, "version": Int(), "script": str, "script_args": ListOf(str), "cwd": str,
-    "repeats": Int(1), "devices": ListOf(str), "granularity": STR_OR_NONE, "timeout": NUMBER_OR_NONE,
-    "tolerance": Obj({"atol": Number(), "rtol": Number()}), "env": MapOf(str), "own_device": bool,
-    "ignore_stdout": bool, "stdout": str, "module": STR_OR_NONE, "baseline": STR_OR_NONE,
-    "argv": OneOf((NONE, ListOf(str))), "args_redacted": bool, "results": OneOf((ListOf(REPEAT_RESULT), NONE)),
-    "environment": dict, "started": Number(), "interrupted": bool, "max_steps": INT_OR_NONE,
-    "max_time": NUMBER_OR_NONE,
-    "nproc_per_node": Int(1), "torchrun_args": ListOf(str),  # torchrun runs (docs/distributed.md)
-    "narrowing": OneOf((NONE, Obj({"window": ListOf(Int(0), 2), "prefix": str, "results": ListOf(REPEAT_RESULT)},
-                                  frozenset({"results"})))),
-}, frozenset({"format", "version", "script"}))
-
-EXPERIMENT = Obj({
-    "pin": str, "description": str, "verdict": str, "first_divergence_index": INT_OR_NONE, "note": str,
-    "prefix": str, "results": ListOf(REPEAT_RESULT),
-}, frozenset({"pin", "description", "verdict"}))
-
-EXPLAIN_RECORD = Obj({"format": str, "version": Int(), "experiments": ListOf(EXPERIMENT)},
-                     frozenset({"format", "version"}))
 
 TRACE_HEADER = Obj({"format": str, "version": Int(), "repeat": Int(), "script": str, "argv": ListOf(str),
                     "pid": Int(), "device_request": STR_OR_NONE, "granularity": STR_OR_NONE,

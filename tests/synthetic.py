@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from detaudit.recorder.fingerprint import DTYPE_CODES
+from detaudit.records import RUN_FORMAT, RUN_VERSION
 from detaudit.results import RepeatResult
-from detaudit.run.rundir import RUN_FORMAT, RUN_VERSION
 from detaudit.trace import Kind, TraceWriter
 
 _CODES_BY_NAME = {str(dt).removeprefix("torch."): code for dt, code in DTYPE_CODES.items()}

@@ -3,6 +3,7 @@ otherwise."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,7 +14,7 @@ import pytest
 from detaudit import causes
 from detaudit.causes import device, order, rng
 from detaudit.causes import flags as flags_module
-from detaudit.causes.context import Context, RepeatEvidence
+from detaudit.causes.context import Context, RepeatEvidence, detects, finding
 from detaudit.compare.stdout import StdoutDifference
 from detaudit.compare.traces import Divergence, RecordInfo
 
@@ -341,10 +342,25 @@ def test_deterministic_run_gets_no_cause(tmp_path: Path) -> None:
     assert causes.diagnose(None, [], []) == []
 
 
-def test_every_detector_has_a_documented_id() -> None:
-    doc = (Path(__file__).parents[1] / "docs" / "causes.md").read_text()
-    for cause_id in causes.CAUSE_IDS:
-        assert f"`{cause_id}`" in doc
+def documented_cause_ids() -> list[str]:
+    """The first column of docs/causes.md's table under "## Cause ids"."""
+    text = (Path(__file__).parents[1] / "docs" / "causes.md").read_text()
+    section = text.split("## Cause ids", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([a-z0-9-]+)` \|", section, re.M)
+
+
+def test_the_documented_cause_ids_are_the_registrys() -> None:
+    """causes.CAUSE_IDS comes from the detectors' registry (each declares its ids) and --explain's own causes."""
+    documented = documented_cause_ids()
+    assert len(documented) == len(set(documented))
+    assert set(documented) == set(causes.CAUSE_IDS)
+    assert {i for d in causes.DETECTORS for i in d.cause_ids} <= set(causes.CAUSE_IDS)
+
+
+def test_a_detector_reporting_an_id_it_does_not_declare_is_a_bug() -> None:
+    wrong = detects("tf32")(lambda ctx: finding("thread-count", 1.0, "s", [], "f"))
+    with pytest.raises(AssertionError, match="reported cause 'thread-count'"):
+        wrong(context([[], []]))
 
 
 # -- strength of proof --------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import detaudit.explain.runner
 import detaudit.report.baseline
 import detaudit.run.devices
 from detaudit.cli.commands import cli, main
-from detaudit.errors import EXIT_BAD_TRACE, TraceError
+from detaudit.errors import ExitCode, TraceError
 from detaudit.report.model import Report
 from detaudit.results import Cause, Tolerance
 
@@ -309,7 +309,7 @@ def test_a_library_error_is_one_line_with_its_exit_code(core: Core, monkeypatch:
     monkeypatch.setattr(detaudit.audit.pipeline, "load_run", corrupt)
     with pytest.raises(SystemExit) as exit_info:
         main(["report", "somerun"])
-    assert exit_info.value.code == EXIT_BAD_TRACE
+    assert exit_info.value.code == ExitCode.BAD_TRACE
     assert capsys.readouterr().err.strip() == "detaudit: error: somerun/repeat-0.trace is corrupt"
 
 

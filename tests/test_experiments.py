@@ -12,6 +12,7 @@ from detaudit.audit.pipeline import load_run
 from detaudit.causes.confirm import apply, saved
 from detaudit.errors import TraceError
 from detaudit.pin import Pin
+from detaudit.records import StoredExperiment
 from detaudit.results import Cause, Confidence, Experiment, ExperimentVerdict
 from detaudit.run.rundir import write_experiments
 
@@ -103,9 +104,8 @@ def test_a_stored_experiment_reranks_the_rebuilt_report(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
     before = load_run(run_dir)
     assert before.experiments == []
-    write_experiments(run_dir, [{"pin": "torch-rng", "description": "the torch RNG", "verdict": "deterministic",
-                                 "first_divergence_index": None, "note": "", "prefix": "explain-torch-rng",
-                                 "results": []}])
+    write_experiments(run_dir, [StoredExperiment(Experiment("torch-rng", "the torch RNG", "deterministic", None),
+                                                 "explain-torch-rng", ())])
     assert saved(run_dir) == [Experiment("torch-rng", "the torch RNG", "deterministic", None)]
     after = load_run(run_dir)
     assert [e.pin for e in after.experiments] == ["torch-rng"]
@@ -117,5 +117,5 @@ def test_a_foreign_experiment_record_is_refused(tmp_path: Path) -> None:
     recs = training_records(steps=2)
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
     (run_dir / "explain.json").write_text(json.dumps({"format": "detaudit-explain", "version": 99}))
-    with pytest.raises(TraceError, match="not an experiment record"):
+    with pytest.raises(TraceError, match="experiment record version 99 is not supported"):
         load_run(run_dir)

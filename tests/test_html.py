@@ -146,7 +146,7 @@ def test_baseline_section_and_its_spread(tmp_path: Path) -> None:
              for r in recs]
     later = write_run(tmp_path / "later", [moved, moved])
     record, results = read_run(later)
-    record["environment"] = {**record["environment"], "cpu_count": 64}
+    record = replace(record, environment=replace(record.environment, cpu_count=64))
     report = load_run(later)
     report = replace(report, baseline=baseline.check(baseline.load(saved), later, record, results))
     data = to_dict(report)

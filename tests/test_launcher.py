@@ -131,7 +131,7 @@ def test_an_unreadable_script_is_a_usage_error(tmp_path: Path) -> None:
 @pytest.mark.process
 def test_a_run_directory_deleted_while_a_repeat_runs_is_an_output_error(tmp_path: Path) -> None:
     """`rm -rf .detaudit` mid-run gave exit 70, "a bug in detaudit", half the time: now always exit 7."""
-    from detaudit.errors import EXIT_OUTPUT, OutputError
+    from detaudit.errors import ExitCode, OutputError
 
     script = tmp_path / "rm.py"
     script.write_text("import shutil, sys\nshutil.rmtree(sys.argv[1])\n")
@@ -140,7 +140,7 @@ def test_a_run_directory_deleted_while_a_repeat_runs_is_an_output_error(tmp_path
     [plan] = plan_repeats(run_dir, 1, ["cpu"])
     with pytest.raises(OutputError, match=f"cannot write {run_dir}: No such file or directory") as raised:
         Launcher(script, [str(run_dir)], timeout=60).run_one(plan)
-    assert raised.value.exit_code == EXIT_OUTPUT
+    assert raised.value.exit_code == ExitCode.OUTPUT
 
 
 def test_the_child_gets_the_script_as_typed_and_no_working_directory_on_its_path(tmp_path: Path,

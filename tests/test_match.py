@@ -10,7 +10,7 @@ import torch
 from conftest import SCRIPTS, run_cli
 from synthetic import training_records, write_trace
 
-from detaudit.compare.match import choose_record, describe_match, detect, self_check_from
+from detaudit.compare.match import choose_record, describe_match, detect
 from detaudit.compare.traces import compare_traces
 from detaudit.recorder.core import one_ulp
 from detaudit.results import Tolerance
@@ -73,9 +73,8 @@ def test_a_self_check_that_cannot_run_says_why(tmp_path: Path) -> None:
     recs = [r.but(flags=int(Flag.THREAD)) for r in training_records(steps=2)]
     run_dir = write_run(tmp_path / "run", [recs, recs])
     _, results = read_run(run_dir)
-    stored = self_check(cast(Any, None), run_dir, results[0])  # no options needed: no repeat is started
-    check = self_check_from(stored)
-    assert check is not None and not check.passed and check.record is None
+    check = self_check(cast(Any, None), run_dir, results[0])  # no options needed: no repeat is started
+    assert not check.passed and check.record is None
     assert "no recorded tensor could carry" in check.not_run
 
 
@@ -90,8 +89,6 @@ def test_self_check_passes_only_at_exactly_the_injected_record(tmp_path: Path, s
     other = write_trace(tmp_path / "other.trace", changed, {"exit_code": 0})
     check = detect(ref, other, (8, 1, recs[8].name), Tolerance(), bitwise=True)
     assert check.passed is passed and check.detected_at == seen_at
-    assert self_check_from({"record": 8, "step": 1, "name": "x", "detected_at": seen_at}) == \
-        check.__class__(8, 1, "x", seen_at)
 
 
 @pytest.mark.parametrize("value", [torch.tensor([1.5, 2.0]), torch.ones(3, 2).t(), torch.arange(4),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from detaudit.errors import EXIT_OUTPUT, OutputError
+from detaudit.errors import ExitCode, OutputError
 from detaudit.run.files import check_writable, write_output, write_text_atomically
 
 
@@ -47,7 +47,7 @@ def test_a_failed_write_is_one_output_error_and_leaves_no_temporary(tmp_path: Pa
     monkeypatch.setattr(os, "replace", fail)
     with pytest.raises(OutputError, match=errno_name) as caught:
         write_text_atomically(tmp_path / "report.json", "{}")
-    assert caught.value.exit_code == EXIT_OUTPUT and "report.json" in str(caught.value)
+    assert caught.value.exit_code == ExitCode.OUTPUT and "report.json" in str(caught.value)
     assert list(tmp_path.iterdir()) == []
 
 

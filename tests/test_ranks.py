@@ -15,10 +15,10 @@ from detaudit.audit.ranks import classify
 from detaudit.compare.oprules import OpFinding, Verdict
 from detaudit.compare.traces import Divergence, RecordInfo
 from detaudit.errors import UsageError
+from detaudit.records import RUN_FORMAT, RUN_VERSION
 from detaudit.report.junit import to_junit
 from detaudit.report.model import to_dict
 from detaudit.results import RepeatResult
-from detaudit.run.rundir import RUN_FORMAT, RUN_VERSION
 from detaudit.trace import Kind
 from tests.synthetic import Rec, write_trace
 

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from synthetic import training_records, write_run
 
 from detaudit.errors import TraceError, UsageError
-from detaudit.results import Tolerance
+from detaudit.records import RUN_VERSION, RunRecord, StoredExperiment
+from detaudit.results import Experiment, Tolerance
 from detaudit.run.rundir import (
     REDACTED,
-    RUN_VERSION,
     claim_run,
     free_prefix,
     new_run_dir,
     read_experiments,
     read_run,
     stored_args,
-    tolerance_of,
     write_experiments,
     write_record,
 )
@@ -39,10 +39,10 @@ def test_an_existing_empty_out_dir_is_claimed_by_one_run_only(tmp_path: Path) ->
     out.mkdir()
     first, second = new_run_dir(Path("t.py"), out), new_run_dir(Path("t.py"), out)
     assert first == second == out
-    claim_run(first, {"who": "first"})
+    claim_run(first, RunRecord("first.py"))
     with pytest.raises(UsageError, match="taken by another detaudit run"):
-        claim_run(second, {"who": "second"})
-    assert json.loads((out / "run.json").read_text()) == {"who": "first"}
+        claim_run(second, RunRecord("second.py"))
+    assert json.loads((out / "run.json").read_text())["script"] == "first.py"
     with pytest.raises(UsageError, match="not empty"):
         new_run_dir(Path("t.py"), out)
 
@@ -55,14 +55,17 @@ def test_default_run_dirs_are_private(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def _edited(run_dir: Path, **fields: object) -> Path:
     record = json.loads((run_dir / "run.json").read_text())
-    write_record(run_dir, {**record, **fields})
+    (run_dir / "run.json").write_text(json.dumps({**record, **fields}))
     return run_dir
 
 
 def test_a_record_written_is_read_back_whole(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", [training_records(steps=1)] * 2)
-    record, results = read_run(_edited(run_dir, granularity="step"))
-    assert record["granularity"] == "step" and [r.trace for r in results] == ["repeat-0.trace", "repeat-1.trace"]
+    record, _ = read_run(run_dir)
+    write_record(run_dir, replace(record, granularity="step"))
+    again, results = read_run(run_dir)
+    assert again == replace(record, granularity="step")
+    assert [r.trace for r in results] == ["repeat-0.trace", "repeat-1.trace"]
     assert (run_dir / "run.json").stat().st_mode & 0o777 == 0o600
 
 
@@ -97,13 +100,15 @@ def test_no_run_directory_is_a_usage_error_and_no_run_json_a_trace_error(tmp_pat
 
 def test_experiments_round_trip_and_a_foreign_version_is_refused(tmp_path: Path) -> None:
     assert read_experiments(tmp_path) == []
-    entry = {"pin": "hash-seed", "description": "d", "verdict": "divergent", "first_divergence_index": 3,
-             "note": "", "prefix": "explain-hash-seed", "results": []}
-    write_experiments(tmp_path, [entry])
-    assert read_experiments(tmp_path) == [entry]
+    entries = [StoredExperiment(Experiment("hash-seed", "d", "divergent", 3), "explain-hash-seed", ()),
+               StoredExperiment(Experiment("cudnn", "c", "skipped", None, "over the budget"))]
+    write_experiments(tmp_path, entries)
+    assert read_experiments(tmp_path) == entries
     data = json.loads((tmp_path / "explain.json").read_text())
+    assert data["experiments"][1] == {"pin": "cudnn", "description": "c", "verdict": "skipped",
+                                      "first_divergence_index": None, "note": "over the budget"}
     (tmp_path / "explain.json").write_text(json.dumps({**data, "version": 2}))
-    with pytest.raises(TraceError, match="not an experiment record this detaudit reads"):
+    with pytest.raises(TraceError, match="experiment record version 2 is not supported"):
         read_experiments(tmp_path)
 
 
@@ -120,6 +125,9 @@ def test_redacted_arguments_keep_their_count_only() -> None:
     assert stored_args(["--epochs", "1"], redact=False) == ["--epochs", "1"]
 
 
-def test_tolerance_ignores_keys_it_does_not_know() -> None:
-    assert tolerance_of({"tolerance": {"atol": 0.5, "rtol": 0, "future": 1}}) == Tolerance(0.5, 0.0)
-    assert tolerance_of({}) == Tolerance()
+def test_tolerance_ignores_keys_it_does_not_know(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", [training_records(steps=1)] * 2)
+    record, _ = read_run(_edited(run_dir, tolerance={"atol": 0.5, "rtol": 0, "future": 1}))
+    assert record.tolerance == Tolerance(0.5, 0.0)
+    record, _ = read_run(_edited(run_dir, tolerance={"atol": 0.5}))
+    assert record.tolerance == Tolerance(0.5, Tolerance().rtol)

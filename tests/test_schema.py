@@ -9,11 +9,10 @@ from detaudit.errors import TraceError
 
 
 def test_a_wrong_type_names_the_file_and_the_nested_field() -> None:
-    record = {"format": "detaudit-run", "version": 1, "script": "t.py",
-              "results": [{"index": 0, "device": "cpu", "exit_code": "zero", "duration_s": 1.0, "timed_out": False,
-                           "trace": "a", "stdout": "b", "stderr": "c", "stdout_digest": ""}]}
+    results = [{"index": 0, "device": "cpu", "exit_code": "zero", "duration_s": 1.0, "timed_out": False,
+                "trace": "a", "stdout": "b", "stderr": "c", "stdout_digest": ""}]
     with pytest.raises(TraceError, match=r"run\.json: field `results\[0\]\.exit_code` must be an integer or null"):
-        schema.check(record, schema.RUN_RECORD, "run.json")
+        schema.check(results, schema.ListOf(schema.REPEAT_RESULT), "run.json", "results")
 
 
 @pytest.mark.parametrize(("value", "ok"), [(1, True), (True, False), (1.0, False), (None, False)])

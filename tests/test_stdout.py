@@ -20,6 +20,7 @@ from detaudit.compare.stdout import (
     recorded_mode,
     visible,
 )
+from detaudit.records import RunRecord
 
 # lines real training scripts print, with what must be left of them
 MASKED = [
@@ -193,9 +194,9 @@ def test_ignore_and_single_repeats_compare_nothing(tmp_path: Path) -> None:
 
 
 def test_recorded_and_combined_modes() -> None:
-    assert recorded_mode({"stdout": "strict"}) == "strict"
-    assert recorded_mode({"ignore_stdout": True}) == "ignore"  # a run recorded before --stdout existed
-    assert recorded_mode({}) == "masked" and recorded_mode({"stdout": "bogus"}) == "masked"
+    assert recorded_mode(RunRecord("t.py", stdout="strict")) == "strict"
+    assert recorded_mode(RunRecord("t.py", ignore_stdout=True)) == "ignore"  # a run recorded before --stdout existed
+    assert recorded_mode(RunRecord("t.py")) == "masked" and recorded_mode(RunRecord("t.py", stdout="bogus")) == "masked"
     assert most_lenient(["strict", "ignore", "masked"]) == "ignore"
     assert most_lenient(["strict", "masked"]) == "masked" and most_lenient([]) == "masked"
 

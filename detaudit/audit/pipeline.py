@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,26 +23,21 @@ from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
 from detaudit.compare.traces import compare_traces
 from detaudit.errors import TraceError, UsageError
+from detaudit.records import OPS_PREFIX, Narrowing, RunRecord, is_plain_name
 from detaudit.report import baseline
 from detaudit.report.model import CarriedOutput, Report, all_failed, write_json
-from detaudit.results import RepeatResult, Tolerance
+from detaudit.results import RepeatResult, SelfCheck, Tolerance
 from detaudit.run import distributed
 from detaudit.run.failure import excerpt, read_error
 from detaudit.run.launcher import Interrupted, Launcher, check_script, plan_repeats
 from detaudit.run.provenance import git_state
 from detaudit.run.rundir import (
-    OPS_PREFIX,
     REPORT_FILE,
-    RUN_FORMAT,
-    RUN_VERSION,
     claim_run,
     host_environment,
-    is_plain_name,
     new_run_dir,
     read_run,
-    repeat_results,
     stored_args,
-    tolerance_of,
     write_record,
 )
 from detaudit.trace import RecordStream, open_regular, read_footer
@@ -127,7 +122,7 @@ def execute(options: AuditOptions, run_dir: Path,
               if v is not None}
     child_config = {**recording.child_config, **({"module": target.module} if target.module else {}),
                     **({"redact_args": True} if target.redact_args else {}), **bounds,
-                    **distributed.run_record(schedule.nproc_per_node)}
+                    **distributed.rank_config(schedule.nproc_per_node)}
     # the script's commit, found here once: a git subprocess inside a repeat would shift its heap layout
     child_config["git"] = git_state(target.script)
     plans = plan_repeats(run_dir, schedule.repeats, schedule.devices, recording.granularity, target.env,
@@ -166,29 +161,26 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
             raise UsageError(f"--baseline {checks.baseline} was recorded at granularity {reference.granularity}; "
                              f"run with --granularity {reference.granularity} to compare with it")
     run_dir = new_run_dir(target.script, options.out_dir)
-    record = {
-        "format": RUN_FORMAT, "version": RUN_VERSION, "script": target.as_typed,
-        "script_args": stored_args(target.script_args, target.redact_args), "args_redacted": target.redact_args,
-        "cwd": str(Path.cwd()), "repeats": schedule.repeats,
-        "devices": schedule.devices, "granularity": recording.granularity, "timeout": schedule.timeout,
-        "tolerance": asdict(checks.tolerance), "env": target.env, "own_device": schedule.own_device,
-        "stdout": checks.stdout, "module": target.module, "max_steps": recording.max_steps,
-        "max_time": recording.max_time,
-        "baseline": str(checks.baseline.resolve()) if checks.baseline is not None else None, "results": None,
-        **distributed.run_record(schedule.nproc_per_node, schedule.torchrun_args),
-        "environment": host_environment(), "started": time.time(),
-    }
+    record = RunRecord(
+        script=target.as_typed, script_args=tuple(stored_args(target.script_args, target.redact_args)),
+        args_redacted=target.redact_args, cwd=str(Path.cwd()), repeats=schedule.repeats,
+        devices=tuple(schedule.devices), granularity=recording.granularity, timeout=schedule.timeout,
+        tolerance=checks.tolerance, env=dict(target.env), own_device=schedule.own_device, stdout=checks.stdout,
+        module=target.module, max_steps=recording.max_steps, max_time=recording.max_time,
+        baseline=str(checks.baseline.resolve()) if checks.baseline is not None else None,
+        nproc_per_node=schedule.nproc_per_node, torchrun_args=tuple(schedule.torchrun_args),
+        environment=host_environment(), started=time.time(),
+    )
     claim_run(run_dir, record)
     # what an earlier repeat changed is told apart by time (recorder/evidence/files.py)
-    options = options.recorded(child_config={"audit_started": record["started"]})
+    options = options.recorded(child_config={"audit_started": record.started})
     auto = recording.granularity == "auto"
     try:
         results = execute(options.recorded(granularity="module") if auto else options, run_dir, on_done)
     except Interrupted as exc:  # keep what the repeats recorded: `report` and `compare` can read it
-        record["results"], record["interrupted"] = [r.to_dict() for r in exc.results], True
-        write_record(run_dir, record)
+        write_record(run_dir, replace(record, results=tuple(exc.results), interrupted=True))
         raise
-    record["results"] = [r.to_dict() for r in results]
+    record = replace(record, results=tuple(results))
     write_record(run_dir, record)
     report = analyse(run_dir, record, results)
     window = op_window(report) if auto else None
@@ -201,25 +193,25 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         except Interrupted:  # the module-level run is whole and recorded: report it without the op re-run
             write_record(run_dir, record)
             raise
-        record["narrowing"] = {"window": window, "prefix": OPS_PREFIX, "results": [r.to_dict() for r in ops_results]}
+        record = replace(record, narrowing=Narrowing(tuple(ops_results), window, OPS_PREFIX))
         write_record(run_dir, record)
         report = analyse(run_dir, record, results)
     if checks.self_check and report.verdict == "deterministic":
-        record["self_check"] = self_check(options, run_dir, results[0])
+        record = replace(record, self_check=self_check(options, run_dir, results[0]))
         write_record(run_dir, record)
         report = analyse(run_dir, record, results)
     write_json(report, run_dir / REPORT_FILE, mode=0o600)
     return report
 
 
-def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) -> dict[str, Any]:
+def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) -> SelfCheck:
     """The negative control: one more repeat with a one-ULP change at a chosen record (detaudit/compare/match.py).
     One that cannot be made says why (`not_run`): the report then calls agreement inconclusive."""
     chosen = match.choose_record(run_dir / reference.trace)
     if chosen is None:
-        return asdict(match.SelfCheck(None, None, None, None, not_run=(
+        return SelfCheck(None, None, None, None, not_run=(
             "no recorded tensor could carry the one-ULP change (every record is content-less, empty, made on "
-            "another thread, or of a dtype without a lowest bit to flip)")))
+            "another thread, or of a dtype without a lowest bit to flip)"))
     granularity = options.recording.granularity
     perturbed = replace(options.recorded(granularity="module" if granularity == "auto" else granularity,
                                          child_config={"perturb_record": chosen[0]}),
@@ -228,9 +220,8 @@ def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) ->
     if result.exit_code != reference.exit_code or not (run_dir / result.trace).is_file():
         ended = "left no trace" if result.exit_code == reference.exit_code else \
             f"exited with status {result.exit_code}, the reference with {reference.exit_code}"
-        return asdict(match.SelfCheck(*chosen, None, not_run=f"the control repeat {ended}"))
-    found = match.detect(run_dir / reference.trace, run_dir / result.trace, chosen, options.checks.tolerance, True)
-    return asdict(found)
+        return SelfCheck(*chosen, None, not_run=f"the control repeat {ended}")
+    return match.detect(run_dir / reference.trace, run_dir / result.trace, chosen, options.checks.tolerance, True)
 
 
 def op_window(report: Report) -> list[int] | None:
@@ -243,19 +234,18 @@ def op_window(report: Report) -> list[int] | None:
     return [max(0, step - 1), step]
 
 
-def op_source(run_dir: Path, record: dict[str, Any], traces: Sequence[Path],
+def op_source(run_dir: Path, record: RunRecord, traces: Sequence[Path],
               devices: Sequence[str]) -> OpFinding | None:
     """The op behind the divergence: from the op-level re-run when there was one, else from the
     run's own traces when they hold op records."""
-    narrowing = record.get("narrowing")
-    if narrowing:
-        ops_results = repeat_results(narrowing["results"], run_dir / "run.json", "narrowing.results")
-        paths = [run_dir / r.trace for r in ops_results]
+    narrowing = record.narrowing
+    if narrowing is not None and narrowing.results:
+        paths = [run_dir / r.trace for r in narrowing.results]
         if not all(p.is_file() for p in paths):
             return None
-        finding = find_op_source(paths, [r.device for r in ops_results])
+        finding = find_op_source(paths, [r.device for r in narrowing.results])
         if finding is not None:
-            finding = replace(finding, traces=str(narrowing.get("prefix", OPS_PREFIX)), window=narrowing.get("window"))
+            finding = replace(finding, traces=narrowing.prefix, window=narrowing.window)
         return finding
     if not traces or not all(t.is_file() for t in traces) \
             or RecordStream(traces[0]).header.get("granularity") != "op":
@@ -268,7 +258,7 @@ def load_run(run_dir: Path, stdout: StdoutMode | None = None) -> Report:
     instead of the way the run was recorded with."""
     record, results = read_run(run_dir)
     if stdout is not None:
-        record = {**record, "stdout": stdout}
+        record = replace(record, stdout=stdout, ignore_stdout=False)
     return analyse(Path(run_dir), record, results)
 
 
@@ -293,7 +283,7 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
             results.append(replace(baseline.load(path).result, index=i))
         elif path.is_dir():
             run_record, run_results = read_run(path)
-            if run_record.get("nproc_per_node"):
+            if run_record.nproc_per_node:
                 raise UsageError(f"{path} is a torchrun run: it has one trace per rank; compare one rank's traces "
                                  f"(e.g. {path / distributed.Layout.rank_file(run_results[0].trace, 0)})")
             modes.append(recorded_mode(run_record))
@@ -320,13 +310,13 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
         else:
             raise UsageError(f"no such trace or run directory: {path}")
     _refuse_the_same_recording_twice(paths, results)
-    record: dict[str, Any] = {"script": ", ".join(str(p) for p in paths), "script_args": [],
-              "tolerance": asdict(tolerance or Tolerance()), "environment": host_environment(),
-              "stdout": stdout or most_lenient(modes), "argv": None}
+    record = RunRecord(script=", ".join(str(p) for p in paths), tolerance=tolerance or Tolerance(),
+                       environment=host_environment(), stdout=stdout or most_lenient(modes))
     # one label for all when bitwise (a recording's device is shown, not used to loosen the
     # comparison); with a tolerance, every recording is compared with the first within it
     labels = ["recorded"] * len(results) if tolerance is None else [f"recording-{r.index}" for r in results]
-    return analyse(Path.cwd(), record, results, bitwise=tolerance is None, labels=labels, explained=False)
+    report = analyse(Path.cwd(), record, results, bitwise=tolerance is None, labels=labels, explained=False)
+    return replace(report, argv=None)  # recordings made elsewhere have no one command line
 
 
 def _refuse_the_same_recording_twice(paths: Sequence[Path], results: Sequence[RepeatResult]) -> None:
@@ -347,7 +337,7 @@ def _refuse_the_same_recording_twice(paths: Sequence[Path], results: Sequence[Re
         seen[(st.st_dev, st.st_ino)] = Path(path)
 
 
-def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult], bitwise: bool = True,
+def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], bitwise: bool = True,
             labels: Sequence[str] | None = None, explained: bool = True) -> Report:
     """Compare the traces, find outcome differences and causes, and assemble the Report. Reads only.
 
@@ -356,14 +346,14 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     `explained`: attach the `--explain` experiments stored in `run_dir`.
     A torchrun run is analysed rank by rank, each rank with this function (ranks.py).
     """
-    if record.get("nproc_per_node"):
+    if record.nproc_per_node:
         return ranks.analyse_ranks(run_dir, record, results, analyse, explained)
     traces = [run_dir / r.trace for r in results]
     if not any(t.is_file() for t in traces) and not any(r.timed_out or r.interrupted for r in results):
         failure = _stderr_tail(run_dir, results[0])
         raise TraceError(f"no trace was written (did the script start?); {failure}" if failure
                          else "no trace was written")
-    tolerance = tolerance_of(record)
+    tolerance = record.tolerance
     devices = list(labels) if labels is not None else [r.device for r in results]
     # a repeat that timed out, was interrupted or hit --max-steps/--max-time was stopped, one recorded
     # elsewhere without a footer has an unknown end, and one whose recording stopped (a hook failed)
@@ -403,8 +393,8 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
     op_finding: OpFinding | None = None
     if first is not None:
         op_finding = op_source(run_dir, record, traces, devices)  # the next stage's output: the report's
-    checked = baseline.check(baseline.load(Path(record["baseline"])), run_dir, record, results, stdout_mode) \
-        if record.get("baseline") else None
+    checked = baseline.check(baseline.load(Path(record.baseline)), run_dir, record, results, stdout_mode) \
+        if record.baseline else None
     divergence = first or ended
     inferred = causes.diagnose(divergence, traces, results, op_finding) if divergence is not None else []
     stored = experiments.saved(run_dir) if explained and divergence is not None else []
@@ -412,20 +402,19 @@ def analyse(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResul
         else inferred
     found = match.describe_match(
         traces[0], comparison, bitwise=bitwise, tolerance=tolerance, devices=[r.device for r in results],
-        granularity=str(record.get("granularity") or RecordStream(traces[0]).header.get("granularity", "?")),
+        granularity=str(record.granularity or RecordStream(traces[0]).header.get("granularity", "?")),
         stdout=stdout_mode if all(r.stdout_digest for r in results) else "ignore",
         # a repeat stopped by a timeout, an interrupt or a bound has no exit status of its own to compare
         exit_status=not any(r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
                             for r in results),
-        self_check=match.self_check_from(record.get("self_check"))) if traces and traces[0].is_file() else None
+        self_check=record.self_check) if traces and traces[0].is_file() else None
     return Report(
-        script=record["script"], script_args=record.get("script_args", []), run_dir=str(run_dir),
+        script=record.script, script_args=list(record.script_args), run_dir=str(run_dir),
         runs=list(results), comparison=comparison, outcome_divergence=ended, causes=ranked, experiments=stored,
-        environment=record.get("environment", {}),
+        environment=record.environment.to_dict(),
         failure=repeat_errors.get(results[0].index, "") if failed else "", repeat_errors=repeat_errors,
         bitwise=bitwise, stdout_mode=stdout_mode,
-        # the script's sys.argv in every repeat (the child sets it so); compare_recorded has no one command line
-        argv=record.get("argv", [str(record["script"]), *record.get("script_args", [])]),
+        argv=[record.script, *record.script_args],  # the script's sys.argv in every repeat (the child sets it so)
         baseline=checked, inferred=[c.id for c in inferred], match=found, op_finding=op_finding,
         carried_output=carried,
     )
@@ -445,6 +434,7 @@ def _stderr_text(run_dir: Path, result: RepeatResult) -> str:
         with open_regular(path, "stderr capture", follow_symlinks=False) as fh:
             size = os.fstat(fh.fileno()).st_size
             fh.seek(max(0, size - STDERR_TAIL_BYTES))
-            return fh.read(STDERR_TAIL_BYTES).decode(errors="replace")
+            tail: bytes = fh.read(STDERR_TAIL_BYTES)
+            return tail.decode(errors="replace")
     except (OSError, TraceError):
         return ""

@@ -29,6 +29,7 @@ import numpy as np
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.traces import Divergence, gaps
 from detaudit.errors import TraceError
+from detaudit.records import RunRecord
 from detaudit.report.model import DistributedFindings, RankSummary, ReplicaDivergence, Report, TeardownCrash, all_failed
 from detaudit.results import Cause, RepeatResult, Role
 from detaudit.run.distributed import Layout, node_rank, rank_error, root_cause
@@ -40,12 +41,12 @@ COLLECTIVE_OPS = ("c10d.", "_c10d_functional.", "c10d_functional.")  # op record
 _SIGNALS = {6: "SIGABRT", 11: "SIGSEGV", 9: "SIGKILL", 15: "SIGTERM", 7: "SIGBUS"}
 
 
-def analyse_ranks(run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult],
+def analyse_ranks(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult],
                   analyse: Callable[..., Report], explained: bool = True) -> Report:
     """The report of a torchrun run: `analyse` applied to each rank, then combined."""
-    layout = Layout(int(record["nproc_per_node"]), node_rank(list(record.get("torchrun_args") or [])))
+    layout = Layout(record.nproc_per_node or 1, node_rank(list(record.torchrun_args)))
     rank_ids = sorted({rank for r in results for rank in layout.ranks(run_dir, r)})
-    single = {k: v for k, v in record.items() if k not in ("nproc_per_node", "torchrun_args")}
+    single = replace(record, nproc_per_node=None, torchrun_args=())
     crashes = [c for r in results if (c := teardown_crash(run_dir, r, layout)) is not None]
     clean = {c.repeat for c in crashes}
     launched = [replace(r, exit_code=0) if r.index in clean else r for r in results]
@@ -119,14 +120,13 @@ def rank_result(run_dir: Path, result: RepeatResult, rank: int) -> RepeatResult:
                    error=from_footer(footer))
 
 
-def rank_record(record: dict[str, Any], rank: int) -> dict[str, Any]:
+def rank_record(record: RunRecord, rank: int) -> RunRecord:
     """The run record as one rank sees it: the op-level re-run's traces are that rank's too."""
-    narrowing = record.get("narrowing")
-    if not narrowing or not isinstance(narrowing.get("results"), list):
+    narrowing = record.narrowing
+    if narrowing is None:
         return record
-    results = [{**r, "trace": Layout.rank_file(str(r.get("trace", "")), rank)} for r in narrowing["results"]
-               if isinstance(r, dict)]
-    return {**record, "narrowing": {**narrowing, "results": results}}
+    results = tuple(replace(r, trace=Layout.rank_file(r.trace, rank)) for r in narrowing.results)
+    return replace(record, narrowing=replace(narrowing, results=results))
 
 
 def classify(d: Divergence, traces: Sequence[Path], found: OpFinding | None = None) -> Role:

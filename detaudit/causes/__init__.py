@@ -7,12 +7,13 @@ differ). `diagnose` ranks them; when none fires, `unknown` says what was ruled o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from detaudit.causes import carried, clock, collective, compiled, device, flags, order, rng, stdout
-from detaudit.causes.context import LIKELY, Context, Finding, build, finding
+from detaudit.causes.confirm import NOT_REPRODUCED, PIN_CAUSES
+from detaudit.causes.context import LIKELY, Context, Detector, Finding, build, finding
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.traces import Divergence
 from detaudit.events import ConcurrencyEvent, EmptyEvent, HashEvent, OpEvent
@@ -21,8 +22,6 @@ from detaudit.results import BASES, Cause, RepeatResult
 
 TIE = 1e-6  # scores this close on the same basis fit the evidence equally
 BACKGROUND = 0.55  # below this, a cause is listed only when nothing likely explains the divergence
-Detector = Callable[[Context], "Finding | None"]
-
 DETECTORS: tuple[Detector, ...] = (
     rng.varying_seed, rng.unseeded_torch_rng, rng.unseeded_numpy_rng, rng.unseeded_python_rng,
     rng.dataloader_workers, device.environment, device.tf32, device.thread_count, device.nondeterministic_op,
@@ -32,13 +31,12 @@ DETECTORS: tuple[Detector, ...] = (
     flags.flag_typo,
     flags.collective_algorithm, collective.collective_algorithm, device.device_rng_geometry,
 )
-CAUSE_IDS = (
-    "unseeded-torch-rng", "unseeded-numpy-rng", "unseeded-python-rng", "varying-seed", "python-hash-seed",
-    "object-order", "dataloader-workers", "nondeterministic-op", "cudnn-benchmark", "cublas-workspace", "tf32",
-    "thread-count", "uninitialized-memory", "concurrency", "environment", "environment-change", "flag-drift",
-    "flag-typo", "collective-algorithm", "device-rng-geometry", "stdout-differs", "compiled-kernels",
-    "wall-clock", "carried-state", "unknown",
-)
+UNKNOWN = "unknown"  # no detector fired (`unknown` below)
+# every cause id a report can hold: what the detectors declare, `unknown`, and what --explain adds
+# (a source the bisection isolated, confirm.PIN_CAUSES; a control that agreed, confirm.NOT_REPRODUCED)
+CAUSE_IDS: tuple[str, ...] = tuple(dict.fromkeys(
+    [*(cause_id for d in DETECTORS for cause_id in d.cause_ids), UNKNOWN,
+     *(cause_id for cause_id, _, _ in PIN_CAUSES.values()), NOT_REPRODUCED.id]))
 
 
 def diagnose(divergence: Divergence | None, traces: Sequence[Path], runs: Sequence[RepeatResult],
@@ -115,4 +113,4 @@ def unknown(ctx: Context) -> Finding:
     lines.append(f"first divergence: {ctx.where()}")
     fix = "rerun with `--granularity op` to find the op, and `detaudit explain RUN_DIR` to test each source of " \
           "nondeterminism in turn"
-    return finding("unknown", 0.0, "no recorded evidence explains the divergence", lines, fix)
+    return finding(UNKNOWN, 0.0, "no recorded evidence explains the divergence", lines, fix)

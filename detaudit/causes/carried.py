@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
+from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
 from detaudit.events import CarriedEvent
 
 MAX_LINES = 4
@@ -59,6 +59,7 @@ def explains_output(ctx: Context) -> list[str] | None:
     return evidence_lines(differing)
 
 
+@detects("carried-state")
 def carried_state(ctx: Context) -> Finding | None:
     """Direct evidence: before the divergence, a repeat involved read state another repeat left."""
     reading = [r for r in ctx.involved if carried(r, ctx)]

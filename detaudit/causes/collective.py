@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from detaudit.causes import flags
-from detaudit.causes.context import LIKELY, Context, Finding, finding
+from detaudit.causes.context import LIKELY, Context, Finding, detects, finding
 from detaudit.errors import TraceError
 from detaudit.events import CollectiveEvent, DdpEvent
 from detaudit.trace import RecordStream
@@ -35,6 +35,7 @@ def _collective_env(ctx: Context) -> list[dict[str, Any]]:
     return envs
 
 
+@detects("collective-algorithm")
 def collective_algorithm(ctx: Context) -> Finding | None:
     rec = ctx.record
     if rec is None or rec.kind not in FED or ctx.divergence.category != "content":

@@ -3,7 +3,7 @@ or autotuning picking other kernels from run to run)."""
 
 from __future__ import annotations
 
-from detaudit.causes.context import Context, Finding, finding
+from detaudit.causes.context import Context, Finding, detects, finding
 from detaudit.events import CompileEvent
 from detaudit.pin import Pin
 
@@ -11,6 +11,7 @@ TUNING = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordi
 PARAM_KINDS = ("grad", "param", "optstate")
 
 
+@detects("compiled-kernels")
 def compiled_kernels(ctx: Context) -> Finding | None:
     """A compiled model, run without deterministic algorithms: inductor's CPU and GPU kernels
     parallelise reductions and scatter-adds (an embedding's backward) with atomic adds."""

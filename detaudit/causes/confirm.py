@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin
 from detaudit.results import Cause, Experiment
@@ -50,15 +49,9 @@ PIN_CAUSES: dict[str, tuple[str, str, str]] = {
 }
 
 
-def experiment_of(entry: dict[str, Any]) -> Experiment:
-    """One stored (schema-checked) explain.json entry as an Experiment."""
-    return Experiment(entry["pin"], entry["description"], entry["verdict"], entry.get("first_divergence_index"),
-                      entry.get("note", ""))
-
-
 def saved(run_dir: Path) -> list[Experiment]:
     """The experiments stored in a run directory (none when it has no explain.json)."""
-    return [experiment_of(e) for e in read_experiments(run_dir)]
+    return [e.experiment for e in read_experiments(run_dir)]
 
 
 def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_index: int) -> list[Cause]:

@@ -8,6 +8,7 @@ for an outcome-only divergence).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -35,6 +36,29 @@ class Finding:
 
     cause: Cause
     score: float
+
+
+class Detector:
+    """A cause detector (`Context -> Finding | None`) and the cause ids it may report: the registry
+    (causes.DETECTORS) is where the list of cause ids comes from, so a detector reporting an id it did
+    not declare is a bug caught at once (an AssertionError), never an undocumented id in a report."""
+
+    def __init__(self, detect: Callable[[Context], Finding | None], cause_ids: tuple[str, ...]) -> None:
+        self.detect = detect
+        self.cause_ids = cause_ids
+        functools.update_wrapper(self, detect)
+
+    def __call__(self, ctx: Context) -> Finding | None:
+        found = self.detect(ctx)
+        if found is not None and found.cause.id not in self.cause_ids:
+            raise AssertionError(f"detector {self.detect.__name__} reported cause {found.cause.id!r}, "
+                                 f"which it does not declare ({', '.join(self.cause_ids)})")
+        return found
+
+
+def detects(*cause_ids: str) -> Callable[[Callable[[Context], Finding | None]], Detector]:
+    """Register a function as a detector of these cause ids (docs/causes.md documents each)."""
+    return lambda detect: Detector(detect, cause_ids)
 
 
 def finding(cause_id: str, score: float, summary: str, evidence: list[str], fix: str,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Literal
 
-from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
+from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
 from detaudit.events import (
     CallEvent,
     DrawEvent,
@@ -55,6 +55,7 @@ def _in(ctx: Context, names: list[str]) -> bool:
     return rec is not None and bool({rec.module, rec.name} & set(names))
 
 
+@detects("nondeterministic-op")
 def nondeterministic_op(ctx: Context) -> Finding | None:
     ops = [e for e in ctx.ref.of(OpEvent) if ctx.precedes(e) and not e.get("deterministic")
            and (e.get("device") != "cpu" or e.get("threads", 1) > 1)]
@@ -86,6 +87,7 @@ def nondeterministic_op(ctx: Context) -> Finding | None:
                    "op-records" if kernel is not None else "direct")
 
 
+@detects("cudnn-benchmark")
 def cudnn_benchmark(ctx: Context) -> Finding | None:
     on = [(rep.index, when) for rep in ctx.involved for when, f in _flags(ctx, rep)
           if f.get("cudnn.benchmark") and not f.get("cudnn.deterministic") and f.get("cudnn.enabled", True)]
@@ -113,6 +115,7 @@ def cudnn_benchmark(ctx: Context) -> Finding | None:
                    "per run", lines, fix, [Pin.CUDNN], basis)
 
 
+@detects("cublas-workspace")
 def cublas_workspace(ctx: Context) -> Finding | None:
     device, matmul = _modules(ctx.ref)
     layers = [m["module"] for m in matmul if not m["class"].startswith("Conv")]  # cuDNN's
@@ -145,6 +148,7 @@ def _tf32_reasons(flags: dict[str, Any]) -> list[str]:
     return reasons
 
 
+@detects("tf32")
 def tf32(ctx: Context) -> Finding | None:
     """TF32 separates devices (a TF32 GPU against the CPU), or two recordings on a GPU made with
     TF32 on in one and off in the other; within one setting it rounds the same way every run."""
@@ -179,6 +183,7 @@ def tf32(ctx: Context) -> Finding | None:
                    "direct")
 
 
+@detects("thread-count")
 def thread_count(ctx: Context) -> Finding | None:
     keys = ("num_threads", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     lines = []
@@ -228,6 +233,7 @@ def _record_digests(ctx: Context) -> dict[int, str]:
     return digests
 
 
+@detects("uninitialized-memory")
 def uninitialized_memory(ctx: Context) -> Finding | None:
     writes = ctx.ref.first(EmptyWritesEvent)
     states = writes["states"] if writes is not None else []
@@ -279,6 +285,7 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
                    "element is written: its leftover contents differ per run", lines, fix, [Pin.ZERO_EMPTY], basis)
 
 
+@detects("environment", "environment-change")
 def environment(ctx: Context) -> Finding | None:
     envs = [r.first(EnvironmentEvent) for r in ctx.involved]
     if any(e is None for e in envs):
@@ -334,6 +341,7 @@ def _git_text(git: Any) -> str:
     return str(git.get("commit", "?"))[:12] + (" (dirty)" if git.get("dirty") else "") + script
 
 
+@detects("device-rng-geometry")
 def device_rng_geometry(ctx: Context) -> Finding | None:
     """Seeded CUDA random ops give other numbers on another GPU model: Philox offsets follow the launch
     geometry (pytorch issues #196613, #194676), so the same seed is not the same stream across models."""

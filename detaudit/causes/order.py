@@ -7,7 +7,7 @@ another order, and on `--explain` (a fixed PYTHONHASHSEED; a fixed address layou
 
 from __future__ import annotations
 
-from detaudit.causes.context import Context, Finding, finding
+from detaudit.causes.context import Context, Finding, detects, finding
 from detaudit.events import ConcurrencyEvent, HashEvent
 from detaudit.pin import Pin
 from detaudit.results import Basis
@@ -36,6 +36,7 @@ def _near(ctx: Context) -> str:
     return f" (the first divergent record comes from {rec.location})" if rec is not None and rec.location else ""
 
 
+@detects("python-hash-seed")
 def python_hash_seed(ctx: Context) -> Finding | None:
     hashes = [r.first(HashEvent) for r in ctx.involved]
     if any(h is None for h in hashes):
@@ -55,6 +56,7 @@ def python_hash_seed(ctx: Context) -> Finding | None:
                    "derived from a set or dict", lines, fix, [Pin.HASH_SEED], _basis(ctx))
 
 
+@detects("object-order")
 def object_order(ctx: Context) -> Finding | None:
     hashes = [r.first(HashEvent) for r in ctx.involved]
     if any(h is None for h in hashes) or all(h.get("aslr_disabled") for h in hashes if h is not None):
@@ -75,6 +77,7 @@ def object_order(ctx: Context) -> Finding | None:
                    lines, fix, [Pin.ADDRESS_LAYOUT], _basis(ctx))
 
 
+@detects("concurrency")
 def concurrency(ctx: Context) -> Finding | None:
     events = [e for e in ctx.ref.of(ConcurrencyEvent) if ctx.precedes(e)]
     if not events:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from detaudit.causes.context import Context, Finding, RepeatEvidence, finding
+from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
 from detaudit.events import DataLoaderEvent, DrawEvent, GeneratorEvent, SeedEvent, StateEvent
 from detaudit.pin import Pin
 from detaudit.results import Basis
@@ -111,18 +111,22 @@ def _random_op(ctx: Context) -> bool:
     return ctx.op_with("random-op") is not None
 
 
+@detects("unseeded-torch-rng")
 def unseeded_torch_rng(ctx: Context) -> Finding | None:
     return unseeded(ctx, "torch")
 
 
+@detects("unseeded-numpy-rng")
 def unseeded_numpy_rng(ctx: Context) -> Finding | None:
     return unseeded(ctx, "numpy")
 
 
+@detects("unseeded-python-rng")
 def unseeded_python_rng(ctx: Context) -> Finding | None:
     return unseeded(ctx, "python")
 
 
+@detects("varying-seed")
 def varying_seed(ctx: Context) -> Finding | None:
     lines: list[str] = []
     pins: list[Pin] = []
@@ -163,6 +167,7 @@ def varying_seed(ctx: Context) -> Finding | None:
                    "(clock, pid or OS entropy)", lines, fix, pins, basis)
 
 
+@detects("dataloader-workers")
 def dataloader_workers(ctx: Context) -> Finding | None:
     loaders = [e for e in ctx.ref.of(DataLoaderEvent) if e.get("num_workers", 0) > 0 and ctx.precedes(e)]
     if not loaders:

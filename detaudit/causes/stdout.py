@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from detaudit.causes.context import Context, Finding, finding
+from detaudit.causes.context import Context, Finding, detects, finding
 from detaudit.compare.stdout import comparison_key, mask_line
 
 _TOKEN = re.compile(r"\S+")
@@ -20,6 +20,7 @@ def _changed_tokens(a: str, b: str, most: int = 3) -> list[tuple[str, str]]:
     return pairs[:most]
 
 
+@detects("stdout-differs")
 def stdout_differs(ctx: Context) -> Finding | None:
     diff = ctx.divergence.stdout
     if diff is None or ctx.divergence.category != "outcome":

@@ -4,11 +4,8 @@ The commands, their help, and the one place that turns errors into messages and 
 (`main`); options become library values in cli_options.py, and what a command shows while the
 library works, and how it ends, is cli_session.py.
 
-Exit codes: 0 deterministic · 1 divergent (including repeats that end differently) ·
-2 usage error · 3 the script failed in every repeat · 4 unreadable, corrupt or foreign trace ·
-5 a repeat timed out · 6 inconclusive (nothing comparable was recorded) · 7 an output cannot be
-written · 129/130/143 interrupted by SIGHUP/Ctrl-C/SIGTERM. Set DETAUDIT_DEBUG=1 to see detaudit's
-own traceback on an internal error (70).
+Exit codes: errors.ExitCode (every command's --help lists them). Set DETAUDIT_DEBUG=1 to see
+detaudit's own traceback on an internal error.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ import threading
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.markup import escape
@@ -33,7 +30,7 @@ from detaudit.cli.options import (
     TOLERANCE,
     FiniteFloat,
     RunCommand,
-    audit_options,
+    audit_option_group,
     check_outputs,
     compare_tolerance,
     demo_options,
@@ -50,27 +47,18 @@ from detaudit.cli.session import (
     stdout_console,
     warn_oversubscription,
 )
-from detaudit.errors import (
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_OUTPUT,
-    EXIT_USAGE,
-    DetauditError,
-    output_error,
-)
+from detaudit.errors import DetauditError, ExitCode, output_error
 
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0  deterministic: every repeat agrees
-  1  divergent (including repeats that end differently)
-  2  usage error (bad option, missing script, --out not empty)
-  3  the script failed in every repeat
-  4  unreadable, corrupt or foreign trace / run directory
-  5  a repeat timed out
-  6  inconclusive: nothing comparable was recorded (lost, cut short, no tensor)
-  7  an output cannot be written (read-only, disk full, no permission)
-  129/130/143 interrupted by SIGHUP / Ctrl-C / SIGTERM
-"""
+if TYPE_CHECKING:
+    from detaudit.audit.pipeline import AuditOptions
+
+
+def exit_codes_help() -> str:
+    """The exit-code table every command's --help ends with (`\\b`: click keeps the lines as they are)."""
+    return "\b\nExit codes:\n" + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode)
+
+
+EXIT_CODES_HELP = exit_codes_help()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
@@ -135,13 +123,9 @@ def cli() -> None:
 @click.option("--torchrun-args", default="", metavar="ARGS",
               help="With --nproc-per-node: further torchrun options, as one quoted string "
                    "(`--torchrun-args \"--nnodes 2 --rdzv-endpoint host:29400\"`).")
-def run(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
-        out_dir: Path | None, json_path: Path | None, junit_path: Path | None, jobs: int, atol: float,
-        rtol: float, quiet: bool, stdout_mode: str | None, ignore_stdout: bool, granularity: str, explain: bool,
-        explain_all: bool, budget: int | None, html_path: Path | None = None, baseline_dir: Path | None = None,
-        save_baseline: Path | None = None, redact_args: bool = False, max_steps: int | None = None,
-        max_time: float | None = None, no_explain: bool = False, self_check: bool = False,
-        nproc_per_node: int | None = None, torchrun_args: str = "") -> None:
+@audit_option_group
+def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, html_path: Path | None, quiet: bool,
+        explain: bool, explain_all: bool, budget: int | None, no_explain: bool, save_baseline: Path | None) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
@@ -150,11 +134,6 @@ def run(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
     after `--` go to the script untouched: `detaudit run train.py --repeats 5 -- --epochs 1`.
     """
     check_outputs(json_path, junit_path, html_path)
-    options = audit_options(script, script_args, repeats=repeats, devices=devices, timeout=timeout, out_dir=out_dir,
-                            jobs=jobs, atol=atol, rtol=rtol, stdout_mode=stdout_mode, ignore_stdout=ignore_stdout,
-                            granularity=granularity, baseline_dir=baseline_dir, save_baseline=save_baseline,
-                            redact_args=redact_args, max_steps=max_steps, max_time=max_time, self_check=self_check,
-                            nproc_per_node=nproc_per_node, torchrun_args=torchrun_args)
     report = audit_run(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
     if save_baseline is not None:
         save_baseline_to(report, save_baseline)
@@ -197,7 +176,7 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     from detaudit.run.rundir import read_run
 
     record, _ = read_run(run_dir)
-    warn_oversubscription(jobs, list(record.get("devices") or ["cpu"]))
+    warn_oversubscription(jobs, list(record.devices or ["cpu"]))
     finish(explain_run(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet, html_path)
 
 
@@ -391,12 +370,12 @@ def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
         cli.main(args=argv, prog_name="detaudit", standalone_mode=False)
     except click.exceptions.Abort as exc:  # click turns a KeyboardInterrupt (our Interrupted) into Abort
         text, code = _interrupt_message(exc.__context__) if isinstance(exc.__context__, KeyboardInterrupt) \
-            else ("detaudit: interrupted", EXIT_INTERRUPTED)
+            else ("detaudit: interrupted", ExitCode.INTERRUPTED)
         err_console.print(escape(printable(text)), soft_wrap=True)
         sys.exit(code)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(EXIT_USAGE if exc.exit_code not in (0,) else 0)
+        sys.exit(ExitCode.USAGE if exc.exit_code not in (0,) else 0)
     except DetauditError as exc:
         # soft_wrap: one line however long the path in it (CI logs and grep read it whole)
         err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(exc)))}", soft_wrap=True)
@@ -411,7 +390,7 @@ def _main(argv: list[str] | None, printable: Callable[[str], str]) -> None:
         where = exc.filename if exc.filename is not None else "an output (standard output or a report file)"
         err_console.print(f"[bold red]detaudit: error:[/] {escape(printable(str(output_error(where, exc))))}",
                           soft_wrap=True)
-        sys.exit(EXIT_OUTPUT)
+        sys.exit(ExitCode.OUTPUT)
     except Exception as exc:
         _internal_error(exc)
 
@@ -445,8 +424,8 @@ def _internal_error(exc: Exception) -> NoReturn:
         err_console.print(f"[bold red]detaudit: error:[/] a module detaudit imports is broken: {escape(where)}: "
                           f"{escape(type(exc).__name__)}: {escape(str(exc))}. It comes from the environment "
                           "(PYTHONPATH, the installed packages), not from detaudit: fix or remove it.", soft_wrap=True)
-        sys.exit(EXIT_USAGE)
+        sys.exit(ExitCode.USAGE)
     err_console.print(f"[bold red]detaudit: internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}. "
                       "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.",
                       soft_wrap=True)
-    sys.exit(EXIT_INTERNAL)
+    sys.exit(ExitCode.INTERNAL)

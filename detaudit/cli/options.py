@@ -6,6 +6,8 @@ cli.py holds the commands, cli_session.py what they print while the library work
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import os
 from collections.abc import Callable
@@ -122,6 +124,19 @@ def audit_options(script: Path | str, script_args: tuple[str, ...], *, repeats: 
                baseline=baseline_dir, self_check=self_check),
         out_dir=out_dir,
     )
+
+
+def audit_option_group(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`run`'s options that describe the audit (every parameter of `audit_options`) reach the command as
+    one AuditOptions, `options`; --save-baseline stays the command's own too (it also refuses torchrun)."""
+    names = [name for name in inspect.signature(audit_options).parameters if name != "save_baseline"]
+
+    @functools.wraps(command)
+    def with_options(**kwargs: Any) -> Any:
+        raw = {name: kwargs.pop(name) for name in names}
+        return command(options=audit_options(**raw, save_baseline=kwargs.get("save_baseline")), **kwargs)
+
+    return with_options
 
 
 def demo_options(script: Path, repeats: int, out_dir: Path | None) -> AuditOptions:

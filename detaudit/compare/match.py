@@ -13,36 +13,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from detaudit.compare.align import CHUNK, Aligner
 from detaudit.compare.traces import Comparison, compare_traces
-from detaudit.results import Tolerance
+from detaudit.results import SelfCheck, Tolerance
 from detaudit.trace import Flag, Kind, RecordStream
 from detaudit.trace.dtypes import DTYPE_NAMES
 
 SELF_CHECK_PREFIX = "selfcheck"
 # records the perturbation cannot be placed in exactly (another thread's), or that would not show it (no contents)
 _SKIPPED = int(Flag.THREAD | Flag.NO_DATA)
-
-
-@dataclass(frozen=True)
-class SelfCheck:
-    """The negative control's outcome: a one-ULP change injected at `record` was seen at `detected_at`;
-    or, with `not_run`, why it could not be made (no record could carry the change, or the control
-    repeat ended otherwise than the reference): then it proves nothing and agreement is inconclusive."""
-
-    record: int | None
-    step: int | None
-    name: str | None
-    detected_at: int | None
-    not_run: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return not self.not_run and self.record is not None and self.detected_at == self.record
 
 
 @dataclass(frozen=True)
@@ -143,18 +125,3 @@ def detect(reference: Path, perturbed: Path, record: tuple[int, int, str], toler
     comparison = compare_traces([reference, perturbed], ["ref", "ref"] if bitwise else ["ref", "other"], tolerance)
     first = comparison.first_divergence
     return SelfCheck(record[0], record[1], record[2], first.index if first is not None else None)
-
-
-def self_check_from(data: dict[str, Any] | None) -> SelfCheck | None:
-    """The stored self-check of a run record (run.json `self_check`)."""
-    if not isinstance(data, dict):
-        return None
-    try:
-        if data.get("not_run"):  # the record it would have changed, when one was chosen
-            chosen = data.get("record") is not None
-            return SelfCheck(int(data["record"]) if chosen else None, int(data["step"]) if chosen else None,
-                             str(data["name"]) if chosen else None, None, str(data["not_run"]))
-        return SelfCheck(int(data["record"]), int(data["step"]), str(data["name"]),
-                         None if data.get("detected_at") is None else int(data["detected_at"]))
-    except (KeyError, TypeError, ValueError):
-        return None

@@ -13,7 +13,9 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Union, get_args
+from typing import Literal, Union, cast, get_args
+
+from detaudit.records import RunRecord
 
 StdoutMode = Literal["strict", "masked", "ignore"]
 STDOUT_MODES: tuple[str, ...] = get_args(StdoutMode)
@@ -330,12 +332,12 @@ def cut_text(line: str | None) -> str | None:
     return line if len(line) <= SHOWN_CHARS else line[:SHOWN_CHARS] + "…"
 
 
-def recorded_mode(record: dict[str, object]) -> StdoutMode:
+def recorded_mode(record: RunRecord) -> StdoutMode:
     """The stdout mode a run was recorded with (run.json); older runs only said `ignore_stdout`."""
-    mode = record.get("stdout")
+    mode = record.stdout
     if mode in STDOUT_MODES:
-        return mode  # type: ignore[return-value]
-    return "ignore" if record.get("ignore_stdout") else DEFAULT_STDOUT
+        return cast(StdoutMode, mode)
+    return "ignore" if record.ignore_stdout else DEFAULT_STDOUT
 
 
 def most_lenient(modes: Sequence[StdoutMode]) -> StdoutMode:

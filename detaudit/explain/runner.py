@@ -22,17 +22,16 @@ import contextlib
 import fcntl
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target, analyse, execute, load_run
-from detaudit.causes.confirm import experiment_of
 from detaudit.compare.stdout import recorded_mode
 from detaudit.errors import UsageError, output_error
 from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, pin_of
+from detaudit.records import StoredExperiment
 from detaudit.report.model import Report, write_json
 from detaudit.results import Cause, Experiment, ExperimentVerdict, RepeatResult
-from detaudit.run import distributed
 from detaudit.run.rundir import (
     EXPLAIN_LOCK,
     REPORT_FILE,
@@ -40,7 +39,6 @@ from detaudit.run.rundir import (
     free_prefix,
     read_experiments,
     read_run,
-    tolerance_of,
     write_experiments,
 )
 
@@ -163,28 +161,27 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
     if report.timed_out:
         raise UsageError(f"{run_dir}: a repeat timed out; --explain needs a run whose repeats all finished")
     record, _ = read_run(run_dir)
-    redacted = bool(record.get("args_redacted"))
-    if redacted and script_args is None and record.get("script_args"):
+    redacted = record.args_redacted
+    if redacted and script_args is None and record.script_args:
         raise UsageError(f"{run_dir}: the run was recorded with --redact-args, so its script arguments were not "
                          "stored and cannot be re-run; use `detaudit run ... --redact-args --explain`")
     stored = read_experiments(run_dir)
     # as many repeats per device as the baseline had: fewer would let chance agreement "confirm" a pin
-    repeats = CHEAP_REPEATS if cheap else repeats or max(MIN_REPEATS, int(record.get("repeats") or MIN_REPEATS))
-    cwd = Path(record.get("cwd") or ".").resolve()
-    script = Path(record["script"])
-    args = list(record.get("script_args", []) if script_args is None else script_args)
+    repeats = CHEAP_REPEATS if cheap else repeats or max(MIN_REPEATS, record.repeats or MIN_REPEATS)
+    cwd = Path(record.cwd or ".").resolve()
+    script = Path(record.script)
+    args = list(record.script_args if script_args is None else script_args)
     base = AuditOptions(
-        Target(script if script.is_absolute() else cwd / script, args, module=record.get("module"),
-               redact_args=redacted),
-        Schedule(repeats=repeats, devices=list(record.get("devices") or ["cpu"]),
-                 own_device=bool(record.get("own_device")), timeout=record.get("timeout"), jobs=jobs,
-                 **distributed.options_of(record)),
+        Target(script if script.is_absolute() else cwd / script, args, module=record.module, redact_args=redacted),
+        Schedule(repeats=repeats, devices=list(record.devices or ["cpu"]), own_device=record.own_device,
+                 timeout=record.timeout, jobs=jobs, nproc_per_node=record.nproc_per_node,
+                 torchrun_args=list(record.torchrun_args)),
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
-        Recording(granularity="module" if record.get("granularity") in (None, "auto") else str(record["granularity"]),
-                  max_steps=record.get("max_steps"), max_time=record.get("max_time"),
+        Recording(granularity="module" if record.granularity in (None, "auto") else str(record.granularity),
+                  max_steps=record.max_steps, max_time=record.max_time,
                   # files the earlier repeats changed are told apart by time (recorder/evidence/files.py)
-                  child_config={"audit_started": record["started"]} if record.get("started") else {}),
-        Checks(tolerance=tolerance_of(record), stdout=recorded_mode(record)),
+                  child_config={"audit_started": record.started} if record.started else {}),
+        Checks(tolerance=record.tolerance, stdout=recorded_mode(record)),
     )
     # a toss-up's separating experiment can agree by chance (objects land in the same order 1 time in 8):
     # it gets SEPARATING_REPEATS repeats at least
@@ -202,31 +199,32 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
     def run_pin(name: str, control_repeats: int = 0) -> Experiment:
         """One experiment; one already run (and not skipped) is reused, not run again."""
         nonlocal spent
-        done = next((e for e in stored if e["pin"] == name and e["verdict"] != "skipped"), None)
+        done = next((e.experiment for e in stored if e.experiment.pin == name and e.experiment.verdict != "skipped"),
+                    None)
         if done is not None:
-            return experiment_of(done)
+            return done
         pin = pin_of(name)
-        stored[:] = [e for e in stored if e["pin"] != name]  # a pin skipped earlier, now run
+        stored[:] = [e for e in stored if e.experiment.pin != name]  # a pin skipped earlier, now run
         count = control_repeats or repeats_for(name)
         cost = 0 if control_repeats else count * len(base.schedule.devices)
         if spent + cost > budget:
             experiment = Experiment(name, pin.description, "skipped", None,
                                     f"over the budget of {budget} extra repeats")
-            stored.append(asdict(experiment))
+            stored.append(StoredExperiment(experiment))
             write_experiments(run_dir, stored)
             if bisecting:
                 raise _OverBudget
             return experiment
         spent += cost
         options = replace(base.recorded(child_config={"pins": list(pin.child)}),
-                          target=replace(base.target, env={**record.get("env", {}), **pin.env}),
+                          target=replace(base.target, env={**record.env, **pin.env}),
                           schedule=replace(base.schedule, repeats=count))
         prefix = free_prefix(run_dir, f"explain-{name}")
         results = execute(options, run_dir, on_done, prefix=prefix, cwd=cwd)
-        sub = analyse(run_dir, {**record, "narrowing": None, "results": [r.to_dict() for r in results]}, results)
+        sub = analyse(run_dir, replace(record, narrowing=None, results=tuple(results)), results)
         verdict, index, note = _verdict(sub, report)
         experiment = Experiment(name, pin.description, verdict, index, note)
-        stored.append({**asdict(experiment), "prefix": prefix, "results": [r.to_dict() for r in results]})
+        stored.append(StoredExperiment(experiment, prefix, tuple(results)))
         write_experiments(run_dir, stored)
         if on_experiment is not None:
             on_experiment(experiment)
@@ -248,7 +246,8 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
             if first is not None:
                 run_pin(first)
         else:
-            confirmed = any(e["verdict"] == "deterministic" and e["pin"] not in (ALL, CONTROL) for e in stored)
+            confirmed = any(e.experiment.verdict == "deterministic" and e.experiment.pin not in (ALL, CONTROL)
+                            for e in stored)
             for name in plan(report.causes):
                 if confirmed and not explain_all:
                     break

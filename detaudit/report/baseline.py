@@ -28,14 +28,13 @@ from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode
 from detaudit.compare.traces import compare_traces
 from detaudit.errors import TraceError, UsageError
+from detaudit.records import BaselineManifest, Reference, RunRecord
 from detaudit.report.model import BaselineCheck, EnvironmentChange, Report
 from detaudit.results import RepeatResult
 from detaudit.run.files import write_text_atomically
-from detaudit.run.rundir import read_run, tolerance_of
+from detaudit.run.rundir import read_run
 from detaudit.trace import RecordStream, load_json, open_regular
 
-BASELINE_FORMAT = "detaudit-baseline"
-BASELINE_VERSION = 1
 MANIFEST = "baseline.json"
 MAX_MANIFEST_BYTES = 16 << 20
 TRACE = "reference.trace"
@@ -65,7 +64,7 @@ FLAG_KEYS = ("num_threads", "num_interop_threads", "deterministic_algorithms", "
              "matmul.allow_tf32", "cudnn.allow_tf32", "cudnn.benchmark", "cudnn.deterministic")
 
 
-def fingerprint(record: dict[str, Any], trace: Path, device: str) -> dict[str, Any]:
+def fingerprint(record: RunRecord, trace: Path, device: str) -> dict[str, Any]:
     """The environment one repeat ran in, from its trace's evidence (docs/causes.md): versions, hardware,
     allow-listed variables, and the thread count and determinism flags as they stood at the first
     optimizer step (else the first forward, else at import)."""
@@ -75,8 +74,8 @@ def fingerprint(record: dict[str, Any], trace: Path, device: str) -> dict[str, A
     env = next((e for e in events if e.get("type") == "environment"), {})
     states = {e.get("when"): e.get("flags") for e in events if e.get("type") == "state" and e.get("flags")}
     flags = states.get("first-step") or states.get("first-forward") or states.get("import") or {}
-    host = record.get("environment") or {}
-    found = {"detaudit": host.get("detaudit"), "cpu_count": host.get("cpu_count"), "device": device}
+    host = record.environment
+    found: dict[str, Any] = {"detaudit": host.detaudit, "cpu_count": host.cpu_count, "device": device}
     found.update({key: env.get(key) for key in ENVIRONMENT_KEYS})
     found.update({key: flags.get(key) for key in FLAG_KEYS})
     found.update({f"${name}": value for name, value in sorted((env.get("env") or {}).items())})
@@ -102,16 +101,16 @@ def save(run_dir: Path, report: Report, dest: Path) -> Path:
     if first.stdout and printed.is_file():
         shutil.copyfile(printed, dest / (STDOUT + ".tmp"))
         (dest / (STDOUT + ".tmp")).replace(dest / STDOUT)
-    manifest = {
-        "format": BASELINE_FORMAT, "version": BASELINE_VERSION, "detaudit_version": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "script": Path(str(record["script"])).name, "script_args": list(record.get("script_args", [])),
-        "granularity": effective_granularity(str(record.get("granularity", "module"))),
-        "reference": {"trace": TRACE, "sha256": _sha256(dest / TRACE), "records": report.comparison.records[0],
-                      "device": first.device, "exit_code": first.exit_code, "stdout_digest": first.stdout_digest},
-        "environment": fingerprint(record, source, first.device),
-    }
-    write_text_atomically(dest / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    if first.exit_code is None:
+        raise UsageError("baseline not saved: the first repeat's exit status is unknown")
+    manifest = BaselineManifest(
+        script=Path(record.script).name, script_args=record.script_args,
+        granularity=effective_granularity(record.granularity or "module"),
+        reference=Reference(TRACE, _sha256(dest / TRACE), first.device, first.exit_code, first.stdout_digest,
+                            report.comparison.records[0]),
+        environment=fingerprint(record, source, first.device), detaudit_version=__version__,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    write_text_atomically(dest / MANIFEST, json.dumps(manifest.to_dict(), indent=2) + "\n")
     return dest
 
 
@@ -125,39 +124,30 @@ def load(path: Path) -> Baseline:
                          "`detaudit run SCRIPT --save-baseline DIR`")
     with open_regular(manifest_path, "baseline manifest") as fh:  # no FIFO or device; size-capped; nesting refused
         data = load_json(fh.read(MAX_MANIFEST_BYTES), f"{manifest_path}: unreadable baseline manifest")
-    if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:
-        raise TraceError(f"{manifest_path}: not a detaudit baseline manifest")
-    if data.get("version") != BASELINE_VERSION:
-        raise TraceError(f"{manifest_path}: baseline version {data.get('version')} is not supported (this detaudit "
-                         f"reads version {BASELINE_VERSION}); record the baseline again")
-    try:
-        ref = data["reference"]
-        trace = directory / str(ref["trace"])
-        printed = directory / STDOUT
-        result = RepeatResult(index=0, device=str(ref["device"]), exit_code=int(ref["exit_code"]), duration_s=0.0,
-                              timed_out=False, trace=str(trace.resolve()),
-                              stdout=str(printed.resolve()) if printed.is_file() else "", stderr="",
-                              stdout_digest=str(ref["stdout_digest"]))
-        baseline = Baseline(directory, trace, str(data["granularity"]), str(data["script"]),
-                            [str(a) for a in data["script_args"]], result, dict(data["environment"]))
-        expected = str(ref["sha256"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TraceError(f"{manifest_path}: malformed baseline manifest (field {exc})") from None
+    manifest = BaselineManifest.from_dict(data, str(manifest_path))
+    ref = manifest.reference
+    trace = directory / ref.trace
+    printed = directory / STDOUT
+    result = RepeatResult(index=0, device=ref.device, exit_code=ref.exit_code, duration_s=0.0, timed_out=False,
+                          trace=str(trace.resolve()), stdout=str(printed.resolve()) if printed.is_file() else "",
+                          stderr="", stdout_digest=ref.stdout_digest)
+    baseline = Baseline(directory, trace, manifest.granularity, manifest.script, list(manifest.script_args), result,
+                        dict(manifest.environment))
     if trace.parent != directory or not trace.is_file():
-        raise TraceError(f"{manifest_path}: its trace {ref['trace']!r} is missing")
-    if _sha256(trace) != expected:
+        raise TraceError(f"{manifest_path}: its trace {ref.trace!r} is missing")
+    if _sha256(trace) != ref.sha256:
         raise TraceError(f"{trace}: does not match the checksum in {MANIFEST} (edited or corrupt); "
                          "record the baseline again")
     return baseline
 
 
-def check(baseline: Baseline, run_dir: Path, record: dict[str, Any], results: Sequence[RepeatResult],
+def check(baseline: Baseline, run_dir: Path, record: RunRecord, results: Sequence[RepeatResult],
           stdout: StdoutMode = DEFAULT_STDOUT) -> BaselineCheck:
     """Compare the run's first repeat with the baseline, and list what changed around it."""
     current = results[0]
     trace = Path(run_dir) / current.trace
     labels = [baseline.result.device, current.device]  # same device: bit for bit; else within the tolerance
-    comparison = compare_traces([baseline.trace, trace], labels, tolerance_of(record),
+    comparison = compare_traces([baseline.trace, trace], labels, record.tolerance,
                                 truncated=[False, current.timed_out])
     outcome = outcome_divergence([baseline.result, replace(current, index=1)], stdout, Path(run_dir))
     divergence = comparison.first_divergence or outcome
@@ -165,9 +155,9 @@ def check(baseline: Baseline, run_dir: Path, record: dict[str, Any], results: Se
         divergence = outcome
     now = fingerprint(record, trace, current.device) if trace.is_file() else {}
     changes = environment_changes(baseline.environment, now)
-    if baseline.script_args != list(record.get("script_args", [])):
+    if baseline.script_args != list(record.script_args):
         changes.insert(0, EnvironmentChange("script arguments", " ".join(baseline.script_args) or "(none)",
-                                            " ".join(record.get("script_args", [])) or "(none)"))
+                                            " ".join(record.script_args) or "(none)"))
     return BaselineCheck(str(baseline.path), divergence, changes, comparison.records_compared,
                          comparison.records_differing, comparison.by_step)
 

@@ -18,13 +18,7 @@ from typing import TYPE_CHECKING, Any
 from detaudit import __version__
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
 from detaudit.compare.traces import Comparison, Divergence, RecordInfo, StepSpread
-from detaudit.errors import (
-    EXIT_DETERMINISTIC,
-    EXIT_DIVERGENT,
-    EXIT_INCONCLUSIVE,
-    EXIT_SCRIPT_FAILED,
-    EXIT_TIMEOUT,
-)
+from detaudit.errors import ExitCode
 from detaudit.results import Cause, Experiment, RepeatResult, Role, Verdict
 from detaudit.run.files import write_output
 
@@ -165,13 +159,13 @@ class Report:
         return self.distributed.replica_divergence if self.distributed is not None else None
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> ExitCode:
         if self.timed_out:
-            return EXIT_TIMEOUT
+            return ExitCode.TIMEOUT
         if self.verdict == "deterministic" and self.baseline is not None and not self.baseline.matches:
-            return EXIT_DIVERGENT  # the repeats agree with each other, not with the baseline
-        return {"failed": EXIT_SCRIPT_FAILED, "divergent": EXIT_DIVERGENT,
-                "inconclusive": EXIT_INCONCLUSIVE}.get(self.verdict, EXIT_DETERMINISTIC)
+            return ExitCode.DIVERGENT  # the repeats agree with each other, not with the baseline
+        return {"failed": ExitCode.SCRIPT_FAILED, "divergent": ExitCode.DIVERGENT,
+                "inconclusive": ExitCode.INCONCLUSIVE}.get(self.verdict, ExitCode.DETERMINISTIC)
 
 
 @dataclass

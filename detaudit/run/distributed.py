@@ -203,18 +203,9 @@ def runs_our_child(pid: int, run_dir: Path) -> bool:
                                                                          for part in cmdline)
 
 
-def run_record(nproc_per_node: int | None, torchrun_args: list[str] | None = None) -> dict[str, Any]:
-    """What run.json (and each rank's config) says about the launch; empty for a single process."""
-    if not nproc_per_node:
-        return {}
-    return {"nproc_per_node": nproc_per_node, **({} if torchrun_args is None else {"torchrun_args": torchrun_args})}
-
-
-def options_of(record: dict[str, Any]) -> dict[str, Any]:
-    """AuditOptions fields to re-run a recorded run the same way (--explain)."""
-    if not record.get("nproc_per_node"):
-        return {}
-    return {"nproc_per_node": int(record["nproc_per_node"]), "torchrun_args": list(record.get("torchrun_args", []))}
+def rank_config(nproc_per_node: int | None) -> dict[str, Any]:
+    """What each rank's child config says about the launch; empty for a single process."""
+    return {"nproc_per_node": nproc_per_node} if nproc_per_node else {}
 
 
 def launcher(nproc_per_node: int | None, torchrun_args: list[str], script: Path | str, script_args: list[str],
