@@ -10,7 +10,8 @@ _active: Any = None
 
 
 def checkpoint(name: str, obj: Any) -> None:
-    """Record `obj` (a tensor, module, optimizer, or nested dict/list/tuple of them) under `name`.
+    """Record `obj` (a tensor, module, optimizer, NumPy array, Python value, or nested dict/list/tuple of
+    them) under `name`.
 
     A no-op unless the script runs under `detaudit run`, so it can stay in production code. `name` is
     checked either way (a TypeError into the script), so the script behaves the same under plain python.
@@ -20,7 +21,7 @@ def checkpoint(name: str, obj: Any) -> None:
     if _active is not None:
         from detaudit.trace import Kind
 
-        _active.record(Kind.CHECKPOINT, name, obj)
+        _active.record_object(Kind.CHECKPOINT, name, obj)
 
 
 def _set_active_recorder(recorder: Any) -> None:

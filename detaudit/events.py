@@ -282,6 +282,7 @@ class DdpEvent(_Event):
     gradient_as_bucket_view: bool
     static_graph: bool
     find_unused_parameters: bool
+    buffers: NotRequired[list[str]]  # buffers DDP broadcasts from rank 0 before each forward (broadcast_buffers)
 
 
 class SamplerEpochEvent(_Event):
@@ -305,13 +306,22 @@ class CarriedEvent(_Event):
     entries: list[str]  # a listing: the entries an earlier repeat created or modified (at most 8, sorted)
 
 
+class UnobservedEvent(_Event):
+    """A value passed to torch.save (or detaudit.checkpoint) that could not be encoded: not compared."""
+
+    type: Literal["unobserved"]
+    what: str  # its path: `torch.save[0].args`
+    name: str  # its type (`mylib.Config`), or why it was not walked (`nested deeper than 32`)
+    loc: str
+
+
 Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, OpEvent, ModulesEvent, EmptyEvent,
               EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, ClockReadsEvent, EnvironmentEvent, CompileEvent,
-              DdpEvent, SamplerEpochEvent, CarriedEvent]
+              DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent]
 Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
-               "clock", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried"]
+               "clock", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried", "unobserved"]
 
 E = TypeVar("E")
 

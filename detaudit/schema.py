@@ -177,6 +177,7 @@ EVENT = Obj({
     "python": STR_OR_NONE, "torch": STR_OR_NONE, "numpy": STR_OR_NONE, "cuda": STR_OR_NONE, "cudnn": INT_OR_NONE,
     "driver": STR_OR_NONE, "cpu": STR_OR_NONE, "machine": STR_OR_NONE, "os": STR_OR_NONE,
     "device_request": STR_OR_NONE, "git": OneOf((dict, NONE)), "params": ListOf(str), "ignored": ListOf(str),
-    "bucket_cap_mb": None, "gradient_as_bucket_view": bool, "static_graph": bool, "find_unused_parameters": bool,
+    "buffers": ListOf(str), "bucket_cap_mb": None, "gradient_as_bucket_view": bool, "static_graph": bool,
+    "find_unused_parameters": bool,
     "epoch": Int(), "iterations": Int(), "seed": INT_OR_NONE, "path": str, "entries": ListOf(str),
 }, frozenset({"at", "type"}))

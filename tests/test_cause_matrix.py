@@ -60,6 +60,7 @@ MATRIX = [
     Row("train_regressor.py", "unseeded-numpy-rng", "unseeded-numpy-rng", NOT_SEED),
     Row("fit_regression.py", "unseeded-numpy-rng", "unseeded-numpy-rng", NOT_SEED),
     Row("train_epochs.py", "unseeded-numpy-rng", "unseeded-numpy-rng", NOT_SEED),
+    Row("train_bn_tuned.py", "unseeded-python-rng", "unseeded-python-rng", NOT_SEED),  # seen in buffers only
     Row("train_tabular.py", "unseeded-python-rng", "unseeded-python-rng", NOT_SEED),
     Row("train_autoencoder.py", "varying-seed", "varying-seed"),
     Row("embed_train.py", "python-hash-seed", "python-hash-seed", NOT_SEED, toss_up=ORDER),
@@ -124,13 +125,16 @@ NOT_IN_MATRIX = {
     "train_and_report.py": "crashes in a random 37.5% of repeats (MANIFEST.md)",
     "prepare_features.py": "a cache left by the previous repeat decides the outcome (test_e2e_run)",
     "train_sharded.py": "needs a folder shared by the repeats as its argument (test_e2e_run)",
+    "train_resumable.py": "its divergence (test_e2e_run) is an unseeded RNG's state saved but never drawn from: "
+                          "no detector reads a state export yet, python-hash-seed is offered (causes: a separate "
+                          "issue)",
     "train_char_gpt.py": "each repeat compiles for minutes, and its inductor race shows in 1 of 3 plain runs "
                          "(test_e2e_compile)",
     "score_sparse_features.py": "a verdict over sparse and nested layouts, not a cause (test_e2e_run)",
     "finalize_export.py": "a verdict over work in an atexit handler, not a cause (test_e2e_run)",
     **{name: "a torchrun job: audited with --nproc-per-node 2, rank by rank (test_e2e_distributed)"
        for name in ("train_ddp.py", "train_ddp_seeded_main.py", "train_ddp_rank_init.py", "train_ddp_clipped.py",
-                    "train_ddp_wait.py", "train_ddp_fast_exit.py")},
+                    "train_ddp_wait.py", "train_ddp_fast_exit.py", "train_ddp_collectives.py")},
 }
 
 

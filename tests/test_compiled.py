@@ -51,9 +51,9 @@ def test_inference_tensors_are_recorded_and_never_served_from_the_cache(tmp_path
     rec = _recorder(tmp_path)
     with torch.inference_mode():
         t = torch.ones(4)
-        rec.record(Kind.CHECKPOINT, "x", t)
+        rec.record_object(Kind.CHECKPOINT, "x", t)
         t.add_(1)  # in place, with no version counter to tell
-        rec.record(Kind.CHECKPOINT, "x", t)
+        rec.record_object(Kind.CHECKPOINT, "x", t)
     assert version_of(t) != version_of(t)
     rec.close({"exit_code": 0})
     digests = read_trace(tmp_path / "t.trace").records["digest"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from detaudit.trace import read_trace
+from detaudit.trace import Flag, read_trace
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.process,
@@ -24,8 +24,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.process,
 TIMEOUT = 600  # two cores shared with others: a 2-rank launch can take a minute
 
 
-def audit(scripts: Path, tmp_path: Path, script: str, *extra: str) -> Any:
-    return run_cli(["run", str(scripts / script), "-n", "2", "--nproc-per-node", "2", "--granularity", "module",
+def audit(scripts: Path, tmp_path: Path, script: str, *extra: str, granularity: str = "module") -> Any:
+    return run_cli(["run", str(scripts / script), "-n", "2", "--nproc-per-node", "2", "--granularity", granularity,
                     "--out", "run", "--json", "report.json", *extra], cwd=tmp_path, timeout=TIMEOUT)
 
 
@@ -95,6 +95,41 @@ def test_parameter_changed_on_one_rank_is_a_replica_divergence(scripts: Path, tm
     assert replica["name"] == "module.2.weight" and replica["ranks"] == [1] and replica["reference"] == 0
     assert replica["repeats"] == [0, 1] and replica["max_abs_diff"] > 0
     assert "DDP replicas differ" in result.stdout
+
+
+def test_every_collective_into_empty_buffers_is_deterministic_and_never_uninitialised(scripts: Path,
+                                                                                     tmp_path: Path) -> None:
+    """all_gather, all_gather_into_tensor, reduce_scatter, all_to_all, all_reduce, broadcast, send/recv and
+    barrier, each writing into torch.empty buffers, recorded op by op: their outputs are written, not read,
+    and hashed once the collective has written them."""
+    result = audit(scripts, tmp_path, "train_ddp_collectives.py", "--timeout", "300", granularity="op")
+    assert result.returncode == 0, result.output
+    assert result.report is not None and result.report["verdict"] == "deterministic"
+    for rank in range(2):
+        trace = read_trace(tmp_path / "run" / f"repeat-0.rank-{rank}.trace")
+        ops = {trace.strings[r["name"]].split(".")[1] for r in trace.records
+               if trace.strings[r["name"]].startswith("c10d.")}
+        assert {"allgather_", "_allgather_base_", "reduce_scatter_", "alltoall_", "allreduce_", "broadcast_",
+                "recv_"} <= ops
+        uninit = [trace.strings[r["name"]] for r in trace.records if int(r["flags"]) & Flag.UNINIT]
+        assert uninit == [], uninit
+        assert not [r for r in trace.records if int(r["flags"]) & Flag.NO_DATA]  # every async output was read
+
+
+def test_one_rank_fed_by_an_unseeded_generator_through_collectives_is_the_origin(scripts: Path,
+                                                                               tmp_path: Path) -> None:
+    # auto: the op-level re-run shows rank 0's all_gather output differing from equal inputs (received)
+    # and rank 1's fed its own differing data (born there); module records alone see both batches differ
+    result = audit(scripts, tmp_path, "train_ddp_collectives.py", "--timeout", "300", "--no-explain", "--",
+                   "--unseeded-rank", "1", granularity="auto")
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "divergent"
+    by_rank = ranks(report)
+    assert by_rank[1]["role"] == "origin" and by_rank[0]["role"] == "receiver"
+    assert report["first_divergence"]["rank"] == 1
+    assert report["causes"][0]["id"] == "unseeded-numpy-rng"
+    assert all(c["id"] != "uninitialized-memory" for c in report["causes"])
 
 
 def _alive(pid: int) -> bool:

@@ -242,3 +242,21 @@ def test_a_save_in_an_atexit_handler_that_differs_per_run_is_divergent(tmp_path:
     assert first["location"].endswith("finalize_export.py:12"), first  # the save in the handler
     assert all(r["complete"] and r["exit_code"] == 0 for r in report["runs"])
     assert_exact_first_divergence(tmp_path / "run", report)
+
+
+def test_running_statistics_that_differ_make_a_divergence_at_a_buffer(tmp_path: Path) -> None:
+    """Parameters, gradients and outputs agree (batch statistics in training); BatchNorm's running
+    statistics, updated with another momentum in each repeat, do not."""
+    result = audit(tmp_path, "train_bn_tuned.py")
+    assert result.returncode == 1, result.output
+    first = result.report["first_divergence"]  # type: ignore[index]
+    assert (first["kind"], first["name"], first["step"]) == ("buffer", "1.running_mean", 0)
+
+
+def test_a_checkpoint_whose_rng_states_differ_names_the_path_inside_it(tmp_path: Path) -> None:
+    """The model, optimizer and torch RNG state agree; NumPy's and Python's RNG states, never seeded, do not:
+    torch.save's non-tensor values are compared too."""
+    result = audit(tmp_path, "train_resumable.py")
+    assert result.returncode == 1, result.output
+    first = result.report["first_divergence"]  # type: ignore[index]
+    assert (first["kind"], first["name"]) == ("save", "torch.save[0].rng.numpy[1]")

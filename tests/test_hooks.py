@@ -131,3 +131,74 @@ def test_an_optimizer_whose_step_runs_the_forward_itself_is_no_partner_of_the_st
         loop.body.zero_grad(set_to_none=True)
     assert loop.recorder.step == 5  # five optimizer steps, five training steps
     assert loop.steps(Kind.OUTPUT, "Pair") == [0, 1, 2, 3, 4]
+
+
+class Normed(torch.nn.Module):
+    """A model with state beside its parameters: BatchNorm's running statistics and step counter, and an
+    EMA shadow kept as a buffer."""
+
+    def __init__(self, momentum: float = 0.1) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+        self.bn = torch.nn.BatchNorm1d(3, momentum=momentum)
+        self.register_buffer("ema", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn(self.fc(x))
+        with torch.no_grad():
+            self.ema.mul_(0.9).add_(out.mean(0), alpha=0.1)
+        return out
+
+
+def _buffer_records(path: Path) -> list[tuple[int, str, int]]:
+    trace = read_trace(path)
+    return [(int(r["step"]), trace.strings[r["name"]], int(r["digest"])) for r in trace.records
+            if r["kind"] == int(Kind.BUFFER)]
+
+
+def _train(tmp_path: Path, momentum: float, name: str) -> list[tuple[int, str, int]]:
+    torch.manual_seed(0)
+    path = tmp_path / name
+    recorder = Recorder(TraceWriter(path, {"repeat": 0}))
+    hooks = Hooks(recorder)
+    model = Normed(momentum)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        hooks._on_forward_pre(model, ())
+        out = model(torch.arange(6.0).view(2, 3))
+        hooks._on_forward(model, (), out)
+        out.sum().backward()
+        hooks._on_step_pre(optimizer, (), {})
+        optimizer.step()
+        hooks._on_step_post(optimizer, (), {})
+    recorder.close({"exit_code": 0})
+    return _buffer_records(path)
+
+
+def test_buffers_are_recorded_with_the_parameters_after_each_step_and_differ_with_their_updates(
+        tmp_path: Path) -> None:
+    records = _train(tmp_path, 0.1, "a.trace")
+    names = ["ema", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
+    # the first forward, before any optimizer step, records them as inference would; then each step
+    assert [(s, n) for s, n, _ in records] == [(s, n) for s in (0, 0, 1) for n in names]
+    assert records == _train(tmp_path, 0.1, "b.trace")  # deterministic: equal digests
+    other = _train(tmp_path, 0.2, "c.trace")  # another BatchNorm momentum: other running statistics
+    differ = [n for (_, n, d), (_, _, e) in zip(records, other, strict=True) if d != e]
+    assert set(differ) == {"bn.running_mean", "bn.running_var"}  # the counter counts the same; the EMA tracks
+    # normalised outputs, which momentum does not change
+
+
+def test_in_inference_a_buffer_is_recorded_when_a_forward_changed_it(tmp_path: Path) -> None:
+    path = tmp_path / "t.trace"
+    recorder = Recorder(TraceWriter(path, {"repeat": 0}))
+    hooks = Hooks(recorder)
+    model = Normed()
+    model.bn.eval()  # running statistics are used, not updated; the EMA still moves
+    for _ in range(3):
+        hooks._on_forward_pre(model, ())
+        out = model(torch.ones(2, 3))
+        hooks._on_forward(model, (), out)
+    recorder.close({"exit_code": 0})
+    names = [n for _, n, _ in _buffer_records(path)]
+    # the first forward records every buffer once; later ones only the EMA, which each forward wrote
+    assert names == ["ema", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked", "ema", "ema"]

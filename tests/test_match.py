@@ -30,6 +30,15 @@ def test_match_counts_records_by_kind_and_says_what_was_not_observed(tmp_path: P
     assert "stdout (ignored, or not recorded)" in m.not_observed and m.stdout_compared == "no"
 
 
+def test_values_torch_save_could_not_encode_are_listed_as_not_observed(tmp_path: Path) -> None:
+    recs = training_records(steps=2, layers=1)
+    event = {"type": "unobserved", "what": "torch.save[0].config", "name": "mylib.Config", "loc": "t.py:3"}
+    paths = [write_trace(tmp_path / f"r{i}.trace", recs, {"exit_code": 0}, events=[(1, event)]) for i in range(2)]
+    m = describe_match(paths[0], compare_traces(paths, ["cpu", "cpu"]), bitwise=True, tolerance=Tolerance(),
+                       granularity="module", stdout="ignore", devices=["cpu", "cpu"])
+    assert any("torch.save[0].config (mylib.Config)" in line for line in m.not_observed)
+
+
 def test_the_perturbed_record_is_plain_and_in_the_middle_step(tmp_path: Path) -> None:
     recs = training_records(steps=4, layers=2)
     recs[6] = recs[6].but(flags=int(Flag.NO_DATA))  # contents unreadable: a change there cannot show
@@ -58,7 +67,7 @@ def test_the_change_lands_at_its_record_on_the_device_path_too(tmp_path: Path) -
         rec = Recorder(TraceWriter(tmp_path / f"{sub}.trace", {"repeat": 0}), device_path_on_cpu=True)
         rec.perturb_at = perturb
         for i in range(6):
-            rec.record(Kind.CHECKPOINT, f"t{i}", torch.arange(4.0) + i)
+            rec.record_object(Kind.CHECKPOINT, f"t{i}", torch.arange(4.0) + i)
         rec.close({"exit_code": 0})
         digests.append(read_trace(tmp_path / f"{sub}.trace").records["digest"])
     assert [i for i in range(6) if digests[0][i] != digests[1][i]] == [3]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -135,7 +136,7 @@ def test_reading_never_written_memory_is_flagged(tmp_path: Path) -> None:
 
 def test_detaudit_own_tensor_work_is_not_recorded_as_ops(tmp_path: Path) -> None:
     def body(rec: Recorder) -> None:
-        rec.record(Kind.CHECKPOINT, "x", torch.randn(4, 6).t())
+        rec.record_object(Kind.CHECKPOINT, "x", torch.randn(4, 6).t())
 
     trace = rows(record(tmp_path / "t.trace", body))
     assert [r["name"] for r in trace] == ["aten.randn.default", "x"]
@@ -263,3 +264,92 @@ def test_ops_on_sparse_and_nested_tensors_are_recorded_and_never_raise_into_the_
     # the products and the relu, with their contents (torch's own meta bookkeeping tensors have none)
     assert {("aten.mul.Tensor", False), ("aten.relu.default", False)} <= recorded, recorded
     assert ("aten.mul.Tensor", True) not in recorded
+
+
+def _garbage(t: torch.Tensor, seed: int) -> torch.Tensor:
+    """Leftover bytes that differ per recording, written without an op (the recorder still sees the memory
+    as never written, as it sees torch.empty's)."""
+    t.numpy()[:] = (seed + 1) * 1e9
+    return t
+
+
+# Every c10d collective a one-rank gloo group runs, each writing into buffers from torch.empty.
+COLLECTIVES: dict[str, Callable[[torch.Tensor, int], list[torch.Tensor]]] = {}
+
+
+def _collectives() -> None:
+    import torch.distributed as dist
+
+    def fresh(seed: int) -> torch.Tensor:
+        return _garbage(torch.empty(4), seed)
+
+    def gather(x: torch.Tensor, s: int) -> list[torch.Tensor]:
+        outs = [fresh(s)]
+        dist.all_gather(outs, x)
+        return outs
+
+    def each(call: Callable[[torch.Tensor, torch.Tensor], Any]) -> Callable[[torch.Tensor, int], list[torch.Tensor]]:
+        def run(x: torch.Tensor, s: int) -> list[torch.Tensor]:
+            out = fresh(s)
+            call(out, x)
+            return [out]
+
+        return run
+
+    def broadcast(x: torch.Tensor, s: int) -> list[torch.Tensor]:
+        out = fresh(s)
+        out.copy_(x)  # the root reads what it sends
+        dist.broadcast(out, 0)
+        return [out]
+
+    def all_reduce_async(x: torch.Tensor, s: int) -> list[torch.Tensor]:
+        y = x.clone()
+        dist.all_reduce(y, async_op=True).wait()
+        return [y]
+
+    COLLECTIVES.update({
+        "all_reduce": all_reduce_async,
+        "all_gather": gather,
+        "all_gather_into_tensor": each(lambda o, x: dist.all_gather_into_tensor(o, x)),
+        "reduce_scatter": each(lambda o, x: dist.reduce_scatter(o, [x])),
+        "reduce_scatter_tensor": each(lambda o, x: dist.reduce_scatter_tensor(o, x)),
+        "broadcast": broadcast,
+        "all_to_all": each(lambda o, x: dist.all_to_all([o], [x])),
+        "all_to_all_single": each(lambda o, x: dist.all_to_all_single(o, x)),
+        "scatter": each(lambda o, x: dist.scatter(o, [x], 0)),
+        "gather": each(lambda o, x: dist.gather(x, [o], 0)),
+        "barrier": lambda x, s: [x + 0 if dist.barrier() is None else x],
+    })
+
+
+_collectives()
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator[None]:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", sorted(COLLECTIVES))
+def test_a_collectives_outputs_are_written_not_read(name: str, one_rank: None, tmp_path: Path) -> None:
+    """Its output buffers (from torch.empty, holding other leftovers in each recording) are no inputs and
+    no never-written memory: two recordings agree record for record, and nothing is flagged uninitialised,
+    neither the collective nor the op that reads what it wrote."""
+    traces = []
+    for seed in range(2):
+        def body(rec: Recorder, seed: int = seed) -> None:
+            outs = COLLECTIVES[name](torch.arange(4.0), seed)
+            torch.stack(outs).sum()
+
+        traces.append(rows(record(tmp_path / f"{seed}.trace", body)))
+    assert [(r["name"], r["digest"], r["ins"]) for r in traces[0]] == \
+        [(r["name"], r["digest"], r["ins"]) for r in traces[1]]
+    assert not [r["name"] for r in traces[0] if r["flags"] & Flag.UNINIT]
+    if name != "barrier":
+        assert any(r["name"].startswith("c10d.") for r in traces[0])

@@ -181,6 +181,27 @@ def test_a_collective_op_behind_the_divergence_makes_a_receiver(tmp_path: Path) 
         assert classify(divergence, [path], found) == role
 
 
+def test_a_collective_fed_different_data_by_this_rank_makes_an_origin(tmp_path: Path) -> None:
+    """A rank whose own (unseeded) data reaches an all_gather first: the collective's inputs differ and
+    nothing before it did, so the divergence was born on this rank, not received."""
+    path = write_trace(tmp_path / "t.trace", [], {"exit_code": 0})
+    rec = RecordInfo(4, "op", "c10d.allgather_.default", "", "train.py:15", 0, "4x8", "float32",
+                     "c10d.allgather_.default", False)
+    for verdict, role in (("inputs-differ", "origin"), ("nondeterministic-op", "receiver")):
+        found = OpFinding(verdict, rec, [1], 0)  # type: ignore[arg-type]
+        assert classify(Divergence(4, "content", rec, [1], 0), [path], found) == role
+
+
+def test_a_buffer_ddp_broadcasts_is_received_and_one_it_does_not_is_born_here(tmp_path: Path) -> None:
+    """DDP (broadcast_buffers) sends rank 0's running statistics before each forward: a rank whose buffer is
+    the first thing to differ received it; a buffer DDP does not broadcast differs by this rank's doing."""
+    event = {**DDP, "buffers": ["module.bn.running_mean"]}
+    path = write_trace(tmp_path / "t.trace", [], {"exit_code": 0}, events=[(0, event)])
+    for name, role in (("bn.running_mean", "receiver"), ("ema.shadow", "origin")):
+        rec = RecordInfo(9, "buffer", name, "", "train.py:30", 1, "8", "float32", "", False)
+        assert classify(Divergence(9, "content", rec, [1], 0), [path]) == role
+
+
 def test_compare_refuses_a_torchrun_run_directory_and_names_a_rank_trace(tmp_path: Path) -> None:
     rank = step_records(0, 10, 20, 30)
     run = write_dist_run(tmp_path / "run", [[rank, rank], [rank, rank]])

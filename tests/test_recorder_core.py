@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from detaudit.recorder import core
 from detaudit.recorder.core import Recorder, iter_tensors, one_ulp
+from detaudit.recorder.fingerprint import fingerprint
 from detaudit.trace import Flag, Kind, TraceWriter, read_trace
 
 
@@ -28,9 +30,9 @@ def test_device_path_on_cpu_gives_the_same_records_as_host_path_apart_from_diges
         (tmp_path / sub).mkdir()
         rec = _recorder(tmp_path / sub, device_path_on_cpu=device_path)
         for i, t in enumerate(tensors):
-            rec.record(Kind.CHECKPOINT, f"t{i}", t)
+            rec.record_object(Kind.CHECKPOINT, f"t{i}", t)
         rec.end_step()
-        rec.record(Kind.CHECKPOINT, "after", tensors[0] * 2)
+        rec.record_object(Kind.CHECKPOINT, "after", tensors[0] * 2)
         rec.close({"exit_code": 0})
         traces.append(read_trace(tmp_path / sub / "t.trace"))
     host, device = traces
@@ -52,7 +54,7 @@ def test_device_path_is_resolved_in_one_batch_per_step(tmp_path: Path, monkeypat
     rec = _recorder(tmp_path, device_path_on_cpu=True)
     monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
     for i in range(10):
-        rec.record(Kind.CHECKPOINT, f"t{i}", torch.randn(8))
+        rec.record_object(Kind.CHECKPOINT, f"t{i}", torch.randn(8))
     rec.end_step()
     assert len(transfers) == 1
     monkeypatch.undo()
@@ -68,11 +70,11 @@ def test_a_tensor_recorded_twice_in_a_step_is_hashed_once_unless_modified(tmp_pa
     monkeypatch.setattr(core, "fingerprint_cpu", lambda t: calls.append(1) or original(t))
     rec = _recorder(tmp_path)
     t = torch.randn(16)
-    rec.record(Kind.OUTPUT, "a", t)
-    rec.record(Kind.OUTPUT, "b", t)
+    rec.record_object(Kind.OUTPUT, "a", t)
+    rec.record_object(Kind.OUTPUT, "b", t)
     assert len(calls) == 1
     t.add_(1)  # bumps the version counter: must be hashed again
-    rec.record(Kind.OUTPUT, "c", t)
+    rec.record_object(Kind.OUTPUT, "c", t)
     assert len(calls) == 2
     rec.close({"exit_code": 0})
     records = read_trace(tmp_path / "t.trace").records
@@ -89,7 +91,7 @@ def test_a_digest_is_not_reused_across_forwards_of_a_root_when_written_through_n
     for value in (0.0, 1.0):
         buf[:] = value
         rec.root_forward(1)  # the pre hook of root module 1: the second call starts a new iteration
-        rec.record(Kind.INPUT, "net.input", x)
+        rec.record_object(Kind.INPUT, "net.input", x)
     rec.close({"exit_code": 0})
     records = read_trace(tmp_path / "t.trace").records
     assert records["digest"][0] != records["digest"][1]
@@ -98,9 +100,9 @@ def test_a_digest_is_not_reused_across_forwards_of_a_root_when_written_through_n
 def test_rows_and_awaiting_device_digests_keep_record_order_in_the_pending_queue(tmp_path: Path) -> None:
     """A finished row (a meta tensor's) queued between records awaiting device digests is written in place."""
     rec = _recorder(tmp_path, device_path_on_cpu=True)
-    rec.record(Kind.CHECKPOINT, "a", torch.randn(3))
-    rec.record(Kind.CHECKPOINT, "m", torch.empty(2, device="meta"))
-    rec.record(Kind.CHECKPOINT, "b", torch.arange(4))
+    rec.record_object(Kind.CHECKPOINT, "a", torch.randn(3))
+    rec.record_object(Kind.CHECKPOINT, "m", torch.empty(2, device="meta"))
+    rec.record_object(Kind.CHECKPOINT, "b", torch.arange(4))
     assert [type(p).__name__ for p in rec._pending] == ["DeviceRecord", "tuple", "DeviceRecord"]
     rec.close({"exit_code": 0})
     tr = read_trace(tmp_path / "t.trace")
@@ -127,7 +129,7 @@ def test_every_layout_is_recorded_with_its_contents_except_meta(tmp_path: Path, 
     tensors = _every_layout()
     rec = _recorder(tmp_path, device_path_on_cpu=device_path)
     for name, t in tensors.items():
-        rec.record(Kind.SAVE, name, t)
+        rec.record_object(Kind.SAVE, name, t)
     rec.close({"exit_code": 0})
     tr = read_trace(tmp_path / "t.trace")
     flags = {tr.strings[n]: int(f) & Flag.NO_DATA for n, f in zip(tr.records["name"], tr.records["flags"])}
@@ -172,3 +174,72 @@ def test_a_checkpoint_name_that_is_no_string_raises_a_type_error_into_the_script
     rec.close({"exit_code": 0})
     tr = read_trace(tmp_path / "t.trace")
     assert [tr.strings[i] for i in tr.records["name"]] == ["fine"]
+
+
+class _Work:
+    """A c10d Work stand-in: its future completes when the test says the collective is done."""
+
+    def __init__(self) -> None:
+        self.future: torch.futures.Future[None] = torch.futures.Future()
+
+    def get_future(self) -> torch.futures.Future[None]:
+        return self.future
+
+
+def test_a_collectives_output_is_hashed_when_its_work_completes_and_written_in_record_order(tmp_path: Path) -> None:
+    path = tmp_path / "t.trace"
+    rec = Recorder(TraceWriter(path, {"repeat": 0}))
+    out, work = torch.zeros(4), _Work()
+    rec.record_when_done(work, Kind.OP, rec.intern("c10d.allgather_.default"), out, 0, 0, 0, 0, (1, 1))
+    rec.record_object(Kind.CHECKPOINT, "after", torch.ones(2))
+    rec.resolve_pending()  # an optimizer step while the collective still runs: nothing can be written yet
+    assert rec.writer.position == 0
+    out.fill_(7.0)  # the collective writes its output, then completes
+    work.future.set_result(None)
+    out.fill_(-1.0)  # the script reuses the buffer once it has waited: not what the collective wrote
+    rec.close({"exit_code": 0})
+    trace = read_trace(path)
+    assert [trace.strings[r["name"]] for r in trace.records] == ["c10d.allgather_.default", "after"]
+    assert int(trace.records[0]["digest"]) == fingerprint(torch.full((4,), 7.0)).digest
+
+
+def test_a_collective_that_never_completes_is_recorded_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(core, "ASYNC_CLOSE_WAIT_S", 0.01)
+    path = tmp_path / "t.trace"
+    rec = Recorder(TraceWriter(path, {"repeat": 0}))
+    rec.record_when_done(_Work(), Kind.OP, rec.intern("c10d.recv_.default"), torch.zeros(3), 0, 0, 0, 0, (1, 1))
+    rec.close({"exit_code": 0})
+    (row,) = read_trace(path).records
+    assert int(row["flags"]) & Flag.NO_DATA
+
+
+class _P2PWork:
+    """gloo's send/recv Work: no future; completed once the script has waited for it."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def get_future(self) -> None:
+        raise RuntimeError("Work::getFuture not implemented.")
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self) -> None:
+        raise AssertionError("the recorder must never wait for the script's work (a second wait blocks for ever)")
+
+
+def test_a_recv_without_a_future_is_hashed_at_the_first_poll_after_the_script_waited(tmp_path: Path) -> None:
+    path = tmp_path / "t.trace"
+    rec = Recorder(TraceWriter(path, {"repeat": 0}))
+    buf, work = torch.zeros(3), _P2PWork()
+    rec.record_when_done(work, Kind.OP, rec.intern("c10d.recv_.default"), buf, 0, 0, 0, 0, (1, 1))
+    rec.poll_async()
+    assert rec.polled  # still receiving
+    buf.fill_(5.0)
+    work.done = True  # the script's wait() returned
+    rec.poll_async()  # the op recorder polls before the next op
+    buf.fill_(0.0)
+    rec.close({"exit_code": 0})
+    (row,) = read_trace(path).records
+    assert int(row["digest"]) == fingerprint(torch.full((3,), 5.0)).digest and not int(row["flags"]) & Flag.NO_DATA

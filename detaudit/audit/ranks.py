@@ -10,8 +10,8 @@ across ranks. A rank's role says where the nondeterminism was born:
 - receiver: its first divergent record is fed by a collective (gradients of DDP-replicated
   parameters after the all-reduce, and the parameters and optimizer state the step makes of
   them) while everything it computed locally before (inputs, forward outputs, loss) matched;
-  or, with op records, the op behind its divergence is a collective (`c10d.allgather_`...),
-  whose output is other ranks' data.
+  or, with op records, the op behind its divergence is a collective (`c10d.allgather_`...) whose
+  inputs matched: its output is other ranks' data (one whose inputs differed was fed this rank's data).
 
 The run's `first_divergence` is the earliest origin (by step, then rank); the earliest receiver
 when no rank is an origin (the collective itself, or a rank that recorded nothing, is then the source).
@@ -36,7 +36,7 @@ from detaudit.run.distributed import Layout, node_rank, rank_error, root_cause
 from detaudit.run.failure import excerpt, from_footer
 from detaudit.trace import Kind, RecordStream
 
-COLLECTIVE_FED = ("grad", "param", "optstate")
+COLLECTIVE_FED = ("grad", "param", "optstate", "buffer")
 COLLECTIVE_OPS = ("c10d.", "_c10d_functional.", "c10d_functional.")  # op records of collectives (op granularity)
 _SIGNALS = {6: "SIGABRT", 11: "SIGSEGV", 9: "SIGKILL", 15: "SIGTERM", 7: "SIGBUS"}
 
@@ -133,8 +133,10 @@ def classify(d: Divergence, traces: Sequence[Path], found: OpFinding | None = No
     """Origin or receiver (module docstring): a receiver's first difference is a collective's output;
     `found`: the op behind `d` (Report.op_finding)."""
     rec = d.record
-    if found is not None and found.record.op.startswith(COLLECTIVE_OPS):
-        return "receiver"  # the op behind it is a collective: its output carries the other ranks' data
+    if found is not None and found.record.op.startswith(COLLECTIVE_OPS) and found.verdict != "inputs-differ":
+        return "receiver"  # a collective's output differs from equal inputs here: it carries the other ranks' data
+    # (a collective whose inputs already differed, with nothing before it differing, was fed this rank's own
+    # data from outside: the divergence was born here)
     if d.category != "content" or rec is None or rec.kind not in COLLECTIVE_FED:
         return "origin"
     if found is not None and found.verdict != "inputs-differ":
@@ -145,13 +147,14 @@ def classify(d: Divergence, traces: Sequence[Path], found: OpFinding | None = No
 
 
 def collective_fed_params(path: Path) -> set[str] | None:
-    """Names of the parameters whose gradients a collective produced: DDP's replicas; None (all of
-    them) when the script all-reduces tensors itself; empty when no collective touched gradients."""
+    """Names of the parameters whose gradients a collective produced (DDP's replicas) and of the buffers DDP
+    broadcasts; None (all of them) when the script all-reduces tensors itself; empty when no collective
+    touched them."""
     events = _events(path)
     if any(e.get("type") == "collective" and e.get("what") in ("all_reduce", "reduce_scatter", "reduce_scatter_tensor")
            for e in events):
         return None
-    return {str(n) for e in events if e.get("type") == "ddp" for n in e.get("params", [])}
+    return {str(n) for e in events if e.get("type") == "ddp" for n in [*e.get("params", []), *e.get("buffers", [])]}
 
 
 def _is_replica(name: str, replicas: set[str]) -> bool:

@@ -24,7 +24,8 @@ STRING_FIELDS = ("name", "shape")  # compared by text (ids differ between traces
 
 # `stdout`: an outcome divergence's stand-in record (audit.outcome_divergence); `?`: a kind this release
 # does not know
-RecordKind = Literal["output", "grad", "param", "optstate", "save", "checkpoint", "op", "input", "stdout", "?"]
+RecordKind = Literal["output", "grad", "param", "optstate", "save", "checkpoint", "op", "input", "buffer", "stdout",
+                     "?"]
 Phase = Literal["forward", "backward"]
 
 
@@ -52,7 +53,7 @@ class RecordInfo:
 
 _KIND_NAMES: dict[int, RecordKind] = {
     Kind.OUTPUT: "output", Kind.GRAD: "grad", Kind.PARAM: "param", Kind.OPTSTATE: "optstate", Kind.SAVE: "save",
-    Kind.CHECKPOINT: "checkpoint", Kind.OP: "op", Kind.INPUT: "input",
+    Kind.CHECKPOINT: "checkpoint", Kind.OP: "op", Kind.INPUT: "input", Kind.BUFFER: "buffer",
 }
 assert set(_KIND_NAMES) == set(Kind) and all(n == Kind(k).name.lower() for k, n in _KIND_NAMES.items())
 

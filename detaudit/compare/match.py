@@ -56,8 +56,10 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
     no_data = threaded = 0
     last_step = 0
     stepped = -1  # the last step index at which parameters were recorded after an optimizer step
+    unencoded: list[str] = []
     try:
-        for chunk in RecordStream(trace).chunks(CHUNK, comparison.records_compared):
+        stream = RecordStream(trace)
+        for chunk in stream.chunks(CHUNK, comparison.records_compared):
             counts += np.bincount(chunk["kind"], minlength=len(counts))[: len(counts)]
             no_data += int(np.count_nonzero(chunk["flags"] & int(Flag.NO_DATA)))
             threaded += int(np.count_nonzero(chunk["flags"] & int(Flag.THREAD)))
@@ -65,6 +67,7 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
             after = chunk["step"][(chunk["kind"] == int(Kind.PARAM)) | (chunk["kind"] == int(Kind.OPTSTATE))]
             if len(after):
                 stepped = max(stepped, int(after.max()))
+        unencoded = [f"{e.get('what')} ({e.get('name')})" for e in stream.events if e.get("type") == "unobserved"]
     except Exception:  # an unreadable trace was already reported by the comparison
         pass
     by_kind = {Kind(k).name.lower(): int(n) for k, n in enumerate(counts) if k in Kind._value2member_map_ and n}
@@ -82,6 +85,10 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
     not_observed.append("tensors that never reach a module, an optimizer, torch.save or detaudit.checkpoint "
                         "(and work inside DataLoader workers, except the batches they return, and in object "
                         "finalizers at interpreter shutdown, after the atexit handlers)")
+    if unencoded:
+        not_observed.append(f"{len(unencoded)} values passed to torch.save or detaudit.checkpoint that have no stable "
+                            f"encoding (objects of arbitrary classes): {', '.join(unencoded[:5])}"
+                            + (", ..." if len(unencoded) > 5 else ""))
     if no_data:
         not_observed.append(f"the contents of {no_data} records (meta or unreadable tensors: dtype and shape only)")
     if threaded:

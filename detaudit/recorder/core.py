@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, cast
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
-from detaudit.events import Event
+from detaudit.events import Event, UnobservedEvent
 from detaudit.recorder.fingerprint import (
     DTYPE_CODES,
     DeviceReducer,
+    fingerprint,
     fingerprint_cpu,
     is_plain,
     logical_shape,
@@ -25,11 +28,14 @@ from detaudit.recorder.fingerprint import (
     shape_seed,
 )
 from detaudit.recorder.location import display_path, user_frame
+from detaudit.recorder.objects import Encoded
+from detaudit.recorder.objects import walk as walk_object
 from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
 
 _NAN4 = (float("nan"),) * N_SAMPLES
 _CACHE_LIMIT = 20000
 _PENDING_LIMIT = 1 << 16  # device records per host sync; normally one sync per step
+ASYNC_CLOSE_WAIT_S = 10.0  # at the end, how long collectives still writing recorded tensors are waited for
 
 
 class DeviceRecord(NamedTuple):
@@ -42,6 +48,47 @@ class DeviceRecord(NamedTuple):
     seed: int
     reduced: torch.Tensor  # DeviceReducer.reduce's values, still on the device
     inputs: tuple[int, int]
+
+
+class AsyncRecord:
+    """A pending record of a tensor an asynchronous collective is still writing: fingerprinted by the
+    callback of the collective's future, the moment the work completes (before any `wait()` returns to
+    the script, so what is hashed is exactly what the collective wrote), and written in record order."""
+
+    __slots__ = ("tensor", "work", "sync", "row", "_partial", "_inputs")
+
+    def __init__(self, tensor: torch.Tensor, partial: tuple[Any, ...], inputs: tuple[int, int]) -> None:
+        self.tensor: torch.Tensor | None = tensor
+        self.work: Any = None  # a Work without a future (gloo's send/recv): polled, see Recorder.poll_async
+        self.sync = False  # ... called without async_op: the caller has waited by the next op
+        self.row: tuple[Any, ...] | None = None
+        self._partial = partial  # the row's fields up to `aux`
+        self._inputs = inputs
+
+    def complete(self) -> None:
+        """Fingerprint the tensor now (any thread; detaudit's own work, so no dispatch mode sees it)."""
+        t, self.tensor, self.work = self.tensor, None, None
+        if t is None:
+            return
+        flags = 0
+        try:
+            with _disable_current_modes():
+                found = fingerprint(t)
+            digest, samples = found.digest, found.samples
+            if t.device.type != "cpu":
+                flags = int(Flag.DEVICE)
+        except Exception:  # unreadable: dtype and shape only
+            digest, samples, flags = shape_seed(t), _NAN4, int(Flag.NO_DATA)
+        kind, dtype, base, *rest = self._partial
+        self.row = (kind, dtype, base | flags, *rest, digest, self._inputs[0], self._inputs[1], samples)
+
+    def abandon(self) -> None:
+        """The work never completed: the record keeps dtype and shape, its contents unread."""
+        t, self.tensor, self.work = self.tensor, None, None
+        if self.row is None:
+            kind, dtype, base, *rest = self._partial
+            seed = shape_seed(t) if t is not None else 0
+            self.row = (kind, dtype, base | int(Flag.NO_DATA), *rest, seed, self._inputs[0], self._inputs[1], _NAN4)
 
 
 class ThreadState(threading.local):
@@ -75,9 +122,13 @@ class Recorder:
         self._cache: dict[int, tuple[Any, int, int, tuple[float, ...]]] = {}
         self._roots_run: set[int] = set()
         self.digest_caches: list[dict[Any, Any]] = [self._cache]  # cleared together (ops.py adds its own)
-        # records waiting for device fingerprints, in record order: DeviceRecords and the whole rows
-        # (plain tuples, trace.Record's order) recorded after the first of them
-        self._pending: list[DeviceRecord | tuple[Any, ...]] = []
+        # records waiting for device fingerprints or for a collective to complete, in record order:
+        # DeviceRecords, AsyncRecords and the whole rows (plain tuples, trace.Record's order) recorded after
+        # the first of them
+        self._pending: list[DeviceRecord | AsyncRecord | tuple[Any, ...]] = []
+        self.polled: list[AsyncRecord] = []  # those of works without a future (record_when_done)
+        # set by the op recorder: told when detaudit itself refills `torch.empty` memory (still never written)
+        self.refill: Callable[[torch.Tensor], None] | None = None
         self._reducer: DeviceReducer | None = None
         # True while the op recorder's window is open: accelerator tensors are fingerprinted at once
         # (one sync each) instead of at the step's end, so each op's input digests are known and the
@@ -207,9 +258,12 @@ class Recorder:
             self.writer.add(row)
 
     def resolve_pending(self) -> None:
-        """Bring pending device fingerprints to the host in one transfer (one sync)."""
+        """Bring pending device fingerprints to the host in one transfer (one sync), and write every record
+        up to the first whose collective is still running."""
         if not self._pending:
             return
+        if self.polled:
+            self.poll_async()
         waiting = [p for p in self._pending if isinstance(p, DeviceRecord)]
         values: list[float] = []
         if waiting:
@@ -220,23 +274,77 @@ class Recorder:
                 self.internal -= 1
         at = 0  # a record's values: 2 lanes per part (a sparse tensor has several) and the samples
         assert self._reducer is not None or not waiting
+        kept: list[DeviceRecord | AsyncRecord | tuple[Any, ...]] = []
         for item in self._pending:
+            row: tuple[Any, ...] | None
             if isinstance(item, DeviceRecord):
                 n = item.reduced.numel()
                 digest, samples = DeviceReducer.finish(item.seed, values[at:at + n])
                 at += n
-                self.writer.add((*item.partial, digest, item.inputs[0], item.inputs[1], samples))
+                row = (*item.partial, digest, item.inputs[0], item.inputs[1], samples)
+            elif isinstance(item, AsyncRecord):
+                row = item.row
             else:
-                self.writer.add(item)
-        self._pending.clear()
+                row = item
+            if kept or row is None:
+                kept.append(item if row is None else row)
+            else:
+                self.writer.add(row)
+        self._pending = kept
 
-    def record(self, kind: Kind, name: str, value: Any, module: str = "", loc: int | None = None) -> None:
-        """Record every tensor inside `value` (tensor, module, optimizer, or nested containers)."""
+    def record_when_done(self, work: Any, kind: Kind, name: int, t: torch.Tensor, module: int, loc: int, aux: int,
+                         flags: int, inputs: tuple[int, int], sync: bool = False) -> None:
+        """Record a tensor an asynchronous collective (`work`, a c10d Work) is writing, once it has written
+        it: hashing it now would read whatever part of it the collective has not written yet. `sync`: the
+        collective was called with `async_op=False`, so its caller waits before the script goes on."""
+        partial = (kind, DTYPE_CODES.get(t.dtype, 0), flags | self.local.flag, 0, name, module, loc, self.step,
+                   self._shape_id(logical_shape(t) if t.is_nested else t.shape), aux)
+        item = AsyncRecord(t, partial, inputs)
+        self._pending.append(item)
+        try:
+            future = work.get_future()
+        except Exception:  # gloo's send/recv: no future, and a second `wait()` would block for ever
+            item.work, item.sync = work, sync
+            self.polled.append(item)
+            return
+        future.add_done_callback(lambda _: item.complete())
+
+    def poll_async(self) -> None:
+        """Fingerprint the tensors of works without a future that have completed, or whose synchronous
+        call has returned (gloo's reduce_scatter never reports completion): the script waited for them.
+        Called before each op the op recorder sees, so before anything reads or rewrites them."""
+        done = [item for item in self.polled if item.sync or item.work is None or item.work.is_completed()]
+        for item in done:
+            item.complete()
+            self.polled.remove(item)
+
+    def _finish_async(self) -> None:
+        """At the end: give collectives still writing recorded tensors a moment, then record the rest unread
+        (never by waiting for a work: the script did not, and it may never complete)."""
+        deadline = time.monotonic() + ASYNC_CLOSE_WAIT_S
+        for item in self._pending:
+            if isinstance(item, AsyncRecord):
+                while item.row is None and time.monotonic() < deadline:
+                    self.poll_async()
+                    time.sleep(0.005)
+                item.abandon()
+        self.polled.clear()
+
+    def record_object(self, kind: Kind, name: str, value: Any, loc: int | None = None) -> None:
+        """Record everything inside `value` (torch.save's argument): its tensors, and its other values by
+        a stable encoding (recorder/objects.py); a value that cannot be encoded becomes an `unobserved`
+        event, listed under "not observed" in the report."""
         if loc is None:
             loc = self.location_id(2)
-        module_id = self.intern(module) if module else 0
-        for path, tensor in iter_tensors(value, name):
-            self.record_tensor(kind, self.intern(path), tensor, module_id, loc)
+        for path, leaf in walk_object(value, name):
+            if isinstance(leaf, torch.Tensor):
+                self.record_tensor(kind, self.intern(path), leaf, 0, loc)
+            elif isinstance(leaf, Encoded):
+                self._emit((kind, leaf.dtype, self.local.flag, 0, self.intern(path), 0, loc, self.step,
+                            self._shape_id(torch.Size()), 0, leaf.digest, 0, 0, leaf.samples))
+            else:
+                self.event(UnobservedEvent(type="unobserved", what=path, name=leaf.type_name,
+                                           loc=self.writer.text(loc)))
 
     def end_step(self) -> None:
         """Called after each primary optimizer step: flush, and forget per-step caches."""
@@ -274,6 +382,7 @@ class Recorder:
             self.writer.flush()
 
     def close(self, footer: dict[str, Any]) -> None:
+        self._finish_async()
         self.resolve_pending()
         self.writer.close(footer)
 

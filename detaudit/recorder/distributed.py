@@ -3,7 +3,8 @@
 Installed only in the ranks of a torchrun repeat. Events (trace `events`, docs/distributed.md):
 - `ddp`: a DistributedDataParallel wrapper was built: the parameter names it keeps identical on
   every rank (as the hooks name them: `module.fc.weight`), the names it ignores, and its reducer
-  settings (bucket size, gradient views, static graph), which fix the all-reduce order;
+  settings (bucket size, gradient views, static graph), which fix the all-reduce order, and the
+  buffers it broadcasts from rank 0 before each forward;
 - `sampler-epoch`: a shuffling DistributedSampler iterated again at an epoch it already used
   (`set_epoch` not called): the same order every epoch, deterministic but rarely what was meant.
 
@@ -55,6 +56,7 @@ def install(recorder: Recorder) -> None:
                 gradient_as_bucket_view=bool(getattr(self, "gradient_as_bucket_view", False)),
                 static_graph=bool(getattr(self, "static_graph", False)),
                 find_unused_parameters=bool(getattr(self, "find_unused_parameters", False)),
+                buffers=[n for n, _ in self.named_buffers()] if getattr(self, "broadcast_buffers", False) else [],
             ))
 
         return ddp_init

@@ -1,9 +1,10 @@
 """Automatic checkpoints: global torch hooks that need no change to the audited script.
 
 - every nn.Module forward output, named by qualified name (`encoder.layers.0.attn`);
-- every parameter gradient just before optimizer.step, and parameters plus optimizer state
-  just after it;
-- every tensor passed to torch.save;
+- every parameter gradient just before optimizer.step, and parameters, optimizer state and the
+  registered buffers of the models it trains (running statistics, EMA shadows, counters) just after it;
+  before any optimizer has stepped (inference), each buffer a root forward changed;
+- everything passed to torch.save: its tensors, and its other values by a stable encoding;
 - the inputs of each root module (the batch the model is given).
 """
 
@@ -12,16 +13,18 @@ from __future__ import annotations
 import sys
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
 from detaudit.recorder.compiled import compiling, is_wrapper, plain_name
 from detaudit.recorder.compiled import evidence as compile_evidence
-from detaudit.recorder.core import Recorder, iter_tensors
+from detaudit.recorder.core import Recorder, iter_tensors, version_of
 from detaudit.recorder.patch import wrap
 from detaudit.trace import Kind
+
+_VERSIONS_LIMIT = 4096
 
 
 class ModuleNames:
@@ -82,6 +85,8 @@ class Hooks:
         self._param_ids: dict[tuple[int, int, int], tuple[weakref.ref[torch.Tensor], int]] = {}
         self._state_ids: dict[tuple[int, str], int] = {}
         self._schedulers: dict[int, str] = {}  # id(scheduler) -> record name, in order of first step
+        # id(buffer) -> (weakref, version when last recorded): inference records only the buffers a forward changed
+        self._buffer_versions: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self.stopped: str | None = None  # why recording stopped (a hook raised), if it did
         # id(module) -> (weakref, name id, is a root, id of the module a compile wrapper wraps). Keyed by id
         # with a weakref check rather than a WeakKeyDictionary/WeakSet, whose lookups allocate a weakref on
@@ -214,9 +219,12 @@ class Hooks:
             stack.pop()
         elif module_id in stack:  # entries above it were left by forwards that raised
             del stack[len(stack) - 1 - stack[::-1].index(module_id):]
+        loc = rec.location_id(1)
+        if self._primary is None and self._modules[id(module)][2]:  # no optimizer has stepped (inference)
+            root: torch.nn.Module = module._orig_mod if inner else module  # type: ignore[assignment]
+            self._record_buffers([root], loc, changed_only=True)
         if not rec.record_modules:
             return
-        loc = rec.location_id(1)
         if isinstance(output, torch.Tensor):
             rec.record_tensor(Kind.OUTPUT, module_id, output, module_id, loc)
             return
@@ -296,17 +304,46 @@ class Hooks:
             rec.local.module_stack.pop()
         loc = rec.location_id(1)
         state = optimizer.state
+        trained: set[int] = set()
         for name_id, p in self._params(optimizer):
+            trained.add(id(p))
             rec.record_tensor(Kind.PARAM, name_id, p, 0, loc)
             for key, value in state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
                     rec.record_tensor(Kind.OPTSTATE, self._state_id(name_id, key), value, 0, loc)
+        self._record_buffers([r for r in self.names.roots if any(id(p) in trained for p in r.parameters())], loc,
+                             changed_only=False)
         if self._lent is not None:
             rec.step, self._lent = self._lent, None
         elif self._primary is not None and self._primary() is optimizer:
             rec.end_step()
             self._stepped.clear()
             self._tail = set()
+
+    # -- buffers ---------------------------------------------------------------------------
+    def _record_buffers(self, roots: Iterable[torch.nn.Module], loc: int, changed_only: bool) -> None:
+        """The registered buffers of `roots` (model state as much as the parameters: BatchNorm's running
+        statistics, an EMA shadow, a step counter), named like parameters (`bn.running_mean`), roots in
+        name order. `changed_only`: just those written since they were last recorded (version counter)."""
+        rec, versions = self.recorder, self._buffer_versions
+        if len(versions) > _VERSIONS_LIMIT:  # buffers reassigned on every forward leave dead entries
+            for key in [k for k, (ref, _) in versions.items() if ref() is None]:
+                del versions[key]
+        for name, buf in self._buffers(roots):
+            version = version_of(buf)
+            known = versions.get(id(buf))
+            if changed_only and known is not None and known[0]() is buf and known[1] == version:
+                continue
+            versions[id(buf)] = (weakref.ref(buf), version)
+            rec.record_tensor(Kind.BUFFER, rec.intern(name), buf, 0, loc)
+
+    def _buffers(self, roots: Iterable[torch.nn.Module]) -> Iterator[tuple[str, torch.Tensor]]:
+        seen: set[int] = set()
+        for root in sorted(roots, key=lambda r: self.names.modules.get(r, "")):
+            for qual, buf in root.named_buffers():
+                if id(buf) not in seen:  # a module shared by two roots
+                    seen.add(id(buf))
+                    yield plain_name(qual), buf
 
     def _close_tail(self) -> None:
         """The steps right after the counting optimizer's are over: what comes next is the next step's."""
@@ -334,7 +371,7 @@ class Hooks:
     # -- torch.save ------------------------------------------------------------------------
     def _on_save(self, obj: Any) -> None:
         rec = self.recorder
-        rec.record(Kind.SAVE, f"torch.save[{rec.saves}]", obj)
+        rec.record_object(Kind.SAVE, f"torch.save[{rec.saves}]", obj)
         rec.saves += 1
 
 

@@ -19,7 +19,9 @@ writes it is flagged UNINIT instead).
 
 from __future__ import annotations
 
+import os
 import struct
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -29,13 +31,14 @@ import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detaudit.recorder.core import Recorder, version_of
-from detaudit.recorder.fingerprint import shape_seed
+from detaudit.recorder.fingerprint import fingerprint_cpu, shape_seed
 from detaudit.trace import Flag, Kind
 
 PASS, VIEW, UNINIT, RECORD = range(4)
 _NODE_KEY = "detaudit"
 _MASK = (1 << 64) - 1
 _DERIVED_LIMIT = 20000
+BLANK_CHECK_BYTES = 1 << 16  # never-written memory up to this size is also checked by content (_written_unseen)
 
 # Ops that draw from an RNG. Most carry torch.Tag.nondeterministic_seeded; these names cover
 # the ones that do not (and older releases).
@@ -54,6 +57,19 @@ SELF_BLIND_OPS = frozenset({
     "rand_like", "randn_like", "randint_like", "new_empty", "new_empty_strided", "new_zeros",
     "new_ones", "new_full", "resize_",
 })
+# c10d's schemas carry no alias annotations (`Tensor[] tensors`, not `Tensor(a!)[]`), so what each collective
+# writes is listed here by argument name: its outputs, written without their old contents being read, and
+# the tensors it reads and then overwrites in place. A broadcast writes its tensors on every rank but the
+# root, which reads them (decided per call: `_OpInfo.root`).
+C10D_WRITE_ONLY = {
+    "allgather_": "output_tensors", "_allgather_base_": "output_tensor", "allgather_coalesced_": "output_lists",
+    "allgather_into_tensor_coalesced_": "outputs", "reduce_scatter_": "output_tensors",
+    "_reduce_scatter_base_": "output_tensor", "reduce_scatter_tensor_coalesced_": "outputs",
+    "alltoall_": "output_tensors", "alltoall_base_": "output", "scatter_": "output_tensors",
+    "gather_": "output_tensors", "recv_": "tensors", "recv_any_source_": "tensors", "broadcast_": "tensors",
+}
+C10D_UNUSED = {"barrier": "tensor", "monitored_barrier_": "tensor"}  # a placeholder: neither read nor written
+C10D_READ_WRITE = {"allreduce_": "tensors", "allreduce_coalesced_": "tensors", "reduce_": "tensors"}
 UNINIT_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 PASS_NAMESPACES = frozenset({"profiler", "prim"})
 # `t.set_(storage, ...)` points a tensor at existing memory: how a tensor a DataLoader worker (or any
@@ -64,9 +80,16 @@ STORAGE_ALIAS_OPS = frozenset({"set_"})
 
 
 class _OpInfo:
-    """What the recorder needs to know about one OpOverload, worked out on its first call."""
+    """What the recorder needs to know about one OpOverload, worked out on its first call.
 
-    __slots__ = ("mode", "names", "random", "self_blind", "blind_kwargs", "mutated", "writes", "code", "text")
+    Each argument is read, written, or both. One that is only written (an `out=` argument, `copy_`'s or
+    `fill_`'s target, a collective's output buffers) is no input: its old contents, often from `torch.empty`,
+    never reach the result, so they enter the input digest by dtype and shape only and never make the op
+    "read never-written memory". Every written argument's cached digest is dropped after the op (the
+    version counter is bumped only by schemas that annotate the write, and c10d's do not), and its memory
+    is no longer blank; an op that returns no tensor is recorded by what it wrote (`recv`)."""
+
+    __slots__ = ("mode", "names", "random", "arg_names", "blind", "written", "root", "collective", "code", "text")
 
     def __init__(self, func: Any, rec: Recorder) -> None:
         packet = func.overloadpacket.__name__
@@ -81,16 +104,28 @@ class _OpInfo:
             self.mode = RECORD
         self.names = [rec.intern(self.text)]
         self.random = packet in RANDOM_OPS or torch.Tag.nondeterministic_seeded in func.tags
-        self.self_blind = packet in SELF_BLIND_OPS
         arguments = func._schema.arguments
-        self.blind_kwargs = frozenset(a.name for a in arguments if a.is_out)
-        # Positions of arguments written in place, for ops that return nothing (`_foreach_add_`).
-        self.mutated = [i for i, a in enumerate(arguments)
-                        if a.alias_info is not None and a.alias_info.is_write and not a.is_out]
-        # Writes an argument in place (`index_add_`, `out=`): autograd bumps the version counter only
-        # after this mode returns, so a digest cached for the argument would still look current.
-        self.writes = any(a.alias_info is not None and a.alias_info.is_write for a in arguments)
+        self.arg_names = [a.name for a in arguments]
+        self.collective = func.namespace == "c10d"
+        c10d_blind = C10D_WRITE_ONLY.get(packet) if self.collective else None
+        c10d_written = C10D_READ_WRITE.get(packet) if self.collective else None
+        c10d_unused = C10D_UNUSED.get(packet) if self.collective else None
+        self.blind = frozenset(
+            a.name for i, a in enumerate(arguments)
+            if a.is_out or a.name in (c10d_blind, c10d_unused) or (i == 0 and packet in SELF_BLIND_OPS))
+        self.written = frozenset(
+            a.name for a in arguments
+            if (a.alias_info is not None and a.alias_info.is_write) or a.is_out or a.name in (c10d_blind, c10d_written))
+        # broadcast_: (process group, root rank) argument positions; its tensors are read on the root
+        self.root = (self.arg_names.index("process_group"), self.arg_names.index("root_rank")) \
+            if self.collective and packet == "broadcast_" else None
         self.code = xxhash.xxh3_64_intdigest(self.text.encode())
+
+    def blind_here(self, args: Any) -> frozenset[str]:
+        """The arguments this call does not read: a broadcast's root reads its tensors."""
+        if self.root is None or not _is_root(args, *self.root):
+            return self.blind
+        return self.blind - {"tensors"}
 
     def name(self, rec: Recorder, index: int) -> int:
         while len(self.names) <= index:
@@ -114,7 +149,10 @@ class OpRecorder(TorchDispatchMode):
         # data_ptr -> (weakref to the storage, version) of never-written memory, for tensors that alias
         # it without an op (nn.Parameter(torch.empty(n)) shares the storage and the version counter).
         # The storage check keeps a later tensor at a reused address (torch.from_numpy) from aliasing it.
-        self._blank: dict[int, tuple[weakref.ref[Any], int]] = {}
+        # Also the digest of the leftover bytes of a small CPU one (else 0): memory written by code that runs
+        # no op (a C++ accessor filling DDP's shape metadata, a NumPy view) is found written by its bytes.
+        self._blank: dict[int, tuple[weakref.ref[Any], int, int]] = {}
+        recorder.refill = self.refill
         # (weakrefs to the outputs, loc, module) of the last forward op: tagged onto its autograd node at
         # the next op, because autograd attaches grad_fn only after this mode returns. Weak: the outputs
         # must not outlive the user's last reference to them.
@@ -148,6 +186,8 @@ class OpRecorder(TorchDispatchMode):
         if self._untagged is not None:
             self._tag_node()
         rec = self.rec
+        if rec.polled and not _inside_distributed():  # a collective the script has since waited for (its
+            rec.poll_async()  # wait, in torch.distributed, may itself still copy the result in: gloo's reduce_scatter)
         if rec.internal:
             return func(*args, **kwargs)
         info = self._ops.get(func)
@@ -195,41 +235,61 @@ class OpRecorder(TorchDispatchMode):
         out = func(*args, **kwargs)
 
         outputs = list(_tensors(out))
-        if not outputs and out is None:
-            outputs = [t for i in info.mutated if i < len(args) for t in _tensors(args[i])]
-        if self._blank:  # memory now holding an op's output is no longer blank
-            for t in outputs:
-                self._blank.pop(t.data_ptr(), None)
-        if info.writes:
-            for t in outputs:
+        written = [t for name, arg in _named(info, args, kwargs) if name in info.written for t in _tensors(arg)] \
+            if info.written else []
+        touched = outputs + written
+        if info.written:
+            for t in touched:
                 rec.forget_digest(t)
+        if self._blank:  # memory now holding an op's output is no longer blank
+            for t in touched:
+                self._blank.pop(t.data_ptr(), None)
+        if not outputs:
+            outputs = written
+        work = _pending_work(out) if info.collective else None
+        sync = work is not None and dict(_named(info, args, kwargs)).get("async_op") is False
         for i, t in enumerate(outputs):
-            rec.record_tensor(Kind.OP, info.names[0] if i == 0 else info.name(rec, i), t, module, loc,
-                              aux, flags, inputs)
+            name = info.names[0] if i == 0 else info.name(rec, i)
+            if work is None:
+                rec.record_tensor(Kind.OP, name, t, module, loc, aux, flags, inputs)
+            else:  # hashed when the collective has written it, not while it may still be writing
+                rec.record_when_done(work, Kind.OP, name, t, module, loc, aux, flags, inputs, sync)
         if node is None and outputs and torch.is_grad_enabled():
             self._untagged = ([weakref.ref(t) for t in outputs], loc, module)
         return out
 
     def _input_codes(self, info: _OpInfo, args: Any, kwargs: Any, codes: list[int]) -> None:
-        """Append one 64-bit code per input leaf (tensor digest, or the value of a plain argument)."""
+        """Append one 64-bit code per input leaf (tensor digest, or the value of a plain argument); an
+        argument the op only writes counts by dtype and shape (positional) or not at all (keyword)."""
+        blind = info.blind_here(args) if info.blind else info.blind
+        names = info.arg_names
         for i, arg in enumerate(args):
-            if i == 0 and info.self_blind and isinstance(arg, torch.Tensor):
-                codes.append(shape_seed(arg))
+            if blind and i < len(names) and names[i] in blind:
+                self._blind_leaf(arg, codes)
             else:
                 self._leaf(arg, codes)
         for key, arg in kwargs.items():
-            if key not in info.blind_kwargs:
+            if key not in blind:
                 codes.append(self._code(key))
                 self._leaf(arg, codes)
+
+    def _blind_leaf(self, value: Any, codes: list[int]) -> None:
+        if isinstance(value, torch.Tensor):
+            codes.append(shape_seed(value))
+        elif isinstance(value, (list, tuple)):
+            codes.append(len(value))
+            for item in value:
+                self._blind_leaf(item, codes)
 
     def _leaf(self, value: Any, codes: list[int]) -> None:
         if isinstance(value, torch.Tensor):
             hit = self._derived.get(id(value))
-            if hit is not None and hit[0]() is value and hit[1] == version_of(value):
+            if hit is not None and hit[0]() is value and hit[1] == version_of(value) \
+                    and not (hit[3] and self._written_unseen(value)):
                 codes.append(hit[2])
                 if hit[3]:
                     self._uninit = True
-            elif self._blank and self._is_blank(value):
+            elif self._blank and self._is_blank(value) and not self._written_unseen(value):
                 codes.append(shape_seed(value))
                 self._uninit = True
             elif value.device.type == "cpu" or (self.rec.eager_device and value.device.type != "meta"):
@@ -298,11 +358,28 @@ class OpRecorder(TorchDispatchMode):
             if blank.get(ptr, (None,))[0] is ref:
                 del blank[ptr]
 
-        blank[ptr] = (weakref.ref(t.untyped_storage(), forget), version_of(t))
+        blank[ptr] = (weakref.ref(t.untyped_storage(), forget), version_of(t), _leftover(t))
 
     def _is_blank(self, t: torch.Tensor) -> bool:
         entry = self._blank.get(t.data_ptr())
         return entry is not None and entry[1] == version_of(t) and entry[0]() is t.untyped_storage()
+
+    def _written_unseen(self, t: torch.Tensor) -> bool:
+        """Whether never-written memory has been written without an op: its bytes are no longer the leftover
+        ones (small CPU tensors read whole; anything else is taken as still blank)."""
+        entry = self._blank.get(t.data_ptr())
+        if entry is None or not entry[2] or _leftover(t) in (0, entry[2]):
+            return False
+        del self._blank[t.data_ptr()]
+        self._derived.pop(id(t), None)
+        return True
+
+    def refill(self, t: torch.Tensor) -> None:
+        """detaudit's own fill of `torch.empty` memory (recorder/evidence/kernels.py): still never written
+        by the script, now with other leftover bytes."""
+        entry = self._blank.get(t.data_ptr())
+        if entry is not None:
+            self._blank[t.data_ptr()] = (entry[0], entry[1], _leftover(t))
 
     def _tag_node(self) -> None:
         refs, loc, module = self._untagged  # type: ignore[misc]
@@ -319,6 +396,60 @@ class OpRecorder(TorchDispatchMode):
     def _node_name(self, node: Any) -> int:
         sid = self._node_names[type(node)] = self.rec.intern(node.name())
         return sid
+
+
+def _named(info: _OpInfo, args: Any, kwargs: Any) -> Any:
+    """(argument name, value) of a call, positional and keyword."""
+    yield from zip(info.arg_names, args)
+    yield from kwargs.items()
+
+
+def _is_root(args: Any, group_at: int, root_at: int) -> bool:
+    """Whether this rank is a broadcast's root (unknown: treated as the root, whose tensors are read)."""
+    try:
+        from torch._C._distributed_c10d import ProcessGroup
+
+        return bool(ProcessGroup.unbox(args[group_at]).rank() == args[root_at])
+    except Exception:
+        return True
+
+
+def _pending_work(out: Any) -> Any:
+    """The c10d Work a collective returned, if it has not completed yet (None when done or absent)."""
+    found = out[-1] if isinstance(out, tuple) and out else out
+    if not isinstance(found, torch.ScriptObject):
+        return None
+    try:
+        from torch._C._distributed_c10d import Work
+
+        work = Work.unbox(found)
+        return None if work.is_completed() else work
+    except Exception:
+        return None
+
+
+_DISTRIBUTED_DIR = f"{os.sep}torch{os.sep}distributed{os.sep}"
+
+
+def _inside_distributed() -> bool:
+    """Whether torch.distributed's Python code is running (a collective's call, its `wait()`)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if _DISTRIBUTED_DIR in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _leftover(t: torch.Tensor) -> int:
+    """The digest of a small contiguous CPU tensor's bytes (0: not checked by content)."""
+    if t.is_nested or t.device.type != "cpu" or t.layout != torch.strided or not t.is_contiguous() or \
+            t.numel() * t.element_size() > BLANK_CHECK_BYTES:
+        return 0
+    try:
+        return fingerprint_cpu(t)[0] or 1
+    except Exception:
+        return 0
 
 
 def _needs_node(args: Any) -> bool:

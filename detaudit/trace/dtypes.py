@@ -12,4 +12,8 @@ DTYPE_ORDER = (
     "int8", "int16", "int32", "int64", "complex32", "uint16", "uint32", "uint64",
     "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
 )
-DTYPE_NAMES: dict[int, str] = {0: "unknown", **{code: name for code, name in enumerate(DTYPE_ORDER, start=1)}}
+# torch.save's values that are not tensors (recorder/objects.py): never renumber either; far from the torch
+# dtypes, which may grow.
+OBJECT_CODES = {"str": 101, "bytes": 102, "none": 103, "int": 104}  # int: a Python int beyond 64 bits
+DTYPE_NAMES: dict[int, str] = {0: "unknown", **{code: name for code, name in enumerate(DTYPE_ORDER, start=1)},
+                               **{code: name for name, code in OBJECT_CODES.items()}}

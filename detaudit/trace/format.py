@@ -11,7 +11,7 @@ import numpy as np
 
 MAGIC = b"\x89DTRACE\n"
 FORMAT_NAME = "detaudit-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: BUFFER records, and torch.save's non-tensor values as SAVE records
 N_SAMPLES = 4
 FRAME_HEAD = struct.Struct("<cI")  # tag (1 byte) | payload length (u32 LE)
 FRAME_TAGS = b"HSREF"  # header, strings, records, evidence event, footer
@@ -68,6 +68,8 @@ class Kind(enum.IntEnum):
     CHECKPOINT = 6  # a tensor passed to detaudit.checkpoint
     OP = 7          # an aten op's output (op granularity)
     INPUT = 8       # an input to a root module's forward (the data the model was given)
+    BUFFER = 9      # a module's registered buffer (running statistics, EMA shadow, step counter): after each
+    #                 optimizer.step; before any step (inference), after a root forward that changed it
 
 
 class Flag(enum.IntFlag):

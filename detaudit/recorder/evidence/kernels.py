@@ -194,6 +194,7 @@ def _fill(ev: Evidence, t: Any) -> str | None:
     if not whole and not t.is_contiguous():
         return None
     count = min(t.numel(), FILL_MAX)
+    rec = ev.recorder
     with _own_work(ev), contextlib.suppress(Exception):
         if ev.fill_generator is None:  # private: the script's RNGs are never touched
             ev.fill_generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little"))
@@ -209,6 +210,8 @@ def _fill(ev: Evidence, t: Any) -> str | None:
             return None
         values = values.view(t.shape)
         t.data.copy_(values)
+        if getattr(rec, "refill", None) is not None:
+            rec.refill(t)  # the op recorder still knows this memory as never written by the script
         return _tensor_digest(values)
     return None
 
