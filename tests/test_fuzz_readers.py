@@ -248,7 +248,8 @@ def test_fuzz_run_record_reader(tmp_path: Path, capsys: pytest.CaptureFixture[st
     def mutate(data: bytes, rng: random.Random) -> bytes:
         return mutate_json(json.loads(data), rng).encode()
 
-    seen = fuzz(tmp_path, capsys, 2, "run.json", mutate, lambda d: [["report", str(d)], ["compare", str(d), str(d.parent / "base")]])
+    seen = fuzz(tmp_path, capsys, 2, "run.json", mutate,
+                lambda d: [["report", str(d)], ["compare", str(d), str(d.parent / "base")]])
     assert 4 in seen
 
 
