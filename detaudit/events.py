@@ -315,13 +315,23 @@ class UnobservedEvent(_Event):
     loc: str
 
 
+class FileWriteEvent(_Event):
+    """A file the script opened for writing (once per path): under `-j` the repeats share one working
+    directory, and two repeats writing one file would read each other's data (audit/pipeline.py)."""
+
+    type: Literal["file-write"]
+    path: str  # absolute, as the script named it (not resolved)
+    loc: str
+
+
 Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, OpEvent, ModulesEvent, EmptyEvent,
               EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, ClockReadsEvent, EnvironmentEvent, CompileEvent,
-              DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent]
+              DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent]
 Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
-               "clock", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried", "unobserved"]
+               "clock", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried", "unobserved",
+               "file-write"]
 
 E = TypeVar("E")
 

@@ -233,11 +233,16 @@ def failure_message(report: Any) -> str:
 
 
 def _output_tail(path: Path, lines: int = 40) -> str:
-    """The end of a re-run's pytest output (pytest reports a failing test on stdout)."""
+    """The end of a re-run's pytest output (pytest reports a failing test on stdout): its last 64 KB, a
+    regular file of the run directory, never read through a link."""
+    from detaudit.errors import TraceError
+    from detaudit.trace import read_regular
+
     try:
-        return "\n".join(path.read_text(errors="replace").rstrip().splitlines()[-lines:])
-    except OSError:
+        text = read_regular(path, "stdout capture", 64 << 10, tail=True).decode(errors="replace")
+    except (OSError, TraceError):
         return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 def describe_divergence(first: dict[str, Any]) -> str:

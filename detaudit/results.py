@@ -81,6 +81,7 @@ class RepeatResult:
     interrupted: bool = False  # stopped by Ctrl-C/SIGTERM/SIGHUP before it ended by itself
     stopped_at_step: int | None = None  # stopped by --max-steps/--max-time after this many steps
     recording_stopped: str | None = None  # a detaudit hook failed: recorded only up to there (why)
+    rerun_alone: str | None = None  # re-run by itself after a parallel (-j) batch: why (run/sharing.py)
     error: ScriptError | None = None  # the exception that ended the script, read from the trace footer
 
     def to_dict(self) -> dict[str, Any]:

@@ -371,3 +371,54 @@ def test_detaudits_own_failure_is_still_an_internal_error(monkeypatch: pytest.Mo
     with pytest.raises(SystemExit) as exit_info:
         main(["compare", "a", "b"])
     assert exit_info.value.code == 70 and "This is a bug in detaudit" in capsys.readouterr().err
+
+
+REPORT_OPTIONS = ("--json", "--junit", "--html")
+
+
+@pytest.mark.parametrize("option", REPORT_OPTIONS)
+def test_a_report_option_naming_the_script_is_refused_before_any_repeat(core: Core, script: Path,
+                                                                        option: str) -> None:
+    """Issue 27 C6: `--json s.py` overwrote the audited script with the report."""
+    source = script.read_text()
+    result = invoke(["run", str(script), option, str(script)])
+    assert result.exit_code == 2 and "is the audited script" in result.output
+    assert core.calls == [] and script.read_text() == source
+
+
+@pytest.mark.parametrize("first, second", [(a, b) for a in REPORT_OPTIONS for b in REPORT_OPTIONS if a < b])
+def test_two_report_options_naming_one_file_are_refused(core: Core, script: Path, first: str, second: str) -> None:
+    result = invoke(["run", str(script), first, "r.out", second, "./r.out"])
+    assert result.exit_code == 2 and "name the same path" in result.output
+    assert core.calls == []
+
+
+@pytest.mark.parametrize("option", [*REPORT_OPTIONS, "--save-baseline"])
+@pytest.mark.parametrize("command", ["run", "report", "compare", "explain"])
+def test_no_output_lands_in_a_run_directory_or_a_baseline(core: Core, script: Path, option: str,
+                                                          command: str) -> None:
+    """`--json RUN/run.json` made that run unreadable; a report is never written among a recording's files."""
+    run_dir = Path(synthetic_report(core.tmp_path, "deterministic").run_dir)
+    other = Path(synthetic_report(core.tmp_path, "divergent").run_dir)
+    record = (other / "run.json").read_bytes()
+    if option == "--save-baseline" and command != "run":
+        return
+    args = {"run": ["run", str(script)], "report": ["report", str(run_dir)], "explain": ["explain", str(run_dir)],
+            "compare": ["compare", str(run_dir), str(run_dir)]}[command]
+    for target in (other / "run.json", other / "new-report", run_dir / "x"):
+        result = invoke([*args, option, str(target)])
+        assert result.exit_code == 2, (target, result.output)
+        assert "is inside" in result.output
+    assert (other / "run.json").read_bytes() == record and not (other / "new-report").exists()
+    assert core.calls == []
+
+
+def test_save_baseline_into_a_non_empty_directory_exits_2_before_any_repeat(
+        core: Core, script: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27 C8: the refusal exited 0 after the run; a CI job would not notice no baseline was kept."""
+    (core.tmp_path / "kept").mkdir()
+    (core.tmp_path / "kept" / "notes.txt").write_text("mine\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(script), "--save-baseline", "kept"])
+    assert exit_info.value.code == 2 and "not a new or empty directory" in capsys.readouterr().err
+    assert core.calls == []

@@ -11,7 +11,7 @@ from rich.console import Console
 
 import detaudit.cli.session as session
 import detaudit.report.baseline
-from detaudit.errors import OutputError
+from detaudit.errors import ExitCode, OutputError
 from detaudit.results import RepeatResult
 
 
@@ -44,8 +44,11 @@ def test_a_pipe_is_never_wrapped_at_80_columns(monkeypatch: pytest.MonkeyPatch) 
     assert session.stdout_console().width == session.PIPE_WIDTH
 
 
-def test_a_baseline_that_cannot_be_saved_is_a_warning_not_an_error(stderr: StringIO, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("run_exit, expected", [(0, ExitCode.OUTPUT), (1, None)])
+def test_a_baseline_that_cannot_be_saved_fails_a_run_that_agreed(stderr: StringIO, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, run_exit: int,
+                                                                 expected: int | None) -> None:
+    """Issue 27 C8: a CI job must notice that no baseline was kept; a divergent run's exit 1 already says so."""
     def refuse(*args: object) -> Path:
         raise OutputError("cannot write base: read-only")
 
@@ -53,6 +56,7 @@ def test_a_baseline_that_cannot_be_saved_is_a_warning_not_an_error(stderr: Strin
 
     class Finished:
         run_dir = str(tmp_path)
+        exit_code = run_exit
 
-    session.save_baseline_to(Finished(), tmp_path / "base")
+    assert session.save_baseline_to(Finished(), tmp_path / "base") == expected
     assert "cannot write base: read-only" in stderr.getvalue()

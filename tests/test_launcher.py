@@ -3,6 +3,7 @@ a readable incomplete trace, and Ctrl-C that stops every repeat with no orphan l
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from detaudit.errors import UsageError
+from detaudit.errors import ExitCode, OutputError, UsageError
 from detaudit.results import RepeatResult
 from detaudit.run import launcher
 from detaudit.run.launcher import Launcher, plan_repeats
@@ -267,3 +268,42 @@ def test_a_result_is_frozen_and_carries_the_scripts_error_from_the_footer(tmp_pa
         result.exit_code = 0  # type: ignore[misc]
     stored = result.to_dict()  # run.json keeps no copy: the footer is the error's one source
     assert "error" not in stored and RepeatResult.from_dict({**stored, "new-key": 1}) == replace(result, error=None)
+
+
+@pytest.mark.process
+def test_links_a_script_plants_for_the_next_repeat_are_never_written_through(tmp_path: Path) -> None:
+    """Issue 27 B5: a repeat's files are created exclusively; a link already at a name is refused (exit 7)."""
+    victim = tmp_path / "users-file"
+    victim.write_text("precious\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    script = tmp_path / "plant.py"
+    script.write_text(textwrap.dedent(f"""
+        import os
+        for name in ("repeat-1.stdout", "repeat-1.stderr", "repeat-1.config.json"):
+            os.symlink({str(victim)!r}, os.path.join({str(run_dir)!r}, name))
+        print("planted")
+    """))
+    plans = plan_repeats(run_dir, 2, ["cpu"])
+    with pytest.raises(OutputError, match="already exists") as caught:
+        Launcher(script, [], timeout=60, jobs=1, cwd=tmp_path).run(plans)
+    assert caught.value.exit_code == ExitCode.OUTPUT
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.process
+def test_a_stdout_digest_is_of_the_file_detaudit_created(tmp_path: Path) -> None:
+    """A script that swaps its own capture for another file does not change what detaudit read back."""
+    script = tmp_path / "swap.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        print("real output", flush=True)
+        capture = os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}")
+        os.unlink(capture)
+        with open(capture, "w") as fh:
+            fh.write("forged output\\n")
+    """))
+    [planned] = plan_repeats(tmp_path, 1, ["cpu"])
+    [result] = Launcher(script, [], timeout=60, cwd=tmp_path).run([planned])
+    assert result.exit_code == 0
+    assert result.stdout_digest == hashlib.sha256(b"real output\n").hexdigest()[:16]

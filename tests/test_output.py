@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from detaudit.errors import ExitCode, OutputError
-from detaudit.run.files import check_writable, write_output, write_text_atomically
+from detaudit.errors import ExitCode, OutputError, TraceError
+from detaudit.run.files import (
+    check_writable,
+    copy_atomically,
+    create_private,
+    write_output,
+    write_text_atomically,
+)
 
 
 def test_atomic_writes_use_unique_temporaries_and_leave_none(tmp_path: Path) -> None:
@@ -67,3 +73,38 @@ def test_a_directory_or_a_file_under_a_file_is_refused_before_the_run(tmp_path: 
     check_writable(tmp_path / "new" / "report.json")  # a missing parent is made when the file is written
     check_writable(Path("-"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]  # the probe leaves nothing behind
+
+
+def test_a_run_directory_file_is_created_exclusively_never_through_a_link(tmp_path: Path) -> None:
+    victim = tmp_path / "users-file"
+    victim.write_text("precious\n")
+    (tmp_path / "repeat-1.stdout").symlink_to(victim)
+    with pytest.raises(OutputError, match="already exists") as caught:
+        create_private(tmp_path / "repeat-1.stdout")
+    assert caught.value.exit_code == ExitCode.OUTPUT and victim.read_text() == "precious\n"
+    fd = create_private(tmp_path / "repeat-2.stdout", readable=True)
+    os.write(fd, b"mine")
+    assert os.pread(fd, 4, 0) == b"mine" and oct(os.fstat(fd).st_mode & 0o777) == "0o600"
+    os.close(fd)
+
+
+def test_a_link_at_a_run_files_name_is_replaced_not_written_through(tmp_path: Path) -> None:
+    victim = tmp_path / "users-file"
+    victim.write_text("precious\n")
+    for name in ("run.json", "report.json"):
+        (tmp_path / name).symlink_to(victim)
+    write_text_atomically(tmp_path / "run.json", "{}", mode=0o600)
+    write_output(tmp_path / "report.json", "{}", mode=0o600)  # a run directory's report: never in place
+    assert victim.read_text() == "precious\n"
+    assert not (tmp_path / "run.json").is_symlink() and (tmp_path / "report.json").read_text() == "{}"
+
+
+def test_a_copy_reads_its_source_never_through_a_link(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("hunter2")
+    (tmp_path / "repeat-0.stdout").symlink_to(tmp_path / "secret")
+    with pytest.raises(TraceError, match="symbolic link"):
+        copy_atomically(tmp_path / "repeat-0.stdout", "stdout capture", tmp_path / "reference.stdout")
+    assert not (tmp_path / "reference.stdout").exists()
+    (tmp_path / "plain").write_text("printed\n")
+    copy_atomically(tmp_path / "plain", "stdout capture", tmp_path / "reference.stdout")
+    assert (tmp_path / "reference.stdout").read_text() == "printed\n"

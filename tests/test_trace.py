@@ -17,7 +17,20 @@ from synthetic import Rec, training_records, write_trace
 import detaudit
 from detaudit import trace as trace_mod
 from detaudit.errors import TraceError
-from detaudit.trace import FORMAT_VERSION, MAGIC, RECORD_DTYPE, Flag, Kind, Record, TraceWriter, read_trace
+from detaudit.trace import (
+    FORMAT_VERSION,
+    MAGIC,
+    RECORD_DTYPE,
+    Flag,
+    Kind,
+    Record,
+    RecordStream,
+    TraceWriter,
+    read_events,
+    read_footer,
+    read_trace,
+    sha256_regular,
+)
 
 
 def _names(tr: trace_mod.Trace) -> list[str]:
@@ -358,6 +371,29 @@ def test_reader_refuses_what_is_not_a_regular_file(tmp_path: Path, kind: str) ->
         path.mkdir()
     with pytest.raises(TraceError, match="not a regular file|Is a directory"):
         read_trace(path)
+
+
+def test_reader_never_follows_a_symlink_even_to_a_valid_trace(tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere.trace"
+    TraceWriter(real, {"repeat": 0}).close({"exit_code": 0})
+    (tmp_path / "repeat-0.trace").symlink_to(real)
+    for read in (read_trace, lambda p: RecordStream(p), lambda p: sha256_regular(p, "trace")):
+        with pytest.raises(TraceError, match="symbolic link"):
+            read(tmp_path / "repeat-0.trace")
+    assert read_footer(tmp_path / "repeat-0.trace") is None
+
+
+def test_events_of_one_kind_are_read_without_the_records(tmp_path: Path) -> None:
+    path = tmp_path / "t.trace"
+    writer = TraceWriter(path, {"repeat": 0})
+    writer.event({"type": "file-write", "path": "/w/ckpt.pt", "loc": "train.py:3"})
+    writer.add((1, 0, 0, 0, writer.intern("m"), 0, 0, 0, 0, 0, 7, 0, 0, (0.0, 0.0, 0.0, 0.0)))
+    writer.event({"type": "clock", "fn": "time.time", "loc": "train.py:4"})
+    writer.abandon()  # no footer: a killed repeat's events still count
+    assert [e["path"] for e in read_events(path, "file-write")] == ["/w/ckpt.pt"]
+    assert read_events(tmp_path / "missing.trace", "file-write") == []
+    path.write_bytes(path.read_bytes()[:-5])  # cut inside the last frame
+    assert len(read_events(path, "file-write")) == 1
 
 
 def test_a_lying_frame_length_is_a_truncated_tail_not_an_allocation(tmp_path: Path) -> None:

@@ -27,9 +27,9 @@ from detaudit.records import OPS_PREFIX, Narrowing, RunRecord, is_plain_name
 from detaudit.report import baseline
 from detaudit.report.model import CarriedOutput, Report, all_failed, write_json
 from detaudit.results import RepeatResult, SelfCheck, Tolerance
-from detaudit.run import distributed
-from detaudit.run.failure import excerpt, read_error
-from detaudit.run.launcher import Interrupted, Launcher, check_script, plan_repeats
+from detaudit.run import distributed, sharing
+from detaudit.run.failure import excerpt, read_error, stderr_tail
+from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats
 from detaudit.run.provenance import git_state
 from detaudit.run.rundir import (
     REPORT_FILE,
@@ -40,10 +40,9 @@ from detaudit.run.rundir import (
     stored_args,
     write_record,
 )
-from detaudit.trace import RecordStream, open_regular, read_footer
+from detaudit.trace import RecordStream, read_footer
 
 GRANULARITIES = ("step", "module", "op", "auto")
-STDERR_TAIL_BYTES = 64 << 10  # how much of a repeat's stderr the report reads (its end)
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,11 @@ class AuditOptions:
 def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
             cwd: Path | None = None) -> list[RepeatResult]:
-    """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory."""
+    """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory.
+
+    Repeats run in parallel (-j) that wrote one file (run/sharing.py) are re-run one after another:
+    detaudit's parallelism must never read as the script's nondeterminism.
+    """
     target, schedule, recording = options.target, options.schedule, options.recording
     bounds = {k: v for k, v in (("max_steps", recording.max_steps), ("max_time", recording.max_time))
               if v is not None}
@@ -127,11 +130,29 @@ def execute(options: AuditOptions, run_dir: Path,
     child_config["git"] = git_state(target.script)
     plans = plan_repeats(run_dir, schedule.repeats, schedule.devices, recording.granularity, target.env,
                          child_config, prefix=prefix, own_device=schedule.own_device)
-    launcher = distributed.launcher(schedule.nproc_per_node, schedule.torchrun_args, target.as_typed,
-                                    target.script_args, schedule.timeout, schedule.jobs, cwd) \
-        or Launcher(target.as_typed, target.script_args, schedule.timeout, schedule.jobs, cwd=cwd)
+
+    def launch(batch: Sequence[RepeatPlan], jobs: int) -> list[RepeatResult]:
+        launcher = distributed.launcher(schedule.nproc_per_node, schedule.torchrun_args, target.as_typed,
+                                        target.script_args, schedule.timeout, jobs, cwd) \
+            or Launcher(target.as_typed, target.script_args, schedule.timeout, jobs, cwd=cwd)
+        return launcher.run(batch, None if on_done is None else lambda r: on_done(ended(r, run_dir)))
+
     try:
-        results = launcher.run(plans, None if on_done is None else lambda r: on_done(ended(r, run_dir)))
+        results = launch(plans, schedule.jobs)
+        # a torchrun repeat's ranks write one file by design; its traces are per rank
+        reasons = sharing.shared_writes(results, run_dir) if schedule.jobs > 1 and not schedule.nproc_per_node \
+            else {}
+        if reasons:
+            again = [p for p in plans if p.index in reasons]
+            for plan in again:
+                sharing.discard(plan)
+            try:
+                alone = {r.index: replace(r, rerun_alone=reasons[r.index]) for r in launch(again, 1)}
+            except Interrupted as exc:
+                partial = {r.index: r for r in exc.results}
+                exc.results = [partial.get(r.index, r) for r in results]
+                raise
+            results = [alone.get(r.index, r) for r in results]
     except Interrupted as exc:
         exc.run_dir = run_dir
         raise
@@ -279,7 +300,7 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
     modes: list[StdoutMode] = []
     for i, path in enumerate(paths):
         path = Path(path)
-        if path.is_dir() and (path / baseline.MANIFEST).is_file():
+        if path.is_dir() and os.path.lexists(path / baseline.MANIFEST):
             results.append(replace(baseline.load(path).result, index=i))
         elif path.is_dir():
             run_record, run_results = read_run(path)
@@ -288,7 +309,7 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
                                  f"(e.g. {path / distributed.Layout.rank_file(run_results[0].trace, 0)})")
             modes.append(recorded_mode(run_record))
             first = run_results[0]
-            if not (path / first.trace).is_file():
+            if not os.path.lexists(path / first.trace):  # a link is refused by its reader, naming it
                 raise TraceError(f"{path}: its first repeat left no trace ({first.trace})")
             # absolute, not resolved: a symlink planted in the run directory stays a symlink (never followed)
             results.append(replace(first, index=i, trace=str((path / first.trace).absolute()),
@@ -349,7 +370,7 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
     if record.nproc_per_node:
         return ranks.analyse_ranks(run_dir, record, results, analyse, explained)
     traces = [run_dir / r.trace for r in results]
-    if not any(t.is_file() for t in traces) and not any(r.timed_out or r.interrupted for r in results):
+    if not any(os.path.lexists(t) for t in traces) and not any(r.timed_out or r.interrupted for r in results):
         failure = _stderr_tail(run_dir, results[0])
         raise TraceError(f"no trace was written (did the script start?); {failure}" if failure
                          else "no trace was written")
@@ -429,12 +450,4 @@ def _stderr_text(run_dir: Path, result: RepeatResult) -> str:
     """The end of a repeat's stderr file: a regular file in the run directory, its last 64 KB only."""
     if not result.stderr or not is_plain_name(Path(result.stderr).name):
         return ""
-    path = run_dir / result.stderr
-    try:
-        with open_regular(path, "stderr capture", follow_symlinks=False) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - STDERR_TAIL_BYTES))
-            tail: bytes = fh.read(STDERR_TAIL_BYTES)
-            return tail.decode(errors="replace")
-    except (OSError, TraceError):
-        return ""
+    return stderr_tail(run_dir / result.stderr)

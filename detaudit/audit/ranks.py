@@ -33,8 +33,8 @@ from detaudit.records import RunRecord
 from detaudit.report.model import DistributedFindings, RankSummary, ReplicaDivergence, Report, TeardownCrash, all_failed
 from detaudit.results import Cause, RepeatResult, Role
 from detaudit.run.distributed import Layout, node_rank, rank_error, root_cause
-from detaudit.run.failure import excerpt, from_footer
-from detaudit.trace import Kind, RecordStream
+from detaudit.run.failure import excerpt, from_footer, stderr_tail
+from detaudit.trace import Kind, RecordStream, sha256_regular
 
 COLLECTIVE_FED = ("grad", "param", "optstate", "buffer")
 COLLECTIVE_OPS = ("c10d.", "_c10d_functional.", "c10d_functional.")  # op records of collectives (op granularity)
@@ -242,7 +242,7 @@ def teardown_crash(run_dir: Path, result: RepeatResult, layout: Layout) -> Teard
         if footer is None or footer.get("exit_code") != 0:
             return None
     failed, signal = [], None
-    for rank, code in root_cause(_read(run_dir / result.stderr)):
+    for rank, code in root_cause(stderr_tail(run_dir / result.stderr)):
         failed.append(rank)
         if code < 0:
             signal = _SIGNALS.get(-code, f"signal {-code}")
@@ -266,22 +266,13 @@ def _events(path: Path) -> list[dict[str, Any]]:
 
 
 def _digest(path: Path) -> str:
-    import hashlib
-
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    except OSError:
-        return ""
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
+        return sha256_regular(path, "stdout capture")[:16]
+    except (OSError, TraceError):
         return ""
 
 
 def _stderr_excerpt(run_dir: Path, result: RepeatResult, layout: Layout) -> str:
     """A failed repeat's error: the failing rank's exception (its footer), else torchrun's stderr."""
-    text = _read(run_dir / result.stderr)
+    text = stderr_tail(run_dir / result.stderr)
     return excerpt(result.error or rank_error(run_dir, result, layout, text), text)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from detaudit.errors import TraceError
 from detaudit.events import WORKERS_SUFFIX, Event, Flags, StateEvent, When, select
 from detaudit.pin import Pin
 from detaudit.results import Basis, Cause, Confidence, RepeatResult
-from detaudit.trace import RecordStream, open_regular
+from detaudit.trace import RecordStream, read_regular
 
 LIKELY = 0.7  # a score at or above this is reported as "likely", below as "possible"
 
@@ -111,10 +112,9 @@ def load(path: Path, index: int, device: str) -> RepeatEvidence:
     except (TraceError, OSError):
         return rep
     side = Path(str(path) + WORKERS_SUFFIX)
-    if side.is_file():
+    if os.path.lexists(side):  # a link planted there is refused by its reader, naming it
         # a file of the run directory: regular (no FIFO, no symlink out of it), size-capped, events typed
-        with open_regular(side, "worker evidence file", follow_symlinks=False) as fh:
-            text = fh.read(MAX_SIDE_BYTES).decode(errors="replace")
+        text = read_regular(side, "worker evidence file", MAX_SIDE_BYTES).decode(errors="replace")
         for line in text.splitlines():
             try:
                 event = json.loads(line)

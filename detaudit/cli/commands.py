@@ -133,11 +133,13 @@ def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, 
     `data.txt --epochs 1 -n 5`); one the script defines too is refused with both spellings. Arguments
     after `--` go to the script untouched: `detaudit run train.py --repeats 5 -- --epochs 1`.
     """
-    check_outputs(json_path, junit_path, html_path)
+    baseline_dir = options.checks.baseline
+    check_outputs(json_path, junit_path, html_path, save_baseline=save_baseline, out_dir=options.out_dir,
+                  inputs={"the audited script": options.target.script,
+                          **({"the --baseline": baseline_dir} if baseline_dir else {})})
     report = audit_run(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
-    if save_baseline is not None:
-        save_baseline_to(report, save_baseline)
-    finish(report, json_path, junit_path, quiet, html_path)
+    code = save_baseline_to(report, save_baseline) if save_baseline is not None else None
+    finish(report, json_path, junit_path, quiet, html_path, exit_code=code)
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
@@ -149,7 +151,7 @@ def report(run_dir: Path, stdout_mode: str | None, ignore_stdout: bool, json_pat
     """Re-render the report of a finished run from its directory (stdout compared as recorded unless --stdout)."""
     from detaudit.audit.pipeline import load_run
 
-    check_outputs(json_path, junit_path, html_path)
+    check_outputs(json_path, junit_path, html_path, inputs={"the run directory": run_dir})
     finish(load_run(run_dir, stdout_mode_of(stdout_mode, ignore_stdout)), json_path, junit_path, quiet, html_path)
 
 
@@ -172,7 +174,7 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     once does, the set of pins is bisected down to one source. Results are stored in RUN_DIR
     (explain.json), so `detaudit report RUN_DIR` shows them too.
     """
-    check_outputs(json_path, junit_path, html_path)
+    check_outputs(json_path, junit_path, html_path, inputs={"the run directory": run_dir})
     from detaudit.run.rundir import read_run
 
     record, _ = read_run(run_dir)
@@ -200,7 +202,7 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
     """
     from detaudit.audit.pipeline import compare_recorded
 
-    check_outputs(json_path, junit_path, html_path)
+    check_outputs(json_path, junit_path, html_path, inputs={f"the recording {path}": path for path in recordings})
     stdout = stdout_mode_of(stdout_mode, ignore_stdout)
     report = compare_recorded(list(recordings), compare_tolerance(atol, rtol), stdout)
     finish(report, json_path, junit_path, quiet, html_path)
@@ -234,7 +236,7 @@ def _show(trace_path: Path, limit: int, events: bool) -> None:
         hint = f"; this run directory has {', '.join(traces)}" if traces else ""
         raise click.UsageError(f"{trace_path} is a directory: `show` prints one trace file{hint} "
                                "(`detaudit report RUN_DIR` shows a run)")
-    stream = RecordStream(trace_path)
+    stream = RecordStream(trace_path.resolve())  # a link the user names is theirs to follow (trace.open_regular)
     console = stdout_console()
     console.print(f"[bold]{clean(trace_path)}[/] — format {clean(stream.header.get('format'))} "
                   f"v{clean(stream.header.get('version'))}")

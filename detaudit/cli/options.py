@@ -10,7 +10,7 @@ import functools
 import inspect
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -92,15 +92,64 @@ def report_options(command: Callable[..., Any]) -> Callable[..., Any]:
                         help="Write the JSON report.")(command)
 
 
-def check_outputs(json_path: Path | None, junit_path: Path | None, html_path: Path | None = None) -> None:
-    """Before any repeat runs: the report files can be written (else exit 7 now, not after the run)."""
+def check_outputs(json_path: Path | None, junit_path: Path | None, html_path: Path | None = None, *,
+                  inputs: Mapping[str, Path] | None = None, save_baseline: Path | None = None,
+                  out_dir: Path | None = None) -> None:
+    """Before any repeat runs: the report files can be written (else exit 7 now, not after the run), and
+    none would overwrite what the command reads or writes otherwise (else exit 2, `check_distinct`).
+
+    `inputs`: what the command reads, by how the user gave it ("the script", "RUN_DIR"...);
+    `save_baseline` and `out_dir`: the directories it writes besides the reports.
+    """
+    from detaudit.report.baseline import check_destination
     from detaudit.run.files import check_writable
 
-    for path in (json_path, junit_path, html_path):
-        if path is not None:
-            check_writable(path)
     if str(json_path) == "-" and str(junit_path) == "-":
         raise click.UsageError("--json - and --junit - cannot both write to stdout")
+    reports = {option: path for option, path in (("--json", json_path), ("--junit", junit_path),
+                                                 ("--html", html_path)) if path is not None and str(path) != "-"}
+    directories = {option: path for option, path in (("--save-baseline", save_baseline), ("--out", out_dir))
+                   if path is not None}
+    check_distinct(reports, directories, dict(inputs or {}))
+    if save_baseline is not None:
+        check_destination(save_baseline)
+    for path in reports.values():
+        check_writable(path)
+
+
+def check_distinct(reports: Mapping[str, Path], directories: Mapping[str, Path], inputs: Mapping[str, Path]) -> None:
+    """Refuse (UsageError, exit 2) an output that would overwrite the user's work or detaudit's own: a report
+    path that is an input of the command (the audited script, a recording), another output of the same
+    command, or inside an output directory or an input directory; and any output inside a recording (a
+    directory holding run.json or baseline.json: `--json RUN/run.json` would make that run unreadable)."""
+    seen: dict[str, str] = {}
+    for option, path in {**reports, **directories}.items():
+        where = os.path.realpath(path)
+        if where in seen:
+            raise click.UsageError(f"{option} {path} and {seen[where]} name the same path: each output needs its own")
+        seen[where] = f"{option} {path}"
+        for name, other in {**inputs, **(directories if option in reports else {})}.items():
+            there = os.path.realpath(other)
+            if where == there:
+                raise click.UsageError(f"{option} {path} is {name}: it would be overwritten; write it elsewhere")
+            if option in reports and where.startswith(there.rstrip(os.sep) + os.sep):
+                raise click.UsageError(f"{option} {path} is inside {name} ({other}): write the report elsewhere")
+        holder = _recording_holding(Path(path))
+        if holder is not None:
+            raise click.UsageError(f"{option} {path} is inside {holder}, a detaudit run directory or baseline: "
+                                   "it would replace or add to the files detaudit reads there; write it elsewhere")
+
+
+def _recording_holding(path: Path) -> Path | None:
+    """The run directory or baseline `path` would be written into: its nearest existing directory above,
+    when that holds run.json or baseline.json."""
+    from detaudit.report.baseline import MANIFEST
+    from detaudit.run.rundir import RUN_FILE
+
+    above = next((p for p in Path(os.path.abspath(path)).parents if p.is_dir()), None)
+    if above is not None and any(os.path.lexists(above / name) for name in (RUN_FILE, MANIFEST)):
+        return above
+    return None
 
 
 def audit_options(script: Path | str, script_args: tuple[str, ...], *, repeats: int, devices: tuple[str, ...],

@@ -78,6 +78,11 @@ def verdict_line(report: Report) -> Text:
         which = ", ".join(str(r.index) for r in cut)
         text.append(f"; recording stopped early in repeat(s) {which} ({cut[0].recording_stopped}): compared as far "
                     "as every repeat recorded", style="bold yellow")
+    alone = [r for r in report.runs if r.rerun_alone]
+    if alone:
+        which = ", ".join(str(r.index) for r in alone)
+        text.append(printable(f"; repeat(s) {which} re-run one after another ({alone[0].rerun_alone}): "
+                              "detaudit's own parallelism is never compared"), style="bold yellow")
     if report.baseline is not None:
         text.append("; matches the baseline" if report.baseline.matches else "; DIFFERS FROM THE BASELINE",
                     style="" if report.baseline.matches else "bold red")

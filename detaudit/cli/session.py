@@ -127,16 +127,23 @@ def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None
     return report
 
 
-def save_baseline_to(report: Any, dest: Path) -> None:
+def save_baseline_to(report: Any, dest: Path) -> int | None:
+    """Keep the run as a baseline; the exit code the command must end with instead of the report's, if any.
+
+    The report is still written and shown. A baseline not saved after repeats that agreed fails the
+    command with its error's code (a CI job must notice that nothing was kept); after repeats that did
+    not agree, the run's own non-zero exit code already does.
+    """
     from detaudit.report import baseline
 
     try:
         saved = baseline.save(Path(report.run_dir), report, dest)
-    except DetauditError as exc:  # the run's own verdict and exit code still stand
+    except DetauditError as exc:
         err_console.print(f"[bold yellow]detaudit:[/] {escape(str(exc))}", soft_wrap=True)
-        return
-    size = sum(p.stat().st_size for p in saved.iterdir() if p.is_file())
+        return exc.exit_code if report.exit_code == 0 else None
+    size = sum(p.lstat().st_size for p in saved.iterdir() if p.is_file())
     err_console.print(f"baseline saved to {escape(str(saved))} ({size / 1024:.1f} KiB)", soft_wrap=True)
+    return None
 
 
 def explain_run(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool,

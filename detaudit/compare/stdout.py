@@ -230,7 +230,7 @@ def _lines(path: Path) -> Iterator[bytes]:
     from detaudit.trace import open_regular
 
     # a file of a run directory: regular, never followed through a symlink planted there
-    with open_regular(path, "stdout capture", follow_symlinks=False) as fh:
+    with open_regular(path, "stdout capture") as fh:
         for raw in fh:
             yield raw.rstrip(b"\n")
 

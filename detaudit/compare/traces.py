@@ -8,6 +8,7 @@ with max-abs and max-ULP figures).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,7 +149,7 @@ class MissingTrace(RecordStream):
 def open_stream(path: Path) -> RecordStream:
     """The trace at `path`, or an empty incomplete stand-in when the repeat wrote none."""
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):  # a link (even a dangling one) is refused by the reader, naming it
         return MissingTrace(path)
     try:
         return RecordStream(path)

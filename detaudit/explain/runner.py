@@ -136,7 +136,8 @@ def _exclusive(run_dir: Path) -> Iterator[None]:
         yield
         return
     try:
-        fd = os.open(run_dir / EXPLAIN_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # never through a link planted at its name (run/files.py): that would create a file outside the run
+        fd = os.open(run_dir / EXPLAIN_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise output_error(run_dir / EXPLAIN_LOCK, exc) from None
     try:

@@ -14,9 +14,8 @@ refused (exit 4). JSON and the trace format only: never pickle.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -31,9 +30,9 @@ from detaudit.errors import TraceError, UsageError
 from detaudit.records import BaselineManifest, Reference, RunRecord
 from detaudit.report.model import BaselineCheck, EnvironmentChange, Report
 from detaudit.results import RepeatResult
-from detaudit.run.files import write_text_atomically
-from detaudit.run.rundir import read_run
-from detaudit.trace import RecordStream, load_json, open_regular
+from detaudit.run.files import copy_atomically, write_text_atomically
+from detaudit.run.rundir import is_plain_name, read_run
+from detaudit.trace import RecordStream, load_json, open_regular, sha256_regular
 
 MANIFEST = "baseline.json"
 MAX_MANIFEST_BYTES = 16 << 20
@@ -88,30 +87,33 @@ def save(run_dir: Path, report: Report, dest: Path) -> Path:
         raise UsageError(f"baseline not saved: the run is {report.verdict}; a baseline must come from repeats "
                          "that agree, or every later comparison would fail")
     dest = Path(dest)
-    if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not (dest / MANIFEST).is_file())):
-        raise UsageError(f"--save-baseline {dest}: not a new or empty directory, nor a baseline to replace")
+    check_destination(dest)
     record, results = read_run(run_dir)
     first = results[0]
     source = Path(run_dir) / first.trace
     dest.mkdir(parents=True, exist_ok=True)
-    tmp = dest / (TRACE + ".tmp")
-    shutil.copyfile(source, tmp)
-    tmp.replace(dest / TRACE)
+    copy_atomically(source, "trace", dest / TRACE)  # read never through a link, written by rename
     printed = Path(run_dir) / first.stdout
-    if first.stdout and printed.is_file():
-        shutil.copyfile(printed, dest / (STDOUT + ".tmp"))
-        (dest / (STDOUT + ".tmp")).replace(dest / STDOUT)
+    if first.stdout and os.path.lexists(printed):
+        copy_atomically(printed, "stdout capture", dest / STDOUT)
     if first.exit_code is None:
         raise UsageError("baseline not saved: the first repeat's exit status is unknown")
     manifest = BaselineManifest(
         script=Path(record.script).name, script_args=record.script_args,
         granularity=effective_granularity(record.granularity or "module"),
-        reference=Reference(TRACE, _sha256(dest / TRACE), first.device, first.exit_code, first.stdout_digest,
-                            report.comparison.records[0]),
+        reference=Reference(TRACE, sha256_regular(dest / TRACE, "baseline trace"), first.device, first.exit_code,
+                            first.stdout_digest, report.comparison.records[0]),
         environment=fingerprint(record, source, first.device), detaudit_version=__version__,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     write_text_atomically(dest / MANIFEST, json.dumps(manifest.to_dict(), indent=2) + "\n")
     return dest
+
+
+def check_destination(dest: Path) -> None:
+    """`--save-baseline DIR` must be a new or empty directory, or a baseline to replace (UsageError, exit 2);
+    the CLI checks it before any repeat runs, so a CI job never learns only at the end that nothing was kept."""
+    if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not (dest / MANIFEST).is_file())):
+        raise UsageError(f"--save-baseline {dest}: not a new or empty directory, nor a baseline to replace")
 
 
 def load(path: Path) -> Baseline:
@@ -119,23 +121,24 @@ def load(path: Path) -> Baseline:
     path = Path(path)
     directory = path.parent if path.name == MANIFEST else path
     manifest_path = directory / MANIFEST
-    if not manifest_path.is_file():
+    if not os.path.lexists(manifest_path):
         raise TraceError(f"{path}: not a detaudit baseline (no {MANIFEST}); record one with "
                          "`detaudit run SCRIPT --save-baseline DIR`")
     with open_regular(manifest_path, "baseline manifest") as fh:  # no FIFO or device; size-capped; nesting refused
         data = load_json(fh.read(MAX_MANIFEST_BYTES), f"{manifest_path}: unreadable baseline manifest")
     manifest = BaselineManifest.from_dict(data, str(manifest_path))
     ref = manifest.reference
-    trace = directory / ref.trace
-    printed = directory / STDOUT
+    # the directory resolved, never its files: a link planted as one is refused when it is opened
+    trace = directory.resolve() / ref.trace
+    printed = directory.resolve() / STDOUT
     result = RepeatResult(index=0, device=ref.device, exit_code=ref.exit_code, duration_s=0.0, timed_out=False,
-                          trace=str(trace.resolve()), stdout=str(printed.resolve()) if printed.is_file() else "",
+                          trace=str(trace), stdout=str(printed) if os.path.lexists(printed) else "",
                           stderr="", stdout_digest=ref.stdout_digest)
     baseline = Baseline(directory, trace, manifest.granularity, manifest.script, list(manifest.script_args), result,
                         dict(manifest.environment))
-    if trace.parent != directory or not trace.is_file():
+    if not is_plain_name(ref.trace) or not os.path.lexists(trace):
         raise TraceError(f"{manifest_path}: its trace {ref.trace!r} is missing")
-    if _sha256(trace) != ref.sha256:
+    if sha256_regular(trace, "baseline trace") != ref.sha256:
         raise TraceError(f"{trace}: does not match the checksum in {MANIFEST} (edited or corrupt); "
                          "record the baseline again")
     return baseline
@@ -167,10 +170,3 @@ def environment_changes(before: dict[str, Any], after: dict[str, Any]) -> list[E
     return [EnvironmentChange(key, before.get(key), after.get(key))
             for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -27,9 +27,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit.errors import UsageError
+from detaudit.errors import TraceError, UsageError
 from detaudit.results import RepeatResult, ScriptError
-from detaudit.run.failure import first_error
+from detaudit.run.failure import first_error, stderr_tail
+from detaudit.run.files import create_private
 from detaudit.run.launcher import Launcher, RepeatPlan, child_command
 
 RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -118,17 +119,19 @@ class DistributedLauncher(Launcher):
             result = super().run_one(plan)
         finally:
             kill_ranks(plan.trace.parent, plan.trace.name)
-        error = rank_error(plan.trace.parent, result, self.layout, _tail(plan.stderr)) if result.exit_code else None
+        failed = result.exit_code
+        error = rank_error(plan.trace.parent, result, self.layout, stderr_tail(plan.stderr)) if failed else None
         return replace(result, stdout_digest=self._ranks_digest(plan, result), error=error)
 
     def _ranks_digest(self, plan: RepeatPlan, result: RepeatResult) -> str:
         """One digest over every rank's stdout, in rank order (ranks print concurrently)."""
+        from detaudit.trace import sha256_regular  # here: the child imports this module before the script
         h = hashlib.sha256()
         for rank in self.layout.ranks(plan.trace.parent, result):
             path = plan.trace.parent / Layout.rank_file(plan.stdout.name, rank)
             h.update(f"rank {rank}\n".encode())
-            with contextlib.suppress(OSError):
-                h.update(path.read_bytes())
+            with contextlib.suppress(OSError, TraceError):
+                h.update(bytes.fromhex(sha256_regular(path, "stdout capture")))
         return h.hexdigest()[:16]
 
     def kill_now(self) -> None:
@@ -157,16 +160,6 @@ def rank_error(run_dir: Path, result: RepeatResult, layout: Layout, torchrun_std
     return first_error(Path(run_dir) / Layout.rank_file(result.trace, rank) for rank in ranks)
 
 
-def _tail(path: Path, size: int = 64 << 10) -> str:
-    """The end of torchrun's stderr capture, where its failure summary is."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, os.fstat(fh.fileno()).st_size - size))
-            return fh.read(size).decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def kill_ranks(run_dir: Path, trace_name: str) -> list[int]:
     """SIGKILL the process group of every rank of a repeat that is still alive; the pids killed.
 
@@ -174,12 +167,14 @@ def kill_ranks(run_dir: Path, trace_name: str) -> list[int]:
     workers go with it. A pid is only signalled while it still runs detaudit's child for this run
     (a recycled pid is left alone).
     """
+    from detaudit.trace import read_regular  # here: the child imports this module before the script
+
     stem = trace_name.removesuffix(".trace")
     killed = []
     for pid_file in Path(run_dir).glob(f"{stem}.rank-*.pid"):
         try:
-            pid = int(pid_file.read_text().strip())
-        except (OSError, ValueError):
+            pid = int(read_regular(pid_file, "pid file", 64).strip())
+        except (OSError, ValueError, TraceError):
             continue
         if not runs_our_child(pid, run_dir):
             continue
@@ -240,10 +235,10 @@ def enter_rank(config: dict[str, Any]) -> dict[str, Any] | None:
     config["trace"] = str(trace.with_name(Layout.rank_file(trace.name, rank)))
     stdout = trace.with_name(Layout.rank_file(trace.name.removesuffix(".trace") + ".stdout", rank))
     pid_file = trace.with_name(Layout.rank_file(trace.name.removesuffix(".trace") + ".pid", rank))
-    with open(os.open(pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as fh:
+    with open(create_private(pid_file), "w") as fh:
         fh.write(str(os.getpid()))
     sys.stdout.flush()
-    fd = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # private, as the launcher's files
+    fd = create_private(stdout)  # as the launcher's files: exclusively, never through a planted link
     os.dup2(fd, 1)
     os.close(fd)
     return {**identity, "nproc_per_node": config["nproc_per_node"]}

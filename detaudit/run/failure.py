@@ -24,6 +24,7 @@ from detaudit.results import MAX_FRAMES, MAX_MESSAGE, MAX_TEXT, Frame, ScriptErr
 from detaudit.run.excerpt import error_excerpt
 from detaudit.safetext import printable
 
+STDERR_TAIL_BYTES = 64 << 10  # how much of a repeat's stderr is read for the report (its end)
 EXCERPT_LINES = 15  # lines of stderr shown when there are no frames
 
 
@@ -111,6 +112,18 @@ def read_error(trace: Path) -> ScriptError | None:
     from detaudit.trace import read_footer  # here: the child imports this module, and numpy must wait for the script
 
     return from_footer(read_footer(trace))
+
+
+def stderr_tail(path: Path) -> str:
+    """The end of a repeat's stderr capture (the last STDERR_TAIL_BYTES; a traceback or torchrun's failure
+    summary is there): a regular file of the run directory, never read through a link; "" when unreadable."""
+    from detaudit.errors import TraceError
+    from detaudit.trace import read_regular
+
+    try:
+        return read_regular(path, "stderr capture", STDERR_TAIL_BYTES, tail=True).decode(errors="replace")
+    except (OSError, TraceError):
+        return ""
 
 
 def first_error(traces: Iterable[Path]) -> ScriptError | None:

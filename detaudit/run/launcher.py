@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from detaudit.errors import UsageError, output_error
+from detaudit.errors import UsageError
 from detaudit.results import RepeatResult
 from detaudit.run.failure import read_error
+from detaudit.run.files import create_private, name_taken
 
 GRACE_S = 3.0
 # What a repeat's interpreter runs first (`python -c`): drop the working directory python puts first on
@@ -91,11 +92,12 @@ def plan_repeats(
     return plans
 
 
-def _digest(path: Path) -> str:
+def _digest(fh: Any) -> str:
+    """The digest of a capture, read back through detaudit's own descriptor (the file it created)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
+    fh.seek(0)
+    for block in iter(lambda: fh.read(1 << 20), b""):
+        h.update(block)
     return h.hexdigest()[:16]
 
 
@@ -153,34 +155,33 @@ class Launcher:
         env = {**os.environ, **plan.env}
         started = time.perf_counter()
         timed_out = False
+        if os.path.lexists(plan.trace):  # the child creates it exclusively; say why here, before it starts
+            raise name_taken(plan.trace)
+        with open(create_private(config_path), "wb") as fh:
+            fh.write(json.dumps({**plan.child_config, "trace": str(plan.trace)}).encode())
         try:
-            _write_private(config_path, json.dumps({**plan.child_config, "trace": str(plan.trace)}).encode())
-            out, err = _open_private(plan.stdout), _open_private(plan.stderr)
-        except OSError as exc:
-            raise output_error(plan.trace.parent, exc) from None
-        with out, err:
-            with self._lock:
-                if self._stopping:
-                    raise KeyboardInterrupt
-                proc = subprocess.Popen(self._command(config_path), cwd=self.cwd, env=env, stdout=out,
-                                        stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
-                self._live[plan.index] = proc
-            try:
-                if not _wait_exit(proc, self.timeout):
-                    timed_out = True
-                    _signal_group(proc, signal.SIGTERM)  # the child keeps what it recorded, writes no footer
-                    _wait_exit(proc, GRACE_S, self._hurry)
-            finally:
-                _signal_group(proc, signal.SIGKILL)  # the group, before the leader is reaped: no survivor
-                code = proc.wait()
+            with open(create_private(plan.stdout, readable=True), "w+b") as out, \
+                    open(create_private(plan.stderr), "wb") as err:
                 with self._lock:
-                    self._live.pop(plan.index, None)
-        interrupted = self._stopping and not timed_out
-        try:  # the run directory deleted while the repeat ran (`rm -rf .detaudit`): an output error, exit 7
+                    if self._stopping:
+                        raise KeyboardInterrupt
+                    proc = subprocess.Popen(self._command(config_path), cwd=self.cwd, env=env, stdout=out,
+                                            stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+                    self._live[plan.index] = proc
+                try:
+                    if not _wait_exit(proc, self.timeout):
+                        timed_out = True
+                        _signal_group(proc, signal.SIGTERM)  # the child keeps what it recorded, writes no footer
+                        _wait_exit(proc, GRACE_S, self._hurry)
+                finally:
+                    _signal_group(proc, signal.SIGKILL)  # the group, before the leader is reaped: no survivor
+                    code = proc.wait()
+                    with self._lock:
+                        self._live.pop(plan.index, None)
+                stdout_digest = _digest(out)
+        finally:
             config_path.unlink(missing_ok=True)
-            stdout_digest = _digest(plan.stdout)
-        except OSError as exc:
-            raise output_error(plan.trace.parent, exc) from None
+        interrupted = self._stopping and not timed_out
         return RepeatResult(
             index=plan.index, device=plan.device, exit_code=None if interrupted else code,
             duration_s=round(time.perf_counter() - started, 4), timed_out=timed_out,
@@ -279,15 +280,6 @@ def check_script(script: Path) -> None:
                          "give that")
     if not os.access(script, os.R_OK):
         raise UsageError(f"cannot open script {script}: permission denied")
-
-
-def _open_private(path: Path) -> Any:
-    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "wb")
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    with _open_private(path) as fh:
-        fh.write(data)
 
 
 def _wait_exit(proc: subprocess.Popen[bytes], timeout: float | None, hurry: threading.Event | None = None) -> bool:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -134,7 +135,7 @@ def read_run(run_dir: Path) -> tuple[RunRecord, list[RepeatResult]]:
     path = Path(run_dir) / RUN_FILE
     if not Path(run_dir).exists():
         raise UsageError(f"no such run directory: {run_dir}")
-    if not path.is_file():
+    if not os.path.lexists(path):  # a link planted as run.json is refused by its reader, naming it
         raise TraceError(f"{run_dir}: not a detaudit run directory (no run.json)")
     record = RunRecord.from_dict(read_json_record(path, "run record"), str(path))
     if not record.results:
@@ -155,7 +156,7 @@ def read_experiments(run_dir: Path) -> list[StoredExperiment]:
     """The stored experiments of explain.json (none when there is no file), validated
     (records.ExplainRecord.from_dict: field types and the repeat files each names)."""
     path = Path(run_dir) / EXPLAIN_FILE
-    if not path.exists():
+    if not os.path.lexists(path):
         return []
     return list(ExplainRecord.from_dict(read_json_record(path, "experiment record"), str(path)).experiments)
 
@@ -167,9 +168,11 @@ def write_experiments(run_dir: Path, stored: Sequence[StoredExperiment]) -> None
 
 
 def free_prefix(run_dir: Path, base: str) -> str:
-    """A repeat-file prefix no earlier repeat in `run_dir` used: `base`, else `base.2`, `base.3`..."""
+    """A repeat-file prefix no earlier repeat in `run_dir` used: `base`, else `base.2`, `base.3`...
+    (any file of a repeat counts: its files are created exclusively, launcher.run_one)."""
+    names = set(os.listdir(run_dir))
     prefix, n = base, 1
-    while any(Path(run_dir).glob(f"{prefix}-*.trace")):
+    while any(re.fullmatch(rf"{re.escape(prefix)}-\d+\..+", name) for name in names):
         n += 1
         prefix = f"{base}.{n}"
     return prefix

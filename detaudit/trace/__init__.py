@@ -25,12 +25,16 @@ from detaudit.trace.reader import (
     Trace,
     load_json,
     open_regular,
+    read_events,
     read_footer,
+    read_regular,
     read_trace,
+    sha256_regular,
 )
 from detaudit.trace.writer import FLUSH_EVERY, TraceWriter
 
 __all__ = [
     "FLUSH_EVERY", "FORMAT_VERSION", "MAGIC", "N_SAMPLES", "RECORD_DTYPE", "EmptyTrace", "Flag", "Kind", "Record",
-    "RecordStream", "Trace", "TraceWriter", "load_json", "open_regular", "read_footer", "read_trace",
+    "RecordStream", "Trace", "TraceWriter", "load_json", "open_regular", "read_events", "read_footer", "read_regular",
+    "read_trace", "sha256_regular",
 ]

@@ -4,6 +4,8 @@ ends the trace quietly, and a trace with no footer reads as incomplete."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import stat
@@ -102,24 +104,70 @@ def read_footer(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def open_regular(path: Path, what: str, follow_symlinks: bool = True) -> Any:
-    """Open a file detaudit reads (trace, run record) in binary mode: regular files only.
-
-    A FIFO, a device (`/dev/zero`) or a directory named where a trace belongs would hang or
-    never end; it is refused before any byte is read (O_NONBLOCK: opening a FIFO never waits).
-    `follow_symlinks=False` for files whose text is shown (a run directory's stderr captures):
-    a symlink planted there must not print a file from outside it.
-    """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+def read_events(path: Path, kind: str) -> list[dict[str, Any]]:
+    """A trace's evidence events of one kind, types checked, without reading its records (frames are
+    skipped by length); none when the trace is missing or unreadable (the comparison says why)."""
+    found: list[dict[str, Any]] = []
     try:
-        fd = os.open(path, flags)
+        with open_regular(Path(path), "trace") as fh:
+            if fh.read(len(MAGIC)) != MAGIC:
+                return []
+            size = os.fstat(fh.fileno()).st_size
+            while len(head := fh.read(FRAME_HEAD.size)) == FRAME_HEAD.size:
+                tag, length = FRAME_HEAD.unpack(head)
+                if fh.tell() + length > size or len(found) >= MAX_EVENTS:
+                    break  # cut short (a killed repeat): a bogus length never allocates
+                if tag != b"E":
+                    fh.seek(length, os.SEEK_CUR)
+                    continue
+                event = _json(Path(path), fh.read(length), "an evidence event")
+                if isinstance(event, dict) and event.get("type") == kind:
+                    found.append(_object(Path(path), event, "evidence event", schema.EVENT))
+    except (OSError, TraceError):
+        return []
+    return found
+
+
+def open_regular(path: Path, what: str) -> Any:
+    """Open a file detaudit reads (trace, run record, capture, baseline file) in binary mode: a regular
+    file, never reached through a symbolic link.
+
+    The one rule for every file of a run directory or a baseline: a symlink planted there (by the
+    script, or committed into a baseline) must not bring a file from outside it into a report, so
+    the last component is opened with O_NOFOLLOW and refused when it is a link. A FIFO, a device
+    (`/dev/zero`) or a directory named where a trace belongs would hang or never end; it is refused
+    before any byte is read (O_NONBLOCK: opening a FIFO never waits). A path the user names on the
+    command line is theirs to follow: the CLI resolves it first.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _fail(path, f"the {what} is a symbolic link; detaudit reads only the files it wrote, never "
+                              "through a link") from None
         raise _fail(path, f"cannot open {what} ({exc.strerror})") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise _fail(path, f"not a regular file; a {what} is a file detaudit wrote")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
+
+
+def read_regular(path: Path, what: str, limit: int, tail: bool = False) -> bytes:
+    """At most `limit` bytes of a file opened by `open_regular`: its start, or its end (`tail`)."""
+    with open_regular(path, what) as fh:
+        if tail:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - limit))
+        return bytes(fh.read(limit))
+
+
+def sha256_regular(path: Path, what: str) -> str:
+    """The SHA-256 (hex) of a file opened by `open_regular`, read in blocks."""
+    h = hashlib.sha256()
+    with open_regular(path, what) as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def load_json(data: bytes | str, where: str) -> Any:

@@ -7,6 +7,7 @@ Recorded, by topic (the events are typed in detaudit/events.py):
   `torch.empty`-family calls from user code, determinism flags and their typos, collectives, the
   listed and matmul-heavy modules of the first model;
 - concurrency.py: user threads and pools, DataLoader settings and what happens inside its workers;
+- writes.py: the files the script opens for writing (what `-j` repeats would share);
 - environment.py: PYTHONHASHSEED, an environment fingerprint (allow-listed variables only, never
   secrets), thread-count settings, wall-clock reads per call site;
 - files.py: files read and directories listed that an earlier repeat of this audit changed (state
@@ -14,7 +15,8 @@ Recorded, by topic (the events are typed in detaudit/events.py):
 - here: RNG states and torch flags at import, the first forward, the first optimizer step and the end.
 
 Cost: only the wrapped functions pay (seeding, RNG draws, listed ops, empty allocations, thread
-starts; a dict lookup per call once a call site is known). Nothing runs per module call: the
+starts; a dict lookup per call once a call site is known) and one audit-hook call per audited
+event (writes.py: a string compare unless it is an `open` or a rename). Nothing runs per module call: the
 first-forward and first-step hooks remove themselves. Every wrapper is put in place by
 recorder/patch.py's `wrap`, so all behave the same under `torch.jit.script`.
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 from detaudit.events import StateEvent
 from detaudit.recorder import location
-from detaudit.recorder.evidence import base, concurrency, environment, files, kernels, rng
+from detaudit.recorder.evidence import base, concurrency, environment, files, kernels, rng, writes
 from detaudit.recorder.evidence.base import Evidence, never_fatal, python_rng_digest
 
 __all__ = ["Evidence", "active", "attach", "finish", "install", "python_rng_digest"]
@@ -42,6 +44,7 @@ class Installer:
         self.ev = ev
         self._stepped = False
         self._first_forward: Any = None
+        self.writes: writes.Writes | None = None
 
     def install_early(self) -> None:
         """At child start, before the script: Python's RNG, threads, clocks, hash seed, fork handling."""
@@ -52,6 +55,7 @@ class Installer:
         environment.install_clocks(ev)
         files.install(ev)
         ev.emit(environment.hash_event())
+        self.writes = writes.install(ev)
         os.register_at_fork(after_in_child=ev.after_fork)
 
     def import_callbacks(self) -> dict[str, Callable[[ModuleType], None]]:
@@ -87,6 +91,8 @@ class Installer:
         kernels.install(ev, torch)
         concurrency.install_dataloader(ev, torch.utils.data.DataLoader)
         faults.install(ev, torch)
+        if self.writes is not None:
+            writes.install_torch(self.writes, torch)
         ev.emit(environment.environment(ev))
         ev.emit(StateEvent(type="state", when="import", rng=ev.rng_state(), flags=ev.flags()))
         self._first_forward = nn_module.register_module_forward_pre_hook(self._on_first_forward)

@@ -86,7 +86,12 @@ class Evidence:
         line = json.dumps({"at": self.fork_at, "worker": self.worker_id(), **event}, default=short)
         with self._lock:
             if self._side_fd is None:
-                self._side_fd = os.open(self.side_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                try:  # never through a link planted at its name (run/files.py)
+                    self._side_fd = os.open(self.side_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                                            0o600)
+                except OSError:
+                    self.side_path = None  # the workers' evidence is lost; their batches are still recorded
+                    return
             os.write(self._side_fd, (line + "\n").encode())
 
     def after_fork(self) -> None:
