@@ -78,7 +78,9 @@ def test_a_link_planted_in_a_run_directory_is_never_read_through(tmp_path: Path,
     outside = tmp_path / "outside"
     outside.mkdir()
     _plant(run_dir, name, target, outside)
-    for args in (["report", str(run_dir), "--json", "-"], ["compare", str(run_dir), str(run_dir), "--json", "-"]):
+    recs = training_records(steps=2)
+    intact = write_run(tmp_path / "intact", [recs, recs], stdout=["loss 0.5\n", "loss 0.5\n"])
+    for args in (["report", str(run_dir), "--json", "-"], ["compare", str(run_dir), str(intact), "--json", "-"]):
         result = run_in_process(args, capsys)
         _assert_never_read_through(result, result.stdout, result.stderr, result.returncode)
         read = {"report": ("run.json", "explain.json", "repeat-0.trace", "repeat-1.trace",  # no stdout: exits differ

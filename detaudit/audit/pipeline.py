@@ -316,7 +316,7 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
                                    stdout=str((path / first.stdout).absolute()),
                                    stderr=str((path / first.stderr).absolute())))
         elif path.is_file():
-            stream = RecordStream(path)
+            stream = RecordStream(path.resolve())  # a trace file the user names: a link is theirs to follow
             stream.drain()
             footer = stream.footer  # schema-checked by the reader: exit_code int|None, duration_s a number
             code = None if footer is None else footer.get("exit_code", 0)

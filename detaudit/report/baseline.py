@@ -27,11 +27,11 @@ from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode
 from detaudit.compare.traces import compare_traces
 from detaudit.errors import TraceError, UsageError
-from detaudit.records import BaselineManifest, Reference, RunRecord
+from detaudit.records import BaselineManifest, Reference, RunRecord, is_plain_name
 from detaudit.report.model import BaselineCheck, EnvironmentChange, Report
 from detaudit.results import RepeatResult
 from detaudit.run.files import copy_atomically, write_text_atomically
-from detaudit.run.rundir import is_plain_name, read_run
+from detaudit.run.rundir import read_run
 from detaudit.trace import RecordStream, load_json, open_regular, sha256_regular
 
 MANIFEST = "baseline.json"
