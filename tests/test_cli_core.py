@@ -413,6 +413,15 @@ def test_no_output_lands_in_a_run_directory_or_a_baseline(core: Core, script: Pa
     assert core.calls == []
 
 
+def test_a_users_own_report_named_run_json_does_not_make_its_folder_a_run_directory(core: Core, script: Path) -> None:
+    """`run --json run.json` then `explain RUN --json explain.json` in the same folder (the cause matrix does it):
+    only detaudit's own run record marks a run directory, not any file of that name."""
+    (core.tmp_path / "run.json").write_text('{"schema": "detaudit-report", "verdict": "divergent"}\n')
+    result = invoke(["run", str(script), "--json", str(core.tmp_path / "report.json")])
+    assert result.exit_code != 2 or "is inside" not in result.output, result.output
+    assert core.calls
+
+
 def test_save_baseline_into_a_non_empty_directory_exits_2_before_any_repeat(
         core: Core, script: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 27 C8: the refusal exited 0 after the run; a CI job would not notice no baseline was kept."""

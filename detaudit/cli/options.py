@@ -142,14 +142,29 @@ def check_distinct(reports: Mapping[str, Path], directories: Mapping[str, Path],
 
 def _recording_holding(path: Path) -> Path | None:
     """The run directory or baseline `path` would be written into: its nearest existing directory above,
-    when that holds run.json or baseline.json."""
+    when that holds detaudit's run.json or baseline.json (a user's own report named run.json does not
+    make its folder a run directory)."""
+    from detaudit.records import BASELINE_FORMAT, RUN_FORMAT
     from detaudit.report.baseline import MANIFEST
     from detaudit.run.rundir import RUN_FILE
 
     above = next((p for p in Path(os.path.abspath(path)).parents if p.is_dir()), None)
-    if above is not None and any(os.path.lexists(above / name) for name in (RUN_FILE, MANIFEST)):
+    if above is not None and any(_declares(above / name, fmt) for name, fmt in ((RUN_FILE, RUN_FORMAT),
+                                                                                 (MANIFEST, BASELINE_FORMAT))):
         return above
     return None
+
+
+def _declares(path: Path, fmt: str) -> bool:
+    """`path` is detaudit's record of format `fmt` (which it writes first), or a link planted in its place."""
+    if os.path.islink(path):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    return f'"format": "{fmt}"'.encode() in head
 
 
 def audit_options(script: Path | str, script_args: tuple[str, ...], *, repeats: int, devices: tuple[str, ...],
