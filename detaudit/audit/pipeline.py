@@ -296,6 +296,10 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
     """
     if len(paths) < 2:
         raise UsageError("compare needs at least two traces or run directories")
+    if all(Path(p).is_dir() and not os.path.lexists(Path(p) / baseline.MANIFEST) for p in paths):
+        runs = [(Path(p), *read_run(Path(p))) for p in paths]
+        if any(record.nproc_per_node for _, record, _ in runs):
+            return compare_nodes(runs, tolerance, stdout)
     results = []
     modes: list[StdoutMode] = []
     for i, path in enumerate(paths):
@@ -305,7 +309,8 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
         elif path.is_dir():
             run_record, run_results = read_run(path)
             if run_record.nproc_per_node:
-                raise UsageError(f"{path} is a torchrun run: it has one trace per rank; compare one rank's traces "
+                raise UsageError(f"{path} is a torchrun run: it has one trace per rank; compare it with the run "
+                                 "directories of the job's other nodes, or one rank's traces "
                                  f"(e.g. {path / distributed.Layout.rank_file(run_results[0].trace, 0)})")
             modes.append(recorded_mode(run_record))
             first = run_results[0]
@@ -338,6 +343,40 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
     labels = ["recorded"] * len(results) if tolerance is None else [f"recording-{r.index}" for r in results]
     report = analyse(Path.cwd(), record, results, bitwise=tolerance is None, labels=labels, explained=False)
     return replace(report, argv=None)  # recordings made elsewhere have no one command line
+
+
+def compare_nodes(runs: Sequence[tuple[Path, RunRecord, list[RepeatResult]]], tolerance: Tolerance | None,
+                  stdout: StdoutMode | None) -> Report:
+    """One report over the run directories that the nodes of one torchrun job recorded (one `detaudit run`
+    per node, started together): every rank compared across repeats, wherever each repeat left its files,
+    origin and receiver across all ranks, and the replica check across all ranks (ranks.analyse_nodes).
+    Bitwise, as each node's run was; a tolerance is refused (the nodes' repeats are one job's)."""
+    if tolerance is not None:
+        raise UsageError("--atol/--rtol: the run directories of a torchrun job's nodes are compared bitwise, "
+                         "as each node's repeats were")
+    for path, record, _ in runs:
+        if not record.nproc_per_node:
+            raise UsageError(f"{path} is not a torchrun run: the run directories of a job's nodes are compared "
+                             "together, and a single-process run is not one of them")
+        if record.interrupted or record.results is None:
+            raise UsageError(f"{path}: its run was interrupted; a node's run directory is compared once its "
+                             "repeats have ended")
+    repeats = {len(results) for _, _, results in runs}
+    scripts = {Path(record.script).name for _, record, _ in runs}
+    if len(repeats) > 1 or len(scripts) > 1:
+        raise UsageError("the run directories are not one job's nodes: "
+                         + "; ".join(f"{path}: {Path(record.script).name}, {len(results)} repeat(s)"
+                                     for path, record, results in runs)
+                         + " (each node runs the same script with the same --repeats, started together)")
+    _refuse_the_same_recording_twice([path for path, _, _ in runs],
+                                     [replace(results[0], trace=str(path / results[0].trace))
+                                      for path, _, results in runs])
+    nodes = [ranks.Node(path, results, distributed.Layout(record.nproc_per_node or 1, None))
+             for path, record, results in runs]
+    first = runs[0][1]
+    record = replace(first, narrowing=None, self_check=None, baseline=None,
+                     stdout=stdout or most_lenient([recorded_mode(r) for _, r, _ in runs]), ignore_stdout=False)
+    return replace(ranks.analyse_nodes(nodes, record, analyse, explained=False), argv=None)
 
 
 def _refuse_the_same_recording_twice(paths: Sequence[Path], results: Sequence[RepeatResult]) -> None:

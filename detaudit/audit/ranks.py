@@ -19,8 +19,9 @@ when no rank is an origin (the collective itself, or a rank that recorded nothin
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.traces import Divergence, gaps
-from detaudit.errors import TraceError
+from detaudit.errors import TraceError, UsageError
 from detaudit.records import RunRecord
 from detaudit.report.model import DistributedFindings, RankSummary, ReplicaDivergence, Report, TeardownCrash, all_failed
 from detaudit.results import Cause, RepeatResult, Role
@@ -41,22 +42,56 @@ COLLECTIVE_OPS = ("c10d.", "_c10d_functional.", "c10d_functional.")  # op record
 _SIGNALS = {6: "SIGABRT", 11: "SIGSEGV", 9: "SIGKILL", 15: "SIGTERM", 7: "SIGBUS"}
 
 
+@dataclass(frozen=True)
+class Node:
+    """One node's share of a torchrun job: its run directory, its repeats and how it names its ranks."""
+
+    run_dir: Path
+    results: Sequence[RepeatResult]
+    layout: Layout
+
+    def ranks(self, index: int) -> list[int]:
+        """The ranks whose files repeat `index` left in this node's directory."""
+        return self.layout.ranks(self.run_dir, self.results[index]) if index < len(self.results) else []
+
+
 def analyse_ranks(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult],
                   analyse: Callable[..., Report], explained: bool = True) -> Report:
     """The report of a torchrun run: `analyse` applied to each rank, then combined."""
     layout = Layout(record.nproc_per_node or 1, node_rank(list(record.torchrun_args)))
-    rank_ids = sorted({rank for r in results for rank in layout.ranks(run_dir, r)})
+    return analyse_nodes([Node(run_dir, results, layout)], record, analyse, explained)
+
+
+def analyse_nodes(nodes: list[Node], record: RunRecord, analyse: Callable[..., Report],
+                  explained: bool = True) -> Report:
+    """One report over every node's run directory of a job (one node for `detaudit run`, every node for
+    `detaudit compare NODE_A NODE_B`): each rank compared across repeats wherever each repeat left its
+    files, roles across all ranks, and the replica check across all ranks of each repeat."""
     single = replace(record, nproc_per_node=None, torchrun_args=())
-    crashes = [c for r in results if (c := teardown_crash(run_dir, r, layout)) is not None]
-    clean = {c.repeat for c in crashes}
-    launched = [replace(r, exit_code=0) if r.index in clean else r for r in results]
+    crashes = []
+    for k, n in enumerate(nodes):
+        found = [teardown_crash(n.run_dir, r, n.layout) for r in n.results]
+        crashes += [c for c in found if c is not None]
+        nodes[k] = replace(n, results=[r if c is None else replace(r, exit_code=0) for r, c in zip(n.results, found)])
+    launched = [_combined([n.results[i] for n in nodes]) for i in range(len(nodes[0].results))]
+    where = _homes(nodes, len(launched))
+    seen = sorted({rank for places in where for rank in places})
+    rank_ids = [rank for rank in seen if all(rank in places for places in where)]
+    notes = [f"rank {rank} left files in only some repeats' directories (repeats "
+             f"{', '.join(str(i) for i, places in enumerate(where) if rank in places)}): the rendezvous placed "
+             "the ranks on other nodes in other repeats; it is not compared here. Compare every node's run "
+             "directory together: `detaudit compare NODE_A_RUN NODE_B_RUN`" for rank in seen if rank not in rank_ids]
+    if not rank_ids:
+        raise TraceError("no rank left its files here in every repeat: " + " ".join(notes) if notes
+                         else "no trace was written")
 
     summaries = []
     for rank in rank_ids:
-        rank_results = [rank_result(run_dir, r, rank) for r in launched]
-        report = analyse(run_dir, rank_record(single, rank), rank_results, explained=explained)
+        rank_results = [rank_result(where[i][rank], r, rank) for i, r in enumerate(launched)]
+        report = analyse(where[0][rank], rank_record(single, rank) if len(nodes) == 1 else single, rank_results,
+                         explained=explained)
         d = report.first_divergence
-        role = None if d is None else classify(d, [run_dir / r.trace for r in rank_results], report.op_finding)
+        role = None if d is None else classify(d, [Path(r.trace) for r in rank_results], report.op_finding)
         summaries.append(RankSummary(rank, d, role, report))
 
     chosen = earliest(summaries)
@@ -65,25 +100,56 @@ def analyse_ranks(run_dir: Path, record: RunRecord, results: Sequence[RepeatResu
             if s.role == "receiver":
                 s.report = replace(s.report, causes=[])  # what reached it through a collective was born elsewhere
     primary = chosen.report if chosen is not None else summaries[0].report
-    repeat_errors = {r.index: _stderr_excerpt(run_dir, r, layout)  # the repeat's: its root-cause rank's error
-                     for r in launched if r.exit_code not in (0, None) and not r.timed_out}
+    repeat_errors = {r.index: _stderr_excerpt(n.run_dir, r, n.layout)  # the repeat's: its root-cause rank's error
+                     for i in range(len(launched)) for n in nodes[::-1] for r in [n.results[i]]
+                     if r.exit_code not in (0, None) and not r.timed_out}
     findings = DistributedFindings(
-        nproc_per_node=layout.nproc_per_node, rank=chosen.rank if chosen is not None else None, ranks=summaries,
-        replica_divergence=replica_check(run_dir, launched, rank_ids), teardown_crashes=crashes,
-        notes=sampler_notes(run_dir, launched[0], rank_ids))
+        nproc_per_node=nodes[0].layout.nproc_per_node, rank=chosen.rank if chosen is not None else None,
+        ranks=summaries, replica_divergence=replica_check(where, launched, rank_ids), teardown_crashes=crashes,
+        notes=[*notes, *sampler_notes(where[0], launched[0], rank_ids)])
     failed = all_failed(launched) and not any(r.timed_out for r in launched)  # the combined verdict `failed`
     return replace(primary, runs=list(launched), repeat_errors=repeat_errors, distributed=findings,
+                   run_dir=str(nodes[0].run_dir),
                    causes=[on_rank(c, chosen, summaries) for c in primary.causes] if chosen is not None
                    else primary.causes,
                    # the repeat's error (the rank that failed first), not the primary rank's own
                    failure=(repeat_errors.get(launched[0].index) or primary.failure) if failed else primary.failure)
 
 
-def sampler_notes(run_dir: Path, result: RepeatResult, ranks: Sequence[int]) -> list[str]:
-    """A shuffling DistributedSampler reused at the same epoch (first repeat; every rank alike)."""
+def _combined(results: Sequence[RepeatResult]) -> RepeatResult:
+    """One repeat across nodes: the first node's, failed or stopped when any node's launch was."""
+    failed = [r for r in results if r.exit_code != 0]
+    first = results[0]
+    return replace(first, exit_code=failed[0].exit_code if failed else first.exit_code,
+                   timed_out=any(r.timed_out for r in results), interrupted=any(r.interrupted for r in results),
+                   duration_s=max(r.duration_s for r in results),
+                   error=next((r.error for r in failed if r.error is not None), first.error))
+
+
+def _homes(nodes: Sequence[Node], repeats: int) -> list[dict[int, Path]]:
+    """Per repeat, the run directory holding each rank's files; a rank found on two nodes is two jobs' data."""
+    where: list[dict[int, Path]] = []
+    for i in range(repeats):
+        places: dict[int, Path] = {}
+        for n in nodes:
+            for rank in n.ranks(i):
+                if rank in places and os.path.lexists(n.run_dir / Layout.rank_file(n.results[i].trace, rank)) \
+                        and os.path.lexists(places[rank] / Layout.rank_file(n.results[i].trace, rank)):
+                    raise UsageError(f"repeat {i}: both {places[rank]} and {n.run_dir} hold rank {rank}'s trace; "
+                                     "the run directories of one job's nodes hold different ranks (were they "
+                                     "recorded by the same job, started together?)")
+                if rank not in places or os.path.lexists(n.run_dir / Layout.rank_file(n.results[i].trace, rank)):
+                    places[rank] = n.run_dir
+        where.append(places)
+    return where
+
+
+def sampler_notes(homes: dict[int, Path], result: RepeatResult, ranks: Sequence[int]) -> list[str]:
+    """A shuffling DistributedSampler reused at the same epoch (first repeat; every rank alike);
+    `homes`: the run directory of each rank's files."""
     notes = []
     for rank in ranks:
-        for e in _events(run_dir / Layout.rank_file(result.trace, rank)):
+        for e in _events(homes[rank] / Layout.rank_file(result.trace, rank)):
             if e.get("type") == "sampler-epoch":
                 notes.append(f"rank {rank}: the DistributedSampler iterated at {e.get('loc') or '?'} shuffled in "
                              f"the same order in every epoch (epoch {e.get('epoch')} again; `set_epoch` was never "
@@ -107,16 +173,17 @@ def on_rank(cause: Cause, chosen: RankSummary, summaries: Sequence[RankSummary])
 def rank_result(run_dir: Path, result: RepeatResult, rank: int) -> RepeatResult:
     """One rank's view of a repeat: its trace and stdout, and the exit status its trace recorded
     (None when the trace has no footer: killed by torchrun after another rank failed, or by the timeout)."""
-    trace = Layout.rank_file(result.trace, rank)
-    stdout = Layout.rank_file(result.stdout, rank)
-    footer = _footer(run_dir / trace)
+    # absolute (never resolved: a link planted there stays a link): where the rank's node left them
+    trace = str((run_dir / Layout.rank_file(result.trace, rank)).absolute())
+    stdout = str((run_dir / Layout.rank_file(result.stdout, rank)).absolute())
+    footer = _footer(Path(trace))
     code: int | None = None
     if footer is not None:
         try:
             code = int(footer.get("exit_code", 0))
         except (TypeError, ValueError):
             raise TraceError(f"{run_dir / trace}: corrupt trace: the footer's exit_code is not a number") from None
-    return replace(result, trace=trace, stdout=stdout, exit_code=code, stdout_digest=_digest(run_dir / stdout),
+    return replace(result, trace=trace, stdout=stdout, exit_code=code, stdout_digest=_digest(Path(stdout)),
                    error=from_footer(footer))
 
 
@@ -177,15 +244,17 @@ def earliest(summaries: Sequence[RankSummary]) -> RankSummary | None:
     return None
 
 
-def replica_check(run_dir: Path, results: Sequence[RepeatResult], ranks: Sequence[int]) -> ReplicaDivergence | None:
+def replica_check(homes: Sequence[dict[int, Path]], results: Sequence[RepeatResult],
+                  ranks: Sequence[int]) -> ReplicaDivergence | None:
     """Compare DDP's replicated parameters across ranks after each optimizer step, repeat by repeat.
 
     Within one repeat, so it catches ranks that drift apart identically in every repeat. Only
     parameters a `ddp` event names are compared: FSDP shards and tensor-parallel slices differ by design.
+    `homes`: per repeat, the run directory (node) holding each rank's files.
     """
     found: list[tuple[int, int, ReplicaDivergence]] = []
-    for r in results:
-        paths = {rank: run_dir / Layout.rank_file(r.trace, rank) for rank in ranks}
+    for r, places in zip(results, homes):
+        paths = {rank: places[rank] / Layout.rank_file(r.trace, rank) for rank in ranks}
         hit = _replicas_differ({rank: p for rank, p in paths.items() if p.is_file()})
         if hit is not None:
             found.append((hit.step, r.index, hit))

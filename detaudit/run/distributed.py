@@ -47,7 +47,9 @@ class Layout:
     """How a repeat's files are named per rank (`repeat-0.trace` -> `repeat-0.rank-1.trace`)."""
 
     nproc_per_node: int
-    node_rank: int = 0  # --node-rank of a multi-node launch: this node's ranks start at node_rank * N
+    # --node-rank of a static rendezvous: this node's ranks start at node_rank * N; None where the rendezvous
+    # places the nodes itself (c10d orders them by host name and agent pid): the ranks are those found here
+    node_rank: int | None = 0
 
     @staticmethod
     def rank_file(name: str, rank: int) -> str:
@@ -57,10 +59,12 @@ class Layout:
         return f"{stem}.rank-{rank}.{suffix}"
 
     def ranks(self, run_dir: Path, result: RepeatResult) -> list[int]:
-        """The ranks of one repeat: every rank this node launched, and any further rank that wrote
-        a trace here."""
-        first = self.node_rank * self.nproc_per_node
-        found = set(range(first, first + self.nproc_per_node))
+        """The ranks of one repeat: every rank this node launched (when its place is known), and any
+        further rank that wrote a trace here."""
+        found = set()
+        if self.node_rank is not None:
+            first = self.node_rank * self.nproc_per_node
+            found = set(range(first, first + self.nproc_per_node))
         stem = result.trace.removesuffix(".trace")
         for path in Path(run_dir).glob(f"{stem}.rank-*.trace"):
             match = re.fullmatch(re.escape(stem) + r"\.rank-(\d+)\.trace", path.name)
@@ -69,14 +73,30 @@ class Layout:
         return sorted(found)
 
 
-def node_rank(torchrun_args: list[str]) -> int:
-    """The `--node-rank` given to torchrun (0 when none or not a number: torchrun will complain)."""
+def _option(torchrun_args: list[str], *names: str) -> str | None:
+    """The value of a torchrun option (`--name V` or `--name=V`), None when absent."""
     for i, arg in enumerate(torchrun_args):
         name, eq, value = arg.partition("=")
-        if name in ("--node-rank", "--node_rank"):
-            value = value if eq else (torchrun_args[i + 1] if i + 1 < len(torchrun_args) else "")
-            return int(value) if value.isdigit() else 0
-    return 0
+        if name in names:
+            return value if eq else (torchrun_args[i + 1] if i + 1 < len(torchrun_args) else "")
+    return None
+
+
+def multi_node(torchrun_args: list[str]) -> bool:
+    """Whether `--nnodes` asks for more than one node (`2`, or a range such as `1:4`)."""
+    nnodes = _option(torchrun_args, "--nnodes")
+    return nnodes is not None and nnodes.strip() not in ("", "1", "1:1")
+
+
+def node_rank(torchrun_args: list[str]) -> int | None:
+    """Where this node's ranks start, as `--node-rank` says (0 when none or not a number: torchrun will
+    complain). None on several nodes under a rendezvous other than `static`: torchrun then ignores
+    `--node-rank` and numbers the nodes itself (c10d: by host name, then agent pid)."""
+    backend = _option(torchrun_args, "--rdzv-backend", "--rdzv_backend")
+    if multi_node(torchrun_args) and backend not in (None, "static"):
+        return None
+    value = _option(torchrun_args, "--node-rank", "--node_rank") or ""
+    return int(value) if value.isdigit() else 0
 
 
 def parse_torchrun_args(text: str) -> list[str]:
