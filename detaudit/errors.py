@@ -47,6 +47,12 @@ class TraceError(DetauditError):
     exit_code = ExitCode.BAD_TRACE
 
 
+class Inconclusive(DetauditError):
+    """Nothing comparable was recorded where the user pointed: the data is intact, but lies elsewhere."""
+
+    exit_code = ExitCode.INCONCLUSIVE
+
+
 class OutputError(DetauditError):
     """Something detaudit must write cannot be written (EROFS, ENOSPC, EACCES...): one line, its own code."""
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.traces import Divergence, gaps
-from detaudit.errors import TraceError, UsageError
+from detaudit.errors import Inconclusive, TraceError, UsageError
 from detaudit.records import RunRecord
 from detaudit.report.model import DistributedFindings, RankSummary, ReplicaDivergence, Report, TeardownCrash, all_failed
 from detaudit.results import Cause, RepeatResult, Role
@@ -77,13 +77,15 @@ def analyse_nodes(nodes: list[Node], record: RunRecord, analyse: Callable[..., R
     where = _homes(nodes, len(launched))
     seen = sorted({rank for places in where for rank in places})
     rank_ids = [rank for rank in seen if all(rank in places for places in where)]
-    notes = [f"rank {rank} left files in only some repeats' directories (repeats "
-             f"{', '.join(str(i) for i, places in enumerate(where) if rank in places)}): the rendezvous placed "
-             "the ranks on other nodes in other repeats; it is not compared here. Compare every node's run "
-             "directory together: `detaudit compare NODE_A_RUN NODE_B_RUN`" for rank in seen if rank not in rank_ids]
+    moved = [rank for rank in seen if rank not in rank_ids]
+    notes = [f"rank(s) {', '.join(map(str, moved))} left traces here in some repeats only: the rendezvous "
+             "numbered the nodes differently from one launch to the next (c10d orders them by host name, then by "
+             "agent pid), so their repeats lie in other nodes' run directories and are not compared here; "
+             "`detaudit compare` with every node's run directory compares them"] if moved else []
     if not rank_ids:
-        raise TraceError("no rank left its files here in every repeat: " + " ".join(notes) if notes
-                         else "no trace was written")
+        if moved:
+            raise Inconclusive(f"{nodes[0].run_dir}: no rank left its traces here in every repeat. {notes[0]}.")
+        raise TraceError("no trace was written")
 
     summaries = []
     for rank in rank_ids:

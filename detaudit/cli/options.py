@@ -182,7 +182,8 @@ def audit_options(script: Path | str, script_args: tuple[str, ...], *, repeats: 
         Target(Path(script), list(script_args), redact_args=redact_args, argv0=str(script)),
         Schedule(repeats=repeats, devices=resolve_devices(devices), own_device=own_device(devices), timeout=timeout,
                  jobs=jobs, **_torchrun(nproc_per_node, torchrun_args,
-                                        baseline_dir is not None or save_baseline is not None, max_time is not None)),
+                                        baseline_dir is not None or save_baseline is not None, max_time is not None,
+                                        granularity == "auto" or self_check)),
         Recording(granularity=granularity, max_steps=max_steps, max_time=max_time),
         Checks(tolerance=Tolerance(atol, rtol), stdout=stdout_mode_of(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
                baseline=baseline_dir, self_check=self_check),
@@ -223,9 +224,11 @@ def compare_tolerance(atol: float | None, rtol: float | None) -> Tolerance | Non
     return Tolerance(atol if atol is not None else 0.0, rtol if rtol is not None else 0.0)
 
 
-def _torchrun(nproc_per_node: int | None, torchrun_args: str, baseline: bool, max_time: bool) -> dict[str, Any]:
-    """Schedule fields of --nproc-per-node/--torchrun-args."""
-    from detaudit.run.distributed import parse_torchrun_args
+def _torchrun(nproc_per_node: int | None, torchrun_args: str, baseline: bool, max_time: bool,
+              follow_up: bool) -> dict[str, Any]:
+    """Schedule fields of --nproc-per-node/--torchrun-args. `follow_up`: the run may launch again after its
+    repeats (granularity auto's op-level re-run, --self-check), which several nodes cannot do together."""
+    from detaudit.run.distributed import NODES_FOLLOW_UP, multi_node, parse_torchrun_args
 
     if not nproc_per_node:
         if torchrun_args:
@@ -237,4 +240,9 @@ def _torchrun(nproc_per_node: int | None, torchrun_args: str, baseline: bool, ma
     if max_time:
         raise click.UsageError("--max-time cannot bound a torchrun run: each rank would stop by its own clock, "
                                "at different steps, and leave the others waiting in a collective; use --max-steps")
-    return {"nproc_per_node": nproc_per_node, "torchrun_args": parse_torchrun_args(torchrun_args)}
+    args = parse_torchrun_args(torchrun_args)
+    if follow_up and multi_node(args):
+        raise click.UsageError(NODES_FOLLOW_UP.format("--granularity auto (the default) and --self-check")
+                               + "; give --granularity module or op")
+    return {"nproc_per_node": nproc_per_node, "torchrun_args": args}
+

@@ -32,6 +32,7 @@ from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, pin_of
 from detaudit.records import StoredExperiment
 from detaudit.report.model import Report, write_json
 from detaudit.results import Cause, Experiment, ExperimentVerdict, RepeatResult
+from detaudit.run.distributed import NODES_FOLLOW_UP, multi_node
 from detaudit.run.rundir import (
     EXPLAIN_LOCK,
     REPORT_FILE,
@@ -162,6 +163,8 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
     if report.timed_out:
         raise UsageError(f"{run_dir}: a repeat timed out; --explain needs a run whose repeats all finished")
     record, _ = read_run(run_dir)
+    if multi_node(list(record.torchrun_args)):
+        raise UsageError(f"{run_dir}: " + NODES_FOLLOW_UP.format("--explain"))
     redacted = record.args_redacted
     if redacted and script_args is None and record.script_args:
         raise UsageError(f"{run_dir}: the run was recorded with --redact-args, so its script arguments were not "

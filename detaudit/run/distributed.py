@@ -88,6 +88,13 @@ def multi_node(torchrun_args: list[str]) -> bool:
     return nnodes is not None and nnodes.strip() not in ("", "1", "1:1")
 
 
+# several nodes: each node's detaudit decides from its own ranks, so a launch after the repeats would start
+# on some nodes only and wait in the rendezvous for the others
+NODES_FOLLOW_UP = ("{} cannot run with --nnodes above 1: it would launch the job again after the repeats, "
+                   "decided by each node from its own ranks alone, and a node that launches alone waits in the "
+                   "rendezvous for nodes that never come")
+
+
 def node_rank(torchrun_args: list[str]) -> int | None:
     """Where this node's ranks start, as `--node-rank` says (0 when none or not a number: torchrun will
     complain). None on several nodes under a rendezvous other than `static`: torchrun then ignores
