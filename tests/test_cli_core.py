@@ -158,6 +158,13 @@ def test_max_time_and_torchrun_options(core: Core, script: Path) -> None:
     (["--torchrun-args", "--max-restarts 0"], "--torchrun-args needs --nproc-per-node"),
     (["--save-baseline", "b", "--nproc-per-node", "2"], "do not support --nproc-per-node"),
     (["--ignore-stdout", "--stdout", "strict"], "--ignore-stdout contradicts --stdout strict"),
+    # several nodes: a launch after the repeats, decided per node, would start on one node alone
+    (["--nproc-per-node", "1", "--torchrun-args", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint h:1"],
+     "--granularity auto (the default) and --self-check cannot run with --nnodes above 1"),
+    (["--nproc-per-node", "1", "--granularity", "module", "--self-check", "--torchrun-args", "--nnodes=2"],
+     "--self-check cannot run with --nnodes above 1"),
+    (["--nproc-per-node", "1", "--granularity", "module", "--explain", "--torchrun-args", "--nnodes 1:2"],
+     "--explain cannot run with --nnodes above 1"),
     (["--json", "-", "--junit", "-"], "cannot both write to stdout"),
 ])
 def test_contradicting_options_are_usage_errors_before_any_audit(core: Core, script: Path, args: list[str],

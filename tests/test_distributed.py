@@ -17,6 +17,7 @@ from detaudit.run.distributed import (
     Layout,
     enter_rank,
     kill_ranks,
+    multi_node,
     node_rank,
     parse_torchrun_args,
     rank_identity,
@@ -42,6 +43,26 @@ def test_ranks_are_the_planned_ones_and_any_extra_trace(tmp_path: Path) -> None:
                                             (["--node-rank"], 0)])
 def test_node_rank_is_read_from_the_torchrun_args(args: list[str], rank: int) -> None:
     assert node_rank(args) == rank
+
+
+@pytest.mark.parametrize(("args", "rank"), [
+    (["--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d"], None),  # c10d numbers the nodes itself
+    (["--nnodes=2", "--node-rank=1", "--rdzv_backend=static"], 1), (["--nnodes", "2", "--node-rank", "1"], 1),
+    (["--nnodes", "1", "--node-rank", "0", "--rdzv-backend", "c10d"], 0)])
+def test_several_nodes_under_a_dynamic_rendezvous_have_no_known_place(args: list[str], rank: int | None) -> None:
+    assert node_rank(args) == rank
+
+
+@pytest.mark.parametrize(("args", "several"), [([], False), (["--nnodes", "1"], False), (["--nnodes=1:1"], False),
+                                               (["--nnodes", "2"], True), (["--nnodes=1:4"], True)])
+def test_multi_node_is_read_from_nnodes(args: list[str], several: bool) -> None:
+    assert multi_node(args) is several
+
+
+def test_a_node_without_a_known_place_has_the_ranks_it_found(tmp_path: Path) -> None:
+    (tmp_path / "repeat-0.rank-3.trace").write_bytes(b"")
+    result = RepeatResult(0, "cpu", 0, 1.0, False, "repeat-0.trace", "repeat-0.stdout", "repeat-0.stderr", "")
+    assert Layout(2, node_rank=None).ranks(tmp_path, result) == [3]
 
 
 def test_torchrun_command_is_standalone_with_the_worker_after_no_python() -> None:

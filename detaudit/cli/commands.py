@@ -133,6 +133,10 @@ def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, 
     `data.txt --epochs 1 -n 5`); one the script defines too is refused with both spellings. Arguments
     after `--` go to the script untouched: `detaudit run train.py --repeats 5 -- --epochs 1`.
     """
+    from detaudit.run.distributed import NODES_FOLLOW_UP, multi_node
+
+    if (explain or explain_all) and multi_node(options.schedule.torchrun_args):
+        raise click.UsageError(NODES_FOLLOW_UP.format("--explain"))
     baseline_dir = options.checks.baseline
     check_outputs(json_path, junit_path, html_path, save_baseline=save_baseline, out_dir=options.out_dir,
                   inputs={"the audited script": options.target.script,

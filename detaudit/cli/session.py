@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from detaudit.errors import DetauditError, UsageError
+from detaudit.errors import DetauditError
 from detaudit.run.files import naming, silence_stdout
 
 PIPE_WIDTH = 1000  # a pipe or CI log: lay the report out this wide, i.e. never wrap it at 80 columns
@@ -105,13 +105,10 @@ def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None
     `cheap`: otherwise the top cause's one cheap, decisive experiment, if it has one (explain.cheap_pin)."""
     from detaudit.audit.pipeline import run_audit
     from detaudit.explain.runner import cheap_pin
-    from detaudit.run.distributed import NODES_FOLLOW_UP, multi_node
+    from detaudit.run.distributed import multi_node
 
     schedule = options.schedule
-    if multi_node(schedule.torchrun_args):
-        if explain or explain_all:
-            raise UsageError(NODES_FOLLOW_UP.format("--explain"))
-        cheap = False  # its one experiment is a launch too
+    cheap = cheap and not multi_node(schedule.torchrun_args)  # its one experiment is a launch (commands.run)
     warn_oversubscription(schedule.jobs, schedule.devices)
     context, on_done = progress_runner(quiet, schedule.repeats * len(schedule.devices))
 
