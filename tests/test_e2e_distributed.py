@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -188,3 +190,66 @@ def test_ctrl_c_stops_every_rank(scripts: Path, tmp_path: Path) -> None:
     time.sleep(0.5)
     assert not [pid for pid in pids if _alive(pid)]
     assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, str(tmp_path))]
+
+
+def two_nodes(scripts: Path, tmp_path: Path, script: str) -> tuple[list[Any], Any]:
+    """Two nodes simulated on this machine: two `detaudit run`s, each one torchrun agent of 2 ranks, started
+    together on one c10d rendezvous (as on two machines), then `detaudit compare` of their run directories."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def node(k: int) -> Any:
+        return run_cli(["run", str(scripts / script), "-n", "2", "--nproc-per-node", "2", "--granularity", "module",
+                        "--no-explain", "--timeout", "300", "--out", f"node{k}", "--json", f"node{k}.json", "--torchrun-args",
+                        f"--nnodes 2 --node-rank {k} --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
+                        "--rdzv-id detaudit-test"], cwd=tmp_path, timeout=TIMEOUT)
+
+    with ThreadPoolExecutor(2) as pool:
+        nodes = list(pool.map(node, (0, 1)))
+    for k, result in enumerate(nodes):
+        # 6: c10d numbers the nodes by host name then agent pid, so on one host a node's ranks may move
+        # between repeats, and that node alone then has no rank to compare (its report says so)
+        assert result.returncode in (0, 1, 6), result.output
+        assert (tmp_path / f"node{k}" / "run.json").is_file()
+    held = {rank: k for k in (0, 1) for rank in range(4) if (tmp_path / f"node{k}" / f"repeat-0.rank-{rank}.trace")
+            .is_file()}
+    assert sorted(held) == [0, 1, 2, 3] and set(held.values()) == {0, 1}  # each node recorded its own two ranks
+    return nodes, run_cli(["compare", "node0", "node1", "--json", "report.json"], cwd=tmp_path, timeout=TIMEOUT)
+
+
+def test_two_nodes_compared_together_check_replicas_across_nodes(scripts: Path, tmp_path: Path) -> None:
+    # rank 0 clamps its copy of a weight after DDP's update: the other three ranks, on both nodes, differ from it
+    nodes, result = two_nodes(scripts, tmp_path, "train_ddp_clipped.py")
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "divergent" and report["first_divergence"] is None
+    assert [(r["rank"], r["role"]) for r in report["ranks"]] == [(0, None), (1, None), (2, None), (3, None)]
+    replica = report["replica_divergence"]
+    assert replica["name"] == "module.2.weight" and replica["reference"] == 0 and replica["ranks"] == [1, 2, 3]
+    assert replica["repeats"] == [0, 1]
+    # a node's own report covers its own ranks only, and says so (or, its ranks moved, that it has none)
+    for node in nodes:
+        if node.returncode == 6:
+            assert "no rank left its traces here in every repeat" in node.stderr and "compare" in node.stderr
+        else:
+            assert "one node of a multi-node job" in node.report["notes"][0], node.output
+    # one node's directory twice is not a job
+    again = run_cli(["compare", "node0", "node0"], cwd=tmp_path)
+    assert again.returncode == 2 and "the same run directory" in again.stderr
+
+
+def test_two_nodes_compared_together_name_the_origin_and_the_receiver_across_nodes(scripts: Path,
+                                                                                  tmp_path: Path) -> None:
+    # torch is seeded on rank 0 only: ranks 1-3 draw different batches in every repeat (origins), and rank 0,
+    # on the first node, only receives their difference through DDP's all-reduce
+    _, result = two_nodes(scripts, tmp_path, "train_ddp_seeded_main.py")
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None and report["verdict"] == "divergent"
+    by_rank = ranks(report)
+    assert by_rank[0]["role"] == "receiver" and by_rank[0]["first_divergence"]["kind"] == "grad"
+    assert all(by_rank[r]["role"] == "origin" and by_rank[r]["first_divergence"]["kind"] == "input" for r in (1, 2, 3))
+    assert report["first_divergence"]["rank"] == 1
+    assert report["causes"][0]["id"] == "unseeded-torch-rng" and by_rank[0]["causes"] == []
+    assert report["replica_divergence"] is None  # DDP kept the replicas equal on both nodes

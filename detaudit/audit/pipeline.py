@@ -368,9 +368,13 @@ def compare_nodes(runs: Sequence[tuple[Path, RunRecord, list[RepeatResult]]], to
                          + "; ".join(f"{path}: {Path(record.script).name}, {len(results)} repeat(s)"
                                      for path, record, results in runs)
                          + " (each node runs the same script with the same --repeats, started together)")
-    _refuse_the_same_recording_twice([path for path, _, _ in runs],
-                                     [replace(results[0], trace=str(path / results[0].trace))
-                                      for path, _, results in runs])
+    seen: dict[tuple[int, int], Path] = {}
+    for path, _, _ in runs:  # one node's directory twice would hold every rank twice
+        st = os.stat(path)
+        if (st.st_dev, st.st_ino) in seen:
+            raise UsageError(f"{seen[st.st_dev, st.st_ino]} and {path} are the same run directory: give each "
+                             "node's run directory once")
+        seen[st.st_dev, st.st_ino] = path
     nodes = [ranks.Node(path, results, distributed.Layout(record.nproc_per_node or 1, None))
              for path, record, results in runs]
     first = runs[0][1]

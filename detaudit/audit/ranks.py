@@ -33,7 +33,7 @@ from detaudit.errors import Inconclusive, TraceError, UsageError
 from detaudit.records import RunRecord
 from detaudit.report.model import DistributedFindings, RankSummary, ReplicaDivergence, Report, TeardownCrash, all_failed
 from detaudit.results import Cause, RepeatResult, Role
-from detaudit.run.distributed import Layout, node_rank, rank_error, root_cause
+from detaudit.run.distributed import Layout, multi_node, node_rank, rank_error, root_cause
 from detaudit.run.failure import excerpt, from_footer, stderr_tail
 from detaudit.trace import Kind, RecordStream, sha256_regular
 
@@ -59,7 +59,13 @@ def analyse_ranks(run_dir: Path, record: RunRecord, results: Sequence[RepeatResu
                   analyse: Callable[..., Report], explained: bool = True) -> Report:
     """The report of a torchrun run: `analyse` applied to each rank, then combined."""
     layout = Layout(record.nproc_per_node or 1, node_rank(list(record.torchrun_args)))
-    return analyse_nodes([Node(run_dir, results, layout)], record, analyse, explained)
+    report = analyse_nodes([Node(run_dir, results, layout)], record, analyse, explained)
+    if report.distributed is not None and multi_node(list(record.torchrun_args)):
+        held = ", ".join(str(s.rank) for s in report.distributed.ranks)
+        report.distributed.notes.insert(0, f"this run is one node of a multi-node job: it compared rank(s) {held} "
+                                           "only, and checked their replicas only among themselves; `detaudit "
+                                           "compare` with every node's run directory gives the job's verdict")
+    return report
 
 
 def analyse_nodes(nodes: list[Node], record: RunRecord, analyse: Callable[..., Report],
