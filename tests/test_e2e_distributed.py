@@ -201,7 +201,8 @@ def two_nodes(scripts: Path, tmp_path: Path, script: str) -> tuple[list[Any], An
 
     def node(k: int) -> Any:
         return run_cli(["run", str(scripts / script), "-n", "2", "--nproc-per-node", "2", "--granularity", "module",
-                        "--no-explain", "--timeout", "300", "--out", f"node{k}", "--json", f"node{k}.json", "--torchrun-args",
+                        "--no-explain", "--timeout", "300", "--out", f"node{k}", "--json", f"node{k}.json",
+                        "--torchrun-args",
                         f"--nnodes 2 --node-rank {k} --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
                         "--rdzv-id detaudit-test"], cwd=tmp_path, timeout=TIMEOUT)
 
