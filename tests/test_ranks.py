@@ -14,11 +14,11 @@ from detaudit.audit.pipeline import compare_recorded, load_run
 from detaudit.audit.ranks import classify
 from detaudit.compare.oprules import OpFinding, Verdict
 from detaudit.compare.traces import Divergence, RecordInfo
-from detaudit.errors import UsageError
+from detaudit.errors import ExitCode, Inconclusive, UsageError
 from detaudit.records import RUN_FORMAT, RUN_VERSION
 from detaudit.report.junit import to_junit
 from detaudit.report.model import to_dict
-from detaudit.results import RepeatResult
+from detaudit.results import RepeatResult, Tolerance
 from detaudit.trace import Kind
 from tests.synthetic import Rec, write_trace
 
@@ -52,12 +52,14 @@ def step_records(step: int, x: int, grad: int, param: int) -> list[Rec]:
 
 def write_dist_run(run_dir: Path, traces: Sequence[Sequence[list[Rec]]], exit_codes: Sequence[int] | None = None,
                    rank_exit: int = 0, stderr: str = "", events: Sequence[dict[str, Any]] = (DDP,),
-                   collective_env: Sequence[dict[str, str]] | None = None) -> Path:
-    """traces[repeat][rank]: a torchrun run directory as `detaudit run --nproc-per-node` leaves it."""
+                   collective_env: Sequence[dict[str, str]] | None = None,
+                   ranks: Sequence[Sequence[int]] | None = None, torchrun_args: Sequence[str] = ()) -> Path:
+    """traces[repeat][rank]: a torchrun run directory as `detaudit run --nproc-per-node` leaves it;
+    `ranks[repeat]`: the global rank of each of those traces (one node of several), 0, 1, ... by default."""
     run_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for i, per_rank in enumerate(traces):
-        for rank, recs in enumerate(per_rank):
+        for rank, recs in zip(ranks[i] if ranks else range(len(per_rank)), per_rank):
             write_trace(run_dir / f"repeat-{i}.rank-{rank}.trace", recs, {"exit_code": rank_exit, "error": None},
                         events=[(0, e) for e in events], header={"repeat": i, "distributed": {
                             "rank": rank, "collective_env": collective_env[i] if collective_env else {}}})
@@ -70,7 +72,7 @@ def write_dist_run(run_dir: Path, traces: Sequence[Sequence[list[Rec]]], exit_co
     record = {"format": RUN_FORMAT, "version": RUN_VERSION, "script": "train.py", "script_args": [],
               "cwd": str(run_dir), "repeats": len(traces), "devices": ["cpu"], "granularity": "module",
               "timeout": None, "tolerance": {"atol": 1e-5, "rtol": 1.3e-6}, "env": {}, "environment": {},
-              "started": time.time(), "nproc_per_node": len(traces[0]), "torchrun_args": [],
+              "started": time.time(), "nproc_per_node": len(traces[0]), "torchrun_args": list(torchrun_args),
               "results": [r.to_dict() for r in results]}
     (run_dir / "run.json").write_text(json.dumps(record))
     return run_dir
@@ -205,8 +207,8 @@ def test_a_buffer_ddp_broadcasts_is_received_and_one_it_does_not_is_born_here(tm
 def test_compare_refuses_a_torchrun_run_directory_and_names_a_rank_trace(tmp_path: Path) -> None:
     rank = step_records(0, 10, 20, 30)
     run = write_dist_run(tmp_path / "run", [[rank, rank], [rank, rank]])
-    with pytest.raises(UsageError, match=r"one trace per rank.*repeat-0\.rank-0\.trace"):
-        compare_recorded([run, run])
+    with pytest.raises(UsageError, match=r"other nodes, or one rank's traces.*repeat-0\.rank-0\.trace"):
+        compare_recorded([run, run / "repeat-1.rank-0.trace"])
     report = compare_recorded([run / "repeat-0.rank-1.trace", run / "repeat-1.rank-1.trace"])
     assert report.verdict == "deterministic"
 
@@ -234,3 +236,65 @@ def test_a_failed_repeat_shows_the_root_cause_ranks_frames_not_torchruns_summary
     report = load_run(run)
     assert report.verdict == "failed"
     assert report.failure == "train.py:41, in main\n    step()\nValueError: shard 3 has no labels"
+
+
+C10D = ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "host:29400")
+
+
+def two_nodes(tmp_path: Path, rank0: Sequence[list[Rec]], rank1: Sequence[list[Rec]],
+              moved: bool = False) -> tuple[Path, Path]:
+    """One rank per node, two repeats; `moved`: the rendezvous swapped the nodes in repeat 1 (c10d on one host)."""
+    order = [[0], [1]] if moved else [[0], [0]]
+    a = write_dist_run(tmp_path / "a", [[rank0[0]], [(rank0, rank1)[order[1][0]][1]]], ranks=[[0], order[1]],
+                       torchrun_args=C10D)
+    b = write_dist_run(tmp_path / "b", [[rank1[0]], [(rank1, rank0)[order[1][0]][1]]],
+                       ranks=[[1], [1 - order[1][0]]], torchrun_args=C10D)
+    return a, b
+
+
+def test_the_nodes_of_a_job_compared_together_name_origin_and_receiver_across_nodes(tmp_path: Path) -> None:
+    # rank 1 (node b) got other data in repeat 1; rank 0 (node a) only received it through the all-reduce
+    a, b = two_nodes(tmp_path, [step_records(0, 10, 20, 30), step_records(0, 10, 21, 31)],
+                     [step_records(0, 50, 20, 30), step_records(0, 60, 21, 31)])
+    data = to_dict(compare_recorded([a, b]))
+    roles = {r["rank"]: (r["role"], r["first_divergence"]["kind"]) for r in data["ranks"]}
+    assert roles == {0: ("receiver", "grad"), 1: ("origin", "input")}
+    assert data["first_divergence"]["rank"] == 1 and data["verdict"] == "divergent"
+    # each node alone sees one rank, and says it is one node of several
+    alone = to_dict(load_run(a))
+    assert [r["rank"] for r in alone["ranks"]] == [0] and "one node of a multi-node job" in alone["notes"][0]
+
+
+def test_replicas_are_checked_across_the_nodes(tmp_path: Path) -> None:
+    rank0 = step_records(0, 10, 20, 30)
+    rank1 = step_records(0, 12, 20, 33)  # rank 1's copy of the parameter drifted, alike in both repeats
+    a, b = two_nodes(tmp_path, [rank0, rank0], [rank1, rank1])
+    data = to_dict(compare_recorded([a, b]))
+    assert data["first_divergence"] is None and data["verdict"] == "divergent"
+    assert data["replica_divergence"]["ranks"] == [1] and data["replica_divergence"]["reference"] == 0
+    assert load_run(a).verdict == "deterministic"  # one node alone cannot see it
+
+
+def test_ranks_that_moved_between_nodes_are_compared_together_and_not_alone(tmp_path: Path) -> None:
+    rank0 = step_records(0, 10, 20, 30)
+    rank1 = step_records(0, 50, 20, 30)
+    a, b = two_nodes(tmp_path, [rank0, rank0], [rank1, rank1], moved=True)
+    assert (a / "repeat-1.rank-1.trace").is_file() and (b / "repeat-1.rank-0.trace").is_file()
+    data = to_dict(compare_recorded([a, b]))
+    assert data["verdict"] == "deterministic" and [r["rank"] for r in data["ranks"]] == [0, 1]
+    with pytest.raises(Inconclusive, match="no rank left its traces here in every repeat") as caught:
+        load_run(a)
+    assert caught.value.exit_code == ExitCode.INCONCLUSIVE
+
+
+def test_run_directories_that_are_not_one_jobs_nodes_are_refused(tmp_path: Path) -> None:
+    rank = step_records(0, 10, 20, 30)
+    a, b = two_nodes(tmp_path, [rank, rank], [rank, rank])
+    with pytest.raises(UsageError, match="same run directory"):
+        compare_recorded([a, a])
+    with pytest.raises(UsageError, match="both .* hold rank 0's trace"):
+        compare_recorded([a, write_dist_run(tmp_path / "c", [[rank], [rank]], torchrun_args=C10D)])
+    with pytest.raises(UsageError, match="not one job's nodes"):
+        compare_recorded([a, write_dist_run(tmp_path / "d", [[rank]] * 3, ranks=[[1]] * 3, torchrun_args=C10D)])
+    with pytest.raises(UsageError, match="compared bitwise"):
+        compare_recorded([a, b], Tolerance(1e-3, 0.0))

@@ -68,13 +68,13 @@ def analyse_ranks(run_dir: Path, record: RunRecord, results: Sequence[RepeatResu
     return report
 
 
-def analyse_nodes(nodes: list[Node], record: RunRecord, analyse: Callable[..., Report],
+def analyse_nodes(nodes: Sequence[Node], record: RunRecord, analyse: Callable[..., Report],
                   explained: bool = True) -> Report:
     """One report over every node's run directory of a job (one node for `detaudit run`, every node for
     `detaudit compare NODE_A NODE_B`): each rank compared across repeats wherever each repeat left its
     files, roles across all ranks, and the replica check across all ranks of each repeat."""
     single = replace(record, nproc_per_node=None, torchrun_args=())
-    crashes = []
+    nodes, crashes = list(nodes), []
     for k, n in enumerate(nodes):
         found = [teardown_crash(n.run_dir, r, n.layout) for r in n.results]
         crashes += [c for c in found if c is not None]
@@ -82,6 +82,10 @@ def analyse_nodes(nodes: list[Node], record: RunRecord, analyse: Callable[..., R
     launched = [_combined([n.results[i] for n in nodes]) for i in range(len(nodes[0].results))]
     where = _homes(nodes, len(launched))
     seen = sorted({rank for places in where for rank in places})
+    if len(nodes) > 1:  # every node's directory is here: a rank missing from a repeat left no trace anywhere
+        for places in where:
+            for rank in seen:
+                places.setdefault(rank, nodes[0].run_dir)
     rank_ids = [rank for rank in seen if all(rank in places for places in where)]
     moved = [rank for rank in seen if rank not in rank_ids]
     notes = [f"rank(s) {', '.join(map(str, moved))} left traces here in some repeats only: the rendezvous "
