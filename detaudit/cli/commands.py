@@ -202,7 +202,8 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
     Bitwise by default; give --atol/--rtol to compare within a tolerance (as across devices).
     A run directory contributes its first repeat, and its stdout, compared as the runs were recorded
     (the most lenient of their --stdout modes) unless --stdout says otherwise; a baseline
-    (--save-baseline) contributes its reference trace.
+    (--save-baseline) contributes its reference trace. The run directories of a multi-node torchrun
+    job's nodes (one `run` per node), given together, are compared as one job: every repeat and rank.
     """
     from detaudit.audit.pipeline import compare_recorded
 
