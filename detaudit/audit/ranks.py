@@ -112,9 +112,11 @@ def analyse_nodes(nodes: Sequence[Node], record: RunRecord, analyse: Callable[..
             if s.role == "receiver":
                 s.report = replace(s.report, causes=[])  # what reached it through a collective was born elsewhere
     primary = chosen.report if chosen is not None else summaries[0].report
-    repeat_errors = {r.index: _stderr_excerpt(n.run_dir, r, n.layout)  # the repeat's: its root-cause rank's error
-                     for i in range(len(launched)) for n in nodes[::-1] for r in [n.results[i]]
-                     if r.exit_code not in (0, None) and not r.timed_out}
+    repeat_errors = {}  # the repeat's: the root-cause rank's error on the first node whose launch failed
+    for i, r in enumerate(launched):
+        stopped = [n for n in nodes if n.results[i].exit_code not in (0, None) and not n.results[i].timed_out]
+        if stopped:
+            repeat_errors[r.index] = _stderr_excerpt(stopped[0].run_dir, stopped[0].results[i], stopped[0].layout)
     findings = DistributedFindings(
         nproc_per_node=nodes[0].layout.nproc_per_node, rank=chosen.rank if chosen is not None else None,
         ranks=summaries, replica_divergence=replica_check(where, launched, rank_ids), teardown_crashes=crashes,
@@ -143,15 +145,17 @@ def _homes(nodes: Sequence[Node], repeats: int) -> list[dict[int, Path]]:
     where: list[dict[int, Path]] = []
     for i in range(repeats):
         places: dict[int, Path] = {}
+        found: dict[int, Path] = {}  # the ranks whose trace is there
         for n in nodes:
             for rank in n.ranks(i):
-                if rank in places and os.path.lexists(n.run_dir / Layout.rank_file(n.results[i].trace, rank)) \
-                        and os.path.lexists(places[rank] / Layout.rank_file(n.results[i].trace, rank)):
-                    raise UsageError(f"repeat {i}: both {places[rank]} and {n.run_dir} hold rank {rank}'s trace; "
-                                     "the run directories of one job's nodes hold different ranks (were they "
-                                     "recorded by the same job, started together?)")
-                if rank not in places or os.path.lexists(n.run_dir / Layout.rank_file(n.results[i].trace, rank)):
-                    places[rank] = n.run_dir
+                if os.path.lexists(n.run_dir / Layout.rank_file(n.results[i].trace, rank)):
+                    if rank in found:
+                        raise UsageError(f"repeat {i}: both {found[rank]} and {n.run_dir} hold rank {rank}'s trace; "
+                                         "the run directories of one job's nodes hold different ranks (were they "
+                                         "recorded by the same job, started together?)")
+                    found[rank] = n.run_dir
+                places.setdefault(rank, n.run_dir)
+        places.update(found)
         where.append(places)
     return where
 
@@ -194,7 +198,7 @@ def rank_result(run_dir: Path, result: RepeatResult, rank: int) -> RepeatResult:
         try:
             code = int(footer.get("exit_code", 0))
         except (TypeError, ValueError):
-            raise TraceError(f"{run_dir / trace}: corrupt trace: the footer's exit_code is not a number") from None
+            raise TraceError(f"{trace}: corrupt trace: the footer's exit_code is not a number") from None
     return replace(result, trace=trace, stdout=stdout, exit_code=code, stdout_digest=_digest(Path(stdout)),
                    error=from_footer(footer))
 
