@@ -8,6 +8,7 @@ stops it and everything it started (DataLoader workers included).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from detaudit.errors import UsageError
+from detaudit.errors import UsageError, output_error
 from detaudit.results import RepeatResult
 from detaudit.run.failure import read_error
 from detaudit.run.files import create_private, name_taken
@@ -181,6 +182,8 @@ class Launcher:
                 stdout_digest = _digest(out)
         finally:
             config_path.unlink(missing_ok=True)
+        if not plan.trace.parent.is_dir():  # removed while the repeat ran (`rm -rf .detaudit`): nothing to read back
+            raise output_error(plan.trace.parent, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT)))
         interrupted = self._stopping and not timed_out
         return RepeatResult(
             index=plan.index, device=plan.device, exit_code=None if interrupted else code,
