@@ -45,8 +45,12 @@ def test_ddp_replicas_and_a_reused_sampler_epoch_are_recorded(tmp_path: Path) ->
     trace = tmp_path / "rank.trace"
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(JOB), str(trace), str(tmp_path / "store")],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    events = {e["type"]: e for e in read_trace(trace).events}
+    recorded = read_trace(trace)
+    # gloo's threads can abort the interpreter's teardown after the job ended (seen once in a loaded CI run:
+    # "terminate called without an active exception", SIGABRT); the job itself must have finished: footer written
+    teardown_abort = proc.returncode == -6 and proc.stderr.strip() == "terminate called without an active exception"
+    assert proc.returncode == 0 or (teardown_abort and recorded.footer is not None), proc.stderr
+    events = {e["type"]: e for e in recorded.events}
     ddp = events["ddp"]
     assert ddp["params"] == ["module.weight", "module.bias"] and ddp["ignored"] == []
     assert ddp["backend"] == "gloo" and ddp["bucket_cap_mb"] == 1
