@@ -82,6 +82,9 @@ class RepeatResult:
     stopped_at_step: int | None = None  # stopped by --max-steps/--max-time after this many steps
     recording_stopped: str | None = None  # a detaudit hook failed: recorded only up to there (why)
     rerun_alone: str | None = None  # re-run by itself after a parallel (-j) batch: why (run/sharing.py)
+    # torchrun: every rank of this node ended by itself, then torchrun's agent waited at its exit barrier
+    # for another node's agent until --timeout (that node's repeat failed): the ranks' outcome is the repeat's
+    exit_barrier_waited: bool = False
     error: ScriptError | None = None  # the exception that ended the script, read from the trace footer
 
     def to_dict(self) -> dict[str, Any]:

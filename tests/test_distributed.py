@@ -176,3 +176,32 @@ def test_a_failed_launch_carries_the_lowest_raising_ranks_error(tmp_path: Path,
         launcher = DistributedLauncher(script, [], None, nproc_per_node=3, torchrun_args=[])
         result = launcher.run_one(plan)
         assert (result.error.message if result.error else None) == expected
+
+
+@pytest.mark.parametrize(("footers", "torchrun_args", "expected"), [
+    # two nodes: every rank here ended by itself (footer written), the agent then waited at the exit barrier
+    ([{"exit_code": 0}, {"exit_code": 0}], ["--nnodes", "2"], (False, 0, True)),
+    ([{"exit_code": 0}, {"exit_code": 3}], ["--nnodes", "2"], (False, 3, True)),
+    # a rank stopped by the timeout writes no footer: the script itself timed out
+    ([{"exit_code": 0}, None], ["--nnodes", "2"], (True, None, False)),
+    # one node: its agent's exit barrier waits for nobody, a timeout is the script's
+    ([{"exit_code": 0}, {"exit_code": 0}], [], (True, None, False)),
+])
+def test_a_timeout_after_every_rank_here_ended_is_the_exit_barrier_not_the_script(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, footers: list[dict[str, int] | None],
+        torchrun_args: list[str], expected: tuple[bool, int | None, bool]) -> None:
+    from detaudit.run.distributed import DistributedLauncher
+    from detaudit.run.launcher import Launcher, plan_repeats
+    from detaudit.trace import TraceWriter
+
+    for rank, footer in enumerate(footers):
+        writer = TraceWriter(tmp_path / f"repeat-0.rank-{rank}.trace", {"repeat": 0})
+        writer.close(footer) if footer else writer.abandon()
+    script = tmp_path / "train.py"
+    script.write_text("")
+    [plan] = plan_repeats(tmp_path, 1, ["cpu"])
+    monkeypatch.setattr(Launcher, "run_one", lambda self, p: RepeatResult(
+        p.index, "cpu", None, 120.0, True, p.trace.name, p.stdout.name, p.stderr.name, ""))
+    launcher = DistributedLauncher(script, [], 120.0, nproc_per_node=2, torchrun_args=torchrun_args)
+    result = launcher.run_one(plan)
+    assert (result.timed_out, result.exit_code, result.exit_barrier_waited) == expected

@@ -201,7 +201,7 @@ def two_nodes(scripts: Path, tmp_path: Path, script: str) -> tuple[list[Any], An
 
     def node(k: int) -> Any:
         return run_cli(["run", str(scripts / script), "-n", "2", "--nproc-per-node", "2", "--granularity", "module",
-                        "--no-explain", "--timeout", "300", "--out", f"node{k}", "--json", f"node{k}.json",
+                        "--no-explain", "--timeout", "120", "--out", f"node{k}", "--json", f"node{k}.json",
                         "--torchrun-args",
                         f"--nnodes 2 --node-rank {k} --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
                         "--rdzv-id detaudit-test"], cwd=tmp_path, timeout=TIMEOUT)
@@ -219,13 +219,6 @@ def two_nodes(scripts: Path, tmp_path: Path, script: str) -> tuple[list[Any], An
     return nodes, run_cli(["compare", "node0", "node1", "--json", "report.json"], cwd=tmp_path, timeout=TIMEOUT)
 
 
-# Opt-in until its hang is found: one of three full CI-style runs hung here (both agents waiting in the c10d
-# rendezvous past the 600 s test timeout). Run with DETAUDIT_TEST_TWO_NODES=1.
-TWO_NODES = pytest.mark.skipif(not os.environ.get("DETAUDIT_TEST_TWO_NODES"),
-                               reason="two-node rendezvous hung once in three runs; set DETAUDIT_TEST_TWO_NODES=1")
-
-
-@TWO_NODES
 def test_two_nodes_compared_together_check_replicas_across_nodes(scripts: Path, tmp_path: Path) -> None:
     # rank 0 clamps its copy of a weight after DDP's update: the other three ranks, on both nodes, differ from it
     nodes, result = two_nodes(scripts, tmp_path, "train_ddp_clipped.py")
@@ -247,7 +240,6 @@ def test_two_nodes_compared_together_check_replicas_across_nodes(scripts: Path, 
     assert again.returncode == 2 and "the same run directory" in again.stderr
 
 
-@TWO_NODES
 def test_two_nodes_compared_together_name_the_origin_and_the_receiver_across_nodes(scripts: Path,
                                                                                   tmp_path: Path) -> None:
     # torch is seeded on rank 0 only: ranks 1-3 draw different batches in every repeat (origins), and rank 0,

@@ -92,6 +92,12 @@ def analyse_nodes(nodes: Sequence[Node], record: RunRecord, analyse: Callable[..
              "numbered the nodes differently from one launch to the next (c10d orders them by host name, then by "
              "agent pid), so their repeats lie in other nodes' run directories and are not compared here; "
              "`detaudit compare` with every node's run directory compares them"] if moved else []
+    waited = [r.index for r in launched if r.exit_barrier_waited]
+    if waited:
+        notes.append(f"repeat(s) {', '.join(map(str, waited))}: every rank on a node ended by itself, then torchrun's "
+                     "agent there waited at its exit barrier until --timeout for another node's agent, which torchrun "
+                     "never sends there once a rank of that node failed (a teardown crash included); the ranks' own "
+                     "exit statuses stand for the repeat, and their recordings are complete")
     if not rank_ids:
         if moved:
             raise Inconclusive(f"{nodes[0].run_dir}: no rank left its traces here in every repeat. {notes[0]}.")
@@ -137,6 +143,7 @@ def _combined(results: Sequence[RepeatResult]) -> RepeatResult:
     return replace(first, exit_code=failed[0].exit_code if failed else first.exit_code,
                    timed_out=any(r.timed_out for r in results), interrupted=any(r.interrupted for r in results),
                    duration_s=max(r.duration_s for r in results),
+                   exit_barrier_waited=any(r.exit_barrier_waited for r in results),
                    error=next((r.error for r in failed if r.error is not None), first.error))
 
 

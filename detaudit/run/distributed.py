@@ -146,9 +146,30 @@ class DistributedLauncher(Launcher):
             result = super().run_one(plan)
         finally:
             kill_ranks(plan.trace.parent, plan.trace.name)
+        if result.timed_out:
+            result = self._ended_before_the_barrier(plan, result)
         failed = result.exit_code
         error = rank_error(plan.trace.parent, result, self.layout, stderr_tail(plan.stderr)) if failed else None
         return replace(result, stdout_digest=self._ranks_digest(plan, result), error=error)
+
+    def _ended_before_the_barrier(self, plan: RepeatPlan, result: RepeatResult) -> RepeatResult:
+        """A repeat stopped by --timeout whose every rank here had ended by itself (each wrote its footer,
+        which a rank stopped by the timeout never does): its agent was waiting at torchrun's exit barrier for
+        another node's agent, which never comes when that node's repeat failed (torchrun skips the barrier on
+        failure). The script did not time out here: the repeat ended as its ranks did."""
+        from detaudit.trace import read_footer  # here: the child imports this module before the script
+
+        if not multi_node(self.torchrun_args):  # one agent: its exit barrier waits for nobody
+            return result
+        codes = []
+        for rank in self.layout.ranks(plan.trace.parent, result):
+            footer = read_footer(plan.trace.parent / Layout.rank_file(result.trace, rank))
+            if footer is None or not isinstance(footer.get("exit_code"), int):
+                return result
+            codes.append(footer["exit_code"])
+        if not codes:
+            return result
+        return replace(result, timed_out=False, exit_code=next((c for c in codes if c), 0), exit_barrier_waited=True)
 
     def _ranks_digest(self, plan: RepeatPlan, result: RepeatResult) -> str:
         """One digest over every rank's stdout, in rank order (ranks print concurrently)."""
