@@ -85,6 +85,8 @@ class RepeatResult:
     # torchrun: every rank of this node ended by itself, then torchrun's agent waited at its exit barrier
     # for another node's agent until --timeout (that node's repeat failed): the ranks' outcome is the repeat's
     exit_barrier_waited: bool = False
+    # torchrun across nodes: launches that failed in the rendezvous before any rank started, then retried
+    rendezvous_retries: int = 0
     error: ScriptError | None = None  # the exception that ended the script, read from the trace footer
 
     def to_dict(self) -> dict[str, Any]:

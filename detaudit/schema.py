@@ -134,7 +134,7 @@ REPEAT_RESULT = Obj({
     "index": Int(0), "device": str, "exit_code": INT_OR_NONE, "duration_s": Number(), "timed_out": bool,
     "trace": FILE_NAME, "stdout": FILE_NAME, "stderr": FILE_NAME, "stdout_digest": str, "interrupted": bool,
     "stopped_at_step": INT_OR_NONE, "recording_stopped": STR_OR_NONE, "rerun_alone": STR_OR_NONE,
-    "exit_barrier_waited": bool,
+    "exit_barrier_waited": bool, "rendezvous_retries": Int(0),
 }, frozenset({"index", "device", "exit_code", "duration_s", "timed_out", "trace", "stdout", "stderr",
               "stdout_digest"}))
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -171,7 +172,7 @@ def test_a_failed_launch_carries_the_lowest_raising_ranks_error(tmp_path: Path,
     script.write_text("")
     [plan] = plan_repeats(tmp_path, 1, ["cpu"])
     for code, expected in ((1, "one"), (0, None)):
-        monkeypatch.setattr(Launcher, "run_one", lambda self, p, code=code: RepeatResult(
+        monkeypatch.setattr(Launcher, "launch", lambda self, p, timeout, code=code: RepeatResult(
             p.index, "cpu", code, 1.0, False, p.trace.name, p.stdout.name, p.stderr.name, ""))
         launcher = DistributedLauncher(script, [], None, nproc_per_node=3, torchrun_args=[])
         result = launcher.run_one(plan)
@@ -200,8 +201,50 @@ def test_a_timeout_after_every_rank_here_ended_is_the_exit_barrier_not_the_scrip
     script = tmp_path / "train.py"
     script.write_text("")
     [plan] = plan_repeats(tmp_path, 1, ["cpu"])
-    monkeypatch.setattr(Launcher, "run_one", lambda self, p: RepeatResult(
+    monkeypatch.setattr(Launcher, "launch", lambda self, p, timeout: RepeatResult(
         p.index, "cpu", None, 120.0, True, p.trace.name, p.stdout.name, p.stderr.name, ""))
     launcher = DistributedLauncher(script, [], 120.0, nproc_per_node=2, torchrun_args=torchrun_args)
     result = launcher.run_one(plan)
     assert (result.timed_out, result.exit_code, result.exit_barrier_waited) == expected
+
+
+@pytest.mark.parametrize(("stderr", "rank_started", "torchrun_args", "launches"), [
+    # the other node's previous agent still held the store: closed rendezvous, no rank started -> launched again
+    ("torch.distributed.elastic.rendezvous.api.RendezvousClosedError\n", False, ["--nnodes", "2"], 2),
+    # a rank started: the script ran, its failure is the repeat's
+    ("torch.distributed.elastic.rendezvous.api.RendezvousClosedError\n", True, ["--nnodes", "2"], 1),
+    # not a rendezvous failure
+    ("ValueError: bad argument\n", False, ["--nnodes", "2"], 1),
+    # one node: nothing else can hold its rendezvous
+    ("torch.distributed.elastic.rendezvous.api.RendezvousClosedError\n", False, [], 1),
+])
+def test_a_launch_that_never_met_the_other_nodes_is_launched_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stderr: str, rank_started: bool,
+        torchrun_args: list[str], launches: int) -> None:
+    from detaudit.run import distributed
+    from detaudit.run.distributed import DistributedLauncher
+    from detaudit.run.launcher import plan_repeats
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    [plan] = plan_repeats(tmp_path, 1, ["cpu"])
+    calls = []
+
+    def launch(self: DistributedLauncher, p: Any, timeout: float | None) -> RepeatResult:
+        calls.append(timeout)
+        first = len(calls) == 1
+        p.stdout.write_text("")
+        p.stderr.write_text(stderr if first else "")
+        if rank_started:
+            (tmp_path / "repeat-0.rank-0.pid").write_text("1")
+        return RepeatResult(p.index, "cpu", 1 if first else 0, 1.0, False, p.trace.name, p.stdout.name,
+                            p.stderr.name, "")
+
+    monkeypatch.setattr(DistributedLauncher, "launch", launch)
+    monkeypatch.setattr(distributed, "RENDEZVOUS_RETRY_S", 0.0)
+    result = DistributedLauncher(script, [], 60.0, nproc_per_node=2, torchrun_args=torchrun_args).run_one(plan)
+    assert len(calls) == launches and result.rendezvous_retries == launches - 1
+    assert result.exit_code == (0 if launches == 2 else 1)
+    assert calls[-1] is not None and calls[-1] <= 60.0  # a retry has what is left of the repeat's --timeout
+    kept = sorted(p.name for p in tmp_path.glob("repeat-0.rendezvous-*"))
+    assert kept == (["repeat-0.rendezvous-1.stderr", "repeat-0.rendezvous-1.stdout"] if launches == 2 else [])

@@ -98,6 +98,11 @@ def analyse_nodes(nodes: Sequence[Node], record: RunRecord, analyse: Callable[..
                      "agent there waited at its exit barrier until --timeout for another node's agent, which torchrun "
                      "never sends there once a rank of that node failed (a teardown crash included); the ranks' own "
                      "exit statuses stand for the repeat, and their recordings are complete")
+    retried = [r.index for r in launched if r.rendezvous_retries]
+    if retried:
+        notes.append(f"repeat(s) {', '.join(map(str, retried))}: a node's launch failed in torchrun's rendezvous "
+                     "before any rank started (another node's agent of the previous repeat still held it) and was "
+                     "launched again; the failed launches' output is kept as repeat-I.rendezvous-N.stdout/.stderr")
     if not rank_ids:
         if moved:
             raise Inconclusive(f"{nodes[0].run_dir}: no rank left its traces here in every repeat. {notes[0]}.")
@@ -144,6 +149,7 @@ def _combined(results: Sequence[RepeatResult]) -> RepeatResult:
                    timed_out=any(r.timed_out for r in results), interrupted=any(r.interrupted for r in results),
                    duration_s=max(r.duration_s for r in results),
                    exit_barrier_waited=any(r.exit_barrier_waited for r in results),
+                   rendezvous_retries=max(r.rendezvous_retries for r in results),
                    error=next((r.error for r in failed if r.error is not None), first.error))
 
 

@@ -23,6 +23,7 @@ import re
 import shlex
 import signal
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -142,15 +143,43 @@ class DistributedLauncher(Launcher):
 
     def run_one(self, plan: RepeatPlan) -> RepeatResult:
         self._traces[plan.index] = plan.trace
-        try:
-            result = super().run_one(plan)
-        finally:
-            kill_ranks(plan.trace.parent, plan.trace.name)
+        started = time.monotonic()
+        window = self.timeout if self.timeout is not None else RENDEZVOUS_WINDOW_S
+        retries = 0
+        while True:
+            left = None if self.timeout is None else max(0.0, self.timeout - (time.monotonic() - started))
+            try:
+                result = self.launch(plan, left)
+            finally:
+                kill_ranks(plan.trace.parent, plan.trace.name)
+            if not self._never_met(plan, result) or time.monotonic() - started + RENDEZVOUS_RETRY_S >= window:
+                break
+            retries += 1
+            for capture in (plan.stdout, plan.stderr):  # kept: the failed launch's own words
+                capture.rename(capture.with_name(capture.name.replace(".std", f".rendezvous-{retries}.std")))
+            time.sleep(RENDEZVOUS_RETRY_S)
+        result = replace(result, rendezvous_retries=retries)
         if result.timed_out:
             result = self._ended_before_the_barrier(plan, result)
         failed = result.exit_code
         error = rank_error(plan.trace.parent, result, self.layout, stderr_tail(plan.stderr)) if failed else None
         return replace(result, stdout_digest=self._ranks_digest(plan, result), error=error)
+
+    def _never_met(self, plan: RepeatPlan, result: RepeatResult) -> bool:
+        """Whether a launch of several nodes failed in torchrun's rendezvous, before any rank started here.
+
+        The nodes' repeats are launched independently, so one node's next launch can reach the rendezvous
+        store while another node's previous agent still holds it (waiting at its exit barrier after a failed
+        repeat, or exiting): the rendezvous there is closed and torchrun fails at once. The script never ran,
+        so the launch is retried until the rendezvous of this repeat forms (within the repeat's --timeout).
+        """
+        if not multi_node(self.torchrun_args) or result.exit_code in (0, None) or result.timed_out \
+                or result.interrupted or self._stopping:
+            return False
+        stem = result.trace.removesuffix(".trace")
+        if any(plan.trace.parent.glob(f"{stem}.rank-*.pid")):
+            return False
+        return _RENDEZVOUS_ERROR.search(stderr_tail(plan.stderr)) is not None
 
     def _ended_before_the_barrier(self, plan: RepeatPlan, result: RepeatResult) -> RepeatResult:
         """A repeat stopped by --timeout whose every rank here had ended by itself (each wrote its footer,
@@ -188,6 +217,12 @@ class DistributedLauncher(Launcher):
         for trace in list(self._traces.values()):
             kill_ranks(trace.parent, trace.name)
 
+
+# torch.distributed.elastic.rendezvous's errors, as torchrun's traceback names them
+_RENDEZVOUS_ERROR = re.compile(r"\bRendezvous(Closed|Connection|Timeout|State)Error\b")
+RENDEZVOUS_RETRY_S = 2.0
+# without --timeout: as long as another node's agent may hold the store (torchrun's exit barrier: 300 s)
+RENDEZVOUS_WINDOW_S = 330.0
 
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 

@@ -152,6 +152,10 @@ class Launcher:
         return child_command(config_path, self.script_arg, self.script_args)
 
     def run_one(self, plan: RepeatPlan) -> RepeatResult:
+        return self.launch(plan, self.timeout)
+
+    def launch(self, plan: RepeatPlan, timeout: float | None) -> RepeatResult:
+        """Start the repeat's process, wait for it (stopping it after `timeout` seconds), and collect it."""
         config_path = plan.trace.with_name(plan.trace.name.removesuffix(".trace") + ".config.json")
         env = {**os.environ, **plan.env}
         started = time.perf_counter()
@@ -170,7 +174,7 @@ class Launcher:
                                             stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
                     self._live[plan.index] = proc
                 try:
-                    if not _wait_exit(proc, self.timeout):
+                    if not _wait_exit(proc, timeout):
                         timed_out = True
                         _signal_group(proc, signal.SIGTERM)  # the child keeps what it recorded, writes no footer
                         _wait_exit(proc, GRACE_S, self._hurry)
