@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from detaudit.events import (
     BatchCallEvent,
@@ -169,17 +169,29 @@ def compare_rows(ref: torch.Tensor, got: torch.Tensor) -> RowDiff:
     return out
 
 
-def _batch_dim(full: torch.Tensor, part: torch.Tensor, n: int, k: int, preferred: int) -> int | None:
-    """The dim along which `part` (k rows) is a subset of `full` (n rows): size n there, k in `part`, every
-    other dim equal; `preferred` (--batch-dim) first. None when there is none."""
+def _batch_dim(full: torch.Tensor, part: torch.Tensor, n: int, k: int, preferred: int) -> tuple[int, int] | None:
+    """(dim, m): `part` (k rows) is a subset of `full` (n rows) along dim, each row `m` consecutive entries
+    there: size n·m in `full`, k·m in `part`, every other dim equal; `preferred` (--batch-dim) first, m = 1
+    (a row per entry) before a batch folded into a bigger dim (a matmul flattening (n, t, d) to (n·t, d)).
+    None when there is none."""
     if full.dim() != part.dim() or full.dim() == 0:
         return None
     dims = [preferred] + [d for d in range(full.dim()) if d != preferred]
-    for d in dims:
-        if d < full.dim() and full.shape[d] == n and part.shape[d] == k and all(
-                full.shape[i] == part.shape[i] for i in range(full.dim()) if i != d):
-            return d
+    others_equal = [all(full.shape[i] == part.shape[i] for i in range(full.dim()) if i != d) if d < full.dim()
+                    else False for d in dims]
+    for d, equal in zip(dims, others_equal, strict=True):
+        if equal and full.shape[d] == n and part.shape[d] == k:
+            return d, 1
+    for d, equal in zip(dims, others_equal, strict=True):
+        size = full.shape[d] if equal else 0
+        if size > n and size % n == 0 and part.shape[d] == size // n * k:
+            return d, size // n
     return None
+
+
+def _spread(index: torch.Tensor, m: int) -> torch.Tensor:
+    """Row indices -> the indices of their `m` consecutive entries each."""
+    return index if m == 1 else (index[:, None] * m + torch.arange(m)).reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -205,10 +217,14 @@ def compare_values(ref_value: Any, got_value: Any, n: int, rows: Rows, preferred
         total.shape_differs = True
         return total
     for ref, got in zip(refs, gots, strict=True):
-        d = _batch_dim(ref, got, n, rows.size, preferred)
-        if d is not None:
-            part = compare_rows(ref.detach().index_select(d, rows.ref.to(ref.device)).movedim(d, 0),
-                                got.detach().index_select(d, rows.got.to(got.device)).movedim(d, 0))
+        found = _batch_dim(ref, got, n, rows.size, preferred)
+        if found is not None:
+            d, m = found
+            picked = [t.detach().index_select(d, _spread(index, m).to(t.device)).movedim(d, 0)
+                      for t, index in ((ref, rows.ref), (got, rows.got))]
+            if m > 1:  # each row's m entries as one row
+                picked = [t.reshape(-1, m, *t.shape[1:]) for t in picked]
+            part = compare_rows(picked[0], picked[1])
         elif ref.shape == got.shape and not whole:
             part = RowDiff(uncompared=1)
         elif ref.shape == got.shape:
@@ -316,12 +332,19 @@ class BatchProbe:
         self.calls: dict[str, int] = {}  # module name -> calls seen
         self.others: dict[str, list[torch.Tensor]] = {}  # module name -> the last call's batch tensors
         self.located = 0
+        self.handles: list[Any] = []
 
     def install(self) -> None:
         from torch.nn.modules import module as nn_module
 
-        nn_module.register_module_forward_pre_hook(self._on_pre)
-        nn_module.register_module_forward_hook(self._on_forward, with_kwargs=True, always_call=True)
+        self.handles = [nn_module.register_module_forward_pre_hook(self._on_pre),
+                        nn_module.register_module_forward_hook(self._on_forward, with_kwargs=True, always_call=True)]
+
+    def remove(self) -> None:
+        """Stop probing (a repeat never does; in-process tests do)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
 
     # -- which calls are probed -----------------------------------------------------------------
     def _stack(self) -> list[tuple[int, _RngGuard | None]]:
@@ -460,16 +483,23 @@ def _subset(kind: SubsetKind, size: int, diff: RowDiff) -> BatchSubset:
 
 def _not_comparable(module: torch.nn.Module) -> tuple[SkipReason, str] | None:
     """Why rows of this module cannot be compared between batches, by design: train-mode batch
-    statistics, active dropout."""
+    statistics (named first), active dropout; each such submodule is listed."""
+    norms, drops = [], []
     for qual, sub in module.named_modules():
+        what = f"`{qual or type(module).__name__}` ({type(sub).__name__}"
         if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.training:
-            return "batch-statistics", (f"`{qual or type(module).__name__}` ({type(sub).__name__}) is in train "
-                                        "mode: it normalises with the batch's own statistics, so every row depends "
-                                        "on the others by design")
-        if isinstance(sub, _DROPOUT) and sub.training and sub.p > 0:
-            return "dropout", (f"`{qual or type(module).__name__}` ({type(sub).__name__}, p={sub.p}) is in train "
-                               "mode: its random masks differ with the batch's shape")
-    return None
+            norms.append(what + ")")
+        elif isinstance(sub, _DROPOUT) and sub.training and sub.p > 0:
+            drops.append(what + f", p={sub.p})")
+    parts = []
+    if norms:
+        parts.append(f"{', '.join(norms)} in train mode normalise with the batch's own statistics, so every row "
+                     "depends on the others by design")
+    if drops:
+        parts.append(f"{', '.join(drops)} in train mode draw random masks whose rows change with the batch's shape")
+    if not parts:
+        return None
+    return ("batch-statistics" if norms else "dropout"), "; ".join(parts)
 
 
 def _mixable(other: list[torch.Tensor], mine: list[torch.Tensor], d: int) -> bool:
@@ -526,37 +556,50 @@ class _Runner:
     # -- where it starts ----------------------------------------------------------------------------
     def locate(self, name: str, call: int, n: int, variant: tuple[SubsetKind, Rows, Any]) -> BatchOriginEvent:
         """Run the variant subset, then the whole batch, with submodules and ops watched; the first module
-        (in the order calls end) and the first op whose rows differ while their inputs' rows agree."""
+        (in the order calls end) and the first op whose rows differ while their inputs' rows agree.
+
+        Calls are paired by (kind, innermost module, name, occurrence): a path that changes with the batch
+        (a fused kernel taken for one size only) leaves some unpaired, which the note counts, and the rest
+        still pair up."""
         kind, rows, mix = variant
-        seen: list[_Seen] = []
-        self.live = None  # fresh copies, named submodules
-        self._watched(self.inputs(rows, mix, (n + 1) // 2),
-                      lambda kind_, what, mod, loc, ins, outs, cls="": seen.append(_Seen(
-                          kind_, what, mod, loc, _rebuild(ins, _clone), _rebuild(outs, _clone), cls)))
+        seen: dict[tuple[str, str, str, int], _Seen] = {}
+        counts: dict[tuple[str, str, str], int] = {}
+
+        def key(kind_: str, mod: str, what: str) -> tuple[str, str, str, int]:
+            base = (kind_, mod, what)
+            counts[base] = counts.get(base, 0) + 1
+            return (*base, counts[base] - 1)
+
+        def keep(kind_: str, what: str, mod: str, loc: str, ins: Any, outs: Any, cls: str = "") -> None:
+            seen[key(kind_, mod, what)] = _Seen(kind_, what, mod, loc, _rebuild(ins, _clone), _rebuild(outs, _clone),
+                                                cls)
+
+        self.live = None  # a fresh copy
+        self._watched(self.inputs(rows, mix, (n + 1) // 2), keep)
+        counts.clear()
         first: dict[str, BatchSpot] = {}
-        position = {"module": 0, "op": 0}
-        by_kind = {k: [s for s in seen if s.kind == k] for k in ("module", "op")}
-        notes: list[str] = []
-        self.live = None
+        unpaired: dict[str, list[str]] = {"module": [], "op": []}
 
         def compare(kind_: str, what: str, mod: str, loc: str, ins: Any, outs: Any, cls: str = "") -> None:
-            if kind_ in first or notes:
+            partner = seen.get(key(kind_, mod, what))
+            if kind_ in first:
                 return
-            i = position[kind_]
-            position[kind_] = i + 1
-            mine = by_kind[kind_]
-            if i >= len(mine) or mine[i].name != what:
-                notes.append(f"the {kind_} calls of the batch and of the {rows.size}-row subset part at {kind_} "
-                             f"{i} (`{what}`): its control flow depends on the batch")
+            if partner is None:
+                unpaired[kind_].append(f"{what}{f' in {mod}' if mod else ''}")
                 return
-            inputs_agree = compare_values(ins, mine[i].inputs, n, rows, self.d).agree
-            diff = compare_values(outs, mine[i].outputs, n, rows, self.d)
-            if inputs_agree and not diff.agree:
+            if not compare_values(ins, partner.inputs, n, rows, self.d).agree:
+                return
+            diff = compare_values(outs, partner.outputs, n, rows, self.d)
+            if not diff.agree:
                 first[kind_] = BatchSpot(name=what, module=mod, loc=loc, cls=cls, max_abs_diff=diff.max_abs,
                                          max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
                                          across_rows=diff.whole_differs, shape_changed=diff.shape_differs)
 
+        self.live = None
         calls = self._watched(self.inputs(None), compare)
+        notes = [f"{len(found)} {kind_}{'s' if len(found) > 1 else ''} of the whole batch ran with no counterpart "
+                 f"in the {rows.size}-row run, first {found[0]}: the batch changes the path taken there"
+                 for kind_, found in unpaired.items() if found]
         if calls > _CAPTURE_LIMIT:
             notes.append(f"only the first {_CAPTURE_LIMIT} of {calls} ops were watched")
         return BatchOriginEvent(type="batch-origin", module=name, call=call, subset=kind, size=rows.size,
@@ -578,7 +621,8 @@ class _Runner:
             def post(sub_: torch.nn.Module, args_: Any, kwargs_: Any, out_: Any, qual_: str = qual) -> None:
                 if stack and stack[-1] == qual_:
                     stack.pop()
-                on_call("module", qual_, qual_, _loc(), (args_, kwargs_), out_, type(sub_).__name__)
+                with _disable_current_modes():  # the watch's own tensor work is no op of the model's
+                    on_call("module", qual_, qual_, _loc(), (args_, kwargs_), out_, type(sub_).__name__)
 
             handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(sub.register_forward_hook(post, with_kwargs=True))
