@@ -368,7 +368,8 @@ class BatchProbe:
         # the RNG states before the call: a re-evaluation of the whole batch draws what the call drew
         stack.append((id(module), _RngGuard() if target else None))
 
-    def _on_forward(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    def _on_forward(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
+        """After each forward; `output` absent when the forward raised (`always_call`: the stack stays right)."""
         if compiling() or getattr(self.local, "probing", False):
             return
         stack = self._stack()
