@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from test_compare_batch import ROUNDING, call, origin, spot
 
 from detaudit.audit import batch as audit_batch
 from detaudit.audit.pipeline import AuditOptions, Target
@@ -18,7 +19,6 @@ from detaudit.compare.batch import analyse
 from detaudit.errors import UsageError
 from detaudit.report.batch import BatchReport, BatchSettings, render_html, to_dict, write_json
 from detaudit.results import RepeatResult
-from test_compare_batch import ROUNDING, call, origin, spot
 
 
 def result(exit_code: int = 0, timed_out: bool = False) -> RepeatResult:
