@@ -125,6 +125,27 @@ def test_probes_leave_the_modules_state_and_the_rng_as_a_plain_run_has_them(tmp_
     assert [e["why"] for e in events if e["type"] == "batch-skip"] == ["random"] * 3  # it draws: not comparable
 
 
+class _NumpyNoise(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import numpy as np
+
+        return x + float(np.random.rand()) * 0
+
+
+def test_a_forward_drawing_from_numpy_is_not_comparable_and_its_draws_are_put_back(tmp_path: Path) -> None:
+    import numpy as np
+
+    def script() -> float:
+        np.random.seed(3)
+        _NumpyNoise()(torch.ones(4, 2))
+        return float(np.random.rand())
+
+    plain = script()
+    seen: list[float] = []
+    events = _probed(tmp_path, lambda: seen.append(script()))
+    assert seen == [plain] and [e["why"] for e in events if e["type"] == "batch-skip"] == ["random"]
+
+
 def test_batch_norm_in_train_mode_and_dropout_are_reported_not_comparable(tmp_path: Path) -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5)).train()
     before = {k: v.clone() for k, v in model.state_dict().items()}

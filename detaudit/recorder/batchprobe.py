@@ -17,6 +17,8 @@ trace as evidence events (`batch-call`, `batch-skip`, `batch-origin`: docs/trace
 from __future__ import annotations
 
 import copy
+import random
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -260,21 +262,32 @@ class _State:
 
 
 class _RngGuard:
-    """The RNG states (CPU; CUDA when initialised) saved on entry and restored on exit."""
+    """The global RNG states (torch CPU; CUDA when initialised; Python's `random`; NumPy's when imported),
+    saved when made, put back by `restore`."""
 
     def __init__(self) -> None:
         self.cpu = torch.get_rng_state()
         self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.python = random.getstate()
+        numpy_random = sys.modules.get("numpy.random")
+        self.numpy = numpy_random.get_state() if numpy_random is not None else None
 
     def restore(self) -> None:
         torch.set_rng_state(self.cpu)
         if self.cuda is not None:
             torch.cuda.set_rng_state_all(self.cuda)
+        random.setstate(self.python)
+        if self.numpy is not None:
+            sys.modules["numpy.random"].set_state(self.numpy)
 
     def drawn_since(self) -> bool:
         """Whether an RNG was drawn from since these states were taken."""
-        if not torch.equal(torch.get_rng_state(), self.cpu):
+        if not torch.equal(torch.get_rng_state(), self.cpu) or random.getstate() != self.python:
             return True
+        if self.numpy is not None:
+            now = sys.modules["numpy.random"].get_state()
+            if now[2:] != self.numpy[2:] or (now[1] != self.numpy[1]).any():
+                return True
         if self.cuda is not None:
             return any(not torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), self.cuda, strict=False))
         return False
