@@ -146,6 +146,18 @@ def test_a_forward_drawing_from_numpy_is_not_comparable_and_its_draws_are_put_ba
     assert seen == [plain] and [e["why"] for e in events if e["type"] == "batch-skip"] == ["random"]
 
 
+class _InPlace(nn.Module):
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        scale.add_(1)
+        return x.mul_(2)
+
+
+def test_a_forward_writing_into_its_arguments_writes_into_the_probes_copies(tmp_path: Path) -> None:
+    x, scale = torch.ones(4, 3), torch.zeros(3)
+    _probed(tmp_path, lambda: _InPlace()(x, scale))
+    assert torch.equal(x, torch.full((4, 3), 2.0)) and torch.equal(scale, torch.ones(3))
+
+
 def test_batch_norm_in_train_mode_and_dropout_are_reported_not_comparable(tmp_path: Path) -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5)).train()
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -545,16 +545,16 @@ class _Runner:
         return self.live
 
     def inputs(self, rows: Rows | None, mix: list[torch.Tensor] | None = None, half: int = 0) -> tuple[Any, Any]:
-        """The call's arguments with each batch tensor cut to `rows` (`mix`: filled up with another call's)."""
-        if rows is None:
-            return self.args, self.kwargs
+        """The call's arguments with each batch tensor cut to `rows` (None: the whole batch; `mix`: filled up
+        with another call's rows). Every tensor is a copy: a forward that writes into its arguments writes
+        into the probe's, never into the script's."""
         position = iter(range(len(self.batch)))
         mixed = iter(mix or [])
         d = self.d
 
         def cut(t: torch.Tensor) -> torch.Tensor:
-            if not self.batch[next(position)]:
-                return t
+            if not self.batch[next(position)] or rows is None:
+                return t.detach().clone()
             mine = t.index_select(d, rows.ref.to(t.device) if mix is None else torch.arange(half, device=t.device))
             if mix is None:
                 return mine
