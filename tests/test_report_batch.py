@@ -67,3 +67,12 @@ def test_a_missing_script_is_refused_before_anything_runs(tmp_path: Path) -> Non
     with pytest.raises(UsageError):
         audit_batch.run_batch(AuditOptions(Target(tmp_path / "nope.py"), out_dir=tmp_path / "out"), BatchSettings())
     assert not (tmp_path / "out").exists()
+
+
+def test_report_on_a_batch_run_directory_points_at_its_report(tmp_path: Path) -> None:
+    from detaudit.errors import TraceError
+    from detaudit.run.rundir import BATCH_FILE, read_run
+
+    write_json(report(VARIANT), tmp_path / BATCH_FILE)
+    with pytest.raises(TraceError, match="a `detaudit batch` run"):
+        read_run(tmp_path)

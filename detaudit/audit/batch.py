@@ -19,10 +19,9 @@ from detaudit.errors import TraceError
 from detaudit.report.batch import BatchReport, BatchSettings, write_json
 from detaudit.results import RepeatResult
 from detaudit.run.launcher import Interrupted, check_script
-from detaudit.run.rundir import new_run_dir, stored_args
+from detaudit.run.rundir import BATCH_FILE, new_run_dir, stored_args
 from detaudit.trace import RecordStream
 
-BATCH_FILE = "batch.json"
 PREFIX = "batch"
 
 
