@@ -208,3 +208,14 @@ def test_a_failing_probe_never_breaks_the_script(tmp_path: Path, monkeypatch: py
     events = _probed(tmp_path, lambda: model(torch.randn(4, 2)))
     assert [(e["why"], e["detail"]) for e in events if e["type"] == "batch-skip"] == [("probe-failed",
                                                                                       "RuntimeError: boom")]
+
+
+def test_the_origin_search_keeps_weights_by_reference_and_activations_as_copies(tmp_path: Path) -> None:
+    model = nn.Linear(4, 4)
+    x = torch.randn(6, 4)
+    runner = batchprobe._Runner(BatchProbe(Recorder(TraceWriter(tmp_path / "t.trace", {"repeat": 0})),
+                                           lambda m: None, ProbeSettings()),
+                                model, model, (x,), {}, [True], 0)
+    assert runner._keep(model.weight) is model.weight and runner._keep(model.weight.t())._base is model.weight
+    kept = runner._keep(x)
+    assert kept is not x and torch.equal(kept, x)

@@ -219,6 +219,11 @@ def compare_values(ref_value: Any, got_value: Any, n: int, rows: Rows, preferred
         total.shape_differs = True
         return total
     for ref, got in zip(refs, gots, strict=True):
+        if ref is got or (ref.shape == got.shape and ref.dtype == got.dtype and ref.stride() == got.stride()
+                          and ref.storage_offset() == got.storage_offset() and _storage(ref) != 0
+                          and _storage(ref) == _storage(got)):
+            total.merge(RowDiff(compared=1))  # one tensor (a weight): equal to itself
+            continue
         found = _batch_dim(ref, got, n, rows.size, preferred)
         if found is not None:
             d, m = found
@@ -297,10 +302,12 @@ class _Watch(TorchDispatchMode):
     """An origin search's run: each submodule call and each aten op as (what, module, loc, inputs, outputs),
     handed to `on_call` (the subset run keeps them; the whole batch's run compares them at once)."""
 
-    def __init__(self, on_call: Callable[..., None], stack: list[str]) -> None:
+    def __init__(self, on_call: Callable[..., None], stack: list[str],
+                 keep: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
         self.on_call = on_call
         self.stack = stack
+        self.keep = keep
         self.calls = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -308,7 +315,8 @@ class _Watch(TorchDispatchMode):
         self.calls += 1
         if self.calls > _CAPTURE_LIMIT:
             return func(*args, **kwargs)
-        before = _rebuild((args, kwargs), lambda t: t.detach().clone())  # in-place ops overwrite their inputs
+        # an op that writes into an argument overwrites what its inputs were: those are copied first
+        before = _rebuild((args, kwargs), self.keep) if func._schema.is_mutable else (args, kwargs)
         out = func(*args, **kwargs)
         name = ".".join(str(func).split(".")[:2])  # aten.addmm (the overload is not shown)
         self.on_call("op", name, self.stack[-1] if self.stack else "", _loc(), before, out)
@@ -536,6 +544,12 @@ class _Runner:
         self.d = d
         self.token = _State.token(pristine)
         self.live: torch.nn.Module | None = None
+        self.weights = {_storage(p) for p in module.parameters()}  # shared by every copy
+
+    def _keep(self, t: torch.Tensor) -> torch.Tensor:
+        """A watched tensor as kept for comparison: a copy, but the model's parameters (and views of them:
+        a forward never writes them) by reference, so an origin search never copies the weights."""
+        return t if _storage(t) in self.weights else t.detach().clone()
 
     def _model(self) -> torch.nn.Module:
         """A copy in the call's state: reused while forwards leave its state alone, copied again otherwise."""
@@ -585,8 +599,8 @@ class _Runner:
             return (*base, counts[base] - 1)
 
         def keep(kind_: str, what: str, mod: str, loc: str, ins: Any, outs: Any, cls: str = "") -> None:
-            seen[key(kind_, mod, what)] = _Seen(kind_, what, mod, loc, _rebuild(ins, _clone), _rebuild(outs, _clone),
-                                                cls)
+            seen[key(kind_, mod, what)] = _Seen(kind_, what, mod, loc, _rebuild(ins, self._keep),
+                                                _rebuild(outs, self._keep), cls)
 
         self.live = None  # a fresh copy
         self._watched(self.inputs(rows, mix, (n + 1) // 2), keep)
@@ -640,7 +654,7 @@ class _Runner:
 
             handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(sub.register_forward_hook(post, with_kwargs=True))
-        watch = _Watch(on_call, stack)
+        watch = _Watch(on_call, stack, self._keep)
         try:
             args, kwargs = inputs
             with watch:
@@ -651,8 +665,14 @@ class _Runner:
         return watch.calls
 
 
-def _clone(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().clone()
+
+
+def _storage(t: torch.Tensor) -> int:
+    """The address of a tensor's storage (0 for one without: a meta or functional tensor)."""
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 def install(recorder: Recorder, names: Callable[[torch.nn.Module], str | None], raw: dict[str, Any]) -> BatchProbe:
