@@ -199,6 +199,16 @@ def test_the_batch_dim_option_finds_rows_elsewhere(tmp_path: Path) -> None:
     assert call["rows"] == 10 and call["batch_dim"] == 1
 
 
+def test_a_failing_hook_stops_the_probing_not_the_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any) -> None:
+        raise RuntimeError("no rng")
+
+    monkeypatch.setattr(batchprobe, "_RngGuard", broken)
+    model = nn.Linear(2, 2)
+    events = _probed(tmp_path, lambda: [model(torch.randn(4, 2)) for _ in range(2)])
+    assert [(e["why"], e["detail"]) for e in events] == [("probe-failed", "probing stopped here: RuntimeError: no rng")]
+
+
 def test_a_failing_probe_never_breaks_the_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: Any) -> None:
         raise RuntimeError("boom")

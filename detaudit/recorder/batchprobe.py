@@ -16,6 +16,7 @@ trace as evidence events (`batch-call`, `batch-skip`, `batch-origin`: docs/trace
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import sys
@@ -354,6 +355,7 @@ class BatchProbe:
         self.others: dict[str, list[torch.Tensor]] = {}  # module name -> the last call's batch tensors
         self.located = 0
         self.handles: list[Any] = []
+        self.stopped: str | None = None  # why probing stopped (one of its hooks raised), if it did
 
     def install(self) -> None:
         from torch.nn.modules import module as nn_module
@@ -381,18 +383,32 @@ class BatchProbe:
         return name == wanted or type(module).__name__ == wanted
 
     def _on_pre(self, module: torch.nn.Module, args: Any) -> None:
-        if compiling() or getattr(self.local, "probing", False):
-            return
+        if self.stopped is None and not compiling() and not getattr(self.local, "probing", False):
+            self._safely(self._enter, module)
+
+    def _on_forward(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
+        """After each forward; `output` absent when the forward raised (`always_call`: the stack stays right)."""
+        if self.stopped is None and not compiling() and not getattr(self.local, "probing", False):
+            self._safely(self._leave, module, args, kwargs, output)
+
+    def _safely(self, hook: Callable[..., None], *args: Any) -> None:
+        """A hook of the probe's that raises stops the probing for the rest of the repeat; never the script."""
+        try:
+            hook(*args)
+        except Exception as exc:
+            self.stopped = f"{type(exc).__name__}: {exc}"
+            print(f"detaudit: batch probing stopped: {self.stopped}", file=sys.stderr)
+            with contextlib.suppress(Exception):  # the trace itself failed: the footer says so
+                self._skip("", 0, "probe-failed", f"probing stopped here: {self.stopped}")
+
+    def _enter(self, module: torch.nn.Module) -> None:
         stack = self._stack()
         outer = not any(guard is not None for _, guard in stack)
         target = outer and self._is_target(module, self.names(module))
         # the RNG states before the call: a re-evaluation of the whole batch draws what the call drew
         stack.append((id(module), _RngGuard() if target else None))
 
-    def _on_forward(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
-        """After each forward; `output` absent when the forward raised (`always_call`: the stack stays right)."""
-        if compiling() or getattr(self.local, "probing", False):
-            return
+    def _leave(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         stack = self._stack()
         if not stack or stack[-1][0] != id(module):
             if any(entry[0] == id(module) for entry in stack):  # forwards above it raised
@@ -406,10 +422,10 @@ class BatchProbe:
         name = self.names(module) or type(module).__name__
         call = self.calls.get(name, 0)
         self.calls[name] = call + 1
+        now = _RngGuard()
         self.local.probing = True
         self.recorder.local.paused = True
         self.recorder.internal += 1
-        now = _RngGuard()
         try:
             self._probe(module, name, call, args, kwargs, output, before)
         except Exception as exc:  # a probe never breaks the script: the call is reported as not probed
