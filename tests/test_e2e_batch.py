@@ -31,6 +31,7 @@ def test_a_linear_mlp_is_variant_at_its_first_linear_with_the_sizes(scripts: Pat
     assert (first["module"], first["op"]) == ("hidden", "aten.addmm") and first["location"].endswith("serve_mlp.py:16")
     assert first["sizes"] == "batch 1 and 7 differ from 256; 32, 128 and reversed agree" and not first["large"]
     assert report["causes"][0]["id"] == "batch-matmul" and "batch 1 and 7 differ from 256" in stdout
+    assert report["not_reproduced"] == 0 and report["not_probed"] == {}
 
 
 def test_a_mask_built_over_the_batch_is_flagged_with_its_large_difference(scripts: Path, tmp_path: Path) -> None:
@@ -51,6 +52,7 @@ def test_batch_norm_and_dropout_in_train_mode_keep_the_plain_runs_results(script
     assert report["probed_calls"] == 1  # the held-out batch, in eval mode
 
 
-def test_repeats_add_the_run_to_run_check_and_module_picks_the_calls(scripts: Path, tmp_path: Path) -> None:
-    code, report, _ = batch(scripts, tmp_path, "serve_embeddings.py", "-n", "2", "--module", "norm")
-    assert (code, report["run_to_run"], report["probed_calls"]) == (0, "deterministic", 3)
+def test_repeats_module_and_max_steps(scripts: Path, tmp_path: Path) -> None:
+    code, report, _ = batch(scripts, tmp_path, "serve_embeddings.py", "-n", "2", "--module", "norm", "--max-steps", "2")
+    assert (code, report["run_to_run"], report["probed_calls"]) == (0, "deterministic", 2)
+    assert [r["stopped_at_step"] for r in report["repeats"]] == [2, 2]
