@@ -319,19 +319,92 @@ class FileWriteEvent(_Event):
     """A file the script opened for writing (once per path): under `-j` the repeats share one working
     directory, and two repeats writing one file would read each other's data (audit/pipeline.py)."""
 
-    type: Literal["file-write"]
+    type: Literal["file-write", "batch-call", "batch-skip", "batch-origin"]
     path: str  # absolute, as the script named it (not resolved)
     loc: str
+
+
+# -- `detaudit batch` (recorder/batchprobe.py; docs/batch.md) -----------------------------------------
+SubsetKind = Literal["prefix", "reversed", "mixed"]
+SkipReason = Literal["no-batch", "batch-statistics", "dropout", "random", "uncopyable", "probe-failed"]
+
+
+class BatchSubset(TypedDict):
+    """One probe of a call: its rows compared with the same rows of the whole batch."""
+
+    subset: SubsetKind  # the first `size` rows; the batch reversed; half of it filled up with another call's rows
+    size: int  # the probe's batch size
+    rows_compared: int
+    rows_differ: int  # rows with any differing bit
+    max_abs_diff: float
+    max_ulp: int
+    scale: float  # the largest |value| of the compared rows (tells numerics from a leak)
+    dtype: str
+    nan_mismatch: bool  # a NaN in one evaluation where the other has a number
+    across_rows: bool  # a value without rows (reduced over the batch) differs
+    shape_changed: bool  # an output's other dims change with the batch
+
+
+class BatchSpot(TypedDict):
+    """The first module or op whose rows differ while its inputs' rows agree."""
+
+    name: str  # the submodule's qualified name, or the op (`aten.addmm`)
+    module: str  # the innermost submodule running it ("" for the probed module's own code)
+    cls: str  # the submodule's class (modules only)
+    loc: str  # the user's `file:line`
+    max_abs_diff: float
+    max_ulp: int
+    scale: float
+    dtype: str
+    across_rows: bool
+    shape_changed: bool
+
+
+class BatchCallEvent(_Event):
+    """One probed call: the batch's size and dim, and each probe's result."""
+
+    type: Literal["batch-call"]
+    module: str
+    call: int  # the call's number among that module's probed calls
+    rows: int
+    batch_dim: int
+    reproduced: bool  # re-evaluating the whole batch gave the call's own output, bit for bit
+    subsets: list[BatchSubset]
+    loc: str
+
+
+class BatchSkipEvent(_Event):
+    """A call that was not probed, or whose rows cannot be compared, and why."""
+
+    type: Literal["batch-skip"]
+    module: str
+    call: int
+    why: SkipReason
+    detail: str
+
+
+class BatchOriginEvent(_Event):
+    """Where a variant call's difference starts: its variant probe re-run with submodules and ops watched."""
+
+    type: Literal["batch-origin"]
+    module: str
+    call: int
+    subset: str
+    size: int
+    first_module: BatchSpot | None
+    first_op: BatchSpot | None
+    note: str | None
 
 
 Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, OpEvent, ModulesEvent, EmptyEvent,
               EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, ClockReadsEvent, EnvironmentEvent, CompileEvent,
-              DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent]
+              DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
+              BatchSkipEvent, BatchOriginEvent]
 Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
                "clock", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried", "unobserved",
-               "file-write"]
+               "file-write", "batch-call", "batch-skip", "batch-origin"]
 
 E = TypeVar("E")
 

@@ -158,6 +158,11 @@ TRACE_FOOTER = Obj({"records": Int(0), "exit_code": INT_OR_NONE, "error": STR_OR
 
 _RNG = MapOf(Obj({"digest": STR_OR_NONE, "drawn": bool, "initial_seed": Int()}))
 _MODULE = Obj({"module": str, "class": str, "entry": str}, frozenset({"module", "class"}))
+_BATCH_FIGURES: dict[str, Spec] = {"max_abs_diff": Number(), "max_ulp": Int(0), "scale": Number(), "dtype": str,
+                                   "across_rows": bool, "shape_changed": bool}
+_BATCH_SUBSET = Obj({"subset": str, "size": Int(1), "rows_compared": Int(0), "rows_differ": Int(0),
+                     "nan_mismatch": bool, **_BATCH_FIGURES}, frozenset({"subset", "size", "rows_differ"}))
+_BATCH_SPOT = Obj({"name": str, "module": str, "cls": str, "loc": str, **_BATCH_FIGURES}, frozenset({"name"}))
 # Evidence events (detaudit/events.py, one TypedDict per kind): fields are typed by name, whatever the event
 # type, so a new event type is covered for the fields it shares; `at` and `type` are in every event. Every
 # field events.py declares has a spec here (tests/test_events.py); None: any JSON value.
@@ -181,4 +186,7 @@ EVENT = Obj({
     "buffers": ListOf(str), "bucket_cap_mb": None, "gradient_as_bucket_view": bool, "static_graph": bool,
     "find_unused_parameters": bool,
     "epoch": Int(), "iterations": Int(), "seed": INT_OR_NONE, "path": str, "entries": ListOf(str),
+    "call": Int(0), "rows": Int(0), "batch_dim": Int(), "reproduced": bool, "subsets": ListOf(_BATCH_SUBSET),
+    "why": str, "detail": str, "subset": str, "size": Int(0), "first_module": OneOf((_BATCH_SPOT, NONE)),
+    "first_op": OneOf((_BATCH_SPOT, NONE)), "note": STR_OR_NONE,
 }, frozenset({"at", "type"}))

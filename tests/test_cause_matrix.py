@@ -135,6 +135,9 @@ NOT_IN_MATRIX = {
     **{name: "a torchrun job: audited with --nproc-per-node 2, rank by rank (test_e2e_distributed)"
        for name in ("train_ddp.py", "train_ddp_seeded_main.py", "train_ddp_rank_init.py", "train_ddp_clipped.py",
                     "train_ddp_wait.py", "train_ddp_fast_exit.py", "train_ddp_collectives.py")},
+    **{name: "a `detaudit batch` scenario: batch invariance, not run to run (test_e2e_batch)"
+       for name in ("serve_embeddings.py", "serve_mlp.py", "serve_padded_classifier.py", "train_bn_dropout.py",
+                    "serve_transformer.py")},
 }
 
 

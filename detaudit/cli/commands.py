@@ -316,6 +316,14 @@ def demo(repeats: int, out_dir: Path | None) -> None:
     finish(report, None, None, False)
 
 
+def _add_batch() -> None:
+    from detaudit.cli.batch import batch
+
+    cli.add_command(batch)
+
+
+_add_batch()  # `detaudit batch` (cli/batch.py, docs/batch.md)
+
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 

@@ -100,7 +100,7 @@ class Bounds:
             self._step_over()
 
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
-        if self._due is not None and not compiling() and self.is_root(module):
+        if self._due is not None and not compiling() and not self.recorder.local.paused and self.is_root(module):
             self._step_over()
 
     def _step_over(self) -> None:
@@ -109,7 +109,7 @@ class Bounds:
             self._check(step, "optimizer steps")
 
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if compiling() or self.optimizer_built or not self.is_root(module):
+        if compiling() or self.recorder.local.paused or self.optimizer_built or not self.is_root(module):
             return
         self.forwards += 1
         self._check(self.forwards, "root-module forward calls")

@@ -97,6 +97,7 @@ class ThreadState(threading.local):
     def __init__(self, owner: int) -> None:
         self.module_stack: list[int] = []  # string ids of the modules whose forward is running
         self.wrapped: list[int] = []  # ids of modules whose torch.compile wrapper is running (hooks.py)
+        self.paused = False  # `detaudit batch` re-evaluating a call (recorder/batchprobe.py): hooks record nothing
         # Flag.THREAD off the recorder's own thread: those records arrive in scheduling order (TraceWriter.sync)
         self.flag = 0 if threading.get_ident() == owner else int(Flag.THREAD)  # int: IntFlag `|` is slow
 

@@ -140,7 +140,7 @@ class Hooks:
         the repeat (the trace keeps what was recorded and its footer says why) and the script runs on."""
 
         def guarded(*args: Any) -> None:
-            if compiling() or self.stopped is not None:
+            if compiling() or self.stopped is not None or self.recorder.local.paused:
                 return
             try:
                 hook(*args)
@@ -230,6 +230,11 @@ class Hooks:
             return
         for path, tensor in iter_tensors(output, rec.writer.text(module_id)):
             rec.record_tensor(Kind.OUTPUT, rec.intern(path), tensor, module_id, loc)
+
+    def module_name(self, module: torch.nn.Module) -> str | None:
+        """The name a module's records carry (`Net`, `encoder.layers.0`), once it ran; None before."""
+        named: torch.nn.Module = module._orig_mod if is_wrapper(module) else module  # type: ignore[assignment]
+        return self.names.modules.get(named)
 
     def is_root_call(self, module: torch.nn.Module) -> bool:
         """Whether a forward that just ended was a root module's own call (a compiled model's

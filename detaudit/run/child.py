@@ -146,6 +146,10 @@ class Session:
         evidence.attach(self.recorder, torch_module)  # before the hooks: its first-forward event precedes records
         self.hooks = Hooks(self.recorder)
         self.hooks.install()
+        if self.config.get("batch") is not None:  # `detaudit batch`: before the bounds, so the N-th call is probed
+            from detaudit.recorder import batchprobe
+
+            batchprobe.install(self.recorder, self.hooks.module_name, self.config["batch"])
         ops.install(self.recorder, self.config, self._stop_after_op_window)
         if self.config.get("distributed"):
             from detaudit.recorder import distributed as collectives

@@ -15,6 +15,8 @@ One directory per `detaudit run` (mode 0700; default `.detaudit/runs/<stamp>-<sc
 - `explain.json` — the stored `--explain` experiments, format `detaudit-explain` version 1
   (records.ExplainRecord), each with its `prefix` and `results`.
 - `.explain.lock` — held (flock) by the one `detaudit explain` allowed per directory.
+- `batch.json` — instead of run.json and report.json in a `detaudit batch` run directory (whose
+  repeats are `batch-<i>.*`): its report, format `detaudit-batch` (docs/batch.md).
 - `report.json` — the last report (docs/report-schema.md); `detaudit report RUN_DIR` rebuilds it
   from the files above alone.
 
@@ -44,6 +46,7 @@ from detaudit.trace import load_json, open_regular
 RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
 EXPLAIN_FILE = "explain.json"
+BATCH_FILE = "batch.json"  # `detaudit batch`'s report (docs/batch.md), in place of run.json
 EXPLAIN_LOCK = ".explain.lock"
 DEFAULT_RUNS_DIR = Path(".detaudit") / "runs"
 MAX_RECORD_BYTES = 64 << 20  # run.json / explain.json larger than this were not written by detaudit
@@ -136,6 +139,9 @@ def read_run(run_dir: Path) -> tuple[RunRecord, list[RepeatResult]]:
     if not Path(run_dir).exists():
         raise UsageError(f"no such run directory: {run_dir}")
     if not os.path.lexists(path):  # a link planted as run.json is refused by its reader, naming it
+        if os.path.lexists(Path(run_dir) / BATCH_FILE):
+            raise TraceError(f"{run_dir}: a `detaudit batch` run, not a `run` (no run.json): its report is "
+                             f"{Path(run_dir) / BATCH_FILE}")
         raise TraceError(f"{run_dir}: not a detaudit run directory (no run.json)")
     record = RunRecord.from_dict(read_json_record(path, "run record"), str(path))
     if not record.results:

@@ -1,0 +1,178 @@
+"""`detaudit batch SCRIPT`: does a request's result depend on what else is in its batch? The command
+(options as `run` has them) and its terminal rendering (docs/batch.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
+from detaudit.cli.session import err_console, progress_runner, stdout_console
+from detaudit.errors import ExitCode
+from detaudit.report.batch import BatchReport, BatchSettings, write_html, write_json
+from detaudit.run.files import naming
+from detaudit.safetext import printable
+
+_EXIT_CODES = ("\b\nExit codes:\n  0    batch-invariant: every probed row agrees bit for bit\n"
+               "  1    batch-variant: some row's result depends on its batch (or, with --repeats, the repeats "
+               "differ)\n" + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
+
+
+def _sizes(value: str | None) -> tuple[int, ...]:
+    if not value:
+        return ()
+    try:
+        sizes = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of row counts (`1,7,32`)") from None
+    if any(k < 1 for k in sizes):
+        raise click.BadParameter("every size must be at least 1")
+    return sizes
+
+
+@click.command(cls=RunCommand, epilog=_EXIT_CODES)
+@click.argument("script", type=click.Path())
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-n", "--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Repeats; more than one also compares them with each other (run-to-run, as `run`).")
+@click.option("--device", "devices", type=click.Choice(["cpu", "cuda", "auto"]), multiple=False, default="auto",
+              show_default=True, help="Device to run on (auto: wherever the script itself runs).")
+@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per repeat.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: a new folder under .detaudit/runs/).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None, help="Write an HTML report.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop after the model's N-th call (its N-th optimizer step in a training script): the first N "
+                   "calls are probed.")
+@click.option("--module", "module_name", default=None, metavar="NAME",
+              help="Probe the calls of this module (qualified name such as `encoder`, or class name) instead of "
+                   "the outermost modules.")
+@click.option("--batch-dim", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The batch dimension of the tensor arguments (those whose size there is the batch's).")
+@click.option("--sizes", "sizes_text", default=None, metavar="K,K,...",
+              help="Prefix sizes to probe (default: 1, an odd size up to 7, n/8 and n/2 of an n-row batch).")
+@click.option("--redact-args", is_flag=True, help="Store the script's arguments nowhere (run directory, traces, "
+              "reports).")
+def batch(script: str, script_args: tuple[str, ...], repeats: int, devices: str, timeout: float | None,
+          out_dir: Path | None, json_path: Path | None, html_path: Path | None, quiet: bool, max_steps: int | None,
+          module_name: str | None, batch_dim: int, sizes_text: str | None, redact_args: bool) -> None:
+    """Does a request's result depend on what else is in its batch? Run SCRIPT and, at each call of the
+    model (its outermost modules), re-evaluate the call on row subsets of its batch (one row, an odd-sized
+    prefix, the batch reversed, its rows mixed with another call's) and compare each row bit for bit with
+    the same row of the whole batch. When rows differ, name the first module and op where that starts.
+
+    The probes run on a copy of the model under torch.no_grad() with the RNG states restored: the script
+    computes what a plain run computes. Options may come before or after SCRIPT, as with `run`.
+    """
+    from detaudit.audit.batch import run_batch
+    from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
+    from detaudit.run.devices import own_device, resolve_devices
+
+    sizes = _sizes(sizes_text)
+    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script)})
+    requested = (devices,)
+    options = AuditOptions(
+        Target(Path(script), list(script_args), redact_args=redact_args, argv0=script),
+        Schedule(repeats=repeats, devices=resolve_devices(requested), own_device=own_device(requested),
+                 timeout=timeout),
+        Recording(max_steps=max_steps), out_dir=out_dir)
+    context, on_done = progress_runner(quiet, repeats, "running the script with batch probes")
+    with context:
+        report = run_batch(options, BatchSettings(module_name, batch_dim, sizes), on_done)
+    finish_batch(report, json_path, html_path, quiet)
+
+
+def finish_batch(report: BatchReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
+    """Write the requested files, render, exit with the verdict's code."""
+    import sys
+
+    if json_path is not None:
+        write_json(report, json_path)
+    if html_path is not None:
+        write_html(report, html_path)
+    console = err_console if str(json_path) == "-" else stdout_console()
+    with naming("standard error" if console is err_console else "standard output"):
+        if quiet:
+            console.print(summary_line(report), soft_wrap=True)
+        else:
+            render_batch(report, console)
+    sys.exit(report.exit_code)
+
+
+def _clean(text: object) -> str:
+    return escape(printable(str(text)))
+
+
+def summary_line(report: BatchReport) -> str:
+    finding = report.finding
+    verdict = report.verdict
+    colour = {"batch-invariant": "green", "batch-variant": "red"}.get(verdict, "yellow")
+    text = f"[bold {colour}]{verdict}[/]: {finding.probed_calls} call{'s' if finding.probed_calls != 1 else ''} probed"
+    first = finding.first_variant
+    if first is not None:
+        where = first.op or first.module
+        text += f"; {_clean(first.sizes_text)}"
+        if where is not None:
+            text += f"; starts at {_clean(where.name)} ({_clean(where.location)})"
+        if first.large:
+            text += " [bold red]— large difference: rows read each other's data[/]"
+    if report.run_to_run is not None:
+        text += f"; run to run: {_clean(report.run_to_run)}"
+    return text
+
+
+def render_batch(report: BatchReport, console: Console) -> None:
+    finding = report.finding
+    console.print(f"[bold]detaudit batch[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
+    failed = [r for r in report.results if r.exit_code not in (0, None)]
+    if failed:
+        console.print(f"[yellow]the script exited with status {failed[0].exit_code}[/]; see "
+                      f"{_clean(Path(report.run_dir) / failed[0].stderr)}")
+    if finding.subsets:
+        table = Table(show_edge=False)
+        for column in ("probe", "rows", "calls", "result", "rows differ", "max |diff|", "max ULP"):
+            table.add_column(column)
+        for s in finding.subsets:
+            table.add_row(s.kind, str(s.size), str(s.probes),
+                          "[green]agree[/]" if s.agree else f"[red]differ in {s.probes - s.agreed}[/]",
+                          str(s.rows_differ), f"{s.max_abs_diff:.3g}", str(s.max_ulp))
+        console.print(table)
+    first = finding.first_variant
+    if first is not None:
+        console.print(f"[bold]first variant call[/]: {_clean(first.call_module)} call {first.call} "
+                      f"({first.rows} rows, at {_clean(first.location or '?')}): {_clean(first.sizes_text)}")
+        for label, spot in (("first module", first.module), ("first op", first.op)):
+            if spot is not None:
+                what = _clean(spot.name) + (f" ({_clean(spot.cls)})" if spot.cls else "")
+                console.print(f"  {label}: {what} at {_clean(spot.location or '?')} — "
+                              + ("reduced over the batch, differs" if spot.across_rows else
+                                 "its shape changes with the batch" if spot.shape_changed else
+                                 f"max |diff| {spot.max_abs_diff:.3g}, {spot.max_ulp} ULP"))
+        if first.note:
+            console.print(f"  [yellow]{_clean(first.note)}[/]")
+        if first.large:
+            console.print(f"[bold red]LARGE DIFFERENCE[/]: max |diff| {first.max_abs_diff:.3g} on values up to "
+                          f"{first.scale:.3g} — not rounding: rows read each other's data (a mask or padding bug)")
+    for cause in report.causes:
+        console.print(f"[bold]cause[/] {_clean(cause.id)} ({cause.confidence}): {_clean(cause.summary)}")
+        console.print(f"  fix: {_clean(cause.fix)}")
+    for why, count in sorted(finding.skipped.items()):
+        console.print(f"not probed or not comparable: {count} call{'s' if count != 1 else ''} ({_clean(why)}): "
+                      f"{_clean(finding.skip_details.get(why, ''))}")
+    if finding.not_reproduced:
+        console.print(f"[yellow]{finding.not_reproduced} call(s) did not reproduce bit for bit when re-evaluated "
+                      "whole (grad mode or run-to-run nondeterminism): their probes are compared with the "
+                      "re-evaluation[/]")
+    if report.run_to_run_detail:
+        console.print(f"run to run: {_clean(report.run_to_run_detail)}")
+    reason = report.inconclusive_reason
+    if reason:
+        console.print(f"[yellow]{_clean(reason)}[/]")
+    console.print(summary_line(report), soft_wrap=True)

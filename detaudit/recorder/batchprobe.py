@@ -1,0 +1,699 @@
+"""`detaudit batch` inside the repeat: is a row's result the same whatever else is in its batch?
+
+At each call of the outermost module (or of the modules `--module` names), after the script's own
+forward returned, the call is re-evaluated on row subsets of its batch (a prefix of one row, an odd-sized
+prefix, other prefixes, the batch reversed, its rows mixed with another call's) and each row's output is
+compared bit for bit with the same row of the whole batch re-evaluated alike. When rows differ, the
+smallest differing subset is run once more beside the whole batch with every submodule and every aten op
+watched, to name the first module and the first op whose rows differ while their inputs' rows agree.
+
+Harmless by construction: probes run on a copy of the module (its parameters shared, its buffers and other
+state copied, so BatchNorm statistics and caches of the real module never move), under `torch.no_grad()`,
+with the RNG states (CPU, CUDA when initialised) restored afterwards, and with every other hook of the
+recorder paused, so the script computes and records exactly what a plain run would. Results reach the
+trace as evidence events (`batch-call`, `batch-skip`, `batch-origin`: docs/trace-format.md, docs/batch.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import random
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from detaudit.events import (
+    BatchCallEvent,
+    BatchOriginEvent,
+    BatchSkipEvent,
+    BatchSpot,
+    BatchSubset,
+    SkipReason,
+    SubsetKind,
+)
+from detaudit.recorder.compiled import compiling
+from detaudit.recorder.core import Recorder, iter_tensors
+from detaudit.recorder.location import display_path, user_frame
+
+CONFIG_KEY = "batch"  # the child config's entry that turns the probe on
+_CAPTURE_LIMIT = 200_000  # op calls watched in one origin search (each subset op keeps its tensors)
+_DROPOUT = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
+            torch.nn.FeatureAlphaDropout)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What `detaudit batch` asked for (the child config's `batch` entry)."""
+
+    module: str | None = None  # --module: a qualified name or class name; None: the outermost modules
+    batch_dim: int = 0  # --batch-dim
+    sizes: tuple[int, ...] = ()  # --sizes: prefix sizes; empty: `default_sizes`
+    locate: int = 1  # how many variant calls get an origin search
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any]) -> ProbeSettings:
+        return cls(module=raw.get("module"), batch_dim=int(raw.get("batch_dim", 0)),
+                   sizes=tuple(int(k) for k in raw.get("sizes", ())), locate=int(raw.get("locate", 1)))
+
+
+def default_sizes(n: int) -> list[int]:
+    """Prefix sizes probed for a batch of `n` rows: one row, an odd size (7, or less in a small batch), n/8
+    and n/2 (256 rows: 1, 7, 32, 128), each smaller than the batch."""
+    odd = 7 if n > 8 else (n - 1 if n % 2 == 0 else n - 2)
+    return sorted({k for k in (1, odd, n // 8, n // 2) if 1 <= k < n})
+
+
+def _rebuild(value: Any, fn: Callable[[torch.Tensor], Any], depth: int = 0) -> Any:
+    """`value` with each tensor replaced by `fn(tensor)`, in `iter_tensors`' order (tuples, lists, dicts)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if depth > 8:
+        return value
+    if isinstance(value, dict):
+        return type(value)((k, _rebuild(v, fn, depth + 1)) for k, v in value.items()) \
+            if type(value) is not dict else {k: _rebuild(v, fn, depth + 1) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_rebuild(v, fn, depth + 1) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rebuild(v, fn, depth + 1) for v in value)
+    return value
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for _, t in iter_tensors(value, "")]
+
+
+@dataclass
+class RowDiff:
+    """How the compared rows of two evaluations differ: rows with any differing bit, max |diff|, max ULP, the
+    reference's largest magnitude (to tell numerics from a leak), and what could not be compared."""
+
+    rows: int = 0
+    differ: int = 0
+    max_abs: float = 0.0
+    max_ulp: int = 0
+    scale: float = 0.0
+    dtype: str = ""
+    nan_mismatch: bool = False
+    whole_differs: bool = False  # a tensor without rows (reduced over the batch) differs
+    shape_differs: bool = False  # a tensor whose non-batch shape depends on the batch
+    compared: int = 0  # tensors compared
+    uncompared: int = 0  # tensors without rows, left out
+
+    @property
+    def agree(self) -> bool:
+        return not (self.differ or self.whole_differs or self.shape_differs)
+
+    def merge(self, other: RowDiff) -> None:
+        self.differ = max(self.differ, other.differ) if self.rows == other.rows else self.differ + other.differ
+        self.rows = max(self.rows, other.rows)
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.max_ulp = max(self.max_ulp, other.max_ulp)
+        self.scale = max(self.scale, other.scale)
+        self.dtype = self.dtype or other.dtype
+        self.nan_mismatch |= other.nan_mismatch
+        self.whole_differs |= other.whole_differs
+        self.shape_differs |= other.shape_differs
+        self.compared += other.compared
+        self.uncompared += other.uncompared
+
+
+_INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
+
+def _ordered_bits(t: torch.Tensor) -> torch.Tensor:
+    """Float bits as int64 whose differences count ULPs (sign-magnitude mapped to two's complement)."""
+    bits = t.contiguous().view(_INT_OF[t.element_size()]).to(torch.int64)
+    width = t.element_size() * 8
+    magnitude = bits & ((1 << (width - 1)) - 1)
+    return torch.where(bits < 0, -magnitude, magnitude)
+
+
+def compare_rows(ref: torch.Tensor, got: torch.Tensor) -> RowDiff:
+    """Row by row (dim 0), bit for bit: `ref` and `got` hold the same rows in the same order."""
+    out = RowDiff(rows=ref.shape[0], dtype=str(ref.dtype).removeprefix("torch."), compared=1)
+    if ref.shape != got.shape or ref.dtype != got.dtype:
+        out.shape_differs = True
+        out.differ = ref.shape[0]
+        return out
+    if ref.numel() == 0:
+        return out
+    a, b = ref.detach(), got.detach()
+    if a.device != b.device:
+        b = b.to(a.device)
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if a.is_floating_point():
+        ne = a.contiguous().view(_INT_OF[a.element_size()]) != b.contiguous().view(_INT_OF[a.element_size()])
+    else:
+        ne = a != b
+    row_ne = ne.reshape(a.shape[0], -1).any(dim=1)
+    out.differ = int(row_ne.sum())
+    if a.is_floating_point() or a.dtype == torch.bool:
+        af, bf = a.double(), b.double()
+    else:
+        af, bf = a.to(torch.float64), b.to(torch.float64)
+    finite = torch.isfinite(af) & torch.isfinite(bf)
+    out.scale = float(af[finite].abs().max()) if bool(finite.any()) else 0.0
+    if out.differ:
+        nan_a, nan_b = torch.isnan(af), torch.isnan(bf)
+        out.nan_mismatch = bool((nan_a != nan_b).any())
+        diff = (af - bf).abs()[finite]
+        out.max_abs = float(diff.max()) if diff.numel() else 0.0
+        if a.is_floating_point():
+            ulps = (_ordered_bits(a) - _ordered_bits(b)).abs()[finite]
+            out.max_ulp = int(ulps.max()) if ulps.numel() else 0
+    return out
+
+
+def _batch_dim(full: torch.Tensor, part: torch.Tensor, n: int, k: int, preferred: int) -> tuple[int, int] | None:
+    """(dim, m): `part` (k rows) is a subset of `full` (n rows) along dim, each row `m` consecutive entries
+    there: size n·m in `full`, k·m in `part`, every other dim equal; `preferred` (--batch-dim) first, m = 1
+    (a row per entry) before a batch folded into a bigger dim (a matmul flattening (n, t, d) to (n·t, d)).
+    None when there is none."""
+    if full.dim() != part.dim() or full.dim() == 0:
+        return None
+    dims = [preferred] + [d for d in range(full.dim()) if d != preferred]
+    others_equal = [all(full.shape[i] == part.shape[i] for i in range(full.dim()) if i != d) if d < full.dim()
+                    else False for d in dims]
+    for d, equal in zip(dims, others_equal, strict=True):
+        if equal and full.shape[d] == n and part.shape[d] == k:
+            return d, 1
+    for d, equal in zip(dims, others_equal, strict=True):
+        size = full.shape[d] if equal else 0
+        if size > n and size % n == 0 and part.shape[d] == size // n * k:
+            return d, size // n
+    return None
+
+
+def _spread(index: torch.Tensor, m: int) -> torch.Tensor:
+    """Row indices -> the indices of their `m` consecutive entries each."""
+    return index if m == 1 else (index[:, None] * m + torch.arange(m)).reshape(-1)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Which rows of the whole batch (`ref`, along the batch dim) a probe's rows (`got`) are."""
+
+    size: int  # the probe's batch size
+    ref: torch.Tensor  # indices into the whole batch
+    got: torch.Tensor  # the same rows' indices in the probe's batch
+
+
+def compare_values(ref_value: Any, got_value: Any, n: int, rows: Rows, preferred: int,
+                   whole: bool = True) -> RowDiff:
+    """The rows `rows` names, in every tensor of two evaluations (the whole batch's and a probe's).
+
+    A tensor with a batch dim is compared row by row; one without (a scalar, a parameter, a value reduced
+    over the batch) whole, or, not `whole`, not at all (`uncompared`: a batch's mean loss is no row's
+    result); one whose other dims change with the batch counts as differing (`shape_differs`).
+    """
+    total = RowDiff()
+    refs, gots = _tensors(ref_value), _tensors(got_value)
+    if len(refs) != len(gots):
+        total.shape_differs = True
+        return total
+    for ref, got in zip(refs, gots, strict=True):
+        if ref is got or (ref.shape == got.shape and ref.dtype == got.dtype and ref.stride() == got.stride()
+                          and ref.storage_offset() == got.storage_offset() and _storage(ref) != 0
+                          and _storage(ref) == _storage(got)):
+            total.merge(RowDiff(compared=1))  # one tensor (a weight): equal to itself
+            continue
+        found = _batch_dim(ref, got, n, rows.size, preferred)
+        if found is not None:
+            d, m = found
+            picked = [t.detach().index_select(d, _spread(index, m).to(t.device)).movedim(d, 0)
+                      for t, index in ((ref, rows.ref), (got, rows.got))]
+            if m > 1:  # each row's m entries as one row
+                picked = [t.reshape(-1, m, *t.shape[1:]) for t in picked]
+            part = compare_rows(picked[0], picked[1])
+        elif ref.shape == got.shape and not whole:
+            part = RowDiff(uncompared=1)
+        elif ref.shape == got.shape:
+            part = compare_rows(ref.detach().reshape(1, -1), got.detach().reshape(1, -1))
+            part.whole_differs, part.differ, part.rows = part.differ > 0, 0, 0
+        else:
+            part = RowDiff(shape_differs=True, compared=1, dtype=str(ref.dtype).removeprefix("torch."))
+        total.merge(part)
+    return total
+
+
+class _State:
+    """The module's state a forward could change: a token that differs when any of it did."""
+
+    @staticmethod
+    def token(module: torch.nn.Module) -> tuple[Any, ...]:
+        parts: list[Any] = []
+        for sub in module.modules():
+            for key, value in vars(sub).items():
+                if key in ("_parameters", "_modules", "_forward_hooks", "_forward_pre_hooks"):
+                    continue
+                if key == "_buffers":
+                    parts.extend((name, id(b), b._version if b is not None else None) for name, b in value.items())
+                elif isinstance(value, torch.Tensor):
+                    parts.append((key, id(value), value._version))
+                elif isinstance(value, (int, float, str, bool)) or value is None:
+                    parts.append((key, value))
+                elif isinstance(value, (list, dict, set)):
+                    parts.append((key, id(value), len(value)))
+                else:
+                    parts.append((key, id(value)))
+        return tuple(parts)
+
+
+class _RngGuard:
+    """The global RNG states (torch CPU; CUDA when initialised; Python's `random`; NumPy's when imported),
+    saved when made, put back by `restore`."""
+
+    def __init__(self) -> None:
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.python = random.getstate()
+        numpy_random = sys.modules.get("numpy.random")
+        self.numpy = numpy_random.get_state() if numpy_random is not None else None
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        random.setstate(self.python)
+        if self.numpy is not None:
+            sys.modules["numpy.random"].set_state(self.numpy)
+
+    def drawn_since(self) -> bool:
+        """Whether an RNG was drawn from since these states were taken."""
+        if not torch.equal(torch.get_rng_state(), self.cpu) or random.getstate() != self.python:
+            return True
+        if self.numpy is not None:
+            now = sys.modules["numpy.random"].get_state()
+            if now[2:] != self.numpy[2:] or (now[1] != self.numpy[1]).any():
+                return True
+        if self.cuda is not None:
+            return any(not torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), self.cuda, strict=False))
+        return False
+
+
+class _Watch(TorchDispatchMode):
+    """An origin search's run: each submodule call and each aten op as (what, module, loc, inputs, outputs),
+    handed to `on_call` (the subset run keeps them; the whole batch's run compares them at once)."""
+
+    def __init__(self, on_call: Callable[..., None], stack: list[str],
+                 keep: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.on_call = on_call
+        self.stack = stack
+        self.keep = keep
+        self.calls = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        self.calls += 1
+        if self.calls > _CAPTURE_LIMIT:
+            return func(*args, **kwargs)
+        # an op that writes into an argument overwrites what its inputs were: those are copied first
+        before = _rebuild((args, kwargs), self.keep) if func._schema.is_mutable else (args, kwargs)
+        out = func(*args, **kwargs)
+        name = ".".join(str(func).split(".")[:2])  # aten.addmm (the overload is not shown)
+        self.on_call("op", name, self.stack[-1] if self.stack else "", _loc(), before, out)
+        return out
+
+
+def _loc() -> str:
+    frame = user_frame(3)
+    return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else ""
+
+
+@dataclass
+class _Seen:
+    """One watched call of the subset run: its inputs and outputs (clones) and where it ran."""
+
+    kind: str
+    name: str
+    module: str
+    loc: str
+    inputs: Any
+    outputs: Any
+    cls: str = ""
+
+
+class BatchProbe:
+    """Installs the probe for one repeat; `paused` keeps the recorder's own hooks out of the probes' calls."""
+
+    def __init__(self, recorder: Recorder, names: Callable[[torch.nn.Module], str | None],
+                 settings: ProbeSettings) -> None:
+        self.recorder = recorder
+        self.names = names  # a module's name as the recorder's hooks name it (roots `Net`, children `fc.0`)
+        self.settings = settings
+        self.local = threading.local()
+        self.calls: dict[str, int] = {}  # module name -> calls seen
+        self.others: dict[str, list[torch.Tensor]] = {}  # module name -> the last call's batch tensors
+        self.located = 0
+        self.handles: list[Any] = []
+        self.stopped: str | None = None  # why probing stopped (one of its hooks raised), if it did
+
+    def install(self) -> None:
+        from torch.nn.modules import module as nn_module
+
+        self.handles = [nn_module.register_module_forward_pre_hook(self._on_pre),
+                        nn_module.register_module_forward_hook(self._on_forward, with_kwargs=True, always_call=True)]
+
+    def remove(self) -> None:
+        """Stop probing (a repeat never does; in-process tests do)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    # -- which calls are probed -----------------------------------------------------------------
+    def _stack(self) -> list[tuple[int, _RngGuard | None]]:
+        stack: list[tuple[int, _RngGuard | None]] | None = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        return stack
+
+    def _is_target(self, module: torch.nn.Module, name: str | None) -> bool:
+        wanted = self.settings.module
+        if wanted is None:
+            return True
+        return name == wanted or type(module).__name__ == wanted
+
+    def _on_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self.stopped is None and not compiling() and not getattr(self.local, "probing", False):
+            self._safely(self._enter, module)
+
+    def _on_forward(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
+        """After each forward; `output` absent when the forward raised (`always_call`: the stack stays right)."""
+        if self.stopped is None and not compiling() and not getattr(self.local, "probing", False):
+            self._safely(self._leave, module, args, kwargs, output)
+
+    def _safely(self, hook: Callable[..., None], *args: Any) -> None:
+        """A hook of the probe's that raises stops the probing for the rest of the repeat; never the script."""
+        try:
+            hook(*args)
+        except Exception as exc:
+            self.stopped = f"{type(exc).__name__}: {exc}"
+            print(f"detaudit: batch probing stopped: {self.stopped}", file=sys.stderr)
+            with contextlib.suppress(Exception):  # the trace itself failed: the footer says so
+                self._skip("", 0, "probe-failed", f"probing stopped here: {self.stopped}")
+
+    def _enter(self, module: torch.nn.Module) -> None:
+        stack = self._stack()
+        outer = not any(guard is not None for _, guard in stack)
+        target = outer and self._is_target(module, self.names(module))
+        # the RNG states before the call: a re-evaluation of the whole batch draws what the call drew
+        stack.append((id(module), _RngGuard() if target else None))
+
+    def _leave(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        stack = self._stack()
+        if not stack or stack[-1][0] != id(module):
+            if any(entry[0] == id(module) for entry in stack):  # forwards above it raised
+                while stack and stack[-1][0] != id(module):
+                    stack.pop()
+            else:
+                return
+        _, before = stack.pop()
+        if before is None or output is None:
+            return
+        name = self.names(module) or type(module).__name__
+        call = self.calls.get(name, 0)
+        self.calls[name] = call + 1
+        now = _RngGuard()
+        self.local.probing = True
+        self.recorder.local.paused = True
+        self.recorder.internal += 1
+        try:
+            self._probe(module, name, call, args, kwargs, output, before)
+        except Exception as exc:  # a probe never breaks the script: the call is reported as not probed
+            self._skip(name, call, "probe-failed", f"{type(exc).__name__}: {exc}")
+        finally:
+            now.restore()
+            self.recorder.internal -= 1
+            self.recorder.local.paused = False
+            self.local.probing = False
+
+    def _skip(self, name: str, call: int, why: SkipReason, detail: str) -> None:
+        self.recorder.event(BatchSkipEvent(type="batch-skip", module=name, call=call, why=why, detail=detail))
+
+    # -- one probed call --------------------------------------------------------------------------
+    def _probe(self, module: torch.nn.Module, name: str, call: int, args: Any, kwargs: Any, output: Any,
+               before: _RngGuard) -> None:
+        d = self.settings.batch_dim
+        inputs = _tensors((args, kwargs))
+        sizes = [t.shape[d] for t in inputs if t.dim() > d]
+        if not sizes:
+            self._skip(name, call, "no-batch", f"no tensor argument has a dim {d}")
+            return
+        n = max(set(sizes), key=lambda s: (sizes.count(s), -sizes.index(s)))
+        if n < 2:
+            self._skip(name, call, "no-batch", f"a batch of {n} row{'s' if n != 1 else ''}: nothing to compare")
+            return
+        reason = _not_comparable(module)
+        if reason is not None:
+            self._skip(name, call, *reason)
+            return
+        try:
+            pristine = self._copy(module)
+        except Exception as exc:
+            self._skip(name, call, "uncopyable", f"its state cannot be copied to probe it safely "
+                                                 f"({type(exc).__name__}: {exc})")
+            return
+        batch = [t.dim() > d and t.shape[d] == n for t in inputs]
+        runner = _Runner(self, module, pristine, args, kwargs, batch, d)
+        before.restore()  # the whole batch again, drawing what the call drew
+        with torch.no_grad():
+            control = runner.run(None)
+        if before.drawn_since():
+            self._skip(name, call, "random", "the call draws random numbers (sampling, or dropout in a functional "
+                                             "call): its rows cannot be compared between batches")
+            return
+        whole = Rows(n, torch.arange(n), torch.arange(n))
+        if compare_values(control, control, n, whole, d, whole=False).compared == 0:
+            self._skip(name, call, "no-batch", f"its output has no dim of the batch's size ({n})")
+            return
+        reproduced = compare_values(output, control, n, whole, d, whole=False).agree
+        subsets: list[tuple[SubsetKind, Rows, Any]] = []
+        wanted = [k for k in (self.settings.sizes or default_sizes(n)) if 1 <= k < n]
+        for k in sorted(set(wanted)):
+            subsets.append(("prefix", Rows(k, torch.arange(k), torch.arange(k)), None))
+        subsets.append(("reversed", Rows(n, torch.arange(n - 1, -1, -1), torch.arange(n)), None))
+        batch_tensors = [t for t, b in zip(inputs, batch, strict=True) if b]
+        other = self.others.get(name)
+        half = (n + 1) // 2
+        if other is not None and _mixable(other, batch_tensors, d):
+            subsets.append(("mixed", Rows(n, torch.arange(half), torch.arange(half)), other))
+        self.others[name] = [t.detach().clone() for t in batch_tensors]
+
+        results: list[BatchSubset] = []
+        variant: tuple[SubsetKind, Rows, Any] | None = None
+        with torch.no_grad():
+            for kind, rows, mix in subsets:
+                got = runner.run(rows, mix, half)
+                diff = compare_values(control, got, n, rows, d, whole=False)
+                results.append(_subset(kind, rows.size, diff))
+                if not diff.agree and (variant is None or (variant[0] != "prefix" and kind == "prefix")):
+                    variant = (kind, rows, mix)
+        self.recorder.event(BatchCallEvent(
+            type="batch-call", module=name, call=call, rows=n, batch_dim=d, reproduced=reproduced,
+            subsets=results, loc=_loc()))
+        if variant is not None and self.located < self.settings.locate:
+            self.located += 1
+            with torch.no_grad():
+                self.recorder.event(runner.locate(name, call, n, variant))
+
+    def _copy(self, module: torch.nn.Module) -> torch.nn.Module:
+        """A copy that shares the parameters and owns everything else (buffers, caches, counters)."""
+        memo: dict[int, Any] = {id(p): p for p in module.parameters()}
+        copied: torch.nn.Module = copy.deepcopy(module, memo)
+        return copied
+
+
+def _subset(kind: SubsetKind, size: int, diff: RowDiff) -> BatchSubset:
+    return BatchSubset(subset=kind, size=size, rows_compared=diff.rows, rows_differ=diff.differ,
+                       max_abs_diff=diff.max_abs, max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
+                       nan_mismatch=diff.nan_mismatch, across_rows=diff.whole_differs,
+                       shape_changed=diff.shape_differs)
+
+
+def _not_comparable(module: torch.nn.Module) -> tuple[SkipReason, str] | None:
+    """Why rows of this module cannot be compared between batches, by design: train-mode batch
+    statistics (named first), active dropout; each such submodule is listed."""
+    norms, drops = [], []
+    for qual, sub in module.named_modules():
+        what = f"`{qual or type(module).__name__}` ({type(sub).__name__}"
+        if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.training:
+            norms.append(what + ")")
+        elif isinstance(sub, _DROPOUT) and sub.training and sub.p > 0:
+            drops.append(what + f", p={sub.p})")
+    parts = []
+    if norms:
+        parts.append(f"{', '.join(norms)} in train mode normalise with the batch's own statistics, so every row "
+                     "depends on the others by design")
+    if drops:
+        parts.append(f"{', '.join(drops)} in train mode draw random masks whose rows change with the batch's shape")
+    if not parts:
+        return None
+    return ("batch-statistics" if norms else "dropout"), "; ".join(parts)
+
+
+def _mixable(other: list[torch.Tensor], mine: list[torch.Tensor], d: int) -> bool:
+    """Another call's batch tensors can fill this call's batch: same count, dtypes and non-batch shapes."""
+    return len(other) == len(mine) and all(
+        a.dtype == b.dtype and a.device == b.device and a.dim() == b.dim()
+        and all(a.shape[i] == b.shape[i] for i in range(a.dim()) if i != d) for a, b in zip(other, mine, strict=True))
+
+
+class _Runner:
+    """Evaluates one call's module on row subsets of its batch, each on a copy in the call's state."""
+
+    def __init__(self, probe: BatchProbe, module: torch.nn.Module, pristine: torch.nn.Module, args: Any,
+                 kwargs: Any, batch: list[bool], d: int) -> None:
+        self.probe = probe
+        self.module = module
+        self.pristine = pristine
+        self.args, self.kwargs = args, kwargs
+        self.batch = batch
+        self.d = d
+        self.token = _State.token(pristine)
+        self.live: torch.nn.Module | None = None
+        self.weights = {_storage(p) for p in module.parameters()}  # shared by every copy
+
+    def _keep(self, t: torch.Tensor) -> torch.Tensor:
+        """A watched tensor as kept for comparison: a copy, but the model's parameters (and views of them:
+        a forward never writes them) by reference, so an origin search never copies the weights."""
+        return t if _storage(t) in self.weights else t.detach().clone()
+
+    def _model(self) -> torch.nn.Module:
+        """A copy in the call's state: reused while forwards leave its state alone, copied again otherwise."""
+        if self.live is None or _State.token(self.live) != self.token:
+            self.live = self.probe._copy(self.pristine)
+            self.token = _State.token(self.live)
+        return self.live
+
+    def inputs(self, rows: Rows | None, mix: list[torch.Tensor] | None = None, half: int = 0) -> tuple[Any, Any]:
+        """The call's arguments with each batch tensor cut to `rows` (None: the whole batch; `mix`: filled up
+        with another call's rows). Every tensor is a copy: a forward that writes into its arguments writes
+        into the probe's, never into the script's."""
+        position = iter(range(len(self.batch)))
+        mixed = iter(mix or [])
+        d = self.d
+
+        def cut(t: torch.Tensor) -> torch.Tensor:
+            if not self.batch[next(position)] or rows is None:
+                return t.detach().clone()
+            mine = t.index_select(d, rows.ref.to(t.device) if mix is None else torch.arange(half, device=t.device))
+            if mix is None:
+                return mine
+            fill = next(mixed)
+            return torch.cat([mine, fill.index_select(d, torch.arange(t.shape[d] - half, device=t.device))], d)
+
+        return _rebuild((self.args, self.kwargs), cut)
+
+    def run(self, rows: Rows | None, mix: list[torch.Tensor] | None = None, half: int = 0) -> Any:
+        args, kwargs = self.inputs(rows, mix, half)
+        return self._model()(*args, **kwargs)
+
+    # -- where it starts ----------------------------------------------------------------------------
+    def locate(self, name: str, call: int, n: int, variant: tuple[SubsetKind, Rows, Any]) -> BatchOriginEvent:
+        """Run the variant subset, then the whole batch, with submodules and ops watched; the first module
+        (in the order calls end) and the first op whose rows differ while their inputs' rows agree.
+
+        Calls are paired by (kind, innermost module, name, occurrence): a path that changes with the batch
+        (a fused kernel taken for one size only) leaves some unpaired, which the note counts, and the rest
+        still pair up."""
+        kind, rows, mix = variant
+        seen: dict[tuple[str, str, str, int], _Seen] = {}
+        counts: dict[tuple[str, str, str], int] = {}
+
+        def key(kind_: str, mod: str, what: str) -> tuple[str, str, str, int]:
+            base = (kind_, mod, what)
+            counts[base] = counts.get(base, 0) + 1
+            return (*base, counts[base] - 1)
+
+        def keep(kind_: str, what: str, mod: str, loc: str, ins: Any, outs: Any, cls: str = "") -> None:
+            seen[key(kind_, mod, what)] = _Seen(kind_, what, mod, loc, _rebuild(ins, self._keep),
+                                                _rebuild(outs, self._keep), cls)
+
+        self.live = None  # a fresh copy
+        self._watched(self.inputs(rows, mix, (n + 1) // 2), keep)
+        counts.clear()
+        first: dict[str, BatchSpot] = {}
+        unpaired: dict[str, list[str]] = {"module": [], "op": []}
+
+        def compare(kind_: str, what: str, mod: str, loc: str, ins: Any, outs: Any, cls: str = "") -> None:
+            partner = seen.get(key(kind_, mod, what))
+            if kind_ in first:
+                return
+            if partner is None:
+                unpaired[kind_].append(f"{what}{f' in {mod}' if mod else ''}")
+                return
+            if not compare_values(ins, partner.inputs, n, rows, self.d).agree:
+                return
+            diff = compare_values(outs, partner.outputs, n, rows, self.d)
+            if not diff.agree:
+                first[kind_] = BatchSpot(name=what, module=mod, loc=loc, cls=cls, max_abs_diff=diff.max_abs,
+                                         max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
+                                         across_rows=diff.whole_differs, shape_changed=diff.shape_differs)
+
+        self.live = None
+        calls = self._watched(self.inputs(None), compare)
+        notes = [f"{len(found)} {kind_}{'s' if len(found) > 1 else ''} of the whole batch ran with no counterpart "
+                 f"in the {rows.size}-row run, first {found[0]}: the batch changes the path taken there"
+                 for kind_, found in unpaired.items() if found]
+        if calls > _CAPTURE_LIMIT:
+            notes.append(f"only the first {_CAPTURE_LIMIT} of {calls} ops were watched")
+        return BatchOriginEvent(type="batch-origin", module=name, call=call, subset=kind, size=rows.size,
+                                first_module=first.get("module"), first_op=first.get("op"),
+                                note="; ".join(notes) or None)
+
+    def _watched(self, inputs: tuple[Any, Any], on_call: Callable[..., None]) -> int:
+        """Run the module on `inputs` with every submodule's call and every op handed to `on_call`."""
+        model = self._model()
+        stack: list[str] = []
+        handles = []
+        for qual, sub in model.named_modules():
+            if not qual:
+                continue
+
+            def pre(sub_: torch.nn.Module, args_: Any, kwargs_: Any, qual_: str = qual) -> None:
+                stack.append(qual_)
+
+            def post(sub_: torch.nn.Module, args_: Any, kwargs_: Any, out_: Any, qual_: str = qual) -> None:
+                if stack and stack[-1] == qual_:
+                    stack.pop()
+                with _disable_current_modes():  # the watch's own tensor work is no op of the model's
+                    on_call("module", qual_, qual_, _loc(), (args_, kwargs_), out_, type(sub_).__name__)
+
+            handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(sub.register_forward_hook(post, with_kwargs=True))
+        watch = _Watch(on_call, stack, self._keep)
+        try:
+            args, kwargs = inputs
+            with watch:
+                model(*args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return watch.calls
+
+
+
+
+def _storage(t: torch.Tensor) -> int:
+    """The address of a tensor's storage (0 for one without: a meta or functional tensor)."""
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def install(recorder: Recorder, names: Callable[[torch.nn.Module], str | None], raw: dict[str, Any]) -> BatchProbe:
+    """Start probing every call the settings select (run/child.py, when the config asks for `batch`)."""
+    probe = BatchProbe(recorder, names, ProbeSettings.from_config(raw))
+    probe.install()
+    return probe
+

@@ -1,0 +1,157 @@
+"""The report of `detaudit batch` (BatchReport): its verdict and exit code, its JSON form
+(`detaudit-batch` version 1, docs/batch.md) and a self-contained HTML page."""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from detaudit.compare.batch import BatchFinding, FirstVariant, Spot
+from detaudit.errors import ExitCode
+from detaudit.results import Cause, RepeatResult
+
+BATCH_FORMAT = "detaudit-batch"
+BATCH_VERSION = 1
+BatchReportVerdict = Literal["batch-invariant", "batch-variant", "inconclusive", "script-failed", "timeout"]
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """What was probed: `--module` (None: the outermost modules), `--batch-dim`, `--sizes` (empty: default)."""
+
+    module: str | None = None
+    batch_dim: int = 0
+    sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """Everything the renderers need; built once by audit/batch.py."""
+
+    script: str
+    script_args: list[str]
+    run_dir: str
+    settings: BatchSettings
+    results: list[RepeatResult]
+    finding: BatchFinding
+    causes: list[Cause] = field(default_factory=list)
+    run_to_run: str | None = None  # with --repeats > 1: `deterministic`, `divergent`, or why not compared
+    run_to_run_detail: str | None = None  # the first divergence, in words
+
+    @property
+    def verdict(self) -> BatchReportVerdict:
+        if any(r.timed_out for r in self.results):
+            return "timeout"
+        if self.results and all(r.exit_code not in (0, None) for r in self.results):
+            return "script-failed"
+        return self.finding.verdict
+
+    @property
+    def exit_code(self) -> int:
+        verdict = self.verdict
+        if verdict == "batch-invariant" and self.run_to_run == "divergent":
+            return int(ExitCode.DIVERGENT)
+        return int({"batch-invariant": ExitCode.DETERMINISTIC, "batch-variant": ExitCode.DIVERGENT,
+                    "inconclusive": ExitCode.INCONCLUSIVE, "script-failed": ExitCode.SCRIPT_FAILED,
+                    "timeout": ExitCode.TIMEOUT}[verdict])
+
+    @property
+    def inconclusive_reason(self) -> str | None:
+        if self.verdict != "inconclusive":
+            return None
+        skipped = self.finding.skipped
+        if not skipped:
+            return "the script never called a module (nothing to probe)"
+        return "no call could be probed: " + "; ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
+
+
+def _spot(spot: Spot | None) -> dict[str, Any] | None:
+    return None if spot is None else asdict(spot)
+
+
+def _first_variant(first: FirstVariant | None) -> dict[str, Any] | None:
+    """The issue's `{module, op, location, max_abs_diff, max_ulp}` and what they rest on."""
+    if first is None:
+        return None
+    spot = first.op or first.module
+    return {
+        "module": first.module.name if first.module is not None else first.call_module,
+        "op": first.op.name if first.op is not None else None,
+        "location": (spot.location if spot is not None else "") or first.location,
+        "max_abs_diff": spot.max_abs_diff if spot is not None else first.max_abs_diff,
+        "max_ulp": spot.max_ulp if spot is not None else first.max_ulp,
+        "large": first.large,
+        "call": {"module": first.call_module, "index": first.call, "rows": first.rows, "location": first.location,
+                 "max_abs_diff": first.max_abs_diff, "max_ulp": first.max_ulp, "scale": first.scale,
+                 "dtype": first.dtype},
+        "differ": list(first.differ), "agree": list(first.agree), "sizes": first.sizes_text,
+        "first_module": _spot(first.module), "first_op": _spot(first.op),
+        "searched_size": first.searched_size, "note": first.note,
+    }
+
+
+def to_dict(report: BatchReport) -> dict[str, Any]:
+    finding = report.finding
+    return {
+        "format": BATCH_FORMAT, "version": BATCH_VERSION,
+        "verdict": report.verdict, "exit_code": report.exit_code, "inconclusive_reason": report.inconclusive_reason,
+        "script": report.script, "script_args": report.script_args, "run_dir": report.run_dir,
+        "settings": {"module": report.settings.module, "batch_dim": report.settings.batch_dim,
+                     "sizes": list(report.settings.sizes)},
+        "probed_calls": finding.probed_calls, "variant_calls": finding.variant_calls,
+        "not_reproduced": finding.not_reproduced,
+        "not_probed": dict(finding.skipped), "not_probed_details": dict(finding.skip_details),
+        "subsets": [{"kind": s.kind, "size": s.size, "agree": s.agree, "probes": s.probes, "agreed": s.agreed,
+                     "rows_differ": s.rows_differ, "max_abs_diff": s.max_abs_diff, "max_ulp": s.max_ulp}
+                    for s in finding.subsets],
+        "first_variant": _first_variant(finding.first_variant),
+        "causes": [asdict(c) for c in report.causes],
+        "run_to_run": report.run_to_run, "run_to_run_detail": report.run_to_run_detail,
+        "repeats": [r.to_dict() for r in report.results],
+    }
+
+
+def write_json(report: BatchReport, path: Path, mode: int | None = None) -> None:
+    from detaudit.run.files import write_output
+
+    write_output(path, json.dumps(to_dict(report), indent=2) + "\n", mode)
+
+
+def render_html(data: dict[str, Any]) -> str:
+    """The JSON form as one self-contained page (no script, no external resource)."""
+    e = html.escape
+    rows = "".join(f"<tr><td>{e(s['kind'])}</td><td>{s['size']}</td><td>{'agree' if s['agree'] else 'differ'}</td>"
+                   f"<td>{s['rows_differ']}</td><td>{s['max_abs_diff']:.3g}</td><td>{s['max_ulp']}</td></tr>"
+                   for s in data["subsets"])
+    first = data["first_variant"]
+    where = ""
+    if first is not None:
+        where = (f"<h2>Where it starts</h2><p>{e(first['sizes'])}</p><ul>"
+                 f"<li>module: <code>{e(str(first['module']))}</code></li>"
+                 f"<li>op: <code>{e(str(first['op']))}</code> at <code>{e(first['location'])}</code></li>"
+                 f"<li>max |diff| {first['max_abs_diff']:.3g}, {first['max_ulp']} ULP</li></ul>")
+    causes = "".join(f"<li><b>{e(c['id'])}</b> ({e(c['confidence'])}): {e(c['summary'])}<br>"
+                     f"<i>fix:</i> {e(c['fix'])}<ul>{''.join(f'<li>{e(x)}</li>' for x in c['evidence'])}</ul></li>"
+                     for c in data["causes"])
+    skipped = "".join(f"<li>{n} {e(why)}: {e(data['not_probed_details'].get(why, ''))}</li>"
+                      for why, n in data["not_probed"].items())
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>detaudit batch</title>"
+        "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}td,th{padding:2px 8px;text-align:left}"
+        "</style></head><body>"
+        f"<h1>detaudit batch: {e(data['verdict'])}</h1><p><code>{e(data['script'])}</code> — "
+        f"{data['probed_calls']} calls probed, {data['variant_calls']} batch-variant</p>"
+        "<table><tr><th>probe</th><th>size</th><th></th><th>rows differ</th><th>max |diff|</th><th>max ULP</th></tr>"
+        f"{rows}</table>{where}"
+        + (f"<h2>Causes</h2><ul>{causes}</ul>" if causes else "")
+        + (f"<h2>Not probed or not comparable</h2><ul>{skipped}</ul>" if skipped else "")
+        + "</body></html>\n")
+
+
+def write_html(report: BatchReport, path: Path) -> None:
+    from detaudit.run.files import write_output
+
+    write_output(path, render_html(to_dict(report)))

@@ -1,0 +1,231 @@
+"""recorder/batchprobe.py in process: row comparison, batch dims, and the probe on real modules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from detaudit.compare.batch import analyse
+from detaudit.recorder import batchprobe
+from detaudit.recorder.batchprobe import BatchProbe, ProbeSettings, Rows, compare_rows, compare_values, default_sizes
+from detaudit.recorder.core import Recorder
+from detaudit.trace import TraceWriter, read_trace
+
+
+def test_default_sizes_are_one_an_odd_size_an_eighth_and_a_half_each_below_the_batch() -> None:
+    assert default_sizes(256) == [1, 7, 32, 128]
+    assert default_sizes(5) == [1, 2, 3]
+    assert default_sizes(2) == [1]
+
+
+def test_rows_are_compared_bit_for_bit_with_ulp_and_magnitude() -> None:
+    a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    b = a.clone()
+    assert compare_rows(a, b).agree
+    b[1, 0] = torch.nextafter(b[1, 0], torch.tensor(10.0))
+    diff = compare_rows(a, b)
+    assert (diff.differ, diff.max_ulp, diff.scale) == (1, 1, 4.0) and diff.max_abs > 0
+    signed_zero = compare_rows(torch.tensor([[0.0]]), torch.tensor([[-0.0]]))
+    assert signed_zero.differ == 1  # bits, not values
+
+
+def test_a_batch_folded_into_a_bigger_dim_is_compared_row_by_row() -> None:
+    full = torch.arange(24.0).reshape(12, 2)  # 4 rows of 3 entries each, flattened (a matmul's view)
+    part = full[:6].clone()  # the first 2 rows
+    rows = Rows(2, torch.arange(2), torch.arange(2))
+    assert compare_values(full, part, 4, rows, 0).agree
+    part[5, 1] += 1
+    diff = compare_values(full, part, 4, rows, 0)
+    assert diff.differ == 1 and not diff.shape_differs
+
+
+def test_a_value_reduced_over_the_batch_differs_whole_and_is_left_out_of_row_results() -> None:
+    rows = Rows(1, torch.arange(1), torch.arange(1))
+    assert compare_values(torch.tensor(5.0), torch.tensor(2.0), 4, rows, 0).whole_differs
+    left_out = compare_values(torch.tensor(5.0), torch.tensor(2.0), 4, rows, 0, whole=False)
+    assert left_out.agree and left_out.uncompared == 1
+
+
+def _probed(tmp_path: Path, run: Callable[[], Any], **settings: Any) -> list[dict[str, Any]]:
+    path = tmp_path / "t.trace"
+    recorder = Recorder(TraceWriter(path, {"repeat": 0}))
+    probe = BatchProbe(recorder, lambda m: type(m).__name__, ProbeSettings(**settings))
+    probe.install()
+    try:
+        run()
+    finally:
+        probe.remove()
+        recorder.close({"exit_code": 0})
+    return read_trace(path).events
+
+
+class _PerRow(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.norm(self.embed(ids)), -1)
+
+
+def test_a_model_of_per_row_ops_is_batch_invariant(tmp_path: Path) -> None:
+    model = _PerRow().eval()
+    events = _probed(tmp_path, lambda: [model(torch.randint(0, 50, (40, 5))) for _ in range(2)])
+    finding = analyse(events)  # type: ignore[arg-type]
+    assert finding.verdict == "batch-invariant" and finding.probed_calls == 2
+    assert {(s.kind, s.size) for s in finding.subsets} >= {("prefix", 1), ("prefix", 7), ("reversed", 40),
+                                                          ("mixed", 40)}
+
+
+def test_a_linear_blocked_by_batch_size_is_variant_at_its_first_linear(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)).eval()
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randn(256, 64)))
+    first = analyse(events).first_variant  # type: ignore[arg-type]
+    assert first is not None and not first.large
+    assert first.module is not None and (first.module.name, first.module.cls) == ("0", "Linear")
+    assert first.op is not None and first.op.name == "aten.addmm"
+    assert "1" in first.differ and "32" in first.agree and "128" in first.agree
+
+
+class _Counting(nn.Module):
+    """State a forward changes: a buffer and a plain attribute (a cache's length)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("calls", torch.zeros(()))
+        self.seen = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.seen += 1
+        return self.lin(x) + torch.rand(()) * 0
+
+
+def test_probes_leave_the_modules_state_and_the_rng_as_a_plain_run_has_them(tmp_path: Path) -> None:
+    def script() -> tuple[float, float, int, torch.Tensor]:
+        torch.manual_seed(7)
+        model = _Counting()
+        with torch.no_grad():
+            out = [model(torch.randn(16, 8)) for _ in range(3)]
+        return float(model.calls), torch.rand(()).item(), model.seen, torch.cat(out)
+
+    plain = script()
+    probed: list[Any] = []
+    events = _probed(tmp_path, lambda: probed.append(script()))
+    assert probed[0][:3] == plain[:3] and torch.equal(probed[0][3], plain[3])
+    assert [e["why"] for e in events if e["type"] == "batch-skip"] == ["random"] * 3  # it draws: not comparable
+
+
+class _NumpyNoise(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import numpy as np
+
+        return x + float(np.random.rand()) * 0
+
+
+def test_a_forward_drawing_from_numpy_is_not_comparable_and_its_draws_are_put_back(tmp_path: Path) -> None:
+    import numpy as np
+
+    def script() -> float:
+        np.random.seed(3)
+        _NumpyNoise()(torch.ones(4, 2))
+        return float(np.random.rand())
+
+    plain = script()
+    seen: list[float] = []
+    events = _probed(tmp_path, lambda: seen.append(script()))
+    assert seen == [plain] and [e["why"] for e in events if e["type"] == "batch-skip"] == ["random"]
+
+
+class _InPlace(nn.Module):
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        scale.add_(1)
+        return x.mul_(2)
+
+
+def test_a_forward_writing_into_its_arguments_writes_into_the_probes_copies(tmp_path: Path) -> None:
+    x, scale = torch.ones(4, 3), torch.zeros(3)
+    _probed(tmp_path, lambda: _InPlace()(x, scale))
+    assert torch.equal(x, torch.full((4, 3), 2.0)) and torch.equal(scale, torch.ones(3))
+
+
+def test_batch_norm_in_train_mode_and_dropout_are_reported_not_comparable(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5)).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    events = _probed(tmp_path, lambda: model(torch.randn(8, 4)))
+    [skip] = [e for e in events if e["type"] == "batch-skip"]
+    assert skip["why"] == "batch-statistics" and "Dropout" in skip["detail"]
+    assert int(model[1].num_batches_tracked) == 1 and not torch.equal(model[1].running_mean, before["1.running_mean"])
+
+
+def test_a_call_without_a_batch_is_counted_with_its_reason(tmp_path: Path) -> None:
+    model = nn.Linear(3, 3)
+    events = _probed(tmp_path, lambda: (model(torch.randn(1, 3)), nn.Identity()(3.0)))
+    assert [e["why"] for e in events if e["type"] == "batch-skip"] == ["no-batch", "no-batch"]
+
+
+def test_a_forward_that_raises_leaves_later_calls_probed(tmp_path: Path) -> None:
+    model = nn.Linear(3, 3)
+
+    def script() -> None:
+        with pytest.raises(RuntimeError):
+            model(torch.randn(4, 5))
+        model(torch.randn(4, 3))
+
+    events = _probed(tmp_path, script)
+    assert [e["call"] for e in events if e["type"] == "batch-call"] == [0]
+
+
+def test_module_picks_the_probed_calls_by_name(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    events = _probed(tmp_path, lambda: model(torch.randn(6, 4)), module="ReLU")
+    assert [e["module"] for e in events if e["type"] == "batch-call"] == ["ReLU"]
+
+
+def test_the_batch_dim_option_finds_rows_elsewhere(tmp_path: Path) -> None:
+    model = nn.GRU(4, 4)  # (time, batch, features)
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randn(3, 10, 4)), batch_dim=1)
+    [call] = [e for e in events if e["type"] == "batch-call"]
+    assert call["rows"] == 10 and call["batch_dim"] == 1
+
+
+def test_a_failing_hook_stops_the_probing_not_the_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any) -> None:
+        raise RuntimeError("no rng")
+
+    monkeypatch.setattr(batchprobe, "_RngGuard", broken)
+    model = nn.Linear(2, 2)
+    events = _probed(tmp_path, lambda: [model(torch.randn(4, 2)) for _ in range(2)])
+    assert [(e["why"], e["detail"]) for e in events] == [("probe-failed", "probing stopped here: RuntimeError: no rng")]
+
+
+def test_a_failing_probe_never_breaks_the_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(batchprobe.BatchProbe, "_probe", broken)
+    model = nn.Linear(2, 2)
+    events = _probed(tmp_path, lambda: model(torch.randn(4, 2)))
+    assert [(e["why"], e["detail"]) for e in events if e["type"] == "batch-skip"] == [("probe-failed",
+                                                                                      "RuntimeError: boom")]
+
+
+def test_the_origin_search_keeps_weights_by_reference_and_activations_as_copies(tmp_path: Path) -> None:
+    model = nn.Linear(4, 4)
+    x = torch.randn(6, 4)
+    runner = batchprobe._Runner(BatchProbe(Recorder(TraceWriter(tmp_path / "t.trace", {"repeat": 0})),
+                                           lambda m: None, ProbeSettings()),
+                                model, model, (x,), {}, [True], 0)
+    assert runner._keep(model.weight) is model.weight and runner._keep(model.weight.t())._base is model.weight
+    kept = runner._keep(x)
+    assert kept is not x and torch.equal(kept, x)

@@ -1,0 +1,58 @@
+"""`detaudit batch` end to end on CPU: the real CLI on the scenario scripts (tests/scripts/MANIFEST.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+pytestmark = pytest.mark.process
+
+
+def batch(scripts: Path, tmp_path: Path, name: str, *extra: str) -> tuple[int, dict, str]:
+    result = run_cli(["batch", str(scripts / name), "--out", "run", "--json", "b.json", *extra], tmp_path)
+    assert result.report is not None, result.stderr
+    return result.returncode, result.report, result.stdout
+
+
+def test_a_model_of_per_row_ops_is_batch_invariant(scripts: Path, tmp_path: Path) -> None:
+    code, report, _ = batch(scripts, tmp_path, "serve_embeddings.py")
+    assert (code, report["verdict"], report["probed_calls"]) == (0, "batch-invariant", 3)
+    assert all(s["agree"] for s in report["subsets"]) and report["first_variant"] is None
+
+
+def test_a_linear_mlp_is_variant_at_its_first_linear_with_the_sizes(scripts: Path, tmp_path: Path) -> None:
+    code, report, stdout = batch(scripts, tmp_path, "serve_mlp.py")
+    assert (code, report["verdict"]) == (1, "batch-variant")
+    first = report["first_variant"]
+    assert (first["module"], first["op"]) == ("hidden", "aten.addmm") and first["location"].endswith("serve_mlp.py:16")
+    assert first["sizes"] == "batch 1 and 7 differ from 256; 32, 128 and reversed agree" and not first["large"]
+    assert report["causes"][0]["id"] == "batch-matmul" and "batch 1 and 7 differ from 256" in stdout
+    assert report["not_reproduced"] == 0 and report["not_probed"] == {}
+
+
+def test_a_mask_built_over_the_batch_is_flagged_with_its_large_difference(scripts: Path, tmp_path: Path) -> None:
+    code, report, stdout = batch(scripts, tmp_path, "serve_padded_classifier.py")
+    first = report["first_variant"]
+    assert code == 1 and first["large"] and first["call"]["max_abs_diff"] > 1e-2
+    assert first["op"] == "aten.any" and first["location"].endswith("serve_padded_classifier.py:24")
+    assert report["causes"][0]["id"] == "batch-rows-mix" and "LARGE DIFFERENCE" in stdout
+
+
+def test_batch_norm_and_dropout_in_train_mode_keep_the_plain_runs_results(scripts: Path, tmp_path: Path) -> None:
+    script = scripts / "train_bn_dropout.py"
+    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=True)
+    _, report, _ = batch(scripts, tmp_path, "train_bn_dropout.py")
+    assert (tmp_path / "run" / "batch-0.stdout").read_text() == plain.stdout  # the probes are harmless
+    assert report["not_probed"] == {"batch-statistics": 5}  # the five training calls
+    assert "Dropout" in report["not_probed_details"]["batch-statistics"]
+    assert report["probed_calls"] == 1  # the held-out batch, in eval mode
+
+
+def test_repeats_module_and_max_steps(scripts: Path, tmp_path: Path) -> None:
+    code, report, _ = batch(scripts, tmp_path, "serve_embeddings.py", "-n", "2", "--module", "norm", "--max-steps", "2")
+    assert (code, report["run_to_run"], report["probed_calls"]) == (0, "deterministic", 2)
+    assert [r["stopped_at_step"] for r in report["repeats"]] == [2, 2]

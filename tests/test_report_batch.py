@@ -1,0 +1,78 @@
+"""report/batch.py, cli/batch.py and audit/batch.py without a subprocess: verdicts, exit codes, JSON, HTML,
+the terminal rendering."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from test_compare_batch import ROUNDING, call, origin, spot
+
+from detaudit.audit import batch as audit_batch
+from detaudit.audit.pipeline import AuditOptions, Target
+from detaudit.causes.batch import diagnose_batch
+from detaudit.cli.batch import render_batch, summary_line
+from detaudit.compare.batch import analyse
+from detaudit.errors import UsageError
+from detaudit.report.batch import BatchReport, BatchSettings, render_html, to_dict, write_json
+from detaudit.results import RepeatResult
+
+
+def result(exit_code: int = 0, timed_out: bool = False) -> RepeatResult:
+    return RepeatResult(0, "cpu", exit_code, 1.0, timed_out, "batch-0.trace", "batch-0.stdout", "batch-0.stderr", "x")
+
+
+def report(events: list[dict[str, object]], *results: RepeatResult, run_to_run: str | None = None) -> BatchReport:
+    finding = analyse(events)  # type: ignore[arg-type]
+    return BatchReport("serve.py", [], "/runs/1", BatchSettings(), list(results or [result()]), finding,
+                       diagnose_batch(finding), run_to_run=run_to_run)
+
+
+VARIANT = [call(ROUNDING), origin(spot("aten.addmm"), spot("fc"))]
+
+
+def test_verdicts_map_to_the_documented_exit_codes() -> None:
+    assert report([call([])]).exit_code == 0
+    assert report(VARIANT).exit_code == 1
+    assert report([call([])], run_to_run="divergent").exit_code == 1
+    assert report([]).exit_code == 6 and "never called a module" in (report([]).inconclusive_reason or "")
+    assert report(VARIANT, result(1)).verdict == "script-failed" and report(VARIANT, result(1)).exit_code == 3
+    assert report(VARIANT, result(None, True)).exit_code == 5  # type: ignore[arg-type]
+
+
+def test_the_json_form_has_the_issue_fields(tmp_path: Path) -> None:
+    write_json(report(VARIANT), tmp_path / "b.json")
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["format"] == "detaudit-batch" and data["verdict"] == "batch-variant" and data["probed_calls"] == 1
+    assert {"size": 1, "agree": False}.items() <= data["subsets"][0].items()
+    first = data["first_variant"]
+    assert (first["module"], first["op"], first["location"], first["max_ulp"]) == ("fc", "aten.addmm", "model.py:12", 3)
+    assert data["causes"][0]["id"] == "batch-matmul"
+
+
+def test_html_and_terminal_show_the_sizes_the_origin_and_the_cause() -> None:
+    page = render_html(to_dict(report(VARIANT)))
+    assert "aten.addmm" in page and "batch 1 and 7 differ from 256" in page and "<script" not in page
+    out = io.StringIO()
+    render_batch(report(VARIANT), Console(file=out, width=200, color_system=None))
+    text = out.getvalue()
+    assert "first op: aten.addmm" in text and "model.py:12" in text and "cause batch-matmul" in text
+    assert summary_line(report([call([])])).endswith("1 call probed")
+
+
+def test_a_missing_script_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(UsageError):
+        audit_batch.run_batch(AuditOptions(Target(tmp_path / "nope.py"), out_dir=tmp_path / "out"), BatchSettings())
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_on_a_batch_run_directory_points_at_its_report(tmp_path: Path) -> None:
+    from detaudit.errors import TraceError
+    from detaudit.run.rundir import BATCH_FILE, read_run
+
+    write_json(report(VARIANT), tmp_path / BATCH_FILE)
+    with pytest.raises(TraceError, match="a `detaudit batch` run"):
+        read_run(tmp_path)
