@@ -181,4 +181,5 @@ EVENT = Obj({
     "buffers": ListOf(str), "bucket_cap_mb": None, "gradient_as_bucket_view": bool, "static_graph": bool,
     "find_unused_parameters": bool,
     "epoch": Int(), "iterations": Int(), "seed": INT_OR_NONE, "path": str, "entries": ListOf(str),
+    "step": Int(0), "keys": ListOf(str), "parts": ListOf(Obj({"path": str, "role": str})), "digests": ListOf(str),
 }, frozenset({"at", "type"}))
