@@ -87,7 +87,7 @@ def run_resume(options: ResumeOptions, on_done: Callable[[RepeatResult], None] |
     reference_steps, resumed_steps = read_steps(reference_trace), read_steps(run_dir / resumed.trace)
     # a checkpoint may be one the reference runs wrote, in the same working directory
     steps = {c.step for c in saved} | {int(e["step"]) for e in read_events(reference_trace, "checkpoint-save")}
-    alignment = align(reference_steps, resumed_steps, steps)
+    alignment = align(reference_steps, resumed_steps, steps, saved[-1].step)
     comparison = None
     divergence: Divergence | None
     if alignment.step is not None:
@@ -115,8 +115,8 @@ def _check_ran(result: RepeatResult, run_dir: Path, name: str, stop_at: int | No
     if failed:
         why = "timed out" if result.timed_out else f"failed (exit status {result.exit_code})"
         error = excerpt(result.error or read_error(run_dir / result.trace), stderr_tail(run_dir / result.stderr))
-        raise ScriptFailed(f"the {name} run {why}; nothing to compare. " + (error.replace("\n", " | ") if error
-                                                                            else f"its stderr: {run_dir / result.stderr}"))
+        shown = error.replace("\n", " | ") if error else f"its stderr: {run_dir / result.stderr}"
+        raise ScriptFailed(f"the {name} run {why}; nothing to compare. {shown}")
     if stop_at is not None and result.stopped_at_step is None:
         raise UsageError(f"the script ended before its step {stop_at}, so --stop-at {stop_at} never interrupted it; "
                          "give a step the run reaches")
@@ -136,7 +136,7 @@ def loaded_at(loaded: list[CheckpointCall]) -> int:
 
 def _unaligned(alignment: Alignment, saved: list[CheckpointCall]) -> Divergence:
     """No reference step has the resumed run's starting parameters: a difference before its first step."""
-    step = alignment.expected if alignment.expected is not None else saved[-1].step
+    step = alignment.expected if alignment.expected is not None else saved[-1].step  # reference numbering
     name = alignment.differing[0] if alignment.differing else ""
     info = RecordInfo(index=-1, kind="param", name=name, module="", location="", step=step, shape="", dtype="",
                       op="", backward=False)

@@ -74,16 +74,18 @@ class _Evidence:
         started = _events(runs.resumed, "initial-params")
         begin = started[0]["at"] if started else None
         before = [e for e in self.loads if begin is None or e.get("at", 0) <= begin]
-        self.load: CheckpointLoadEvent | None = (before or self.loads or [None])[-1]
+        self.load: CheckpointLoadEvent | None = (before or self.loads)[-1] if self.loads else None
         step = runs.alignment.step
         matching = [e for e in self.saves if e["step"] == step]
-        self.save: CheckpointSaveEvent | None = (matching or self.saves or [None])[-1]
+        self.save: CheckpointSaveEvent | None = (matching or self.saves)[-1] if self.saves else None
         after = self.load.get("at", 0) if self.load is not None else 0
-        user = [e for e in _events(runs.resumed, "state-restore") if not e["library"]]
+        user: list[StateRestoreEvent] = [e for e in _events(runs.resumed, "state-restore") if not e["library"]]
         self.restored = {e["what"]: e for e in user}
-        self.rng_restored: dict[str, str] = {e["lib"]: f"{e['fn']} at {e['loc']}" for e in
-                                             _events(runs.resumed, "rng-restore") if not e["library"]}
-        for seed in _events(runs.resumed, "seed"):  # seeding after the load sets the state as well
+        restores: list[RngRestoreEvent] = _events(runs.resumed, "rng-restore")
+        self.rng_restored: dict[str, str] = {e["lib"]: f"{e['fn']} at {e['loc']}" for e in restores
+                                             if not e["library"]}
+        seeds: list[SeedEvent] = _events(runs.resumed, "seed")
+        for seed in seeds:  # seeding after the load sets the state as well
             if not seed["library"] and seed.get("at", 0) >= after:
                 self.rng_restored.setdefault("cuda" if seed["fn"].startswith("torch.cuda.") else seed["lib"],
                                              f"{seed['fn']} at {seed['loc']} (after the load)")
@@ -129,6 +131,7 @@ def diagnose(runs: ResumeRuns) -> list[Cause]:
     """The causes of a resumed run that does not reproduce the reference, the one behind its first difference
     first; none when the two agree."""
     ev = _Evidence(runs)
+    first: Cause | None
     if runs.alignment.step is None:
         first = _weights(ev)
     elif runs.divergence is None:
@@ -174,7 +177,7 @@ def _at_divergence(ev: _Evidence, divergence: Divergence) -> Cause | None:
 def _state(ev: _Evidence, cause_id: str, summary: str, where: str, likely: bool = True) -> Cause:
     role, save_call, restore_call = STATES[cause_id]
     restored = ev.restored.get(role)
-    saved, loaded = ev.saved_roles(), ev.loaded_roles()
+    loaded = ev.loaded_roles()
     lines = [where] if where else []
     if restored is not None:
         lines.append(f"{restore_call.split('(')[0]} was called at {restored['loc']}, yet the state differs: it was "
@@ -185,8 +188,8 @@ def _state(ev: _Evidence, cause_id: str, summary: str, where: str, likely: bool 
                      f"{restore_call}")
         fix = f"call {restore_call} with `{loaded[role]}` right after {ev.where_loaded()}"
     else:
-        lines.append(f"{ev.where_saved()} holds no {role} state"
-                     + (f" (its keys: {', '.join(ev.save['keys'])})" if ev.save is not None and ev.save["keys"] else ""))
+        keys = f" (its keys: {', '.join(ev.save['keys'])})" if ev.save is not None and ev.save["keys"] else ""
+        lines.append(f"{ev.where_saved()} holds no {role} state{keys}")
         save_at = f" at {ev.save['loc']}" if ev.save is not None else ""
         fix = f"save {save_call} in the checkpoint{save_at} and call {restore_call} after {ev.where_loaded()}"
     return Cause(cause_id, "likely" if likely else "possible", summary, lines, fix, basis="direct" if likely

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -39,29 +38,16 @@ class Window(RecordStream):
         self.path = inner.path
         self._read = 0  # records taken from the inner stream
         self._opened = False  # a record past the opening OPTSTATE ones was kept
-
-    # the inner stream's tables, as they grow while it is read
-    @property  # type: ignore[override]
-    def strings(self) -> list[str]:
-        return self.inner.strings
-
-    @property  # type: ignore[override]
-    def header(self) -> dict[str, Any]:
-        return self.inner.header
-
-    @property  # type: ignore[override]
-    def events(self) -> list[dict[str, Any]]:
-        return self.inner.events
-
-    @property  # type: ignore[override]
-    def footer(self) -> dict[str, Any] | None:
-        return self.inner.footer
+        # the inner stream's tables, which it grows in place as it is read; its footer once it is read to the end
+        self.header, self.strings, self.events = inner.header, inner.strings, inner.events
+        self.footer = inner.footer
 
     def take(self, n: int) -> np.ndarray:
         kept: list[np.ndarray] = []
         have = 0
         while have < n:
             chunk = self.inner.take(n - have)
+            self.footer = self.inner.footer
             if not len(chunk):
                 break
             index = np.arange(self._read, self._read + len(chunk))
@@ -82,6 +68,7 @@ class Window(RecordStream):
 
     def drain(self) -> None:
         self.inner.drain()
+        self.footer = self.inner.footer
 
     def check_strings(self, records: np.ndarray) -> None:
         self.inner.check_strings(records)
@@ -130,9 +117,11 @@ class Alignment:
     fresh: bool = False  # the resumed run starts from the reference's initial weights (nothing restored)
 
 
-def align(reference: Steps, resumed: Steps, saved: Collection[int]) -> Alignment:
+def align(reference: Steps, resumed: Steps, saved: Collection[int], expected: int | None) -> Alignment:
     """The reference step the resumed run starts at. `saved`: the steps checkpoints were saved after; a match
-    at step 0 counts only if one was saved there (else the resumed run merely starts as a fresh run does)."""
+    at step 0 counts only if one was saved there (else the resumed run merely starts as a fresh run does).
+    `expected`: the step of the checkpoint it should start from (the interrupted run's last), compared with
+    when no step fits."""
     start = resumed.initial
     if start is None:
         return Alignment(None, [])
@@ -142,7 +131,6 @@ def align(reference: Steps, resumed: Steps, saved: Collection[int]) -> Alignment
     if matches:
         preferred = [s for s in matches if s in saved]
         return Alignment((preferred or matches)[-1], matches)
-    expected = max(saved) if saved else None
     target = reference.at(expected) if expected is not None else None
     differing = sorted(name for name in set(start) | set(target or {})
                        if target is None or start.get(name) != target.get(name))

@@ -18,8 +18,13 @@ from typing import Any
 
 import torch
 
-from detaudit.events import CheckpointLoadEvent, CheckpointPart, CheckpointSaveEvent, InitialParamsEvent
-from detaudit.events import StateRestoreEvent
+from detaudit.events import (
+    CheckpointLoadEvent,
+    CheckpointPart,
+    CheckpointSaveEvent,
+    InitialParamsEvent,
+    StateRestoreEvent,
+)
 from detaudit.recorder import evidence
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.core import Recorder
