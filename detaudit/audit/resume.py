@@ -69,7 +69,7 @@ def run_resume(options: ResumeOptions, on_done: Callable[[RepeatResult], None] |
     stage(f"interrupted: stopped after step {stop_at}")
     [interrupted] = execute(one.recorded(max_steps=stop_at), run_dir, on_done, prefix=INTERRUPTED)
     _check_ran(interrupted, run_dir, "interrupted", stop_at)
-    saved = _calls(run_dir / interrupted.trace, "checkpoint-save", "interrupted")
+    saved = checkpoint_calls(run_dir / interrupted.trace, "checkpoint-save", "interrupted")
     if not saved:
         raise NoCheckpoint(f"the interrupted run saved no checkpoint by step {stop_at} (no `torch.save` call before "
                            f"it was stopped after step {stop_at}), so there is nothing to resume from; give a "
@@ -78,7 +78,7 @@ def run_resume(options: ResumeOptions, on_done: Callable[[RepeatResult], None] |
     target = replace(one.target, script_args=[*one.target.script_args, *options.resume_args])
     [resumed] = execute(replace(one, target=target), run_dir, on_done, prefix=RESUMED)
     _check_ran(resumed, run_dir, "resumed", None)
-    loaded = _calls(run_dir / resumed.trace, "checkpoint-load", "resumed")
+    loaded = checkpoint_calls(run_dir / resumed.trace, "checkpoint-load", "resumed")
     if not loaded:
         raise NoCheckpoint(f"the resumed run loaded no checkpoint (no `torch.load` call): the resume arguments "
                            f"{' '.join(options.resume_args)!r} did not make the script resume (its stdout: "
@@ -122,7 +122,7 @@ def _check_ran(result: RepeatResult, run_dir: Path, name: str, stop_at: int | No
                          "give a step the run reaches")
 
 
-def _calls(trace: Path, kind: str, run: RunName) -> list[CheckpointCall]:
+def checkpoint_calls(trace: Path, kind: str, run: RunName) -> list[CheckpointCall]:
     events: list[Any] = read_events(trace, kind)
     return [CheckpointCall(run, e["path"], e["loc"], e["step"], list(e["keys"]), list(e["parts"]), e.get("at", 0))
             for e in events]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from detaudit.compare.resume import Alignment, Steps
-from detaudit.compare.traces import Divergence
+from detaudit.compare.traces import Divergence, open_stream
 from detaudit.events import (
     CheckpointLoadEvent,
     CheckpointSaveEvent,
@@ -25,7 +25,7 @@ from detaudit.events import (
     StateRestoreEvent,
 )
 from detaudit.results import Cause
-from detaudit.trace import read_events
+from detaudit.trace import Kind, read_events
 
 WEIGHTS, OPTIMIZER, SCHEDULER, SCALER = "resume-weights", "resume-optimizer-state", "resume-scheduler", \
     "resume-grad-scaler"
@@ -70,33 +70,36 @@ class _Evidence:
         self.runs = runs
         self.saves: list[CheckpointSaveEvent] = [e for e in _events(runs.interrupted, "checkpoint-save")
                                                  if e["step"] <= runs.stop_at]
-        self.loads: list[CheckpointLoadEvent] = _events(runs.resumed, "checkpoint-load")
-        started = _events(runs.resumed, "initial-params")
-        begin = started[0]["at"] if started else None
-        before = [e for e in self.loads if begin is None or e.get("at", 0) <= begin]
-        self.load: CheckpointLoadEvent | None = (before or self.loads)[-1] if self.loads else None
         step = runs.alignment.step
         matching = [e for e in self.saves if e["step"] == step]
         self.save: CheckpointSaveEvent | None = (matching or self.saves)[-1] if self.saves else None
-        after = self.load.get("at", 0) if self.load is not None else 0
-        user: list[StateRestoreEvent] = [e for e in _events(runs.resumed, "state-restore") if not e["library"]]
+        # the resumed run's events in the order they happened (`at`, a record index, ties before the first record)
+        events = _in_order(runs.resumed)
+        begin = next((i for i, e in enumerate(events) if e["type"] == "initial-params"), len(events))
+        loads = [i for i, e in enumerate(events) if e["type"] == "checkpoint-load"]
+        self.loads: list[CheckpointLoadEvent] = [events[i] for i in loads]
+        at = ([i for i in loads if i < begin] or loads or [-1])[-1]  # the load the training started from
+        self.load: CheckpointLoadEvent | None = events[at] if at >= 0 else None
+        user: list[StateRestoreEvent] = [e for e in events if e["type"] == "state-restore" and not e["library"]]
         self.restored = {e["what"]: e for e in user}
-        restores: list[RngRestoreEvent] = _events(runs.resumed, "rng-restore")
-        self.rng_restored: dict[str, str] = {e["lib"]: f"{e['fn']} at {e['loc']}" for e in restores
-                                             if not e["library"]}
-        seeds: list[SeedEvent] = _events(runs.resumed, "seed")
+        restores: list[RngRestoreEvent] = [e for e in events if e["type"] == "rng-restore" and not e["library"]]
+        self.rng_restored: dict[str, str] = {e["lib"]: f"{e['fn']} at {e['loc']}" for e in restores}
+        seeds: list[SeedEvent] = [e for e in events[at + 1:] if e["type"] == "seed" and not e["library"]]
         for seed in seeds:  # seeding after the load sets the state as well
-            if not seed["library"] and seed.get("at", 0) >= after:
-                self.rng_restored.setdefault("cuda" if seed["fn"].startswith("torch.cuda.") else seed["lib"],
-                                             f"{seed['fn']} at {seed['loc']} (after the load)")
-        self.drawn: dict[str, list[str]] = {}  # RNG -> where the resumed run draws from it after the load
-        if self.load is not None:
-            draws: list[DrawEvent] = _events(runs.resumed, "draw")
-            for draw in draws:
-                if draw.get("at", 0) >= after:
-                    sites = self.drawn.setdefault(_rng_of(draw), [])
-                    if draw["loc"] not in sites:
-                        sites.append(draw["loc"])
+            self.rng_restored.setdefault("cuda" if seed["fn"].startswith("torch.cuda.") else seed["lib"],
+                                         f"{seed['fn']} at {seed['loc']} (after the load)")
+        # RNG -> where the resumed run draws from it after the load: while it still sets up (building a model
+        # whose weights the load then replaces), before its first forward; and from then on, in training
+        first = next((i for i, e in enumerate(events) if i > at and e["type"] == "state"
+                      and e["when"] == "first-forward"), at)
+        self.setup: dict[str, list[str]] = {}
+        self.drawn: dict[str, list[str]] = {}
+        for i, draw in enumerate(events):
+            if at < 0 or i <= at or draw["type"] != "draw":
+                continue
+            sites = (self.setup if i < first else self.drawn).setdefault(_rng_of(draw), [])
+            if draw["loc"] not in sites:
+                sites.append(draw["loc"])
 
     def saved_roles(self) -> dict[str, str]:
         return {} if self.save is None else {p["role"]: p["path"] or "the saved object" for p in self.save["parts"]}
@@ -117,6 +120,13 @@ class _Evidence:
 
 def _events(path: Path, kind: str) -> list[Any]:
     return read_events(path, kind)
+
+
+def _in_order(path: Path) -> list[Any]:
+    """Every evidence event of a trace, in the order they were written."""
+    stream = open_stream(path)
+    stream.drain()
+    return stream.events
 
 
 def _rng_of(draw: DrawEvent) -> str:
@@ -203,25 +213,34 @@ def _rng(ev: _Evidence, unrestored: dict[str, list[str]], where: str, score_like
     fixes = []
     for rng, sites in unrestored.items():
         name, save_call, restore_call = RNGS[rng]
-        shown = ", ".join(sites[:3]) + (f" and {len(sites) - 3} more" if len(sites) > 3 else "")
-        lines.append(f"after the load, the resumed run draws from {name} at {shown}; its state was never restored")
+        lines.append(f"in training after the load, the resumed run draws from {name} at {_sites(sites)}; its state "
+                     "was never restored")
+        setup = ev.setup.get(rng, [])
+        when = f"after {ev.where_loaded()}"
+        if setup:
+            lines.append(f"it also draws from it after the load while setting up, before its first forward, at "
+                         f"{_sites(setup)}: the state must be restored after those draws")
+            when += f" and after the set-up draws at {_sites(setup)}, just before the first forward"
         held = saved.get(f"rng-{rng}")
         if rng == "generator":
             lines.append("detaudit cannot see a torch.Generator's set_state: restore it and this may not apply")
-            fixes.append(f"save {save_call} with the checkpoint and call {restore_call} after {ev.where_loaded()}")
+            fixes.append(f"save {save_call} with the checkpoint and call {restore_call} {when}")
         elif held is not None:
             lines.append(f"{ev.where_saved()} holds its state at `{held}`")
-            fixes.append(f"call {restore_call} with `{held}` after {ev.where_loaded()}")
+            fixes.append(f"call {restore_call} with `{held}` {when}")
         else:
             lines.append(f"{ev.where_saved()} holds no state of it")
             save_at = f" at {ev.save['loc']}" if ev.save is not None else ""
-            fixes.append(f"save {save_call} in the checkpoint{save_at} and call {restore_call} after "
-                         f"{ev.where_loaded()}")
+            fixes.append(f"save {save_call} in the checkpoint{save_at} and call {restore_call} {when}")
     explicit_only = set(unrestored) == {"generator"}
     likely = score_likely and not explicit_only
     return Cause(RNG, "likely" if likely else "possible",
                  f"an RNG the script draws from after resuming was not restored: {', '.join(names)}",
                  lines, "; ".join(fixes), basis="direct" if likely else "circumstantial")
+
+
+def _sites(sites: list[str]) -> str:
+    return ", ".join(sites[:3]) + (f" and {len(sites) - 3} more" if len(sites) > 3 else "")
 
 
 def _data(ev: _Evidence, step: int, where: str) -> Cause:
@@ -281,9 +300,6 @@ def _latent(ev: _Evidence) -> Sequence[Cause]:
 
 def _state_kinds(reference: Path) -> set[str]:
     """Which kinds of training state the reference has: optimizer state, an LR scheduler, a GradScaler."""
-    from detaudit.compare.traces import open_stream
-    from detaudit.trace import Kind
-
     stream = open_stream(reference)
     kinds: set[str] = set()
     for chunk in stream.chunks():

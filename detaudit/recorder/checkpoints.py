@@ -6,7 +6,8 @@ which parts are module / optimizer / LR-scheduler / GradScaler state dicts or RN
 evidence's: recorder/evidence/rng.py). Under `detaudit resume` (child config `resume`) also: the digests
 of the parameters just before the first optimizer step (what a resumed run starts from), each optimizer's
 learning rates at every step and a GradScaler's state after each `update()`, as records, so a
-resumed run's first step can be told apart from the uninterrupted run's by what differs.
+resumed run's first step can be told apart from the uninterrupted run's by what differs; and each RNG call
+site's next draw after a load and after the first step is reported again (evidence/rng.py `draws_again`).
 """
 
 from __future__ import annotations
@@ -211,6 +212,9 @@ class Checkpoints:
                     names.append(rec.writer.text(name_id))
                     digests.append(f"{rec.digest_now(p.detach())[0]:016x}")
                 rec.event(InitialParamsEvent(type="initial-params", step=rec.step, params=names, digests=digests))
+                found = evidence.active()
+                if found is not None:  # the draws of training, told apart from those that set the run up
+                    rng.draws_again(found)
             lr_id = self._lr_ids.get(id(optimizer))
             if lr_id is None:
                 lr_id = self._lr_ids[id(optimizer)] = rec.intern(f"optimizer {type(optimizer).__name__}:lr")

@@ -73,8 +73,9 @@ _DRAW_LABELS = frozenset({*(f"torch.{n}" for n in TORCH_DRAWS), *(f"Tensor.{n}" 
 
 
 def draws_again(ev: Evidence) -> None:
-    """Report each call site's next draw again (`detaudit resume`, after a checkpoint is loaded): which RNGs
-    the script draws from after it resumed, not only where each was first drawn."""
+    """Report each call site's next draw again (`detaudit resume`, after a checkpoint is loaded and at the first
+    optimizer step): which RNGs the script draws from after it resumed, and in training, not only where each
+    was first drawn."""
     ev.seen = {key for key in ev.seen if not (isinstance(key, tuple) and len(key) == 3 and key[0] in _DRAW_LABELS)}
 
 
