@@ -226,3 +226,17 @@ def test_stop_at_and_resume_args_after_the_scripts_arguments_are_detaudits() -> 
     assert out.strip() == repr(("train.py", ("--steps", "8"), 4, "--resume"))
     out = runner.invoke(command, ["train.py", "--stop-at=2", "--resume-args=--resume", "--", "--stop-at", "1"]).output
     assert out.strip() == repr(("train.py", ("--stop-at", "1"), 2, "--resume"))
+
+
+def test_a_gradscaler_state_that_differs_is_the_grad_scaler(tmp_path: Path) -> None:
+    runs = Runs(tmp_path)
+    steps = [_step(3 + i, 3 + i, scheduler=True) for i in range(3)]
+    steps[0].insert(5, Rec("grad_scaler GradScaler", 700, 3, Kind.OPTSTATE, loc="train.py:24"))
+    reference_steps = [r for s in range(6) for r in _step(s, s, scheduler=True)]
+    reference_steps.insert(3 * 6 + 5, Rec("grad_scaler GradScaler", 701, 3, Kind.OPTSTATE, loc="train.py:24"))
+    runs.reference.unlink()
+    runs.reference = write_trace(runs.reference, reference_steps, {"exit_code": 0},
+                                 events=[_initial(499), _save(3, [MODEL_PART], 15)])
+    divergence, causes = runs.diagnose(runs.resumed(steps, []))
+    assert divergence.record.name == "grad_scaler GradScaler"
+    assert causes[0].id == "resume-grad-scaler" and "scaler.load_state_dict" in causes[0].fix
