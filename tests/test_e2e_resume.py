@@ -50,3 +50,15 @@ def test_a_run_that_saved_no_checkpoint_by_stop_at_is_a_clear_error(tmp_path: Pa
     assert result.returncode == ExitCode.NO_CHECKPOINT, result.stderr
     assert "the interrupted run saved no checkpoint by step 3" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_reference_that_does_not_reproduce_itself_is_reported_first(tmp_path: Path) -> None:
+    """train_cnn.py initialises its model from the unseeded global RNG: that is `run`'s finding, not a resume
+    bug, and nothing is interrupted or resumed."""
+    result = run_cli(["resume", "--json", "report.json", str(SCRIPTS / "train_cnn.py"), "--stop-at", "1",
+                      "--resume-args", "--resume"], cwd=tmp_path, timeout=600)
+    assert result.returncode == ExitCode.DIVERGENT, result.stderr
+    report = result.report
+    assert report is not None and report["verdict"] == "reference-divergent"
+    assert report["causes"][0]["id"] == "unseeded-torch-rng" and report["runs"] == []
+    assert report["reference"]["verdict"] == "divergent" and "does not reproduce itself" in result.stdout

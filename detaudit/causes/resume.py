@@ -161,7 +161,7 @@ def _at_divergence(ev: _Evidence, divergence: Divergence) -> Cause | None:
     """The cause the first differing record points at: learning rate or scheduler state, the GradScaler's state,
     parameters and optimizer state after a step whose inputs and gradients matched, or the data and forward."""
     record = divergence.record
-    if record is None:
+    if record is None or divergence.category != "content":  # one run recorded other things, or ended first
         return None
     where = f"first difference: {record.kind} `{record.name}` at step {record.step} (reference numbering)" + \
         (f", {record.location}" if record.location else "")
