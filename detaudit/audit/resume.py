@@ -21,7 +21,7 @@ from detaudit.causes.resume import ResumeRuns, diagnose
 from detaudit.compare.align import RecordInfo
 from detaudit.compare.resume import Alignment, align, compare_resumed, read_steps
 from detaudit.compare.traces import Divergence
-from detaudit.errors import NoCheckpoint, ScriptFailed, UsageError
+from detaudit.errors import Inconclusive, NoCheckpoint, ScriptFailed, UsageError
 from detaudit.report.model import Report
 from detaudit.report.resume import RESUME_FILE, CheckpointCall, ResumeReport, RunName, write_json
 from detaudit.results import RepeatResult
@@ -72,8 +72,9 @@ def run_resume(options: ResumeOptions, on_done: Callable[[RepeatResult], None] |
     saved = checkpoint_calls(run_dir / interrupted.trace, "checkpoint-save", "interrupted")
     if not saved:
         raise NoCheckpoint(f"the interrupted run saved no checkpoint by step {stop_at} (no `torch.save` call before "
-                           f"it was stopped after step {stop_at}), so there is nothing to resume from; give a "
-                           "--stop-at after the script's first checkpoint (its traces: " f"{run_dir})")
+                           f"it was stopped right after its optimizer step {stop_at}), so there is nothing to resume "
+                           "from; give a --stop-at after the script's first checkpoint (a save that follows the "
+                           f"optimizer step of step {stop_at} itself needs --stop-at {stop_at + 1}; traces: {run_dir})")
     stage(f"resumed: {' '.join(options.resume_args)}")
     target = replace(one.target, script_args=[*one.target.script_args, *options.resume_args])
     [resumed] = execute(replace(one, target=target), run_dir, on_done, prefix=RESUMED)
@@ -85,6 +86,10 @@ def run_resume(options: ResumeOptions, on_done: Callable[[RepeatResult], None] |
                            f"{run_dir / resumed.stdout})")
     reference_trace = run_dir / reference.runs[0].trace
     reference_steps, resumed_steps = read_steps(reference_trace), read_steps(run_dir / resumed.trace)
+    if resumed_steps.initial is None:
+        raise Inconclusive(f"the resumed run made no optimizer step after loading its checkpoint, so there is "
+                           f"nothing to compare with the uninterrupted run (its stdout: {run_dir / resumed.stdout}); "
+                           "give a --stop-at before the run's last checkpoint")
     # a checkpoint may be one the reference runs wrote, in the same working directory
     steps = {c.step for c in saved} | {int(e["step"]) for e in read_events(reference_trace, "checkpoint-save")}
     alignment = align(reference_steps, resumed_steps, steps, saved[-1].step)
