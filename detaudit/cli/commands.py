@@ -68,6 +68,7 @@ def cli() -> None:
     """Audit a PyTorch script for run-to-run determinism: is it, where does it first diverge, and why."""
 
 
+resume.epilog = EXIT_CODES_HELP
 cli.add_command(resume)  # cli/resume.py: does resuming from a checkpoint reproduce the uninterrupted run
 
 

@@ -18,7 +18,6 @@ from rich.text import Text
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
 from detaudit.cli.render import causes_block, escape
 from detaudit.cli.session import err_console, finish, progress_runner, stdout_console
-from detaudit.errors import ExitCode
 from detaudit.run.files import naming
 from detaudit.safetext import printable
 
@@ -50,11 +49,7 @@ class ResumeCommand(RunCommand):
         return super().parse_args(ctx, [*pulled, *rest])
 
 
-def _exit_codes_help() -> str:
-    return "\b\nExit codes:\n" + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode)
-
-
-@click.command(cls=ResumeCommand, epilog=_exit_codes_help())
+@click.command(cls=ResumeCommand)  # its epilog, the exit codes, is set where it joins the group (commands.py)
 @click.argument("script", type=click.Path())
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--stop-at", type=click.IntRange(min=1), required=True, metavar="K",
@@ -85,6 +80,10 @@ def resume(script: str, script_args: tuple[str, ...], stop_at: int, resume_args:
     parameters it starts from and compared with the reference from there; when they differ, the causes
     name what the checkpoint forgot (RNG state, optimizer state, LR scheduler, GradScaler, data position,
     weights) with the fix at the script's line. docs/resume.md.
+
+    --stop-at and --resume-args are detaudit's anywhere before `--`. The other options go before SCRIPT, or
+    after it ahead of the script's own: as for `run`, an option detaudit does not know hands the rest of the
+    line to the script, and a script option detaudit knows too (`--device=cpu`) goes after `--`.
     """
     from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
     from detaudit.audit.resume import ResumeOptions, run_resume
