@@ -25,6 +25,7 @@ class ExitCode(IntEnum):
     TIMEOUT = 5, "a repeat timed out"
     INCONCLUSIVE = 6, "inconclusive: nothing comparable was recorded (lost, cut short, no tensor)"
     OUTPUT = 7, "an output cannot be written (read-only, disk full, no permission)"
+    NO_CHECKPOINT = 8, "resume: no checkpoint saved by --stop-at, or none loaded by the resumed run"
     INTERNAL = 70, "internal error: a bug in detaudit (DETAUDIT_DEBUG=1 shows its traceback)"
     SIGHUP = 129, "interrupted by SIGHUP (128 + the signal, as shells report it)"
     INTERRUPTED = 130, "interrupted by Ctrl-C (SIGINT)"
@@ -51,6 +52,18 @@ class Inconclusive(DetauditError):
     """Nothing comparable was recorded where the user pointed: the data is intact, but lies elsewhere."""
 
     exit_code = ExitCode.INCONCLUSIVE
+
+
+class ScriptFailed(DetauditError):
+    """A run that a command needs whole failed (`detaudit resume`'s interrupted or resumed run)."""
+
+    exit_code = ExitCode.SCRIPT_FAILED
+
+
+class NoCheckpoint(DetauditError):
+    """`detaudit resume`: the interrupted run saved nothing by --stop-at, or the resumed run loaded nothing."""
+
+    exit_code = ExitCode.NO_CHECKPOINT
 
 
 class OutputError(DetauditError):

@@ -319,7 +319,7 @@ class FileWriteEvent(_Event):
     """A file the script opened for writing (once per path): under `-j` the repeats share one working
     directory, and two repeats writing one file would read each other's data (audit/pipeline.py)."""
 
-    type: Literal["file-write", "batch-call", "batch-skip", "batch-origin"]
+    type: Literal["file-write"]
     path: str  # absolute, as the script named it (not resolved)
     loc: str
 
@@ -396,15 +396,75 @@ class BatchOriginEvent(_Event):
     note: str | None
 
 
+class CheckpointPart(TypedDict):
+    """One recognised part of a saved or loaded object: where it sits and what it is."""
+
+    path: str  # inside the object: `optimizer`, `rng.torch` ("" for the object itself)
+    role: str  # module, optimizer, scheduler, scaler, rng-torch, rng-cuda, rng-numpy, rng-python
+
+
+class CheckpointSaveEvent(_Event):
+    """A `torch.save` call: where it wrote, after how many steps, and the structure of what it saved."""
+
+    type: Literal["checkpoint-save"]
+    path: str  # the file as the script named it (relative to the working directory when inside it)
+    loc: str
+    step: int  # optimizer steps completed when it was called
+    keys: list[str]  # the top-level keys of a mapping (empty otherwise)
+    parts: list[CheckpointPart]
+
+
+class CheckpointLoadEvent(_Event):
+    """A `torch.load` call, with the same description of what it returned."""
+
+    type: Literal["checkpoint-load"]
+    path: str
+    loc: str
+    step: int
+    keys: list[str]
+    parts: list[CheckpointPart]
+
+
+class RngRestoreEvent(_Event):
+    """An RNG state set back (`torch.set_rng_state`, `np.random.set_state`, `random.setstate`, ...)."""
+
+    type: Literal["rng-restore"]
+    lib: str  # torch, cuda, generator (a torch.Generator), numpy, python
+    fn: str
+    loc: str
+    library: bool
+
+
+class StateRestoreEvent(_Event):
+    """A `load_state_dict` call on a module, optimizer, LR scheduler or GradScaler (once per call site)."""
+
+    type: Literal["state-restore"]
+    what: str  # module, optimizer, scheduler, scaler
+    name: str  # the object's class
+    loc: str
+    library: bool
+
+
+class InitialParamsEvent(_Event):
+    """`detaudit resume` only: the digests of the parameters an optimizer holds just before its first step."""
+
+    type: Literal["initial-params"]
+    step: int
+    params: list[str]  # parameter names, as PARAM records name them
+    digests: list[str]  # the digest of each, 16 hex digits (a record's digest)
+
+
 Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, OpEvent, ModulesEvent, EmptyEvent,
               EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, ClockReadsEvent, EnvironmentEvent, CompileEvent,
               DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
-              BatchSkipEvent, BatchOriginEvent]
+              BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
+              StateRestoreEvent, InitialParamsEvent]
 Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
                "clock", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried", "unobserved",
-               "file-write", "batch-call", "batch-skip", "batch-origin"]
+               "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save", "checkpoint-load",
+               "rng-restore", "state-restore", "initial-params"]
 
 E = TypeVar("E")
 

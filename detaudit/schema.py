@@ -189,4 +189,5 @@ EVENT = Obj({
     "call": Int(0), "rows": Int(0), "batch_dim": Int(), "reproduced": bool, "subsets": ListOf(_BATCH_SUBSET),
     "why": str, "detail": str, "subset": str, "size": Int(0), "first_module": OneOf((_BATCH_SPOT, NONE)),
     "first_op": OneOf((_BATCH_SPOT, NONE)), "note": STR_OR_NONE,
+    "step": Int(0), "keys": ListOf(str), "parts": ListOf(Obj({"path": str, "role": str})), "digests": ListOf(str),
 }, frozenset({"at", "type"}))

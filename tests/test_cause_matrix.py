@@ -132,6 +132,10 @@ NOT_IN_MATRIX = {
                          "(test_e2e_compile)",
     "score_sparse_features.py": "a verdict over sparse and nested layouts, not a cause (test_e2e_run)",
     "finalize_export.py": "a verdict over work in an atexit handler, not a cause (test_e2e_run)",
+    **{name: "a resume check's scenario: deterministic under `run`, its cause is `detaudit resume`'s "
+                   "(test_e2e_resume)"
+       for name in ("train_ckpt_full.py", "train_ckpt_sampled.py", "train_ckpt_weights.py", "train_ckpt_decay.py",
+                    "train_ckpt_stream.py")},
     **{name: "a torchrun job: audited with --nproc-per-node 2, rank by rank (test_e2e_distributed)"
        for name in ("train_ddp.py", "train_ddp_seeded_main.py", "train_ddp_rank_init.py", "train_ddp_clipped.py",
                     "train_ddp_wait.py", "train_ddp_fast_exit.py", "train_ddp_collectives.py")},

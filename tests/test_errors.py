@@ -46,7 +46,7 @@ def test_exit_code_tables_in_readme_and_docs_list_every_code_of_the_enum(doc: st
 
 
 def test_every_command_help_lists_every_exit_code_with_its_meaning() -> None:
-    for command in ([], ["run"], ["report"], ["explain"], ["compare"]):
+    for command in ([], ["run"], ["report"], ["explain"], ["compare"], ["resume"]):
         text = CliRunner().invoke(cli, [*command, "--help"]).output
         for code in ExitCode:
             assert re.search(rf"^\s+{int(code)}\s+{re.escape(code.meaning[:30])}", text, re.M), (command, code)

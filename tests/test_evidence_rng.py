@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from evidence_sink import Sink
 
-from detaudit.events import DrawEvent, GeneratorEvent, SeedEvent
+from detaudit.events import DrawEvent, GeneratorEvent, RngRestoreEvent, SeedEvent
 from detaudit.recorder import patch
 from detaudit.recorder.evidence import rng
 from detaudit.recorder.evidence.base import Evidence, python_rng_digest
@@ -112,3 +112,24 @@ def test_a_seed_pin_replaces_the_scripts_seed(evidence: tuple[Evidence, Sink]) -
 def _line(text: str) -> int:
     source = Path(__file__).read_text().splitlines()
     return next(i for i, line in enumerate(source, 1) if line.strip() == text)
+
+
+def test_an_rng_restore_is_recorded_once_per_site_and_draws_again_reports_each_site_anew(
+        evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    state = torch.get_rng_state()
+    try:
+        rng.install_torch(ev, torch)
+        restored = state.clone()
+        for _ in range(2):
+            torch.set_rng_state(restored)
+            torch.rand(1)
+        rng.draws_again(ev)  # `detaudit resume`, after a checkpoint load
+        for _ in range(2):
+            torch.rand(1)
+    finally:
+        torch.set_rng_state(state)
+    [restore] = [e for e in sink.of("rng-restore") if e["loc"].endswith(f":{_line('torch.set_rng_state(restored)')}")]
+    assert set(restore) == fields(RngRestoreEvent)
+    assert (restore["lib"], restore["fn"], restore["library"]) == ("torch", "torch.set_rng_state", False)
+    assert [e["fn"] for e in sink.of("draw")] == ["torch.rand", "torch.rand"]  # the site, before and after

@@ -38,6 +38,7 @@ from detaudit.cli.options import (
     stdout_mode_of,
     stdout_options,
 )
+from detaudit.cli.resume import resume
 from detaudit.cli.session import (
     audit_run,
     err_console,
@@ -65,6 +66,10 @@ EXIT_CODES_HELP = exit_codes_help()
 @click.version_option(__version__, prog_name="detaudit")
 def cli() -> None:
     """Audit a PyTorch script for run-to-run determinism: is it, where does it first diverge, and why."""
+
+
+resume.epilog = EXIT_CODES_HELP
+cli.add_command(resume)  # cli/resume.py: does resuming from a checkpoint reproduce the uninterrupted run
 
 
 @cli.command(cls=RunCommand, epilog=EXIT_CODES_HELP)

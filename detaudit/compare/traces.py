@@ -158,19 +158,20 @@ def open_stream(path: Path) -> RecordStream:
 
 
 def compare_traces(
-    paths: Sequence[Path], devices: Sequence[str] | None = None, tolerance: Tolerance | None = None,
+    paths: Sequence[Path | RecordStream], devices: Sequence[str] | None = None, tolerance: Tolerance | None = None,
     truncated: Sequence[bool] | None = None,
 ) -> Comparison:
     """Compare every repeat's trace; see the module docstring for what "differs" means.
 
     `truncated` marks repeats cut short from outside (timed out): one of them ending is no
     divergence, so only the records every repeat holds up to there are compared; the same holds
-    for a trace without a footer. A missing trace counts as an empty, incomplete one.
+    for a trace without a footer. A missing trace counts as an empty, incomplete one. An open stream may
+    stand for a path (compare/resume.py's windows onto a trace).
     """
     tolerance = tolerance or Tolerance()
     devices = list(devices) if devices is not None else ["same"] * len(paths)
     cut = list(truncated) if truncated is not None else [False] * len(paths)
-    streams = [open_stream(Path(p)) for p in paths]
+    streams = [p if isinstance(p, RecordStream) else open_stream(Path(p)) for p in paths]
     aligner = Aligner(streams)
     pairs = reference_pairs(devices)
     first: Divergence | None = None

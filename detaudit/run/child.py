@@ -121,7 +121,7 @@ class Session:
 
     def on_torch_import(self, torch_module: ModuleType) -> None:
         import detaudit.recorder
-        from detaudit.recorder import ops
+        from detaudit.recorder import checkpoints, ops
         from detaudit.recorder.core import Recorder
         from detaudit.recorder.hooks import Hooks
         from detaudit.trace import TraceWriter
@@ -150,6 +150,7 @@ class Session:
             from detaudit.recorder import batchprobe
 
             batchprobe.install(self.recorder, self.hooks.module_name, self.config["batch"])
+        checkpoints.install(self.recorder, self.hooks, self.config)
         ops.install(self.recorder, self.config, self._stop_after_op_window)
         if self.config.get("distributed"):
             from detaudit.recorder import distributed as collectives

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from detaudit.events import DrawEvent, GeneratorEvent, Lib, SeedEvent
+from detaudit.events import DrawEvent, GeneratorEvent, Lib, RngRestoreEvent, SeedEvent
 from detaudit.recorder.evidence.base import Evidence, digest_bytes, short
 from detaudit.recorder.patch import wrap
 
@@ -32,6 +32,7 @@ def install_python(ev: Evidence) -> None:
     _wrap_seed(ev, random, "seed", "python", "random.seed")
     for name in PYTHON_DRAWS:
         _wrap_draw(ev, random, name, "python", f"random.{name}")
+    _wrap_restore(ev, random, "setstate", "python", "random.setstate")
 
 
 def install_numpy(ev: Evidence, np_random: ModuleType) -> None:
@@ -44,6 +45,7 @@ def install_numpy(ev: Evidence, np_random: ModuleType) -> None:
     wrap(np_random, "default_rng", lambda original: _default_rng(ev, original))
     for name in NUMPY_DRAWS:
         _wrap_draw(ev, np_random, name, "numpy", f"np.random.{name}")
+    _wrap_restore(ev, np_random, "set_state", "numpy", "np.random.set_state")
 
 
 def install_torch(ev: Evidence, torch: ModuleType) -> None:
@@ -59,6 +61,40 @@ def install_torch(ev: Evidence, torch: ModuleType) -> None:
     for name in TENSOR_DRAWS:
         _wrap_draw(ev, torch.Tensor, name, "torch", f"Tensor.{name}")
     _wrap_draw(ev, torch.nn.functional, "dropout", "torch", "dropout")
+    _wrap_restore(ev, torch, "set_rng_state", "torch", "torch.set_rng_state")
+    _wrap_restore(ev, torch.random, "set_rng_state", "torch", "torch.random.set_rng_state")
+    for name in ("set_rng_state", "set_rng_state_all"):
+        _wrap_restore(ev, torch.cuda, name, "cuda", f"torch.cuda.{name}")
+    # a torch.Generator's own set_state cannot be wrapped (an immutable C type): not observed
+
+
+_DRAW_LABELS = frozenset({*(f"torch.{n}" for n in TORCH_DRAWS), *(f"Tensor.{n}" for n in TENSOR_DRAWS), "dropout",
+                          *(f"np.random.{n}" for n in NUMPY_DRAWS), *(f"random.{n}" for n in PYTHON_DRAWS)})
+
+
+def draws_again(ev: Evidence) -> None:
+    """Report each call site's next draw again (`detaudit resume`, after a checkpoint is loaded and at the first
+    optimizer step): which RNGs the script draws from after it resumed, and in training, not only where each
+    was first drawn."""
+    ev.seen = {key for key in ev.seen if not (isinstance(key, tuple) and len(key) == 3 and key[0] in _DRAW_LABELS)}
+
+
+def _wrap_restore(ev: Evidence, owner: Any, name: str, lib: str, label: str) -> None:
+    """An RNG's state set back, once per call site (`torch.random.fork_rng` does it inside library code)."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def restore(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            if not ev.compiling():
+                caller = sys._getframe(1)
+                if ev.first_time("restore", label, caller.f_code, caller.f_lineno):
+                    ev.emit(RngRestoreEvent(type="rng-restore", lib=lib, fn=label, loc=ev.where(caller),
+                                            library=ev.is_library(caller)))
+            return result
+
+        return restore
+
+    wrap(owner, name, make)
 
 
 def _wrap_seed(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> None:

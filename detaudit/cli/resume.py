@@ -1,0 +1,186 @@
+"""`detaudit resume SCRIPT [ARGS]... --stop-at K --resume-args "ARGS"`: the command and its terminal rendering.
+
+The check itself is audit/resume.py's; the report, report/resume.py's (docs/resume.md).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
+from detaudit.cli.render import causes_block, escape
+from detaudit.cli.session import err_console, finish, progress_runner, stdout_console
+from detaudit.run.files import naming
+from detaudit.safetext import printable
+
+_PULLED = ("--stop-at", "--resume-args")  # detaudit's wherever they stand before `--`
+_STYLE = {"resume-equivalent": "bold green", "resume-divergent": "bold red", "reference-divergent": "bold red"}
+
+
+class ResumeCommand(RunCommand):
+    """`resume`: --stop-at and --resume-args are detaudit's anywhere before `--` (they follow the script's own
+    arguments in the documented spelling); the rest splits as `run`'s arguments do."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        pulled: list[str] = []
+        rest: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                rest.extend(args[i:])
+                break
+            name = arg.split("=", 1)[0]
+            if name in _PULLED:
+                width = 1 if "=" in arg or i + 1 == len(args) else 2
+                pulled.extend(args[i:i + width])
+                i += width
+                continue
+            rest.append(arg)
+            i += 1
+        return super().parse_args(ctx, [*pulled, *rest])
+
+
+@click.command(cls=ResumeCommand)  # its epilog, the exit codes, is set where it joins the group (commands.py)
+@click.argument("script", type=click.Path())
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--stop-at", type=click.IntRange(min=1), required=True, metavar="K",
+              help="Stop the interrupted run right after its K-th optimizer step (as --max-steps K does); the "
+                   "script's own checkpointing must have saved by then.")
+@click.option("--resume-args", required=True, metavar="ARGS",
+              help="What the script is given, after its ARGS, to resume from its checkpoint, as one quoted string "
+                   "(`--resume-args \"--init_from=resume\"`).")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop the reference and the resumed run after this many optimizer steps (each its own count); "
+                   "only the steps both made are compared.")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None,
+              help="Device to run on. [default: auto = wherever the script itself runs]")
+@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per run.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: a new folder under .detaudit/runs/).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None, help="Write an HTML report.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+def resume(script: str, script_args: tuple[str, ...], stop_at: int, resume_args: str, max_steps: int | None,
+           device: str | None, timeout: float | None, out_dir: Path | None, json_path: Path | None,
+           html_path: Path | None, quiet: bool) -> None:
+    """Does stopping SCRIPT at a checkpoint and resuming it reproduce the uninterrupted run, bit for bit?
+
+    Runs, one after the other in this directory: the reference (`SCRIPT ARGS`, twice: a script that does not
+    reproduce itself is reported as such first), the interrupted run (`SCRIPT ARGS`, stopped after step K)
+    and the resumed run (`SCRIPT ARGS RESUME_ARGS`). The resumed run is aligned to the reference step whose
+    parameters it starts from and compared with the reference from there; when they differ, the causes
+    name what the checkpoint forgot (RNG state, optimizer state, LR scheduler, GradScaler, data position,
+    weights) with the fix at the script's line. docs/resume.md.
+
+    --stop-at and --resume-args are detaudit's anywhere before `--`. The other options go before SCRIPT, or
+    after it ahead of the script's own: as for `run`, an option detaudit does not know hands the rest of the
+    line to the script, and a script option detaudit knows too (`--device=cpu`) goes after `--`.
+    """
+    from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
+    from detaudit.audit.resume import ResumeOptions, run_resume
+    from detaudit.report.resume import ResumeReport
+    from detaudit.run.devices import own_device, resolve_devices
+
+    extra = shlex.split(resume_args)
+    if not extra:
+        raise click.UsageError("--resume-args is empty: give the arguments that make the script resume")
+    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script)})
+    devices = (device,) if device else ()
+    options = AuditOptions(
+        Target(Path(script), list(script_args), argv0=script),
+        Schedule(repeats=2, devices=resolve_devices(devices), own_device=own_device(devices), timeout=timeout),
+        Recording(granularity="module", max_steps=max_steps), out_dir=out_dir)
+    context, on_done = progress_runner(quiet, 4, "resume check")
+
+    def stage(text: str) -> None:
+        if not quiet:
+            err_console.print(escape(text), soft_wrap=True)
+
+    with context:
+        report = run_resume(ResumeOptions(options, stop_at, extra), on_done, stage)
+    if not isinstance(report, ResumeReport):  # the reference failed or timed out: reported as `run` would
+        finish(report, json_path, None, quiet, html_path,
+               notes=("The resume check needs an uninterrupted run to compare with; this one did not give one.",))
+    _finish(report, json_path, html_path, quiet)
+
+
+def _finish(report: Any, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
+    from detaudit.report.resume import write_html, write_json
+
+    if json_path is not None:
+        write_json(report, json_path)
+    if html_path is not None:
+        write_html(report, html_path)
+    console = err_console if str(json_path) == "-" else stdout_console()
+    with naming("standard error" if console is err_console else "standard output"):
+        if quiet:
+            console.print(summary_line(report), soft_wrap=True)
+        else:
+            render(report, console)
+    sys.exit(report.exit_code)
+
+
+def summary_line(report: Any) -> Text:
+    text = Text(report.verdict.upper(), style=_STYLE[report.verdict])
+    if report.verdict == "reference-divergent":
+        text.append(": the uninterrupted run does not reproduce itself, so resuming cannot be judged; "
+                    "fix that first")
+    elif report.aligned_step is None:
+        text.append(f": the resumed run starts from weights no step of the uninterrupted run had "
+                    f"(stopped after step {report.stop_at})")
+    elif report.divergence is None:
+        text.append(f": stopped after step {report.stop_at} and resumed from step {report.aligned_step}, the run "
+                    f"reproduces the uninterrupted one bit for bit ({report.comparison.records_compared} records)")
+    else:
+        text.append(f": stopped after step {report.stop_at} and resumed from step {report.aligned_step}, the run "
+                    f"first differs at step {report.first_divergence_step}")
+    if report.causes:
+        text.append(f" · {report.causes[0].id}", style="bold")
+    text.append(f" · run: {printable(report.run_dir)}")
+    return text
+
+
+def render(report: Any, console: Console) -> None:
+    from detaudit.cli.render import render as render_audit
+
+    console.print(summary_line(report), soft_wrap=True)
+    if report.verdict == "reference-divergent":
+        console.print(Text("The reference audit (two repeats of the uninterrupted run):", style="bold"))
+        render_audit(report.reference, console)
+        return
+    d = report.divergence
+    if d is not None and d.record is not None:
+        r = d.record
+        line = Text("First difference: ", style="bold")
+        line.append(printable(f"{r.kind} `{r.name}` at step {r.step} (reference numbering)"
+                              + (f" in {r.module}" if r.module else "") + (f", {r.location}" if r.location else "")
+                              + f": {d.detail}"))
+        console.print(line, soft_wrap=True)
+    block = causes_block(report)
+    if block is not None:
+        console.print(block, soft_wrap=True)
+    console.print(Text("Checkpoint", style="bold"))
+    for verb, calls in (("saved", report.saved), ("loaded", report.loaded)):
+        for call in calls:
+            parts = ", ".join(f"{p['role']} ({p['path']})" if p["path"] else p["role"] for p in call.parts)
+            console.print(Text(printable(f"   {verb} by the {call.run} run at {call.loc}, after step {call.step}: "
+                                         f"{call.path} — {parts or 'no state dict or RNG state recognised'}")),
+                          soft_wrap=True)
+    console.print(Text(printable(_runs(report)), style="dim"), soft_wrap=True)
+
+
+def _runs(report: Any) -> str:
+    reference = report.reference.runs
+    times = ", ".join(f"{r.duration_s:.1f} s" for r in reference)
+    rest: Sequence[Any] = report.runs
+    return (f"runs: reference {times}; interrupted {rest[0].duration_s:.1f} s; resumed {rest[1].duration_s:.1f} s; "
+            f"run directory {report.run_dir}")

@@ -1,0 +1,49 @@
+"""Fits a small MLP on a fixed dataset read through a DataLoader, checkpointing model, optimizer, scheduler, RNG
+states and step every few steps; --resume picks up from the last checkpoint."""
+
+import argparse
+import random
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=8)
+parser.add_argument("--every", type=int, default=2)
+parser.add_argument("--checkpoint", default="ckpt_stream.pt")
+parser.add_argument("--resume", action="store_true")
+args = parser.parse_args()
+
+torch.manual_seed(0)
+np.random.seed(0)
+random.seed(0)
+data = torch.randn(512, 8)
+loader = DataLoader(TensorDataset(data, data.sum(dim=1, keepdim=True)), batch_size=32, shuffle=False)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+start = 0
+if args.resume:
+    state = torch.load(args.checkpoint, weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    start = state["step"]
+
+for step, (x, y) in zip(range(start, args.steps), loader):
+    loss = nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    if (step + 1) % args.every == 0:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "step": step + 1,
+                    "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                            "python": random.getstate()}}, args.checkpoint)
+    print(f"step {step + 1} loss {loss.item():.5f}")
