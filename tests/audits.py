@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conftest import SCRIPTS, CliResult, run_cli
+from conftest import SCRIPTS, CliResult, interpreters, run_cli
 from filelock import FileLock
 
 RUN, REPORT = "run", "run.json"  # the run directory and the --json report, inside the audit's folder
@@ -78,7 +78,8 @@ class Done:
 
 
 def _key(parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    """Also keyed by how the repeats start: a test of fresh interpreters never reads a warm run."""
+    return hashlib.sha256(json.dumps([parts, interpreters()], sort_keys=True).encode()).hexdigest()[:16]
 
 
 class Cache:

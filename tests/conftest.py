@@ -98,10 +98,74 @@ class CliResult:
         return self.stdout + self.stderr
 
 
+class WarmServer:
+    """This test process's warm interpreter (tests/warm/server.py), started on first use, stopped with the session.
+
+    Repeats forked from it skip python's, torch's and torch._dynamo's start (2.5 s of CPU each); a test whose
+    subject a fork could change (the hash seed, address layout, what happens while torch imports) is marked
+    `fresh_interpreters` and its repeats are real interpreters, as are all with DETAUDIT_TEST_FRESH=1.
+    """
+
+    def __init__(self) -> None:
+        self.folder: str | None = None
+        self.proc: subprocess.Popen[str] | None = None
+
+    def socket(self) -> str:
+        if self.proc is None:
+            import tempfile
+
+            self.folder = tempfile.mkdtemp(prefix="detaudit-warm-")  # short: a socket path has 107 bytes at most
+            path = os.path.join(self.folder, "sock")
+            self.proc = subprocess.Popen([sys.executable, str(WARM / "server.py"), path], stdout=subprocess.PIPE,
+                                         stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+            assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n", "warm server failed"
+        assert self.folder is not None
+        return os.path.join(self.folder, "sock")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        if self.folder is not None:
+            import shutil
+
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+WARM = Path(__file__).parent / "warm"
+WARM_SERVER = WarmServer()
+FRESH_ONLY = bool(os.environ.get("DETAUDIT_TEST_FRESH"))
+_fresh_test = False  # the running test is marked fresh_interpreters
+
+
+def interpreters() -> str:
+    """How the running test's repeats start: "warm" (forks of the warm server) or "fresh" (interpreters)."""
+    return "fresh" if FRESH_ONLY or _fresh_test else "warm"
+
+
+@pytest.fixture(autouse=True)
+def _interpreters_for_this_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    global _fresh_test
+    _fresh_test = request.node.get_closest_marker("fresh_interpreters") is not None
+    yield
+    _fresh_test = False
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    WARM_SERVER.stop()
+
+
+def detaudit_command() -> list[str]:
+    """`python -m detaudit`, as the running test's repeats start (`interpreters()`)."""
+    if interpreters() == "warm":
+        return [sys.executable, str(WARM / "cli.py"), WARM_SERVER.socket()]
+    return [sys.executable, "-m", "detaudit"]
+
+
 def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> CliResult:
     """Run `python -m detaudit ARGS` as a user would; load --json output if it was asked for."""
     full_env = {**os.environ, "COLUMNS": "120", **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "detaudit", *args], cwd=cwd, env=full_env,
+    proc = subprocess.run([*detaudit_command(), *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
     report = None
     if "--json" in args:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from audits import DETERMINISTIC, Audit, Cache, cache_root
-from conftest import SCRIPTS, _interpreters_started
+from conftest import SCRIPTS, _interpreters_started, detaudit_command
 
 
 def test_an_audit_is_keyed_by_everything_that_can_change_its_outcome(tmp_path: Path) -> None:
@@ -30,6 +30,7 @@ def test_the_cache_is_the_sessions_not_a_workers(tmp_path: Path, monkeypatch: py
 def test_an_audit_and_its_follow_up_run_once_however_often_they_are_read(tmp_path: Path) -> None:
     cache = Cache(tmp_path / "cache")
     audit = Audit("show_env.py", DETERMINISTIC)  # no torch: the cheapest real audit (it exits 7: failed, 3)
+    detaudit_command()  # the warm server (tests/warm/server.py), when there is one, is already up: not counted
     with _interpreters_started() as started:
         first, again = cache.run(audit), cache.run(audit)
         follow = [cache.then(first, ["report", "run", "--json", "again.json"]) for _ in range(2)]

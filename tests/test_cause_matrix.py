@@ -46,6 +46,16 @@ class Row:
     toss_up: tuple[str, ...] = ()  # without an experiment the evidence cannot order these: either may lead
     tag: str = ""  # tells two rows of one script apart
     race: bool = False  # the divergence needs a race to show (thread timing, id-hash collisions)
+    # real interpreters for every repeat, not forks of the warm server (tests/warm/server.py), which share one
+    # hash seed and address layout: set for a row that needs both to vary. An order cause's rows have it anyway,
+    # and so do the deterministic rows: they show that nothing of detaudit's own (a set of names iterated in
+    # hash order) makes fresh interpreters disagree, which forks sharing one hash seed could not show
+    fresh: bool = False
+
+    @property
+    def fresh_interpreters(self) -> bool:
+        return self.fresh or self.top is None or bool(set(ORDER) & {*self.toss_up, *self.must_not, self.top,
+                                                                     self.confirmed})
 
     @property
     def id(self) -> str:
@@ -78,7 +88,8 @@ MATRIX = [
     # random.seed(0) and DataLoader-worker randomness: once ranked a false varying-seed first
     Row("train_jittered.py", "dataloader-workers", "dataloader-workers", NOT_SEED),
     Row("train_normalized.py", "concurrency", None, NOT_SEED, race=True),
-    Row("ensemble_eval.py", "concurrency", None, NOT_SEED, race=True),
+    # its experiments: no single pin may hold the race, the address-layout pin's interpreters included
+    Row("ensemble_eval.py", "concurrency", None, NOT_SEED, race=True, fresh=True),
     Row("pool_graphs.py", "nondeterministic-op", "nondeterministic-op", NOT_SEED,
         env=fault("torch.Tensor.index_add_", "nondeterministic")),
     Row("train_denoiser.py", "cudnn-benchmark", "cudnn-benchmark", NOT_SEED,
@@ -195,7 +206,10 @@ def audited(shared: Cache, row: Row) -> tuple[Done, Done | None]:
 
 @pytest.mark.process
 @pytest.mark.slow
-@pytest.mark.parametrize("row", [pytest.param(r, id=r.id, marks=[pytest.mark.race] if r.race else []) for r in MATRIX])
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id, marks=[*([pytest.mark.race] if r.race else []),
+                                                                *([pytest.mark.fresh_interpreters]
+                                                                  if r.fresh_interpreters else [])])
+                                 for r in MATRIX])
 def test_cause_matrix(shared: Cache, row: Row) -> None:
     run, explained = audited(shared, row)
     assert run.result.returncode == row.exit_code, run.result.output
@@ -238,6 +252,7 @@ def test_cause_matrix(shared: Cache, row: Row) -> None:
 
 @pytest.mark.process
 @pytest.mark.race  # threads finish in an order of their own: it may happen to repeat
+@pytest.mark.fresh_interpreters  # reads the ensemble_eval.py row's run
 def test_concurrency_survives_every_pin(shared: Cache) -> None:
     """The matrix's own run of ensemble_eval.py: no single pin confirms anything, every pin at once still diverges."""
     _, explained = audited(shared, next(r for r in MATRIX if r.script == "ensemble_eval.py"))

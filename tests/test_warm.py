@@ -1,0 +1,86 @@
+"""The warm server the suite forks repeats from (tests/warm/): a fork runs a command as `python -c` would, reseeded,
+with the client's descriptors, directory, environment and exit status, and a repeat it cannot run faithfully runs
+in a real interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import WARM, WARM_SERVER
+
+PROBE = """import json, os, random, sys, time
+import numpy as np
+import torch
+print(json.dumps({"hash": hash("probe"), "random": random.random(), "numpy": float(np.random.rand()),
+                  "torch": float(torch.rand(1)), "pid": os.getpid(), "argv": sys.argv, "cwd": os.getcwd(),
+                  "env": os.environ.get("PROBE_ENV")}), flush=True)
+time.sleep(float(os.environ.get("PROBE_SLEEP", "0")))
+sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
+"""
+# the launcher's command shape: python -c BOOT ROOT CONFIG SCRIPT ARGS (detaudit/run/launcher.py)
+BOOT = "import runpy, sys; sys.argv = sys.argv[3:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def _client(tmp_path: Path, env: dict[str, str], pins: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    script, config = tmp_path / "probe.py", tmp_path / "config.json"
+    script.write_text(PROBE)
+    config.write_text(json.dumps({"pins": list(pins)}))
+    command = [sys.executable, "-c", BOOT, "root", str(config), str(script), "an-arg"]
+    return subprocess.Popen([sys.executable, "-I", "-S", str(WARM / "client.py"), WARM_SERVER.socket(), *command],
+                            cwd=tmp_path, env={**os.environ, **env}, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _probe(tmp_path: Path, **env: str) -> tuple[int, dict[str, object]]:
+    proc = _client(tmp_path, env)
+    out, _ = proc.communicate(timeout=120)
+    return proc.returncode, json.loads(out)
+
+
+@pytest.mark.process
+def test_forks_run_the_command_reseeded_with_the_clients_descriptors_directory_environment_and_status(
+        tmp_path: Path) -> None:
+    code, first = _probe(tmp_path, PROBE_ENV="one", PROBE_EXIT="3")
+    _, second = _probe(tmp_path, PROBE_ENV="two")
+    assert code == 3 and (first["env"], second["env"]) == ("one", "two")
+    assert first["argv"] == [str(tmp_path / "probe.py"), "an-arg"] and first["cwd"] == str(tmp_path)
+    assert first["hash"] == second["hash"]  # shared by every fork: why order-dependent tests run fresh_interpreters
+    for source in ("random", "numpy", "torch", "pid"):  # seeded from the OS in each, as in a fresh interpreter
+        assert first[source] != second[source], source
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("pins", [(), ("address-layout",)])
+def test_what_a_fork_cannot_run_faithfully_runs_in_a_real_interpreter(tmp_path: Path, pins: tuple[str, ...]) -> None:
+    # a startup variable that differs from the server's (the hash-seed pin), or a pin that re-executes the child
+    env = {"PYTHONHASHSEED": "123"} if not pins else {}
+    proc = _client(tmp_path, env, pins)
+    out, _ = proc.communicate(timeout=120)
+    probe = json.loads(out)
+    fresh = subprocess.run([sys.executable, "-c", "print(hash('probe'))"], env={**os.environ, **env},
+                           capture_output=True, text=True, check=True)
+    if env:
+        assert probe["hash"] == int(fresh.stdout)  # the seed took effect: python started with it
+    else:
+        _, fork = _probe(tmp_path)
+        assert probe["hash"] != fork["hash"]  # not the server's hash seed
+
+
+@pytest.mark.process
+def test_a_signal_to_the_client_reaches_the_fork_and_the_client_ends_as_the_fork_did(tmp_path: Path) -> None:
+    proc = _client(tmp_path, {"PROBE_SLEEP": "60"})
+    assert proc.stdout is not None
+    fork = json.loads(proc.stdout.readline())["pid"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{fork}").exists():
+        time.sleep(0.1)
+    assert not Path(f"/proc/{fork}").exists()
