@@ -116,8 +116,9 @@ class WarmServer:
 
             self.folder = tempfile.mkdtemp(prefix="detaudit-warm-")  # short: a socket path has 107 bytes at most
             path = os.path.join(self.folder, "sock")
-            self.proc = subprocess.Popen([sys.executable, str(WARM / "server.py"), path], stdout=subprocess.PIPE,
-                                         stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+            with open(os.path.join(self.folder, "log"), "w") as log:  # one line per repeat: forked, or fresh and why
+                self.proc = subprocess.Popen([sys.executable, str(WARM / "server.py"), path], stdout=subprocess.PIPE,
+                                             stderr=log, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
             assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n", "warm server failed"
         assert self.folder is not None
         return os.path.join(self.folder, "sock")
