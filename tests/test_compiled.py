@@ -39,7 +39,7 @@ def test_a_hook_that_raises_stops_recording_instead_of_the_script(tmp_path: Path
         calls.append(1)
         raise RuntimeError("cannot hash this")
 
-    guarded = hooks._guard(failing)
+    guarded = hooks.guard(failing)
     guarded(object())  # does not raise
     guarded(object())  # recording stopped: not called again
     assert calls == [1]

@@ -133,7 +133,7 @@ class Checkpoints:
         def make_save(original: Callable[..., Any]) -> Callable[..., Any]:
             def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
                 if not compiling():
-                    self.hooks._guard(self._on_save)(obj, f)
+                    self.hooks.guard(self._on_save)(obj, f)
                 return original(obj, f, *args, **kwargs)
 
             return save
@@ -142,7 +142,7 @@ class Checkpoints:
             def load(f: Any, *args: Any, **kwargs: Any) -> Any:
                 result = original(f, *args, **kwargs)
                 if not compiling():
-                    self.hooks._guard(self._on_load)(result, f)
+                    self.hooks.guard(self._on_load)(result, f)
                 return result
 
             return load
@@ -160,7 +160,7 @@ class Checkpoints:
         if self.resume:
             from torch.optim import optimizer as optim
 
-            optim.register_optimizer_step_pre_hook(self.hooks._guard(self._on_step_pre))
+            optim.register_optimizer_step_pre_hook(self.hooks.guard(self._on_step_pre))
             wrap(torch.amp.GradScaler, "update", self._scaler_update)
 
     def _on_save(self, obj: Any, f: Any) -> None:
@@ -181,7 +181,7 @@ class Checkpoints:
             def load_state_dict(owner: Any, *args: Any, **kwargs: Any) -> Any:
                 result = original(owner, *args, **kwargs)
                 if not compiling():
-                    self.hooks._guard(self._on_restore)(what, owner, sys._getframe(1))
+                    self.hooks.guard(self._on_restore)(what, owner, sys._getframe(1))
                 return result
 
             return load_state_dict
@@ -208,7 +208,7 @@ class Checkpoints:
             if not self._first_step_seen:
                 self._first_step_seen = True
                 names, digests = [], []
-                for name_id, p in self.hooks._params(optimizer):
+                for name_id, p in self.hooks.named_params(optimizer):
                     names.append(rec.writer.text(name_id))
                     digests.append(f"{rec.digest_now(p.detach())[0]:016x}")
                 rec.event(InitialParamsEvent(type="initial-params", step=rec.step, params=names, digests=digests))
@@ -227,7 +227,7 @@ class Checkpoints:
         def update(scaler: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(scaler, *args, **kwargs)
             if not compiling() and scaler.is_enabled():
-                self.hooks._guard(self._on_scaler_update)(scaler)
+                self.hooks.guard(self._on_scaler_update)(scaler)
             return result
 
         return update

@@ -97,17 +97,17 @@ class Hooks:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
-        nn_module.register_module_forward_pre_hook(self._guard(self._on_forward_pre))
-        nn_module.register_module_forward_hook(self._guard(self._on_forward))
-        optim.register_optimizer_step_pre_hook(self._guard(self._on_step_pre))
-        optim.register_optimizer_step_post_hook(self._guard(self._on_step_post))
+        nn_module.register_module_forward_pre_hook(self.guard(self._on_forward_pre))
+        nn_module.register_module_forward_hook(self.guard(self._on_forward))
+        optim.register_optimizer_step_pre_hook(self.guard(self._on_step_pre))
+        optim.register_optimizer_step_post_hook(self.guard(self._on_step_post))
         # torch.compile(model) warns that global hooks fire for its wrapper too; these hooks skip
         # the wrapper (recorder/compiled.py), and plain python would print no such warning.
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
         def make_save(original_save: Callable[..., Any]) -> Callable[..., Any]:
             def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
                 if not compiling():
-                    self._guard(self._on_save)(obj)
+                    self.guard(self._on_save)(obj)
                 return original_save(obj, f, *args, **kwargs)
 
             return save
@@ -128,14 +128,14 @@ class Hooks:
                 def step(scheduler: Any, *args: Any, **kwargs: Any) -> Any:
                     result = original(scheduler, *args, **kwargs)
                     if not compiling():
-                        self._guard(self._on_scheduler_step)(scheduler)
+                        self.guard(self._on_scheduler_step)(scheduler)
                     return result
 
                 return step
 
             wrap(cls, "step", make)
 
-    def _guard(self, hook: Callable[..., None]) -> Callable[..., None]:
+    def guard(self, hook: Callable[..., None]) -> Callable[..., None]:
         """`hook`, made unable to break the script: if recording raises, recording stops for the rest of
         the repeat (the trace keeps what was recorded and its footer says why) and the script runs on."""
 
@@ -245,7 +245,7 @@ class Hooks:
         return not (wrapped and wrapped[-1] == id(module)) and self._module(module)[2]
 
     # -- optimizers ------------------------------------------------------------------------
-    def _params(self, optimizer: torch.optim.Optimizer) -> Any:
+    def named_params(self, optimizer: torch.optim.Optimizer) -> Any:
         """(name id, parameter) of each parameter, from a cache: an optimizer step records every parameter
         and its state, so the name lookups were a good part of each small record's fixed cost."""
         rec, cache = self.recorder, self._param_ids
@@ -295,7 +295,7 @@ class Hooks:
                 self._stepped.add(key)
         rec.local.module_stack.append(rec.intern(f"optimizer {type(optimizer).__name__}"))
         loc = rec.location_id(1)
-        for name_id, p in self._params(optimizer):
+        for name_id, p in self.named_params(optimizer):
             if p.grad is not None:
                 rec.record_tensor(Kind.GRAD, name_id, p.grad, 0, loc)
         rec.internal += 1  # no op records inside the step (see Recorder.internal)
@@ -310,7 +310,7 @@ class Hooks:
         loc = rec.location_id(1)
         state = optimizer.state
         trained: set[int] = set()
-        for name_id, p in self._params(optimizer):
+        for name_id, p in self.named_params(optimizer):
             trained.add(id(p))
             rec.record_tensor(Kind.PARAM, name_id, p, 0, loc)
             for key, value in state.get(p, {}).items():
