@@ -8,8 +8,8 @@ experiment as the causes and explain stages hand them to the report.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, get_args
 
 from detaudit.pin import Pin
 
@@ -65,6 +65,11 @@ def cut_text(text: str, limit: int) -> str:
 # -- reading (the report) -------------------------------------------------------------------------------
 
 
+# what ended a repeat at a step boundary (recorder/bounds.py): a bound, or a stop requested once the live
+# comparison had seen it diverge (compare/live.py)
+StoppedBy = Literal["max-steps", "max-time", "divergence"]
+
+
 @dataclass(frozen=True)
 class RepeatResult:
     """How one repeat ended. Stored in run.json (`to_dict`) but for `error`, whose source is the trace footer."""
@@ -79,7 +84,7 @@ class RepeatResult:
     stderr: str
     stdout_digest: str
     interrupted: bool = False  # stopped by Ctrl-C/SIGTERM/SIGHUP before it ended by itself
-    stopped_at_step: int | None = None  # stopped by --max-steps/--max-time after this many steps
+    stopped_at_step: int | None = None  # stopped by --max-steps/--max-time, or after diverging, after this many steps
     recording_stopped: str | None = None  # a detaudit hook failed: recorded only up to there (why)
     rerun_alone: str | None = None  # re-run by itself after a parallel (-j) batch: why (run/sharing.py)
     # torchrun: every rank of this node ended by itself, then torchrun's agent waited at its exit barrier
@@ -88,9 +93,23 @@ class RepeatResult:
     # torchrun across nodes: launches that failed in the rendezvous before any rank started, then retried
     rendezvous_retries: int = 0
     error: ScriptError | None = None  # the exception that ended the script, read from the trace footer
+    stopped_by: StoppedBy | None = None  # what stopped it at `stopped_at_step`
+    diverged_at_step: int | None = None  # stopped_by "divergence": the step it first differed in (live comparison)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _STORED}
+
+    def ended_as(self, footer: Mapping[str, Any] | None) -> RepeatResult:
+        """This result with what its trace's (schema-checked) footer says about an early end: stopped at a
+        step boundary (`stopped_at_step`, by a bound or after diverging), or recording stopped because a
+        hook failed (`recording_stopped`)."""
+        footer = footer or {}
+        step, why = footer.get("stopped_at_step"), footer.get("recording_stopped")
+        by, diverged = footer.get("stopped_by"), footer.get("diverged_at_step")
+        stopped = isinstance(step, int)
+        return replace(self, stopped_at_step=step if stopped else None, recording_stopped=str(why) if why else None,
+                       stopped_by=by if stopped and by in get_args(StoppedBy) else None,
+                       diverged_at_step=diverged if by == "divergence" and isinstance(diverged, int) else None)
 
     @classmethod
     def from_dict(cls, entry: Mapping[str, Any]) -> RepeatResult:
@@ -99,6 +118,27 @@ class RepeatResult:
 
 
 _STORED = tuple(f.name for f in fields(RepeatResult) if f.name != "error")
+
+
+@dataclass(frozen=True)
+class RepeatProgress:
+    """Where a running repeat stands, as its trace shows it (compare/live.py, told to the progress display).
+
+    `step`: optimizer steps it has completed; `agrees_to_step`: its records agree with its reference's up to
+    and including this step (None: nothing compared yet, or it is the reference); `reference_steps`: the
+    reference's length once it ended; `eta_s`: seconds left at the current rate, once that length is known.
+    """
+
+    repeat: int
+    label: str  # the repeat's files' stem: `repeat-1`, `explain-hash-seed-0`
+    step: int
+    steps_per_s: float | None
+    reference: int | None = None  # the repeat it is compared with (None: it is a reference)
+    agrees_to_step: int | None = None
+    diverged_at_step: int | None = None
+    stopping_at_step: int | None = None  # a stop was requested after this step
+    reference_steps: int | None = None
+    eta_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,7 @@ REPEAT_RESULT = Obj({
     "trace": FILE_NAME, "stdout": FILE_NAME, "stderr": FILE_NAME, "stdout_digest": str, "interrupted": bool,
     "stopped_at_step": INT_OR_NONE, "recording_stopped": STR_OR_NONE, "rerun_alone": STR_OR_NONE,
     "exit_barrier_waited": bool, "rendezvous_retries": Int(0),
+    "stopped_by": STR_OR_NONE, "diverged_at_step": INT_OR_NONE,
 }, frozenset({"index", "device", "exit_code", "duration_s", "timed_out", "trace", "stdout", "stderr",
               "stdout_digest"}))
 
@@ -153,7 +154,7 @@ SCRIPT_ERROR = Obj({
 
 TRACE_FOOTER = Obj({"records": Int(0), "exit_code": INT_OR_NONE, "error": STR_OR_NONE, "duration_s": Number(),
                     "recording_failed": STR_OR_NONE, "stopped_after_step": Int(), "stopped_at_step": Int(0),
-                    "stopped_by": str, "counting": str, "recording_stopped": STR_OR_NONE,
+                    "stopped_by": str, "counting": str, "diverged_at_step": Int(0), "recording_stopped": STR_OR_NONE,
                     "events_dropped": Int(0), "exception": SCRIPT_ERROR})
 
 _RNG = MapOf(Obj({"digest": STR_OR_NONE, "drawn": bool, "initial_seed": Int()}))

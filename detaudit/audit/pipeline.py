@@ -18,6 +18,7 @@ from detaudit import causes
 from detaudit.audit import ranks
 from detaudit.causes import confirm as experiments
 from detaudit.compare import match
+from detaudit.compare.live import LiveWatch
 from detaudit.compare.oprules import OpFinding, find_op_source
 from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
@@ -26,7 +27,7 @@ from detaudit.errors import TraceError, UsageError
 from detaudit.records import OPS_PREFIX, Narrowing, RunRecord, is_plain_name
 from detaudit.report import baseline
 from detaudit.report.model import CarriedOutput, Report, all_failed, write_json
-from detaudit.results import RepeatResult, SelfCheck, Tolerance
+from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, Tolerance
 from detaudit.run import distributed, sharing
 from detaudit.run.failure import excerpt, read_error, stderr_tail
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats
@@ -81,6 +82,7 @@ class Recording:
     granularity: str = "module"  # one of GRANULARITIES
     max_steps: int | None = None  # --max-steps: each repeat stops after this many steps
     max_time: float | None = None  # --max-time: ... at the first step boundary after this many seconds
+    run_to_end: bool = False  # --run-to-end: never stop a repeat once it diverged (compare/live.py)
     child_config: dict[str, Any] = field(default_factory=dict)  # more for the child: pins, op window, perturbation
 
 
@@ -114,9 +116,13 @@ class AuditOptions:
 
 def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
-            cwd: Path | None = None) -> list[RepeatResult]:
-    """Run the repeats into `run_dir` (no comparison); `cwd`: the script's working directory.
+            cwd: Path | None = None, on_progress: Callable[[RepeatProgress], None] | None = None
+            ) -> list[RepeatResult]:
+    """Run the repeats into `run_dir`; `cwd`: the script's working directory.
 
+    Each repeat is compared with its reference while it runs (compare/live.py): one that diverged is
+    stopped EXTRA_STEPS optimizer steps later unless `run_to_end`, and `on_progress` hears where each
+    stands. The report's comparison is made afterwards, from the traces.
     Repeats run in parallel (-j) that wrote one file (run/sharing.py) are re-run one after another:
     detaudit's parallelism must never read as the script's nondeterminism.
     """
@@ -128,14 +134,20 @@ def execute(options: AuditOptions, run_dir: Path,
                     **distributed.rank_config(schedule.nproc_per_node)}
     # the script's commit, found here once: a git subprocess inside a repeat would shift its heap layout
     child_config["git"] = git_state(target.script)
+    # a node of a multi-node job cannot stop alone: its ranks would leave the others' waiting in a collective
+    stoppable = not recording.run_to_end and not distributed.multi_node(schedule.torchrun_args)
     plans = plan_repeats(run_dir, schedule.repeats, schedule.devices, recording.granularity, target.env,
-                         child_config, prefix=prefix, own_device=schedule.own_device)
+                         child_config, prefix=prefix, own_device=schedule.own_device, stoppable=stoppable)
+    layout = distributed.Layout(schedule.nproc_per_node, distributed.node_rank(schedule.torchrun_args)) \
+        if schedule.nproc_per_node else None
+    watch = LiveWatch(plans, options.checks.tolerance, stoppable, layout, on_progress) \
+        if stoppable or on_progress is not None else None
 
     def launch(batch: Sequence[RepeatPlan], jobs: int) -> list[RepeatResult]:
         launcher = distributed.launcher(schedule.nproc_per_node, schedule.torchrun_args, target.as_typed,
-                                        target.script_args, schedule.timeout, jobs, cwd) \
-            or Launcher(target.as_typed, target.script_args, schedule.timeout, jobs, cwd=cwd)
-        return launcher.run(batch, None if on_done is None else lambda r: on_done(ended(r, run_dir)))
+                                        target.script_args, schedule.timeout, jobs, cwd, watch) \
+            or Launcher(target.as_typed, target.script_args, schedule.timeout, jobs, cwd=cwd, watch=watch)
+        return launcher.run(batch, None if on_done is None else lambda r: on_done(ended(r, run_dir, layout)))
 
     try:
         results = launch(plans, schedule.jobs)
@@ -156,16 +168,17 @@ def execute(options: AuditOptions, run_dir: Path,
     except Interrupted as exc:
         exc.run_dir = run_dir
         raise
-    return [ended(r, run_dir) for r in results]
+    return [ended(r, run_dir, layout) for r in results]
 
 
-def ended(result: RepeatResult, run_dir: Path) -> RepeatResult:
-    """The result with what its trace's footer says about an early end: stopped by --max-steps or
-    --max-time (`stopped_at_step`), or recording stopped because a hook failed (`recording_stopped`)."""
-    footer = read_footer(run_dir / result.trace) or {}
-    step, why = footer.get("stopped_at_step"), footer.get("recording_stopped")
-    return replace(result, stopped_at_step=step if isinstance(step, int) else None,
-                   recording_stopped=str(why) if why else None)
+def ended(result: RepeatResult, run_dir: Path, layout: distributed.Layout | None = None) -> RepeatResult:
+    """The result with what its trace's footer says about an early end (RepeatResult.ended_as); a torchrun
+    repeat's (`layout`), as its first rank here recorded it (every rank stops at the same step)."""
+    trace = result.trace
+    if layout is not None:
+        ranks = layout.ranks(run_dir, result)
+        trace = distributed.Layout.rank_file(trace, ranks[0]) if ranks else trace
+    return result.ended_as(read_footer(run_dir / trace))
 
 
 def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None,

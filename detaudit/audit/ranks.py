@@ -213,7 +213,7 @@ def rank_result(run_dir: Path, result: RepeatResult, rank: int) -> RepeatResult:
         except (TypeError, ValueError):
             raise TraceError(f"{trace}: corrupt trace: the footer's exit_code is not a number") from None
     return replace(result, trace=trace, stdout=stdout, exit_code=code, stdout_digest=_digest(Path(stdout)),
-                   error=from_footer(footer))
+                   error=from_footer(footer)).ended_as(footer)
 
 
 def rank_record(record: RunRecord, rank: int) -> RunRecord:

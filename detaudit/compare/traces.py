@@ -128,6 +128,12 @@ def _within(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> np.ndarray:
     return close.all(axis=1)
 
 
+def same_values(a: np.ndarray, b: np.ndarray, bitwise: bool, tolerance: Tolerance) -> np.ndarray:
+    """Per pair of records: the same digest, or (not bitwise) sampled values within the tolerance."""
+    same = a["digest"] == b["digest"]
+    return same if bitwise else same | _within(a["samples"], b["samples"], tolerance)
+
+
 class MissingTrace(RecordStream):
     """A repeat that left no trace file (stopped before it could record): an empty, incomplete
     stream in memory, so reading a run directory never writes into it."""
@@ -187,10 +193,7 @@ def compare_traces(
         for ref, rep, bitwise in pairs:
             a, b = chunks[ref][:n], chunks[rep][:n]
             same_struct = block.same_structure(ref, rep)
-            if bitwise:
-                same_value = a["digest"] == b["digest"]
-            else:
-                same_value = (a["digest"] == b["digest"]) | _within(a["samples"], b["samples"], tolerance)
+            same_value = same_values(a, b, bitwise, tolerance)
             bad_struct = np.flatnonzero(~same_struct)
             limit = int(bad_struct[0]) if len(bad_struct) else n
             upto = min(upto, limit)

@@ -9,6 +9,12 @@ root module's forward. With several optimizers alive, a step is over once every 
 stepped since the counting one did, or at the next root forward or repeated optimizer step,
 whichever comes first: the others' records of that step are kept.
 
+A stop can also be requested while the repeat runs (`stop_file`, written by the audit's live comparison,
+compare/live.py, once the repeat diverged from its reference): `{"at_step": N, "diverged_at_step": S}`
+in that file ends the repeat after its N-th optimizer step, exactly as --max-steps N would (a script
+that builds no optimizer is never stopped so: its records carry no step to aim at). The file is
+looked for at each step boundary: one failed `stat` per step while no stop is requested.
+
 Stopping unwinds the script with a BaseException its `except Exception` cannot swallow, so its
 `finally` blocks and context managers run (DataLoader workers are shut down); the trace is closed
 first, with `stopped_at_step` in its footer, so nothing the unwinding does is recorded.
@@ -16,6 +22,8 @@ first, with `stopped_at_step` in its footer, so nothing the unwinding does is re
 
 from __future__ import annotations
 
+import json
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -27,6 +35,7 @@ import torch
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.patch import wrap
+from detaudit.results import StoppedBy
 
 Counting = Literal["optimizer steps", "root-module forward calls"]
 
@@ -36,23 +45,27 @@ class Stop:
     """Why and where a repeat was stopped (written to the trace footer)."""
 
     at_step: int
-    by: Literal["max-steps", "max-time"]
+    by: StoppedBy
     counting: Counting
+    diverged_at_step: int | None = None  # by "divergence": the step at which the repeat diverged
 
     def footer(self) -> dict[str, Any]:
-        return {"stopped_at_step": self.at_step, "stopped_by": self.by, "counting": self.counting}
+        diverged = {} if self.diverged_at_step is None else {"diverged_at_step": self.diverged_at_step}
+        return {"stopped_at_step": self.at_step, "stopped_by": self.by, "counting": self.counting, **diverged}
 
 
 class Bounds:
     """Watches step boundaries and calls `on_stop` once a bound is reached."""
 
     def __init__(self, recorder: Recorder, is_root: Callable[[torch.nn.Module], bool], max_steps: int | None,
-                 max_time: float | None, started: float, on_stop: Callable[[Stop], None]) -> None:
+                 max_time: float | None, started: float, on_stop: Callable[[Stop], None],
+                 stop_file: str | None = None) -> None:
         self.recorder = recorder
         self.is_root = is_root
         self.max_steps = max_steps
         self.deadline = started + max_time if max_time is not None else None
         self.on_stop = on_stop
+        self.stop_file = stop_file
         self.optimizer_built = False
         self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self.forwards = 0
@@ -117,11 +130,32 @@ class Bounds:
     def _check(self, count: int, counting: Counting) -> None:
         if self.stopped:
             return
+        diverged: int | None = None
+        by: StoppedBy
         if self.max_steps is not None and count >= self.max_steps:
-            by: Literal["max-steps", "max-time"] = "max-steps"
+            by = "max-steps"
         elif self.deadline is not None and time.time() >= self.deadline:
             by = "max-time"
+        elif counting == "optimizer steps" and (request := self._requested()) is not None and count >= request[0]:
+            by, diverged = "divergence", request[1]
         else:
             return
         self.stopped = True
-        self.on_stop(Stop(count, by, counting))
+        self.on_stop(Stop(count, by, counting, diverged))
+
+    def _requested(self) -> tuple[int, int] | None:
+        """(at_step, diverged_at_step) from the stop file, once the audit wrote it (atomically)."""
+        if self.stop_file is None:
+            return None
+        try:  # os.open, not open(): the evidence of files the script reads must not see detaudit's own
+            fd = os.open(self.stop_file, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                request = json.loads(os.read(fd, 4096))
+            finally:
+                os.close(fd)
+            return int(request["at_step"]), int(request["diverged_at_step"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError, KeyError):  # not the audit's request: ignored, never fatal
+            self.stop_file = None
+            return None

@@ -95,7 +95,8 @@ class WindowRecorded(BaseException):
 
 
 class BoundReached(BaseException):
-    """Raised inside the script when --max-steps or --max-time is reached (recorder/bounds.py)."""
+    """Raised inside the script when --max-steps or --max-time is reached, or a stop was requested
+    (recorder/bounds.py)."""
 
 
 class Session:
@@ -156,11 +157,12 @@ class Session:
             from detaudit.recorder import distributed as collectives
             collectives.install(self.recorder)
         max_steps, max_time = self.config.get("max_steps"), self.config.get("max_time")
-        if max_steps is not None or max_time is not None:
+        stop_file = self.config.get("stop_file")  # the audit may ask this repeat to stop (compare/live.py)
+        if max_steps is not None or max_time is not None or stop_file is not None:
             from detaudit.recorder.bounds import Bounds
 
             Bounds(self.recorder, self.hooks.is_root_call, max_steps, max_time, self.started,
-                   self._stop_at_bound).install()
+                   self._stop_at_bound, stop_file).install()
         detaudit._set_active_recorder(self.recorder)
 
     def stored_argv(self) -> list[str]:
@@ -170,7 +172,8 @@ class Session:
         return sys.argv
 
     def _stop_at_bound(self, stop: Any) -> None:
-        """--max-steps / --max-time reached: end the repeat here, as if the script had ended."""
+        """--max-steps / --max-time reached, or the audit asked for a stop: end the repeat here, as if the
+        script had ended."""
         self.finish(0, None, **stop.footer())
         raise BoundReached
 

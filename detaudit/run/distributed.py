@@ -32,7 +32,7 @@ from detaudit.errors import TraceError, UsageError
 from detaudit.results import RepeatResult, ScriptError
 from detaudit.run.failure import first_error, stderr_tail
 from detaudit.run.files import create_private
-from detaudit.run.launcher import Launcher, RepeatPlan, child_command
+from detaudit.run.launcher import Launcher, RepeatPlan, Watch, child_command
 
 RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
@@ -287,12 +287,13 @@ def rank_config(nproc_per_node: int | None) -> dict[str, Any]:
 
 
 def launcher(nproc_per_node: int | None, torchrun_args: list[str], script: Path | str, script_args: list[str],
-             timeout: float | None, jobs: int, cwd: Path | None) -> DistributedLauncher | None:
+             timeout: float | None, jobs: int, cwd: Path | None, watch: Watch | None = None
+             ) -> DistributedLauncher | None:
     """The launcher of a torchrun run, or None for a single-process one."""
     if not nproc_per_node:
         return None
     return DistributedLauncher(script, script_args, timeout, jobs, cwd=cwd, nproc_per_node=nproc_per_node,
-                               torchrun_args=torchrun_args)
+                               torchrun_args=torchrun_args, watch=watch)
 
 
 def rank_identity(environ: dict[str, str] | None = None) -> dict[str, Any]:

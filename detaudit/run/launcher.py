@@ -22,14 +22,15 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from detaudit.errors import UsageError, output_error
 from detaudit.results import RepeatResult
 from detaudit.run.failure import read_error
-from detaudit.run.files import create_private, name_taken
+from detaudit.run.files import create_private, name_taken, write_text_atomically
 
 GRACE_S = 3.0
+POLL_S = 0.25  # how often a Watch looks at a running repeat
 # What a repeat's interpreter runs first (`python -c`): drop the working directory python puts first on
 # sys.path, then import detaudit, from the directory this process has it from when the path lacks it. So
 # neither the script's directory (the child adds it for the script, run/ownimports.py keeps detaudit out
@@ -66,16 +67,42 @@ class RepeatPlan:
     env: dict[str, str] = field(default_factory=dict)
     child_config: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def stop_file(self) -> Path | None:
+        """Where a stop is requested while the repeat runs (`request_stop`), when it can be."""
+        path = self.child_config.get("stop_file")
+        return None if path is None else Path(path)
+
+    @property
+    def label(self) -> str:
+        return self.trace.name.removesuffix(".trace")
+
+
+def request_stop(plan: RepeatPlan, at_step: int, diverged_at_step: int) -> None:
+    """Ask a running repeat to end after its `at_step`-th optimizer step, as --max-steps would
+    (recorder/bounds.py reads the request at each step boundary); written whole, never half-read."""
+    if plan.stop_file is not None:
+        write_text_atomically(plan.stop_file, json.dumps({"at_step": at_step, "diverged_at_step": diverged_at_step}),
+                              mode=0o600)
+
+
+class Watch(Protocol):
+    """Looks at a repeat while it runs (every POLL_S, and once more when it ended: `final`), from the
+    thread that runs it; the audit's live comparison (compare/live.py). What it raises stops the audit."""
+
+    def poll(self, plan: RepeatPlan, final: bool) -> None: ...
+
 
 def plan_repeats(
     out_dir: Path, repeats: int, devices: Sequence[str], granularity: str = "module",
     env: dict[str, str] | None = None, child_config: dict[str, Any] | None = None, prefix: str = "repeat",
-    own_device: bool = False,
+    own_device: bool = False, stoppable: bool = False,
 ) -> list[RepeatPlan]:
     """Repeats for every requested device, numbered in order (device by device).
 
     Paths are absolute: the repeats run in the script's working directory, not ours. `own_device`:
-    the script picks its device itself (`--device auto`), so a `cpu` label hides no GPU.
+    the script picks its device itself (`--device auto`), so a `cpu` label hides no GPU. `stoppable`:
+    each repeat but the first can be asked to stop while it runs (`request_stop`).
     """
     out_dir = Path(out_dir).resolve()
     plans: list[RepeatPlan] = []
@@ -88,6 +115,8 @@ def plan_repeats(
             config = {"repeat": i, "device": device, "granularity": granularity, **(child_config or {})}
             # names built whole: a prefix with a dot (`explain-hash-seed.2`) is no file suffix to replace
             stem = f"{prefix}-{i}"
+            if stoppable and i:  # the first repeat is the others' reference: it always runs to its end
+                config["stop_file"] = str(out_dir / f"{stem}.stop")
             plans.append(RepeatPlan(i, device, out_dir / f"{stem}.trace", out_dir / f"{stem}.stdout",
                                     out_dir / f"{stem}.stderr", extra, config))
     return plans
@@ -134,8 +163,9 @@ class Launcher:
     """
 
     def __init__(self, script: Path | str, script_args: Sequence[str], timeout: float | None, jobs: int = 1,
-                 cwd: Path | None = None) -> None:
-        """`script` as typed: the child's sys.argv[0] (`./-y.py` stays that, as under plain python)."""
+                 cwd: Path | None = None, watch: Watch | None = None) -> None:
+        """`script` as typed: the child's sys.argv[0] (`./-y.py` stays that, as under plain python);
+        `watch`: looks at each repeat while it runs (and may ask it to stop)."""
         check_script(Path(script))
         self.script = Path(script)
         self.script_arg = str(script)
@@ -143,6 +173,7 @@ class Launcher:
         self.timeout = timeout
         self.jobs = max(1, jobs)
         self.cwd = cwd or Path.cwd()
+        self.watch = watch
         self._live: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.RLock()  # reentrant: a second Ctrl-C (kill_now) may land inside stop()
         self._stopping = False
@@ -173,8 +204,10 @@ class Launcher:
                     proc = subprocess.Popen(self._command(config_path), cwd=self.cwd, env=env, stdout=out,
                                             stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
                     self._live[plan.index] = proc
+                watch = self.watch
+                tick = None if watch is None else lambda: watch.poll(plan, False)
                 try:
-                    if not _wait_exit(proc, timeout):
+                    if not _wait_exit(proc, timeout, tick=tick):
                         timed_out = True
                         _signal_group(proc, signal.SIGTERM)  # the child keeps what it recorded, writes no footer
                         _wait_exit(proc, GRACE_S, self._hurry)
@@ -183,9 +216,13 @@ class Launcher:
                     code = proc.wait()
                     with self._lock:
                         self._live.pop(plan.index, None)
+                if watch is not None:
+                    watch.poll(plan, True)
                 stdout_digest = _digest(out)
         finally:
             config_path.unlink(missing_ok=True)
+            if plan.stop_file is not None:
+                plan.stop_file.unlink(missing_ok=True)
         if not plan.trace.parent.is_dir():  # removed while the repeat ran (`rm -rf .detaudit`): nothing to read back
             raise output_error(plan.trace.parent, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT)))
         interrupted = self._stopping and not timed_out
@@ -289,14 +326,20 @@ def check_script(script: Path) -> None:
         raise UsageError(f"cannot open script {script}: permission denied")
 
 
-def _wait_exit(proc: subprocess.Popen[bytes], timeout: float | None, hurry: threading.Event | None = None) -> bool:
-    """Wait until the repeat's leader exits, without reaping it (its pid keeps naming its group).
+def _wait_exit(proc: subprocess.Popen[bytes], timeout: float | None, hurry: threading.Event | None = None,
+               tick: Callable[[], None] | None = None) -> bool:
+    """Wait until the repeat's leader exits, without reaping it (its pid keeps naming its group); `tick`
+    is called every POLL_S meanwhile.
 
     True when it exited, False when `timeout` passed (or `hurry` was set) first.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.001
+    next_tick = time.monotonic() + POLL_S
     while True:
+        if tick is not None and time.monotonic() >= next_tick:
+            tick()
+            next_tick = time.monotonic() + POLL_S
         if proc.returncode is not None:
             return True
         try:

@@ -21,6 +21,7 @@ from detaudit.trace.format import (
 )
 from detaudit.trace.reader import (
     EmptyTrace,
+    GrowingTrace,
     RecordStream,
     Trace,
     load_json,
@@ -34,7 +35,7 @@ from detaudit.trace.reader import (
 from detaudit.trace.writer import FLUSH_EVERY, TraceWriter
 
 __all__ = [
-    "FLUSH_EVERY", "FORMAT_VERSION", "MAGIC", "N_SAMPLES", "RECORD_DTYPE", "EmptyTrace", "Flag", "Kind", "Record",
-    "RecordStream", "Trace", "TraceWriter", "load_json", "open_regular", "read_events", "read_footer", "read_regular",
+    "FLUSH_EVERY", "FORMAT_VERSION", "MAGIC", "N_SAMPLES", "RECORD_DTYPE", "EmptyTrace", "Flag", "GrowingTrace",
+    "Kind", "Record", "RecordStream", "Trace", "TraceWriter", "load_json", "open_regular", "read_events", "read_footer", "read_regular",
     "read_trace", "sha256_regular",
 ]

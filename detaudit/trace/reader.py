@@ -62,24 +62,41 @@ def _frames(path: Path) -> Iterator[tuple[bytes, bytes]]:
     """Yield (tag, payload) frames; stop quietly at a truncated tail (a killed repeat)."""
     fh = open_regular(path, "trace")
     with fh:
-        magic = fh.read(len(MAGIC))
-        if len(magic) < len(MAGIC) and MAGIC.startswith(magic):
+        if not _magic(fh, path):
             return  # cut before the header was whole: an empty trace
-        if magic != MAGIC:
-            raise _fail(path, "not a detaudit trace (wrong magic bytes); was it written by detaudit run?")
-        while True:
-            head = fh.read(FRAME_HEAD.size)
-            if len(head) < FRAME_HEAD.size:
-                return
-            tag, length = FRAME_HEAD.unpack(head)
-            if tag not in FRAME_TAGS or length > MAX_FRAME:
-                raise _fail(path, f"corrupt trace: bad frame header at byte {fh.tell() - FRAME_HEAD.size}")
-            if fh.tell() + length > os.fstat(fh.fileno()).st_size:
-                return  # cut short (a killed repeat); checked first: a bogus length must not allocate
-            payload = fh.read(length)
-            if len(payload) < length:
-                return
-            yield tag, payload
+        yield from _whole_frames(fh, path)
+
+
+def _magic(fh: Any, path: Path) -> bool:
+    """Read the magic bytes: False when the file ends before they are whole (nothing written yet)."""
+    magic = fh.read(len(MAGIC))
+    if len(magic) < len(MAGIC) and MAGIC.startswith(magic):
+        return False
+    if magic != MAGIC:
+        raise _fail(path, "not a detaudit trace (wrong magic bytes); was it written by detaudit run?")
+    return True
+
+
+def _whole_frames(fh: Any, path: Path) -> Iterator[tuple[bytes, bytes]]:
+    """Yield the frames from `fh`'s position on while they are whole; at one cut short (a killed repeat, or
+    one still being written) stop with `fh` back at its start, so a later call reads it once it is whole."""
+    while True:
+        start = fh.tell()
+        head = fh.read(FRAME_HEAD.size)
+        if len(head) < FRAME_HEAD.size:
+            fh.seek(start)
+            return
+        tag, length = FRAME_HEAD.unpack(head)
+        if tag not in FRAME_TAGS or length > MAX_FRAME:
+            raise _fail(path, f"corrupt trace: bad frame header at byte {start}")
+        if fh.tell() + length > os.fstat(fh.fileno()).st_size:
+            fh.seek(start)
+            return  # cut short; checked first: a bogus length must not allocate
+        payload = fh.read(length)
+        if len(payload) < length:
+            fh.seek(start)
+            return
+        yield tag, payload
 
 
 def read_footer(path: Path) -> dict[str, Any] | None:
@@ -193,7 +210,7 @@ class RecordStream:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._frames = _frames(self.path)
+        self._frames = self._open()
         self.header: dict[str, Any] = {}
         self.strings: list[str] = [""]
         self.events: list[dict[str, Any]] = []
@@ -218,6 +235,9 @@ class RecordStream:
                 f"(it reads version {FORMAT_VERSION}); use the detaudit release that wrote it",
             )
         schema.check(self.header, schema.TRACE_HEADER, f"{self.path}: corrupt trace: header")
+
+    def _open(self) -> Iterator[tuple[bytes, bytes]]:
+        return _frames(self.path)
 
     def _pull(self) -> bool:
         for tag, payload in self._frames:
@@ -288,6 +308,38 @@ class RecordStream:
         for column in ("name", "module", "loc", "shape", "aux"):
             if len(records) and int(records[column].max()) >= top:
                 raise _fail(self.path, "corrupt trace: a record names a string that was never written")
+
+
+class GrowingTrace(RecordStream):
+    """A trace its repeat is still writing: `poll` returns the records written whole since the last call.
+
+    Only whole frames are read; a frame the writer has not finished is left where it starts and read by
+    a later poll once it is whole. Raises EmptyTrace while the header is not yet written (try again).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._fh = open_regular(Path(path), "trace")
+        try:
+            if not _magic(self._fh, Path(path)):
+                raise EmptyTrace(f"{path}: nothing written yet")
+            super().__init__(path)
+        except BaseException:
+            self._fh.close()
+            raise
+
+    def _open(self) -> Iterator[tuple[bytes, bytes]]:
+        return _whole_frames(self._fh, self.path)
+
+    def poll(self, limit: int = 1 << 62) -> np.ndarray:
+        """Up to `limit` records written whole and not yet returned (their strings are checked)."""
+        if self.footer is None and not self._fh.closed:
+            self._frames, self._done = self._open(), False
+        records = self.take(limit)
+        self.check_strings(records)
+        return records
+
+    def close(self) -> None:
+        self._fh.close()
 
 
 def read_trace(path: Path | str) -> Trace:

@@ -1,0 +1,255 @@
+"""The live comparison: each repeat's trace is compared with its reference's while both are written, so
+a repeat that diverged is stopped EXTRA_STEPS optimizer steps later instead of running to its end, and
+the progress display knows where every repeat stands.
+
+It only decides when to stop and what to show. The report's comparison is made afterwards from the
+traces (traces.py), over exactly the records they hold, so a live decision never changes where the
+divergence is found; a stopped repeat is compared as far as it was recorded, as one --max-steps
+stopped (its exit status and later stdout are not compared, and the report says so).
+
+A repeat's reference is the one the report compares it with (align.reference_pairs): the first
+repeat on its device, bitwise, or repeat 0 within the tolerance. Repeats running one after another
+find their reference whole; with -j both traces grow and the records both hold are compared. A
+repeat that goes on recording after its reference ended by itself (a longer run) has diverged too.
+Only the records written whole are read (trace.GrowingTrace), and at most HELD records of a repeat
+that runs ahead of its reference are held at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from detaudit.compare.align import Block, StringTable, reference_pairs
+from detaudit.compare.traces import same_values
+from detaudit.errors import TraceError
+from detaudit.results import RepeatProgress, Tolerance
+from detaudit.run.distributed import Layout
+from detaudit.run.launcher import RepeatPlan, request_stop
+from detaudit.trace import RECORD_DTYPE, EmptyTrace, GrowingTrace
+
+EXTRA_STEPS = 3  # optimizer steps a repeat runs on after the step it diverged in: the spread table's
+TORCHRUN_MARGIN = 2  # a torchrun repeat stops at least this many steps past the furthest any rank was seen at,
+#                      so every rank reads the request before it reaches that step and all stop at the same one
+HELD = 1 << 18  # records of a repeat held while its reference catches up (-j), at most
+RATE_WINDOW_S = 10.0  # steps/s is measured over this much of the recent past
+
+# how a reference that ended left its trace: these ends are no reason to call a longer repeat divergent
+_CUT_SHORT = ("stopped_at_step", "recording_stopped", "recording_failed")
+
+
+def _empty() -> np.ndarray:
+    return np.empty(0, dtype=RECORD_DTYPE)
+
+
+def _open(path: Path) -> GrowingTrace | None:
+    """The trace once its header is written (None before)."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        return GrowingTrace(path)
+    except EmptyTrace:
+        return None
+
+
+@dataclass
+class Follower:
+    """One trace (one rank of a repeat) followed as it grows, compared with its reference's when it has one.
+
+    `step`: the highest step index among its records so far; `agrees_to`: the step of the last record
+    compared and found equal; `diverged_at`: the step of its first record that differs (value or
+    structure) or that its reference never made.
+    """
+
+    path: Path
+    reference: Path | None = None
+    bitwise: bool = True
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    trace: GrowingTrace | None = None
+    ref: GrowingTrace | None = None
+    step: int = 0
+    agrees_to: int | None = None
+    diverged_at: int | None = None
+    ref_last_step: int | None = None  # the reference's last record's step, once it ended
+    compared: int = 0
+    _held: np.ndarray = field(default_factory=_empty)
+    _ref_held: np.ndarray = field(default_factory=_empty)
+    _table: StringTable = field(default_factory=StringTable)
+
+    def poll(self) -> None:
+        """Read what was written whole since the last poll and compare what both traces now hold."""
+        if self.trace is None:
+            self.trace = _open(self.path)
+            if self.trace is None:
+                return
+        if len(self._held) >= HELD and self.diverged_at is None:
+            new = _empty()  # far ahead of its reference: wait for it
+        else:
+            new = self.trace.poll()
+        if len(new):
+            self.step = max(self.step, int(new["step"].max()))
+        if self.reference is None or self.diverged_at is not None:
+            return
+        if len(new):
+            self._held = np.concatenate([self._held, new]) if len(self._held) else new
+        if self.ref is None:
+            self.ref = _open(self.reference)
+            if self.ref is None:
+                return
+        wanted = len(self._held) - len(self._ref_held)
+        if wanted > 0:
+            more = self.ref.poll(wanted)
+            if len(more):
+                self._ref_held = np.concatenate([self._ref_held, more]) if len(self._ref_held) else more
+        self._compare()
+        self._after_reference_ended()
+
+    def _compare(self) -> None:
+        n = min(len(self._held), len(self._ref_held))
+        if not n or self.ref is None or self.trace is None:
+            return
+        a, b = self._ref_held[:n], self._held[:n]
+        block = Block(self.compared, [a, b], [self._table.mapping(0, self.ref.strings),
+                                              self._table.mapping(1, self.trace.strings)])
+        same = block.same_structure(0, 1) & same_values(a, b, self.bitwise, self.tolerance)
+        bad = np.flatnonzero(~same)
+        if len(bad):
+            self.diverged_at = int(b[int(bad[0])]["step"])
+            self.compared += int(bad[0])
+            return
+        self.compared += n
+        self.agrees_to = int(a[n - 1]["step"])
+        self._ref_held, self._held = self._ref_held[n:], self._held[n:]
+
+    def _after_reference_ended(self) -> None:
+        """The reference ended by itself with every record compared, and this trace holds more: a longer run."""
+        ref = self.ref
+        if ref is None or ref.footer is None or len(self._ref_held):
+            return
+        self.ref_last_step = self.agrees_to if self.ref_last_step is None else self.ref_last_step
+        if len(self._held) and not any(ref.footer.get(key) for key in _CUT_SHORT):
+            self.diverged_at = int(self._held[0]["step"])
+
+    def close(self) -> None:
+        for trace in (self.trace, self.ref):
+            if trace is not None:
+                trace.close()
+
+
+@dataclass
+class _Repeat:
+    """A running repeat: its followers (one per rank), its rate, and the stop asked of it."""
+
+    plan: RepeatPlan
+    followers: list[Follower]
+    reference: int | None
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+    stopping_at: int | None = None
+    broken: bool = False  # a trace could not be read: followed no further, never stopped (the report says why)
+
+    @property
+    def step(self) -> int:
+        return min(f.step for f in self.followers)
+
+    @property
+    def diverged_at(self) -> int | None:
+        steps = [f.diverged_at for f in self.followers if f.diverged_at is not None]
+        return min(steps) if steps else None
+
+    def rate(self, now: float) -> float | None:
+        """Steps per second over the last RATE_WINDOW_S."""
+        self.samples.append((now, self.step))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW_S:
+            self.samples.popleft()
+        (t0, s0), (t1, s1) = self.samples[0], self.samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
+
+
+class LiveWatch:
+    """The launcher's Watch (run/launcher.py) over one batch of repeats: follows each while it runs, asks
+    a divergent one to stop (when `stop` is set), and tells `on_progress` where each stands."""
+
+    def __init__(self, plans: Sequence[RepeatPlan], tolerance: Tolerance, stop: bool = True,
+                 layout: Layout | None = None,
+                 on_progress: Callable[[RepeatProgress], None] | None = None) -> None:
+        """`layout`: a torchrun run's, whose ranks here are followed (each against the same rank of the
+        reference); a stop then asks every rank for the same step."""
+        self.tolerance = tolerance
+        self.stop = stop
+        first = (layout.node_rank or 0) * layout.nproc_per_node if layout is not None else 0
+        self.ranks = list(range(first, first + layout.nproc_per_node)) if layout is not None else None
+        self.on_progress = on_progress
+        self.plans = {p.index: p for p in plans}
+        self._pairs = {rep: (ref, bitwise) for ref, rep, bitwise in reference_pairs([p.device for p in plans])}
+        self._repeats: dict[int, _Repeat] = {}
+        self._last_steps: dict[int, int] = {}  # repeat -> the last step its trace showed, once it ended
+        self._lock = threading.Lock()
+
+    def _files(self, plan: RepeatPlan) -> list[Path]:
+        if self.ranks is None:
+            return [plan.trace]
+        return [plan.trace.with_name(Layout.rank_file(plan.trace.name, r)) for r in self.ranks]
+
+    def _start(self, plan: RepeatPlan) -> _Repeat:
+        ref, bitwise = self._pairs.get(plan.index, (None, True))
+        mine = self._files(plan)
+        theirs = self._files(self.plans[ref]) if ref is not None else [None] * len(mine)
+        followers = [Follower(path, other, bitwise, self.tolerance) for path, other in zip(mine, theirs)]
+        return _Repeat(plan, followers, ref)
+
+    def poll(self, plan: RepeatPlan, final: bool) -> None:
+        with self._lock:
+            repeat = self._repeats.get(plan.index)
+            if repeat is None:
+                repeat = self._repeats[plan.index] = self._start(plan)
+        if not repeat.broken:
+            try:
+                for follower in repeat.followers:
+                    follower.poll()
+            except (TraceError, OSError, ValueError):
+                repeat.broken = True
+        if final:  # a repeat re-run alone after a -j batch (run/sharing.py) is followed afresh
+            for follower in repeat.followers:
+                follower.close()
+            with self._lock:
+                self._last_steps[plan.index] = repeat.step
+                self._repeats.pop(plan.index, None)
+            return
+        self._maybe_stop(repeat)
+        if self.on_progress is not None:
+            self.on_progress(self._progress(repeat))
+
+    def _maybe_stop(self, repeat: _Repeat) -> None:
+        diverged = repeat.diverged_at
+        if not self.stop or repeat.broken or diverged is None or repeat.stopping_at is not None:
+            return
+        at = diverged + 1 + EXTRA_STEPS
+        if self.ranks is not None:
+            at = max(at, max(f.step for f in repeat.followers) + 1 + TORCHRUN_MARGIN)
+        request_stop(repeat.plan, at, diverged)
+        repeat.stopping_at = at
+
+    def _progress(self, repeat: _Repeat) -> RepeatProgress:
+        agreed = [f.agrees_to for f in repeat.followers]
+        with self._lock:
+            ref_steps = self._last_steps.get(repeat.reference) if repeat.reference is not None else None
+        if ref_steps is None:
+            ends = [f.ref_last_step for f in repeat.followers]
+            ref_steps = None if None in ends else max(e for e in ends if e is not None)
+        rate = repeat.rate(time.monotonic())
+        target = repeat.stopping_at if repeat.stopping_at is not None else \
+            ref_steps + 1 if ref_steps is not None else None
+        eta = max(0.0, (target - repeat.step) / rate) if rate and target is not None else None
+        return RepeatProgress(
+            repeat=repeat.plan.index, label=repeat.plan.label, step=repeat.step, steps_per_s=rate,
+            reference=repeat.reference,
+            agrees_to_step=None if None in agreed else min(a for a in agreed if a is not None),
+            diverged_at_step=repeat.diverged_at, stopping_at_step=repeat.stopping_at, reference_steps=ref_steps,
+            eta_s=eta)
