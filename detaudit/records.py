@@ -213,6 +213,7 @@ class RunRecord:
     module: str | None = None
     max_steps: int | None = None
     max_time: float | None = None
+    run_to_end: bool = False  # --run-to-end: no repeat was stopped after diverging (nor are --explain's)
     baseline: str | None = None  # --baseline, resolved
     results: tuple[RepeatResult, ...] | None = None  # None until the repeats end
     nproc_per_node: int | None = None  # a torchrun run (docs/distributed.md)
@@ -248,7 +249,7 @@ class RunRecord:
             environment=Host() if host is None else Host.from_fields(host),
             started=f.optional_number("started"), interrupted=f.flag("interrupted"),
             narrowing=None if narrowing is None else Narrowing.from_fields(narrowing), self_check=self_check,
-            ignore_stdout=f.flag("ignore_stdout"),
+            ignore_stdout=f.flag("ignore_stdout"), run_to_end=f.flag("run_to_end"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -269,6 +270,8 @@ class RunRecord:
             data["ignore_stdout"] = True
         if self.interrupted:
             data["interrupted"] = True
+        if self.run_to_end:
+            data["run_to_end"] = True
         if self.narrowing is not None:
             data["narrowing"] = self.narrowing.to_dict()
         if self.self_check is not None:

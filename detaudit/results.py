@@ -68,6 +68,9 @@ def cut_text(text: str, limit: int) -> str:
 # what ended a repeat at a step boundary (recorder/bounds.py): a bound, or a stop requested once the live
 # comparison had seen it diverge (compare/live.py)
 StoppedBy = Literal["max-steps", "max-time", "divergence"]
+# optimizer steps a repeat runs on after the step it diverged in, before it is stopped (unless --run-to-end):
+# enough for the spread table to show how the difference grows
+EXTRA_STEPS = 3
 
 
 @dataclass(frozen=True)

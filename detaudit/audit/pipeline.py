@@ -201,6 +201,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         devices=tuple(schedule.devices), granularity=recording.granularity, timeout=schedule.timeout,
         tolerance=checks.tolerance, env=dict(target.env), own_device=schedule.own_device, stdout=checks.stdout,
         module=target.module, max_steps=recording.max_steps, max_time=recording.max_time,
+        run_to_end=recording.run_to_end,
         baseline=str(checks.baseline.resolve()) if checks.baseline is not None else None,
         nproc_per_node=schedule.nproc_per_node, torchrun_args=tuple(schedule.torchrun_args),
         environment=host_environment(), started=time.time(),
@@ -484,7 +485,7 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
         # a repeat stopped by a timeout, an interrupt or a bound has no exit status of its own to compare
         exit_status=not any(r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
                             for r in results),
-        self_check=record.self_check) if traces and traces[0].is_file() else None
+        self_check=record.self_check, stopped=match.not_compared(results)) if traces and traces[0].is_file() else None
     return Report(
         script=record.script, script_args=list(record.script_args), run_dir=str(run_dir),
         runs=list(results), comparison=comparison, outcome_divergence=ended, causes=ranked, experiments=stored,

@@ -49,6 +49,7 @@ from detaudit.cli.session import (
     warn_oversubscription,
 )
 from detaudit.errors import DetauditError, ExitCode, output_error
+from detaudit.results import EXTRA_STEPS
 
 if TYPE_CHECKING:
     from detaudit.audit.pipeline import AuditOptions
@@ -108,6 +109,11 @@ cli.add_command(resume)  # cli/resume.py: does resuming from a checkpoint reprod
 @click.option("--max-time", type=FiniteFloat(minimum=0), default=None,
               help="Stop each repeat at the first step boundary after SECONDS; the steps every repeat completed "
                    "are compared.")
+@click.option("--run-to-end", is_flag=True,
+              help="Run every repeat to its end. By default a repeat is compared with repeat 0 while it runs and "
+                   f"stopped {EXTRA_STEPS} optimizer steps after the step it first diverged in (as --max-steps "
+                   "would stop it), which is enough for the spread table; its exit status and later stdout are "
+                   "then not compared.")
 @click.option("--baseline", "baseline_dir", type=click.Path(path_type=Path), default=None,
               help="Also compare with this recorded baseline (from --save-baseline); exit 1 if the run differs "
                    "from it, naming what changed in the environment.")

@@ -171,7 +171,8 @@ def audit_options(script: Path | str, script_args: tuple[str, ...], *, repeats: 
                   timeout: float | None, out_dir: Path | None, jobs: int, atol: float, rtol: float,
                   stdout_mode: str | None, ignore_stdout: bool, granularity: str, baseline_dir: Path | None,
                   save_baseline: Path | None, redact_args: bool, max_steps: int | None, max_time: float | None,
-                  self_check: bool, nproc_per_node: int | None, torchrun_args: str) -> AuditOptions:
+                  self_check: bool, nproc_per_node: int | None, torchrun_args: str,
+                  run_to_end: bool = False) -> AuditOptions:
     """`run`'s options as the library's AuditOptions (a contradiction among them is a UsageError)."""
     from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target
     from detaudit.compare.stdout import DEFAULT_STDOUT
@@ -184,7 +185,7 @@ def audit_options(script: Path | str, script_args: tuple[str, ...], *, repeats: 
                  jobs=jobs, **_torchrun(nproc_per_node, torchrun_args,
                                         baseline_dir is not None or save_baseline is not None, max_time is not None,
                                         granularity == "auto" or self_check)),
-        Recording(granularity=granularity, max_steps=max_steps, max_time=max_time),
+        Recording(granularity=granularity, max_steps=max_steps, max_time=max_time, run_to_end=run_to_end),
         Checks(tolerance=Tolerance(atol, rtol), stdout=stdout_mode_of(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
                baseline=baseline_dir, self_check=self_check),
         out_dir=out_dir,

@@ -69,10 +69,17 @@ def verdict_line(report: Report) -> Text:
         text.append(f" — repeat(s) {', '.join(map(str, late))} timed out", style="bold red")
     if not all(report.comparison.complete) and not report.timed_out and report.verdict != "inconclusive":
         text.append(" (incomplete recordings are compared as far as they go)")
-    stops = sorted({r.stopped_at_step for r in report.runs if r.stopped_at_step is not None})
+    stops = sorted({r.stopped_at_step for r in report.runs if r.stopped_at_step is not None
+                    and r.stopped_by != "divergence"})
     if stops:
         text.append(f"; bounded: repeats stopped after step {', '.join(map(str, stops))} (--max-steps/--max-time), "
                     "the steps every repeat completed are compared")
+    early = [r for r in report.runs if r.stopped_by == "divergence"]
+    if early:
+        where = sorted({r.stopped_at_step for r in early if r.stopped_at_step is not None})
+        text.append(f"; repeat(s) {', '.join(str(r.index) for r in early)} stopped after step "
+                    f"{', '.join(map(str, where))}, a few steps after diverging (their exit status and later stdout "
+                    "are not compared; --run-to-end runs every repeat to its end)")
     cut = [r for r in report.runs if r.recording_stopped]
     if cut:
         which = ", ".join(str(r.index) for r in cut)
@@ -128,7 +135,8 @@ def runs_table(report: Report) -> Table:
         exit_text = "timeout" if r.timed_out else "stopped" if r.interrupted else "?" if r.exit_code is None \
             else str(r.exit_code)
         if r.stopped_at_step is not None:
-            exit_text = f"stopped@{r.stopped_at_step}"
+            exit_text = f"stopped@{r.stopped_at_step}" + (
+                f" (diverged@{r.diverged_at_step})" if r.diverged_at_step is not None else "")
         records = comp.records[r.index] if r.index < len(comp.records) else 0
         complete = comp.complete[r.index] if r.index < len(comp.complete) else False
         table.add_row(str(r.index), escape(r.device), exit_text, f"{r.duration_s:.2f}",
@@ -381,6 +389,9 @@ def replica_panel(report: Report) -> Panel | None:
 def match_block(report: Report) -> Group | None:
     """What an agreeing verdict rests on, and what it could not have seen (inconclusive: why it proves nothing)."""
     m = report.match
+    if m is not None and m.not_compared and report.verdict not in ("deterministic", "timeout", "inconclusive"):
+        return Group(Text("What the verdict rests on", style="bold"),
+                     *[Text(f"   not compared: {line}") for line in m.not_compared])
     if m is None or report.verdict not in ("deterministic", "timeout", "inconclusive"):
         return None
     kinds = ", ".join(f"{n} {kind}" for kind, n in m.records_by_kind.items()) or "no records"
@@ -391,6 +402,7 @@ def match_block(report: Report) -> Group | None:
                         Text(f"   compared: {kinds} — {how}, {m.granularity} granularity, {m.steps_covered} "
                              f"optimizer steps; exit status {exit_status}; stdout {stdout}")]
     parts += [Text(f"   not observed: {line}") for line in m.not_observed]
+    parts += [Text(f"   not compared: {line}") for line in m.not_compared]
     check = m.self_check
     if check is not None:
         if check.not_run:

@@ -30,12 +30,11 @@ import numpy as np
 from detaudit.compare.align import Block, StringTable, reference_pairs
 from detaudit.compare.traces import same_values
 from detaudit.errors import TraceError
-from detaudit.results import RepeatProgress, Tolerance
+from detaudit.results import EXTRA_STEPS, RepeatProgress, Tolerance
 from detaudit.run.distributed import Layout
 from detaudit.run.launcher import RepeatPlan, request_stop
 from detaudit.trace import RECORD_DTYPE, EmptyTrace, GrowingTrace
 
-EXTRA_STEPS = 3  # optimizer steps a repeat runs on after the step it diverged in: the spread table's
 TORCHRUN_MARGIN = 2  # a torchrun repeat stops at least this many steps past the furthest any rank was seen at,
 #                      so every rank reads the request before it reaches that step and all stop at the same one
 HELD = 1 << 18  # records of a repeat held while its reference catches up (-j), at most
@@ -89,10 +88,8 @@ class Follower:
             self.trace = _open(self.path)
             if self.trace is None:
                 return
-        if len(self._held) >= HELD and self.diverged_at is None:
-            new = _empty()  # far ahead of its reference: wait for it
-        else:
-            new = self.trace.poll()
+        # far ahead of its reference: wait for it
+        new = _empty() if len(self._held) >= HELD and self.diverged_at is None else self.trace.poll()
         if len(new):
             self.step = max(self.step, int(new["step"].max()))
         if self.reference is None or self.diverged_at is not None:

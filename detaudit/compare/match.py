@@ -18,7 +18,7 @@ import numpy as np
 
 from detaudit.compare.align import CHUNK, Aligner
 from detaudit.compare.traces import Comparison, compare_traces
-from detaudit.results import SelfCheck, Tolerance
+from detaudit.results import RepeatResult, SelfCheck, Tolerance
 from detaudit.trace import Flag, Kind, RecordStream
 from detaudit.trace.dtypes import DTYPE_NAMES
 
@@ -41,6 +41,7 @@ class Match:
     not_observed: list[str] = field(default_factory=list)
     self_check: SelfCheck | None = None
     records_without_contents: int = 0  # compared records with dtype and shape only (Flag.NO_DATA)
+    not_compared: list[str] = field(default_factory=list)  # what stopping repeats early left uncompared
 
     @property
     def contentless(self) -> bool:
@@ -48,9 +49,28 @@ class Match:
         return 0 < self.records_without_contents == sum(self.records_by_kind.values())
 
 
+def not_compared(results: Sequence[RepeatResult]) -> list[str]:
+    """What repeats stopped at a step boundary leave uncompared: their exit status, their stdout, and
+    whatever they would have recorded later; one line per reason."""
+    lines = []
+    diverged = [r for r in results if r.stopped_by == "divergence"]
+    if diverged:
+        where = ", ".join(f"{r.index} after step {r.stopped_at_step}" + (
+            f" (diverged at step {r.diverged_at_step})" if r.diverged_at_step is not None else "") for r in diverged)
+        lines.append(f"repeat(s) {where} were stopped a few optimizer steps after they diverged, once the answer "
+                     "was known: their exit status, their stdout and anything they would have recorded later "
+                     "(--run-to-end runs every repeat to its end)")
+    bounded = sorted({r.stopped_at_step for r in results if r.stopped_by in ("max-steps", "max-time")
+                      and r.stopped_at_step is not None})
+    if bounded:
+        lines.append(f"everything after step {', '.join(map(str, bounded))}, where --max-steps/--max-time stopped "
+                     "the repeats, and their exit status and stdout")
+    return lines
+
+
 def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolerance: Tolerance,
                    granularity: str, stdout: str, devices: Sequence[str], exit_status: bool = True,
-                   self_check: SelfCheck | None = None) -> Match:
+                   self_check: SelfCheck | None = None, stopped: Sequence[str] = ()) -> Match:
     """The reference trace's compared records counted by kind, and what the recording cannot have seen."""
     counts = np.zeros(max(Kind) + 1, dtype=np.int64)
     no_data = threaded = 0
@@ -102,7 +122,8 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
                  # a record's step counts the steps completed before it; a step's own parameters carry its
                  # index, so N completed steps end with parameters at N - 1
                  max(last_step, stepped + 1),
-                 "no" if stdout == "ignore" else stdout, exit_status, not_observed, self_check, no_data)
+                 "no" if stdout == "ignore" else stdout, exit_status, not_observed, self_check, no_data,
+                 list(stopped))
 
 
 def choose_record(trace: Path) -> tuple[int, int, str] | None:

@@ -80,7 +80,9 @@ def _verdict(report: Report, baseline: Report) -> tuple[ExperimentVerdict, int |
         first = report.comparison.first_divergence
         return ("divergent", first.index if first is not None else None,
                 f"the repeats still end differently ({ended.detail})")
-    broken = [f"repeat {r.index} exited {r.exit_code}" for r in report.runs if r.exit_code not in ok_codes]
+    # a repeat stopped at a step boundary (it diverged again, or a bound) has no exit status of its own
+    broken = [f"repeat {r.index} exited {r.exit_code}" for r in report.runs
+              if r.exit_code not in ok_codes and r.stopped_at_step is None]
     broken += [f"repeat {r.index} left an incomplete or no trace" for r, complete
                in zip(report.runs, report.comparison.complete) if not complete]
     if broken:
@@ -182,7 +184,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
                  torchrun_args=list(record.torchrun_args)),
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
         Recording(granularity="module" if record.granularity in (None, "auto") else str(record.granularity),
-                  max_steps=record.max_steps, max_time=record.max_time,
+                  max_steps=record.max_steps, max_time=record.max_time, run_to_end=record.run_to_end,
                   # files the earlier repeats changed are told apart by time (recorder/evidence/files.py)
                   child_config={"audit_started": record.started} if record.started else {}),
         Checks(tolerance=record.tolerance, stdout=recorded_mode(record)),

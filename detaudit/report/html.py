@@ -115,10 +115,23 @@ def _kv(rows: Sequence[tuple[str, Any]]) -> str:
 
 
 def _runs_section(data: dict[str, Any]) -> str:
-    rows = [[r["repeat"], r["device"], "timeout" if r["timed_out"] else r["exit_code"], r["duration_s"],
+    rows = [[r["repeat"], r["device"], "timeout" if r["timed_out"] else _stopped(r) or r["exit_code"], r["duration_s"],
              f"{r['records']}{'' if r['complete'] else ' (incomplete)'}", r["trace"]] for r in data.get("runs", [])]
+    unseen = (data.get("match") or {}).get("not_compared") or []
+    notes = "".join(f"<p class='muted'>Not compared: {escape(line)}</p>" for line in unseen)
     return "<h2>Repeats</h2>" + _table(["repeat", "device", "exit", "time (s)", "records", "trace"], rows,
-                                       numeric=["repeat", "exit", "time (s)", "records"])
+                                       numeric=["repeat", "time (s)", "records"]) + notes
+
+
+def _stopped(run: dict[str, Any]) -> str:
+    """Where a repeat stopped at a step boundary, and why ("" when it ran to its end)."""
+    step = run.get("stopped_at_step")
+    if step is None:
+        return ""
+    if run.get("stopped_by") == "divergence":
+        diverged = run.get("diverged_at_step")
+        return f"stopped after step {step}" + (f", diverged at step {diverged}" if diverged is not None else "")
+    return f"stopped after step {step} ({run.get('stopped_by') or '--max-steps/--max-time'})"
 
 
 def _failure_section(data: dict[str, Any]) -> str:

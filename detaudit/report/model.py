@@ -312,6 +312,7 @@ def to_dict(report: Report) -> dict[str, Any]:
             {
                 "repeat": r.index, "device": r.device, "exit_code": r.exit_code, "duration_s": r.duration_s,
                 "timed_out": r.timed_out, "interrupted": r.interrupted, "stopped_at_step": r.stopped_at_step,
+                "stopped_by": r.stopped_by, "diverged_at_step": r.diverged_at_step,
                 "recording_stopped": r.recording_stopped, "rerun_alone": r.rerun_alone,
                 "exit_barrier_waited": r.exit_barrier_waited, "rendezvous_retries": r.rendezvous_retries,
                 "records": comp.records[r.index] if r.index < len(comp.records) else 0,

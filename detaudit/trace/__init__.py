@@ -36,6 +36,6 @@ from detaudit.trace.writer import FLUSH_EVERY, TraceWriter
 
 __all__ = [
     "FLUSH_EVERY", "FORMAT_VERSION", "MAGIC", "N_SAMPLES", "RECORD_DTYPE", "EmptyTrace", "Flag", "GrowingTrace",
-    "Kind", "Record", "RecordStream", "Trace", "TraceWriter", "load_json", "open_regular", "read_events", "read_footer", "read_regular",
-    "read_trace", "sha256_regular",
+    "Kind", "Record", "RecordStream", "Trace", "TraceWriter", "load_json", "open_regular", "read_events",
+    "read_footer", "read_regular", "read_trace", "sha256_regular",
 ]
