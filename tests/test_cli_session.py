@@ -12,7 +12,7 @@ from rich.console import Console
 import detaudit.cli.session as session
 import detaudit.report.baseline
 from detaudit.errors import ExitCode, OutputError
-from detaudit.results import RepeatResult
+from detaudit.results import RepeatProgress, RepeatResult
 
 
 @pytest.fixture
@@ -23,18 +23,47 @@ def stderr(monkeypatch: pytest.MonkeyPatch) -> StringIO:
 
 
 def test_progress_off_a_terminal_is_one_plain_line_per_repeat(stderr: StringIO) -> None:
-    context, on_done = session.progress_runner(False, 2)
-    with context:
-        on_done(RepeatResult(0, "cpu", 0, 1.25, False, "repeat-0.trace", "", "", ""))
-        on_done(RepeatResult(1, "cpu", None, 9.0, True, "repeat-1.trace", "", "", ""))
-    assert stderr.getvalue().splitlines() == ["repeat-0 (cpu): exit 0 in 1.2s", "repeat-1 (cpu): timed out in 9.0s"]
+    with session.RepeatsProgress(False, 2) as progress:
+        assert progress.on_done is not None
+        progress.on_done(RepeatResult(0, "cpu", 0, 1.25, False, "repeat-0.trace", "", "", ""))
+        progress.on_done(RepeatResult(1, "cpu", None, 9.0, True, "repeat-1.trace", "", "", ""))
+        progress.on_done(RepeatResult(2, "cpu", 0, 3.0, False, "repeat-2.trace", "", "", "", stopped_at_step=9,
+                                      stopped_by="divergence", diverged_at_step=5))
+    assert stderr.getvalue().splitlines() == ["repeat-0 (cpu): exit 0 in 1.2s", "repeat-1 (cpu): timed out in 9.0s",
+                                              "repeat-2 (cpu): stopped after step 9 (diverged at step 5) in 3.0s"]
+
+
+def test_a_running_repeat_is_a_plain_line_every_few_seconds_never_a_flood(stderr: StringIO,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(session.time, "monotonic", lambda: clock[0])
+    with session.RepeatsProgress(False, 2) as progress:
+        assert progress.on_progress is not None
+        for step in range(0, 60):  # a poll every 0.25 s for 15 s
+            progress.on_progress(RepeatProgress(1, "repeat-1", step, 4.0, 0, step, None, None, 100, 20.0))
+            clock[0] += 0.25
+    lines = stderr.getvalue().splitlines()
+    assert len(lines) == 2 and clock[0] - 100.0 >= session.PLAIN_EVERY_S
+    assert lines[0] == "repeat-1: step 0, 4.0 steps/s; agrees with repeat 0 through step 0; about 20s left"
+
+
+@pytest.mark.parametrize("progress, line", [
+    (RepeatProgress(0, "repeat-0", 12, None), "repeat-0: step 12"),
+    (RepeatProgress(1, "repeat-1", 300, 12.5, 0, 299, None, None, 3000, 216.0),
+     "repeat-1: step 300, 12.5 steps/s; agrees with repeat 0 through step 299; about 3m36s left"),
+    (RepeatProgress(2, "explain-hash-seed-2", 14, 50.0, 0, 11, 12, 16, 3000, 0.04),
+     "explain-hash-seed-2: step 14, 50.0 steps/s; diverged from repeat 0 at step 12, stopping after step 16; "
+     "about 0s left"),
+    (RepeatProgress(1, "repeat-1", 10, 1.0, 0, None, None, None, None, 7300.0), "repeat-1: step 10, 1.0 steps/s; "
+     "about 2h01m left"),
+])
+def test_describe_progress(progress: RepeatProgress, line: str) -> None:
+    assert session.describe_progress(progress) == line
 
 
 def test_quiet_shows_no_progress(stderr: StringIO) -> None:
-    context, on_done = session.progress_runner(True, 2)
-    assert on_done is None
-    with context:
-        pass
+    with session.RepeatsProgress(True, 2) as progress:
+        assert progress.on_done is None and progress.on_progress is None
     assert stderr.getvalue() == ""
 
 

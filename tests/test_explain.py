@@ -102,7 +102,7 @@ def test_experiments_run_at_the_baselines_granularity_from_any_directory(
     seen: list[tuple[str, Path]] = []
 
     def fake_execute(options: AuditOptions, out: Path, on_done: object = None, prefix: str = "repeat",
-                     cwd: Path | None = None) -> list[RepeatResult]:
+                     cwd: Path | None = None, on_progress: object = None) -> list[RepeatResult]:
         seen.append((options.recording.granularity, out))
         results = []
         for plan in plan_repeats(out, options.schedule.repeats, options.schedule.devices,
@@ -147,7 +147,7 @@ def _fake_runs(monkeypatch: pytest.MonkeyPatch, agree: Callable[[AuditOptions], 
     ran: list[str] = []
 
     def fake_execute(options: AuditOptions, out: Path, on_done: object = None, prefix: str = "repeat",
-                     cwd: Path | None = None) -> list[RepeatResult]:
+                     cwd: Path | None = None, on_progress: object = None) -> list[RepeatResult]:
         ran.append(prefix)
         results = []
         for plan in plan_repeats(out, options.schedule.repeats, options.schedule.devices,

@@ -182,9 +182,11 @@ def ended(result: RepeatResult, run_dir: Path, layout: distributed.Layout | None
 
 
 def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None,
-              on_narrow: Callable[[list[int]], None] | None = None) -> Report:
+              on_narrow: Callable[[list[int]], None] | None = None,
+              on_progress: Callable[[RepeatProgress], None] | None = None) -> Report:
     """Run, compare and diagnose. Under granularity `auto` a divergent run is re-run once, recording
-    ops only around the first divergent step (`on_narrow` is told the window first)."""
+    ops only around the first divergent step (`on_narrow` is told the window first). `on_progress`:
+    where each running repeat stands (execute)."""
     target, schedule, recording, checks = options.target, options.schedule, options.recording, options.checks
     check_script(target.script)
     if recording.granularity not in GRANULARITIES:
@@ -211,7 +213,8 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     options = options.recorded(child_config={"audit_started": record.started})
     auto = recording.granularity == "auto"
     try:
-        results = execute(options.recorded(granularity="module") if auto else options, run_dir, on_done)
+        results = execute(options.recorded(granularity="module") if auto else options, run_dir, on_done,
+                          on_progress=on_progress)
     except Interrupted as exc:  # keep what the repeats recorded: `report` and `compare` can read it
         write_record(run_dir, replace(record, results=tuple(exc.results), interrupted=True))
         raise
@@ -224,7 +227,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
             on_narrow(window)
         narrowed = options.recorded(granularity="op", child_config={"op_window": window})
         try:
-            ops_results = execute(narrowed, run_dir, on_done, prefix=OPS_PREFIX)
+            ops_results = execute(narrowed, run_dir, on_done, prefix=OPS_PREFIX, on_progress=on_progress)
         except Interrupted:  # the module-level run is whole and recorded: report it without the op re-run
             write_record(run_dir, record)
             raise

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -16,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from detaudit.errors import DetauditError
+from detaudit.results import RepeatProgress, RepeatResult
 from detaudit.run.files import naming, silence_stdout
 
 PIPE_WIDTH = 1000  # a pipe or CI log: lay the report out this wide, i.e. never wrap it at 80 columns
@@ -65,30 +69,85 @@ def finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet: 
     sys.exit(report.exit_code if exit_code is None else exit_code)
 
 
-def progress_runner(quiet: bool, total: int, label: str = "running repeats") -> tuple[Any, Any]:
-    """A context manager and an on_done callback: a rich bar on a terminal, plain lines otherwise."""
-    from contextlib import nullcontext
+PLAIN_EVERY_S = 10.0  # off a terminal (a CI log), a running repeat's progress line at most this often
 
-    if quiet:
-        return nullcontext(), None
-    if err_console.is_terminal:
-        progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=err_console, transient=True)
-        task = progress.add_task("repeats", total=total)
 
-        def advance(result: Any) -> None:
-            progress.advance(task)
+def describe_progress(p: RepeatProgress) -> str:
+    """A running repeat in one line: its step and rate, how far it agrees with its reference, the time left."""
+    parts = [f"{p.label}: step {p.step}" + (f", {p.steps_per_s:.1f} steps/s" if p.steps_per_s else "")]
+    if p.diverged_at_step is not None:
+        parts.append(f"diverged from repeat {p.reference} at step {p.diverged_at_step}"
+                     + (f", stopping after step {p.stopping_at_step}" if p.stopping_at_step is not None else ""))
+    elif p.agrees_to_step is not None:
+        parts.append(f"agrees with repeat {p.reference} through step {p.agrees_to_step}")
+    if p.eta_s is not None:
+        parts.append(f"about {_duration(p.eta_s)} left")
+    return "; ".join(parts)
 
-        return progress, advance
 
-    def line(result: Any) -> None:
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class RepeatsProgress:
+    """Progress of the repeats on stderr: a bar with the running repeat's line on a terminal; off one, a
+    line per repeat that ended and, at most every PLAIN_EVERY_S, one per running repeat. Quiet: nothing
+    (`on_done` and `on_progress` are None). Told from the repeats' threads, hence the lock."""
+
+    def __init__(self, quiet: bool, total: int, label: str = "running repeats") -> None:
+        self.bar: Progress | None = None
+        self.on_done: Callable[[RepeatResult], None] | None = None
+        self.on_progress: Callable[[RepeatProgress], None] | None = None
+        self._lock = threading.Lock()
+        self._printed: dict[str, float] = {}
+        if quiet:
+            return
+        self.on_done, self.on_progress = self._done, self._progress
+        if err_console.is_terminal:
+            self.bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.fields[status]}"), console=err_console, transient=True)
+            self._task = self.bar.add_task("repeats", total=total, status="")
+
+    def __enter__(self) -> RepeatsProgress:
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+    def restart(self) -> None:
+        """A new round of repeats (the op-level re-run): the bar starts again."""
+        if self.bar is not None:
+            self.bar.reset(self._task, status="")
+
+    def _done(self, result: RepeatResult) -> None:
+        if self.bar is not None:
+            self.bar.advance(self._task)
+            return
         status = "timed out" if result.timed_out else f"exit {result.exit_code}"
         if result.stopped_at_step is not None:
-            status = f"stopped after step {result.stopped_at_step}"
+            status = f"stopped after step {result.stopped_at_step}" + (
+                f" (diverged at step {result.diverged_at_step})" if result.diverged_at_step is not None else "")
         name = result.trace.removesuffix(".trace")
-        err_console.print(f"{name} ({result.device}): {status} in {result.duration_s:.1f}s")
+        with self._lock:
+            self._printed.pop(name, None)
+            err_console.print(f"{name} ({result.device}): {status} in {result.duration_s:.1f}s")
 
-    return nullcontext(), line
+    def _progress(self, progress: RepeatProgress) -> None:
+        line = describe_progress(progress)
+        if self.bar is not None:
+            self.bar.update(self._task, status=escape(line))
+            return
+        now = time.monotonic()
+        with self._lock:
+            if now - self._printed.get(progress.label, now - PLAIN_EVERY_S) < PLAIN_EVERY_S:
+                return
+            self._printed[progress.label] = now
+            err_console.print(line, markup=False, highlight=False)
 
 
 def warn_oversubscription(jobs: int, devices: list[str]) -> None:
@@ -110,16 +169,15 @@ def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None
     schedule = options.schedule
     cheap = cheap and not multi_node(schedule.torchrun_args)  # its one experiment is a launch (commands.run)
     warn_oversubscription(schedule.jobs, schedule.devices)
-    context, on_done = progress_runner(quiet, schedule.repeats * len(schedule.devices))
+    progress = RepeatsProgress(quiet, schedule.repeats * len(schedule.devices))
 
     def on_narrow(window: list[int]) -> None:
-        if isinstance(context, Progress):
-            context.reset(context.task_ids[0])
+        progress.restart()
         if not quiet:
             err_console.print(f"the repeats diverged; re-running them recording ops in steps {window[0]}–{window[1]}")
 
-    with context:
-        report = run_audit(options, on_done, on_narrow)
+    with progress:
+        report = run_audit(options, progress.on_done, on_narrow, progress.on_progress)
     if report.verdict == "divergent" and not report.timed_out:
         args = options.target.script_args if options.target.redact_args else None
         if explain:
@@ -164,7 +222,8 @@ def explain_run(run_dir: Path, budget: int | None, explain_all: bool, jobs: int,
         err_console.print("explain: confirming the top cause with its one cheap experiment (--no-explain skips it)"
                           if cheap else f"explain: re-running with one source of nondeterminism pinned at a time "
                           f"(at most {budget} more repeats)")
-    context, on_done = progress_runner(quiet, CHEAP_REPEATS if cheap else budget, "explain: pinned repeats")
-    with context:
-        return run_experiments(run_dir, budget, explain_all, jobs=jobs, on_done=on_done, on_experiment=line,
+    progress = RepeatsProgress(quiet, CHEAP_REPEATS if cheap else budget, "explain: pinned repeats")
+    with progress:
+        return run_experiments(run_dir, budget, explain_all, jobs=jobs, on_done=progress.on_done,
+                               on_progress=progress.on_progress, on_experiment=line,
                                script_args=script_args, cheap=cheap)

@@ -31,7 +31,7 @@ from detaudit.errors import UsageError, output_error
 from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, pin_of
 from detaudit.records import StoredExperiment
 from detaudit.report.model import Report, write_json
-from detaudit.results import Cause, Experiment, ExperimentVerdict, RepeatResult
+from detaudit.results import Cause, Experiment, ExperimentVerdict, RepeatProgress, RepeatResult
 from detaudit.run.distributed import NODES_FOLLOW_UP, multi_node
 from detaudit.run.rundir import (
     EXPLAIN_LOCK,
@@ -118,7 +118,8 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
                     repeats: int | None = None, jobs: int = 1,
                     on_done: Callable[[RepeatResult], None] | None = None,
                     on_experiment: Callable[[Experiment], None] | None = None,
-                    script_args: Sequence[str] | None = None, cheap: bool = False) -> Report:
+                    script_args: Sequence[str] | None = None, cheap: bool = False,
+                    on_progress: Callable[[RepeatProgress], None] | None = None) -> Report:
     """Run the experiments for a finished, divergent run and return its report with them applied.
 
     `repeats` per device and experiment defaults to the baseline's; `budget` bounds their total.
@@ -126,10 +127,11 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
     One explain at a time per run directory: a second one would pick the same file names and
     overwrite explain.json under the first. `cheap`: only the top cause's one inexpensive, decisive
     experiment (`cheap_pin`), with CHEAP_REPEATS repeats: the default confirmation after a divergent `run`.
+    `on_progress`: where each pinned repeat stands while it runs (audit.execute).
     """
     with _exclusive(Path(run_dir)):
         return _run_experiments(run_dir, budget, explain_all, repeats, jobs, on_done, on_experiment, script_args,
-                                cheap)
+                                cheap, on_progress)
 
 
 @contextlib.contextmanager
@@ -157,7 +159,8 @@ def _exclusive(run_dir: Path) -> Iterator[None]:
 def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int | None, jobs: int,
                      on_done: Callable[[RepeatResult], None] | None,
                      on_experiment: Callable[[Experiment], None] | None,
-                     script_args: Sequence[str] | None, cheap: bool) -> Report:
+                     script_args: Sequence[str] | None, cheap: bool,
+                     on_progress: Callable[[RepeatProgress], None] | None = None) -> Report:
     run_dir = Path(run_dir).resolve()  # the repeats run in the script's directory, not ours
     report = load_run(run_dir)
     if report.verdict != "divergent" or report.first_divergence is None:
@@ -226,7 +229,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
                           target=replace(base.target, env={**record.env, **pin.env}),
                           schedule=replace(base.schedule, repeats=count))
         prefix = free_prefix(run_dir, f"explain-{name}")
-        results = execute(options, run_dir, on_done, prefix=prefix, cwd=cwd)
+        results = execute(options, run_dir, on_done, prefix=prefix, cwd=cwd, on_progress=on_progress)
         sub = analyse(run_dir, replace(record, narrowing=None, results=tuple(results)), results)
         verdict, index, note = _verdict(sub, report)
         experiment = Experiment(name, pin.description, verdict, index, note)
