@@ -30,7 +30,7 @@ from detaudit.run.failure import read_error
 from detaudit.run.files import create_private, name_taken, write_text_atomically
 
 GRACE_S = 3.0
-POLL_S = 0.25  # how often a Watch looks at a running repeat
+POLL_S = 0.1  # how often a Watch looks at a running repeat
 # What a repeat's interpreter runs first (`python -c`): drop the working directory python puts first on
 # sys.path, then import detaudit, from the directory this process has it from when the path lacks it. So
 # neither the script's directory (the child adds it for the script, run/ownimports.py keeps detaudit out
