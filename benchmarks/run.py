@@ -8,6 +8,8 @@
     python benchmarks/run.py --cuda     the same on a GPU: fingerprints against device memcpy, the workloads'
                                         overhead on CUDA (add --quick for a smoke run); writes results/cuda*.json
     python benchmarks/run.py --only gpt just the GPT-style model's rows (eager and compiled, --max-steps)
+    python benchmarks/run.py --only live  live audits (issue 21): a long run that diverges early, and a
+                                        deterministic one, against --run-to-end
 
 Every ratio compares two things measured in this run, on this machine, interleaved where
 possible, so machine load shifts both sides alike. Pass/fail is printed, never asserted.
@@ -76,11 +78,16 @@ class Sizes:
     gpt_steps: int = 60
     gpt_rounds: int = 2
     gpt_bounded_steps: int = 20
+    live_workload: str = "mlp"
+    live_steps: int = 1000  # a long run ...
+    live_draw_at: int = 12  # ... that draws from Python's unseeded `random` before this step
+    live_repeats: int = 3
 
 
 QUICK = Sizes(fp_sizes_mb=(8, 64), fp_rounds=3, small_calls=5000, workloads=("mlp",), steps=12,
               warmup_steps=3, rounds=1, audit_workloads=("mlp",), audit_repeats=2, auto_workloads=(),
-              compare_records=50_000, gpt_steps=15, gpt_rounds=1, gpt_bounded_steps=5)
+              compare_records=50_000, gpt_steps=15, gpt_rounds=1, gpt_bounded_steps=5, live_steps=30, live_draw_at=3,
+              live_repeats=2)
 
 
 def median(values: Sequence[float]) -> float:
@@ -469,11 +476,11 @@ AUDIT_ENV = workload_env("cpu")
 
 
 def timed_audit(script: str, args: list[str], repeats: int, out: Path, jobs: int = 1,
-                granularity: str | None = None, device: str = "cpu") -> tuple[float, int]:
+                granularity: str | None = None, device: str = "cpu", options: Sequence[str] = ()) -> tuple[float, int]:
     """Wall seconds and exit code of one `detaudit run`, as a user would type it (default granularity
-    unless one is given)."""
+    unless one is given; `options`: more of detaudit's)."""
     cmd = [sys.executable, "-m", "detaudit", "run", script, "--repeats", str(repeats), "--jobs", str(jobs),
-           "--out", str(out), "-q"]
+           "--out", str(out), "-q", *options]
     if granularity is not None:
         cmd += ["--granularity", granularity]
     start = time.perf_counter()
@@ -547,6 +554,45 @@ def bench_auto(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
                         f"median of {sizes.auto_rounds} interleaved pairs; diverges at step {diverge} of "
                         f"{sizes.auto_steps}; auto re-runs every repeat at op granularity up to that step" + note))
     return rows, raw
+
+
+# -- 8. live audits ------------------------------------------------------------------------------
+
+
+def bench_live(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
+    """Issue 21: a long seeded run that diverges early (one draw from Python's unseeded `random`), audited
+    with `--repeats N --no-explain` against one plain run, live (the default: repeats stopped a few steps
+    after diverging) and as before (`--run-to-end`); and a deterministic run's audit, live against
+    `--run-to-end` (what following the traces costs when nothing diverges). One round each, interleaved."""
+    n, steps, draw = sizes.live_repeats, sizes.live_steps, sizes.live_draw_at
+    script = str(WORKLOADS / f"{sizes.live_workload}.py")
+    diverging = ["--steps", str(steps), "--python-random-at", str(draw)]
+    deterministic = ["--steps", str(steps)]
+    times: dict[str, float] = {}
+    codes: dict[str, int] = {}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, script, *diverging], env=AUDIT_ENV, capture_output=True, check=True)
+    times["plain"] = time.perf_counter() - start
+    for name, args, options in (("live", diverging, ["--no-explain"]),
+                                ("to_end", diverging, ["--no-explain", "--run-to-end"]),
+                                ("det_live", deterministic, []), ("det_to_end", deterministic, ["--run-to-end"])):
+        times[name], codes[name] = timed_audit(script, args, n, tmp / f"live-{name}", options=options)
+    stops = [r.get("stopped_at_step") for r in json.loads((tmp / "live-live" / "run.json").read_text())["results"]]
+    expected = {"live": 1, "to_end": 1, "det_live": 0, "det_to_end": 0}
+    note = "" if codes == expected else f"; audit exit codes {codes} (expected {expected})"
+    plain, live, to_end = times["plain"], times["live"], times["to_end"]
+    rows = [
+        Row("8 live", f"{sizes.live_workload}, {steps} steps, unseeded `random` at step {draw}: run --repeats {n} "
+            "--no-explain", "≤ 1.5× one plain run", f"{plain:.2f} s → {live:.2f} s", live / plain,
+            live / plain <= 1.5 and not note,
+            f"before (--run-to-end): {to_end:.2f} s, {to_end / plain:.2f}× plain; repeats stopped after steps "
+            f"{stops}; default granularity (auto: its op-level re-run stops after its window)" + note),
+        Row("8 live", f"{sizes.live_workload}, {steps} steps, deterministic: run --repeats {n}, live vs --run-to-end",
+            "≤ 1.02× --run-to-end", f"{times['det_to_end']:.2f} s → {times['det_live']:.2f} s",
+            times["det_live"] / times["det_to_end"], times["det_live"] / times["det_to_end"] <= 1.02 and not note,
+            "one round each on a shared machine: differences of a few % are noise here" + note),
+    ]
+    return rows, {"seconds": times, "exit_codes": codes, "stopped_at_step": stops}
 
 
 # -- 4. compare and report ----------------------------------------------------------------------
@@ -713,6 +759,7 @@ def run_suite(sizes: Sizes, sections: set[str], log: Callable[[str], None]) -> t
         ("auto", lambda: bench_auto(sizes, tmp)),
         ("compare", lambda: bench_compare(sizes, tmp)),
         ("gpt", lambda: bench_gpt(sizes, tmp)),
+        ("live", lambda: bench_live(sizes, tmp)),
     ]
     try:
         for name, step in steps:
@@ -729,7 +776,7 @@ def run_suite(sizes: Sizes, sections: set[str], log: Callable[[str], None]) -> t
             rows.append(cuda_row())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    order = {s: i for i, s in enumerate(("1", "2", "3", "4", "5", "6", "7"))}
+    order = {s: i for i, s in enumerate(("1", "2", "3", "4", "5", "6", "7", "8"))}
     rows.sort(key=lambda r: order.get(r.section[0], 9))
     return rows, raw
 
@@ -738,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run with small sizes (CI)")
     parser.add_argument("--no-write", action="store_true", help="print the table, write no files")
-    parser.add_argument("--only", default="fingerprint,overhead,audit,auto,compare,gpt",
+    parser.add_argument("--only", default="fingerprint,overhead,audit,auto,compare,gpt,live",
                         help="comma-separated sections to run (`--only gpt`: just the GPT-style model's rows)")
     parser.add_argument("--cuda", action="store_true",
                         help="run on the GPU: fingerprint, overhead, auto and gpt sections, workloads on cuda")

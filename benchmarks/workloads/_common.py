@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -25,6 +26,9 @@ def parse_args(description: str, default_steps: int = 60) -> argparse.Namespace:
     parser.add_argument("--diverge-at", type=int, default=None, metavar="STEP",
                         help="nudge a weight by an unseeded random amount before this step: a run-to-run "
                              "divergence, to time detaudit's narrowing (--granularity auto)")
+    parser.add_argument("--python-random-at", type=int, default=None, metavar="STEP",
+                        help="nudge a weight by one draw from Python's unseeded `random` before this step: the "
+                             "held-out case of live audits (a long run that diverges early)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     return args
@@ -63,6 +67,9 @@ def train(step: Callable[[int], torch.Tensor], model: torch.nn.Module, args: arg
             with torch.no_grad():
                 weight = next(model.parameters())
                 weight.view(-1)[0] += 1e-3 * (int.from_bytes(os.urandom(2), "little") + 1) / 65536
+        if i == args.python_random_at:
+            with torch.no_grad():
+                next(model.parameters()).view(-1)[0] += 1e-3 * random.random()
         start, start_cpu = time.perf_counter(), time.process_time()
         loss = step(i)
         sync()
