@@ -134,3 +134,44 @@ def test_a_repeat_that_crashes_after_diverging_is_reported_as_a_crash(tmp_path: 
     assert result.report["first_divergence"]["step"] == DIVERGES_AT
     assert result.report["match"]["not_compared"] == []
     assert helpers_left(tmp_path) == []
+
+
+DDP_SCRIPT = """
+import random
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+gen = torch.Generator().manual_seed(rank)
+x = torch.randn(8, 8, generator=gen)
+for step in range(400):
+    if step == 2 and rank == 1:
+        x = x + random.random() * 1e-3  # rank 1 only, unseeded
+    loss = nn.functional.mse_loss(model(x), x.mean(dim=1, keepdim=True))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_of_a_torchrun_repeat_stops_at_the_same_step_and_none_is_left(tmp_path: Path) -> None:
+    from test_launcher import processes_mentioning
+
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    result = run_cli(["run", "ddp.py", "-n", "2", "--nproc-per-node", "2", "--granularity", "module", "--no-explain",
+                      "--timeout", "300", "--out", "run", "--json", "r.json"], cwd=tmp_path, timeout=900)
+    assert result.returncode == 1, result.output
+    later = runs(result)[1]
+    assert later["stopped_by"] == "divergence" and later["diverged_at_step"] == 2
+    steps = [read_trace(tmp_path / "run" / f"repeat-1.rank-{rank}.trace").footer for rank in (0, 1)]
+    assert all(footer is not None for footer in steps)
+    assert steps[0]["stopped_at_step"] == steps[1]["stopped_at_step"] == later["stopped_at_step"]  # type: ignore[index]
+    assert 2 + 1 + EXTRA_STEPS <= later["stopped_at_step"] < 400
+    assert processes_mentioning(str(tmp_path)) == []

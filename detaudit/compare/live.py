@@ -29,7 +29,7 @@ import numpy as np
 
 from detaudit.compare.align import Block, StringTable, reference_pairs
 from detaudit.compare.traces import same_values
-from detaudit.errors import TraceError
+from detaudit.errors import OutputError, TraceError
 from detaudit.results import EXTRA_STEPS, RepeatProgress, Tolerance
 from detaudit.run.distributed import Layout
 from detaudit.run.launcher import RepeatPlan, request_stop
@@ -128,7 +128,7 @@ class Follower:
     def _after_reference_ended(self) -> None:
         """The reference ended by itself with every record compared, and this trace holds more: a longer run."""
         ref = self.ref
-        if ref is None or ref.footer is None or len(self._ref_held):
+        if ref is None or ref.footer is None or len(self._ref_held) or self.diverged_at is not None:
             return
         self.ref_last_step = self.agrees_to if self.ref_last_step is None else self.ref_last_step
         if len(self._held) and not any(ref.footer.get(key) for key in _CUT_SHORT):
@@ -230,7 +230,11 @@ class LiveWatch:
         at = diverged + 1 + EXTRA_STEPS
         if self.ranks is not None:
             at = max(at, max(f.step for f in repeat.followers) + 1 + TORCHRUN_MARGIN)
-        request_stop(repeat.plan, at, diverged)
+        try:
+            request_stop(repeat.plan, at, diverged)
+        except OutputError:  # the run directory went away: the launcher says so when the repeat ends
+            repeat.broken = True
+            return
         repeat.stopping_at = at
 
     def _progress(self, repeat: _Repeat) -> RepeatProgress:
