@@ -79,7 +79,7 @@ class Sizes:
     gpt_rounds: int = 2
     gpt_bounded_steps: int = 20
     live_workload: str = "small"
-    live_steps: int = 1500  # a long run ...
+    live_steps: int = 3000  # a long run ...
     live_draw_at: int = 12  # ... that draws from Python's unseeded `random` before this step
     live_repeats: int = 3
     live_deterministic_repeats: int = 2
