@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
-from detaudit.cli.session import err_console, progress_runner, stdout_console
+from detaudit.cli.session import RepeatsProgress, err_console, stdout_console
 from detaudit.errors import ExitCode
 from detaudit.report.batch import BatchReport, BatchSettings, write_html, write_json
 from detaudit.run.files import naming
@@ -83,9 +83,9 @@ def batch(script: str, script_args: tuple[str, ...], repeats: int, devices: str,
         Schedule(repeats=repeats, devices=resolve_devices(requested), own_device=own_device(requested),
                  timeout=timeout),
         Recording(max_steps=max_steps), out_dir=out_dir)
-    context, on_done = progress_runner(quiet, repeats, "running the script with batch probes")
-    with context:
-        report = run_batch(options, BatchSettings(module_name, batch_dim, sizes), on_done)
+    progress = RepeatsProgress(quiet, repeats, "running the script with batch probes")
+    with progress:
+        report = run_batch(options, BatchSettings(module_name, batch_dim, sizes), progress.on_done)
     finish_batch(report, json_path, html_path, quiet)
 
 
