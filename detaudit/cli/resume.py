@@ -17,7 +17,7 @@ from rich.text import Text
 
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
 from detaudit.cli.render import causes_block, escape
-from detaudit.cli.session import err_console, finish, progress_runner, stdout_console
+from detaudit.cli.session import RepeatsProgress, err_console, finish, stdout_console
 from detaudit.run.files import naming
 from detaudit.safetext import printable
 
@@ -99,14 +99,14 @@ def resume(script: str, script_args: tuple[str, ...], stop_at: int, resume_args:
         Target(Path(script), list(script_args), argv0=script),
         Schedule(repeats=2, devices=resolve_devices(devices), own_device=own_device(devices), timeout=timeout),
         Recording(granularity="module", max_steps=max_steps), out_dir=out_dir)
-    context, on_done = progress_runner(quiet, 4, "resume check")
+    progress = RepeatsProgress(quiet, 4, "resume check")
 
     def stage(text: str) -> None:
         if not quiet:
             err_console.print(escape(text), soft_wrap=True)
 
-    with context:
-        report = run_resume(ResumeOptions(options, stop_at, extra), on_done, stage)
+    with progress:
+        report = run_resume(ResumeOptions(options, stop_at, extra), progress.on_done, stage)
     if not isinstance(report, ResumeReport):  # the reference failed or timed out: reported as `run` would
         finish(report, json_path, None, quiet, html_path,
                notes=("The resume check needs an uninterrupted run to compare with; this one did not give one.",))
