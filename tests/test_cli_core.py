@@ -28,7 +28,7 @@ import detaudit.run.devices
 from detaudit.cli.commands import cli, main
 from detaudit.errors import ExitCode, TraceError
 from detaudit.report.model import Report
-from detaudit.results import Cause, Tolerance
+from detaudit.results import EXTRA_STEPS, Cause, Tolerance
 
 LOAD_RUN = detaudit.audit.pipeline.load_run  # the real one, for the fakes' reports
 
@@ -36,7 +36,7 @@ LOAD_RUN = detaudit.audit.pipeline.load_run  # the real one, for the fakes' repo
 # dataclass parts (options.schedule.repeats as well as options.repeats)
 OPTION_FIELDS = ("script", "script_args", "repeats", "devices", "own_device", "timeout", "jobs", "out_dir", "tolerance",
                  "granularity", "stdout", "baseline", "redact_args", "max_steps", "max_time", "self_check",
-                 "nproc_per_node", "torchrun_args")
+                 "nproc_per_node", "torchrun_args", "run_to_end")
 
 
 def flat(options: Any) -> dict[str, Any]:
@@ -126,7 +126,7 @@ def test_run_defaults_become_the_documented_options(core: Core, script: Path) ->
         "script": script, "script_args": [], "repeats": 3, "devices": ["cpu"], "own_device": True, "timeout": None,
         "jobs": 1, "out_dir": None, "tolerance": Tolerance(1e-5, 1.3e-6), "granularity": "auto", "stdout": "masked",
         "baseline": None, "redact_args": False, "max_steps": None, "max_time": None, "self_check": False,
-        "nproc_per_node": None, "torchrun_args": []}
+        "nproc_per_node": None, "torchrun_args": [], "run_to_end": False}
     assert core.called("run_experiments") == [] and core.called("save") == []
 
 
@@ -142,6 +142,13 @@ def test_every_run_option_reaches_the_audit_options(core: Core, script: Path, tm
     assert options["tolerance"] == Tolerance(0.5, 0.25) and options["stdout"] == "strict"
     assert options["granularity"] == "op" and options["baseline"] == base and options["redact_args"] is True
     assert options["max_steps"] == 4 and options["self_check"] is True
+
+
+def test_run_to_end_reaches_the_audit_and_help_says_when_a_repeat_is_stopped(core: Core, script: Path) -> None:
+    assert invoke(["run", "--run-to-end", str(script)]).exit_code == 0
+    assert core.options()["run_to_end"] is True
+    text = " ".join(invoke(["run", "--help"]).output.split())
+    assert f"stopped {EXTRA_STEPS} optimizer steps after the step it first diverged in" in text
 
 
 def test_max_time_and_torchrun_options(core: Core, script: Path) -> None:
