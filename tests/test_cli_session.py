@@ -44,7 +44,8 @@ def test_a_running_repeat_is_a_plain_line_every_few_seconds_never_a_flood(stderr
             clock[0] += 0.25
     lines = stderr.getvalue().splitlines()
     assert len(lines) == 2 and clock[0] - 100.0 >= session.PLAIN_EVERY_S
-    assert lines[0] == "repeat-1: step 0, 4.0 steps/s; agrees with repeat 0 through step 0; about 20s left"
+    assert lines == ["running repeat-1: step 1, 4.0 steps/s; agrees with repeat 0 through step 1; about 20s left",
+                     "running repeat-1: step 41, 4.0 steps/s; agrees with repeat 0 through step 41; about 20s left"]
 
 
 @pytest.mark.parametrize("progress, line", [

@@ -93,7 +93,8 @@ def _duration(seconds: float) -> str:
 
 class RepeatsProgress:
     """Progress of the repeats on stderr: a bar with the running repeat's line on a terminal; off one, a
-    line per repeat that ended and, at most every PLAIN_EVERY_S, one per running repeat. Quiet: nothing
+    line per repeat that ended and, at most every PLAIN_EVERY_S, one per running repeat (`running ...`,
+    from its first step on). Quiet: nothing
     (`on_done` and `on_progress` are None). Told from the repeats' threads, hence the lock."""
 
     def __init__(self, quiet: bool, total: int, label: str = "running repeats") -> None:
@@ -144,10 +145,10 @@ class RepeatsProgress:
             return
         now = time.monotonic()
         with self._lock:
-            if now - self._printed.get(progress.label, now - PLAIN_EVERY_S) < PLAIN_EVERY_S:
-                return
+            if progress.step == 0 or now - self._printed.get(progress.label, now - PLAIN_EVERY_S) < PLAIN_EVERY_S:
+                return  # not a line per poll, nor one before the repeat's first step
             self._printed[progress.label] = now
-            err_console.print(line, markup=False, highlight=False)
+            err_console.print(f"running {line}", markup=False, highlight=False)
 
 
 def warn_oversubscription(jobs: int, devices: list[str]) -> None:
