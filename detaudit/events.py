@@ -41,20 +41,25 @@ class SeedEvent(_Event):
     drawn_before: bool  # the RNG had been drawn from since its last seeding
     state: str | None  # digest of the RNG state after the call (None: a GPU-only seeding)
     pinned: int | None  # the value an --explain pin substituted
+    by: NotRequired[str]  # library calls: the immediate caller (a seeding helper: `seed_everything`, `set_seed`)
 
 
 class GeneratorEvent(_Event):
-    """`np.random.default_rng(...)`: a NumPy Generator was created."""
+    """An RNG object the script owns was created or seeded: `np.random.default_rng`, `np.random.RandomState`
+    (and its `.seed`), `random.Random` (and its `.seed`), `random.SystemRandom`, `torch.Generator`'s `.seed`
+    and `.manual_seed`."""
 
     type: Literal["generator"]
-    lib: Literal["numpy"]
+    lib: Lib
     fn: str
-    seeded: bool
-    value: Short
+    seeded: bool  # given a seed value (`Generator.seed()` draws one from the OS: not seeded)
+    value: Short  # the seed given, or the one `Generator.seed()` drew
     loc: str
     library: bool
-    state: str
+    state: str | None  # digest of the object's state after the call (None: SystemRandom, which has none)
     pinned: int | None
+    obj: NotRequired[int]  # the object's number in this process (draws from it name it too)
+    entropy: NotRequired[bool]  # every draw reads the OS (SystemRandom): no seed can fix it
 
 
 class DrawEvent(_Event):
@@ -66,6 +71,8 @@ class DrawEvent(_Event):
     loc: str
     generator: Literal["explicit", "global"]
     device: NotRequired[str]  # torch draws only
+    obj: NotRequired[int]  # drawn from an RNG object the script owns (its GeneratorEvent's `obj`)
+    library: NotRequired[bool]  # dropout only: called by library code (an nn.Dropout module in training mode)
 
 
 class RngDigest(TypedDict):
@@ -433,6 +440,8 @@ class RngRestoreEvent(_Event):
     fn: str
     loc: str
     library: bool
+    by: NotRequired[str]  # the immediate caller (`torch/random.py:... (fork_rng)`: its exit)
+    state: NotRequired[str | None]  # torch, numpy, python: digest of the RNG state after the call
 
 
 class StateRestoreEvent(_Event):
