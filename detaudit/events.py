@@ -235,6 +235,15 @@ class ClockEvent(_Event):
     loc: str
 
 
+class OutsideEvent(_Event):
+    """The first read, at a user call site, of a value from outside the program that differs in every run:
+    the process id (`os.getpid`), OS entropy (`os.urandom`, `secrets.*`), a random or time-based `uuid`."""
+
+    type: Literal["outside"]
+    fn: str
+    loc: str
+
+
 class ClockSite(TypedDict):
     fn: str
     loc: str
@@ -465,15 +474,15 @@ class InitialParamsEvent(_Event):
 
 Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, OpEvent, ModulesEvent, EmptyEvent,
               EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
-              WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, ClockReadsEvent, EnvironmentEvent, CompileEvent,
-              DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
+              WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
+              CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
               BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
               StateRestoreEvent, InitialParamsEvent]
 Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
-               "clock", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried", "unobserved",
-               "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save", "checkpoint-load",
-               "rng-restore", "state-restore", "initial-params"]
+               "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
+               "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
+               "checkpoint-load", "rng-restore", "state-restore", "initial-params"]
 
 E = TypeVar("E")
 

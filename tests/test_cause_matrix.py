@@ -101,6 +101,8 @@ MATRIX = [
     Row("train_private_noise.py", "varying-seed", "varying-seed", ORDER),
     Row("train_batch_order.py", "unseeded-python-rng", "unseeded-python-rng", (*ORDER, *NOT_SEED)),
     Row("train_encoder_init.py", "unseeded-torch-rng", "unseeded-torch-rng", (*ORDER, *NOT_SEED)),
+    # a learning rate from the clock: no pin reaches it; once object-order [likely] by elimination
+    Row("train_warm_restart.py", "outside-value", None, NOT_SEED),
     # a time-boxed loop: the repeats run different numbers of steps; no pin reaches the clock
     Row("train_budgeted.py", "wall-clock", None, ("python-hash-seed", *NOT_SEED)),
     # only printed timings differ, compared strictly: no pin reaches the clock, and no order cause is guessed

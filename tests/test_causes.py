@@ -694,3 +694,27 @@ def test_every_constant_seed_fix_runs(fn: str) -> None:
         torch.set_rng_state(state[0])
         random_module.setstate(state[1])
         np.random.set_state(state[2])
+
+
+# -- values from outside (issue 26 item 4) --------------------------------------------------------------------
+def test_an_outside_value_read_before_the_divergence_is_said_at_its_line_above_the_guesses() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [hash_event(i), {"type": "clock", "fn": "time.time", "loc": "train.py:13"},
+                {"type": "outside", "fn": "os.getpid", "loc": "train.py:20"}]
+
+    found = causes.rank(context([events(0), events(1)], rec=record("param", "0.weight", step=1)))
+    assert found[0].id == "outside-value" and found[0].confidence == "possible"
+    assert "time.time at train.py:13 read the clock, which differs in every run" in found[0].evidence
+    assert "os.getpid at train.py:20 read the process id, which differs in every run" in found[0].evidence
+    assert "os.getpid at train.py:20" in found[0].fix  # the read nearest the divergence
+    assert [c.id for c in found[1:]] == ["python-hash-seed", "object-order"]  # guesses below, not a toss-up
+    assert all(c.separating_pin is None for c in found)
+
+
+def test_an_outside_read_is_not_listed_beside_a_cause_with_evidence() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}),
+                {"type": "clock", "fn": "time.perf_counter", "loc": "train.py:3"},
+                {"type": "draw", "lib": "torch", "fn": "torch.randn", "loc": "train.py:5", "generator": "global"}]
+
+    assert ids(context([events(0), events(1)])) == ["unseeded-torch-rng"]

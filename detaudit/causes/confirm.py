@@ -19,7 +19,7 @@ from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins
 from detaudit.results import Cause, Experiment
 from detaudit.run.rundir import read_experiments
 
-ORDER_CAUSES = ("concurrency", "object-order", "unknown")
+ORDER_CAUSES = ("concurrency", "object-order", "outside-value", "unknown")
 
 # the cause a pin isolates when no detector named it (id, summary, fix); ALL: a pair or more of sources
 PIN_CAUSES: dict[str, tuple[str, str, str]] = {

@@ -61,6 +61,7 @@ class Evidence:
         # RNG objects the script owns, numbered in creation order (rng.py): draws name the number
         self.rng_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._rng_numbers = 0
+        self.outside_sites = 0  # user call sites of outside values recorded (environment.py)
         self.device_as: str | None = None  # set by the test-only fault injector (faults.py)
         self.op_entries: dict[str, list[oplist.OpEntry]] = {}
         # user call sites of the wall clock: (code, line) -> [label, reads]; None for library code
