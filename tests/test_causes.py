@@ -718,3 +718,14 @@ def test_an_outside_read_is_not_listed_beside_a_cause_with_evidence() -> None:
                 {"type": "draw", "lib": "torch", "fn": "torch.randn", "loc": "train.py:5", "generator": "global"}]
 
     assert ids(context([events(0), events(1)])) == ["unseeded-torch-rng"]
+
+
+def test_equal_evidence_lines_are_merged_with_a_count() -> None:
+    """One init line draws for a weight and its bias (two library call sites, one user line)."""
+    def events(i: int) -> list[dict[str, Any]]:
+        draw = {"type": "draw", "lib": "torch", "fn": "Tensor.uniform_", "loc": "x.py:16", "generator": "global"}
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}), draw, dict(draw)]
+
+    [found] = causes.rank(context([events(0), events(1)]))
+    assert found.evidence[0] == "Tensor.uniform_ at x.py:16 drew from the unseeded global torch RNG (2 times)"
+    assert len(found.evidence) == len(set(found.evidence))
