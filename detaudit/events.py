@@ -73,6 +73,7 @@ class DrawEvent(_Event):
     device: NotRequired[str]  # torch draws only
     obj: NotRequired[int]  # drawn from an RNG object the script owns (its GeneratorEvent's `obj`)
     library: NotRequired[bool]  # dropout only: called by library code (an nn.Dropout module in training mode)
+    importing: NotRequired[bool]  # drawn while a module was being imported (a library's import-time draw)
 
 
 class RngDigest(TypedDict):

@@ -729,3 +729,17 @@ def test_equal_evidence_lines_are_merged_with_a_count() -> None:
     [found] = causes.rank(context([events(0), events(1)]))
     assert found.evidence[0] == "Tensor.uniform_ at x.py:16 drew from the unseeded global torch RNG (2 times)"
     assert len(found.evidence) == len(set(found.evidence))
+
+
+def test_an_rng_only_a_library_drew_from_at_its_import_is_not_likely() -> None:
+    """`import lightning` draws `random.getrandbits` on the user's import line; the torch RNG is the real source."""
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}, python={"digest": f"p{i}", "drawn": False}),
+                {"type": "draw", "lib": "python", "fn": "random.getrandbits", "loc": "train.py:2",
+                 "generator": "global", "importing": True},
+                {"type": "draw", "lib": "torch", "fn": "Tensor.uniform_", "loc": "train.py:9", "generator": "global"}]
+
+    assert ids(context([events(0), events(1)])) == ["unseeded-torch-rng"]  # the import-time draw is below the line
+    python = rng.unseeded_python_rng(context([events(0), events(1)]))
+    assert python is not None and python.cause.confidence == "possible"
+    assert any("only imported libraries drew from it" in line for line in python.cause.evidence)

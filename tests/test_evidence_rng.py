@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pickle
 import random
+import sys
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import numpy as np
+import pytest
 import torch
 from evidence_sink import Sink
 
@@ -39,7 +41,7 @@ def test_torch_seeding_records_value_site_and_whether_the_rng_was_drawn_from(evi
     assert not first["drawn_before"] and second["drawn_before"]  # randn drew between the two
     assert first["state"] != second["state"] and first["pinned"] is None
     [draw] = sink.of("draw")
-    assert set(draw) == fields(DrawEvent) - {"obj", "library"}  # an RNG object's draws; dropout's caller
+    assert set(draw) == fields(DrawEvent) - {"obj", "library", "importing"}  # set only where they apply
     assert (draw["fn"], draw["generator"], draw["device"]) == ("torch.randn", "global", "cpu")
 
 
@@ -207,3 +209,26 @@ def test_seeding_through_a_helper_names_the_helper_and_a_restore_is_recorded(
     assert all("test_evidence_rng.py" in e["loc"] for e in sink.of("seed"))  # the user's line that called the helper
     restore = sink.of("rng-restore")[0]  # fork_rng's exit (then this test's own restores)
     assert restore["fn"] == "torch.set_rng_state" and restore["library"] and "(fork_rng)" in restore["by"]
+
+
+def test_a_draw_by_a_library_at_its_import_is_told_apart(evidence: tuple[Evidence, Sink], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    ev, sink = evidence
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "drawsatimport.py").write_text("import random\nTOKEN = random.getrandbits(32)\n")
+    (tmp_path / "usermodel.py").write_text("import random\nOFFSET = random.random()\n")
+    ev._library += (str(site) + "/",)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    state = random.getstate()
+    try:
+        rng.install_python(ev)
+        import drawsatimport  # noqa: F401
+        import usermodel  # noqa: F401
+    finally:
+        random.setstate(state)
+        for name in ("drawsatimport", "usermodel"):
+            sys.modules.pop(name, None)
+    draws = {d["fn"]: d.get("importing", False) for d in sink.of("draw")}
+    assert draws == {"random.getrandbits": True, "random.random": False}  # a user module's own draw is the script's

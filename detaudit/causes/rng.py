@@ -33,6 +33,7 @@ CONSTANT_SEED = {
     "random.SystemRandom": "random.Random(0)", "Generator.seed": ".manual_seed(0)",
     "Generator.manual_seed": ".manual_seed(0)",
 }
+IMPORT_ONLY = 0.5  # an RNG only libraries drew from at their import: below BACKGROUND beside a likely cause
 OBJECT = {"torch": "torch.Generator", "numpy": "NumPy generator", "python": "`random.Random`"}
 
 
@@ -103,6 +104,7 @@ class Unseeded:
     line: str
     draw: str = ""  # the drawing line, when this is a draw
     undone: bool = False  # a state restore that undid the seeding
+    importing: bool = False  # a draw made while a module was being imported
 
 
 def unseeded_draws(ctx: Context, rep: RepeatEvidence, lib: str) -> list[Unseeded]:
@@ -135,8 +137,10 @@ def unseeded_draws(ctx: Context, rep: RepeatEvidence, lib: str) -> list[Unseeded
         elif seeded is not None:
             continue
         elif e["type"] == "draw" and e.get("lib") == lib and e.get("generator") == "global":
+            during = " while a module was being imported (a library's own draw)" if e.get("importing") else ""
             found.append(Unseeded(e.get("at", 0), f"{e['fn']} at {e.get('loc') or '?'} drew from the unseeded "
-                                                  f"global {NAMES[lib]} RNG", draw=e.get("loc") or ""))
+                                                  f"global {NAMES[lib]} RNG{during}", draw=e.get("loc") or "",
+                                  importing=bool(e.get("importing"))))
         elif e["type"] == "state" and not found and _drawn(e, lib):
             found.append(Unseeded(e.get("at", 0), f"the global {NAMES[lib]} RNG state had changed by the "
                                                   f"{e['when']} snapshot (it was drawn from)"))
@@ -243,6 +247,11 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
     summary = f"{NAMES[lib]} randomness is not seeded ({what}), so it differs in every run"
     pins = [] if objects and all(o.event.get("entropy") for o in objects) and not draws else [PINS[lib]]
     score = _score(ctx, lib, first_at)
+    if draws and not objects and all(d.importing for d in draws if d.draw) and any(d.draw for d in draws):
+        # only libraries drew, at their import: the RNG's state changed, and nothing shows the script using it
+        score = IMPORT_ONLY
+        lines.insert(-1, f"only imported libraries drew from it, while being imported: nothing recorded shows the "
+                         f"script's own computation using the {NAMES[lib]} RNG")
     return finding(f"unseeded-{lib}-rng", score, summary, lines, fix, pins,
                    "op-records" if lib == "torch" and _random_op(ctx) else "direct")
 

@@ -196,6 +196,8 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
                         event["device"] = ev.draw_device(args, kwargs)
                     if label == "dropout":
                         event["library"] = ev.is_library(caller)
+                    if _library_import(ev, caller):
+                        event["importing"] = True
                     ev.emit(event)
                 else:
                     ev.seen.discard((label, caller.f_code, caller.f_lineno))
@@ -372,3 +374,16 @@ def _torch_generator_class(ev: Evidence, base: Any) -> Any:
             return result
 
     return Generator
+
+
+def _library_import(ev: Evidence, frame: Any) -> bool:
+    """Whether a library module's import-time code made this call (only library frames between it and the
+    import system): a draw on the user's `import` line that the script's code did not ask for. A user module
+    imported by the script (a model built at module level) is the script's code. Walked once per call site."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        if not ev.is_library(frame):
+            return False
+        frame = frame.f_back
+    return False
