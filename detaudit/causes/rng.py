@@ -14,7 +14,16 @@ import functools
 from dataclasses import dataclass
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
-from detaudit.events import DataLoaderEvent, DrawEvent, GeneratorEvent, RngRestoreEvent, SeedEvent, Short, StateEvent
+from detaudit.events import (
+    DataLoaderEvent,
+    DrawEvent,
+    GeneratorEvent,
+    HashEvent,
+    RngRestoreEvent,
+    SeedEvent,
+    Short,
+    StateEvent,
+)
 from detaudit.pin import Pin
 from detaudit.results import Basis
 
@@ -314,6 +323,10 @@ def varying_seed(ctx: Context) -> Finding | None:
         break
     if first is None:
         return None
+    probes = [h.get("probe") for h in (r.first(HashEvent) for r in ctx.involved) if h is not None]
+    if len(probes) == len(ctx.involved) and ctx.differs(probes):
+        lines.append("string hashing is randomized in these repeats (PYTHONHASHSEED unset): a seed derived from "
+                     "`hash()` of a string (a prompt, a name) changes with it")
     lines.append(f"first divergence: {ctx.where()}")
     fix = (f"{constant_seed(first['fn'], first.get('loc', ''))}; when runs must differ on purpose, pass the seed "
            "in explicitly (an argument or config value) and log it")
@@ -321,7 +334,7 @@ def varying_seed(ctx: Context) -> Finding | None:
     basis: Basis = "op-records" if Pin.TORCH_RNG in pins and _random_op(ctx) else "direct" if ctx.precedes(first) \
         else "circumstantial"
     return finding("varying-seed", score, "a seed is set, but to a value that changes from run to run "
-                   "(clock, pid or OS entropy)", lines, fix, pins, basis)
+                   "(clock, pid, OS entropy, or `hash()` of a string)", lines, fix, pins, basis)
 
 
 @detects("dataloader-workers")
