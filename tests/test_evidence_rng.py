@@ -232,3 +232,23 @@ def test_a_draw_by_a_library_at_its_import_is_told_apart(evidence: tuple[Evidenc
             sys.modules.pop(name, None)
     draws = {d["fn"]: d.get("importing", False) for d in sink.of("draw")}
     assert draws == {"random.getrandbits": True, "random.random": False}  # a user module's own draw is the script's
+
+
+def test_seeding_through_the_scripts_own_wrapper_is_the_scripts_seeding(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+
+    def seed_all(seed: int) -> None:
+        torch.manual_seed(seed)
+        random.seed(seed)
+
+    rng.install_python(ev)
+    rng.install_torch(ev, torch)
+    state = (torch.get_rng_state(), random.getstate())
+    try:
+        seed_all(5)
+    finally:
+        torch.set_rng_state(state[0])
+        random.setstate(state[1])
+    seeds = [(e["fn"], e["library"], "by" in e) for e in sink.of("seed") if e["state"] is not None]
+    assert seeds == [("torch.manual_seed", False, False), ("random.seed", False, False)]
+    assert sink.of("seed")[-1]["loc"].endswith(f":{_line('random.seed(seed)')}")  # the wrapper's own line
