@@ -90,7 +90,7 @@ def unknown(ctx: Context) -> Finding:
     for lib in ("torch", "numpy", "python"):
         states = [next((s["rng"][lib]["digest"] for s in r.states() if lib in s.get("rng", {})
                         and ctx.precedes(s) and s.get("when") != "import"), None) for r in ctx.involved]
-        seeds = rng.user_seeds(ctx.ref, lib)
+        seeds = rng.seeding_calls(ctx.ref, lib)
         if None not in states and not ctx.differs(states):
             how = f"seeded at {seeds[0].get('loc')}" if seeds else "never seeded but"
             ruled_out.append(f"{rng.NAMES[lib]} RNG: {how} its state matched in every repeat before the divergence")

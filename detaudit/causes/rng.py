@@ -59,7 +59,7 @@ def constant_seed(fn: str, loc: str) -> str:
     return f"seed with a constant at {loc}: `{call or fn + '(0)'}`"
 
 
-def user_seeds(rep: RepeatEvidence, lib: str, workers: bool = False) -> list[SeedEvent]:
+def seeding_calls(rep: RepeatEvidence, lib: str, workers: bool = False) -> list[SeedEvent]:
     """The seeding calls of `lib` made for the script: in the main process its own and those of the helpers it
     calls (`seed_everything`, `set_seed`: library code seeding the global RNG is seeding, whoever writes the
     call), except the GPU seeding torch.manual_seed does inside itself; in DataLoader workers (`workers`) the
@@ -71,8 +71,11 @@ def user_seeds(rep: RepeatEvidence, lib: str, workers: bool = False) -> list[See
 
 def seeded_by(seed: SeedEvent) -> str:
     """`torch.manual_seed(42) at train.py:5`, with the helper's line when a library made the call."""
-    via = f" (through {_short_site(seed['by'])})" if seed.get("library") and seed.get("by") else ""
-    return f"{seed['fn']}({seed.get('value')}) at {seed.get('loc')}{via}"
+    return f"{seed['fn']}({seed.get('value')}) at {seed.get('loc')}{_via(seed)}"
+
+
+def _via(seed: SeedEvent) -> str:
+    return f" (through {_short_site(seed['by'])})" if seed.get("library") and seed.get("by") else ""
 
 
 def _short_site(site: str) -> str:
@@ -120,7 +123,7 @@ def unseeded_draws(ctx: Context, rep: RepeatEvidence, lib: str) -> list[Unseeded
     """Draws from the global RNG while it is not seeded, up to the divergence: before the first seeding
     call, or after a state restore undid the seeding (fork_rng)."""
     found: list[Unseeded] = []
-    seeds = {id(e) for e in user_seeds(rep, lib)}
+    seeds = {id(e) for e in seeding_calls(rep, lib)}
     undoing = _undoing_restores(ctx, lib) if rep is ctx.ref else set()
     seeded: str | None = None  # what seeded the RNG last, while it stays seeded
     for e in rep.events:
@@ -230,7 +233,7 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
     lines = [d.line for d in shown]
     for o in objects[:3]:
         lines += o.lines(ctx)
-    if not user_seeds(ctx.ref, lib) and draws:
+    if not seeding_calls(ctx.ref, lib) and draws:
         lines.append(f"no {NAMES[lib]} seeding call was seen before the divergence (the script's own or a helper's)")
     if any(o.event.get("entropy") for o in objects):
         lines.append(f"the {PINS[lib].value} experiment cannot reach SystemRandom")
@@ -300,14 +303,14 @@ def varying_seed(ctx: Context) -> Finding | None:
     pins: list[Pin] = []
     first: SeedEvent | GeneratorEvent | None = None
     for lib in ("torch", "numpy", "python"):
-        for calls in ctx.aligned(functools.partial(user_seeds, lib=lib)):
+        for calls in ctx.aligned(functools.partial(seeding_calls, lib=lib)):
             values = [c.get("value") for c in calls]
             entropy = all(v is None for v in values)  # seeded from OS entropy: only the state can differ
             # the same value in every repeat is a seed that does not vary, whatever else does: never a cause
             if not (ctx.differs([c.get("state") for c in calls]) if entropy else ctx.differs(values)):
                 continue
             c = calls[0]
-            via = f" (through {_short_site(c['by'])})" if c.get("library") and c.get("by") else ""
+            via = _via(c)
             if entropy:
                 lines.append(f"{c['fn']}() at {c.get('loc')}{via} seeds from operating-system entropy: the state "
                              "differs in every repeat")
@@ -356,7 +359,7 @@ def dataloader_workers(ctx: Context) -> Finding | None:
             loc = loc or g.get("loc", "")
             break
     for lib in ("numpy", "python", "torch"):
-        for calls in ctx.aligned(functools.partial(user_seeds, lib=lib, workers=True)):
+        for calls in ctx.aligned(functools.partial(seeding_calls, lib=lib, workers=True)):
             if ctx.differs([c.get("state") for c in calls]):
                 c = calls[0]
                 lines.append(f"inside DataLoader worker {c.get('worker')}, {c['fn']} at {c.get('loc')} set a seed "
