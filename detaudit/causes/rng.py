@@ -115,7 +115,7 @@ class Unseeded:
     at: int
     line: str
     draw: str = ""  # the drawing line, when this is a draw
-    undone: bool = False  # a state restore that undid the seeding
+    undone: str = ""  # a state restore that undid the seeding: its call and line
     importing: bool = False  # a draw made while a module was being imported
 
 
@@ -144,7 +144,7 @@ def unseeded_draws(ctx: Context, rep: RepeatEvidence, lib: str) -> list[Unseeded
                                                              f"{_short_site(restore.get('by', '?'))}) set the global "
                                                              f"{NAMES[lib]} RNG back to a state that differs between "
                                                              f"repeats: the seeding by {seeded} was undone",
-                                      undone=True))
+                                      undone=f"{restore['fn']} at {restore.get('loc')}"))
                 seeded = None
         elif seeded is not None:
             continue
@@ -245,7 +245,7 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
         what = f"{objects[0].event['fn']}() at {objects[0].event.get('loc')} is not seeded"
     else:
         if undone is not None:
-            fix = (f"seed outside the block whose exit restores the RNG state ({undone.line.split(' (by ', 1)[0]}), "
+            fix = (f"seed outside the block whose exit restores the RNG state ({undone.undone}), "
                    f"or call `{SEED_CALL[lib]}` again after it" + (f", before {loc}" if loc else ""))
         else:
             fix = f"call `{SEED_CALL[lib]}` at the start of the script" + (f", before {loc}" if loc else "")
