@@ -745,3 +745,11 @@ def test_an_rng_only_a_library_drew_from_at_its_import_is_not_likely() -> None:
     python = rng.unseeded_python_rng(context([events(0), events(1)]))
     assert python is not None and python.cause.confidence == "possible"
     assert any("only imported libraries drew from it" in line for line in python.cause.evidence)
+
+
+def test_an_outside_value_outranks_object_order_also_with_the_hash_seed_fixed() -> None:
+    """PYTHONHASHSEED=0 set by the user (or repeats forked from one interpreter): object order is still a guess."""
+    def events(i: int) -> list[dict[str, Any]]:
+        return [hash_event(5, 0), {"type": "clock", "fn": "time.time", "loc": "train.py:13"}]
+
+    assert ids(context([events(0), events(1)])) == ["outside-value", "object-order"]

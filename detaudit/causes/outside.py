@@ -11,7 +11,7 @@ from __future__ import annotations
 from detaudit.causes.context import Context, Finding, detects, finding
 from detaudit.events import ClockEvent, OutsideEvent, kind_of
 
-SCORE = 0.5  # below BACKGROUND: listed only when nothing likely explains the divergence
+SCORE = 0.52  # below BACKGROUND (listed only when nothing likely explains the divergence), above order guesses
 WHAT = {"time": "the clock", "os.getpid": "the process id", "os.urandom": "operating-system entropy",
         "secrets": "operating-system entropy", "uuid": "a random or time-based uuid"}
 
