@@ -41,20 +41,25 @@ class SeedEvent(_Event):
     drawn_before: bool  # the RNG had been drawn from since its last seeding
     state: str | None  # digest of the RNG state after the call (None: a GPU-only seeding)
     pinned: int | None  # the value an --explain pin substituted
+    by: NotRequired[str]  # library calls: the immediate caller (a seeding helper: `seed_everything`, `set_seed`)
 
 
 class GeneratorEvent(_Event):
-    """`np.random.default_rng(...)`: a NumPy Generator was created."""
+    """An RNG object the script owns was created or seeded: `np.random.default_rng`, `np.random.RandomState`
+    (and its `.seed`), `random.Random` (and its `.seed`), `random.SystemRandom`, `torch.Generator`'s `.seed`
+    and `.manual_seed`."""
 
     type: Literal["generator"]
-    lib: Literal["numpy"]
+    lib: Lib
     fn: str
-    seeded: bool
-    value: Short
+    seeded: bool  # given a seed value (`Generator.seed()` draws one from the OS: not seeded)
+    value: Short  # the seed given, or the one `Generator.seed()` drew
     loc: str
     library: bool
-    state: str
+    state: str | None  # digest of the object's state after the call (None: SystemRandom, which has none)
     pinned: int | None
+    obj: NotRequired[int]  # the object's number in this process (draws from it name it too)
+    entropy: NotRequired[bool]  # every draw reads the OS (SystemRandom): no seed can fix it
 
 
 class DrawEvent(_Event):
@@ -66,6 +71,9 @@ class DrawEvent(_Event):
     loc: str
     generator: Literal["explicit", "global"]
     device: NotRequired[str]  # torch draws only
+    obj: NotRequired[int]  # drawn from an RNG object the script owns (its GeneratorEvent's `obj`)
+    library: NotRequired[bool]  # dropout only: called by library code (an nn.Dropout module in training mode)
+    importing: NotRequired[bool]  # drawn while a module was being imported (a library's import-time draw)
 
 
 class RngDigest(TypedDict):
@@ -224,6 +232,15 @@ class ClockEvent(_Event):
     """The first read of the wall clock at a user call site."""
 
     type: Literal["clock"]
+    fn: str
+    loc: str
+
+
+class OutsideEvent(_Event):
+    """The first read, at a user call site, of a value from outside the program that differs in every run:
+    the process id (`os.getpid`), OS entropy (`os.urandom`, `secrets.*`), a random or time-based `uuid`."""
+
+    type: Literal["outside"]
     fn: str
     loc: str
 
@@ -433,6 +450,8 @@ class RngRestoreEvent(_Event):
     fn: str
     loc: str
     library: bool
+    by: NotRequired[str]  # the immediate caller (`torch/random.py:... (fork_rng)`: its exit)
+    state: NotRequired[str | None]  # torch, numpy, python: digest of the RNG state after the call
 
 
 class StateRestoreEvent(_Event):
@@ -456,15 +475,15 @@ class InitialParamsEvent(_Event):
 
 Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, OpEvent, ModulesEvent, EmptyEvent,
               EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
-              WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, ClockReadsEvent, EnvironmentEvent, CompileEvent,
-              DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
+              WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
+              CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
               BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
               StateRestoreEvent, InitialParamsEvent]
 Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
-               "clock", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried", "unobserved",
-               "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save", "checkpoint-load",
-               "rng-restore", "state-restore", "initial-params"]
+               "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
+               "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
+               "checkpoint-load", "rng-restore", "state-restore", "initial-params"]
 
 E = TypeVar("E")
 

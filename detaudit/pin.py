@@ -57,7 +57,9 @@ PINS: dict[Pin, PinSpec] = {Pin(p.name): p for p in (
     # RNGs are seeded too: a random value's size changes allocation sizes, and with them addresses
     PinSpec(Pin.ADDRESS_LAYOUT, "the memory layout (address randomization off, PYTHONHASHSEED=0, RNGs seeded)",
             env={"PYTHONHASHSEED": "0"}, child=(Pin.ADDRESS_LAYOUT, Pin.TORCH_RNG, Pin.NUMPY_RNG, Pin.PYTHON_RNG)),
-    PinSpec(Pin.DETERMINISTIC, "the kernels (torch.use_deterministic_algorithms(True))", child=(Pin.DETERMINISTIC,)),
+    # the kernels alone: its fill of uninitialized memory is left off (that source is zero-empty's)
+    PinSpec(Pin.DETERMINISTIC, "the kernels (torch.use_deterministic_algorithms(True), without its fill of "
+            "uninitialized memory)", child=(Pin.DETERMINISTIC,)),
     PinSpec(Pin.ONE_THREAD, "one thread (set_num_threads(1), OMP/MKL_NUM_THREADS=1)",
             env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, child=(Pin.ONE_THREAD,)),
     PinSpec(Pin.CUDNN, "cuDNN (benchmark off, deterministic on)", child=(Pin.CUDNN,)),
@@ -102,6 +104,14 @@ def covers(pin: str, other: str) -> bool:
     """Pinning `pin` also pins everything `other` does (address-layout covers hash-seed)."""
     a, b = pin_of(pin), pin_of(other)
     return b.env.items() <= a.env.items() and set(b.child) <= set(a.child)
+
+
+def also_pins(name: str) -> list[Pin]:
+    """The other sources a one-pin experiment holds fixed besides its own (address-layout also pins the hash
+    seed and the RNGs): its agreement confirms its own source only when these alone do not agree too."""
+    if name not in PINS:
+        return []
+    return [p for p in PINS if p != name and covers(name, p)]
 
 
 def separating_pin(first: Sequence[str], second: Sequence[str]) -> Pin | None:

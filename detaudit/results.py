@@ -171,7 +171,9 @@ class Tolerance:
 # How strong the proof of a cause is, strongest first: it decides the ranking before the score does
 Basis = Literal["experiment", "op-records", "direct", "circumstantial"]
 BASES: tuple[Basis, ...] = ("experiment", "op-records", "direct", "circumstantial")
-Confidence = Literal["confirmed", "likely", "possible"]
+# ruled-out: its own experiment left the repeats diverging; not-needed: another experiment made them agree
+# without pinning its source (both listed below the others)
+Confidence = Literal["confirmed", "likely", "possible", "not-needed", "ruled-out"]
 # `timeout`: a repeat timed out before any divergence; `inconclusive`: agreement that proves nothing
 Verdict = Literal["deterministic", "divergent", "failed", "timeout", "inconclusive"]
 ExperimentVerdict = Literal["deterministic", "divergent", "failed", "skipped"]

@@ -97,6 +97,12 @@ MATRIX = [
     Row("train_mlp.py", "cublas-workspace", "cublas-workspace", NOT_SEED,
         env=fault("torch.nn.functional.linear", "cublas")),
     Row("score_batches.py", "unseeded-torch-rng", "unseeded-torch-rng", NOT_SEED),
+    # RNG objects the script owns, and a seeding undone by fork_rng's exit: once object-order [likely] by elimination
+    Row("train_private_noise.py", "varying-seed", "varying-seed", ORDER),
+    Row("train_batch_order.py", "unseeded-python-rng", "unseeded-python-rng", (*ORDER, *NOT_SEED)),
+    Row("train_encoder_init.py", "unseeded-torch-rng", "unseeded-torch-rng", (*ORDER, *NOT_SEED)),
+    # a learning rate from the clock: no pin reaches it; once object-order [likely] by elimination
+    Row("train_warm_restart.py", "outside-value", None, NOT_SEED),
     # a time-boxed loop: the repeats run different numbers of steps; no pin reaches the clock
     Row("train_budgeted.py", "wall-clock", None, ("python-hash-seed", *NOT_SEED)),
     # only printed timings differ, compared strictly: no pin reaches the clock, and no order cause is guessed
@@ -129,6 +135,9 @@ WHERE: dict[str, str | tuple[str, ...]] = {
     "train_denoiser.py+fault": "train_denoiser.py",
     "pool_graphs.py+fault": "pool_graphs.py:14",
     "train_mlp.py+fault": "CUBLAS_WORKSPACE_CONFIG=:4096:8",
+    "train_private_noise.py": "train_private_noise.py:13",
+    "train_batch_order.py": "train_batch_order.py:20",
+    "train_encoder_init.py": "train_encoder_init.py:13",
 }
 # scripts whose outcome is not a property of the script alone: covered by their own tests
 NOT_IN_MATRIX = {

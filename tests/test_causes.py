@@ -115,7 +115,7 @@ def test_unseeded_generator() -> None:
 
     found = rng.unseeded_numpy_rng(context([events(0), events(1)], rec=record("input", "x", index=0), index=0))
     assert found is not None
-    assert "np.random.default_rng(0)` at train.py:13" in found.cause.fix
+    assert "at train.py:13: `np.random.default_rng(0)`" in found.cause.fix
 
 
 def test_varying_seed_outranks_everything_and_names_the_call() -> None:
@@ -127,6 +127,8 @@ def test_varying_seed_outranks_everything_and_names_the_call() -> None:
     found = causes.rank(context([events(0), events(1)]))
     assert found[0].id == "varying-seed"
     assert "1000 in repeat 0, 1001 in repeat 1" in found[0].evidence[0]
+    # the hash probe differs too: a seed from `hash(prompt)` is named as such, not as a set's order
+    assert any("derived from `hash()` of a string" in line for line in found[0].evidence)
     assert "torch.manual_seed(0)" in found[0].fix and "train.py:9" in found[0].fix
     assert found[0].pins == ["torch-rng"]
 
@@ -546,3 +548,208 @@ def test_a_strict_stdout_divergence_in_timings_only_says_masking_would_hide_it()
 def test_output_that_ended_early_is_quoted_as_ended() -> None:
     found = causes.rank(_stdout_only("done", None))  # type: ignore[arg-type]
     assert "stdout line 7: 'done' in repeat 0, (output ended) in repeat 1" in found[0].evidence
+
+
+# -- RNG objects the script owns, seeding through helpers, seeding undone (issue 26 items 1, 2, 11) -----------
+def own_rng(i: int, fn: str, lib: str = "python", value: Any = None, obj: int = 0, loc: str = "data.py:5",
+            **extra: Any) -> list[dict[str, Any]]:
+    """An RNG object made (or seeded) at `loc` whose state differs per repeat, and a draw from it."""
+    made = {"type": "generator", "lib": lib, "fn": fn, "seeded": value is not None and fn != "Generator.seed",
+            "value": value, "loc": loc, "library": False, "state": f"state-{i}", "pinned": None, "obj": obj, **extra}
+    return [hash_event(i), made,
+            {"type": "draw", "lib": lib, "fn": "Random.shuffle", "loc": "data.py:9", "generator": "explicit",
+             "obj": obj}]
+
+
+@pytest.mark.parametrize(("fn", "lib", "cause", "fix"), [
+    ("random.Random", "python", "unseeded-python-rng", "`random.Random(0)`"),
+    ("np.random.RandomState", "numpy", "unseeded-numpy-rng", "`np.random.RandomState(0)`"),
+])
+def test_an_unseeded_rng_object_is_the_top_cause_named_where_it_was_made_and_drawn(
+        fn: str, lib: str, cause: str, fix: str) -> None:
+    found = causes.rank(context([own_rng(0, fn, lib), own_rng(1, fn, lib)]))
+    assert found[0].id == cause and found[0].confidence == "likely"
+    assert any(f"{fn}() at data.py:5 created" in line for line in found[0].evidence)
+    assert "Random.shuffle at data.py:9 drew from it" in found[0].evidence
+    assert fix in found[0].fix and "data.py:5" in found[0].fix
+    assert not {"object-order", "python-hash-seed"} & set(ids(context([own_rng(0, fn, lib), own_rng(1, fn, lib)])))
+
+
+def test_a_torch_generator_seeded_from_the_os_is_a_varying_seed_at_its_line() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return own_rng(i, "Generator.seed", "torch", value=1000 + i, loc="dp.py:12")
+
+    found = causes.rank(context([events(0), events(1)]))
+    assert found[0].id == "varying-seed" and found[0].pins == ["torch-rng"]
+    assert "Generator.seed() at dp.py:12 seeded a torch.Generator from operating-system entropy" in \
+        found[0].evidence[0]
+    assert "`.manual_seed(0)`" in found[0].fix and "instead of `.seed()` at dp.py:12" in found[0].fix
+
+
+def test_a_torch_generator_seeded_with_os_bytes_names_the_values() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return own_rng(i, "Generator.manual_seed", "torch", value=77 + i, loc="crop.py:4")
+
+    found = causes.rank(context([events(0), events(1)]))
+    assert found[0].id == "varying-seed"
+    assert "Generator.manual_seed at crop.py:4 seeded a torch.Generator with 77 in repeat 0, 78 in repeat 1" in \
+        found[0].evidence[0]
+
+
+def test_system_random_cannot_be_pinned_and_says_so() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return own_rng(i, "random.SystemRandom", entropy=True, state=None)
+
+    found = causes.rank(context([events(0), events(1)]))
+    assert found[0].id == "unseeded-python-rng" and found[0].pins == []
+    assert any("cannot reach SystemRandom" in line for line in found[0].evidence)
+    assert "use `random.Random(0)` instead of SystemRandom" in found[0].fix
+
+
+def test_an_rng_object_never_drawn_from_before_the_divergence_is_no_cause() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        made, draw = own_rng(i, "random.Random")[1:]
+        return [made, {**draw, "at": 50}]
+
+    assert rng.unseeded_python_rng(context([events(0), events(1)], index=10)) is None
+
+
+def test_an_rng_object_with_a_constant_seed_is_no_cause() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [{**e, "state": "same"} if e["type"] == "generator" else e for e in own_rng(i, "random.Random", value=3)]
+
+    ctx = context([events(0), events(1)])
+    assert rng.unseeded_python_rng(ctx) is None and rng.varying_seed(ctx) is None
+
+
+def seeding(fn: str, lib: str, value: Any, state: str, library: bool = True, at: int = 0) -> dict[str, Any]:
+    event = {"type": "seed", "lib": lib, "fn": fn, "value": value, "loc": "train.py:5", "library": library,
+             "drawn_before": False, "state": state, "pinned": None, "at": at}
+    return {**event, "by": "/venv/lib/python3.11/site-packages/lightning/seed.py:40"} if library else event
+
+
+def test_seeding_through_a_helper_is_seeding() -> None:
+    """`seed_everything(42)`: library code makes the seeding calls, on the user's line."""
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}, python={"digest": f"p{i}", "drawn": False}),
+                seeding("torch.cuda.manual_seed_all", "torch", 42, None),  # type: ignore[arg-type]
+                seeding("torch.manual_seed", "torch", 42, "s"), seeding("random.seed", "python", 42, "r"),
+                {"type": "draw", "lib": "torch", "fn": "Tensor.uniform_", "loc": "model.py:9", "generator": "global"},
+                {"type": "draw", "lib": "python", "fn": "random.shuffle", "loc": "data.py:3", "generator": "global"},
+                {"type": "empty", "fn": "torch.empty", "loc": "model.py:30", "shape": [4], "digest": f"e{i}"}]
+
+    found = ids(context([events(0), events(1)]))
+    assert not {"unseeded-torch-rng", "unseeded-python-rng", "varying-seed"} & set(found)
+
+
+def test_a_helper_seeding_with_a_varying_value_is_named_through_the_helper() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}),
+                seeding("torch.manual_seed", "torch", 1000 + i, f"s{i}")]
+
+    found = causes.rank(context([events(0), events(1)]))
+    assert found[0].id == "varying-seed"
+    assert "torch.manual_seed at train.py:5 (through lightning/seed.py:40) received 1000" in found[0].evidence[0]
+
+
+def test_seeding_undone_by_a_state_restore_leaves_the_rng_unseeded() -> None:
+    """fork_rng: the seeding inside it is undone on exit, and dropout draws from the unseeded RNG."""
+    def events(i: int, restored: str) -> list[dict[str, Any]]:
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}), hash_event(i),
+                seeding("torch.manual_seed", "torch", 0, "s0", library=False),
+                {"type": "draw", "lib": "torch", "fn": "Tensor.normal_", "loc": "bert.py:7", "generator": "global"},
+                {"type": "rng-restore", "lib": "torch", "fn": "torch.set_rng_state", "loc": "bert.py:4",
+                 "library": True, "by": "/usr/lib/python3.11/site-packages/torch/random.py:237 (fork_rng)",
+                 "state": restored},
+                {"type": "draw", "lib": "torch", "fn": "dropout", "loc": "bert.py:20", "generator": "global"}]
+
+    found = causes.rank(context([events(0, "t0"), events(1, "t1")]))
+    assert found[0].id == "unseeded-torch-rng"
+    assert any("torch.set_rng_state at bert.py:4 (by torch/random.py:237 (fork_rng))" in line and "undone" in line
+               for line in found[0].evidence)
+    assert "dropout at bert.py:20 drew from the unseeded global torch RNG" in found[0].evidence
+    assert not any("Tensor.normal_" in line for line in found[0].evidence)  # drawn while seeded
+    # a restore to the same state in every repeat (a checkpoint's RNG state) keeps it seeded
+    assert rng.unseeded_torch_rng(context([events(0, "same"), events(1, "same")])) is None
+
+
+@pytest.mark.parametrize("fn", sorted(rng.CONSTANT_SEED))
+def test_every_constant_seed_fix_runs(fn: str) -> None:
+    """The fix a cause offers is code the user can paste: it runs against the real functions."""
+    import random as random_module
+
+    import numpy as np
+    import torch
+
+    call = rng.CONSTANT_SEED[fn]
+    if fn.startswith("torch.cuda.") and not torch.cuda.is_available():
+        assert callable(eval(call.split("(")[0], {"torch": torch}))  # CUDA seeding: a function that exists
+        return
+    receivers = {"Generator": torch.Generator(), "Random": random_module.Random(),
+                 "RandomState": np.random.RandomState()}
+    owner = receivers.get(fn.split(".")[0]) if call.startswith(".") else None
+    state = (torch.get_rng_state(), random_module.getstate(), np.random.get_state())
+    try:
+        eval(f"rng{call}" if owner is not None else call, {"torch": torch, "np": np, "random": random_module,
+                                                            "rng": owner})
+    finally:
+        torch.set_rng_state(state[0])
+        random_module.setstate(state[1])
+        np.random.set_state(state[2])
+
+
+# -- values from outside (issue 26 item 4) --------------------------------------------------------------------
+def test_an_outside_value_read_before_the_divergence_is_said_at_its_line_above_the_guesses() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [hash_event(i), {"type": "clock", "fn": "time.time", "loc": "train.py:13"},
+                {"type": "outside", "fn": "os.getpid", "loc": "train.py:20"}]
+
+    found = causes.rank(context([events(0), events(1)], rec=record("param", "0.weight", step=1)))
+    assert found[0].id == "outside-value" and found[0].confidence == "possible"
+    assert "time.time at train.py:13 read the clock, which differs in every run" in found[0].evidence
+    assert "os.getpid at train.py:20 read the process id, which differs in every run" in found[0].evidence
+    assert "os.getpid at train.py:20" in found[0].fix  # the read nearest the divergence
+    assert [c.id for c in found[1:]] == ["python-hash-seed", "object-order"]  # guesses below, not a toss-up
+    assert all(c.separating_pin is None for c in found)
+
+
+def test_an_outside_read_is_not_listed_beside_a_cause_with_evidence() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}),
+                {"type": "clock", "fn": "time.perf_counter", "loc": "train.py:3"},
+                {"type": "draw", "lib": "torch", "fn": "torch.randn", "loc": "train.py:5", "generator": "global"}]
+
+    assert ids(context([events(0), events(1)])) == ["unseeded-torch-rng"]
+
+
+def test_equal_evidence_lines_are_merged_with_a_count() -> None:
+    """One init line draws for a weight and its bias (two library call sites, one user line)."""
+    def events(i: int) -> list[dict[str, Any]]:
+        draw = {"type": "draw", "lib": "torch", "fn": "Tensor.uniform_", "loc": "x.py:16", "generator": "global"}
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}), draw, dict(draw)]
+
+    [found] = causes.rank(context([events(0), events(1)]))
+    assert found.evidence[0] == "Tensor.uniform_ at x.py:16 drew from the unseeded global torch RNG (2 times)"
+    assert len(found.evidence) == len(set(found.evidence))
+
+
+def test_an_rng_only_a_library_drew_from_at_its_import_is_not_likely() -> None:
+    """`import lightning` draws `random.getrandbits` on the user's import line; the torch RNG is the real source."""
+    def events(i: int) -> list[dict[str, Any]]:
+        return [state("import", torch={"digest": f"t{i}", "drawn": False}, python={"digest": f"p{i}", "drawn": False}),
+                {"type": "draw", "lib": "python", "fn": "random.getrandbits", "loc": "train.py:2",
+                 "generator": "global", "importing": True},
+                {"type": "draw", "lib": "torch", "fn": "Tensor.uniform_", "loc": "train.py:9", "generator": "global"}]
+
+    assert ids(context([events(0), events(1)])) == ["unseeded-torch-rng"]  # the import-time draw is below the line
+    python = rng.unseeded_python_rng(context([events(0), events(1)]))
+    assert python is not None and python.cause.confidence == "possible"
+    assert any("only imported libraries drew from it" in line for line in python.cause.evidence)
+
+
+def test_an_outside_value_outranks_object_order_also_with_the_hash_seed_fixed() -> None:
+    """PYTHONHASHSEED=0 set by the user (or repeats forked from one interpreter): object order is still a guess."""
+    def events(i: int) -> list[dict[str, Any]]:
+        return [hash_event(5, 0), {"type": "clock", "fn": "time.time", "loc": "train.py:13"}]
+
+    assert ids(context([events(0), events(1)])) == ["outside-value", "object-order"]

@@ -70,3 +70,21 @@ def test_thread_count_settings_are_recorded_with_their_value(evidence: tuple[Evi
     first, second = sink.of("call")
     assert set(first) == fields(CallEvent)
     assert (first["fn"], first["value"], second["value"]) == ("torch.set_num_threads", 1, threads)
+
+
+def test_reads_of_outside_values_are_recorded_once_per_user_line(evidence: tuple[Evidence, Sink]) -> None:
+    import os
+    import secrets
+    import uuid
+
+    from detaudit.recorder.evidence import environment
+
+    ev, sink = evidence
+    environment.install_clocks(ev)
+    environment.install_secrets(ev, secrets)
+    for _ in range(2):
+        os.getpid()
+    uuid.uuid4()  # its own os.urandom is a library call: not counted again
+    secrets.token_hex(4)
+    assert [e["fn"] for e in sink.of("outside")] == ["os.getpid", "uuid.uuid4", "secrets.token_hex"]
+    assert all("test_evidence_environment.py" in e["loc"] for e in sink.of("outside"))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
 import random
+import sys
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import numpy as np
+import pytest
 import torch
 from evidence_sink import Sink
 
@@ -32,13 +35,13 @@ def test_torch_seeding_records_value_site_and_whether_the_rng_was_drawn_from(evi
     finally:
         torch.set_rng_state(state)
     first, second = [e for e in sink.of("seed") if e["fn"] == "torch.manual_seed"]
-    assert set(first) == fields(SeedEvent) == set(second)
+    assert set(first) == fields(SeedEvent) - {"by"} == set(second)  # `by`: library calls only
     assert (first["fn"], first["value"], first["lib"], first["library"]) == ("torch.manual_seed", 5, "torch", False)
     assert first["loc"].endswith(f"test_evidence_rng.py:{_line('torch.manual_seed(5)')}")
     assert not first["drawn_before"] and second["drawn_before"]  # randn drew between the two
     assert first["state"] != second["state"] and first["pinned"] is None
     [draw] = sink.of("draw")
-    assert set(draw) == fields(DrawEvent)
+    assert set(draw) == fields(DrawEvent) - {"obj", "library", "importing"}  # set only where they apply
     assert (draw["fn"], draw["generator"], draw["device"]) == ("torch.randn", "global", "cpu")
 
 
@@ -88,7 +91,7 @@ def test_numpy_seed_generator_and_draw(evidence: tuple[Evidence, Sink]) -> None:
     [s] = sink.of("seed")
     assert (s["fn"], s["lib"], s["value"]) == ("np.random.seed", "numpy", 1)
     unseeded, seeded = sink.of("generator")
-    assert set(unseeded) == fields(GeneratorEvent)
+    assert set(unseeded) == fields(GeneratorEvent) - {"entropy", "obj"}  # SystemRandom only; objects followed
     assert (unseeded["seeded"], seeded["seeded"], seeded["value"]) == (False, True, 7)
     assert [d["fn"] for d in sink.of("draw")] == ["np.random.rand"]
 
@@ -133,3 +136,119 @@ def test_an_rng_restore_is_recorded_once_per_site_and_draws_again_reports_each_s
     assert set(restore) == fields(RngRestoreEvent)
     assert (restore["lib"], restore["fn"], restore["library"]) == ("torch", "torch.set_rng_state", False)
     assert [e["fn"] for e in sink.of("draw")] == ["torch.rand", "torch.rand"]  # the site, before and after
+
+
+def test_rng_objects_the_script_owns_are_numbered_and_followed_to_their_draws(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    rng.install_python(ev)
+    rng.install_numpy(ev, np.random)
+    rng.install_torch(ev, torch)
+    g = torch.Generator()
+    drawn = g.seed()
+    torch.randn(2, generator=g)
+    r = random.Random()
+    r.shuffle([1, 2, 3])
+    s = random.SystemRandom()
+    s.random()
+    rs = np.random.RandomState()
+    rs.rand(2)
+    made = [(e["fn"], e["lib"], e["obj"], e["seeded"]) for e in sink.of("generator")]
+    assert made == [("Generator.seed", "torch", 0, False), ("random.Random", "python", 1, False),
+                    ("random.SystemRandom", "python", 2, False), ("np.random.RandomState", "numpy", 3, False)]
+    assert sink.of("generator")[0]["value"] == drawn and sink.of("generator")[2].get("entropy") is True
+    assert all(e["loc"].startswith("test_evidence_rng.py") or "test_evidence_rng.py" in e["loc"]
+               for e in sink.of("generator"))
+    draws = [(d["fn"], d.get("obj")) for d in sink.of("draw")]
+    assert draws == [("torch.randn", 0), ("Random.shuffle", 1), ("Random.random", 2), ("RandomState.rand", 3)]
+    # the recording subclasses keep isinstance true for objects made elsewhere, and pickle as the original
+    assert isinstance(torch.default_generator, torch.Generator) and isinstance(np.random.mtrand._rand,
+                                                                               np.random.RandomState)
+    assert pickle.loads(pickle.dumps(g)).initial_seed() == g.initial_seed()
+    assert isinstance(pickle.loads(pickle.dumps(rs)), np.random.RandomState)
+    patch.restore_all()
+    assert torch.Generator is torch._C.Generator and np.random.RandomState is np.random.mtrand.RandomState
+
+
+def test_a_pin_reaches_the_scripts_rng_objects(evidence: tuple[Evidence, Sink]) -> None:
+    _, sink = evidence
+    ev = Evidence({"pins": ["torch-rng", "python-rng", "numpy-rng"]})
+    ev.attach_recorder(sink)
+    ev.torch = torch
+    expected = random.Random(PIN_SEED).getstate(), np.random.RandomState(PIN_SEED).get_state()[1]
+    rng.install_python(ev)
+    rng.install_numpy(ev, np.random)
+    rng.install_torch(ev, torch)
+    assert torch.Generator().seed() == PIN_SEED
+    assert random.Random().getstate() == expected[0]  # each pin counts its own calls: the first gets PIN_SEED
+    assert (np.random.RandomState().get_state()[1] == expected[1]).all()
+    assert [e["pinned"] for e in sink.of("generator")] == [PIN_SEED] * 3
+
+
+def test_seeding_through_a_helper_names_the_helper_and_a_restore_is_recorded(
+        evidence: tuple[Evidence, Sink], tmp_path: Path) -> None:
+    ev, sink = evidence
+    helper = tmp_path / "seedhelp.py"
+    helper.write_text("import random\nimport torch\n\ndef seed_everything(seed):\n    torch.manual_seed(seed)\n"
+                      "    random.seed(seed)\n")
+    ev._library += (str(tmp_path) + "/",)  # as an installed package is
+    rng.install_python(ev)
+    rng.install_torch(ev, torch)
+    state = (torch.get_rng_state(), random.getstate())
+    try:
+        namespace: dict[str, Any] = {}
+        exec(compile(helper.read_text(), str(helper), "exec"), namespace)
+        namespace["seed_everything"](42)
+        with torch.random.fork_rng():
+            torch.manual_seed(1)
+    finally:
+        torch.set_rng_state(state[0])
+        random.setstate(state[1])
+    seeds = [(e["fn"], e["value"], e["library"], e.get("by", "").rsplit("/", 1)[-1])
+             for e in sink.of("seed") if e["state"] is not None]
+    assert seeds[:2] == [("torch.manual_seed", 42, True, "seedhelp.py:5"), ("random.seed", 42, True, "seedhelp.py:6")]
+    assert all("test_evidence_rng.py" in e["loc"] for e in sink.of("seed"))  # the user's line that called the helper
+    restore = sink.of("rng-restore")[0]  # fork_rng's exit (then this test's own restores)
+    assert restore["fn"] == "torch.set_rng_state" and restore["library"] and "(fork_rng)" in restore["by"]
+
+
+def test_a_draw_by_a_library_at_its_import_is_told_apart(evidence: tuple[Evidence, Sink], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    ev, sink = evidence
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "drawsatimport.py").write_text("import random\nTOKEN = random.getrandbits(32)\n")
+    (tmp_path / "usermodel.py").write_text("import random\nOFFSET = random.random()\n")
+    ev._library += (str(site) + "/",)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    state = random.getstate()
+    try:
+        rng.install_python(ev)
+        import drawsatimport  # noqa: F401
+        import usermodel  # noqa: F401
+    finally:
+        random.setstate(state)
+        for name in ("drawsatimport", "usermodel"):
+            sys.modules.pop(name, None)
+    draws = {d["fn"]: d.get("importing", False) for d in sink.of("draw")}
+    assert draws == {"random.getrandbits": True, "random.random": False}  # a user module's own draw is the script's
+
+
+def test_seeding_through_the_scripts_own_wrapper_is_the_scripts_seeding(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+
+    def seed_all(seed: int) -> None:
+        torch.manual_seed(seed)
+        random.seed(seed)
+
+    rng.install_python(ev)
+    rng.install_torch(ev, torch)
+    state = (torch.get_rng_state(), random.getstate())
+    try:
+        seed_all(5)
+    finally:
+        torch.set_rng_state(state[0])
+        random.setstate(state[1])
+    seeds = [(e["fn"], e["library"], "by" in e) for e in sink.of("seed") if e["state"] is not None]
+    assert seeds == [("torch.manual_seed", False, False), ("random.seed", False, False)]
+    assert sink.of("seed")[-1]["loc"].endswith(f":{_line('random.seed(seed)')}")  # the wrapper's own line

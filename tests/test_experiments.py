@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from synthetic import training_records, write_run
 from detaudit.audit.pipeline import load_run
 from detaudit.causes.confirm import apply, saved
 from detaudit.errors import TraceError
-from detaudit.pin import Pin
+from detaudit.pin import SEP, Pin, also_pins
 from detaudit.records import StoredExperiment
 from detaudit.results import Cause, Confidence, Experiment, ExperimentVerdict
 from detaudit.run.rundir import write_experiments
@@ -21,15 +22,63 @@ def cause(cause_id: str, pins: list[str], confidence: Confidence = "likely", sep
     return Cause(cause_id, confidence, "summary", ["seen"], "fix", pins, separating_pin=separating)
 
 
+REST_OF_LAYOUT = SEP.join(also_pins(Pin.ADDRESS_LAYOUT))  # what the address-layout experiment pins besides
+
+
 def test_a_pin_that_removes_the_divergence_confirms_and_ranks_first() -> None:
     causes = [cause("python-hash-seed", ["hash-seed"]), cause("object-order", ["address-layout"], "possible")]
     experiments = [Experiment("hash-seed", "the hash seed", "divergent", 5, "still at #5"),
-                   Experiment("address-layout", "the layout", "deterministic", None)]
+                   Experiment("address-layout", "the layout", "deterministic", None),
+                   Experiment(REST_OF_LAYOUT, "the rest", "divergent", 5)]
     ranked = apply(causes, experiments, 5)
     assert [c.id for c in ranked] == ["object-order", "python-hash-seed"]
     assert ranked[0].confidence == "confirmed"
-    assert ranked[1].confidence == "possible"
+    assert "with only the rest of what it pins (torch-rng, numpy-rng, python-rng, hash-seed) they still diverge" in \
+        ranked[0].evidence[-1]
+    assert ranked[1].confidence == "ruled-out"  # its own experiment failed: listed below, as such
     assert "still diverge" in ranked[1].evidence[-1]
+
+
+def test_an_experiment_that_pins_several_sources_confirms_none_alone() -> None:
+    """The address-layout pin also seeds the RNGs: with a seeding undone (fork_rng) it agrees, and must not
+    confirm object order; pinning the rest without the layout tells which."""
+    causes = [cause("object-order", ["address-layout"])]
+    agreed = Experiment("address-layout", "the layout", "deterministic", None)
+    [narrowed] = apply(causes, [agreed], 5)
+    assert narrowed.confidence == "likely" and "narrows the source to these and confirms none" in narrowed.evidence[-1]
+    ranked = apply(causes, [agreed, Experiment(REST_OF_LAYOUT, "the rest", "deterministic", None),
+                            Experiment("torch-rng", "the torch RNG", "deterministic", None)], 5)
+    assert [(c.id, c.confidence) for c in ranked] == [("unseeded-torch-rng", "confirmed"),
+                                                      ("object-order", "not-needed")]
+    assert "not needed" in ranked[1].evidence[-1]
+
+
+def test_a_confirmed_source_makes_the_others_unnecessary() -> None:
+    causes = [cause("unseeded-python-rng", ["python-rng"]), cause("unseeded-torch-rng", ["torch-rng"], "possible")]
+    ranked = apply(causes, [Experiment("torch-rng", "the torch RNG", "deterministic", None)], 5)
+    assert [(c.id, c.confidence) for c in ranked] == [("unseeded-torch-rng", "confirmed"),
+                                                      ("unseeded-python-rng", "not-needed")]
+
+
+def test_every_cause_refuted_ranks_below_one_that_was_not() -> None:
+    causes = [cause("python-hash-seed", ["hash-seed"], "possible"), cause("object-order", ["address-layout"]),
+              cause("concurrency", [], "possible")]
+    ranked = apply(causes, [Experiment("hash-seed", "h", "divergent", 5), Experiment("address-layout", "a",
+                                                                                      "divergent", 5)], 5)
+    assert [(c.id, c.confidence) for c in ranked] == [("concurrency", "possible"), ("python-hash-seed", "ruled-out"),
+                                                      ("object-order", "ruled-out")]
+
+
+def test_a_control_agreeing_once_is_weak_beside_evidence_at_the_divergence() -> None:
+    direct = replace(cause("unseeded-python-rng", ["python-rng"]), basis="direct")
+    ranked = apply([direct], [Experiment("python-rng", "p", "deterministic", None),
+                              Experiment("control", "nothing", "deterministic", None)], 5)
+    assert [(c.id, c.confidence) for c in ranked] == [("unseeded-python-rng", "likely"),
+                                                      ("not-reproduced", "possible")]
+    assert any("weak evidence" in line for line in ranked[1].evidence)
+    ranked = apply([cause("object-order", ["address-layout"])],
+                   [Experiment("control", "nothing", "deterministic", None)], 5)
+    assert ranked[0].id == "not-reproduced"  # nothing ties a source to the divergence: the control leads
 
 
 def test_a_divergence_that_only_moved_is_no_evidence() -> None:
@@ -37,7 +86,7 @@ def test_a_divergence_that_only_moved_is_no_evidence() -> None:
     causes = [cause("python-hash-seed", ["hash-seed"])]
     ranked = apply(causes, [Experiment("hash-seed", "the hash seed", "divergent", 40145, "moved later")],
                            39516)
-    assert ranked[0].confidence == "possible" and ranked[0].basis != "experiment"
+    assert ranked[0].confidence == "ruled-out" and ranked[0].basis != "experiment"
     assert "from #39516 to #40145, which is no evidence by itself" in ranked[0].evidence[-1]
     assert "explains" not in ranked[0].evidence[-1]
 
@@ -55,7 +104,8 @@ def test_the_separating_experiment_settles_a_toss_up(verdict: ExperimentVerdict,
     ranked = apply([a, b], [Experiment("hash-seed", "the hash seed", verdict, None)], 5)
     assert ranked[0].id == first
     assert ranked[0].confidence == ("confirmed" if verdict == "deterministic" else "likely")
-    assert ranked[1].confidence == "possible"
+    # the other of the pair: made unnecessary by its rival's experiment, or ruled out by its own
+    assert ranked[1].confidence == ("not-needed" if verdict == "deterministic" else "ruled-out")
 
 
 def test_elimination_within_a_toss_up_is_not_likely_while_another_cause_stands() -> None:
@@ -64,7 +114,7 @@ def test_elimination_within_a_toss_up_is_not_likely_while_another_cause_stands()
     ranked = apply([a, b, cause("concurrency", [], "possible")],
                    [Experiment("hash-seed", "the hash seed", "divergent", None)], 5)
     assert [(c.id, c.confidence) for c in ranked] == [("object-order", "possible"), ("concurrency", "possible"),
-                                                      ("python-hash-seed", "possible")]
+                                                      ("python-hash-seed", "ruled-out")]
     assert ranked[0].evidence[-1].endswith("this one remains beside concurrency (not confirmed)")
 
 

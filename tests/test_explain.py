@@ -236,3 +236,38 @@ def test_one_explain_at_a_time_per_run_directory(tmp_path: Path) -> None:
     with pytest.raises(TraceError):
         explain.run_experiments(plain)
     assert list(plain.iterdir()) == []  # nothing left in a directory that is not a run
+
+
+def test_an_experiment_that_also_pins_other_sources_is_followed_by_those_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch RNG was the source (a seeding undone by fork_rng), the evidence pointed at object order: the
+    address-layout experiment agrees because it seeds the RNGs too, so the rest of what it pins runs without the
+    layout, agrees as well, and is bisected down to the torch RNG; object order is never confirmed."""
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    ran = _fake_runs(monkeypatch, lambda options: "torch-rng" in options.recording.child_config.get("pins", []))
+    ranked = [cause("object-order", ["address-layout"], "likely")]
+    monkeypatch.setattr(explain, "load_run", lambda path, *a, **k: replace(load_run(path, *a, **k), causes=ranked))
+    report = explain.run_experiments(run_dir, budget=40, repeats=2)
+    assert ran[:3] == ["explain-address-layout", "explain-control", "explain-torch-rng+numpy-rng+python-rng+hash-seed"]
+    final = experiments.apply(ranked, report.experiments, 0)
+    assert [(c.id, c.confidence) for c in final] == [("unseeded-torch-rng", "confirmed"),
+                                                     ("object-order", "not-needed")]
+
+
+def test_the_kernels_pin_leaves_the_uninitialized_memory_fill_off() -> None:
+    """use_deterministic_algorithms also fills uninitialized memory: that is zero-empty's source, not the kernels'."""
+    import torch
+
+    from detaudit.recorder.pinning import Pins
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.utils.deterministic.fill_uninitialized_memory)
+    try:
+        Pins(["deterministic"]).apply_torch_flags(torch)
+        assert torch.are_deterministic_algorithms_enabled() and not torch.utils.deterministic.fill_uninitialized_memory
+        Pins(["deterministic", "zero-empty"]).apply_torch_flags(torch)  # every pin at once: both sources fixed
+        assert torch.utils.deterministic.fill_uninitialized_memory
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.utils.deterministic.fill_uninitialized_memory = before[2]

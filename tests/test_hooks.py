@@ -202,3 +202,25 @@ def test_in_inference_a_buffer_is_recorded_when_a_forward_changed_it(tmp_path: P
     names = [n for _, n, _ in _buffer_records(path)]
     # the first forward records every buffer once; later ones only the EMA, which each forward wrote
     assert names == ["ema", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked", "ema", "ema"]
+
+
+def test_gradients_under_step_closure_are_recorded_at_the_step_they_belong_to(tmp_path: Path) -> None:
+    """Lightning and LBFGS run forward and backward inside `step(closure)`: the gradients present before
+    the step are the previous step's (none at the first), so they are recorded when the closure returns."""
+    loop = Loop(tmp_path)
+
+    def closure() -> torch.Tensor:
+        loop.body.zero_grad(set_to_none=True)
+        loop.forward_backward()
+        return torch.zeros(())
+
+    for i in range(3):
+        args, kwargs = (loop.body, closure), {}
+        if i == 1:  # Lightning passes it by keyword
+            args, kwargs = (loop.body,), {"closure": closure}
+        new_args, new_kwargs = loop.hooks._on_step_pre(loop.body, args, kwargs)
+        new_args[0].step(*new_args[1:], **new_kwargs)
+        loop.hooks._on_step_post(loop.body, new_args, new_kwargs)
+        loop.body.zero_grad(set_to_none=True)
+    assert loop.steps(Kind.GRAD, "body.weight") == [0, 1, 2]  # before: none at step 0, step k-1's at step k
+    assert loop.steps(Kind.GRAD, "head.weight") == []  # not this optimizer's parameters

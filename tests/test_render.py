@@ -143,3 +143,22 @@ def test_a_self_check_that_could_not_run_and_content_less_records_are_shown(tmp_
     assert text.startswith("INCONCLUSIVE") and "compared records is content-less" in text
     assert "self-check NOT RUN: no recorded tensor could carry the one-ULP change" in text
     assert f"the contents of {len(recs)} records" in text  # under "not observed"
+
+
+def test_causes_an_experiment_ruled_out_are_shown_below_a_line() -> None:
+    from detaudit.cli.render import causes_block
+    from detaudit.results import Cause
+
+    causes = [Cause("unseeded-torch-rng", "confirmed", "s", ["e"], "f", basis="experiment"),
+              Cause("object-order", "not-needed", "s", ["e"], "f"), Cause("python-hash-seed", "ruled-out", "s", ["e"],
+                                                                         "f")]
+    block = causes_block(SimpleNamespace(causes=causes))  # type: ignore[arg-type]
+    assert block is not None
+    console = Console(record=True, width=200)
+    console.print(block)
+    lines = console.export_text().splitlines()
+    assert "confirmed by experiment: unseeded-torch-rng; inferred from the evidence: none; ruled out or not needed: " \
+           "object-order, python-hash-seed" in lines[0]
+    line = next(i for i, text in enumerate(lines) if "ruled out by their own experiment" in text)
+    assert "unseeded-torch-rng" in "".join(lines[:line]) and "object-order" in lines[line + 1]
+    assert sum("ruled out by their own experiment" in text for text in lines) == 1

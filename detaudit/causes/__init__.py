@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from detaudit.causes import carried, clock, collective, compiled, device, flags, order, rng, stdout
+from detaudit.causes import carried, clock, collective, compiled, device, flags, order, outside, rng, stdout
 from detaudit.causes.confirm import NOT_REPRODUCED, PIN_CAUSES
 from detaudit.causes.context import LIKELY, Context, Detector, Finding, build, finding
 from detaudit.compare.oprules import OpFinding
@@ -29,7 +29,7 @@ DETECTORS: tuple[Detector, ...] = (
     device.uninitialized_memory, device.cudnn_benchmark, device.cublas_workspace, order.concurrency,
     order.python_hash_seed, order.object_order, carried.carried_state, stdout.stdout_differs, flags.flag_drift,
     flags.flag_typo,
-    flags.collective_algorithm, collective.collective_algorithm, device.device_rng_geometry,
+    flags.collective_algorithm, collective.collective_algorithm, device.device_rng_geometry, outside.outside_value,
 )
 UNKNOWN = "unknown"  # no detector fired (`unknown` below)
 # every cause id a report can hold: what the detectors declare, `unknown`, and what --explain adds
@@ -90,7 +90,7 @@ def unknown(ctx: Context) -> Finding:
     for lib in ("torch", "numpy", "python"):
         states = [next((s["rng"][lib]["digest"] for s in r.states() if lib in s.get("rng", {})
                         and ctx.precedes(s) and s.get("when") != "import"), None) for r in ctx.involved]
-        seeds = rng.user_seeds(ctx.ref, lib)
+        seeds = rng.seeding_calls(ctx.ref, lib)
         if None not in states and not ctx.differs(states):
             how = f"seeded at {seeds[0].get('loc')}" if seeds else "never seeded but"
             ruled_out.append(f"{rng.NAMES[lib]} RNG: {how} its state matched in every repeat before the divergence")

@@ -2,9 +2,11 @@
 
 Below the audit (which attaches a run's stored experiments to every report it rebuilds) and
 below explain.py (which runs new ones and stores them here). A cause whose pin alone made the
-repeats agree is confirmed; one whose pin left them diverging is demoted; the experiment that
-separates a toss-up settles it; a source the bisection isolated that no cause named is added. A control
-that agreed with nothing pinned voids every confirmation (`not-reproduced`).
+repeats agree is confirmed (a pin that also holds other sources fixed, only when those alone do not);
+one whose pin left them diverging is ruled out; once a source is confirmed, the others are not
+needed; the experiment that separates a toss-up settles it; a source the bisection isolated that no
+cause named is added. A control that agreed with nothing pinned voids every confirmation
+(`not-reproduced`), and is weak evidence beside a top cause with evidence at the first divergence.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin
+from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins
 from detaudit.results import Cause, Experiment
 from detaudit.run.rundir import read_experiments
 
-ORDER_CAUSES = ("concurrency", "object-order", "unknown")
+ORDER_CAUSES = ("concurrency", "object-order", "outside-value", "unknown")
 
 # the cause a pin isolates when no detector named it (id, summary, fix); ALL: a pair or more of sources
 PIN_CAUSES: dict[str, tuple[str, str, str]] = {
@@ -55,16 +57,21 @@ def saved(run_dir: Path) -> list[Experiment]:
 
 
 def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_index: int) -> list[Cause]:
-    """Confirm, qualify or demote each cause by the experiments that pinned its sources; re-rank.
+    """Confirm, qualify or rule out each cause by the experiments that pinned its sources; re-rank.
 
     Only repeats that agree with the pin in place confirm; a first divergence that merely moved is
-    reported, never counted (it moves by chance when, say, a loop's length depends on the clock).
+    reported, never counted (it moves by chance when, say, a loop's length depends on the clock). An
+    experiment confirms a cause only when it changed that cause's source alone: one that also pins
+    other sources (address-layout: the hash seed and the RNGs too) confirms only when those others,
+    pinned without it, leave the repeats diverging. A cause whose own experiment failed is `ruled-out`;
+    one that another experiment made unnecessary is `not-needed`; both are listed after the others.
     """
     done = {e.pin: e for e in experiments if e.verdict in ("deterministic", "divergent")}
     control = done.get(CONTROL)
     if control is not None and control.verdict == "deterministic":
-        return [NOT_REPRODUCED, *(replace(c, evidence=[*c.evidence, NOT_REPRODUCED.evidence[0]]) for c in causes)]
+        return _not_reproduced(causes)
     refuted: set[int] = set()
+    unneeded: set[int] = set()
     judged: list[Cause] = []
     for i, cause in enumerate(causes):
         evidence = list(cause.evidence)
@@ -73,21 +80,26 @@ def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_i
             if e is None:
                 continue
             if e.verdict == "deterministic":
-                cause = _confirmed(replace(cause, evidence=evidence),
-                                   f"--explain: with {e.description} pinned alone, the repeats agree")
-                evidence = list(cause.evidence)
-                break
+                settled, line = _alone(name, e, done)
+                evidence.append(line)
+                if settled == "confirmed":
+                    cause = _confirmed(replace(cause, evidence=evidence[:-1]), line)
+                    evidence = list(cause.evidence)
+                    break
+                if settled == "not-needed":
+                    unneeded.add(i)
+                    break
+                continue
             moved = e.first_divergence_index is not None and 0 <= baseline_index < e.first_divergence_index
             evidence.append(f"--explain: with {e.description} pinned alone, the repeats still diverge"
                             + (f" (the first divergence moved from #{baseline_index} to "
                                f"#{e.first_divergence_index}, which is no evidence by itself)" if moved else ""))
             if cause.confidence != "confirmed":
-                cause = replace(cause, confidence="possible")
                 refuted.add(i)
         separating = done.get(cause.separating_pin or "")
         if separating is not None and cause.separating_pin not in cause.pins and cause.confidence != "confirmed":
             if separating.verdict == "deterministic":  # the other cause of the toss-up explains it
-                refuted.add(i)
+                unneeded.add(i)
             else:  # `likely` by elimination only when the pair were the only explanations offered
                 rivals = [c.id for c in causes if c.separating_pin != cause.separating_pin]
                 cause = replace(cause, confidence="possible" if rivals else "likely")
@@ -107,8 +119,65 @@ def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_i
                                 "detaudit does not know)", [line], "look for threads, processes, sets of objects "
                                 "and external state (files, time) between the last agreeing and the first "
                                 "divergent record"))
-    ranked = sorted(range(len(judged)), key=lambda i: (judged[i].confidence != "confirmed", i in refuted, i))
-    return [judged[i] for i in ranked]
+    judged = _below_the_line(judged, refuted, unneeded)
+    rank = {"confirmed": 0, "not-needed": 2, "ruled-out": 3}
+    return sorted(judged, key=lambda c: rank.get(c.confidence, 1))  # stable: the ranking within each group
+
+
+def _alone(name: str, e: Experiment, done: dict[str, Experiment]) -> tuple[str, str]:
+    """What an agreeing experiment says about its own source: (confirmed | not-needed | narrowed, the line)."""
+    others = also_pins(name)
+    if not others:
+        return "confirmed", f"--explain: with {e.description} pinned alone, the repeats agree"
+    rest = done.get(SEP.join(others))
+    changed = ", ".join(others)
+    if rest is None:
+        return "narrowed", (f"--explain: with {e.description} pinned the repeats agree, but that experiment also "
+                            f"pins {changed}: it narrows the source to these and confirms none of them alone")
+    if rest.verdict == "deterministic":
+        return "not-needed", (f"--explain: not needed: the {name} experiment also pins {changed}, and with those "
+                              "pinned without it the repeats agree too")
+    return "confirmed", (f"--explain: with {e.description} pinned the repeats agree, and with only the rest of what "
+                         f"it pins ({changed}) they still diverge")
+
+
+def _below_the_line(causes: list[Cause], refuted: set[int], unneeded: set[int]) -> list[Cause]:
+    """Causes an experiment ruled out or made unnecessary, marked as such. Once a source is confirmed, every
+    cause not confirmed is unnecessary; one pinned among a confirmed set of sources (each alone failing,
+    together agreeing) stays possible."""
+    confirmed = [c for c in causes if c.confidence == "confirmed"]
+    together = {p for c in confirmed if len(c.pins) > 1 for p in c.pins}
+    marked = []
+    for i, cause in enumerate(causes):
+        if cause.confidence == "confirmed":
+            marked.append(cause)
+        elif i in refuted and together & set(cause.pins):
+            marked.append(replace(cause, confidence="possible", evidence=[
+                *cause.evidence, "--explain: one of the sources that only pinned together make the repeats agree"]))
+        elif i in refuted:
+            marked.append(replace(cause, confidence="ruled-out"))
+        elif i in unneeded:
+            marked.append(replace(cause, confidence="not-needed"))
+        elif confirmed:
+            marked.append(replace(cause, confidence="not-needed", evidence=[
+                *cause.evidence, f"--explain: not needed to explain this divergence: {confirmed[0].id} was confirmed "
+                                 "by an experiment that did not pin this cause's source"]))
+        else:
+            marked.append(cause)
+    return marked
+
+
+def _not_reproduced(causes: Sequence[Cause]) -> list[Cause]:
+    """The control agreed: no experiment confirms anything. When the top cause's own evidence touches the first
+    divergence (direct or op-level), that evidence still leads: one agreeing control, for a source that fires by
+    chance (a random value that only sometimes takes the other branch, a race), is weak evidence against it."""
+    marked = [replace(c, evidence=[*c.evidence, NOT_REPRODUCED.evidence[0]]) for c in causes]
+    if marked and marked[0].basis in ("op-records", "direct"):
+        weak = replace(NOT_REPRODUCED, confidence="possible", evidence=[
+            *NOT_REPRODUCED.evidence, f"weak evidence: {marked[0].id} has evidence at the first divergence, and a "
+            "source that fires by chance can agree in one control"])
+        return [marked[0], weak, *marked[1:]]
+    return [NOT_REPRODUCED, *marked]
 
 
 # the control (explain.py) agreed: the original repeats' disagreement did not come back with nothing pinned
@@ -130,6 +199,7 @@ def _isolated(causes: Sequence[Cause], experiments: Sequence[Experiment]) -> lis
     Appended by the caller (the ranking puts confirmed causes first), after the listed ones.
     """
     found = [e for e in experiments if e.verdict == "deterministic" and e.pin != ALL]
+    done = {e.pin: e for e in experiments if e.verdict in ("deterministic", "divergent")}
     sets = [set(e.pin.split(SEP)) for e in found]
     cut_short = any(e.verdict == "skipped" for e in experiments)
     added: list[Cause] = []
@@ -137,6 +207,8 @@ def _isolated(causes: Sequence[Cause], experiments: Sequence[Experiment]) -> lis
         if any(other < names_set for other in sets):
             continue  # a smaller set also made the repeats agree: that one names the source
         names = e.pin.split(SEP)
+        if len(names) == 1 and also_pins(names[0]) and _alone(names[0], e, done)[0] != "confirmed":
+            continue  # it also pinned other sources, and pinning those alone did not leave the repeats diverging
         pins = [Pin(name) for name in names if name in PINS]  # `all` pins every source: no one pin
         if any(set(pins) & set(c.pins) for c in [*causes, *added] if c.confidence == "confirmed"):
             continue

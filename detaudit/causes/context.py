@@ -67,7 +67,16 @@ def finding(cause_id: str, score: float, summary: str, evidence: list[str], fix:
     """`basis`: op-records (the op-level re-run proved it), direct (evidence recorded before the
     divergence ties it to it), circumstantial (a source known to vary, not tied to the divergence)."""
     confidence: Confidence = "likely" if score >= LIKELY and basis != "circumstantial" else "possible"
-    return Finding(Cause(cause_id, confidence, summary, evidence, fix, list(dict.fromkeys(pins)), basis), score)
+    return Finding(Cause(cause_id, confidence, summary, merged(evidence), fix, list(dict.fromkeys(pins)), basis),
+                   score)
+
+
+def merged(lines: Sequence[str]) -> list[str]:
+    """Equal evidence lines once, with a count (a weight and its bias drawn by one init line)."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line] = counts.get(line, 0) + 1
+    return [line if n == 1 else f"{line} ({n} times)" for line, n in counts.items()]
 
 
 @dataclass

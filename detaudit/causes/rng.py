@@ -1,24 +1,90 @@
 """Random-number causes: unseeded-torch-rng, unseeded-numpy-rng, unseeded-python-rng, varying-seed,
-dataloader-workers."""
+dataloader-workers.
+
+A global RNG counts as seeded after any seeding call made for the script (its own or a helper's:
+`seed_everything`, `set_seed`) until a state restore sets it back to a state that differs between
+repeats (`torch.random.fork_rng`'s exit). RNG objects the script owns (`torch.Generator`,
+`random.Random`, `SystemRandom`, NumPy `RandomState` and `default_rng`) are sources of their own,
+named at the line that created or seeded them and the lines that drew from them.
+"""
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
-from detaudit.events import DataLoaderEvent, DrawEvent, GeneratorEvent, SeedEvent, StateEvent
+from detaudit.events import (
+    DataLoaderEvent,
+    DrawEvent,
+    GeneratorEvent,
+    HashEvent,
+    RngRestoreEvent,
+    SeedEvent,
+    Short,
+    StateEvent,
+)
 from detaudit.pin import Pin
 from detaudit.results import Basis
 
 NAMES = {"torch": "torch", "numpy": "NumPy", "python": "Python `random`"}
 PINS = {"torch": Pin.TORCH_RNG, "numpy": Pin.NUMPY_RNG, "python": Pin.PYTHON_RNG}
 SEED_CALL = {"torch": "torch.manual_seed(0)", "numpy": "np.random.seed(0)", "python": "random.seed(0)"}
+# the constant-seed form of each seeding call or RNG object the recorder sees (recorder/evidence/rng.py):
+# a call, or (starting with `.`) a method to call on that object; tests/test_causes.py runs every one
+CONSTANT_SEED = {
+    "torch.manual_seed": "torch.manual_seed(0)", "torch.seed": "torch.manual_seed(0)",
+    "torch.cuda.manual_seed": "torch.cuda.manual_seed(0)",
+    "torch.cuda.manual_seed_all": "torch.cuda.manual_seed_all(0)",
+    "np.random.seed": "np.random.seed(0)", "random.seed": "random.seed(0)",
+    "np.random.default_rng": "np.random.default_rng(0)", "np.random.RandomState": "np.random.RandomState(0)",
+    "RandomState.seed": ".seed(0)", "random.Random": "random.Random(0)", "Random.seed": ".seed(0)",
+    "random.SystemRandom": "random.Random(0)", "Generator.seed": ".manual_seed(0)",
+    "Generator.manual_seed": ".manual_seed(0)",
+}
+IMPORT_ONLY = 0.5  # an RNG only libraries drew from at their import: below BACKGROUND beside a likely cause
+OBJECT = {"torch": "torch.Generator", "numpy": "NumPy generator", "python": "`random.Random`"}
 
 
-def user_seeds(rep: RepeatEvidence, lib: str, workers: bool = False) -> list[SeedEvent]:
-    """The script's own seeding calls of `lib`, in the main process or (`workers`) in DataLoader workers."""
-    seeds = rep.workers(SeedEvent) if workers else rep.of(SeedEvent)
-    return [e for e in seeds if e.get("lib") == lib and not e.get("library")]
+def constant_seed(fn: str, loc: str) -> str:
+    """The fix that seeds this call or object with a constant, at its line."""
+    call = CONSTANT_SEED.get(fn, "")
+    if fn == "random.SystemRandom":
+        return f"use `{call}` instead of SystemRandom at {loc} (SystemRandom reads the operating system for every " \
+               "draw and ignores any seed)"
+    if fn == "Generator.seed":
+        return f"call `{call}` on the Generator instead of `.seed()` at {loc}"
+    if call.startswith("."):
+        return f"seed it with a constant at {loc}: `{call}`"
+    return f"seed with a constant at {loc}: `{call or fn + '(0)'}`"
+
+
+def seeding_calls(rep: RepeatEvidence, lib: str, workers: bool = False) -> list[SeedEvent]:
+    """The seeding calls of `lib` made for the script: in the main process its own and those of the helpers it
+    calls (`seed_everything`, `set_seed`: library code seeding the global RNG is seeding, whoever writes the
+    call), except the GPU seeding torch.manual_seed does inside itself; in DataLoader workers (`workers`) the
+    script's own only (torch seeds every worker itself)."""
+    if workers:
+        return [e for e in rep.workers(SeedEvent) if e.get("lib") == lib and not e.get("library")]
+    return [e for e in rep.of(SeedEvent) if e.get("lib") == lib and not (e.get("library") and e.get("state") is None)]
+
+
+def seeded_by(seed: SeedEvent) -> str:
+    """`torch.manual_seed(42) at train.py:5`, with the helper's line when a library made the call."""
+    return f"{seed['fn']}({seed.get('value')}) at {seed.get('loc')}{_via(seed)}"
+
+
+def _via(seed: SeedEvent) -> str:
+    return f" (through {_short_site(seed['by'])})" if seed.get("library") and seed.get("by") else ""
+
+
+def _short_site(site: str) -> str:
+    """A library line as its import path shows it: `.../site-packages/lightning/x.py:9` -> `lightning/x.py:9`."""
+    for marker in ("site-packages/", "dist-packages/", "/lib/python"):
+        if marker in site:
+            tail = site.split(marker, 1)[1]
+            return tail.split("/", 1)[1] if marker == "/lib/python" and "/" in tail else tail
+    return site
 
 
 def _initial_digests_differ(ctx: Context, lib: str) -> bool:
@@ -32,23 +98,64 @@ def _initial_digests_differ(ctx: Context, lib: str) -> bool:
     return ctx.differs(firsts)
 
 
-def unseeded_draws(ctx: Context, rep: RepeatEvidence, lib: str) -> list[tuple[int, str]]:
-    """(position, evidence line) for draws from the global RNG before any user seed, up to the divergence."""
-    found: list[tuple[int, str]] = []
+def _undoing_restores(ctx: Context, lib: str) -> set[int]:
+    """ids of the reference repeat's state restores after which the RNG's state differs between repeats:
+    they set back a state from before any seeding (torch.random.fork_rng's exit), undoing the seeding."""
+    undoing: set[int] = set()
+    for restores in ctx.aligned(lambda r: [e for e in r.of(RngRestoreEvent) if e.get("lib") == lib]):
+        if ctx.differs([e.get("state") for e in restores]):
+            undoing.add(id(restores[0]))
+    return undoing
+
+
+@dataclass(frozen=True)
+class Unseeded:
+    """A sign that the global RNG was drawn from while not seeded, before the divergence."""
+
+    at: int
+    line: str
+    draw: str = ""  # the drawing line, when this is a draw
+    undone: str = ""  # a state restore that undid the seeding: its call and line
+    importing: bool = False  # a draw made while a module was being imported
+
+
+def unseeded_draws(ctx: Context, rep: RepeatEvidence, lib: str) -> list[Unseeded]:
+    """Draws from the global RNG while it is not seeded, up to the divergence: before the first seeding
+    call, or after a state restore undid the seeding (fork_rng)."""
+    found: list[Unseeded] = []
+    seeds = {id(e) for e in seeding_calls(rep, lib)}
+    undoing = _undoing_restores(ctx, lib) if rep is ctx.ref else set()
+    seeded: str | None = None  # what seeded the RNG last, while it stays seeded
     for e in rep.events:
-        if e["type"] == "seed" and e.get("lib") == lib and not e.get("library"):
-            if e.get("drawn_before") and ctx.precedes(e):
-                found.append((e.get("at", 0), f"the global {NAMES[lib]} RNG was drawn from before {e['fn']}"
-                                              f"({e.get('value')}) at {e.get('loc')} seeded it"))
-            break
         if not ctx.precedes(e):
             break
-        if e["type"] == "draw" and e.get("lib") == lib and e.get("generator") == "global":
-            found.append((e.get("at", 0), f"{e['fn']} at {e.get('loc') or '?'} drew from the unseeded global "
-                                          f"{NAMES[lib]} RNG"))
+        if e["type"] == "seed" and id(e) in seeds:
+            seed = e
+            if seed.get("drawn_before") and seeded is None:
+                found.append(Unseeded(seed.get("at", 0), f"the global {NAMES[lib]} RNG was drawn from before "
+                                                         f"{seeded_by(seed)} seeded it"))
+            seeded = seeded_by(seed)
+        elif e["type"] == "rng-restore" and e.get("lib") == lib:
+            restore = e
+            if id(restore) not in undoing:  # the same state in every repeat (a checkpoint's RNG state)
+                seeded = seeded or f"{restore['fn']} at {restore.get('loc')}"
+            elif seeded is not None:
+                found.append(Unseeded(restore.get("at", 0), f"{restore['fn']} at {restore.get('loc')} (by "
+                                                             f"{_short_site(restore.get('by', '?'))}) set the global "
+                                                             f"{NAMES[lib]} RNG back to a state that differs between "
+                                                             f"repeats: the seeding by {seeded} was undone",
+                                      undone=f"{restore['fn']} at {restore.get('loc')}"))
+                seeded = None
+        elif seeded is not None:
+            continue
+        elif e["type"] == "draw" and e.get("lib") == lib and e.get("generator") == "global":
+            during = " while a module was being imported (a library's own draw)" if e.get("importing") else ""
+            found.append(Unseeded(e.get("at", 0), f"{e['fn']} at {e.get('loc') or '?'} drew from the unseeded "
+                                                  f"global {NAMES[lib]} RNG{during}", draw=e.get("loc") or "",
+                                  importing=bool(e.get("importing"))))
         elif e["type"] == "state" and not found and _drawn(e, lib):
-            found.append((e.get("at", 0), f"the global {NAMES[lib]} RNG state had changed by the {e['when']} "
-                                          "snapshot (it was drawn from)"))
+            found.append(Unseeded(e.get("at", 0), f"the global {NAMES[lib]} RNG state had changed by the "
+                                                  f"{e['when']} snapshot (it was drawn from)"))
     return found
 
 
@@ -57,15 +164,51 @@ def _drawn(state: StateEvent, lib: str) -> bool:
     return bool(digest and digest.get("drawn"))
 
 
-def _unseeded_generators(ctx: Context) -> list[tuple[int, str, str]]:
+@dataclass(frozen=True)
+class OwnRng:
+    """An RNG object the script owns whose state differs between repeats, with the draws from it."""
+
+    event: GeneratorEvent  # the reference repeat's
+    values: list[Short]  # the seed value in each involved repeat
+    draws: list[DrawEvent]  # the first draw per call site before the divergence
+    varying_value: bool  # given a seed value that differs between repeats (or drawn by `Generator.seed()`)
+
+    @property
+    def at(self) -> int:
+        return int(self.event.get("at", 0))
+
+    def lines(self, ctx: Context) -> list[str]:
+        e = self.event
+        if e.get("entropy"):
+            made = f"{e['fn']}() at {e.get('loc')} reads the operating system for every draw (it cannot be seeded)"
+        elif e["fn"] == "Generator.seed":
+            made = (f"Generator.seed() at {e.get('loc')} seeded a torch.Generator from operating-system entropy "
+                    f"({ctx.pair_text(self.values)})")
+        elif self.varying_value:
+            made = f"{e['fn']} at {e.get('loc')} seeded a {OBJECT[e['lib']]} with {ctx.pair_text(self.values)}"
+        else:
+            made = f"{e['fn']}() at {e.get('loc')} created a {OBJECT[e['lib']]} without a seed (its initial state " \
+                   "differed between repeats)"
+        drew = [f"{d['fn']} at {d.get('loc')} drew from it" for d in self.draws[:3]]
+        return [made, *drew]
+
+
+def own_rngs(ctx: Context, lib: str | None = None) -> list[OwnRng]:
+    """The script's RNG objects (of `lib`) made or seeded before the divergence whose state differs between
+    repeats; an object followed to its draws (`obj`) counts only when it was drawn from before the divergence."""
     found = []
-    for gens in ctx.aligned(lambda r: [e for e in r.of(GeneratorEvent)
-                                       if not e.get("seeded") and not e.get("library")]):
+    for gens in ctx.aligned(lambda r: [e for e in r.of(GeneratorEvent) if not e.get("library")]):
         g = gens[0]
-        if ctx.precedes(g) and ctx.differs([x.get("state") for x in gens]):
-            found.append((g.get("at", 0), f"{g['fn']}() at {g.get('loc')} created a Generator without a seed "
-                                          f"(its initial state differed: "
-                                          f"{ctx.pair_text([x.get('state') for x in gens])})", g.get("loc", "")))
+        if (lib is not None and g["lib"] != lib) or not ctx.precedes(g):
+            continue
+        values = [x.get("value") for x in gens]
+        varying = g.get("value") is not None and ctx.differs(values)
+        if not (g.get("entropy") or varying or ctx.differs([x.get("state") for x in gens])):
+            continue
+        draws = [d for d in ctx.ref.of(DrawEvent) if "obj" in g and d.get("obj") == g["obj"] and ctx.precedes(d)]
+        if "obj" in g and not draws:
+            continue
+        found.append(OwnRng(g, values, draws, varying))
     return found
 
 
@@ -80,30 +223,58 @@ def _score(ctx: Context, lib: str, first_at: int) -> float:
 
 def unseeded(ctx: Context, lib: str) -> Finding | None:
     draws = unseeded_draws(ctx, ctx.ref, lib) if _initial_digests_differ(ctx, lib) else []
-    generators = _unseeded_generators(ctx) if lib == "numpy" else []
-    if not draws and not generators:
+    objects = [o for o in own_rngs(ctx, lib) if not o.varying_value]
+    if not draws and not objects:
         return None
-    shown = draws if len(draws) <= 3 else draws[:2] + draws[-1:]  # the last draw is the nearest to the divergence
-    lines = [line for _, line in shown] + [line for _, line, _ in generators[:3]]
-    if not user_seeds(ctx.ref, lib) and draws:
-        lines.append(f"no {NAMES[lib]} seeding call was seen before the divergence")
+    undone = next((d for d in draws if d.undone), None)
+    # the last draw is the nearest to the divergence; a seeding undone is always said
+    shown = draws if len(draws) <= 3 else [*draws[:2], *([undone] if undone and undone not in draws[:2] else []),
+                                           draws[-1]]
+    lines = [d.line for d in shown]
+    for o in objects[:3]:
+        lines += o.lines(ctx)
+    if not seeding_calls(ctx.ref, lib) and draws:
+        lines.append(f"no {NAMES[lib]} seeding call was seen before the divergence (the script's own or a helper's)")
+    if any(o.event.get("entropy") for o in objects):
+        lines.append(f"the {PINS[lib].value} experiment cannot reach SystemRandom")
     lines.append(f"first divergence: {ctx.where()}")
-    first_at = min([at for at, _ in draws] + [at for at, _, _ in generators])
-    loc = next((line.split(" at ", 1)[1].split(" ", 1)[0] for _, line in draws if " at " in line), "")
-    if generators and (not draws or generators[0][0] <= draws[0][0]):
-        fix = f"give the Generator a seed: `np.random.default_rng(0)` at {generators[0][2]}"
+    first_at = min([d.at for d in draws] + [o.at for o in objects])
+    loc = next((d.draw for d in draws if d.draw), "")
+    if objects and (not draws or objects[0].at <= draws[0].at):
+        fix = constant_seed(objects[0].event["fn"], objects[0].event.get("loc", ""))
+        what = f"{objects[0].event['fn']}() at {objects[0].event.get('loc')} is not seeded"
     else:
-        fix = f"call `{SEED_CALL[lib]}` at the start of the script" + (f", before {loc}" if loc else "")
-        if any(e.get("fn") == "dropout" for e in ctx.ref.of(DrawEvent) if ctx.precedes(e)):
-            fix += "; for inference, call `model.eval()` first (Dropout draws only in training mode)"
+        if undone is not None:
+            fix = (f"seed outside the block whose exit restores the RNG state ({undone.undone}), "
+                   f"or call `{SEED_CALL[lib]}` again after it" + (f", before {loc}" if loc else ""))
+        else:
+            fix = f"call `{SEED_CALL[lib]}` at the start of the script" + (f", before {loc}" if loc else "")
+        if _inference_dropout(ctx):
+            fix = "call `model.eval()` before inference (its Dropout draws only in training mode); " + fix
         loader = next((e for e in ctx.ref.of(DataLoaderEvent) if not e.get("generator")), None)
         if lib == "torch" and loader is not None:
             fix += (f"; or pass `generator=torch.Generator().manual_seed(0)` to the DataLoader at "
                     f"{loader.get('loc')}")
-    what = "a Generator made without a seed" if generators and not draws else "its global RNG is never seeded"
+        what = "its seeding is undone before it is drawn from" if undone else "its global RNG is never seeded"
     summary = f"{NAMES[lib]} randomness is not seeded ({what}), so it differs in every run"
-    return finding(f"unseeded-{lib}-rng", _score(ctx, lib, first_at), summary, lines, fix, [PINS[lib]],
+    pins = [] if objects and all(o.event.get("entropy") for o in objects) and not draws else [PINS[lib]]
+    score = _score(ctx, lib, first_at)
+    if draws and not objects and all(d.importing for d in draws if d.draw) and any(d.draw for d in draws):
+        # only libraries drew, at their import: the RNG's state changed, and nothing shows the script using it
+        score = IMPORT_ONLY
+        lines.insert(-1, f"only imported libraries drew from it, while being imported: nothing recorded shows the "
+                         f"script's own computation using the {NAMES[lib]} RNG")
+    return finding(f"unseeded-{lib}-rng", score, summary, lines, fix, pins,
                    "op-records" if lib == "torch" and _random_op(ctx) else "direct")
+
+
+def _inference_dropout(ctx: Context) -> bool:
+    """An nn.Dropout module drew in training mode before the divergence in a run that never stepped an
+    optimizer: an inference script that forgot `model.eval()` (explicit `F.dropout(training=True)`, MC
+    dropout, is on purpose; a training run drops out on purpose)."""
+    trained = any(s.get("when") == "first-step" for s in ctx.ref.states())
+    return not trained and any(e.get("fn") == "dropout" and e.get("library") for e in ctx.ref.of(DrawEvent)
+                               if ctx.precedes(e))
 
 
 def _random_op(ctx: Context) -> bool:
@@ -132,39 +303,41 @@ def varying_seed(ctx: Context) -> Finding | None:
     pins: list[Pin] = []
     first: SeedEvent | GeneratorEvent | None = None
     for lib in ("torch", "numpy", "python"):
-        for calls in ctx.aligned(functools.partial(user_seeds, lib=lib)):
+        for calls in ctx.aligned(functools.partial(seeding_calls, lib=lib)):
             values = [c.get("value") for c in calls]
             entropy = all(v is None for v in values)  # seeded from OS entropy: only the state can differ
             # the same value in every repeat is a seed that does not vary, whatever else does: never a cause
             if not (ctx.differs([c.get("state") for c in calls]) if entropy else ctx.differs(values)):
                 continue
             c = calls[0]
+            via = _via(c)
             if entropy:
-                lines.append(f"{c['fn']}() at {c.get('loc')} seeds from operating-system entropy: the state "
+                lines.append(f"{c['fn']}() at {c.get('loc')}{via} seeds from operating-system entropy: the state "
                              "differs in every repeat")
             else:
-                lines.append(f"{c['fn']} at {c.get('loc')} received {ctx.pair_text(values)}")
+                lines.append(f"{c['fn']} at {c.get('loc')}{via} received {ctx.pair_text(values)}")
             pins.append(PINS[lib])
             first = first if first is not None and first.get("at", 0) <= c.get("at", 0) else c
             break
-    for gens in ctx.aligned(lambda r: [e for e in r.of(GeneratorEvent) if e.get("seeded") and not e.get("library")]):
-        g = gens[0]
-        if ctx.differs([x.get("value") for x in gens]):
-            lines.append(f"{g['fn']} at {g.get('loc')} received {ctx.pair_text([x.get('value') for x in gens])}")
-            pins.append(Pin.NUMPY_RNG)
-            first = first if first is not None and first.get("at", 0) <= g.get("at", 0) else g
-            break
+    for own in (o for o in own_rngs(ctx) if o.varying_value):
+        lines += own.lines(ctx)
+        pins.append(PINS[own.event["lib"]])
+        first = first if first is not None and first.get("at", 0) <= own.at else own.event
+        break
     if first is None:
         return None
+    probes = [h.get("probe") for h in (r.first(HashEvent) for r in ctx.involved) if h is not None]
+    if len(probes) == len(ctx.involved) and ctx.differs(probes):
+        lines.append("string hashing is randomized in these repeats (PYTHONHASHSEED unset): a seed derived from "
+                     "`hash()` of a string (a prompt, a name) changes with it")
     lines.append(f"first divergence: {ctx.where()}")
-    fn = first["fn"].removesuffix("_all")
-    fix = (f"seed with a constant at {first.get('loc')}: `{fn}(0)`; when runs must differ on purpose, pass the seed "
+    fix = (f"{constant_seed(first['fn'], first.get('loc', ''))}; when runs must differ on purpose, pass the seed "
            "in explicitly (an argument or config value) and log it")
     score = 0.95 if ctx.precedes(first) else 0.5
     basis: Basis = "op-records" if Pin.TORCH_RNG in pins and _random_op(ctx) else "direct" if ctx.precedes(first) \
         else "circumstantial"
     return finding("varying-seed", score, "a seed is set, but to a value that changes from run to run "
-                   "(clock, pid or OS entropy)", lines, fix, pins, basis)
+                   "(clock, pid, OS entropy, or `hash()` of a string)", lines, fix, pins, basis)
 
 
 @detects("dataloader-workers")
@@ -186,7 +359,7 @@ def dataloader_workers(ctx: Context) -> Finding | None:
             loc = loc or g.get("loc", "")
             break
     for lib in ("numpy", "python", "torch"):
-        for calls in ctx.aligned(functools.partial(user_seeds, lib=lib, workers=True)):
+        for calls in ctx.aligned(functools.partial(seeding_calls, lib=lib, workers=True)):
             if ctx.differs([c.get("state") for c in calls]):
                 c = calls[0]
                 lines.append(f"inside DataLoader worker {c.get('worker')}, {c['fn']} at {c.get('loc')} set a seed "

@@ -20,6 +20,7 @@ _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "faile
                   "timeout": "bold red", "inconclusive": "bold yellow"}
 MAX_SPREAD_ROWS = 12
 MAX_STDOUT_REPEATS = 2  # differing repeats whose stdout line the terminal shows
+BELOW_THE_LINE = ("not-needed", "ruled-out")  # an experiment refuted the cause or made it unnecessary
 BASIS_TEXT = {"experiment": "experiment", "op-records": "op-level records", "direct": "direct evidence",
               "circumstantial": "circumstantial"}
 
@@ -322,13 +323,19 @@ def causes_block(report: Report) -> Group | None:
     if not report.causes:
         return None
     confirmed = [c.id for c in report.causes if c.confidence == "confirmed"]
+    below = [c.id for c in report.causes if c.confidence in BELOW_THE_LINE]
     # a conclusion of the experiments that confirms no source (not-reproduced) is neither
-    inferred = [c.id for c in report.causes if c.confidence != "confirmed" and c.basis != "experiment"]
+    inferred = [c.id for c in report.causes if c.confidence not in ("confirmed", *BELOW_THE_LINE)
+                and c.basis != "experiment"]
     title = Text("Likely causes", style="bold")
     title.append(f" — confirmed by experiment: {', '.join(confirmed) or 'none'}; inferred from the evidence: "
-                 f"{', '.join(inferred) or 'none'}", style="")
+                 f"{', '.join(inferred) or 'none'}" + (f"; ruled out or not needed: {', '.join(below)}" if below
+                                                       else ""), style="")
     parts: list[Any] = [title]
     for i, cause in enumerate(report.causes, 1):
+        if cause.confidence in BELOW_THE_LINE and (i == 1 or report.causes[i - 2].confidence not in BELOW_THE_LINE):
+            parts.append(Text("   ── ruled out by their own experiment, or not needed once another was confirmed ──",
+                              style="dim"))
         head = Text(f"{i}. [{cause.confidence} · {BASIS_TEXT[cause.basis]}] ",
                     style="bold magenta" if cause.confidence == "confirmed" else "bold")
         head.append(f"{cause.id}: ", style="bold")

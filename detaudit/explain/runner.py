@@ -10,7 +10,9 @@ everything at once: if that still diverges, the source is one no pin reaches (co
 object order, or unknown). Experiments stop at the first confirmation unless asked for all,
 and never exceed the budget of extra repeats. The first pin that makes the repeats agree is checked
 against a control with nothing pinned (outside the budget): if the control agrees too, the
-divergence no longer reproduces and nothing is confirmed.
+divergence no longer reproduces and nothing is confirmed. An experiment that also pins other sources
+(address-layout seeds the RNGs and fixes the hash seed) is followed by those sources pinned without
+its own, and, when they agree, by a bisection of them: it confirms its own only when they diverge.
 
 Repeats go into the run directory as `explain-<pin>-<i>.*`; the experiments are stored in
 `explain.json` there, so `detaudit report RUN_DIR` shows them and a later explain reuses them.
@@ -28,7 +30,7 @@ from pathlib import Path
 from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target, analyse, execute, load_run
 from detaudit.compare.stdout import recorded_mode
 from detaudit.errors import UsageError, output_error
-from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, pin_of
+from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins, pin_of
 from detaudit.records import StoredExperiment
 from detaudit.report.model import Report, write_json
 from detaudit.results import Cause, Experiment, ExperimentVerdict, RepeatProgress, RepeatResult
@@ -200,8 +202,10 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
         return max(repeats, SEPARATING_REPEATS) if name == separating else repeats
 
     first = cheap_pin(report.causes) if cheap else None
-    # the default confirmation: one experiment, whatever --budget says
-    budget = repeats_for(first) * len(base.schedule.devices) if first is not None else budget
+    # the default confirmation: one experiment (and, for one that also pins other sources, those without it),
+    # whatever --budget says
+    budget = sum(repeats_for(name) * len(base.schedule.devices)
+                 for name in [first, SEP.join(also_pins(first))] if name) if first is not None else budget
     spent = 0
     bisecting = False
 
@@ -250,17 +254,31 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
     def agrees(name: str) -> bool:
         return run_pin(name).verdict == "deterministic"
 
+    def settles(name: str, narrow: bool) -> bool:
+        """The pin's experiment agrees; one that also pins other sources confirms its own only if those, pinned
+        without it, still diverge (confirm.apply); if they agree, `narrow` bisects them to the source."""
+        nonlocal bisecting
+        if not agrees(name):
+            return False
+        others = also_pins(name)
+        if others and agrees(SEP.join(others)) and narrow:
+            bisecting = True
+            with contextlib.suppress(_OverBudget):  # the skipped experiment says so in the report
+                bisect(others, agrees)
+            bisecting = False
+        return True
+
     with contextlib.suppress(_NotReproduced):  # the stored control says so in the report
         if cheap:
             if first is not None:
-                run_pin(first)
+                settles(first, narrow=False)
         else:
             confirmed = any(e.experiment.verdict == "deterministic" and e.experiment.pin not in (ALL, CONTROL)
                             for e in stored)
             for name in plan(report.causes):
                 if confirmed and not explain_all:
                     break
-                confirmed = agrees(name) or confirmed
+                confirmed = settles(name, narrow=True) or confirmed
             if (not confirmed or explain_all) and agrees(ALL) and not confirmed:
                 bisecting = True
                 with contextlib.suppress(_OverBudget):  # the skipped experiment says so in the report

@@ -1,7 +1,8 @@
 """Automatic checkpoints: global torch hooks that need no change to the audited script.
 
 - every nn.Module forward output, named by qualified name (`encoder.layers.0.attn`);
-- every parameter gradient just before optimizer.step, and parameters, optimizer state and the
+- every parameter gradient just before optimizer.step (under `step(closure)`, when the closure,
+  which runs the backward, first returns), and parameters, optimizer state and the
   registered buffers of the models it trains (running statistics, EMA shadows, counters) just after it;
   before any optimizer has stepped (inference), each buffer a root forward changed;
 - everything passed to torch.save: its tensors, and its other values by a stable encoding;
@@ -135,19 +136,21 @@ class Hooks:
 
             wrap(cls, "step", make)
 
-    def guard(self, hook: Callable[..., None]) -> Callable[..., None]:
+    def guard(self, hook: Callable[..., Any]) -> Callable[..., Any]:
         """`hook`, made unable to break the script: if recording raises, recording stops for the rest of
-        the repeat (the trace keeps what was recorded and its footer says why) and the script runs on."""
+        the repeat (the trace keeps what was recorded and its footer says why) and the script runs on.
+        What the hook returns is passed on (a step pre-hook's new arguments)."""
 
-        def guarded(*args: Any) -> None:
+        def guarded(*args: Any) -> Any:
             if compiling() or self.stopped is not None or self.recorder.local.paused:
-                return
+                return None
             try:
-                hook(*args)
+                return hook(*args)
             except Exception as exc:
                 self.stopped = f"{type(exc).__name__}: {exc}"
                 print(f"detaudit: recording stopped, this repeat is recorded only up to here: {self.stopped}",
                       file=sys.stderr)
+                return None
 
         return guarded
 
@@ -265,7 +268,7 @@ class Hooks:
             sid = self._state_ids[(name_id, key)] = rec.intern(f"{rec.writer.text(name_id)}:{key}")
         return sid
 
-    def _on_step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _on_step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         """A training step is one iteration, however many optimizers step in it. The first optimizer
         stepped counts the steps (`Recorder.end_step` after each of its steps); another one stepping right
         after it (no root forward in between: two optimizers, one per parameter set) belongs to the step
@@ -295,10 +298,36 @@ class Hooks:
                 self._stepped.add(key)
         rec.local.module_stack.append(rec.intern(f"optimizer {type(optimizer).__name__}"))
         loc = rec.location_id(1)
+        rec.internal += 1  # no op records inside the step (see Recorder.internal)
+        # `args` holds the optimizer itself first (torch's step wrapper), then step's own arguments
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if callable(closure):  # forward and backward run inside the step (LBFGS, Lightning's training loop)
+            return self._after_closure(optimizer, closure, loc, args, kwargs)
+        self._record_grads(optimizer, loc)
+        return None
+
+    def _record_grads(self, optimizer: torch.optim.Optimizer, loc: int) -> None:
+        rec = self.recorder
         for name_id, p in self.named_params(optimizer):
             if p.grad is not None:
                 rec.record_tensor(Kind.GRAD, name_id, p.grad, 0, loc)
-        rec.internal += 1  # no op records inside the step (see Recorder.internal)
+
+    def _after_closure(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any], loc: int, args: Any,
+                       kwargs: Any) -> tuple[Any, Any]:
+        """`step(closure)`: the gradients this step uses exist only once the closure's backward ran, so they
+        are recorded when it first returns (the ones present before the step are the previous step's)."""
+        pending = [True]
+
+        def closure_then_grads() -> Any:
+            result = closure()
+            if pending and not compiling():
+                pending.clear()
+                self.guard(self._record_grads)(optimizer, loc)
+            return result
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_grads}
+        return (args[0], closure_then_grads, *args[2:]), kwargs
 
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if compiling():

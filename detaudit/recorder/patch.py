@@ -55,14 +55,22 @@ def _stored(owner: Any, name: str) -> Any:
 
 def wrap(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
     """Replace `owner.name` by `make(original)`, made to look like the original (functools.wraps) and
-    invisible to TorchScript. Returns False, patching nothing, when `owner` has no such attribute."""
+    invisible to TorchScript. Returns False, patching nothing, when `owner` has no such attribute.
+    A class is replaced by a subclass `make` returns (its metaclass keeps `isinstance` true for the
+    original's instances: recorder/evidence/rng.py)."""
     original = getattr(owner, name, None)
     if original is None:
         return False
     builtins: Any = sys.modules.get("torch.jit._builtins")
     op = builtins._find_builtin(original) if builtins is not None else None
     wrapper = make(original)
-    functools.update_wrapper(wrapper, original)
+    if isinstance(original, type) and inspect.ismodule(owner):
+        # a recording subclass, named where it now lives, so pickle (which checks that a class is found
+        # under its own name: torch.Generator's __reduce__ names `torch.Generator`) finds it there
+        wrapper.__module__, wrapper.__name__, wrapper.__qualname__ = owner.__name__, name, name
+        wrapper.__doc__ = original.__doc__
+    else:
+        functools.update_wrapper(wrapper, original)
     stored = _stored(owner, name)
     setattr(owner, name, wrapper)
     if op is not None:

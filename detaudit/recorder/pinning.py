@@ -70,6 +70,9 @@ class Pins:
         """Force the flag pins (again at the first forward and step: scripts set flags after import)."""
         if Pin.DETERMINISTIC in self.names:
             torch.use_deterministic_algorithms(True, warn_only=True)
+            # the kernels alone: the fill is a separate source (uninitialized memory, the zero-empty pin), and
+            # with it on, this experiment would also "confirm" a read of memory never written
+            torch.utils.deterministic.fill_uninitialized_memory = Pin.ZERO_EMPTY in self.names
         if Pin.ONE_THREAD in self.names:
             torch.set_num_threads(1)
         if Pin.CUDNN in self.names:

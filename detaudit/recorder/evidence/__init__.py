@@ -9,7 +9,7 @@ Recorded, by topic (the events are typed in detaudit/events.py):
 - concurrency.py: user threads and pools, DataLoader settings and what happens inside its workers;
 - writes.py: the files the script opens for writing (what `-j` repeats would share);
 - environment.py: PYTHONHASHSEED, an environment fingerprint (allow-listed variables only, never
-  secrets), thread-count settings, wall-clock reads per call site;
+  secrets), thread-count settings, wall-clock reads per call site, reads of the pid, OS entropy, uuids;
 - files.py: files read and directories listed that an earlier repeat of this audit changed (state
   carried between repeats);
 - here: RNG states and torch flags at import, the first forward, the first optimizer step and the end.
@@ -63,7 +63,8 @@ class Installer:
         ev = self.ev
         callbacks: dict[str, Callable[[ModuleType], None]] = {
             "numpy.random": self.on_numpy_random, "concurrent.futures": lambda m: concurrency.install_futures(ev, m),
-            "multiprocessing.pool": lambda m: concurrency.install_mp_pool(ev, m)}
+            "multiprocessing.pool": lambda m: concurrency.install_mp_pool(ev, m),
+            "secrets": lambda m: environment.install_secrets(ev, m)}
         for name in list(callbacks):
             if name in sys.modules:
                 callbacks.pop(name)(sys.modules[name])

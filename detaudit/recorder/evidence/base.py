@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -57,6 +58,10 @@ class Evidence:
         self.buffer: list[Event] = []
         self.seen: set[Any] = set()
         self.anchors: dict[str, str | None] = {}
+        # RNG objects the script owns, numbered in creation order (rng.py): draws name the number
+        self.rng_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._rng_numbers = 0
+        self.outside_sites = 0  # user call sites of outside values recorded (environment.py)
         self.device_as: str | None = None  # set by the test-only fault injector (faults.py)
         self.op_entries: dict[str, list[oplist.OpEntry]] = {}
         # user call sites of the wall clock: (code, line) -> [label, reads]; None for library code
@@ -139,6 +144,21 @@ class Evidence:
             return None
         info = self.torch.utils.data.get_worker_info()
         return info.id if info is not None else None
+
+    def rng_object(self, obj: Any) -> int:
+        """The number of an RNG object the script owns (a new one the first time it is seen)."""
+        number = self.rng_objects.get(obj)
+        if number is None:
+            number = self.rng_objects[obj] = self._rng_numbers
+            self._rng_numbers += 1
+        return number
+
+    def rng_number(self, obj: Any) -> int | None:
+        """The number of an RNG object the script owns, None for any other object."""
+        try:
+            return self.rng_objects.get(obj)
+        except TypeError:  # not weakly referenceable: none of ours
+            return None
 
     def first_time(self, *key: Any) -> bool:
         if key in self.seen:

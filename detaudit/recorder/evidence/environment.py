@@ -1,6 +1,7 @@
 """Environment evidence: the hash seed, an environment fingerprint (allow-listed variables only, never
-secrets), thread-count settings, and the script's reads of the wall clock per call site
-(causes/order.py, device.py, clock.py).
+secrets), thread-count settings, the script's reads of the wall clock per call site, and its first
+reads of other values from outside that differ in every run: the pid, OS entropy, uuids
+(causes/order.py, device.py, clock.py, outside.py).
 """
 
 from __future__ import annotations
@@ -11,18 +12,20 @@ import os
 import platform
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from detaudit.events import CallEvent, ClockEvent, ClockReadsEvent, ClockSite, EnvironmentEvent, HashEvent
+from detaudit.events import CallEvent, ClockEvent, ClockReadsEvent, ClockSite, EnvironmentEvent, HashEvent, OutsideEvent
 from detaudit.recorder.evidence.base import Evidence, short
 from detaudit.recorder.patch import wrap
 from detaudit.recorder.pinning import aslr_disabled
 
 MAX_CLOCK_SITES = 256
 CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+SECRETS = ("token_bytes", "token_hex", "token_urlsafe", "randbits", "randbelow", "choice")
 ENV_ALLOW = (
     "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
     "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "PYTORCH_CUDA_ALLOC_CONF",
@@ -36,6 +39,30 @@ ENV_ALLOW = (
 def install_clocks(ev: Evidence) -> None:
     for name in CLOCKS:
         wrap(time, name, functools.partial(_clock, ev, label=f"time.{name}"))
+    for owner, names in ((os, ("getpid", "urandom")), (uuid, ("uuid1", "uuid4"))):
+        for name in names:
+            wrap(owner, name, functools.partial(_outside, ev, label=f"{owner.__name__}.{name}"))
+
+
+def install_secrets(ev: Evidence, secrets: ModuleType) -> None:
+    """`secrets` (OS entropy), when the script imports it."""
+    for name in SECRETS:
+        wrap(secrets, name, functools.partial(_outside, ev, label=f"secrets.{name}"))
+
+
+def _outside(ev: Evidence, original: Callable[..., Any], label: str) -> Callable[..., Any]:
+    """The first read per user call site of a value that differs in every run (causes/outside.py)."""
+    def read(*args: Any, **kwargs: Any) -> Any:
+        if not ev.compiling():
+            caller = sys._getframe(1)
+            if (label, caller.f_code, caller.f_lineno) not in ev.seen and not ev.is_library(caller) \
+                    and ev.outside_sites < MAX_CLOCK_SITES:
+                ev.seen.add((label, caller.f_code, caller.f_lineno))
+                ev.outside_sites += 1
+                ev.emit(OutsideEvent(type="outside", fn=label, loc=ev.where(caller)))
+        return original(*args, **kwargs)
+
+    return read
 
 
 def hash_event() -> HashEvent:

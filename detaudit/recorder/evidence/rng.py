@@ -1,5 +1,13 @@
-"""RNG evidence: seeding calls (value, call site, state digest before and after), NumPy Generator
-creation, and the first draw from each RNG per call site (causes/rng.py reads them).
+"""RNG evidence: seeding calls (value, call site, state digest before and after; through a helper
+too, with the helper's line), RNG states set back (`torch.set_rng_state`, as `fork_rng` does), the
+RNG objects the script owns (NumPy Generators and RandomStates, `random.Random` and SystemRandom,
+`torch.Generator` seeding) and the first draw from each RNG per call site (causes/rng.py reads them).
+
+RNG objects are numbered in the order the script creates (or first seeds) them, and a draw from one
+names its number, so a detector can tie the line that drew to the line that created or seeded it.
+Classes whose methods cannot be patched (torch.Generator, np.random.RandomState: C types) are
+replaced by a recording subclass whose metaclass keeps `isinstance` true for the original's
+instances; objects made by library code are not followed.
 
 Cost: only the wrapped functions pay, a set lookup per call once a call site is known.
 """
@@ -13,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from detaudit.events import DrawEvent, GeneratorEvent, Lib, RngRestoreEvent, SeedEvent
-from detaudit.recorder.evidence.base import Evidence, digest_bytes, short
+from detaudit.recorder.evidence.base import Evidence, digest_bytes, python_rng_digest, short
 from detaudit.recorder.patch import wrap
 
 TORCH_DRAWS = ("rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "rand_like",
@@ -21,6 +29,7 @@ TORCH_DRAWS = ("rand", "randn", "randint", "randperm", "normal", "bernoulli", "m
 TENSOR_DRAWS = ("uniform_", "normal_", "random_", "bernoulli_", "exponential_", "cauchy_", "geometric_")
 NUMPY_DRAWS = ("random", "rand", "randn", "randint", "random_sample", "normal", "uniform", "choice", "shuffle",
                "permutation", "standard_normal", "binomial", "poisson", "exponential", "beta", "gamma")
+GLOBAL_RNGS: tuple[Lib, ...] = ("torch", "numpy", "python")
 PYTHON_DRAWS = ("random", "uniform", "randint", "randrange", "choice", "choices", "shuffle", "sample", "gauss",
                 "normalvariate", "getrandbits", "betavariate", "expovariate")
 
@@ -33,6 +42,7 @@ def install_python(ev: Evidence) -> None:
     for name in PYTHON_DRAWS:
         _wrap_draw(ev, random, name, "python", f"random.{name}")
     _wrap_restore(ev, random, "setstate", "python", "random.setstate")
+    _install_python_objects(ev)
 
 
 def install_numpy(ev: Evidence, np_random: ModuleType) -> None:
@@ -43,6 +53,7 @@ def install_numpy(ev: Evidence, np_random: ModuleType) -> None:
     ev.emit({"type": "state", "when": "numpy-import", "rng": ev.rng_state()})
     _wrap_seed(ev, np_random, "seed", "numpy", "np.random.seed")
     wrap(np_random, "default_rng", lambda original: _default_rng(ev, original))
+    wrap(np_random, "RandomState", lambda original: _random_state_class(ev, original))
     for name in NUMPY_DRAWS:
         _wrap_draw(ev, np_random, name, "numpy", f"np.random.{name}")
     _wrap_restore(ev, np_random, "set_state", "numpy", "np.random.set_state")
@@ -56,6 +67,7 @@ def install_torch(ev: Evidence, torch: ModuleType) -> None:
         _wrap_seed(ev, torch.random, name, "torch", f"torch.{name}")
     for name in ("manual_seed", "manual_seed_all"):
         _wrap_seed(ev, torch.cuda, name, "torch", f"torch.cuda.{name}")
+    wrap(torch, "Generator", lambda original: _torch_generator_class(ev, original))
     for name in TORCH_DRAWS:
         _wrap_draw(ev, torch, name, "torch", f"torch.{name}")
     for name in TENSOR_DRAWS:
@@ -80,16 +92,24 @@ def draws_again(ev: Evidence) -> None:
 
 
 def _wrap_restore(ev: Evidence, owner: Any, name: str, lib: str, label: str) -> None:
-    """An RNG's state set back, once per call site (`torch.random.fork_rng` does it inside library code)."""
+    """An RNG's state set back, once per call site (`torch.random.fork_rng` does it inside library code, on
+    exit: a seeding inside it is undone), with the immediate caller and, for a global RNG, its state after."""
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def restore(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
             if not ev.compiling():
                 caller = sys._getframe(1)
+                after = ev.rng_digest(lib) if lib in GLOBAL_RNGS else None
+                if lib in GLOBAL_RNGS:
+                    ev.anchors[lib] = after  # drawn since: counted from the state set here, as from a seeding
                 if ev.first_time("restore", label, caller.f_code, caller.f_lineno):
-                    ev.emit(RngRestoreEvent(type="rng-restore", lib=lib, fn=label, loc=ev.where(caller),
-                                            library=ev.is_library(caller)))
+                    event = RngRestoreEvent(type="rng-restore", lib=lib, fn=label, loc=ev.where(caller),
+                                            library=ev.is_library(caller),
+                                            by=f"{ev.site(caller)} ({caller.f_code.co_name})")
+                    if lib in GLOBAL_RNGS:
+                        event["state"] = after
+                    ev.emit(event)
             return result
 
         return restore
@@ -117,13 +137,19 @@ def _wrap_seed(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
             if label.startswith("torch.cuda."):
                 # seeds the GPU generators only, and runs inside torch.manual_seed before the CPU generator is
                 # seeded: the CPU state read here would be the unseeded one (entropy, a different digest per run)
-                ev.emit(SeedEvent(type="seed", lib=lib, fn=label, value=short(value), loc=ev.where(caller),
-                                  library=library, drawn_before=False, state=None, pinned=pinned))
+                gpu = SeedEvent(type="seed", lib=lib, fn=label, value=short(value), loc=ev.where(caller),
+                                library=library, drawn_before=False, state=None, pinned=pinned)
+                if library:
+                    gpu["by"] = ev.site(caller)
+                ev.emit(gpu)
                 return result
             after = ev.rng_digest(lib)
-            ev.emit(SeedEvent(type="seed", lib=lib, fn=label, value=short(value), loc=ev.where(caller),
+            event = SeedEvent(type="seed", lib=lib, fn=label, value=short(value), loc=ev.where(caller),
                               library=library, drawn_before=before is not None and before != ev.anchors.get(lib),
-                              state=after, pinned=pinned))
+                              state=after, pinned=pinned)
+            if library:
+                event["by"] = ev.site(caller)
+            ev.emit(event)
             ev.anchors[lib] = after
             return result
 
@@ -142,6 +168,7 @@ def _default_rng(ev: Evidence, original: Callable[..., Any]) -> Callable[..., An
         args, kwargs, pinned = ev.pins.seed_args("numpy-generator", args, kwargs, library, ev.worker_id())
         gen = original(*args, **kwargs)
         state = digest_bytes(repr(gen.bit_generator.state).encode())
+        # no `obj`: a Generator (a final C type, not weakly referenceable) is not followed to its draws
         ev.emit(GeneratorEvent(type="generator", lib="numpy", fn="np.random.default_rng", seeded=seed is not None,
                                value=short(seed), loc=ev.where(caller), library=library, state=state,
                                pinned=pinned))
@@ -159,11 +186,18 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
             if (label, caller.f_code, caller.f_lineno) not in ev.seen:
                 ev.seen.add((label, caller.f_code, caller.f_lineno))
                 if label != "dropout" or (args[2] if len(args) > 2 else kwargs.get("training", True)):
-                    explicit = kwargs.get("generator") is not None
+                    generator = kwargs.get("generator")
                     event = DrawEvent(type="draw", lib=lib, fn=label, loc=ev.where(caller),
-                                      generator="explicit" if explicit else "global")
+                                      generator="global" if generator is None else "explicit")
+                    obj = None if generator is None else ev.rng_number(generator)
+                    if obj is not None:
+                        event["obj"] = obj
                     if lib == "torch":
                         event["device"] = ev.draw_device(args, kwargs)
+                    if label == "dropout":
+                        event["library"] = ev.is_library(caller)
+                    if _library_import(ev, caller):
+                        event["importing"] = True
                     ev.emit(event)
                 else:
                     ev.seen.discard((label, caller.f_code, caller.f_lineno))
@@ -172,3 +206,184 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
         return draw
 
     wrap(owner, name, make)
+
+
+def _object_event(ev: Evidence, obj: Any, lib: Lib, fn: str, caller: Any, seed: Any, state: str | None,
+                  pinned: int | None, seeded: bool | None = None, entropy: bool = False) -> None:
+    """An RNG object the script owns was created or seeded (library code's objects are not followed)."""
+    event = GeneratorEvent(type="generator", lib=lib, fn=fn, seeded=seed is not None if seeded is None else seeded,
+                           value=short(seed), loc=ev.where(caller), library=False, state=state, pinned=pinned,
+                           obj=ev.rng_object(obj))
+    if entropy:
+        event["entropy"] = True
+    ev.emit(event)
+
+
+def _object_draw(ev: Evidence, obj: Any, lib: Lib, label: str, caller: Any) -> None:
+    """The first draw per call site from an RNG object the script owns."""
+    number = ev.rng_number(obj)
+    if number is not None and ev.first_time(label, caller.f_code, caller.f_lineno):
+        ev.emit(DrawEvent(type="draw", lib=lib, fn=label, loc=ev.where(caller), generator="explicit", obj=number))
+
+
+def _install_python_objects(ev: Evidence) -> None:
+    """`random.Random` instances the script makes: their seeding (`__init__` seeds through `self.seed`) and
+    draws; SystemRandom, which reads the OS for every draw. The module-level functions are bound to the
+    global instance before this runs, so they do not pass through here."""
+    own = random.__file__
+    init = random.Random.__init__.__code__
+    global_instance = getattr(random, "_inst", None)
+
+    def make_seed(original: Callable[..., Any]) -> Callable[..., Any]:
+        def seed(self: Any, a: Any = None, *args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1)
+            creating = caller.f_code is init
+            if creating:
+                caller = caller.f_back or caller
+            if self is global_instance or ev.compiling() or ev.is_library(caller):
+                return original(self, a, *args, **kwargs)
+            given = a
+            (a, *_), _, pinned = ev.pins.seed_args("python", (a,), {}, False, ev.worker_id())
+            result = original(self, a, *args, **kwargs)
+            fn = f"random.{type(self).__name__}" if creating else "Random.seed"
+            _object_event(ev, self, "python", fn, caller, given, python_rng_digest(self.getstate()), pinned)
+            return result
+
+        return seed
+
+    def make_system_seed(original: Callable[..., Any]) -> Callable[..., Any]:
+        def seed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1)
+            if caller.f_code is init:
+                caller = caller.f_back or caller
+                if not ev.compiling() and not ev.is_library(caller):
+                    _object_event(ev, self, "python", "random.SystemRandom", caller, None, None, None, entropy=True)
+            return original(self, *args, **kwargs)
+
+        return seed
+
+    def make_draw(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def draw(self: Any, *args: Any, **kwargs: Any) -> Any:
+                caller = sys._getframe(1)
+                if caller.f_code.co_filename != own and self is not global_instance and not ev.compiling():
+                    _object_draw(ev, self, "python", f"Random.{name}", caller)
+                return original(self, *args, **kwargs)
+
+            return draw
+
+        return make
+
+    wrap(random.Random, "seed", make_seed)
+    wrap(random.SystemRandom, "seed", make_system_seed)
+    for name in PYTHON_DRAWS:
+        wrap(random.Random, name, make_draw(name))
+    for name in ("random", "getrandbits"):  # SystemRandom's own, reading the OS
+        wrap(random.SystemRandom, name, make_draw(name))
+
+
+def _instance_check(base: type) -> type:
+    """A metaclass for a recording subclass of `base`: `isinstance(x, Sub)` is `isinstance(x, base)`, so
+    code that checks against the patched name still accepts objects made elsewhere."""
+    meta: Any = type(base)
+
+    class Meta(meta):
+        def __instancecheck__(cls, instance: Any) -> bool:
+            return bool(meta.__instancecheck__(base, instance))
+
+        def __subclasscheck__(cls, sub: Any) -> bool:
+            return bool(meta.__subclasscheck__(base, sub))
+
+    return Meta
+
+
+def _random_state_class(ev: Evidence, base: Any) -> Any:
+    """`np.random.RandomState` (a C type): a subclass that records its seeding and draws."""
+    def state(rs: Any) -> str:
+        _, keys, pos, has_gauss, cached = rs.get_state()
+        return digest_bytes(keys.tobytes() + repr((pos, has_gauss, cached)).encode())
+
+    class RandomState(base, metaclass=_instance_check(base)):  # type: ignore[metaclass]
+        def __init__(self, seed: Any = None) -> None:
+            self._seeding(base.__init__, seed, "np.random.RandomState", sys._getframe(1))
+
+        def seed(self, seed: Any = None) -> None:
+            self._seeding(base.seed, seed, "RandomState.seed", sys._getframe(1))
+
+        def _seeding(self, original: Callable[[Any, Any], None], seed: Any, fn: str, caller: Any) -> None:
+            if ev.compiling() or ev.is_library(caller):
+                original(self, seed)
+                return
+            (value, *_), _, pinned = ev.pins.seed_args("numpy-generator", (seed,), {}, False, ev.worker_id())
+            original(self, value)
+            _object_event(ev, self, "numpy", fn, caller, seed, state(self), pinned)
+
+    def make_draw(name: str) -> Any:
+        original = getattr(base, name)
+
+        def draw(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if drawing or ev.compiling():  # `rand` calls `random_sample`: one draw, recorded once
+                return original(self, *args, **kwargs)
+            _object_draw(ev, self, "numpy", f"RandomState.{name}", sys._getframe(1))
+            drawing.append(True)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                drawing.pop()
+
+        return draw
+
+    drawing: list[bool] = []  # non-empty while a draw method runs
+    for name in NUMPY_DRAWS:
+        if hasattr(base, name):
+            setattr(RandomState, name, make_draw(name))
+    return RandomState
+
+
+def _torch_generator_class(ev: Evidence, base: Any) -> Any:
+    """`torch.Generator` (a C type whose methods cannot be patched): a subclass that records `.seed()`
+    (a seed from the OS) and `.manual_seed(value)`; draws with `generator=` name it (`_wrap_draw`). A
+    Generator never seeded starts from torch's fixed default seed, the same in every run."""
+    def state(gen: Any) -> str | None:
+        try:
+            return digest_bytes(gen.get_state().numpy().tobytes())
+        except Exception:  # another device's state may not be readable on the host
+            return None
+
+    class Generator(base, metaclass=_instance_check(base)):  # type: ignore[metaclass]
+        def seed(self) -> int:
+            caller = sys._getframe(1)
+            if ev.compiling() or ev.is_library(caller):
+                return int(base.seed(self))
+            _, _, pinned = ev.pins.seed_args("torch", (None,), {}, False, ev.worker_id())
+            if pinned is None:
+                value = int(base.seed(self))
+            else:
+                base.manual_seed(self, pinned)
+                value = pinned
+            _object_event(ev, self, "torch", "Generator.seed", caller, value, state(self), pinned, seeded=False)
+            return value
+
+        def manual_seed(self, seed: Any) -> Any:
+            caller = sys._getframe(1)
+            if ev.compiling() or ev.is_library(caller):
+                return base.manual_seed(self, seed)
+            (value, *_), _, pinned = ev.pins.seed_args("torch", (seed,), {}, False, ev.worker_id())
+            result = base.manual_seed(self, value)
+            _object_event(ev, self, "torch", "Generator.manual_seed", caller, seed, state(self), pinned)
+            return result
+
+    return Generator
+
+
+def _library_import(ev: Evidence, frame: Any) -> bool:
+    """Whether a library module's import-time code made this call (only library frames between it and the
+    import system): a draw on the user's `import` line that the script's code did not ask for. A user module
+    imported by the script (a model built at module level) is the script's code. Walked once per call site."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        if not ev.is_library(frame):
+            return False
+        frame = frame.f_back
+    return False
