@@ -225,14 +225,22 @@ def _watched() -> dict[str, Any]:
 
 @pytest.fixture(autouse=True)
 def _nothing_left_patched() -> Any:
-    """Fail a test that leaves torch, numpy.random, random, time, threading or os patched."""
+    """Fail a test that leaves torch, numpy.random, random, time, threading or os patched, or torch's
+    deterministic-algorithms flag changed (restored first, so no later test inherits it)."""
     kept = len(patch.patched())
     before = _watched()
+    torch = sys.modules.get("torch")
+    flags = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) \
+        if torch is not None else (False, False)
     yield
     left = [f"{getattr(p.owner, '__name__', p.owner)}.{p.name}" for p in patch.patched()[kept:] if p.in_place]
     patch.restore_all(kept)
     after = _watched()
     left += [name for name, value in before.items() if after.get(name) is not value]
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.are_deterministic_algorithms_enabled() != flags[0]:
+        torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])  # the next test must not inherit it
+        left.append("torch.use_deterministic_algorithms")
     if left:
         pytest.fail(f"the test left patched: {', '.join(left)} (restore it: patch.restore_all, monkeypatch)")
 

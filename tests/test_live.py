@@ -136,10 +136,10 @@ def _watch_run(tmp_path: Path, stop: bool = True, layout: Layout | None = None,
 def test_a_divergent_repeat_is_asked_to_stop_extra_steps_after_its_divergence(tmp_path: Path) -> None:
     records = training_records(steps=STEPS)
     watch, plans, progress = _watch_run(tmp_path)
-    assert plans[0].stop_file is None  # the reference always runs to its end
     write_trace(plans[0].trace, records, {"exit_code": 0}, flush_every=PER_STEP)
     watch.poll(plans[0], False)
     watch.poll(plans[0], True)
+    assert plans[0].stop_file is not None and not plans[0].stop_file.exists()  # the reference runs to its end
     diverging = _changed_from(records, 2)
     growing = Growing(_whole(tmp_path, "rep", diverging), plans[1].trace)
     growing.grow_to(_bytes_through(tmp_path, diverging, 2))  # steps 0 and 1: agreeing so far

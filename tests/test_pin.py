@@ -29,6 +29,7 @@ OFFERED = sorted(set(explain.bisection_pins(["cpu", "cuda"])) | set(pin_of(ALL).
 def torch_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Whatever a pin changes in this process is put back: RNG states, flags, thread count, and the
     torch functions a pin replaces."""
+    use_deterministic_algorithms, set_num_threads = torch.use_deterministic_algorithms, torch.set_num_threads
     for name in ("use_deterministic_algorithms", "set_num_threads"):
         monkeypatch.setattr(torch, name, getattr(torch, name))  # restored as they were, whatever a pin did
     saved = (torch.get_rng_state(), np.random.get_state(), random.getstate(), torch.get_num_threads(),
@@ -41,8 +42,8 @@ def torch_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torch.set_rng_state(rng)
     np.random.set_state(np_state)
     random.setstate(py_state)
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(det, warn_only=warn_only)
+    set_num_threads(threads)  # the originals: a pin may have replaced torch's with a no-op for the script
+    use_deterministic_algorithms(det, warn_only=warn_only)
     torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = bench, cudnn_det
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = mm_tf32, cudnn_tf32
     torch.set_float32_matmul_precision(precision)
