@@ -134,8 +134,11 @@ def execute(options: AuditOptions, run_dir: Path,
                     **distributed.rank_config(schedule.nproc_per_node)}
     # the script's commit, found here once: a git subprocess inside a repeat would shift its heap layout
     child_config["git"] = git_state(target.script)
-    # a node of a multi-node job cannot stop alone: its ranks would leave the others' waiting in a collective
-    stoppable = not recording.run_to_end and not distributed.multi_node(schedule.torchrun_args)
+    # torchrun repeats are not stopped early: ranks read a stop request at their own step boundaries, and one
+    # that read it a step later than another (seen under load) stops apart from it and leaves it failing in a
+    # collective; without a way for the ranks to agree on the step, they run to their end (and a node of a
+    # multi-node job could not stop alone anyway)
+    stoppable = not recording.run_to_end and not schedule.nproc_per_node
     plans = plan_repeats(run_dir, schedule.repeats, schedule.devices, recording.granularity, target.env,
                          child_config, prefix=prefix, own_device=schedule.own_device, stoppable=stoppable)
     layout = distributed.Layout(schedule.nproc_per_node, distributed.node_rank(schedule.torchrun_args)) \
