@@ -12,10 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
-from detaudit.cli.session import RepeatsProgress, err_console, stdout_console
+from detaudit.cli.session import RepeatsProgress, finish_report
 from detaudit.errors import ExitCode
 from detaudit.report.batch import BatchReport, BatchSettings, write_html, write_json
-from detaudit.run.files import naming
 from detaudit.safetext import printable
 
 _EXIT_CODES = ("\b\nExit codes:\n  0    batch-invariant: every probed row agrees bit for bit\n"
@@ -91,19 +90,7 @@ def batch(script: str, script_args: tuple[str, ...], repeats: int, devices: str,
 
 def finish_batch(report: BatchReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
     """Write the requested files, render, exit with the verdict's code."""
-    import sys
-
-    if json_path is not None:
-        write_json(report, json_path)
-    if html_path is not None:
-        write_html(report, html_path)
-    console = err_console if str(json_path) == "-" else stdout_console()
-    with naming("standard error" if console is err_console else "standard output"):
-        if quiet:
-            console.print(summary_line(report), soft_wrap=True)
-        else:
-            render_batch(report, console)
-    sys.exit(report.exit_code)
+    finish_report(report, json_path, html_path, quiet, write_json, write_html, summary_line, render_batch)
 
 
 def _clean(text: object) -> str:

@@ -6,7 +6,6 @@ The check itself is audit/resume.py's; the report, report/resume.py's (docs/resu
 from __future__ import annotations
 
 import shlex
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -17,8 +16,7 @@ from rich.text import Text
 
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
 from detaudit.cli.render import causes_block, escape
-from detaudit.cli.session import RepeatsProgress, err_console, finish, stdout_console
-from detaudit.run.files import naming
+from detaudit.cli.session import RepeatsProgress, err_console, finish, finish_report
 from detaudit.safetext import printable
 
 _PULLED = ("--stop-at", "--resume-args")  # detaudit's wherever they stand before `--`
@@ -116,17 +114,7 @@ def resume(script: str, script_args: tuple[str, ...], stop_at: int, resume_args:
 def _finish(report: Any, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
     from detaudit.report.resume import write_html, write_json
 
-    if json_path is not None:
-        write_json(report, json_path)
-    if html_path is not None:
-        write_html(report, html_path)
-    console = err_console if str(json_path) == "-" else stdout_console()
-    with naming("standard error" if console is err_console else "standard output"):
-        if quiet:
-            console.print(summary_line(report), soft_wrap=True)
-        else:
-            render(report, console)
-    sys.exit(report.exit_code)
+    finish_report(report, json_path, html_path, quiet, write_json, write_html, summary_line, render)
 
 
 def summary_line(report: Any) -> Text:

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from detaudit.errors import DetauditError
 from detaudit.results import RepeatProgress, RepeatResult
@@ -228,3 +229,21 @@ def explain_run(run_dir: Path, budget: int | None, explain_all: bool, jobs: int,
         return run_experiments(run_dir, budget, explain_all, jobs=jobs, on_done=progress.on_done,
                                on_progress=progress.on_progress, on_experiment=line,
                                script_args=script_args, cheap=cheap)
+
+
+def finish_report(report: Any, json_path: Path | None, html_path: Path | None, quiet: bool,
+                  write_json: Callable[[Any, Path], None], write_html: Callable[[Any, Path], None],
+                  summary: Callable[[Any], Text | str], render: Callable[[Any, Console], None]) -> NoReturn:
+    """A report of its own kind (`batch`, `resume`): write the requested files, render on standard output (on
+    standard error when the JSON goes to standard output), exit with the verdict's code."""
+    if json_path is not None:
+        write_json(report, json_path)
+    if html_path is not None:
+        write_html(report, html_path)
+    console = err_console if str(json_path) == "-" else stdout_console()
+    with naming("standard error" if console is err_console else "standard output"):
+        if quiet:
+            console.print(summary(report), soft_wrap=True)
+        else:
+            render(report, console)
+    sys.exit(report.exit_code)
