@@ -120,3 +120,82 @@ def separating_pin(first: Sequence[str], second: Sequence[str]) -> Pin | None:
         if name in PINS and any(covers(name, p) for p in first) != any(covers(name, p) for p in second):
             return Pin(name)
     return None
+
+
+# -- `run --perturb`: settings the repeats deliberately differ in ---------------------------------------------
+
+
+class Perturb(StrEnum):
+    """A setting that differs between machines, which `run --perturb` varies between repeats (its value is the
+    name users and files see)."""
+
+    THREADS = "threads"
+    HASH_SEED = "hash-seed"
+    CUDNN_BENCHMARK = "cudnn-benchmark"
+    CUBLAS_WORKSPACE = "cublas-workspace"
+    ALLOCATOR = "allocator"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One value of a perturbed setting, travelling as the pins do: environment variables for the repeat, and
+    torch flags the child sets right after `import torch` (`child`: flag -> value), before the script runs, so
+    a script that sets the flag itself keeps its own value, as it would on another machine."""
+
+    value: str  # as reports and files show it: `1`, `:4096:8`, `on`
+    env: dict[str, str] = field(default_factory=dict)
+    child: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PerturbSpec:
+    """How `run --perturb` varies one setting: its two values (the first is what every other repeat runs
+    with), the cause id a change of bits is reported as, and whether only CUDA work can notice it."""
+
+    knob: Perturb
+    description: str
+    cause: str  # a cause id (docs/causes.md)
+    settings: tuple[Setting, Setting]
+    cuda_only: bool = False
+
+
+CHILD_FLAGS = ("cudnn.benchmark",)  # the flags a Setting's `child` may hold (recorder/pinning.py applies them)
+
+
+def perturbations(cpu_count: int | None) -> dict[Perturb, PerturbSpec]:
+    """Every perturbation; threads run at 1 and at this machine's count (at least 2: two threads split a
+    reduction otherwise than one, whatever the cores)."""
+    many = str(max(2, cpu_count or 1))
+    specs = (
+        PerturbSpec(Perturb.THREADS, "the intra-op thread count (OMP_NUM_THREADS, MKL_NUM_THREADS)", "thread-count",
+                    (Setting("1", {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}),
+                     Setting(many, {"OMP_NUM_THREADS": many, "MKL_NUM_THREADS": many}))),
+        # two fixed seeds, not 0: 0 turns randomization off, which is a setting no other machine has by default
+        PerturbSpec(Perturb.HASH_SEED, "the string hash seed (PYTHONHASHSEED)", "python-hash-seed",
+                    (Setting("1", {"PYTHONHASHSEED": "1"}), Setting("2", {"PYTHONHASHSEED": "2"}))),
+        PerturbSpec(Perturb.CUDNN_BENCHMARK, "cuDNN's algorithm choice (torch.backends.cudnn.benchmark)",
+                    "cudnn-benchmark", (Setting("off", child={"cudnn.benchmark": False}),
+                                        Setting("on", child={"cudnn.benchmark": True})), cuda_only=True),
+        PerturbSpec(Perturb.CUBLAS_WORKSPACE, "cuBLAS's workspace (CUBLAS_WORKSPACE_CONFIG)", "cublas-workspace",
+                    (Setting(":4096:8", {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}),
+                     Setting(":16:8", {"CUBLAS_WORKSPACE_CONFIG": ":16:8"})), cuda_only=True),
+        PerturbSpec(Perturb.ALLOCATOR, "the CUDA caching allocator's layout (PYTORCH_CUDA_ALLOC_CONF)", "allocator",
+                    (Setting("expandable_segments:False", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}),
+                     Setting("expandable_segments:True", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})),
+                    cuda_only=True),
+    )
+    return {s.knob: s for s in specs}
+
+
+def perturb_knobs(text: str) -> list[Perturb]:
+    """`--perturb`'s comma list (`threads,hash-seed`, `all`) in catalogue order; ValueError names an unknown one."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--perturb needs at least one setting")
+    if ALL in names:
+        return list(Perturb)
+    known = [p.value for p in Perturb]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown setting {unknown[0]!r} for --perturb; settings are {', '.join(known)}, or all")
+    return [p for p in Perturb if p.value in names]

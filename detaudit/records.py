@@ -224,6 +224,8 @@ class RunRecord:
     narrowing: Narrowing | None = None
     self_check: SelfCheck | None = None
     ignore_stdout: bool = False  # older runs' spelling of `stdout: ignore` (read, written back, never set)
+    perturb: tuple[str, ...] = ()  # `--perturb`: the settings varied (each repeat's values: its `perturbation`)
+    not_perturbed: Mapping[str, str] = field(default_factory=dict)  # asked for, not varied here: why
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> RunRecord:
@@ -250,6 +252,7 @@ class RunRecord:
             started=f.optional_number("started"), interrupted=f.flag("interrupted"),
             narrowing=None if narrowing is None else Narrowing.from_fields(narrowing), self_check=self_check,
             ignore_stdout=f.flag("ignore_stdout"), run_to_end=f.flag("run_to_end"),
+            perturb=f.texts("perturb"), not_perturbed=f.text_map("not_perturbed"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -276,6 +279,8 @@ class RunRecord:
             data["narrowing"] = self.narrowing.to_dict()
         if self.self_check is not None:
             data["self_check"] = asdict(self.self_check)
+        if self.perturb or self.not_perturbed:
+            data.update(perturb=list(self.perturb), not_perturbed=dict(self.not_perturbed))
         return data
 
 

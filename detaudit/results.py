@@ -98,9 +98,11 @@ class RepeatResult:
     error: ScriptError | None = None  # the exception that ended the script, read from the trace footer
     stopped_by: StoppedBy | None = None  # what stopped it at `stopped_at_step`
     diverged_at_step: int | None = None  # stopped_by "divergence": the step it first differed in (live comparison)
+    perturbation: dict[str, str] | None = None  # `run --perturb`: setting -> the value this repeat ran with
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in _STORED}
+        """run.json's entry; `perturbation` only for a repeat of a `--perturb` run."""
+        return {name: getattr(self, name) for name in _STORED if name != "perturbation" or self.perturbation}
 
     def ended_as(self, footer: Mapping[str, Any] | None) -> RepeatResult:
         """This result with what its trace's (schema-checked) footer says about an early end: stopped at a

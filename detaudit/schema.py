@@ -136,6 +136,7 @@ REPEAT_RESULT = Obj({
     "stopped_at_step": INT_OR_NONE, "recording_stopped": STR_OR_NONE, "rerun_alone": STR_OR_NONE,
     "exit_barrier_waited": bool, "rendezvous_retries": Int(0),
     "stopped_by": STR_OR_NONE, "diverged_at_step": INT_OR_NONE,
+    "perturbation": OneOf((NONE, MapOf(str))),
 }, frozenset({"index", "device", "exit_code", "duration_s", "timed_out", "trace", "stdout", "stderr",
               "stdout_digest"}))
 

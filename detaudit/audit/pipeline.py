@@ -21,6 +21,7 @@ from detaudit.compare import match
 from detaudit.compare.live import LiveWatch
 from detaudit.compare.oprules import OpFinding, find_op_source
 from detaudit.compare.outcome import outcome_divergence
+from detaudit.compare.perturb import compare_perturbed
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
 from detaudit.compare.traces import compare_traces
 from detaudit.errors import TraceError, UsageError
@@ -31,6 +32,7 @@ from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, Tolerance
 from detaudit.run import distributed, sharing
 from detaudit.run.failure import excerpt, read_error, stderr_tail
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats
+from detaudit.run.perturb import Perturbation
 from detaudit.run.provenance import git_state
 from detaudit.run.rundir import (
     REPORT_FILE,
@@ -73,6 +75,9 @@ class Schedule:
     jobs: int = 1
     nproc_per_node: int | None = None  # each repeat is a torchrun launch of this many ranks (distributed.py)
     torchrun_args: list[str] = field(default_factory=list)
+    # --perturb: the settings the repeats differ in, the repeats alternating between their groups (`repeats`
+    # counts them all: each group's share times the groups)
+    perturbation: Perturbation | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,8 @@ def execute(options: AuditOptions, run_dir: Path,
     stoppable = not recording.run_to_end and not schedule.nproc_per_node
     plans = plan_repeats(run_dir, schedule.repeats, schedule.devices, recording.granularity, target.env,
                          child_config, prefix=prefix, own_device=schedule.own_device, stoppable=stoppable)
+    if schedule.perturbation is not None:
+        plans = schedule.perturbation.assign(plans)
     layout = distributed.Layout(schedule.nproc_per_node, distributed.node_rank(schedule.torchrun_args)) \
         if schedule.nproc_per_node else None
     watch = LiveWatch(plans, options.checks.tolerance, stoppable, layout, on_progress) \
@@ -210,6 +217,8 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         baseline=str(checks.baseline.resolve()) if checks.baseline is not None else None,
         nproc_per_node=schedule.nproc_per_node, torchrun_args=tuple(schedule.torchrun_args),
         environment=host_environment(), started=time.time(),
+        perturb=() if schedule.perturbation is None else tuple(s.knob.value for s in schedule.perturbation.specs),
+        not_perturbed={} if schedule.perturbation is None else schedule.perturbation.not_tested,
     )
     claim_run(run_dir, record)
     # what an earlier repeat changed is told apart by time (recorder/evidence/files.py)
@@ -442,10 +451,9 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
     # a repeat that timed out, was interrupted or hit --max-steps/--max-time was stopped, one recorded
     # elsewhere without a footer has an unknown end, and one whose recording stopped (a hook failed)
     # recorded less: only what every repeat recorded is compared
-    comparison = compare_traces(traces, devices, tolerance,
-                                truncated=[r.timed_out or r.interrupted or r.exit_code is None
-                                           or r.stopped_at_step is not None or r.recording_stopped is not None
-                                           for r in results])
+    truncated = [r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
+                 or r.recording_stopped is not None for r in results]
+    comparison = compare_traces(traces, devices, tolerance, truncated=truncated)
     if comparison.recording_failed:  # no records is no evidence: never let it read as "deterministic"
         index, why = next(iter(comparison.recording_failed.items()))
         raise TraceError(f"repeat {index}: detaudit could not record this repeat ({why}); its trace has "
@@ -480,7 +488,17 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
     checked = baseline.check(baseline.load(Path(record.baseline)), run_dir, record, results, stdout_mode) \
         if record.baseline else None
     divergence = first or ended
-    inferred = causes.diagnose(divergence, traces, results, op_finding) if divergence is not None else []
+    perturbed = compare_perturbed(traces, results, devices, tolerance, truncated, record.not_perturbed) \
+        if record.perturb else None
+    if perturbed is not None and perturbed.control is not None:
+        # repeats with equal settings differ already: diagnose that, among them alone (the settings the groups
+        # differ in would read as causes)
+        group = [i for i, r in enumerate(results) if r.index in next(
+            g for g in perturbed.groups if perturbed.control.reference in g)]
+        inferred = causes.diagnose(perturbed.control, [traces[i] for i in group], [results[i] for i in group])
+    else:
+        inferred = causes.diagnose(divergence, traces, results, op_finding, perturbed) \
+            if divergence is not None else []
     stored = experiments.saved(run_dir) if explained and divergence is not None else []
     ranked = experiments.apply(inferred, stored, divergence.index) if stored and divergence is not None \
         else inferred
@@ -500,7 +518,7 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
         bitwise=bitwise, stdout_mode=stdout_mode,
         argv=[record.script, *record.script_args],  # the script's sys.argv in every repeat (the child sets it so)
         baseline=checked, inferred=[c.id for c in inferred], match=found, op_finding=op_finding,
-        carried_output=carried,
+        carried_output=carried, perturbation=perturbed,
     )
 
 

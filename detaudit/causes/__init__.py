@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from detaudit.causes import carried, clock, collective, compiled, device, flags, order, outside, rng, stdout
+from detaudit.causes import carried, clock, collective, compiled, device, flags, order, outside, perturb, rng, stdout
 from detaudit.causes.confirm import NOT_REPRODUCED, PIN_CAUSES
 from detaudit.causes.context import LIKELY, Context, Detector, Finding, build, finding
 from detaudit.compare.oprules import OpFinding
+from detaudit.compare.perturb import PerturbationFinding
 from detaudit.compare.traces import Divergence
 from detaudit.events import ConcurrencyEvent, EmptyEvent, HashEvent, OpEvent
 from detaudit.pin import PINS, separating_pin
@@ -30,6 +31,7 @@ DETECTORS: tuple[Detector, ...] = (
     order.python_hash_seed, order.object_order, carried.carried_state, stdout.stdout_differs, flags.flag_drift,
     flags.flag_typo,
     flags.collective_algorithm, collective.collective_algorithm, device.device_rng_geometry, outside.outside_value,
+    *perturb.DETECTORS,
 )
 UNKNOWN = "unknown"  # no detector fired (`unknown` below)
 # every cause id a report can hold: what the detectors declare, `unknown`, and what --explain adds
@@ -40,11 +42,12 @@ CAUSE_IDS: tuple[str, ...] = tuple(dict.fromkeys(
 
 
 def diagnose(divergence: Divergence | None, traces: Sequence[Path], runs: Sequence[RepeatResult],
-             op_finding: OpFinding | None = None) -> list[Cause]:
-    """Ranked causes of the first divergence (`op_finding`: the op behind it); empty for a deterministic run."""
+             op_finding: OpFinding | None = None, perturbation: PerturbationFinding | None = None) -> list[Cause]:
+    """Ranked causes of the first divergence (`op_finding`: the op behind it; `perturbation`: what `run
+    --perturb`'s settings changed); empty for a deterministic run."""
     if divergence is None or not runs:
         return []
-    return rank(build(divergence, traces, runs, op_finding))
+    return rank(build(divergence, traces, runs, op_finding, perturbation))
 
 
 def carried_output(divergence: Divergence, traces: Sequence[Path], runs: Sequence[RepeatResult]) -> list[str] | None:
@@ -59,6 +62,10 @@ def rank(ctx: Context) -> list[Cause]:
     one experiment that separates them (which `--explain` and the default confirmation run first).
     """
     findings = [f for f in (detect(ctx) for detect in DETECTORS) if f is not None]
+    if ctx.perturbation is not None and ctx.perturbation.sensitive:
+        # `run --perturb` proved it: repeats with equal settings agree, so nothing but the settings varied on
+        # purpose changes the bits, and a cause that varies from run to run would be a wrong lead
+        findings = [f for f in findings if f.cause.basis == "experiment"]
     findings.sort(key=lambda f: (BASES.index(f.cause.basis), -f.score))  # stable: ties keep DETECTORS order
     if findings and findings[0].score >= LIKELY:  # weak, always-true background causes only add noise
         findings = [f for f in findings if f.score >= BACKGROUND]

@@ -21,6 +21,7 @@ from detaudit import schema
 from detaudit.compare.align import RecordInfo
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.oprules import Verdict as OpVerdict
+from detaudit.compare.perturb import PerturbationFinding
 from detaudit.compare.traces import Divergence
 from detaudit.errors import TraceError
 from detaudit.events import WORKERS_SUFFIX, Event, Flags, StateEvent, When, select
@@ -153,9 +154,10 @@ class Context:
     """The divergence plus every repeat's evidence, with the comparisons detectors need."""
 
     def __init__(self, divergence: Divergence, repeats: list[RepeatEvidence],
-                 op_finding: OpFinding | None = None) -> None:
+                 op_finding: OpFinding | None = None, perturbation: PerturbationFinding | None = None) -> None:
         self.divergence = divergence
         self.op_finding = op_finding  # the op behind the divergence, when ops were recorded (oprules.py)
+        self.perturbation = perturbation  # `run --perturb`: what each setting varied on purpose changed
         self.repeats = repeats
         self.limit = divergence.index if divergence.index >= 0 else math.inf
         by_index = {r.index: r for r in repeats}
@@ -176,14 +178,7 @@ class Context:
 
     def where(self) -> str:
         """Where the divergence surfaced, in words, for evidence lines."""
-        rec = self.record
-        if rec is None:
-            return self.divergence.detail or "the script's output"
-        what = f"{rec.kind} {rec.name}" + (f" of {rec.module}" if rec.module and rec.module != rec.name else "")
-        step = f" at step {rec.step}" if rec.step >= 0 else ""
-        loc = f" ({rec.location})" if rec.location else ""
-        index = f"record #{rec.index}, " if rec.index >= 0 else ""  # a stdout line or exit status is no record
-        return f"{index}{what}{step}{loc}"
+        return where(self.divergence)
 
     def aligned(self, pick: Callable[[RepeatEvidence], list[E]]) -> Iterator[list[E]]:
         """The k-th picked event of every involved repeat, for each k all of them have."""
@@ -199,7 +194,19 @@ class Context:
         return ", ".join(f"{fmt(v)} in repeat {r.index}" for v, r in zip(values, self.involved))
 
 
+def where(divergence: Divergence) -> str:
+    """Where a divergence surfaced, in words, for evidence lines."""
+    rec = divergence.record
+    if rec is None:
+        return divergence.detail or "the script's output"
+    what = f"{rec.kind} {rec.name}" + (f" of {rec.module}" if rec.module and rec.module != rec.name else "")
+    step = f" at step {rec.step}" if rec.step >= 0 else ""
+    loc = f" ({rec.location})" if rec.location else ""
+    index = f"record #{rec.index}, " if rec.index >= 0 else ""  # a stdout line or exit status is no record
+    return f"{index}{what}{step}{loc}"
+
+
 def build(divergence: Divergence, traces: Sequence[Path], runs: Sequence[RepeatResult],
-          op_finding: OpFinding | None = None) -> Context:
+          op_finding: OpFinding | None = None, perturbation: PerturbationFinding | None = None) -> Context:
     repeats = [load(path, run.index, run.device) for path, run in zip(traces, runs)]
-    return Context(divergence, repeats, op_finding)
+    return Context(divergence, repeats, op_finding, perturbation)

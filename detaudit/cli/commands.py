@@ -131,6 +131,11 @@ cli.add_command(resume)  # cli/resume.py: does resuming from a checkpoint reprod
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
               help="Run each repeat under torchrun with this many ranks, every rank recorded "
                    "(docs/distributed.md).")
+@click.option("--perturb", default=None, metavar="SETTINGS",
+              help="Make the repeats differ on purpose in settings that differ between machines, to find what only "
+                   "another machine would show: a comma list of threads, hash-seed, cudnn-benchmark, "
+                   "cublas-workspace, allocator, or all. Each setting gets its own group of --repeats repeats; "
+                   "repeats with equal settings are each other's control (docs/perturb.md).")
 @click.option("--torchrun-args", default="", metavar="ARGS",
               help="With --nproc-per-node: further torchrun options, as one quoted string "
                    "(`--torchrun-args \"--nnodes 2 --rdzv-endpoint host:29400\"`).")
@@ -148,6 +153,9 @@ def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, 
 
     if (explain or explain_all) and multi_node(options.schedule.torchrun_args):
         raise click.UsageError(NODES_FOLLOW_UP.format("--explain"))
+    if (explain or explain_all) and options.schedule.perturbation is not None:
+        raise click.UsageError("--explain and --perturb cannot be combined: --perturb's repeats already differ on "
+                               "purpose; audit with --explain and with --perturb in two runs")
     baseline_dir = options.checks.baseline
     check_outputs(json_path, junit_path, html_path, save_baseline=save_baseline, out_dir=options.out_dir,
                   inputs={"the audited script": options.target.script,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from detaudit.audit.pipeline import AuditOptions
     from detaudit.compare.stdout import StdoutMode
     from detaudit.results import Tolerance
+    from detaudit.run.perturb import Perturbation
 
 DEFAULT_GRANULARITY = "auto"  # module cost unless the repeats diverge (docs/granularity.md)
 
@@ -172,24 +173,44 @@ def audit_options(script: Path | str, script_args: tuple[str, ...], *, repeats: 
                   stdout_mode: str | None, ignore_stdout: bool, granularity: str, baseline_dir: Path | None,
                   save_baseline: Path | None, redact_args: bool, max_steps: int | None, max_time: float | None,
                   self_check: bool, nproc_per_node: int | None, torchrun_args: str,
-                  run_to_end: bool = False) -> AuditOptions:
+                  run_to_end: bool = False, perturb: str | None = None) -> AuditOptions:
     """`run`'s options as the library's AuditOptions (a contradiction among them is a UsageError)."""
     from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target
     from detaudit.compare.stdout import DEFAULT_STDOUT
     from detaudit.results import Tolerance
     from detaudit.run.devices import own_device, resolve_devices
 
+    resolved = resolve_devices(devices)
+    perturbation = _perturbation(perturb, resolved, nproc_per_node)
     return AuditOptions(
         Target(Path(script), list(script_args), redact_args=redact_args, argv0=str(script)),
-        Schedule(repeats=repeats, devices=resolve_devices(devices), own_device=own_device(devices), timeout=timeout,
-                 jobs=jobs, **_torchrun(nproc_per_node, torchrun_args,
-                                        baseline_dir is not None or save_baseline is not None, max_time is not None,
-                                        granularity == "auto" or self_check)),
+        # --perturb: --repeats repeats for every combination of settings
+        Schedule(repeats=repeats * (len(perturbation.groups) if perturbation else 1), devices=resolved,
+                 own_device=own_device(devices), timeout=timeout, jobs=jobs, perturbation=perturbation,
+                 **_torchrun(nproc_per_node, torchrun_args, baseline_dir is not None or save_baseline is not None,
+                             max_time is not None, granularity == "auto" or self_check)),
         Recording(granularity=granularity, max_steps=max_steps, max_time=max_time, run_to_end=run_to_end),
         Checks(tolerance=Tolerance(atol, rtol), stdout=stdout_mode_of(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
                baseline=baseline_dir, self_check=self_check),
         out_dir=out_dir,
     )
+
+
+def _perturbation(perturb: str | None, devices: list[str], nproc_per_node: int | None) -> Perturbation | None:
+    """--perturb KNOBS as the settings the repeats will vary (run/perturb.py); None without it."""
+    from detaudit.pin import perturb_knobs
+    from detaudit.run import perturb as perturbing
+
+    if perturb is None:
+        return None
+    if nproc_per_node:
+        raise click.UsageError("--perturb does not support --nproc-per-node yet: each rank of a torchrun launch "
+                               "would need the repeat's settings")
+    try:
+        knobs = perturb_knobs(perturb)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--perturb") from None
+    return perturbing.plan(knobs, devices, os.cpu_count())
 
 
 def audit_option_group(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,7 +12,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from detaudit.compare.oprules import VERDICTS
+from detaudit.compare.oprules import VERDICTS, OpFinding
+from detaudit.compare.traces import Divergence
 from detaudit.report.model import Report, divergence_to_dict
 from detaudit.safetext import printable
 
@@ -129,7 +130,8 @@ def baseline_panel(report: Report) -> Panel | None:
 
 def runs_table(report: Report) -> Table:
     table = Table(title="Repeats", title_justify="left", show_edge=False)
-    for col in ("repeat", "device", "exit", "time (s)", "records", "trace"):
+    perturbed = any(r.perturbation for r in report.runs)
+    for col in ("repeat", "device", "exit", "time (s)", "records", "trace", *(("settings",) if perturbed else ())):
         table.add_column(col, justify="right" if col in ("repeat", "exit", "time (s)", "records") else "left")
     comp = report.comparison
     for r in report.runs:
@@ -140,9 +142,45 @@ def runs_table(report: Report) -> Table:
                 f" (diverged@{r.diverged_at_step})" if r.diverged_at_step is not None else "")
         records = comp.records[r.index] if r.index < len(comp.records) else 0
         complete = comp.complete[r.index] if r.index < len(comp.complete) else False
+        settings = (" ".join(f"{k}={v}" for k, v in (r.perturbation or {}).items()),) if perturbed else ()
         table.add_row(str(r.index), escape(r.device), exit_text, f"{r.duration_s:.2f}",
-                      f"{records}{'' if complete else ' (incomplete)'}", escape(r.trace))
+                      f"{records}{'' if complete else ' (incomplete)'}", escape(r.trace), *map(escape, settings))
     return table
+
+
+def _brief(d: Divergence) -> str:
+    """A divergence in one line: the record, its step and line."""
+    rec = d.record
+    if rec is None:
+        return d.detail or d.category
+    return " ".join(x for x in (f"record #{rec.index}", rec.kind, rec.name, f"at step {rec.step}" if rec.step >= 0
+                                else "", f"({rec.location})" if rec.location else "") if x)
+
+
+def perturbation_panel(report: Report) -> Panel | None:
+    """`run --perturb`: each setting varied, its two groups of repeats, and whether it changed the bits."""
+    p = report.perturbation
+    if p is None:
+        return None
+    table = Table(show_edge=False, box=None, padding=(0, 2))
+    for col in ("setting", "values", "repeats", "bits"):
+        table.add_column(col, style="bold" if col == "setting" else "")
+    for k in p.knobs:
+        bits = Text("not told (equal settings differ already)", style="yellow") if p.control is not None \
+            else Text("unchanged", style="green") if k.divergence is None \
+            else Text(f"CHANGED, first at {_brief(k.divergence)}", style="bold red")
+        table.add_row(k.knob, escape(f"{k.values[0]} vs {k.values[1]}"),
+                      f"{', '.join(map(str, k.base))} vs {', '.join(map(str, k.changed))}", bits)
+    for knob, why in p.not_tested.items():
+        table.add_row(knob, "", "", Text(f"not varied: {why}", style="dim"))
+    groups = "; ".join(", ".join(map(str, g)) for g in p.groups)
+    control = Text(f"repeats with equal settings agree ({groups}): only the settings varied can change the bits",
+                   style="green") if p.control is None else Text(
+        f"repeats with equal settings already differ, first at {_brief(p.control)}: the run is nondeterministic "
+        "on this machine, and no setting can be blamed; the causes below are those of that divergence",
+        style="bold yellow")
+    return Panel(Group(table, Text(""), control), title="Perturbed settings (--perturb)", title_align="left",
+                 border_style="red" if p.sensitive else "green" if p.control is None else "yellow", expand=False)
 
 
 def divergence_panel(report: Report) -> Panel | None:
@@ -254,6 +292,16 @@ def argv_line(report: Report) -> Text | None:
     return None if report.argv is None else Text(f"script argv: {shlex.join(report.argv)}", style="dim")
 
 
+def _op_why(report: Report, f: OpFinding) -> str:
+    """The op verdict in words; under `run --perturb` an op whose output differs only between settings is no
+    nondeterministic kernel: repeats with equal settings agree."""
+    sensitive = report.perturbation.sensitive if report.perturbation is not None else []
+    if sensitive and f.verdict == "nondeterministic-op":
+        return (f"its inputs match in every repeat and its output differs between the settings varied "
+                f"({', '.join(k.knob for k in sensitive)}), never between repeats with equal settings")
+    return f"{f.verdict}: {VERDICTS[f.verdict]}"
+
+
 def op_panel(report: Report) -> Panel | None:
     """The op behind the first divergence, with the input/output match table around it."""
     first = report.first_divergence
@@ -278,7 +326,7 @@ def op_panel(report: Report) -> Panel | None:
         ("location", r.location + (" (the forward line that created its autograd node)" if r.backward else "")
          if r.location else None),
         ("step", r.step),
-        ("why", f"{f.verdict}: {VERDICTS[f.verdict]}"),
+        ("why", _op_why(report, f)),
         ("origin", f"{f.origin.kind} {f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "")
          if f.origin is not None else None),
         ("elsewhere", ", ".join(f"repeat {i} ran {o.op or o.name}" for i, o in sorted(f.others.items()))),
@@ -443,7 +491,8 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
             console.print(Panel(escape(error or "(no output on stderr)"), title_align="left", border_style="yellow",
                                 expand=False, title=f"Repeat {index} {how}: its stderr"))
     for block in (ranks_table(report), replica_panel(report), match_block(report),
-                  divergence_panel(report), carried_panel(report), baseline_panel(report), op_panel(report),
+                  divergence_panel(report), perturbation_panel(report), carried_panel(report), baseline_panel(report),
+                  op_panel(report),
                   spread_table(report), causes_block(report), experiments_table(report)):
         if block is not None:
             console.print(block)

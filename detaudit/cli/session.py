@@ -180,7 +180,8 @@ def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None
 
     with progress:
         report = run_audit(options, progress.on_done, on_narrow, progress.on_progress)
-    if report.verdict == "divergent" and not report.timed_out:
+    # a --perturb run's causes are proved by its own groups of repeats; a pinned re-run would mix settings
+    if report.verdict == "divergent" and not report.timed_out and schedule.perturbation is None:
         args = options.target.script_args if options.target.redact_args else None
         if explain:
             report = explain_run(Path(report.run_dir), budget, explain_all, schedule.jobs, quiet, args)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
-from detaudit.pin import Pin, pins_of
+from detaudit.pin import CHILD_FLAGS, Pin, pins_of
 from detaudit.recorder.patch import wrap
 
 PIN_SEED = 1234
@@ -27,11 +27,16 @@ _PIN_OF_LIB = {"torch": Pin.TORCH_RNG, "numpy": Pin.NUMPY_RNG, "numpy-generator"
 
 
 class Pins:
-    """The pins of one repeat (the child config's `pins`; a name this release does not know is a ValueError)."""
+    """The pins of one repeat (the child config's `pins`; a name this release does not know is a ValueError),
+    and the flags a `run --perturb` setting gives it (`perturb`: flag -> value, detaudit.pin.CHILD_FLAGS)."""
 
-    def __init__(self, names: Iterable[str]) -> None:
+    def __init__(self, names: Iterable[str], perturb: Mapping[str, bool] | None = None) -> None:
         self.names: frozenset[Pin] = frozenset(pins_of(list(names)))
         self._calls: dict[str, int] = {}
+        unknown = set(perturb or {}) - set(CHILD_FLAGS)
+        if unknown:
+            raise ValueError(f"unknown perturbed flag {sorted(unknown)[0]!r}; flags are {', '.join(CHILD_FLAGS)}")
+        self.perturb = dict(perturb or {})
 
     def active(self, name: str) -> bool:
         """Whether the pin of this name (a Pin value) holds in this repeat."""
@@ -57,7 +62,10 @@ class Pins:
             np_random.seed(PIN_SEED)
 
     def apply_torch(self, torch: ModuleType) -> None:
-        """At import: seed, and make the script's own flag calls unable to undo a pin."""
+        """At import: the perturbed flags (once: the script may set its own after), then the pins: seed, and
+        make the script's own flag calls unable to undo a pin."""
+        if "cudnn.benchmark" in self.perturb:
+            torch.backends.cudnn.benchmark = self.perturb["cudnn.benchmark"]
         if Pin.TORCH_RNG in self.names:
             torch.manual_seed(PIN_SEED)
         if Pin.DETERMINISTIC in self.names:

@@ -25,6 +25,7 @@ from detaudit.run.files import write_output
 if TYPE_CHECKING:
     from detaudit.compare.match import Match
     from detaudit.compare.oprules import OpFinding
+    from detaudit.compare.perturb import PerturbationFinding
 
 SCHEMA_NAME = "detaudit-report"
 SCHEMA_VERSION = 1
@@ -94,6 +95,7 @@ class Report:
     distributed: DistributedFindings | None = None  # a torchrun run: ranks, replica check (ranks.py)
     op_finding: OpFinding | None = None  # the op behind first_divergence, when ops were recorded (oprules.py)
     carried_output: CarriedOutput | None = None  # a stdout difference explained by carried state: no divergence
+    perturbation: PerturbationFinding | None = None  # `run --perturb`: what each varied setting changed
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -318,7 +320,7 @@ def to_dict(report: Report) -> dict[str, Any]:
                 "records": comp.records[r.index] if r.index < len(comp.records) else 0,
                 "complete": comp.complete[r.index] if r.index < len(comp.complete) else False,
                 "trace": r.trace, "stdout": r.stdout, "stderr": r.stderr, "stdout_digest": r.stdout_digest,
-                "error": report.repeat_errors.get(r.index),
+                "error": report.repeat_errors.get(r.index), "perturbation": r.perturbation,
             }
             for r in report.runs
         ],
@@ -328,6 +330,26 @@ def to_dict(report: Report) -> dict[str, Any]:
         "match": match_to_dict(report.match),
         **distributed_to_dict(report),
         **carried_to_dict(report.carried_output),
+        "perturbation": perturbation_to_dict(report.perturbation),
+    }
+
+
+def perturbation_to_dict(p: PerturbationFinding | None) -> dict[str, Any] | None:
+    """`run --perturb`'s finding (docs/report-schema.md): each varied setting, its two groups of repeats and
+    where they first differ; the control (repeats with equal settings) and the settings not varied."""
+    if p is None:
+        return None
+    return {
+        "settings": [{"setting": k.knob, "description": k.description, "cause": k.cause, "values": list(k.values),
+                      "repeats": [list(k.base), list(k.changed)],
+                      "changed_bits": None if p.control is not None else k.divergence is not None,
+                      "first_divergence": divergence_to_dict(k.divergence)} for k in p.knobs],
+        "groups": [list(g) for g in p.groups],
+        "control_agrees": p.control is None,
+        "control_divergence": divergence_to_dict(p.control),
+        "sensitive": [k.knob for k in p.sensitive],
+        "survived": [k.knob for k in p.survived],
+        "not_tested": dict(p.not_tested),
     }
 
 

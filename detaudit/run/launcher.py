@@ -66,6 +66,7 @@ class RepeatPlan:
     stderr: Path
     env: dict[str, str] = field(default_factory=dict)
     child_config: dict[str, Any] = field(default_factory=dict)
+    perturbation: dict[str, str] | None = None  # `run --perturb`: the settings it runs with (run/perturb.py)
 
     @property
     def stop_file(self) -> Path | None:
@@ -235,6 +236,7 @@ class Launcher:
             trace=plan.trace.name, stdout=plan.stdout.name, stderr=plan.stderr.name,
             stdout_digest=stdout_digest, interrupted=interrupted,
             error=read_error(plan.trace) if code else None,  # only a failed script leaves one
+            perturbation=plan.perturbation,
         )
 
     def run(self, plans: Sequence[RepeatPlan],
@@ -275,7 +277,8 @@ class Launcher:
                 results.setdefault(result.index, result)
         return [results.get(p.index) or RepeatResult(
             index=p.index, device=p.device, exit_code=None, duration_s=0.0, timed_out=False, trace=p.trace.name,
-            stdout=p.stdout.name, stderr=p.stderr.name, stdout_digest="", interrupted=True) for p in plans]
+            stdout=p.stdout.name, stderr=p.stderr.name, stdout_digest="", interrupted=True,
+            perturbation=p.perturbation) for p in plans]
 
     def stop(self) -> None:
         """SIGTERM every live group, give them GRACE_S together (less after `kill_now`), then SIGKILL."""

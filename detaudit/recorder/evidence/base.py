@@ -48,7 +48,7 @@ class Evidence:
         self.compiling: Callable[[], bool] = _never_compiling
         trace = config.get("trace")
         self.side_path = str(trace) + WORKERS_SUFFIX if trace else None
-        self.pins = Pins(config.get("pins", []))
+        self.pins = Pins(config.get("pins", []), config.get("perturb", {}))
         self.pid = os.getpid()
         self.in_worker = False
         self.fork_at = 0
