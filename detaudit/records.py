@@ -106,6 +106,10 @@ class _Fields:
     def text_map(self, key: str) -> dict[str, str]:
         return dict(self._get(key, schema.MapOf(str), False) or {})
 
+    def texts_map(self, key: str) -> dict[str, tuple[str, ...]]:
+        """An object of string lists (absent: empty)."""
+        return {k: tuple(v) for k, v in (self._get(key, schema.MapOf(schema.ListOf(str)), False) or {}).items()}
+
     def scalar_map(self, key: str) -> dict[str, Any]:
         """An object of JSON scalars (a fingerprint: versions, counts, flags, environment variables)."""
         return dict(self._get(key, schema.MapOf(schema.OneOf((str, schema.Number(), bool, schema.NONE))), True))
@@ -360,6 +364,8 @@ class BaselineManifest:
     environment: Mapping[str, Any]  # report/baseline.fingerprint: field -> JSON scalar
     detaudit_version: str | None = None
     created: str | None = None
+    # `run --perturb`: the settings the recorded run varied without a bit changing, with the values tried
+    survived: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> BaselineManifest:
@@ -369,10 +375,11 @@ class BaselineManifest:
         assert reference is not None
         return cls(f.text("script"), f.texts("script_args", required=True), f.text("granularity"),
                    Reference.from_fields(reference), f.scalar_map("environment"),
-                   f.optional_text("detaudit_version"), f.optional_text("created"))
+                   f.optional_text("detaudit_version"), f.optional_text("created"), f.texts_map("survived"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": BASELINE_FORMAT, "version": BASELINE_VERSION, "detaudit_version": self.detaudit_version,
                 "created": self.created, "script": self.script, "script_args": list(self.script_args),
                 "granularity": self.granularity, "reference": self.reference.to_dict(),
-                "environment": dict(self.environment)}
+                "environment": dict(self.environment),
+                **({"survived": {k: list(v) for k, v in self.survived.items()}} if self.survived else {})}

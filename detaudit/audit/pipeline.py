@@ -485,11 +485,11 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
     op_finding: OpFinding | None = None
     if first is not None:
         op_finding = op_source(run_dir, record, traces, devices)  # the next stage's output: the report's
-    checked = baseline.check(baseline.load(Path(record.baseline)), run_dir, record, results, stdout_mode) \
-        if record.baseline else None
     divergence = first or ended
     perturbed = compare_perturbed(traces, results, devices, tolerance, truncated, record.not_perturbed) \
         if record.perturb else None
+    checked = baseline.check(baseline.load(Path(record.baseline)), run_dir, record, results, stdout_mode, perturbed) \
+        if record.baseline else None
     if perturbed is not None and perturbed.control is not None:
         # repeats with equal settings differ already: diagnose that, among them alone (the settings the groups
         # differ in would read as causes)

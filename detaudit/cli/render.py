@@ -63,6 +63,10 @@ def verdict_line(report: Report) -> Text:
     if report.verdict == "divergent" and report.causes and report.causes[0].id == "environment-change":
         extra = ": the environment changed between the recordings, which is not run-to-run nondeterminism " \
                 f"({report.causes[0].summary.split('(', 1)[-1].split(')', 1)[0]} differ)"
+    sensitive = report.perturbation.sensitive if report.perturbation is not None else []
+    if sensitive:
+        extra = (f": the bits change with the settings varied ({', '.join(k.knob for k in sensitive)}), while "
+                 f"repeats with equal settings agree ({n} repeats)")
     text.append(printable(extra + f" on {', '.join(devices)}"))
     if report.verdict == "timeout":
         text.append(f"; the repeats agree on the {report.comparison.records_compared} records all of them made "
@@ -124,6 +128,10 @@ def baseline_panel(report: Report) -> Panel | None:
             grid.add_row(f"  {escape(c.field)}", escape(f"{_fmt(c.baseline)} → {_fmt(c.current)}"))
     elif d is not None:
         grid.add_row("environment", "unchanged: the numbers changed with the same software and settings")
+    for sensitivity in check.sensitivities:
+        grid.add_row(f"{sensitivity.setting}", Text(
+            f"{', '.join(sensitivity.fields)}: {sensitivity.note}",
+            style={"sensitive": "bold red", "survived": "green"}.get(sensitivity.status, "yellow")))
     return Panel(grid, title=f"Baseline {escape(check.path)}", title_align="left",
                  border_style="green" if check.matches else "red", expand=False)
 
@@ -262,6 +270,9 @@ def summary_line(report: Report) -> Text:
         parts.append(f"DDP replica {r.name} differs on rank(s) {', '.join(map(str, r.ranks))} after step {r.step}")
     elif report.verdict == "deterministic":
         parts.append(f"{len(report.runs)} repeats agree on {report.comparison.records_compared} records")
+        survived = report.perturbation.survived if report.perturbation is not None else []
+        if survived:
+            parts.append(f"unchanged by --perturb {','.join(k.knob for k in survived)}")
         baseline = report.baseline
         if baseline is not None and baseline.divergence is not None:  # exit 1: the line must say why
             moved = divergence_to_dict(baseline.divergence, None)

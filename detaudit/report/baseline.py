@@ -18,17 +18,19 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from detaudit import __version__
 from detaudit.compare.outcome import outcome_divergence
+from detaudit.compare.perturb import PerturbationFinding
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode
 from detaudit.compare.traces import compare_traces
 from detaudit.errors import TraceError, UsageError
+from detaudit.pin import Perturb
 from detaudit.records import BaselineManifest, Reference, RunRecord, is_plain_name
-from detaudit.report.model import BaselineCheck, EnvironmentChange, Report
+from detaudit.report.model import BaselineCheck, EnvironmentChange, Report, Sensitivity
 from detaudit.results import RepeatResult
 from detaudit.run.files import copy_atomically, write_text_atomically
 from detaudit.run.rundir import read_run
@@ -51,6 +53,7 @@ class Baseline:
     script_args: list[str]
     result: RepeatResult  # the recorded repeat: device, exit status, stdout digest
     environment: dict[str, Any]
+    survived: dict[str, tuple[str, ...]] = field(default_factory=dict)  # `--perturb` settings that changed no bit
 
 
 def effective_granularity(granularity: str) -> str:
@@ -104,7 +107,8 @@ def save(run_dir: Path, report: Report, dest: Path) -> Path:
         reference=Reference(TRACE, sha256_regular(dest / TRACE, "baseline trace"), first.device, first.exit_code,
                             first.stdout_digest, report.comparison.records[0]),
         environment=fingerprint(record, source, first.device), detaudit_version=__version__,
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        survived={k.knob: k.values for k in report.perturbation.survived} if report.perturbation else {})
     write_text_atomically(dest / MANIFEST, json.dumps(manifest.to_dict(), indent=2) + "\n")
     return dest
 
@@ -135,7 +139,7 @@ def load(path: Path) -> Baseline:
                           trace=str(trace), stdout=str(printed) if os.path.lexists(printed) else "",
                           stderr="", stdout_digest=ref.stdout_digest)
     baseline = Baseline(directory, trace, manifest.granularity, manifest.script, list(manifest.script_args), result,
-                        dict(manifest.environment))
+                        dict(manifest.environment), dict(manifest.survived))
     if not is_plain_name(ref.trace) or not os.path.lexists(trace):
         raise TraceError(f"{manifest_path}: its trace {ref.trace!r} is missing")
     if sha256_regular(trace, "baseline trace") != ref.sha256:
@@ -145,8 +149,9 @@ def load(path: Path) -> Baseline:
 
 
 def check(baseline: Baseline, run_dir: Path, record: RunRecord, results: Sequence[RepeatResult],
-          stdout: StdoutMode = DEFAULT_STDOUT) -> BaselineCheck:
-    """Compare the run's first repeat with the baseline, and list what changed around it."""
+          stdout: StdoutMode = DEFAULT_STDOUT, perturbed: PerturbationFinding | None = None) -> BaselineCheck:
+    """Compare the run's first repeat with the baseline, and list what changed around it (`perturbed`: what
+    this run's `--perturb` found, which names the changes the script is known to be sensitive to)."""
     current = results[0]
     trace = Path(run_dir) / current.trace
     labels = [baseline.result.device, current.device]  # same device: bit for bit; else within the tolerance
@@ -162,7 +167,45 @@ def check(baseline: Baseline, run_dir: Path, record: RunRecord, results: Sequenc
         changes.insert(0, EnvironmentChange("script arguments", " ".join(baseline.script_args) or "(none)",
                                             " ".join(record.script_args) or "(none)"))
     return BaselineCheck(str(baseline.path), divergence, changes, comparison.records_compared,
-                         comparison.records_differing, comparison.by_step)
+                         comparison.records_differing, comparison.by_step,
+                         sensitivities(changes, baseline.survived, perturbed))
+
+
+# the fingerprint fields (fingerprint() above) in which each `--perturb` setting differs between machines
+SENSITIVE_FIELDS: dict[Perturb, tuple[str, ...]] = {
+    Perturb.THREADS: ("num_threads", "cpu_count", "$OMP_NUM_THREADS", "$MKL_NUM_THREADS"),
+    Perturb.HASH_SEED: ("$PYTHONHASHSEED",),
+    Perturb.CUDNN_BENCHMARK: ("cudnn.benchmark",),
+    Perturb.CUBLAS_WORKSPACE: ("$CUBLAS_WORKSPACE_CONFIG",),
+    Perturb.ALLOCATOR: ("$PYTORCH_CUDA_ALLOC_CONF",),
+}
+
+
+def sensitivities(changes: Sequence[EnvironmentChange], survived: dict[str, tuple[str, ...]],
+                  perturbed: PerturbationFinding | None) -> list[Sensitivity]:
+    """The changed fingerprint fields that a `--perturb` setting stands for, each with what is known: this run
+    showed the bits depend on it, a perturbed run (the baseline's or this one) changed it and no bit moved, or
+    no run tested it."""
+    changed = {c.field for c in changes}
+    sensitive = {k.knob: k.values for k in perturbed.sensitive} if perturbed is not None else {}
+    survived = {**survived, **({k.knob: k.values for k in perturbed.survived} if perturbed is not None else {})}
+    found = []
+    for knob, names in SENSITIVE_FIELDS.items():
+        fields = [name for name in names if name in changed]
+        if not fields:
+            continue
+        if knob.value in sensitive:
+            values = " and ".join(sensitive[knob.value])
+            found.append(Sensitivity(knob.value, fields, "sensitive", f"this run's --perturb {knob.value} showed "
+                                     f"the bits change with it ({values}): the difference matches it"))
+        elif knob.value in survived:
+            values = " and ".join(survived[knob.value])
+            found.append(Sensitivity(knob.value, fields, "survived", f"a --perturb {knob.value} run changed it "
+                                     f"({values}) and no bit moved: it does not explain a difference"))
+        else:
+            found.append(Sensitivity(knob.value, fields, "untested", f"not tested: `detaudit run --perturb "
+                                     f"{knob.value}` tells whether the bits depend on it"))
+    return found
 
 
 def environment_changes(before: dict[str, Any], after: dict[str, Any]) -> list[EnvironmentChange]:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from detaudit import __version__
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
@@ -40,6 +40,22 @@ class EnvironmentChange:
     current: Any
 
 
+# survived: the baseline's run (or this one) varied the setting with `--perturb` and no bit changed; sensitive:
+# this run's `--perturb` showed the bits depend on it; untested: no run varied it
+SensitivityStatus = Literal["survived", "sensitive", "untested"]
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """An environment difference from the baseline that a `--perturb` setting stands for (report/baseline.py),
+    and what is known of the script's sensitivity to it."""
+
+    setting: str  # a `--perturb` setting: threads, hash-seed, ...
+    fields: list[str]  # the fingerprint fields that changed
+    status: SensitivityStatus
+    note: str
+
+
 @dataclass(frozen=True)
 class BaselineCheck:
     """The run's first repeat compared with a recorded baseline (`detaudit run --baseline DIR`)."""
@@ -50,6 +66,7 @@ class BaselineCheck:
     records_compared: int = 0
     records_differing: int = 0
     by_step: list[StepSpread] = field(default_factory=list)
+    sensitivities: list[Sensitivity] = field(default_factory=list)
 
     @property
     def matches(self) -> bool:
@@ -404,7 +421,8 @@ def baseline_to_dict(check: BaselineCheck | None) -> dict[str, Any] | None:
             "records_compared": check.records_compared, "records_differing": check.records_differing,
             "by_step": spread_to_list(check.by_step),
             "environment_changes": [{"field": c.field, "baseline": c.baseline, "current": c.current}
-                                    for c in check.environment_changes]}
+                                    for c in check.environment_changes],
+            "sensitivities": [asdict(s) for s in check.sensitivities]}
 
 
 def write_json(report: Report, path: Path, mode: int | None = None) -> None:
