@@ -168,7 +168,7 @@ def check(baseline: Baseline, run_dir: Path, record: RunRecord, results: Sequenc
                                             " ".join(record.script_args) or "(none)"))
     return BaselineCheck(str(baseline.path), divergence, changes, comparison.records_compared,
                          comparison.records_differing, comparison.by_step,
-                         sensitivities(changes, baseline.survived, perturbed))
+                         sensitivities(changes, baseline.survived, perturbed, differs=divergence is not None))
 
 
 # the fingerprint fields (fingerprint() above) in which each `--perturb` setting differs between machines
@@ -182,10 +182,10 @@ SENSITIVE_FIELDS: dict[Perturb, tuple[str, ...]] = {
 
 
 def sensitivities(changes: Sequence[EnvironmentChange], survived: dict[str, tuple[str, ...]],
-                  perturbed: PerturbationFinding | None) -> list[Sensitivity]:
+                  perturbed: PerturbationFinding | None, differs: bool) -> list[Sensitivity]:
     """The changed fingerprint fields that a `--perturb` setting stands for, each with what is known: this run
     showed the bits depend on it, a perturbed run (the baseline's or this one) changed it and no bit moved, or
-    no run tested it."""
+    no run tested it (listed only when the run `differs` from the baseline: then it is a suspect)."""
     changed = {c.field for c in changes}
     sensitive = {k.knob: k.values for k in perturbed.sensitive} if perturbed is not None else {}
     survived = {**survived, **({k.knob: k.values for k in perturbed.survived} if perturbed is not None else {})}
@@ -195,16 +195,18 @@ def sensitivities(changes: Sequence[EnvironmentChange], survived: dict[str, tupl
         if not fields:
             continue
         if knob.value in sensitive:
-            values = " and ".join(sensitive[knob.value])
+            values = " vs ".join(sensitive[knob.value])
             found.append(Sensitivity(knob.value, fields, "sensitive", f"this run's --perturb {knob.value} showed "
-                                     f"the bits change with it ({values}): the difference matches it"))
+                                     f"the bits change with it ({values}): " + (
+                                         "the difference from the baseline matches it" if differs else
+                                         "a machine where it differs from the baseline's will not match it")))
         elif knob.value in survived:
-            values = " and ".join(survived[knob.value])
+            values = " vs ".join(survived[knob.value])
             found.append(Sensitivity(knob.value, fields, "survived", f"a --perturb {knob.value} run changed it "
                                      f"({values}) and no bit moved: it does not explain a difference"))
-        else:
+        elif differs:
             found.append(Sensitivity(knob.value, fields, "untested", f"not tested: `detaudit run --perturb "
-                                     f"{knob.value}` tells whether the bits depend on it"))
+                                     f"{knob.value}` tells whether the difference comes from it"))
     return found
 
 

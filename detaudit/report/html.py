@@ -54,6 +54,7 @@ def render_html(data: dict[str, Any]) -> str:
         _runs_section(data),
         _failure_section(data),
         _divergence_section(data),
+        _perturbation_section(data),
         _carried_section(data),
         _baseline_section(data),
         _op_section(data),
@@ -115,12 +116,49 @@ def _kv(rows: Sequence[tuple[str, Any]]) -> str:
 
 
 def _runs_section(data: dict[str, Any]) -> str:
+    runs = data.get("runs", [])
+    perturbed = any(r.get("perturbation") for r in runs)  # `run --perturb`: each repeat's settings
     rows = [[r["repeat"], r["device"], "timeout" if r["timed_out"] else _stopped(r) or r["exit_code"], r["duration_s"],
-             f"{r['records']}{'' if r['complete'] else ' (incomplete)'}", r["trace"]] for r in data.get("runs", [])]
+             f"{r['records']}{'' if r['complete'] else ' (incomplete)'}", r["trace"],
+             *([" ".join(f"{k}={v}" for k, v in (r.get("perturbation") or {}).items())] if perturbed else [])]
+            for r in runs]
     unseen = (data.get("match") or {}).get("not_compared") or []
     notes = "".join(f"<p class='muted'>Not compared: {escape(line)}</p>" for line in unseen)
-    return "<h2>Repeats</h2>" + _table(["repeat", "device", "exit", "time (s)", "records", "trace"], rows,
-                                       numeric=["repeat", "time (s)", "records"]) + notes
+    headers = ["repeat", "device", "exit", "time (s)", "records", "trace", *(["settings"] if perturbed else [])]
+    return "<h2>Repeats</h2>" + _table(headers, rows, numeric=["repeat", "time (s)", "records"]) + notes
+
+
+def _bits(setting: dict[str, Any]) -> str:
+    """Whether a perturbed setting changed the bits, and where first."""
+    if setting.get("changed_bits") is None:
+        return "not told (equal settings differ already)"
+    d = setting.get("first_divergence")
+    if not setting.get("changed_bits") or not d:
+        return "unchanged"
+    where = " ".join(str(x) for x in (d.get("kind"), d.get("name"), f"at step {d['step']}" if d.get("step") is not None
+                                      and d["step"] >= 0 else "", f"({d['location']})" if d.get("location") else "")
+                     if x)
+    return f"CHANGED, first at record #{d['index']} {where}"
+
+
+def _perturbation_section(data: dict[str, Any]) -> str:
+    """`run --perturb`: each setting varied, its two groups of repeats, and whether the bits changed."""
+    p = data.get("perturbation")
+    if not p:
+        return ""
+    rows = []
+    for s in p.get("settings", []):
+        base, changed = s.get("repeats", [[], []])
+        rows.append([s["setting"], " vs ".join(s.get("values", [])),
+                     f"{', '.join(map(str, base))} vs {', '.join(map(str, changed))}", _bits(s)])
+    rows += [[knob, "", "", f"not varied: {why}"] for knob, why in (p.get("not_tested") or {}).items()]
+    groups = "; ".join(", ".join(map(str, g)) for g in p.get("groups", []))
+    control = f"Repeats with equal settings agree ({groups}): only the settings varied can change the bits." \
+        if p.get("control_agrees") else ("Repeats with equal settings already differ: the run is nondeterministic "
+                                         "on this machine, and no setting can be blamed.")
+    return ("<h2>Perturbed settings (--perturb)</h2>" + _table(["setting", "values", "repeats", "bits"], rows,
+            row_class=["changed" if s.get("changed_bits") else "" for s in p.get("settings", [])]
+            + [""] * len(p.get("not_tested") or {})) + f"<p>{escape(control)}</p>")
 
 
 def _stopped(run: dict[str, Any]) -> str:
@@ -191,6 +229,12 @@ def _baseline_section(data: dict[str, Any]) -> str:
         parts.append("<p>The environment changed since the baseline was recorded:</p>")
         parts.append(_table(["field", "baseline", "now"], [[c["field"], c["baseline"], c["current"]] for c in changes],
                             row_class=["changed"] * len(changes)))
+    sensitivities = b.get("sensitivities") or []
+    if sensitivities:
+        parts.append("<p>Changes that a <span class='mono'>--perturb</span> setting stands for:</p>")
+        parts.append(_table(["setting", "fields", "known"], [[s["setting"], ", ".join(s["fields"]), s["note"]]
+                                                             for s in sensitivities],
+                            row_class=["changed" if s["status"] == "sensitive" else "" for s in sensitivities]))
     return "".join(parts)
 
 
