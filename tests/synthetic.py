@@ -79,10 +79,12 @@ def training_records(steps: int = 3, layers: int = 2, seed: int = 0) -> list[Rec
 
 def write_run(run_dir: Path, traces: Sequence[Sequence[Rec] | None], devices: Sequence[str] | None = None,
               exit_codes: Sequence[int] | None = None, timed_out: Sequence[bool] | None = None,
-              stdout: Sequence[str] | None = None, script: str = "train.py") -> Path:
+              stdout: Sequence[str] | None = None, script: str = "train.py",
+              perturbations: Sequence[dict[str, str]] | None = None) -> Path:
     """A finished run directory, as `detaudit run` leaves it (traces, stdout/stderr, run.json).
 
-    A `None` trace writes no trace file (a repeat that died before importing torch).
+    A `None` trace writes no trace file (a repeat that died before importing torch). `perturbations`: each
+    repeat's settings, as a `run --perturb` run records them (the settings varied: those of repeat 0).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     n = len(traces)
@@ -102,12 +104,14 @@ def write_run(run_dir: Path, traces: Sequence[Sequence[Rec] | None], devices: Se
         digest = hashlib.sha256(stdout[i].encode()).hexdigest()[:16]
         results.append(RepeatResult(index=i, device=devices[i], exit_code=exit_codes[i], duration_s=0.5,
                                     timed_out=timed_out[i], trace=trace.name, stdout=f"repeat-{i}.stdout",
-                                    stderr=f"repeat-{i}.stderr", stdout_digest=digest))
+                                    stderr=f"repeat-{i}.stderr", stdout_digest=digest,
+                                    perturbation=perturbations[i] if perturbations else None))
     record = {
         "format": RUN_FORMAT, "version": RUN_VERSION, "script": script, "script_args": [], "cwd": str(run_dir),
         "repeats": n, "devices": sorted(set(devices)), "granularity": "module", "timeout": None,
         "tolerance": {"atol": 1e-5, "rtol": 1.3e-6}, "env": {}, "environment": {"python": "3"},
         "started": time.time(), "results": [r.to_dict() for r in results],
+        **({"perturb": list(perturbations[0])} if perturbations else {}),
     }
     (run_dir / "run.json").write_text(json.dumps(record, indent=2))
     return run_dir

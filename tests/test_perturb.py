@@ -1,0 +1,190 @@
+"""`run --perturb`, in process: the settings catalogue (pin.py), which repeat runs with what (run/perturb.py),
+the repeats compared group by group (compare/perturb.py), the cause it proves (causes/perturb.py) and how
+the report, the baseline and the renderers carry it. The real CLI runs in tests/test_e2e_perturb.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from detaudit.audit.pipeline import load_run
+from detaudit.causes import CAUSE_IDS
+from detaudit.cli.render import render
+from detaudit.compare.perturb import compare_perturbed
+from detaudit.errors import UsageError
+from detaudit.pin import Perturb, perturb_knobs, perturbations
+from detaudit.recorder.pinning import Pins
+from detaudit.records import BaselineManifest, Reference, RunRecord
+from detaudit.report import baseline
+from detaudit.report.html import render_html
+from detaudit.report.model import EnvironmentChange, to_dict
+from detaudit.results import RepeatResult, Tolerance
+from detaudit.run import perturb
+from detaudit.run.launcher import plan_repeats
+from synthetic import training_records, write_run
+
+T1, T2 = {"threads": "1"}, {"threads": "2"}
+
+
+# -- the catalogue ------------------------------------------------------------------------------------------
+def test_knobs_are_read_from_a_comma_list_in_catalogue_order() -> None:
+    assert perturb_knobs("hash-seed, threads") == [Perturb.THREADS, Perturb.HASH_SEED]
+    assert perturb_knobs("all") == list(Perturb)
+    with pytest.raises(ValueError, match="unknown setting 'cores'.*threads, hash-seed"):
+        perturb_knobs("threads,cores")
+    with pytest.raises(ValueError, match="at least one"):
+        perturb_knobs(" , ")
+
+
+def test_threads_run_at_one_and_at_the_machines_count_never_both_at_one() -> None:
+    assert [s.value for s in perturbations(16)[Perturb.THREADS].settings] == ["1", "16"]
+    assert [s.value for s in perturbations(1)[Perturb.THREADS].settings] == ["1", "2"]
+    assert perturbations(None)[Perturb.THREADS].settings[1].env == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+
+
+def test_every_setting_names_a_registered_cause_and_two_different_values() -> None:
+    for spec in perturbations(8).values():
+        assert spec.cause in CAUSE_IDS
+        first, second = spec.settings
+        assert first.value != second.value and (first.env != second.env or first.child != second.child)
+
+
+# -- which repeat runs with what ----------------------------------------------------------------------------
+def test_repeats_alternate_between_the_base_group_and_one_group_per_setting(tmp_path: Path) -> None:
+    plan = perturb.plan([Perturb.THREADS, Perturb.HASH_SEED], ["cpu"], 4)
+    plans = plan.assign(plan_repeats(tmp_path, 6, ["cpu"], env={"KEEP": "1"}, child_config={"pins": []}))
+    assert [p.perturbation for p in plans] == [
+        {"threads": "1", "hash-seed": "1"}, {"threads": "4", "hash-seed": "1"}, {"threads": "1", "hash-seed": "2"}] * 2
+    assert plans[1].env == {"KEEP": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4",
+                            "PYTHONHASHSEED": "1"}
+    assert plans[1].child_config["perturb"] == {} and plans[1].child_config["pins"] == []
+
+
+def test_a_cuda_only_setting_is_not_varied_on_a_run_that_sees_no_gpu(tmp_path: Path) -> None:
+    plan = perturb.plan(list(Perturb), ["cpu"], 2)
+    assert [s.knob for s in plan.specs] == [Perturb.THREADS, Perturb.HASH_SEED]
+    assert set(plan.not_tested) == {"cudnn-benchmark", "cublas-workspace", "allocator"}
+    with pytest.raises(UsageError, match="only CUDA work can notice"):
+        perturb.plan([Perturb.CUDNN_BENCHMARK], ["cpu"], 2)
+    on_gpu = perturb.plan([Perturb.CUDNN_BENCHMARK], ["cuda"], 2)
+    [base, benchmark] = on_gpu.assign(plan_repeats(tmp_path, 2, ["cuda"]))
+    assert base.child_config["perturb"] == {"cudnn.benchmark": False}
+    assert benchmark.child_config["perturb"] == {"cudnn.benchmark": True}
+
+
+def test_the_child_sets_a_perturbed_flag_at_import_and_refuses_an_unknown_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+    Pins([], {"cudnn.benchmark": True}).apply_torch(torch)
+    assert torch.backends.cudnn.benchmark is True
+    with pytest.raises(ValueError, match="unknown perturbed flag 'cudnn.fast'"):
+        Pins([], {"cudnn.fast": True})
+
+
+def test_a_repeats_settings_travel_through_run_json() -> None:
+    result = RepeatResult(0, "cpu", 0, 1.0, False, "t", "o", "e", "d", perturbation=T1)
+    assert RepeatResult.from_dict(result.to_dict()) == result
+    assert "perturbation" not in RepeatResult(0, "cpu", 0, 1.0, False, "t", "o", "e", "d").to_dict()
+    record = RunRecord("train.py", perturb=("threads",), not_perturbed={"allocator": "CPU only"})
+    assert RunRecord.from_dict(record.to_dict(), "run.json") == record
+    assert "perturb" not in RunRecord("train.py").to_dict()
+
+
+# -- the comparison, the cause and the report -----------------------------------------------------------------
+def perturbed_run(tmp_path: Path, sensitive: bool, control_differs: bool = False) -> Path:
+    """Four repeats, threads 1 and 2 alternating: the thread groups differ when `sensitive`; repeat 2 differs
+    from repeat 0 (equal settings) when `control_differs`."""
+    one, two, odd = training_records(), training_records(), training_records()
+    if sensitive:
+        two[3] = two[3].but(digest=99, samples=(1.0, 2.0, 3.0, 4.5))
+    odd[1] = odd[1].but(digest=77)
+    return write_run(tmp_path / "run", [one, two, odd if control_differs else one, two],
+                     perturbations=[T1, T2, T1, T2])
+
+
+def test_a_setting_that_changes_the_bits_is_confirmed_by_the_groups_that_agree(tmp_path: Path) -> None:
+    report = load_run(perturbed_run(tmp_path, sensitive=True))
+    found = report.perturbation
+    assert found is not None and found.control is None and found.groups == ((0, 2), (1, 3))
+    [threads] = found.sensitive
+    assert (threads.values, threads.base, threads.changed) == (("1", "2"), (0, 2), (1, 3))
+    assert threads.divergence is not None and threads.divergence.index == 3 and threads.divergence.repeats == [1, 3]
+    assert report.verdict == "divergent"
+    assert [c.id for c in report.causes] == ["thread-count"]  # nothing else varies from run to run
+    cause = report.causes[0]
+    assert (cause.confidence, cause.basis) == ("confirmed", "experiment")
+    assert "will not reproduce on a machine with a different core count" in cause.summary
+    assert any("1 in repeat(s) 0, 2, 2 in repeat(s) 1, 3" in line for line in cause.evidence)
+    assert any(line.startswith("first divergence between the two: record #3") for line in cause.evidence)
+    data = to_dict(report)
+    assert data["runs"][1]["perturbation"] == T2
+    assert data["perturbation"]["sensitive"] == ["threads"] and data["perturbation"]["control_agrees"] is True
+    assert data["perturbation"]["settings"][0]["first_divergence"]["index"] == 3
+
+
+def test_a_setting_that_changes_nothing_survives(tmp_path: Path) -> None:
+    report = load_run(perturbed_run(tmp_path, sensitive=False))
+    assert report.verdict == "deterministic" and report.causes == []
+    assert report.perturbation is not None and [k.knob for k in report.perturbation.survived] == ["threads"]
+
+
+def test_when_equal_settings_already_differ_no_setting_is_blamed(tmp_path: Path) -> None:
+    report = load_run(perturbed_run(tmp_path, sensitive=True, control_differs=True))
+    found = report.perturbation
+    assert found is not None and found.control is not None and found.control.repeats == [2]
+    assert found.sensitive == [] and found.survived == []
+    assert "thread-count" not in [c.id for c in report.causes]
+
+
+def test_an_unperturbed_run_has_no_perturbation_finding(tmp_path: Path) -> None:
+    recs = training_records()
+    run = write_run(tmp_path / "run", [recs, recs])
+    assert load_run(run).perturbation is None
+    assert compare_perturbed([], [], [], Tolerance(), []) is None
+
+
+def test_the_terminal_and_html_reports_show_the_settings_and_what_they_changed(tmp_path: Path) -> None:
+    report = load_run(perturbed_run(tmp_path, sensitive=True))
+    console = Console(record=True, width=200)
+    render(report, console)
+    text = console.export_text()
+    assert "Perturbed settings (--perturb)" in text and "threads=2" in text
+    assert "the bits change with the settings varied (threads)" in text
+    assert "CHANGED, first at record #3" in text
+    page = render_html(json.loads(json.dumps(to_dict(report))))
+    assert "Perturbed settings (--perturb)" in page and "CHANGED, first at record #3" in page
+
+
+# -- baselines ------------------------------------------------------------------------------------------------
+def change(name: str, before: object, after: object) -> EnvironmentChange:
+    return EnvironmentChange(name, before, after)
+
+
+def test_a_changed_field_is_matched_to_the_setting_it_stands_for(tmp_path: Path) -> None:
+    changes = [change("num_threads", 2, 16), change("$PYTHONHASHSEED", "0", None), change("torch", "2.1", "2.2")]
+    found = baseline.sensitivities(changes, {"hash-seed": ("1", "2")}, None, differs=True)
+    assert [(s.setting, s.fields, s.status) for s in found] == [
+        ("threads", ["num_threads"], "untested"), ("hash-seed", ["$PYTHONHASHSEED"], "survived")]
+    assert "--perturb threads" in found[0].note
+    # a run that matched the baseline: an untested change is no suspect
+    assert [s.setting for s in baseline.sensitivities(changes, {}, None, differs=False)] == []
+
+
+def test_this_runs_perturbation_names_a_change_the_bits_depend_on(tmp_path: Path) -> None:
+    found = load_run(perturbed_run(tmp_path, sensitive=True)).perturbation
+    [threads] = baseline.sensitivities([change("$OMP_NUM_THREADS", "1", "8")], {}, found, differs=True)
+    assert threads.status == "sensitive" and "matches it" in threads.note
+
+
+def test_a_baseline_keeps_the_settings_its_run_survived(tmp_path: Path) -> None:
+    run = perturbed_run(tmp_path, sensitive=False)
+    saved = baseline.save(run, load_run(run), tmp_path / "base")
+    manifest = json.loads((saved / baseline.MANIFEST).read_text())
+    assert manifest["survived"] == {"threads": ["1", "2"]}
+    assert baseline.load(saved).survived == {"threads": ("1", "2")}
+    plain = BaselineManifest("t.py", (), "module", Reference("reference.trace", "x", "cpu", 0, "d"), {})
+    assert "survived" not in plain.to_dict()
+    assert BaselineManifest.from_dict(plain.to_dict(), "b") == plain
