@@ -162,6 +162,9 @@ NOT_IN_MATRIX = {
     **{name: "a `detaudit batch` scenario: batch invariance, not run to run (test_e2e_batch)"
        for name in ("serve_embeddings.py", "serve_mlp.py", "serve_padded_classifier.py", "train_bn_dropout.py",
                     "serve_transformer.py")},
+    **{name: "a `run --perturb` scenario: deterministic under `run`; what another machine's settings change shows "
+                   "only when the repeats vary them (test_e2e_perturb)"
+       for name in ("sum_readings.py", "scale_features.py")},
 }
 
 
