@@ -117,7 +117,8 @@ def test_a_setting_that_changes_the_bits_is_confirmed_by_the_groups_that_agree(t
     cause = report.causes[0]
     assert (cause.confidence, cause.basis) == ("confirmed", "experiment")
     assert "will not reproduce on a machine with a different core count" in cause.summary
-    assert any("1 in repeat(s) 0, 2, 2 in repeat(s) 1, 3" in line for line in cause.evidence)
+    assert any("1 in repeats 0 and 2; 2 in repeats 1 and 3; every other" in line for line in cause.evidence)
+    assert "repeats with equal settings agree: repeats 0 and 2; repeats 1 and 3" in cause.evidence
     assert any(line.startswith("first divergence between the two: record #3") for line in cause.evidence)
     data = to_dict(report)
     assert data["runs"][1]["perturbation"] == T2

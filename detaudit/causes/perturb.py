@@ -61,7 +61,10 @@ def _recorded(rep: RepeatEvidence, knob: Perturb) -> str:
 
 
 def _numbers(indices: tuple[int, ...]) -> str:
-    return ", ".join(map(str, indices))
+    """`repeat 1`, `repeats 0 and 2`, `repeats 0, 2 and 4`."""
+    if len(indices) == 1:
+        return f"repeat {indices[0]}"
+    return f"repeats {', '.join(map(str, indices[:-1]))} and {indices[-1]}"
 
 
 def _detector(knob: Perturb) -> Detector:
@@ -74,9 +77,9 @@ def _detector(knob: Perturb) -> Detector:
         if found is None or outcome is None or outcome.divergence is None:
             return None
         d = outcome.divergence
-        lines = [f"{spec.description}: {outcome.values[0]} in repeat(s) {_numbers(outcome.base)}, "
-                 f"{outcome.values[1]} in repeat(s) {_numbers(outcome.changed)}, every other setting equal",
-                 "repeats with equal settings agree: " + "; ".join(f"repeats {_numbers(g)}" for g in found.groups)]
+        lines = [f"{spec.description}: {outcome.values[0]} in {_numbers(outcome.base)}; "
+                 f"{outcome.values[1]} in {_numbers(outcome.changed)}; every other setting equal",
+                 "repeats with equal settings agree: " + "; ".join(_numbers(g) for g in found.groups)]
         evidence = {r.index: r for r in ctx.repeats}
         seen = [(i, _recorded(evidence[i], knob)) for i in (outcome.base[0], outcome.changed[0]) if i in evidence]
         if any(text for _, text in seen):
