@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from rich.console import Console
+from synthetic import training_records, write_run
 
 from detaudit.audit.pipeline import load_run
 from detaudit.causes import CAUSE_IDS
@@ -25,7 +26,6 @@ from detaudit.report.model import EnvironmentChange, to_dict
 from detaudit.results import RepeatResult, Tolerance
 from detaudit.run import perturb
 from detaudit.run.launcher import plan_repeats
-from synthetic import training_records, write_run
 
 T1, T2 = {"threads": "1"}, {"threads": "2"}
 
