@@ -19,7 +19,7 @@ from detaudit.cli.options import (
     demo_options,
     stdout_mode_of,
 )
-from detaudit.errors import OutputError
+from detaudit.errors import OutputError, UsageError
 from detaudit.results import Tolerance
 
 RUN_DEFAULTS: dict[str, Any] = dict(repeats=3, devices=(), timeout=None, out_dir=None, jobs=1, atol=1e-5, rtol=1.3e-6,
@@ -47,10 +47,22 @@ def test_run_options_land_in_their_parts(tmp_path: Path) -> None:
     ({"nproc_per_node": 2, "baseline_dir": Path("b")}, "do not support --nproc-per-node"),
     ({"nproc_per_node": 2, "max_time": 5.0}, "cannot bound a torchrun run"),
     ({"stdout_mode": "strict", "ignore_stdout": True}, "contradicts --stdout strict"),
+    ({"perturb": "threads,cores"}, "unknown setting 'cores'"),
+    ({"perturb": "threads", "nproc_per_node": 2}, "--perturb does not support --nproc-per-node"),
 ])
 def test_contradicting_run_options_are_usage_errors(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
     with pytest.raises(click.UsageError, match=message):
         audit_options(tmp_path / "t.py", (), **{**RUN_DEFAULTS, **changes})
+
+
+def test_perturb_runs_repeats_per_setting_and_refuses_cuda_settings_without_a_gpu(tmp_path: Path) -> None:
+    options = audit_options(tmp_path / "t.py", (), **{**RUN_DEFAULTS, "perturb": "threads,hash-seed"})
+    perturbation = options.schedule.perturbation
+    assert perturbation is not None and len(perturbation.groups) == 3
+    assert options.schedule.repeats == 9  # --repeats 3 in each of the 3 groups
+    assert audit_options(tmp_path / "t.py", (), **RUN_DEFAULTS).schedule.perturbation is None
+    with pytest.raises(UsageError, match="only CUDA work can notice"):
+        audit_options(tmp_path / "t.py", (), **{**RUN_DEFAULTS, "perturb": "cublas-workspace"})
 
 
 def test_stdout_mode_is_the_commands_default_unless_asked() -> None:

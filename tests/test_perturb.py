@@ -17,6 +17,7 @@ from detaudit.causes import CAUSE_IDS
 from detaudit.cli.render import render
 from detaudit.compare.perturb import compare_perturbed
 from detaudit.errors import UsageError
+from detaudit.explain.runner import run_experiments
 from detaudit.pin import Perturb, perturb_knobs, perturbations
 from detaudit.recorder.pinning import Pins
 from detaudit.records import BaselineManifest, Reference, RunRecord
@@ -138,6 +139,11 @@ def test_when_equal_settings_already_differ_no_setting_is_blamed(tmp_path: Path)
     assert found is not None and found.control is not None and found.control.repeats == [2]
     assert found.sensitive == [] and found.survived == []
     assert "thread-count" not in [c.id for c in report.causes]
+
+
+def test_explain_refuses_a_perturbed_run(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="a `run --perturb` run, whose repeats differ on purpose"):
+        run_experiments(perturbed_run(tmp_path, sensitive=True))
 
 
 def test_an_unperturbed_run_has_no_perturbation_finding(tmp_path: Path) -> None:

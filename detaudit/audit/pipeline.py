@@ -143,7 +143,9 @@ def execute(options: AuditOptions, run_dir: Path,
     # that read it a step later than another (seen under load) stops apart from it and leaves it failing in a
     # collective; without a way for the ranks to agree on the step, they run to their end (and a node of a
     # multi-node job could not stop alone anyway)
-    stoppable = not recording.run_to_end and not schedule.nproc_per_node
+    # --perturb: every repeat runs to its end, as each group is compared within itself afterwards, and a repeat
+    # stopped for differing from repeat 0 (another group's) would cut that comparison short
+    stoppable = not recording.run_to_end and not schedule.nproc_per_node and schedule.perturbation is None
     plans = plan_repeats(run_dir, schedule.repeats, schedule.devices, recording.granularity, target.env,
                          child_config, prefix=prefix, own_device=schedule.own_device, stoppable=stoppable)
     if schedule.perturbation is not None:

@@ -172,6 +172,9 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
     record, _ = read_run(run_dir)
     if multi_node(list(record.torchrun_args)):
         raise UsageError(f"{run_dir}: " + NODES_FOLLOW_UP.format("--explain"))
+    if record.perturb:
+        raise UsageError(f"{run_dir}: a `run --perturb` run, whose repeats differ on purpose: its report already "
+                         "says which setting changed the bits; audit without --perturb to explain a divergence")
     redacted = record.args_redacted
     if redacted and script_args is None and record.script_args:
         raise UsageError(f"{run_dir}: the run was recorded with --redact-args, so its script arguments were not "
