@@ -5,6 +5,7 @@ the report, the baseline and the renderers carry it. The real CLI runs in tests/
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from detaudit.recorder.pinning import Pins
 from detaudit.records import BaselineManifest, Reference, RunRecord
 from detaudit.report import baseline
 from detaudit.report.html import render_html
-from detaudit.report.model import EnvironmentChange, to_dict
+from detaudit.report.model import BaselineCheck, EnvironmentChange, to_dict
 from detaudit.results import RepeatResult, Tolerance
 from detaudit.run import perturb
 from detaudit.run.launcher import plan_repeats
@@ -163,6 +164,19 @@ def test_the_terminal_and_html_reports_show_the_settings_and_what_they_changed(t
     assert "CHANGED, first at record #3" in text
     page = render_html(json.loads(json.dumps(to_dict(report))))
     assert "Perturbed settings (--perturb)" in page and "CHANGED, first at record #3" in page
+
+
+def test_the_terminal_names_a_changed_field_a_setting_stands_for(tmp_path: Path) -> None:
+    report = load_run(perturbed_run(tmp_path, sensitive=True))
+    moved = report.perturbation.knobs[0].divergence if report.perturbation is not None else None
+    found = baseline.sensitivities([change("num_threads", 2, 1)], {}, None, differs=True)
+    check = BaselineCheck("base", moved, [change("num_threads", 2, 1)], sensitivities=found)
+    console = Console(record=True, width=200)
+    render(replace(report, baseline=check), console)
+    assert "num_threads: not tested: `detaudit run --perturb threads` tells whether the difference comes from it" \
+        in console.export_text()
+    page = render_html(json.loads(json.dumps(to_dict(replace(report, baseline=check)))))
+    assert "tells whether the difference comes from it" in page
 
 
 # -- baselines ------------------------------------------------------------------------------------------------

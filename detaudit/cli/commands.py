@@ -77,7 +77,7 @@ cli.add_command(resume)  # cli/resume.py: does resuming from a checkpoint reprod
 @click.argument("script", type=click.Path())  # a str: kept as typed, the script's sys.argv[0]
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True,
-              help="Repeats per device.")
+              help="Repeats per device (with --perturb: per device and combination of settings).")
 @click.option("--device", "devices", type=click.Choice(["cpu", "cuda", "auto"]), multiple=True,
               help="Device to run on; repeat the option to compare devices within --atol/--rtol "
                    "(`--device cpu --device cuda`; with cpu the script sees no GPU). "
