@@ -21,6 +21,7 @@ from typing import Any, cast, get_args
 
 from detaudit import schema
 from detaudit.errors import TraceError
+from detaudit.pin import Perturb
 from detaudit.results import Experiment, ExperimentVerdict, RepeatResult, SelfCheck, Tolerance
 
 RUN_FORMAT = "detaudit-run"
@@ -130,11 +131,16 @@ class _Fields:
         if entries is None:
             return None
         results = tuple(RepeatResult.from_dict(e) for e in entries)
+        settings = [p.value for p in Perturb]
         for i, r in enumerate(results):
             for name, value in (("trace", r.trace), ("stdout", r.stdout), ("stderr", r.stderr)):
                 if not is_plain_name(value):
                     raise TraceError(f"{self.where}: field `{self._key(key)}[{i}].{name}` must name a file inside "
                                      f"the run directory, not {value!r}")
+            unknown = [k for k in r.perturbation or {} if k not in settings]
+            if unknown:
+                raise TraceError(f"{self.where}: field `{self._key(key)}[{i}].perturbation` names {unknown[0]!r}, "
+                                 f"which is no --perturb setting ({', '.join(settings)})")
         return results
 
     def check_format(self, name: str, version: int, what: str) -> None:

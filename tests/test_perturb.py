@@ -17,7 +17,7 @@ from detaudit.audit.pipeline import load_run
 from detaudit.causes import CAUSE_IDS
 from detaudit.cli.render import render
 from detaudit.compare.perturb import compare_perturbed
-from detaudit.errors import UsageError
+from detaudit.errors import TraceError, UsageError
 from detaudit.explain.runner import run_experiments
 from detaudit.pin import Perturb, perturb_knobs, perturbations
 from detaudit.recorder.pinning import Pins
@@ -90,9 +90,13 @@ def test_a_repeats_settings_travel_through_run_json() -> None:
     result = RepeatResult(0, "cpu", 0, 1.0, False, "t", "o", "e", "d", perturbation=T1)
     assert RepeatResult.from_dict(result.to_dict()) == result
     assert "perturbation" not in RepeatResult(0, "cpu", 0, 1.0, False, "t", "o", "e", "d").to_dict()
-    record = RunRecord("train.py", perturb=("threads",), not_perturbed={"allocator": "CPU only"})
+    record = RunRecord("train.py", perturb=("threads",), not_perturbed={"allocator": "CPU only"}, results=(result,))
     assert RunRecord.from_dict(record.to_dict(), "run.json") == record
     assert "perturb" not in RunRecord("train.py").to_dict()
+    edited = record.to_dict()
+    edited["results"][0]["perturbation"] = {"cores": "4"}
+    with pytest.raises(TraceError, match=r"run.json: field `results\[0\].perturbation` names 'cores'"):
+        RunRecord.from_dict(edited, "run.json")
 
 
 # -- the comparison, the cause and the report -----------------------------------------------------------------

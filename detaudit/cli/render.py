@@ -129,8 +129,8 @@ def baseline_panel(report: Report) -> Panel | None:
     elif d is not None:
         grid.add_row("environment", "unchanged: the numbers changed with the same software and settings")
     for sensitivity in check.sensitivities:
-        grid.add_row(f"{sensitivity.setting}", Text(
-            f"{', '.join(sensitivity.fields)}: {sensitivity.note}",
+        grid.add_row(escape(sensitivity.setting), Text(
+            printable(f"{', '.join(sensitivity.fields)}: {sensitivity.note}"),
             style={"sensitive": "bold red", "survived": "green"}.get(sensitivity.status, "yellow")))
     return Panel(grid, title=f"Baseline {escape(check.path)}", title_align="left",
                  border_style="green" if check.matches else "red", expand=False)
@@ -157,12 +157,14 @@ def runs_table(report: Report) -> Table:
 
 
 def _brief(d: Divergence) -> str:
-    """A divergence in one line: the record, its step and line."""
+    """A divergence in one line: the record, its step and line (control characters escaped: names come from
+    traces)."""
     rec = d.record
     if rec is None:
-        return d.detail or d.category
-    return " ".join(x for x in (f"record #{rec.index}", rec.kind, rec.name, f"at step {rec.step}" if rec.step >= 0
-                                else "", f"({rec.location})" if rec.location else "") if x)
+        return printable(d.detail or d.category)
+    parts = (f"record #{rec.index}", rec.kind, rec.name, f"at step {rec.step}" if rec.step >= 0 else "",
+             f"({rec.location})" if rec.location else "")
+    return printable(" ".join(x for x in parts if x))
 
 
 def perturbation_panel(report: Report) -> Panel | None:
@@ -177,10 +179,10 @@ def perturbation_panel(report: Report) -> Panel | None:
         bits = Text("not told (equal settings differ already)", style="yellow") if p.control is not None \
             else Text("unchanged", style="green") if k.divergence is None \
             else Text(f"CHANGED, first at {_brief(k.divergence)}", style="bold red")
-        table.add_row(k.knob, escape(f"{k.values[0]} vs {k.values[1]}"),
+        table.add_row(escape(k.knob), escape(f"{k.values[0]} vs {k.values[1]}"),
                       f"{', '.join(map(str, k.base))} vs {', '.join(map(str, k.changed))}", bits)
-    for knob, why in p.not_tested.items():
-        table.add_row(knob, "", "", Text(f"not varied: {why}", style="dim"))
+    for knob, why in p.not_tested.items():  # from run.json: escaped like anything read back
+        table.add_row(escape(knob), "", "", Text(printable(f"not varied: {why}"), style="dim"))
     groups = "; ".join(", ".join(map(str, g)) for g in p.groups)
     control = Text(f"repeats with equal settings agree ({groups}): only the settings varied can change the bits",
                    style="green") if p.control is None else Text(
