@@ -118,7 +118,8 @@ def summary_line(report: Any) -> Text:
     if report.verdict == "deterministic":
         text.append(": the repeats agree; nothing to fix")
     elif report.verdict == "fixed":
-        text.append(f": {names} make the repeats agree, and each is needed")
+        text.append(f": {names} makes the repeats agree, and it is needed" if len(report.knobs) == 1
+                    else f": {names} make the repeats agree, and each is needed")
         text.append(" · verified as written" if report.verified else " · NOT verified")
     elif report.verdict == "incomplete":
         text.append(f": {names} make the repeats agree; not shown minimal" if report.knobs

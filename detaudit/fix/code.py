@@ -16,7 +16,7 @@ import difflib
 import os
 import re
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,10 +120,11 @@ def _seeded(text: str, name: str) -> str | None:
     return f"{text[:m.start()]}{name}(0){text[m.end():]}"
 
 
-def prelude(knobs: Sequence[Pin]) -> list[str]:
+def prelude(knobs: Sequence[Pin], edits_only: Collection[Pin] = ()) -> list[str]:
     """The lines the knobs add at the top of the script: imports, then each statement once, in catalogue
-    order. `deterministic` and `zero-empty` together keep one call, with the fill on."""
-    chosen = [p for p in KNOBS if p in knobs]
+    order. `deterministic` and `zero-empty` together keep one call, with the fill on. A knob in `edits_only`
+    adds none: its line edits are all it needs (an RNG object created unseeded, the global RNG never drawn)."""
+    chosen = [p for p in KNOBS if p in knobs and p not in edits_only]
     if not any(KNOBS[p].prelude for p in chosen):
         return []
     imports = list(dict.fromkeys(i for p in chosen for i in KNOBS[p].imports))

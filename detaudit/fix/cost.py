@@ -2,10 +2,10 @@
 footer `step_times`) and whole-run time, with the minimal set against the same set less that knob.
 
 A difference counts only when the two sets' samples do not overlap at all (every step, or every whole run,
-of one slower than every one of the other) and their medians differ by MIN_CHANGE or more: on a shared
-machine a few percent is noise, and "no measurable cost" is the honest answer then. The first step of each
-repeat is left out: it is timed from the recorder's start, so it holds the script's setup (building the
-model, loading data).
+of one slower than every one of the other, MIN_SAMPLES of each at least) and their medians differ by
+MIN_CHANGE or more: on a shared machine a few percent is noise, and "no measurable cost" is the honest
+answer then. The first step of each repeat is left out: it is timed from the recorder's start, so it holds
+the script's setup (building the model, loading data).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_CHANGE = 0.10
+MIN_SAMPLES = 3  # per side: two against two fall apart by chance one time in three
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def figure(a: Sequence[float], b: Sequence[float]) -> Figure:
     """Samples with the knob (`a`) against samples without it (`b`)."""
     if not a or not b:
         return Figure(None, None, False)
-    apart = min(a) > max(b) or max(a) < min(b)
+    apart = min(len(a), len(b)) >= MIN_SAMPLES and (min(a) > max(b) or max(a) < min(b))
     with_s, without_s = statistics.median(a), statistics.median(b)
     return Figure(with_s, without_s, apart and abs(with_s / without_s - 1) >= MIN_CHANGE if without_s else False)
 

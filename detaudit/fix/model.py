@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from detaudit.errors import ExitCode
-from detaudit.fix.code import KNOBS, Edit, environment, prelude
+from detaudit.fix.code import KNOBS, Edit, environment
 from detaudit.fix.cost import Figure, KnobCost
 from detaudit.pin import SEP, Pin
 from detaudit.results import Cause, ExperimentVerdict
@@ -42,14 +42,10 @@ class KnobFix:
     """One knob of the minimal set: its code, the experiment that shows it is needed, and its cost."""
 
     pin: Pin
+    code: tuple[str, ...]  # the knob's own prelude lines, imports included
     edits: tuple[Edit, ...]
     needed: Trial | None  # the minimal set less this knob: it diverged
     cost: KnobCost | None
-
-    @property
-    def code(self) -> list[str]:
-        """The knob's own prelude lines (imports included)."""
-        return [line for line in prelude([self.pin])[1:]]
 
     @property
     def env(self) -> dict[str, str]:
@@ -80,6 +76,7 @@ class FixReport:
     verdict: FixVerdict
     audit_exit_code: int
     knobs: tuple[KnobFix, ...] = ()
+    prelude: tuple[str, ...] = ()  # the lines added at the top of the script
     edits: tuple[Edit, ...] = ()  # every edit of the minimal set (applied to the verifying copy or not)
     insert_after: int = 0  # lines of the script above the prelude
     verified: bool = False
@@ -92,10 +89,6 @@ class FixReport:
     patch: str = ""
     whole_run: Figure | None = None  # the script as it is against the script with the fix: whole-run time
     notes: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def prelude(self) -> list[str]:
-        return prelude([k.pin for k in self.knobs])
 
     @property
     def env(self) -> dict[str, str]:
@@ -129,11 +122,11 @@ def to_dict(report: FixReport) -> dict[str, Any]:
         "knobs": [{"name": k.pin.value, "fix": k.fix, "where": k.where,
                    "cost": None if k.cost is None else {"summary": k.cost.summary, "step_time": _figure(k.cost.step),
                                                         "whole_run": _figure(k.cost.run)},
-                   "prelude": k.code, "env": k.env, "note": k.note, "needed": _trial(k.needed),
+                   "prelude": list(k.code), "env": k.env, "note": k.note, "needed": _trial(k.needed),
                    "edits": [{"file": e.file, "line": e.line, "before": e.before, "after": e.after,
                               "advice": e.advice, "applied": e.applies} for e in k.edits]}
                   for k in report.knobs],
-        "prelude": report.prelude, "insert_after_line": report.insert_after, "env": report.env,
+        "prelude": list(report.prelude), "insert_after_line": report.insert_after, "env": report.env,
         "verified": report.verified, "verification": report.verification,
         "repeats_used": report.repeats_used, "budget": report.budget,
         "whole_run": _figure(report.whole_run),

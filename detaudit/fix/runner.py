@@ -65,7 +65,8 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
     code.insertion_line(source)  # a script that does not parse is refused before any experiment
     schedule = options.schedule
     knobs = code.catalogue(schedule.devices, bool(schedule.nproc_per_node))
-    edits = seed_edits(report, run_dir, audit_results, script, cwd)
+    edits, drawn = seed_edits(report, run_dir, audit_results, script, cwd)
+    edits_only = {e.pin for e in edits if e.applies} - drawn
     suspected = [p for p in plan(report.causes) if p in knobs]
     per_trial = schedule.repeats * len(schedule.devices)
     trials: list[Trial] = []
@@ -76,7 +77,7 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
         if sum(t.repeats for t in trials) + per_trial > budget:
             raise search.OverBudget
         pins = [p for p in knobs if p in chosen]
-        text = code.rewrite(source, code.prelude(pins), [e for e in edits if e.pin in chosen])
+        text = code.rewrite(source, code.prelude(pins, edits_only), [e for e in edits if e.pin in chosen])
         prefix = f"fix-{len(trials) + 1}"
         with code.temporary_copy(script, text) as copy:
             target = replace(experiment_options.target, script=copy, argv0=None,
@@ -106,11 +107,13 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
             f"the budget of {budget} repeats ran out before any set of knobs made the repeats agree",)))
     minimal = found.minimal
     pins = [p for p in knobs if p in minimal]
-    fixes = tuple(KnobFix(p, tuple(e for e in edits if e.pin == p), by_set.get(frozenset(minimal - {p})),
+    fixes = tuple(KnobFix(p, tuple(code.prelude([p], edits_only)[1:]), tuple(e for e in edits if e.pin == p),
+                          by_set.get(frozenset(minimal - {p})),
                           cost(timings[minimal], timings[frozenset(minimal - {p})])
                           if frozenset(minimal - {p}) in timings else None) for p in pins)
     chosen_edits = tuple(e for e in edits if e.pin in minimal)
-    changed = code.rewrite(source, code.prelude(pins), chosen_edits)
+    lines = code.prelude(pins, edits_only)
+    changed = code.rewrite(source, lines, chosen_edits)
     final = by_set[minimal]
     copy_name = f".{Path(script).stem}.detaudit-fix-XXXX.py"
     verification = (f"{final.repeats} repeats ran {copy_name} (the script with this prelude and these edits, beside "
@@ -119,7 +122,8 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
         f"the budget of {budget} repeats ran out before every knob was shown needed: the set agrees, but may not "
         "be the smallest (a larger --budget)",)
     return _written(replace(
-        base, verdict="fixed" if found.complete else "incomplete", knobs=fixes, edits=chosen_edits,
+        base, verdict="fixed" if found.complete else "incomplete", knobs=fixes, prelude=tuple(lines),
+        edits=chosen_edits,
         verified=final.verdict == "deterministic", verification=verification,
         patch=code.unified_diff(Path(record.script).name, source, changed),
         whole_run=figure(timings[minimal].run_s, timings[frozenset()].run_s), notes=notes))
@@ -152,22 +156,26 @@ def timing(run_dir: Path, results: Sequence[RepeatResult]) -> Timing:
 
 
 def seed_edits(report: Report, run_dir: Path, results: Sequence[RepeatResult], script: Path,
-               cwd: Path) -> list[code.Edit]:
+               cwd: Path) -> tuple[list[code.Edit], set[Pin]]:
     """The RNG objects the script created without a seed before the divergence (causes/rng.py's evidence),
-    each as the edit that seeds it: part of its library's knob, as no prelude reaches an object's seed."""
+    each as the edit that seeds it: part of its library's knob, as no prelude reaches an object's seed. And the
+    knobs whose global RNG was drawn from unseeded: they need the prelude's seed too."""
     divergence = report.first_divergence
     if divergence is None:
-        return []
+        return [], set()
     ctx = build(divergence, [run_dir / r.trace for r in results], results, report.op_finding)
     edits = []
+    drawn = set()
     for pin, lib in LIBS.items():
+        if rng.unseeded_draws(ctx, ctx.ref, lib):
+            drawn.add(pin)
         for own in rng.own_rngs(ctx, lib):
             event = own.event
             if own.varying_value or event.get("entropy"):
                 continue  # a seed the script sets from outside, or one no seed reaches: no knob's to fix
             loc = str(event.get("loc", ""))
             edits.append(code.seed_edit(pin, event["fn"], loc, rng.constant_seed(event["fn"], loc), script, cwd))
-    return edits
+    return edits, drawn
 
 
 def uncontrolled_note(report: Report, knobs: Sequence[Pin]) -> str:
