@@ -64,7 +64,8 @@ def test_a_script_that_does_not_parse_is_refused() -> None:
 
 def test_an_unseeded_rng_object_gets_a_seed_at_its_line(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text("import numpy as np\nrng = np.random.default_rng()  # shuffles\nother = np.random.default_rng(1)\n")
+    script.write_text("import numpy as np\nrng = np.random.default_rng()  # shuffles\n"
+                      "other = np.random.default_rng(1)\n")
     edit = code.seed_edit(Pin.NUMPY_RNG, "np.random.default_rng", "train.py:2", "seed it", script, tmp_path)
     assert edit.applies and edit.after == "rng = np.random.default_rng(0)  # shuffles"
     changed = code.rewrite(script.read_text(), [], [edit])

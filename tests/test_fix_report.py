@@ -21,8 +21,8 @@ from detaudit.run.rundir import read_run
 
 
 def _fixed() -> FixReport:
-    edit = Edit(Pin.NUMPY_RNG, "train.py", 41, "    rng = np.random.default_rng()", "    rng = np.random.default_rng(0)",
-                "seed with a constant at train.py:41", True)
+    edit = Edit(Pin.NUMPY_RNG, "train.py", 41, "    rng = np.random.default_rng()",
+                "    rng = np.random.default_rng(0)", "seed with a constant at train.py:41", True)
     trials = (Trial((Pin.TORCH_RNG, Pin.NUMPY_RNG), "deterministic", 2, "", "fix-1"),
               Trial((Pin.TORCH_RNG,), "divergent", 2, "still at #3", "fix-2"),
               Trial((Pin.NUMPY_RNG,), "divergent", 2, "still at #0", "fix-3"))
@@ -44,7 +44,8 @@ def test_the_json_carries_each_knob_by_its_pin_name_with_fix_where_and_cost() ->
     assert torch_knob["name"] == "torch-rng" and torch_knob["where"] == "prelude"
     assert torch_knob["fix"] == "import torch\ntorch.manual_seed(0)"
     assert torch_knob["cost"]["summary"] == "+20% step time" and torch_knob["needed"]["verdict"] == "divergent"
-    assert numpy_knob["where"] == "line train.py:41" and numpy_knob["fix"] == "train.py:41: rng = np.random.default_rng(0)"
+    assert numpy_knob["where"] == "line train.py:41"
+    assert numpy_knob["fix"] == "train.py:41: rng = np.random.default_rng(0)"
     assert numpy_knob["cost"]["summary"] == "no measurable cost" and numpy_knob["edits"][0]["applied"] is True
     assert [t["knobs"] for t in data["search"]] == [["torch-rng", "numpy-rng"], ["torch-rng"], ["numpy-rng"]]
 

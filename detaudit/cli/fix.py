@@ -185,6 +185,10 @@ def _render_fix(report: Any, console: Console) -> None:
     for k in report.knobs:
         if k.note:
             console.print(Text(printable(f"   {k.pin.value}: {k.note}"), style="dim"), soft_wrap=True)
+    if report.whole_run is not None and report.whole_run.with_s is not None:
+        run = report.whole_run
+        console.print(Text(f"The whole fix: {run.with_s:.3g} s a run against {run.without_s:.3g} s without it "
+                           f"({run.text('whole run')})"), soft_wrap=True)
     console.print(Text(printable(("Verified: " if report.verified else "NOT verified: ") + report.verification)),
                   soft_wrap=True)
 

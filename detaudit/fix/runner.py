@@ -115,9 +115,12 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
     lines = code.prelude(pins, edits_only)
     changed = code.rewrite(source, lines, chosen_edits)
     final = by_set[minimal]
-    copy_name = f".{Path(script).stem}.detaudit-fix-XXXX.py"
-    verification = (f"{final.repeats} repeats ran {copy_name} (the script with this prelude and these edits, beside "
-                    f"it) with this environment, as `{final.files}-*` in the run directory: they agree")
+    changes = " and ".join(what for what, present in (("this prelude", lines), ("these line edits", [
+        e for e in chosen_edits if e.applies])) if present)
+    verification = (f"{final.repeats} repeats ran .{Path(script).stem}.detaudit-fix-XXXX.py, the script with "
+                    f"{changes or 'no change'}, beside it"
+                    + (" with this environment" if code.environment(pins) else "")
+                    + f" (`{final.files}-*` in the run directory): they agree")
     notes: tuple[str, ...] = () if found.complete else (
         f"the budget of {budget} repeats ran out before every knob was shown needed: the set agrees, but may not "
         "be the smallest (a larger --budget)",)
