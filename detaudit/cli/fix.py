@@ -105,8 +105,13 @@ def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
 
         finish(load_run(Path(report.run_dir)), None, None, quiet,
                notes=("`detaudit fix` needs repeats that run to their end and record; these did not.",))
-    if patch_path is not None and report.patch:
-        write_output(patch_path, report.patch)
+    if patch_path is not None:
+        if report.patch:
+            write_output(patch_path, report.patch)
+        else:
+            said(f"--write-patch: nothing written to {patch_path}: "
+                 + ("the fix changes no line of the script (its knobs are environment variables)" if report.knobs
+                    else "there is no fix to write"))
     from detaudit.fix.model import write_json
 
     finish_report(report, json_path, None, quiet, write_json, lambda r, p: None, summary_line, render)
