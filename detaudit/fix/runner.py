@@ -101,8 +101,14 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
     base = replace(base, trials=tuple(trials), repeats_used=used, first_divergence=_where(report),
                    insert_after=code.insertion_line(source))
     if found.uncontrolled or found.minimal is None:
-        if found.uncontrolled:
+        everything = trials[-1] if trials else None
+        if found.uncontrolled and everything is not None and everything.verdict == "divergent":
             return _written(replace(base, verdict="uncontrolled", notes=(uncontrolled_note(report, knobs),)))
+        if found.uncontrolled and everything is not None:  # a crash proves nothing about the source
+            return _written(replace(base, verdict="incomplete", notes=(
+                f"with every knob at once the repeats did not run through ({everything.note}): whether a set "
+                "of knobs controls the divergence is unknown (a knob's code may not suit this script: "
+                "`torch.use_deterministic_algorithms(True)` raises on an op without a deterministic kernel)",)))
         return _written(replace(base, verdict="incomplete", notes=(
             f"the budget of {budget} repeats ran out before any set of knobs made the repeats agree",)))
     minimal = found.minimal
