@@ -26,6 +26,7 @@ class ExitCode(IntEnum):
     INCONCLUSIVE = 6, "inconclusive: nothing comparable was recorded (lost, cut short, no tensor)"
     OUTPUT = 7, "an output cannot be written (read-only, disk full, no permission)"
     NO_CHECKPOINT = 8, "resume: no checkpoint saved by --stop-at, or none loaded by the resumed run"
+    UNCONTROLLED = 9, "fix: no knob controls the divergence (the clock, the pid, the environment, the script's code)"
     INTERNAL = 70, "internal error: a bug in detaudit (DETAUDIT_DEBUG=1 shows its traceback)"
     SIGHUP = 129, "interrupted by SIGHUP (128 + the signal, as shells report it)"
     INTERRUPTED = 130, "interrupted by Ctrl-C (SIGINT)"

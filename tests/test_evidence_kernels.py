@@ -147,6 +147,24 @@ def test_the_zero_empty_pin_zeroes_what_empty_returns(evidence: tuple[Evidence, 
     assert torch.empty(64).eq(0).all() and sink.of("empty")[0]["pinned"]
 
 
+def test_memory_torch_fills_itself_is_left_as_torch_filled_it(evidence: tuple[Evidence, Sink],
+                                                             flags_kept: None) -> None:
+    """The script's own `use_deterministic_algorithms(True)` fills `empty` memory with NaN (`detaudit fix`'s
+    zero-empty knob): refilling it with random values would undo the script's fix; without the fill, leftover
+    memory is still refilled."""
+    ev, _ = evidence
+    kernels.install(ev, torch)
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    try:
+        torch.use_deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        assert torch.empty(64).isnan().all()
+        torch.utils.deterministic.fill_uninitialized_memory = False
+        assert not torch.empty(64).isnan().any()
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
 def test_flag_setters_and_assignments_are_recorded_with_their_site(evidence: tuple[Evidence, Sink],
                                                                    flags_kept: None) -> None:
     ev, sink = evidence

@@ -76,13 +76,13 @@ def test_a_crashed_repeat_or_a_broken_trace_never_confirms(tmp_path: Path, exit_
     if incomplete is not None:
         (run_dir / f"repeat-{incomplete}.trace").unlink()
         write_trace(run_dir / f"repeat-{incomplete}.trace", recs, None)
-    verdict, _, note = explain._verdict(load_run(run_dir), _baseline(tmp_path))
+    verdict, _, note = explain.experiment_verdict(load_run(run_dir), _baseline(tmp_path))
     assert verdict == "failed", note
 
 
 def test_clean_agreeing_repeats_confirm(tmp_path: Path) -> None:
     recs = training_records(steps=2)
-    assert explain._verdict(load_run(write_run(tmp_path / "pinned", [recs, recs])), _baseline(tmp_path))[0] \
+    assert explain.experiment_verdict(load_run(write_run(tmp_path / "pinned", [recs, recs])), _baseline(tmp_path))[0] \
         == "deterministic"
 
 
@@ -90,7 +90,7 @@ def test_exit_statuses_that_still_differ_are_divergent_when_the_baseline_ended_d
     recs = training_records(steps=2)
     baseline = load_run(write_run(tmp_path / "base", [recs, recs[:3]], exit_codes=[0, 1]))
     pinned = load_run(write_run(tmp_path / "pinned", [recs[:3], recs], exit_codes=[1, 0]))
-    assert explain._verdict(pinned, baseline)[0] == "divergent"
+    assert explain.experiment_verdict(pinned, baseline)[0] == "divergent"
 
 
 def test_experiments_run_at_the_baselines_granularity_from_any_directory(

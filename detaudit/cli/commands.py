@@ -343,6 +343,16 @@ def _add_batch() -> None:
 
 _add_batch()  # `detaudit batch` (cli/batch.py, docs/batch.md)
 
+
+def _add_fix() -> None:
+    from detaudit.cli.fix import fix
+
+    fix.epilog = EXIT_CODES_HELP
+    cli.add_command(fix)
+
+
+_add_fix()  # `detaudit fix` (cli/fix.py, docs/fix.md)
+
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 

@@ -64,7 +64,7 @@ def plan(causes: Sequence[Cause]) -> list[Pin]:
     return names
 
 
-def _verdict(report: Report, baseline: Report) -> tuple[ExperimentVerdict, int | None, str]:
+def experiment_verdict(report: Report, baseline: Report) -> tuple[ExperimentVerdict, int | None, str]:
     """(verdict, first divergence index, note) of one experiment's repeats.
 
     Only repeats that all ran to the end, with complete traces and the exit status the baseline
@@ -238,7 +238,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
         prefix = free_prefix(run_dir, f"explain-{name}")
         results = execute(options, run_dir, on_done, prefix=prefix, cwd=cwd, on_progress=on_progress)
         sub = analyse(run_dir, replace(record, narrowing=None, results=tuple(results)), results)
-        verdict, index, note = _verdict(sub, report)
+        verdict, index, note = experiment_verdict(sub, report)
         experiment = Experiment(name, pin.description, verdict, index, note)
         stored.append(StoredExperiment(experiment, prefix, tuple(results)))
         write_experiments(run_dir, stored)

@@ -35,6 +35,7 @@ from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
 _NAN4 = (float("nan"),) * N_SAMPLES
 _CACHE_LIMIT = 20000
 _PENDING_LIMIT = 1 << 16  # device records per host sync; normally one sync per step
+MAX_STEP_TIMES = 100_000  # step times kept in the footer (8 bytes of JSON or so each)
 ASYNC_CLOSE_WAIT_S = 10.0  # at the end, how long collectives still writing recorded tensors are waited for
 
 
@@ -145,6 +146,10 @@ class Recorder:
         self.internal = 0
         self.step_callbacks: list[Callable[[int], None]] = []  # called with the new step after each step
         self.perturb_at: int | None = None  # --self-check: the record index whose tensor gets a one-ULP change
+        # seconds each optimizer step took (from the recorder's start, then from the step before), for `detaudit
+        # fix`'s cost table; the first MAX_STEP_TIMES steps
+        self.step_times: list[float] = []
+        self._step_started = time.perf_counter()
 
     # -- names and places ---------------------------------------------------------------
     def intern(self, text: str) -> int:
@@ -350,6 +355,10 @@ class Recorder:
     def end_step(self) -> None:
         """Called after each primary optimizer step: flush, and forget per-step caches."""
         self.step += 1
+        now = time.perf_counter()
+        if len(self.step_times) < MAX_STEP_TIMES:
+            self.step_times.append(round(now - self._step_started, 6))
+        self._step_started = now
         self.forget_digests()
         self.resolve_pending()
         self.writer.sync()
@@ -385,7 +394,7 @@ class Recorder:
     def close(self, footer: dict[str, Any]) -> None:
         self._finish_async()
         self.resolve_pending()
-        self.writer.close(footer)
+        self.writer.close({**footer, "step_times": self.step_times} if self.step_times else footer)
 
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

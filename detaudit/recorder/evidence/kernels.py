@@ -111,7 +111,7 @@ def _wrap_empty(ev: Evidence, counters: Counters, owner: Any, name: str, label: 
             if counters.empty < MAX_EMPTY_EVENTS:
                 counters.empty += 1
                 with never_fatal():
-                    filled = None if pinned else _fill(ev, t)
+                    filled = None if pinned or _torch_fills(ev.torch) else _fill(ev, t)
                     digest = _tensor_digest(t) if filled is None or t.device.type == "cpu" else filled
                     ev.emit({"type": "empty", "fn": label, "loc": ev.where(caller), "shape": list(t.shape),
                              "dtype": str(t.dtype).removeprefix("torch."), "device": ev.device(t),
@@ -174,6 +174,13 @@ def empty_writes_event(ev: Evidence) -> EmptyWritesEvent | None:
             except Exception:  # a storage resized or of a kind `set_` refuses: nothing known
                 states.append("unknown")
     return EmptyWritesEvent(type="empty-writes", states=states)
+
+
+def _torch_fills(torch: Any) -> bool:
+    """torch fills `empty*` memory itself (NaN, the largest integer): the script turned on
+    `torch.use_deterministic_algorithms(True)` with its fill of uninitialized memory (`detaudit fix`'s
+    zero-empty knob). That memory is no longer leftover bytes, and refilling it would undo the script's fix."""
+    return bool(torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory)
 
 
 def _fill(ev: Evidence, t: Any) -> str | None:

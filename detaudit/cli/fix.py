@@ -1,0 +1,204 @@
+"""`detaudit fix SCRIPT [ARGS]`: the command and its terminal rendering (the search itself is fix/runner.py;
+docs/fix.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from detaudit.cli.options import (
+    FiniteFloat,
+    RunCommand,
+    audit_options,
+    check_distinct,
+    check_outputs,
+    stdout_options,
+)
+from detaudit.cli.render import causes_block
+from detaudit.cli.session import RepeatsProgress, err_console, finish, finish_report, warn_oversubscription
+from detaudit.run.files import check_writable, write_output
+from detaudit.safetext import printable
+
+_STYLE = {"deterministic": "bold green", "fixed": "bold yellow", "incomplete": "bold yellow",
+          "uncontrolled": "bold red"}
+
+
+@click.command(cls=RunCommand)  # its epilog, the exit codes, is set where it joins the group (commands.py)
+@click.argument("script", type=click.Path())
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True,
+              help="Repeats per device, of the audit and of each experiment.")
+@click.option("--device", "devices", type=click.Choice(["cpu", "cuda", "auto"]), multiple=True,
+              help="Device to run on (as for `run`). [default: auto]")
+@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per repeat.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: a new folder under .detaudit/runs/).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Repeats run in parallel (the cost table is measured with them: keep 1 for honest times).")
+@stdout_options
+@click.option("--budget", type=click.IntRange(min=1), default=None,
+              help="Most repeats the search's experiments may run, the audit's not counted. [default: 24]")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop each repeat right after its N-th optimizer step (as for `run`).")
+@click.option("--max-time", type=FiniteFloat(minimum=0), default=None,
+              help="Stop each repeat at the first step boundary after SECONDS (as for `run`).")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+              help="Run each repeat under torchrun with this many ranks (docs/distributed.md).")
+@click.option("--torchrun-args", default="", metavar="ARGS", help="With --nproc-per-node: further torchrun options.")
+@click.option("--write-patch", "patch_path", type=click.Path(path_type=Path), default=None,
+              help="Write the fix's changes to the script (prelude and line edits) as a unified diff.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
+        out_dir: Path | None, jobs: int, stdout_mode: str | None, ignore_stdout: bool, budget: int | None,
+        max_steps: int | None, max_time: float | None, nproc_per_node: int | None, torchrun_args: str,
+        patch_path: Path | None, json_path: Path | None, quiet: bool) -> None:
+    """Find the smallest set of settings that makes SCRIPT's repeats agree, as code, verified, with its cost.
+
+    Audits SCRIPT as `run` does. If the repeats diverge, it searches the knobs (seeds, PYTHONHASHSEED,
+    deterministic kernels, their fill of uninitialized memory, one thread, cuDNN/cuBLAS/TF32 on a GPU) for a
+    minimal set whose repeats agree, each experiment running a copy of the script with the knobs' lines added
+    at its top and their environment set, as you would. Prints the lines to paste, the proof that each knob is
+    needed, and what each costs in step time. Arguments split as for `run`.
+    """
+    from detaudit.fix.runner import DEFAULT_BUDGET, run_fix
+    from detaudit.run.distributed import NODES_FOLLOW_UP, multi_node
+
+    options = audit_options(script, script_args, repeats=repeats, devices=devices, timeout=timeout,
+                            out_dir=out_dir, jobs=jobs, atol=1e-5, rtol=1.3e-6, stdout_mode=stdout_mode,
+                            ignore_stdout=ignore_stdout, granularity="module", baseline_dir=None,
+                            save_baseline=None, redact_args=False, max_steps=max_steps, max_time=max_time,
+                            self_check=False, nproc_per_node=nproc_per_node, torchrun_args=torchrun_args)
+    if multi_node(options.schedule.torchrun_args):
+        raise click.UsageError(NODES_FOLLOW_UP.format("fix"))
+    check_outputs(json_path, None, None, out_dir=out_dir, inputs={"the audited script": Path(script)})
+    if patch_path is not None:  # checked as a report file is: writable, and never the script or the --json
+        check_distinct({"--write-patch": patch_path, **({"--json": json_path} if json_path else {})},
+                       {"--out": out_dir} if out_dir else {}, {"the audited script": Path(script)})
+        check_writable(patch_path)
+    warn_oversubscription(jobs, options.schedule.devices)
+    budget = budget or DEFAULT_BUDGET
+    progress = RepeatsProgress(quiet, repeats * len(options.schedule.devices) + budget, "fix: repeats")
+
+    def said(text: str) -> None:
+        if not quiet:
+            err_console.print(escape(printable(text)), soft_wrap=True)
+
+    def on_trial(trial: Any) -> None:
+        said(f"fix: tried {trial.name} -> {'agree' if trial.verdict == 'deterministic' else trial.verdict}"
+             + (f" ({trial.note})" if trial.note else ""))
+
+    def on_audit(report: Any) -> None:
+        if report.verdict == "divergent" and not report.timed_out:
+            said(f"fix: the repeats diverge; searching the knobs (at most {budget} more repeats)")
+
+    with progress:
+        report = run_fix(options, budget, progress.on_done, progress.on_progress, on_trial, on_audit)
+    if report.verdict in ("failed", "timeout", "inconclusive"):  # the audit's own report says why
+        from detaudit.audit.pipeline import load_run
+
+        finish(load_run(Path(report.run_dir)), None, None, quiet,
+               notes=("`detaudit fix` needs repeats that run to their end and record; these did not.",))
+    if patch_path is not None:
+        if report.patch:
+            write_output(patch_path, report.patch)
+        else:
+            said(f"--write-patch: nothing written to {patch_path}: "
+                 + ("the fix changes no line of the script (its knobs are environment variables)" if report.knobs
+                    else "there is no fix to write"))
+    from detaudit.fix.model import write_json
+
+    finish_report(report, json_path, None, quiet, write_json, lambda r, p: None, summary_line, render)
+
+
+def summary_line(report: Any) -> Text:
+    text = Text(report.verdict.upper(), style=_STYLE.get(report.verdict, "bold"))
+    names = ", ".join(k.pin.value for k in report.knobs)
+    if report.verdict == "deterministic":
+        text.append(": the repeats agree; nothing to fix")
+    elif report.verdict == "fixed":
+        text.append(f": {names} makes the repeats agree, and it is needed" if len(report.knobs) == 1
+                    else f": {names} make the repeats agree, and each is needed")
+        text.append(" · verified as written" if report.verified else " · NOT verified")
+    elif report.verdict == "incomplete":
+        text.append(f": {names} make the repeats agree; not shown minimal" if report.knobs
+                    else ": no set of knobs made the repeats agree within the budget")
+    elif report.verdict == "uncontrolled":
+        text.append(": no knob controls the divergence, even all of them at once")
+    if report.repeats_used or report.verdict != "deterministic":
+        text.append(f" · {report.repeats_used} of {report.budget} repeats")
+    text.append(f" · run: {printable(report.run_dir)}")
+    return text
+
+
+def render(report: Any, console: Console) -> None:
+    console.print(summary_line(report), soft_wrap=True)
+    if report.verdict == "deterministic":
+        return
+    if report.first_divergence:
+        console.print(Text(printable(f"The audit: the repeats first diverge at {report.first_divergence}")),
+                      soft_wrap=True)
+    if report.knobs:
+        _render_fix(report, console)
+    for note in report.notes:
+        console.print(Text(printable(note), style="yellow"), soft_wrap=True)
+    if report.verdict == "uncontrolled":
+        block = causes_block(report)
+        if block is not None:
+            console.print(block, soft_wrap=True)
+    if report.trials:
+        console.print(Text("Search", style="bold"))
+        for trial in report.trials:
+            verdict = "agree" if trial.verdict == "deterministic" else trial.verdict
+            console.print(Text(printable(f"   {trial.files}: {trial.name}: {verdict} ({trial.repeats} repeats)"
+                                         + (f"; {trial.note}" if trial.note and verdict != "agree" else ""))),
+                          soft_wrap=True)
+
+
+def _render_fix(report: Any, console: Console) -> None:
+    script = Path(report.script).name
+    if report.prelude:
+        where = f"after line {report.insert_after}" if report.insert_after else "at line 1"
+        console.print(Text(f"Add at the top of {script} ({where}):", style="bold"))
+        console.print(Text("\n".join(f"    {line}" for line in report.prelude)), soft_wrap=True)
+    if report.env:
+        console.print(Text("Set in the environment, before python starts:", style="bold"))
+        env = " ".join(f"{k}={v}" for k, v in report.env.items())
+        console.print(Text(printable(f"    {env} python {script}")), soft_wrap=True)
+    if report.edits:
+        console.print(Text("Change at your own lines:", style="bold"))
+        for e in report.edits:
+            change = f"{e.before.strip()}  ->  {e.after.strip()}" if e.after is not None else e.advice
+            state = "" if e.applies else "  (not applied by detaudit: not part of the verification)"
+            console.print(Text(printable(f"    {e.file}:{e.line}: {change}{state}")), soft_wrap=True)
+    table = Table(title="Knobs: each needed, and what it costs", title_justify="left", show_edge=False)
+    for col in ("knob", "where", "without it", "step time (with / without)", "whole run (with / without)", "cost"):
+        table.add_column(col)
+    for k in report.knobs:
+        needed = "?" if k.needed is None else (
+            f"{'diverge' if k.needed.verdict == 'divergent' else k.needed.verdict} ({k.needed.files or 'the audit'})")
+        cost = k.cost
+        table.add_row(k.pin.value, k.where, needed, _pair(cost.step if cost else None, 1000, "ms"),
+                      _pair(cost.run if cost else None, 1, "s"), cost.summary if cost else "not measured")
+    console.print(table)
+    for k in report.knobs:
+        if k.note:
+            console.print(Text(printable(f"   {k.pin.value}: {k.note}"), style="dim"), soft_wrap=True)
+    if report.whole_run is not None and report.whole_run.with_s is not None:
+        run = report.whole_run
+        console.print(Text(f"The whole fix: {run.with_s:.3g} s a run against {run.without_s:.3g} s without it "
+                           f"({run.text('whole run')})"), soft_wrap=True)
+    console.print(Text(printable(("Verified: " if report.verified else "NOT verified: ") + report.verification)),
+                  soft_wrap=True)
+
+
+def _pair(figure: Any, scale: float, unit: str) -> str:
+    if figure is None or figure.with_s is None or figure.without_s is None:
+        return "-"
+    return f"{figure.with_s * scale:.3g} / {figure.without_s * scale:.3g} {unit}"

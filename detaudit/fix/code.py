@@ -1,0 +1,209 @@
+"""Each knob as the code a user adds: a prelude at the top of the script, environment variables set before
+the interpreter starts, or a change at one of the script's own lines; and the script as it reads with them
+(a temporary copy beside it, never the script itself), and that change as a unified diff.
+
+The knobs are `--explain`'s pins (pin.Pin, spelled as its names), applied the way a user would apply them,
+not through detaudit's child-side pins: a seed the script sets itself stays the script's. Address
+randomization (`address-layout`) has no such form and is not a knob. `torch.use_deterministic_algorithms`
+is two knobs: its kernels (`deterministic`) and its fill of uninitialized memory (`zero-empty`).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import difflib
+import os
+import re
+import secrets
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from detaudit.errors import OutputError, UsageError, output_error
+from detaudit.pin import Pin
+
+
+@dataclass(frozen=True)
+class KnobCode:
+    """One knob as code: `imports` and `prelude` statements, `env` set before the interpreter starts."""
+
+    prelude: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    imports: tuple[str, ...] = ()
+    note: str = ""
+
+
+_FILL = "torch.utils.deterministic.fill_uninitialized_memory = {}"
+DETERMINISTIC_ON = "torch.use_deterministic_algorithms(True)"
+KNOBS: dict[Pin, KnobCode] = {
+    Pin.TORCH_RNG: KnobCode(("torch.manual_seed(0)",), imports=("import torch",)),
+    Pin.NUMPY_RNG: KnobCode(("numpy.random.seed(0)",), imports=("import numpy",)),
+    Pin.PYTHON_RNG: KnobCode(("random.seed(0)",), imports=("import random",)),
+    Pin.HASH_SEED: KnobCode(env={"PYTHONHASHSEED": "0"},
+                            note="python reads PYTHONHASHSEED when it starts: a line in the script is too late"),
+    Pin.DETERMINISTIC: KnobCode((DETERMINISTIC_ON, _FILL.format(False)), imports=("import torch",),
+                                note="deterministic kernels without the fill of uninitialized memory"),
+    Pin.ZERO_EMPTY: KnobCode((DETERMINISTIC_ON, _FILL.format(True)), imports=("import torch",),
+                             note="torch fills uninitialized memory (NaN, the largest integer) only with "
+                                  "deterministic algorithms on, so this turns on their kernels too; writing "
+                                  "`torch.zeros` instead of `torch.empty` at the line the cause names needs neither"),
+    Pin.ONE_THREAD: KnobCode(("torch.set_num_threads(1)",), {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+                             ("import torch",)),
+    Pin.CUDNN: KnobCode(("torch.backends.cudnn.benchmark = False", "torch.backends.cudnn.deterministic = True"),
+                        imports=("import torch",)),
+    Pin.CUBLAS: KnobCode(env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
+                         note="read when cuBLAS starts: set it in the environment, or at the very top of the "
+                              "script before torch is imported"),
+    Pin.TF32_OFF: KnobCode(("torch.backends.cuda.matmul.allow_tf32 = False", "torch.backends.cudnn.allow_tf32 = False",
+                            "torch.set_float32_matmul_precision('highest')"), imports=("import torch",)),
+    Pin.NCCL: KnobCode(env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_NVLS_ENABLE": "0"},
+                       note="on every rank, before the process starts"),
+}
+CUDA_KNOBS = (Pin.CUDNN, Pin.CUBLAS, Pin.TF32_OFF)
+PRELUDE_MARK = "# detaudit fix: {}"
+
+
+def catalogue(devices: Sequence[str], distributed: bool) -> list[Pin]:
+    """The knobs worth trying here: CUDA's only when a repeat ran on a GPU, NCCL's only under torchrun."""
+    return [p for p in KNOBS if (p not in CUDA_KNOBS or "cuda" in devices) and (p != Pin.NCCL or distributed)]
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A change at one of the script's own lines (an RNG object created without a seed). `after`: the line as
+    it should read; None when detaudit cannot write it (then `advice` says what to do). `applies`: the line is
+    in the audited script, so the copy that verifies the fix gets it."""
+
+    pin: Pin
+    file: str
+    line: int
+    before: str
+    after: str | None
+    advice: str
+    applies: bool
+
+
+# RNG objects created without a seed, by the name the recorder gives their constructor: the call's last name
+SEEDABLE = {"np.random.default_rng": "default_rng", "np.random.RandomState": "RandomState",
+            "random.Random": "Random"}
+
+
+def seed_edit(pin: Pin, fn: str, loc: str, advice: str, script: Path, cwd: Path) -> Edit:
+    """The edit that gives the RNG object made by `fn()` at `loc` (`file:line`) a constant seed."""
+    file, _, number = loc.rpartition(":")
+    line = int(number) if number.isdigit() else 0
+    path = Path(file) if os.path.isabs(file) else cwd / file
+    applies = bool(file) and _same_file(path, script)
+    try:
+        lines = script.read_text(encoding="utf-8").splitlines() if applies else []
+    except (OSError, UnicodeDecodeError):
+        lines, applies = [], False
+    before = lines[line - 1] if 0 < line <= len(lines) else ""
+    after = _seeded(before, SEEDABLE[fn]) if fn in SEEDABLE and before else None
+    return Edit(pin, file or loc, line, before, after, advice, applies and after is not None)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _seeded(text: str, name: str) -> str | None:
+    """`text` with its one call `...name()` given the seed 0; None unless there is exactly one such call."""
+    calls = [m for m in re.finditer(rf"\b{re.escape(name)}\(\s*\)", text)]
+    if len(calls) != 1:
+        return None
+    m = calls[0]
+    return f"{text[:m.start()]}{name}(0){text[m.end():]}"
+
+
+def prelude(knobs: Sequence[Pin], edits_only: Collection[Pin] = ()) -> list[str]:
+    """The lines the knobs add at the top of the script: imports, then each statement once, in catalogue
+    order. `deterministic` and `zero-empty` together keep one call, with the fill on. A knob in `edits_only`
+    adds none: its line edits are all it needs (an RNG object created unseeded, the global RNG never drawn)."""
+    chosen = [p for p in KNOBS if p in knobs and p not in edits_only]
+    if not any(KNOBS[p].prelude for p in chosen):
+        return []
+    imports = list(dict.fromkeys(i for p in chosen for i in KNOBS[p].imports))
+    statements = list(dict.fromkeys(s for p in chosen for s in KNOBS[p].prelude))
+    if Pin.ZERO_EMPTY in chosen:
+        statements = [s for s in statements if s != _FILL.format(False)]
+    return [PRELUDE_MARK.format(", ".join(p.value for p in chosen if KNOBS[p].prelude)), *imports, *statements]
+
+
+def environment(knobs: Sequence[Pin]) -> dict[str, str]:
+    """The environment variables the knobs set before the interpreter starts."""
+    return {k: v for p in KNOBS if p in knobs for k, v in KNOBS[p].env.items()}
+
+
+def insertion_line(source: str) -> int:
+    """How many lines of `source` stay above the prelude: a module docstring and `from __future__` imports
+    (python requires them first), else a `#!` line and an encoding declaration."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise UsageError(f"the script does not parse ({exc.msg}, line {exc.lineno}): detaudit cannot add a "
+                         "prelude to it") from None
+    end = 0
+    for i, node in enumerate(tree.body):
+        docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+            and isinstance(node.value.value, str)
+        if docstring or (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+            end = node.end_lineno or node.lineno
+        else:
+            break
+    if end:
+        return end
+    lines = source.splitlines()
+    while end < min(2, len(lines)) and (lines[end].startswith("#!") or re.match(
+            r"^[ \t\f]*#.*?coding[:=][ \t]*[-\w.]+", lines[end])):
+        end += 1
+    return end
+
+
+def rewrite(source: str, lines: Sequence[str], edits: Sequence[Edit]) -> str:
+    """`source` with the prelude `lines` inserted (insertion_line) and the applicable edits made."""
+    text = source.splitlines(keepends=True)
+    for edit in edits:
+        if edit.applies and edit.after is not None and 0 < edit.line <= len(text):
+            ending = text[edit.line - 1][len(text[edit.line - 1].rstrip("\r\n")):]
+            text[edit.line - 1] = edit.after + ending
+    at = insertion_line(source)
+    if text and at and not text[at - 1].endswith("\n"):
+        text[at - 1] += "\n"
+    return "".join([*text[:at], *(line + "\n" for line in lines), *text[at:]])
+
+
+def unified_diff(name: str, source: str, changed: str) -> str:
+    """The change as a unified diff (`patch -p1` and `git apply` take it)."""
+    return "".join(difflib.unified_diff(source.splitlines(keepends=True), changed.splitlines(keepends=True),
+                                        f"a/{name}", f"b/{name}"))
+
+
+@contextlib.contextmanager
+def temporary_copy(script: Path, text: str) -> Iterator[Path]:
+    """`text` as a new file beside the script (`.NAME.detaudit-fix-XXXX.py`), removed on leaving.
+
+    Beside the script's real file, so python's `sys.path[0]` (the directory it resolves the script into)
+    and `Path(__file__).parent` are the script's own, and relative imports and data paths behave as they
+    do for it; only `__file__`'s last part differs. Created exclusively, never through a link: nothing
+    already there is written, the script least of all.
+    """
+    real = Path(os.path.realpath(script))
+    path = real.parent / f".{real.stem}.detaudit-fix-{secrets.token_hex(4)}.py"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise OutputError(f"{output_error(path, exc)}; `detaudit fix` runs the changed script as a copy beside "
+                          "it (the same directory, so imports and relative paths behave the same): that "
+                          "directory must be writable") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

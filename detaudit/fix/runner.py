@@ -1,0 +1,195 @@
+"""`detaudit fix SCRIPT`: audit, then search the knobs for the smallest set whose repeats agree.
+
+Each experiment is an audit's repeats (audit.execute, compared by explain's `experiment_verdict`) of the
+script as the user would change it: a temporary copy beside it with the knobs' prelude and line edits, run
+with the knobs' environment (fix/code.py). So the set the search ends with is verified as written: its own
+experiment ran exactly the code the report prints. The repeats go into the audit's run directory as
+`fix-<n>-*`, the report into `fix.json` there; `--budget` bounds the experiments' repeats.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from detaudit.audit.pipeline import AuditOptions, analyse, execute, run_audit
+from detaudit.causes import rng
+from detaudit.causes.context import build
+from detaudit.errors import UsageError
+from detaudit.explain.runner import experiment_verdict, plan
+from detaudit.fix import code, search
+from detaudit.fix.cost import Timing, cost, figure
+from detaudit.fix.model import FixReport, FixVerdict, KnobFix, Trial, to_dict
+from detaudit.pin import Pin
+from detaudit.report.model import Report
+from detaudit.results import RepeatProgress, RepeatResult
+from detaudit.run.distributed import Layout
+from detaudit.run.files import write_text_atomically
+from detaudit.run.rundir import read_run
+from detaudit.trace import read_footer
+
+DEFAULT_BUDGET = 24
+FIX_FILE = "fix.json"
+LIBS = {Pin.TORCH_RNG: "torch", Pin.NUMPY_RNG: "numpy", Pin.PYTHON_RNG: "python"}
+
+
+def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
+            on_done: Callable[[RepeatResult], None] | None = None,
+            on_progress: Callable[[RepeatProgress], None] | None = None,
+            on_trial: Callable[[Trial], None] | None = None,
+            on_audit: Callable[[Report], None] | None = None) -> FixReport:
+    """Audit the script and, if its repeats diverge, find, verify and cost the minimal fix.
+
+    Every repeat runs to its end (`run_to_end`): the whole-run times of the sets are compared.
+    """
+    options = options.recorded(run_to_end=True)
+    report = run_audit(options, on_done, None, on_progress)
+    if on_audit is not None:
+        on_audit(report)
+    run_dir = Path(report.run_dir)
+    base = FixReport(script=report.script, run_dir=str(run_dir), verdict="deterministic",
+                     audit_exit_code=int(report.exit_code), budget=budget, causes=tuple(report.causes))
+    if report.verdict != "divergent" or report.timed_out:
+        ended: FixVerdict = report.verdict if report.verdict in ("deterministic", "failed", "inconclusive") \
+            else "timeout"
+        return _written(replace(base, verdict=ended))
+    record, audit_results = read_run(run_dir)
+    cwd = Path(record.cwd or ".").resolve()
+    script = options.target.script if options.target.script.is_absolute() else cwd / options.target.script
+    try:
+        source = script.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{script}: cannot read the script to write its fix ({exc})") from None
+    code.insertion_line(source)  # a script that does not parse is refused before any experiment
+    schedule = options.schedule
+    knobs = code.catalogue(schedule.devices, bool(schedule.nproc_per_node))
+    edits, drawn = seed_edits(report, run_dir, audit_results, script, cwd)
+    edits_only = {e.pin for e in edits if e.applies} - drawn
+    suspected = [p for p in plan(report.causes) if p in knobs]
+    per_trial = schedule.repeats * len(schedule.devices)
+    trials: list[Trial] = []
+    timings: dict[frozenset[str], Timing] = {frozenset(): timing(run_dir, audit_results)}
+    experiment_options = options.recorded(child_config={"audit_started": record.started} if record.started else {})
+
+    def agrees(chosen: frozenset[str]) -> bool:
+        if sum(t.repeats for t in trials) + per_trial > budget:
+            raise search.OverBudget
+        pins = [p for p in knobs if p in chosen]
+        text = code.rewrite(source, code.prelude(pins, edits_only), [e for e in edits if e.pin in chosen])
+        prefix = f"fix-{len(trials) + 1}"
+        with code.temporary_copy(script, text) as copy:
+            target = replace(experiment_options.target, script=copy, argv0=None,
+                             env={**experiment_options.target.env, **code.environment(pins)})
+            results = execute(replace(experiment_options, target=target), run_dir, on_done, prefix=prefix, cwd=cwd,
+                              on_progress=on_progress)
+        sub = analyse(run_dir, replace(record, narrowing=None, results=tuple(results)), results, explained=False)
+        verdict, _, note = experiment_verdict(sub, report)
+        trial = Trial(tuple(pins), verdict, len(results), note, prefix)
+        trials.append(trial)
+        timings[chosen] = timing(run_dir, results)
+        if on_trial is not None:
+            on_trial(trial)
+        return verdict == "deterministic"
+
+    found = search.search([p.value for p in knobs], [p.value for p in suspected], agrees)
+    audit_trial = Trial((), "divergent", len(audit_results), "the audit's repeats")
+    by_set: dict[frozenset[str], Trial] = {frozenset(p.value for p in t.knobs): t for t in trials}
+    by_set[frozenset()] = audit_trial
+    used = sum(t.repeats for t in trials)
+    base = replace(base, trials=tuple(trials), repeats_used=used, first_divergence=_where(report),
+                   insert_after=code.insertion_line(source))
+    if found.uncontrolled or found.minimal is None:
+        everything = trials[-1] if trials else None
+        if found.uncontrolled and everything is not None and everything.verdict == "divergent":
+            return _written(replace(base, verdict="uncontrolled", notes=(uncontrolled_note(report, knobs),)))
+        if found.uncontrolled and everything is not None:  # a crash proves nothing about the source
+            return _written(replace(base, verdict="incomplete", notes=(
+                f"with every knob at once the repeats did not run through ({everything.note}): whether a set "
+                "of knobs controls the divergence is unknown (a knob's code may not suit this script: "
+                "`torch.use_deterministic_algorithms(True)` raises on an op without a deterministic kernel)",)))
+        return _written(replace(base, verdict="incomplete", notes=(
+            f"the budget of {budget} repeats ran out before any set of knobs made the repeats agree",)))
+    minimal = found.minimal
+    pins = [p for p in knobs if p in minimal]
+    fixes = tuple(KnobFix(p, tuple(code.prelude([p], edits_only)[1:]), tuple(e for e in edits if e.pin == p),
+                          by_set.get(frozenset(minimal - {p})),
+                          cost(timings[minimal], timings[frozenset(minimal - {p})])
+                          if frozenset(minimal - {p}) in timings else None) for p in pins)
+    chosen_edits = tuple(e for e in edits if e.pin in minimal)
+    lines = code.prelude(pins, edits_only)
+    changed = code.rewrite(source, lines, chosen_edits)
+    final = by_set[minimal]
+    changes = " and ".join(what for what, present in (("this prelude", lines), ("these line edits", [
+        e for e in chosen_edits if e.applies])) if present)
+    verification = (f"{final.repeats} repeats ran .{Path(script).stem}.detaudit-fix-XXXX.py, the script with "
+                    f"{changes or 'no change'}, beside it"
+                    + (" with this environment" if code.environment(pins) else "")
+                    + f" (`{final.files}-*` in the run directory): they agree")
+    notes: tuple[str, ...] = () if found.complete else (
+        f"the budget of {budget} repeats ran out before every knob was shown needed: the set agrees, but may not "
+        "be the smallest (a larger --budget)",)
+    return _written(replace(
+        base, verdict="fixed" if found.complete else "incomplete", knobs=fixes, prelude=tuple(lines),
+        edits=chosen_edits,
+        verified=final.verdict == "deterministic", verification=verification,
+        patch=code.unified_diff(Path(record.script).name, source, changed),
+        whole_run=figure(timings[minimal].run_s, timings[frozenset()].run_s), notes=notes))
+
+
+def _written(report: FixReport) -> FixReport:
+    """The report, also kept in the run directory as fix.json."""
+    write_text_atomically(Path(report.run_dir) / FIX_FILE, json.dumps(to_dict(report), indent=2) + "\n", 0o600)
+    return report
+
+
+def _where(report: Report) -> str:
+    first = report.first_divergence
+    if first is None:
+        return ""
+    rec = first.record
+    return f"#{first.index} {rec.kind} {rec.name} step {rec.step}" if rec is not None else first.detail
+
+
+def timing(run_dir: Path, results: Sequence[RepeatResult]) -> Timing:
+    """The repeats' step times (their traces' footers; a torchrun repeat's first rank) and whole-run times."""
+    steps: list[list[float]] = []
+    for r in results:
+        path = run_dir / r.trace
+        if not path.is_file():
+            path = run_dir / Layout.rank_file(r.trace, 0)
+        footer = read_footer(path) if path.is_file() else None
+        steps.append([float(t) for t in (footer or {}).get("step_times", [])])
+    return Timing.of(steps, [r.duration_s for r in results])
+
+
+def seed_edits(report: Report, run_dir: Path, results: Sequence[RepeatResult], script: Path,
+               cwd: Path) -> tuple[list[code.Edit], set[Pin]]:
+    """The RNG objects the script created without a seed before the divergence (causes/rng.py's evidence),
+    each as the edit that seeds it: part of its library's knob, as no prelude reaches an object's seed. And the
+    knobs whose global RNG was drawn from unseeded: they need the prelude's seed too."""
+    divergence = report.first_divergence
+    if divergence is None:
+        return [], set()
+    ctx = build(divergence, [run_dir / r.trace for r in results], results, report.op_finding)
+    edits = []
+    drawn = set()
+    for pin, lib in LIBS.items():
+        if rng.unseeded_draws(ctx, ctx.ref, lib):
+            drawn.add(pin)
+        for own in rng.own_rngs(ctx, lib):
+            event = own.event
+            if own.varying_value or event.get("entropy"):
+                continue  # a seed the script sets from outside, or one no seed reaches: no knob's to fix
+            loc = str(event.get("loc", ""))
+            edits.append(code.seed_edit(pin, event["fn"], loc, rng.constant_seed(event["fn"], loc), script, cwd))
+    return edits, drawn
+
+
+def uncontrolled_note(report: Report, knobs: Sequence[Pin]) -> str:
+    """Why no knob helped: what the causes' evidence points at."""
+    tried = ", ".join(p.value for p in knobs)
+    return (f"with every knob at once ({tried}) the repeats still diverge: the source is one no setting reaches "
+            "(the clock, the process id, the environment, the network, or a seed or order the script's own code "
+            "makes); the causes below say where")

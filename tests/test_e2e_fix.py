@@ -1,0 +1,76 @@
+"""`detaudit fix` end to end: the real CLI on tests/scripts (MANIFEST.md). Two independent unseeded sources get
+exactly their two knobs, each needed, verified as written; a script that seeds from the clock is one no knob
+controls (exit 9); a deterministic script has nothing to fix. Each runs in a copy of the script's folder:
+the fix's temporary copy of the script goes beside the script."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from detaudit.errors import ExitCode
+from tests.conftest import run_cli
+
+SCRIPTS = Path(__file__).parent / "scripts"
+pytestmark = [pytest.mark.slow, pytest.mark.process]
+
+
+def _beside(tmp_path: Path, name: str) -> Path:
+    script = tmp_path / name
+    shutil.copy(SCRIPTS / name, script)
+    return script
+
+
+def test_two_unseeded_sources_get_exactly_their_two_knobs_verified_as_written(tmp_path: Path) -> None:
+    script = _beside(tmp_path, "fit_noisy.py")
+    source = script.read_text()
+    result = run_cli(["fix", "-n", "2", "--max-steps", "3", "--json", "fix.json", "--write-patch", "fix.patch",
+                      script.name], cwd=tmp_path, timeout=600)
+    report = result.report
+    assert report is not None, result.output
+    assert result.returncode == ExitCode.DIVERGENT and report["verdict"] == "fixed", result.output
+    knobs = {k["name"]: k for k in report["knobs"]}
+    assert set(knobs) == {"torch-rng", "numpy-rng"}
+    assert "torch.manual_seed(0)" in knobs["torch-rng"]["fix"] and "numpy.random.seed(0)" in knobs["numpy-rng"]["fix"]
+    assert all(k["where"] == "prelude" for k in knobs.values())
+    for knob in knobs.values():  # timed from the steps the recorder kept in each repeat's footer
+        step = knob["cost"]["step_time"]
+        assert step["with_s"] > 0 and step["without_s"] > 0 and isinstance(step["measurable"], bool)
+    for name, knob in knobs.items():  # minimal: the set less either knob diverged
+        assert knob["needed"]["verdict"] == "divergent" and name not in knob["needed"]["knobs"]
+    assert report["verified"] is True and report["env"] == {}
+    assert report["repeats_used"] <= report["budget"] and report["repeats_used"] == 2 * len(report["search"])
+    assert "Add at the top of fit_noisy.py (after line 1):" in result.stdout
+    # the user's script untouched, no copy left beside it, and the patch makes the verified script
+    assert script.read_text() == source and sorted(p.name for p in tmp_path.glob(".*.py")) == []
+    subprocess.run(["git", "apply", "fix.patch"], cwd=tmp_path, check=True)
+    lines = script.read_text().splitlines()
+    assert lines[1:6] == report["prelude"] and lines[0].startswith('"""')
+
+
+def test_a_script_that_seeds_from_the_clock_is_one_no_knob_controls(tmp_path: Path) -> None:
+    script = _beside(tmp_path, "train_autoencoder.py")
+    result = run_cli(["fix", "-n", "2", "--max-steps", "2", "--json", "fix.json", script.name], cwd=tmp_path,
+                     timeout=600)
+    report = result.report
+    assert report is not None, result.output
+    assert result.returncode == ExitCode.UNCONTROLLED and report["verdict"] == "uncontrolled", result.output
+    assert report["knobs"] == [] and report["verified"] is False
+    everything = report["search"][-1]
+    assert everything["verdict"] == "divergent" and {"torch-rng", "hash-seed", "deterministic"} <= set(
+        everything["knobs"])
+    seed = next(c for c in report["causes"] if c["id"] == "varying-seed")
+    assert any("train_autoencoder.py:9" in line for line in seed["evidence"])
+    assert "no knob controls the divergence" in result.stdout and "varying-seed" in result.stdout
+
+
+def test_a_deterministic_script_has_nothing_to_fix(tmp_path: Path) -> None:
+    script = _beside(tmp_path, "train_mlp.py")
+    result = run_cli(["fix", "-n", "2", "--json", "fix.json", script.name], cwd=tmp_path, timeout=600)
+    assert result.returncode == ExitCode.DETERMINISTIC, result.output
+    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report["repeats_used"] == 0 and result.report["search"] == []
+    assert "nothing to fix" in result.stdout

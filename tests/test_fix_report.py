@@ -1,0 +1,107 @@
+"""`detaudit fix`'s report: its JSON and exit codes (fix/model.py), the terminal (cli/fix.py), and what the runner
+reads from a run directory: step times from the footers, unseeded RNG objects as line edits (fix/runner.py)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+from synthetic import training_records, write_run, write_trace
+
+from detaudit.audit.pipeline import load_run
+from detaudit.cli import fix as cli_fix
+from detaudit.errors import ExitCode
+from detaudit.fix import runner
+from detaudit.fix.code import Edit
+from detaudit.fix.cost import Figure, KnobCost
+from detaudit.fix.model import FixReport, KnobFix, Trial, to_dict
+from detaudit.pin import Pin
+from detaudit.run.rundir import read_run
+
+
+def _fixed() -> FixReport:
+    edit = Edit(Pin.NUMPY_RNG, "train.py", 41, "    rng = np.random.default_rng()",
+                "    rng = np.random.default_rng(0)", "seed with a constant at train.py:41", True)
+    trials = (Trial((Pin.TORCH_RNG, Pin.NUMPY_RNG), "deterministic", 2, "", "fix-1"),
+              Trial((Pin.TORCH_RNG,), "divergent", 2, "still at #3", "fix-2"),
+              Trial((Pin.NUMPY_RNG,), "divergent", 2, "still at #0", "fix-3"))
+    slow = KnobCost(Figure(0.012, 0.010, True), Figure(10.0, 9.9, False))
+    free = KnobCost(Figure(0.010, 0.010, False), Figure(10.0, 10.0, False))
+    return FixReport(
+        script="train.py", run_dir="/runs/r1", verdict="fixed", audit_exit_code=1,
+        knobs=(KnobFix(Pin.TORCH_RNG, ("import torch", "torch.manual_seed(0)"), (), trials[2], slow),
+               KnobFix(Pin.NUMPY_RNG, (), (edit,), trials[1], free)),
+        prelude=("# detaudit fix: torch-rng", "import torch", "torch.manual_seed(0)"), edits=(edit,), insert_after=1,
+        verified=True, verification="2 repeats ran the copy: they agree", trials=trials, repeats_used=6, budget=24)
+
+
+def test_the_json_carries_each_knob_by_its_pin_name_with_fix_where_and_cost() -> None:
+    data = to_dict(_fixed())
+    assert data["format"] == "detaudit-fix" and data["verdict"] == "fixed" and data["exit_code"] == 1
+    assert data["verified"] is True and data["repeats_used"] == 6 and data["budget"] == 24
+    torch_knob, numpy_knob = data["knobs"]
+    assert torch_knob["name"] == "torch-rng" and torch_knob["where"] == "prelude"
+    assert torch_knob["fix"] == "import torch\ntorch.manual_seed(0)"
+    assert torch_knob["cost"]["summary"] == "+20% step time" and torch_knob["needed"]["verdict"] == "divergent"
+    assert numpy_knob["where"] == "line train.py:41"
+    assert numpy_knob["fix"] == "train.py:41: rng = np.random.default_rng(0)"
+    assert numpy_knob["cost"]["summary"] == "no measurable cost" and numpy_knob["edits"][0]["applied"] is True
+    assert [t["knobs"] for t in data["search"]] == [["torch-rng", "numpy-rng"], ["torch-rng"], ["numpy-rng"]]
+
+
+def test_verdicts_map_to_documented_exit_codes() -> None:
+    base = _fixed()
+    codes = {verdict: FixReport("s", "r", verdict, 3).exit_code  # type: ignore[arg-type]
+             for verdict in ("deterministic", "fixed", "incomplete", "uncontrolled", "failed")}
+    assert codes == {"deterministic": ExitCode.DETERMINISTIC, "fixed": ExitCode.DIVERGENT,
+                     "incomplete": ExitCode.DIVERGENT, "uncontrolled": ExitCode.UNCONTROLLED, "failed": 3}
+    assert base.exit_code == 1
+
+
+def test_the_terminal_shows_a_ready_to_paste_block_the_proof_and_the_costs() -> None:
+    out = io.StringIO()
+    cli_fix.render(_fixed(), Console(file=out, width=200))
+    text = out.getvalue()
+    assert "FIXED: torch-rng, numpy-rng make the repeats agree, and each is needed · verified as written" in text
+    assert "Add at the top of train.py (after line 1):\n    # detaudit fix: torch-rng\n    import torch\n" in text
+    assert "train.py:41: rng = np.random.default_rng()  ->  rng = np.random.default_rng(0)" in text
+    assert "+20% step time" in text and "no measurable cost" in text and "diverge (fix-3)" in text
+    assert "fix-1: torch-rng+numpy-rng: agree (2 repeats)" in text
+
+
+def test_nothing_to_fix_and_no_knob_read_as_such() -> None:
+    out = io.StringIO()
+    cli_fix.render(FixReport("train.py", "/r", "deterministic", 0), Console(file=out, width=200))
+    assert "DETERMINISTIC: the repeats agree; nothing to fix" in out.getvalue()
+    line = cli_fix.summary_line(FixReport("train.py", "/r", "uncontrolled", 1, repeats_used=4, budget=24))
+    assert "no knob controls the divergence" in line.plain and "4 of 24 repeats" in line.plain
+
+
+def test_step_times_are_read_from_the_footers(tmp_path: Path) -> None:
+    records = training_records()
+    for i, steps in enumerate(([1.5, 0.01, 0.02], [1.4, 0.03])):
+        write_trace(tmp_path / f"r{i}.trace", records, {"exit_code": 0, "error": None, "step_times": steps})
+    _, results = read_run(write_run(tmp_path / "run", [records, records]))
+    results = [r.__class__(**{**r.to_dict(), "trace": f"../r{r.index}.trace"}) for r in results]
+    timing = runner.timing(tmp_path / "run", results)
+    assert timing.step_s == (0.01, 0.02, 0.03) and timing.run_s == (0.5, 0.5)
+
+
+def test_an_rng_object_created_unseeded_in_the_script_becomes_its_knobs_line_edit(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import numpy as np\nrng = np.random.default_rng()\n")
+    first = training_records(seed=0)
+    other = [r.but(digest=r.digest + 1) if i == 1 else r for i, r in enumerate(first)]
+    run_dir = write_run(tmp_path / "run", [first, other], script=str(script))
+    for i in range(2):  # the same records, and the object's creation before record 0
+        (run_dir / f"repeat-{i}.trace").unlink()
+        made = {"type": "generator", "lib": "numpy", "fn": "np.random.default_rng", "seeded": False, "value": None,
+                "loc": "train.py:2", "library": False, "state": f"state-{i}"}
+        write_trace(run_dir / f"repeat-{i}.trace", [first, other][i], {"exit_code": 0, "error": None},
+                    events=[(0, made)], header={"repeat": i})
+    _, results = read_run(run_dir)
+    edits, drawn = runner.seed_edits(load_run(run_dir), run_dir, results, script, tmp_path)
+    assert drawn == set()
+    assert [(e.pin, e.line, e.after, e.applies) for e in edits] == [
+        (Pin.NUMPY_RNG, 2, "rng = np.random.default_rng(0)", True)]
