@@ -98,43 +98,53 @@ class CliResult:
         return self.stdout + self.stderr
 
 
-class WarmServer:
-    """This test process's warm interpreter (tests/warm/server.py), started on first use, stopped with the session.
+class WarmServers:
+    """This test process's warm interpreters (tests/warm/server.py), started on first use, stopped with the session.
 
-    Repeats forked from it skip python's, torch's and torch._dynamo's start (2.5 s of CPU each); a test whose
-    subject a fork could change (the hash seed, address layout, what happens while torch imports) is marked
-    `fresh_interpreters` and its repeats are real interpreters, as are all with DETAUDIT_TEST_FRESH=1.
+    Repeats forked from them skip python's, torch's and torch._dynamo's start (2.5 s of CPU each). There are
+    SERVERS of them, each with its own string hash seed and address layout (a process of its own), and the CLI
+    under test starts its repeats on them in turn (tests/warm/cli.py): two repeats side by side come from two
+    servers and differ in both, as two fresh interpreters do, so order-dependent scripts diverge as they would.
+    A test whose subject a fork could still change (what happens while torch imports, a repeat's own start) is
+    marked `fresh_interpreters` and its repeats are real interpreters, as are all with DETAUDIT_TEST_FRESH=1.
     """
 
     def __init__(self) -> None:
         self.folder: str | None = None
-        self.proc: subprocess.Popen[str] | None = None
+        self.procs: list[subprocess.Popen[str]] = []
 
-    def socket(self) -> str:
-        if self.proc is None:
+    def sockets(self) -> list[str]:
+        """The servers' socket paths, in the order the CLI takes them."""
+        if self.folder is None:
             import tempfile
 
             self.folder = tempfile.mkdtemp(prefix="detaudit-warm-")  # short: a socket path has 107 bytes at most
-            path = os.path.join(self.folder, "sock")
-            with open(os.path.join(self.folder, "log"), "w") as log:  # one line per repeat: forked, or fresh and why
-                self.proc = subprocess.Popen([sys.executable, str(WARM / "server.py"), path], stdout=subprocess.PIPE,
-                                             stderr=log, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-            assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n", "warm server failed"
-        assert self.folder is not None
-        return os.path.join(self.folder, "sock")
+            for index in range(SERVERS):  # started together: their imports overlap
+                # one log line per repeat: forked, or fresh and why
+                with open(os.path.join(self.folder, f"log{index}"), "w") as log:
+                    self.procs.append(subprocess.Popen(
+                        [sys.executable, str(WARM / "server.py"), os.path.join(self.folder, f"sock{index}")],
+                        stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                        start_new_session=True))
+            for proc in self.procs:
+                assert proc.stdout is not None and proc.stdout.readline() == "ready\n", "warm server failed"
+        return [os.path.join(self.folder, f"sock{index}") for index in range(SERVERS)]
 
     def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(timeout=30)
         if self.folder is not None:
             import shutil
 
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+# the most repeats a test puts side by side with distinct hash seeds: the race rows' 3 (test_cause_matrix.RACE)
+SERVERS = 3
 WARM = Path(__file__).parent / "warm"
-WARM_SERVER = WarmServer()
+WARM_SERVERS = WarmServers()
 FRESH_ONLY = bool(os.environ.get("DETAUDIT_TEST_FRESH"))
 _fresh_test = False  # the running test is marked fresh_interpreters
 
@@ -153,13 +163,13 @@ def _interpreters_for_this_test(request: pytest.FixtureRequest) -> Iterator[None
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    WARM_SERVER.stop()
+    WARM_SERVERS.stop()
 
 
 def detaudit_command() -> list[str]:
     """`python -m detaudit`, as the running test's repeats start (`interpreters()`)."""
     if interpreters() == "warm":
-        return [sys.executable, str(WARM / "cli.py"), WARM_SERVER.socket()]
+        return [sys.executable, str(WARM / "cli.py"), ",".join(WARM_SERVERS.sockets())]
     return [sys.executable, "-m", "detaudit"]
 
 
