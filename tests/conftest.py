@@ -101,48 +101,50 @@ class CliResult:
 class WarmServers:
     """This test process's warm interpreters (tests/warm/server.py), started on first use, stopped with the session.
 
-    Repeats forked from them skip python's, torch's and torch._dynamo's start (2.5 s of CPU each). There are
-    SERVERS of them, each with its own string hash seed and address layout (a process of its own), and the CLI
-    under test starts its repeats on them in turn (tests/warm/cli.py): two repeats side by side come from two
-    servers and differ in both, as two fresh interpreters do, so order-dependent scripts diverge as they would.
-    A test whose subject a fork could still change (what happens while torch imports, a repeat's own start) is
-    marked `fresh_interpreters` and its repeats are real interpreters, as are all with DETAUDIT_TEST_FRESH=1.
+    Repeats forked from them skip python's, torch's and torch._dynamo's start (2.5 s of CPU each). The pool
+    (tests/warm/pool.py) holds several servers of each variant, each with its own string hash seed and address
+    layout, and sends the repeats side by side (and a job's ranks) to different ones, so that they differ in
+    both as fresh interpreters do. A test whose subject a fork could still change (what happens while torch
+    imports, a repeat's own start) is marked `fresh_interpreters` and its repeats are real interpreters, as are
+    all with DETAUDIT_TEST_FRESH=1.
     """
 
     def __init__(self) -> None:
-        self.folder: str | None = None
+        self.path: str | None = None
         self.procs: list[subprocess.Popen[str]] = []
 
-    def sockets(self) -> list[str]:
-        """The servers' socket paths, in the order the CLI takes them."""
-        if self.folder is None:
+    def folder(self) -> str:
+        """The folder of the servers' sockets, started on first use."""
+        if self.path is None:
             import tempfile
 
-            self.folder = tempfile.mkdtemp(prefix="detaudit-warm-")  # short: a socket path has 107 bytes at most
-            for index in range(SERVERS):  # started together: their imports overlap
-                # one log line per repeat: forked, or fresh and why
-                with open(os.path.join(self.folder, f"log{index}"), "w") as log:
-                    self.procs.append(subprocess.Popen(
-                        [sys.executable, str(WARM / "server.py"), os.path.join(self.folder, f"sock{index}")],
-                        stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
-                        start_new_session=True))
+            sys.path.insert(0, str(WARM))
+            from pool import VARIANTS, socket_path
+
+            self.path = tempfile.mkdtemp(prefix="detaudit-warm-")  # short: a socket path has 107 bytes at most
+            for variant, (variables, count) in VARIANTS.items():  # started together: their imports overlap
+                for index in range(count):
+                    socket = socket_path(self.path, variant, index)
+                    with open(socket + ".log", "w") as log:  # one line per repeat: forked, or fresh and why
+                        self.procs.append(subprocess.Popen(
+                            [sys.executable, str(WARM / "server.py"), socket], env={**os.environ, **variables},
+                            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True))
             for proc in self.procs:
                 assert proc.stdout is not None and proc.stdout.readline() == "ready\n", "warm server failed"
-        return [os.path.join(self.folder, f"sock{index}") for index in range(SERVERS)]
+        return self.path
 
     def stop(self) -> None:
         for proc in self.procs:
             proc.terminate()
         for proc in self.procs:
             proc.wait(timeout=30)
-        if self.folder is not None:
+        if self.path is not None:
             import shutil
 
-            shutil.rmtree(self.folder, ignore_errors=True)
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
-# the most repeats a test puts side by side with distinct hash seeds: the race rows' 3 (test_cause_matrix.RACE)
-SERVERS = 3
 WARM = Path(__file__).parent / "warm"
 WARM_SERVERS = WarmServers()
 FRESH_ONLY = bool(os.environ.get("DETAUDIT_TEST_FRESH"))
@@ -169,7 +171,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def detaudit_command() -> list[str]:
     """`python -m detaudit`, as the running test's repeats start (`interpreters()`)."""
     if interpreters() == "warm":
-        return [sys.executable, str(WARM / "cli.py"), ",".join(WARM_SERVERS.sockets())]
+        return [sys.executable, str(WARM / "cli.py"), WARM_SERVERS.folder()]
     return [sys.executable, "-m", "detaudit"]
 
 

@@ -53,7 +53,7 @@ def _run_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *arg
     runs fresh interpreters (conftest.interpreters)."""
     if interpreters() == "warm":
         (pytester.path / "warm_plugin.py").write_text((WARM / "warm_plugin.py").read_text())
-        monkeypatch.setenv("DETAUDIT_TEST_WARM", ",".join([str(WARM), *WARM_SERVERS.sockets()]))
+        monkeypatch.setenv("DETAUDIT_TEST_WARM", f"{WARM},{WARM_SERVERS.folder()}")
         args = ("-p", "warm_plugin", *args)
     return pytester.runpytest_subprocess(*args)
 

@@ -4,6 +4,7 @@ in a real interpreter."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -13,13 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SERVERS, WARM, WARM_SERVERS
+from conftest import WARM, WARM_SERVERS
 
 PROBE = """import json, os, random, sys, time
 import numpy as np
 import torch
 print(json.dumps({"hash": hash("probe"), "random": random.random(), "numpy": float(np.random.rand()),
                   "torch": float(torch.rand(1)), "pid": os.getpid(), "address": id(torch),
+                  "threads": torch.get_num_threads(), "orig_argv": sys.orig_argv,
                   "argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("PROBE_ENV")}), flush=True)
 time.sleep(float(os.environ.get("PROBE_SLEEP", "0")))
 sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
@@ -28,19 +30,20 @@ sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 BOOT = "import runpy, sys; sys.argv = sys.argv[3:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
-def _client(tmp_path: Path, env: dict[str, str], pins: tuple[str, ...] = (), server: int = 0) -> subprocess.Popen[str]:
+def _client(tmp_path: Path, env: dict[str, str], pins: tuple[str, ...] = (), server: int = 0,
+            flags: tuple[str, ...] = ()) -> subprocess.Popen[str]:
     script, config = tmp_path / "probe.py", tmp_path / "config.json"
     script.write_text(PROBE)
-    config.write_text(json.dumps({"pins": list(pins)}))
-    command = [sys.executable, "-c", BOOT, "root", str(config), str(script), "an-arg"]
-    return subprocess.Popen([sys.executable, "-I", "-S", str(WARM / "client.py"), WARM_SERVERS.sockets()[server],
+    config.write_text(json.dumps({"pins": list(pins), "repeat": server}))  # the repeat index picks the server
+    command = [sys.executable, *flags, "-c", BOOT, "root", str(config), str(script), "an-arg"]
+    return subprocess.Popen([sys.executable, "-I", "-S", str(WARM / "client.py"), WARM_SERVERS.folder(),
                              *command],
                             cwd=tmp_path, env={**os.environ, **env}, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
-def _probe(tmp_path: Path, server: int = 0, **env: str) -> tuple[int, dict[str, object]]:
-    proc = _client(tmp_path, env, server=server)
+def _probe(tmp_path: Path, server: int = 0, flags: tuple[str, ...] = (), **env: str) -> tuple[int, dict[str, object]]:
+    proc = _client(tmp_path, env, server=server, flags=flags)
     out, _ = proc.communicate(timeout=120)
     return proc.returncode, json.loads(out)
 
@@ -60,9 +63,39 @@ def test_forks_run_the_command_reseeded_with_the_clients_descriptors_directory_e
 @pytest.mark.process
 def test_each_server_has_its_own_hash_seed_and_address_layout(tmp_path: Path) -> None:
     """Why the CLI takes the servers in turn: two repeats side by side differ in both, as fresh interpreters do."""
-    probes = [_probe(tmp_path, server=index)[1] for index in range(SERVERS)]
-    assert len({p["hash"] for p in probes}) == SERVERS
-    assert len({p["address"] for p in probes}) == SERVERS
+    probes = [_probe(tmp_path, server=index)[1] for index in range(3)]
+    assert len({p["hash"] for p in probes}) == 3
+    assert len({p["address"] for p in probes}) == 3
+
+
+def _forks() -> int:
+    """How many repeats the servers have forked so far (their logs)."""
+    return sum(Path(log).read_text().count("fork: ") for log in glob.glob(os.path.join(WARM_SERVERS.folder(), "*.log")))
+
+
+@pytest.mark.process
+def test_the_hash_seed_pins_repeats_fork_from_servers_started_with_it(tmp_path: Path) -> None:
+    """PYTHONHASHSEED=0 is read as python starts: servers of the `hash-seed` variant were started with it. The
+    pinned repeats share the hash seed and, from two servers, still differ in address layout."""
+    before = _forks()
+    probes = [_probe(tmp_path, server=index, PYTHONHASHSEED="0")[1] for index in range(2)]
+    fresh = subprocess.run([sys.executable, "-c", "print(hash('probe'))"], env={**os.environ, "PYTHONHASHSEED": "0"},
+                           capture_output=True, text=True, check=True)
+    assert [p["hash"] for p in probes] == [int(fresh.stdout)] * 2
+    assert probes[0]["address"] != probes[1]["address"]
+    assert _forks() == before + 2
+
+
+@pytest.mark.process
+def test_a_torchrun_rank_forks_with_python_u_and_its_ranks_from_different_servers(tmp_path: Path) -> None:
+    """torchrun starts each rank as `python -u ...` with OMP_NUM_THREADS=1 and its own variables: a fork of the
+    `one-thread` servers, by rank."""
+    before = _forks()
+    env = {"OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "job", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    probes = [_probe(tmp_path, flags=("-u",), RANK=str(rank), **env)[1] for rank in range(2)]
+    assert _forks() == before + 2
+    assert probes[0]["hash"] != probes[1]["hash"]
+    assert all(p["threads"] == 1 and p["orig_argv"][1] == "-u" for p in probes)
 
 
 @pytest.mark.process
