@@ -21,7 +21,7 @@ import numpy as np
 import torch
 print(json.dumps({"hash": hash("probe"), "random": random.random(), "numpy": float(np.random.rand()),
                   "torch": float(torch.rand(1)), "pid": os.getpid(), "address": id(torch),
-                  "threads": torch.get_num_threads(), "orig_argv": sys.orig_argv,
+                  "threads": torch.get_num_threads(),
                   "argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("PROBE_ENV")}), flush=True)
 time.sleep(float(os.environ.get("PROBE_SLEEP", "0")))
 sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
@@ -30,20 +30,19 @@ sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 BOOT = "import runpy, sys; sys.argv = sys.argv[3:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
-def _client(tmp_path: Path, env: dict[str, str], pins: tuple[str, ...] = (), server: int = 0,
-            flags: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+def _client(tmp_path: Path, env: dict[str, str], pins: tuple[str, ...] = (), server: int = 0) -> subprocess.Popen[str]:
     script, config = tmp_path / "probe.py", tmp_path / "config.json"
     script.write_text(PROBE)
     config.write_text(json.dumps({"pins": list(pins), "repeat": server}))  # the repeat index picks the server
-    command = [sys.executable, *flags, "-c", BOOT, "root", str(config), str(script), "an-arg"]
+    command = [sys.executable, "-c", BOOT, "root", str(config), str(script), "an-arg"]
     return subprocess.Popen([sys.executable, "-I", "-S", str(WARM / "client.py"), WARM_SERVERS.folder(),
                              *command],
                             cwd=tmp_path, env={**os.environ, **env}, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
-def _probe(tmp_path: Path, server: int = 0, flags: tuple[str, ...] = (), **env: str) -> tuple[int, dict[str, object]]:
-    proc = _client(tmp_path, env, server=server, flags=flags)
+def _probe(tmp_path: Path, server: int = 0, **env: str) -> tuple[int, dict[str, object]]:
+    proc = _client(tmp_path, env, server=server)
     out, _ = proc.communicate(timeout=120)
     return proc.returncode, json.loads(out)
 
@@ -87,15 +86,11 @@ def test_the_hash_seed_pins_repeats_fork_from_servers_started_with_it(tmp_path: 
 
 
 @pytest.mark.process
-def test_a_torchrun_rank_forks_with_python_u_and_its_ranks_from_different_servers(tmp_path: Path) -> None:
-    """torchrun starts each rank as `python -u ...` with OMP_NUM_THREADS=1 and its own variables: a fork of the
-    `one-thread` servers, by rank."""
+def test_the_one_thread_pins_repeats_fork_from_servers_started_with_it(tmp_path: Path) -> None:
     before = _forks()
-    env = {"OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "job", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
-    probes = [_probe(tmp_path, flags=("-u",), RANK=str(rank), **env)[1] for rank in range(2)]
+    probes = [_probe(tmp_path, server=index, OMP_NUM_THREADS="1")[1] for index in range(2)]
     assert _forks() == before + 2
-    assert probes[0]["hash"] != probes[1]["hash"]
-    assert all(p["threads"] == 1 and p["orig_argv"][1] == "-u" for p in probes)
+    assert [p["threads"] for p in probes] == [1, 1] and probes[0]["hash"] != probes[1]["hash"]
 
 
 @pytest.mark.process

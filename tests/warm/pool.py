@@ -2,13 +2,13 @@
 
 A server is a process of its own, so it has its own string hash seed and address layout; every fork of it
 shares them. Two repeats side by side must differ in both, as two fresh interpreters do, so a repeat goes to
-server (its repeat index + its torchrun rank) of its variant: the repeats of a comparison, of an experiment's
-pair, and the ranks of a job all come from different servers.
+server (its repeat index) of its variant: the repeats of a comparison and of an experiment's pair come from
+different servers.
 
-A variant is a set of start-up variables a server is started with, because a fork cannot change them once
-python and torch have read them: the one-thread pin (and torchrun, which starts its workers with
-OMP_NUM_THREADS=1) and the hash-seed pin. A repeat whose start-up environment matches no variant's server
-runs in a real interpreter (server.needs_fresh). Stdlib only: the client imports it with `python -I -S`.
+A variant is a set of start-up variables a server is started with, because a fork cannot change them
+once python and torch have read them: the one-thread pin (OMP_NUM_THREADS=1) and the hash-seed pin. A
+repeat whose start-up environment matches no variant's server runs in a real interpreter
+(server.needs_fresh). Stdlib only: the client imports it with `python -I -S`.
 """
 
 import json
@@ -36,14 +36,12 @@ def variant_of(env: dict[str, str]) -> str:
 
 
 def config_of(argv: list[str]) -> str | None:
-    """The child config's path in the launcher's command (`python [-u] -c BOOT ROOT CONFIG SCRIPT ...`)."""
-    flags = argv[1:2] if argv[1:2] == ["-u"] else []
-    at = 1 + len(flags)
-    return argv[at + 3] if len(argv) > at + 3 and argv[at] == "-c" else None
+    """The child config's path in the launcher's command (`python -c BOOT ROOT CONFIG SCRIPT ...`)."""
+    return argv[4] if len(argv) > 4 and argv[1] == "-c" else None
 
 
 def server_for(folder: str, argv: list[str], env: dict[str, str]) -> str:
-    """The socket of the server that forks this repeat (or rank)."""
+    """The socket of the server that forks this repeat."""
     variant = variant_of(env)
     repeat = 0
     config = config_of(argv)
@@ -53,5 +51,4 @@ def server_for(folder: str, argv: list[str], env: dict[str, str]) -> str:
                 repeat = int(json.load(fh).get("repeat", 0))
         except (OSError, ValueError, TypeError):
             pass
-    rank = int(env.get("RANK", "0")) if env.get("RANK", "0").isdigit() else 0
-    return socket_path(folder, variant, (repeat + rank) % VARIANTS[variant][1])
+    return socket_path(folder, variant, repeat % VARIANTS[variant][1])

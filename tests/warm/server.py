@@ -10,8 +10,10 @@ A fork is not a fresh interpreter, and where the difference could change an outc
 answers "fresh" and the client execs the real command instead:
 - an environment variable read while python, torch or numpy start differs from the server's
   (PYTHONHASHSEED of the hash-seed pin, OMP_NUM_THREADS of the one-thread pin, TORCH*, ...);
-- the repeat re-executes itself (the address-layout pin), or runs with python flags other than `-u`
-  (which torchrun's ranks get, and a fork applies to its stdout and stderr).
+- the repeat re-executes itself (the address-layout pin), or runs with python flags: torchrun's ranks
+  (`python -u`). Forked, a DDP rank can deadlock as its script ends: its process group, freed with the
+  GIL held, joins a gloo thread that waits for the GIL to free the Python state its work captured (seen
+  with train_ddp_rank_init.py); a fresh interpreter frees it at exit, where that thread is let go.
 A repeat whose start-up variables a variant of the server was started with (tests/warm/pool.py: one
 thread, the hash-seed pin's PYTHONHASHSEED=0) is sent by its client to a server of that variant.
 What a fork shares with its siblings and a fresh interpreter would not: the string hash seed, the
@@ -28,7 +30,6 @@ away (killed with its process group by the launcher) takes its fork's process gr
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import selectors
@@ -45,9 +46,7 @@ import torch._dynamo  # noqa: E402, F401
 # read while python, the allocator, OpenMP, numpy or torch start: a fork keeps the server's values
 STARTUP_ENV = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "NUMEXPR", "TORCH", "PYTORCH", "CUBLAS",
                "CUDNN", "NCCL", "GLOO", "LD_", "MALLOC", "GLIBC_", "DNNL", "ONEDNN", "NUMPY")
-# read when CUDA initialises, which the server never does; or, what torchrun gives each rank, when the
-# rank's elastic error handler and process group start
-ALLOWED = ("CUDA_VISIBLE_DEVICES", "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+ALLOWED = ("CUDA_VISIBLE_DEVICES",)  # read when CUDA initialises, which the server never does
 REEXEC_PINS = ("address-layout",)  # pins the child applies by re-executing itself
 
 SERVER_PID = os.getpid()
@@ -57,14 +56,12 @@ assert not torch.cuda.is_initialized()
 
 def needs_fresh(argv: list[str], env: dict[str, str]) -> str | None:
     """Why this repeat must run in a real interpreter; None when a fork runs it as python would."""
-    flags = argv[1:2] if argv[1:2] == ["-u"] else []
-    argv = [argv[0], *argv[1 + len(flags):]]
     if len(argv) < 5 or argv[1] != "-c":
         return "python flags"
     for key in set(env) | set(STARTED_WITH):
         # as the server started, or as its own imports set it (torch sets TORCHINDUCTOR_CACHE_DIR to the default a
         # fresh interpreter computes too: the test process that imported torch passes that value on)
-        if key.startswith(STARTUP_ENV) and not key.startswith(ALLOWED) \
+        if key.startswith(STARTUP_ENV) and key not in ALLOWED \
                 and env.get(key) not in (STARTED_WITH.get(key), os.environ.get(key)):
             return f"{key} differs"
     try:
@@ -100,14 +97,6 @@ def become_repeat(request: dict[str, object], fds: list[int], keep_closed: list[
     torch.seed()  # a fresh interpreter's default generator starts from a random seed too
     argv = list(request["argv"])  # type: ignore[call-overload]
     sys.orig_argv = argv
-    if argv[1] == "-u":  # python -u: stdout and stderr unbuffered
-        for name, fd in (("stdout", 1), ("stderr", 2)):
-            old = getattr(sys, name)
-            stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=old.encoding, errors=old.errors,
-                                      write_through=True)
-            setattr(sys, name, stream)
-            setattr(sys, f"__{name}__", stream)
-        argv = [argv[0], *argv[2:]]
     sys.argv = ["-c", *argv[3:]]
     sys.path[:] = ["", *BASE_PATH]
     code = compile(argv[2], "<string>", "exec")
