@@ -98,43 +98,55 @@ class CliResult:
         return self.stdout + self.stderr
 
 
-class WarmServer:
-    """This test process's warm interpreter (tests/warm/server.py), started on first use, stopped with the session.
+class WarmServers:
+    """This test process's warm interpreters (tests/warm/server.py), started on first use, stopped with the session.
 
-    Repeats forked from it skip python's, torch's and torch._dynamo's start (2.5 s of CPU each); a test whose
-    subject a fork could change (the hash seed, address layout, what happens while torch imports) is marked
-    `fresh_interpreters` and its repeats are real interpreters, as are all with DETAUDIT_TEST_FRESH=1.
+    Repeats forked from them skip python's, torch's and torch._dynamo's start (2.5 s of CPU each). The pool
+    (tests/warm/pool.py) holds several servers of each variant, each with its own string hash seed and address
+    layout, and sends the repeats side by side (and a job's ranks) to different ones, so that they differ in
+    both as fresh interpreters do. A test whose subject a fork could still change (what happens while torch
+    imports, a repeat's own start) is marked `fresh_interpreters` and its repeats are real interpreters, as are
+    all with DETAUDIT_TEST_FRESH=1.
     """
 
     def __init__(self) -> None:
-        self.folder: str | None = None
-        self.proc: subprocess.Popen[str] | None = None
+        self.path: str | None = None
+        self.procs: list[subprocess.Popen[str]] = []
 
-    def socket(self) -> str:
-        if self.proc is None:
+    def folder(self) -> str:
+        """The folder of the servers' sockets, started on first use."""
+        if self.path is None:
             import tempfile
 
-            self.folder = tempfile.mkdtemp(prefix="detaudit-warm-")  # short: a socket path has 107 bytes at most
-            path = os.path.join(self.folder, "sock")
-            with open(os.path.join(self.folder, "log"), "w") as log:  # one line per repeat: forked, or fresh and why
-                self.proc = subprocess.Popen([sys.executable, str(WARM / "server.py"), path], stdout=subprocess.PIPE,
-                                             stderr=log, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-            assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n", "warm server failed"
-        assert self.folder is not None
-        return os.path.join(self.folder, "sock")
+            sys.path.insert(0, str(WARM))
+            from pool import VARIANTS, socket_path
+
+            self.path = tempfile.mkdtemp(prefix="detaudit-warm-")  # short: a socket path has 107 bytes at most
+            for variant, (variables, count) in VARIANTS.items():  # started together: their imports overlap
+                for index in range(count):
+                    socket = socket_path(self.path, variant, index)
+                    with open(socket + ".log", "w") as log:  # one line per repeat: forked, or fresh and why
+                        self.procs.append(subprocess.Popen(
+                            [sys.executable, str(WARM / "server.py"), socket], env={**os.environ, **variables},
+                            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True))
+            for proc in self.procs:
+                assert proc.stdout is not None and proc.stdout.readline() == "ready\n", "warm server failed"
+        return self.path
 
     def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-        if self.folder is not None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(timeout=30)
+        if self.path is not None:
             import shutil
 
-            shutil.rmtree(self.folder, ignore_errors=True)
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 WARM = Path(__file__).parent / "warm"
-WARM_SERVER = WarmServer()
+WARM_SERVERS = WarmServers()
 FRESH_ONLY = bool(os.environ.get("DETAUDIT_TEST_FRESH"))
 _fresh_test = False  # the running test is marked fresh_interpreters
 
@@ -153,13 +165,13 @@ def _interpreters_for_this_test(request: pytest.FixtureRequest) -> Iterator[None
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    WARM_SERVER.stop()
+    WARM_SERVERS.stop()
 
 
 def detaudit_command() -> list[str]:
     """`python -m detaudit`, as the running test's repeats start (`interpreters()`)."""
     if interpreters() == "warm":
-        return [sys.executable, str(WARM / "cli.py"), WARM_SERVER.socket()]
+        return [sys.executable, str(WARM / "cli.py"), WARM_SERVERS.folder()]
     return [sys.executable, "-m", "detaudit"]
 
 

@@ -46,16 +46,11 @@ class Row:
     toss_up: tuple[str, ...] = ()  # without an experiment the evidence cannot order these: either may lead
     tag: str = ""  # tells two rows of one script apart
     race: bool = False  # the divergence needs a race to show (thread timing, id-hash collisions)
-    # real interpreters for every repeat, not forks of the warm server (tests/warm/server.py), which share one
-    # hash seed and address layout: set for a row that needs both to vary. An order cause's rows have it anyway,
-    # and so do the deterministic rows: they show that nothing of detaudit's own (a set of names iterated in
-    # hash order) makes fresh interpreters disagree, which forks sharing one hash seed could not show
+    # real interpreters for every repeat, not forks of the warm servers (tests/warm/server.py): set for a row whose
+    # experiments need them. Forks taken from the servers in turn differ in hash seed and address layout as fresh
+    # interpreters do, so the order rows and the deterministic rows (nothing of detaudit's own, a set of names
+    # iterated in hash order, may make them disagree) run warm
     fresh: bool = False
-
-    @property
-    def fresh_interpreters(self) -> bool:
-        return self.fresh or self.top is None or bool(set(ORDER) & {*self.toss_up, *self.must_not, self.top,
-                                                                     self.confirmed})
 
     @property
     def id(self) -> str:
@@ -222,7 +217,7 @@ def audited(shared: Cache, row: Row) -> tuple[Done, Done | None]:
 @pytest.mark.slow
 @pytest.mark.parametrize("row", [pytest.param(r, id=r.id, marks=[*([pytest.mark.race] if r.race else []),
                                                                 *([pytest.mark.fresh_interpreters]
-                                                                  if r.fresh_interpreters else [])])
+                                                                  if r.fresh else [])])
                                  for r in MATRIX])
 def test_cause_matrix(shared: Cache, row: Row) -> None:
     run, explained = audited(shared, row)

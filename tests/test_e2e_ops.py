@@ -64,7 +64,6 @@ def test_op_granularity_names_index_put_in_the_backward_of_an_indexing_lookup(tm
     assert finding["location"].endswith(line_of(script, "self.item_vectors[item_ids]"))
 
 
-@pytest.mark.fresh_interpreters  # the set's order varies with the hash seed, which forks of the warm server share
 def test_auto_names_an_op_whose_inputs_arrive_in_set_order(tmp_path: Path, scripts: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)  # each repeat draws its own hash seed, as plain python does

@@ -23,7 +23,6 @@ def timed(tmp_path: Path) -> Path:
 
 @pytest.mark.process
 @pytest.mark.slow
-@pytest.mark.fresh_interpreters  # no order cause may be offered while the hash seed varies, as between interpreters
 def test_a_seeded_script_that_prints_timings_is_deterministic_in_ten_repeats(timed: Path) -> None:
     """One audit of 10 repeats: each repeat's stdout differs byte for byte from every other (timestamps,
     step times, rates, a carriage-return progress bar), so all 45 pairs needed the masking, and a 2-repeat

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import WARM, WARM_SERVERS, interpreters
 
 from detaudit.pytest_plugin import describe_divergence, marker_args, repeat_argv
 
@@ -47,6 +48,16 @@ def test_deselected():
 '''
 
 
+def _run_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str) -> pytest.RunResult:
+    """`pytest ARGS` in a subprocess, the plugin's repeats forked from the suite's warm servers unless the test
+    runs fresh interpreters (conftest.interpreters)."""
+    if interpreters() == "warm":
+        (pytester.path / "warm_plugin.py").write_text((WARM / "warm_plugin.py").read_text())
+        monkeypatch.setenv("DETAUDIT_TEST_WARM", f"{WARM},{WARM_SERVERS.folder()}")
+        args = ("-p", "warm_plugin", *args)
+    return pytester.runpytest_subprocess(*args)
+
+
 def _outcomes(result: pytest.RunResult) -> dict[str, int]:
     return result.parseoutcomes()
 
@@ -66,11 +77,12 @@ def _check_unseeded_failure(result: pytest.RunResult) -> Path:
 
 @pytest.mark.process
 @pytest.mark.slow
-def test_marked_tests_audited_beside_randomly_and_rerunfailures(pytester: pytest.Pytester) -> None:
+def test_marked_tests_audited_beside_randomly_and_rerunfailures(pytester: pytest.Pytester,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("pytest_randomly")
     pytest.importorskip("pytest_rerunfailures")
     pytester.makepyfile(test_training=TRAINING_TESTS)
-    result = pytester.runpytest_subprocess("-p", "randomly", "--reruns", "2", "-k", "not deselected",
+    result = _run_pytest(pytester, monkeypatch, "-p", "randomly", "--reruns", "2", "-k", "not deselected",
                                            "--detaudit-granularity", "module", "-rf")
     assert "Using --randomly-seed=" in result.stdout.str()  # pytest-randomly was active in the session
     outcomes = _outcomes(result)
@@ -84,11 +96,11 @@ def test_marked_tests_audited_beside_randomly_and_rerunfailures(pytester: pytest
 
 @pytest.mark.process
 @pytest.mark.slow
-def test_audits_under_xdist(pytester: pytest.Pytester) -> None:
+def test_audits_under_xdist(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("xdist")
     pytester.makepyfile(test_training=TRAINING_TESTS)
     out = pytester.path / "audits"
-    result = pytester.runpytest_subprocess("-n", "2", "-k", "seeded", "--detaudit-granularity", "module",
+    result = _run_pytest(pytester, monkeypatch, "-n", "2", "-k", "seeded", "--detaudit-granularity", "module",
                                            "--detaudit-out", str(out))
     outcomes = _outcomes(result)
     assert outcomes.get("passed") == 2 and outcomes.get("failed") == 1, outcomes
@@ -98,10 +110,10 @@ def test_audits_under_xdist(pytester: pytest.Pytester) -> None:
 
 @pytest.mark.process
 @pytest.mark.slow
-def test_session_wide_audit_with_exitfirst(pytester: pytest.Pytester) -> None:
+def test_session_wide_audit_with_exitfirst(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--detaudit` audits unmarked tests too; `-x` stops at the first divergent one."""
     pytester.makepyfile(test_training=TRAINING_TESTS.replace("@pytest.mark.deterministic(repeats=2)\n", ""))
-    result = pytester.runpytest_subprocess("--detaudit", "--detaudit-repeats", "2", "-x", "-p", "no:randomly",
+    result = _run_pytest(pytester, monkeypatch, "--detaudit", "--detaudit-repeats", "2", "-x", "-p", "no:randomly",
                                            "-k", "unseeded or plain", "--detaudit-granularity", "module")
     outcomes = _outcomes(result)
     assert outcomes.get("failed") == 1 and "passed" not in outcomes, outcomes  # test_plain never ran
@@ -110,7 +122,8 @@ def test_session_wide_audit_with_exitfirst(pytester: pytest.Pytester) -> None:
 
 @pytest.mark.process
 @pytest.mark.slow
-def test_a_test_that_fails_in_every_rerun_fails_with_its_own_output(pytester: pytest.Pytester) -> None:
+def test_a_test_that_fails_in_every_rerun_fails_with_its_own_output(pytester: pytest.Pytester,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(test_broken='''
 import pytest
 
@@ -119,7 +132,7 @@ import pytest
 def test_broken():
     assert 1 + 1 == 3, "arithmetic is off"
 ''')
-    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result = _run_pytest(pytester, monkeypatch, "-p", "no:randomly")
     assert _outcomes(result).get("failed") == 1
     text = result.stdout.str()
     assert "the test failed in every one of 2 fresh-interpreter re-runs" in text

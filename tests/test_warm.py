@@ -4,6 +4,7 @@ in a real interpreter."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -13,14 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import WARM, WARM_SERVER
+from conftest import WARM, WARM_SERVERS
 
 PROBE = """import json, os, random, sys, time
 import numpy as np
 import torch
 print(json.dumps({"hash": hash("probe"), "random": random.random(), "numpy": float(np.random.rand()),
-                  "torch": float(torch.rand(1)), "pid": os.getpid(), "argv": sys.argv, "cwd": os.getcwd(),
-                  "env": os.environ.get("PROBE_ENV")}), flush=True)
+                  "torch": float(torch.rand(1)), "pid": os.getpid(), "address": id(torch),
+                  "threads": torch.get_num_threads(),
+                  "argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("PROBE_ENV")}), flush=True)
 time.sleep(float(os.environ.get("PROBE_SLEEP", "0")))
 sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 """
@@ -28,18 +30,19 @@ sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 BOOT = "import runpy, sys; sys.argv = sys.argv[3:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
-def _client(tmp_path: Path, env: dict[str, str], pins: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+def _client(tmp_path: Path, env: dict[str, str], pins: tuple[str, ...] = (), server: int = 0) -> subprocess.Popen[str]:
     script, config = tmp_path / "probe.py", tmp_path / "config.json"
     script.write_text(PROBE)
-    config.write_text(json.dumps({"pins": list(pins)}))
+    config.write_text(json.dumps({"pins": list(pins), "repeat": server}))  # the repeat index picks the server
     command = [sys.executable, "-c", BOOT, "root", str(config), str(script), "an-arg"]
-    return subprocess.Popen([sys.executable, "-I", "-S", str(WARM / "client.py"), WARM_SERVER.socket(), *command],
+    return subprocess.Popen([sys.executable, "-I", "-S", str(WARM / "client.py"), WARM_SERVERS.folder(),
+                             *command],
                             cwd=tmp_path, env={**os.environ, **env}, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
-def _probe(tmp_path: Path, **env: str) -> tuple[int, dict[str, object]]:
-    proc = _client(tmp_path, env)
+def _probe(tmp_path: Path, server: int = 0, **env: str) -> tuple[int, dict[str, object]]:
+    proc = _client(tmp_path, env, server=server)
     out, _ = proc.communicate(timeout=120)
     return proc.returncode, json.loads(out)
 
@@ -51,9 +54,43 @@ def test_forks_run_the_command_reseeded_with_the_clients_descriptors_directory_e
     _, second = _probe(tmp_path, PROBE_ENV="two")
     assert code == 3 and (first["env"], second["env"]) == ("one", "two")
     assert first["argv"] == [str(tmp_path / "probe.py"), "an-arg"] and first["cwd"] == str(tmp_path)
-    assert first["hash"] == second["hash"]  # shared by every fork: why order-dependent tests run fresh_interpreters
+    assert first["hash"] == second["hash"]  # shared by every fork of one server
     for source in ("random", "numpy", "torch", "pid"):  # seeded from the OS in each, as in a fresh interpreter
         assert first[source] != second[source], source
+
+
+@pytest.mark.process
+def test_each_server_has_its_own_hash_seed_and_address_layout(tmp_path: Path) -> None:
+    """Why the CLI takes the servers in turn: two repeats side by side differ in both, as fresh interpreters do."""
+    probes = [_probe(tmp_path, server=index)[1] for index in range(3)]
+    assert len({p["hash"] for p in probes}) == 3
+    assert len({p["address"] for p in probes}) == 3
+
+
+def _forks() -> int:
+    """How many repeats the servers have forked so far (their logs)."""
+    return sum(Path(log).read_text().count("fork: ") for log in glob.glob(os.path.join(WARM_SERVERS.folder(), "*.log")))
+
+
+@pytest.mark.process
+def test_the_hash_seed_pins_repeats_fork_from_servers_started_with_it(tmp_path: Path) -> None:
+    """PYTHONHASHSEED=0 is read as python starts: servers of the `hash-seed` variant were started with it. The
+    pinned repeats share the hash seed and, from two servers, still differ in address layout."""
+    before = _forks()
+    probes = [_probe(tmp_path, server=index, PYTHONHASHSEED="0")[1] for index in range(2)]
+    fresh = subprocess.run([sys.executable, "-c", "print(hash('probe'))"], env={**os.environ, "PYTHONHASHSEED": "0"},
+                           capture_output=True, text=True, check=True)
+    assert [p["hash"] for p in probes] == [int(fresh.stdout)] * 2
+    assert probes[0]["address"] != probes[1]["address"]
+    assert _forks() == before + 2
+
+
+@pytest.mark.process
+def test_the_one_thread_pins_repeats_fork_from_servers_started_with_it(tmp_path: Path) -> None:
+    before = _forks()
+    probes = [_probe(tmp_path, server=index, OMP_NUM_THREADS="1")[1] for index in range(2)]
+    assert _forks() == before + 2
+    assert [p["threads"] for p in probes] == [1, 1] and probes[0]["hash"] != probes[1]["hash"]
 
 
 @pytest.mark.process

@@ -1,8 +1,9 @@
 """One repeat of the CLI under test, run by a fork of the warm server (tests/warm/server.py).
 
-`python client.py SOCKET COMMAND...`: COMMAND is what detaudit's launcher would have run. The
-client stands for the repeat towards the launcher: it passes on the signals the launcher sends
-(SIGTERM of --timeout, SIGINT, SIGHUP) to the fork's process group and ends as the fork ended
+`python client.py FOLDER COMMAND...`: COMMAND is what detaudit's launcher would have run, FOLDER
+holds the servers' sockets (tests/warm/pool.py picks the one for this repeat). The client stands
+for the repeat towards the launcher: it passes on the signals the launcher sends (SIGTERM of
+--timeout, SIGINT, SIGHUP) to the fork's process group and ends as the fork ended
 (its exit status, or the same signal). Killed itself (SIGKILL of the repeat's group), its
 connection closes and the server kills the fork's group. When the server says the repeat needs a
 fresh interpreter, the client becomes COMMAND.
@@ -15,7 +16,11 @@ import signal
 import socket
 import sys
 
-path, command = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `python -I` leaves the script's folder out
+from pool import server_for  # noqa: E402
+
+folder, command = sys.argv[1], sys.argv[2:]
+path = server_for(folder, command, dict(os.environ))
 conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 try:
     conn.connect(path)

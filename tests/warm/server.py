@@ -10,7 +10,12 @@ A fork is not a fresh interpreter, and where the difference could change an outc
 answers "fresh" and the client execs the real command instead:
 - an environment variable read while python, torch or numpy start differs from the server's
   (PYTHONHASHSEED of the hash-seed pin, OMP_NUM_THREADS of the one-thread pin, TORCH*, ...);
-- the repeat re-executes itself (the address-layout pin), or runs with python flags (torchrun ranks).
+- the repeat re-executes itself (the address-layout pin), or runs with python flags: torchrun's ranks
+  (`python -u`). Forked, a DDP rank can deadlock as its script ends: its process group, freed with the
+  GIL held, joins a gloo thread that waits for the GIL to free the Python state its work captured (seen
+  with train_ddp_rank_init.py); a fresh interpreter frees it at exit, where that thread is let go.
+A repeat whose start-up variables a variant of the server was started with (tests/warm/pool.py: one
+thread, the hash-seed pin's PYTHONHASHSEED=0) is sent by its client to a server of that variant.
 What a fork shares with its siblings and a fresh interpreter would not: the string hash seed, the
 address layout (so `id()` orders) and whatever torch and numpy did on import. The RNGs python, numpy
 and torch seed from the OS on import are reseeded from the OS in each fork. Tests whose subject depends
@@ -56,8 +61,8 @@ def needs_fresh(argv: list[str], env: dict[str, str]) -> str | None:
     for key in set(env) | set(STARTED_WITH):
         # as the server started, or as its own imports set it (torch sets TORCHINDUCTOR_CACHE_DIR to the default a
         # fresh interpreter computes too: the test process that imported torch passes that value on)
-        if key.startswith(STARTUP_ENV) and key not in ALLOWED and env.get(key) not in (STARTED_WITH.get(key),
-                                                                                         os.environ.get(key)):
+        if key.startswith(STARTUP_ENV) and key not in ALLOWED \
+                and env.get(key) not in (STARTED_WITH.get(key), os.environ.get(key)):
             return f"{key} differs"
     try:
         with open(argv[4]) as fh:  # the child config: the launcher's paths are absolute
@@ -91,8 +96,8 @@ def become_repeat(request: dict[str, object], fds: list[int], keep_closed: list[
     numpy.random.seed()
     torch.seed()  # a fresh interpreter's default generator starts from a random seed too
     argv = list(request["argv"])  # type: ignore[call-overload]
-    sys.argv = ["-c", *argv[3:]]
     sys.orig_argv = argv
+    sys.argv = ["-c", *argv[3:]]
     sys.path[:] = ["", *BASE_PATH]
     code = compile(argv[2], "<string>", "exec")
     exec(code, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
