@@ -6,11 +6,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, run_cli
+from conftest import SCRIPTS, detaudit_command, run_cli
 
 TIMED = "train_timed.py"
 
@@ -84,7 +83,7 @@ def test_options_after_the_script_reach_it_and_strict_stdout_shows_the_first_dif
 @pytest.mark.slow
 def test_the_demo_exits_0_and_ends_with_a_summary_that_a_pipe_does_not_wrap(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # a CI log: no terminal, no COLUMNS
-    proc = subprocess.run([sys.executable, "-m", "detaudit", "demo", "-n", "2"], cwd=tmp_path, env=env,
+    proc = subprocess.run([*detaudit_command(), "demo", "-n", "2"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
