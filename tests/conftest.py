@@ -40,11 +40,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every `process` or `race` test is `slow`: the fast lane runs in-process, luck-free tests only."""
+    """Every `process` or `race` test is `slow`: the fast lane runs in-process, luck-free tests only.
+
+    Slow tests run first (in their collection order otherwise): pytest-xdist hands out tests in this order, so
+    the run ends on short in-process tests that even out the workers, not on a minute-long audit one worker
+    started last while the other sat idle."""
     for item in items:
         if (item.get_closest_marker("process") or item.get_closest_marker("race")) \
                 and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def _is_interpreter(program: Any) -> bool:
