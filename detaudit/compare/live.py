@@ -35,8 +35,6 @@ from detaudit.run.distributed import Layout
 from detaudit.run.launcher import RepeatPlan, request_stop
 from detaudit.trace import RECORD_DTYPE, EmptyTrace, GrowingTrace
 
-TORCHRUN_MARGIN = 2  # a torchrun repeat stops at least this many steps past the furthest any rank was seen at,
-#                      so every rank reads the request before it reaches that step and all stop at the same one
 HELD = 1 << 18  # records of a repeat held while its reference catches up (-j), at most
 RATE_WINDOW_S = 10.0  # steps/s is measured over this much of the recent past
 
@@ -177,14 +175,15 @@ class LiveWatch:
                  layout: Layout | None = None,
                  on_progress: Callable[[RepeatProgress], None] | None = None) -> None:
         """`layout`: a torchrun run's, whose ranks here are followed (each against the same rank of the
-        reference); a stop then asks every rank for the same step."""
+        reference); a stop then asks every rank, through one file."""
         self.tolerance = tolerance
         self.stop = stop
         first = (layout.node_rank or 0) * layout.nproc_per_node if layout is not None else 0
         self.ranks = list(range(first, first + layout.nproc_per_node)) if layout is not None else None
         self.on_progress = on_progress
         self.plans = {p.index: p for p in plans}
-        self._pairs = {rep: (ref, bitwise) for ref, rep, bitwise in reference_pairs([p.device for p in plans])}
+        self._pairs = {plans[rep].index: (plans[ref].index, bitwise)
+                       for ref, rep, bitwise in reference_pairs([p.device for p in plans])}
         self._repeats: dict[int, _Repeat] = {}
         self._last_steps: dict[int, int] = {}  # repeat -> the last step its trace showed, once it ended
         self._lock = threading.Lock()
@@ -227,9 +226,7 @@ class LiveWatch:
         diverged = repeat.diverged_at
         if not self.stop or repeat.broken or diverged is None or repeat.stopping_at is not None:
             return
-        at = diverged + 1 + EXTRA_STEPS
-        if self.ranks is not None:
-            at = max(at, max(f.step for f in repeat.followers) + 1 + TORCHRUN_MARGIN)
+        at = diverged + 1 + EXTRA_STEPS  # a torchrun repeat's ranks agree on a step at or after it (recorder/agree.py)
         try:
             request_stop(repeat.plan, at, diverged)
         except OutputError:  # the run directory went away: the launcher says so when the repeat ends
