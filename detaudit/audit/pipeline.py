@@ -123,8 +123,9 @@ class AuditOptions:
 def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
             cwd: Path | None = None, on_progress: Callable[[RepeatProgress], None] | None = None,
-            first: int = 0) -> list[RepeatResult]:
-    """Run the repeats into `run_dir`, numbered from `first`; `cwd`: the script's working directory.
+            first: int = 0, baseline: tuple[Path, str] | None = None) -> list[RepeatResult]:
+    """Run the repeats into `run_dir`, numbered from `first`; `cwd`: the script's working directory;
+    `baseline`: --baseline's trace and device, which the first repeat is followed against while it runs.
 
     Each repeat is compared with its reference while it runs (compare/live.py): one that diverged is
     stopped EXTRA_STEPS optimizer steps later unless `run_to_end`, and `on_progress` hears where each
@@ -153,7 +154,7 @@ def execute(options: AuditOptions, run_dir: Path,
         plans = schedule.perturbation.assign(plans)
     layout = distributed.Layout(schedule.nproc_per_node, distributed.node_rank(schedule.torchrun_args)) \
         if schedule.nproc_per_node else None
-    watch = LiveWatch(plans, options.checks.tolerance, stoppable, layout, on_progress) \
+    watch = LiveWatch(plans, options.checks.tolerance, stoppable, layout, on_progress, baseline) \
         if stoppable or on_progress is not None else None
 
     def launch(batch: Sequence[RepeatPlan], jobs: int) -> list[RepeatResult]:
@@ -204,11 +205,13 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     check_script(target.script)
     if recording.granularity not in GRANULARITIES:
         raise UsageError(f"unknown granularity {recording.granularity!r}; use one of {', '.join(GRANULARITIES)}")
+    against = None
     if checks.baseline is not None:  # refuse an unusable baseline before spending time on repeats
         reference = baseline.load(checks.baseline)
         if reference.granularity != baseline.effective_granularity(recording.granularity):
             raise UsageError(f"--baseline {checks.baseline} was recorded at granularity {reference.granularity}; "
                              f"run with --granularity {reference.granularity} to compare with it")
+        against = (reference.trace, reference.result.device)
     run_dir = new_run_dir(target.script, options.out_dir)
     record = RunRecord(
         script=target.as_typed, script_args=tuple(stored_args(target.script_args, target.redact_args)),
@@ -229,7 +232,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     auto = recording.granularity == "auto"
     try:
         results = execute(options.recorded(granularity="module") if auto else options, run_dir, on_done,
-                          on_progress=on_progress)
+                          on_progress=on_progress, baseline=against)
     except Interrupted as exc:  # keep what the repeats recorded: `report` and `compare` can read it
         write_record(run_dir, replace(record, results=tuple(exc.results), interrupted=True))
         raise
