@@ -95,6 +95,17 @@ def test_a_divergent_repeat_stops_soon_after_with_a_whole_trace_and_nothing_left
     assert "--run-to-end" in line and "a few steps after diverging" in result.stdout
     assert "not compared: repeat(s) 1 after step" in result.stdout
     assert not list((tmp_path / "run").glob("*.stop"))  # the requests are cleaned up
+
+    # --explain's experiments: the pinned repeats agree and run to their end; the control's (nothing pinned)
+    # diverge again and the second is stopped
+    explained = run_cli(["explain", "run", "--json", "e.json"], cwd=tmp_path, timeout=900)
+    assert explained.report is not None, explained.output
+    def stopped_by(experiment: str) -> list[str | None]:
+        traces = sorted((tmp_path / "run").glob(f"explain-{experiment}-*.trace"))
+        return [footer.get("stopped_by") for footer in (read_trace(p).footer or {} for p in traces)]
+
+    assert stopped_by("python-rng") == [None, None, None]
+    assert stopped_by("control") == [None, "divergence", "divergence"]
     assert helpers_left(tmp_path) == []
 
 
