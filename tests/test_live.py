@@ -256,3 +256,15 @@ def test_a_requested_stop_ends_the_repeat_at_that_optimizer_step(tmp_path: Path)
     assert stops == [Stop(3, "divergence", "optimizer steps", 1)]
     assert stops[0].footer() == {"stopped_at_step": 3, "stopped_by": "divergence", "counting": "optimizer steps",
                                  "diverged_at_step": 1}
+
+
+def test_repeats_numbered_from_a_later_index_are_compared_with_the_first_of_their_batch(tmp_path: Path) -> None:
+    plans = plan_repeats(tmp_path, 2, ["cpu"], prefix="ops", stoppable=True, first=2)
+    assert [(p.index, p.trace.name) for p in plans] == [(2, "ops-2.trace"), (3, "ops-3.trace")]
+    progress: list[RepeatProgress] = []
+    watch = LiveWatch(plans, Tolerance(), on_progress=progress.append)
+    records = training_records(steps=STEPS)
+    write_trace(plans[0].trace, records, {"exit_code": 0}, flush_every=PER_STEP)
+    write_trace(plans[1].trace, records[: 2 * PER_STEP], None, flush_every=PER_STEP)
+    watch.poll(plans[1], False)
+    assert (progress[-1].repeat, progress[-1].reference, progress[-1].agrees_to_step) == (3, 2, 1)
