@@ -590,7 +590,8 @@ def bench_live(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
         before = _children_cpu()
         wall[name], codes[name] = timed_audit(script, args, count, tmp / f"live-{name}", options=options)
         cpu[name] = _children_cpu() - before
-    results = json.loads((tmp / "live-live" / "run.json").read_text())["results"]
+    recorded = json.loads((tmp / "live-live" / "run.json").read_text())
+    results, narrowing = recorded["results"], (recorded.get("narrowing") or {}).get("results", [])
     stops = [r.get("stopped_at_step") for r in results]
     expected = {"live": 1, "to_end": 1, "det_to_end": 0, "det_live": 0}
     note = "" if codes == expected else f"; audit exit codes {codes} (expected {expected})"
@@ -601,14 +602,16 @@ def bench_live(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
             live <= 1.5 and not note,
             f"before (--run-to-end): {cpu['to_end']:.1f} CPU s, {to_end:.2f}× plain; wall {wall['plain']:.1f} s "
             f"plain, {wall['live']:.1f} s live, {wall['to_end']:.1f} s --run-to-end; repeats stopped after steps "
-            f"{stops}; repeat durations {[r['duration_s'] for r in results]} s; default granularity (auto: its "
-            "op-level re-run stops after its window)" + note),
+            f"{stops}; repeat durations {[r['duration_s'] for r in results]} s; default granularity (auto: "
+            f"{len(narrowing)} op-level re-runs, {[r['duration_s'] for r in narrowing]} s, each stopped after its "
+            "window)" + note),
         Row("8 live", f"{sizes.live_workload}, {steps} steps, deterministic: run --repeats {m}, live vs --run-to-end",
             "≤ 1.02× --run-to-end", f"{cpu['det_to_end']:.1f} → {cpu['det_live']:.1f} CPU s", det,
             det <= 1.02 and not note,
             f"wall {wall['det_to_end']:.1f} s → {wall['det_live']:.1f} s; one round each on a shared machine" + note),
     ]
-    return rows, {"wall_s": wall, "cpu_s": cpu, "exit_codes": codes, "stopped_at_step": stops}
+    return rows, {"wall_s": wall, "cpu_s": cpu, "exit_codes": codes, "stopped_at_step": stops,
+                  "op_reruns_s": [r["duration_s"] for r in narrowing]}
 
 
 # -- 4. compare and report ----------------------------------------------------------------------

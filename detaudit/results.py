@@ -144,6 +144,7 @@ class RepeatProgress:
     stopping_at_step: int | None = None  # a stop was requested after this step
     reference_steps: int | None = None
     eta_s: float | None = None
+    against_baseline: bool = False  # compared with --baseline's trace instead of a repeat (the first repeat)
 
 
 @dataclass(frozen=True)

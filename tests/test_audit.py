@@ -210,3 +210,32 @@ def test_compare_refuses_one_recording_given_twice(tmp_path: Path) -> None:
         with pytest.raises(UsageError, match=said):
             compare_recorded(paths)
     assert compare_recorded([trace, run / "repeat-1.trace"]).verdict == "deterministic"  # two repeats: fine
+
+
+@pytest.mark.parametrize(("found", "runs"), [(True, [(2, 0)]), (False, [(2, 0), (2, 2)])])
+def test_the_op_level_re_run_makes_two_repeats_and_the_rest_only_if_they_hold_no_divergent_op(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found: bool, runs: list[tuple[int, int]]) -> None:
+    from dataclasses import replace
+
+    from detaudit.audit import pipeline
+    from detaudit.audit.pipeline import AuditOptions, Schedule, Target, narrow
+    from detaudit.results import RepeatResult
+
+    made: list[tuple[int, int]] = []
+
+    def execute(options: AuditOptions, run_dir: Path, *args: object, first: int = 0, **kwargs: object
+                ) -> list[RepeatResult]:
+        made.append((options.schedule.repeats, first))
+        indices = range(first, first + options.schedule.repeats)
+        for i in indices:
+            (run_dir / f"ops-{i}.trace").write_bytes(b"")
+        return [RepeatResult(i, "cpu", 0, 1.0, False, f"ops-{i}.trace", "", "", "") for i in indices]
+
+    monkeypatch.setattr(pipeline, "execute", execute)
+    monkeypatch.setattr(pipeline, "find_op_source", lambda paths, devices: object() if found else None)
+    options = AuditOptions(Target(tmp_path / "s.py"), Schedule(repeats=4))
+    assert [r.index for r in narrow(options, tmp_path)] == list(range(sum(n for n, _ in runs)))
+    assert made == runs
+    made.clear()
+    narrow(replace(options, schedule=Schedule(repeats=4, jobs=2)), tmp_path)  # -j: all at once
+    assert made == [(4, 0)]

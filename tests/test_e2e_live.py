@@ -95,6 +95,17 @@ def test_a_divergent_repeat_stops_soon_after_with_a_whole_trace_and_nothing_left
     assert "--run-to-end" in line and "a few steps after diverging" in result.stdout
     assert "not compared: repeat(s) 1 after step" in result.stdout
     assert not list((tmp_path / "run").glob("*.stop"))  # the requests are cleaned up
+
+    # --explain's experiments: the pinned repeats agree and run to their end; the control's (nothing pinned)
+    # diverge again and the second is stopped
+    explained = run_cli(["explain", "run", "--json", "e.json"], cwd=tmp_path, timeout=900)
+    assert explained.report is not None, explained.output
+    def stopped_by(experiment: str) -> list[str | None]:
+        traces = sorted((tmp_path / "run").glob(f"explain-{experiment}-*.trace"))
+        return [footer.get("stopped_by") for footer in (read_trace(p).footer or {} for p in traces)]
+
+    assert stopped_by("python-rng") == [None, None, None]
+    assert stopped_by("control") == [None, "divergence", "divergence"]
     assert helpers_left(tmp_path) == []
 
 
@@ -161,8 +172,7 @@ dist.destroy_process_group()
 """
 
 
-def test_a_torchrun_repeat_runs_to_its_end_every_rank_complete_and_none_is_left(tmp_path: Path) -> None:
-    # ranks cannot agree on a step to stop at (each reads the request at its own step boundary): not stopped
+def test_every_rank_of_a_torchrun_repeat_stops_at_the_same_step_and_none_is_left(tmp_path: Path) -> None:
     from test_launcher import processes_mentioning
 
     (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
@@ -170,9 +180,10 @@ def test_a_torchrun_repeat_runs_to_its_end_every_rank_complete_and_none_is_left(
                       "--timeout", "300", "--out", "run", "--json", "r.json"], cwd=tmp_path, timeout=900)
     assert result.returncode == 1, result.output
     later = runs(result)[1]
-    assert later["stopped_by"] is None and later["exit_code"] == 0
-    steps = [read_trace(tmp_path / "run" / f"repeat-1.rank-{rank}.trace").footer for rank in (0, 1)]
-    assert all(footer is not None and footer["exit_code"] == 0 and "stopped_at_step" not in footer
-               for footer in steps)
+    assert (later["stopped_by"], later["diverged_at_step"]) == ("divergence", 2)
+    footers = [read_trace(tmp_path / "run" / f"repeat-1.rank-{rank}.trace").footer for rank in (0, 1)]
+    assert all(footer is not None and footer["exit_code"] == 0 for footer in footers)
+    assert footers[0]["stopped_at_step"] == footers[1]["stopped_at_step"] == later["stopped_at_step"]  # type: ignore[index]
+    assert 2 + 1 + EXTRA_STEPS <= later["stopped_at_step"] < 400
     assert not list((tmp_path / "run").glob("*.stop"))
     assert processes_mentioning(str(tmp_path)) == []

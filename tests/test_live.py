@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from synthetic import Rec, training_records, write_trace
 
-from detaudit.compare.live import TORCHRUN_MARGIN, Follower, LiveWatch
+from detaudit.cli.session import describe_progress
+from detaudit.compare.live import Follower, LiveWatch
 from detaudit.results import EXTRA_STEPS, RepeatProgress, Tolerance
 from detaudit.run.distributed import Layout
 from detaudit.run.launcher import RepeatPlan, plan_repeats
@@ -164,22 +165,42 @@ def test_run_to_end_follows_but_never_asks_for_a_stop(tmp_path: Path) -> None:
     assert plans[1].stop_file is not None and not plans[1].stop_file.exists()
 
 
-def test_a_torchrun_repeat_stops_past_the_furthest_rank_so_every_rank_stops_at_one_step(tmp_path: Path) -> None:
+def test_every_rank_of_a_torchrun_repeat_is_asked_through_one_file_and_its_divergence_is_the_first_ranks(
+        tmp_path: Path) -> None:
     records = training_records(steps=STEPS)
     layout = Layout(2)
     watch, plans, _ = _watch_run(tmp_path, layout=layout)
     for rank in (0, 1):
         write_trace(plans[0].trace.with_name(Layout.rank_file(plans[0].trace.name, rank)), records, {"exit_code": 0},
                     flush_every=PER_STEP)
-    # rank 1 diverged at step 1, and both ranks were last seen at step 6
+    # rank 1 diverged at step 1; the ranks agree among themselves on a step at or after the one asked for
     write_trace(plans[1].trace.with_name(Layout.rank_file(plans[1].trace.name, 0)), records[: 7 * PER_STEP], None,
                 flush_every=PER_STEP)
     write_trace(plans[1].trace.with_name(Layout.rank_file(plans[1].trace.name, 1)),
                 _changed_from(records, 1)[: 7 * PER_STEP], None, flush_every=PER_STEP)
     watch.poll(plans[1], False)
     assert plans[1].stop_file is not None
-    request = json.loads(plans[1].stop_file.read_text())
-    assert request == {"at_step": max(1 + 1 + EXTRA_STEPS, 6 + 1 + TORCHRUN_MARGIN), "diverged_at_step": 1}
+    assert json.loads(plans[1].stop_file.read_text()) == {"at_step": 1 + 1 + EXTRA_STEPS, "diverged_at_step": 1}
+
+
+def test_the_first_repeat_is_followed_against_the_baseline_shown_and_never_stopped(tmp_path: Path) -> None:
+    records = training_records(steps=STEPS)
+    baseline = write_trace(tmp_path / "baseline.trace", records, {"exit_code": 0}, flush_every=PER_STEP)
+    plans = plan_repeats(tmp_path, 2, ["cpu"], stoppable=True)
+    progress: list[RepeatProgress] = []
+    watch = LiveWatch(plans, Tolerance(), on_progress=progress.append, baseline=(baseline, "cpu"))
+    diverging = _changed_from(records, 3)
+    growing = Growing(_whole(tmp_path, "first", diverging), plans[0].trace)
+    for steps in (3, 6):
+        growing.grow_to(_bytes_through(tmp_path, diverging, steps))
+        watch.poll(plans[0], False)
+    last = progress[-1]
+    assert (last.against_baseline, last.reference, last.agrees_to_step, last.diverged_at_step) == (True, None, 2, 3)
+    assert last.stopping_at_step is None and plans[0].stop_file is not None and not plans[0].stop_file.exists()
+    assert describe_progress(last).endswith("diverged from the baseline at step 3")
+    write_trace(plans[1].trace, records[: 2 * PER_STEP], None, flush_every=PER_STEP)  # the others: against repeat 0
+    watch.poll(plans[1], False)
+    assert (progress[-1].against_baseline, progress[-1].reference, progress[-1].agrees_to_step) == (False, 0, 1)
 
 
 def test_an_unreadable_trace_is_followed_no_further_and_never_stopped(tmp_path: Path) -> None:
@@ -235,3 +256,15 @@ def test_a_requested_stop_ends_the_repeat_at_that_optimizer_step(tmp_path: Path)
     assert stops == [Stop(3, "divergence", "optimizer steps", 1)]
     assert stops[0].footer() == {"stopped_at_step": 3, "stopped_by": "divergence", "counting": "optimizer steps",
                                  "diverged_at_step": 1}
+
+
+def test_repeats_numbered_from_a_later_index_are_compared_with_the_first_of_their_batch(tmp_path: Path) -> None:
+    plans = plan_repeats(tmp_path, 2, ["cpu"], prefix="ops", stoppable=True, first=2)
+    assert [(p.index, p.trace.name) for p in plans] == [(2, "ops-2.trace"), (3, "ops-3.trace")]
+    progress: list[RepeatProgress] = []
+    watch = LiveWatch(plans, Tolerance(), on_progress=progress.append)
+    records = training_records(steps=STEPS)
+    write_trace(plans[0].trace, records, {"exit_code": 0}, flush_every=PER_STEP)
+    write_trace(plans[1].trace, records[: 2 * PER_STEP], None, flush_every=PER_STEP)
+    watch.poll(plans[1], False)
+    assert (progress[-1].repeat, progress[-1].reference, progress[-1].agrees_to_step) == (3, 2, 1)

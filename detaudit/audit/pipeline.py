@@ -46,6 +46,7 @@ from detaudit.run.rundir import (
 from detaudit.trace import RecordStream, read_footer
 
 GRANULARITIES = ("step", "module", "op", "auto")
+PAIR = 2  # op-level re-runs of `auto` made first: a reference and one more (narrow)
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,10 @@ class AuditOptions:
 
 def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
-            cwd: Path | None = None, on_progress: Callable[[RepeatProgress], None] | None = None
-            ) -> list[RepeatResult]:
-    """Run the repeats into `run_dir`; `cwd`: the script's working directory.
+            cwd: Path | None = None, on_progress: Callable[[RepeatProgress], None] | None = None,
+            first: int = 0, baseline: tuple[Path, str] | None = None) -> list[RepeatResult]:
+    """Run the repeats into `run_dir`, numbered from `first`; `cwd`: the script's working directory;
+    `baseline`: --baseline's trace and device, which the first repeat is followed against while it runs.
 
     Each repeat is compared with its reference while it runs (compare/live.py): one that diverged is
     stopped EXTRA_STEPS optimizer steps later unless `run_to_end`, and `on_progress` hears where each
@@ -139,20 +141,20 @@ def execute(options: AuditOptions, run_dir: Path,
                     **distributed.rank_config(schedule.nproc_per_node)}
     # the script's commit, found here once: a git subprocess inside a repeat would shift its heap layout
     child_config["git"] = git_state(target.script)
-    # torchrun repeats are not stopped early: ranks read a stop request at their own step boundaries, and one
-    # that read it a step later than another (seen under load) stops apart from it and leaves it failing in a
-    # collective; without a way for the ranks to agree on the step, they run to their end (and a node of a
-    # multi-node job could not stop alone anyway)
+    # a torchrun repeat's ranks agree on the step they stop at through the job's store (recorder/agree.py);
+    # a job over several nodes is not stopped: each node's audit would ask its own ranks only.
     # --perturb: every repeat runs to its end, as each group is compared within itself afterwards, and a repeat
     # stopped for differing from repeat 0 (another group's) would cut that comparison short
-    stoppable = not recording.run_to_end and not schedule.nproc_per_node and schedule.perturbation is None
+    stoppable = not recording.run_to_end and not distributed.multi_node(schedule.torchrun_args) \
+        and schedule.perturbation is None
     plans = plan_repeats(run_dir, schedule.repeats, schedule.devices, recording.granularity, target.env,
-                         child_config, prefix=prefix, own_device=schedule.own_device, stoppable=stoppable)
+                         child_config, prefix=prefix, own_device=schedule.own_device, stoppable=stoppable,
+                         first=first)
     if schedule.perturbation is not None:
         plans = schedule.perturbation.assign(plans)
     layout = distributed.Layout(schedule.nproc_per_node, distributed.node_rank(schedule.torchrun_args)) \
         if schedule.nproc_per_node else None
-    watch = LiveWatch(plans, options.checks.tolerance, stoppable, layout, on_progress) \
+    watch = LiveWatch(plans, options.checks.tolerance, stoppable, layout, on_progress, baseline) \
         if stoppable or on_progress is not None else None
 
     def launch(batch: Sequence[RepeatPlan], jobs: int) -> list[RepeatResult]:
@@ -203,11 +205,13 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     check_script(target.script)
     if recording.granularity not in GRANULARITIES:
         raise UsageError(f"unknown granularity {recording.granularity!r}; use one of {', '.join(GRANULARITIES)}")
+    against = None
     if checks.baseline is not None:  # refuse an unusable baseline before spending time on repeats
         reference = baseline.load(checks.baseline)
         if reference.granularity != baseline.effective_granularity(recording.granularity):
             raise UsageError(f"--baseline {checks.baseline} was recorded at granularity {reference.granularity}; "
                              f"run with --granularity {reference.granularity} to compare with it")
+        against = (reference.trace, reference.result.device)
     run_dir = new_run_dir(target.script, options.out_dir)
     record = RunRecord(
         script=target.as_typed, script_args=tuple(stored_args(target.script_args, target.redact_args)),
@@ -228,7 +232,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     auto = recording.granularity == "auto"
     try:
         results = execute(options.recorded(granularity="module") if auto else options, run_dir, on_done,
-                          on_progress=on_progress)
+                          on_progress=on_progress, baseline=against)
     except Interrupted as exc:  # keep what the repeats recorded: `report` and `compare` can read it
         write_record(run_dir, replace(record, results=tuple(exc.results), interrupted=True))
         raise
@@ -241,7 +245,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
             on_narrow(window)
         narrowed = options.recorded(granularity="op", child_config={"op_window": window})
         try:
-            ops_results = execute(narrowed, run_dir, on_done, prefix=OPS_PREFIX, on_progress=on_progress)
+            ops_results = narrow(narrowed, run_dir, on_done, on_progress)
         except Interrupted:  # the module-level run is whole and recorded: report it without the op re-run
             write_record(run_dir, record)
             raise
@@ -274,6 +278,26 @@ def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) ->
             f"exited with status {result.exit_code}, the reference with {reference.exit_code}"
         return SelfCheck(*chosen, None, not_run=f"the control repeat {ended}")
     return match.detect(run_dir / reference.trace, run_dir / result.trace, chosen, options.checks.tolerance, True)
+
+
+def narrow(options: AuditOptions, run_dir: Path, on_done: Callable[[RepeatResult], None] | None = None,
+           on_progress: Callable[[RepeatProgress], None] | None = None) -> list[RepeatResult]:
+    """The op-level re-run of `auto`, each repeat stopping after the window: two repeats first, one after
+    the other, and the rest only when those two hold no divergent op, so a divergence that shows in some
+    runs only still gets as many chances as there are repeats. On several devices, under torchrun, with -j,
+    or under --perturb (whose groups go by a repeat's place in the batch), every repeat at once."""
+    schedule = options.schedule
+    if len(schedule.devices) > 1 or schedule.nproc_per_node or schedule.jobs > 1 or schedule.repeats <= PAIR \
+            or schedule.perturbation is not None:
+        return execute(options, run_dir, on_done, prefix=OPS_PREFIX, on_progress=on_progress)
+    pair = execute(replace(options, schedule=replace(schedule, repeats=PAIR)), run_dir, on_done, prefix=OPS_PREFIX,
+                   on_progress=on_progress)
+    paths = [run_dir / r.trace for r in pair]
+    if all(p.is_file() for p in paths) and find_op_source(paths, [r.device for r in pair]) is not None:
+        return pair
+    rest = execute(replace(options, schedule=replace(schedule, repeats=schedule.repeats - PAIR)), run_dir, on_done,
+                   prefix=OPS_PREFIX, on_progress=on_progress, first=PAIR)
+    return pair + rest
 
 
 def op_window(report: Report) -> list[int] | None:

@@ -76,11 +76,12 @@ PLAIN_EVERY_S = 10.0  # off a terminal (a CI log), a running repeat's progress l
 def describe_progress(p: RepeatProgress) -> str:
     """A running repeat in one line: its step and rate, how far it agrees with its reference, the time left."""
     parts = [f"{p.label}: step {p.step}" + (f", {p.steps_per_s:.1f} steps/s" if p.steps_per_s else "")]
+    other = "the baseline" if p.against_baseline else f"repeat {p.reference}"
     if p.diverged_at_step is not None:
-        parts.append(f"diverged from repeat {p.reference} at step {p.diverged_at_step}"
+        parts.append(f"diverged from {other} at step {p.diverged_at_step}"
                      + (f", stopping after step {p.stopping_at_step}" if p.stopping_at_step is not None else ""))
     elif p.agrees_to_step is not None:
-        parts.append(f"agrees with repeat {p.reference} through step {p.agrees_to_step}")
+        parts.append(f"agrees with {other} through step {p.agrees_to_step}")
     if p.eta_s is not None:
         parts.append(f"about {_duration(p.eta_s)} left")
     return "; ".join(parts)

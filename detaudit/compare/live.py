@@ -35,8 +35,6 @@ from detaudit.run.distributed import Layout
 from detaudit.run.launcher import RepeatPlan, request_stop
 from detaudit.trace import RECORD_DTYPE, EmptyTrace, GrowingTrace
 
-TORCHRUN_MARGIN = 2  # a torchrun repeat stops at least this many steps past the furthest any rank was seen at,
-#                      so every rank reads the request before it reaches that step and all stop at the same one
 HELD = 1 << 18  # records of a repeat held while its reference catches up (-j), at most
 RATE_WINDOW_S = 10.0  # steps/s is measured over this much of the recent past
 
@@ -149,6 +147,7 @@ class _Repeat:
     reference: int | None
     samples: deque[tuple[float, int]] = field(default_factory=deque)
     stopping_at: int | None = None
+    against_baseline: bool = False  # followed against --baseline's trace: shown, never stopped (the others' reference)
     broken: bool = False  # a trace could not be read: followed no further, never stopped (the report says why)
 
     @property
@@ -175,16 +174,21 @@ class LiveWatch:
 
     def __init__(self, plans: Sequence[RepeatPlan], tolerance: Tolerance, stop: bool = True,
                  layout: Layout | None = None,
-                 on_progress: Callable[[RepeatProgress], None] | None = None) -> None:
+                 on_progress: Callable[[RepeatProgress], None] | None = None,
+                 baseline: tuple[Path, str] | None = None) -> None:
         """`layout`: a torchrun run's, whose ranks here are followed (each against the same rank of the
-        reference); a stop then asks every rank for the same step."""
+        reference); a stop then asks every rank, through one file. `baseline`: --baseline's trace and device,
+        which the first repeat of a single-process run is followed against (report/baseline.py compares them)."""
         self.tolerance = tolerance
         self.stop = stop
         first = (layout.node_rank or 0) * layout.nproc_per_node if layout is not None else 0
         self.ranks = list(range(first, first + layout.nproc_per_node)) if layout is not None else None
         self.on_progress = on_progress
         self.plans = {p.index: p for p in plans}
-        self._pairs = {rep: (ref, bitwise) for ref, rep, bitwise in reference_pairs([p.device for p in plans])}
+        self._pairs = {plans[rep].index: (plans[ref].index, bitwise)
+                       for ref, rep, bitwise in reference_pairs([p.device for p in plans])}
+        self.baseline = baseline if layout is None and plans else None
+        self._first = plans[0].index if plans else None
         self._repeats: dict[int, _Repeat] = {}
         self._last_steps: dict[int, int] = {}  # repeat -> the last step its trace showed, once it ended
         self._lock = threading.Lock()
@@ -196,6 +200,10 @@ class LiveWatch:
 
     def _start(self, plan: RepeatPlan) -> _Repeat:
         ref, bitwise = self._pairs.get(plan.index, (None, True))
+        if ref is None and self.baseline is not None and plan.index == self._first:
+            trace, device = self.baseline
+            return _Repeat(plan, [Follower(plan.trace, trace, device == plan.device, self.tolerance)], None,
+                           against_baseline=True)
         mine = self._files(plan)
         theirs = self._files(self.plans[ref]) if ref is not None else [None] * len(mine)
         followers = [Follower(path, other, bitwise, self.tolerance) for path, other in zip(mine, theirs)]
@@ -225,11 +233,10 @@ class LiveWatch:
 
     def _maybe_stop(self, repeat: _Repeat) -> None:
         diverged = repeat.diverged_at
-        if not self.stop or repeat.broken or diverged is None or repeat.stopping_at is not None:
+        if not self.stop or repeat.broken or repeat.against_baseline or diverged is None \
+                or repeat.stopping_at is not None:
             return
-        at = diverged + 1 + EXTRA_STEPS
-        if self.ranks is not None:
-            at = max(at, max(f.step for f in repeat.followers) + 1 + TORCHRUN_MARGIN)
+        at = diverged + 1 + EXTRA_STEPS  # a torchrun repeat's ranks agree on a step at or after it (recorder/agree.py)
         try:
             request_stop(repeat.plan, at, diverged)
         except OutputError:  # the run directory went away: the launcher says so when the repeat ends
@@ -250,7 +257,7 @@ class LiveWatch:
         eta = max(0.0, (target - repeat.step) / rate) if rate and target is not None else None
         return RepeatProgress(
             repeat=repeat.plan.index, label=repeat.plan.label, step=repeat.step, steps_per_s=rate,
-            reference=repeat.reference,
+            reference=repeat.reference, against_baseline=repeat.against_baseline,
             agrees_to_step=None if None in agreed else min(a for a in agreed if a is not None),
             diverged_at_step=repeat.diverged_at, stopping_at_step=repeat.stopping_at, reference_steps=ref_steps,
             eta_s=eta)

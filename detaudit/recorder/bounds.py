@@ -13,7 +13,8 @@ A stop can also be requested while the repeat runs (`stop_file`, written by the 
 compare/live.py, once the repeat diverged from its reference): `{"at_step": N, "diverged_at_step": S}`
 in that file ends the repeat after its N-th optimizer step, exactly as --max-steps N would (a script
 that builds no optimizer is never stopped so: its records carry no step to aim at). The file is
-looked for at each step boundary: one failed `stat` per step while no stop is requested.
+looked for at each step boundary: one failed `stat` per step while no stop is requested. The ranks of a
+torchrun repeat stop at one step they agree on, at or after N (recorder/agree.py).
 
 Stopping unwinds the script with a BaseException its `except Exception` cannot swallow, so its
 `finally` blocks and context managers run (DataLoader workers are shut down); the trace is closed
@@ -32,6 +33,7 @@ from typing import Any, Literal
 
 import torch
 
+from detaudit.recorder.agree import RankStop
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.patch import wrap
@@ -59,13 +61,15 @@ class Bounds:
 
     def __init__(self, recorder: Recorder, is_root: Callable[[torch.nn.Module], bool], max_steps: int | None,
                  max_time: float | None, started: float, on_stop: Callable[[Stop], None],
-                 stop_file: str | None = None) -> None:
+                 stop_file: str | None = None, ranks: RankStop | None = None) -> None:
+        """`ranks`: in a rank of a torchrun repeat, how the ranks agree on the step at which all stop."""
         self.recorder = recorder
         self.is_root = is_root
         self.max_steps = max_steps
         self.deadline = started + max_time if max_time is not None else None
         self.on_stop = on_stop
         self.stop_file = stop_file
+        self.ranks = ranks
         self.optimizer_built = False
         self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self.forwards = 0
@@ -136,7 +140,8 @@ class Bounds:
             by = "max-steps"
         elif self.deadline is not None and time.time() >= self.deadline:
             by = "max-time"
-        elif counting == "optimizer steps" and (request := self._requested()) is not None and count >= request[0]:
+        elif counting == "optimizer steps" and (request := self._requested()) is not None and \
+                (count >= request[0] if self.ranks is None else self.ranks.stops(count, request[0])):
             by, diverged = "divergence", request[1]
         else:
             return

@@ -159,10 +159,12 @@ class Session:
         max_steps, max_time = self.config.get("max_steps"), self.config.get("max_time")
         stop_file = self.config.get("stop_file")  # the audit may ask this repeat to stop (compare/live.py)
         if max_steps is not None or max_time is not None or stop_file is not None:
+            from detaudit.recorder.agree import RankStop
             from detaudit.recorder.bounds import Bounds
 
+            ranks = RankStop() if self.config.get("distributed") and stop_file is not None else None
             Bounds(self.recorder, self.hooks.is_root_call, max_steps, max_time, self.started,
-                   self._stop_at_bound, stop_file).install()
+                   self._stop_at_bound, stop_file, ranks).install()
         detaudit._set_active_recorder(self.recorder)
 
     def stored_argv(self) -> list[str]:

@@ -97,9 +97,9 @@ class Watch(Protocol):
 def plan_repeats(
     out_dir: Path, repeats: int, devices: Sequence[str], granularity: str = "module",
     env: dict[str, str] | None = None, child_config: dict[str, Any] | None = None, prefix: str = "repeat",
-    own_device: bool = False, stoppable: bool = False,
+    own_device: bool = False, stoppable: bool = False, first: int = 0,
 ) -> list[RepeatPlan]:
-    """Repeats for every requested device, numbered in order (device by device).
+    """Repeats for every requested device, numbered in order (device by device) from `first`.
 
     Paths are absolute: the repeats run in the script's working directory, not ours. `own_device`:
     the script picks its device itself (`--device auto`), so a `cpu` label hides no GPU. `stoppable`:
@@ -109,7 +109,7 @@ def plan_repeats(
     plans: list[RepeatPlan] = []
     for device in devices:
         for _ in range(repeats):
-            i = len(plans)
+            i = first + len(plans)
             extra = dict(env or {})
             if device == "cpu" and not own_device:
                 extra["CUDA_VISIBLE_DEVICES"] = ""  # a script that picks CUDA when present must see none
