@@ -133,7 +133,7 @@ class WarmServers:
                     with open(socket + ".log", "w") as log:  # one line per repeat: forked, or fresh and why
                         self.procs.append(subprocess.Popen(
                             [sys.executable, str(WARM / "server.py"), socket], env={**os.environ, **variables},
-                            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, text=True,
                             start_new_session=True))
             for proc in self.procs:
                 assert proc.stdout is not None and proc.stdout.readline() == "ready\n", "warm server failed"

@@ -121,3 +121,16 @@ def test_a_signal_to_the_client_reaches_the_fork_and_the_client_ends_as_the_fork
     while time.monotonic() < deadline and Path(f"/proc/{fork}").exists():
         time.sleep(0.1)
     assert not Path(f"/proc/{fork}").exists()
+
+
+@pytest.mark.process
+def test_a_server_ends_when_the_test_process_that_started_it_is_gone(tmp_path: Path) -> None:
+    """A worker killed mid-run (a crash, `-x` under xdist) never reaches the session's end, where the servers are
+    stopped: its end of each server's stdin closes instead, and the server ends with it."""
+    server = subprocess.Popen([sys.executable, str(WARM / "server.py"), str(tmp_path / "sock")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert server.stdout is not None and server.stdout.readline() == "ready\n"
+    assert server.stdin is not None
+    server.stdin.close()
+    assert server.wait(timeout=60) == 0
+    assert not (tmp_path / "sock").exists()

@@ -116,6 +116,9 @@ def serve(path: str) -> None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
+    # the test process that started the server holds the other end of its stdin: end of file is that
+    # process gone (a worker killed, a run interrupted), and the server ends with it, its forks too
+    selector.register(sys.stdin, selectors.EVENT_READ)
     clients: dict[int, tuple[socket.socket, int] | None] = {}  # fork pid -> (its client's connection, its fd)
     by_conn: dict[int, int] = {}
     print("ready", flush=True)
@@ -148,6 +151,9 @@ def serve(path: str) -> None:
                     clients[pid] = (conn, conn.fileno())
                     by_conn[conn.fileno()] = pid
                     selector.register(conn, selectors.EVENT_READ)
+                elif key.fileobj is sys.stdin:
+                    if not os.read(sys.stdin.fileno(), 4096):
+                        return
                 elif key.fileobj == wake_r:
                     os.read(wake_r, 4096)
                     while True:
