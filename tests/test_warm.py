@@ -62,9 +62,9 @@ def test_forks_run_the_command_reseeded_with_the_clients_descriptors_directory_e
 @pytest.mark.process
 def test_each_server_has_its_own_hash_seed_and_address_layout(tmp_path: Path) -> None:
     """Why the CLI takes the servers in turn: two repeats side by side differ in both, as fresh interpreters do."""
-    probes = [_probe(tmp_path, server=index)[1] for index in range(3)]
-    assert len({p["hash"] for p in probes}) == 3
-    assert len({p["address"] for p in probes}) == 3
+    probes = [_probe(tmp_path, server=index)[1] for index in range(2)]
+    assert len({p["hash"] for p in probes}) == 2
+    assert len({p["address"] for p in probes}) == 2
 
 
 def _forks() -> int:
