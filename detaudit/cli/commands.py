@@ -34,6 +34,7 @@ from detaudit.cli.options import (
     check_outputs,
     compare_tolerance,
     demo_options,
+    perturb_option,
     report_options,
     stdout_mode_of,
     stdout_options,
@@ -131,11 +132,7 @@ cli.add_command(resume)  # cli/resume.py: does resuming from a checkpoint reprod
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
               help="Run each repeat under torchrun with this many ranks, every rank recorded "
                    "(docs/distributed.md).")
-@click.option("--perturb", default=None, metavar="SETTINGS",
-              help="Make the repeats differ on purpose in settings that differ between machines, to find what only "
-                   "another machine would show: a comma list of threads, hash-seed, cudnn-benchmark, "
-                   "cublas-workspace, allocator, or all. Each setting gets its own group of --repeats repeats; "
-                   "repeats with equal settings are each other's control (docs/perturb.md).")
+@perturb_option
 @click.option("--torchrun-args", default="", metavar="ARGS",
               help="With --nproc-per-node: further torchrun options, as one quoted string "
                    "(`--torchrun-args \"--nnodes 2 --rdzv-endpoint host:29400\"`).")

@@ -18,6 +18,7 @@ from detaudit.cli.options import (
     audit_options,
     check_distinct,
     check_outputs,
+    perturb_option,
     stdout_options,
 )
 from detaudit.cli.render import causes_block
@@ -51,6 +52,7 @@ _STYLE = {"deterministic": "bold green", "fixed": "bold yellow", "incomplete": "
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
               help="Run each repeat under torchrun with this many ranks (docs/distributed.md).")
 @click.option("--torchrun-args", default="", metavar="ARGS", help="With --nproc-per-node: further torchrun options.")
+@perturb_option
 @click.option("--write-patch", "patch_path", type=click.Path(path_type=Path), default=None,
               help="Write the fix's changes to the script (prelude and line edits) as a unified diff.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
@@ -58,14 +60,15 @@ _STYLE = {"deterministic": "bold green", "fixed": "bold yellow", "incomplete": "
 def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
         out_dir: Path | None, jobs: int, stdout_mode: str | None, ignore_stdout: bool, budget: int | None,
         max_steps: int | None, max_time: float | None, nproc_per_node: int | None, torchrun_args: str,
-        patch_path: Path | None, json_path: Path | None, quiet: bool) -> None:
+        perturb: str | None, patch_path: Path | None, json_path: Path | None, quiet: bool) -> None:
     """Find the smallest set of settings that makes SCRIPT's repeats agree, as code, verified, with its cost.
 
     Audits SCRIPT as `run` does. If the repeats diverge, it searches the knobs (seeds, PYTHONHASHSEED,
     deterministic kernels, their fill of uninitialized memory, one thread, cuDNN/cuBLAS/TF32 on a GPU) for a
     minimal set whose repeats agree, each experiment running a copy of the script with the knobs' lines added
     at its top and their environment set, as you would. Prints the lines to paste, the proof that each knob is
-    needed, and what each costs in step time. Arguments split as for `run`.
+    needed, and what each costs in step time. Arguments split as for `run`. With --perturb, the audit and
+    every experiment run under its settings, and a set of knobs must make the repeats agree across them.
     """
     from detaudit.fix.runner import DEFAULT_BUDGET, run_fix
     from detaudit.run.distributed import NODES_FOLLOW_UP, multi_node
@@ -74,7 +77,8 @@ def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
                             out_dir=out_dir, jobs=jobs, atol=1e-5, rtol=1.3e-6, stdout_mode=stdout_mode,
                             ignore_stdout=ignore_stdout, granularity="module", baseline_dir=None,
                             save_baseline=None, redact_args=False, max_steps=max_steps, max_time=max_time,
-                            self_check=False, nproc_per_node=nproc_per_node, torchrun_args=torchrun_args)
+                            self_check=False, nproc_per_node=nproc_per_node, torchrun_args=torchrun_args,
+                            perturb=perturb)
     if multi_node(options.schedule.torchrun_args):
         raise click.UsageError(NODES_FOLLOW_UP.format("fix"))
     check_outputs(json_path, None, None, out_dir=out_dir, inputs={"the audited script": Path(script)})
@@ -84,7 +88,7 @@ def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
         check_writable(patch_path)
     warn_oversubscription(jobs, options.schedule.devices)
     budget = budget or DEFAULT_BUDGET
-    progress = RepeatsProgress(quiet, repeats * len(options.schedule.devices) + budget, "fix: repeats")
+    progress = RepeatsProgress(quiet, options.schedule.repeats * len(options.schedule.devices) + budget, "fix: repeats")
 
     def said(text: str) -> None:
         if not quiet:
@@ -120,17 +124,18 @@ def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
 def summary_line(report: Any) -> Text:
     text = Text(report.verdict.upper(), style=_STYLE.get(report.verdict, "bold"))
     names = ", ".join(k.pin.value for k in report.knobs)
+    under = f" under --perturb {','.join(report.perturb)}" if report.perturb else ""
     if report.verdict == "deterministic":
-        text.append(": the repeats agree; nothing to fix")
+        text.append(f": the repeats agree{under}; nothing to fix")
     elif report.verdict == "fixed":
-        text.append(f": {names} makes the repeats agree, and it is needed" if len(report.knobs) == 1
-                    else f": {names} make the repeats agree, and each is needed")
+        text.append(f": {names} makes the repeats agree{under}, and it is needed" if len(report.knobs) == 1
+                    else f": {names} make the repeats agree{under}, and each is needed")
         text.append(" · verified as written" if report.verified else " · NOT verified")
     elif report.verdict == "incomplete":
         text.append(f": {names} make the repeats agree; not shown minimal" if report.knobs
                     else ": no set of knobs made the repeats agree within the budget")
     elif report.verdict == "uncontrolled":
-        text.append(": no knob controls the divergence, even all of them at once")
+        text.append(f": no knob controls the divergence{under}, even all of them at once")
     if report.repeats_used or report.verdict != "deterministic":
         text.append(f" · {report.repeats_used} of {report.budget} repeats")
     text.append(f" · run: {printable(report.run_dir)}")

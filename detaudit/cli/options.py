@@ -82,6 +82,14 @@ def stdout_mode_of(stdout_mode: str | None, ignore_stdout: bool) -> StdoutMode |
     return "ignore" if ignore_stdout else cast("StdoutMode | None", stdout_mode)
 
 
+perturb_option = click.option(
+    "--perturb", default=None, metavar="SETTINGS",
+    help="Make the repeats differ on purpose in settings that differ between machines, to find what only another "
+         "machine would show: a comma list of threads, hash-seed, cudnn-benchmark, cublas-workspace, allocator, or "
+         "all. Each setting gets its own group of --repeats repeats; repeats with equal settings are each other's "
+         "control (docs/perturb.md).")
+
+
 def report_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--json, --junit, --html and --quiet: how every command that produces a report delivers it."""
     command = click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")(command)

@@ -139,6 +139,13 @@ def environment(knobs: Sequence[Pin]) -> dict[str, str]:
     return {k: v for p in KNOBS if p in knobs for k, v in KNOBS[p].env.items()}
 
 
+def held_away(knobs: Sequence[Pin], held: Collection[str]) -> list[Pin]:
+    """The knobs that are environment variables alone, each of which `--perturb` sets itself in every repeat
+    (`held`, over any knob's value): no experiment could run them, so under that perturbation they cannot be
+    verified."""
+    return [p for p in knobs if KNOBS[p].env and not KNOBS[p].prelude and set(KNOBS[p].env) <= set(held)]
+
+
 def insertion_line(source: str) -> int:
     """How many lines of `source` stay above the prelude: a module docstring and `from __future__` imports
     (python requires them first), else a `#!` line and an encoding declaration."""

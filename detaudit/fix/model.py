@@ -88,6 +88,7 @@ class FixReport:
     first_divergence: str = ""
     patch: str = ""
     whole_run: Figure | None = None  # the script as it is against the script with the fix: whole-run time
+    perturb: tuple[str, ...] = ()  # --perturb's settings: the audit and every experiment ran with its groups
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -127,7 +128,7 @@ def to_dict(report: FixReport) -> dict[str, Any]:
                               "advice": e.advice, "applied": e.applies} for e in k.edits]}
                   for k in report.knobs],
         "prelude": list(report.prelude), "insert_after_line": report.insert_after, "env": report.env,
-        "verified": report.verified, "verification": report.verification,
+        "perturb": list(report.perturb), "verified": report.verified, "verification": report.verification,
         "repeats_used": report.repeats_used, "budget": report.budget,
         "whole_run": _figure(report.whole_run),
         "search": [_trial(t) for t in report.trials],

@@ -42,15 +42,24 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
             on_audit: Callable[[Report], None] | None = None) -> FixReport:
     """Audit the script and, if its repeats diverge, find, verify and cost the minimal fix.
 
-    Every repeat runs to its end (`run_to_end`): the whole-run times of the sets are compared.
+    Every repeat runs to its end (`run_to_end`): the whole-run times of the sets are compared. Under
+    `--perturb` the audit and every experiment run with its groups of settings, and a set agrees only when all
+    its repeats agree across the groups; the variables the perturbation sets stay its own in each experiment.
     """
     options = options.recorded(run_to_end=True)
+    schedule = options.schedule
+    knobs = code.catalogue(schedule.devices, bool(schedule.nproc_per_node))
+    perturbation = schedule.perturbation
+    held = perturbation.variables if perturbation is not None else frozenset()
+    perturbed = tuple(s.knob.value for s in perturbation.specs) if perturbation is not None else ()
+    _refuse_held_away(knobs, held, perturbed)
     report = run_audit(options, on_done, None, on_progress)
     if on_audit is not None:
         on_audit(report)
     run_dir = Path(report.run_dir)
     base = FixReport(script=report.script, run_dir=str(run_dir), verdict="deterministic",
-                     audit_exit_code=int(report.exit_code), budget=budget, causes=tuple(report.causes))
+                     audit_exit_code=int(report.exit_code), budget=budget, causes=tuple(report.causes),
+                     perturb=perturbed)
     if report.verdict != "divergent" or report.timed_out:
         ended: FixVerdict = report.verdict if report.verdict in ("deterministic", "failed", "inconclusive") \
             else "timeout"
@@ -63,8 +72,6 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{script}: cannot read the script to write its fix ({exc})") from None
     code.insertion_line(source)  # a script that does not parse is refused before any experiment
-    schedule = options.schedule
-    knobs = code.catalogue(schedule.devices, bool(schedule.nproc_per_node))
     edits, drawn = seed_edits(report, run_dir, audit_results, script, cwd)
     edits_only = {e.pin for e in edits if e.applies} - drawn
     suspected = [p for p in plan(report.causes) if p in knobs]
@@ -81,7 +88,8 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
         prefix = f"fix-{len(trials) + 1}"
         with code.temporary_copy(script, text) as copy:
             target = replace(experiment_options.target, script=copy, argv0=None,
-                             env={**experiment_options.target.env, **code.environment(pins)})
+                             env={**experiment_options.target.env, **{
+                                 k: v for k, v in code.environment(pins).items() if k not in held}})
             results = execute(replace(experiment_options, target=target), run_dir, on_done, prefix=prefix, cwd=cwd,
                               on_progress=on_progress)
         sub = analyse(run_dir, replace(record, narrowing=None, results=tuple(results)), results, explained=False)
@@ -125,8 +133,9 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
         e for e in chosen_edits if e.applies])) if present)
     verification = (f"{final.repeats} repeats ran .{Path(script).stem}.detaudit-fix-XXXX.py, the script with "
                     f"{changes or 'no change'}, beside it"
-                    + (" with this environment" if code.environment(pins) else "")
-                    + f" (`{final.files}-*` in the run directory): they agree")
+                    + (" with this environment" if set(code.environment(pins)) - held else "")
+                    + f" (`{final.files}-*` in the run directory): they agree"
+                    + _under(perturbed, sorted(held & set(code.environment(pins)))))
     notes: tuple[str, ...] = () if found.complete else (
         f"the budget of {budget} repeats ran out before every knob was shown needed: the set agrees, but may not "
         "be the smallest (a larger --budget)",)
@@ -136,6 +145,31 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
         verified=final.verdict == "deterministic", verification=verification,
         patch=code.unified_diff(Path(record.script).name, source, changed),
         whole_run=figure(timings[minimal].run_s, timings[frozenset()].run_s), notes=notes))
+
+
+def _refuse_held_away(knobs: Sequence[Pin], held: frozenset[str], perturbed: Sequence[str]) -> None:
+    """A UsageError when --perturb sets the very variables a knob consists of: that knob could never be
+    tried, and a script that needs it would read as one no knob controls."""
+    away = code.held_away(knobs, held)
+    if not away:
+        return
+    named = ", ".join(f"{p.value} ({' '.join(f'{k}={v}' for k, v in code.KNOBS[p].env.items())})" for p in away)
+    raise UsageError(
+        f"--perturb {','.join(perturbed)}: `detaudit fix` cannot search under it, as the knob {named} is an "
+        "environment variable the perturbation itself sets in every repeat, so no experiment could run with "
+        f"the knob. See whether the script is sensitive with `detaudit run --perturb {','.join(perturbed)}`; "
+        "the fix for that sensitivity is the variable set to one value on every machine (docs/fix.md)")
+
+
+def _under(perturbed: Sequence[str], held: Sequence[str]) -> str:
+    """The verification's words for --perturb: the groups it agreed across, and the knob variables it held."""
+    if not perturbed:
+        return ""
+    text = f", across every group of --perturb {','.join(perturbed)}"
+    if held:
+        text += (f"; {', '.join(held)} stayed as the perturbation set them in each group, not the knob's value, so "
+                 "the prelude is what made the groups agree")
+    return text
 
 
 def _written(report: FixReport) -> FixReport:

@@ -48,6 +48,11 @@ class Perturbation:
         base = {s.knob: s.settings[0] for s in self.specs}
         return [Group(None, base), *(Group(s.knob, {**base, s.knob: s.settings[1]}) for s in self.specs)]
 
+    @property
+    def variables(self) -> frozenset[str]:
+        """The environment variables the perturbation sets in every repeat (over any other value for them)."""
+        return frozenset(k for spec in self.specs for setting in spec.settings for k in setting.env)
+
     def assign(self, plans: Sequence[RepeatPlan]) -> list[RepeatPlan]:
         """The plans with each repeat's settings: group by position among its device's repeats."""
         groups = self.groups
