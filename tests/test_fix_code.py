@@ -118,3 +118,21 @@ def test_the_copy_never_writes_through_a_planted_link_and_a_readonly_folder_is_o
     with pytest.raises(OutputError, match="beside it"), code.temporary_copy(script, "x = 2\n"):
         pass
     assert victim.read_text() == "keep"
+
+
+def test_under_perturb_a_knob_that_is_only_a_perturbed_variable_is_held_away() -> None:
+    from detaudit.pin import Perturb, perturbations
+    from detaudit.run.perturb import Perturbation
+
+    specs = perturbations(4)
+
+    def held(*knobs: Perturb) -> frozenset[str]:
+        return Perturbation(tuple(specs[k] for k in knobs), {}).variables
+
+    every = code.catalogue(["cuda"], distributed=False)
+    assert held(Perturb.THREADS) == {"OMP_NUM_THREADS", "MKL_NUM_THREADS"}
+    # one-thread's environment is held by the perturbation, but its prelude (set_num_threads) is still the knob
+    assert code.held_away(every, held(Perturb.THREADS)) == []
+    assert code.held_away(every, held(Perturb.HASH_SEED)) == [Pin.HASH_SEED]
+    assert code.held_away(every, held(*Perturb)) == [Pin.HASH_SEED, Pin.CUBLAS]
+    assert code.held_away(every, frozenset()) == []

@@ -70,6 +70,20 @@ def test_the_terminal_shows_a_ready_to_paste_block_the_proof_and_the_costs() -> 
     assert "fix-1: torch-rng+numpy-rng: agree (2 repeats)" in text
 
 
+def test_a_fix_under_perturb_says_which_settings_it_agreed_across() -> None:
+    from dataclasses import replace
+
+    perturbed = replace(_fixed(), perturb=("threads",))
+    assert to_dict(perturbed)["perturb"] == ["threads"] and to_dict(_fixed())["perturb"] == []
+    assert "make the repeats agree under --perturb threads, and each is needed" in cli_fix.summary_line(perturbed).plain
+    assert "under --perturb" not in cli_fix.summary_line(_fixed()).plain
+    # the verification: the groups, and the knob variables the perturbation kept its own
+    held = runner._under(["threads"], ["MKL_NUM_THREADS", "OMP_NUM_THREADS"])
+    assert held.startswith(", across every group of --perturb threads; MKL_NUM_THREADS, OMP_NUM_THREADS stayed as")
+    assert "the prelude is what made the groups agree" in held
+    assert runner._under(["threads"], []) == ", across every group of --perturb threads" and runner._under([], []) == ""
+
+
 def test_nothing_to_fix_and_no_knob_read_as_such() -> None:
     out = io.StringIO()
     cli_fix.render(FixReport("train.py", "/r", "deterministic", 0), Console(file=out, width=200))
