@@ -1,6 +1,7 @@
 """`detaudit fix` end to end: the real CLI on tests/scripts (MANIFEST.md). Two independent unseeded sources get
 exactly their two knobs, each needed, verified as written; a script that seeds from the clock is one no knob
-controls (exit 9); a deterministic script has nothing to fix. Each runs in a copy of the script's folder:
+controls (exit 9); a deterministic script has nothing to fix; a script only thread-count sensitive gets the thread
+knob under `--perturb threads`. Each runs in a copy of the script's folder:
 the fix's temporary copy of the script goes beside the script."""
 
 from __future__ import annotations
@@ -74,3 +75,34 @@ def test_a_deterministic_script_has_nothing_to_fix(tmp_path: Path) -> None:
     assert result.report is not None and result.report["verdict"] == "deterministic"
     assert result.report["repeats_used"] == 0 and result.report["search"] == []
     assert "nothing to fix" in result.stdout
+
+
+def test_under_perturb_threads_a_thread_count_sensitive_script_gets_exactly_the_thread_knob(tmp_path: Path) -> None:
+    """sum_readings.py agrees with itself (test_e2e_perturb.py) but not across thread counts: fixed by one-thread,
+    whose prelude, not its environment, makes the groups agree (the perturbation keeps its own thread variables)."""
+    from detaudit.causes.context import load
+    from detaudit.events import EnvironmentEvent
+
+    script = _beside(tmp_path, "sum_readings.py")
+    result = run_cli(["fix", "-n", "2", "--perturb", "threads", "--json", "fix.json", script.name], cwd=tmp_path,
+                     timeout=600)
+    report = result.report
+    assert report is not None, result.output
+    assert result.returncode == ExitCode.DIVERGENT and report["verdict"] == "fixed", result.output
+    assert report["perturb"] == ["threads"] and [c["id"] for c in report["causes"]] == ["thread-count"]
+    [knob] = report["knobs"]
+    assert knob["name"] == "one-thread" and "torch.set_num_threads(1)" in knob["prelude"]
+    assert knob["needed"]["files"] == "" and knob["needed"]["verdict"] == "divergent"  # the audit is the proof
+    assert report["verified"] is True and "the prelude is what made the groups agree" in report["verification"]
+    # one experiment, its repeats in both groups: --repeats 2 per thread count
+    assert report["search"] == [{"knobs": ["one-thread"], "verdict": "deterministic", "repeats": 4, "note": "",
+                                 "files": "fix-1"}]
+    assert report["repeats_used"] == 4 and report["budget"] == 24
+    # the experiment's repeats ran with the perturbation's thread variables, not the knob's OMP_NUM_THREADS=1
+    run_dir = tmp_path / report["run_dir"]
+    omp = []
+    for i in range(4):
+        event = load(run_dir / f"fix-1-{i}.trace", i, "cpu").first(EnvironmentEvent)
+        omp.append((event.get("env") or {}).get("OMP_NUM_THREADS") if event is not None else None)
+    assert omp[0] == omp[2] == "1" and omp[1] == omp[3] != "1", omp
+    assert "FIXED: one-thread makes the repeats agree under --perturb threads, and it is needed" in result.stdout
