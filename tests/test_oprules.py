@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
 import pytest
+import torch
+import torch.nn as nn
 from rich.console import Console
 from synthetic import Rec, write_run
+from test_ops import here, record
 
 from detaudit.audit.pipeline import load_run
 from detaudit.cli.render import op_panel, render
 from detaudit.compare import align
 from detaudit.compare.oprules import find_op_source
+from detaudit.recorder.core import Recorder
 from detaudit.report.junit import to_junit
 from detaudit.report.model import to_dict
 from detaudit.trace import Flag, Kind, TraceWriter
@@ -241,3 +245,63 @@ def test_terminal_json_and_junit_name_the_same_file_and_line(tmp_path: Path) -> 
     assert "aten.index_put.default (backward, autograd node IndexBackward0)" in text
     assert "train.py:14 (the forward line that created its autograd node)" in text
     assert "ops in steps 0–0" in text
+
+
+# -- provenance: from the divergent record back to the op that made it (real recordings) -----------------
+
+def _recorded(tmp_path: Path, body: Callable[[Recorder], Any]) -> list[Path]:
+    """Two repeats of `body` recorded at op granularity, the global torch RNG seeded differently in each
+    (an unseeded RNG: every draw differs)."""
+    paths = []
+    for seed in (1, 2):
+        def seeded(rec: Recorder, seed: int = seed) -> None:
+            torch.manual_seed(seed)
+            body(rec)
+        path = tmp_path / f"r{seed}.trace"
+        record(path, seeded)
+        paths.append(path)
+    return paths
+
+
+def test_an_input_drawn_after_the_weights_init_is_traced_to_its_own_draw(tmp_path: Path) -> None:
+    lines = {}
+
+    def body(rec: Recorder) -> None:
+        net = nn.Linear(4, 3); lines["init"] = here()  # noqa: E702
+        x = torch.randn(2, 4); lines["input"] = here()  # noqa: E702
+        rec.record_tensor(Kind.INPUT, rec.intern("Linear.input[0]"), x, loc=rec.location_id(1))
+        rec.record_tensor(Kind.OUTPUT, rec.intern("Linear"), net(x))
+
+    finding = find_op_source(_recorded(tmp_path, body))
+    assert finding is not None and finding.verdict == "random-op"
+    assert finding.record.op == "aten.randn.default" and finding.record.location == lines["input"]
+    assert finding.traced_from is not None and finding.traced_from.name == "Linear.input[0]"
+
+
+def test_a_layer_output_is_traced_to_its_own_init_not_a_later_layers(tmp_path: Path) -> None:
+    lines = {}
+
+    def body(rec: Recorder) -> None:
+        conv = nn.Conv2d(1, 2, 3); lines["conv"] = here()  # noqa: E702
+        x = torch.ones(1, 1, 5, 5)  # the input agrees
+        head = nn.Linear(18, 2)  # drawn later (a classifier built after the stem), never reaching conv's output
+        y = conv(x)
+        rec.record_tensor(Kind.OUTPUT, rec.intern("conv1"), y)
+        rec.record_tensor(Kind.OUTPUT, rec.intern("head"), head(y.flatten(1)))
+
+    finding = find_op_source(_recorded(tmp_path, body))
+    assert finding is not None and finding.verdict == "random-op"
+    assert finding.record.op == "aten.uniform_.default" and finding.record.location == lines["conv"]
+    assert finding.traced_from is not None and finding.traced_from.name == "conv1"
+    assert "it made output conv1" in finding.summary
+
+
+def test_without_links_the_order_rule_stands(tmp_path: Path) -> None:
+    # synthetic traces carry no makers (an older trace): the last run of sources before the divergence
+    base = [Op("aten.uniform_.default", 1, flags=Flag.RANDOM, loc="a.py:1"), Op("aten.fill_.Scalar", 2),
+            Op("aten.uniform_.default", 3, flags=Flag.RANDOM, loc="a.py:3"), Op("aten.convolution.default", 4),
+            Op("conv1", 4, kind=Kind.OUTPUT)]
+    rep = [r if i == 1 else r.but(out=r.out + 1000) for i, r in enumerate(base)]
+    rep[3] = rep[3].but(ins=(91, 92))
+    finding = find_op_source(traces(tmp_path, base, rep))
+    assert finding is not None and finding.record.location == "a.py:3" and finding.traced_from is None

@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from detaudit.compare.oprules import VERDICTS, OpFinding
+from detaudit.compare.oprules import VERDICTS, OpFinding, traced_note
 from detaudit.compare.traces import Divergence
 from detaudit.report.model import Report, divergence_to_dict
 from detaudit.safetext import printable
@@ -343,6 +343,8 @@ def op_panel(report: Report) -> Panel | None:
         ("origin", f"{f.origin.kind} {f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "")
          if f.origin is not None else None),
         ("elsewhere", ", ".join(f"repeat {i} ran {o.op or o.name}" for i, o in sorted(f.others.items()))),
+        ("traced from", traced_note(f.traced_from.kind, f.traced_from.name, f.traced_from.location)
+         if f.traced_from is not None and f.traced_from.index != r.index else None),
         ("recorded in", f"an op-level re-run ({f.traces}-*.trace), ops in steps {f.window[0]}–{f.window[1]}"
          if f.traces and f.window else None),
     ]

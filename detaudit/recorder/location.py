@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from types import FrameType
 
 _skip_prefixes: tuple[str, ...] = ()
 _relative: dict[str, str] = {}
+# installed packages and the standard library: a frame there is library code the user did not write
+_INSTALLED = tuple(sorted({p.rstrip(os.sep) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")
+                           if (p := sysconfig.get_paths().get(k))}, key=len, reverse=True))
 
 
 def skip_paths(*paths: str) -> None:
@@ -53,3 +57,35 @@ def user_frame(depth: int = 2) -> FrameType | None:
             return frame
         frame = frame.f_back
     return None
+
+
+def installed_path(filename: str) -> str | None:
+    """`timm/layers/classifier.py` for a file of an installed package or the standard library; None for
+    the user's own files."""
+    for prefix in _INSTALLED:
+        if filename.startswith(prefix):
+            return filename[len(prefix):]
+    return None
+
+
+def user_caller(frame: FrameType) -> FrameType | None:
+    """For a frame of an installed library (timm building its classifier), the nearest frame above it that
+    is the user's own code (the line that built the model); None when there is none or `frame` is the user's."""
+    if installed_path(frame.f_code.co_filename) is None:
+        return None
+    skip = _skip_prefixes
+    caller = frame.f_back
+    while caller is not None:
+        name = caller.f_code.co_filename
+        if not (name.startswith(skip) or name.startswith("<") or installed_path(name) is not None):
+            return caller
+        caller = caller.f_back
+    return None
+
+
+def describe_frames(frame: FrameType, user: FrameType | None) -> str:
+    """`train.py:12 via timm/layers/classifier.py:55`: the user's line first, then the library's own."""
+    here = f"{installed_path(frame.f_code.co_filename) or display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+    if user is None:
+        return here
+    return f"{display_path(user.f_code.co_filename)}:{user.f_lineno} via {here}"

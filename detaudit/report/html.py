@@ -17,7 +17,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from detaudit.compare.oprules import VERDICTS
+from detaudit.compare.oprules import VERDICTS, traced_note
 
 WIDTH, HEIGHT = 760, 210
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 14, 34
@@ -243,7 +243,7 @@ def _op_section(data: dict[str, Any]) -> str:
     f = d.get("op_finding")
     if not f:
         return ""
-    origin = f.get("origin")
+    origin, t = f.get("origin"), f.get("traced_from")
     if f["verdict"] == "inputs-differ" and origin and origin.get("kind") == "input":
         # no recorded op made the differing data: the neighbour table would only show its consumers
         window = f" in steps {f['window'][0]}–{f['window'][1]}" if f.get("window") else ""
@@ -258,6 +258,8 @@ def _op_section(data: dict[str, Any]) -> str:
         ("why", f"{f['verdict']}: {VERDICTS.get(f['verdict'], '')}"), ("summary", f.get("summary")),
         ("origin", f"{origin['kind']} {origin['name']}" + (f" ({origin['location']})" if origin.get("location") else "")
          if origin else None),
+        ("traced from", traced_note(t["kind"], t["name"], t.get("location"))
+         if t and t["index"] != f["index"] else None),
         ("recorded in", f"an op-level re-run ({f['traces']}-*.trace), ops in steps {f['window'][0]}–{f['window'][1]}"
          if f.get("traces") and f.get("window") else None),
     ]
