@@ -21,6 +21,7 @@ from detaudit.cli.render import op_panel, render
 from detaudit.compare import align
 from detaudit.compare.oprules import find_op_source
 from detaudit.recorder.core import Recorder
+from detaudit.report.html import render_html
 from detaudit.report.junit import to_junit
 from detaudit.report.model import to_dict
 from detaudit.trace import Flag, Kind, TraceWriter
@@ -236,6 +237,16 @@ def test_terminal_json_and_junit_name_the_same_file_and_line(tmp_path: Path) -> 
     assert "train.py:14" in ET.fromstring(to_junit(report)).find("testcase[@name='repeats agree']/failure").get(
         "message", "")
     assert "(train.py:14)" in text.strip().splitlines()[-1]  # the closing summary line
+    # the HTML's first-divergence table: location, module and op as the terminal shows them, and the record's line
+    page = render_html(to_dict(report))
+    first = page[page.index("<h2>First divergence</h2>"):page.index("<h2>The op behind it</h2>")]
+    for key, value in (("location", "train.py:14"), ("module", "net.0"), ("op", "aten.index_put.default (backward)"),
+                       ("recorded at", "train.py:20")):
+        assert f"<th>{key}</th><td>{value}</td>" in first
+    # the op table scrolls inside its own box, its cells wrap: it never widens the 1000-px page
+    ops = page[page.index("<h2>The op behind it</h2>"):]
+    assert "<div class='wide'><table>" in ops and ".wide{max-width:100%;overflow-x:auto}" in page
+    assert ".wide td,.kv td{overflow-wrap:anywhere}" in page and "max-width:1000px" in page
 
     console = Console(record=True, width=160)
     panel = op_panel(report)
