@@ -5,6 +5,7 @@ as torch's global hooks would call them, so nothing is installed in the test pro
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
