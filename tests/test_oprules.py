@@ -289,13 +289,19 @@ def test_an_input_drawn_after_the_weights_init_is_traced_to_its_own_draw(tmp_pat
     assert finding.traced_from is not None and finding.traced_from.name == "Linear.input[0]"
 
 
-def test_a_layer_output_is_traced_to_its_own_init_not_a_later_layers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("head_first", [False, True])
+def test_a_layer_output_is_traced_to_its_own_init_not_another_layers(tmp_path: Path, head_first: bool) -> None:
+    """timm's shape: a classifier initialised after the stem (the latest run of draws before the divergence), or
+    a library's layer drawn just before the user's conv (one run of draws, the library's first)."""
     lines = {}
 
     def body(rec: Recorder) -> None:
+        if head_first:
+            head = nn.Linear(18, 2)
         conv = nn.Conv2d(1, 2, 3); lines["conv"] = here()  # noqa: E702
         x = torch.ones(1, 1, 5, 5)  # the input agrees
-        head = nn.Linear(18, 2)  # drawn later (a classifier built after the stem), never reaching conv's output
+        if not head_first:
+            head = nn.Linear(18, 2)  # never reaching conv's output
         y = conv(x)
         rec.record_tensor(Kind.OUTPUT, rec.intern("conv1"), y)
         rec.record_tensor(Kind.OUTPUT, rec.intern("head"), head(y.flatten(1)))
