@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-from types import FrameType
+from types import CodeType, FrameType
 
 _skip_prefixes: tuple[str, ...] = ()
 _relative: dict[str, str] = {}
@@ -71,16 +71,27 @@ def installed_path(filename: str) -> str | None:
 def user_caller(frame: FrameType) -> FrameType | None:
     """For a frame of an installed library (timm building its classifier), the nearest frame above it that
     is the user's own code (the line that built the model); None when there is none or `frame` is the user's."""
-    if installed_path(frame.f_code.co_filename) is None:
+    if not _library_code(frame.f_code):
         return None
-    skip = _skip_prefixes
     caller = frame.f_back
     while caller is not None:
-        name = caller.f_code.co_filename
-        if not (name.startswith(skip) or name.startswith("<") or installed_path(name) is not None):
+        if not _library_code(caller.f_code):
             return caller
         caller = caller.f_back
     return None
+
+
+_library: dict[CodeType, bool] = {}  # per code object: run on every record made under a library's frames
+
+
+def _library_code(code: CodeType) -> bool:
+    """torch's, detaudit's, an installed package's or the standard library's code (not the user's)."""
+    known = _library.get(code)
+    if known is None:
+        name = code.co_filename
+        known = _library[code] = bool(name.startswith(_skip_prefixes) or name.startswith("<frozen")
+                                      or installed_path(name) is not None)
+    return known
 
 
 def describe_frames(frame: FrameType, user: FrameType | None) -> str:
