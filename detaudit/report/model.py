@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from detaudit.compare.perturb import PerturbationFinding
 
 SCHEMA_NAME = "detaudit-report"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: runs[].duration_s may be null (a baseline compared keeps no time)
 
 
 @dataclass(frozen=True)
