@@ -15,8 +15,9 @@ share a cause: the run's first is named.
 
 That rule knows only the order of records; an unseeded RNG makes every draw differ, so the latest run of
 sources before the divergence may have made something else (a classifier's init, drawn after `conv1`'s).
-Where the trace links each forward op to the records that made its inputs (recorder/ops.py), the record
-the comparison reports (the first divergent module output, input, gradient...) is followed back instead:
+Where the trace links each forward op to the records that made its inputs (recorder/ops.py), the first
+divergent non-op record (a module output, input, gradient...: what a module-level comparison reports) is
+followed back instead:
 to the op that made the same tensor (the latest op with its digest), then through the inputs that
 differ, to the nearest source among its ancestors (fewest ops away; of equals, the first recorded).
 Without such links (an older trace, a backward op, a maker in an earlier step) the order rule stands.
