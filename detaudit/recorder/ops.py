@@ -298,13 +298,8 @@ class OpRecorder(TorchDispatchMode):
         when the op returns); the string id of its inputs' makers' distances back (0: none known). Records
         made on other threads are placed at the next sync: no link from or to them."""
         index = self.rec.next_index
-        made = self._made
-        if len(made) > _DERIVED_LIMIT:
-            live = {k: v for k, v in made.items() if v[0]() is not None}
-            made.clear()
-            if len(live) < _DERIVED_LIMIT // 2:
-                made.update(live)
-        made[id(t)] = (weakref.ref(t), version_of(t) + bumped, index)
+        _prune(self._made)
+        self._made[id(t)] = (weakref.ref(t), version_of(t) + bumped, index)
         if not makers:
             return 0
         return self.rec.intern(",".join(str(index - m) for m in sorted(set(makers), reverse=True)))
@@ -393,11 +388,7 @@ class OpRecorder(TorchDispatchMode):
         if self._unknown:
             return
         derived = self._derived
-        if len(derived) > _DERIVED_LIMIT:
-            live = {k: v for k, v in derived.items() if v[0]() is not None}
-            derived.clear()
-            if len(live) < _DERIVED_LIMIT // 2:
-                derived.update(live)
+        _prune(derived)
         for t in views:
             geometry = (*t.shape, *t.stride(), t.storage_offset(), info.code & 0x7FFFFFFFFFFFFFFF)
             digest = xxhash.xxh3_64_intdigest(struct.pack(f"<{len(geometry)}q", *geometry), codes[0])
@@ -449,6 +440,15 @@ class OpRecorder(TorchDispatchMode):
     def _node_name(self, node: Any) -> int:
         sid = self._node_names[type(node)] = self.rec.intern(node.name())
         return sid
+
+
+def _prune(cache: dict[int, Any]) -> None:
+    """Past _DERIVED_LIMIT entries keyed by id (weakref first), drop the dead ones; all of them when most live."""
+    if len(cache) > _DERIVED_LIMIT:
+        live = {k: v for k, v in cache.items() if v[0]() is not None}
+        cache.clear()
+        if len(live) < _DERIVED_LIMIT // 2:
+            cache.update(live)
 
 
 def _named(info: _OpInfo, args: Any, kwargs: Any) -> Any:
