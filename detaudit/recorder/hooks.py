@@ -307,7 +307,7 @@ class Hooks:
         if primary is None:
             self._primary, primary = weakref.ref(optimizer), optimizer
         later = self._later() if self._later is not None else None
-        if optimizer is primary and self._stepped and later is not None and not self._handed:
+        if optimizer is primary and later is not None and id(later) in self._stepped and not self._handed:
             # the first optimizer of the iteration steps again after others that had a forward of their own (a
             # GAN's discriminator, then its generator): the iteration is now known, and its last update ends the
             # step from here on, so the count is one step per iteration and --max-steps stops after whole ones
@@ -385,6 +385,7 @@ class Hooks:
         elif self._primary is not None and self._primary() is optimizer:
             rec.end_step()
             self._stepped.clear()
+            self._later = None
             self._tail = set()
 
     # -- buffers ---------------------------------------------------------------------------
