@@ -72,6 +72,16 @@ def test_the_backward_walk_finds_listed_nodes(evidence: tuple[Evidence, Sink]) -
                                                              ("IndexSelectBackward0", "backward")]
 
 
+def test_on_the_cpu_the_backward_walk_finds_latent_nodes(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    kernels.install(ev, torch)
+    x = torch.ones(4, requires_grad=True)
+    torch.autograd.backward(x.index_select(0, torch.tensor([0, 0])).sum())
+    assert sink.of("op") == []
+    assert [(e["op"], e["phase"]) for e in sink.of("latent-op")] == [("index_select", "backward"),
+                                                                    ("IndexSelectBackward0", "backward")]
+
+
 def test_empty_allocations_from_user_code_carry_their_contents_digest(evidence: tuple[Evidence, Sink]) -> None:
     ev, sink = evidence
     kernels.install(ev, torch)

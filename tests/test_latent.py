@@ -86,6 +86,7 @@ def test_terminal_json_and_html_show_latent_findings_and_versions(tmp_path: Path
     assert report.verdict == "deterministic" and [x.id for x in report.latent] == ["cudnn-benchmark"]
     data = to_dict(report)
     assert data["latent"][0]["id"] == "cudnn-benchmark"
+    assert "convolutions: conv1 (Conv2d)" in data["latent"][0]["evidence"]
     assert {k: data["environment"][k] for k in ("torch", "numpy", "cuda")} == \
         {"torch": "2.13.0+cpu", "numpy": "2.1.0", "cuda": None}
     page = render_html(data)

@@ -55,7 +55,8 @@ def _cudnn_benchmark(rep: RepeatEvidence) -> Latent | None:
     if not on:
         return None
     modules = rep.first(ModulesEvent)
-    convs = [m["module"] for m in modules.get("matmul", []) if m["class"].startswith("Conv")] if modules else []
+    convs = [f"{m['module']} ({m['class']})" for m in modules.get("matmul", []) if m["class"].startswith("Conv")] \
+        if modules else []
     if modules is not None and not convs:
         return None  # no convolution for cuDNN to tune
     lines = _set_at(rep, "cudnn.benchmark") or [f"torch.backends.cudnn.benchmark was True at the {on[0]}"]

@@ -98,19 +98,20 @@ def modules_event(ev: Evidence, root: Any) -> ModulesEvent:
 
 
 def _emit_listed(ev: Evidence, op: str, device: str, entries: list[oplist.OpEntry], grad: bool, values: dict[str, str],
-                 loc: str) -> None:
+                 loc: str, node: bool = False) -> None:
     """An `op` event for the first entry that makes this call nondeterministic here; on the CPU, failing that,
-    a `latent-op` event for one that would make it nondeterministic on CUDA (the same script on a GPU)."""
+    a `latent-op` event for one that would make it nondeterministic on CUDA (the same script on a GPU).
+    `node`: an autograd node found by the backward walk (its phase is backward whatever the entry says)."""
     for entry in entries:
         if oplist.applies(entry, device, grad, values):
-            ev.emit(_op_event(ev, op, device, entry, "backward" if entry.backward else "forward", loc))
+            ev.emit(_op_event(ev, op, device, entry, "backward" if node or entry.backward else "forward", loc))
             return
     if device != "cpu":
         return
     for entry in entries:
         if oplist.applies(entry, "cuda", grad, values):
             ev.emit(LatentOpEvent(type="latent-op", op=op, entry=entry.text, loc=loc,
-                                  phase="backward" if entry.backward else "forward",
+                                  phase="backward" if node or entry.backward else "forward",
                                   deterministic=ev.torch.are_deterministic_algorithms_enabled()))
             return
 
@@ -336,7 +337,7 @@ def _walk_graph(ev: Evidence, tensors: Any, caller: FrameType) -> None:
         for key in oplist.node_keys(node_name):
             entries = ev.op_entries.get(key, [])
             if entries and ev.first_time("node", node_name, device):
-                _emit_listed(ev, node_name, device, entries, True, {}, loc)
+                _emit_listed(ev, node_name, device, entries, True, {}, loc, node=True)
 
 
 # -- determinism flags and collectives -----------------------------------------------------------
