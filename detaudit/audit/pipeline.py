@@ -382,7 +382,8 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
             stream.drain()
             footer = stream.footer  # schema-checked by the reader: exit_code int|None, duration_s a number
             code = None if footer is None else footer.get("exit_code", 0)
-            duration = float((footer or {}).get("duration_s", 0.0))
+            took = (footer or {}).get("duration_s")  # none without a footer (or in a footer that could not time it)
+            duration = float(took) if took is not None else None
             results.append(RepeatResult(
                 index=i, device=str(stream.header.get("device_request", "recorded")), exit_code=code,
                 duration_s=duration, timed_out=False, trace=str(path.resolve()), stdout="", stderr="",
