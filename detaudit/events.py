@@ -100,6 +100,16 @@ class HashEvent(_Event):
     aslr_disabled: bool
 
 
+class HashCallEvent(_Event):
+    """The first `hash()` of a str or bytes at a user call site: its value changes with string hash
+    randomization (a seed or bucket derived from `hash(prompt)`)."""
+
+    type: Literal["hash-call"]
+    loc: str
+    value: int
+    of: str  # what was hashed, without its content: `str of length 12`
+
+
 class OpEvent(_Event):
     """A call of an op the running torch lists as nondeterministic (or its node in an autograd graph)."""
 
@@ -111,6 +121,18 @@ class OpEvent(_Event):
     loc: str
     threads: int
     deterministic: bool  # deterministic algorithms were on
+
+
+class LatentOpEvent(_Event):
+    """A call on the CPU of an op the running torch lists as nondeterministic on CUDA only: deterministic
+    here, not when the same script runs on a GPU (a latent finding, never a cause of this run's divergence)."""
+
+    type: Literal["latent-op"]
+    op: str
+    entry: str  # the line of torch's list that matched
+    phase: Literal["forward", "backward"]
+    loc: str
+    deterministic: bool  # deterministic algorithms were on (then CUDA would use a deterministic kernel, or raise)
 
 
 # "class" is a keyword: the functional form spells it
@@ -473,13 +495,15 @@ class InitialParamsEvent(_Event):
     digests: list[str]  # the digest of each, 16 hex digits (a record's digest)
 
 
-Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, OpEvent, ModulesEvent, EmptyEvent,
+Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, HashCallEvent, OpEvent, LatentOpEvent,
+              ModulesEvent, EmptyEvent,
               EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
               CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
               BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
               StateRestoreEvent, InitialParamsEvent]
-Kind = Literal["seed", "generator", "draw", "state", "hash", "op", "modules", "empty", "empty-writes", "call",
+Kind = Literal["seed", "generator", "draw", "state", "hash", "hash-call", "op", "latent-op", "modules", "empty",
+               "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
                "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
                "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",

@@ -80,7 +80,7 @@ class RepeatResult:
     index: int
     device: str
     exit_code: int | None  # None: unknown (a recording compared without its footer)
-    duration_s: float
+    duration_s: float | None  # None: not recorded (a baseline keeps no time)
     timed_out: bool
     trace: str
     stdout: str
@@ -196,6 +196,17 @@ class Cause:
     pins: list[Pin] = field(default_factory=list)  # the `--explain` pins that test it (docs/causes.md)
     basis: Basis = "circumstantial"  # what it rests on: an experiment, op-level records, direct evidence, or less
     separating_pin: Pin | None = None  # a toss-up with another cause: the one experiment that tells them apart
+
+
+@dataclass(frozen=True)
+class Latent:
+    """A setting or op that is deterministic where the audit ran (the CPU) and is not on CUDA: the same script
+    on a GPU would not reproduce itself, or this run. Reported beside the verdict, never as a cause of it."""
+
+    id: str  # the cause it would be on CUDA: cudnn-benchmark, tf32, nondeterministic-op
+    summary: str
+    evidence: list[str]
+    fix: str
 
 
 @dataclass(frozen=True)

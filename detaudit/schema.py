@@ -193,5 +193,5 @@ EVENT = Obj({
     "why": str, "detail": str, "subset": str, "size": Int(0), "first_module": OneOf((_BATCH_SPOT, NONE)),
     "first_op": OneOf((_BATCH_SPOT, NONE)), "note": STR_OR_NONE,
     "step": Int(0), "keys": ListOf(str), "parts": ListOf(Obj({"path": str, "role": str})), "digests": ListOf(str),
-    "obj": Int(0), "entropy": bool, "importing": bool,
+    "obj": Int(0), "entropy": bool, "importing": bool, "of": str,
 }, frozenset({"at", "type"}))

@@ -80,11 +80,13 @@ def training_records(steps: int = 3, layers: int = 2, seed: int = 0) -> list[Rec
 def write_run(run_dir: Path, traces: Sequence[Sequence[Rec] | None], devices: Sequence[str] | None = None,
               exit_codes: Sequence[int] | None = None, timed_out: Sequence[bool] | None = None,
               stdout: Sequence[str] | None = None, script: str = "train.py",
-              perturbations: Sequence[dict[str, str]] | None = None) -> Path:
+              perturbations: Sequence[dict[str, str]] | None = None,
+              events: Sequence[tuple[int, dict[str, Any]]] = ()) -> Path:
     """A finished run directory, as `detaudit run` leaves it (traces, stdout/stderr, run.json).
 
     A `None` trace writes no trace file (a repeat that died before importing torch). `perturbations`: each
-    repeat's settings, as a `run --perturb` run records them (the settings varied: those of repeat 0).
+    repeat's settings, as a `run --perturb` run records them (the settings varied: those of repeat 0);
+    `events` go into every repeat's trace, as (record index, event) pairs.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     n = len(traces)
@@ -98,7 +100,7 @@ def write_run(run_dir: Path, traces: Sequence[Sequence[Rec] | None], devices: Se
         if recs is not None:
             done = not timed_out[i]
             write_trace(trace, recs, {"exit_code": exit_codes[i], "error": None} if done else None,
-                        header={"repeat": i})
+                        header={"repeat": i}, events=events)
         (run_dir / f"repeat-{i}.stdout").write_text(stdout[i])
         (run_dir / f"repeat-{i}.stderr").write_text("" if exit_codes[i] == 0 else "RuntimeError: boom\n")
         digest = hashlib.sha256(stdout[i].encode()).hexdigest()[:16]

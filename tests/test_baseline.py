@@ -8,12 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import SCRIPTS, run_cli
+from rich.console import Console
 from synthetic import training_records, write_run
 
 from detaudit.audit.pipeline import compare_recorded, load_run
+from detaudit.cli.render import divergence_panel, runs_table
 from detaudit.errors import TraceError
 from detaudit.report import baseline
-from detaudit.report.model import EnvironmentChange
+from detaudit.report.model import EnvironmentChange, to_dict
 from detaudit.trace import Kind, read_trace
 
 
@@ -138,7 +140,34 @@ def test_compare_reads_a_baseline_as_a_recording(tmp_path: Path) -> None:
     saved = _saved(tmp_path)
     recs = training_records(steps=2)
     other = write_run(tmp_path / "other", [[r.but(digest=r.digest + 1) if r.step == 1 else r for r in recs]] * 2)
-    assert compare_recorded([saved, tmp_path / "run"]).verdict == "deterministic"
+    same = compare_recorded([saved, tmp_path / "run"])
+    assert same.verdict == "deterministic"
+    # each recording by the name it was given, and no time for the baseline, which keeps none
+    assert same.recordings == [str(saved), str(tmp_path / "run")]
+    assert [r["recording"] for r in to_dict(same)["runs"]] == same.recordings
+    assert [r.duration_s for r in same.runs] == [None, 0.5]
+    console = Console(record=True, width=200)
+    console.print(runs_table(same))
+    text = console.export_text()
+    rows = [line for line in text.splitlines() if str(saved) in line or str(tmp_path / "run") in line]
+    assert "Recordings compared" in text and "repeat" not in text.splitlines()[1] and len(rows) == 2
+    assert " - " in rows[0] and "0.50" in rows[1] and "0.00" not in text
     report = compare_recorded([saved, other])
     assert report.verdict == "divergent" and report.first_divergence is not None
+    console = Console(record=True, width=300)
+    panel = divergence_panel(report)
+    assert panel is not None
+    console.print(panel)
+    assert f"{other} differ from {saved}" in console.export_text()
     assert report.first_divergence.record is not None and report.first_divergence.record.step == 1
+
+
+def test_saving_over_a_baseline_says_what_it_replaces_and_from_when(tmp_path: Path) -> None:
+    assert baseline.replaces(tmp_path / "base") is None
+    saved = _saved(tmp_path)
+    manifest = json.loads((saved / baseline.MANIFEST).read_text())
+    said = baseline.replaces(saved)
+    assert said == (f"the baseline of train.py recorded {manifest['created']} "
+                    f"(detaudit {manifest['detaudit_version']}, {manifest['reference']['records']} records)")
+    (saved / baseline.MANIFEST).write_text("{")
+    assert baseline.replaces(saved) == f"a baseline in {saved} whose {baseline.MANIFEST} could not be read"

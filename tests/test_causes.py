@@ -166,6 +166,30 @@ def test_hash_seed_only_with_randomized_hashes() -> None:
     assert order.python_hash_seed(context([[hash_event(5, 0)], [hash_event(5, 0)]])) is None
 
 
+def test_a_seed_from_hash_of_a_prompt_names_the_hash_call_not_a_set_order() -> None:
+    """`torch.manual_seed(hash(prompt) % 2**32)`: the evidence shows the script's own hash() of a string, so that
+    use is named, at its line, in both causes it feeds; not "an order derived from a set or dict"."""
+    def repeat(value: int) -> list[dict[str, Any]]:
+        return [hash_event(value), {"type": "hash-call", "loc": "gen.py:7", "value": value, "of": "str of length 12"},
+                {"type": "seed", "lib": "torch", "fn": "torch.manual_seed", "value": value % 2**32, "loc": "gen.py:7",
+                 "library": False, "drawn_before": False, "state": f"s{value}"}]
+
+    ctx = context([repeat(11), repeat(22)])
+    found = order.python_hash_seed(ctx)
+    assert found is not None and found.cause.summary.startswith("hash() of a string at gen.py:7")
+    assert "set or dict" not in found.cause.summary and "gen.py:7" in found.cause.fix
+    assert found.cause.evidence[0] == ("hash() of a str of length 12 at gen.py:7 gave 11 in repeat 0, 22 in repeat 1: "
+                                       "the value changes with string hash randomization")
+    assert found.cause.basis == "circumstantial" and found.score > order.object_order(ctx).score  # type: ignore[union-attr]
+    ranked = causes.rank(ctx)
+    assert [c.id for c in ranked[:2]] == ["varying-seed", "python-hash-seed"]
+    assert any("hash() of a str of length 12 at gen.py:7" in line for line in ranked[0].evidence)
+    # the same hash() value in every repeat (PYTHONHASHSEED set): nothing named
+    same = context([[hash_event(5), {"type": "hash-call", "loc": "gen.py:7", "value": 5, "of": "str of length 1"}],
+                    [hash_event(6), {"type": "hash-call", "loc": "gen.py:7", "value": 5, "of": "str of length 1"}]])
+    assert order.hash_calls(same) == []
+
+
 def test_object_order_rises_when_the_hash_seed_is_fixed() -> None:
     randomized = order.object_order(context([[hash_event(1)], [hash_event(2)]]))
     fixed = order.object_order(context([[hash_event(5, 0)], [hash_event(5, 0)]]))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from evidence_sink import Sink
 
-from detaudit.events import CallEvent, ClockEvent, EnvironmentEvent, HashEvent
+from detaudit.events import CallEvent, ClockEvent, EnvironmentEvent, HashCallEvent, HashEvent
 from detaudit.recorder import patch
 from detaudit.recorder.evidence import environment
 from detaudit.recorder.evidence.base import Evidence
@@ -88,3 +88,19 @@ def test_reads_of_outside_values_are_recorded_once_per_user_line(evidence: tuple
     secrets.token_hex(4)
     assert [e["fn"] for e in sink.of("outside")] == ["os.getpid", "uuid.uuid4", "secrets.token_hex"]
     assert all("test_evidence_environment.py" in e["loc"] for e in sink.of("outside"))
+
+
+def test_hash_of_a_string_is_recorded_once_per_user_line(evidence: tuple[Evidence, Sink]) -> None:
+    import builtins
+    import json
+
+    ev, sink = evidence
+    environment.install_hash(ev)
+    for _ in range(2):
+        hash("a prompt")  # the value changes with string hash randomization
+    hash(12345)  # an int's hash is its value: not recorded
+    json.dumps({"k": 1})  # library code hashing nothing of the script's: not recorded
+    [event] = sink.of("hash-call")
+    assert set(event) == fields(HashCallEvent)
+    assert event["value"] == builtins.hash("a prompt") and event["of"] == "str of length 8"
+    assert "test_evidence_environment.py" in event["loc"]

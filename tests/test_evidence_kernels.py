@@ -8,7 +8,15 @@ import pytest
 import torch
 from evidence_sink import Sink
 
-from detaudit.events import EmptyEvent, EmptyWritesEvent, FlagEvent, FlagTypoEvent, ModulesEvent, OpEvent
+from detaudit.events import (
+    EmptyEvent,
+    EmptyWritesEvent,
+    FlagEvent,
+    FlagTypoEvent,
+    LatentOpEvent,
+    ModulesEvent,
+    OpEvent,
+)
 from detaudit.recorder import patch
 from detaudit.recorder.evidence import kernels
 from detaudit.recorder.evidence.base import Evidence
@@ -41,11 +49,16 @@ def test_a_listed_op_on_a_listed_device_is_recorded_once_per_site(evidence: tupl
     assert "index_add" in op["entry"] and "test_evidence_kernels.py:" in op["loc"]
 
 
-def test_the_same_op_on_the_cpu_is_not_listed(evidence: tuple[Evidence, Sink]) -> None:
+def test_the_same_op_on_the_cpu_is_not_listed_but_latent(evidence: tuple[Evidence, Sink]) -> None:
+    """index_add_ is listed for CUDA tensors only: deterministic here, recorded as latent (causes/latent.py)."""
     ev, sink = evidence
     kernels.install(ev, torch)
     torch.zeros(3).index_add_(0, torch.tensor([0, 0]), torch.ones(2))
     assert sink.of("op") == []
+    [latent] = sink.of("latent-op")
+    assert set(latent) == fields(LatentOpEvent)
+    assert (latent["op"], latent["phase"], latent["deterministic"]) == ("index_add_", "forward", False)
+    assert "CUDA" in latent["entry"] and "test_evidence_kernels.py:" in latent["loc"]
 
 
 def test_the_backward_walk_finds_listed_nodes(evidence: tuple[Evidence, Sink]) -> None:
@@ -57,6 +70,16 @@ def test_the_backward_walk_finds_listed_nodes(evidence: tuple[Evidence, Sink]) -
     torch.autograd.backward(y)
     assert [(e["op"], e["phase"]) for e in sink.of("op")] == [("index_select", "backward"),
                                                              ("IndexSelectBackward0", "backward")]
+
+
+def test_on_the_cpu_the_backward_walk_finds_latent_nodes(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    kernels.install(ev, torch)
+    x = torch.ones(4, requires_grad=True)
+    torch.autograd.backward(x.index_select(0, torch.tensor([0, 0])).sum())
+    assert sink.of("op") == []
+    assert [(e["op"], e["phase"]) for e in sink.of("latent-op")] == [("index_select", "backward"),
+                                                                    ("IndexSelectBackward0", "backward")]
 
 
 def test_empty_allocations_from_user_code_carry_their_contents_digest(evidence: tuple[Evidence, Sink]) -> None:

@@ -5,6 +5,7 @@ as torch's global hooks would call them, so nothing is installed in the test pro
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -88,9 +89,9 @@ def test_alternating_optimizers_with_a_forward_between_are_one_step(tmp_path: Pa
         loop.step(loop.body)
     assert loop.recorder.step == 3
     assert loop.steps(Kind.GRAD, "head.weight") == [0, 1, 2]
-    # the second update comes after the counting optimizer's step, so the step number counts it
-    assert loop.steps(Kind.GRAD, "body.weight") == [1, 2, 3]
-    assert loop.steps(Kind.OUTPUT, "Pair") == [0, 1, 1, 2, 2, 3]
+    # from the second iteration on the later update ends the step; the first's is counted with the second
+    assert loop.steps(Kind.GRAD, "body.weight") == [1, 1, 2]
+    assert loop.steps(Kind.OUTPUT, "Pair") == [0, 1, 1, 1, 2, 2]
 
 
 def test_gradient_accumulation_counts_optimizer_steps_not_backward_passes(tmp_path: Path) -> None:
@@ -224,3 +225,101 @@ def test_gradients_under_step_closure_are_recorded_at_the_step_they_belong_to(tm
         loop.body.zero_grad(set_to_none=True)
     assert loop.steps(Kind.GRAD, "body.weight") == [0, 1, 2]  # before: none at step 0, step k-1's at step k
     assert loop.steps(Kind.GRAD, "head.weight") == []  # not this optimizer's parameters
+
+
+# -- Lightning's calling pattern, emulated (Lightning is not installed): a LightningModule-like wrapper whose
+#    training_step calls its submodules, and optimizer.step(closure) running forward and backward --------------
+
+class Lit(torch.nn.Module):
+    """Two Sequentials, each of whose parameters is `0.weight` inside it; forward never runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(3, 3))
+        self.head = torch.nn.Sequential(torch.nn.Linear(3, 1))
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def training_step(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.head(self.net(x)) * self.scale).sum()
+
+
+def installed(tmp_path: Path) -> tuple[Recorder, Path, list[Any]]:
+    """A recorder with its hooks installed globally, the way a repeat runs (removed by the caller)."""
+    path = tmp_path / "t.trace"
+    recorder = Recorder(TraceWriter(path, {"repeat": 0}))
+    hooks = Hooks(recorder)
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim
+    handles = [nn_module.register_module_forward_pre_hook(hooks.guard(hooks._on_forward_pre)),
+               nn_module.register_module_forward_hook(hooks.guard(hooks._on_forward)),
+               optim.register_optimizer_step_pre_hook(hooks.guard(hooks._on_step_pre)),
+               optim.register_optimizer_step_post_hook(hooks.guard(hooks._on_step_post))]
+    return recorder, path, handles
+
+
+def names(path: Path, kind: Kind) -> list[str]:
+    trace = read_trace(path)
+    return [trace.strings[r["name"]] for r in trace.records if r["kind"] == int(kind)]
+
+
+def test_parameters_are_named_from_the_module_that_holds_them_under_a_closure_step(tmp_path: Path) -> None:
+    recorder, path, handles = installed(tmp_path)
+    try:
+        lit = Lit()
+        opt = torch.optim.SGD(lit.parameters(), lr=0.1)
+        for _ in range(2):
+            def closure() -> torch.Tensor:
+                opt.zero_grad()
+                loss = lit.training_step(torch.ones(2, 3))
+                loss.backward()
+                return loss
+            opt.step(closure)
+    finally:
+        for h in handles:
+            h.remove()
+    recorder.close({"exit_code": 0})
+    params = ["scale", "net.0.weight", "net.0.bias", "head.0.weight", "head.0.bias"]
+    assert names(path, Kind.GRAD) == params * 2 and names(path, Kind.PARAM) == params * 2
+    assert names(path, Kind.OUTPUT)[:2] == ["net.0", "net"] and "net.input[0]" in names(path, Kind.INPUT)
+    assert recorder.step == 2
+
+
+def test_gradients_the_script_assigns_itself_carry_the_parameters_names(tmp_path: Path) -> None:
+    recorder, path, handles = installed(tmp_path)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        params = dict(model.named_parameters())
+
+        def loss(p: dict[str, torch.Tensor]) -> torch.Tensor:
+            return torch.func.functional_call(model, p, (torch.ones(1, 3),)).sum()
+
+        grads = torch.func.grad(loss)({k: v.detach() for k, v in params.items()})
+        for k, p in params.items():
+            p.grad = grads[k]
+        opt.step()
+    finally:
+        for h in handles:
+            h.remove()
+    recorder.close({"exit_code": 0})
+    assert names(path, Kind.GRAD) == ["0.weight", "0.bias"]
+
+
+def test_a_gan_loop_counts_one_step_per_iteration(tmp_path: Path) -> None:
+    """The discriminator's update, then the generator's after a forward of its own: once the discriminator
+    steps again the iteration is known, and the generator's update ends each step from then on, so five
+    iterations are five steps (and --max-steps 2 stops after two whole iterations)."""
+    loop = Loop(tmp_path)
+    updates: list[str] = []
+    ended: list[int] = []  # how many updates had run when each step ended (where --max-steps stops)
+    loop.recorder.step_callbacks.append(lambda step: ended.append(len(updates)))
+    for i in range(5):
+        loop.forward_backward()
+        updates.append(f"D{i}")
+        loop.step(loop.head)
+        loop.forward_backward()
+        updates.append(f"G{i}")
+        loop.step(loop.body)
+    assert loop.recorder.step == 5 and ended == [1, 4, 6, 8, 10]
+    # the first iteration's generator update is counted with the second's
+    assert loop.steps(Kind.GRAD, "body.weight") == [1, 1, 2, 3, 4]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import detaudit
 from detaudit.recorder import fingerprint, location
@@ -18,3 +19,24 @@ def test_all_of_detaudit_but_its_demo_is_library_code() -> None:
     demo = os.path.join(root, "demo", "train_demo.py")
     assert os.path.isfile(demo) and not demo.startswith(own)
     assert not os.path.abspath(__file__).startswith(own)
+
+
+def test_a_library_line_is_shown_after_the_users_line_that_led_to_it() -> None:
+    """An op run by an installed package (timm initialising its classifier) is placed at the user's line that
+    called into the package first, then at the package's own line, as its import path shows it."""
+    lib = location._INSTALLED[0]  # a file placed where an installed package's would be
+    library = compile("def build(f):\n    return f()\n", os.path.join(lib, "fakepkg", "layers.py"), "exec")
+    scope: dict[str, object] = {}
+    exec(library, scope)
+    seen: list[str] = []
+
+    def op() -> None:
+        frame = sys._getframe(1)
+        seen.append(location.describe_frames(frame, location.user_caller(frame)))
+
+    scope["build"](op); line = sys._getframe().f_lineno  # noqa: E702
+    assert seen == [f"{location.display_path(__file__)}:{line} via fakepkg/layers.py:2"]
+    here = sys._getframe()
+    assert location.user_caller(here) is None
+    text, line = location.describe_frames(here, None), here.f_lineno
+    assert text == f"{location.display_path(__file__)}:{line}"

@@ -14,7 +14,7 @@ from detaudit.compare.match import choose_record, describe_match, detect
 from detaudit.compare.traces import compare_traces
 from detaudit.recorder.core import one_ulp
 from detaudit.results import Tolerance
-from detaudit.trace import Flag
+from detaudit.trace import Flag, Kind
 
 
 def test_match_counts_records_by_kind_and_says_what_was_not_observed(tmp_path: Path) -> None:
@@ -28,6 +28,16 @@ def test_match_counts_records_by_kind_and_says_what_was_not_observed(tmp_path: P
     assert any("CUDA kernels" in line for line in m.not_observed)
     assert any("individual ops" in line for line in m.not_observed)
     assert "stdout (ignored, or not recorded)" in m.not_observed and m.stdout_compared == "no"
+
+
+def test_a_schedulers_step_after_the_last_optimizer_step_adds_no_step(tmp_path: Path) -> None:
+    """OneCycleLR stepped per batch: its state is recorded after each optimizer step, numbered with the next."""
+    recs = training_records(steps=8, layers=1)
+    recs += [recs[-1].but(name="lr_scheduler OneCycleLR", kind=Kind.OPTSTATE, step=8, module="")]
+    paths = [write_trace(tmp_path / f"r{i}.trace", recs, {"exit_code": 0}) for i in range(2)]
+    m = describe_match(paths[0], compare_traces(paths, ["cpu", "cpu"]), bitwise=True, tolerance=Tolerance(),
+                       granularity="module", stdout="ignore", devices=["cpu", "cpu"])
+    assert m.steps_covered == 8
 
 
 def test_values_torch_save_could_not_encode_are_listed_as_not_observed(tmp_path: Path) -> None:

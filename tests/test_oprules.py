@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
 import pytest
+import torch
+import torch.nn as nn
 from rich.console import Console
 from synthetic import Rec, write_run
+from test_ops import here, record
 
 from detaudit.audit.pipeline import load_run
 from detaudit.cli.render import op_panel, render
 from detaudit.compare import align
 from detaudit.compare.oprules import find_op_source
+from detaudit.recorder.core import Recorder
+from detaudit.report.html import render_html
 from detaudit.report.junit import to_junit
 from detaudit.report.model import to_dict
 from detaudit.trace import Flag, Kind, TraceWriter
@@ -232,6 +237,16 @@ def test_terminal_json_and_junit_name_the_same_file_and_line(tmp_path: Path) -> 
     assert "train.py:14" in ET.fromstring(to_junit(report)).find("testcase[@name='repeats agree']/failure").get(
         "message", "")
     assert "(train.py:14)" in text.strip().splitlines()[-1]  # the closing summary line
+    # the HTML's first-divergence table: location, module and op as the terminal shows them, and the record's line
+    page = render_html(to_dict(report))
+    first = page[page.index("<h2>First divergence</h2>"):page.index("<h2>The op behind it</h2>")]
+    for key, value in (("location", "train.py:14"), ("module", "net.0"), ("op", "aten.index_put.default (backward)"),
+                       ("recorded at", "train.py:20")):
+        assert f"<th>{key}</th><td>{value}</td>" in first
+    # the op table scrolls inside its own box, its cells wrap: it never widens the 1000-px page
+    ops = page[page.index("<h2>The op behind it</h2>"):]
+    assert "<div class='wide'><table>" in ops and ".wide{max-width:100%;overflow-x:auto}" in page
+    assert ".wide td,.kv td{overflow-wrap:anywhere}" in page and "max-width:1000px" in page
 
     console = Console(record=True, width=160)
     panel = op_panel(report)
@@ -241,3 +256,69 @@ def test_terminal_json_and_junit_name_the_same_file_and_line(tmp_path: Path) -> 
     assert "aten.index_put.default (backward, autograd node IndexBackward0)" in text
     assert "train.py:14 (the forward line that created its autograd node)" in text
     assert "ops in steps 0–0" in text
+
+
+# -- provenance: from the divergent record back to the op that made it (real recordings) -----------------
+
+def _recorded(tmp_path: Path, body: Callable[[Recorder], Any]) -> list[Path]:
+    """Two repeats of `body` recorded at op granularity, the global torch RNG seeded differently in each
+    (an unseeded RNG: every draw differs)."""
+    paths = []
+    for seed in (1, 2):
+        def seeded(rec: Recorder, seed: int = seed) -> None:
+            torch.manual_seed(seed)
+            body(rec)
+        path = tmp_path / f"r{seed}.trace"
+        record(path, seeded)
+        paths.append(path)
+    return paths
+
+
+def test_an_input_drawn_after_the_weights_init_is_traced_to_its_own_draw(tmp_path: Path) -> None:
+    lines = {}
+
+    def body(rec: Recorder) -> None:
+        net = nn.Linear(4, 3); lines["init"] = here()  # noqa: E702
+        x = torch.randn(2, 4); lines["input"] = here()  # noqa: E702
+        rec.record_tensor(Kind.INPUT, rec.intern("Linear.input[0]"), x, loc=rec.location_id(1))
+        rec.record_tensor(Kind.OUTPUT, rec.intern("Linear"), net(x))
+
+    finding = find_op_source(_recorded(tmp_path, body))
+    assert finding is not None and finding.verdict == "random-op"
+    assert finding.record.op == "aten.randn.default" and finding.record.location == lines["input"]
+    assert finding.traced_from is not None and finding.traced_from.name == "Linear.input[0]"
+
+
+@pytest.mark.parametrize("head_first", [False, True])
+def test_a_layer_output_is_traced_to_its_own_init_not_another_layers(tmp_path: Path, head_first: bool) -> None:
+    """timm's shape: a classifier initialised after the stem (the latest run of draws before the divergence), or
+    a library's layer drawn just before the user's conv (one run of draws, the library's first)."""
+    lines = {}
+
+    def body(rec: Recorder) -> None:
+        if head_first:
+            head = nn.Linear(18, 2)
+        conv = nn.Conv2d(1, 2, 3); lines["conv"] = here()  # noqa: E702
+        x = torch.ones(1, 1, 5, 5)  # the input agrees
+        if not head_first:
+            head = nn.Linear(18, 2)  # never reaching conv's output
+        y = conv(x)
+        rec.record_tensor(Kind.OUTPUT, rec.intern("conv1"), y)
+        rec.record_tensor(Kind.OUTPUT, rec.intern("head"), head(y.flatten(1)))
+
+    finding = find_op_source(_recorded(tmp_path, body))
+    assert finding is not None and finding.verdict == "random-op"
+    assert finding.record.op == "aten.uniform_.default" and finding.record.location == lines["conv"]
+    assert finding.traced_from is not None and finding.traced_from.name == "conv1"
+    assert "it made output conv1" in finding.summary
+
+
+def test_without_links_the_order_rule_stands(tmp_path: Path) -> None:
+    # synthetic traces carry no makers (an older trace): the last run of sources before the divergence
+    base = [Op("aten.uniform_.default", 1, flags=Flag.RANDOM, loc="a.py:1"), Op("aten.fill_.Scalar", 2),
+            Op("aten.uniform_.default", 3, flags=Flag.RANDOM, loc="a.py:3"), Op("aten.convolution.default", 4),
+            Op("conv1", 4, kind=Kind.OUTPUT)]
+    rep = [r if i == 1 else r.but(out=r.out + 1000) for i, r in enumerate(base)]
+    rep[3] = rep[3].but(ins=(91, 92))
+    finding = find_op_source(traces(tmp_path, base, rep))
+    assert finding is not None and finding.record.location == "a.py:3" and finding.traced_from is None

@@ -66,7 +66,13 @@ def test_forward_and_backward_ops_carry_module_line_and_autograd_node(tmp_path: 
     forward = [r for r in mm if not r["flags"] & Flag.BACKWARD]
     backward = [r for r in mm if r["flags"] & Flag.BACKWARD]
     assert len(forward) == 1 and backward
-    assert (forward[0]["module"], forward[0]["loc"], forward[0]["node"]) == ("net.0", lines["forward"], "")
+    assert (forward[0]["module"], forward[0]["loc"]) == ("net.0", lines["forward"])
+    # a forward op's aux names the records that made its inputs, as distances back: randn's, two records back
+    # (ones is the other); a backward op's names its autograd node
+    every = rows(trace)
+    at = every.index(forward[0])
+    assert [every[at - int(d)]["name"] for d in forward[0]["node"].split(",")] == \
+        ["aten.ones.default", "aten.randn.default"]
     # a backward op: the autograd node that ran it, and the forward line and module that created that node
     assert {(r["node"], r["loc"], r["module"]) for r in backward} == {("MmBackward0", lines["forward"], "net.0")}
     threshold = rows(trace, "aten.threshold_backward.default")

@@ -17,6 +17,8 @@ from typing import Any
 from detaudit import causes
 from detaudit.audit import ranks
 from detaudit.causes import confirm as experiments
+from detaudit.causes.context import load as load_evidence
+from detaudit.causes.latent import latent_findings, recorded_versions
 from detaudit.compare import match
 from detaudit.compare.live import LiveWatch
 from detaudit.compare.oprules import OpFinding, find_op_source
@@ -380,7 +382,8 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
             stream.drain()
             footer = stream.footer  # schema-checked by the reader: exit_code int|None, duration_s a number
             code = None if footer is None else footer.get("exit_code", 0)
-            duration = float((footer or {}).get("duration_s", 0.0))
+            took = (footer or {}).get("duration_s")  # none without a footer (or in a footer that could not time it)
+            duration = float(took) if took is not None else None
             results.append(RepeatResult(
                 index=i, device=str(stream.header.get("device_request", "recorded")), exit_code=code,
                 duration_s=duration, timed_out=False, trace=str(path.resolve()), stdout="", stderr="",
@@ -397,7 +400,8 @@ def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,
     # comparison); with a tolerance, every recording is compared with the first within it
     labels = ["recorded"] * len(results) if tolerance is None else [f"recording-{r.index}" for r in results]
     report = analyse(Path.cwd(), record, results, bitwise=tolerance is None, labels=labels, explained=False)
-    return replace(report, argv=None)  # recordings made elsewhere have no one command line
+    # recordings made elsewhere have no one command line; each is named as the user gave it
+    return replace(report, argv=None, recordings=[str(p) for p in paths])
 
 
 def compare_nodes(runs: Sequence[tuple[Path, RunRecord, list[RepeatResult]]], tolerance: Tolerance | None,
@@ -536,15 +540,16 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
         exit_status=not any(r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
                             for r in results),
         self_check=record.self_check, stopped=match.not_compared(results)) if traces and traces[0].is_file() else None
+    first_repeat = load_evidence(traces[0], results[0].index, results[0].device)  # latent findings, versions
     return Report(
         script=record.script, script_args=list(record.script_args), run_dir=str(run_dir),
         runs=list(results), comparison=comparison, outcome_divergence=ended, causes=ranked, experiments=stored,
-        environment=record.environment.to_dict(),
+        environment={**record.environment.to_dict(), **recorded_versions(first_repeat)},
         failure=repeat_errors.get(results[0].index, "") if failed else "", repeat_errors=repeat_errors,
         bitwise=bitwise, stdout_mode=stdout_mode,
         argv=[record.script, *record.script_args],  # the script's sys.argv in every repeat (the child sets it so)
         baseline=checked, inferred=[c.id for c in inferred], match=found, op_finding=op_finding,
-        carried_output=carried, perturbation=perturbed,
+        carried_output=carried, perturbation=perturbed, latent=latent_findings(first_repeat, results),
     )
 
 

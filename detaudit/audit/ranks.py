@@ -147,7 +147,7 @@ def _combined(results: Sequence[RepeatResult]) -> RepeatResult:
     first = results[0]
     return replace(first, exit_code=failed[0].exit_code if failed else first.exit_code,
                    timed_out=any(r.timed_out for r in results), interrupted=any(r.interrupted for r in results),
-                   duration_s=max(r.duration_s for r in results),
+                   duration_s=max((r.duration_s for r in results if r.duration_s is not None), default=None),
                    exit_barrier_waited=any(r.exit_barrier_waited for r in results),
                    rendezvous_retries=max(r.rendezvous_retries for r in results),
                    error=next((r.error for r in failed if r.error is not None), first.error))

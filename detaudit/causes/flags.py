@@ -23,7 +23,8 @@ SNAPSHOT_FLAGS = {"deterministic_algorithms": Pin.DETERMINISTIC, "deterministic_
 NCCL_VARIABLES = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE")
 
 
-def _call(event: FlagEvent) -> str:
+def flag_call(event: FlagEvent) -> str:
+    """The call or assignment as the script would write it: `torch.backends.cudnn.benchmark = True`."""
     flag, value = event["flag"], event.get("value")
     if flag in ("use_deterministic_algorithms", "set_float32_matmul_precision"):
         return f"torch.{flag}({value})"
@@ -31,7 +32,8 @@ def _call(event: FlagEvent) -> str:
     return f"{prefix}{flag} = {value}"
 
 
-def _where(event: FlagEvent | FlagTypoEvent) -> str:
+def flag_site(event: FlagEvent | FlagTypoEvent) -> str:
+    """The user's line, and the library line that set the flag when it was not the user's."""
     loc, by = event.get("loc") or "?", event.get("by") or ""
     return loc if not by or by == loc else f"{by} (reached from {loc})"
 
@@ -53,7 +55,7 @@ def flag_drift(ctx: Context) -> Finding | None:
     for flag, events in by_flag.items():
         for a, b in zip(events, events[1:]):
             if a.get("value") != b.get("value"):
-                lines.append(f"`{_call(a)}` at {_where(a)}, then `{_call(b)}` at {_where(b)}")
+                lines.append(f"`{flag_call(a)}` at {flag_site(a)}, then `{flag_call(b)}` at {flag_site(b)}")
                 pins.append(FLAG_PINS.get(flag, Pin.DETERMINISTIC))
                 before = before or ctx.precedes(b)
                 last = b if last is None or b.get("at", 0) <= last.get("at", 0) else last
@@ -80,7 +82,7 @@ def flag_typo(ctx: Context) -> Finding | None:
     typos = ctx.ref.of(FlagTypoEvent)
     if not typos:
         return None
-    lines = [f"`{t['module']}.{t['name']} = {t.get('value')}` at {_where(t)} set an attribute torch never reads"
+    lines = [f"`{t['module']}.{t['name']} = {t.get('value')}` at {flag_site(t)} set an attribute torch never reads"
              + (f" (meant `{t['meant']}`?)" if t.get("meant") else "") for t in typos[:3]]
     lines.append(f"first divergence: {ctx.where()}")
     t = typos[0]

@@ -8,7 +8,7 @@ another order, and on `--explain` (a fixed PYTHONHASHSEED; a fixed address layou
 from __future__ import annotations
 
 from detaudit.causes.context import Context, Finding, detects, finding
-from detaudit.events import ConcurrencyEvent, HashEvent
+from detaudit.events import ConcurrencyEvent, HashCallEvent, HashEvent
 from detaudit.pin import Pin
 from detaudit.results import Basis
 
@@ -25,6 +25,7 @@ def _op_line(ctx: Context) -> list[str]:
 
 
 ORDER_SCORE = {True: 0.75, False: 0.45}  # the same for both order causes: no record tells them apart
+HASH_CALL_SCORE = 0.55  # the script's own hash() of a string, whose value differed: above outside-value (0.52)
 
 
 def _basis(ctx: Context) -> Basis:
@@ -36,6 +37,19 @@ def _near(ctx: Context) -> str:
     return f" (the first divergent record comes from {rec.location})" if rec is not None and rec.location else ""
 
 
+def hash_calls(ctx: Context) -> list[tuple[str, str]]:
+    """(line, evidence) of the script's own `hash()` of strings before the divergence whose values differ between
+    the repeats (the first call per line): a value that changes with string hash randomization."""
+    lines: list[tuple[str, str]] = []
+    by_loc = [{e["loc"]: e for e in r.of(HashCallEvent) if ctx.precedes(e)} for r in ctx.involved]
+    for loc, event in by_loc[0].items():
+        values = [calls[loc]["value"] if loc in calls else None for calls in by_loc]
+        if None not in values and ctx.differs(values):
+            lines.append((loc, f"hash() of a {event['of']} at {loc} gave {ctx.pair_text(values)}: the value "
+                                "changes with string hash randomization"))
+    return lines
+
+
 @detects("python-hash-seed")
 def python_hash_seed(ctx: Context) -> Finding | None:
     hashes = [r.first(HashEvent) for r in ctx.involved]
@@ -44,11 +58,24 @@ def python_hash_seed(ctx: Context) -> Finding | None:
     probes = [h["probe"] for h in hashes if h is not None]
     if not any(h.get("randomization") for h in hashes if h is not None) or not ctx.differs(probes):
         return None
-    lines = [f"PYTHONHASHSEED is not set and hash randomization is on: hash('detaudit-hash-probe') was "
-             f"{ctx.pair_text(probes)}",
-             "str and bytes hashes, and with them the iteration order of a set of strings, change from run to run"]
+    calls = hash_calls(ctx)
+    lines = [text for _, text in calls[:3]]
+    lines.append(f"PYTHONHASHSEED is not set and hash randomization is on: hash('detaudit-hash-probe') was "
+                 f"{ctx.pair_text(probes)}")
+    if not calls:
+        lines.append("str and bytes hashes, and with them the iteration order of a set of strings, change from run "
+                     "to run")
     lines += _op_line(ctx)
     lines.append(f"first divergence: {ctx.where()}")
+    if calls:  # the evidence shows the use: the script's own hash() of a string, at its line
+        loc = calls[0][0]
+        fix = (f"a stable hash instead of `hash()` at {loc}: `zlib.crc32(text.encode())` (or hashlib); "
+               "`PYTHONHASHSEED=0` in the environment also fixes it, but only where it is set")
+        # named at its line, still circumstantial: nothing recorded shows the value reaching a tensor (as with
+        # outside-value), so it ranks above the order guesses and below any cause with evidence of its own
+        return finding("python-hash-seed", max(HASH_CALL_SCORE, ORDER_SCORE[_reordered(ctx)]),
+                       f"hash() of a string at {loc} gives another value in every run (string hash randomization)",
+                       lines, fix, [Pin.HASH_SEED], _basis(ctx))
     fix = ("iterate `sorted(...)` instead of the set (or build the dict from a sorted list)" + _near(ctx)
            + "; where `hash(text)` itself is used (feature hashing, `hash(s) % buckets`), a stable hash instead: "
            "`zlib.crc32(s.encode())`; `PYTHONHASHSEED=0` in the environment also fixes both, but only where it is set")

@@ -14,6 +14,7 @@ import functools
 from dataclasses import dataclass
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
+from detaudit.causes.order import hash_calls
 from detaudit.events import (
     DataLoaderEvent,
     DrawEvent,
@@ -327,7 +328,10 @@ def varying_seed(ctx: Context) -> Finding | None:
     if first is None:
         return None
     probes = [h.get("probe") for h in (r.first(HashEvent) for r in ctx.involved) if h is not None]
-    if len(probes) == len(ctx.involved) and ctx.differs(probes):
+    hashed = hash_calls(ctx)
+    if hashed:  # the use the evidence shows: the script's own hash() of a string, which a seed may come from
+        lines += [f"{text} (a seed derived from it changes with it)" for _, text in hashed[:2]]
+    elif len(probes) == len(ctx.involved) and ctx.differs(probes):
         lines.append("string hashing is randomized in these repeats (PYTHONHASHSEED unset): a seed derived from "
                      "`hash()` of a string (a prompt, a name) changes with it")
     lines.append(f"first divergence: {ctx.where()}")

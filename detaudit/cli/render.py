@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from detaudit.compare.oprules import VERDICTS, OpFinding
+from detaudit.compare.oprules import VERDICTS, OpFinding, traced_note
 from detaudit.compare.traces import Divergence
 from detaudit.report.model import Report, divergence_to_dict
 from detaudit.safetext import printable
@@ -137,9 +137,11 @@ def baseline_panel(report: Report) -> Panel | None:
 
 
 def runs_table(report: Report) -> Table:
-    table = Table(title="Repeats", title_justify="left", show_edge=False)
+    named = bool(report.recordings)  # `compare`: each recording by its own name, not as a repeat
+    table = Table(title="Recordings compared" if named else "Repeats", title_justify="left", show_edge=False)
     perturbed = any(r.perturbation for r in report.runs)
-    for col in ("repeat", "device", "exit", "time (s)", "records", "trace", *(("settings",) if perturbed else ())):
+    for col in ("recording" if named else "repeat", "device", "exit", "time (s)", "records", "trace",
+                *(("settings",) if perturbed else ())):
         table.add_column(col, justify="right" if col in ("repeat", "exit", "time (s)", "records") else "left")
     comp = report.comparison
     for r in report.runs:
@@ -151,7 +153,8 @@ def runs_table(report: Report) -> Table:
         records = comp.records[r.index] if r.index < len(comp.records) else 0
         complete = comp.complete[r.index] if r.index < len(comp.complete) else False
         settings = (" ".join(f"{k}={v}" for k, v in (r.perturbation or {}).items()),) if perturbed else ()
-        table.add_row(str(r.index), escape(r.device), exit_text, f"{r.duration_s:.2f}",
+        table.add_row(escape(report.name_of(r.index)) if named else str(r.index), escape(r.device), exit_text,
+                      "-" if r.duration_s is None else f"{r.duration_s:.2f}",
                       f"{records}{'' if complete else ' (incomplete)'}", escape(r.trace), *map(escape, settings))
     return table
 
@@ -215,7 +218,9 @@ def divergence_panel(report: Report) -> Panel | None:
         ("recorded at", rec.location if rec and rec.location and rec.location != d["location"] else None),
         *_stdout_rows(report),
         ("tensor", f"{d['dtype']}[{d['shape']}]" if d["dtype"] else None),
-        ("repeats", f"{', '.join(map(str, d['repeats']))} differ from repeat {d['reference']}"),
+        ("repeats" if not report.recordings else "recordings",
+         f"{', '.join(map(report.name_of, d['repeats']))} differ from {report.name_of(d['reference'])}"
+         if report.recordings else f"{', '.join(map(str, d['repeats']))} differ from repeat {d['reference']}"),
         ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
         ("max ULP", _fmt(d["max_ulp_diff"]) if d["max_ulp_diff"] is not None else None),
     ]
@@ -253,7 +258,7 @@ def _stdout_rows(report: Report) -> list[tuple[str, str | None]]:
     shown = [diff.reference, *diff.repeats[:MAX_STDOUT_REPEATS]]
     for index in shown:
         text = diff.lines[index]
-        rows.append((f"repeat {index}", "(output ended)" if text is None else repr(text)))
+        rows.append((report.name_of(index), "(output ended)" if text is None else repr(text)))
     if len(diff.repeats) > MAX_STDOUT_REPEATS:
         rows.append(("", f"… and in {len(diff.repeats) - MAX_STDOUT_REPEATS} more repeats (all in the JSON report)"))
     return rows
@@ -343,6 +348,8 @@ def op_panel(report: Report) -> Panel | None:
         ("origin", f"{f.origin.kind} {f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "")
          if f.origin is not None else None),
         ("elsewhere", ", ".join(f"repeat {i} ran {o.op or o.name}" for i, o in sorted(f.others.items()))),
+        ("traced from", traced_note(f.traced_from.kind, f.traced_from.name, f.traced_from.location)
+         if f.traced_from is not None and f.traced_from.index != r.index else None),
         ("recorded in", f"an op-level re-run ({f.traces}-*.trace), ops in steps {f.window[0]}–{f.window[1]}"
          if f.traces and f.window else None),
     ]
@@ -405,6 +412,20 @@ def causes_block(report: Report) -> Group | None:
         for line in cause.evidence:
             parts.append(Text(printable(f"   • {line}")))
         parts.append(Text(printable(f"   fix: {cause.fix}"), style="green"))
+    return Group(*parts)
+
+
+def latent_block(report: Report) -> Group | None:
+    """Settings and ops that are deterministic on this CPU and not on CUDA (causes/latent.py)."""
+    if not report.latent:
+        return None
+    parts: list[Any] = [Text("Latent on CUDA — deterministic here; on CUDA this is not", style="bold yellow")]
+    for item in report.latent:
+        head = Text(f"• {item.id}: ", style="bold")
+        head.append(printable(item.summary))
+        parts.append(head)
+        parts.extend(Text(printable(f"   • {line}")) for line in item.evidence)
+        parts.append(Text(printable(f"   fix: {item.fix}"), style="green"))
     return Group(*parts)
 
 
@@ -506,7 +527,7 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
     for block in (ranks_table(report), replica_panel(report), match_block(report),
                   divergence_panel(report), perturbation_panel(report), carried_panel(report), baseline_panel(report),
                   op_panel(report),
-                  spread_table(report), causes_block(report), experiments_table(report)):
+                  spread_table(report), causes_block(report), experiments_table(report), latent_block(report)):
         if block is not None:
             console.print(block)
     for note in notes:

@@ -201,12 +201,14 @@ def save_baseline_to(report: Any, dest: Path) -> int | None:
     from detaudit.report import baseline
 
     try:
+        replaced = baseline.replaces(dest)
         saved = baseline.save(Path(report.run_dir), report, dest)
     except DetauditError as exc:
         err_console.print(f"[bold yellow]detaudit:[/] {escape(str(exc))}", soft_wrap=True)
         return exc.exit_code if report.exit_code == 0 else None
     size = sum(p.lstat().st_size for p in saved.iterdir() if p.is_file())
-    err_console.print(f"baseline saved to {escape(str(saved))} ({size / 1024:.1f} KiB)", soft_wrap=True)
+    err_console.print(f"baseline saved to {escape(str(saved))} ({size / 1024:.1f} KiB)"
+                      + (f"; it replaces {escape(replaced)}" if replaced else ""), soft_wrap=True)
     return None
 
 

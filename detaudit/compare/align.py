@@ -68,7 +68,8 @@ def describe(stream: RecordStream, row: Any, index: int) -> RecordInfo:
         index=index, kind=_KIND_NAMES.get(code, "?"), name=s[row["name"]], module=s[row["module"]],
         location=s[row["loc"]], step=int(row["step"]), shape=s[row["shape"]],
         dtype=DTYPE_NAMES.get(int(row["dtype"]), "?"), op=s[row["name"]] if is_op else "",
-        backward=bool(flags & Flag.BACKWARD), node=s[row["aux"]] if is_op else "", random=bool(flags & Flag.RANDOM),
+        backward=bool(flags & Flag.BACKWARD), random=bool(flags & Flag.RANDOM),
+        node=s[row["aux"]] if is_op and flags & Flag.BACKWARD else "",  # a forward op's aux: its inputs' makers
     )
 
 

@@ -84,7 +84,9 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
             no_data += int(np.count_nonzero(chunk["flags"] & int(Flag.NO_DATA)))
             threaded += int(np.count_nonzero(chunk["flags"] & int(Flag.THREAD)))
             last_step = max(last_step, int(chunk["step"].max()))
-            after = chunk["step"][(chunk["kind"] == int(Kind.PARAM)) | (chunk["kind"] == int(Kind.OPTSTATE))]
+            # parameters only: an LR scheduler's state (OPTSTATE) is recorded after its own step, which is not an
+            # optimizer step (OneCycleLR stepped per batch would add one)
+            after = chunk["step"][chunk["kind"] == int(Kind.PARAM)]
             if len(after):
                 stepped = max(stepped, int(after.max()))
         unencoded = [f"{e.get('what')} ({e.get('name')})" for e in stream.events if e.get("type") == "unobserved"]

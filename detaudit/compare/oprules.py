@@ -11,7 +11,17 @@ Divergent ops that lead nowhere are common (random initialisation later overwrit
 next divergent record after it is an op whose inputs differ, or a non-op record (a module
 output, a gradient), rather than another source. Sources back to back, with no agreeing record
 between them (one op's several outputs, the initialisation of every layer), form one run and
-share a cause: the run's first is named. Traces are walked in lockstep chunks (align.py), stopping as soon as
+share a cause: the run's first is named.
+
+That rule knows only the order of records; an unseeded RNG makes every draw differ, so the latest run of
+sources before the divergence may have made something else (a classifier's init, drawn after `conv1`'s).
+Where the trace links each forward op to the records that made its inputs (recorder/ops.py), the first
+divergent non-op record (a module output, input, gradient...: what a module-level comparison reports) is
+followed back instead:
+to the op that made the same tensor (the latest op with its digest), then through the inputs that
+differ, to the nearest source among its ancestors (fewest ops away; of equals, the first recorded).
+Without such links (an older trace, a backward op, a maker in an earlier step) the order rule stands.
+Traces are walked in lockstep chunks (align.py), stopping as soon as
 the answer is known, so memory stays bounded.
 """
 
@@ -69,6 +79,7 @@ class OpFinding:
     origin: RecordInfo | None = None  # inputs-differ: the earliest differing record (non-op), if any
     others: dict[int, RecordInfo] = field(default_factory=dict)  # different-ops: what the others ran
     neighbours: list[OpRow] = field(default_factory=list)
+    traced_from: RecordInfo | None = None  # the divergent record whose provenance led to the op, if followed
     traces: str = ""  # which traces it was read from (the op-level re-run's prefix under --granularity auto)
     window: list[int] | None = None  # steps the op-level re-run recorded ops in
 
@@ -79,6 +90,10 @@ class OpFinding:
         where = " ".join(x for x in (f"in {r.module}" if r.module else "", f"at {r.location}" if r.location else "")
                          if x)
         text = f"{head} {where}".strip() + f": {VERDICTS[self.verdict]}"
+        t = self.traced_from
+        if t is not None and t.index != r.index:
+            text += f"; it made {t.kind} {t.name}" + (f" ({t.location})" if t.location else "") + \
+                " (or what it was computed from)"
         if self.verdict == "inputs-differ":
             if self.origin is not None:
                 o = self.origin
@@ -89,6 +104,12 @@ class OpFinding:
         if self.verdict == "different-ops":
             text += "; " + ", ".join(f"repeat {i} ran {o.op or o.name}" for i, o in sorted(self.others.items()))
         return text
+
+
+def traced_note(kind: str, name: str, location: str | None) -> str:
+    """How the op was found (terminal and HTML): the divergent record, followed back to the op that made it."""
+    return f"{kind} {name}" + (f" ({location})" if location else "") + \
+        ", followed back through the inputs that differ to the op that made it"
 
 
 class _Scan:
@@ -134,6 +155,67 @@ class _Scan:
         return self.first_differing_op
 
 
+@dataclass(frozen=True)
+class _Node:
+    source: bool
+    digest: int  # the reference's output digest
+    makers: tuple[int, ...]  # indices of the records that made its inputs (forward ops with links)
+
+
+class _Provenance:
+    """Divergent op records up to the first divergent non-op record (the target), and the walk back from it."""
+
+    LIMIT = 1 << 20  # divergent ops kept; past it the order rule stands
+
+    def __init__(self) -> None:
+        self.nodes: dict[int, _Node] = {}
+        self.target: int | None = None
+        self._target_digest = 0
+        self.first_differing: int | None = None  # the first op whose inputs differ (no target: start there)
+
+    def add(self, index: int, is_op: bool, source: bool, differing_inputs: bool, digest: int,
+            makers: tuple[int, ...]) -> None:
+        if self.target is not None or len(self.nodes) >= self.LIMIT:
+            return
+        if not is_op:
+            self.target, self._target_digest = index, digest
+            return
+        self.nodes[index] = _Node(source, digest, makers)
+        if differing_inputs and self.first_differing is None:
+            self.first_differing = index
+
+    def source(self) -> int | None:
+        """The nearest source among the target's recorded ancestors (None: no link reaches one)."""
+        if self.target is not None:
+            makers = [i for i, n in self.nodes.items() if i < self.target and n.digest == self._target_digest]
+            if not makers:
+                return None
+            start = max(makers)
+        elif self.first_differing is not None:
+            start = self.first_differing
+        else:
+            return None
+        level, seen = [start], {start}
+        while level:
+            found = [i for i in level if self.nodes[i].source]
+            if found:
+                return min(found)
+            level = sorted({m for i in level for m in self.nodes[i].makers if m in self.nodes} - seen)
+            seen.update(level)
+        return None
+
+
+def _makers(stream: RecordStream, row: Any, index: int) -> tuple[int, ...]:
+    """The record indices a forward op record's `aux` names as its inputs' makers (distances back)."""
+    if int(row["flags"]) & Flag.BACKWARD or not row["aux"]:
+        return ()
+    try:
+        back = [int(d) for d in stream.strings[row["aux"]].split(",")]
+    except ValueError:  # not a list of distances (a trace from elsewhere): no links
+        return ()
+    return tuple(index - d for d in back if 0 < d <= index)
+
+
 def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) -> OpFinding | None:
     """The op behind the first divergence of these traces; None when they hold no divergent op."""
     devices = list(devices) if devices is not None else ["same"] * len(paths)
@@ -141,8 +223,11 @@ def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) 
     if not pairs:
         return None
     scan = _Scan()
+    prov = _Provenance()
+    done_at: int | None = None  # the block in which the order rule had its answer
     structure_at: int | None = None
-    for block in Aligner([RecordStream(Path(p)) for p in paths]):
+    streams = [RecordStream(Path(p)) for p in paths]
+    for block in Aligner(streams):
         chunks, base, n = block.chunks, block.base, block.n
         same = np.ones(n, dtype=bool)
         out_diff = np.zeros(n, dtype=bool)
@@ -158,25 +243,35 @@ def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) 
             unknown |= (a["in_ordered"] == 0) | (b["in_ordered"] == 0)
         bad = np.flatnonzero(~same)
         limit = int(bad[0]) if len(bad) else n
-        ref_rows = chunks[pairs[0][0]]
+        ref = pairs[0][0]
+        ref_rows = chunks[ref]
         for i in np.flatnonzero(out_diff[:limit]).tolist():
             row = ref_rows[i]
             is_op = int(row["kind"]) == Kind.OP
             known = is_op and not unknown[i]
             source = known and not unordered_diff[i]  # inputs match, or the same inputs reordered
-            if scan.visit(base + i, is_op, source, known and bool(in_diff[i])):
-                return _finding(paths, pairs, scan, None)
+            differing = known and bool(in_diff[i])
+            prov.add(base + i, is_op, source, differing, int(row["digest"]),
+                     _makers(streams[ref], row, base + i) if is_op else ())
+            if done_at is None and scan.visit(base + i, is_op, source, differing):
+                done_at = base
+            if done_at is not None and prov.target is not None:
+                return _finding(paths, pairs, scan, prov, None)
+        if done_at is not None and done_at < base:  # the target is not near: the order rule's answer
+            return _finding(paths, pairs, scan, prov, None)
         if limit < n or n < block.longest:
             structure_at = base + limit
             break
-    return _finding(paths, pairs, scan, structure_at)
+    return _finding(paths, pairs, scan, prov, structure_at)
 
 
-def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan,
+def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan, prov: _Provenance,
              structure_at: int | None) -> OpFinding | None:
     """Turn the scan's indices into an OpFinding, reading the records around the chosen one."""
-    index = scan.index
-    origin = scan.origin if scan.chosen is None and scan.first_source is None else None
+    traced = prov.source()
+    index = traced if traced is not None else scan.index
+    origin = scan.origin if traced is None and scan.chosen is None and scan.first_source is None else None
+    target = prov.target if traced is not None else None
     if index is None:
         index = structure_at
     if index is None:
@@ -184,7 +279,8 @@ def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan,
     near = range(max(0, index - BEFORE), index + AFTER + 1)
     if structure_at is not None:
         near = range(near.start, min(near.stop, structure_at + 1))
-    rows, streams = _read_rows(paths, {*near, index} | ({origin} if origin is not None else set()))
+    extra = {i for i in (origin, target) if i is not None}
+    rows, streams = _read_rows(paths, {*near, index} | extra)
     ref = pairs[0][0]
     if index not in rows or int(rows[index][ref]["kind"]) != Kind.OP:
         return None  # e.g. a structural divergence at a module record: nothing to say about ops
@@ -212,6 +308,7 @@ def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan,
     return OpFinding(
         verdict=verdict, record=here[ref], repeats=repeats, reference=ref,
         origin=info(ref, origin) if origin is not None and origin in rows else None,
+        traced_from=info(ref, target) if target is not None and target in rows else None,
         others={i: here[i] for i in differs}, neighbours=neighbours,
     )
 

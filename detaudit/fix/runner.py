@@ -195,7 +195,7 @@ def timing(run_dir: Path, results: Sequence[RepeatResult]) -> Timing:
             path = run_dir / Layout.rank_file(r.trace, 0)
         footer = read_footer(path) if path.is_file() else None
         steps.append([float(t) for t in (footer or {}).get("step_times", [])])
-    return Timing.of(steps, [r.duration_s for r in results])
+    return Timing.of(steps, [r.duration_s for r in results if r.duration_s is not None])  # None: not measured
 
 
 def seed_edits(report: Report, run_dir: Path, results: Sequence[RepeatResult], script: Path,

@@ -27,7 +27,7 @@ from detaudit.recorder.fingerprint import (
     parts,
     shape_seed,
 )
-from detaudit.recorder.location import display_path, user_frame
+from detaudit.recorder.location import describe_frames, user_caller, user_frame
 from detaudit.recorder.objects import Encoded
 from detaudit.recorder.objects import walk as walk_object
 from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
@@ -113,7 +113,7 @@ class Recorder:
         self._host_is_cpu = not device_path_on_cpu  # `t.is_cpu` is several times cheaper than `t.device.type`
         self.step = 0
         self._shape_ids: dict[tuple[int | str, ...], int] = {}
-        self._loc_ids: dict[tuple[Any, int], int] = {}
+        self._loc_ids: dict[tuple[Any, ...], int] = {}
         # id(tensor) -> (weakref, version, digest, samples): a tensor recorded twice in one iteration
         # (a container's output is its last child's output; op granularity: an op's output read by the
         # next op, a saved activation read in backward) is hashed once. The version counter misses
@@ -160,10 +160,12 @@ class Recorder:
         frame = user_frame(depth + 1)
         if frame is None:
             return 0
-        key = (frame.f_code, frame.f_lineno)
+        user = user_caller(frame)  # library code (an installed package): the user's line that led to it first
+        key = (frame.f_code, frame.f_lineno) if user is None else (frame.f_code, frame.f_lineno, user.f_code,
+                                                                   user.f_lineno)
         lid = self._loc_ids.get(key)
         if lid is None:
-            lid = self.intern(f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}")
+            lid = self.intern(describe_frames(frame, user))
             self._loc_ids[key] = lid
         return lid
 
@@ -180,7 +182,7 @@ class Recorder:
         aux: int = 0, flags: int = 0, inputs: tuple[int, int] = (0, 0),
     ) -> int:
         """Record one tensor; returns its digest (0 while a device digest is pending)."""
-        if self.perturb_at is not None and self.writer.position + len(self._pending) == self.perturb_at \
+        if self.perturb_at is not None and self.next_index == self.perturb_at \
                 and not self.local.flag:
             self.perturb_at = None
             self.internal += 1  # the copy is detaudit's own work: the op recorder must not add it
@@ -227,6 +229,11 @@ class Recorder:
         if len(self._pending) >= _PENDING_LIMIT:
             self.resolve_pending()
         return 0
+
+    @property
+    def next_index(self) -> int:
+        """Index the next record will get (records of other threads are placed at the next sync)."""
+        return self.writer.position + len(self._pending)
 
     def digest_now(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
         """(digest, samples) of a tensor now, from the cache when this exact version was seen: xxh3 in

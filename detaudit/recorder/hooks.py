@@ -41,31 +41,51 @@ class ModuleNames:
         self.params: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
         self._roots: dict[str, int] = {}
         self.roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self.holders: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # see add_root
 
-    def add_root(self, root: torch.nn.Module, numbered: bool = True) -> None:
+    def add_root(self, root: torch.nn.Module, numbered: bool = True, holder: torch.nn.Module | None = None) -> None:
         """Name a root `Net`, `Net#2`, ... by first call. Not `numbered` (first called on another
-        thread): that order is the scheduler's, so all such roots of a class share its name."""
+        thread): that order is the scheduler's, so all such roots of a class share its name.
+
+        `holder`: a module that holds `root` but whose own forward never ran (a LightningModule calling
+        `self.net(x)` from `training_step`): the root and its subtree are named from it (`net`, `net.0`,
+        `net.0.weight`), so two `Sequential`s it holds never share names, and so are its other parameters."""
+        prefix = ""
+        if holder is not None:
+            prefix = next((plain_name(q) + "." for q, m in holder.named_modules(remove_duplicate=False) if m is root),
+                          "")
+            self.holders.add(holder)
+            self._name_params(holder, "")
         base = type(root).__name__
-        root_name = base
-        if numbered:
+        root_name = prefix[:-1] if prefix else base
+        if numbered and not prefix:
             count = self._roots.get(base, 0) + 1
             self._roots[base] = count
             root_name = base if count == 1 else f"{base}#{count}"
         self.roots.add(root)
         for qual, module in root.named_modules(remove_duplicate=False):
             if qual and (module not in self.modules or module in self.roots):
-                self.modules[module] = plain_name(qual)
+                self.modules[module] = prefix + plain_name(qual)
                 self.roots.discard(module)
         self.modules[root] = root_name
-        for qual, param in root.named_parameters(remove_duplicate=False):
+        self._name_params(root, prefix)
+
+    def _name_params(self, owner: torch.nn.Module, prefix: str) -> None:
+        for qual, param in owner.named_parameters(remove_duplicate=False):
             known = self.params.get(id(param))
             if known is None or known[0]() is not param:
-                self.params[id(param)] = (weakref.ref(param), plain_name(qual))
+                self.params[id(param)] = (weakref.ref(param), prefix + plain_name(qual))
 
     def param_name(self, param: torch.Tensor, group: int, index: int) -> str:
-        known = self.params.get(id(param))
-        if known is not None and known[0]() is param:
-            return known[1]
+        """A parameter's qualified name; one no forward showed (its module ran under `torch.func.functional_call`,
+        which swaps the parameters out while it runs, and the script assigned `p.grad` itself) is looked up
+        in the models seen, as they hold their parameters again; `group0.param1` when none holds it."""
+        for _ in range(2):
+            known = self.params.get(id(param))
+            if known is not None and known[0]() is param:
+                return known[1]
+            for owner in [*self.holders, *self.roots]:  # a holder names what it holds (add_root)
+                self._name_params(owner, "")
         return f"group{group}.param{index}"
 
 
@@ -82,6 +102,10 @@ class Hooks:
         self._tail: set[int] | None = None
         self._lent: int | None = None
         self._borrower: int | None = None  # id of the optimizer whose step borrowed `_lent`
+        # the last optimizer that stepped after the counting one in its own part of the iteration (a GAN's
+        # generator), and whether the counting has been handed to it: the step ends with the iteration's last update
+        self._later: weakref.ref[torch.optim.Optimizer] | None = None
+        self._handed = False
         # (id(param), group, index) -> (weakref, name id); (name id, state key) -> name id of the state record
         self._param_ids: dict[tuple[int, int, int], tuple[weakref.ref[torch.Tensor], int]] = {}
         self._state_ids: dict[tuple[int, str], int] = {}
@@ -171,7 +195,7 @@ class Hooks:
             named = module._orig_mod  # type: ignore[assignment]
             inner = id(named)
         if named not in self.names.modules:
-            self.names.add_root(named, numbered=not self.recorder.local.flag)
+            self.names.add_root(named, numbered=not self.recorder.local.flag, holder=_holder(named))
             self._modules.clear()  # the new root may have renamed modules seen before (former roots)
             self._param_ids.clear()  # and named parameters an optimizer stepped before
         if inner:
@@ -282,7 +306,15 @@ class Hooks:
         primary = self._primary() if self._primary is not None else None
         if primary is None:
             self._primary, primary = weakref.ref(optimizer), optimizer
-        if optimizer is primary:
+        later = self._later() if self._later is not None else None
+        if optimizer is primary and later is not None and id(later) in self._stepped and not self._handed:
+            # the first optimizer of the iteration steps again after others that had a forward of their own (a
+            # GAN's discriminator, then its generator): the iteration is now known, and its last update ends the
+            # step from here on, so the count is one step per iteration and --max-steps stops after whole ones
+            self._close_tail()
+            self._primary, self._handed = weakref.ref(later), True
+            self._stepped = {key}
+        elif optimizer is primary:
             self._close_tail()
         elif self._tail is not None and key not in self._tail and rec.step > 0:
             self._tail.add(key)
@@ -296,6 +328,7 @@ class Hooks:
                 self._primary = weakref.ref(optimizer)
             else:
                 self._stepped.add(key)
+                self._later = weakref.ref(optimizer)
         rec.local.module_stack.append(rec.intern(f"optimizer {type(optimizer).__name__}"))
         loc = rec.location_id(1)
         rec.internal += 1  # no op records inside the step (see Recorder.internal)
@@ -352,6 +385,7 @@ class Hooks:
         elif self._primary is not None and self._primary() is optimizer:
             rec.end_step()
             self._stepped.clear()
+            self._later = None
             self._tail = set()
 
     # -- buffers ---------------------------------------------------------------------------
@@ -407,6 +441,24 @@ class Hooks:
         rec = self.recorder
         rec.record_object(Kind.SAVE, f"torch.save[{rec.saves}]", obj)
         rec.saves += 1
+
+
+def _holder(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The module whose method (not its forward, which would have made it the root) is calling `module`, its
+    submodule: a LightningModule's `training_step` calling `self.net(x)`. Looked for once per new root."""
+    frame = sys._getframe(2)
+    for _ in range(_HOLDER_FRAMES):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+        if isinstance(owner, torch.nn.Module) and owner is not module and \
+                any(m is module for m in owner.modules()):
+            return owner
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+_HOLDER_FRAMES = 32
 
 
 def _numbers(value: Any) -> list[float]:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
-from types import FrameType
+import sysconfig
+from types import CodeType, FrameType
 
 _skip_prefixes: tuple[str, ...] = ()
 _relative: dict[str, str] = {}
+# installed packages and the standard library: a frame there is library code the user did not write
+_INSTALLED = tuple(sorted({p.rstrip(os.sep) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")
+                           if (p := sysconfig.get_paths().get(k))}, key=len, reverse=True))
 
 
 def skip_paths(*paths: str) -> None:
@@ -53,3 +57,46 @@ def user_frame(depth: int = 2) -> FrameType | None:
             return frame
         frame = frame.f_back
     return None
+
+
+def installed_path(filename: str) -> str | None:
+    """`timm/layers/classifier.py` for a file of an installed package or the standard library; None for
+    the user's own files."""
+    for prefix in _INSTALLED:
+        if filename.startswith(prefix):
+            return filename[len(prefix):]
+    return None
+
+
+def user_caller(frame: FrameType) -> FrameType | None:
+    """For a frame of an installed library (timm building its classifier), the nearest frame above it that
+    is the user's own code (the line that built the model); None when there is none or `frame` is the user's."""
+    if not _library_code(frame.f_code):
+        return None
+    caller = frame.f_back
+    while caller is not None:
+        if not _library_code(caller.f_code):
+            return caller
+        caller = caller.f_back
+    return None
+
+
+_library: dict[CodeType, bool] = {}  # per code object: run on every record made under a library's frames
+
+
+def _library_code(code: CodeType) -> bool:
+    """torch's, detaudit's, an installed package's or the standard library's code (not the user's)."""
+    known = _library.get(code)
+    if known is None:
+        name = code.co_filename
+        known = _library[code] = bool(name.startswith(_skip_prefixes) or name.startswith("<frozen")
+                                      or installed_path(name) is not None)
+    return known
+
+
+def describe_frames(frame: FrameType, user: FrameType | None) -> str:
+    """`train.py:12 via timm/layers/classifier.py:55`: the user's line first, then the library's own."""
+    here = f"{installed_path(frame.f_code.co_filename) or display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+    if user is None:
+        return here
+    return f"{display_path(user.f_code.co_filename)}:{user.f_lineno} via {here}"

@@ -6,6 +6,11 @@ the op's inputs (in order, and sorted: equal when only the order differs), the p
 autograd node for backward ops), the innermost running module and the user's `file:line`; a
 backward op gets the line of the forward op that created its autograd node.
 
+Each forward op record also names the records that made its inputs (`aux`: their distances back,
+`"1,7"`), when they were made by a recorded op since the last step or iteration: the provenance that
+oprules.py follows from a divergent record back to the op that produced it. A view carries its base's
+maker.
+
 Input digests reuse what is already known: a tensor recorded earlier in the step (an op's
 output, a module output) is looked up by identity and version, and a view's digest is derived
 from its base's digest and the view's geometry, so only tensors never seen before are hashed.
@@ -89,7 +94,8 @@ class _OpInfo:
     version counter is bumped only by schemas that annotate the write, and c10d's do not), and its memory
     is no longer blank; an op that returns no tensor is recorded by what it wrote (`recv`)."""
 
-    __slots__ = ("mode", "names", "random", "arg_names", "blind", "written", "root", "collective", "code", "text")
+    __slots__ = ("mode", "names", "random", "arg_names", "blind", "written", "bumped", "root", "collective", "code",
+                 "text")
 
     def __init__(self, func: Any, rec: Recorder) -> None:
         packet = func.overloadpacket.__name__
@@ -116,6 +122,8 @@ class _OpInfo:
         self.written = frozenset(
             a.name for a in arguments
             if (a.alias_info is not None and a.alias_info.is_write) or a.is_out or a.name in (c10d_blind, c10d_written))
+        # autograd bumps these arguments' version counters after the op returns (the schema annotates the write)
+        self.bumped = frozenset(a.name for a in arguments if a.alias_info is not None and a.alias_info.is_write)
         # broadcast_: (process group, root rank) argument positions; its tensors are read on the root
         self.root = (self.arg_names.index("process_group"), self.arg_names.index("root_rank")) \
             if self.collective and packet == "broadcast_" else None
@@ -146,6 +154,11 @@ class OpRecorder(TorchDispatchMode):
         # id -> (weakref, version, digest, uninitialised): views' derived digests and empty outputs
         self._derived: dict[int, tuple[Any, int, int, bool]] = {}
         recorder.digest_caches.append(self._derived)  # trusted for one iteration, as the recorder's own
+        # id -> (weakref, version, record index) of the op record that made a tensor (or a view's base): the
+        # inputs' makers, within one iteration (cleared with the digests)
+        self._made: dict[int, tuple[Any, int, int]] = {}
+        recorder.digest_caches.append(self._made)
+        self._makers: list[int] = []  # set while reading an op's inputs: the record indices that made them
         # data_ptr -> (weakref to the storage, version) of never-written memory, for tensors that alias
         # it without an op (nn.Parameter(torch.empty(n)) shares the storage and the version counter).
         # The storage check keeps a later tensor at a reused address (torch.from_numpy) from aliasing it.
@@ -200,6 +213,7 @@ class OpRecorder(TorchDispatchMode):
         if mode != RECORD:
             out = func(*args, **kwargs)
             if mode == VIEW:
+                self._pass_maker(args, out)
                 self._derive_view(info, args, out)
             else:
                 for t in _tensors(out):
@@ -212,6 +226,8 @@ class OpRecorder(TorchDispatchMode):
         flags = Flag.RANDOM if info.random else 0
         codes: list[int] = []
         self._unknown = self._uninit = False
+        makers: list[int] = []
+        self._makers = makers
         self._input_codes(info, args, kwargs, codes)
         if self._uninit:
             flags |= Flag.UNINIT
@@ -225,7 +241,7 @@ class OpRecorder(TorchDispatchMode):
         if node is None:
             loc = rec.location_id(1)
             module = _top(rec)
-            aux = 0
+            aux = 0  # the makers' distances, once this record's index is known
         else:
             flags |= Flag.BACKWARD
             tag = node.metadata.get(_NODE_KEY)
@@ -248,8 +264,12 @@ class OpRecorder(TorchDispatchMode):
             outputs = written
         work = _pending_work(out) if info.collective else None
         sync = work is not None and dict(_named(info, args, kwargs)).get("async_op") is False
+        bumped = {id(t) for name, arg in _named(info, args, kwargs) if name in info.bumped for t in _tensors(arg)} \
+            if info.bumped and node is None else set()
         for i, t in enumerate(outputs):
             name = info.names[0] if i == 0 else info.name(rec, i)
+            if node is None:
+                aux = self._note_maker(t, makers, id(t) in bumped) if work is None and not rec.local.flag else 0
             if work is None:
                 rec.record_tensor(Kind.OP, name, t, module, loc, aux, flags, inputs)
             else:  # hashed when the collective has written it, not while it may still be writing
@@ -273,6 +293,31 @@ class OpRecorder(TorchDispatchMode):
                 codes.append(self._code(key))
                 self._leaf(arg, codes)
 
+    def _note_maker(self, t: torch.Tensor, makers: list[int], bumped: bool) -> int:
+        """Remember that the next record makes `t` (`bumped`: written in place, its version counter moves on
+        when the op returns); the string id of its inputs' makers' distances back (0: none known). Records
+        made on other threads are placed at the next sync: no link from or to them."""
+        index = self.rec.next_index
+        _prune(self._made)
+        self._made[id(t)] = (weakref.ref(t), version_of(t) + bumped, index)
+        if not makers:
+            return 0
+        return self.rec.intern(",".join(str(index - m) for m in sorted(set(makers), reverse=True)))
+
+    def _maker(self, t: torch.Tensor) -> int | None:
+        hit = self._made.get(id(t))
+        return hit[2] if hit is not None and hit[0]() is t and hit[1] == version_of(t) else None
+
+    def _pass_maker(self, args: Any, out: Any) -> None:
+        """A view was made by whatever made its base."""
+        base = args[0] if args else None
+        if not isinstance(base, torch.Tensor) or self.rec.local.flag:
+            return
+        maker = self._maker(base)
+        if maker is not None:
+            for t in _tensors(out):
+                self._made[id(t)] = (weakref.ref(t), version_of(t), maker)
+
     def _blind_leaf(self, value: Any, codes: list[int]) -> None:
         if isinstance(value, torch.Tensor):
             codes.append(shape_seed(value))
@@ -283,6 +328,9 @@ class OpRecorder(TorchDispatchMode):
 
     def _leaf(self, value: Any, codes: list[int]) -> None:
         if isinstance(value, torch.Tensor):
+            maker = self._maker(value)
+            if maker is not None:
+                self._makers.append(maker)
             hit = self._derived.get(id(value))
             if hit is not None and hit[0]() is value and hit[1] == version_of(value) \
                     and not (hit[3] and self._written_unseen(value)):
@@ -340,11 +388,7 @@ class OpRecorder(TorchDispatchMode):
         if self._unknown:
             return
         derived = self._derived
-        if len(derived) > _DERIVED_LIMIT:
-            live = {k: v for k, v in derived.items() if v[0]() is not None}
-            derived.clear()
-            if len(live) < _DERIVED_LIMIT // 2:
-                derived.update(live)
+        _prune(derived)
         for t in views:
             geometry = (*t.shape, *t.stride(), t.storage_offset(), info.code & 0x7FFFFFFFFFFFFFFF)
             digest = xxhash.xxh3_64_intdigest(struct.pack(f"<{len(geometry)}q", *geometry), codes[0])
@@ -396,6 +440,15 @@ class OpRecorder(TorchDispatchMode):
     def _node_name(self, node: Any) -> int:
         sid = self._node_names[type(node)] = self.rec.intern(node.name())
         return sid
+
+
+def _prune(cache: dict[int, Any]) -> None:
+    """Past _DERIVED_LIMIT entries keyed by id (weakref first), drop the dead ones; all of them when most live."""
+    if len(cache) > _DERIVED_LIMIT:
+        live = {k: v for k, v in cache.items() if v[0]() is not None}
+        cache.clear()
+        if len(live) < _DERIVED_LIMIT // 2:
+            cache.update(live)
 
 
 def _named(info: _OpInfo, args: Any, kwargs: Any) -> Any:

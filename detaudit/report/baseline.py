@@ -84,8 +84,27 @@ def fingerprint(record: RunRecord, trace: Path, device: str) -> dict[str, Any]:
     return found
 
 
+def replaces(dest: Path) -> str | None:
+    """What saving into `dest` replaces, in words (the older baseline's script, arguments, records and when it
+    was recorded), or None when `dest` holds no baseline. Read leniently: a damaged one is still replaced."""
+    manifest_path = Path(dest) / MANIFEST
+    if not os.path.lexists(manifest_path):
+        return None
+    try:
+        with open_regular(manifest_path, "baseline manifest") as fh:
+            data = load_json(fh.read(MAX_MANIFEST_BYTES), f"{manifest_path}: unreadable baseline manifest")
+        old = BaselineManifest.from_dict(data, str(manifest_path))
+    except (TraceError, OSError):
+        return f"a baseline in {dest} whose {MANIFEST} could not be read"
+    args = f" {' '.join(old.script_args)}" if old.script_args else ""
+    records = f", {old.reference.records} records" if old.reference.records is not None else ""
+    when = f"recorded {old.created}" if old.created else "of unknown date"
+    return f"the baseline of {old.script}{args} {when} (detaudit {old.detaudit_version or '?'}{records})"
+
+
 def save(run_dir: Path, report: Report, dest: Path) -> Path:
-    """Keep `report`'s first repeat as a baseline in `dest` (new, empty, or an older baseline to replace)."""
+    """Keep `report`'s first repeat as a baseline in `dest` (new, empty, or an older baseline to replace:
+    `replaces` says what that was, read before this call)."""
     if report.verdict != "deterministic":
         raise UsageError(f"baseline not saved: the run is {report.verdict}; a baseline must come from repeats "
                          "that agree, or every later comparison would fail")
@@ -135,7 +154,7 @@ def load(path: Path) -> Baseline:
     # the directory resolved, never its files: a link planted as one is refused when it is opened
     trace = directory.resolve() / ref.trace
     printed = directory.resolve() / STDOUT
-    result = RepeatResult(index=0, device=ref.device, exit_code=ref.exit_code, duration_s=0.0, timed_out=False,
+    result = RepeatResult(index=0, device=ref.device, exit_code=ref.exit_code, duration_s=None, timed_out=False,
                           trace=str(trace), stdout=str(printed) if os.path.lexists(printed) else "",
                           stderr="", stdout_digest=ref.stdout_digest)
     baseline = Baseline(directory, trace, manifest.granularity, manifest.script, list(manifest.script_args), result,

@@ -17,7 +17,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from detaudit.compare.oprules import VERDICTS
+from detaudit.compare.oprules import VERDICTS, traced_note
 
 WIDTH, HEIGHT = 760, 210
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 14, 34
@@ -38,6 +38,8 @@ code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12.
 .cause{border:1px solid #d0d7de;border-radius:6px;padding:8px 12px;margin:8px 0}
 .confirmed{border-color:#8250df}.fix{color:#1a7f37}.chosen{background:#fff8c5}
 .changed td{background:#fff1e5}svg{display:block;margin:4px 0 12px}svg text{font:11px system-ui,sans-serif}
+.wide{max-width:100%;overflow-x:auto}.wide table{table-layout:fixed;width:100%}
+.wide td,.kv td{overflow-wrap:anywhere}
 """
 
 
@@ -60,6 +62,7 @@ def render_html(data: dict[str, Any]) -> str:
         _op_section(data),
         _plots_section(data),
         _causes_section(data),
+        _latent_section(data),
         _environment_section(data),
         f"<p class='muted'>run directory <span class='mono'>{escape(str(data.get('run_dir', '')))}</span> · "
         f"detaudit {escape(str(data.get('detaudit_version', '')))} · report schema "
@@ -117,6 +120,11 @@ def _kv(rows: Sequence[tuple[str, Any]]) -> str:
 
 def _runs_section(data: dict[str, Any]) -> str:
     runs = data.get("runs", [])
+    if any(r.get("recording") for r in runs):  # `compare`: the recordings by their own names
+        rows = [[r.get("recording"), r["device"], r["exit_code"], r["duration_s"], r["records"], r["trace"]]
+                for r in runs]
+        return "<h2>Recordings compared</h2>" + _table(["recording", "device", "exit", "time (s)", "records", "trace"],
+                                                       rows, numeric=["time (s)", "records"])
     perturbed = any(r.get("perturbation") for r in runs)  # `run --perturb`: each repeat's settings
     rows = [[r["repeat"], r["device"], "timeout" if r["timed_out"] else _stopped(r) or r["exit_code"], r["duration_s"],
              f"{r['records']}{'' if r['complete'] else ' (incomplete)'}", r["trace"],
@@ -184,7 +192,13 @@ def _divergence_section(data: dict[str, Any]) -> str:
     d = data.get("first_divergence")
     if not d:
         return ""
-    return "<h2>First divergence</h2>" + _kv(_divergence_rows(d))
+    rows = _divergence_rows(d)
+    names = {r["repeat"]: r["recording"] for r in data.get("runs", []) if r.get("recording")}
+    if names and d.get("repeats"):  # `compare`: the recordings by their own names
+        rows = [("recordings", f"{', '.join(names.get(i, str(i)) for i in d['repeats'])} differ from "
+                               f"{names.get(d['reference'], str(d['reference']))}") if k == "repeats" else (k, v)
+                for k, v in rows]
+    return "<h2>First divergence</h2>" + _kv(rows)
 
 
 def _carried_section(data: dict[str, Any]) -> str:
@@ -201,15 +215,17 @@ def _carried_section(data: dict[str, Any]) -> str:
 
 
 def _divergence_rows(d: dict[str, Any]) -> list[tuple[str, Any]]:
-    # with an op finding, module, op and location name that op: they belong to its own section
-    own = not d.get("op_finding")
+    # as the terminal shows it: module, op and location name the op behind the record when one was pinpointed,
+    # and the record's own line beside them when it is another
+    own = d.get("record_location")
     return [
         ("what", d["category"] + (f" — {d['detail']}" if d.get("detail") else "")),
         ("record", None if d["index"] < 0 else f"#{d['index']}"),
         ("step", d["step"] if d.get("step") is not None and d["step"] >= 0 else None),
-        ("kind", d.get("kind")), ("name", d.get("name")), ("module", d.get("module") if own else None),
-        ("op", f"{d['op']} ({d['phase']})" if own and d.get("op") else None),
-        ("location", d.get("location") if own else None),
+        ("kind", d.get("kind")), ("name", d.get("name")), ("module", d.get("module")),
+        ("op", f"{d['op']} ({d['phase']})" if d.get("op") else None),
+        ("location", d.get("location")),
+        ("recorded at", own if own and own != d.get("location") else None),
         ("tensor", f"{d['dtype']}[{d['shape']}]" if d.get("dtype") else None),
         ("repeats", f"{', '.join(map(str, d['repeats']))} differ from {d['reference']}" if d.get("repeats") else None),
         ("max |diff|", d.get("max_abs_diff")), ("max ULP", d.get("max_ulp_diff")),
@@ -243,7 +259,7 @@ def _op_section(data: dict[str, Any]) -> str:
     f = d.get("op_finding")
     if not f:
         return ""
-    origin = f.get("origin")
+    origin, t = f.get("origin"), f.get("traced_from")
     if f["verdict"] == "inputs-differ" and origin and origin.get("kind") == "input":
         # no recorded op made the differing data: the neighbour table would only show its consumers
         window = f" in steps {f['window'][0]}–{f['window'][1]}" if f.get("window") else ""
@@ -258,6 +274,8 @@ def _op_section(data: dict[str, Any]) -> str:
         ("why", f"{f['verdict']}: {VERDICTS.get(f['verdict'], '')}"), ("summary", f.get("summary")),
         ("origin", f"{origin['kind']} {origin['name']}" + (f" ({origin['location']})" if origin.get("location") else "")
          if origin else None),
+        ("traced from", traced_note(t["kind"], t["name"], t.get("location"))
+         if t and t["index"] != f["index"] else None),
         ("recorded in", f"an op-level re-run ({f['traces']}-*.trace), ops in steps {f['window'][0]}–{f['window'][1]}"
          if f.get("traces") and f.get("window") else None),
     ]
@@ -266,7 +284,7 @@ def _op_section(data: dict[str, Any]) -> str:
                    [[">>" if n["chosen"] else "", n["index"], n.get("op") or f"{n['kind']} {n['name']}", n.get("phase"),
                      n.get("module"), n.get("location"), n.get("inputs"), n.get("output")] for n in neighbours],
                    row_class=["chosen" if n["chosen"] else "" for n in neighbours]) if neighbours else ""
-    return "<h2>The op behind it</h2>" + _kv(rows) + table
+    return "<h2>The op behind it</h2>" + _kv(rows) + f"<div class='wide'>{table}</div>"
 
 
 def _causes_section(data: dict[str, Any]) -> str:
@@ -284,11 +302,23 @@ def _causes_section(data: dict[str, Any]) -> str:
     return "<h2>Likely causes</h2>" + "".join(parts) if parts else ""
 
 
+def _latent_section(data: dict[str, Any]) -> str:
+    """Settings and ops deterministic on this CPU, not on CUDA (causes/latent.py)."""
+    parts = []
+    for item in data.get("latent") or []:
+        evidence = "".join(f"<li>{escape(str(e))}</li>" for e in item.get("evidence", []))
+        parts.append(f"<div class='cause'><b>{escape(str(item['id']))}</b>: {escape(str(item['summary']))}"
+                     f"<ul>{evidence}</ul><div class='fix'>fix: {escape(str(item['fix']))}</div></div>")
+    return "<h2>Latent on CUDA: deterministic here, not on CUDA</h2>" + "".join(parts) if parts else ""
+
+
 def _environment_section(data: dict[str, Any]) -> str:
     env = data.get("environment") or {}
     if not env:
         return ""
-    return "<h2>Environment</h2>" + _kv([(k, env[k] if not isinstance(env[k], (dict, list)) else str(env[k]))
+    # a version the trace recorded as null (no CUDA in a CPU build of torch) is shown, not left out
+    return "<h2>Environment</h2>" + _kv([(k, "none" if env[k] is None else
+                                          env[k] if not isinstance(env[k], (dict, list)) else str(env[k]))
                                          for k in sorted(env)])
 
 

@@ -24,8 +24,10 @@ def to_junit(report: Report) -> str:
     cases = 0
     failures = errors = 0
     for run in data["runs"]:
-        case = ET.SubElement(suite, "testcase", classname="detaudit.repeat",
-                             name=f"repeat-{run['repeat']} ({run['device']})", time=str(run["duration_s"]))
+        name = run.get("recording") or f"repeat-{run['repeat']}"  # `compare`: the recording's own name
+        case = ET.SubElement(suite, "testcase", classname="detaudit.repeat", name=f"{name} ({run['device']})")
+        if run["duration_s"] is not None:  # a baseline keeps no time
+            case.set("time", str(run["duration_s"]))
         cases += 1
         if run["timed_out"]:
             ET.SubElement(case, "error", message="timed out")

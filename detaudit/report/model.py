@@ -19,7 +19,7 @@ from detaudit import __version__
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
 from detaudit.compare.traces import Comparison, Divergence, RecordInfo, StepSpread
 from detaudit.errors import ExitCode
-from detaudit.results import Cause, Experiment, RepeatResult, Role, Verdict
+from detaudit.results import Cause, Experiment, Latent, RepeatResult, Role, Verdict
 from detaudit.run.files import write_output
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from detaudit.compare.perturb import PerturbationFinding
 
 SCHEMA_NAME = "detaudit-report"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: runs[].duration_s may be null (a baseline compared keeps no time)
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,12 @@ class Report:
     op_finding: OpFinding | None = None  # the op behind first_divergence, when ops were recorded (oprules.py)
     carried_output: CarriedOutput | None = None  # a stdout difference explained by carried state: no divergence
     perturbation: PerturbationFinding | None = None  # `run --perturb`: what each varied setting changed
+    latent: list[Latent] = field(default_factory=list)  # deterministic on this CPU, not on CUDA (causes/latent.py)
+    recordings: list[str] = field(default_factory=list)  # `compare`: what each compared recording is (its path)
+
+    def name_of(self, index: int) -> str:
+        """A repeat as the report names it: `repeat 1`, or under `compare` the recording's own name."""
+        return self.recordings[index] if 0 <= index < len(self.recordings) else f"repeat {index}"
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -256,6 +262,7 @@ def divergence_to_dict(d: Divergence | None, finding: OpFinding | None = None) -
         "node": (op.node or None) if op else None,
         "step": rec.step if rec else None,
         "location": (op.location or None) if op else None,
+        "record_location": (rec.location or None) if rec else None,  # the record's own line (an op's may differ)
         "shape": rec.shape if rec else None,
         "dtype": rec.dtype if rec else None,
         "repeats": d.repeats,
@@ -294,6 +301,7 @@ def finding_to_dict(f: OpFinding | None) -> dict[str, Any] | None:
         "repeats": f.repeats,
         "reference": f.reference,
         "origin": _record_brief(f.origin) if f.origin is not None else None,
+        "traced_from": _record_brief(f.traced_from) if f.traced_from is not None else None,
         "others": {str(i): _record_brief(o) for i, o in f.others.items()},
         "traces": f.traces or None,
         "window": f.window,
@@ -325,11 +333,13 @@ def to_dict(report: Report) -> dict[str, Any]:
             "by_step": spread_to_list(comp.by_step),
         },
         "causes": [asdict(c) for c in report.causes],
+        "latent": [asdict(x) for x in report.latent],
         "inferred_ranking": report.inferred,
         "experiments": [asdict(e) for e in report.experiments],
         "runs": [
             {
-                "repeat": r.index, "device": r.device, "exit_code": r.exit_code, "duration_s": r.duration_s,
+                "repeat": r.index, "recording": report.recordings[r.index] if r.index < len(report.recordings)
+                else None, "device": r.device, "exit_code": r.exit_code, "duration_s": r.duration_s,
                 "timed_out": r.timed_out, "interrupted": r.interrupted, "stopped_at_step": r.stopped_at_step,
                 "stopped_by": r.stopped_by, "diverged_at_step": r.diverged_at_step,
                 "recording_stopped": r.recording_stopped, "rerun_alone": r.rerun_alone,

@@ -53,6 +53,7 @@ class Installer:
         rng.install_python(ev)
         concurrency.install_threads(ev)
         environment.install_clocks(ev)
+        environment.install_hash(ev)
         files.install(ev)
         ev.emit(environment.hash_event())
         self.writes = writes.install(ev)

@@ -6,6 +6,7 @@ reads of other values from outside that differ in every run: the pid, OS entropy
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
 import os
@@ -18,7 +19,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from detaudit.events import CallEvent, ClockEvent, ClockReadsEvent, ClockSite, EnvironmentEvent, HashEvent, OutsideEvent
+from detaudit.events import (
+    CallEvent,
+    ClockEvent,
+    ClockReadsEvent,
+    ClockSite,
+    EnvironmentEvent,
+    HashCallEvent,
+    HashEvent,
+    OutsideEvent,
+)
 from detaudit.recorder.evidence.base import Evidence, short
 from detaudit.recorder.patch import wrap
 from detaudit.recorder.pinning import aslr_disabled
@@ -42,6 +52,28 @@ def install_clocks(ev: Evidence) -> None:
     for owner, names in ((os, ("getpid", "urandom")), (uuid, ("uuid1", "uuid4"))):
         for name in names:
             wrap(owner, name, functools.partial(_outside, ev, label=f"{owner.__name__}.{name}"))
+
+
+def install_hash(ev: Evidence) -> None:
+    """`hash()` of a string or bytes at the script's own lines: its value changes with string hash
+    randomization, and unlike a set's order it can reach the numbers directly (a seed, a bucket)."""
+    wrap(builtins, "hash", functools.partial(_hash, ev))
+
+
+def _hash(ev: Evidence, original: Callable[[Any], int]) -> Callable[[Any], int]:
+    def hash(obj: Any, /) -> int:  # noqa: A001 (it replaces the builtin of that name)
+        value = original(obj)
+        if type(obj) in (str, bytes) and not ev.compiling():
+            caller = sys._getframe(1)
+            if ("hash", caller.f_code, caller.f_lineno) not in ev.seen and not ev.is_library(caller) \
+                    and ev.outside_sites < MAX_CLOCK_SITES:
+                ev.seen.add(("hash", caller.f_code, caller.f_lineno))
+                ev.outside_sites += 1
+                ev.emit(HashCallEvent(type="hash-call", loc=ev.where(caller), value=value,
+                                      of=f"{type(obj).__name__} of length {len(obj)}"))
+        return value
+
+    return hash
 
 
 def install_secrets(ev: Evidence, secrets: ModuleType) -> None:

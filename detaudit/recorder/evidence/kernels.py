@@ -18,7 +18,16 @@ from collections.abc import Callable, Iterator
 from types import FrameType, ModuleType
 from typing import Any, Literal, NamedTuple
 
-from detaudit.events import EmptyState, EmptyWritesEvent, FlagEvent, FlagTypoEvent, ModuleEntry, ModulesEvent, OpEvent
+from detaudit.events import (
+    EmptyState,
+    EmptyWritesEvent,
+    FlagEvent,
+    FlagTypoEvent,
+    LatentOpEvent,
+    ModuleEntry,
+    ModulesEvent,
+    OpEvent,
+)
 from detaudit.recorder import oplist
 from detaudit.recorder.evidence.base import Evidence, never_fatal, short
 from detaudit.recorder.patch import wrap
@@ -86,6 +95,25 @@ def modules_event(ev: Evidence, root: Any) -> ModulesEvent:
         if cls in MATMUL_CLASSES or cls.startswith("Conv"):
             linear.append({"module": name, "class": cls})
     return ModulesEvent(type="modules", root=root_name, device=device, listed=listed, matmul=linear)
+
+
+def _emit_listed(ev: Evidence, op: str, device: str, entries: list[oplist.OpEntry], grad: bool, values: dict[str, str],
+                 loc: str, node: bool = False) -> None:
+    """An `op` event for the first entry that makes this call nondeterministic here; on the CPU, failing that,
+    a `latent-op` event for one that would make it nondeterministic on CUDA (the same script on a GPU).
+    `node`: an autograd node found by the backward walk (its phase is backward whatever the entry says)."""
+    for entry in entries:
+        if oplist.applies(entry, device, grad, values):
+            ev.emit(_op_event(ev, op, device, entry, "backward" if node or entry.backward else "forward", loc))
+            return
+    if device != "cpu":
+        return
+    for entry in entries:
+        if oplist.applies(entry, "cuda", grad, values):
+            ev.emit(LatentOpEvent(type="latent-op", op=op, entry=entry.text, loc=loc,
+                                  phase="backward" if node or entry.backward else "forward",
+                                  deterministic=ev.torch.are_deterministic_algorithms_enabled()))
+            return
 
 
 def _op_event(ev: Evidence, op: str, device: str, entry: oplist.OpEntry, phase: Literal["forward", "backward"],
@@ -272,11 +300,7 @@ def _op(ev: Evidence, original: Callable[..., Any], name: str, key: str,
                 values["accumulate"] = "False"
             grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
             device = ev.device(first)
-            for entry in entries:
-                if oplist.applies(entry, device, grad, values):
-                    ev.emit(_op_event(ev, name, device, entry, "backward" if entry.backward else "forward",
-                                      ev.where(caller)))
-                    break
+            _emit_listed(ev, name, device, entries, grad, values, ev.where(caller))
         return original(*args, **kwargs)
 
     return op
@@ -311,9 +335,9 @@ def _walk_graph(ev: Evidence, tensors: Any, caller: FrameType) -> None:
         stack.extend(fn for fn, _ in node.next_functions)
         node_name = node.name()
         for key in oplist.node_keys(node_name):
-            for entry in ev.op_entries.get(key, []):
-                if oplist.applies(entry, device, True, {}) and ev.first_time("node", node_name, device):
-                    ev.emit(_op_event(ev, node_name, device, entry, "backward", loc))
+            entries = ev.op_entries.get(key, [])
+            if entries and ev.first_time("node", node_name, device):
+                _emit_listed(ev, node_name, device, entries, True, {}, loc, node=True)
 
 
 # -- determinism flags and collectives -----------------------------------------------------------
