@@ -11,7 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detaudit.recorder.fingerprint import DeviceReducer, fingerprint
+from detaudit.recorder.devicehash import DeviceReducer, batchable
+from detaudit.recorder.fingerprint import fingerprint
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int16, torch.int32,
           torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128]
@@ -23,12 +24,32 @@ settings.load_profile("detaudit")
 
 def device_digest(t: torch.Tensor) -> int:
     """The DeviceReducer path, run on the CPU (same code as on an accelerator)."""
-    reducer = DeviceReducer()
-    seed, reduced = reducer.reduce(t)
-    return reducer.finish(seed, reduced.tolist())[0]
+    return DeviceReducer(use_triton=False).digest_now(t)[0]
 
 
-DIGESTS = {"host": lambda t: fingerprint(t).digest, "device": device_digest}
+def batch_digest(t: torch.Tensor) -> int:
+    """The step boundary's batched path (DeviceBatch), `t` between two other tensors; tensors it does not take
+    (empty, not whole int32 words, sparse, nested, quantized) go through DeviceReducer.reduce as in the Recorder."""
+    if not batchable(t):
+        return device_digest(t)
+    return batch_prints([torch.ones(3), t, torch.arange(5, dtype=torch.int64)])[1][0]
+
+
+def batch_prints(tensors: list[torch.Tensor], reducer: DeviceReducer | None = None) -> list[tuple[int, tuple[float, ...]]]:
+    """(digest, samples) of each tensor through one DeviceBatch, closed and transferred as the Recorder does."""
+    reducer = reducer or DeviceReducer(use_triton=False)
+    slots = reducer.batch(tensors[0].device).add(tensors)
+    reducer.close_batches()
+    payloads = {id(r.payload): r.payload for r in slots}
+    out = []
+    for r in slots:
+        assert r.payload is not None and r.payload.tensor is not None
+        out.append(r.slot.read(r.payload.tensor.cpu().view(torch.int64).tolist(), 0))
+    assert len(payloads) >= 1
+    return out
+
+
+DIGESTS = {"host": lambda t: fingerprint(t).digest, "device": device_digest, "batch": batch_digest}
 
 
 @st.composite
