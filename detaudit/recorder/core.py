@@ -20,6 +20,7 @@ from detaudit.events import Event, UnobservedEvent
 from detaudit.recorder.devicehash import DeviceReducer, Payload, Reduced, batchable
 from detaudit.recorder.fingerprint import (
     DTYPE_CODES,
+    StableBuffers,
     fingerprint,
     fingerprint_cpu,
     is_plain,
@@ -131,6 +132,7 @@ class Recorder:
         # set by the op recorder: told when detaudit itself refills `torch.empty` memory (still never written)
         self.refill: Callable[[torch.Tensor], None] | None = None
         self._reducer: DeviceReducer | None = None
+        self._stable = StableBuffers()  # the step boundary's host tensors: per-tensor work once per run
         # True while the op recorder's window is open: accelerator tensors are fingerprinted at once
         # (one sync each) instead of at the step's end, so each op's input digests are known and the
         # root-cause rule can prove "inputs match, output differs" on a GPU too. Outside op windows
@@ -238,22 +240,28 @@ class Recorder:
             for kind, name, t in rows:
                 self.record_tensor(kind, name, t, 0, loc)
             return
+        step, host_is_cpu = self.step, self._host_is_cpu
+        if host_is_cpu and not self._pending:  # the CPU's common case: hashed and written in one pass
+            made: list[tuple[Any, ...]] = []
+            add, fingerprint_stable, describe = made.append, self._stable.fingerprint, self._describe
+            for kind, name, t in rows:
+                if not t.is_cpu:
+                    break
+                try:
+                    if kind is Kind.GRAD:  # usually made anew by each backward: nothing to keep
+                        digest, samples = fingerprint_cpu(t)
+                        sid, code = describe(t)
+                    else:
+                        digest, samples, (sid, code) = fingerprint_stable(t, describe)
+                except (RuntimeError, NotImplementedError, TypeError):  # record_tensor records it unread
+                    break
+                add((kind, code, 0, 0, name, 0, loc, step, sid, 0, digest, 0, 0, samples))
+            self.writer.add_many(made)
+            rows = rows[len(made):]
         batched: dict[torch.device, list[int]] = {}
         done: list[Any] = [None] * len(rows)
-        step, host_is_cpu = self.step, self._host_is_cpu
-        for i, (kind, name, t) in enumerate(rows):
-            if host_is_cpu and t.is_cpu and t.layout == torch.strided and not t.is_nested:
-                sid = self._shape_ids.get(t.shape)
-                if sid is None:
-                    sid = self._shape_id(t.shape)
-                try:
-                    digest, samples = fingerprint_cpu(t)
-                    flags = 0
-                except (RuntimeError, NotImplementedError, TypeError):
-                    digest, samples, flags = shape_seed(t), _NAN4, int(Flag.NO_DATA)
-                done[i] = (kind, DTYPE_CODES.get(t.dtype, 0), flags, 0, name, 0, loc, step, sid, 0, digest, 0, 0,
-                           samples)
-            elif (not host_is_cpu or not t.is_cpu) and batchable(t):
+        for i, (_, _, t) in enumerate(rows):
+            if (not host_is_cpu or not t.is_cpu) and batchable(t):
                 batched.setdefault(t.device, []).append(i)
         if batched:
             if self._reducer is None:
@@ -279,6 +287,10 @@ class Recorder:
                 self.writer.add(item)
         if len(self._pending) >= _PENDING_LIMIT:
             self.resolve_pending()
+
+    def _describe(self, t: torch.Tensor) -> tuple[int, int]:
+        """(shape string id, dtype code) of a tensor: what StableBuffers keeps with it."""
+        return self._shape_id(logical_shape(t) if t.is_nested else t.shape), DTYPE_CODES.get(t.dtype, 0)
 
     def digest_now(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
         """(digest, samples) of a tensor now, from the cache when this exact version was seen: xxh3 in
