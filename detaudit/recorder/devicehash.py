@@ -183,7 +183,7 @@ class DeviceReducer:
         self._weights: dict[torch.device, torch.Tensor] = {}  # (2, n) prefix weights, n ≤ CHUNK_WORDS
         self._sliced: dict[tuple[torch.device, int], torch.Tensor] = {}
         self._samples: dict[tuple[torch.device, torch.dtype, int, int], tuple[torch.Tensor, tuple[int, ...]]] = {}
-        self._triton = _triton_lanes() if use_triton is not False else None
+        self._triton: Any = _triton_lanes() if use_triton is not False else None  # the lanes_triton module
         self.batches: dict[torch.device, DeviceBatch] = {}
 
     def uses_triton(self, device: torch.device) -> bool:
@@ -274,10 +274,11 @@ class DeviceReducer:
             if t.numel() == 0:
                 return Reduced(None, Constant(seed))
             sampled = t.dtype in _SAMPLE_FORMATS
-            if self.uses_triton(t.device):
+            triton = self._triton
+            if triton is not None and t.device.type == "cuda":
                 words, readable = self._words(t)
                 index, shifts = self._sample_index(t.device, t.dtype, t.numel(), readable.numel())
-                payload = self._triton.reduce_one(words, readable, index)
+                payload = triton.reduce_one(words, readable, index)
                 return Reduced(Payload(payload), Slot(seed, 2, t.dtype if sampled else None, shifts))
             lanes, samples, shifts = self._plain(t, sampled)
             pieces = [lanes.view(torch.int32)] if samples is None else [lanes.view(torch.int32), samples]
@@ -287,12 +288,12 @@ class DeviceReducer:
         reduced = [self._plain(part, i == p.values and part.dtype in _SAMPLE_FORMATS)
                    for i, part in enumerate(p.tensors)]
         lanes = torch.cat([r[0] for r in reduced]).view(torch.int32)
-        sampled = p.values is not None and reduced[p.values][1] is not None
-        payload = torch.cat([lanes, reduced[p.values][1]]) if sampled else lanes  # type: ignore[index,list-item]
-        slot = Slot(p.seed, 2 * len(reduced),
-                    p.tensors[p.values].dtype if sampled else None,  # type: ignore[index]
-                    reduced[p.values][2] if sampled else ())  # type: ignore[index]
-        return Reduced(Payload(payload), slot)
+        if p.values is not None:
+            _, samples, shifts = reduced[p.values]
+            if samples is not None:
+                slot = Slot(p.seed, 2 * len(reduced), p.tensors[p.values].dtype, shifts)
+                return Reduced(Payload(torch.cat([lanes, samples])), slot)
+        return Reduced(Payload(lanes), Slot(p.seed, 2 * len(reduced), None))
 
     def digest_now(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
         """(digest, samples) of one tensor at once: its reduction and one transfer (a host sync)."""
@@ -511,7 +512,7 @@ class DeviceBatch:
         v = layout.views
         words = v["words"]
         if layout.weights is None:
-            sums = self.reducer._triton.block_sums(words, layout.block_pos, layout.block_len)  # type: ignore[union-attr]
+            sums = self.reducer._triton.block_sums(words, layout.block_pos, layout.block_len)
         else:
             torch.bitwise_right_shift(words, 13, out=v["mixed"])
             v["mixed"].bitwise_xor_(words)
