@@ -220,7 +220,9 @@ def test_triton_kernels_give_the_torch_reduction_s_digests() -> None:
     pytest.importorskip("triton", reason="triton is not installed (CPU build of torch): the Triton path is unused here")
     if not torch.cuda.is_available():
         pytest.skip("the Triton kernels run on CUDA tensors only; no CUDA device here")
-    assert DeviceReducer().uses_triton(torch.device("cuda")), "triton imports but the reducer does not use it"
+    from detaudit.recorder import lanes_triton
+
+    assert lanes_triton.available() and DeviceReducer().uses_triton(torch.device("cuda"))
     tensors = [torch.randn(1), torch.randn(1000), torch.randn(33, 17).t(), torch.arange(7, dtype=torch.int16),
                torch.randint(0, 2, (301,), dtype=torch.bool), torch.randn(40, dtype=torch.complex128),
                torch.randn(3 << 20), torch.randn(300).bfloat16()]

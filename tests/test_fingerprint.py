@@ -11,8 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detaudit.recorder.devicehash import DeviceReducer, batchable
-from detaudit.recorder.fingerprint import fingerprint
+from detaudit.recorder.devicehash import DeviceReducer, batchable, fingerprint
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int16, torch.int32,
           torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128]

@@ -17,11 +17,10 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from detaudit.events import Event, UnobservedEvent
-from detaudit.recorder.devicehash import DeviceReducer, Payload, Reduced, batchable
+from detaudit.recorder.devicehash import DeviceReducer, Payload, Reduced, batchable, fingerprint
 from detaudit.recorder.fingerprint import (
     DTYPE_CODES,
     StableBuffers,
-    fingerprint,
     fingerprint_cpu,
     is_plain,
     logical_shape,

@@ -39,7 +39,17 @@ from typing import Any
 import torch
 import xxhash
 
-from detaudit.recorder.fingerprint import _SAMPLE_FORMATS, N_SAMPLES, is_plain, meta_seed, parts
+from detaudit.recorder.fingerprint import (
+    _SAMPLE_FORMATS,
+    N_SAMPLES,
+    Fingerprint,
+    fingerprint_cpu,
+    is_plain,
+    logical_shape,
+    meta_seed,
+    parts,
+    shape_seed,
+)
 
 LANE_BLOCK = 256  # words per block of a batch: each tensor starts on a block
 CHUNK_WORDS = 1 << 24  # words one single-tensor reduction reads at once (64 MiB); more: in chunks
@@ -165,7 +175,8 @@ class Reduced:
 
 
 def _triton_lanes() -> Any:
-    """The Triton kernels' module, or None where triton does not import (CPU builds of torch)."""
+    """The Triton kernels' module, or None where triton does not import (CPU builds of torch) or no CUDA device
+    is present."""
     try:
         from detaudit.recorder import lanes_triton
     except ImportError:
@@ -278,7 +289,7 @@ class DeviceReducer:
             if triton is not None and t.device.type == "cuda":
                 words, readable = self._words(t)
                 index, shifts = self._sample_index(t.device, t.dtype, t.numel(), readable.numel())
-                payload = triton.reduce_one(words, readable, index)
+                payload = triton.reduce_one(words, readable, index, LANE_BLOCK, _MIX, _MUL)
                 return Reduced(Payload(payload), Slot(seed, 2, t.dtype if sampled else None, shifts))
             lanes, samples, shifts = self._plain(t, sampled)
             pieces = [lanes.view(torch.int32)] if samples is None else [lanes.view(torch.int32), samples]
@@ -512,7 +523,7 @@ class DeviceBatch:
         v = layout.views
         words = v["words"]
         if layout.weights is None:
-            sums = self.reducer._triton.block_sums(words, layout.block_pos, layout.block_len)
+            sums = self.reducer._triton.block_sums(words, layout.block_pos, layout.block_len, LANE_BLOCK, _MIX, _MUL)
         else:
             torch.bitwise_right_shift(words, 13, out=v["mixed"])
             v["mixed"].bitwise_xor_(words)
@@ -522,3 +533,14 @@ class DeviceBatch:
         lanes = sums.cumsum(dim=1).take(layout.lane_index)
         return torch.cat([lanes.view(torch.int32), words.take(layout.sample_index)])
 
+
+def fingerprint(t: torch.Tensor) -> Fingerprint:
+    """Fingerprint one tensor, on any device (the convenient, non-hot-path entry point)."""
+    t = t.detach()
+    if t.device.type == "cpu":
+        digest, samples = fingerprint_cpu(t)
+    elif t.device.type == "meta":
+        digest, samples = shape_seed(t), _NO_SAMPLES
+    else:
+        digest, samples = DeviceReducer().digest_now(t)
+    return Fingerprint(digest, str(t.dtype).removeprefix("torch."), logical_shape(t), samples)

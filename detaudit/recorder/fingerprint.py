@@ -273,17 +273,3 @@ class StableBuffers:
         meta = describe(t)
         self._held[id(t)] = (weakref.ref(t), t.data_ptr(), t.shape, seed, buf, read_samples, meta)
         return xxhash.xxh3_64_intdigest(buf, seed), read_samples(buf), meta
-
-
-def fingerprint(t: torch.Tensor) -> Fingerprint:
-    """Fingerprint one tensor, on any device (the convenient, non-hot-path entry point)."""
-    t = t.detach()
-    if t.device.type == "cpu":
-        digest, samples = fingerprint_cpu(t)
-    elif t.device.type == "meta":
-        digest, samples = shape_seed(t), _NO_SAMPLES
-    else:
-        from detaudit.recorder.devicehash import DeviceReducer  # it imports this module
-
-        digest, samples = DeviceReducer().digest_now(t)
-    return Fingerprint(digest, str(t.dtype).removeprefix("torch."), logical_shape(t), samples)

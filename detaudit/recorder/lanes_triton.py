@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from detaudit.recorder.devicehash import _MIX, _MUL, LANE_BLOCK, N_SAMPLES
+SAMPLE_WORDS = 8  # two int32 words per sample, N_SAMPLES samples
 
 
 def available() -> bool:
@@ -70,20 +70,22 @@ def _one_kernel(words: Any, n: Any, lanes: Any, samples_from: Any, sample_index:
         tl.store(samples_out + k, tl.load(samples_from + tl.load(sample_index + k)))
 
 
-def block_sums(words: torch.Tensor, block_pos: torch.Tensor, block_len: torch.Tensor) -> torch.Tensor:
-    """(2, blocks) int64 lane sums of each block of a batch's staging buffer (as the torch reduction's)."""
+def block_sums(words: torch.Tensor, block_pos: torch.Tensor, block_len: torch.Tensor, block: int,
+               mix: tuple[int, int], mul: int) -> torch.Tensor:
+    """(2, blocks) int64 lane sums of each `block`-word block of a batch's staging buffer (as the torch
+    reduction's); `mix`, `mul`: the weights' constants (devicehash)."""
     blocks = block_pos.numel()
     out = torch.empty(2, blocks, dtype=torch.int64, device=words.device)
-    _block_sums_kernel[(blocks,)](words, block_pos, block_len, out, blocks, BLOCK=LANE_BLOCK,
-                                  MIX0=_MIX[0], MIX1=_MIX[1], MUL=_MUL)
+    _block_sums_kernel[(blocks,)](words, block_pos, block_len, out, blocks, BLOCK=block, MIX0=mix[0], MIX1=mix[1],
+                                  MUL=mul)
     return out
 
 
-def reduce_one(words: torch.Tensor, readable: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
+def reduce_one(words: torch.Tensor, readable: torch.Tensor, sample_index: torch.Tensor, block: int,
+               mix: tuple[int, int], mul: int) -> torch.Tensor:
     """One tensor's payload (int32: two int64 lanes, then the sample words), in one launch after a zeroing."""
     n = words.numel()
-    payload = torch.zeros(4 + 2 * N_SAMPLES, dtype=torch.int32, device=words.device)
-    grid = (triton.cdiv(n, LANE_BLOCK),)
-    _one_kernel[grid](words, n, payload.view(torch.int64), readable, sample_index, payload[4:], BLOCK=LANE_BLOCK,
-                      SAMPLE_WORDS=2 * N_SAMPLES, MIX0=_MIX[0], MIX1=_MIX[1], MUL=_MUL)
+    payload = torch.zeros(4 + SAMPLE_WORDS, dtype=torch.int32, device=words.device)
+    _one_kernel[(triton.cdiv(n, block),)](words, n, payload.view(torch.int64), readable, sample_index, payload[4:],
+                                          BLOCK=block, SAMPLE_WORDS=SAMPLE_WORDS, MIX0=mix[0], MIX1=mix[1], MUL=mul)
     return payload
