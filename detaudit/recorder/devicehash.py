@@ -21,11 +21,13 @@ Three ways compute the same lanes:
 - The Triton kernel (`lanes_triton.py`), where triton imports and the tensor is on CUDA: the weights computed
   in registers, block sums in one launch for a batch; one launch into a zeroed slot for a single tensor.
 
-Memory: the staging buffer grows to the largest batch seen, at most BATCH_BYTES per device (a batch that would
-exceed it is closed and the next starts at its beginning: the stream orders the reuse); the torch reduction
-also keeps BATCH_WORDS-sized scratch (3 words per word) and, per cached layout (at most LAYOUT_CACHE), two
-weights per word; a pending record holds 48 bytes of device memory (its lanes and sample words) until the
-step's one transfer.
+Memory, per device: the staging buffer grows to the largest batch seen, at most BATCH_BYTES (a batch that would
+exceed it is reduced and the next starts at its beginning: the stream orders the reuse); the torch reduction
+adds scratch of 3 words per buffer word and, per cached layout (at most LAYOUT_CACHE), 2 weights per word of
+the layout (the Triton kernels need neither); the single-tensor weights are at most 2 x CHUNK_WORDS words.
+Until the step's one transfer, a pending record holds 48 bytes on the device (64 in a batch: its lanes and
+sample words; a separately allocated payload takes the allocator's 512-byte block on CUDA), and at most
+core._PENDING_LIMIT (65,536) records wait before an early transfer: at most 32 MiB.
 """
 
 from __future__ import annotations
@@ -371,6 +373,16 @@ def _device_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     return _to_device(torch.tensor(values, dtype=torch.int64), device)
 
 
+def _copy_all(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """One `_foreach_copy_` (one multi-tensor launch on CUDA); element by element where torch lacks it."""
+    foreach = getattr(torch, "_foreach_copy_", None)
+    if foreach is not None:
+        foreach(destinations, sources)
+        return
+    for dst, src in zip(destinations, sources, strict=True):
+        dst.copy_(src)
+
+
 class DeviceBatch:
     """The tensors recorded at one optimizer step boundary on one device, copied into a staging buffer as they
     are recorded (so later in-place updates do not reach them) and reduced together when the batch closes."""
@@ -425,7 +437,7 @@ class DeviceBatch:
             self._plans[key] = plan
         with torch.no_grad():
             for views, which in plan.groups:
-                torch._foreach_copy_(views, [tensors[i] for i in which])
+                _copy_all(views, [tensors[i] for i in which])
         first = len(self._segments)
         self._segments += plan.segments
         self._keys.append(plan.number)
