@@ -394,6 +394,7 @@ class DeviceBatch:
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._layouts: dict[tuple[Any, ...], _Layout] = {}
         self._scratch: torch.Tensor | None = None  # torch reduction: (3, words) int32
+        self._stream: Any = None  # CUDA: the stream that last used the buffer and scratch
         self._open()
 
     def _open(self) -> None:
@@ -427,7 +428,18 @@ class DeviceBatch:
             count += 1
         return count
 
+    def _follow_stream(self) -> None:
+        """On CUDA, work on the buffer is ordered by its stream; a script that switched streams since its last use
+        gets its new stream to wait for the old one (an event, no host sync)."""
+        if self.device.type != "cuda":
+            return
+        stream = torch.cuda.current_stream(self.device)
+        if self._stream is not None and stream != self._stream:
+            stream.wait_stream(self._stream)
+        self._stream = stream
+
     def _add(self, tensors: Sequence[torch.Tensor]) -> list[Reduced]:
+        self._follow_stream()
         key = (self._end, *[(t.dtype, t.shape) for t in tensors])
         plan = self._plans.get(key)
         if plan is None:
@@ -489,6 +501,7 @@ class DeviceBatch:
             if len(self._layouts) >= LAYOUT_CACHE:
                 self._layouts.clear()
             self._layouts[(self._end, *self._keys)] = layout
+        self._follow_stream()
         payload.tensor = self._reduce(layout)
         payload.count = len(segments)
         self._open()
@@ -519,9 +532,9 @@ class DeviceBatch:
             layout.block_pos = _device_tensor(block_pos, self.device)
             layout.block_len = _device_tensor(block_len, self.device)
             return layout
-        weights = position_weights(pos.clamp(min=0))
-        weights[:, pos < 0] = 0  # words outside every tensor (stale bytes of earlier batches) count for nothing
-        layout.weights = _to_device(weights, self.device)
+        pos = _to_device(pos, self.device)  # the weights are made on the device (a mask index there would sync)
+        # words outside every tensor (stale bytes of earlier batches) get weight 0: they count for nothing
+        layout.weights = torch.where(pos >= 0, position_weights(pos.clamp(min=0)), 0)
         if self._scratch is None or self._scratch.shape[1] < words:
             self._scratch = torch.empty(3, self._buffer.numel() // 4, dtype=torch.int32, device=self.device)
         layout.views["mixed"] = self._scratch[0, :words]
