@@ -258,7 +258,7 @@ class Recorder:
             self.writer.add_many(made)
             rows = rows[len(made):]
         batched: dict[torch.device, list[int]] = {}
-        done: list[Any] = [None] * len(rows)
+        done: list[DeviceRecord | None] = [None] * len(rows)
         for i, (_, _, t) in enumerate(rows):
             if (not host_is_cpu or not t.is_cpu) and batchable(t):
                 batched.setdefault(t.device, []).append(i)
@@ -276,14 +276,12 @@ class Recorder:
                         done[i] = DeviceRecord(partial, reduced, (0, 0))
             finally:
                 self.internal -= 1
-        for i, item in enumerate(done):
+        for i, item in enumerate(done):  # in record order: the rest one by one (pending behind any device record)
             if item is None:
                 kind, name, t = rows[i]
                 self.record_tensor(kind, name, t, 0, loc)
-            elif isinstance(item, DeviceRecord) or self._pending:
-                self._pending.append(item)
             else:
-                self.writer.add(item)
+                self._pending.append(item)
         if len(self._pending) >= _PENDING_LIMIT:
             self.resolve_pending()
 
