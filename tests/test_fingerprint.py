@@ -400,3 +400,42 @@ def test_random_sparse_equal_agree_and_any_one_bit_is_seen(path: str, layout: st
     changed.view(torch.int32)[row, col] ^= 1 << data.draw(st.integers(0, 31))
     if changed[row, col] != 0:  # a flip to -0.0 leaves a stored zero: still a change, but not this test's
         assert digest(build(changed)) != base
+
+
+def test_stable_buffers_follow_in_place_updates_and_replaced_storage() -> None:
+    """The step boundary's per-run cache: an in-place update is seen, and so is a parameter whose `.data` was
+    replaced (new storage, same tensor object), reshaped, or made non-contiguous in place."""
+    from detaudit.recorder.fingerprint import StableBuffers, fingerprint_cpu
+
+    stable = StableBuffers()
+    p = torch.nn.Parameter(torch.randn(6, 4))
+
+    def check() -> None:
+        digest, samples, meta = stable.fingerprint(p, lambda t: tuple(t.shape))
+        assert (digest, samples) == fingerprint_cpu(p.detach())
+        assert meta == tuple(p.shape)
+
+    check()
+    with torch.no_grad():
+        p.mul_(2)
+    check()
+    p.data = torch.randn(6, 4)
+    check()
+    p.data = torch.randn(3, 8)
+    check()
+    with torch.no_grad():
+        p.data = p.data.t()
+    check()
+    assert stable.fingerprint(torch.empty(0), lambda t: 0)[:2] == fingerprint_cpu(torch.empty(0))
+
+
+def test_stable_buffers_stay_bounded() -> None:
+    from detaudit.recorder.fingerprint import StableBuffers
+
+    stable = StableBuffers(limit=16)
+    keep = [torch.randn(3) for _ in range(10)]
+    for t in keep:
+        stable.fingerprint(t, lambda t: 0)
+    for _ in range(100):  # gradients made anew each step
+        stable.fingerprint(torch.randn(3), lambda t: 0)
+    assert len(stable._held) <= 16
