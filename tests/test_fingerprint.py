@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detaudit.recorder.fingerprint import DeviceReducer, fingerprint
+from detaudit.recorder.devicehash import DeviceReducer, batchable, fingerprint
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int16, torch.int32,
           torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128]
@@ -23,12 +23,31 @@ settings.load_profile("detaudit")
 
 def device_digest(t: torch.Tensor) -> int:
     """The DeviceReducer path, run on the CPU (same code as on an accelerator)."""
-    reducer = DeviceReducer()
-    seed, reduced = reducer.reduce(t)
-    return reducer.finish(seed, reduced.tolist())[0]
+    return DeviceReducer(use_triton=False).digest_now(t)[0]
 
 
-DIGESTS = {"host": lambda t: fingerprint(t).digest, "device": device_digest}
+def batch_digest(t: torch.Tensor) -> int:
+    """The step boundary's batched path (DeviceBatch), `t` between two other tensors; tensors it does not take
+    (empty, not whole int32 words, sparse, nested, quantized) go through DeviceReducer.reduce as in the Recorder."""
+    if not batchable(t):
+        return device_digest(t)
+    return batch_prints([torch.ones(3), t, torch.arange(5, dtype=torch.int64)])[1][0]
+
+
+def batch_prints(tensors: list[torch.Tensor],
+                 reducer: DeviceReducer | None = None) -> list[tuple[int, tuple[float, ...]]]:
+    """(digest, samples) of each tensor through one DeviceBatch, closed and transferred as the Recorder does."""
+    reducer = reducer or DeviceReducer(use_triton=False)
+    slots = reducer.batch(tensors[0].device).add(tensors)
+    reducer.close_batches()
+    out = []
+    for r in slots:
+        assert r.payload is not None and r.payload.tensor is not None
+        out.append(r.slot.read(r.payload.tensor.cpu().view(torch.int64).tolist(), 0))
+    return out
+
+
+DIGESTS = {"host": lambda t: fingerprint(t).digest, "device": device_digest, "batch": batch_digest}
 
 
 @st.composite
@@ -381,3 +400,42 @@ def test_random_sparse_equal_agree_and_any_one_bit_is_seen(path: str, layout: st
     changed.view(torch.int32)[row, col] ^= 1 << data.draw(st.integers(0, 31))
     if changed[row, col] != 0:  # a flip to -0.0 leaves a stored zero: still a change, but not this test's
         assert digest(build(changed)) != base
+
+
+def test_stable_buffers_follow_in_place_updates_and_replaced_storage() -> None:
+    """The step boundary's per-run cache: an in-place update is seen, and so is a parameter whose `.data` was
+    replaced (new storage, same tensor object), reshaped, or made non-contiguous in place."""
+    from detaudit.recorder.fingerprint import StableBuffers, fingerprint_cpu
+
+    stable = StableBuffers()
+    p = torch.nn.Parameter(torch.randn(6, 4))
+
+    def check() -> None:
+        digest, samples, meta = stable.fingerprint(p, lambda t: tuple(t.shape))
+        assert (digest, samples) == fingerprint_cpu(p.detach())
+        assert meta == tuple(p.shape)
+
+    check()
+    with torch.no_grad():
+        p.mul_(2)
+    check()
+    p.data = torch.randn(6, 4)
+    check()
+    p.data = torch.randn(3, 8)
+    check()
+    with torch.no_grad():
+        p.data = p.data.t()
+    check()
+    assert stable.fingerprint(torch.empty(0), lambda t: 0)[:2] == fingerprint_cpu(torch.empty(0))
+
+
+def test_stable_buffers_stay_bounded() -> None:
+    from detaudit.recorder.fingerprint import StableBuffers
+
+    stable = StableBuffers(limit=16)
+    keep = [torch.randn(3) for _ in range(10)]
+    for t in keep:
+        stable.fingerprint(t, lambda t: 0)
+    for _ in range(100):  # gradients made anew each step
+        stable.fingerprint(torch.randn(3), lambda t: 0)
+    assert len(stable._held) <= 16

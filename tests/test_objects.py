@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from detaudit.recorder.core import Recorder
-from detaudit.recorder.fingerprint import fingerprint
+from detaudit.recorder.devicehash import fingerprint
 from detaudit.recorder.objects import MAX_LEAVES, Encoded, Unencodable, walk
 from detaudit.trace import Kind, TraceWriter, read_trace
 

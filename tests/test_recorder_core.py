@@ -9,7 +9,7 @@ import torch
 
 from detaudit.recorder import core
 from detaudit.recorder.core import Recorder, iter_tensors, one_ulp
-from detaudit.recorder.fingerprint import fingerprint
+from detaudit.recorder.devicehash import fingerprint
 from detaudit.trace import Flag, Kind, TraceWriter, read_trace
 
 
@@ -141,7 +141,7 @@ def test_every_layout_is_recorded_with_its_contents_except_meta(tmp_path: Path, 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_one_ulp_changes_every_layout_with_values_and_leaves_the_original() -> None:
-    from detaudit.recorder.fingerprint import fingerprint
+    from detaudit.recorder.devicehash import fingerprint
 
     for name, t in _every_layout().items():
         before = fingerprint(t).digest

@@ -17,10 +17,10 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from detaudit.events import Event, UnobservedEvent
+from detaudit.recorder.devicehash import DeviceReducer, Payload, Reduced, batchable, fingerprint
 from detaudit.recorder.fingerprint import (
     DTYPE_CODES,
-    DeviceReducer,
-    fingerprint,
+    StableBuffers,
     fingerprint_cpu,
     is_plain,
     logical_shape,
@@ -42,12 +42,11 @@ ASYNC_CLOSE_WAIT_S = 10.0  # at the end, how long collectives still writing reco
 class DeviceRecord(NamedTuple):
     """A pending record whose fingerprint is still on the device (made whole at the next host sync).
 
-    Keeps the digest's seed, not the tensor: pending records must not hold activations alive.
+    Keeps the reduction's device values, not the tensor: pending records must not hold activations alive.
     """
 
     partial: tuple[Any, ...]  # the record's fields up to `aux` (trace.Record)
-    seed: int
-    reduced: torch.Tensor  # DeviceReducer.reduce's values, still on the device
+    reduced: Reduced  # where its values are (still on the device) and how to read them
     inputs: tuple[int, int]
 
 
@@ -132,6 +131,7 @@ class Recorder:
         # set by the op recorder: told when detaudit itself refills `torch.empty` memory (still never written)
         self.refill: Callable[[torch.Tensor], None] | None = None
         self._reducer: DeviceReducer | None = None
+        self._stable = StableBuffers()  # the step boundary's host tensors: per-tensor work once per run
         # True while the op recorder's window is open: accelerator tensors are fingerprinted at once
         # (one sync each) instead of at the step's end, so each op's input digests are known and the
         # root-cause rule can prove "inputs match, output differs" on a GPU too. Outside op windows
@@ -218,14 +218,14 @@ class Recorder:
         partial = (kind, dtype, flags | Flag.DEVICE, 0, name, module, loc, self.step, shape_id, aux)
         self.internal += 1
         try:
-            seed, reduced = self._reducer.reduce(t)
+            reduced = self._reducer.reduce(t)
         except (RuntimeError, NotImplementedError, TypeError):  # no readable contents: dtype and shape only
             self._emit((kind, dtype, flags | Flag.NO_DATA, 0, name, module, loc, self.step, shape_id, aux,
                         shape_seed(t), inputs[0], inputs[1], _NAN4))
             return 0
         finally:
             self.internal -= 1
-        self._pending.append(DeviceRecord(partial, seed, reduced, inputs))
+        self._pending.append(DeviceRecord(partial, reduced, inputs))
         if len(self._pending) >= _PENDING_LIMIT:
             self.resolve_pending()
         return 0
@@ -234,6 +234,67 @@ class Recorder:
     def next_index(self) -> int:
         """Index the next record will get (records of other threads are placed at the next sync)."""
         return self.writer.position + len(self._pending)
+
+    def record_many(self, rows: list[tuple[Kind, int, torch.Tensor]], loc: int) -> None:
+        """Record the optimizer step boundary's tensors (gradients; parameters, their state, buffers), `rows` of
+        (kind, name id, tensor) in record order, as `record_tensor` would one by one, at a lower cost: host
+        tensors are hashed without the per-iteration digest cache (nothing reads them again before it is
+        cleared), accelerator tensors are copied into the device's batch (`DeviceBatch`: a constant number
+        of launches for all of them) and reduced with it before the step's one transfer."""
+        ahead = self.writer.position + len(self._pending) + len(rows)  # --self-check's record may be among them
+        if self.eager_device or self.local.flag or (self.perturb_at is not None and self.perturb_at < ahead):
+            for kind, name, t in rows:
+                self.record_tensor(kind, name, t, 0, loc)
+            return
+        step, host_is_cpu = self.step, self._host_is_cpu
+        if host_is_cpu and not self._pending:  # the CPU's common case: hashed and written in one pass
+            made: list[tuple[Any, ...]] = []
+            add, fingerprint_stable, describe = made.append, self._stable.fingerprint, self._describe
+            for kind, name, t in rows:
+                if not t.is_cpu:
+                    break
+                try:
+                    if kind is Kind.GRAD:  # usually made anew by each backward: nothing to keep
+                        digest, samples = fingerprint_cpu(t)
+                        sid, code = describe(t)
+                    else:
+                        digest, samples, (sid, code) = fingerprint_stable(t, describe)
+                except (RuntimeError, NotImplementedError, TypeError):  # record_tensor records it unread
+                    break
+                add((kind, code, 0, 0, name, 0, loc, step, sid, 0, digest, 0, 0, samples))
+            self.writer.add_many(made)
+            rows = rows[len(made):]
+        batched: dict[torch.device, list[int]] = {}
+        done: list[DeviceRecord | None] = [None] * len(rows)
+        for i, (_, _, t) in enumerate(rows):
+            if (not host_is_cpu or not t.is_cpu) and batchable(t):
+                batched.setdefault(t.device, []).append(i)
+        if batched:
+            if self._reducer is None:
+                self._reducer = DeviceReducer()
+            self.internal += 1
+            try:
+                for device, which in batched.items():
+                    slots = self._reducer.batch(device).add([rows[i][2] for i in which])
+                    for i, reduced in zip(which, slots, strict=True):
+                        kind, name, t = rows[i]
+                        partial = (kind, DTYPE_CODES.get(t.dtype, 0), int(Flag.DEVICE), 0, name, 0, loc, step,
+                                   self._shape_id(t.shape), 0)
+                        done[i] = DeviceRecord(partial, reduced, (0, 0))
+            finally:
+                self.internal -= 1
+        for i, item in enumerate(done):  # in record order: the rest one by one (pending behind any device record)
+            if item is None:
+                kind, name, t = rows[i]
+                self.record_tensor(kind, name, t, 0, loc)
+            else:
+                self._pending.append(item)
+        if len(self._pending) >= _PENDING_LIMIT:
+            self.resolve_pending()
+
+    def _describe(self, t: torch.Tensor) -> tuple[int, int]:
+        """(shape string id, dtype code) of a tensor: what StableBuffers keeps with it."""
+        return self._shape_id(logical_shape(t) if t.is_nested else t.shape), DTYPE_CODES.get(t.dtype, 0)
 
     def digest_now(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
         """(digest, samples) of a tensor now, from the cache when this exact version was seen: xxh3 in
@@ -277,23 +338,31 @@ class Recorder:
             return
         if self.polled:
             self.poll_async()
-        waiting = [p for p in self._pending if isinstance(p, DeviceRecord)]
-        values: list[float] = []
-        if waiting:
-            self.internal += 1  # the concatenation and copy are detaudit's own ops: the op recorder must not add them
+        values: list[int] = []
+        bases: dict[int, int] = {}  # id(Payload) -> where its values start
+        if self._reducer is not None:
+            self.internal += 1  # the reductions, concatenation and copy are detaudit's own ops: no op records
             try:
-                values = torch.cat([p.reduced for p in waiting]).cpu().tolist()
+                self._reducer.close_batches()
+                tensors: list[torch.Tensor] = []
+                at = 0  # in int64 values: a payload holds an even number of int32s
+                for p in self._pending:
+                    payload: Payload | None = p.reduced.payload if isinstance(p, DeviceRecord) else None
+                    if payload is not None and payload.tensor is not None and id(payload) not in bases:
+                        bases[id(payload)] = at
+                        at += payload.tensor.numel() // 2
+                        tensors.append(payload.tensor)
+                if tensors:
+                    joined = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+                    values = joined.cpu().view(torch.int64).tolist()
             finally:
                 self.internal -= 1
-        at = 0  # a record's values: 2 lanes per part (a sparse tensor has several) and the samples
-        assert self._reducer is not None or not waiting
         kept: list[DeviceRecord | AsyncRecord | tuple[Any, ...]] = []
         for item in self._pending:
             row: tuple[Any, ...] | None
             if isinstance(item, DeviceRecord):
-                n = item.reduced.numel()
-                digest, samples = DeviceReducer.finish(item.seed, values[at:at + n])
-                at += n
+                payload = item.reduced.payload
+                digest, samples = item.reduced.slot.read(values, bases.get(id(payload), 0))
                 row = (*item.partial, digest, item.inputs[0], item.inputs[1], samples)
             elif isinstance(item, AsyncRecord):
                 row = item.row

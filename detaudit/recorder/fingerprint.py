@@ -2,9 +2,10 @@
 
 The digest answers "are these bits identical?"; the samples answer "by how much do they
 differ?" without storing the tensor. CPU tensors are hashed in place (xxh3 over the raw
-bytes, no copy when contiguous). Tensors on other devices are reduced on the device with an
-order-independent integer sum, so only a few numbers cross to the host and the digest does
-not depend on how the device schedules the reduction.
+bytes, no copy when contiguous); `StableBuffers` does it for the tensors recorded at every optimizer
+step with their per-tensor work done once per run. Tensors on other devices are reduced on the device
+(devicehash.py) with an order-independent integer sum, so only a few numbers cross to the host and the
+digest does not depend on how the device schedules the reduction.
 
 A tensor that is not one plain strided buffer (sparse COO/CSR/CSC/BSR/BSC, jagged or strided
 nested, quantized) is fingerprinted through its `Parts`: the plain tensors torch keeps it in
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -241,91 +243,33 @@ def fingerprint_cpu(t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
     return xxhash.xxh3_64_intdigest(buf, seed), read_samples(buf)
 
 
-class DeviceReducer:
-    """Fingerprints tensors where they live, with one host transfer per batch.
+class StableBuffers:
+    """`fingerprint_cpu` for tensors recorded at every optimizer step (parameters, optimizer state, buffers: the
+    same tensors, updated in place), with what does not depend on their contents made once per run: the plan
+    and the ctypes view of the bytes, whose first read costs more than hashing a small tensor. An entry is used
+    while its tensor is alive with the same data pointer, shape and contiguity; otherwise it is made again."""
 
-    Each tensor's words are multiplied by fixed odd position weights (int32 arithmetic wraps)
-    and summed in int64. Integer addition is associative, so the result is the same whatever
-    order the device reduces in; position weights make swapped elements change the sum.
-    """
+    def __init__(self, limit: int = 1 << 16) -> None:
+        # id(tensor) -> (weakref, data pointer, shape, seed, ctypes view, sample reader, the caller's metadata)
+        self._held: dict[int, tuple[Any, int, torch.Size, int, Any, Callable[[Any], tuple[float, ...]], Any]] = {}
+        self._limit = limit
 
-    _MIX = (0x9E3779B1, 0x85EBCA77)
-
-    def __init__(self) -> None:
-        self._weights: dict[tuple[torch.device, int], torch.Tensor] = {}
-
-    def _weights_for(self, device: torch.device, n: int, lane: int) -> torch.Tensor:
-        key = (device, lane)
-        w = self._weights.get(key)
-        if w is None or w.numel() < n:
-            size = max(n, 1024, 0 if w is None else 2 * w.numel())
-            pos = torch.arange(size, dtype=torch.int64, device=device)
-            mixed = (pos + lane + 1) * self._MIX[lane]
-            mixed = (mixed ^ (mixed >> 15)) * 0x2C1B3C6D
-            w = ((mixed ^ (mixed >> 12)) | 1).to(torch.int32)
-            self._weights[key] = w
-        return w[:n]
-
-    def reduce(self, t: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """(seed, a device tensor of float64/int64 values: two lanes per part, then N_SAMPLES samples);
-        resolve with `finish`. A plain tensor is its own one part."""
-        t = t.detach()
-        if is_plain(t):
-            return meta_seed(t.dtype, t.shape), self._reduce_plain(t)
-        p = parts(t)
-        reduced = [self._reduce_plain(part) for part in p.tensors]
-        samples = reduced[p.values][2:] if p.values is not None else \
-            torch.full((N_SAMPLES,), _NAN, dtype=torch.float64, device=t.device)
-        return p.seed, torch.cat([*(r[:2] for r in reduced), samples])
-
-    def _reduce_plain(self, t: torch.Tensor) -> torch.Tensor:
-        """Two lanes and N_SAMPLES samples of one strided tensor, on its device."""
-        if t.is_conj():
-            t = t.resolve_conj()
-        if t.is_neg():
-            t = t.resolve_neg()
-        flat = t.contiguous().reshape(-1)
-        if flat.stride(-1) != 1 or flat.storage_offset() * flat.element_size() % 4:
-            # A one-element view keeps its stride; a slice may start mid-word: viewing the bytes as
-            # int32 needs unit stride and 4-byte alignment.
-            flat = flat.clone(memory_format=torch.contiguous_format)
-        raw = flat.view(torch.uint8)
-        words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw.to(torch.int32)
-        n = words.numel()
-        lanes = [
-            (words * self._weights_for(t.device, n, 0)).sum(dtype=torch.int64),
-            ((words ^ (words >> 13)) * self._weights_for(t.device, n, 1)).sum(dtype=torch.int64),
-        ]
-        numel = flat.numel()
-        if numel and t.dtype in _SAMPLE_FORMATS:
-            last = numel - 1
-            # Python-int indexing makes views on the device: no host-to-device copy, no sync.
-            picked = [flat[p] for p in (0, last // 3, (2 * last) // 3, last)]
-            samples = torch.stack([p.real if p.is_complex() else p for p in picked]).to(torch.float64)
-        else:
-            samples = torch.full((N_SAMPLES,), _NAN, dtype=torch.float64, device=t.device)
-        head = torch.stack(lanes).view(torch.float64)
-        return torch.cat([head, samples])
-
-    def digest_now(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
-        """(digest, samples) of one tensor at once: its reduction and one transfer (a host sync)."""
-        seed, reduced = self.reduce(t)
-        return self.finish(seed, reduced.cpu().tolist())
-
-    @staticmethod
-    def finish(seed: int, reduced: list[float]) -> tuple[int, tuple[float, ...]]:
-        """Host side: turn the transferred numbers (`reduce`'s, whole) into (digest, samples)."""
-        lanes = reduced[:-N_SAMPLES]
-        return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(lanes)}d", *lanes), seed), tuple(reduced[-N_SAMPLES:])
-
-
-def fingerprint(t: torch.Tensor) -> Fingerprint:
-    """Fingerprint one tensor, on any device (the convenient, non-hot-path entry point)."""
-    t = t.detach()
-    if t.device.type == "cpu":
-        digest, samples = fingerprint_cpu(t)
-    elif t.device.type == "meta":
-        digest, samples = shape_seed(t), _NO_SAMPLES
-    else:
-        digest, samples = DeviceReducer().digest_now(t)
-    return Fingerprint(digest, str(t.dtype).removeprefix("torch."), logical_shape(t), samples)
+    def fingerprint(self, t: torch.Tensor,
+                    describe: Callable[[torch.Tensor], Any]) -> tuple[int, tuple[float, ...], Any]:
+        """(digest, samples, describe(t)): `describe` is called when the entry is made, its result kept with it."""
+        held = self._held.get(id(t))
+        if held is not None and held[0]() is t and held[1] == t.data_ptr() and held[2] == t.shape \
+                and t.is_contiguous() and not t.is_conj() and not t.is_neg():
+            return xxhash.xxh3_64_intdigest(held[4], held[3]), held[5](held[4]), held[6]
+        if t.layout != torch.strided or t.is_nested or t.is_quantized or not t.numel() or not t.is_contiguous() \
+                or t.is_conj() or t.is_neg():
+            return (*fingerprint_cpu(t), describe(t))
+        seed, buffer_type, read_samples = _plans.get((t.dtype, t.shape)) or _plan(t)
+        if len(self._held) >= self._limit:  # gradients made anew each step leave dead entries
+            self._held = {k: v for k, v in self._held.items() if v[0]() is not None}
+            if len(self._held) >= self._limit // 2:
+                self._held.clear()
+        buf = buffer_type.from_address(t.data_ptr())
+        meta = describe(t)
+        self._held[id(t)] = (weakref.ref(t), t.data_ptr(), t.shape, seed, buf, read_samples, meta)
+        return xxhash.xxh3_64_intdigest(buf, seed), read_samples(buf), meta

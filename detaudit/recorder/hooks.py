@@ -340,10 +340,8 @@ class Hooks:
         return None
 
     def _record_grads(self, optimizer: torch.optim.Optimizer, loc: int) -> None:
-        rec = self.recorder
-        for name_id, p in self.named_params(optimizer):
-            if p.grad is not None:
-                rec.record_tensor(Kind.GRAD, name_id, p.grad, 0, loc)
+        self.recorder.record_many([(Kind.GRAD, name_id, p.grad) for name_id, p in self.named_params(optimizer)
+                                   if p.grad is not None], loc)
 
     def _after_closure(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any], loc: int, args: Any,
                        kwargs: Any) -> tuple[Any, Any]:
@@ -372,12 +370,14 @@ class Hooks:
         loc = rec.location_id(1)
         state = optimizer.state
         trained: set[int] = set()
+        rows: list[tuple[Kind, int, torch.Tensor]] = []
         for name_id, p in self.named_params(optimizer):
             trained.add(id(p))
-            rec.record_tensor(Kind.PARAM, name_id, p, 0, loc)
+            rows.append((Kind.PARAM, name_id, p))
             for key, value in state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
-                    rec.record_tensor(Kind.OPTSTATE, self._state_id(name_id, key), value, 0, loc)
+                    rows.append((Kind.OPTSTATE, self._state_id(name_id, key), value))
+        rec.record_many(rows, loc)
         self._record_buffers([r for r in self.names.roots if any(id(p) in trained for p in r.parameters())], loc,
                              changed_only=False)
         if self._lent is not None:
@@ -397,13 +397,15 @@ class Hooks:
         if len(versions) > _VERSIONS_LIMIT:  # buffers reassigned on every forward leave dead entries
             for key in [k for k, (ref, _) in versions.items() if ref() is None]:
                 del versions[key]
+        rows: list[tuple[Kind, int, torch.Tensor]] = []
         for name, buf in self._buffers(roots):
             version = version_of(buf)
             known = versions.get(id(buf))
             if changed_only and known is not None and known[0]() is buf and known[1] == version:
                 continue
             versions[id(buf)] = (weakref.ref(buf), version)
-            rec.record_tensor(Kind.BUFFER, rec.intern(name), buf, 0, loc)
+            rows.append((Kind.BUFFER, rec.intern(name), buf))
+        rec.record_many(rows, loc)
 
     def _buffers(self, roots: Iterable[torch.nn.Module]) -> Iterator[tuple[str, torch.Tensor]]:
         seen: set[int] = set()

@@ -161,6 +161,18 @@ class TraceWriter:
             if len(self._rows) >= FLUSH_EVERY:
                 self.flush()
 
+    def add_many(self, rows: list[tuple[Any, ...]]) -> None:
+        """Queue records made on the writer's own thread (no THREAD flag), as `add` would one by one: the
+        optimizer step's records, packed in one pass under one lock."""
+        if self.stopped is not None or not rows:
+            return
+        pack = _ROW.pack
+        packed = [pack(*row[:-1], *row[-1]) for row in rows]
+        with self._lock:
+            self._rows += packed
+            if len(self._rows) >= FLUSH_EVERY:
+                self.flush()
+
     def sync(self) -> None:
         """Queue the records made on other threads since the last sync, sorted by content.
 

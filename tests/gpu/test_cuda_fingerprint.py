@@ -1,8 +1,9 @@
 """On a real GPU: device fingerprints equal a CPU re-computation of the same bytes, bit for bit.
 
 `DeviceReducer` sums position-weighted int32 words in int64: integer arithmetic, so the CUDA
-reduction must give exactly the digest the same reduction gives on the CPU copy, whatever order
-the device reduces in. A one-bit change anywhere must change the digest.
+reduction (torch's, or the Triton kernels where triton imports) must give exactly the digest the same
+reduction gives on the CPU copy, whatever order the device reduces in; so must the step boundary's batch
+(`DeviceBatch`). A one-bit change anywhere must change the digest.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from detaudit.recorder.fingerprint import DeviceReducer
+from detaudit.recorder.devicehash import DeviceReducer
 
 pytestmark = [
     pytest.mark.cuda,
@@ -22,8 +23,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int
 
 
 def _digest(reducer: DeviceReducer, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
-    seed, reduced = reducer.reduce(t)
-    return reducer.finish(seed, reduced.cpu().tolist())
+    return reducer.digest_now(t)
 
 
 def _sample(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -40,7 +40,21 @@ def _sample(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
 def test_cuda_digest_equals_cpu_recomputation(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     host = _sample(dtype, shape)
     reducer = DeviceReducer()
-    assert _digest(reducer, host.cuda())[0] == _digest(reducer, host)[0]
+    assert _digest(reducer, host.cuda()) == _digest(reducer, host)
+    assert _digest(DeviceReducer(use_triton=False), host.cuda()) == _digest(reducer, host)
+
+
+def test_cuda_batch_equals_cpu_recomputation() -> None:
+    from detaudit.recorder.devicehash import batchable
+
+    tensors = [_sample(dtype, shape) for dtype in DTYPES for shape in ((3,), (7, 5), (1025,))]
+    tensors = [t for t in tensors if batchable(t)]
+    for use_triton in (None, False):
+        reducer = DeviceReducer(use_triton=use_triton)
+        slots = reducer.batch(torch.device("cuda")).add([t.cuda() for t in tensors])
+        reducer.close_batches()
+        got = [r.slot.read(r.payload.tensor.cpu().view(torch.int64).tolist(), 0) for r in slots]
+        assert got == [_digest(reducer, t) for t in tensors]
 
 
 def test_views_slices_and_transposes_match_their_cpu_copies() -> None:
