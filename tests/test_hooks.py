@@ -284,6 +284,24 @@ def test_parameters_are_named_from_the_module_that_holds_them_under_a_closure_st
     assert recorder.step == 2
 
 
+def test_torch_compiles_wrapper_is_no_holder_of_the_module_it_wraps() -> None:
+    """The OptimizedModule calls the module it wraps from its own methods, as a LightningModule's training_step
+    calls its submodules; taken for a holder, it named the compiled model '' (CharGPT.input[0] became .input[0])."""
+    from detaudit.recorder.hooks import _holder
+
+    inner = torch.nn.Linear(2, 2)
+
+    def hook() -> torch.nn.Module | None:  # where the forward hook asks, two frames below the caller's method
+        return _holder(inner)
+
+    def method(self: torch.nn.Module) -> torch.nn.Module | None:
+        return hook()
+
+    assert method(torch.compile(inner, backend="eager")) is None
+    lit = torch.nn.Sequential(inner)
+    assert method(lit) is lit  # a module holding it is one
+
+
 def test_gradients_the_script_assigns_itself_carry_the_parameters_names(tmp_path: Path) -> None:
     recorder, path, handles = installed(tmp_path)
     try:

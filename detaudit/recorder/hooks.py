@@ -453,7 +453,8 @@ def _holder(module: torch.nn.Module) -> torch.nn.Module | None:
         if frame is None:
             return None
         owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
-        if isinstance(owner, torch.nn.Module) and owner is not module and \
+        # torch.compile's wrapper calls the module it wraps from its own methods, and holds it under no name
+        if isinstance(owner, torch.nn.Module) and owner is not module and not is_wrapper(owner) and \
                 any(m is module for m in owner.modules()):
             return owner
         frame = frame.f_back  # type: ignore[assignment]
