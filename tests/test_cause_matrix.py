@@ -236,10 +236,12 @@ def test_cause_matrix(shared: Cache, row: Row) -> None:
                "expected": row.top, "toss_up": list(row.toss_up)})
 
     # without --explain: the right cause first (a declared toss-up: either of the pair, both `possible`,
-    # the separating experiment named); nothing the evidence contradicts
+    # the separating experiment named, unless the default confirmation settled it: the right one confirmed by
+    # experiment, the other ruled out and dropped); nothing the evidence contradicts
     if row.toss_up and inferred[0] in row.toss_up:
         tied = [c for c in cheap if c["id"] in row.toss_up]
-        assert len(tied) == 2 and all(c["separating_pin"] for c in tied), tied
+        settled = [c["id"] for c in tied if c["confidence"] == "confirmed" and c["basis"] == "experiment"]
+        assert (len(tied) == 2 and all(c["separating_pin"] for c in tied)) or settled == [row.top], tied
     else:
         assert inferred[0] == row.top, inferred
     for ids in (inferred, _ids(cheap), _ids(final)):
