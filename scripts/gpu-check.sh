@@ -59,7 +59,7 @@ if [[ $stages == *,cuda,* ]]; then
   tail -n 40 "$results/pytest-cuda.txt"
 fi
 if [[ $stages == *,e2e,* ]]; then
-  "$py" -m pytest tests/test_cause_matrix.py tests/test_e2e_causes.py tests/test_e2e_ops.py "${parallel[@]}" -q -rA -p no:cacheprovider \
+  "$py" -m pytest tests/e2e/test_cause_matrix.py tests/e2e/test_e2e_causes.py tests/e2e/test_e2e_ops.py "${parallel[@]}" -q -rA -p no:cacheprovider \
     --basetemp="$tmp/e2e" >"$results/pytest-e2e-on-cuda.txt" 2>&1 || status=1
   tail -n 15 "$results/pytest-e2e-on-cuda.txt"
 fi

@@ -28,7 +28,7 @@ from conftest import SCRIPTS, CliResult, interpreters, run_cli
 from filelock import FileLock
 
 RUN, REPORT = "run", "run.json"  # the run directory and the --json report, inside the audit's folder
-# the cause matrix's options for a script (tests/test_cause_matrix.py); an e2e test of that script reads the same run
+# the cause matrix's options for a script (tests/e2e/test_cause_matrix.py); its e2e tests read the same run
 DIVERGENT = ("-n", "2")
 DETERMINISTIC = ("-n", "2", "--explain")  # a deterministic script: --explain must run no experiment
 SAVED = "cli-result.json"  # what the CLI returned, written last: a folder without it is unfinished

@@ -285,3 +285,17 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from audits import Cache, cache_root
 
     return Cache(cache_root(tmp_path_factory.getbasetemp()))
+
+
+def run_in_process(args: list[str], capsys: pytest.CaptureFixture[str]) -> CliResult:
+    """The same entry point as the console script, without paying a new interpreter (for error paths)."""
+    from detaudit.cli.commands import main
+
+    code: object = 0
+    try:
+        main(args)
+    except SystemExit as exc:
+        code = exc.code or 0
+    captured = capsys.readouterr()
+    return CliResult(code if isinstance(code, int) else 1, captured.out, captured.err, None)
+

@@ -1,5 +1,5 @@
 """`pytest -p warm_plugin`: the detaudit plugin's repeats forked from the warm servers (tests/warm/server.py), for
-the plugin's own tests run by pytester (tests/test_pytest_plugin.py copies this file into the pytester folder).
+the plugin's own tests run by pytester (tests/e2e/test_pytest_plugin.py copies this file into the pytester folder).
 DETAUDIT_TEST_WARM holds tests/warm's path and the servers' folder, comma-separated."""
 
 import os

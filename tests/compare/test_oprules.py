@@ -12,9 +12,9 @@ from xml.etree import ElementTree as ET
 import pytest
 import torch
 import torch.nn as nn
+from recording import here, record
 from rich.console import Console
 from synthetic import Rec, write_run
-from test_ops import here, record
 
 from detaudit.audit.pipeline import load_run
 from detaudit.cli.render import op_panel, render

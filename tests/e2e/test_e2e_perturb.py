@@ -1,6 +1,6 @@
 """Issue 22's `--perturb` on the real CLI (docs/perturb.md): a script that agrees with itself on this machine
 and not on one with another core count is caught, and a script that depends on none of the settings survives
-them and keeps that in its baseline. In-process tests of the parts: tests/test_perturb.py."""
+them and keeps that in its baseline. In-process tests of the parts: tests/report/test_perturb.py."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from detaudit.trace import read_trace
 
 pytestmark = pytest.mark.process  # each case runs the script under plain python and under detaudit.run.child
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 PARITY_SCRIPT = SCRIPTS / "show_env.py"
 
 

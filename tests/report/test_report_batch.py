@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from batchcases import ROUNDING, call, origin, spot
 from rich.console import Console
-from test_compare_batch import ROUNDING, call, origin, spot
 
 from detaudit.audit import batch as audit_batch
 from detaudit.audit.pipeline import AuditOptions, Target

@@ -6,7 +6,7 @@ interpreter), rendered with report.write_json and junit.to_junit. Only what is v
 normalised: the run directory's temporary path, written as `<run_dir>`; everything else (repeat
 durations and the environment included) is fixed by the synthetic run.
 
-An intended change: regenerate with `DETAUDIT_REGEN_GOLD=1 python -m pytest tests/test_gold.py`
+An intended change: regenerate with `DETAUDIT_REGEN_GOLD=1 python -m pytest tests/report/test_gold.py`
 (the cases then skip, saying which files they wrote), review `git diff tests/gold/`, and bump
 report.SCHEMA_VERSION (docs/report-schema.md) if a reader of the old JSON would break.
 """
@@ -26,7 +26,7 @@ from detaudit.audit.pipeline import load_run
 from detaudit.report.junit import to_junit
 from detaudit.report.model import Report, write_json
 
-GOLD = Path(__file__).parent / "gold"
+GOLD = Path(__file__).parents[1] / "gold"
 REGENERATE = os.environ.get("DETAUDIT_REGEN_GOLD") == "1"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_cli
 
 from detaudit.errors import UsageError
 from detaudit.results import RepeatResult
@@ -24,7 +25,6 @@ from detaudit.run.distributed import (
     rank_identity,
     torchrun_command,
 )
-from tests.conftest import run_cli
 
 
 def test_rank_files_sit_beside_the_repeat_files() -> None:

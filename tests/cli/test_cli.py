@@ -14,10 +14,9 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
-from conftest import CliResult, run_cli
+from conftest import CliResult, run_cli, run_in_process
 from synthetic import Rec, training_records, write_run, write_trace
 
-from detaudit.cli.commands import main
 from detaudit.trace import MAGIC
 
 ARGV_SCRIPT = """
@@ -34,17 +33,6 @@ def assert_clean_error(result: CliResult, code: int, *needles: str) -> None:
     assert 1 <= len(err_lines) <= 3, result.stderr
     for needle in needles:
         assert needle in result.stderr.replace("\n", " "), result.stderr
-
-
-def run_in_process(args: list[str], capsys: pytest.CaptureFixture[str]) -> CliResult:
-    """The same entry point as the console script, without paying a new interpreter (for error paths)."""
-    code: object = 0
-    try:
-        main(args)
-    except SystemExit as exc:
-        code = exc.code or 0
-    captured = capsys.readouterr()
-    return CliResult(code if isinstance(code, int) else 1, captured.out, captured.err, None)
 
 
 @pytest.fixture

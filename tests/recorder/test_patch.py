@@ -142,7 +142,7 @@ def test_a_wrapped_python_function_hands_torchscript_the_original() -> None:
 
 def test_the_guard_fixture_fails_a_test_that_leaves_something_patched(pytester: pytest.Pytester) -> None:
     """tests/conftest.py's autouse fixture, run on a test that forgets to restore (and one that does not)."""
-    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    pytester.makeconftest((Path(__file__).parents[1] / "conftest.py").read_text())
     pytester.makepyfile(test_leaky="""
         import random, threading
         from detaudit.recorder import patch

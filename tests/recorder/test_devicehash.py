@@ -3,7 +3,7 @@ recorded before batching hold, the batch and the chunked reduction give the sing
 optimizer step's records take a constant number of aten ops whatever the tensor count.
 
 The digest property tests (bit flips, permutations, dtypes, views, layouts) run every path, the batch
-included, in tests/test_fingerprint.py. Triton-vs-torch equality runs only where triton and CUDA are
+included, in tests/recorder/test_fingerprint.py. Triton-vs-torch equality runs only where triton and CUDA are
 present (skipped, and said so, elsewhere)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_fingerprint import DTYPES, batch_prints
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detaudit.recorder import devicehash
@@ -22,7 +23,6 @@ from detaudit.recorder.core import Recorder
 from detaudit.recorder.devicehash import DeviceReducer, batchable, position_weights
 from detaudit.recorder.hooks import Hooks
 from detaudit.trace import Flag, TraceWriter, read_trace
-from tests.test_fingerprint import DTYPES, batch_prints
 
 
 def _golden_cases() -> dict[str, torch.Tensor]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
+from recording import here, record
 
 import detaudit.recorder
 from detaudit.recorder import location
@@ -18,25 +18,6 @@ from detaudit.recorder.ops import install
 from detaudit.trace import Flag, Kind, Trace, TraceWriter, read_trace
 
 location.skip_paths(location.package_dir(torch), location.package_dir(detaudit.recorder))
-
-
-def here() -> str:
-    """`file:line` of the caller, as the recorder writes it."""
-    frame = sys._getframe(1)
-    return f"{location.display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
-
-
-def record(path: Path, body: Callable[[Recorder], Any], config: dict[str, Any] | None = None,
-           on_end: Callable[[], None] = lambda: None) -> Trace:
-    rec = Recorder(TraceWriter(path, {"repeat": 0}))
-    ops = install(rec, config or {"granularity": "op"}, on_end)
-    try:
-        body(rec)
-    finally:
-        if ops is not None:
-            ops.stop()
-    rec.close({"exit_code": 0})
-    return read_trace(path)
 
 
 def rows(trace: Trace, name: str | None = None) -> list[dict[str, Any]]:

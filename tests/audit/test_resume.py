@@ -1,6 +1,6 @@
 """`detaudit resume` on synthetic traces: compare/resume.py (windows, alignment), causes/resume.py (what the
 checkpoint forgot), report/resume.py (JSON, HTML), audit/resume.py's checks and cli/resume.py's argument split
-and rendering. The whole pipeline on real scripts: tests/test_e2e_resume.py."""
+and rendering. The whole pipeline on real scripts: tests/e2e/test_e2e_resume.py."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import click
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
+from synthetic import Rec, write_run, write_trace
 
 from detaudit.audit.pipeline import AuditOptions, Recording, Target, load_run
 from detaudit.audit.resume import ResumeOptions, checkpoint_calls, loaded_at, run_resume
@@ -21,7 +22,6 @@ from detaudit.compare.resume import Steps, align, compare_resumed, read_steps
 from detaudit.errors import ExitCode, UsageError
 from detaudit.report.resume import CheckpointCall, ResumeReport, render_html, to_dict
 from detaudit.trace import Kind
-from tests.synthetic import Rec, write_run, write_trace
 
 MODEL_PART = {"path": "model", "role": "module"}
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_cli
 
 from detaudit.trace import Flag, read_trace
-from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.process,
               pytest.mark.skipif(not __import__("torch").distributed.is_available(),

@@ -10,11 +10,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
 
 import pytest
+from processes import alive, processes_mentioning, wait_until
 
 from detaudit.errors import ExitCode, OutputError, UsageError
 from detaudit.results import RepeatResult
@@ -37,45 +37,11 @@ HANG = """
 """
 
 
-def alive(pid: int) -> bool:
-    """True for a running process; a zombie (dead, waiting to be reaped) counts as gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
-def processes_mentioning(marker: str) -> list[int]:
-    """Live processes whose command line contains `marker` (our temp dir): orphan detection."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline and alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
 def pids_from(pid_file: Path) -> list[int]:
     pids = []
     for path in pid_file.parent.glob(pid_file.name + ".*"):
         pids += [int(p) for p in path.read_text().split()]
     return pids
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_plan_repeats_numbers_repeats_and_hides_gpus_for_cpu(tmp_path: Path) -> None:

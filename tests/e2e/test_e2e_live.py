@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from conftest import CliResult, run_cli
-from test_launcher import alive
+from processes import alive
 
 from detaudit.results import EXTRA_STEPS
 from detaudit.trace import read_trace
@@ -173,7 +173,7 @@ dist.destroy_process_group()
 
 
 def test_every_rank_of_a_torchrun_repeat_stops_at_the_same_step_and_none_is_left(tmp_path: Path) -> None:
-    from test_launcher import processes_mentioning
+    from processes import processes_mentioning
 
     (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
     result = run_cli(["run", "ddp.py", "-n", "2", "--nproc-per-node", "2", "--granularity", "module", "--no-explain",

@@ -370,7 +370,7 @@ def test_deterministic_run_gets_no_cause(tmp_path: Path) -> None:
 
 def documented_cause_ids() -> list[str]:
     """The first column of docs/causes.md's table under "## Cause ids"."""
-    text = (Path(__file__).parents[1] / "docs" / "causes.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "causes.md").read_text()
     section = text.split("## Cause ids", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"^\| `([a-z0-9-]+)` \|", section, re.M)
 

@@ -1,6 +1,6 @@
 """`run --perturb`, in process: the settings catalogue (pin.py), which repeat runs with what (run/perturb.py),
 the repeats compared group by group (compare/perturb.py), the cause it proves (causes/perturb.py) and how
-the report, the baseline and the renderers carry it. The real CLI runs in tests/test_e2e_perturb.py."""
+the report, the baseline and the renderers carry it. The real CLI runs in tests/e2e/test_e2e_perturb.py."""
 
 from __future__ import annotations
 

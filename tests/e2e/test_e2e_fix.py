@@ -11,11 +11,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from detaudit.errors import ExitCode
-from tests.conftest import run_cli
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 

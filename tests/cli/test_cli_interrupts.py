@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from test_launcher import processes_mentioning, wait_until
+from processes import processes_mentioning, wait_until
 
 pytestmark = pytest.mark.process  # every test here starts `detaudit run` and signals it
 

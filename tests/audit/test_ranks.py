@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic import Rec, write_trace
 
 from detaudit.audit.pipeline import compare_recorded, load_run
 from detaudit.audit.ranks import classify
@@ -20,7 +21,6 @@ from detaudit.report.junit import to_junit
 from detaudit.report.model import to_dict
 from detaudit.results import RepeatResult, Tolerance
 from detaudit.trace import Kind
-from tests.synthetic import Rec, write_trace
 
 DDP = {"type": "ddp", "params": ["module.fc.weight"], "ignored": [], "backend": "gloo"}
 ROOT_CAUSE = """Failures:

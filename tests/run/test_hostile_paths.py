@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import run_in_process
 from synthetic import training_records, write_run
-from test_cli import run_in_process
 
 from detaudit.audit.pipeline import load_run
 from detaudit.events import WORKERS_SUFFIX

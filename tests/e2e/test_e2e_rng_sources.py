@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HELPER = """\
 import random
 
