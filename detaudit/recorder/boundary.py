@@ -80,7 +80,7 @@ class HostGroup:
         self._count = 0  # sample values the unpacks return in all (then one NaN)
         self._gather = np.zeros((0, N_SAMPLES), np.intp)
         self._widen = np.zeros(0, np.intp)  # positions in the flat values holding bfloat16 bits
-        self._template = np.zeros(0, RECORD_DTYPE)
+        self._template = b""  # the step's records but for step, loc, digests and samples (RECORD_DTYPE rows)
 
     def rows(self, tensors: list[torch.Tensor], describe: Callable[[torch.Tensor], tuple[int, int]], step: int,
              loc: int) -> np.ndarray | None:
@@ -92,7 +92,7 @@ class HostGroup:
                 return None
         fast = tensors if self._fast is None else list(map(tensors.__getitem__, self._fast))
         views = list(map(_call, self._at, map(_PTR, fast))) if self.fresh else self._views
-        out = self._template.copy()
+        out = np.frombuffer(bytearray(self._template), RECORD_DTYPE)  # a copy (ndarray.copy of this dtype is slow)
         out["step"], out["loc"] = step, loc
         digests = list(map(xxhash.xxh3_64_intdigest, views, self._seeds))
         values = np.fromiter(itertools.chain(itertools.chain.from_iterable(map(_call, self._unpack, views)), (_NAN,)),
@@ -183,7 +183,8 @@ class HostGroup:
         fast = [tensors[i] for i in fast_at]
         self._fast = None if not slow else fast_at
         self._at, self._seeds, self._unpack, self._slow = at, seeds, unpacks, slow
-        self._count, self._gather, self._widen, self._template = count, gather, np.array(widen, np.intp), template
+        self._count, self._gather, self._widen = count, gather, np.array(widen, np.intp)
+        self._template = template.tobytes()
         self._shapes, self._dtypes = list(map(_SHAPE, fast)), list(map(_DTYPE, fast))
         if self.fresh:
             self._held, self._views, self._ptrs = [], [], []
