@@ -18,7 +18,7 @@ from test_fingerprint import DTYPES, flip_bit, tensors
 
 from detaudit.recorder.boundary import HostGroup
 from detaudit.recorder.core import Recorder
-from detaudit.recorder.fingerprint import DTYPE_CODES, fingerprint_cpu
+from detaudit.recorder.fingerprint import DTYPE_CODES, fingerprint_cpu, shape_seed
 from detaudit.recorder.hooks import Hooks
 from detaudit.trace import Flag, Kind, TraceWriter, read_trace
 
@@ -150,6 +150,22 @@ def test_a_fresh_plan_follows_new_tensors_of_another_kind_at_the_same_position()
         assert rows(group, ts) == expected(ts)
     assert group._fast is None  # positions read by fingerprint_cpu for a while are read in place again
     assert group.rows([torch.randn(3, 4), torch.empty(12, device="meta")], describe, 0, 0) is None
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_tensor_whose_storage_was_freed_under_it_is_recorded_unread(fresh: bool) -> None:
+    """FSDP frees a parameter's memory by resizing its storage to 0 and keeps the tensor: read in place, it
+    would be read at address 0 (a crash); it is recorded with dtype and shape only, flagged NO_DATA."""
+    p, other = torch.randn(16), torch.randn(4)
+    group = HostGroup([Kind.PARAM] * 2, [1, 2], fresh=fresh)
+    assert rows(group, [p, other]) == expected([p, other])
+    p.untyped_storage().resize_(0)
+    with pytest.raises(RuntimeError, match="storage holds no memory"):
+        fingerprint_cpu(p)
+    out = group.rows([p, other], describe, 0, 0)
+    assert out is not None
+    assert out["flags"].tolist() == [int(Flag.NO_DATA), 0] and int(out["digest"][1]) == expected([other])[0][0]
+    assert int(out["digest"][0]) == shape_seed(p) and math.isnan(out["samples"][0][0])
 
 
 def test_a_plan_refuses_a_list_of_another_length() -> None:

@@ -51,7 +51,7 @@ def _no_samples(buf: Any) -> tuple[Any, ...]:
 def _in_place(t: torch.Tensor) -> bool:
     """A plan reads the tensor's bytes where they are (else `fingerprint_cpu` reads it, each step)."""
     return (t.layout == torch.strided and not t.is_nested and not t.is_quantized and not t.is_complex()
-            and t.is_contiguous() and not t.is_neg() and t.numel() > 0)
+            and t.is_contiguous() and not t.is_neg() and t.numel() > 0 and t.data_ptr() != 0)
 
 
 class HostGroup:
@@ -69,7 +69,7 @@ class HostGroup:
         self._held: list[torch.Tensor] = []
         # the positions hashed in place (None: all of them), and what their plan depends on
         self._fast: list[int] | None = None
-        self._ptrs: list[int] = []
+        self._ptrs: list[int] = []  # their data pointers (fresh: this step's)
         self._shapes: list[Any] = []
         self._dtypes: list[torch.dtype] = []
         self._at: list[Callable[[int], Any]] = []  # per fast position: its ctypes view at an address
@@ -90,8 +90,7 @@ class HostGroup:
             self._plan(tensors, describe)
             if not self.host:
                 return None
-        fast = tensors if self._fast is None else list(map(tensors.__getitem__, self._fast))
-        views = list(map(_call, self._at, map(_PTR, fast))) if self.fresh else self._views
+        views = list(map(_call, self._at, self._ptrs)) if self.fresh else self._views
         out = np.frombuffer(bytearray(self._template), RECORD_DTYPE)  # a copy (ndarray.copy of this dtype is slow)
         out["step"], out["loc"] = step, loc
         digests = list(map(xxhash.xxh3_64_intdigest, views, self._seeds))
@@ -133,6 +132,10 @@ class HostGroup:
                 if not all(map(_CPU, fast)) or not all(map(_is, map(_LAYOUT, fast), _STRIDED)) \
                         or any(map(_NESTED, fast)):
                     return False
+                ptrs = list(map(_PTR, fast))
+                if 0 in ptrs:  # a storage freed under its tensor: planned again (fingerprint_cpu reads it unread)
+                    return False
+                self._ptrs = ptrs  # where this step's tensors are
             elif list(map(_PTR, fast)) != self._ptrs:
                 return False
             return (list(map(_SHAPE, fast)) == self._shapes and list(map(_DTYPE, fast)) == self._dtypes
@@ -186,11 +189,11 @@ class HostGroup:
         self._count, self._gather, self._widen = count, gather, np.array(widen, np.intp)
         self._template = template.tobytes()
         self._shapes, self._dtypes = list(map(_SHAPE, fast)), list(map(_DTYPE, fast))
+        self._ptrs = list(map(_PTR, fast))
         if self.fresh:
-            self._held, self._views, self._ptrs = [], [], []
+            self._held, self._views = [], []
         else:
             self._held = list(tensors)
-            self._ptrs = list(map(_PTR, fast))
             self._views = list(map(_call, at, self._ptrs))
         self._planned = True
 

@@ -251,5 +251,8 @@ def fingerprint_cpu(t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
     seed, buffer_type, read_samples = plan
     if buffer_type is None:
         return _parts_cpu(t) if t.is_quantized else (seed, _NO_SAMPLES)
-    buf = buffer_type.from_address(t.data_ptr())
+    ptr = t.data_ptr()
+    if not ptr:  # elements but no memory: its storage was freed under it (FSDP resizes a storage to 0)
+        raise RuntimeError("the tensor's storage holds no memory")
+    buf = buffer_type.from_address(ptr)
     return xxhash.xxh3_64_intdigest(buf, seed), read_samples(buf)
