@@ -85,7 +85,8 @@ class HostGroup:
     def rows(self, tensors: list[torch.Tensor], describe: Callable[[torch.Tensor], tuple[int, int]], step: int,
              loc: int) -> np.ndarray | None:
         """The step's records of `tensors` (one per name, in order), or None when one of them is not on the CPU.
-        `describe`: a tensor's (shape string id, dtype code), asked when a plan is made."""
+        `describe`: a tensor's (shape string id, dtype code), asked when a plan is made (and at each step for
+        the tensors fingerprint_cpu reads)."""
         if not self._matches(tensors):
             self._plan(tensors, describe)
             if not self.host:
@@ -273,9 +274,9 @@ class _StateCheck:
 
     @classmethod
     def of(cls, state: Any, params: list[torch.Tensor]) -> _StateCheck | None:
-        """None when the state is not a mapping of plain dicts (checked the generic way at every step)."""
+        """None when the state is not a mapping of plain dicts with string keys (walked at every step instead)."""
         keys, dicts = list(state), list(state.values())
-        if not all(type(d) is dict for d in dicts):
+        if not all(type(d) is dict and all(type(k) is str for k in d) for d in dicts):
             return None
         start: dict[int, tuple[int, dict[Any, Any]]] = {}  # id(parameter) -> (where its dict's values start, dict)
         flat_keys: list[Any] = []
