@@ -17,10 +17,10 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from detaudit.events import Event, UnobservedEvent
+from detaudit.recorder.boundary import HostGroup
 from detaudit.recorder.devicehash import DeviceReducer, Payload, Reduced, batchable, fingerprint
 from detaudit.recorder.fingerprint import (
     DTYPE_CODES,
-    StableBuffers,
     fingerprint_cpu,
     is_plain,
     logical_shape,
@@ -131,7 +131,6 @@ class Recorder:
         # set by the op recorder: told when detaudit itself refills `torch.empty` memory (still never written)
         self.refill: Callable[[torch.Tensor], None] | None = None
         self._reducer: DeviceReducer | None = None
-        self._stable = StableBuffers()  # the step boundary's host tensors: per-tensor work once per run
         # True while the op recorder's window is open: accelerator tensors are fingerprinted at once
         # (one sync each) instead of at the step's end, so each op's input digests are known and the
         # root-cause rule can prove "inputs match, output differs" on a GPU too. Outside op windows
@@ -235,38 +234,29 @@ class Recorder:
         """Index the next record will get (records of other threads are placed at the next sync)."""
         return self.writer.position + len(self._pending)
 
-    def record_many(self, rows: list[tuple[Kind, int, torch.Tensor]], loc: int) -> None:
-        """Record the optimizer step boundary's tensors (gradients; parameters, their state, buffers), `rows` of
-        (kind, name id, tensor) in record order, as `record_tensor` would one by one, at a lower cost: host
-        tensors are hashed without the per-iteration digest cache (nothing reads them again before it is
-        cleared), accelerator tensors are copied into the device's batch (`DeviceBatch`: a constant number
-        of launches for all of them) and reduced with it before the step's one transfer."""
-        ahead = self.writer.position + len(self._pending) + len(rows)  # --self-check's record may be among them
+    def record_group(self, group: HostGroup, tensors: list[torch.Tensor], loc: int) -> None:
+        """Record the optimizer step boundary's tensors (gradients; parameters, their state, buffers), one per
+        name of `group`, in record order, as `record_tensor` would one by one, at a lower cost: host tensors
+        are hashed by the group's plan (recorder/boundary.py; no per-iteration digest cache: nothing reads them
+        again before it is cleared) and written as one block; accelerator tensors are copied into the device's
+        batch (`DeviceBatch`: a constant number of launches for all of them) and reduced with it before the
+        step's one transfer."""
+        if not tensors:
+            return
+        ahead = self.writer.position + len(self._pending) + len(tensors)  # --self-check's record may be among them
         if self.eager_device or self.local.flag or (self.perturb_at is not None and self.perturb_at < ahead):
-            for kind, name, t in rows:
+            for kind, name, t in zip(group.kinds, group.names, tensors, strict=True):
                 self.record_tensor(kind, name, t, 0, loc)
             return
+        if self._host_is_cpu and not self._pending:  # the CPU's common case
+            block = group.rows(tensors, self._describe, self.step, loc)
+            if block is not None:
+                self.writer.add_block(block)
+                return
         step, host_is_cpu = self.step, self._host_is_cpu
-        if host_is_cpu and not self._pending:  # the CPU's common case: hashed and written in one pass
-            made: list[tuple[Any, ...]] = []
-            add, fingerprint_stable, describe = made.append, self._stable.fingerprint, self._describe
-            for kind, name, t in rows:
-                if not t.is_cpu:
-                    break
-                try:
-                    if kind is Kind.GRAD:  # usually made anew by each backward: nothing to keep
-                        digest, samples = fingerprint_cpu(t)
-                        sid, code = describe(t)
-                    else:
-                        digest, samples, (sid, code) = fingerprint_stable(t, describe)
-                except (RuntimeError, NotImplementedError, TypeError):  # record_tensor records it unread
-                    break
-                add((kind, code, 0, 0, name, 0, loc, step, sid, 0, digest, 0, 0, samples))
-            self.writer.add_many(made)
-            rows = rows[len(made):]
         batched: dict[torch.device, list[int]] = {}
-        done: list[DeviceRecord | None] = [None] * len(rows)
-        for i, (_, _, t) in enumerate(rows):
+        done: list[DeviceRecord | None] = [None] * len(tensors)
+        for i, t in enumerate(tensors):
             if (not host_is_cpu or not t.is_cpu) and batchable(t):
                 batched.setdefault(t.device, []).append(i)
         if batched:
@@ -275,25 +265,24 @@ class Recorder:
             self.internal += 1
             try:
                 for device, which in batched.items():
-                    slots = self._reducer.batch(device).add([rows[i][2] for i in which])
+                    slots = self._reducer.batch(device).add([tensors[i] for i in which])
                     for i, reduced in zip(which, slots, strict=True):
-                        kind, name, t = rows[i]
-                        partial = (kind, DTYPE_CODES.get(t.dtype, 0), int(Flag.DEVICE), 0, name, 0, loc, step,
-                                   self._shape_id(t.shape), 0)
+                        t = tensors[i]
+                        partial = (group.kinds[i], DTYPE_CODES.get(t.dtype, 0), int(Flag.DEVICE), 0, group.names[i], 0,
+                                   loc, step, self._shape_id(t.shape), 0)
                         done[i] = DeviceRecord(partial, reduced, (0, 0))
             finally:
                 self.internal -= 1
         for i, item in enumerate(done):  # in record order: the rest one by one (pending behind any device record)
             if item is None:
-                kind, name, t = rows[i]
-                self.record_tensor(kind, name, t, 0, loc)
+                self.record_tensor(group.kinds[i], group.names[i], tensors[i], 0, loc)
             else:
                 self._pending.append(item)
         if len(self._pending) >= _PENDING_LIMIT:
             self.resolve_pending()
 
     def _describe(self, t: torch.Tensor) -> tuple[int, int]:
-        """(shape string id, dtype code) of a tensor: what StableBuffers keeps with it."""
+        """(shape string id, dtype code) of a tensor: what a HostGroup's plan keeps with it."""
         return self._shape_id(logical_shape(t) if t.is_nested else t.shape), DTYPE_CODES.get(t.dtype, 0)
 
     def digest_now(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:

@@ -2,8 +2,8 @@
 
 The digest answers "are these bits identical?"; the samples answer "by how much do they
 differ?" without storing the tensor. CPU tensors are hashed in place (xxh3 over the raw
-bytes, no copy when contiguous); `StableBuffers` does it for the tensors recorded at every optimizer
-step with their per-tensor work done once per run. Tensors on other devices are reduced on the device
+bytes, no copy when contiguous); the tensors recorded at every optimizer step are hashed the same way,
+with their per-tensor work done once per run (recorder/boundary.py). Tensors on other devices are reduced on the device
 (devicehash.py) with an order-independent integer sum, so only a few numbers cross to the host and the
 digest does not depend on how the device schedules the reduction.
 
@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import xxhash
@@ -176,16 +175,22 @@ def _bf16_to_float(bits: int) -> float:
     return float(struct.unpack("<f", struct.pack("<I", bits << 16))[0])
 
 
-def _sample_reader(dtype: torch.dtype, numel: int) -> Callable[[Any], tuple[float, ...]]:
-    """A function reading the 4 sampled elements of a contiguous buffer in one struct call.
+class SampleLayout(NamedTuple):
+    """Where a contiguous buffer's sampled elements are (at 0, 1/3, 2/3 and the end): `unpack` reads the distinct
+    ones in one struct call, with a format that skips the bytes between them (None: the dtype has no sample, or
+    the tensor no element); `order` maps the N_SAMPLES samples to its results (tiny tensors repeat positions);
+    `bf16`: the results are bfloat16 bits, to be widened to floats."""
 
-    The elements at 0, 1/3, 2/3 and the end are read with one format that skips the bytes
-    between them; tiny tensors repeat positions, so they go through an index map.
-    """
+    unpack: Callable[[Any], tuple[Any, ...]] | None
+    order: tuple[int, ...]
+    bf16: bool
+
+
+def sample_layout(dtype: torch.dtype, numel: int) -> SampleLayout:
     fmt = _SAMPLE_FORMATS.get(dtype)
     if fmt is None or numel == 0:
-        return lambda buf: _NO_SAMPLES
-    item = torch.empty(0, dtype=dtype).element_size()
+        return SampleLayout(None, (), False)
+    item = dtype.itemsize
     last = numel - 1
     positions = (0, last // 3, (2 * last) // 3, last)
     unique = sorted(set(positions))
@@ -196,11 +201,18 @@ def _sample_reader(dtype: torch.dtype, numel: int) -> Callable[[Any], tuple[floa
             parts.append(f"{p * item - cursor}x")
         parts.append(code)
         cursor = p * item + width
-    unpack = struct.Struct("".join(parts)).unpack_from
-    if len(unique) == N_SAMPLES and code in "fde":
+    return SampleLayout(struct.Struct("".join(parts)).unpack_from, tuple(unique.index(p) for p in positions),
+                        dtype is torch.bfloat16)
+
+
+def _sample_reader(dtype: torch.dtype, numel: int) -> Callable[[Any], tuple[float, ...]]:
+    """A function reading the N_SAMPLES sampled elements of a contiguous buffer as floats (`sample_layout`)."""
+    unpack, index, bf16 = sample_layout(dtype, numel)
+    if unpack is None:
+        return lambda buf: _NO_SAMPLES
+    if index == tuple(range(N_SAMPLES)) and _SAMPLE_FORMATS[dtype][1] in "fde":
         return unpack  # the common case: already a tuple of 4 floats
-    index = tuple(unique.index(p) for p in positions)
-    convert: Callable[[Any], float] = _bf16_to_float if dtype is torch.bfloat16 else float
+    convert: Callable[[Any], float] = _bf16_to_float if bf16 else float
 
     def read(buf: Any) -> tuple[float, ...]:
         values = unpack(buf)
@@ -239,37 +251,8 @@ def fingerprint_cpu(t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
     seed, buffer_type, read_samples = plan
     if buffer_type is None:
         return _parts_cpu(t) if t.is_quantized else (seed, _NO_SAMPLES)
-    buf = buffer_type.from_address(t.data_ptr())
+    ptr = t.data_ptr()
+    if not ptr:  # elements but no memory: its storage was freed under it (FSDP resizes a storage to 0)
+        raise RuntimeError("the tensor's storage holds no memory")
+    buf = buffer_type.from_address(ptr)
     return xxhash.xxh3_64_intdigest(buf, seed), read_samples(buf)
-
-
-class StableBuffers:
-    """`fingerprint_cpu` for tensors recorded at every optimizer step (parameters, optimizer state, buffers: the
-    same tensors, updated in place), with what does not depend on their contents made once per run: the plan
-    and the ctypes view of the bytes, whose first read costs more than hashing a small tensor. An entry is used
-    while its tensor is alive with the same data pointer, shape and contiguity; otherwise it is made again."""
-
-    def __init__(self, limit: int = 1 << 16) -> None:
-        # id(tensor) -> (weakref, data pointer, shape, seed, ctypes view, sample reader, the caller's metadata)
-        self._held: dict[int, tuple[Any, int, torch.Size, int, Any, Callable[[Any], tuple[float, ...]], Any]] = {}
-        self._limit = limit
-
-    def fingerprint(self, t: torch.Tensor,
-                    describe: Callable[[torch.Tensor], Any]) -> tuple[int, tuple[float, ...], Any]:
-        """(digest, samples, describe(t)): `describe` is called when the entry is made, its result kept with it."""
-        held = self._held.get(id(t))
-        if held is not None and held[0]() is t and held[1] == t.data_ptr() and held[2] == t.shape \
-                and t.is_contiguous() and not t.is_conj() and not t.is_neg():
-            return xxhash.xxh3_64_intdigest(held[4], held[3]), held[5](held[4]), held[6]
-        if t.layout != torch.strided or t.is_nested or t.is_quantized or not t.numel() or not t.is_contiguous() \
-                or t.is_conj() or t.is_neg():
-            return (*fingerprint_cpu(t), describe(t))
-        seed, buffer_type, read_samples = _plans.get((t.dtype, t.shape)) or _plan(t)
-        if len(self._held) >= self._limit:  # gradients made anew each step leave dead entries
-            self._held = {k: v for k, v in self._held.items() if v[0]() is not None}
-            if len(self._held) >= self._limit // 2:
-                self._held.clear()
-        buf = buffer_type.from_address(t.data_ptr())
-        meta = describe(t)
-        self._held[id(t)] = (weakref.ref(t), t.data_ptr(), t.shape, seed, buf, read_samples, meta)
-        return xxhash.xxh3_64_intdigest(buf, seed), read_samples(buf), meta

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from detaudit.recorder.boundary import HostGroup, StepLayout
 from detaudit.recorder.compiled import compiling, is_wrapper, plain_name
 from detaudit.recorder.compiled import evidence as compile_evidence
 from detaudit.recorder.core import Recorder, iter_tensors, version_of
@@ -106,9 +107,12 @@ class Hooks:
         # generator), and whether the counting has been handed to it: the step ends with the iteration's last update
         self._later: weakref.ref[torch.optim.Optimizer] | None = None
         self._handed = False
-        # (id(param), group, index) -> (weakref, name id); (name id, state key) -> name id of the state record
-        self._param_ids: dict[tuple[int, int, int], tuple[weakref.ref[torch.Tensor], int]] = {}
-        self._state_ids: dict[tuple[int, str], int] = {}
+        # id(optimizer) -> what its steps record (recorder/boundary.py); `_names_epoch` counts the times the
+        # parameters' names may have changed (a new root renames modules), which makes each layout anew
+        self._layouts: dict[int, StepLayout] = {}
+        self._names_epoch = 0
+        self._state_ids: dict[tuple[int, str], int] = {}  # (name id, state key) -> name id of the state record
+        self._buffer_group: HostGroup | None = None  # the buffers recorded after the last step
         self._schedulers: dict[int, str] = {}  # id(scheduler) -> record name, in order of first step
         # id(buffer) -> (weakref, version when last recorded): inference records only the buffers a forward changed
         self._buffer_versions: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
@@ -197,7 +201,7 @@ class Hooks:
         if named not in self.names.modules:
             self.names.add_root(named, numbered=not self.recorder.local.flag, holder=_holder(named))
             self._modules.clear()  # the new root may have renamed modules seen before (former roots)
-            self._param_ids.clear()  # and named parameters an optimizer stepped before
+            self._names_epoch += 1  # and named parameters an optimizer stepped before
         if inner:
             self.recorder.event({**compile_evidence(), "module": self.names.modules[named]})
 
@@ -272,17 +276,26 @@ class Hooks:
         return not (wrapped and wrapped[-1] == id(module)) and self._module(module)[2]
 
     # -- optimizers ------------------------------------------------------------------------
+    def layout(self, optimizer: torch.optim.Optimizer) -> StepLayout:
+        """What `optimizer`'s steps record, with its parameters' name ids, from a cache: an optimizer step records
+        every parameter and its state, so the name lookups were a good part of each small record's fixed cost."""
+        layout = self._layouts.get(id(optimizer))
+        if layout is None or layout.optimizer() is not optimizer or not layout.matches(optimizer, self._names_epoch):
+            rec, key = self.recorder, id(optimizer)
+
+            def forget(ref: weakref.ref[torch.optim.Optimizer]) -> None:
+                if self._layouts.get(key) is not None and self._layouts[key].optimizer is ref:
+                    del self._layouts[key]
+
+            layout = StepLayout(optimizer, self._names_epoch,
+                                lambda p, gi, pi: rec.intern(self.names.param_name(p, gi, pi)), forget)
+            self._layouts[key] = layout
+        return layout
+
     def named_params(self, optimizer: torch.optim.Optimizer) -> Any:
-        """(name id, parameter) of each parameter, from a cache: an optimizer step records every parameter
-        and its state, so the name lookups were a good part of each small record's fixed cost."""
-        rec, cache = self.recorder, self._param_ids
-        for gi, group in enumerate(optimizer.param_groups):
-            for pi, p in enumerate(group["params"]):
-                known = cache.get((id(p), gi, pi))
-                if known is None or known[0]() is not p:
-                    known = (weakref.ref(p), rec.intern(self.names.param_name(p, gi, pi)))
-                    cache[(id(p), gi, pi)] = known
-                yield known[1], p
+        """(name id, parameter) of each parameter of `optimizer`."""
+        layout = self.layout(optimizer)
+        return zip(layout.names, layout.params, strict=True)
 
     def _state_id(self, name_id: int, key: str) -> int:
         """String id of `name:key`, the record name of a parameter's optimizer state."""
@@ -340,8 +353,7 @@ class Hooks:
         return None
 
     def _record_grads(self, optimizer: torch.optim.Optimizer, loc: int) -> None:
-        self.recorder.record_many([(Kind.GRAD, name_id, p.grad) for name_id, p in self.named_params(optimizer)
-                                   if p.grad is not None], loc)
+        self.recorder.record_group(*self.layout(optimizer).gradients(), loc)
 
     def _after_closure(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any], loc: int, args: Any,
                        kwargs: Any) -> tuple[Any, Any]:
@@ -368,16 +380,9 @@ class Hooks:
         if rec.local.module_stack:
             rec.local.module_stack.pop()
         loc = rec.location_id(1)
-        state = optimizer.state
-        trained: set[int] = set()
-        rows: list[tuple[Kind, int, torch.Tensor]] = []
-        for name_id, p in self.named_params(optimizer):
-            trained.add(id(p))
-            rows.append((Kind.PARAM, name_id, p))
-            for key, value in state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    rows.append((Kind.OPTSTATE, self._state_id(name_id, key), value))
-        rec.record_many(rows, loc)
+        layout = self.layout(optimizer)
+        rec.record_group(*layout.after_step(optimizer.state, self._state_id), loc)
+        trained = layout.ids
         self._record_buffers([r for r in self.names.roots if any(id(p) in trained for p in r.parameters())], loc,
                              changed_only=False)
         if self._lent is not None:
@@ -397,15 +402,20 @@ class Hooks:
         if len(versions) > _VERSIONS_LIMIT:  # buffers reassigned on every forward leave dead entries
             for key in [k for k, (ref, _) in versions.items() if ref() is None]:
                 del versions[key]
-        rows: list[tuple[Kind, int, torch.Tensor]] = []
+        names: list[int] = []
+        tensors: list[torch.Tensor] = []
         for name, buf in self._buffers(roots):
             version = version_of(buf)
             known = versions.get(id(buf))
             if changed_only and known is not None and known[0]() is buf and known[1] == version:
                 continue
             versions[id(buf)] = (weakref.ref(buf), version)
-            rows.append((Kind.BUFFER, rec.intern(name), buf))
-        rec.record_many(rows, loc)
+            names.append(rec.intern(name))
+            tensors.append(buf)
+        group = self._buffer_group
+        if group is None or group.names != names:  # the same buffers at each step, usually
+            group = self._buffer_group = HostGroup([Kind.BUFFER] * len(names), names, fresh=True)
+        rec.record_group(group, tensors, loc)
 
     def _buffers(self, roots: Iterable[torch.nn.Module]) -> Iterator[tuple[str, torch.Tensor]]:
         seen: set[int] = set()

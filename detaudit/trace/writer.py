@@ -12,6 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from detaudit.trace.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -61,7 +63,8 @@ class TraceWriter:
         self.stopped: str | None = None  # a limit of the format was reached: no record after it is written
         self.events_written = 0
         self.events_dropped = 0
-        self._rows: list[bytes] = []  # packed records not yet written
+        self._rows: list[bytes] = []  # packed records not yet written (one or more per item)
+        self._queued = 0  # records in `_rows`
         self._strings: dict[str, int] = {"": 0}
         self._texts: list[str] = [""]  # id -> text, to sort THREAD records by name
         self._threaded: list[tuple[Any, ...]] = []  # THREAD records waiting for `sync`
@@ -158,19 +161,19 @@ class TraceWriter:
         packed = _ROW.pack(*row[:-1], *row[-1])
         with self._lock:
             self._rows.append(packed)
-            if len(self._rows) >= FLUSH_EVERY:
+            self._queued += 1
+            if self._queued >= FLUSH_EVERY:
                 self.flush()
 
-    def add_many(self, rows: list[tuple[Any, ...]]) -> None:
-        """Queue records made on the writer's own thread (no THREAD flag), as `add` would one by one: the
-        optimizer step's records, packed in one pass under one lock."""
-        if self.stopped is not None or not rows:
+    def add_block(self, rows: np.ndarray) -> None:
+        """Queue RECORD_DTYPE rows made on the writer's own thread (no THREAD flag), as `add` would one by one:
+        the optimizer step's records, built as one array (recorder/boundary.py)."""
+        if self.stopped is not None or not len(rows):
             return
-        pack = _ROW.pack
-        packed = [pack(*row[:-1], *row[-1]) for row in rows]
         with self._lock:
-            self._rows += packed
-            if len(self._rows) >= FLUSH_EVERY:
+            self._rows.append(rows.tobytes())
+            self._queued += len(rows)
+            if self._queued >= FLUSH_EVERY:
                 self.flush()
 
     def sync(self) -> None:
@@ -192,12 +195,13 @@ class TraceWriter:
 
             self._threaded.sort(key=order)
             self._rows.extend(_ROW.pack(*r[:-1], *r[-1]) for r in self._threaded)
+            self._queued += len(self._threaded)
             self._threaded.clear()
 
     @property
     def position(self) -> int:
         """Index the next record will get."""
-        return self.records_written + len(self._rows)
+        return self.records_written + self._queued
 
     def event(self, event: dict[str, Any]) -> None:
         """Write one evidence event, positioned at the current record index."""
@@ -221,6 +225,7 @@ class TraceWriter:
     def flush(self) -> None:
         if self.closed or os.getpid() != self._pid:
             self._rows.clear()
+            self._queued = 0
             return
         self._lock.acquire()
         self.busy = True
@@ -231,6 +236,7 @@ class TraceWriter:
                 if len(strings) > MAX_FRAME:  # names of a gigabyte: the reader would call the frame corrupt
                     self._stop("the names recorded since the last flush exceed a trace frame (1 GiB)")
                     self._rows.clear()
+                    self._queued = 0
                     self._pending_strings = []
                     return
                 out += self._frame(b"S", strings)
@@ -238,8 +244,9 @@ class TraceWriter:
                 out += self._frame(b"R", b"".join(self._rows))
             if out:
                 self._write(out)
-            self.records_written += len(self._rows)
+            self.records_written += self._queued
             self._rows.clear()
+            self._queued = 0
             self._pending_strings = []
         finally:
             self.busy = False

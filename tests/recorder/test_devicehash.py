@@ -152,13 +152,14 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _adam_step_ops(tmp_path: Path, params: int) -> tuple[int, int, collections.Counter[str]]:
+def _adam_step_ops(tmp_path: Path, params: int, device_path: bool = True) -> tuple[int, int, collections.Counter[str]]:
     """(aten ops in the optimizer hooks, records, ops by name) for the third step of `params` 8x8 parameters
-    trained with Adam, through the device path run on CPU tensors."""
+    trained with Adam, through the device path run on CPU tensors (`device_path`), or the host path."""
     torch.manual_seed(0)
     weights = [torch.nn.Parameter(torch.randn(8, 8)) for _ in range(params)]
     optimizer = torch.optim.Adam(weights, lr=1e-3)
-    rec = Recorder(TraceWriter(tmp_path / f"{params}.trace", {"repeat": 0}), device_path_on_cpu=True)
+    rec = Recorder(TraceWriter(tmp_path / f"{params}-{device_path}.trace", {"repeat": 0}),
+                   device_path_on_cpu=device_path)
     hooks = Hooks(rec)
     counted = _CountOps()
     before = 0
@@ -174,8 +175,8 @@ def _adam_step_ops(tmp_path: Path, params: int) -> tuple[int, int, collections.C
             hooks._on_step_post(optimizer, (optimizer,), {})
     records = rec.writer.position - before
     rec.close({"exit_code": 0})
-    trace = read_trace(tmp_path / f"{params}.trace")
-    assert (trace.records["flags"] & Flag.DEVICE).all()
+    trace = read_trace(tmp_path / f"{params}-{device_path}.trace")
+    assert (trace.records["flags"] & Flag.DEVICE).all() if device_path else not trace.records["flags"].any()
     return sum(counted.ops.values()), records, counted.ops
 
 
@@ -187,6 +188,14 @@ def test_one_adam_step_takes_a_constant_number_of_aten_ops(tmp_path: Path) -> No
     assert records == 64 * 5  # grad, param, step, exp_avg, exp_avg_sq
     assert ops <= 16, names
     assert _adam_step_ops(tmp_path, 128)[0] == ops
+
+
+def test_the_host_step_boundary_dispatches_no_aten_op(tmp_path: Path) -> None:
+    """On the host the step's 320 tensors are checked, hashed in place and written without one aten op: what is
+    left per tensor is attribute reads and xxh3 (recorder/boundary.py)."""
+    ops, records, names = _adam_step_ops(tmp_path, 64, device_path=False)
+    assert records == 64 * 5
+    assert ops == 0, names
 
 
 def test_device_step_records_equal_the_per_tensor_path(tmp_path: Path) -> None:

@@ -105,6 +105,37 @@ def test_a_record_is_written_by_name_or_by_position_byte_for_byte_alike(tmp_path
     assert got["samples"].tolist() == list(fields[-1])
 
 
+def test_a_block_of_rows_is_written_as_its_rows_one_by_one(tmp_path: Path) -> None:
+    """`add_block` (the optimizer step's records, one array) writes what `add` writes row by row, in queue order
+    with the rows around it, and counts its rows in `position` and across flushes."""
+    rows = [(int(Kind.PARAM), 1, 0, 0, i, 0, 0, 2, 0, 0, 2**64 - 1 - i, 0, 0, (float(i), -0.0, float("nan"), 1.0))
+            for i in range(1, 7)]
+    files = []
+    for blocked in (False, True):
+        path = tmp_path / f"{blocked}.trace"
+        writer = TraceWriter(path, {"pid": 1})
+        for i in range(1, 7):
+            writer.intern(f"p{i}")
+        writer.add(rows[0])
+        if blocked:
+            block = np.zeros(4, RECORD_DTYPE)
+            for i, row in enumerate(rows[1:5]):
+                block[i] = (*row[:-1], row[-1])
+            writer.add_block(block)
+            assert writer.position == 5
+            writer.flush()
+            writer.add_block(block[:0])
+        else:
+            for row in rows[1:5]:
+                writer.add(row)
+            writer.flush()
+        writer.add(rows[5])
+        assert writer.position == 6
+        writer.close({"exit_code": 0})
+        files.append(read_trace(path).records.tobytes())
+    assert files[0] == files[1]
+
+
 def test_identical_content_gives_identical_record_bodies(tmp_path: Path) -> None:
     recs = training_records()
     a = read_trace(write_trace(tmp_path / "a.trace", recs, {"exit_code": 0}, header={"pid": 1}))
