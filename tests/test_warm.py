@@ -110,6 +110,34 @@ def test_what_a_fork_cannot_run_faithfully_runs_in_a_real_interpreter(tmp_path: 
         assert probe["hash"] != fork["hash"]  # not the server's hash seed
 
 
+ENDING = """import atexit, sys, threading, time
+def late():
+    time.sleep(0.3)
+    print("thread joined", flush=True)
+threading.Thread(target=late).start()
+atexit.register(lambda: print("atexit ran"))
+print("buffered", end=" ")
+sys.exit(sys.argv[1] if sys.argv[1:] else None)
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("argument,status", [((), 0), (("a message",), 1)])
+def test_a_fork_ends_as_python_does_threads_joined_exit_handlers_run_output_flushed(
+        tmp_path: Path, argument: tuple[str, ...], status: int) -> None:
+    # the fork skips only python's module teardown (server.exit_like_python): what a script sees of its exit stays
+    script, config = tmp_path / "ending.py", tmp_path / "config.json"
+    script.write_text(ENDING)
+    config.write_text(json.dumps({"pins": [], "repeat": 0}))
+    command = [sys.executable, "-c", BOOT, "root", str(config), str(script), *argument]
+    warm = subprocess.run([sys.executable, "-I", "-S", str(WARM / "client.py"), WARM_SERVERS.folder(), *command],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    real = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (real.returncode, real.stdout, real.stderr)
+    assert warm.returncode == status and warm.stdout == "buffered thread joined\natexit ran\n"
+    assert warm.stderr == "".join(f"{a}\n" for a in argument)
+
+
 @pytest.mark.process
 def test_a_signal_to_the_client_reaches_the_fork_and_the_client_ends_as_the_fork_did(tmp_path: Path) -> None:
     proc = _client(tmp_path, {"PROBE_SLEEP": "60"})
