@@ -80,6 +80,8 @@ class Sizes:
     gpt_rounds: int = 2
     gpt_bounded_steps: int = 20
     live_workload: str = "small"
+    # widened to the held-out case's length: 3,000 steps take about 25 s plain on 2 idle cores (default threads)
+    live_args: tuple[str, ...] = ("--width", "8192", "--batch", "256")
     live_steps: int = 3000  # a long run ...
     live_draw_at: int = 12  # ... that draws from Python's unseeded `random` before this step
     live_repeats: int = 3
@@ -88,8 +90,8 @@ class Sizes:
 
 QUICK = Sizes(fp_sizes_mb=(8, 64), fp_rounds=3, small_calls=5000, workloads=("mlp",), steps=12,
               warmup_steps=3, rounds=1, audit_workloads=("mlp",), audit_repeats=2, auto_workloads=(),
-              compare_records=50_000, gpt_steps=15, gpt_rounds=1, gpt_bounded_steps=5, live_steps=30, live_draw_at=3,
-              live_repeats=2, live_deterministic_repeats=2)
+              compare_records=50_000, gpt_steps=15, gpt_rounds=1, gpt_bounded_steps=5, live_args=(),
+              live_steps=30, live_draw_at=3, live_repeats=2, live_deterministic_repeats=2)
 
 
 def median(values: Sequence[float]) -> float:
@@ -717,16 +719,18 @@ def bench_live(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
     """Issue 21: a long seeded run that diverges early (one draw from Python's unseeded `random`), audited
     with `--repeats N --no-explain` against one plain run, live (the default: repeats stopped a few steps
     after diverging) and as before (`--run-to-end`); and a deterministic run's audit, live against
-    `--run-to-end` (what following the traces costs when nothing diverges). One round each. Ratios are of
-    CPU seconds (every process of the run, detaudit's included), which other load on a shared machine
-    disturbs far less than wall time; wall seconds are given beside them."""
+    `--run-to-end` (what following the traces costs when nothing diverges). One round each, side by side.
+    Ratios are given of CPU seconds (every process of the run, detaudit's included; other load on a shared
+    machine disturbs them less) and of wall seconds (what a user waits); the row is judged on both.
+    Where the live audit's wall time goes: repeat 0, each short process, and detaudit's own process (the rest)."""
     n, m, steps, draw = sizes.live_repeats, sizes.live_deterministic_repeats, sizes.live_steps, sizes.live_draw_at
     script = str(WORKLOADS / f"{sizes.live_workload}.py")
-    diverging = ["--steps", str(steps), "--python-random-at", str(draw)]
-    deterministic = ["--steps", str(steps)]
+    deterministic = ["--steps", str(steps), *sizes.live_args]
+    diverging = [*deterministic, "--python-random-at", str(draw)]
     wall: dict[str, float] = {}
     cpu: dict[str, float] = {}
     codes: dict[str, int] = {}
+    load = [os.getloadavg()[0]]
     before, start = _children_cpu(), time.perf_counter()
     subprocess.run([sys.executable, script, *diverging], env=AUDIT_ENV, capture_output=True, check=True)
     wall["plain"], cpu["plain"] = time.perf_counter() - start, _children_cpu() - before
@@ -734,31 +738,37 @@ def bench_live(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
                                        ("to_end", diverging, n, ["--no-explain", "--run-to-end"]),
                                        ("det_to_end", deterministic, m, ["--run-to-end"]),
                                        ("det_live", deterministic, m, [])):
+        load.append(os.getloadavg()[0])
         before = _children_cpu()
         wall[name], codes[name] = timed_audit(script, args, count, tmp / f"live-{name}", options=options)
         cpu[name] = _children_cpu() - before
+    load.append(os.getloadavg()[0])
     recorded = json.loads((tmp / "live-live" / "run.json").read_text())
     results, narrowing = recorded["results"], (recorded.get("narrowing") or {}).get("results", [])
     stops = [r.get("stopped_at_step") for r in results]
+    spent = [r["duration_s"] for r in results + narrowing]
     expected = {"live": 1, "to_end": 1, "det_to_end": 0, "det_live": 0}
     note = "" if codes == expected else f"; audit exit codes {codes} (expected {expected})"
     live, to_end, det = cpu["live"] / cpu["plain"], cpu["to_end"] / cpu["plain"], cpu["det_live"] / cpu["det_to_end"]
+    live_wall = wall["live"] / wall["plain"]
+    shape = " ".join(sizes.live_args)
     rows = [
-        Row("8 live", f"{sizes.live_workload}, {steps} steps, unseeded `random` at step {draw}: run --repeats {n} "
-            "--no-explain", "≤ 1.5× one plain run", f"{cpu['plain']:.1f} → {cpu['live']:.1f} CPU s", live,
-            live <= 1.5 and not note,
-            f"before (--run-to-end): {cpu['to_end']:.1f} CPU s, {to_end:.2f}× plain; wall {wall['plain']:.1f} s "
-            f"plain, {wall['live']:.1f} s live, {wall['to_end']:.1f} s --run-to-end; repeats stopped after steps "
-            f"{stops}; repeat durations {[r['duration_s'] for r in results]} s; default granularity (auto: "
-            f"{len(narrowing)} op-level re-runs, {[r['duration_s'] for r in narrowing]} s, each stopped after its "
-            "window)" + note),
-        Row("8 live", f"{sizes.live_workload}, {steps} steps, deterministic: run --repeats {m}, live vs --run-to-end",
-            "≤ 1.02× --run-to-end", f"{cpu['det_to_end']:.1f} → {cpu['det_live']:.1f} CPU s", det,
+        Row("8 live", f"{sizes.live_workload} {shape}, {steps} steps, unseeded `random` at step {draw}: run "
+            f"--repeats {n} --no-explain", "≤ 1.5× one plain run",
+            f"{cpu['plain']:.1f} → {cpu['live']:.1f} CPU s; wall {wall['plain']:.1f} → {wall['live']:.1f} s", live,
+            live <= 1.5 and live_wall <= 1.5 and not note,
+            f"wall {live_wall:.2f}×; before (--run-to-end): {cpu['to_end']:.1f} CPU s ({to_end:.2f}×), wall "
+            f"{wall['to_end']:.1f} s ({wall['to_end'] / wall['plain']:.2f}×); live: repeats stopped after steps "
+            f"{stops}, repeat wall {[r['duration_s'] for r in results]} s, {len(narrowing)} op-level re-run(s) "
+            f"{[r['duration_s'] for r in narrowing]} s, detaudit's own process {wall['live'] - sum(spent):.1f} s; "
+            f"load average {min(load):.1f}–{max(load):.1f}" + note),
+        Row("8 live", f"{sizes.live_workload} {shape}, {steps} steps, deterministic: run --repeats {m}, live vs "
+            "--run-to-end", "≤ 1.02× --run-to-end", f"{cpu['det_to_end']:.1f} → {cpu['det_live']:.1f} CPU s", det,
             det <= 1.02 and not note,
             f"wall {wall['det_to_end']:.1f} s → {wall['det_live']:.1f} s; one round each on a shared machine" + note),
     ]
-    return rows, {"wall_s": wall, "cpu_s": cpu, "exit_codes": codes, "stopped_at_step": stops,
-                  "op_reruns_s": [r["duration_s"] for r in narrowing]}
+    return rows, {"wall_s": wall, "cpu_s": cpu, "exit_codes": codes, "stopped_at_step": stops, "load": load,
+                  "repeats_s": [r["duration_s"] for r in results], "op_reruns_s": [r["duration_s"] for r in narrowing]}
 
 
 # -- 4. compare and report ----------------------------------------------------------------------

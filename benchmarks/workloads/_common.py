@@ -18,8 +18,15 @@ import torch
 import torch.nn.functional as F
 
 
-def parse_args(description: str, default_steps: int = 60) -> argparse.Namespace:
+def parse_args(description: str, default_steps: int = 60, width: int | None = None,
+               batch: int | None = None) -> argparse.Namespace:
+    """The workloads' options; `width`, `batch`: offer --width (a hidden layer's size) and --batch (samples a
+    step) with these defaults."""
     parser = argparse.ArgumentParser(description=description)
+    if width is not None:
+        parser.add_argument("--width", type=int, default=width, help="the hidden layer's size")
+    if batch is not None:
+        parser.add_argument("--batch", type=int, default=batch, help="samples per step")
     parser.add_argument("--steps", type=int, default=default_steps, help="training steps to run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (benchmarks/run.py --cuda)")
