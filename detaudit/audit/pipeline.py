@@ -46,6 +46,7 @@ from detaudit.run.rundir import (
     write_record,
 )
 from detaudit.trace import RecordStream, read_footer
+from detaudit.trace.strip import strip_ops
 
 GRANULARITIES = ("step", "module", "op", "auto")
 PAIR = 2  # op-level re-runs of `auto` made first: a reference and one more (narrow)
@@ -125,9 +126,12 @@ class AuditOptions:
 def execute(options: AuditOptions, run_dir: Path,
             on_done: Callable[[RepeatResult], None] | None = None, prefix: str = "repeat",
             cwd: Path | None = None, on_progress: Callable[[RepeatProgress], None] | None = None,
-            first: int = 0, baseline: tuple[Path, str] | None = None) -> list[RepeatResult]:
+            first: int = 0, baseline: tuple[Path, str] | None = None, narrow_ahead: bool = False) -> list[RepeatResult]:
     """Run the repeats into `run_dir`, numbered from `first`; `cwd`: the script's working directory;
     `baseline`: --baseline's trace and device, which the first repeat is followed against while it runs.
+    `narrow_ahead` (`auto`, one repeat at a time): the repeats started after one diverged record ops over its
+    window too (LiveWatch.configure); each leaves its whole trace as the op-level re-run's `ops-N.trace` and
+    a copy without the op records as its own (split_op_windowed), so `narrow` needs fewer re-runs.
 
     Each repeat is compared with its reference while it runs (compare/live.py): one that diverged is
     stopped EXTRA_STEPS optimizer steps later unless `run_to_end`, and `on_progress` hears where each
@@ -156,8 +160,8 @@ def execute(options: AuditOptions, run_dir: Path,
         plans = schedule.perturbation.assign(plans)
     layout = distributed.Layout(schedule.nproc_per_node, distributed.node_rank(schedule.torchrun_args)) \
         if schedule.nproc_per_node else None
-    watch = LiveWatch(plans, options.checks.tolerance, stoppable, layout, on_progress, baseline) \
-        if stoppable or on_progress is not None else None
+    watch = LiveWatch(plans, options.checks.tolerance, stoppable, layout, on_progress, baseline,
+                      narrow_ahead=narrow_ahead and stoppable) if stoppable or on_progress is not None else None
 
     def launch(batch: Sequence[RepeatPlan], jobs: int) -> list[RepeatResult]:
         launcher = distributed.launcher(schedule.nproc_per_node, schedule.torchrun_args, target.as_typed,
@@ -184,7 +188,39 @@ def execute(options: AuditOptions, run_dir: Path,
     except Interrupted as exc:
         exc.run_dir = run_dir
         raise
+    finally:  # an interrupted run's traces too: `report` compares them as module-level repeats
+        if watch is not None:
+            split_op_windowed(run_dir, [p for p in plans if p.index in watch.op_windowed])
     return [ended(r, run_dir, layout) for r in results]
+
+
+def split_op_windowed(run_dir: Path, plans: Sequence[RepeatPlan]) -> None:
+    """Each op-windowed repeat's trace becomes the op-level re-run's `ops-N.trace`, and its own trace a copy
+    without the op records (trace/strip.py): what a module-level repeat writes. A repeat that left no trace
+    is left so."""
+    for plan in plans:
+        if not os.path.lexists(plan.trace):
+            continue
+        whole = run_dir / f"{OPS_PREFIX}-{plan.index}.trace"
+        os.rename(plan.trace, whole)
+        strip_ops(whole, plan.trace, {"granularity": "module", "op_window": None})
+
+
+def recorded_ahead(run_dir: Path, results: Sequence[RepeatResult], window: list[int]) -> list[RepeatResult]:
+    """The repeats whose op records over `window` were made while they ran (split_op_windowed), as results of
+    the op-level re-run: their `ops-N.trace`, the rest as the repeat ended."""
+    ahead = []
+    for result in results:
+        whole = run_dir / f"{OPS_PREFIX}-{result.index}.trace"
+        if not whole.is_file() or whole.is_symlink():
+            continue
+        try:
+            header = RecordStream(whole).header
+        except TraceError:
+            continue
+        if header.get("op_window") == window:
+            ahead.append(replace(result, trace=whole.name))
+    return ahead
 
 
 def ended(result: RepeatResult, run_dir: Path, layout: distributed.Layout | None = None) -> RepeatResult:
@@ -234,7 +270,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     auto = recording.granularity == "auto"
     try:
         results = execute(options.recorded(granularity="module") if auto else options, run_dir, on_done,
-                          on_progress=on_progress, baseline=against)
+                          on_progress=on_progress, baseline=against, narrow_ahead=auto and one_at_a_time(schedule))
     except Interrupted as exc:  # keep what the repeats recorded: `report` and `compare` can read it
         write_record(run_dir, replace(record, results=tuple(exc.results), interrupted=True))
         raise
@@ -247,7 +283,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
             on_narrow(window)
         narrowed = options.recorded(granularity="op", child_config={"op_window": window})
         try:
-            ops_results = narrow(narrowed, run_dir, on_done, on_progress)
+            ops_results = narrow(narrowed, run_dir, on_done, on_progress, recorded_ahead(run_dir, results, window))
         except Interrupted:  # the module-level run is whole and recorded: report it without the op re-run
             write_record(run_dir, record)
             raise
@@ -283,23 +319,41 @@ def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) ->
 
 
 def narrow(options: AuditOptions, run_dir: Path, on_done: Callable[[RepeatResult], None] | None = None,
-           on_progress: Callable[[RepeatProgress], None] | None = None) -> list[RepeatResult]:
+           on_progress: Callable[[RepeatProgress], None] | None = None,
+           ahead: Sequence[RepeatResult] = ()) -> list[RepeatResult]:
     """The op-level re-run of `auto`, each repeat stopping after the window: two repeats first, one after
     the other, and the rest only when those two hold no divergent op, so a divergence that shows in some
     runs only still gets as many chances as there are repeats. On several devices, under torchrun, with -j,
-    or under --perturb (whose groups go by a repeat's place in the batch), every repeat at once."""
+    or under --perturb (whose groups go by a repeat's place in the batch), every repeat at once.
+    `ahead`: repeats of the audit that recorded ops over the window while they ran (recorded_ahead); they
+    count among the re-run's repeats, so fewer are re-run."""
     schedule = options.schedule
-    if len(schedule.devices) > 1 or schedule.nproc_per_node or schedule.jobs > 1 or schedule.repeats <= PAIR \
-            or schedule.perturbation is not None:
+    if not one_at_a_time(schedule):
         return execute(options, run_dir, on_done, prefix=OPS_PREFIX, on_progress=on_progress)
-    pair = execute(replace(options, schedule=replace(schedule, repeats=PAIR)), run_dir, on_done, prefix=OPS_PREFIX,
-                   on_progress=on_progress)
+
+    def rerun(count: int, first: int) -> list[RepeatResult]:
+        if count <= 0:
+            return []
+        return execute(replace(options, schedule=replace(schedule, repeats=count)), run_dir, on_done,
+                       prefix=OPS_PREFIX, on_progress=on_progress, first=first)
+
+    ahead = list(ahead)[:schedule.repeats]
+    # numbered from 0: the repeats recorded ahead are the audit's last ones (started after a divergence), so
+    # the re-run's numbers up to repeats - len(ahead) are free
+    fresh = rerun(min(PAIR, schedule.repeats) - len(ahead), 0)
+    pair = sorted([*fresh, *ahead], key=lambda r: r.index)
     paths = [run_dir / r.trace for r in pair]
-    if all(p.is_file() for p in paths) and find_op_source(paths, [r.device for r in pair]) is not None:
+    if len(pair) >= schedule.repeats or \
+            (all(p.is_file() for p in paths) and find_op_source(paths, [r.device for r in pair]) is not None):
         return pair
-    rest = execute(replace(options, schedule=replace(schedule, repeats=schedule.repeats - PAIR)), run_dir, on_done,
-                   prefix=OPS_PREFIX, on_progress=on_progress, first=PAIR)
-    return pair + rest
+    return sorted(pair + rerun(schedule.repeats - len(pair), len(fresh)), key=lambda r: r.index)
+
+
+def one_at_a_time(schedule: Schedule) -> bool:
+    """Repeats on one device, one process each, one after another, alike: what `narrow` re-runs a pair of first
+    (and what records ops ahead, LiveWatch.configure)."""
+    return len(schedule.devices) == 1 and not schedule.nproc_per_node and schedule.jobs == 1 \
+        and schedule.perturbation is None
 
 
 def op_window(report: Report) -> list[int] | None:

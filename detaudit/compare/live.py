@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from detaudit.errors import OutputError, TraceError
 from detaudit.results import EXTRA_STEPS, RepeatProgress, Tolerance
 from detaudit.run.distributed import Layout
 from detaudit.run.launcher import RepeatPlan, request_stop
-from detaudit.trace import RECORD_DTYPE, EmptyTrace, GrowingTrace
+from detaudit.trace import RECORD_DTYPE, EmptyTrace, GrowingTrace, Kind
 
 HELD = 1 << 18  # records of a repeat held while its reference catches up (-j), at most
 RATE_WINDOW_S = 10.0  # steps/s is measured over this much of the recent past
@@ -75,6 +76,7 @@ class Follower:
     agrees_to: int | None = None
     diverged_at: int | None = None
     ref_last_step: int | None = None  # the reference's last record's step, once it ended
+    skip_ops: bool = False  # an op-windowed repeat (LiveWatch.configure): its op records have no counterpart
     compared: int = 0
     _held: np.ndarray = field(default_factory=_empty)
     _ref_held: np.ndarray = field(default_factory=_empty)
@@ -88,6 +90,8 @@ class Follower:
                 return
         # far ahead of its reference: wait for it
         new = _empty() if len(self._held) >= HELD and self.diverged_at is None else self.trace.poll()
+        if self.skip_ops and len(new):
+            new = new[new["kind"] != Kind.OP]
         if len(new):
             self.step = max(self.step, int(new["step"].max()))
         if self.reference is None or self.diverged_at is not None:
@@ -175,10 +179,12 @@ class LiveWatch:
     def __init__(self, plans: Sequence[RepeatPlan], tolerance: Tolerance, stop: bool = True,
                  layout: Layout | None = None,
                  on_progress: Callable[[RepeatProgress], None] | None = None,
-                 baseline: tuple[Path, str] | None = None) -> None:
+                 baseline: tuple[Path, str] | None = None, narrow_ahead: bool = False) -> None:
         """`layout`: a torchrun run's, whose ranks here are followed (each against the same rank of the
         reference); a stop then asks every rank, through one file. `baseline`: --baseline's trace and device,
-        which the first repeat of a single-process run is followed against (report/baseline.py compares them)."""
+        which the first repeat of a single-process run is followed against (report/baseline.py compares them).
+        `narrow_ahead`: once a repeat diverged, the repeats started after it record ops over the window of
+        `auto`'s op-level re-run too (`configure`; `op_windowed` says which, and their window)."""
         self.tolerance = tolerance
         self.stop = stop
         first = (layout.node_rank or 0) * layout.nproc_per_node if layout is not None else 0
@@ -191,7 +197,21 @@ class LiveWatch:
         self._first = plans[0].index if plans else None
         self._repeats: dict[int, _Repeat] = {}
         self._last_steps: dict[int, int] = {}  # repeat -> the last step its trace showed, once it ended
+        self.narrow_ahead = narrow_ahead
+        self.window: list[int] | None = None  # the op window of the first divergence seen
+        self.op_windowed: dict[int, list[int]] = {}  # repeat -> the op window it was started with
         self._lock = threading.Lock()
+
+    def configure(self, plan: RepeatPlan) -> dict[str, Any]:
+        """A repeat that starts once another diverged at step S (and is no repeat's reference) records ops in
+        steps S-1 and S as well, and runs on after them: the window `auto` re-runs at op granularity
+        (audit/pipeline.py op_window), so its trace counts as one of that re-run's."""
+        with self._lock:
+            window = self.window
+            if window is None or not self.narrow_ahead or plan.index in {ref for ref, _ in self._pairs.values()}:
+                return {}
+            self.op_windowed[plan.index] = window
+        return {"granularity": "op", "op_window": window, "op_window_runs_on": True}
 
     def _files(self, plan: RepeatPlan) -> list[Path]:
         if self.ranks is None:
@@ -199,6 +219,7 @@ class LiveWatch:
         return [plan.trace.with_name(Layout.rank_file(plan.trace.name, r)) for r in self.ranks]
 
     def _start(self, plan: RepeatPlan) -> _Repeat:
+        """The repeat's followers (called with the lock held)."""
         ref, bitwise = self._pairs.get(plan.index, (None, True))
         if ref is None and self.baseline is not None and plan.index == self._first:
             trace, device = self.baseline
@@ -206,7 +227,8 @@ class LiveWatch:
                            against_baseline=True)
         mine = self._files(plan)
         theirs = self._files(self.plans[ref]) if ref is not None else [None] * len(mine)
-        followers = [Follower(path, other, bitwise, self.tolerance) for path, other in zip(mine, theirs)]
+        skip = plan.index in self.op_windowed
+        followers = [Follower(path, other, bitwise, self.tolerance, skip_ops=skip) for path, other in zip(mine, theirs)]
         return _Repeat(plan, followers, ref)
 
     def poll(self, plan: RepeatPlan, final: bool) -> None:
@@ -233,6 +255,10 @@ class LiveWatch:
 
     def _maybe_stop(self, repeat: _Repeat) -> None:
         diverged = repeat.diverged_at
+        if diverged is not None and not repeat.against_baseline and not repeat.broken:
+            with self._lock:
+                if self.window is None and diverged >= 0:
+                    self.window = [max(0, diverged - 1), diverged]
         if not self.stop or repeat.broken or repeat.against_baseline or diverged is None \
                 or repeat.stopping_at is not None:
             return

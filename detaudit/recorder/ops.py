@@ -523,9 +523,11 @@ def _tensors(value: Any) -> Any:
             yield from _tensors(item)
 
 
-def install(recorder: Recorder, config: dict[str, Any], on_window_end: Callable[[], None]) -> OpRecorder | None:
+def install(recorder: Recorder, config: dict[str, Any],
+            on_window_end: Callable[[], None] | None) -> OpRecorder | None:
     """Set up the child's granularity: `step` drops module records; `op` records ops, everywhere or
-    only in `config["op_window"]` = [first_step, last_step], calling `on_window_end` after the last."""
+    only in `config["op_window"]` = [first_step, last_step], calling `on_window_end` after the last
+    (None: the repeat runs on, recording modules only, as an op-windowed repeat of `auto` does)."""
     granularity = config.get("granularity", "module")
     if granularity == "step":
         recorder.record_modules = False
@@ -543,7 +545,8 @@ def install(recorder: Recorder, config: dict[str, Any], on_window_end: Callable[
             ops.start()
         elif step > last:
             ops.stop()
-            on_window_end()
+            if on_window_end is not None:
+                on_window_end()
 
     recorder.step_callbacks.append(on_step)
     if recorder.step == first:

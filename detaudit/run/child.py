@@ -152,7 +152,9 @@ class Session:
 
             batchprobe.install(self.recorder, self.hooks.module_name, self.config["batch"])
         checkpoints.install(self.recorder, self.hooks, self.config)
-        ops.install(self.recorder, self.config, self._stop_after_op_window)
+        # an op-windowed repeat of `auto` (audit/pipeline.py) runs on after its window, as the repeat it also is
+        ops.install(self.recorder, self.config,
+                    None if self.config.get("op_window_runs_on") else self._stop_after_op_window)
         if self.config.get("distributed"):
             from detaudit.recorder import distributed as collectives
             collectives.install(self.recorder)

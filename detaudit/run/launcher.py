@@ -93,6 +93,10 @@ class Watch(Protocol):
 
     def poll(self, plan: RepeatPlan, final: bool) -> None: ...
 
+    def configure(self, plan: RepeatPlan) -> dict[str, Any]:
+        """Child config entries for a repeat about to start, from what the repeats before it showed."""
+        ...
+
 
 def plan_repeats(
     out_dir: Path, repeats: int, devices: Sequence[str], granularity: str = "module",
@@ -197,8 +201,9 @@ class Launcher:
         timed_out = False
         if os.path.lexists(plan.trace):  # the child creates it exclusively; say why here, before it starts
             raise name_taken(plan.trace)
+        learned = self.watch.configure(plan) if self.watch is not None else {}
         with open(create_private(config_path), "wb") as fh:
-            fh.write(json.dumps({**plan.child_config, "trace": str(plan.trace)}).encode())
+            fh.write(json.dumps({**plan.child_config, **learned, "trace": str(plan.trace)}).encode())
         try:
             with open(create_private(plan.stdout, readable=True), "w+b") as out, \
                     open(create_private(plan.stderr), "wb") as err:
