@@ -239,3 +239,69 @@ def test_the_op_level_re_run_makes_two_repeats_and_the_rest_only_if_they_hold_no
     made.clear()
     narrow(replace(options, schedule=Schedule(repeats=4, jobs=2)), tmp_path)  # -j: all at once
     assert made == [(4, 0)]
+
+
+@pytest.mark.parametrize(("repeats", "ahead", "found", "runs", "indices"), [
+    (3, [2], True, [(1, 0)], [0, 2]),  # one repeat recorded ahead: one fresh re-run makes the pair
+    (3, [2], False, [(1, 0), (1, 1)], [0, 1, 2]),  # no divergent op in the pair: the rest as before
+    (5, [2, 3, 4], True, [], [2, 3, 4]),  # three recorded ahead: no re-run at all
+    (5, [3, 4], False, [(3, 0)], [0, 1, 2, 3, 4]),  # a pair already, no divergent op in it: the other three
+])
+def test_repeats_that_recorded_ops_ahead_count_among_the_op_level_re_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repeats: int, ahead: list[int], found: bool,
+        runs: list[tuple[int, int]], indices: list[int]) -> None:
+    from detaudit.audit import pipeline
+    from detaudit.audit.pipeline import AuditOptions, Schedule, Target, narrow
+    from detaudit.results import RepeatResult
+
+    made: list[tuple[int, int]] = []
+
+    def execute(options: AuditOptions, run_dir: Path, *args: object, first: int = 0, **kwargs: object
+                ) -> list[RepeatResult]:
+        made.append((options.schedule.repeats, first))
+        span = range(first, first + options.schedule.repeats)
+        for i in span:
+            (run_dir / f"ops-{i}.trace").write_bytes(b"")
+        return [RepeatResult(i, "cpu", 0, 1.0, False, f"ops-{i}.trace", "", "", "") for i in span]
+
+    early = [RepeatResult(i, "cpu", 0, 1.0, False, f"ops-{i}.trace", f"repeat-{i}.stdout", "", "") for i in ahead]
+    for result in early:
+        (tmp_path / result.trace).write_bytes(b"")
+    monkeypatch.setattr(pipeline, "execute", execute)
+    seen: list[list[str]] = []
+    monkeypatch.setattr(pipeline, "find_op_source",
+                        lambda paths, devices: seen.append([p.name for p in paths]) or (object() if found else None))
+    got = narrow(AuditOptions(Target(tmp_path / "s.py"), Schedule(repeats=repeats)), tmp_path, ahead=early)
+    assert [r.index for r in got] == indices and made == runs
+    assert seen[0] == sorted({*[f"ops-{i}.trace" for i in ahead], *[f"ops-{i}.trace" for i in range(
+        max(0, 2 - len(ahead)))]}, key=lambda n: int(n[4:-6]))  # the pair's traces, by number
+    assert {r.index: r.stdout for r in got if r.index in ahead} == {i: f"repeat-{i}.stdout" for i in ahead}
+
+
+def test_an_op_windowed_repeat_leaves_its_trace_to_the_op_level_re_run_and_a_module_copy_as_its_own(
+        tmp_path: Path) -> None:
+    from synthetic import Rec, training_records, write_trace
+
+    from detaudit.audit.pipeline import recorded_ahead, split_op_windowed
+    from detaudit.results import RepeatResult
+    from detaudit.run.launcher import plan_repeats
+    from detaudit.trace import Kind, read_trace
+
+    plans = plan_repeats(tmp_path, 4, ["cpu"], stoppable=True)
+    module = training_records(steps=4)
+    def ops_before(r: Rec) -> list[Rec]:
+        return [Rec("aten.mm", digest=r.digest + 1, step=r.step, kind=Kind.OP)] if r.step in (1, 2) else []
+
+    mixed = [x for r in module for x in [*ops_before(r), r]]
+    write_trace(plans[2].trace, mixed, {"exit_code": 0}, header={"repeat": 2, "granularity": "op", "op_window": [1, 2]})
+    write_trace(plans[3].trace, mixed, {"exit_code": 0}, header={"repeat": 3, "granularity": "op", "op_window": [0, 1]})
+    split_op_windowed(tmp_path, [plans[2], plans[3], plans[1]])  # repeat 1 left no trace: left so
+    own = read_trace(plans[2].trace)
+    assert own.header["granularity"] == "module" and own.header["op_window"] is None
+    assert len(own.records) == len(module) and Kind.OP not in set(own.records["kind"].tolist())
+    assert len(read_trace(tmp_path / "ops-2.trace").records) == len(mixed)
+    results = [RepeatResult(i, "cpu", 0, 1.0, False, f"repeat-{i}.trace", f"repeat-{i}.stdout", "", "")
+               for i in range(4)]
+    # repeat 3 recorded another window than the report's: not counted
+    assert [(r.index, r.trace, r.stdout) for r in recorded_ahead(tmp_path, results, [1, 2])] == \
+        [(2, "ops-2.trace", "repeat-2.stdout")]

@@ -14,7 +14,7 @@ from detaudit.compare.live import Follower, LiveWatch
 from detaudit.results import EXTRA_STEPS, RepeatProgress, Tolerance
 from detaudit.run.distributed import Layout
 from detaudit.run.launcher import RepeatPlan, plan_repeats
-from detaudit.trace import EmptyTrace, GrowingTrace, read_trace
+from detaudit.trace import EmptyTrace, GrowingTrace, Kind, read_trace
 
 STEPS = 8
 PER_STEP = len(training_records(steps=1))
@@ -268,3 +268,41 @@ def test_repeats_numbered_from_a_later_index_are_compared_with_the_first_of_thei
     write_trace(plans[1].trace, records[: 2 * PER_STEP], None, flush_every=PER_STEP)
     watch.poll(plans[1], False)
     assert (progress[-1].repeat, progress[-1].reference, progress[-1].agrees_to_step) == (3, 2, 1)
+
+
+@pytest.mark.parametrize("narrow_ahead", [True, False])
+def test_repeats_started_after_a_divergence_record_ops_over_its_window_and_are_followed_without_them(
+        tmp_path: Path, narrow_ahead: bool) -> None:
+    plans = plan_repeats(tmp_path, 4, ["cpu"], stoppable=True)
+    watch = LiveWatch(plans, Tolerance(), narrow_ahead=narrow_ahead)
+    records = training_records(steps=STEPS)
+    assert watch.configure(plans[0]) == {} and watch.configure(plans[1]) == {}  # nothing diverged yet
+    write_trace(plans[0].trace, records, {"exit_code": 0}, flush_every=PER_STEP)
+    watch.poll(plans[0], False)
+    watch.poll(plans[0], True)
+    write_trace(plans[1].trace, _changed_from(records, 3)[: 5 * PER_STEP], None, flush_every=PER_STEP)
+    watch.poll(plans[1], False)
+    assert watch.window == [2, 3]
+    watch.poll(plans[1], True)
+    if not narrow_ahead:
+        assert watch.configure(plans[2]) == {} and watch.op_windowed == {}
+        return
+    assert watch.configure(plans[2]) == {"granularity": "op", "op_window": [2, 3], "op_window_runs_on": True}
+    assert watch.op_windowed == {2: [2, 3]}
+    # its op records (steps 2 and 3) have no counterpart in the reference: skipped, it agrees to the end
+    with_ops = [x for r in records for x in
+                ([Rec(f"aten.mm#{r.digest}", digest=r.digest + 1, step=r.step, kind=Kind.OP)] if 2 <= r.step <= 3
+                 else []) + [r]]
+    write_trace(plans[2].trace, with_ops, {"exit_code": 0}, flush_every=PER_STEP)
+    watch.poll(plans[2], False)
+    repeat = watch._repeats[2]
+    assert repeat.diverged_at is None and repeat.followers[0].agrees_to == STEPS - 1
+    assert plans[2].stop_file is not None and not plans[2].stop_file.exists()
+
+
+def test_the_reference_of_other_repeats_never_records_ops_ahead(tmp_path: Path) -> None:
+    plans = plan_repeats(tmp_path, 2, ["cpu"], stoppable=True) + plan_repeats(tmp_path, 2, ["cuda"], first=2)
+    watch = LiveWatch(plans, Tolerance(), narrow_ahead=True)
+    watch.window = [0, 1]
+    assert watch.configure(plans[2]) == {}  # the first on cuda: the reference of repeat 3
+    assert watch.configure(plans[3])["op_window"] == [0, 1]
