@@ -242,6 +242,7 @@ class LiveWatch:
                     follower.poll()
             except (TraceError, OSError, ValueError):
                 repeat.broken = True
+        self._learn_window(repeat)  # at its end too: a short repeat may end before any poll saw it diverge
         if final:  # a repeat re-run alone after a -j batch (run/sharing.py) is followed afresh
             for follower in repeat.followers:
                 follower.close()
@@ -253,12 +254,16 @@ class LiveWatch:
         if self.on_progress is not None:
             self.on_progress(self._progress(repeat))
 
-    def _maybe_stop(self, repeat: _Repeat) -> None:
+    def _learn_window(self, repeat: _Repeat) -> None:
+        """The first divergence from a reference seen gives the op window of repeats started later (configure)."""
         diverged = repeat.diverged_at
         if diverged is not None and not repeat.against_baseline and not repeat.broken:
             with self._lock:
-                if self.window is None and diverged >= 0:
+                if self.window is None:
                     self.window = [max(0, diverged - 1), diverged]
+
+    def _maybe_stop(self, repeat: _Repeat) -> None:
+        diverged = repeat.diverged_at
         if not self.stop or repeat.broken or repeat.against_baseline or diverged is None \
                 or repeat.stopping_at is not None:
             return

@@ -4,6 +4,7 @@ out; a repeat that records on after its reference ended, or crashes, is reported
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from conftest import CliResult, run_cli
 from processes import alive
 
 from detaudit.results import EXTRA_STEPS
-from detaudit.trace import read_trace
+from detaudit.trace import Kind, read_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -106,6 +107,33 @@ def test_a_divergent_repeat_stops_soon_after_with_a_whole_trace_and_nothing_left
 
     assert stopped_by("python-rng") == [None, None, None]
     assert stopped_by("control") == [None, "divergence", "divergence"]
+    assert helpers_left(tmp_path) == []
+
+
+def test_under_auto_a_repeat_started_after_the_divergence_records_its_ops_and_saves_a_re_run(tmp_path: Path) -> None:
+    write_script(tmp_path)
+    result = run_cli(["run", "-n", "3", "--no-explain", "--out", "run", "--json", "r.json", "train.py"], cwd=tmp_path,
+                     timeout=900)  # granularity auto, the default
+    assert result.returncode == 1 and result.report is not None, result.output
+    run_dir = tmp_path / "run"
+    window = [DIVERGES_AT - 1, DIVERGES_AT]
+    narrowing = json.loads((run_dir / "run.json").read_text())["narrowing"]
+    # repeat 2 started once repeat 1 had diverged: its trace is one of the op-level re-run's, so one re-run is made
+    assert narrowing["window"] == window
+    assert [(r["index"], r["trace"]) for r in narrowing["results"]] == [(0, "ops-0.trace"), (2, "ops-2.trace")]
+    assert sorted(p.name for p in run_dir.glob("ops-*.trace")) == ["ops-0.trace", "ops-2.trace"]
+    whole, own = read_trace(run_dir / "ops-2.trace"), read_trace(run_dir / "repeat-2.trace")
+    ops = whole.records[whole.records["kind"] == Kind.OP]
+    assert len(ops) and sorted(set(ops["step"].tolist())) == window
+    assert own.header["granularity"] == "module" and Kind.OP not in set(own.records["kind"].tolist())
+    assert len(own.records) == len(whole.records) - len(ops) and own.footer is not None
+    third = runs(result)[2]  # compared, stopped and reported as any repeat
+    assert (third["trace"], third["stopped_by"], third["diverged_at_step"]) == ("repeat-2.trace", "divergence",
+                                                                               DIVERGES_AT)
+    assert result.report["first_divergence"]["step"] == DIVERGES_AT
+    finding = result.report["first_divergence"]["op_finding"]
+    assert finding is not None and finding["window"] == window and finding["traces"] == "ops"
+    assert finding["location"].endswith(f"train.py:{SCRIPT.splitlines().index('    {draw}') + 1}")  # the draw
     assert helpers_left(tmp_path) == []
 
 
