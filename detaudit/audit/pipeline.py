@@ -196,14 +196,18 @@ def execute(options: AuditOptions, run_dir: Path,
 
 def split_op_windowed(run_dir: Path, plans: Sequence[RepeatPlan]) -> None:
     """Each op-windowed repeat's trace becomes the op-level re-run's `ops-N.trace`, and its own trace a copy
-    without the op records (trace/strip.py): what a module-level repeat writes. A repeat that left no trace
-    is left so."""
+    without the op records (trace/strip.py): what a module-level repeat writes. A repeat that left no trace,
+    or one that cannot be read, is left as it is (the report then reads it, and says what is wrong with it)."""
     for plan in plans:
         if not os.path.lexists(plan.trace):
             continue
         whole = run_dir / f"{OPS_PREFIX}-{plan.index}.trace"
         os.rename(plan.trace, whole)
-        strip_ops(whole, plan.trace, {"granularity": "module", "op_window": None})
+        try:
+            strip_ops(whole, plan.trace, {"granularity": "module", "op_window": None})
+        except (TraceError, OSError):  # unreadable: left whole as the repeat's own trace, which the report reads
+            Path(plan.trace).unlink(missing_ok=True)
+            os.rename(whole, plan.trace)
 
 
 def recorded_ahead(run_dir: Path, results: Sequence[RepeatResult], window: list[int]) -> list[RepeatResult]:

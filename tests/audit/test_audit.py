@@ -295,7 +295,9 @@ def test_an_op_windowed_repeat_leaves_its_trace_to_the_op_level_re_run_and_a_mod
     mixed = [x for r in module for x in [*ops_before(r), r]]
     write_trace(plans[2].trace, mixed, {"exit_code": 0}, header={"repeat": 2, "granularity": "op", "op_window": [1, 2]})
     write_trace(plans[3].trace, mixed, {"exit_code": 0}, header={"repeat": 3, "granularity": "op", "op_window": [0, 1]})
-    split_op_windowed(tmp_path, [plans[2], plans[3], plans[1]])  # repeat 1 left no trace: left so
+    plans[0].trace.write_bytes(b"not a trace")
+    split_op_windowed(tmp_path, [plans[2], plans[3], plans[1], plans[0]])  # repeat 1 left no trace: left so
+    assert plans[0].trace.read_bytes() == b"not a trace" and not (tmp_path / "ops-0.trace").exists()  # unreadable
     own = read_trace(plans[2].trace)
     assert own.header["granularity"] == "module" and own.header["op_window"] is None
     assert len(own.records) == len(module) and Kind.OP not in set(own.records["kind"].tolist())
