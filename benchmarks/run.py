@@ -751,9 +751,9 @@ def bench_live(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
     note = "" if codes == expected else f"; audit exit codes {codes} (expected {expected})"
     live, to_end, det = cpu["live"] / cpu["plain"], cpu["to_end"] / cpu["plain"], cpu["det_live"] / cpu["det_to_end"]
     live_wall = wall["live"] / wall["plain"]
-    shape = " ".join(sizes.live_args)
+    shape = "".join(f" {a}" for a in sizes.live_args)
     rows = [
-        Row("8 live", f"{sizes.live_workload} {shape}, {steps} steps, unseeded `random` at step {draw}: run "
+        Row("8 live", f"{sizes.live_workload}{shape}, {steps} steps, unseeded `random` at step {draw}: run "
             f"--repeats {n} --no-explain", "≤ 1.5× one plain run",
             f"{cpu['plain']:.1f} → {cpu['live']:.1f} CPU s; wall {wall['plain']:.1f} → {wall['live']:.1f} s", live,
             live <= 1.5 and live_wall <= 1.5 and not note,
@@ -762,7 +762,7 @@ def bench_live(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
             f"{stops}, repeat wall {[r['duration_s'] for r in results]} s, {len(narrowing)} op-level re-run(s) "
             f"{[r['duration_s'] for r in narrowing]} s, detaudit's own process {wall['live'] - sum(spent):.1f} s; "
             f"load average {min(load):.1f}–{max(load):.1f}" + note),
-        Row("8 live", f"{sizes.live_workload} {shape}, {steps} steps, deterministic: run --repeats {m}, live vs "
+        Row("8 live", f"{sizes.live_workload}{shape}, {steps} steps, deterministic: run --repeats {m}, live vs "
             "--run-to-end", "≤ 1.02× --run-to-end", f"{cpu['det_to_end']:.1f} → {cpu['det_live']:.1f} CPU s", det,
             det <= 1.02 and not note,
             f"wall {wall['det_to_end']:.1f} s → {wall['det_live']:.1f} s; one round each on a shared machine" + note),
