@@ -38,18 +38,39 @@ def pytest_configure(config: pytest.Config) -> None:
     cuda_available()  # cached; its probe (an interpreter, on GPU machines only) runs here, not inside a fast test
 
 
+DURATIONS = Path(__file__).parent / "durations.json"  # seconds per slow test, from a full run: the order to start them
+WRITE_DURATIONS = "DETAUDIT_WRITE_DURATIONS"  # set to 1: a full run rewrites DURATIONS from its own timings
+UNTIMED_S = 5.0  # a slow test DURATIONS does not know yet (new since it was written) starts among the long ones
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every `process` or `race` test is `slow`: the fast lane runs in-process, luck-free tests only.
 
-    Slow tests run first (in their collection order otherwise): pytest-xdist hands out tests in this order, so
-    the run ends on short in-process tests that even out the workers, not on a minute-long audit one worker
-    started last while the other sat idle."""
+    The longest tests run first, the in-process ones last: pytest-xdist (`--dist load --maxschedchunk 1`)
+    hands tests out one at a time in this order, so the run ends on short tests that even out the workers,
+    not on a minute-long audit one worker started last while the other sat idle. How long a slow test takes
+    comes from tests/durations.json (a full run's timings; a stale entry costs only order, never a result)."""
     for item in items:
         if (item.get_closest_marker("process") or item.get_closest_marker("race")) \
                 and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    known: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+
+    def expected_s(item: pytest.Item) -> float:
+        if item.get_closest_marker("slow") is None:
+            return 0.0
+        return known.get(item.nodeid, UNTIMED_S)
+
+    items.sort(key=expected_s, reverse=True)  # stable: equal estimates keep their collection order
+
+
+_timings: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get(WRITE_DURATIONS):  # in the controller too: xdist replays its workers' reports there
+        _timings[report.nodeid] = _timings.get(report.nodeid, 0.0) + report.duration
 
 
 def _is_interpreter(program: Any) -> bool:
@@ -171,6 +192,9 @@ def _interpreters_for_this_test(request: pytest.FixtureRequest) -> Iterator[None
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     WARM_SERVERS.stop()
+    if os.environ.get(WRITE_DURATIONS) and not hasattr(session.config, "workerinput") and _timings:
+        slow = {node: round(seconds, 1) for node, seconds in sorted(_timings.items()) if seconds >= 1.0}
+        DURATIONS.write_text(json.dumps(slow, indent=0, sort_keys=True) + "\n")
 
 
 def detaudit_command() -> list[str]:

@@ -144,7 +144,8 @@ def _alive(pid: int) -> bool:
 
 def test_hang_on_one_rank_times_out_and_leaves_no_orphan(scripts: Path, tmp_path: Path) -> None:
     # 30 s: both ranks of a repeat start in under 10 s on a loaded 2-core machine (the pid files checked below)
-    result = audit(scripts, tmp_path, "train_ddp_wait.py", "--timeout", "30")
+    # both repeats at once (-j 2): the subject is the timeout and what it leaves, not running them in turn
+    result = audit(scripts, tmp_path, "train_ddp_wait.py", "--timeout", "30", "-j", "2")
     assert result.returncode == 5, result.output
     assert result.report is not None and result.report["timed_out"]
     pid_files = sorted((tmp_path / "run").glob("repeat-*.rank-*.pid"))
