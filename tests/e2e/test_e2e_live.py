@@ -22,7 +22,9 @@ STEPS = 150
 
 # A seeded training loop that draws once from Python's unseeded `random` at DIVERGES_AT (every repeat differs
 # there); it starts a helper process that would outlive it, and writes that helper's pid down. MARKER: a file
-# the first repeat creates, so that later repeats can behave otherwise (ENDING: what they do then).
+# the first repeat creates, so that later repeats can behave otherwise (ENDING: what they do then). A later
+# repeat's steps after the divergence take 20 ms each: 150 steps of this model run in well under the parent's
+# 0.1 s between polls, and a repeat that ended before the parent looked could not be stopped (seen in a full run).
 SCRIPT = """
 import os, random, subprocess, sys, time
 import torch
@@ -39,6 +41,8 @@ steps = {steps}
 for step in range(steps):
     {draw}
     {ending}
+    if marker and step > {diverges_at}:
+        time.sleep(0.02)  # a later repeat outlasts the parent's polls (every 0.1 s) after diverging, however fast
     loss = torch.nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
     loss.backward()
@@ -52,7 +56,7 @@ UNSEEDED = f"if step == {DIVERGES_AT}: x = x + random.random() * 1e-3"
 def write_script(where: Path, draw: str = UNSEEDED, ending: str = "pass", steps: int = STEPS) -> Path:
     where.mkdir(parents=True, exist_ok=True)
     path = where / "train.py"
-    path.write_text(SCRIPT.format(draw=draw, ending=ending, steps=steps))
+    path.write_text(SCRIPT.format(draw=draw, ending=ending, steps=steps, diverges_at=DIVERGES_AT))
     return path
 
 

@@ -139,7 +139,7 @@ def test_generation_loop(tmp_path: Path, shared: Cache) -> None:
 
 
 def test_max_time_compares_the_steps_every_repeat_completed(tmp_path: Path) -> None:
-    result = audit(tmp_path, SCRIPTS / "train_tagger.py", "--granularity", "step", "--max-time", "12",
+    result = audit(tmp_path, SCRIPTS / "train_tagger.py", "--granularity", "step", "--max-time", "6",
                    script_args=("--epochs", "100000"))
     assert result.returncode == 0, result.output
     assert result.report is not None and result.report["verdict"] == "deterministic"
