@@ -11,13 +11,9 @@ import torch
 import torch.nn as nn
 from recording import here, record
 
-import detaudit.recorder
-from detaudit.recorder import location
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.ops import install
 from detaudit.trace import Flag, Kind, Trace, TraceWriter, read_trace
-
-location.skip_paths(location.package_dir(torch), location.package_dir(detaudit.recorder))
 
 
 def rows(trace: Trace, name: str | None = None) -> list[dict[str, Any]]:
