@@ -148,12 +148,13 @@ class WarmServers:
             from pool import VARIANTS, socket_path
 
             self.path = tempfile.mkdtemp(prefix="detaudit-warm-")  # short: a socket path has 107 bytes at most
-            for variant, (variables, count) in VARIANTS.items():  # started together: their imports overlap
-                for index in range(count):
-                    socket = socket_path(self.path, variant, index)
+            for name, variant in VARIANTS.items():  # started together: their imports overlap
+                for index in range(variant.count):
+                    socket = socket_path(self.path, name, index)
                     with open(socket + ".log", "w") as log:  # one line per repeat: forked, or fresh and why
                         self.procs.append(subprocess.Popen(
-                            [sys.executable, str(WARM / "server.py"), socket], env={**os.environ, **variables},
+                            [sys.executable, str(WARM / "server.py"), socket, *variant.args],
+                            env={**os.environ, **variant.variables},
                             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, text=True,
                             start_new_session=True))
             for proc in self.procs:
@@ -199,8 +200,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def detaudit_command() -> list[str]:
     """`python -m detaudit`, as the running test's repeats start (`interpreters()`)."""
-    if interpreters() == "warm":
-        return [sys.executable, str(WARM / "cli.py"), WARM_SERVERS.folder()]
+    if interpreters() == "warm":  # itself forked from the `cli` server (tests/warm/pool.py)
+        folder = WARM_SERVERS.folder()
+        from pool import through_client  # importable once the servers started (folder())
+
+        return through_client(folder, [sys.executable, str(WARM / "cli.py"), folder])
     return [sys.executable, "-m", "detaudit"]
 
 

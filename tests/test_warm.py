@@ -21,7 +21,8 @@ import numpy as np
 import torch
 print(json.dumps({"hash": hash("probe"), "random": random.random(), "numpy": float(np.random.rand()),
                   "torch": float(torch.rand(1)), "pid": os.getpid(), "address": id(torch),
-                  "threads": torch.get_num_threads(),
+                  "threads": torch.get_num_threads(), "dynamo": "torch._dynamo" in sys.modules,
+                  "write_through": sys.stdout.write_through,
                   "argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("PROBE_ENV")}), flush=True)
 time.sleep(float(os.environ.get("PROBE_SLEEP", "0")))
 sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
@@ -30,19 +31,26 @@ sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 BOOT = "import runpy, sys; sys.argv = sys.argv[3:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
-def _client(tmp_path: Path, env: dict[str, str], pins: tuple[str, ...] = (), server: int = 0) -> subprocess.Popen[str]:
+def _through_client(command: list[str]) -> list[str]:
+    folder = WARM_SERVERS.folder()
+    from pool import through_client  # importable once the servers started
+
+    return through_client(folder, command)
+
+
+def _client(tmp_path: Path, env: dict[str, str], pins: tuple[str, ...] = (), server: int = 0,
+            flags: tuple[str, ...] = ()) -> subprocess.Popen[str]:
     script, config = tmp_path / "probe.py", tmp_path / "config.json"
     script.write_text(PROBE)
     config.write_text(json.dumps({"pins": list(pins), "repeat": server}))  # the repeat index picks the server
-    command = [sys.executable, "-c", BOOT, "root", str(config), str(script), "an-arg"]
-    return subprocess.Popen([sys.executable, "-I", "-S", str(WARM / "client.py"), WARM_SERVERS.folder(),
-                             *command],
+    command = [sys.executable, *flags, "-c", BOOT, "root", str(config), str(script), "an-arg"]
+    return subprocess.Popen(_through_client(command),
                             cwd=tmp_path, env={**os.environ, **env}, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
-def _probe(tmp_path: Path, server: int = 0, **env: str) -> tuple[int, dict[str, object]]:
-    proc = _client(tmp_path, env, server=server)
+def _probe(tmp_path: Path, server: int = 0, flags: tuple[str, ...] = (), **env: str) -> tuple[int, dict[str, object]]:
+    proc = _client(tmp_path, env, server=server, flags=flags)
     out, _ = proc.communicate(timeout=120)
     return proc.returncode, json.loads(out)
 
@@ -88,9 +96,23 @@ def test_the_hash_seed_pins_repeats_fork_from_servers_started_with_it(tmp_path: 
 @pytest.mark.process
 def test_the_one_thread_pins_repeats_fork_from_servers_started_with_it(tmp_path: Path) -> None:
     before = _forks()
-    probes = [_probe(tmp_path, server=index, OMP_NUM_THREADS="1")[1] for index in range(2)]
+    probes = [_probe(tmp_path, server=index, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")[1] for index in range(2)]
     assert _forks() == before + 2
     assert [p["threads"] for p in probes] == [1, 1] and probes[0]["hash"] != probes[1]["hash"]
+
+
+@pytest.mark.process
+def test_torchruns_ranks_fork_unbuffered_from_servers_without_dynamo_each_rank_from_another(tmp_path: Path) -> None:
+    """A rank (`python -u -c`, torchrun's variables, OMP_NUM_THREADS=1) forks from a `rank` server, which never
+    imported torch._dynamo (tests/warm/server.py says why); the two ranks of a repeat come from two servers."""
+    before = _forks()
+    rank = {"TORCHELASTIC_RUN_ID": "none", "OMP_NUM_THREADS": "1", "LOCAL_WORLD_SIZE": "2"}
+    probes = [_probe(tmp_path, flags=("-u",), RANK=str(r), LOCAL_RANK=str(r), **rank)[1] for r in range(2)]
+    assert _forks() == before + 2
+    assert [(p["dynamo"], p["write_through"], p["threads"]) for p in probes] == [(False, True, 1)] * 2
+    assert probes[0]["hash"] != probes[1]["hash"] and probes[0]["argv"] == [str(tmp_path / "probe.py"), "an-arg"]
+    _, plain = _probe(tmp_path)
+    assert plain["dynamo"] is True
 
 
 @pytest.mark.process
@@ -130,12 +152,28 @@ def test_a_fork_ends_as_python_does_threads_joined_exit_handlers_run_output_flus
     script.write_text(ENDING)
     config.write_text(json.dumps({"pins": [], "repeat": 0}))
     command = [sys.executable, "-c", BOOT, "root", str(config), str(script), *argument]
-    warm = subprocess.run([sys.executable, "-I", "-S", str(WARM / "client.py"), WARM_SERVERS.folder(), *command],
+    warm = subprocess.run(_through_client(command),
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     real = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert (warm.returncode, warm.stdout, warm.stderr) == (real.returncode, real.stdout, real.stderr)
     assert warm.returncode == status and warm.stdout == "buffered thread joined\natexit ran\n"
     assert warm.stderr == "".join(f"{a}\n" for a in argument)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("error", ["ValueError('boom')", "KeyboardInterrupt('boom')"])
+def test_an_uncaught_exception_ends_a_fork_as_it_ends_python(tmp_path: Path, error: str) -> None:
+    """Printed, then exit status 1; a KeyboardInterrupt kills the process with SIGINT, as python does. The
+    command is a script (`python SCRIPT`), as the CLI's is."""
+    script = tmp_path / "raising.py"
+    script.write_text(f"import atexit\natexit.register(lambda: print('atexit ran'))\nraise {error}\n")
+    command = [sys.executable, str(script)]
+    warm = subprocess.run(_through_client(command), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    real = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (warm.returncode, warm.stdout) == (real.returncode, real.stdout)
+    assert warm.returncode == (1 if error.startswith("Value") else -signal.SIGINT) and warm.stdout == "atexit ran\n"
+    last = f"{error.split('(')[0]}: boom\n"
+    assert warm.stderr.endswith(last) and real.stderr.endswith(last)
 
 
 @pytest.mark.process

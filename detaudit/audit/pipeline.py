@@ -212,7 +212,8 @@ def split_op_windowed(run_dir: Path, plans: Sequence[RepeatPlan]) -> None:
 
 def recorded_ahead(run_dir: Path, results: Sequence[RepeatResult], window: list[int]) -> list[RepeatResult]:
     """The repeats whose op records over `window` were made while they ran (split_op_windowed), as results of
-    the op-level re-run: their `ops-N.trace`, the rest as the repeat ended."""
+    the op-level re-run: their `ops-N.trace`, the rest as the repeat ended. One recorded over another window
+    (a later repeat diverged earlier than the one that set it) is removed: the re-run writes that name."""
     ahead = []
     for result in results:
         whole = run_dir / f"{OPS_PREFIX}-{result.index}.trace"
@@ -224,6 +225,8 @@ def recorded_ahead(run_dir: Path, results: Sequence[RepeatResult], window: list[
             continue
         if header.get("op_window") == window:
             ahead.append(replace(result, trace=whole.name))
+        else:
+            whole.unlink()
     return ahead
 
 

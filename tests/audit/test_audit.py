@@ -304,6 +304,8 @@ def test_an_op_windowed_repeat_leaves_its_trace_to_the_op_level_re_run_and_a_mod
     assert len(read_trace(tmp_path / "ops-2.trace").records) == len(mixed)
     results = [RepeatResult(i, "cpu", 0, 1.0, False, f"repeat-{i}.trace", f"repeat-{i}.stdout", "", "")
                for i in range(4)]
-    # repeat 3 recorded another window than the report's: not counted
+    # repeat 3 recorded another window than the report's: not counted, and its ops trace is gone, so that the
+    # op-level re-run can write ops-3.trace (it collided once: a later repeat diverged earlier than repeat 2)
     assert [(r.index, r.trace, r.stdout) for r in recorded_ahead(tmp_path, results, [1, 2])] == \
         [(2, "ops-2.trace", "repeat-2.stdout")]
+    assert not (tmp_path / "ops-3.trace").exists() and read_trace(plans[3].trace).header["op_window"] is None

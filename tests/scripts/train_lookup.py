@@ -15,8 +15,8 @@ class LookupRegressor(nn.Module):
 def main():
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    item_ids = torch.randint(0, 64, (4096,))
-    scores = torch.randn(4096, 1)
+    item_ids = torch.randint(0, 64, (65536,))
+    scores = torch.randn(65536, 1)
 
     model = LookupRegressor()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)

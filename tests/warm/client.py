@@ -1,4 +1,5 @@
-"""One repeat of the CLI under test, run by a fork of the warm server (tests/warm/server.py).
+"""One process of the suite (the CLI under test, a repeat, a torchrun agent or rank), run by a fork of a warm
+server (tests/warm/server.py).
 
 `python client.py FOLDER COMMAND...`: COMMAND is what detaudit's launcher would have run, FOLDER
 holds the servers' sockets (tests/warm/pool.py picks the one for this repeat). The client stands

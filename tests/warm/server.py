@@ -1,21 +1,28 @@
-"""A warm interpreter for the suite's repeats: torch imported once, each repeat a fork of it (tests only).
+"""A warm interpreter for the suite's processes: torch (or detaudit's CLI) imported once, each process a fork of
+it (tests only).
 
 Most of an end-to-end test's time is spent starting interpreters that import torch (1.3 s) and
 torch._dynamo (1.2 s, imported by every torch.optim optimizer's first step): the subject of most
-tests is what detaudit records and reports, not how long python takes to start. The CLI under test
-(tests/warm/cli.py) starts each repeat as tests/warm/client.py, which asks this server to fork a
-copy of itself that then runs exactly what `python -c BOOT ...` would (detaudit/run/launcher.py).
+tests is what detaudit records and reports, not how long python takes to start. The tests start the CLI
+(tests/warm/cli.py), and the CLI its repeats, torchrun agents and ranks, as tests/warm/client.py, which asks a
+server to fork a copy of itself that then runs exactly what that python command would (`-c BOOT ...` of
+detaudit/run/launcher.py, `-m torch.distributed.run`, a script: pool.PythonCommand). Started `--cli`, a
+server imports detaudit's CLI and not torch.
 
 A fork is not a fresh interpreter, and where the difference could change an outcome the server
 answers "fresh" and the client execs the real command instead:
 - an environment variable read while python, torch or numpy start differs from the server's
   (PYTHONHASHSEED of the hash-seed pin, OMP_NUM_THREADS of the one-thread pin, TORCH*, ...);
-- the repeat re-executes itself (the address-layout pin), or runs with python flags: torchrun's ranks
-  (`python -u`). Forked, a DDP rank can deadlock as its script ends: its process group, freed with the
-  GIL held, joins a gloo thread that waits for the GIL to free the Python state its work captured (seen
-  with train_ddp_rank_init.py); a fresh interpreter frees it at exit, where that thread is let go.
+- the repeat re-executes itself (the address-layout pin), or runs with python flags other than `-u`
+  (torchrun's ranks run `python -u`: a fork makes its stdout and stderr unbuffered as python would).
 A repeat whose start-up variables a variant of the server was started with (tests/warm/pool.py: one
 thread, the hash-seed pin's PYTHONHASHSEED=0) is sent by its client to a server of that variant.
+torchrun's ranks go to servers started `--without-dynamo`: forked from a server that had imported
+torch._dynamo, a DDP rank deadlocked in about one audit in three (the script's DDP model, freed with the
+GIL held, joins gloo's run-loop thread, which waits for the GIL to drop the Python context its last
+work captured); forked from one that had not, as in a fresh interpreter (which imports it at the first
+optimizer step), it did not in 30 audits. A rank's `__main__` globals also live until the fork ends, as in
+python (freed when the script returned, they would destroy the process group in the same way).
 What a fork shares with its siblings and a fresh interpreter would not: the string hash seed, the
 address layout (so `id()` orders) and whatever torch and numpy did on import. The RNGs python, numpy
 and torch seed from the OS on import are reseeded from the OS in each fork. Tests whose subject depends
@@ -32,42 +39,89 @@ away (killed with its process group by the launcher) takes its fork's process gr
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import runpy
 import selectors
 import signal
 import socket
 import sys
 
+from pool import PythonCommand
+
 STARTED_WITH = dict(os.environ)  # before torch, whose import sets some (TORCHINDUCTOR_CACHE_DIR)
 
-import numpy  # noqa: E402, F401  (warm: imported once, here)
-import torch  # noqa: E402
-import torch._dynamo  # noqa: E402, F401
+FOR_THE_CLI = "--cli" in sys.argv  # a server of detaudit's CLI processes: detaudit's CLI imported, not torch
+WITH_DYNAMO = not FOR_THE_CLI and "--without-dynamo" not in sys.argv  # torchrun's ranks' servers leave it out
+if FOR_THE_CLI:
+    import warm_launch  # noqa: F401  (tests/warm/cli.py's own import)
+
+    import detaudit.cli.commands  # noqa: F401
+else:
+    import numpy  # noqa: F401  (warm: imported once, here)
+    import torch
+
+    if WITH_DYNAMO:
+        import torch._dynamo  # noqa: F401
+    assert not torch.cuda.is_initialized()
 
 # read while python, the allocator, OpenMP, numpy or torch start: a fork keeps the server's values
 STARTUP_ENV = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "NUMEXPR", "TORCH", "PYTORCH", "CUBLAS",
                "CUDNN", "NCCL", "GLOO", "LD_", "MALLOC", "GLIBC_", "DNNL", "ONEDNN", "NUMPY")
-ALLOWED = ("CUDA_VISIBLE_DEVICES",)  # read when CUDA initialises, which the server never does
+# read later than start-up: when CUDA initialises (which the server never does), by torch.distributed's elastic
+# agent and process groups (torchrun sets them for its ranks)
+ALLOWED = ("CUDA_VISIBLE_DEVICES", "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+FORKABLE_FLAGS = ("-u",)  # what a fork can do as python does: unbuffered stdout and stderr
 REEXEC_PINS = ("address-layout",)  # pins the child applies by re-executing itself
 
 SERVER_PID = os.getpid()
-BASE_PATH = sys.path[1:]  # what `python -c` has after its '' entry: the server's own folder is not on it
-assert not torch.cuda.is_initialized()
+MAIN_GLOBALS: dict[str, object] = {}  # the repeat's __main__ namespace, in a fork
+BASE_PATH = sys.path[1:]  # what python has after its first entry (the server's own folder, here)
+
+
+def run_as_python(command: PythonCommand) -> None:
+    """Run it in this process as python would: sys.argv and sys.path[0] as python sets them."""
+    if "-u" in command.flags:
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            stream = getattr(sys, name)
+            setattr(sys, name, io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False),  # noqa: SIM115
+                                                encoding=stream.encoding, errors=stream.errors,
+                                                write_through=True))
+    if command.mode == "-c":
+        sys.argv = ["-c", *command.args]
+        sys.path[:] = ["", *BASE_PATH]
+        # __main__'s globals live until the process ends, as in python: freed when the code returned, a
+        # script's DDP process group would be destroyed with the GIL held while gloo's thread waits for it
+        MAIN_GLOBALS.update({"__name__": "__main__", "__builtins__": __builtins__})
+        exec(compile(command.target, "<string>", "exec"), MAIN_GLOBALS)  # noqa: S102
+    elif command.mode == "-m":
+        sys.argv = ["-m", *command.args]  # runpy puts the module's file first
+        sys.path[:] = [os.getcwd(), *BASE_PATH]
+        runpy.run_module(command.target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [command.target, *command.args]
+        sys.path[:] = [os.path.dirname(os.path.realpath(command.target)), *BASE_PATH]
+        runpy.run_path(command.target, run_name="__main__")
 
 
 def needs_fresh(argv: list[str], env: dict[str, str]) -> str | None:
-    """Why this repeat must run in a real interpreter; None when a fork runs it as python would."""
-    if len(argv) < 5 or argv[1] != "-c":
+    """Why this command must run in a real interpreter; None when a fork runs it as python would."""
+    command = PythonCommand.parse(argv)
+    if command is None or any(f not in FORKABLE_FLAGS for f in command.flags):
         return "python flags"
+    if WITH_DYNAMO and "TORCHELASTIC_RUN_ID" in env:
+        return "a torchrun rank, on a server that imported torch._dynamo"
     for key in set(env) | set(STARTED_WITH):
         # as the server started, or as its own imports set it (torch sets TORCHINDUCTOR_CACHE_DIR to the default a
         # fresh interpreter computes too: the test process that imported torch passes that value on)
-        if key.startswith(STARTUP_ENV) and key not in ALLOWED \
+        if key.startswith(STARTUP_ENV) and not key.startswith(ALLOWED) \
                 and env.get(key) not in (STARTED_WITH.get(key), os.environ.get(key)):
             return f"{key} differs"
+    if command.mode != "-c":
+        return None
     try:
-        with open(argv[4]) as fh:  # the child config: the launcher's paths are absolute
+        with open(command.child_config() or "") as fh:  # the launcher's paths are absolute
             pins = json.load(fh).get("pins", [])
     except (OSError, ValueError):
         return "unreadable child config"
@@ -77,8 +131,8 @@ def needs_fresh(argv: list[str], env: dict[str, str]) -> str | None:
 
 
 def become_repeat(request: dict[str, object], fds: list[int], keep_closed: list[int]) -> None:
-    """In the fork: take the client's descriptors, directory and environment, reseed what python and
-    numpy seeded from the OS, and run the launcher's bootstrap as `python -c` would."""
+    """In the fork: take the client's descriptors, directory and environment, reseed what python, numpy and
+    torch seeded from the OS, and run the command as python would."""
     os.setsid()  # a group of its own, as the launcher gives every repeat: DataLoader workers go with it
     for fd in keep_closed:
         os.close(fd)
@@ -95,21 +149,25 @@ def become_repeat(request: dict[str, object], fds: list[int], keep_closed: list[
     import random
 
     random.seed()
-    numpy.random.seed()
-    torch.seed()  # a fresh interpreter's default generator starts from a random seed too
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()  # a fresh interpreter's default generator starts from a random seed too
     argv = list(request["argv"])  # type: ignore[call-overload]
     sys.orig_argv = argv
-    sys.argv = ["-c", *argv[3:]]
-    sys.path[:] = ["", *BASE_PATH]
-    code = compile(argv[2], "<string>", "exec")
+    command = PythonCommand.parse(argv)
+    assert command is not None  # needs_fresh said so
     try:
-        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
+        run_as_python(command)
     except SystemExit as exc:
         exit_like_python(exc.code)
+    except BaseException as exc:  # noqa: BLE001  uncaught: python prints it and exits 1 (KeyboardInterrupt: by SIGINT)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        exit_like_python(1, signal.SIGINT if isinstance(exc, KeyboardInterrupt) else None)
     exit_like_python(0)
 
 
-def exit_like_python(code: object) -> None:
+def exit_like_python(code: object, killed_by: signal.Signals | None = None) -> None:
     """End the fork as python ends, up to its module teardown, which is left out.
 
     Python's exit joins the threads that are not daemons, runs the atexit handlers (the child's footer is
@@ -136,6 +194,9 @@ def exit_like_python(code: object) -> None:
             stream.flush()
         except (OSError, ValueError):
             status = 120 if status == 0 and stream is sys.stdout else status  # as python: a stdout it cannot flush
+    if killed_by is not None:
+        signal.signal(killed_by, signal.SIG_DFL)
+        os.kill(os.getpid(), killed_by)
     os._exit(status)
 
 
