@@ -128,11 +128,11 @@ class WarmServers:
     """This test process's warm interpreters (tests/warm/server.py), started on first use, stopped with the session.
 
     Repeats forked from them skip python's, torch's and torch._dynamo's start (2.5 s of CPU each). The pool
-    (tests/warm/pool.py) holds several servers of each variant, each with its own string hash seed and address
-    layout, and sends the repeats side by side (and a job's ranks) to different ones, so that they differ in
-    both as fresh interpreters do. A test whose subject a fork could still change (what happens while torch
-    imports, a repeat's own start) is marked `fresh_interpreters` and its repeats are real interpreters, as are
-    all with DETAUDIT_TEST_FRESH=1.
+    (tests/warm/pool.py) holds several servers of each variant, each with its own string hash seed, and sends
+    the repeats side by side (and a job's ranks) to different ones, so that they differ in it as fresh
+    interpreters do; every fork has an address layout of its own (server.scatter_heap). A test whose subject a
+    fork could still change (what happens while torch imports, a repeat's own start) is marked
+    `fresh_interpreters` and its repeats are real interpreters, as are all with DETAUDIT_TEST_FRESH=1.
     """
 
     def __init__(self) -> None:

@@ -19,7 +19,11 @@ from conftest import WARM, WARM_SERVERS
 PROBE = """import json, os, random, sys, time
 import numpy as np
 import torch
-print(json.dumps({"hash": hash("probe"), "random": random.random(), "numpy": float(np.random.rand()),
+class Item:
+    def __init__(self, i):
+        self.i = i
+print(json.dumps({"hash": hash("probe"), "order": [item.i for item in {Item(i) for i in range(50)}],
+                  "random": random.random(), "numpy": float(np.random.rand()),
                   "torch": float(torch.rand(1)), "pid": os.getpid(), "address": id(torch),
                   "threads": torch.get_num_threads(), "dynamo": "torch._dynamo" in sys.modules,
                   "write_through": sys.stdout.write_through,
@@ -73,6 +77,14 @@ def test_each_server_has_its_own_hash_seed_and_address_layout(tmp_path: Path) ->
     probes = [_probe(tmp_path, server=index)[1] for index in range(2)]
     assert len({p["hash"] for p in probes}) == 2
     assert len({p["address"] for p in probes}) == 2
+
+
+@pytest.mark.process
+def test_forks_of_one_server_each_have_an_address_layout_of_their_own(tmp_path: Path) -> None:
+    """As address randomization gives every fresh interpreter (server.scatter_heap): a set of objects hashed by
+    identity iterates in another order in each fork, so an experiment's repeats of one server can disagree."""
+    orders = [tuple(_probe(tmp_path, server=0)[1]["order"]) for _ in range(4)]  # type: ignore[arg-type]
+    assert len(set(orders)) == 4, orders
 
 
 def _forks() -> int:

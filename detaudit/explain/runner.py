@@ -9,8 +9,9 @@ reported with where it moved to. When no single pin confirms anything, one last 
 everything at once: if that still diverges, the source is one no pin reaches (concurrency,
 object order, or unknown). Experiments stop at the first confirmation unless asked for all,
 and never exceed the budget of extra repeats. The first pin that makes the repeats agree is checked
-against a control with nothing pinned (outside the budget): if the control agrees too, the
-divergence no longer reproduces and nothing is confirmed. An experiment that also pins other sources
+against a control with nothing pinned (outside the budget): if the control agrees too, and still
+agrees over more repeats (its first agreement can be chance), the divergence no longer reproduces and
+nothing is confirmed. An experiment that also pins other sources
 (address-layout seeds the RNGs and fixes the hash seed) is followed by those sources pinned without
 its own, and, when they agree, by a bisection of them: it confirms its own only when they diverge.
 
@@ -54,6 +55,9 @@ CUDA_PINS = (Pin.CUDNN, Pin.CUBLAS, Pin.TF32_OFF, Pin.NCCL)
 # repeats about 1 time in 8: an experiment that separates a toss-up must agree over 3 (1 in 64)
 SEPARATING_REPEATS = 3
 MIN_REPEATS = 2
+# a control that agrees voids every confirmation, and can agree by chance (objects in the same set order, a race
+# that did not fire): before it counts, this many times its repeats more must agree too (1 in 8 a pair: 1 in 8**5)
+CONTROL_GROWTH = 2
 
 
 def plan(causes: Sequence[Cause]) -> list[Pin]:
@@ -219,12 +223,11 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
                     None)
         if done is not None:
             return done
-        pin = pin_of(name)
         stored[:] = [e for e in stored if e.experiment.pin != name]  # a pin skipped earlier, now run
         count = control_repeats or repeats_for(name)
         cost = 0 if control_repeats else count * len(base.schedule.devices)
         if spent + cost > budget:
-            experiment = Experiment(name, pin.description, "skipped", None,
+            experiment = Experiment(name, pin_of(name).description, "skipped", None,
                                     f"over the budget of {budget} extra repeats")
             stored.append(StoredExperiment(experiment))
             write_experiments(run_dir, stored)
@@ -232,26 +235,41 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
                 raise _OverBudget
             return experiment
         spent += cost
-        options = replace(base.recorded(child_config={"pins": list(pin.child)}),
-                          target=replace(base.target, env={**record.env, **pin.env}),
-                          schedule=replace(base.schedule, repeats=count))
-        prefix = free_prefix(run_dir, f"explain-{name}")
-        results = execute(options, run_dir, on_done, prefix=prefix, cwd=cwd, on_progress=on_progress)
-        sub = analyse(run_dir, replace(record, narrowing=None, results=tuple(results)), results)
-        verdict, index, note = experiment_verdict(sub, report)
-        experiment = Experiment(name, pin.description, verdict, index, note)
-        stored.append(StoredExperiment(experiment, prefix, tuple(results)))
+        entry = pinned(name, count, free_prefix(run_dir, f"explain-{name}"))
+        if name == CONTROL and entry.experiment.verdict == "deterministic":
+            entry = pinned(name, count * CONTROL_GROWTH, entry.prefix or "", entry.results or ())
+        stored.append(entry)
         write_experiments(run_dir, stored)
+        experiment = entry.experiment
         if on_experiment is not None:
             on_experiment(experiment)
-        if verdict == "deterministic" and name != CONTROL and control(repeats_for(name)).verdict == "deterministic":
+        if experiment.verdict == "deterministic" and name != CONTROL \
+                and control(repeats_for(name)).verdict == "deterministic":
             raise _NotReproduced
         return experiment
 
+    def pinned(name: str, count: int, prefix: str, earlier: tuple[RepeatResult, ...] = ()) -> StoredExperiment:
+        """COUNT repeats (per device) of the pin's experiment under PREFIX, numbered after EARLIER's repeats of
+        it, judged together with those."""
+        pin = pin_of(name)
+        options = replace(base.recorded(child_config={"pins": list(pin.child)}),
+                          target=replace(base.target, env={**record.env, **pin.env}),
+                          schedule=replace(base.schedule, repeats=count))
+        results = (*earlier, *execute(options, run_dir, on_done, prefix=prefix, cwd=cwd, on_progress=on_progress,
+                                      first=len(earlier)))
+        sub = analyse(run_dir, replace(record, narrowing=None, results=results), results)
+        verdict, index, note = experiment_verdict(sub, report)
+        if earlier:
+            more = (f"the first {len(earlier)} repeats agreed, and {len(results) - len(earlier)} more were run "
+                    "(agreement can be chance)")
+            note = f"{note}; {more}" if note else more
+        return StoredExperiment(Experiment(name, pin.description, verdict, index, note), prefix, results)
+
     def control(count: int) -> Experiment:
         """Once, when a pin first makes the repeats agree: as many repeats with nothing pinned. If those agree
-        too, the divergence no longer reproduces (a file an earlier repeat left, a rare race) and agreement
-        under a pin proves nothing (experiments.apply then confirms no cause). Outside the budget."""
+        too, CONTROL_GROWTH times as many more run (run_pin), and if all agree the divergence no longer
+        reproduces (a file an earlier repeat left, a rare race): agreement under a pin proves nothing
+        (experiments.apply then confirms no cause). Outside the budget."""
         return run_pin(CONTROL, count)
 
     def agrees(name: str) -> bool:

@@ -47,9 +47,9 @@ class Row:
     tag: str = ""  # tells two rows of one script apart
     race: bool = False  # the divergence needs a race to show (thread timing, id-hash collisions)
     # real interpreters for every repeat, not forks of the warm servers (tests/warm/server.py): set for a row whose
-    # experiments need them. Forks taken from the servers in turn differ in hash seed and address layout as fresh
-    # interpreters do, so the order rows and the deterministic rows (nothing of detaudit's own, a set of names
-    # iterated in hash order, may make them disagree) run warm
+    # experiments need them. Forks differ from one another in address layout (each scatters its heap) and, taken
+    # from the servers in turn, in hash seed, as fresh interpreters do, so the order rows and the deterministic
+    # rows (nothing of detaudit's own, a set of names iterated in hash order, may make them disagree) run warm
     fresh: bool = False
 
     @property
@@ -262,7 +262,8 @@ def test_cause_matrix(shared: Cache, row: Row) -> None:
         assert final[0]["confidence"] != "confirmed"
         assert any(e["pin"] == "all" and e["verdict"] == "divergent" for e in explained.report["experiments"])
     else:
-        assert final[0]["id"] == row.confirmed and final[0]["confidence"] == "confirmed", final
+        assert final[0]["id"] == row.confirmed and final[0]["confidence"] == "confirmed", \
+            (final, explained.report["experiments"], inferred, cheap, run.report["experiments"])
         where = WHERE.get(row.id)
         if where is not None:
             places = (where,) if isinstance(where, str) else where

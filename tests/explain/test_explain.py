@@ -19,6 +19,7 @@ from detaudit.pin import SEP, Pin
 from detaudit.report.model import Report
 from detaudit.results import Cause, Confidence, RepeatResult
 from detaudit.run.launcher import plan_repeats
+from detaudit.run.rundir import read_experiments
 
 
 def cause(cause_id: str, pins: list[str], confidence: Confidence = "likely", separating: Pin | None = None) -> Cause:
@@ -102,11 +103,11 @@ def test_experiments_run_at_the_baselines_granularity_from_any_directory(
     seen: list[tuple[str, Path]] = []
 
     def fake_execute(options: AuditOptions, out: Path, on_done: object = None, prefix: str = "repeat",
-                     cwd: Path | None = None, on_progress: object = None) -> list[RepeatResult]:
+                     cwd: Path | None = None, on_progress: object = None, first: int = 0) -> list[RepeatResult]:
         seen.append((options.recording.granularity, out))
         results = []
         for plan in plan_repeats(out, options.schedule.repeats, options.schedule.devices,
-                                 options.recording.granularity, prefix=prefix):
+                                 options.recording.granularity, prefix=prefix, first=first):
             differ = not pinned(options) and plan.index > 0  # the control still diverges
             write_trace(plan.trace, [recs[0].but(digest=99), *recs[1:]] if differ else recs, {"exit_code": 0})
             plan.stdout.write_text("")
@@ -141,18 +142,19 @@ def pinned(options: AuditOptions) -> bool:
     return bool(options.recording.child_config.get("pins") or options.target.env)
 
 
-def _fake_runs(monkeypatch: pytest.MonkeyPatch, agree: Callable[[AuditOptions], bool]) -> list[str]:
-    """Experiments whose repeats agree when `agree(options)` says so; returns the pins each ran with."""
+def _fake_runs(monkeypatch: pytest.MonkeyPatch, agree: Callable[[AuditOptions], bool], lucky: int = 1) -> list[str]:
+    """Experiments whose repeats agree when `agree(options)` says so, and otherwise from their `lucky`-th repeat
+    on (the first ones agree by chance); returns the pins each ran with."""
     recs = training_records(steps=2)
     ran: list[str] = []
 
     def fake_execute(options: AuditOptions, out: Path, on_done: object = None, prefix: str = "repeat",
-                     cwd: Path | None = None, on_progress: object = None) -> list[RepeatResult]:
+                     cwd: Path | None = None, on_progress: object = None, first: int = 0) -> list[RepeatResult]:
         ran.append(prefix)
         results = []
         for plan in plan_repeats(out, options.schedule.repeats, options.schedule.devices,
-                                 options.recording.granularity, prefix=prefix):
-            differ = not agree(options) and plan.index > 0
+                                 options.recording.granularity, prefix=prefix, first=first):
+            differ = not agree(options) and plan.index >= max(1, lucky)
             write_trace(plan.trace, [recs[0].but(digest=99), *recs[1:]] if differ else recs, {"exit_code": 0})
             plan.stdout.write_text("")
             plan.stderr.write_text("")
@@ -198,11 +200,31 @@ def test_a_control_that_agrees_too_confirms_nothing(tmp_path: Path, monkeypatch:
     ranked = [cause("python-hash-seed", ["hash-seed"], "likely"), cause("object-order", ["address-layout"], "possible")]
     monkeypatch.setattr(explain, "load_run", lambda path, *a, **k: replace(load_run(path, *a, **k), causes=ranked))
     report = explain.run_experiments(run_dir, budget=40, repeats=3)
-    assert ran == ["explain-hash-seed", "explain-control"]  # and nothing after it
+    # the control agreed, then agreed over twice as many more (CONTROL_GROWTH), and nothing ran after it
+    assert ran == ["explain-hash-seed", "explain-control", "explain-control"]
+    assert [len(e.results or ()) for e in read_experiments(run_dir)] == [3, 3 + 3 * explain.CONTROL_GROWTH]
     top, *rest = experiments.apply(ranked, report.experiments, 0)
     assert top.id == "not-reproduced" and all(c.confidence != "confirmed" for c in rest)
     assert [c.id for c in rest] == ["python-hash-seed", "object-order"]
     assert report.experiments[-1].pin == "control" and report.experiments[-1].verdict == "deterministic"
+
+
+def test_a_control_that_agreed_by_chance_is_outgrown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Objects hashed by identity keep their set order across two repeats about 1 time in 8, and a race may not
+    fire: a control whose first repeats agreed by chance must not void a confirmation. More repeats of it run,
+    numbered after the first under the same prefix, and the control is judged over them all."""
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    ran = _fake_runs(monkeypatch, pinned, lucky=2)
+    monkeypatch.setattr(explain, "cheap_pin", lambda causes: "torch-rng")
+    report = explain.run_experiments(run_dir, cheap=True)
+    assert ran == ["explain-torch-rng", "explain-control", "explain-control"]
+    assert [(e.pin, e.verdict) for e in report.experiments] == [("torch-rng", "deterministic"),
+                                                                ("control", "divergent")]
+    assert "the first 2 repeats agreed, and 4 more were run" in report.experiments[-1].note
+    control = read_experiments(run_dir)[-1]
+    assert [r.index for r in control.results or ()] == list(range(2 + 2 * explain.CONTROL_GROWTH))
+    assert all((run_dir / r.trace).is_file() for r in control.results or ())
 
 
 def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,9 +1,9 @@
 """The warm servers' pool (tests/warm/server.py): which server a repeat is forked from.
 
-A server is a process of its own, so it has its own string hash seed and address layout; every fork of it
-shares them. Two repeats side by side must differ in both, as two fresh interpreters do, so a repeat goes to
-server (its repeat index) of its variant: the repeats of a comparison and of an experiment's pair come from
-different servers.
+A server is a process of its own, so it has its own string hash seed; every fork of it shares it (not
+its address layout: each fork scatters its heap, server.scatter_heap). Two repeats side by side must differ
+in hash seed too, as two fresh interpreters do, so a repeat goes to server (its repeat index) of its variant:
+the repeats of a comparison and of an experiment's pair come from different servers.
 
 A variant is a set of start-up variables a server is started with, because a fork cannot change them
 once python and torch have read them: the one-thread pin (OMP_NUM_THREADS=1) and the hash-seed pin; torchrun's
@@ -24,8 +24,8 @@ class Variant:
     """Servers started alike: `variables` in their environment, `args` on their command line, `count` of them."""
 
     variables: dict[str, str] = field(default_factory=dict)
-    count: int = 2  # a comparison's repeats or an experiment's pair come from two processes (a race row's third
-    # repeat shares a server with its first: its race is in threads, not in hash order)
+    count: int = 2  # a comparison's repeats or an experiment's pair come from two processes (a third repeat
+    # shares its first's hash seed: the order rows' scripts iterate sets of objects, not of strings)
     args: tuple[str, ...] = ()
     ranks: bool = False  # for torchrun's ranks only
 

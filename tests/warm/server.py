@@ -23,9 +23,10 @@ GIL held, joins gloo's run-loop thread, which waits for the GIL to drop the Pyth
 work captured); forked from one that had not, as in a fresh interpreter (which imports it at the first
 optimizer step), it did not in 30 audits. A rank's `__main__` globals also live until the fork ends, as in
 python (freed when the script returned, they would destroy the process group in the same way).
-What a fork shares with its siblings and a fresh interpreter would not: the string hash seed, the
-address layout (so `id()` orders) and whatever torch and numpy did on import. The RNGs python, numpy
-and torch seed from the OS on import are reseeded from the OS in each fork. Tests whose subject depends
+What a fork shares with its siblings and a fresh interpreter would not: the string hash seed and
+whatever torch and numpy did on import. The RNGs python, numpy and torch seed from the OS on import are
+reseeded from the OS in each fork, and each fork scatters its heap (scatter_heap) so that its objects'
+addresses, and with them `id()` orders, are its own as in a fresh interpreter. Tests whose subject depends
 on the rest are marked `fresh_interpreters` (tests/conftest.py) and get real interpreters. A fork also
 ends without python's module teardown (`exit_like_python`): threads joined, atexit handlers run, output
 flushed, then os._exit, so an object finalizer that only teardown would run does not run in a fork.
@@ -153,6 +154,7 @@ def become_repeat(request: dict[str, object], fds: list[int], keep_closed: list[
         sys.modules["numpy"].random.seed()
     if "torch" in sys.modules:
         sys.modules["torch"].seed()  # a fresh interpreter's default generator starts from a random seed too
+    scatter_heap()
     argv = list(request["argv"])  # type: ignore[call-overload]
     sys.orig_argv = argv
     command = PythonCommand.parse(argv)
@@ -165,6 +167,28 @@ def become_repeat(request: dict[str, object], fds: list[int], keep_closed: list[
         sys.excepthook(type(exc), exc, exc.__traceback__)
         exit_like_python(1, signal.SIGINT if isinstance(exc, KeyboardInterrupt) else None)
     exit_like_python(0)
+
+
+SCATTERED: list[object] = []  # a fork's filler blocks (scatter_heap), alive as long as it is
+
+
+def scatter_heap() -> None:
+    """Give this fork an address layout of its own, as address randomization gives every fresh interpreter.
+
+    Forks of one server would otherwise allocate a script's objects at the same addresses, so a set of objects
+    hashed by identity would iterate in one order in all of them (and in one of two orders across two
+    servers, whatever the number of repeats): an experiment's repeats would agree where fresh interpreters
+    differ. Python's small-object allocator hands out the next free block of a pool per size class: a random
+    number of blocks of every class held here moves each class's next addresses by a random amount, and a
+    random number of pages held moves where the next memory maps go.
+    """
+    import mmap
+    import random
+
+    draw = random.SystemRandom()
+    for size in range(0, 512 - 48, 16):  # bytes objects: 33 bytes of header, then `size`: every 16-byte class
+        SCATTERED.extend(bytes(size) for _ in range(draw.randrange(64)))
+    SCATTERED.append(mmap.mmap(-1, mmap.PAGESIZE * draw.randrange(1, 257)))
 
 
 def exit_like_python(code: object, killed_by: signal.Signals | None = None) -> None:
