@@ -169,26 +169,32 @@ def become_repeat(request: dict[str, object], fds: list[int], keep_closed: list[
     exit_like_python(0)
 
 
-SCATTERED: list[object] = []  # a fork's filler blocks (scatter_heap), alive as long as it is
+HELD: list[object] = []  # a fork's hold on memory (scatter_heap), for as long as it runs
 
 
 def scatter_heap() -> None:
     """Give this fork an address layout of its own, as address randomization gives every fresh interpreter.
 
     Forks of one server would otherwise allocate a script's objects at the same addresses, so a set of objects
-    hashed by identity would iterate in one order in all of them (and in one of two orders across two
-    servers, whatever the number of repeats): an experiment's repeats would agree where fresh interpreters
-    differ. Python's small-object allocator hands out the next free block of a pool per size class: a random
-    number of blocks of every class held here moves each class's next addresses by a random amount, and a
-    random number of pages held moves where the next memory maps go.
+    hashed by identity would iterate in one order in all of them: an experiment's repeats would agree where
+    fresh interpreters differ. Python's small-object allocator hands out a size class's freed blocks last
+    freed first: for every class, this takes 256 blocks and frees a random half in a random order, so the
+    script's objects land in a random order of addresses; a random number of pages held moves where the next
+    memory maps go.
     """
+    import ctypes
     import mmap
     import random
 
     draw = random.SystemRandom()
-    for size in range(0, 512 - 48, 16):  # bytes objects: 33 bytes of header, then `size`: every 16-byte class
-        SCATTERED.extend(bytes(size) for _ in range(draw.randrange(64)))
-    SCATTERED.append(mmap.mmap(-1, mmap.PAGESIZE * draw.randrange(1, 257)))
+    malloc, free = ctypes.pythonapi.PyObject_Malloc, ctypes.pythonapi.PyObject_Free
+    malloc.restype, malloc.argtypes, free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    for size in range(16, 513, 16):  # every size class (16-byte steps up to 512 bytes)
+        blocks = [malloc(size) for _ in range(256)]
+        draw.shuffle(blocks)
+        for block in blocks[128:]:
+            free(block)
+    HELD.append(mmap.mmap(-1, mmap.PAGESIZE * draw.randrange(1, 257)))
 
 
 def exit_like_python(code: object, killed_by: signal.Signals | None = None) -> None:
