@@ -178,21 +178,21 @@ def scatter_heap() -> None:
     Forks of one server would otherwise allocate a script's objects at the same addresses, so a set of objects
     hashed by identity would iterate in one order in all of them: an experiment's repeats would agree where
     fresh interpreters differ. Python's small-object allocator hands out a size class's freed blocks last
-    freed first: for every class, this takes 256 blocks and frees a random half in a random order, so the
+    freed first: for every class, this takes 64 blocks and frees a random half in a random order, so the
     script's objects land in a random order of addresses; a random number of pages held moves where the next
-    memory maps go.
+    memory maps go. About 1 ms.
     """
     import ctypes
     import mmap
     import random
 
-    draw = random.SystemRandom()
+    draw = random.Random(os.urandom(16))
     malloc, free = ctypes.pythonapi.PyObject_Malloc, ctypes.pythonapi.PyObject_Free
     malloc.restype, malloc.argtypes, free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
     for size in range(16, 513, 16):  # every size class (16-byte steps up to 512 bytes)
-        blocks = [malloc(size) for _ in range(256)]
+        blocks = [malloc(size) for _ in range(64)]
         draw.shuffle(blocks)
-        for block in blocks[128:]:
+        for block in blocks[32:]:
             free(block)
     HELD.append(mmap.mmap(-1, mmap.PAGESIZE * draw.randrange(1, 257)))
 
