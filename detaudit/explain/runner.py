@@ -55,8 +55,9 @@ CUDA_PINS = (Pin.CUDNN, Pin.CUBLAS, Pin.TF32_OFF, Pin.NCCL)
 # repeats about 1 time in 8: an experiment that separates a toss-up must agree over 3 (1 in 64)
 SEPARATING_REPEATS = 3
 MIN_REPEATS = 2
-# a control that agrees voids every confirmation, and can agree by chance (objects in the same set order, a race
-# that did not fire): before it counts, this many times its repeats more must agree too (1 in 8 a pair: 1 in 8**5)
+# a control that agrees voids every confirmation, and can agree by chance (a set of objects hashed by identity in
+# the same order, a race that did not fire): before it counts, this many times its repeats more must agree too.
+# Less likely by chance, not impossible: fresh interpreters often agree on the order of a set of a few objects
 CONTROL_GROWTH = 2
 
 
@@ -217,7 +218,15 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
     bisecting = False
 
     def run_pin(name: str, control_repeats: int = 0) -> Experiment:
-        """One experiment; one already run (and not skipped) is reused, not run again."""
+        """One experiment; one already run (and not skipped) is reused, not run again. One that agreed is
+        checked against the control (run, or extended, if the stored experiments lack it)."""
+        experiment = stored_or_run(name, control_repeats)
+        if experiment.verdict == "deterministic" and name != CONTROL \
+                and control(repeats_for(name)).verdict == "deterministic":
+            raise _NotReproduced
+        return experiment
+
+    def stored_or_run(name: str, control_repeats: int) -> Experiment:
         nonlocal spent
         done = next((e.experiment for e in stored if e.experiment.pin == name and e.experiment.verdict != "skipped"),
                     None)
@@ -236,17 +245,11 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
             return experiment
         spent += cost
         entry = pinned(name, count, free_prefix(run_dir, f"explain-{name}"))
-        if name == CONTROL and entry.experiment.verdict == "deterministic":
-            entry = pinned(name, count * CONTROL_GROWTH, entry.prefix or "", entry.results or ())
         stored.append(entry)
         write_experiments(run_dir, stored)
-        experiment = entry.experiment
         if on_experiment is not None:
-            on_experiment(experiment)
-        if experiment.verdict == "deterministic" and name != CONTROL \
-                and control(repeats_for(name)).verdict == "deterministic":
-            raise _NotReproduced
-        return experiment
+            on_experiment(entry.experiment)
+        return entry.experiment
 
     def pinned(name: str, count: int, prefix: str, earlier: tuple[RepeatResult, ...] = ()) -> StoredExperiment:
         """COUNT repeats (per device) of the pin's experiment under PREFIX, numbered after EARLIER's repeats of
@@ -267,10 +270,22 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
 
     def control(count: int) -> Experiment:
         """Once, when a pin first makes the repeats agree: as many repeats with nothing pinned. If those agree
-        too, CONTROL_GROWTH times as many more run (run_pin), and if all agree the divergence no longer
-        reproduces (a file an earlier repeat left, a rare race): agreement under a pin proves nothing
-        (experiments.apply then confirms no cause). Outside the budget."""
-        return run_pin(CONTROL, count)
+        too, CONTROL_GROWTH times as many more run, and if all agree the divergence no longer reproduces (a
+        file an earlier repeat left, a rare race): agreement under a pin proves nothing (experiments.apply then
+        confirms no cause). Outside the budget. A stored control that agreed is extended the same way when it
+        was not (an explain interrupted in between, or one of an earlier version)."""
+        experiment = stored_or_run(CONTROL, count)
+        at = next(i for i, e in enumerate(stored) if e.experiment.pin == CONTROL)
+        earlier = stored[at].results or ()
+        if experiment.verdict != "deterministic" \
+                or len(earlier) >= count * (1 + CONTROL_GROWTH) * len(base.schedule.devices):
+            return experiment
+        stored[at] = entry = pinned(CONTROL, count * CONTROL_GROWTH,
+                                    stored[at].prefix or free_prefix(run_dir, "explain-control"), earlier)
+        write_experiments(run_dir, stored)
+        if on_experiment is not None:
+            on_experiment(entry.experiment)
+        return entry.experiment
 
     def agrees(name: str) -> bool:
         return run_pin(name).verdict == "deterministic"

@@ -227,6 +227,25 @@ def test_a_control_that_agreed_by_chance_is_outgrown(tmp_path: Path, monkeypatch
     assert all((run_dir / r.trace).is_file() for r in control.results or ())
 
 
+def test_a_stored_control_that_agreed_unextended_is_extended_when_explain_runs_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An explain.json of an earlier version (or of an explain stopped before the extension) holds an agreeing
+    control of 2 repeats: a later explain extends it rather than trusting it as it is."""
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    ran = _fake_runs(monkeypatch, pinned, lucky=2)
+    monkeypatch.setattr(explain, "cheap_pin", lambda causes: "torch-rng")
+    monkeypatch.setattr(explain, "CONTROL_GROWTH", 0)  # as before controls were extended
+    first = explain.run_experiments(run_dir, cheap=True)
+    assert [(e.pin, e.verdict) for e in first.experiments] == [("torch-rng", "deterministic"),
+                                                               ("control", "deterministic")]
+    monkeypatch.setattr(explain, "CONTROL_GROWTH", 2)
+    again = explain.run_experiments(run_dir, cheap=True)
+    assert ran == ["explain-torch-rng", "explain-control", "explain-control"]  # the pin reused, the control grown
+    assert [(e.pin, e.verdict) for e in again.experiments] == [("torch-rng", "deterministic"),
+                                                               ("control", "divergent")]
+
+
 def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Objects keep their set order across two repeats 1 time in 8 by chance: two agreeing prove too little."""
     recs = training_records(steps=2)

@@ -40,9 +40,12 @@ away (killed with its process group by the launcher) takes its fork's process gr
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import json
+import mmap
 import os
+import random
 import runpy
 import selectors
 import signal
@@ -147,19 +150,17 @@ def become_repeat(request: dict[str, object], fds: list[int], keep_closed: list[
     os.chdir(str(request["cwd"]))
     os.environ.clear()
     os.environ.update(request["env"])  # type: ignore[arg-type]
-    import random
-
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     if "torch" in sys.modules:
         sys.modules["torch"].seed()  # a fresh interpreter's default generator starts from a random seed too
-    scatter_heap()
     argv = list(request["argv"])  # type: ignore[call-overload]
     sys.orig_argv = argv
     command = PythonCommand.parse(argv)
     assert command is not None  # needs_fresh said so
     try:
+        scatter_heap()  # in here: a failure ends the fork with its traceback, never back in the server's loop
         run_as_python(command)
     except SystemExit as exc:
         exit_like_python(exc.code)
@@ -170,6 +171,9 @@ def become_repeat(request: dict[str, object], fds: list[int], keep_closed: list[
 
 
 HELD: list[object] = []  # a fork's hold on memory (scatter_heap), for as long as it runs
+# prototypes of its own: setting restype on ctypes.pythonapi's shared attributes would change what a script sees
+MALLOC = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)(("PyObject_Malloc", ctypes.pythonapi))
+FREE = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(("PyObject_Free", ctypes.pythonapi))
 
 
 def scatter_heap() -> None:
@@ -182,18 +186,12 @@ def scatter_heap() -> None:
     script's objects land in a random order of addresses; a random number of pages held moves where the next
     memory maps go. About 1 ms.
     """
-    import ctypes
-    import mmap
-    import random
-
     draw = random.Random(os.urandom(16))
-    malloc, free = ctypes.pythonapi.PyObject_Malloc, ctypes.pythonapi.PyObject_Free
-    malloc.restype, malloc.argtypes, free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
     for size in range(16, 513, 16):  # every size class (16-byte steps up to 512 bytes)
-        blocks = [malloc(size) for _ in range(64)]
+        blocks = [MALLOC(size) for _ in range(64)]
         draw.shuffle(blocks)
         for block in blocks[32:]:
-            free(block)
+            FREE(block)
     HELD.append(mmap.mmap(-1, mmap.PAGESIZE * draw.randrange(1, 257)))
 
 
