@@ -276,12 +276,12 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
         was not (an explain interrupted in between, or one of an earlier version)."""
         experiment = stored_or_run(CONTROL, count)
         at = next(i for i, e in enumerate(stored) if e.experiment.pin == CONTROL)
-        earlier = stored[at].results or ()
+        prefix, earlier = stored[at].prefix, stored[at].results or ()
         if experiment.verdict != "deterministic" \
                 or len(earlier) >= count * (1 + CONTROL_GROWTH) * len(base.schedule.devices):
             return experiment
-        stored[at] = entry = pinned(CONTROL, count * CONTROL_GROWTH,
-                                    stored[at].prefix or free_prefix(run_dir, "explain-control"), earlier)
+        assert prefix is not None  # it ran: only a skipped experiment has none, and a control is never skipped
+        stored[at] = entry = pinned(CONTROL, count * CONTROL_GROWTH, prefix, earlier)
         write_experiments(run_dir, stored)
         if on_experiment is not None:
             on_experiment(entry.experiment)

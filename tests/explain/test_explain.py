@@ -210,8 +210,8 @@ def test_a_control_that_agrees_too_confirms_nothing(tmp_path: Path, monkeypatch:
 
 
 def test_a_control_that_agreed_by_chance_is_outgrown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Objects hashed by identity keep their set order across two repeats about 1 time in 8, and a race may not
-    fire: a control whose first repeats agreed by chance must not void a confirmation. More repeats of it run,
+    """A set of objects hashed by identity can keep its order across repeats, and a race may not fire: a control
+    whose first repeats agreed by chance must not void a confirmation. More repeats of it run,
     numbered after the first under the same prefix, and the control is judged over them all."""
     recs = training_records(steps=2)
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
