@@ -24,8 +24,9 @@ from detaudit.compare.live import LiveWatch
 from detaudit.compare.oprules import OpFinding, find_op_source
 from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.perturb import compare_perturbed
+from detaudit.compare.saved_values import only_non_tensor_values_differ
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
-from detaudit.compare.traces import compare_traces
+from detaudit.compare.traces import Divergence, compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.records import OPS_PREFIX, Narrowing, RunRecord, is_plain_name
 from detaudit.report import baseline
@@ -552,10 +553,12 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
     stdout_mode = recorded_mode(record)
     ended = outcome_divergence(results, stdout_mode, run_dir)
     first = comparison.first_divergence
-    carried: CarriedOutput | None = None
+    carried = _carried_saved_value(first, traces, results, devices, tolerance, truncated)
+    if carried is not None:  # a checkpoint's path numbered after what earlier repeats left: no divergence
+        first, comparison = None, replace(comparison, first_divergence=None)
     if first is None and ended is not None and ended.stdout is not None:
         ended = replace(ended, detail=f"{ended.detail}; all {comparison.records_compared} recorded tensor "
-                                      "records agree")
+                                      "records agree" + (f"; {carried.divergence.detail}" if carried else ""))
         # explained by what earlier repeats left (a log directory's next version_N): reported, no divergence
         evidence = causes.carried_output(ended, traces, results)
         if evidence is not None:
@@ -612,6 +615,22 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
         baseline=checked, inferred=[c.id for c in inferred], match=found, op_finding=op_finding,
         carried_output=carried, perturbation=perturbed, latent=latent_findings(first_repeat, results),
     )
+
+
+def _carried_saved_value(first: Divergence | None, traces: Sequence[Path], results: Sequence[RepeatResult],
+                         devices: Sequence[str], tolerance: Tolerance | None,
+                         truncated: Sequence[bool]) -> CarriedOutput | None:
+    """The first divergence as carried state, when it is a saved value that is no tensor (a path), every tensor
+    agrees, and each differing repeat read or listed what an earlier repeat left; else None."""
+    if first is None or first.record is None or \
+            not only_non_tensor_values_differ(first, traces, devices, tolerance, truncated):
+        return None
+    evidence = causes.carried_output(first, traces, results)
+    if evidence is None:
+        return None
+    what = (f"saved value {first.record.name} ({first.record.dtype}) differs in repeat(s) "
+            f"{', '.join(map(str, first.repeats))}; every recorded tensor agrees")
+    return CarriedOutput(replace(first, detail=what), evidence)
 
 
 def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:

@@ -79,7 +79,7 @@ class CarriedOutput:
     recorded tensor agrees and each differing repeat read what an earlier repeat left. Reported, but
     not a divergence: the repeats computed the same; they were told different things to print."""
 
-    divergence: Divergence  # the first differing stdout line (category outcome, kind stdout)
+    divergence: Divergence  # the first differing stdout line (outcome, stdout), or saved non-tensor value (content)
     evidence: list[str]  # what each differing repeat read, with path and line
 
 

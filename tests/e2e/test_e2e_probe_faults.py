@@ -1,0 +1,61 @@
+"""End to end, through the real CLI: the faults a hostile probe found (issue 35), each with a script of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+# like Lightning's Trainer with its defaults: the next free `logs/version_N`, printed as `v_num`, and the
+# checkpoint's `best_model_path` inside it; `SCALE` decides whether a tensor follows the version too
+VERSIONED_CHECKPOINT = """\
+import os
+import torch
+
+root = "logs"
+os.makedirs(root, exist_ok=True)
+taken = [int(name.split("_")[1]) for name in os.listdir(root) if name.startswith("version_")]
+version = max(taken, default=-1) + 1
+folder = os.path.join(root, f"version_{version}", "checkpoints")
+os.makedirs(folder)
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+for step in range(2):
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    print(f"Epoch 0: step {step}, v_num={version}")
+path = os.path.join(folder, "epoch=0-step=2.ckpt")
+state = {"state_dict": model.state_dict(), "callbacks": {"ModelCheckpoint": {"best_model_path": path}},
+         "scaled": torch.ones(2) * (1 + SCALE * version)}
+torch.save(state, path)
+"""
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_checkpoint_path_numbered_by_earlier_repeats_is_reported_but_no_divergence(tmp_path: Path) -> None:
+    """The saved path differs (`version_0`, `version_1`) while every tensor agrees; the listing of `logs/` is the
+    evidence: reported as carried state, exit 0. A tensor that follows the version stays DIVERGENT."""
+    (tmp_path / "ckpt.py").write_text(VERSIONED_CHECKPOINT.replace("SCALE", "0"))
+    result = run_cli(["run", "-n", "2", "--no-explain", "--json", "r.json", "--out", "run", "ckpt.py"],
+                     cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.output
+    assert result.report is not None
+    carried = result.report["carried_output"]
+    assert carried["repeats"] == [1]
+    assert "saved value torch.save[0].callbacks.ModelCheckpoint.best_model_path (str) differs" in carried["detail"]
+    assert carried["evidence"] == ["repeat 1 listed directory logs/, holding version_0, which an earlier repeat "
+                                   "of this audit created or changed, at ckpt.py:6"]
+    assert "Output that follows state carried between repeats" in result.stdout
+
+    (tmp_path / "tensor.py").write_text(VERSIONED_CHECKPOINT.replace("SCALE", "1").replace('"logs"', '"logs2"'))
+    divergent = run_cli(["run", "-n", "2", "--no-explain", "--json", "r2.json", "--out", "run2", "tensor.py"],
+                        cwd=tmp_path, timeout=900)
+    assert divergent.returncode == 1, divergent.output
+    assert divergent.report is not None
+    assert "carried_output" not in divergent.report
+    assert divergent.report["causes"][0]["id"] == "carried-state"
