@@ -31,6 +31,9 @@ EXCERPT_LINES = 15  # lines of stderr shown when there are no frames
 # -- capture (in the child) -----------------------------------------------------------------------------
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # detaudit/
 _DEMO_DIR = _PACKAGE_DIR + "demo" + os.sep  # detaudit's demo scripts are user code
+# the recorder's wrappers around the user's calls (an op, torch.save, a hook): an exception passing through
+# them is the user's call's, so their frames are no part of its story
+_RECORDER_DIR = _PACKAGE_DIR + "recorder" + os.sep
 _LIBRARY_MARKERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 
 
@@ -56,7 +59,8 @@ def is_library(filename: str) -> bool:
 
 def capture(exc: BaseException, skip_file: str, show_path: Callable[[str], str] = os.path.relpath,
             library: Callable[[str], bool] = is_library) -> ScriptError:
-    """The structured traceback of `exc`, without the leading frames of `skip_file` (the child's own).
+    """The structured traceback of `exc`, without the leading frames of `skip_file` (the child's own) and
+    without the recorder's wrapper frames (an op raising in C names the user's call, not the wrapper).
 
     Keeps every user frame and the innermost frame (where a library raised it), then the last
     MAX_FRAMES of those; source lines are read for the kept frames only.
@@ -67,7 +71,8 @@ def capture(exc: BaseException, skip_file: str, show_path: Callable[[str], str] 
         tb = tb.tb_next
     while tb is not None:
         code = tb.tb_frame.f_code
-        raw.append((code.co_filename, tb.tb_lineno, code.co_name))
+        if not os.path.realpath(code.co_filename).startswith(_RECORDER_DIR):
+            raw.append((code.co_filename, tb.tb_lineno, code.co_name))
         tb = tb.tb_next
     marked = [(f, library(f[0])) for f in raw]
     kept = [(f, lib) for i, (f, lib) in enumerate(marked) if not lib or i == len(marked) - 1][-MAX_FRAMES:]

@@ -59,3 +59,16 @@ def test_a_checkpoint_path_numbered_by_earlier_repeats_is_reported_but_no_diverg
     assert divergent.report is not None
     assert "carried_output" not in divergent.report
     assert divergent.report["causes"][0]["id"] == "carried-state"
+
+
+@pytest.mark.process
+def test_an_error_raised_by_the_users_op_names_the_users_line_not_the_recorders_wrapper(tmp_path: Path) -> None:
+    """`index_add_` is wrapped by the recorder (its nondeterminism evidence) and raises in C: the excerpt
+    names the script's line, and no detaudit file."""
+    (tmp_path / "bad.py").write_text("import torch\n\nx = torch.zeros(3)\n"
+                                     "x.index_add_(0, torch.tensor([7]), torch.ones(1))\n")
+    result = run_cli(["run", "-n", "2", "--no-explain", "--json", "r.json", "--out", "run", "bad.py"], cwd=tmp_path)
+    assert result.returncode == 3, result.output
+    assert result.report is not None
+    assert result.report["failure"] == ("bad.py:4, in <module>\n    x.index_add_(0, torch.tensor([7]), torch.ones(1))\n"
+                                        "IndexError: index out of range in self")
