@@ -33,7 +33,7 @@ from detaudit.report import baseline
 from detaudit.report.model import CarriedOutput, Report, all_failed, write_json
 from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, Tolerance
 from detaudit.run import distributed, sharing
-from detaudit.run.failure import excerpt, read_error, stderr_tail
+from detaudit.run.failure import disk_full, excerpt, read_error, stderr_tail
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats
 from detaudit.run.perturb import Perturbation
 from detaudit.run.provenance import git_state
@@ -540,18 +540,22 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
                          else "no trace was written")
     tolerance = record.tolerance
     devices = list(labels) if labels is not None else [r.device for r in results]
+    repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results
+                     if r.exit_code not in (0, None) and not r.timed_out and r.stopped_at_step is None}
+    # a repeat whose disk filled up ended for want of space: its end and what it failed to record say nothing
+    full = {i for i, shown in repeat_errors.items() if disk_full(shown)}
     # a repeat that timed out, was interrupted or hit --max-steps/--max-time was stopped, one recorded
     # elsewhere without a footer has an unknown end, and one whose recording stopped (a hook failed)
     # recorded less: only what every repeat recorded is compared
     truncated = [r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
-                 or r.recording_stopped is not None for r in results]
+                 or r.recording_stopped is not None or r.index in full for r in results]
     comparison = compare_traces(traces, devices, tolerance, truncated=truncated)
     if comparison.recording_failed:  # no records is no evidence: never let it read as "deterministic"
         index, why = next(iter(comparison.recording_failed.items()))
         raise TraceError(f"repeat {index}: detaudit could not record this repeat ({why}); its trace has "
                          f"no evidence to compare. Rerun with DETAUDIT_DEBUG=1 and report it.")
     stdout_mode = recorded_mode(record)
-    ended = outcome_divergence(results, stdout_mode, run_dir)
+    ended = outcome_divergence([r for r in results if r.index not in full], stdout_mode, run_dir)
     first = comparison.first_divergence
     carried = _carried_saved_value(first, traces, results, devices, tolerance, truncated)
     if carried is not None:  # a checkpoint's path numbered after what earlier repeats left: no divergence
@@ -573,8 +577,6 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
                                           f"{', '.join(map(str, cut))} is incomplete (no footer: killed, or "
                                           "crashed hard)")
         comparison = replace(comparison, first_divergence=first)
-    repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results
-                     if r.exit_code not in (0, None) and not r.timed_out and r.stopped_at_step is None}
     failed = all_failed(results) and not any(r.timed_out for r in results)  # the verdict `failed`
     op_finding: OpFinding | None = None
     if first is not None:
@@ -602,6 +604,7 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
         stdout=stdout_mode if all(r.stdout_digest for r in results) else "ignore",
         # a repeat stopped by a timeout, an interrupt or a bound has no exit status of its own to compare
         exit_status=not any(r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
+                            or r.index in full
                             for r in results),
         self_check=record.self_check, stopped=match.not_compared(results)) if traces and traces[0].is_file() else None
     first_repeat = load_evidence(traces[0], results[0].index, results[0].device)  # latent findings, versions

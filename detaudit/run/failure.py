@@ -10,6 +10,7 @@ no frames: killed, written by an older detaudit, failed before the recorder exis
 
 from __future__ import annotations
 
+import errno
 import functools
 import linecache
 import os
@@ -161,6 +162,17 @@ def excerpt(error: ScriptError | None, stderr: str, lines: int = EXCERPT_LINES) 
         parts.append(f"{error.type}: {error.message}" if error.message else error.type)
         text = "\n".join(parts)
     return printable(_ANSI.sub("", text))
+
+
+# the disk (or the quota) filled up: the repeat could not write, which says nothing about the script
+_DISK_FULL = tuple(f"[Errno {code}] {os.strerror(code)}" for code in (errno.ENOSPC, errno.EDQUOT)) + \
+    tuple(os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT))
+
+
+def disk_full(shown: str) -> str | None:
+    """The line of a failed repeat's excerpt (`excerpt`'s text) that says its disk or quota filled up (ENOSPC,
+    EDQUOT: the repeat could not write, which says nothing about the script), or None."""
+    return next((line.strip() for line in shown.splitlines() if any(m in line for m in _DISK_FULL)), None)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor sequences of a script's coloured output

@@ -72,3 +72,24 @@ def test_an_error_raised_by_the_users_op_names_the_users_line_not_the_recorders_
     assert result.report is not None
     assert result.report["failure"] == ("bad.py:4, in <module>\n    x.index_add_(0, torch.tensor([7]), torch.ones(1))\n"
                                         "IndexError: index out of range in self")
+
+
+@pytest.mark.process
+def test_a_repeat_whose_disk_filled_up_makes_the_audit_inconclusive_not_divergent(tmp_path: Path) -> None:
+    """The second repeat's write fails with ENOSPC (/dev/full: a real one) and it exits 1: that end says nothing
+    about the script, so `run` and `report` say inconclusive (exit 6), naming the full disk, and no cause."""
+    (tmp_path / "full.py").write_text(
+        "import os\nimport torch\n\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\n"
+        "model(torch.randn(8, 4)).sum().backward()\n"
+        "if os.path.exists('first-done'):  # the disk is full by the second repeat\n"
+        "    with open('/dev/full', 'w') as log:\n        log.write('step 1\\n')\n        log.flush()\n"
+        "open('first-done', 'w').close()\n")
+    result = run_cli(["run", "-n", "2", "--no-explain", "--json", "r.json", "--out", "run", "full.py"], cwd=tmp_path)
+    assert result.returncode == 6, result.output
+    assert result.report is not None
+    assert result.report["inconclusive"].startswith(
+        "repeat(s) 1 ran out of disk space: OSError: [Errno 28] No space left on device; ")
+    assert result.report["causes"] == []
+    again = run_cli(["report", "run", "--json", "again.json"], cwd=tmp_path)
+    assert again.returncode == 6, again.output
+    assert result.stdout.strip().splitlines()[-1] == "INCONCLUSIVE · repeat(s) 1 ran out of disk space · run: run"

@@ -199,3 +199,12 @@ def test_a_footer_claiming_more_bytes_than_the_file_holds_is_no_footer(tmp_path:
     path = tmp_path / "huge.trace"
     path.write_bytes(MAGIC + b"F" + struct.pack("<I", 0xFFFFFFF0) + b"{}")
     assert read_footer(path) is None
+
+
+def test_a_full_disk_is_read_from_the_excerpt_a_failed_repeat_shows() -> None:
+    shown = excerpt(ScriptError("OSError", "[Errno 28] No space left on device", (USER,), 0), "")
+    assert failure.disk_full(shown) == "OSError: [Errno 28] No space left on device"
+    lost = "detaudit: this repeat's recording is incomplete: writing the trace failed: No space left on device"
+    assert failure.disk_full(excerpt(None, f"some output\n{lost}\n")) == lost
+    assert failure.disk_full(excerpt(ScriptError("OSError", "[Errno 122] Disk quota exceeded", (USER,), 0), ""))
+    assert failure.disk_full(excerpt(ScriptError("ValueError", "no space for this model", (USER,), 0), "")) is None
