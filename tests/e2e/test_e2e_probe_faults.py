@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,26 @@ def test_a_repeat_whose_disk_filled_up_makes_the_audit_inconclusive_not_divergen
     again = run_cli(["report", "run", "--json", "again.json"], cwd=tmp_path)
     assert again.returncode == 6, again.output
     assert result.stdout.strip().splitlines()[-1] == "INCONCLUSIVE · repeat(s) 1 ran out of disk space · run: run"
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_fix_writes_a_patch_that_applies_to_a_crlf_script(tmp_path: Path) -> None:
+    """A script with Windows line endings: the patch keeps them (context lines are the file's bytes, added lines
+    end as the file's do), `git apply` and `patch -p1` take it, and what they make is what was verified."""
+    script = tmp_path / "noisy.py"
+    script.write_bytes(b"import torch\r\n\r\nmodel = torch.nn.Linear(4, 1)\r\n"
+                       b"print(model(torch.ones(1, 4)).item())\r\n")
+    result = run_cli(["fix", "-n", "2", "--json", "fix.json", "--write-patch", "fix.patch", script.name],
+                     cwd=tmp_path, timeout=600)
+    assert result.report is not None, result.output
+    assert result.report["verified"] is True, result.output
+    original = script.read_bytes()
+    applied = []
+    for command in (["git", "apply", "fix.patch"], ["patch", "-p1", "-s", "-i", "fix.patch"]):
+        subprocess.run(command, cwd=tmp_path, check=True)
+        applied.append(script.read_bytes())
+        script.write_bytes(original)
+    assert applied[0] == applied[1]
+    assert applied[0].startswith(
+        b"# detaudit fix: torch-rng\r\nimport torch\r\ntorch.manual_seed(0)\r\nimport torch\r\n")
