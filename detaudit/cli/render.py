@@ -181,6 +181,8 @@ def perturbation_panel(report: Report) -> Panel | None:
     for k in p.knobs:
         bits = Text("not told (equal settings differ already)", style="yellow") if p.control is not None \
             else Text("unchanged", style="green") if k.divergence is None \
+            else Text(f"ENDED DIFFERENTLY: {printable(k.divergence.detail)}", style="bold red") \
+            if k.divergence.category == "outcome" \
             else Text(f"CHANGED, first at {_brief(k.divergence)}", style="bold red")
         table.add_row(escape(k.knob), escape(f"{k.values[0]} vs {k.values[1]}"),
                       f"{', '.join(map(str, k.base))} vs {', '.join(map(str, k.changed))}", bits)

@@ -117,3 +117,23 @@ def test_fix_writes_a_patch_that_applies_to_a_crlf_script(tmp_path: Path) -> Non
     assert applied[0] == applied[1]
     assert applied[0].startswith(
         b"# detaudit fix: torch-rng\r\nimport torch\r\ntorch.manual_seed(0)\r\nimport torch\r\n")
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_script_that_exits_early_under_one_thread_count_ended_differently_not_changed_bits(tmp_path: Path) -> None:
+    """With more than one thread the script exits after its second step: no record both groups made differs,
+    so `--perturb threads` reports the groups ending differently, never a bit change at a record the
+    early-exiting repeats never made."""
+    (tmp_path / "early.py").write_text(
+        "import sys\n\nimport torch\n\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\nfor step in range(3):\n"
+        "    model(torch.ones(2, 4)).sum().backward()\n"
+        "    if step == 1 and torch.get_num_threads() > 1:\n        sys.exit(0)\n")
+    result = run_cli(["run", "-n", "2", "--perturb", "threads", "--no-explain", "--json", "r.json", "--out", "run",
+                      "early.py"], cwd=tmp_path, timeout=900)
+    assert result.report is not None, result.output
+    [setting] = result.report["perturbation"]["settings"]
+    assert setting["first_divergence"]["category"] == "outcome"
+    assert setting["first_divergence"]["detail"].startswith("repeat(s) 1, 3 ended by themselves after ")
+    evidence = result.report["causes"][0]["evidence"]
+    assert not any(line.startswith("first divergence between the two") for line in evidence)

@@ -146,6 +146,41 @@ def test_when_equal_settings_already_differ_no_setting_is_blamed(tmp_path: Path)
     assert "thread-count" not in [c.id for c in report.causes]
 
 
+def test_a_setting_under_which_the_script_exits_early_is_an_outcome_difference_not_a_bit_change(
+        tmp_path: Path) -> None:
+    """The threads-2 repeats end by themselves after 4 records: no record they made differs, so the setting
+    changed how the script ended, never the bits of a record those repeats did not make."""
+    whole = training_records()
+    run = write_run(tmp_path / "run", [whole, whole[:4], whole, whole[:4]], perturbations=[T1, T2, T1, T2])
+    report = load_run(run)
+    assert report.perturbation is not None
+    [threads] = report.perturbation.sensitive
+    assert threads.divergence is not None
+    assert (threads.divergence.category, threads.divergence.record) == ("outcome", None)
+    assert threads.divergence.detail == ("repeat(s) 1, 3 ended by themselves after 4 records where repeat 0 went on "
+                                         "(exit status 0)")
+    evidence = report.causes[0].evidence
+    assert not any(line.startswith("first divergence between the two") for line in evidence)
+    assert f"the two ended differently, every record both made agreeing: {threads.divergence.detail}" in evidence
+    console = Console(record=True, width=250)
+    render(report, console)
+    assert "ENDED DIFFERENTLY: repeat(s) 1, 3 ended by themselves" in console.export_text()
+    page = render_html(json.loads(json.dumps(to_dict(report))))
+    assert "ENDED DIFFERENTLY: repeat(s) 1, 3 ended by themselves" in page
+
+
+def test_a_setting_under_which_the_script_fails_is_compared_as_a_failure(tmp_path: Path) -> None:
+    recs = training_records()
+    run = write_run(tmp_path / "run", [recs, recs, recs, recs], perturbations=[T1, T2, T1, T2],
+                    exit_codes=[0, 1, 0, 1])
+    found = load_run(run).perturbation
+    assert found is not None
+    [threads] = found.sensitive
+    assert threads.divergence is not None
+    assert threads.divergence.detail == ("exit status differs: repeat 0 exited 0, repeat 2 exited 0, repeat 1 exited "
+                                         "1, repeat 3 exited 1")  # the base group first
+
+
 def test_explain_refuses_a_perturbed_run(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="a `run --perturb` run, whose repeats differ on purpose"):
         run_experiments(perturbed_run(tmp_path, sensitive=True))
