@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -137,3 +138,21 @@ def test_a_script_that_exits_early_under_one_thread_count_ended_differently_not_
     assert setting["first_divergence"]["detail"].startswith("repeat(s) 1, 3 ended by themselves after ")
     evidence = result.report["causes"][0]["evidence"]
     assert not any(line.startswith("first divergence between the two") for line in evidence)
+
+
+@pytest.mark.process
+def test_a_perturb_name_that_is_no_setting_and_a_version_that_is_a_bool_are_refused(tmp_path: Path) -> None:
+    """`all` does not excuse a typo beside it (exit 2, the setting named), and run.json's `"version": true` is no
+    version 1 (exit 4), though python's `True == 1`."""
+    (tmp_path / "s.py").write_text("print('hi')\n")
+    bogus = run_cli(["run", "--perturb", "all,bogus", "s.py"], cwd=tmp_path)
+    assert bogus.returncode == 2, bogus.output
+    assert "unknown setting 'bogus' for --perturb" in bogus.output
+    assert not (tmp_path / ".detaudit").exists()
+    ran = run_cli(["run", "-n", "2", "--no-explain", "--out", "run", "s.py"], cwd=tmp_path)
+    assert ran.returncode == 6, ran.output  # nothing recorded: a torch-free script
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    (tmp_path / "run" / "run.json").write_text(json.dumps({**record, "version": True}))
+    again = run_cli(["report", "run"], cwd=tmp_path)
+    assert again.returncode == 4, again.output
+    assert "run record version True is not supported" in again.output

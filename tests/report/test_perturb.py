@@ -40,6 +40,9 @@ def test_knobs_are_read_from_a_comma_list_in_catalogue_order() -> None:
         perturb_knobs("threads,cores")
     with pytest.raises(ValueError, match="at least one"):
         perturb_knobs(" , ")
+    with pytest.raises(ValueError, match="unknown setting 'bogus'"):
+        perturb_knobs("all,bogus")  # `all` does not excuse a name that is no setting
+    assert perturb_knobs("all,threads") == list(Perturb)
 
 
 def test_threads_run_at_one_and_at_the_machines_count_never_both_at_one() -> None:
