@@ -35,7 +35,7 @@ from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, Tolerance
 from detaudit.run import distributed, sharing
 from detaudit.run.failure import disk_full, excerpt, read_error, stderr_tail
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats
-from detaudit.run.perturb import Perturbation
+from detaudit.run.perturb_plan import Perturbation
 from detaudit.run.provenance import git_state
 from detaudit.run.rundir import (
     REPORT_FILE,

@@ -1,6 +1,6 @@
 """`run --perturb`: the repeats compared by the settings they ran with (docs/perturb.md).
 
-The repeats of a perturbed run form groups of equal settings (run/perturb.py). Each group is compared
+The repeats of a perturbed run form groups of equal settings (run/perturb_plan.py). Each group is compared
 within itself first, the control: repeats with equal settings must agree, or nothing can be put down to
 a setting. Then, for each setting, the base group (every setting at its first value) is compared with
 the group that changed only that setting: where those two first differ is what the setting changed.
@@ -25,7 +25,7 @@ class KnobOutcome:
 
     knob: str
     description: str
-    cause: str  # the cause id a change is reported as (causes/perturb.py)
+    cause: str  # the cause id a change is reported as (causes/perturbed_settings.py)
     values: tuple[str, str]
     base: tuple[int, ...]
     changed: tuple[int, ...]

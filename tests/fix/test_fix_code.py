@@ -162,7 +162,7 @@ def test_the_copy_never_writes_through_a_planted_link_and_a_readonly_folder_is_o
 
 def test_under_perturb_a_knob_that_is_only_a_perturbed_variable_is_held_away() -> None:
     from detaudit.pin import Perturb, perturbations
-    from detaudit.run.perturb import Perturbation
+    from detaudit.run.perturb_plan import Perturbation
 
     specs = perturbations(4)
 

@@ -1,5 +1,5 @@
-"""`run --perturb`, in process: the settings catalogue (pin.py), which repeat runs with what (run/perturb.py),
-the repeats compared group by group (compare/perturb.py), the cause it proves (causes/perturb.py) and how
+"""`run --perturb`, in process: the settings catalogue (pin.py), which repeat runs with what (run/perturb_plan.py),
+the repeats compared group by group (compare/perturb.py), the cause it proves (causes/perturbed_settings.py) and how
 the report, the baseline and the renderers carry it. The real CLI runs in tests/e2e/test_e2e_perturb.py."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from detaudit.report import baseline
 from detaudit.report.html import render_html
 from detaudit.report.model import BaselineCheck, EnvironmentChange, to_dict
 from detaudit.results import RepeatResult, Tolerance
-from detaudit.run import perturb
+from detaudit.run import perturb_plan
 from detaudit.run.launcher import plan_repeats
 
 T1, T2 = {"threads": "1"}, {"threads": "2"}
@@ -60,7 +60,7 @@ def test_every_setting_names_a_registered_cause_and_two_different_values() -> No
 
 # -- which repeat runs with what ----------------------------------------------------------------------------
 def test_repeats_alternate_between_the_base_group_and_one_group_per_setting(tmp_path: Path) -> None:
-    plan = perturb.plan([Perturb.THREADS, Perturb.HASH_SEED], ["cpu"], 4)
+    plan = perturb_plan.plan([Perturb.THREADS, Perturb.HASH_SEED], ["cpu"], 4)
     plans = plan.assign(plan_repeats(tmp_path, 6, ["cpu"], env={"KEEP": "1"}, child_config={"pins": []}))
     assert [p.perturbation for p in plans] == [
         {"threads": "1", "hash-seed": "1"}, {"threads": "4", "hash-seed": "1"}, {"threads": "1", "hash-seed": "2"}] * 2
@@ -70,12 +70,12 @@ def test_repeats_alternate_between_the_base_group_and_one_group_per_setting(tmp_
 
 
 def test_a_cuda_only_setting_is_not_varied_on_a_run_that_sees_no_gpu(tmp_path: Path) -> None:
-    plan = perturb.plan(list(Perturb), ["cpu"], 2)
+    plan = perturb_plan.plan(list(Perturb), ["cpu"], 2)
     assert [s.knob for s in plan.specs] == [Perturb.THREADS, Perturb.HASH_SEED]
     assert set(plan.not_tested) == {"cudnn-benchmark", "cublas-workspace", "allocator"}
     with pytest.raises(UsageError, match="only CUDA work can notice"):
-        perturb.plan([Perturb.CUDNN_BENCHMARK], ["cpu"], 2)
-    on_gpu = perturb.plan([Perturb.CUDNN_BENCHMARK], ["cuda"], 2)
+        perturb_plan.plan([Perturb.CUDNN_BENCHMARK], ["cpu"], 2)
+    on_gpu = perturb_plan.plan([Perturb.CUDNN_BENCHMARK], ["cuda"], 2)
     [base, benchmark] = on_gpu.assign(plan_repeats(tmp_path, 2, ["cuda"]))
     assert base.child_config["perturb"] == {"cudnn.benchmark": False}
     assert benchmark.child_config["perturb"] == {"cudnn.benchmark": True}
