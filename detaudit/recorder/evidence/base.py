@@ -96,7 +96,12 @@ class Evidence:
                 except OSError:
                     self.side_path = None  # the workers' evidence is lost; their batches are still recorded
                     return
-            os.write(self._side_fd, (line + "\n").encode())
+            try:
+                os.write(self._side_fd, (line + "\n").encode())
+            except OSError:  # the disk filled up: evidence is a by-product, never a worker's crash
+                with contextlib.suppress(OSError):
+                    os.close(self._side_fd)
+                self._side_fd, self.side_path = None, None
 
     def after_fork(self) -> None:
         """In a forked child (a DataLoader worker): write to the side file, re-learn call sites."""
