@@ -192,10 +192,10 @@ def perturb_knobs(text: str) -> list[Perturb]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise ValueError("--perturb needs at least one setting")
-    if ALL in names:
-        return list(Perturb)
     known = [p.value for p in Perturb]
-    unknown = [n for n in names if n not in known]
+    unknown = [n for n in names if n not in known and n != ALL]  # checked before `all`: `all,bogus` is a typo too
     if unknown:
         raise ValueError(f"unknown setting {unknown[0]!r} for --perturb; settings are {', '.join(known)}, or all")
+    if ALL in names:
+        return list(Perturb)
     return [p for p in Perturb if p.value in names]

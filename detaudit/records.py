@@ -147,7 +147,7 @@ class _Fields:
         """The format and version, before anything else: a foreign or newer file is refused by name."""
         if self.data.get("format") != name:
             raise TraceError(f"{self.where}: not a detaudit {what} (its `format` is not {name!r})")
-        if self.data.get("version") != version:
+        if not schema.is_version(self.data.get("version"), version):
             raise TraceError(f"{self.where}: {what} version {self.data.get('version')!r} is not supported (this "
                              f"detaudit reads version {version}); it was written by another detaudit release")
 

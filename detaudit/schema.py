@@ -79,6 +79,12 @@ def _name(spec: Spec) -> str:
     return " or ".join(_name(o) for o in spec.options)
 
 
+def is_version(value: Any, version: int) -> bool:
+    """Whether a file's `version` field is exactly `version`: an int, never a bool (`true == 1` in python) or a
+    float (`1.0`), which no detaudit writes; every versioned reader checks its format's version so."""
+    return _ok(value, Int()) and value == version
+
+
 def _ok(value: Any, spec: Spec) -> bool:
     """Whether `value` has the top-level shape of `spec` (members are checked by `check`)."""
     if spec is None:

@@ -15,8 +15,9 @@ from detaudit.recorder.fingerprint import DTYPE_CODES
 from detaudit.records import RUN_FORMAT, RUN_VERSION
 from detaudit.results import RepeatResult
 from detaudit.trace import Kind, TraceWriter
+from detaudit.trace.dtypes import OBJECT_CODES
 
-_CODES_BY_NAME = {str(dt).removeprefix("torch."): code for dt, code in DTYPE_CODES.items()}
+_CODES_BY_NAME = {**{str(dt).removeprefix("torch."): code for dt, code in DTYPE_CODES.items()}, **OBJECT_CODES}
 
 
 @dataclass(frozen=True)

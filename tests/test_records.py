@@ -75,6 +75,8 @@ def test_a_minimal_record_reads_with_the_defaults_its_missing_keys_mean() -> Non
 
 @pytest.mark.parametrize("change, message", [
     ({"version": 2}, r"run\.json: run record version 2 is not supported"),
+    ({"version": True}, r"run\.json: run record version True is not supported"),  # not 1, though `True == 1`
+    ({"version": 1.0}, r"run\.json: run record version 1\.0 is not supported"),
     ({"format": "other"}, r"run\.json: not a detaudit run record"),
     ({"script": None}, r"run\.json: field `script` must be a string, not NoneType"),
     ({"devices": "cpu"}, r"field `devices` must be a list of a string"),

@@ -41,3 +41,8 @@ def test_event_fields_are_typed_whatever_the_event_type() -> None:
         schema.check({"at": 0, "type": "state", "rng": {"torch": {"digest": []}}}, schema.EVENT, "t")
     with pytest.raises(TraceError, match="field `at` must be an integer >= 0"):
         schema.check({"at": -1, "type": "draw"}, schema.EVENT, "t")
+
+
+@pytest.mark.parametrize("value, ok", [(1, True), (True, False), (1.0, False), ("1", False), (2, False), (None, False)])
+def test_a_version_is_exactly_the_int(value: object, ok: bool) -> None:
+    assert schema.is_version(value, 1) is ok

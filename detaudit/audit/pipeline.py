@@ -24,17 +24,18 @@ from detaudit.compare.live import LiveWatch
 from detaudit.compare.oprules import OpFinding, find_op_source
 from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.perturb import compare_perturbed
+from detaudit.compare.saved_values import only_non_tensor_values_differ
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
-from detaudit.compare.traces import compare_traces
+from detaudit.compare.traces import Divergence, compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.records import OPS_PREFIX, Narrowing, RunRecord, is_plain_name
 from detaudit.report import baseline
 from detaudit.report.model import CarriedOutput, Report, all_failed, write_json
 from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, Tolerance
 from detaudit.run import distributed, sharing
-from detaudit.run.failure import excerpt, read_error, stderr_tail
+from detaudit.run.failure import disk_full, excerpt, read_error, stderr_tail
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats
-from detaudit.run.perturb import Perturbation
+from detaudit.run.perturb_plan import Perturbation
 from detaudit.run.provenance import git_state
 from detaudit.run.rundir import (
     REPORT_FILE,
@@ -539,23 +540,29 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
                          else "no trace was written")
     tolerance = record.tolerance
     devices = list(labels) if labels is not None else [r.device for r in results]
+    repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results
+                     if r.exit_code not in (0, None) and not r.timed_out and r.stopped_at_step is None}
+    # a repeat whose disk filled up ended for want of space: its end and what it failed to record say nothing
+    full = {i for i, shown in repeat_errors.items() if disk_full(shown)}
     # a repeat that timed out, was interrupted or hit --max-steps/--max-time was stopped, one recorded
     # elsewhere without a footer has an unknown end, and one whose recording stopped (a hook failed)
     # recorded less: only what every repeat recorded is compared
     truncated = [r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
-                 or r.recording_stopped is not None for r in results]
+                 or r.recording_stopped is not None or r.index in full for r in results]
     comparison = compare_traces(traces, devices, tolerance, truncated=truncated)
     if comparison.recording_failed:  # no records is no evidence: never let it read as "deterministic"
         index, why = next(iter(comparison.recording_failed.items()))
         raise TraceError(f"repeat {index}: detaudit could not record this repeat ({why}); its trace has "
                          f"no evidence to compare. Rerun with DETAUDIT_DEBUG=1 and report it.")
     stdout_mode = recorded_mode(record)
-    ended = outcome_divergence(results, stdout_mode, run_dir)
+    ended = outcome_divergence([r for r in results if r.index not in full], stdout_mode, run_dir)
     first = comparison.first_divergence
-    carried: CarriedOutput | None = None
+    carried = _carried_saved_value(first, traces, results, devices, tolerance, truncated)
+    if carried is not None:  # a checkpoint's path numbered after what earlier repeats left: no divergence
+        first, comparison = None, replace(comparison, first_divergence=None)
     if first is None and ended is not None and ended.stdout is not None:
         ended = replace(ended, detail=f"{ended.detail}; all {comparison.records_compared} recorded tensor "
-                                      "records agree")
+                                      "records agree" + (f"; {carried.divergence.detail}" if carried else ""))
         # explained by what earlier repeats left (a log directory's next version_N): reported, no divergence
         evidence = causes.carried_output(ended, traces, results)
         if evidence is not None:
@@ -570,8 +577,6 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
                                           f"{', '.join(map(str, cut))} is incomplete (no footer: killed, or "
                                           "crashed hard)")
         comparison = replace(comparison, first_divergence=first)
-    repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results
-                     if r.exit_code not in (0, None) and not r.timed_out and r.stopped_at_step is None}
     failed = all_failed(results) and not any(r.timed_out for r in results)  # the verdict `failed`
     op_finding: OpFinding | None = None
     if first is not None:
@@ -599,6 +604,7 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
         stdout=stdout_mode if all(r.stdout_digest for r in results) else "ignore",
         # a repeat stopped by a timeout, an interrupt or a bound has no exit status of its own to compare
         exit_status=not any(r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
+                            or r.index in full
                             for r in results),
         self_check=record.self_check, stopped=match.not_compared(results)) if traces and traces[0].is_file() else None
     first_repeat = load_evidence(traces[0], results[0].index, results[0].device)  # latent findings, versions
@@ -612,6 +618,22 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
         baseline=checked, inferred=[c.id for c in inferred], match=found, op_finding=op_finding,
         carried_output=carried, perturbation=perturbed, latent=latent_findings(first_repeat, results),
     )
+
+
+def _carried_saved_value(first: Divergence | None, traces: Sequence[Path], results: Sequence[RepeatResult],
+                         devices: Sequence[str], tolerance: Tolerance | None,
+                         truncated: Sequence[bool]) -> CarriedOutput | None:
+    """The first divergence as carried state, when it is a saved value that is no tensor (a path), every tensor
+    agrees, and each differing repeat read or listed what an earlier repeat left; else None."""
+    if first is None or first.record is None or \
+            not only_non_tensor_values_differ(first, traces, devices, tolerance, truncated):
+        return None
+    evidence = causes.carried_output(first, traces, results)
+    if evidence is None:
+        return None
+    what = (f"saved value {first.record.name} ({first.record.dtype}) differs in repeat(s) "
+            f"{', '.join(map(str, first.repeats))}; every recorded tensor agrees")
+    return CarriedOutput(replace(first, detail=what), evidence)
 
 
 def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:

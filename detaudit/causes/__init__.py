@@ -11,7 +11,19 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from detaudit.causes import carried, clock, collective, compiled, device, flags, order, outside, perturb, rng, stdout
+from detaudit.causes import (
+    carried,
+    clock,
+    collective,
+    compiled,
+    device,
+    flags,
+    order,
+    outside,
+    perturbed_settings,
+    rng,
+    stdout,
+)
 from detaudit.causes.confirm import NOT_REPRODUCED, PIN_CAUSES
 from detaudit.causes.context import LIKELY, Context, Detector, Finding, build, finding
 from detaudit.compare.oprules import OpFinding
@@ -31,7 +43,7 @@ DETECTORS: tuple[Detector, ...] = (
     order.python_hash_seed, order.object_order, carried.carried_state, stdout.stdout_differs, flags.flag_drift,
     flags.flag_typo,
     flags.collective_algorithm, collective.collective_algorithm, device.device_rng_geometry, outside.outside_value,
-    *perturb.DETECTORS,
+    *perturbed_settings.DETECTORS,
 )
 UNKNOWN = "unknown"  # no detector fired (`unknown` below)
 # every cause id a report can hold: what the detectors declare, `unknown`, and what --explain adds

@@ -4,7 +4,8 @@ The evidence is direct: the recorder saw the read, with its path and the user's 
 modification time falls between the audit's start and the repeat's (recorder/evidence/files.py).
 A repeat that starts from another repeat's leftovers is not a rerun of the same computation: its
 output may differ while every recorded tensor agrees (Lightning numbering its log directory
-`version_N` after what it finds), or its tensors may (an auto-resumed checkpoint, a cache).
+`version_N` after what it finds, in its progress line and in the checkpoint's `best_model_path`), or its
+tensors may (an auto-resumed checkpoint, a cache).
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ def evidence_lines(repeats: Sequence[RepeatEvidence], ctx: Context | None = None
 
 
 def explains_output(ctx: Context) -> list[str] | None:
-    """Evidence that carried state explains a stdout-only difference, or None.
+    """Evidence that carried state explains a difference in what the repeats were told to print or save
+    (a stdout line, a checkpoint's path that is no tensor), or None.
 
-    It does when every recorded tensor agrees (the caller's condition) and every repeat whose line
-    differs read or listed state an earlier repeat left: the reference, run first, started from the
+    It does when every recorded tensor agrees (the caller's condition) and every repeat whose line or
+    value differs read or listed state an earlier repeat left: the reference, run first, started from the
     directory as it was. A differing repeat without such a read is not explained, whatever others read.
     """
     differing = [r for r in ctx.involved if r is not ctx.ref]

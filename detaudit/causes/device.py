@@ -295,7 +295,7 @@ def environment(ctx: Context) -> Finding | None:
         values = [e.get(key) for e in envs if e is not None]
         if ctx.differs(values):
             lines.append(f"{key}: {ctx.pair_text(values)}")
-    # the variables `run --perturb` varied on purpose are its experiment (causes/perturb.py), not a change
+    # the variables `run --perturb` varied on purpose are its experiment (causes/perturbed_settings.py), not a change
     deliberate = ctx.perturbation.variables if ctx.perturbation is not None else frozenset()
     variables = [{k: v for k, v in (e.get("env") or {}).items() if k not in NOT_ENVIRONMENT and k not in deliberate}
                  for e in envs if e is not None]

@@ -39,7 +39,7 @@ from detaudit.cli.options import (
     stdout_mode_of,
     stdout_options,
 )
-from detaudit.cli.resume import resume
+from detaudit.cli.resume_command import resume
 from detaudit.cli.session import (
     audit_run,
     err_console,
@@ -71,7 +71,7 @@ def cli() -> None:
 
 
 resume.epilog = EXIT_CODES_HELP
-cli.add_command(resume)  # cli/resume.py: does resuming from a checkpoint reproduce the uninterrupted run
+cli.add_command(resume)  # cli/resume_command.py: does resuming from a checkpoint reproduce the uninterrupted run
 
 
 @cli.command(cls=RunCommand, epilog=EXIT_CODES_HELP)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from detaudit.audit.pipeline import AuditOptions
     from detaudit.compare.stdout import StdoutMode
     from detaudit.results import Tolerance
-    from detaudit.run.perturb import Perturbation
+    from detaudit.run.perturb_plan import Perturbation
 
 DEFAULT_GRANULARITY = "auto"  # module cost unless the repeats diverge (docs/granularity.md)
 
@@ -205,9 +205,9 @@ def audit_options(script: Path | str, script_args: tuple[str, ...], *, repeats: 
 
 
 def _perturbation(perturb: str | None, devices: list[str], nproc_per_node: int | None) -> Perturbation | None:
-    """--perturb KNOBS as the settings the repeats will vary (run/perturb.py); None without it."""
+    """--perturb KNOBS as the settings the repeats will vary (run/perturb_plan.py); None without it."""
     from detaudit.pin import perturb_knobs
-    from detaudit.run import perturb as perturbing
+    from detaudit.run import perturb_plan as perturbing
 
     if perturb is None:
         return None

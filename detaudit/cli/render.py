@@ -181,6 +181,8 @@ def perturbation_panel(report: Report) -> Panel | None:
     for k in p.knobs:
         bits = Text("not told (equal settings differ already)", style="yellow") if p.control is not None \
             else Text("unchanged", style="green") if k.divergence is None \
+            else Text(f"ENDED DIFFERENTLY: {printable(k.divergence.detail)}", style="bold red") \
+            if k.divergence.category == "outcome" \
             else Text(f"CHANGED, first at {_brief(k.divergence)}", style="bold red")
         table.add_row(escape(k.knob), escape(f"{k.values[0]} vs {k.values[1]}"),
                       f"{', '.join(map(str, k.base))} vs {', '.join(map(str, k.changed))}", bits)
@@ -234,9 +236,16 @@ def divergence_panel(report: Report) -> Panel | None:
 def carried_panel(report: Report) -> Panel | None:
     """A stdout difference explained by state carried between repeats: shown, though not a divergence."""
     carried = report.carried_output
-    if carried is None or carried.divergence.stdout is None:
+    if carried is None:
         return None
     diff = carried.divergence.stdout
+    if diff is None:  # a saved value that is no tensor (a checkpoint's path)
+        saved = carried.divergence
+        lines = [f"{saved.detail}, and each of those repeats read state an earlier repeat of this audit left: "
+                 "not counted as a divergence",
+                 *(f"• {line}" for line in carried.evidence[:6])]
+        return Panel(escape("\n".join(lines)), title="Saved values that follow state carried between repeats",
+                     title_align="left", border_style="yellow", expand=False)
     lines = [f"stdout line {diff.line} differs" + (f" at {diff.field}" if diff.field else "")
              + f" in repeat(s) {', '.join(map(str, diff.repeats))}, every recorded tensor agrees, and each of "
              "those repeats read state an earlier repeat of this audit left: not counted as a divergence"]

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from detaudit.compare.align import Block, StringTable, reference_pairs
+from detaudit.compare.saved_values import non_tensor
 from detaudit.compare.traces import same_values
 from detaudit.errors import OutputError, TraceError
 from detaudit.results import EXTRA_STEPS, RepeatProgress, Tolerance
@@ -117,7 +118,9 @@ class Follower:
         a, b = self._ref_held[:n], self._held[:n]
         block = Block(self.compared, [a, b], [self._table.mapping(0, self.ref.strings),
                                               self._table.mapping(1, self.trace.strings)])
-        same = block.same_structure(0, 1) & same_values(a, b, self.bitwise, self.tolerance)
+        # a non-tensor saved value (a checkpoint's path) that differs stops nothing: the trace comparison
+        # decides what it means once every tensor is recorded (saved_values.py)
+        same = block.same_structure(0, 1) & (same_values(a, b, self.bitwise, self.tolerance) | non_tensor(b))
         bad = np.flatnonzero(~same)
         if len(bad):
             self.diverged_at = int(b[int(bad[0])]["step"])

@@ -1,6 +1,6 @@
 """`run --perturb`: the repeats compared by the settings they ran with (docs/perturb.md).
 
-The repeats of a perturbed run form groups of equal settings (run/perturb.py). Each group is compared
+The repeats of a perturbed run form groups of equal settings (run/perturb_plan.py). Each group is compared
 within itself first, the control: repeats with equal settings must agree, or nothing can be put down to
 a setting. Then, for each setting, the base group (every setting at its first value) is compared with
 the group that changed only that setting: where those two first differ is what the setting changed.
@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from detaudit.compare.traces import Divergence, compare_traces
+from detaudit.compare.outcome import outcome_divergence
+from detaudit.compare.traces import Comparison, Divergence, compare_traces
 from detaudit.pin import Perturb, perturbations
 from detaudit.results import RepeatResult, Tolerance
 
@@ -24,7 +25,7 @@ class KnobOutcome:
 
     knob: str
     description: str
-    cause: str  # the cause id a change is reported as (causes/perturb.py)
+    cause: str  # the cause id a change is reported as (causes/perturbed_settings.py)
     values: tuple[str, str]
     base: tuple[int, ...]
     changed: tuple[int, ...]
@@ -68,9 +69,9 @@ def compare_perturbed(traces: Sequence[Path], runs: Sequence[RepeatResult], devi
         groups.setdefault(tuple(sorted((run.perturbation or {}).items())), []).append(position)
 
     def compare(positions: Sequence[int]) -> Divergence | None:
-        found = compare_traces([traces[p] for p in positions], [devices[p] for p in positions], tolerance,
-                               [truncated[p] for p in positions]).first_divergence
-        return None if found is None else _renumbered(found, [runs[p].index for p in positions])
+        compared = compare_traces([traces[p] for p in positions], [devices[p] for p in positions], tolerance,
+                                  [truncated[p] for p in positions])
+        return _first_difference(compared, [runs[p] for p in positions])
 
     controls = [d for d in (compare(g) for g in groups.values() if len(g) > 1) if d is not None]
     specs = perturbations(None)
@@ -86,6 +87,27 @@ def compare_perturbed(traces: Sequence[Path], runs: Sequence[RepeatResult], devi
                                     compare([*base, *changed]) if changed else None))
     return PerturbationFinding(tuple(outcomes), tuple(tuple(runs[p].index for p in g) for g in groups.values()),
                                min(controls, key=lambda d: d.index, default=None), dict(not_tested or {}))
+
+
+def _first_difference(compared: Comparison, runs: Sequence[RepeatResult]) -> Divergence | None:
+    """Where repeats first differ, named by their own repeat numbers: a record's bits where both made it; else
+    how they ended (another exit status, or a recording that ended where another went on): a failure or an
+    early exit is an outcome difference, never a bit change at a record the repeats that ended never made."""
+    found = compared.first_divergence
+    if found is not None and found.category == "content":
+        return _renumbered(found, [r.index for r in runs])
+    ended = outcome_divergence(runs, "ignore")  # another exit status
+    if ended is not None:
+        return ended
+    if found is None:
+        return None
+    short = [i for i in found.repeats if compared.records[i] == found.index and compared.complete[i]]
+    if found.category != "structure" or short != found.repeats:
+        return _renumbered(found, [r.index for r in runs])
+    codes = sorted({str(runs[i].exit_code) for i in range(len(runs))})
+    return Divergence(-1, "outcome", None, [runs[i].index for i in short], runs[found.reference].index, detail=(
+        f"repeat(s) {', '.join(str(runs[i].index) for i in short)} ended by themselves after {found.index} records "
+        f"where repeat {runs[found.reference].index} went on (exit status {' / '.join(codes)})"))
 
 
 def _renumbered(divergence: Divergence, indices: Sequence[int]) -> Divergence:

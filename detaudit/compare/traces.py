@@ -172,7 +172,7 @@ def compare_traces(
     `truncated` marks repeats cut short from outside (timed out): one of them ending is no
     divergence, so only the records every repeat holds up to there are compared; the same holds
     for a trace without a footer. A missing trace counts as an empty, incomplete one. An open stream may
-    stand for a path (compare/resume.py's windows onto a trace).
+    stand for a path (compare/resumed_alignment.py's windows onto a trace).
     """
     tolerance = tolerance or Tolerance()
     devices = list(devices) if devices is not None else ["same"] * len(paths)

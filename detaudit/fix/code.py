@@ -96,7 +96,7 @@ def seed_edit(pin: Pin, fn: str, loc: str, advice: str, script: Path, cwd: Path)
     path = Path(file) if os.path.isabs(file) else cwd / file
     applies = bool(file) and _same_file(path, script)
     try:
-        lines = script.read_text(encoding="utf-8").splitlines() if applies else []
+        lines = read_source(script).splitlines() if applies else []
     except (OSError, UnicodeDecodeError):
         lines, applies = [], False
     before = lines[line - 1] if 0 < line <= len(lines) else ""
@@ -171,23 +171,92 @@ def insertion_line(source: str) -> int:
     return end
 
 
+def read_source(script: Path) -> str:
+    """The script's text as it is on disk, its line endings kept (CRLF too): a patch's context lines must
+    be the file's own bytes, or neither `patch` nor `git apply` finds them."""
+    with open(script, encoding="utf-8", newline="") as fh:
+        return fh.read()
+
+
+def _ending(text: Sequence[str]) -> str:
+    """The line ending the script uses (its first line's), so added lines match their neighbours."""
+    first = text[0] if text else "\n"
+    return "\r\n" if first.endswith("\r\n") else "\r" if first.endswith("\r") else "\n"
+
+
 def rewrite(source: str, lines: Sequence[str], edits: Sequence[Edit]) -> str:
     """`source` with the prelude `lines` inserted (insertion_line) and the applicable edits made."""
     text = source.splitlines(keepends=True)
+    newline = _ending(text)
     for edit in edits:
         if edit.applies and edit.after is not None and 0 < edit.line <= len(text):
             ending = text[edit.line - 1][len(text[edit.line - 1].rstrip("\r\n")):]
             text[edit.line - 1] = edit.after + ending
     at = insertion_line(source)
-    if text and at and not text[at - 1].endswith("\n"):
-        text[at - 1] += "\n"
-    return "".join([*text[:at], *(line + "\n" for line in lines), *text[at:]])
+    if text and at and not text[at - 1].endswith(("\n", "\r")):
+        text[at - 1] += newline
+    return "".join([*text[:at], *(line + newline for line in lines), *text[at:]])
+
+
+_NO_NEWLINE = "\\ No newline at end of file\n"
 
 
 def unified_diff(name: str, source: str, changed: str) -> str:
-    """The change as a unified diff (`patch -p1` and `git apply` take it)."""
-    return "".join(difflib.unified_diff(source.splitlines(keepends=True), changed.splitlines(keepends=True),
-                                        f"a/{name}", f"b/{name}"))
+    """The change as a unified diff (`patch -p1` and `git apply` take it): each line with its own ending (a
+    CRLF file's lines keep their CR), and a last line without one marked as both tools expect."""
+    out: list[str] = []
+    for line in difflib.unified_diff(source.splitlines(keepends=True), changed.splitlines(keepends=True),
+                                     f"a/{name}", f"b/{name}"):
+        out.append(line if line.endswith("\n") else f"{line}\n{_NO_NEWLINE}")
+    return "".join(out)
+
+
+class PatchMismatch(Exception):
+    """A hunk's context or removed lines are not the file's lines where the hunk says (`patch` would reject it)."""
+
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def apply_patch(source: str, patch: str) -> str:
+    """`patch` (one file's unified diff) applied to `source` by the rules `patch -p1` and `git apply` follow
+    without fuzz: every context and removed line must be the file's line, byte for byte (a CR included), at
+    the line the hunk names; a line followed by the no-newline marker ends without one."""
+    old = source.splitlines(keepends=True)
+    rows = patch.splitlines(keepends=True)
+    out: list[str] = []
+    at = 0  # lines of `old` consumed
+    i = next((n for n, row in enumerate(rows) if row.startswith("@@")), len(rows))
+    while i < len(rows):
+        head = _HUNK.match(rows[i])
+        if head is None:
+            raise PatchMismatch(f"not a hunk header: {rows[i]!r}")
+        start = int(head.group(1)) - (0 if head.group(2) == "0" else 1)
+        out.extend(old[at:start])
+        at = start
+        i += 1
+        while i < len(rows) and not rows[i].startswith("@@"):
+            row, i = rows[i], i + 1
+            if i < len(rows) and rows[i] == _NO_NEWLINE:
+                row, i = row[:-1], i + 1
+            tag, line = row[:1], row[1:]
+            if tag in (" ", "-"):
+                if at >= len(old) or old[at] != line:
+                    raise PatchMismatch(f"line {at + 1} is {old[at] if at < len(old) else None!r}, the patch "
+                                        f"expects {line!r}")
+                at += 1
+            if tag in (" ", "+"):
+                out.append(line)
+    return "".join([*out, *old[at:]])
+
+
+def patched(name: str, source: str, changed: str) -> str:
+    """`changed` as its patch makes it: the unified diff applied to `source` (`apply_patch`). What runs in an
+    experiment is what the written patch gives, so "verified as written" holds for the patch itself."""
+    result = apply_patch(source, unified_diff(name, source, changed))
+    if result != changed:
+        raise PatchMismatch(f"the patch for {name} does not reproduce the changed script")
+    return result
 
 
 @contextlib.contextmanager
@@ -208,7 +277,7 @@ def temporary_copy(script: Path, text: str) -> Iterator[Path]:
                           "it (the same directory, so imports and relative paths behave the same): that "
                           "directory must be writable") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
         yield path
     finally:

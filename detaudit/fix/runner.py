@@ -68,7 +68,7 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
     cwd = Path(record.cwd or ".").resolve()
     script = options.target.script if options.target.script.is_absolute() else cwd / options.target.script
     try:
-        source = script.read_text(encoding="utf-8")
+        source = code.read_source(script)
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{script}: cannot read the script to write its fix ({exc})") from None
     code.insertion_line(source)  # a script that does not parse is refused before any experiment
@@ -86,7 +86,8 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
         pins = [p for p in knobs if p in chosen]
         text = code.rewrite(source, code.prelude(pins, edits_only), [e for e in edits if e.pin in chosen])
         prefix = f"fix-{len(trials) + 1}"
-        with code.temporary_copy(script, text) as copy:
+        # what runs is what the patch makes of the script (the patch itself verified, not a copy of the text)
+        with code.temporary_copy(script, code.patched(Path(record.script).name, source, text)) as copy:
             target = replace(experiment_options.target, script=copy, argv0=None,
                              env={**experiment_options.target.env, **{
                                  k: v for k, v in code.environment(pins).items() if k not in held}})

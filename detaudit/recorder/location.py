@@ -9,9 +9,20 @@ from types import CodeType, FrameType
 
 _skip_prefixes: tuple[str, ...] = ()
 _relative: dict[str, str] = {}
+_SITE_DIRS = ("site-packages", "dist-packages")
+
+
+def installed_dirs() -> tuple[str, ...]:
+    """This interpreter's standard library and site directories, and every site directory on sys.path: a
+    virtual environment that sees another's packages (a .pth naming its site-packages, or
+    `--system-site-packages` on a venv) has them outside its own sysconfig paths."""
+    paths = {p for k in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(k))}
+    paths |= {p for p in sys.path if p and os.path.basename(p.rstrip(os.sep)) in _SITE_DIRS}
+    return tuple(sorted({p.rstrip(os.sep) + os.sep for p in paths}, key=len, reverse=True))
+
+
 # installed packages and the standard library: a frame there is library code the user did not write
-_INSTALLED = tuple(sorted({p.rstrip(os.sep) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")
-                           if (p := sysconfig.get_paths().get(k))}, key=len, reverse=True))
+_INSTALLED = installed_dirs()
 
 
 def skip_paths(*paths: str) -> None:

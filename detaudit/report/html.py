@@ -143,6 +143,8 @@ def _bits(setting: dict[str, Any]) -> str:
     d = setting.get("first_divergence")
     if not setting.get("changed_bits") or not d:
         return "unchanged"
+    if d.get("category") == "outcome":
+        return f"ENDED DIFFERENTLY: {d.get('detail')}"
     where = " ".join(str(x) for x in (d.get("kind"), d.get("name"), f"at step {d['step']}" if d.get("step") is not None
                                       and d["step"] >= 0 else "", f"({d['location']})" if d.get("location") else "")
                      if x)

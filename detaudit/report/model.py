@@ -20,6 +20,7 @@ from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
 from detaudit.compare.traces import Comparison, Divergence, RecordInfo, StepSpread
 from detaudit.errors import ExitCode
 from detaudit.results import Cause, Experiment, Latent, RepeatResult, Role, Verdict
+from detaudit.run.failure import disk_full
 from detaudit.run.files import write_output
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class CarriedOutput:
     recorded tensor agrees and each differing repeat read what an earlier repeat left. Reported, but
     not a divergence: the repeats computed the same; they were told different things to print."""
 
-    divergence: Divergence  # the first differing stdout line (category outcome, kind stdout)
+    divergence: Divergence  # the first differing stdout line (outcome, stdout), or saved non-tensor value (content)
     evidence: list[str]  # what each differing repeat read, with path and line
 
 
@@ -146,11 +147,17 @@ class Report:
     def inconclusive_reason(self) -> str:
         """Why agreement proves nothing, or "" when it does.
 
-        Agreement is evidence only when every repeat's recording is whole: a recording that was
+        Agreement is evidence only when every repeat's recording is whole: a repeat whose disk filled up, a
+        recording that was
         lost or cut short (no footer), a repeat stopped by an interrupt, repeats that recorded no
         tensor at all, or only content-less ones (dtype and shape), agree vacuously — never
         "deterministic"; so does agreement that a requested --self-check failed or could not test.
         """
+        full = {i: line for i, shown in sorted(self.repeat_errors.items()) if (line := disk_full(shown))}
+        if full and not all_failed(self.runs):
+            return (f"repeat(s) {', '.join(map(str, full))} ran out of disk space: {next(iter(full.values()))}; "
+                    "a repeat that cannot write ends for that, so its end and what it did not record say nothing "
+                    "about the script (free space and run the audit again)")
         comp = self.comparison
         cut = [r.index for r in self.runs if not r.timed_out
                and (r.interrupted or (r.index < len(comp.complete) and not comp.complete[r.index]))]

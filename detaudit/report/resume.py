@@ -1,4 +1,4 @@
-"""`detaudit resume`'s result as data, and its JSON rendering (docs/resume.md; terminal: cli/resume.py).
+"""`detaudit resume`'s result as data, and its JSON rendering (docs/resume.md; terminal: cli/resume_command.py).
 
 A ResumeReport holds the reference audit (a Report: the uninterrupted run against a repeat of itself), the
 interrupted and resumed runs, what they saved and loaded, where the resumed run starts in the reference's
@@ -45,7 +45,7 @@ class CheckpointCall:
 
 @dataclass(frozen=True)
 class ResumeReport:
-    """The resume check, built once by audit/resume.py."""
+    """The resume check, built once by audit/resume_check.py."""
 
     script: str
     script_args: list[str]

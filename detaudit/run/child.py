@@ -226,6 +226,9 @@ class Session:
             sink = self._empty_trace() if self.recorder is None else self.recorder
             evidence.finish(sink)
             sink.close(footer)
+            lost = getattr(getattr(sink, "writer", sink), "lost", None)
+            if lost:  # no footer: said where the report reads a repeat's end (a full disk reads inconclusive)
+                print(f"detaudit: this repeat's recording is incomplete: {lost}", file=sys.stderr)
         except Exception as exc:  # the script's outcome matters more than a last flush
             print(f"detaudit: could not finish the trace: {exc}", file=sys.stderr)
 

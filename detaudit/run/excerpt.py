@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 _LIBRARY_MARKERS = ("site-packages", "dist-packages", f"{os.sep}lib{os.sep}python")
+# the recorder's wrappers around the user's calls: never the frame that explains an error
+_RECORDER = f"{os.sep}detaudit{os.sep}recorder{os.sep}"
 
 
 def error_excerpt(stderr: str, lines: int = 15) -> str:
@@ -24,8 +26,9 @@ def error_excerpt(stderr: str, lines: int = 15) -> str:
     while end_of_frames < len(block) and block[end_of_frames].startswith("    "):
         end_of_frames += 1
     kept = [block[0]]
+    frames = [i for i in frames if _RECORDER not in block[i]] or frames
     for n, start in enumerate(frames):
-        stop = frames[n + 1] if n + 1 < len(frames) else end_of_frames
+        stop = next((i for i in range(start + 1, end_of_frames) if block[i].startswith('  File "')), end_of_frames)
         if n == len(frames) - 1 or not any(m in block[start] for m in _LIBRARY_MARKERS):
             kept.extend(block[start:stop])
         elif kept[-1] != "  ...":

@@ -10,6 +10,7 @@ no frames: killed, written by an older detaudit, failed before the recorder exis
 
 from __future__ import annotations
 
+import errno
 import functools
 import linecache
 import os
@@ -31,6 +32,9 @@ EXCERPT_LINES = 15  # lines of stderr shown when there are no frames
 # -- capture (in the child) -----------------------------------------------------------------------------
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # detaudit/
 _DEMO_DIR = _PACKAGE_DIR + "demo" + os.sep  # detaudit's demo scripts are user code
+# the recorder's wrappers around the user's calls (an op, torch.save, a hook): an exception passing through
+# them is the user's call's, so their frames are no part of its story
+_RECORDER_DIR = _PACKAGE_DIR + "recorder" + os.sep
 _LIBRARY_MARKERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 
 
@@ -56,7 +60,8 @@ def is_library(filename: str) -> bool:
 
 def capture(exc: BaseException, skip_file: str, show_path: Callable[[str], str] = os.path.relpath,
             library: Callable[[str], bool] = is_library) -> ScriptError:
-    """The structured traceback of `exc`, without the leading frames of `skip_file` (the child's own).
+    """The structured traceback of `exc`, without the leading frames of `skip_file` (the child's own) and
+    without the recorder's wrapper frames (an op raising in C names the user's call, not the wrapper).
 
     Keeps every user frame and the innermost frame (where a library raised it), then the last
     MAX_FRAMES of those; source lines are read for the kept frames only.
@@ -67,7 +72,8 @@ def capture(exc: BaseException, skip_file: str, show_path: Callable[[str], str] 
         tb = tb.tb_next
     while tb is not None:
         code = tb.tb_frame.f_code
-        raw.append((code.co_filename, tb.tb_lineno, code.co_name))
+        if not os.path.realpath(code.co_filename).startswith(_RECORDER_DIR):
+            raw.append((code.co_filename, tb.tb_lineno, code.co_name))
         tb = tb.tb_next
     marked = [(f, library(f[0])) for f in raw]
     kept = [(f, lib) for i, (f, lib) in enumerate(marked) if not lib or i == len(marked) - 1][-MAX_FRAMES:]
@@ -156,6 +162,17 @@ def excerpt(error: ScriptError | None, stderr: str, lines: int = EXCERPT_LINES) 
         parts.append(f"{error.type}: {error.message}" if error.message else error.type)
         text = "\n".join(parts)
     return printable(_ANSI.sub("", text))
+
+
+# the disk (or the quota) filled up: the repeat could not write, which says nothing about the script
+_DISK_FULL = tuple(f"[Errno {code}] {os.strerror(code)}" for code in (errno.ENOSPC, errno.EDQUOT)) + \
+    tuple(os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT))
+
+
+def disk_full(shown: str) -> str | None:
+    """The line of a failed repeat's excerpt (`excerpt`'s text) that says its disk or quota filled up (ENOSPC,
+    EDQUOT: the repeat could not write, which says nothing about the script), or None."""
+    return next((line.strip() for line in shown.splitlines() if any(m in line for m in _DISK_FULL)), None)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor sequences of a script's coloured output

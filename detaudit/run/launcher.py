@@ -66,7 +66,7 @@ class RepeatPlan:
     stderr: Path
     env: dict[str, str] = field(default_factory=dict)
     child_config: dict[str, Any] = field(default_factory=dict)
-    perturbation: dict[str, str] | None = None  # `run --perturb`: the settings it runs with (run/perturb.py)
+    perturbation: dict[str, str] | None = None  # `run --perturb`: the settings it runs with (run/perturb_plan.py)
 
     @property
     def stop_file(self) -> Path | None:

@@ -228,7 +228,7 @@ class RecordStream:
         if not isinstance(self.header, dict) or self.header.get("format") != FORMAT_NAME:
             raise _fail(self.path, "not a detaudit trace (foreign header)")
         version = self.header.get("version")
-        if version != FORMAT_VERSION:
+        if not schema.is_version(version, FORMAT_VERSION):
             raise _fail(
                 self.path,
                 f"trace format version {version!r} is not supported by this detaudit "

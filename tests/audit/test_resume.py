@@ -1,6 +1,7 @@
-"""`detaudit resume` on synthetic traces: compare/resume.py (windows, alignment), causes/resume.py (what the
-checkpoint forgot), report/resume.py (JSON, HTML), audit/resume.py's checks and cli/resume.py's argument split
-and rendering. The whole pipeline on real scripts: tests/e2e/test_e2e_resume.py."""
+"""`detaudit resume` on synthetic traces: compare/resumed_alignment.py (windows, alignment),
+causes/resume_causes.py (what the checkpoint forgot), report/resume.py (JSON, HTML), audit/resume_check.py's
+checks and cli/resume_command.py's argument split and rendering. The whole pipeline on real scripts:
+tests/e2e/test_e2e_resume.py."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from rich.console import Console
 from synthetic import Rec, write_run, write_trace
 
 from detaudit.audit.pipeline import AuditOptions, Recording, Target, load_run
-from detaudit.audit.resume import ResumeOptions, checkpoint_calls, loaded_at, run_resume
-from detaudit.causes.resume import ResumeRuns, diagnose
-from detaudit.cli.resume import ResumeCommand, render, summary_line
-from detaudit.compare.resume import Steps, align, compare_resumed, read_steps
+from detaudit.audit.resume_check import ResumeOptions, checkpoint_calls, loaded_at, run_resume
+from detaudit.causes.resume_causes import ResumeRuns, diagnose
+from detaudit.cli.resume_command import ResumeCommand, render, summary_line
+from detaudit.compare.resumed_alignment import Steps, align, compare_resumed, read_steps
 from detaudit.errors import ExitCode, UsageError
 from detaudit.report.resume import CheckpointCall, ResumeReport, render_html, to_dict
 from detaudit.trace import Kind

@@ -110,6 +110,21 @@ def test_agreeing_repeats_never_diverge_and_agree_to_the_last_step(tmp_path: Pat
     follower.close()
 
 
+def test_a_saved_value_that_is_no_tensor_stops_no_repeat(tmp_path: Path) -> None:
+    """A checkpoint's path that differs (a `version_N` an earlier repeat decided) is judged once every tensor is
+    recorded (compare/saved_values.py): the live comparison follows on past it."""
+    path = Rec("torch.save[0].best_model_path", digest=5, step=3, kind=Kind.SAVE, dtype="str", shape="")
+    records = training_records(steps=STEPS)
+    with_path = [*records[:4 * PER_STEP], path, *records[4 * PER_STEP:]]
+    other_path = [r.but(digest=6) if r is path else r for r in with_path]
+    follower, growing = _follow(tmp_path, with_path, other_path)
+    growing.grow_to(len(growing.data))
+    follower.poll()
+    assert follower.diverged_at is None
+    assert follower.agrees_to == STEPS - 1
+    follower.close()
+
+
 def test_a_repeat_that_records_on_after_its_reference_ended_has_diverged(tmp_path: Path) -> None:
     records = training_records(steps=STEPS)
     follower, growing = _follow(tmp_path, records[: 4 * PER_STEP], records)

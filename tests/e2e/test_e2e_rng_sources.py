@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 import sysconfig
@@ -75,14 +76,20 @@ main()
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtual environment that sees this interpreter's packages, with the helper installed in it."""
+    """A virtual environment that sees this interpreter's packages, with the helper installed in it.
+
+    Not `--system-site-packages`: run from inside a virtual environment, `venv` builds on the base interpreter,
+    whose packages those are, not the running environment's (which holds rich, numpy, torch). A .pth file adds
+    the running interpreter's own site directories instead (their .pth files processed, as site does)."""
     root = tmp_path_factory.mktemp("venv") / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     assert purelib != sysconfig.get_paths()["purelib"]
     (Path(purelib) / "seedhelp.py").write_text(HELPER)
+    seen = "; ".join(f"site.addsitedir({d!r})" for d in site.getsitepackages())
+    (Path(purelib) / "outer-site-packages.pth").write_text(f"import site; {seen}\n")
     return python
 
 

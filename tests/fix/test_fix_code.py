@@ -90,6 +90,46 @@ def test_the_patch_applies_to_the_script(tmp_path: Path) -> None:
         assert script.read_text() == changed
 
 
+def _applied_by_the_tools(folder: Path, script: Path, patch: str) -> list[bytes]:
+    """The script as `git apply` and `patch -p1` leave it after taking `patch` (each tool that is installed)."""
+    (folder / "fix.patch").write_bytes(patch.encode())
+    original = script.read_bytes()
+    results = []
+    for command in (["git", "apply", "fix.patch"], ["patch", "-p1", "-s", "-i", "fix.patch"]):
+        if subprocess.run([command[0], "--version"], capture_output=True).returncode != 0:
+            continue
+        subprocess.run(command, cwd=folder, check=True, capture_output=True)
+        results.append(script.read_bytes())
+        script.write_bytes(original)
+    return results
+
+
+@pytest.mark.parametrize("newline", ["\r\n", "\n"])
+@pytest.mark.parametrize("last", ["\n", ""])
+def test_a_patch_applies_as_the_tools_apply_it_whatever_the_line_endings(tmp_path: Path, newline: str,
+                                                                         last: str) -> None:
+    """CRLF lines keep their CR in the patch (the file's own bytes are its context), added lines take the file's
+    ending, and a last line without one is marked: the patch our applier checks is the one the tools take."""
+    script = tmp_path / "train.py"
+    source = newline.join(['"""Train."""', "import numpy as np", "rng = np.random.default_rng()"]) + (
+        newline if last else "")
+    script.write_bytes(source.encode())
+    assert code.read_source(script) == source
+    edit = code.seed_edit(Pin.NUMPY_RNG, "np.random.default_rng", "train.py:3", "", script, tmp_path)
+    changed = code.rewrite(source, code.prelude([Pin.TORCH_RNG]), [edit])
+    assert changed.count(newline) == changed.count("\n")  # one line ending throughout
+    patch = code.unified_diff("train.py", source, changed)
+    assert code.patched("train.py", source, changed) == changed
+    assert _applied_by_the_tools(tmp_path, script, patch) in ([changed.encode()] * 2, [changed.encode()], [])
+
+
+def test_a_patch_whose_context_is_not_the_files_is_refused() -> None:
+    source = "a = 1\r\nb = 2\r\n"
+    patch = code.unified_diff("t.py", source, "import torch\r\na = 1\r\nb = 2\r\n")
+    with pytest.raises(code.PatchMismatch):
+        code.apply_patch(source.replace("\r\n", "\n"), patch)  # the file as read with newline translation
+
+
 @pytest.mark.process
 def test_the_copy_sits_beside_the_script_and_behaves_like_it(tmp_path: Path) -> None:
     (tmp_path / "helper.py").write_text("VALUE = 7\n")
@@ -122,7 +162,7 @@ def test_the_copy_never_writes_through_a_planted_link_and_a_readonly_folder_is_o
 
 def test_under_perturb_a_knob_that_is_only_a_perturbed_variable_is_held_away() -> None:
     from detaudit.pin import Perturb, perturbations
-    from detaudit.run.perturb import Perturbation
+    from detaudit.run.perturb_plan import Perturbation
 
     specs = perturbations(4)
 

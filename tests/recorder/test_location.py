@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
+
+import pytest
 
 import detaudit
 from detaudit.recorder import fingerprint, location
@@ -40,3 +43,14 @@ def test_a_library_line_is_shown_after_the_users_line_that_led_to_it() -> None:
     assert location.user_caller(here) is None
     text, line = location.describe_frames(here, None), here.f_lineno
     assert text == f"{location.display_path(__file__)}:{line}"
+
+
+def test_a_site_directory_on_sys_path_outside_this_interpreters_own_is_installed_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A venv that sees another venv's packages (a .pth naming its site-packages) has them outside its own
+    sysconfig paths: their frames are still library code, never the user's line."""
+    other = tmp_path / "outer" / "lib" / "python3.11" / "site-packages"
+    monkeypatch.setattr(sys, "path", [*sys.path, str(other), str(tmp_path / "mine")])
+    dirs = location.installed_dirs()
+    assert f"{other}{os.sep}" in dirs
+    assert f"{tmp_path / 'mine'}{os.sep}" not in dirs

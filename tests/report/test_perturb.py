@@ -1,5 +1,5 @@
-"""`run --perturb`, in process: the settings catalogue (pin.py), which repeat runs with what (run/perturb.py),
-the repeats compared group by group (compare/perturb.py), the cause it proves (causes/perturb.py) and how
+"""`run --perturb`, in process: the settings catalogue (pin.py), which repeat runs with what (run/perturb_plan.py),
+the repeats compared group by group (compare/perturb.py), the cause it proves (causes/perturbed_settings.py) and how
 the report, the baseline and the renderers carry it. The real CLI runs in tests/e2e/test_e2e_perturb.py."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from detaudit.report import baseline
 from detaudit.report.html import render_html
 from detaudit.report.model import BaselineCheck, EnvironmentChange, to_dict
 from detaudit.results import RepeatResult, Tolerance
-from detaudit.run import perturb
+from detaudit.run import perturb_plan
 from detaudit.run.launcher import plan_repeats
 
 T1, T2 = {"threads": "1"}, {"threads": "2"}
@@ -40,6 +40,9 @@ def test_knobs_are_read_from_a_comma_list_in_catalogue_order() -> None:
         perturb_knobs("threads,cores")
     with pytest.raises(ValueError, match="at least one"):
         perturb_knobs(" , ")
+    with pytest.raises(ValueError, match="unknown setting 'bogus'"):
+        perturb_knobs("all,bogus")  # `all` does not excuse a name that is no setting
+    assert perturb_knobs("all,threads") == list(Perturb)
 
 
 def test_threads_run_at_one_and_at_the_machines_count_never_both_at_one() -> None:
@@ -57,7 +60,7 @@ def test_every_setting_names_a_registered_cause_and_two_different_values() -> No
 
 # -- which repeat runs with what ----------------------------------------------------------------------------
 def test_repeats_alternate_between_the_base_group_and_one_group_per_setting(tmp_path: Path) -> None:
-    plan = perturb.plan([Perturb.THREADS, Perturb.HASH_SEED], ["cpu"], 4)
+    plan = perturb_plan.plan([Perturb.THREADS, Perturb.HASH_SEED], ["cpu"], 4)
     plans = plan.assign(plan_repeats(tmp_path, 6, ["cpu"], env={"KEEP": "1"}, child_config={"pins": []}))
     assert [p.perturbation for p in plans] == [
         {"threads": "1", "hash-seed": "1"}, {"threads": "4", "hash-seed": "1"}, {"threads": "1", "hash-seed": "2"}] * 2
@@ -67,12 +70,12 @@ def test_repeats_alternate_between_the_base_group_and_one_group_per_setting(tmp_
 
 
 def test_a_cuda_only_setting_is_not_varied_on_a_run_that_sees_no_gpu(tmp_path: Path) -> None:
-    plan = perturb.plan(list(Perturb), ["cpu"], 2)
+    plan = perturb_plan.plan(list(Perturb), ["cpu"], 2)
     assert [s.knob for s in plan.specs] == [Perturb.THREADS, Perturb.HASH_SEED]
     assert set(plan.not_tested) == {"cudnn-benchmark", "cublas-workspace", "allocator"}
     with pytest.raises(UsageError, match="only CUDA work can notice"):
-        perturb.plan([Perturb.CUDNN_BENCHMARK], ["cpu"], 2)
-    on_gpu = perturb.plan([Perturb.CUDNN_BENCHMARK], ["cuda"], 2)
+        perturb_plan.plan([Perturb.CUDNN_BENCHMARK], ["cpu"], 2)
+    on_gpu = perturb_plan.plan([Perturb.CUDNN_BENCHMARK], ["cuda"], 2)
     [base, benchmark] = on_gpu.assign(plan_repeats(tmp_path, 2, ["cuda"]))
     assert base.child_config["perturb"] == {"cudnn.benchmark": False}
     assert benchmark.child_config["perturb"] == {"cudnn.benchmark": True}
@@ -144,6 +147,41 @@ def test_when_equal_settings_already_differ_no_setting_is_blamed(tmp_path: Path)
     assert found is not None and found.control is not None and found.control.repeats == [2]
     assert found.sensitive == [] and found.survived == []
     assert "thread-count" not in [c.id for c in report.causes]
+
+
+def test_a_setting_under_which_the_script_exits_early_is_an_outcome_difference_not_a_bit_change(
+        tmp_path: Path) -> None:
+    """The threads-2 repeats end by themselves after 4 records: no record they made differs, so the setting
+    changed how the script ended, never the bits of a record those repeats did not make."""
+    whole = training_records()
+    run = write_run(tmp_path / "run", [whole, whole[:4], whole, whole[:4]], perturbations=[T1, T2, T1, T2])
+    report = load_run(run)
+    assert report.perturbation is not None
+    [threads] = report.perturbation.sensitive
+    assert threads.divergence is not None
+    assert (threads.divergence.category, threads.divergence.record) == ("outcome", None)
+    assert threads.divergence.detail == ("repeat(s) 1, 3 ended by themselves after 4 records where repeat 0 went on "
+                                         "(exit status 0)")
+    evidence = report.causes[0].evidence
+    assert not any(line.startswith("first divergence between the two") for line in evidence)
+    assert f"the two ended differently, every record both made agreeing: {threads.divergence.detail}" in evidence
+    console = Console(record=True, width=250)
+    render(report, console)
+    assert "ENDED DIFFERENTLY: repeat(s) 1, 3 ended by themselves" in console.export_text()
+    page = render_html(json.loads(json.dumps(to_dict(report))))
+    assert "ENDED DIFFERENTLY: repeat(s) 1, 3 ended by themselves" in page
+
+
+def test_a_setting_under_which_the_script_fails_is_compared_as_a_failure(tmp_path: Path) -> None:
+    recs = training_records()
+    run = write_run(tmp_path / "run", [recs, recs, recs, recs], perturbations=[T1, T2, T1, T2],
+                    exit_codes=[0, 1, 0, 1])
+    found = load_run(run).perturbation
+    assert found is not None
+    [threads] = found.sensitive
+    assert threads.divergence is not None
+    assert threads.divergence.detail == ("exit status differs: repeat 0 exited 0, repeat 2 exited 0, repeat 1 exited "
+                                         "1, repeat 3 exited 1")  # the base group first
 
 
 def test_explain_refuses_a_perturbed_run(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ statuses and source decoding. test_child.py runs whole scripts both ways (marked
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -55,3 +56,22 @@ def test_source_is_decoded_by_its_cookie_and_bytes_that_are_no_text_get_pythons_
     bad.write_bytes(b"x = 1\n\xff\xfe oops\n")
     with pytest.raises(SyntaxError, match=r"Non-UTF-8 code starting with '\\xff' in file .*bad.py on line 2"):
         child._read_source(str(bad), bad.read_bytes())
+
+
+def test_a_recording_lost_to_a_full_disk_is_said_on_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The trace writer stops writing on ENOSPC and no footer is written: the child says so on stderr, where the
+    report reads a failed repeat's end (a full disk reads inconclusive, run/failure.py `disk_full`)."""
+    import errno
+
+    from detaudit.trace import writer
+
+    def full(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writer, "_write_all", full)
+    session = child.Session({"trace": str(tmp_path / "repeat-0.trace")}, tmp_path / "script.py")
+    session.ended(0, None)
+    session.close()
+    assert capsys.readouterr().err == ("detaudit: this repeat's recording is incomplete: writing the trace failed: "
+                                       "No space left on device\n")

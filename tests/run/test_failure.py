@@ -95,6 +95,20 @@ def test_capture_keeps_user_frames_and_the_innermost_frame_and_drops_the_callers
     assert everything.frames[1].file == os.path.relpath(script) and everything.omitted == 0
 
 
+def test_capture_skips_the_recorders_wrapper_frames_so_the_users_call_is_innermost(tmp_path: Path) -> None:
+    """An op that raises in C leaves the recorder's wrapper (`return original(...)`) as the innermost Python
+    frame: the excerpt must name the user's call, never the wrapper."""
+    script = tmp_path / "script.py"
+    script.write_text("def main(op):\n    op()\n")
+    space: dict[str, object] = {}
+    wrapper = "def op():\n    raise IndexError('index out of range in self')\n"
+    exec(compile(wrapper, failure._RECORDER_DIR + "evidence" + os.sep + "kernels.py", "exec"), space)
+    exec(compile(script.read_text(), str(script), "exec"), space)
+    error = capture(_caught(space["main"], space["op"]), __file__, show_path=os.path.basename)
+    assert error.frames == (Frame("script.py", 2, "main", "op()", True),)
+    assert excerpt(error, "") == "script.py:2, in main\n    op()\nIndexError: index out of range in self"
+
+
 def test_capture_bounds_frames_and_message() -> None:
     def recurse(n: int) -> None:
         if n == 0:
@@ -185,3 +199,12 @@ def test_a_footer_claiming_more_bytes_than_the_file_holds_is_no_footer(tmp_path:
     path = tmp_path / "huge.trace"
     path.write_bytes(MAGIC + b"F" + struct.pack("<I", 0xFFFFFFF0) + b"{}")
     assert read_footer(path) is None
+
+
+def test_a_full_disk_is_read_from_the_excerpt_a_failed_repeat_shows() -> None:
+    shown = excerpt(ScriptError("OSError", "[Errno 28] No space left on device", (USER,), 0), "")
+    assert failure.disk_full(shown) == "OSError: [Errno 28] No space left on device"
+    lost = "detaudit: this repeat's recording is incomplete: writing the trace failed: No space left on device"
+    assert failure.disk_full(excerpt(None, f"some output\n{lost}\n")) == lost
+    assert failure.disk_full(excerpt(ScriptError("OSError", "[Errno 122] Disk quota exceeded", (USER,), 0), ""))
+    assert failure.disk_full(excerpt(ScriptError("ValueError", "no space for this model", (USER,), 0), "")) is None

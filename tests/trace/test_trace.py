@@ -206,6 +206,12 @@ def test_foreign_header_is_refused(tmp_path: Path) -> None:
         read_trace(_handmade(tmp_path / "u", [1, 2, 3]))
 
 
+def test_a_version_that_only_equals_the_format_version_in_python_is_refused(tmp_path: Path) -> None:
+    path = _handmade(tmp_path / "t", {"format": "detaudit-trace", "version": float(FORMAT_VERSION)})
+    with pytest.raises(TraceError, match=rf"trace format version {FORMAT_VERSION}\.0 is not supported"):
+        read_trace(path)
+
+
 def test_unknown_version_is_refused_naming_the_version(tmp_path: Path) -> None:
     path = _handmade(tmp_path / "t", {"format": "detaudit-trace", "version": 99})
     with pytest.raises(TraceError, match=r"version 99") as info:

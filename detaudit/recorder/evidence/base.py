@@ -14,7 +14,6 @@ import os
 import random
 import re
 import sys
-import sysconfig
 import threading
 import warnings
 import weakref
@@ -69,7 +68,7 @@ class Evidence:
         # weak references to what user `empty*` calls returned, until the first forward (kernels.py)
         self.empties: list[Any] | None = []
         self.fill_generator: Any = None  # what fills `empty` memory: seeded from os.urandom per process
-        self._library = _library_prefixes()
+        self._library = location.installed_dirs()
         self._side_fd: int | None = None
         self._lock = threading.Lock()
 
@@ -97,7 +96,12 @@ class Evidence:
                 except OSError:
                     self.side_path = None  # the workers' evidence is lost; their batches are still recorded
                     return
-            os.write(self._side_fd, (line + "\n").encode())
+            try:
+                os.write(self._side_fd, (line + "\n").encode())
+            except OSError:  # the disk filled up: evidence is a by-product, never a worker's crash
+                with contextlib.suppress(OSError):
+                    os.close(self._side_fd)
+                self._side_fd, self.side_path = None, None
 
     def after_fork(self) -> None:
         """In a forked child (a DataLoader worker): write to the side file, re-learn call sites."""
@@ -236,12 +240,6 @@ def python_rng_digest(state: tuple[Any, ...]) -> str:
     (the state's last field when no Gaussian is cached) is the object's address, different every run."""
     version, words, gauss_next = state
     return digest_bytes(array.array("Q", words).tobytes() + repr((version, gauss_next)).encode())
-
-
-def _library_prefixes() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    return tuple({paths[k].rstrip(os.sep) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")
-                  if paths.get(k)})
 
 
 @contextlib.contextmanager

@@ -86,7 +86,8 @@ def _detector(knob: Perturb) -> Detector:
             lines.append("recorded: " + ", ".join(f"{text} in repeat {i}" for i, text in seen if text))
         size = f" (max |diff| {d.max_abs_diff:.3g}, {d.max_ulp_diff} ULP)" \
             if d.max_abs_diff is not None and d.max_ulp_diff is not None else ""
-        lines.append(f"first divergence between the two: {where(d)}{size}")
+        lines.append(f"the two ended differently, every record both made agreeing: {d.detail}"
+                     if d.category == "outcome" else f"first divergence between the two: {where(d)}{size}")
         op = ctx.op_with("nondeterministic-op")
         if op is not None:  # the op-level re-run: same inputs, other output, and only between the settings
             r = op.record

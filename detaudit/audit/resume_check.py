@@ -5,8 +5,8 @@ live there): the reference (`SCRIPT ARGS`, audited against a second repeat of it
 interrupted run (`SCRIPT ARGS`, stopped right after step K as `--max-steps K` stops it) and the resumed run
 (`SCRIPT ARGS RESUME_ARGS`). Every repeat records with the child config `resume` (recorder/checkpoints.py:
 starting parameters, learning rates, GradScaler state). The resumed run is aligned to the reference step
-whose parameters it starts from and compared with the reference from there (compare/resume.py); the
-causes are causes/resume.py's (docs/resume.md).
+whose parameters it starts from and compared with the reference from there (compare/resumed_alignment.py); the
+causes are causes/resume_causes.py's (docs/resume.md).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from detaudit.audit.pipeline import AuditOptions, execute, run_audit
-from detaudit.causes.resume import ResumeRuns, diagnose
+from detaudit.causes.resume_causes import ResumeRuns, diagnose
 from detaudit.compare.align import RecordInfo
-from detaudit.compare.resume import Alignment, align, compare_resumed, read_steps
+from detaudit.compare.resumed_alignment import Alignment, align, compare_resumed, read_steps
 from detaudit.compare.traces import Divergence
 from detaudit.errors import Inconclusive, NoCheckpoint, ScriptFailed, UsageError
 from detaudit.report.model import Report

@@ -3,7 +3,7 @@
 Read from what the three runs recorded: the interrupted run's `checkpoint-save` events (what was saved, where),
 the resumed run's `checkpoint-load`, `state-restore`, `rng-restore`, `seed` and `draw` events (what it loaded,
 what it put back, which RNGs it draws from after loading), the alignment of its starting parameters with the
-reference's (compare/resume.py), and the first record where the two differ. The record decides the cause that
+reference's (compare/resumed_alignment.py), and the first record where the two differ. The record decides the cause that
 comes first; what else the resumed run left unrestored follows as `possible`.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from detaudit.compare.resume import Alignment, Steps
+from detaudit.compare.resumed_alignment import Alignment, Steps
 from detaudit.compare.traces import Divergence, open_stream
 from detaudit.events import (
     CheckpointLoadEvent,
@@ -51,7 +51,7 @@ STATES: dict[str, tuple[str, str, str]] = {
 
 @dataclass(frozen=True)
 class ResumeRuns:
-    """The traces of one resume check and what compare/resume.py made of them."""
+    """The traces of one resume check and what compare/resumed_alignment.py made of them."""
 
     reference: Path  # the reference's first repeat
     interrupted: Path

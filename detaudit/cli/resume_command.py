@@ -1,6 +1,6 @@
 """`detaudit resume SCRIPT [ARGS]... --stop-at K --resume-args "ARGS"`: the command and its terminal rendering.
 
-The check itself is audit/resume.py's; the report, report/resume.py's (docs/resume.md).
+The check itself is audit/resume_check.py's; the report, report/resume.py's (docs/resume.md).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def resume(script: str, script_args: tuple[str, ...], stop_at: int, resume_args:
     line to the script, and a script option detaudit knows too (`--device=cpu`) goes after `--`.
     """
     from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
-    from detaudit.audit.resume import ResumeOptions, run_resume
+    from detaudit.audit.resume_check import ResumeOptions, run_resume
     from detaudit.report.resume import ResumeReport
     from detaudit.run.devices import own_device, resolve_devices
 
