@@ -484,7 +484,7 @@ class BatchProbe:
         batch_tensors = [t for t, b in zip(inputs, batch, strict=True) if b]
         other = self.others.get(name)
         half = (n + 1) // 2
-        if other is not None and _mixable(other, batch_tensors, d):
+        if other is not None and _mixable(other, batch_tensors, d, n - half):
             subsets.append(("mixed", Rows(n, torch.arange(half), torch.arange(half)), other))
         self.others[name] = [t.detach().clone() for t in batch_tensors]
 
@@ -540,10 +540,11 @@ def _not_comparable(module: torch.nn.Module) -> tuple[SkipReason, str] | None:
     return ("batch-statistics" if norms else "dropout"), "; ".join(parts)
 
 
-def _mixable(other: list[torch.Tensor], mine: list[torch.Tensor], d: int) -> bool:
-    """Another call's batch tensors can fill this call's batch: same count, dtypes and non-batch shapes."""
+def _mixable(other: list[torch.Tensor], mine: list[torch.Tensor], d: int, fill: int) -> bool:
+    """Another call's batch tensors can fill this call's batch: same count, dtypes and non-batch shapes, and
+    at least the `fill` rows the mixed batch takes from them (an earlier call may have been smaller)."""
     return len(other) == len(mine) and all(
-        a.dtype == b.dtype and a.device == b.device and a.dim() == b.dim()
+        a.dtype == b.dtype and a.device == b.device and a.dim() == b.dim() and a.shape[d] >= fill
         and all(a.shape[i] == b.shape[i] for i in range(a.dim()) if i != d) for a, b in zip(other, mine, strict=True))
 
 

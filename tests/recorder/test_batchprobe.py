@@ -229,3 +229,10 @@ def test_the_origin_search_keeps_weights_by_reference_and_activations_as_copies(
     assert runner._keep(model.weight) is model.weight and runner._keep(model.weight.t())._base is model.weight
     kept = runner._keep(x)
     assert kept is not x and torch.equal(kept, x)
+
+
+def test_a_call_after_a_smaller_one_is_mixed_only_when_the_smaller_has_the_rows_to_fill_it(tmp_path: Path) -> None:
+    model = nn.Embedding(50, 8).eval()  # the 7-row call's mixed probe once took 3 rows from a 2-row call: IndexError
+    events = _probed(tmp_path, lambda: [model(torch.randint(0, 50, (n, 5))) for n in (2, 7, 7)])
+    assert [e["type"] for e in events] == ["batch-call"] * 3
+    assert [[s["subset"] for s in e["subsets"] if s["subset"] == "mixed"] for e in events] == [[], [], ["mixed"]]
