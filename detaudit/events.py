@@ -365,7 +365,7 @@ class FileWriteEvent(_Event):
 
 # -- `detaudit batch` (recorder/batchprobe.py; docs/batch.md) -----------------------------------------
 SubsetKind = Literal["prefix", "reversed", "mixed"]
-SkipReason = Literal["no-batch", "batch-statistics", "dropout", "random", "uncopyable", "probe-failed"]
+SkipReason = Literal["no-batch", "batch-statistics", "dropout", "random", "uncopyable", "side-effects", "probe-failed"]
 
 
 class BatchSubset(TypedDict):

@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from detaudit.events import (
     BatchCallEvent,
+    Event,
     BatchOriginEvent,
     BatchSkipEvent,
     BatchSpot,
@@ -37,6 +38,7 @@ from detaudit.events import (
     SkipReason,
     SubsetKind,
 )
+from detaudit.recorder import batchisolation
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.core import Recorder, iter_tensors
 from detaudit.recorder.location import display_path, user_frame
@@ -370,8 +372,8 @@ class BatchProbe:
         self.handles = []
 
     # -- which calls are probed -----------------------------------------------------------------
-    def _stack(self) -> list[tuple[int, _RngGuard | None]]:
-        stack: list[tuple[int, _RngGuard | None]] | None = getattr(self.local, "stack", None)
+    def _stack(self) -> list[tuple[int, _Entered | None]]:
+        stack: list[tuple[int, _Entered | None]] | None = getattr(self.local, "stack", None)
         if stack is None:
             stack = self.local.stack = []
         return stack
@@ -384,7 +386,7 @@ class BatchProbe:
 
     def _on_pre(self, module: torch.nn.Module, args: Any) -> None:
         if self.stopped is None and not compiling() and not getattr(self.local, "probing", False):
-            self._safely(self._enter, module)
+            self._safely(self._enter, module, args)
 
     def _on_forward(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
         """After each forward; `output` absent when the forward raised (`always_call`: the stack stays right)."""
@@ -401,12 +403,16 @@ class BatchProbe:
             with contextlib.suppress(Exception):  # the trace itself failed: the footer says so
                 self._skip("", 0, "probe-failed", f"probing stopped here: {self.stopped}")
 
-    def _enter(self, module: torch.nn.Module) -> None:
+    def _enter(self, module: torch.nn.Module, args: Any) -> None:
         stack = self._stack()
-        outer = not any(guard is not None for _, guard in stack)
-        target = outer and self._is_target(module, self.names(module))
-        # the RNG states before the call: a re-evaluation of the whole batch draws what the call drew
-        stack.append((id(module), _RngGuard() if target else None))
+        outer = not any(entered is not None for _, entered in stack)
+        if not (outer and self._is_target(module, self.names(module))):
+            stack.append((id(module), None))
+            return
+        # the RNG states before the call: a re-evaluation of the whole batch draws what the call drew; where
+        # the probes cannot run in a forked copy, the call itself is watched for effects outside its module
+        watch = None if batchisolation.forkable(module, args) else batchisolation.Watch.start()
+        stack.append((id(module), _Entered(_RngGuard(), watch)))
 
     def _leave(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         stack = self._stack()
@@ -416,8 +422,11 @@ class BatchProbe:
                     stack.pop()
             else:
                 return
-        _, before = stack.pop()
-        if before is None or output is None:
+        _, entered = stack.pop()
+        if entered is None:
+            return
+        effects = entered.watch.effects() if entered.watch is not None else None
+        if output is None:
             return
         name = self.names(module) or type(module).__name__
         call = self.calls.get(name, 0)
@@ -427,7 +436,8 @@ class BatchProbe:
         self.recorder.local.paused = True
         self.recorder.internal += 1
         try:
-            self._probe(module, name, call, args, kwargs, output, before)
+            for event in self._isolated(module, name, call, (args, kwargs, output), entered.guard, effects):
+                self.recorder.event(event)
         except Exception as exc:  # a probe never breaks the script: the call is reported as not probed
             self._skip(name, call, "probe-failed", f"{type(exc).__name__}: {exc}")
         finally:
@@ -436,57 +446,89 @@ class BatchProbe:
             self.recorder.local.paused = False
             self.local.probing = False
 
+    def _isolated(self, module: torch.nn.Module, name: str, call: int, seen: tuple[Any, Any, Any],
+                  before: _RngGuard, effects: list[str] | None) -> list[Event]:
+        """The call's probe events, from probes that cannot touch the script's state or files: in a forked copy
+        (CPU), else in the process when the call showed no effect outside its module (recorder/batchisolation.py).
+        Effects the probes attempted there are refused, and the call reported `side-effects` instead."""
+        args, kwargs, output = seen
+        where = _loc()  # the script's line that made the call (a forked copy's thread has no frames of it)
+        if effects is None and not batchisolation.forkable(module, (args, kwargs)):
+            effects = ["its device cannot be used in a forked copy, and the call was not watched"]
+        if effects:
+            return [_skip_event(name, call, "side-effects", f"the forward acts outside its module "
+                                f"({'; '.join(effects[:3])}): a probe would do it again in the script's process, "
+                                "which cannot be forked on this device")]
+
+        def work() -> list[Event]:
+            self.local.probing = True
+            self.recorder.local.paused = True
+            return self._probe(module, name, call, args, kwargs, output, before, where)
+
+        if effects is None:  # forkable
+            result = batchisolation.in_fork(work)
+            refused, error, events = list(result.refused), result.error, result.value
+        else:
+            with batchisolation.quiet() as refused:
+                try:
+                    events, error = work(), None
+                except Exception as exc:
+                    events, error = [], f"{type(exc).__name__}: {exc}"
+        if refused:
+            return [_skip_event(name, call, "side-effects", f"the forward acts outside its module "
+                                f"({'; '.join(dict.fromkeys(refused))}): refused in its probes, so it was not probed")]
+        if error is not None:
+            return [_skip_event(name, call, "probe-failed", error)]
+        if any(e["type"] == "batch-call" for e in events):
+            batch = _batch_rows(args, kwargs, self.settings.batch_dim)
+            self.others[name] = batch[1] if batch is not None else []
+        self.located += sum(e["type"] == "batch-origin" for e in events)
+        return events
+
     def _skip(self, name: str, call: int, why: SkipReason, detail: str) -> None:
-        self.recorder.event(BatchSkipEvent(type="batch-skip", module=name, call=call, why=why, detail=detail))
+        self.recorder.event(_skip_event(name, call, why, detail))
 
     # -- one probed call --------------------------------------------------------------------------
     def _probe(self, module: torch.nn.Module, name: str, call: int, args: Any, kwargs: Any, output: Any,
-               before: _RngGuard) -> None:
+               before: _RngGuard, where: str) -> list[Event]:
+        """The call's events: its probes' results (and where a difference starts), or why it was not probed."""
         d = self.settings.batch_dim
-        inputs = _tensors((args, kwargs))
-        sizes = [t.shape[d] for t in inputs if t.dim() > d]
-        if not sizes:
-            self._skip(name, call, "no-batch", f"no tensor argument has a dim {d}")
-            return
-        n = max(set(sizes), key=lambda s: (sizes.count(s), -sizes.index(s)))
+        found = _batch_rows(args, kwargs, d)
+        if found is None:
+            return [_skip_event(name, call, "no-batch", f"no tensor argument has a dim {d}")]
+        n, batch_tensors = found
         if n < 2:
-            self._skip(name, call, "no-batch", f"a batch of {n} row{'s' if n != 1 else ''}: nothing to compare")
-            return
+            return [_skip_event(name, call, "no-batch", f"a batch of {n} row{'s' if n != 1 else ''}: nothing to "
+                                                         "compare")]
         reason = _not_comparable(module)
         if reason is not None:
-            self._skip(name, call, *reason)
-            return
+            return [_skip_event(name, call, *reason)]
         try:
             pristine = self._copy(module)
         except Exception as exc:
-            self._skip(name, call, "uncopyable", f"its state cannot be copied to probe it safely "
-                                                 f"({type(exc).__name__}: {exc})")
-            return
-        batch = [t.dim() > d and t.shape[d] == n for t in inputs]
+            return [_skip_event(name, call, "uncopyable", f"its state cannot be copied to probe it safely "
+                                                          f"({type(exc).__name__}: {exc})")]
+        batch = [t.dim() > d and t.shape[d] == n for t in _tensors((args, kwargs))]
         runner = _Runner(self, module, pristine, args, kwargs, batch, d)
         before.restore()  # the whole batch again, drawing what the call drew
         with torch.no_grad():
             control = runner.run(None)
         if before.drawn_since():
-            self._skip(name, call, "random", "the call draws random numbers (sampling, or dropout in a functional "
-                                             "call): its rows cannot be compared between batches")
-            return
+            return [_skip_event(name, call, "random", "the call draws random numbers (sampling, or dropout in a "
+                                                      "functional call): its rows cannot be compared between batches")]
         whole = Rows(n, torch.arange(n), torch.arange(n))
         if compare_values(control, control, n, whole, d, whole=False).compared == 0:
-            self._skip(name, call, "no-batch", f"its output has no dim of the batch's size ({n})")
-            return
+            return [_skip_event(name, call, "no-batch", f"its output has no dim of the batch's size ({n})")]
         reproduced = compare_values(output, control, n, whole, d, whole=False).agree
         subsets: list[tuple[SubsetKind, Rows, Any]] = []
         wanted = [k for k in (self.settings.sizes or default_sizes(n)) if 1 <= k < n]
         for k in sorted(set(wanted)):
             subsets.append(("prefix", Rows(k, torch.arange(k), torch.arange(k)), None))
         subsets.append(("reversed", Rows(n, torch.arange(n - 1, -1, -1), torch.arange(n)), None))
-        batch_tensors = [t for t, b in zip(inputs, batch, strict=True) if b]
         other = self.others.get(name)
         half = (n + 1) // 2
         if other is not None and _mixable(other, batch_tensors, d, n - half):
             subsets.append(("mixed", Rows(n, torch.arange(half), torch.arange(half)), other))
-        self.others[name] = [t.detach().clone() for t in batch_tensors]
 
         results: list[BatchSubset] = []
         variant: tuple[SubsetKind, Rows, Any] | None = None
@@ -497,19 +539,43 @@ class BatchProbe:
                 results.append(_subset(kind, rows.size, diff))
                 if not diff.agree and (variant is None or (variant[0] != "prefix" and kind == "prefix")):
                     variant = (kind, rows, mix)
-        self.recorder.event(BatchCallEvent(
+        events: list[Event] = [BatchCallEvent(
             type="batch-call", module=name, call=call, rows=n, batch_dim=d, reproduced=reproduced,
-            subsets=results, loc=_loc()))
+            subsets=results, loc=where)]
         if variant is not None and self.located < self.settings.locate:
-            self.located += 1
             with torch.no_grad():
-                self.recorder.event(runner.locate(name, call, n, variant))
+                events.append(runner.locate(name, call, n, variant))
+        return events
 
     def _copy(self, module: torch.nn.Module) -> torch.nn.Module:
         """A copy that shares the parameters and owns everything else (buffers, caches, counters)."""
         memo: dict[int, Any] = {id(p): p for p in module.parameters()}
         copied: torch.nn.Module = copy.deepcopy(module, memo)
         return copied
+
+
+@dataclass(frozen=True)
+class _Entered:
+    """A probed module's call in progress: the RNG states before it, and its watch where the probes cannot
+    run in a forked copy."""
+
+    guard: _RngGuard
+    watch: batchisolation.Watch | None
+
+
+def _batch_rows(args: Any, kwargs: Any, d: int) -> tuple[int, list[torch.Tensor]] | None:
+    """The batch size (the most common size of dim `d` among the tensor arguments) and the tensors of that
+    size (copies: the next call mixes them in); None without a tensor argument that has the dim."""
+    inputs = _tensors((args, kwargs))
+    sizes = [t.shape[d] for t in inputs if t.dim() > d]
+    if not sizes:
+        return None
+    n = max(set(sizes), key=lambda s: (sizes.count(s), -sizes.index(s)))
+    return n, [t.detach().clone() for t in inputs if t.dim() > d and t.shape[d] == n]
+
+
+def _skip_event(name: str, call: int, why: SkipReason, detail: str) -> BatchSkipEvent:
+    return BatchSkipEvent(type="batch-skip", module=name, call=call, why=why, detail=detail)
 
 
 def _subset(kind: SubsetKind, size: int, diff: RowDiff) -> BatchSubset:
