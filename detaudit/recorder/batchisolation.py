@@ -181,7 +181,8 @@ def _child(work: Callable[[], Any], modes: _ThreadModes, read_end: int, write_en
         box: list[Isolated] = []
 
         def run() -> None:
-            _local.refused = refused = []
+            refused: list[str] = []
+            _local.refused = refused
             try:
                 with modes.entered():
                     value = work()
@@ -212,9 +213,9 @@ def _seal(keep: int) -> None:
         with contextlib.suppress(OSError):
             if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
                 os.dup2(null, fd)
-    builtins.open = io.open = _diverted(io.open)  # type: ignore[assignment]
-    os.open = _diverted_os_open(os.open)  # type: ignore[assignment]
-    torch.save = _diverted_save(torch.save)  # type: ignore[assignment]
+    builtins.open = io.open = _diverted(io.open)
+    os.open = _diverted_os_open(os.open)
+    torch.save = _diverted_save(torch.save)
     _hook()
 
 
@@ -335,7 +336,8 @@ def _globals_token() -> dict[tuple[str, str], Any]:
     for module in _user_modules():
         where = module.__name__
         for name, value in list(vars(module).items()):
-            if name.startswith("__") or isinstance(value, ModuleType) or callable(value) and not isinstance(value, type):
+            if name.startswith("__") or isinstance(value, ModuleType) or (callable(value)
+                                                                           and not isinstance(value, type)):
                 continue
             if isinstance(value, type):
                 if value.__module__ == where:
@@ -374,8 +376,8 @@ def quiet() -> Iterator[list[str]]:
         if getattr(_local, "refused", None) is None:
             call_handlers(logger, record)
 
-    sys.stdout, sys.stderr = _Muted(streams[0]), _Muted(streams[1])  # type: ignore[assignment]
-    logging.Logger.callHandlers = handlers_unless_probing  # type: ignore[method-assign]
+    sys.stdout, sys.stderr = _Muted(streams[0]), _Muted(streams[1])
+    logging.Logger.callHandlers = handlers_unless_probing  # type: ignore[method-assign,assignment]
     try:
         yield refused
     finally:

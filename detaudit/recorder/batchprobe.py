@@ -30,11 +30,11 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from detaudit.events import (
     BatchCallEvent,
-    Event,
     BatchOriginEvent,
     BatchSkipEvent,
     BatchSpot,
     BatchSubset,
+    Event,
     SkipReason,
     SubsetKind,
 )
@@ -45,6 +45,7 @@ from detaudit.recorder.location import display_path, user_frame
 
 CONFIG_KEY = "batch"  # the child config's entry that turns the probe on
 _CAPTURE_LIMIT = 200_000  # op calls watched in one origin search (each subset op keeps its tensors)
+_CANDIDATES = 1_000  # differing calls (inputs' rows agreeing) kept per kind in one origin search
 _DROPOUT = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
             torch.nn.FeatureAlphaDropout)
 
@@ -306,11 +307,12 @@ class _Watch(TorchDispatchMode):
     handed to `on_call` (the subset run keeps them; the whole batch's run compares them at once)."""
 
     def __init__(self, on_call: Callable[..., None], stack: list[str],
-                 keep: Callable[[torch.Tensor], torch.Tensor]) -> None:
+                 keep: Callable[[torch.Tensor], torch.Tensor], flow: _Flow | None = None) -> None:
         super().__init__()
         self.on_call = on_call
         self.stack = stack
         self.keep = keep
+        self.flow = flow
         self.calls = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -321,9 +323,55 @@ class _Watch(TorchDispatchMode):
         # an op that writes into an argument overwrites what its inputs were: those are copied first
         before = _rebuild((args, kwargs), self.keep) if func._schema.is_mutable else (args, kwargs)
         out = func(*args, **kwargs)
+        if self.flow is not None:
+            self.flow.op((args, kwargs), out)
         name = ".".join(str(func).split(".")[:2])  # aten.addmm (the overload is not shown)
         self.on_call("op", name, self.stack[-1] if self.stack else "", _loc(), before, out)
         return out
+
+
+class _Flow:
+    """Which watched ops' results reach the module's output: each op linked to the ops that made its inputs.
+
+    A value the forward keeps aside (`self.last_mean = x.mean()` for logging) differs between batches by
+    construction, but is no part of any row's result: the first difference is looked for among what
+    reaches the output. A value turned into a Python number (`.item()`, a comparison's bool) may reach the
+    output unseen, so what made it counts as reaching. Tensors are told apart by identity, so each is held
+    until the search ends."""
+
+    def __init__(self) -> None:
+        self.producer: dict[int, int] = {}  # id(tensor) -> the op that made (or last wrote) it
+        self.sources: list[set[int]] = []  # op -> the ops that made its inputs
+        self.escaped: set[int] = set()  # ops whose result left the tensors (a Python number)
+        self.held: list[torch.Tensor] = []
+
+    def op(self, inputs: Any, out: Any) -> None:
+        index = len(self.sources)
+        self.sources.append(self.made(inputs))
+        made = _tensors(out)
+        if not made and out is not None:
+            self.escaped.add(index)
+        for t in made:
+            self.producer[id(t)] = index
+            self.held.append(t)
+
+    @property
+    def last(self) -> int:
+        return len(self.sources) - 1
+
+    def made(self, value: Any) -> set[int]:
+        """The ops that made the tensors in `value` (none for an input or a parameter)."""
+        return {self.producer[id(t)] for t in _tensors(value) if id(t) in self.producer}
+
+    def reaching(self, output: Any) -> set[int]:
+        """The ops whose results the module's output was, or may have been, computed from."""
+        seen, todo = set(), [*self.made(output), *self.escaped]
+        while todo:
+            index = todo.pop()
+            if index not in seen:
+                seen.add(index)
+                todo.extend(self.sources[index] - seen)
+        return seen
 
 
 def _loc() -> str:
@@ -688,36 +736,53 @@ class _Runner:
         self.live = None  # a fresh copy
         self._watched(self.inputs(rows, mix, (n + 1) // 2), keep)
         counts.clear()
-        first: dict[str, BatchSpot] = {}
+        found: dict[str, list[tuple[BatchSpot, set[int]]]] = {"module": [], "op": []}
         unpaired: dict[str, list[str]] = {"module": [], "op": []}
+        flow = _Flow()
 
         def compare(kind_: str, what: str, mod: str, loc: str, ins: Any, outs: Any, cls: str = "") -> None:
             partner = seen.get(key(kind_, mod, what))
-            if kind_ in first:
-                return
             if partner is None:
-                unpaired[kind_].append(f"{what}{f' in {mod}' if mod else ''}")
+                if not found[kind_]:  # counted up to the first difference
+                    unpaired[kind_].append(f"{what}{f' in {mod}' if mod else ''}")
                 return
-            if not compare_values(ins, partner.inputs, n, rows, self.d).agree:
+            if len(found[kind_]) >= _CANDIDATES or not compare_values(ins, partner.inputs, n, rows, self.d).agree:
                 return
             diff = compare_values(outs, partner.outputs, n, rows, self.d)
             if not diff.agree:
-                first[kind_] = BatchSpot(name=what, module=mod, loc=loc, cls=cls, max_abs_diff=diff.max_abs,
-                                         max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
-                                         across_rows=diff.whole_differs, shape_changed=diff.shape_differs)
+                spot = BatchSpot(name=what, module=mod, loc=loc, cls=cls, max_abs_diff=diff.max_abs,
+                                 max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
+                                 across_rows=diff.whole_differs, shape_changed=diff.shape_differs)
+                found[kind_].append((spot, {flow.last} if kind_ == "op" else flow.made(outs)))
 
         self.live = None
-        calls = self._watched(self.inputs(None), compare)
-        notes = [f"{len(found)} {kind_}{'s' if len(found) > 1 else ''} of the whole batch ran with no counterpart "
-                 f"in the {rows.size}-row run, first {found[0]}: the batch changes the path taken there"
-                 for kind_, found in unpaired.items() if found]
+        calls, output = self._watched(self.inputs(None), compare, flow)
+        reach = flow.reaching(output)
+        first: dict[str, BatchSpot] = {}
+        aside: list[BatchSpot] = []
+        for kind_, spots in found.items():
+            reaching = [spot for spot, made in spots if made & reach]
+            if spots:  # none reaching: the output got it through a value the flow cannot follow (`.item()`)
+                first[kind_] = (reaching or [spot for spot, _ in spots])[0]
+            if kind_ == "op" and reaching:
+                aside = [spot for spot, made in spots if not made & reach]
+        notes = [f"{len(missing)} {kind_}{'s' if len(missing) > 1 else ''} of the whole batch ran with no "
+                 f"counterpart in the {rows.size}-row run, first {missing[0]}: the batch changes the path taken there"
+                 for kind_, missing in unpaired.items() if missing]
+        if aside:
+            many = len(aside) > 1
+            notes.append(f"{len(aside)} op{'s' if many else ''} whose result{'s' if many else ''} never "
+                         f"reach{'' if many else 'es'} the output differ{'' if many else 's'} too, first "
+                         f"{aside[0]['name']} at {aside[0]['loc']} (a value kept aside, such as a statistic for "
+                         "logging): not where the rows' difference starts")
         if calls > _CAPTURE_LIMIT:
             notes.append(f"only the first {_CAPTURE_LIMIT} of {calls} ops were watched")
         return BatchOriginEvent(type="batch-origin", module=name, call=call, subset=kind, size=rows.size,
                                 first_module=first.get("module"), first_op=first.get("op"),
                                 note="; ".join(notes) or None)
 
-    def _watched(self, inputs: tuple[Any, Any], on_call: Callable[..., None]) -> int:
+    def _watched(self, inputs: tuple[Any, Any], on_call: Callable[..., None],
+                 flow: _Flow | None = None) -> tuple[int, Any]:
         """Run the module on `inputs` with every submodule's call and every op handed to `on_call`."""
         model = self._model()
         stack: list[str] = []
@@ -737,15 +802,15 @@ class _Runner:
 
             handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(sub.register_forward_hook(post, with_kwargs=True))
-        watch = _Watch(on_call, stack, self._keep)
+        watch = _Watch(on_call, stack, self._keep, flow)
         try:
             args, kwargs = inputs
             with watch:
-                model(*args, **kwargs)
+                output = model(*args, **kwargs)
         finally:
             for handle in handles:
                 handle.remove()
-        return watch.calls
+        return watch.calls, output
 
 
 

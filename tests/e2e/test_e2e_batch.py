@@ -109,3 +109,39 @@ def test_a_forwards_effects_outside_its_module_happen_as_often_as_under_python(t
     for name in ("forward.log", "kept.log"):
         assert (audited / name).read_text() == (tmp_path / "plain" / name).read_text(), name
     assert result.report["probed_calls"] == 3  # the probes ran, in a forked copy of the process
+
+
+_LOGGED_STATISTIC = '''
+import torch
+from torch import nn
+
+
+class Scorer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x):
+        self.last_mean = x.mean()  # kept for logging only: never part of a row's result
+        return self.head(torch.relu(self.hidden(x)))
+
+
+torch.manual_seed(0)
+model = Scorer().eval()
+with torch.no_grad():
+    scores = model(torch.randn(256, 64))
+print(f"mean {model.last_mean.item():.4f}")
+'''
+
+
+def test_a_statistic_kept_for_logging_is_never_named_where_the_difference_starts(tmp_path: Path) -> None:
+    (tmp_path / "logged.py").write_text(_LOGGED_STATISTIC)
+    code, report, stdout = batch(tmp_path, tmp_path, "logged.py")
+    first = report["first_variant"]
+    assert (code, first["op"]) == (1, "aten.addmm")
+    assert first["location"].endswith("logged.py:14")
+    assert not first["large"]
+    assert report["causes"][0]["id"] == "batch-matmul"
+    assert "LARGE DIFFERENCE" not in stdout
+    assert "aten.mean" in first["note"]
