@@ -26,7 +26,7 @@ import fcntl
 import io
 import logging
 import os
-import pickle
+import json
 import signal
 import sys
 import sysconfig
@@ -141,8 +141,9 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
 # -- CPU: a forked copy ------------------------------------------------------------------------------------
 def in_fork(work: Callable[[], Any]) -> Isolated:
     """Run `work` in a forked copy of this process, on a new thread carrying the calling thread's autocast
-    and inference mode, and return what it returned (pickled through a pipe). Raises ProbeFailed when the
-    copy ends without a result (killed, or its result cannot be pickled)."""
+    and inference mode, and return what it returned (JSON through a pipe: the probe's events are plain
+    values, and nothing read from a pipe is unpickled). Raises ProbeFailed when the copy ends without a
+    result (killed, or exited)."""
     modes = _ThreadModes.capture()
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -162,8 +163,8 @@ def in_fork(work: Callable[[], Any]) -> Isolated:
                 os.waitpid(pid, 0)
     if not data:
         raise ProbeFailed(f"the probes' forked process ended without a result ({_ended(status)})")
-    result: Isolated = pickle.loads(data)
-    return result
+    sent = json.loads(data)
+    return Isolated(sent["value"], sent["error"], tuple(sent["refused"]))
 
 
 def _ended(status: int) -> str:
@@ -195,8 +196,13 @@ def _child(work: Callable[[], Any], modes: _ThreadModes, read_end: int, write_en
         thread = threading.Thread(target=run, name="detaudit-batch-probe")
         thread.start()
         thread.join()
-        payload = pickle.dumps(box[0] if box else Isolated(None, "the probe's thread ended without a result", ()))
-        view = memoryview(payload)
+        result = box[0] if box else Isolated(None, "the probe's thread ended without a result", ())
+        try:
+            text = json.dumps({"value": result.value, "error": result.error, "refused": list(result.refused)})
+        except (TypeError, ValueError) as exc:
+            text = json.dumps({"value": None, "error": f"its result cannot be sent back ({exc})",
+                               "refused": list(result.refused)})
+        view = memoryview(text.encode())
         while view:
             view = view[os.write(write_end, view):]
     finally:
