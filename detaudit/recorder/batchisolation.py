@@ -24,9 +24,9 @@ import builtins
 import contextlib
 import fcntl
 import io
+import json
 import logging
 import os
-import json
 import signal
 import sys
 import sysconfig
@@ -139,16 +139,17 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
 
 
 # -- CPU: a forked copy ------------------------------------------------------------------------------------
-def in_fork(work: Callable[[], Any]) -> Isolated:
+def in_fork(work: Callable[[], Any], prepare: Callable[[], None] = lambda: None) -> Isolated:
     """Run `work` in a forked copy of this process, on a new thread carrying the calling thread's autocast
     and inference mode, and return what it returned (JSON through a pipe: the probe's events are plain
     values, and nothing read from a pipe is unpickled). Raises ProbeFailed when the copy ends without a
-    result (killed, or exited)."""
+    result (killed, or exited). `prepare` runs first in the copy (a lock another thread held at the fork
+    stays held there: the caller replaces those it may take)."""
     modes = _ThreadModes.capture()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the copy: never returns
-        _child(work, modes, read_end, write_end)
+        _child(work, prepare, modes, read_end, write_end)
     os.close(write_end)
     finished = False
     try:
@@ -173,12 +174,14 @@ def _ended(status: int) -> str:
     return f"exit status {os.waitstatus_to_exitcode(status)}"
 
 
-def _child(work: Callable[[], Any], modes: _ThreadModes, read_end: int, write_end: int) -> None:
+def _child(work: Callable[[], Any], prepare: Callable[[], None], modes: _ThreadModes, read_end: int,
+           write_end: int) -> None:
     """The forked copy: seal it, run `work` on a fresh thread, send the result, and end without running any
     of the script's exit handlers or flushing its buffers."""
     try:
         os.close(read_end)
         _seal(keep=write_end)
+        prepare()
         box: list[Isolated] = []
 
         def run() -> None:

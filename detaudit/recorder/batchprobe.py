@@ -514,7 +514,7 @@ class BatchProbe:
             return self._probe(module, name, call, args, kwargs, output, before, where)
 
         if effects is None:  # forkable
-            result = batchisolation.in_fork(work)
+            result = batchisolation.in_fork(work, self._after_fork)
             refused, error, events = list(result.refused), result.error, result.value
         else:
             with batchisolation.quiet() as refused:
@@ -532,6 +532,11 @@ class BatchProbe:
             self.others[name] = batch[1] if batch is not None else []
         self.located += sum(e["type"] == "batch-origin" for e in events)
         return events
+
+    def _after_fork(self) -> None:
+        """In the forked copy: the trace writer's lock afresh (another of the script's threads may have held it
+        at the fork; what the copy writes goes to /dev/null anyway)."""
+        self.recorder.writer._lock = threading.RLock()
 
     def _skip(self, name: str, call: int, why: SkipReason, detail: str) -> None:
         self.recorder.event(_skip_event(name, call, why, detail))
