@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from detaudit.compare.batch import analyse
+from detaudit.batch.finding import analyse
 from detaudit.recorder import batchprobe
 from detaudit.recorder.batchprobe import BatchProbe, ProbeSettings, Rows, compare_rows, compare_values, default_sizes
 from detaudit.recorder.core import Recorder
