@@ -111,15 +111,24 @@ def _leaves(event: str, args: tuple[Any, ...]) -> str | None:
     return None
 
 
-def _importing() -> bool:
-    """Whether a module is being imported: what an import does (torch making its cache directory when a
-    forward first imports torch._dynamo) happens once per process, as under python, not once per probe."""
-    frame = sys._getframe(2)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # detaudit's own files
+_STDLIB = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")})
+
+
+def _not_the_forwards() -> bool:
+    """Whether the effect being audited is not the forward's own: made while a module is imported (torch making
+    its cache directory when a forward first imports torch._dynamo: once per process, as under python), or
+    by detaudit itself (the innermost caller outside the standard library is detaudit's)."""
+    frame = sys._getframe(2)  # the frame that caused the audit event (0: this function, 1: the hook)
+    innermost: str | None = None
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+        path = frame.f_code.co_filename
+        if path.startswith("<frozen importlib"):
             return True
+        if innermost is None and not path.startswith(_STDLIB) and not path.startswith("<frozen"):
+            innermost = path
         frame = frame.f_back  # type: ignore[assignment]
-    return False
+    return innermost is not None and innermost.startswith(_PACKAGE)
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -128,7 +137,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     if refused is None and seen is None:
         return
     effect = _leaves(event, args)
-    if effect is None or _importing():
+    if effect is None or _not_the_forwards():
         return
     if seen is not None:
         seen.append(effect)
@@ -312,12 +321,11 @@ class Watch:
 def _user_modules() -> list[ModuleType]:
     """The script and the modules it imported from outside the standard library and installed packages."""
     roots = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     found = []
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if name == "__main__" or (isinstance(path, str) and not path.startswith(roots)
-                                  and not path.startswith(package)):
+                                  and not path.startswith(_PACKAGE)):
             found.append(module)
     return found
 

@@ -502,7 +502,9 @@ class BatchProbe:
         args, kwargs, output = seen
         where = _loc()  # the script's line that made the call (a forked copy's thread has no frames of it)
         if effects is None and not batchisolation.forkable(module, (args, kwargs)):
-            effects = ["its device cannot be used in a forked copy, and the call was not watched"]
+            return [_skip_event(name, call, "side-effects", "CUDA was initialised during the call (a forked copy "
+                                "cannot use it), and the call was not watched for effects outside its module: a "
+                                "probe in the script's process could repeat them")]
         if effects:
             return [_skip_event(name, call, "side-effects", f"the forward acts outside its module "
                                 f"({'; '.join(effects[:3])}): a probe would do it again in the script's process, "

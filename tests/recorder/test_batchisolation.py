@@ -152,3 +152,29 @@ def test_in_process_and_forked_probes_find_the_same_rows(tmp_path: Path, monkeyp
     in_process = _probed(tmp_path / "in", lambda: model(x))
     assert [e["subsets"] for e in forked if e["type"] == "batch-call"] == \
         [e["subsets"] for e in in_process if e["type"] == "batch-call"]
+
+
+class _Logs(nn.Module):
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with open(self.path, "a") as log:
+            log.write(f"{len(x)}\n")
+        return x * 2
+
+
+def test_in_process_a_forward_that_writes_a_file_is_not_probed(tmp_path: Path, in_process: None) -> None:
+    log = tmp_path / "forward.log"
+    events = _probed(tmp_path, lambda: [_Logs(log)(torch.ones(8, 2)) for _ in range(2)])
+    assert log.read_text() == "8\n8\n"
+    assert _whys(events) == ["side-effects"] * 2
+    assert f"opens {log} for writing" in events[0]["detail"]
+
+
+def test_a_forked_probe_of_a_forward_that_writes_a_file_is_probed_and_writes_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "forward.log"
+    events = _probed(tmp_path, lambda: [_Logs(log)(torch.ones(8, 2)) for _ in range(2)])
+    assert log.read_text() == "8\n8\n"
+    assert _whys(events) == ["batch-call"] * 2
