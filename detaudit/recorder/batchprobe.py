@@ -21,6 +21,7 @@ import copy
 import random
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -336,14 +337,14 @@ class _Flow:
     A value the forward keeps aside (`self.last_mean = x.mean()` for logging) differs between batches by
     construction, but is no part of any row's result: the first difference is looked for among what
     reaches the output. A value turned into a Python number (`.item()`, a comparison's bool) may reach the
-    output unseen, so what made it counts as reaching. Tensors are told apart by identity, so each is held
-    until the search ends."""
+    output unseen, so what made it counts as reaching. Tensors are told apart by identity; a tensor's entry
+    goes when it is freed (before its id can be reused), so the search holds no activation alive."""
 
     def __init__(self) -> None:
         self.producer: dict[int, int] = {}  # id(tensor) -> the op that made (or last wrote) it
         self.sources: list[set[int]] = []  # op -> the ops that made its inputs
         self.escaped: set[int] = set()  # ops whose result left the tensors (a Python number)
-        self.held: list[torch.Tensor] = []
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
 
     def op(self, inputs: Any, out: Any) -> None:
         index = len(self.sources)
@@ -352,8 +353,13 @@ class _Flow:
         if not made and out is not None:
             self.escaped.add(index)
         for t in made:
-            self.producer[id(t)] = index
-            self.held.append(t)
+            key = id(t)
+            self.producer[key] = index
+            self._refs[key] = weakref.ref(t, lambda _, key=key: self._forget(key))  # type: ignore[misc]
+
+    def _forget(self, key: int) -> None:
+        self.producer.pop(key, None)
+        self._refs.pop(key, None)
 
     @property
     def last(self) -> int:
