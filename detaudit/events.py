@@ -365,7 +365,7 @@ class FileWriteEvent(_Event):
 
 # -- `detaudit batch` (recorder/batchprobe.py; docs/batch.md) -----------------------------------------
 SubsetKind = Literal["prefix", "reversed", "mixed"]
-SkipReason = Literal["no-batch", "batch-statistics", "dropout", "random", "uncopyable", "probe-failed"]
+SkipReason = Literal["no-batch", "batch-statistics", "dropout", "random", "uncopyable", "side-effects", "probe-failed"]
 
 
 class BatchSubset(TypedDict):
@@ -435,6 +435,15 @@ class BatchOriginEvent(_Event):
     note: str | None
 
 
+class DeviceDigestEvent(_Event):
+    """A fast way of digesting device tensors (the batch reduction, a Triton kernel) disagreed with the reference
+    torch digest on the run's own tensors, or failed: the reference digested everything after it
+    (recorder/devicehash.py; once per process and way)."""
+
+    type: Literal["device-digest"]
+    detail: str  # which way, and how it disagreed
+
+
 class CheckpointPart(TypedDict):
     """One recognised part of a saved or loaded object: where it sits and what it is."""
 
@@ -501,13 +510,13 @@ Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, HashC
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
               CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
               BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
-              StateRestoreEvent, InitialParamsEvent]
+              StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent]
 Kind = Literal["seed", "generator", "draw", "state", "hash", "hash-call", "op", "latent-op", "modules", "empty",
                "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
                "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
                "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
-               "checkpoint-load", "rng-restore", "state-restore", "initial-params"]
+               "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest"]
 
 E = TypeVar("E")
 

@@ -1,5 +1,5 @@
 """Probe events of `detaudit batch` as the recorder writes them, built by hand: the cases shared by the
-tests of the analysis (tests/compare/test_compare_batch.py) and of the report (tests/report/test_report_batch.py)."""
+tests of the analysis (tests/batch/test_finding.py) and of the report (tests/batch/test_reporting.py)."""
 
 from __future__ import annotations
 

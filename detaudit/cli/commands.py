@@ -333,12 +333,12 @@ def demo(repeats: int, out_dir: Path | None) -> None:
 
 
 def _add_batch() -> None:
-    from detaudit.cli.batch import batch
+    from detaudit.cli.batch_command import batch
 
     cli.add_command(batch)
 
 
-_add_batch()  # `detaudit batch` (cli/batch.py, docs/batch.md)
+_add_batch()  # `detaudit batch` (cli/batch_command.py, docs/batch.md)
 
 
 def _add_fix() -> None:

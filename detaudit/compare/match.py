@@ -77,6 +77,7 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
     last_step = 0
     stepped = -1  # the last step index at which parameters were recorded after an optimizer step
     unencoded: list[str] = []
+    fallbacks: list[str] = []  # device digests made by the reference path (recorder/devicehash.py's fail-safe)
     try:
         stream = RecordStream(trace)
         for chunk in stream.chunks(CHUNK, comparison.records_compared):
@@ -90,6 +91,7 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
             if len(after):
                 stepped = max(stepped, int(after.max()))
         unencoded = [f"{e.get('what')} ({e.get('name')})" for e in stream.events if e.get("type") == "unobserved"]
+        fallbacks = [str(e.get("detail")) for e in stream.events if e.get("type") == "device-digest"]
     except Exception:  # an unreadable trace was already reported by the comparison
         pass
     by_kind = {Kind(k).name.lower(): int(n) for k, n in enumerate(counts) if k in Kind._value2member_map_ and n}
@@ -111,6 +113,7 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
         not_observed.append(f"{len(unencoded)} values passed to torch.save or detaudit.checkpoint that have no stable "
                             f"encoding (objects of arbitrary classes): {', '.join(unencoded[:5])}"
                             + (", ..." if len(unencoded) > 5 else ""))
+    not_observed += list(dict.fromkeys(fallbacks))
     if no_data:
         not_observed.append(f"the contents of {no_data} records (meta or unreadable tensors: dtype and shape only)")
     if threaded:

@@ -21,6 +21,7 @@ import copy
 import random
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,15 +35,18 @@ from detaudit.events import (
     BatchSkipEvent,
     BatchSpot,
     BatchSubset,
+    Event,
     SkipReason,
     SubsetKind,
 )
+from detaudit.recorder import batchisolation
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.core import Recorder, iter_tensors
 from detaudit.recorder.location import display_path, user_frame
 
 CONFIG_KEY = "batch"  # the child config's entry that turns the probe on
 _CAPTURE_LIMIT = 200_000  # op calls watched in one origin search (each subset op keeps its tensors)
+_CANDIDATES = 1_000  # differing calls (inputs' rows agreeing) kept per kind in one origin search
 _DROPOUT = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
             torch.nn.FeatureAlphaDropout)
 
@@ -304,11 +308,12 @@ class _Watch(TorchDispatchMode):
     handed to `on_call` (the subset run keeps them; the whole batch's run compares them at once)."""
 
     def __init__(self, on_call: Callable[..., None], stack: list[str],
-                 keep: Callable[[torch.Tensor], torch.Tensor]) -> None:
+                 keep: Callable[[torch.Tensor], torch.Tensor], flow: _Flow | None = None) -> None:
         super().__init__()
         self.on_call = on_call
         self.stack = stack
         self.keep = keep
+        self.flow = flow
         self.calls = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -319,9 +324,60 @@ class _Watch(TorchDispatchMode):
         # an op that writes into an argument overwrites what its inputs were: those are copied first
         before = _rebuild((args, kwargs), self.keep) if func._schema.is_mutable else (args, kwargs)
         out = func(*args, **kwargs)
+        if self.flow is not None:
+            self.flow.op((args, kwargs), out)
         name = ".".join(str(func).split(".")[:2])  # aten.addmm (the overload is not shown)
         self.on_call("op", name, self.stack[-1] if self.stack else "", _loc(), before, out)
         return out
+
+
+class _Flow:
+    """Which watched ops' results reach the module's output: each op linked to the ops that made its inputs.
+
+    A value the forward keeps aside (`self.last_mean = x.mean()` for logging) differs between batches by
+    construction, but is no part of any row's result: the first difference is looked for among what
+    reaches the output. A value turned into a Python number (`.item()`, a comparison's bool) may reach the
+    output unseen, so what made it counts as reaching. Tensors are told apart by identity; a tensor's entry
+    goes when it is freed (before its id can be reused), so the search holds no activation alive."""
+
+    def __init__(self) -> None:
+        self.producer: dict[int, int] = {}  # id(tensor) -> the op that made (or last wrote) it
+        self.sources: list[set[int]] = []  # op -> the ops that made its inputs
+        self.escaped: set[int] = set()  # ops whose result left the tensors (a Python number)
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+
+    def op(self, inputs: Any, out: Any) -> None:
+        index = len(self.sources)
+        self.sources.append(self.made(inputs))
+        made = _tensors(out)
+        if not made and out is not None:
+            self.escaped.add(index)
+        for t in made:
+            key = id(t)
+            self.producer[key] = index
+            self._refs[key] = weakref.ref(t, lambda _, key=key: self._forget(key))  # type: ignore[misc]
+
+    def _forget(self, key: int) -> None:
+        self.producer.pop(key, None)
+        self._refs.pop(key, None)
+
+    @property
+    def last(self) -> int:
+        return len(self.sources) - 1
+
+    def made(self, value: Any) -> set[int]:
+        """The ops that made the tensors in `value` (none for an input or a parameter)."""
+        return {self.producer[id(t)] for t in _tensors(value) if id(t) in self.producer}
+
+    def reaching(self, output: Any) -> set[int]:
+        """The ops whose results the module's output was, or may have been, computed from."""
+        seen, todo = set(), [*self.made(output), *self.escaped]
+        while todo:
+            index = todo.pop()
+            if index not in seen:
+                seen.add(index)
+                todo.extend(self.sources[index] - seen)
+        return seen
 
 
 def _loc() -> str:
@@ -370,8 +426,8 @@ class BatchProbe:
         self.handles = []
 
     # -- which calls are probed -----------------------------------------------------------------
-    def _stack(self) -> list[tuple[int, _RngGuard | None]]:
-        stack: list[tuple[int, _RngGuard | None]] | None = getattr(self.local, "stack", None)
+    def _stack(self) -> list[tuple[int, _Entered | None]]:
+        stack: list[tuple[int, _Entered | None]] | None = getattr(self.local, "stack", None)
         if stack is None:
             stack = self.local.stack = []
         return stack
@@ -384,7 +440,7 @@ class BatchProbe:
 
     def _on_pre(self, module: torch.nn.Module, args: Any) -> None:
         if self.stopped is None and not compiling() and not getattr(self.local, "probing", False):
-            self._safely(self._enter, module)
+            self._safely(self._enter, module, args)
 
     def _on_forward(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
         """After each forward; `output` absent when the forward raised (`always_call`: the stack stays right)."""
@@ -401,12 +457,16 @@ class BatchProbe:
             with contextlib.suppress(Exception):  # the trace itself failed: the footer says so
                 self._skip("", 0, "probe-failed", f"probing stopped here: {self.stopped}")
 
-    def _enter(self, module: torch.nn.Module) -> None:
+    def _enter(self, module: torch.nn.Module, args: Any) -> None:
         stack = self._stack()
-        outer = not any(guard is not None for _, guard in stack)
-        target = outer and self._is_target(module, self.names(module))
-        # the RNG states before the call: a re-evaluation of the whole batch draws what the call drew
-        stack.append((id(module), _RngGuard() if target else None))
+        outer = not any(entered is not None for _, entered in stack)
+        if not (outer and self._is_target(module, self.names(module))):
+            stack.append((id(module), None))
+            return
+        # the RNG states before the call: a re-evaluation of the whole batch draws what the call drew; where
+        # the probes cannot run in a forked copy, the call itself is watched for effects outside its module
+        watch = None if batchisolation.forkable(module, args) else batchisolation.Watch.start()
+        stack.append((id(module), _Entered(_RngGuard(), watch)))
 
     def _leave(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         stack = self._stack()
@@ -416,8 +476,11 @@ class BatchProbe:
                     stack.pop()
             else:
                 return
-        _, before = stack.pop()
-        if before is None or output is None:
+        _, entered = stack.pop()
+        if entered is None:
+            return
+        effects = entered.watch.effects() if entered.watch is not None else None
+        if output is None:
             return
         name = self.names(module) or type(module).__name__
         call = self.calls.get(name, 0)
@@ -427,7 +490,8 @@ class BatchProbe:
         self.recorder.local.paused = True
         self.recorder.internal += 1
         try:
-            self._probe(module, name, call, args, kwargs, output, before)
+            for event in self._isolated(module, name, call, (args, kwargs, output), entered.guard, effects):
+                self.recorder.event(event)
         except Exception as exc:  # a probe never breaks the script: the call is reported as not probed
             self._skip(name, call, "probe-failed", f"{type(exc).__name__}: {exc}")
         finally:
@@ -436,57 +500,96 @@ class BatchProbe:
             self.recorder.local.paused = False
             self.local.probing = False
 
+    def _isolated(self, module: torch.nn.Module, name: str, call: int, seen: tuple[Any, Any, Any],
+                  before: _RngGuard, effects: list[str] | None) -> list[Event]:
+        """The call's probe events, from probes that cannot touch the script's state or files: in a forked copy
+        (CPU), else in the process when the call showed no effect outside its module (recorder/batchisolation.py).
+        Effects the probes attempted there are refused, and the call reported `side-effects` instead."""
+        args, kwargs, output = seen
+        where = _loc()  # the script's line that made the call (a forked copy's thread has no frames of it)
+        if effects is None and not batchisolation.forkable(module, (args, kwargs)):
+            return [_skip_event(name, call, "side-effects", "CUDA was initialised during the call (a forked copy "
+                                "cannot use it), and the call was not watched for effects outside its module: a "
+                                "probe in the script's process could repeat them")]
+        if effects:
+            return [_skip_event(name, call, "side-effects", f"the forward acts outside its module "
+                                f"({'; '.join(effects[:3])}): a probe would do it again in the script's process, "
+                                "which cannot be forked on this device")]
+
+        def work() -> list[Event]:
+            self.local.probing = True
+            self.recorder.local.paused = True
+            return self._probe(module, name, call, args, kwargs, output, before, where)
+
+        if effects is None:  # forkable
+            result = batchisolation.in_fork(work, self._after_fork)
+            refused, error, events = list(result.refused), result.error, result.value
+        else:
+            with batchisolation.quiet() as refused:
+                try:
+                    events, error = work(), None
+                except Exception as exc:
+                    events, error = [], f"{type(exc).__name__}: {exc}"
+        if refused:
+            return [_skip_event(name, call, "side-effects", f"the forward acts outside its module "
+                                f"({'; '.join(dict.fromkeys(refused))}): refused in its probes, so it was not probed")]
+        if error is not None:
+            return [_skip_event(name, call, "probe-failed", error)]
+        if any(e["type"] == "batch-call" for e in events):
+            batch = _batch_rows(args, kwargs, self.settings.batch_dim)
+            self.others[name] = batch[1] if batch is not None else []
+        self.located += sum(e["type"] == "batch-origin" for e in events)
+        return events
+
+    def _after_fork(self) -> None:
+        """In the forked copy: the trace writer's lock afresh (another of the script's threads may have held it
+        at the fork; what the copy writes goes to /dev/null anyway)."""
+        self.recorder.writer._lock = threading.RLock()
+
     def _skip(self, name: str, call: int, why: SkipReason, detail: str) -> None:
-        self.recorder.event(BatchSkipEvent(type="batch-skip", module=name, call=call, why=why, detail=detail))
+        self.recorder.event(_skip_event(name, call, why, detail))
 
     # -- one probed call --------------------------------------------------------------------------
     def _probe(self, module: torch.nn.Module, name: str, call: int, args: Any, kwargs: Any, output: Any,
-               before: _RngGuard) -> None:
+               before: _RngGuard, where: str) -> list[Event]:
+        """The call's events: its probes' results (and where a difference starts), or why it was not probed."""
         d = self.settings.batch_dim
-        inputs = _tensors((args, kwargs))
-        sizes = [t.shape[d] for t in inputs if t.dim() > d]
-        if not sizes:
-            self._skip(name, call, "no-batch", f"no tensor argument has a dim {d}")
-            return
-        n = max(set(sizes), key=lambda s: (sizes.count(s), -sizes.index(s)))
+        found = _batch_rows(args, kwargs, d)
+        if found is None:
+            return [_skip_event(name, call, "no-batch", f"no tensor argument has a dim {d}")]
+        n, batch_tensors = found
         if n < 2:
-            self._skip(name, call, "no-batch", f"a batch of {n} row{'s' if n != 1 else ''}: nothing to compare")
-            return
+            return [_skip_event(name, call, "no-batch", f"a batch of {n} row{'s' if n != 1 else ''}: nothing to "
+                                                         "compare")]
         reason = _not_comparable(module)
         if reason is not None:
-            self._skip(name, call, *reason)
-            return
+            return [_skip_event(name, call, *reason)]
         try:
             pristine = self._copy(module)
         except Exception as exc:
-            self._skip(name, call, "uncopyable", f"its state cannot be copied to probe it safely "
-                                                 f"({type(exc).__name__}: {exc})")
-            return
-        batch = [t.dim() > d and t.shape[d] == n for t in inputs]
+            return [_skip_event(name, call, "uncopyable", f"its state cannot be copied to probe it safely "
+                                                          f"({type(exc).__name__}: {exc})")]
+        batch = [t.dim() > d and t.shape[d] == n for t in _tensors((args, kwargs))]
         runner = _Runner(self, module, pristine, args, kwargs, batch, d)
         before.restore()  # the whole batch again, drawing what the call drew
         with torch.no_grad():
             control = runner.run(None)
         if before.drawn_since():
-            self._skip(name, call, "random", "the call draws random numbers (sampling, or dropout in a functional "
-                                             "call): its rows cannot be compared between batches")
-            return
+            return [_skip_event(name, call, "random", "the call draws random numbers (sampling, or dropout in a "
+                                                      "functional call): its rows cannot be compared between batches")]
         whole = Rows(n, torch.arange(n), torch.arange(n))
         if compare_values(control, control, n, whole, d, whole=False).compared == 0:
-            self._skip(name, call, "no-batch", f"its output has no dim of the batch's size ({n})")
-            return
+            return [_skip_event(name, call, "no-batch", f"its output has no dim of the batch's size ({n})")]
         reproduced = compare_values(output, control, n, whole, d, whole=False).agree
         subsets: list[tuple[SubsetKind, Rows, Any]] = []
         wanted = [k for k in (self.settings.sizes or default_sizes(n)) if 1 <= k < n]
         for k in sorted(set(wanted)):
             subsets.append(("prefix", Rows(k, torch.arange(k), torch.arange(k)), None))
         subsets.append(("reversed", Rows(n, torch.arange(n - 1, -1, -1), torch.arange(n)), None))
-        batch_tensors = [t for t, b in zip(inputs, batch, strict=True) if b]
         other = self.others.get(name)
         half = (n + 1) // 2
-        if other is not None and _mixable(other, batch_tensors, d):
+        if other is not None and _mixable(other, batch_tensors, d, n - half):
             subsets.append(("mixed", Rows(n, torch.arange(half), torch.arange(half)), other))
-        self.others[name] = [t.detach().clone() for t in batch_tensors]
 
         results: list[BatchSubset] = []
         variant: tuple[SubsetKind, Rows, Any] | None = None
@@ -497,19 +600,43 @@ class BatchProbe:
                 results.append(_subset(kind, rows.size, diff))
                 if not diff.agree and (variant is None or (variant[0] != "prefix" and kind == "prefix")):
                     variant = (kind, rows, mix)
-        self.recorder.event(BatchCallEvent(
+        events: list[Event] = [BatchCallEvent(
             type="batch-call", module=name, call=call, rows=n, batch_dim=d, reproduced=reproduced,
-            subsets=results, loc=_loc()))
+            subsets=results, loc=where)]
         if variant is not None and self.located < self.settings.locate:
-            self.located += 1
             with torch.no_grad():
-                self.recorder.event(runner.locate(name, call, n, variant))
+                events.append(runner.locate(name, call, n, variant))
+        return events
 
     def _copy(self, module: torch.nn.Module) -> torch.nn.Module:
         """A copy that shares the parameters and owns everything else (buffers, caches, counters)."""
         memo: dict[int, Any] = {id(p): p for p in module.parameters()}
         copied: torch.nn.Module = copy.deepcopy(module, memo)
         return copied
+
+
+@dataclass(frozen=True)
+class _Entered:
+    """A probed module's call in progress: the RNG states before it, and its watch where the probes cannot
+    run in a forked copy."""
+
+    guard: _RngGuard
+    watch: batchisolation.Watch | None
+
+
+def _batch_rows(args: Any, kwargs: Any, d: int) -> tuple[int, list[torch.Tensor]] | None:
+    """The batch size (the most common size of dim `d` among the tensor arguments) and the tensors of that
+    size (copies: the next call mixes them in); None without a tensor argument that has the dim."""
+    inputs = _tensors((args, kwargs))
+    sizes = [t.shape[d] for t in inputs if t.dim() > d]
+    if not sizes:
+        return None
+    n = max(set(sizes), key=lambda s: (sizes.count(s), -sizes.index(s)))
+    return n, [t.detach().clone() for t in inputs if t.dim() > d and t.shape[d] == n]
+
+
+def _skip_event(name: str, call: int, why: SkipReason, detail: str) -> BatchSkipEvent:
+    return BatchSkipEvent(type="batch-skip", module=name, call=call, why=why, detail=detail)
 
 
 def _subset(kind: SubsetKind, size: int, diff: RowDiff) -> BatchSubset:
@@ -540,10 +667,11 @@ def _not_comparable(module: torch.nn.Module) -> tuple[SkipReason, str] | None:
     return ("batch-statistics" if norms else "dropout"), "; ".join(parts)
 
 
-def _mixable(other: list[torch.Tensor], mine: list[torch.Tensor], d: int) -> bool:
-    """Another call's batch tensors can fill this call's batch: same count, dtypes and non-batch shapes."""
+def _mixable(other: list[torch.Tensor], mine: list[torch.Tensor], d: int, fill: int) -> bool:
+    """Another call's batch tensors can fill this call's batch: same count, dtypes and non-batch shapes, and
+    at least the `fill` rows the mixed batch takes from them (an earlier call may have been smaller)."""
     return len(other) == len(mine) and all(
-        a.dtype == b.dtype and a.device == b.device and a.dim() == b.dim()
+        a.dtype == b.dtype and a.device == b.device and a.dim() == b.dim() and a.shape[d] >= fill
         and all(a.shape[i] == b.shape[i] for i in range(a.dim()) if i != d) for a, b in zip(other, mine, strict=True))
 
 
@@ -621,36 +749,53 @@ class _Runner:
         self.live = None  # a fresh copy
         self._watched(self.inputs(rows, mix, (n + 1) // 2), keep)
         counts.clear()
-        first: dict[str, BatchSpot] = {}
+        found: dict[str, list[tuple[BatchSpot, set[int]]]] = {"module": [], "op": []}
         unpaired: dict[str, list[str]] = {"module": [], "op": []}
+        flow = _Flow()
 
         def compare(kind_: str, what: str, mod: str, loc: str, ins: Any, outs: Any, cls: str = "") -> None:
             partner = seen.get(key(kind_, mod, what))
-            if kind_ in first:
-                return
             if partner is None:
-                unpaired[kind_].append(f"{what}{f' in {mod}' if mod else ''}")
+                if not found[kind_]:  # counted up to the first difference
+                    unpaired[kind_].append(f"{what}{f' in {mod}' if mod else ''}")
                 return
-            if not compare_values(ins, partner.inputs, n, rows, self.d).agree:
+            if len(found[kind_]) >= _CANDIDATES or not compare_values(ins, partner.inputs, n, rows, self.d).agree:
                 return
             diff = compare_values(outs, partner.outputs, n, rows, self.d)
             if not diff.agree:
-                first[kind_] = BatchSpot(name=what, module=mod, loc=loc, cls=cls, max_abs_diff=diff.max_abs,
-                                         max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
-                                         across_rows=diff.whole_differs, shape_changed=diff.shape_differs)
+                spot = BatchSpot(name=what, module=mod, loc=loc, cls=cls, max_abs_diff=diff.max_abs,
+                                 max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
+                                 across_rows=diff.whole_differs, shape_changed=diff.shape_differs)
+                found[kind_].append((spot, {flow.last} if kind_ == "op" else flow.made(outs)))
 
         self.live = None
-        calls = self._watched(self.inputs(None), compare)
-        notes = [f"{len(found)} {kind_}{'s' if len(found) > 1 else ''} of the whole batch ran with no counterpart "
-                 f"in the {rows.size}-row run, first {found[0]}: the batch changes the path taken there"
-                 for kind_, found in unpaired.items() if found]
+        calls, output = self._watched(self.inputs(None), compare, flow)
+        reach = flow.reaching(output)
+        first: dict[str, BatchSpot] = {}
+        aside: list[BatchSpot] = []
+        for kind_, spots in found.items():
+            reaching = [spot for spot, made in spots if made & reach]
+            if spots:  # none reaching: the output got it through a value the flow cannot follow (`.item()`)
+                first[kind_] = (reaching or [spot for spot, _ in spots])[0]
+            if kind_ == "op" and reaching:
+                aside = [spot for spot, made in spots if not made & reach]
+        notes = [f"{len(missing)} {kind_}{'s' if len(missing) > 1 else ''} of the whole batch ran with no "
+                 f"counterpart in the {rows.size}-row run, first {missing[0]}: the batch changes the path taken there"
+                 for kind_, missing in unpaired.items() if missing]
+        if aside:
+            many = len(aside) > 1
+            notes.append(f"{len(aside)} op{'s' if many else ''} whose result{'s' if many else ''} never "
+                         f"reach{'' if many else 'es'} the output differ{'' if many else 's'} too, first "
+                         f"{aside[0]['name']} at {aside[0]['loc']} (a value kept aside, such as a statistic for "
+                         "logging): not where the rows' difference starts")
         if calls > _CAPTURE_LIMIT:
             notes.append(f"only the first {_CAPTURE_LIMIT} of {calls} ops were watched")
         return BatchOriginEvent(type="batch-origin", module=name, call=call, subset=kind, size=rows.size,
                                 first_module=first.get("module"), first_op=first.get("op"),
                                 note="; ".join(notes) or None)
 
-    def _watched(self, inputs: tuple[Any, Any], on_call: Callable[..., None]) -> int:
+    def _watched(self, inputs: tuple[Any, Any], on_call: Callable[..., None],
+                 flow: _Flow | None = None) -> tuple[int, Any]:
         """Run the module on `inputs` with every submodule's call and every op handed to `on_call`."""
         model = self._model()
         stack: list[str] = []
@@ -670,15 +815,15 @@ class _Runner:
 
             handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(sub.register_forward_hook(post, with_kwargs=True))
-        watch = _Watch(on_call, stack, self._keep)
+        watch = _Watch(on_call, stack, self._keep, flow)
         try:
             args, kwargs = inputs
             with watch:
-                model(*args, **kwargs)
+                output = model(*args, **kwargs)
         finally:
             for handle in handles:
                 handle.remove()
-        return watch.calls
+        return watch.calls, output
 
 
 

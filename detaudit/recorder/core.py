@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from detaudit.events import Event, UnobservedEvent
+from detaudit.events import DeviceDigestEvent, Event, UnobservedEvent
 from detaudit.recorder.boundary import HostGroup
 from detaudit.recorder.devicehash import DeviceReducer, Payload, Reduced, batchable, fingerprint
 from detaudit.recorder.fingerprint import (
@@ -213,7 +213,7 @@ class Recorder:
                         digest, inputs[0], inputs[1], _NAN4))
             return digest
         if self._reducer is None:
-            self._reducer = DeviceReducer()
+            self._reducer = DeviceReducer(notify=self._device_digest_failed)
         partial = (kind, dtype, flags | Flag.DEVICE, 0, name, module, loc, self.step, shape_id, aux)
         self.internal += 1
         try:
@@ -261,7 +261,7 @@ class Recorder:
                 batched.setdefault(t.device, []).append(i)
         if batched:
             if self._reducer is None:
-                self._reducer = DeviceReducer()
+                self._reducer = DeviceReducer(notify=self._device_digest_failed)
             self.internal += 1
             try:
                 for device, which in batched.items():
@@ -300,7 +300,7 @@ class Recorder:
                 digest, samples = fingerprint_cpu(t)
             else:
                 if self._reducer is None:
-                    self._reducer = DeviceReducer()
+                    self._reducer = DeviceReducer(notify=self._device_digest_failed)
                 digest, samples = self._reducer.digest_now(t)
         except (RuntimeError, NotImplementedError, TypeError):
             digest, samples = shape_seed(t), _NAN4
@@ -450,6 +450,10 @@ class Recorder:
     def event(self, event: Event) -> None:
         self.resolve_pending()
         self.writer.event(cast(dict[str, Any], event))
+
+    def _device_digest_failed(self, detail: str) -> None:
+        """Told by the reducer, maybe while it resolves pending records: written at once, not behind them."""
+        self.writer.event(cast(dict[str, Any], DeviceDigestEvent(type="device-digest", detail=detail)))
 
     def flush_safely(self) -> None:
         """Flush from a signal handler: skipped if the interrupted code was mid-flush."""

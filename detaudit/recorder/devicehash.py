@@ -21,6 +21,13 @@ Three ways compute the same lanes:
 - The Triton kernel (`lanes_triton.py`), where triton imports and the tensor is on CUDA: the weights computed
   in registers, block sums in one launch for a batch; one launch into a zeroed slot for a single tensor.
 
+Fail-safe (none of these ways has run on a GPU yet, and a user's first GPU audit must not be their test): the
+first time the batch reduction or a Triton kernel runs in a process, its digests are checked against the
+reference, the torch reduction of each tensor alone (`DeviceReducer.reduce(..., reference=True)`), on that
+run's own tensors (one extra sync, once). On a mismatch or an error the process uses the reference from then
+on, for that batch too, and says so once (`notify`, which the recorder turns into a `device-digest` event
+that the report shows): a digest that was not verified is never recorded.
+
 Memory, per device: the staging buffer grows to the largest batch seen, at most BATCH_BYTES (a batch that would
 exceed it is reduced and the next starts at its beginning: the stream orders the reuse); the torch reduction
 adds scratch of 3 words per buffer word and, per cached layout (at most LAYOUT_CACHE), 2 weights per word of
@@ -34,9 +41,9 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import xxhash
@@ -176,6 +183,29 @@ class Reduced:
     slot: Slot | BatchSlot | Constant
 
 
+Check = Literal["batch", "triton-batch", "triton-one"]
+_CHECKED: dict[str, str] = {
+    "batch": "the batched device digest (DeviceBatch's torch reduction)",
+    "triton-batch": "the Triton batch kernel (lanes_triton.block_sums)",
+    "triton-one": "the Triton single-tensor kernel (lanes_triton.reduce_one)",
+}
+
+
+class Checks:
+    """Which fast ways this process has checked against the reference: verified, or failed (with why)."""
+
+    def __init__(self) -> None:
+        self.verified: set[Check] = set()
+        self.failed: dict[Check, str] = {}
+
+    def trusted(self, way: Check) -> bool | None:
+        """True: verified; False: failed; None: not checked yet."""
+        return True if way in self.verified else False if way in self.failed else None
+
+
+checks = Checks()  # this process's (a forked child starts with its parent's)
+
+
 def _triton_lanes() -> Any:
     """The Triton kernels' module, or None where triton does not import (CPU builds of torch) or no CUDA device
     is present."""
@@ -190,9 +220,11 @@ class DeviceReducer:
     """Reduces tensors on their device; keeps per-device weights and index tensors between calls.
 
     `use_triton`: None picks the Triton kernels for CUDA tensors where triton imports; False never uses them
-    (the torch reduction, which defines the digest, on any device)."""
+    (the torch reduction, which defines the digest, on any device). `notify` hears, once per process and way,
+    that a fast way disagreed with the reference (or failed) and the reference is used instead."""
 
-    def __init__(self, use_triton: bool | None = None) -> None:
+    def __init__(self, use_triton: bool | None = None, notify: Callable[[str], None] | None = None) -> None:
+        self.notify = notify
         self._weights: dict[torch.device, torch.Tensor] = {}  # (2, n) prefix weights, n ≤ CHUNK_WORDS
         self._sliced: dict[tuple[torch.device, int], torch.Tensor] = {}
         self._samples: dict[tuple[torch.device, torch.dtype, int, int], tuple[torch.Tensor, tuple[int, ...]]] = {}
@@ -200,7 +232,15 @@ class DeviceReducer:
         self.batches: dict[torch.device, DeviceBatch] = {}
 
     def uses_triton(self, device: torch.device) -> bool:
-        return self._triton is not None and device.type == "cuda"
+        return self._triton is not None and bool(self._triton.handles(device))
+
+    def failed(self, way: Check, why: str) -> None:
+        """`way` disagreed with the reference or raised: the process uses the reference from now on."""
+        checks.failed[way] = why
+        if self.notify is not None:
+            self.notify(f"{_CHECKED[way]} disagreed with the reference torch digest on this run's own tensors "
+                        f"({why}): every digest after it was computed by the reference instead (slower, the same "
+                        "digests as a working device path)")
 
     # -- one tensor ---------------------------------------------------------------------------
     def weights(self, device: torch.device, start: int, n: int) -> torch.Tensor:
@@ -279,20 +319,19 @@ class DeviceReducer:
         index, shifts = self._sample_index(t.device, t.dtype, t.numel(), readable.numel())
         return self.lanes(words), readable.take(index), shifts
 
-    def reduce(self, t: torch.Tensor) -> Reduced:
-        """Reduce one tensor on its device (no sync); read it after the transfer with `Reduced.slot`."""
+    def reduce(self, t: torch.Tensor, reference: bool = False) -> Reduced:
+        """Reduce one tensor on its device (no sync); read it after the transfer with `Reduced.slot`.
+        `reference`: by the torch reduction, whatever else this reducer could use."""
         t = t.detach()
         if is_plain(t):
             seed = meta_seed(t.dtype, t.shape)
             if t.numel() == 0:
                 return Reduced(None, Constant(seed))
             sampled = t.dtype in _SAMPLE_FORMATS
-            triton = self._triton
-            if triton is not None and t.device.type == "cuda":
-                words, readable = self._words(t)
-                index, shifts = self._sample_index(t.device, t.dtype, t.numel(), readable.numel())
-                payload = triton.reduce_one(words, readable, index, LANE_BLOCK, _MIX, _MUL)
-                return Reduced(Payload(payload), Slot(seed, 2, t.dtype if sampled else None, shifts))
+            if not reference and self.uses_triton(t.device) and checks.trusted("triton-one") is not False:
+                done = self._checked_one(t)
+                if done is not None:
+                    return Reduced(Payload(done[0]), Slot(seed, 2, t.dtype if sampled else None, done[1]))
             lanes, samples, shifts = self._plain(t, sampled)
             pieces = [lanes.view(torch.int32)] if samples is None else [lanes.view(torch.int32), samples]
             payload = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
@@ -307,6 +346,26 @@ class DeviceReducer:
                 slot = Slot(p.seed, 2 * len(reduced), p.tensors[p.values].dtype, shifts)
                 return Reduced(Payload(torch.cat([lanes, samples])), slot)
         return Reduced(Payload(lanes), Slot(p.seed, 2 * len(reduced), None))
+
+    def _checked_one(self, t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]] | None:
+        """The Triton kernel's payload of one tensor and its sample shifts; the first time in the process,
+        compared with the torch reduction's (a sync). None when the kernel failed that check: use the reference."""
+        try:
+            words, readable = self._words(t)
+            index, shifts = self._sample_index(t.device, t.dtype, t.numel(), readable.numel())
+            payload: torch.Tensor = self._triton.reduce_one(words, readable, index, LANE_BLOCK, _MIX, _MUL)
+            if checks.trusted("triton-one"):
+                return payload, shifts
+            lanes, samples, _ = self._plain(t, t.dtype in _SAMPLE_FORMATS)
+            expected = lanes.view(torch.int32) if samples is None else torch.cat([lanes.view(torch.int32), samples])
+            if not torch.equal(payload[:expected.numel()], expected):
+                self.failed("triton-one", f"{t.dtype} {tuple(t.shape)}: other lanes or samples")
+                return None
+        except Exception as exc:  # a kernel that cannot compile or launch here
+            self.failed("triton-one", f"{type(exc).__name__}: {exc}")
+            return None
+        checks.verified.add("triton-one")
+        return payload, shifts
 
     def digest_now(self, t: torch.Tensor) -> tuple[int, tuple[float, ...]]:
         """(digest, samples) of one tensor at once: its reduction and one transfer (a host sync)."""
@@ -397,11 +456,18 @@ class DeviceBatch:
         self._stream: Any = None  # CUDA: the stream that last used the buffer and scratch
         self._open()
 
+    @property
+    def way(self) -> Check:
+        return "triton-batch" if self.reducer.uses_triton(self.device) else "batch"
+
     def _open(self) -> None:
         self._end = 4 * LANE_BLOCK  # block 0 stays out of every tensor: the cumulative sums start at 0 there
         self._segments: list[tuple[int, int, torch.dtype, int]] = []
         self._payload = Payload()
         self._keys: list[int] = []  # ids of the plans used, for the layout's key
+        # until the batch reduction is verified in this process: each tensor's reference reduction, made when
+        # it was added (a later in-place change must not reach it), and its slot in the batch
+        self._references: list[tuple[Reduced, Reduced]] | None = None if checks.trusted(self.way) else []
 
     def add(self, tensors: Sequence[torch.Tensor]) -> list[Reduced]:
         """Copy `tensors` (all `batchable`, on this device) into the buffer; their slots, read once the batch
@@ -461,6 +527,9 @@ class DeviceBatch:
             sampled = dtype if dtype in _SAMPLE_FORMATS else None
             shifts = _sample_words(dtype, numel, 0, 0)[1] if sampled is not None else ()
             slots.append(Reduced(payload, BatchSlot(meta_seed(dtype, tensors[i].shape), k, sampled, shifts, payload)))
+        if self._references is not None:
+            self._references += [(self.reducer.reduce(t, reference=True), slot) for t, slot in zip(tensors, slots,
+                                                                                                  strict=True)]
         return slots
 
     def _plan(self, tensors: Sequence[torch.Tensor]) -> _Plan:
@@ -495,16 +564,43 @@ class DeviceBatch:
         if not self._segments:
             return
         payload, segments = self._payload, self._segments
+        self._follow_stream()
+        payload.count = len(segments)
+        if self._references is None:  # verified in this process
+            payload.tensor = self._reduce(self._layout_now())
+        else:
+            payload.tensor = self._checked(self._references)
+        self._open()
+
+    def _layout_now(self) -> _Layout:
         layout = self._layouts.get((self._end, *self._keys))
         if layout is None:
-            layout = self._layout(segments)
+            layout = self._layout(self._segments)
             if len(self._layouts) >= LAYOUT_CACHE:
                 self._layouts.clear()
             self._layouts[(self._end, *self._keys)] = layout
-        self._follow_stream()
-        payload.tensor = self._reduce(layout)
-        payload.count = len(segments)
-        self._open()
+        return layout
+
+    def _checked(self, references: list[tuple[Reduced, Reduced]]) -> torch.Tensor:
+        """The batch's payload the first time in the process (compared with each tensor's reference reduction:
+        one sync), or when the batch reduction failed that check: the references in the batch's format."""
+        way = self.way
+        if checks.trusted(way):  # verified by another batch since this one opened
+            return self._reduce(self._layout_now())
+        if checks.trusted(way) is None:
+            try:
+                batched = self._reduce(self._layout_now())
+                values = batched.cpu().view(torch.int64).tolist()
+                for k, (reference, slot) in enumerate(references):
+                    expected = _read(reference)
+                    if slot.slot.read(values, 0) != expected:
+                        raise _Mismatch(f"tensor {k} of {len(references)}: another digest or other samples")
+            except Exception as exc:  # a mismatch, or a kernel that cannot compile or launch here
+                self.reducer.failed(way, str(exc) if isinstance(exc, _Mismatch) else f"{type(exc).__name__}: {exc}")
+            else:
+                checks.verified.add(way)
+                return batched
+        return _as_batch([reference for reference, _ in references], self.device)
 
     def _layout(self, segments: list[tuple[int, int, torch.dtype, int]]) -> _Layout:
         words = self._end // 4
@@ -557,6 +653,30 @@ class DeviceBatch:
             sums = v["blocks"].sum(dim=2, dtype=torch.int64)
         lanes = sums.cumsum(dim=1).take(layout.lane_index)
         return torch.cat([lanes.view(torch.int32), words.take(layout.sample_index)])
+
+
+class _Mismatch(Exception):
+    """A fast way's digest differs from the reference's."""
+
+
+def _read(reduced: Reduced) -> tuple[int, tuple[float, ...]]:
+    tensor = None if reduced.payload is None else reduced.payload.tensor
+    return reduced.slot.read([] if tensor is None else tensor.cpu().view(torch.int64).tolist(), 0)
+
+
+def _as_batch(references: list[Reduced], device: torch.device) -> torch.Tensor:
+    """Each tensor's reference payload (2 int64 lanes, then its sample words) laid out as a batch's: per tensor
+    the cumulative sums at its last block and before its first (the lanes and 0: their differences are the
+    lanes), then every tensor's sample words (zeros for a dtype without samples)."""
+    lanes, samples = [], []
+    for reduced in references:
+        tensor = reduced.payload.tensor if reduced.payload is not None else None
+        assert tensor is not None  # a batched tensor is never empty
+        pair = tensor[:4].view(torch.int64)
+        lanes.append(torch.stack([pair[0], torch.zeros_like(pair[0]), pair[1], torch.zeros_like(pair[1])]))
+        samples.append(tensor[4:] if tensor.numel() > 4 else torch.zeros(2 * N_SAMPLES, dtype=torch.int32,
+                                                                         device=device))
+    return torch.cat([torch.cat(lanes).view(torch.int32), *samples])
 
 
 def fingerprint(t: torch.Tensor) -> Fingerprint:

@@ -25,6 +25,11 @@ def available() -> bool:
     return torch.cuda.is_available()
 
 
+def handles(device: torch.device) -> bool:
+    """The kernels take CUDA tensors only (devicehash asks, so a test can stand in for them on CPU)."""
+    return device.type == "cuda"
+
+
 @triton.jit
 def _lanes(w: Any, pos: Any, MIX0: tl.constexpr, MIX1: tl.constexpr, MUL: tl.constexpr) -> Any:
     """Both lanes' sums of one block's words `w` (int32, 0 where masked) at int64 positions `pos`."""

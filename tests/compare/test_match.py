@@ -136,3 +136,14 @@ def test_self_check_end_to_end(tmp_path: Path) -> None:
     assert "self-check passed" in result.stdout
     assert (tmp_path / "run" / "selfcheck-0.trace").is_file()
     assert result.report["match"]["granularity"] == "step"
+
+
+def test_a_device_digest_fallback_is_said_once_in_what_the_verdict_rests_on(tmp_path: Path) -> None:
+    """recorder/devicehash.py's fail-safe: a fast device digest that disagreed with the reference is one line."""
+    recs = training_records(steps=2, layers=1)
+    event = {"type": "device-digest", "detail": "the Triton batch kernel disagreed with the reference"}
+    paths = [write_trace(tmp_path / f"r{i}.trace", recs, {"exit_code": 0}, events=[(1, event), (2, event)])
+             for i in range(2)]
+    m = describe_match(paths[0], compare_traces(paths, ["cuda", "cuda"]), bitwise=True, tolerance=Tolerance(),
+                       granularity="module", stdout="ignore", devices=["cuda", "cuda"])
+    assert [line for line in m.not_observed if "Triton" in line] == [event["detail"]]

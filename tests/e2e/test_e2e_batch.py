@@ -56,3 +56,92 @@ def test_repeats_module_and_max_steps(scripts: Path, tmp_path: Path) -> None:
     code, report, _ = batch(scripts, tmp_path, "serve_embeddings.py", "-n", "2", "--module", "norm", "--max-steps", "2")
     assert (code, report["run_to_run"], report["probed_calls"]) == (0, "deterministic", 2)
     assert [r["stopped_at_step"] for r in report["repeats"]] == [2, 2]
+
+
+_EFFECTS = '''
+import logging, sys
+import torch
+from torch import nn
+
+CALLS = 0
+TOTAL = torch.zeros(4)
+KEPT = open("kept.log", "w")
+logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+
+
+class Scorer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        global CALLS
+        CALLS += 1  # a global counter
+        TOTAL.add_(x.sum(0))  # a module-level tensor updated in place
+        with open("forward.log", "a") as log:  # a file opened and written in the forward
+            log.write(f"call {CALLS} rows {len(x)}\\n")
+        KEPT.write(f"kept {CALLS}\\n")  # a file the script keeps open
+        print(f"forward {CALLS}", flush=True)
+        logging.info("logged %d", CALLS)
+        return self.fc(x) * CALLS
+
+
+torch.manual_seed(0)
+model = Scorer().eval()
+with torch.no_grad():
+    outs = [model(torch.randn(n, 4)) for n in (16, 7, 16)]
+KEPT.close()
+print("calls", CALLS, "total", TOTAL.tolist(), "out", sum(o.sum().item() for o in outs))
+'''
+
+
+def test_a_forwards_effects_outside_its_module_happen_as_often_as_under_python(tmp_path: Path) -> None:
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "audited").mkdir()
+    for where in ("plain", "audited"):
+        (tmp_path / where / "effects.py").write_text(_EFFECTS)
+    plain = subprocess.run([sys.executable, "effects.py"], cwd=tmp_path / "plain", capture_output=True, text=True)
+    result = run_cli(["batch", "effects.py", "--out", "run", "--json", "b.json"], tmp_path / "audited")
+    assert result.report is not None, result.stderr
+    audited = tmp_path / "audited"
+    assert (audited / "run" / "batch-0.stdout").read_text() == plain.stdout
+    assert [r["exit_code"] for r in result.report["repeats"]] == [plain.returncode]
+    for name in ("forward.log", "kept.log"):
+        assert (audited / name).read_text() == (tmp_path / "plain" / name).read_text(), name
+    assert result.report["probed_calls"] == 3  # the probes ran, in a forked copy of the process
+
+
+_LOGGED_STATISTIC = '''
+import torch
+from torch import nn
+
+
+class Scorer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x):
+        self.last_mean = x.mean()  # kept for logging only: never part of a row's result
+        return self.head(torch.relu(self.hidden(x)))
+
+
+torch.manual_seed(0)
+model = Scorer().eval()
+with torch.no_grad():
+    scores = model(torch.randn(256, 64))
+print(f"mean {model.last_mean.item():.4f}")
+'''
+
+
+def test_a_statistic_kept_for_logging_is_never_named_where_the_difference_starts(tmp_path: Path) -> None:
+    (tmp_path / "logged.py").write_text(_LOGGED_STATISTIC)
+    code, report, stdout = batch(tmp_path, tmp_path, "logged.py")
+    first = report["first_variant"]
+    assert (code, first["op"]) == (1, "aten.addmm")
+    assert first["location"].endswith("logged.py:14")
+    assert not first["large"]
+    assert report["causes"][0]["id"] == "batch-matmul"
+    assert "LARGE DIFFERENCE" not in stdout
+    assert "aten.mean" in first["note"]

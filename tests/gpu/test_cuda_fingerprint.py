@@ -99,3 +99,25 @@ def test_large_tensor_digest_is_stable_across_calls() -> None:
     digests = {_digest(reducer, dev)[0] for _ in range(5)}
     assert len(digests) == 1
     assert digests == {_digest(reducer, dev.cpu())[0]}
+
+
+def test_the_fast_ways_pass_their_first_run_check_on_this_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fail-safe's check (recorder/devicehash.py) on a real device: the batch reduction and, where triton
+    imports, both Triton kernels are verified against the reference on their first run; none falls back."""
+    from detaudit.recorder import devicehash
+
+    fresh = devicehash.Checks()
+    monkeypatch.setattr(devicehash, "checks", fresh)
+    told: list[str] = []
+    reducer = DeviceReducer(notify=told.append)
+    tensors = [_sample(dtype, (7, 12)).cuda() for dtype in DTYPES]
+    batched = [t for t in tensors if devicehash.batchable(t)]
+    slots = reducer.batch(batched[0].device).add(batched)
+    reducer.close_batches()
+    for t in tensors:
+        reducer.digest_now(t)
+    assert told == []
+    assert fresh.failed == {}
+    expected = {"triton-batch", "triton-one"} if reducer.uses_triton(batched[0].device) else {"batch"}
+    assert fresh.verified == expected
+    assert all(s.payload is not None and s.payload.tensor is not None for s in slots)

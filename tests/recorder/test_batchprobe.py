@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from detaudit.compare.batch import analyse
+from detaudit.batch.finding import analyse
 from detaudit.recorder import batchprobe
 from detaudit.recorder.batchprobe import BatchProbe, ProbeSettings, Rows, compare_rows, compare_values, default_sizes
 from detaudit.recorder.core import Recorder
@@ -229,3 +229,42 @@ def test_the_origin_search_keeps_weights_by_reference_and_activations_as_copies(
     assert runner._keep(model.weight) is model.weight and runner._keep(model.weight.t())._base is model.weight
     kept = runner._keep(x)
     assert kept is not x and torch.equal(kept, x)
+
+
+def test_a_call_after_a_smaller_one_is_mixed_only_when_the_smaller_has_the_rows_to_fill_it(tmp_path: Path) -> None:
+    model = nn.Embedding(50, 8).eval()  # the 7-row call's mixed probe once took 3 rows from a 2-row call: IndexError
+    events = _probed(tmp_path, lambda: [model(torch.randint(0, 50, (n, 5))) for n in (2, 7, 7)])
+    assert [e["type"] for e in events] == ["batch-call"] * 3
+    assert [[s["subset"] for s in e["subsets"] if s["subset"] == "mixed"] for e in events] == [[], [], ["mixed"]]
+
+
+class _Centred(nn.Module):
+    """Every row minus the batch's mean: a reduction over the batch that reaches each row's result."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.kept = x.std()  # a value kept aside, which differs too
+        return x - x.mean()
+
+
+class _ScaledByItem(nn.Module):
+    """The batch's largest value reaches the rows through a Python number, which the data flow cannot follow."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / x.abs().amax().item()
+
+
+def _first_op(tmp_path: Path, model: nn.Module) -> Any:
+    torch.manual_seed(0)
+    events = _probed(tmp_path, lambda: model(torch.randn(32, 8)))
+    return analyse(events).first_variant  # type: ignore[arg-type]
+
+
+def test_a_reduction_over_the_batch_that_reaches_the_output_is_where_it_starts(tmp_path: Path) -> None:
+    first = _first_op(tmp_path, _Centred())
+    assert (first.op.name, first.op.across_rows, first.large) == ("aten.mean", True, True)
+    assert "aten.std" in first.note  # the value kept aside: a note, not the start
+
+
+def test_a_reduction_reaching_the_output_through_a_python_number_is_still_found(tmp_path: Path) -> None:
+    first = _first_op(tmp_path, _ScaledByItem())
+    assert (first.op.name, first.op.across_rows) == ("aten.amax", True)

@@ -241,3 +241,146 @@ def test_triton_kernels_give_the_torch_reduction_s_digests() -> None:
         assert DeviceReducer(use_triton=False).digest_now(t.cuda()) == host
     on_device = [t.cuda() for t in tensors if batchable(t)]
     assert batch_prints(on_device, DeviceReducer()) == batch_prints([t.cpu() for t in on_device])
+
+
+# -- the fail-safe: a fast way is checked against the reference the first time it runs in a process --------
+@pytest.fixture
+def fresh_checks(monkeypatch: pytest.MonkeyPatch) -> devicehash.Checks:
+    """A process in which no fast way has run yet."""
+    fresh = devicehash.Checks()
+    monkeypatch.setattr(devicehash, "checks", fresh)
+    return fresh
+
+
+def _reference(tensors: list[torch.Tensor]) -> list[tuple[int, tuple[float, ...]]]:
+    return [DeviceReducer(use_triton=False).digest_now(t) for t in tensors]
+
+
+def _tensors() -> list[torch.Tensor]:
+    torch.manual_seed(3)
+    return [torch.randn(300), torch.arange(50, dtype=torch.int64), torch.randn(8, 9).half()]
+
+
+def _corrupt(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    real = devicehash.DeviceBatch._reduce
+
+    def reduce(self: devicehash.DeviceBatch, layout: Any) -> torch.Tensor:
+        if how == "raise":
+            raise RuntimeError("no kernel image is available for execution on the device")
+        payload = real(self, layout).clone()
+        payload[0] ^= 1  # one bit of the first tensor's lanes
+        return payload
+
+    monkeypatch.setattr(devicehash.DeviceBatch, "_reduce", reduce)
+
+
+def test_a_working_batch_reduction_is_verified_once_and_then_trusted(fresh_checks: devicehash.Checks) -> None:
+    reducer = DeviceReducer(use_triton=False)
+    assert batch_prints(_tensors(), reducer) == _reference(_tensors())
+    assert (fresh_checks.verified, fresh_checks.failed) == ({"batch"}, {})
+    assert reducer.batch(torch.device("cpu"))._references is None  # later batches carry no references
+
+
+@pytest.mark.parametrize("how", ["mismatch", "raise"])
+def test_a_failing_batch_reduction_falls_back_to_the_reference_and_says_so_once(
+        fresh_checks: devicehash.Checks, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    _corrupt(monkeypatch, how)
+    told: list[str] = []
+    reducer = DeviceReducer(use_triton=False, notify=told.append)
+    assert batch_prints(_tensors(), reducer) == _reference(_tensors())
+    assert batch_prints(_tensors()[::-1], reducer) == _reference(_tensors()[::-1])  # and every batch after it
+    assert list(fresh_checks.failed) == ["batch"]
+    assert len(told) == 1
+    assert "batched device digest" in told[0]
+
+
+class _FakeTriton:
+    """Stands in for lanes_triton on CPU tensors, through the same seam: right (the torch reduction's lanes,
+    computed another way) or wrong (one bit off) or failing (raises, as a kernel that cannot compile)."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def handles(self, device: torch.device) -> bool:
+        return True
+
+    def _fault(self, out: torch.Tensor, at: int) -> torch.Tensor:
+        if self.how == "raise":
+            raise RuntimeError("triton: failed to compile")
+        if self.how == "mismatch":
+            out.view(-1)[at] ^= 1
+        return out
+
+    def reduce_one(self, words: torch.Tensor, readable: torch.Tensor, sample_index: torch.Tensor, block: int,
+                   mix: tuple[int, int], mul: int) -> torch.Tensor:
+        lanes = DeviceReducer(use_triton=False).lanes(words)
+        payload = torch.cat([lanes.view(torch.int32), readable.take(sample_index)])
+        return self._fault(payload, 0)  # lane 0
+
+    def block_sums(self, words: torch.Tensor, block_pos: torch.Tensor, block_len: torch.Tensor, block: int,
+                   mix: tuple[int, int], mul: int) -> torch.Tensor:
+        blocks = block_pos.numel()
+        w = words[:blocks * block].view(blocks, block)
+        offs = torch.arange(block)
+        weights = position_weights((block_pos[:, None] + offs).reshape(-1)).view(2, blocks, block)
+        inside = offs < block_len[:, None]
+        sums = [torch.where(inside, x * weights[lane], 0).sum(dim=1, dtype=torch.int64)
+                for lane, x in enumerate((w, w ^ (w >> 13)))]
+        return self._fault(torch.stack(sums), -1)  # lane 1 of the last block (block 0 is in no tensor)
+
+
+def _with_triton(how: str, told: list[str]) -> DeviceReducer:
+    reducer = DeviceReducer(use_triton=False, notify=told.append)
+    reducer._triton = _FakeTriton(how)
+    return reducer
+
+
+@pytest.mark.parametrize("how", ["right", "mismatch", "raise"])
+def test_the_triton_single_tensor_kernel_is_checked_the_first_time(fresh_checks: devicehash.Checks, how: str) -> None:
+    told: list[str] = []
+    reducer = _with_triton(how, told)
+    assert [reducer.digest_now(t) for t in _tensors()] == _reference(_tensors())
+    assert (list(fresh_checks.verified), list(fresh_checks.failed)) == (
+        (["triton-one"], []) if how == "right" else ([], ["triton-one"]))
+    assert len(told) == (0 if how == "right" else 1)
+
+
+@pytest.mark.parametrize("how", ["right", "mismatch", "raise"])
+def test_the_triton_batch_kernel_is_checked_the_first_time(fresh_checks: devicehash.Checks, how: str) -> None:
+    told: list[str] = []
+    reducer = _with_triton(how, told)
+    assert batch_prints(_tensors(), reducer) == _reference(_tensors())
+    assert batch_prints(_tensors()[1:], reducer) == _reference(_tensors()[1:])
+    assert (list(fresh_checks.verified), list(fresh_checks.failed)) == (
+        (["triton-batch"], []) if how == "right" else ([], ["triton-batch"]))
+    assert [line.split(" disagreed")[0] for line in told] == (
+        [] if how == "right" else ["the Triton batch kernel (lanes_triton.block_sums)"])
+
+
+def _recorded_steps(path: Path) -> Any:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    rec = Recorder(TraceWriter(path, {"repeat": 0}), device_path_on_cpu=True)
+    hooks = Hooks(rec)
+    for _ in range(3):
+        model(torch.randn(5, 4)).square().mean().backward()
+        hooks._on_step_pre(optimizer, (optimizer,), {})
+        optimizer.step()
+        hooks._on_step_post(optimizer, (optimizer,), {})
+        optimizer.zero_grad()
+    rec.close({"exit_code": 0})
+    return read_trace(path)
+
+
+def test_a_recorder_whose_batch_reduction_fails_records_the_reference_digests_and_one_event(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(devicehash, "checks", devicehash.Checks())
+    healthy = _recorded_steps(tmp_path / "healthy.trace")
+    monkeypatch.setattr(devicehash, "checks", devicehash.Checks())
+    _corrupt(monkeypatch, "mismatch")
+    faulty = _recorded_steps(tmp_path / "faulty.trace")
+    assert (faulty.records["digest"] == healthy.records["digest"]).all()
+    assert faulty.records["samples"].tobytes() == healthy.records["samples"].tobytes()
+    assert [e["type"] for e in faulty.events if e["type"] == "device-digest"] == ["device-digest"]
+    assert [e for e in healthy.events if e["type"] == "device-digest"] == []

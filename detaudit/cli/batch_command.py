@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from detaudit.batch.reporting import BatchReport, BatchSettings, write_html, write_json
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
 from detaudit.cli.session import RepeatsProgress, finish_report
 from detaudit.errors import ExitCode
-from detaudit.report.batch import BatchReport, BatchSettings, write_html, write_json
 from detaudit.safetext import printable
 
 _EXIT_CODES = ("\b\nExit codes:\n  0    batch-invariant: every probed row agrees bit for bit\n"
@@ -70,8 +70,8 @@ def batch(script: str, script_args: tuple[str, ...], repeats: int, devices: str,
     The probes run on a copy of the model under torch.no_grad() with the RNG states restored: the script
     computes what a plain run computes. Options may come before or after SCRIPT, as with `run`.
     """
-    from detaudit.audit.batch import run_batch
     from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
+    from detaudit.batch.auditing import run_batch
     from detaudit.run.devices import own_device, resolve_devices
 
     sizes = _sizes(sizes_text)

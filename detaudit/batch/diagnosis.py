@@ -1,6 +1,6 @@
 """Why a row's result depends on its batch (`detaudit batch`), from the origin search's evidence.
 
-The evidence is the first op whose rows differ while its inputs' rows agree (compare/batch.py `Spot`),
+The evidence is the first op whose rows differ while its inputs' rows agree (batch/finding.py `Spot`),
 how large the difference is for its dtype, and which probes differ. Ids (docs/batch.md):
 
 - `batch-rows-mix`: rows read each other's data (a value reduced over the batch, a shape or padding set
@@ -14,7 +14,7 @@ how large the difference is for its dtype, and which probes differ. Ids (docs/ba
 
 from __future__ import annotations
 
-from detaudit.compare.batch import BatchFinding, FirstVariant, Spot
+from detaudit.batch.finding import BatchFinding, FirstVariant, Spot
 from detaudit.results import Basis, Cause
 
 _MATMUL = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "einsum", "_mkldnn",

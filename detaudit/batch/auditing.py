@@ -2,7 +2,7 @@
 
 The same stages as `run`: the launcher starts each repeat in a fresh interpreter (run/launcher.py through
 `pipeline.execute`), the recorder probes inside it (recorder/batchprobe.py) and writes events into the
-trace, compare/batch.py reads them, causes/batch.py explains a variant finding, report/batch.py holds
+trace, batch/finding.py reads them, batch/diagnosis.py explains a variant finding, batch/reporting.py holds
 the result. One repeat answers the question; with `--repeats N` the repeats are also compared with each
 other (`compare_traces`, as `run` does). The run directory holds the repeats' files and `batch.json`.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from detaudit.audit.pipeline import AuditOptions, execute
-from detaudit.causes.batch import diagnose_batch
-from detaudit.compare.batch import analyse
+from detaudit.batch.diagnosis import diagnose_batch
+from detaudit.batch.finding import analyse
+from detaudit.batch.reporting import BatchReport, BatchSettings, write_json
 from detaudit.compare.traces import compare_traces
 from detaudit.errors import TraceError
-from detaudit.report.batch import BatchReport, BatchSettings, write_json
 from detaudit.results import RepeatResult
 from detaudit.run.launcher import Interrupted, check_script
 from detaudit.run.rundir import BATCH_FILE, new_run_dir, stored_args

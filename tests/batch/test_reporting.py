@@ -1,5 +1,5 @@
-"""report/batch.py, cli/batch.py and audit/batch.py without a subprocess: verdicts, exit codes, JSON, HTML,
-the terminal rendering."""
+"""batch/reporting.py, cli/batch_command.py and batch/auditing.py without a subprocess: verdicts, exit codes, JSON,
+HTML, the terminal rendering."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 from batchcases import ROUNDING, call, origin, spot
 from rich.console import Console
 
-from detaudit.audit import batch as audit_batch
 from detaudit.audit.pipeline import AuditOptions, Target
-from detaudit.causes.batch import diagnose_batch
-from detaudit.cli.batch import render_batch, summary_line
-from detaudit.compare.batch import analyse
+from detaudit.batch import auditing as audit_batch
+from detaudit.batch.diagnosis import diagnose_batch
+from detaudit.batch.finding import analyse
+from detaudit.batch.reporting import BatchReport, BatchSettings, render_html, to_dict, write_json
+from detaudit.cli.batch_command import render_batch, summary_line
 from detaudit.errors import UsageError
-from detaudit.report.batch import BatchReport, BatchSettings, render_html, to_dict, write_json
 from detaudit.results import RepeatResult
 
 

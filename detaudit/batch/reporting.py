@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from detaudit.compare.batch import BatchFinding, FirstVariant, Spot
+from detaudit.batch.finding import BatchFinding, FirstVariant, Spot
 from detaudit.errors import ExitCode
 from detaudit.results import Cause, RepeatResult
 
@@ -29,7 +29,7 @@ class BatchSettings:
 
 @dataclass(frozen=True)
 class BatchReport:
-    """Everything the renderers need; built once by audit/batch.py."""
+    """Everything the renderers need; built once by batch/auditing.py."""
 
     script: str
     script_args: list[str]

@@ -1,11 +1,11 @@
-"""compare/batch.py and causes/batch.py: probe events -> a finding -> causes."""
+"""batch/finding.py and batch/diagnosis.py: probe events -> a finding -> causes."""
 
 from __future__ import annotations
 
 from batchcases import ROUNDING, call, origin, spot, subset
 
-from detaudit.causes.batch import diagnose_batch
-from detaudit.compare.batch import analyse, is_large
+from detaudit.batch.diagnosis import diagnose_batch
+from detaudit.batch.finding import analyse, is_large
 
 
 def test_rows_that_agree_everywhere_are_batch_invariant() -> None:
