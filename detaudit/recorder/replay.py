@@ -42,6 +42,7 @@ from detaudit.recorder.patch import wrap
 # script's own result, 2: the replay's). JSON, e.g. {"op": "aten.mm.default", "step": 0, "execution": 2}.
 TEST_FLIP_ENV = "DETAUDIT_TEST_WATCH_FLIP"
 REPLAY, PASS, UNINIT, COLLECTIVE = "replay", "pass", "uninitialised", "collective"
+FAILED = "replay failed"  # the second execution raised (out of memory for the copies): that op is unchecked
 _INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 
 
@@ -68,6 +69,7 @@ class StepReplay(TorchDispatchMode):
         self.replayed = 0
         self.skipped: dict[str, int] = {}
         self.mismatches = 0
+        self.pid = os.getpid()  # a forked DataLoader worker inherits the mode: it replays nothing
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -76,7 +78,7 @@ class StepReplay(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if self.rec.internal:
+        if self.rec.internal or os.getpid() != self.pid:
             return func(*args, **kwargs)
         kind = self.kinds.get(func)
         if kind is None:
@@ -89,20 +91,28 @@ class StepReplay(TorchDispatchMode):
         return self._replay(func, args, kwargs, writes, random)
 
     def _replay(self, func: Any, args: Any, kwargs: Any, writes: bool, random: bool) -> Any:
-        pristine = _copy((args, kwargs)) if writes else (args, kwargs)
+        try:
+            pristine = _copy((args, kwargs)) if writes else (args, kwargs)
+        except Exception:  # no memory for the copies: the op runs once, unchecked
+            self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
+            return func(*args, **kwargs)
         generator = _generator(args, kwargs) if random else None
         before = generator.get_state() if generator is not None else None
         first = func(*args, **kwargs)
         self._flip(func, first, 1)
         after = generator.get_state() if generator is not None else None
-        second = self._again(func, _copy(pristine) if writes else pristine, generator, before, 2)
-        self.replayed += 1
-        differs = _differs(first, second)
-        if differs is not None:
-            third = self._again(func, pristine, generator, before, 3)
-            self._mismatch(func, differs, _agrees(first, second, third))
-        if generator is not None:
-            generator.set_state(after)
+        try:
+            second = self._again(func, _copy(pristine) if writes else pristine, generator, before, 2)
+            differs = _differs(first, second)
+            if differs is not None:
+                third = self._again(func, pristine, generator, before, 3)
+                self._mismatch(func, differs, _agrees(first, second, third))
+            self.replayed += 1
+        except Exception:  # the replay's own failure (out of memory for the copies) is never the script's
+            self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
+        finally:
+            if generator is not None:
+                generator.set_state(after)
         return first
 
     def _again(self, func: Any, inputs: Any, generator: Any, state: Any, execution: int) -> Any:

@@ -17,6 +17,9 @@ def main():
         loss.backward()
         optimizer.step()
         print(f"step {step} loss {loss.item():.10f}")
+    model.eval()
+    with torch.no_grad():
+        print(f"final loss {nn.functional.mse_loss(model(inputs), targets).item():.10f}")
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "fitted.pt")
     print("saved", file=sys.stderr)
 
