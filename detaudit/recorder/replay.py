@@ -222,12 +222,12 @@ def _differs(a: Any, b: Any) -> tuple[float, int] | None:
             return (float("inf"), 0)
         if torch.equal(_bits(x), _bits(y)):
             continue
-        diff, ulp = _distance(x, y)
+        diff, ulp = distance(x, y)
         found = (max(found[0], diff), max(found[1], ulp)) if found is not None else (diff, ulp)
     return found
 
 
-def _distance(x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
+def distance(x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
     """Max |diff| and, for floating point, max ULP apart (integers: the difference itself)."""
     if x.dtype == torch.bool:
         return 1.0, 1
