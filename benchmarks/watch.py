@@ -1,8 +1,9 @@
 """`detaudit watch`'s cost per step, side by side with plain python (docs/watch.md's table).
 
 Each workload runs plain, under `detaudit watch --every 1000000` (only step 0 replayed: unchecked steps) and
-under `detaudit watch --every 1` (every step replayed), in interleaved rounds; the medians of the steps' CPU times (all threads: less disturbed by other processes than
-wall time) are compared, warm-up steps excluded. Not a test: it prints a markdown table.
+under `detaudit watch --every 1` (every step replayed), in interleaved rounds; the medians of the steps' CPU
+times (all threads: less disturbed by other processes than wall time) are compared, warm-up steps excluded.
+Not a test: it prints a markdown table.
 
     python benchmarks/watch.py [--steps 40] [--rounds 3] [--workloads mlp,cnn,transformer] [--device cpu]
 """
