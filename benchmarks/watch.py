@@ -25,7 +25,8 @@ WARMUP = 4
 
 
 def step_times(command: list[str], cwd: Path, device: str) -> list[float]:
-    env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
+    # one thread: on a shared machine, several threads' CPU time mostly measures their spinning for each other
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
     proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     bench = next((line for line in proc.stderr.splitlines() if line.startswith("BENCH ")), None)
     if proc.returncode != 0 or bench is None:
