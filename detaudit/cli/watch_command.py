@@ -15,7 +15,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from detaudit.audit.watch import WatchReport, WatchSettings
+from detaudit.audit.watch import Against, WatchReport, WatchSettings
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
 from detaudit.cli.session import err_console
 from detaudit.errors import ExitCode
@@ -40,10 +40,15 @@ _EXIT_CODES = ("\b\nExit codes:\n  0    clean: every replayed op agreed bit for 
 @click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds the job may run.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Run directory (default: a new folder under .detaudit/runs/).")
+@click.option("--against", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR|BASELINE",
+              help="Compare the run record by record with an earlier recording of the script while it runs (a "
+                   "baseline saved by `run --save-baseline`, or a run directory's first repeat); the first "
+                   "difference is a mismatch, and the job is stopped at its next step boundary.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line (on standard error).")
 def watch(script: str, script_args: tuple[str, ...], every: int, on_mismatch: str, status_every: int,
-          timeout: float | None, out_dir: Path | None, json_path: Path | None, quiet: bool) -> NoReturn:
+          timeout: float | None, against: Path | None, out_dir: Path | None, json_path: Path | None,
+          quiet: bool) -> NoReturn:
     """Run SCRIPT once and check it while it runs: on the first optimizer step and every --every K-th after
     it, every op is executed a second time on copies of its inputs and must agree bit for bit (a mismatch is
     a nondeterministic kernel or a hardware fault). On the first mismatch the job is stopped before it saves a
@@ -52,8 +57,9 @@ def watch(script: str, script_args: tuple[str, ...], every: int, on_mismatch: st
     """
     from detaudit.audit.watch import run_watch
 
-    check_outputs(json_path, None, None, out_dir=out_dir, inputs={"the watched script": Path(script)})
-    settings = WatchSettings(every, "stop" if on_mismatch == "stop" else "continue", status_every, timeout)
+    inputs = {"the watched script": Path(script), **({"--against": against} if against is not None else {})}
+    check_outputs(json_path, None, None, out_dir=out_dir, inputs=inputs)
+    settings = WatchSettings(every, "stop" if on_mismatch == "stop" else "continue", status_every, timeout, against)
     report = run_watch(script, list(script_args), out_dir, settings,
                        lambda line: err_console.print(escape(printable(line)), soft_wrap=True, highlight=False))
     if json_path is not None:
@@ -72,7 +78,7 @@ def _clean(text: object) -> str:
 def summary_line(report: WatchReport) -> str:
     log = report.log
     colour = "red" if report.verdict == "mismatch" else "green"
-    found = len(log.mismatches)
+    found = len(report.mismatches)
     text = (f"[bold {colour}]{report.verdict}[/]: {log.steps} step{'s' if log.steps != 1 else ''}, "
             f"{len(log.checked_steps)} checked, {found} mismatch{'es' if found != 1 else ''}")
     if log.stopped is not None:
@@ -88,21 +94,35 @@ def render_watch(report: WatchReport, console: Console) -> None:
     if log.skipped_ops:
         console.print("not replayed: " + ", ".join(f"{count} {_clean(why)}" for why, count in
                                                    sorted(log.skipped_ops.items())))
-    for m in log.mismatches:
+    for m in report.mismatches:
         where = _clean(m.location or "?")
         what = _clean(m.op) + (f" (backward of {_clean(m.backward_of)})" if m.backward_of else "")
         module = f" in {_clean(m.module)}" if m.module else ""
-        console.print(f"[bold red]mismatch[/] at step {m.step}: {what}{module} at {where}: max |diff| "
+        console.print(f"[bold red]mismatch[/] ({m.check}) at step {m.step}: {what}{module} at {where}: max |diff| "
                       f"{m.max_abs_diff:.3g}, {m.max_ulp} ULP — {_clean(m.verdict)}", soft_wrap=True)
+    if report.against is not None:
+        _render_against(report.against, console)
     stopped = log.stopped
     if stopped is not None:
         target = f": {_clean(stopped.target)} was not written" if stopped.target else ": the update was not applied"
         console.print(f"[bold]stopped[/] the job at step {stopped.step} before {stopped.before}{target}")
+    if stopped is None and report.result.stopped_at_step is not None:
+        console.print(f"[bold]stopped[/] the job after step {report.result.stopped_at_step}: it differed from the "
+                      "reference")
     failed = report.result.exit_code not in (0, None) and stopped is None
     if failed or report.result.timed_out:
         how = "timed out" if report.result.timed_out else f"exited with status {report.result.exit_code}"
         console.print(f"[yellow]the script {how}[/]; see {_clean(Path(report.run_dir) / report.result.stderr)}")
     console.print(summary_line(report), soft_wrap=True)
+
+
+def _render_against(against: Against, console: Console) -> None:
+    agreed = "no step" if against.agrees_to_step is None else f"step {against.agrees_to_step}"
+    verdict = "differs" if against.difference is not None else "agrees"
+    console.print(f"against {_clean(against.reference)}: {verdict} (agreed up to {agreed})")
+    for change in against.changes:
+        console.print(f"  changed: {_clean(change.field)}: {_clean(change.baseline)} → {_clean(change.current)}",
+                      soft_wrap=True)
 
 
 def _steps(steps: tuple[int, ...]) -> str:

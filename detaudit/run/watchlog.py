@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict, cast
 
 Agreement = Literal["first", "second", "neither"]
+Check = Literal["replay", "against"]
 StoppedBefore = Literal["torch.save", "optimizer.step"]
 
 
@@ -28,12 +29,13 @@ class MismatchJson(TypedDict):
     backward_of: str | None
     max_abs_diff: float
     max_ulp: int
-    third_agrees_with: str
+    third_agrees_with: str | None
 
 
 @dataclass(frozen=True)
 class Mismatch:
-    """One op whose replay disagreed with what the script computed."""
+    """One op whose replay disagreed with what the script computed (`check` "replay"), or the first record
+    that differs from the reference's (`check` "against": no third execution, `op` is the record's name)."""
 
     step: int
     op: str
@@ -42,23 +44,28 @@ class Mismatch:
     backward_of: str | None  # the autograd node, for an op of the backward pass
     max_abs_diff: float
     max_ulp: int
-    third_agrees_with: Agreement
+    third_agrees_with: Agreement | None
+    check: Check = "replay"
 
     def to_json(self) -> MismatchJson:
-        return {"step": self.step, "check": "replay", "op": self.op, "module": self.module, "location": self.location,
+        return {"step": self.step, "check": self.check, "op": self.op, "module": self.module, "location": self.location,
                 "backward_of": self.backward_of, "max_abs_diff": self.max_abs_diff, "max_ulp": self.max_ulp,
                 "third_agrees_with": self.third_agrees_with}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Mismatch:
         third = str(data.get("third_agrees_with"))
+        against = data.get("check") == "against"
         return cls(int(data["step"]), str(data["op"]), _text(data.get("module")), _text(data.get("location")),
                    _text(data.get("backward_of")), float(data["max_abs_diff"]), int(data["max_ulp"]),
-                   cast(Agreement, third if third in ("first", "second") else "neither"))
+                   None if against else cast(Agreement, third if third in ("first", "second") else "neither"),
+                   "against" if against else "replay")
 
     @property
     def verdict(self) -> str:
         """What the third execution says, in words."""
+        if self.check == "against":
+            return "differs from the reference's record"
         if self.third_agrees_with == "first":
             return "the second execution disagrees with the first; a third agrees with the first"
         if self.third_agrees_with == "second":

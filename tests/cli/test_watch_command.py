@@ -18,7 +18,8 @@ def test_a_stopped_mismatch_names_the_op_its_line_and_the_checkpoint_not_written
     console = Console(record=True, width=200)
     render_watch(WatchReport("train.py", "run", WatchSettings(), result, log), console)
     text = console.export_text()
-    assert "mismatch at step 3: aten.index_put_.default in net at train.py:13: max |diff| 0.001, 126 ULP" in text
+    assert "mismatch (replay) at step 3: aten.index_put_.default in net at train.py:13: max |diff| 0.001, 126 ULP" \
+        in text
     assert "a third agrees with neither" in text
     assert "stopped the job at step 3 before torch.save: ckpt.pt was not written" in text
     assert "mismatch: 3 steps, 2 checked, 1 mismatch; stopped before torch.save" in text

@@ -101,3 +101,25 @@ def test_on_mismatch_continue_records_every_mismatch_and_lets_the_job_finish(tmp
     assert len(result.report["mismatches"]) == 1
     assert (tmp_path / "fitted.pt").is_file()
     assert result.stdout.count("\n") == 9  # eight steps and the final loss
+
+
+def test_against_a_baseline_a_faithful_run_agrees_and_a_changed_learning_rate_stops_at_step_0(tmp_path: Path) -> None:
+    saved = run_cli(["run", str(WATCH_SCRIPTS / "fit_seeded.py"), "-n", "2", "--out", "base-run",
+                     "--save-baseline", "base"], tmp_path)
+    assert saved.returncode == 0, saved.output
+    same = watch(tmp_path, "fit_seeded.py", "--against", "base", out="same")
+    assert same.returncode == 0, same.output
+    assert same.report is not None
+    assert same.report["against"]["changes"] == []
+    (tmp_path / "fitted.pt").unlink()
+    changed = watch(tmp_path, "fit_seeded.py", "--against", "base", "--", "400", "0.02", out="changed")
+    assert changed.returncode == 1, changed.output
+    report = changed.report
+    assert report is not None
+    first = report["mismatches"][0]
+    assert (first["check"], first["step"]) == ("against", 0)
+    assert report["against"]["changes"][0] == {"field": "script arguments", "reference": "(none)",
+                                               "current": "400 0.02"}
+    assert report["stopped_at_step"] < 400
+    assert not (tmp_path / "fitted.pt").exists()
+    assert "differs from the reference at step 0" in changed.stderr

@@ -9,7 +9,7 @@ def main():
     inputs = torch.randn(64, 10)
     targets = torch.randn(64, 1)
     model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=float(sys.argv[2]) if len(sys.argv) > 2 else 1e-2)
     for step in range(int(sys.argv[1]) if len(sys.argv) > 1 else 8):
         order = torch.randperm(64)
         loss = nn.functional.mse_loss(model(inputs[order]), targets[order])
