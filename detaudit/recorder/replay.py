@@ -28,6 +28,7 @@ import atexit
 import ctypes
 import json
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -286,7 +287,7 @@ class Watcher:
         self.log = EventLog(config["events"])
         flip = os.environ.get(TEST_FLIP_ENV)
         self.mode = StepReplay(recorder, self.log, json.loads(flip) if flip else None)
-        self.active = False
+        self.active: int | None = None  # the thread that entered the mode, while a window is open
         self.stopped = False
 
     def install(self) -> None:
@@ -312,14 +313,17 @@ class Watcher:
         return step % self.every == 0
 
     def _open(self, step: int) -> None:
-        if self._checked(step) and not self.active and not self.stopped:
+        if self._checked(step) and self.active is None and not self.stopped:
             self.mode.__enter__()
-            self.active = True
+            self.active = threading.get_ident()
 
     def _close(self) -> None:
-        if self.active:
+        """Leave the mode, on the thread that entered it: dispatch modes are per thread, and leaving from another
+        (a training loop on a thread of its own, torch imported on the main one) would pop that thread's mode.
+        A window opened on another thread stays open there."""
+        if self.active == threading.get_ident():
             self.mode.__exit__(None, None, None)
-            self.active = False
+            self.active = None
 
     def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._close()

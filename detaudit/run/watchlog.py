@@ -129,8 +129,8 @@ def read_watch_log(path: Path) -> WatchLog:
                 replayed += int(event.get("replayed", 0))
                 for why, count in dict(event.get("skipped", {})).items():
                     skipped[str(why)] = skipped.get(str(why), 0) + int(count)
-                if event.get("checked") and (kind == "step" or event.get("replayed")):
-                    checked.append(step)  # a step cut short (the script ended, or was stopped) counts if replayed
+                if event.get("checked") and event.get("replayed"):
+                    checked.append(step)  # replayed: a window opened on another thread replays none of its ops
                 steps = max(steps, step + 1) if kind == "step" else max(steps, step)
                 ended = ended or kind == "end"
             if kind == "mismatch":
