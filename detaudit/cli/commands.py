@@ -349,6 +349,7 @@ def _add_fix() -> None:
 
 
 _add_fix()  # `detaudit fix` (cli/fix.py, docs/fix.md)
+cli.add_command(__import__("detaudit.cli.watch_command", fromlist=["watch"]).watch)  # `detaudit watch` (docs/watch.md)
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

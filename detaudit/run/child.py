@@ -94,6 +94,10 @@ class WindowRecorded(BaseException):
     """Raised inside the script to end an op-window re-run early (see Session._stop_after_op_window)."""
 
 
+class WatchStopped(BaseException):
+    """Raised inside the script when `detaudit watch` stops it before a save or an update (recorder/replay.py)."""
+
+
 class BoundReached(BaseException):
     """Raised inside the script when --max-steps or --max-time is reached, or a stop was requested
     (recorder/bounds.py)."""
@@ -167,6 +171,10 @@ class Session:
             ranks = RankStop() if self.config.get("distributed") and stop_file is not None else None
             Bounds(self.recorder, self.hooks.is_root_call, max_steps, max_time, self.started,
                    self._stop_at_bound, stop_file, ranks).install()
+        if self.config.get("watch"):  # `detaudit watch` (after the hooks: its check runs before their save records)
+            from detaudit.recorder import replay
+
+            replay.install(self.recorder, self.config["watch"], self._stop_for_watch)
         detaudit._set_active_recorder(self.recorder)
 
     def stored_argv(self) -> list[str]:
@@ -180,6 +188,12 @@ class Session:
         script had ended."""
         self.finish(0, None, **stop.footer())
         raise BoundReached
+
+    def _stop_for_watch(self, before: str) -> None:
+        """`detaudit watch` found a mismatch: end the job before `before` (torch.save, optimizer.step) runs,
+        with exit status 1, unwinding as a bound does (the script's `finally` blocks run)."""
+        self.finish(1, f"detaudit watch: stopped before {before} after a replay mismatch")
+        raise WatchStopped
 
     def _stop_after_op_window(self) -> None:
         """The op-level re-run of --granularity auto has recorded its window: the rest is not needed.
@@ -427,6 +441,8 @@ def main(argv: list[str]) -> None:
             _run_as_main(os.path.join(os.getcwd(), script_arg))
     except (WindowRecorded, BoundReached):
         sys.exit(0)
+    except WatchStopped:
+        sys.exit(1)
     except SystemExit as exc:
         code = _exit_code(exc)
         session.ended(code, None, exc if code else None)

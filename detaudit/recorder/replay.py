@@ -1,0 +1,365 @@
+"""`detaudit watch`'s step replay: every op of a checked step runs twice, in the process, and must agree bit for bit.
+
+On a checked step (the first optimizer step, then every `every`-th) a TorchDispatchMode executes each aten op
+as the script asked (the first execution, whose result the script keeps), then once more on copies of its
+inputs (the second), and compares the outputs bit for bit. Inputs an op writes (in-place ops, `out=`) are
+copied before the first execution, so the second starts from what the first saw. A random op draws again from
+its generator's state as the first execution found it, and the generator is left where the first execution
+left it: the script draws exactly what a plain run draws. On a mismatch a third execution tells a flaky result
+(it agrees with one of the two) from an op that gives a new answer each time. No fork: it works on CUDA too.
+
+Not re-executed (counted as skipped): ops that allocate uninitialised memory (`empty` and kin: their bytes are
+leftovers), collectives (c10d: a second execution would talk to the other ranks), view ops (they compute
+nothing), profiler and `set_`-onto-storage ops (bookkeeping, data from another process), and everything inside
+`optimizer.step()` (detaudit's own fingerprints run there; the update's inputs, the gradients, are replayed).
+
+A step's window opens when the step before it ended (step 0's: when torch was imported, so model building is
+checked with it) and closes at the optimizer step's start. With `on_mismatch == "stop"` the job is stopped at
+the first `torch.save` or `optimizer.step()` after a mismatch, before it runs: the checkpoint it was about to
+write is not written, the update derived from the step is not applied.
+
+What it finds is appended to the events file (JSON lines, read back by run/watchlog.py) with `os.write`, as
+it happens: the watching parent reports mismatches and progress while the job runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from detaudit.recorder import location
+from detaudit.recorder.core import Recorder
+from detaudit.recorder.ops import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS
+from detaudit.recorder.patch import wrap
+
+# Test-only seam: flip the lowest bit of one op's first output element on one step's `execution` (1: the
+# script's own result, 2: the replay's). JSON, e.g. {"op": "aten.mm.default", "step": 0, "execution": 2}.
+TEST_FLIP_ENV = "DETAUDIT_TEST_WATCH_FLIP"
+REPLAY, PASS, UNINIT, COLLECTIVE = "replay", "pass", "uninitialised", "collective"
+FAILED = "replay failed"  # the second execution raised (out of memory for the copies): that op is unchecked
+_INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
+
+class EventLog:
+    """The events file, appended to one JSON line at a time (never through `open`: the evidence of the files a
+    script reads must not see detaudit's own)."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def write(self, event: dict[str, Any]) -> None:
+        os.write(self.fd, (json.dumps(event) + "\n").encode())
+
+
+class StepReplay(TorchDispatchMode):
+    """Runs each op of a checked step twice (three times on a mismatch) and reports outputs that differ."""
+
+    def __init__(self, recorder: Recorder, log: EventLog, flip: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.rec = recorder
+        self.log = log
+        self.flip = flip
+        self.kinds: dict[Any, tuple[str, bool, bool]] = {}  # op -> (what to do, writes an input, random)
+        self.replayed = 0
+        self.skipped: dict[str, int] = {}
+        self.mismatches = 0
+        self.pid = os.getpid()  # a forked DataLoader worker inherits the mode: it replays nothing
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Compiled regions run as compiled (not replayed): the script computes what it computes unwatched."""
+        return True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.rec.internal or os.getpid() != self.pid:
+            return func(*args, **kwargs)
+        kind = self.kinds.get(func)
+        if kind is None:
+            kind = self.kinds[func] = _kind(func)
+        what, writes, random = kind
+        if what != REPLAY:
+            if what != PASS:
+                self.skipped[what] = self.skipped.get(what, 0) + 1
+            return func(*args, **kwargs)
+        return self._replay(func, args, kwargs, writes, random)
+
+    def _replay(self, func: Any, args: Any, kwargs: Any, writes: bool, random: bool) -> Any:
+        try:
+            pristine = _copy((args, kwargs)) if writes else (args, kwargs)
+        except Exception:  # no memory for the copies: the op runs once, unchecked
+            self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
+            return func(*args, **kwargs)
+        generator = _generator(args, kwargs) if random else None
+        before = generator.get_state() if generator is not None else None
+        first = func(*args, **kwargs)
+        self._flip(func, first, 1)
+        after = generator.get_state() if generator is not None else None
+        try:
+            second = self._again(func, _copy(pristine) if writes else pristine, generator, before, 2)
+            differs = _differs(first, second)
+            if differs is not None:
+                third = self._again(func, pristine, generator, before, 3)
+                self._mismatch(func, differs, _agrees(first, second, third))
+            self.replayed += 1
+        except Exception:  # the replay's own failure (out of memory for the copies) is never the script's
+            self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
+        finally:
+            if generator is not None:
+                generator.set_state(after)
+        return first
+
+    def _again(self, func: Any, inputs: Any, generator: Any, state: Any, execution: int) -> Any:
+        if generator is not None:
+            generator.set_state(state)
+        out = func(*inputs[0], **inputs[1])
+        self._flip(func, out, execution)
+        return out
+
+    def _flip(self, func: Any, out: Any, execution: int) -> None:
+        """The test seam: one bit of one output element, once."""
+        flip = self.flip
+        if flip is None or flip.get("execution", 1) != execution or flip["step"] != self.rec.step \
+                or flip["op"] != str(func):
+            return
+        target = next(iter(_tensors(out)), None)
+        if target is None or target.numel() == 0 or target.element_size() not in _INT_OF:
+            return
+        bits = target.reshape(-1)[:1].view(_INT_OF[target.element_size()])
+        bits.bitwise_xor_(1)
+        self.flip = None
+
+    def _mismatch(self, func: Any, differs: tuple[float, int], third: str) -> None:
+        self.mismatches += 1
+        node: Any = torch._C._current_autograd_node()
+        frame = location.user_frame(3)
+        where = f"{location.display_path(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else None
+        stack = self.rec.local.module_stack
+        module = self.rec.writer.text(stack[-1]) if stack and node is None else None
+        self.log.write({"event": "mismatch", "step": self.rec.step, "op": str(func), "module": module,
+                        "location": where, "backward_of": None if node is None else node.name(),
+                        "max_abs_diff": differs[0], "max_ulp": differs[1], "third_agrees_with": third})
+
+
+def _kind(func: Any) -> tuple[str, bool, bool]:
+    """What the replay does with an op: replay it, pass it through, or skip it (and why); whether it writes an
+    input; whether it draws random numbers."""
+    packet = func.overloadpacket.__name__
+    if func.namespace in PASS_NAMESPACES or func.is_view or \
+            (packet in STORAGE_ALIAS_OPS and "Storage" in func._overloadname):
+        return PASS, False, False
+    if packet in UNINIT_OPS:
+        return UNINIT, False, False
+    if func.namespace == "c10d":
+        return COLLECTIVE, False, False
+    writes = any(a.is_out or (a.alias_info is not None and a.alias_info.is_write) for a in func._schema.arguments)
+    random = packet in RANDOM_OPS or torch.Tag.nondeterministic_seeded in func.tags
+    return REPLAY, writes, random
+
+
+def _tensors(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _copy(value: Any, memo: dict[int, Any] | None = None) -> Any:
+    """The call's arguments with every tensor cloned (one clone per tensor: aliases stay aliases)."""
+    memo = {} if memo is None else memo
+    if isinstance(value, torch.Tensor):
+        if id(value) not in memo:
+            memo[id(value)] = value.clone()
+        return memo[id(value)]
+    if isinstance(value, tuple):
+        return tuple(_copy(item, memo) for item in value)
+    if isinstance(value, list):
+        return [_copy(item, memo) for item in value]
+    if isinstance(value, dict):
+        return {key: _copy(item, memo) for key, item in value.items()}
+    return value
+
+
+def _generator(args: Any, kwargs: Any) -> Any:
+    """The generator a random op draws from: the one it was given, else its device's default."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Generator):
+            return value
+    device = kwargs.get("device")
+    if device is None:
+        device = next((t.device for t in _tensors(list(args)) if isinstance(t, torch.Tensor)), None)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.default_generator
+
+
+# libc's memcmp through a prototype of detaudit's own (never the attributes of a ctypes object the script may
+# share): comparing a CPU tensor's bytes so is several times faster than torch.equal
+_memcmp = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
+    ("memcmp", ctypes.CDLL(None)))
+
+
+def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two tensors of one shape and dtype hold the same bytes."""
+    x, y = x.detach().reshape(-1).contiguous(), y.detach().reshape(-1).contiguous()
+    if x.device.type == "cpu" and y.device.type == "cpu":
+        size = x.numel() * x.element_size()
+        return size == 0 or _memcmp(x.data_ptr(), y.data_ptr(), size) == 0
+    wide = _INT_OF.get(x.element_size(), torch.uint8)  # integers of the element's width: bytes, exactly
+    return torch.equal(x.view(wide), y.view(wide))
+
+
+def _comparable(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and not t.is_nested and not t.is_quantized and t.device.type != "meta"
+
+
+def _differs(a: Any, b: Any) -> tuple[float, int] | None:
+    """(max |diff|, max ULP) over the outputs when any bit differs; None when they agree bit for bit."""
+    found: tuple[float, int] | None = None
+    left, right = list(_tensors(a)), list(_tensors(b))
+    if len(left) != len(right):
+        return (float("inf"), 0)
+    for x, y in zip(left, right):
+        if not (_comparable(x) and _comparable(y)):
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return (float("inf"), 0)
+        if _same_bits(x, y):
+            continue
+        diff, ulp = distance(x, y)
+        found = (max(found[0], diff), max(found[1], ulp)) if found is not None else (diff, ulp)
+    return found
+
+
+def distance(x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
+    """Max |diff| and, for floating point, max ULP apart (integers: the difference itself)."""
+    if x.dtype == torch.bool:
+        return 1.0, 1
+    if x.is_complex():
+        x, y = torch.view_as_real(x), torch.view_as_real(y)
+    wide_x, wide_y = x.detach().double(), y.detach().double()
+    diff = float((wide_x - wide_y).abs().nan_to_num(nan=float("inf")).max())
+    if not x.is_floating_point():
+        return diff, int(diff)
+    return diff, int((_ordered(x) - _ordered(y)).abs().max())
+
+
+def _ordered(t: torch.Tensor) -> torch.Tensor:
+    """Floats as integers in the order of their values, adjacent floats one apart (sign-magnitude made linear)."""
+    bits = t.detach().contiguous().view(_INT_OF[t.element_size()]).long()
+    magnitude = bits & ((1 << (8 * t.element_size() - 1)) - 1)
+    return torch.where(bits < 0, -magnitude, magnitude)
+
+
+def _agrees(first: Any, second: Any, third: Any) -> str:
+    """Which execution the third one reproduces bit for bit."""
+    if _differs(third, first) is None:
+        return "first"
+    if _differs(third, second) is None:
+        return "second"
+    return "neither"
+
+
+def _target(f: Any) -> str:
+    """Where a torch.save call writes, for the report."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.fspath(f)
+    return str(getattr(f, "name", "a file object"))
+
+
+class Watcher:
+    """Opens and closes the checked steps' windows, logs each step, and stops the job when it must."""
+
+    def __init__(self, recorder: Recorder, config: dict[str, Any], stop: Callable[[str], None]) -> None:
+        self.rec = recorder
+        self.every = int(config["every"])
+        self.stop_job = stop if config.get("on_mismatch", "stop") == "stop" else None
+        self.log = EventLog(config["events"])
+        flip = os.environ.get(TEST_FLIP_ENV)
+        self.mode = StepReplay(recorder, self.log, json.loads(flip) if flip else None)
+        self.active: int | None = None  # the thread that entered the mode, while a window is open
+        self.stopped = False
+
+    def install(self) -> None:
+        from torch.optim import optimizer as optim
+
+        self.rec.step_callbacks.append(self._on_step)
+        optim.register_optimizer_step_pre_hook(self._before_update)
+        watcher = self
+
+        def make_save(original: Callable[..., Any]) -> Callable[..., Any]:
+            def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+                watcher._halt_if_mismatched("torch.save", _target(f))
+                return original(obj, f, *args, **kwargs)
+
+            return save
+
+        wrap(torch, "save", make_save)
+        wrap(torch.serialization, "save", lambda _: torch.save)
+        atexit.register(self._at_exit)  # after the child's footer handler: runs before it
+        self._open(self.rec.step)
+
+    def _checked(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def _open(self, step: int) -> None:
+        if self._checked(step) and self.active is None and not self.stopped:
+            self.mode.__enter__()
+            self.active = threading.get_ident()
+
+    def _close(self) -> None:
+        """Leave the mode, on the thread that entered it: dispatch modes are per thread, and leaving from another
+        (a training loop on a thread of its own, torch imported on the main one) would pop that thread's mode.
+        A window opened on another thread stays open there."""
+        if self.active == threading.get_ident():
+            self.mode.__exit__(None, None, None)
+            self.active = None
+
+    def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._close()
+        self._halt_if_mismatched("optimizer.step", None)
+
+    def _on_step(self, step: int) -> None:
+        """Step `step - 1` ended (its optimizer step ran): log it, open the next checked step's window."""
+        self._close()
+        self._log_step(step - 1)
+        self._open(step)
+
+    def _log_step(self, step: int, **event: Any) -> None:
+        """One event for step `step` (by default: it ended), with what its replay did; the counts restart."""
+        mode = self.mode
+        self.log.write({"event": "step", "step": step, **event, "checked": self._checked(step),
+                        "replayed": mode.replayed, "skipped": dict(mode.skipped)})
+        mode.replayed = 0
+        mode.skipped.clear()
+
+    def _halt_if_mismatched(self, before: str, target: str | None) -> None:
+        if self.stop_job is None or not self.mode.mismatches:
+            return
+        if not self.stopped:  # a save in the script's `finally` while it unwinds is stopped too, unlogged
+            self.stopped = True
+            self._close()
+            self._log_step(self.rec.step, event="stopped", before=before, target=target)
+        self.stop_job(before)
+
+    def _at_exit(self) -> None:
+        self._close()
+        if not self.stopped:
+            self._log_step(self.rec.step, event="end")
+
+
+def install(recorder: Recorder, config: dict[str, Any], stop: Callable[[str], None]) -> Watcher:
+    """Start watching: `config` is the child config's `watch` entry; `stop(before)` ends the job (it raises)."""
+    watcher = Watcher(recorder, config, stop)
+    watcher.install()
+    return watcher

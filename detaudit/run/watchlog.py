@@ -1,0 +1,142 @@
+"""What `detaudit watch`'s step replay left in its events file (recorder/replay.py), read back into types.
+
+One JSON object per line, appended by the running job: `step` (a step ended: whether it was checked, how many
+ops were replayed and skipped, and why), `mismatch` (an op's second execution disagreed with its first),
+`stopped` (the job was stopped before a torch.save or optimizer.step) and `end` (the script ended); the last
+two also close the step that was running, with its counts. A line the
+job was writing when it was killed may be cut short: it is ignored, as is anything that is no event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypedDict, cast
+
+Agreement = Literal["first", "second", "neither"]
+Check = Literal["replay", "against"]
+StoppedBefore = Literal["torch.save", "optimizer.step"]
+
+
+class MismatchJson(TypedDict):
+    step: int
+    check: str
+    op: str
+    module: str | None
+    location: str | None
+    backward_of: str | None
+    max_abs_diff: float
+    max_ulp: int
+    third_agrees_with: str | None
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One op whose replay disagreed with what the script computed (`check` "replay"), or the first record
+    that differs from the reference's (`check` "against": no third execution, `op` is the record's name)."""
+
+    step: int
+    op: str
+    module: str | None
+    location: str | None  # the user's file:line
+    backward_of: str | None  # the autograd node, for an op of the backward pass
+    max_abs_diff: float
+    max_ulp: int
+    third_agrees_with: Agreement | None
+    check: Check = "replay"
+
+    def to_json(self) -> MismatchJson:
+        return {"step": self.step, "check": self.check, "op": self.op, "module": self.module, "location": self.location,
+                "backward_of": self.backward_of, "max_abs_diff": self.max_abs_diff, "max_ulp": self.max_ulp,
+                "third_agrees_with": self.third_agrees_with}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Mismatch:
+        third = str(data.get("third_agrees_with"))
+        against = data.get("check") == "against"
+        return cls(int(data["step"]), str(data["op"]), _text(data.get("module")), _text(data.get("location")),
+                   _text(data.get("backward_of")), float(data["max_abs_diff"]), int(data["max_ulp"]),
+                   None if against else cast(Agreement, third if third in ("first", "second") else "neither"),
+                   "against" if against else "replay")
+
+    @property
+    def verdict(self) -> str:
+        """What the third execution says, in words."""
+        if self.check == "against":
+            return "differs from the reference's record"
+        if self.third_agrees_with == "first":
+            return "the second execution disagrees with the first; a third agrees with the first"
+        if self.third_agrees_with == "second":
+            return "the second execution disagrees with the first; a third agrees with the second (the script's " \
+                   "own result was the odd one out)"
+        return "the second execution disagrees with the first; a third agrees with neither"
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The job was stopped before `before` ran (`target`: the file a torch.save was about to write)."""
+
+    before: StoppedBefore
+    step: int
+    target: str | None
+
+
+@dataclass(frozen=True)
+class WatchLog:
+    """Everything the events file says, in order of the steps."""
+
+    steps: int = 0  # optimizer steps completed
+    checked_steps: tuple[int, ...] = ()
+    replayed_ops: int = 0
+    skipped_ops: dict[str, int] = field(default_factory=dict)
+    mismatches: tuple[Mismatch, ...] = ()
+    stopped: Stopped | None = None
+    ended: bool = False  # the script ran to its end (an `end` event)
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _events(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and isinstance(event.get("event"), str):
+            yield event
+
+
+def read_watch_log(path: Path) -> WatchLog:
+    """The events file as a WatchLog (an absent file: the job never imported torch, nothing was watched)."""
+    steps, replayed, ended = 0, 0, False
+    checked: list[int] = []
+    skipped: dict[str, int] = {}
+    mismatches: list[Mismatch] = []
+    stopped: Stopped | None = None
+    for event in _events(path):
+        kind = event["event"]
+        try:
+            if kind in ("step", "end", "stopped"):
+                step = int(event["step"])
+                replayed += int(event.get("replayed", 0))
+                for why, count in dict(event.get("skipped", {})).items():
+                    skipped[str(why)] = skipped.get(str(why), 0) + int(count)
+                if event.get("checked") and event.get("replayed"):
+                    checked.append(step)  # replayed: a window opened on another thread replays none of its ops
+                steps = max(steps, step + 1) if kind == "step" else max(steps, step)
+                ended = ended or kind == "end"
+            if kind == "mismatch":
+                mismatches.append(Mismatch.from_json(event))
+            elif kind == "stopped" and event.get("before") in ("torch.save", "optimizer.step"):
+                stopped = Stopped(event["before"], int(event["step"]), _text(event.get("target")))
+        except (KeyError, TypeError, ValueError):
+            continue  # not an event this version wrote
+    return WatchLog(steps, tuple(checked), replayed, skipped, tuple(mismatches), stopped, ended)

@@ -1,0 +1,25 @@
+"""`detaudit watch`'s rendering (detaudit/cli/watch_command.py)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from detaudit.audit.watch import WatchReport, WatchSettings
+from detaudit.cli.watch_command import render_watch
+from detaudit.results import RepeatResult
+from detaudit.run.watchlog import Mismatch, Stopped, WatchLog
+
+
+def test_a_stopped_mismatch_names_the_op_its_line_and_the_checkpoint_not_written() -> None:
+    log = WatchLog(steps=3, checked_steps=(0, 3), mismatches=(
+        Mismatch(3, "aten.index_put_.default", "net", "train.py:13", None, 1e-3, 126, "neither"),),
+        stopped=Stopped("torch.save", 3, "ckpt.pt"))
+    result = RepeatResult(0, "auto", 1, 1.0, False, "watch-0.trace", "watch-0.stdout", "watch-0.stderr", "")
+    console = Console(record=True, width=200)
+    render_watch(WatchReport("train.py", "run", WatchSettings(), result, log), console)
+    text = console.export_text()
+    assert "mismatch (replay) at step 3: aten.index_put_.default in net at train.py:13: max |diff| 0.001, 126 ULP" \
+        in text
+    assert "a third agrees with neither" in text
+    assert "stopped the job at step 3 before torch.save: ckpt.pt was not written" in text
+    assert "mismatch: 3 steps, 2 checked, 1 mismatch; stopped before torch.save" in text

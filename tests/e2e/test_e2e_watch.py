@@ -1,0 +1,125 @@
+"""`detaudit watch` end to end on CPU: the real CLI on scripts of its own (tests/watch/scripts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CliResult, diverges_within, run_cli
+
+pytestmark = pytest.mark.process
+
+WATCH_SCRIPTS = Path(__file__).resolve().parents[1] / "watch" / "scripts"
+FLIP = "DETAUDIT_TEST_WATCH_FLIP"
+
+
+def watch(tmp_path: Path, script: str, *extra: str, env: dict[str, str] | None = None, out: str = "run") -> CliResult:
+    return run_cli(["watch", str(WATCH_SCRIPTS / script), "--out", out, "--json", f"{out}.json", *extra],
+                   tmp_path, env=env)
+
+
+@pytest.mark.race
+def test_a_racing_index_put_is_named_at_its_line_and_the_job_stops_before_its_update(tmp_path: Path) -> None:
+    """index_put_(accumulate=True) with duplicate indices on two threads: the replay disagrees (when the race
+    fires) and the job stops before optimizer.step, so that step's checkpoint is never written."""
+    folders: list[Path] = []
+
+    def attempt(n: int) -> CliResult:
+        folders.append(tmp_path / f"attempt-{n}")
+        folders[-1].mkdir()
+        return watch(folders[-1], "lookup_race.py", "--every", "1")
+
+    result = diverges_within(5, attempt)
+    report = result.report
+    assert report is not None
+    first = report["mismatches"][0]
+    assert first["op"] == "aten.index_put_.default"
+    assert first["location"].endswith("lookup_race.py:13")
+    assert first["module"] == "BagOfWords"
+    assert first["max_ulp"] > 0
+    assert report["stopped_before"] == "optimizer.step"
+    stopped = first["step"]
+    assert sorted(p.name for p in folders[-1].glob("bags-*.pt")) == [f"bags-{s}.pt" for s in range(stopped)]
+    assert result.stdout.count("\n") == stopped  # the steps before it printed their loss, nothing else did
+
+
+def test_a_deterministic_script_runs_as_plain_python_does(tmp_path: Path) -> None:
+    plain_dir, watched_dir = tmp_path / "plain", tmp_path / "watched"
+    plain_dir.mkdir()
+    watched_dir.mkdir()
+    plain = subprocess.run([sys.executable, str(WATCH_SCRIPTS / "fit_seeded.py")], cwd=plain_dir,
+                           capture_output=True, text=True)
+    result = watch(watched_dir, "fit_seeded.py", "--every", "2", "--status-every", "4")
+    assert result.returncode == plain.returncode == 0
+    assert result.stdout == plain.stdout  # nothing of detaudit's in the script's standard output
+    assert (watched_dir / "fitted.pt").read_bytes() == (plain_dir / "fitted.pt").read_bytes()
+    assert result.report is not None
+    assert result.report["verdict"] == "clean"
+    assert result.report["checked_steps"] == [0, 2, 4, 6, 8]  # 8: the evaluation after the last step
+    assert result.report["steps"] == 8
+    assert "detaudit watch: step 4, 2 checked, 0 mismatches" in result.stderr
+
+
+def test_a_bit_flipped_in_the_replay_is_reported_as_the_odd_one_out(tmp_path: Path) -> None:
+    flip = {"op": "aten.addmm.default", "step": 2, "execution": 2}
+    result = watch(tmp_path, "fit_seeded.py", "--every", "2", env={FLIP: json.dumps(flip)})
+    assert result.returncode == 1
+    assert result.report is not None
+    (mismatch,) = result.report["mismatches"]
+    assert (mismatch["step"], mismatch["op"], mismatch["max_ulp"]) == (2, "aten.addmm.default", 1)
+    assert mismatch["third_agrees_with"] == "first"
+    assert "the second execution disagrees with the first; a third agrees with the first" in result.stderr
+    assert result.report["stopped_before"] == "optimizer.step"
+    assert result.stdout.count("\n") == 2  # steps 0 and 1 ran; step 2 was stopped before its update
+    assert not (tmp_path / "fitted.pt").exists()
+
+
+def test_a_bit_flipped_in_the_scripts_own_result_stops_the_save(tmp_path: Path) -> None:
+    """The flip lands in what the script computes in its final evaluation: the third execution sides with the
+    replay, and the checkpoint the script was about to save is not written."""
+    flip = {"op": "aten.addmm.default", "step": 8, "execution": 1}
+    result = watch(tmp_path, "fit_seeded.py", "--every", "2", env={FLIP: json.dumps(flip)})
+    assert result.returncode == 1
+    assert result.report is not None
+    assert result.report["mismatches"][0]["third_agrees_with"] == "second"
+    assert result.report["stopped_before"] == "torch.save"
+    assert result.report["not_written"] == "fitted.pt"
+    assert not (tmp_path / "fitted.pt").exists()
+    assert "fitted.pt was not written" in result.stderr
+
+
+def test_on_mismatch_continue_records_every_mismatch_and_lets_the_job_finish(tmp_path: Path) -> None:
+    flip = {"op": "aten.addmm.default", "step": 2, "execution": 2}
+    result = watch(tmp_path, "fit_seeded.py", "--every", "2", "--on-mismatch", "continue",
+                   env={FLIP: json.dumps(flip)})
+    assert result.returncode == 1
+    assert result.report is not None
+    assert result.report["stopped_before"] is None
+    assert len(result.report["mismatches"]) == 1
+    assert (tmp_path / "fitted.pt").is_file()
+    assert result.stdout.count("\n") == 9  # eight steps and the final loss
+
+
+def test_against_a_baseline_a_faithful_run_agrees_and_a_changed_learning_rate_stops_at_step_0(tmp_path: Path) -> None:
+    saved = run_cli(["run", str(WATCH_SCRIPTS / "fit_seeded.py"), "-n", "2", "--out", "base-run",
+                     "--save-baseline", "base"], tmp_path)
+    assert saved.returncode == 0, saved.output
+    same = watch(tmp_path, "fit_seeded.py", "--against", "base", out="same")
+    assert same.returncode == 0, same.output
+    assert same.report is not None
+    assert same.report["against"]["changes"] == []
+    (tmp_path / "fitted.pt").unlink()
+    changed = watch(tmp_path, "fit_seeded.py", "--against", "base", "--", "400", "0.02", out="changed")
+    assert changed.returncode == 1, changed.output
+    report = changed.report
+    assert report is not None
+    first = report["mismatches"][0]
+    assert (first["check"], first["step"]) == ("against", 0)
+    assert report["against"]["changes"][0] == {"field": "script arguments", "reference": "(none)",
+                                               "current": "400 0.02"}
+    assert report["stopped_at_step"] < 400
+    assert not (tmp_path / "fitted.pt").exists()
+    assert "differs from the reference at step 0" in changed.stderr

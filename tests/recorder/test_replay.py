@@ -1,0 +1,77 @@
+"""The step replay of `detaudit watch` (detaudit/recorder/replay.py), run in-process on small computations."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from detaudit.recorder.core import Recorder
+from detaudit.recorder.replay import EventLog, StepReplay, distance
+from detaudit.trace import TraceWriter
+
+
+@pytest.fixture
+def recorder(tmp_path: Path) -> Iterator[Recorder]:
+    rec = Recorder(TraceWriter(tmp_path / "t.trace", {"repeat": 0}))
+    yield rec
+    rec.close({"exit_code": 0})
+
+
+def replaying(rec: Recorder, tmp_path: Path, flip: dict[str, Any] | None = None) -> StepReplay:
+    return StepReplay(rec, EventLog(str(tmp_path / "events.jsonl")), flip)
+
+
+def events(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def test_a_random_op_draws_what_it_draws_unwatched_and_leaves_the_generator_there(recorder: Recorder,
+                                                                                   tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    plain = (torch.randn(5), torch.rand(2))
+    torch.manual_seed(3)
+    with replaying(recorder, tmp_path) as mode:
+        watched = torch.randn(5)
+    after = torch.rand(2)
+    assert torch.equal(watched, plain[0])
+    assert torch.equal(after, plain[1])
+    assert mode.replayed == 1
+    assert events(tmp_path) == []
+
+
+def test_an_in_place_op_is_applied_once_and_replayed_on_copies(recorder: Recorder, tmp_path: Path) -> None:
+    x = torch.arange(4.0)
+    with replaying(recorder, tmp_path) as mode:
+        x.add_(1.5)
+    assert x.tolist() == [1.5, 2.5, 3.5, 4.5]
+    assert mode.replayed == 1
+
+
+def test_uninitialised_memory_is_skipped_and_counted(recorder: Recorder, tmp_path: Path) -> None:
+    with replaying(recorder, tmp_path) as mode:
+        torch.empty(3)
+    assert mode.skipped == {"uninitialised": 1}
+
+
+def test_a_flipped_bit_is_a_mismatch_that_a_third_execution_settles(recorder: Recorder, tmp_path: Path) -> None:
+    a, b = torch.randn(3, 3), torch.randn(3, 3)
+    with replaying(recorder, tmp_path, {"op": "aten.mm.default", "step": 0, "execution": 2}):
+        product = a @ b
+    (mismatch,) = events(tmp_path)
+    assert (mismatch["op"], mismatch["max_ulp"], mismatch["third_agrees_with"]) == ("aten.mm.default", 1, "first")
+    assert torch.equal(product, a @ b)  # the script keeps its own, unflipped result
+
+
+def test_the_distance_counts_units_in_the_last_place_across_zero() -> None:
+    one = torch.tensor([1.0, -0.0])
+    above_one = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)).item()
+    other = torch.tensor([above_one, torch.finfo(torch.float32).tiny])
+    diff, ulp = distance(one, other)
+    assert ulp == 1 << 23  # from -0.0 to the smallest normal float: 2**23 steps
+    assert diff == pytest.approx(2.0 ** -23)

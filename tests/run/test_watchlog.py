@@ -1,0 +1,45 @@
+"""Reading back `detaudit watch`'s events file (detaudit/run/watchlog.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from detaudit.run.watchlog import Mismatch, Stopped, read_watch_log
+
+MISMATCH = {"event": "mismatch", "step": 2, "op": "aten.mm.default", "module": "net.0", "location": "t.py:9",
+            "backward_of": None, "max_abs_diff": 1e-7, "max_ulp": 3, "third_agrees_with": "first"}
+
+
+def write(path: Path, *events: dict[str, object], tail: str = "") -> Path:
+    path.write_text("".join(json.dumps(e) + "\n" for e in events) + tail)
+    return path
+
+
+def test_steps_checked_steps_and_counts_add_up(tmp_path: Path) -> None:
+    log = read_watch_log(write(tmp_path / "e", {"event": "step", "step": 0, "checked": True, "replayed": 5,
+                                                "skipped": {"uninitialised": 1}},
+                               {"event": "step", "step": 1, "checked": False, "replayed": 0, "skipped": {}},
+                               {"event": "end", "step": 2, "checked": True, "replayed": 2,
+                                "skipped": {"uninitialised": 2}}))
+    assert (log.steps, log.checked_steps, log.replayed_ops) == (2, (0, 2), 7)
+    assert log.skipped_ops == {"uninitialised": 3}
+    assert log.ended
+
+
+def test_a_stop_closes_its_step_and_names_what_was_not_written(tmp_path: Path) -> None:
+    log = read_watch_log(write(tmp_path / "e", MISMATCH, {"event": "stopped", "step": 2, "checked": True,
+                                                          "replayed": 4, "before": "torch.save", "target": "c.pt"}))
+    assert log.stopped == Stopped("torch.save", 2, "c.pt")
+    assert log.checked_steps == (2,)
+    assert log.mismatches == (Mismatch(2, "aten.mm.default", "net.0", "t.py:9", None, 1e-7, 3, "first"),)
+
+
+def test_a_line_cut_short_by_a_kill_and_a_missing_file_read_as_nothing(tmp_path: Path) -> None:
+    assert read_watch_log(write(tmp_path / "e", MISMATCH, tail='{"event": "step", "st')).mismatches != ()
+    assert read_watch_log(tmp_path / "absent") == read_watch_log(write(tmp_path / "empty"))
+
+
+def test_a_mismatch_reads_back_into_its_type() -> None:
+    mismatch = Mismatch.from_json({**MISMATCH})
+    assert Mismatch.from_json(dict(mismatch.to_json())) == mismatch
