@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from detaudit.codec import Codable
 from detaudit.compare.batch import BatchFinding, FirstVariant, Spot
 from detaudit.errors import ExitCode
 from detaudit.results import Cause, RepeatResult
@@ -28,7 +29,7 @@ class BatchSettings:
 
 
 @dataclass(frozen=True)
-class BatchReport:
+class BatchReport(Codable):
     """Everything the renderers need; built once by audit/batch.py."""
 
     script: str

@@ -13,19 +13,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from detaudit import __version__
+from detaudit.codec import Codable
+from detaudit.compare.match import Match
+from detaudit.compare.oprules import OpFinding
+from detaudit.compare.perturb import PerturbationFinding
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
 from detaudit.compare.traces import Comparison, Divergence, RecordInfo, StepSpread
 from detaudit.errors import ExitCode
 from detaudit.results import Cause, Experiment, Latent, RepeatResult, Role, Verdict
 from detaudit.run.files import write_output
-
-if TYPE_CHECKING:
-    from detaudit.compare.match import Match
-    from detaudit.compare.oprules import OpFinding
-    from detaudit.compare.perturb import PerturbationFinding
 
 SCHEMA_NAME = "detaudit-report"
 SCHEMA_VERSION = 2  # 2: runs[].duration_s may be null (a baseline compared keeps no time)
@@ -89,7 +88,7 @@ def all_failed(runs: Sequence[RepeatResult]) -> bool:
 
 
 @dataclass(frozen=True)
-class Report:
+class Report(Codable):
     """The audit's result, built once from the finished pieces (audit.analyse, ranks.analyse_ranks)."""
 
     script: str

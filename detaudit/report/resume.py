@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from detaudit import __version__
+from detaudit.codec import Codable
 from detaudit.compare.traces import Comparison, Divergence
 from detaudit.errors import ExitCode
 from detaudit.events import CheckpointPart
@@ -44,7 +45,7 @@ class CheckpointCall:
 
 
 @dataclass(frozen=True)
-class ResumeReport:
+class ResumeReport(Codable):
     """The resume check, built once by audit/resume.py."""
 
     script: str
