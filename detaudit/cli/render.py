@@ -1,4 +1,4 @@
-"""Rich terminal rendering of a Report: the only module besides cli.py that knows about terminals."""
+"""Rich terminal rendering of a Report: the only module besides commands.py that knows about terminals."""
 
 from __future__ import annotations
 

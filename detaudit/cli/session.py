@@ -1,7 +1,7 @@
 """What a command shows on the terminal while the library works, and how it ends: consoles that do
 not wrap a pipe at 80 columns, progress of the repeats and the experiments on stderr, the audit with
 its experiments, and the end of every command that produces a report (its files written, rendered,
-exit with its code). With render.py and cli.py, the only terminal code.
+exit with its code). With render.py and commands.py, the only terminal code.
 """
 
 from __future__ import annotations
