@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from detaudit.compare.oprules import VERDICTS, traced_note
+from detaudit.compare.traces import ROOT_MODULE
 
 WIDTH, HEIGHT = 760, 210
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 14, 34
@@ -337,9 +338,22 @@ def _plots_section(data: dict[str, Any]) -> str:
     xs = [s["step"] for s in steps]
     return (f"<h2>How the divergence spreads</h2><p class='muted'>Differences {against}, per training step "
             "(optimizer steps completed), over the records compared. Max |diff| is measured on sampled elements.</p>"
-            + log_series_svg("max-abs-diff", "max |diff| per step (log scale)", xs, peaks)
-            + log_series_svg("differing", "differing records per step (log scale)", xs, counts)
+            + series_or_constant("max-abs-diff", "max |diff| per step (log scale)", "max |diff|", xs, peaks)
+            + series_or_constant("differing", "differing records per step (log scale)", "differing records", xs,
+                                 counts)
             + heat_strip_svg(steps))
+
+
+def series_or_constant(name: str, title: str, what: str, xs: Sequence[int], points: Sequence[tuple[int, float]]) -> str:
+    """The series as a plot, or, when it is the same at every differing step, that in one sentence: a flat
+    line on a log axis carries no information."""
+    values = {v for _, v in points}
+    if len(points) < 2 or len(values) > 1:
+        return log_series_svg(name, title, xs, points)
+    steps = [x for x, _ in points]
+    return (f"<p class='constant' data-constant='{name}' data-value='{points[0][1]!r}' data-steps='"
+            f"{' '.join(map(str, steps))}'>{escape(what)}: constant {_cell(points[0][1])} at every differing step "
+            f"({len(steps)} steps, {steps[0]}–{steps[-1]})</p>")
 
 
 def _x_scale(xs: Sequence[int]) -> Any:
@@ -433,6 +447,8 @@ def heat_strip_svg(steps: Sequence[dict[str, Any]]) -> str:
     for row, module in enumerate(modules):
         y = top + row * row_h
         label = module or "(outside any module)"
+        if module == ROOT_MODULE:  # the model's own parameters (`weight`, not `net.0.weight`)
+            label = "parameters of the root module"
         out.append(f"<text x='{left - 6}' y='{y + row_h - 4}' text-anchor='end'>{escape(label[-30:])}</text>")
         out.append(f"<rect x='{left}' y='{y}' width='{inner:.1f}' height='{row_h - 2}' fill='#f6f8fa'/>")
         for cell, hits in sorted(cells[module].items()):

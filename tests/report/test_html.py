@@ -15,6 +15,7 @@ from conftest import run_cli
 from synthetic import training_records, write_run
 
 from detaudit.audit.pipeline import load_run
+from detaudit.compare.traces import ROOT_MODULE
 from detaudit.report import baseline
 from detaudit.report.html import heat_strip_svg, render_html
 from detaudit.report.model import to_dict
@@ -59,6 +60,14 @@ class Page(HTMLParser):
         return points
 
 
+def plotted(page: Page, name: str) -> dict[int, float]:
+    """step -> value of a series: its plot's points, or the one sentence that says it is constant."""
+    constant = [a for tag, a in page.elements if tag == "p" and a.get("data-constant") == name]
+    if constant:
+        return {int(step): float(constant[0]["data-value"]) for step in constant[0]["data-steps"].split()}
+    return {int(p["data-step"]): float(p["data-value"]) for p in page.plot(name, "circle")}
+
+
 def check_page(text: str, data: dict[str, Any]) -> Page:
     """Parses, loads nothing from outside, and its plots hold the numbers of the JSON report."""
     page = Page(text)
@@ -70,9 +79,9 @@ def check_page(text: str, data: dict[str, Any]) -> Page:
     steps = [s for s in data["spread"]["by_step"] if s["differing"]]
     if not steps and data.get("baseline"):
         steps = [s for s in data["baseline"]["by_step"] if s["differing"]]
-    peaks = {int(p["data-step"]): float(p["data-value"]) for p in page.plot("max-abs-diff", "circle")}
+    peaks = plotted(page, "max-abs-diff")
     assert peaks == {s["step"]: s["max_abs_diff"] for s in steps if s["max_abs_diff"] is not None}
-    counts = {int(p["data-step"]): float(p["data-value"]) for p in page.plot("differing", "circle")}
+    counts = plotted(page, "differing")
     assert counts == {s["step"]: s["differing"] for s in steps}
     cells = {(int(c["data-step"]), c["data-module"]): int(c["data-count"]) for c in page.plot("modules", "rect")
              if "data-count" in c}
@@ -89,8 +98,9 @@ def test_synthetic_divergence_report(tmp_path: Path) -> None:
     page = check_page(render_html(data), data)
     text = " ".join(page.text)
     assert "DIVERGENT" in text and "First divergence" in text and "Repeats" in text
-    assert {attrs.get("data-plot") for tag, attrs in page.elements if tag == "svg"} == \
-        {"max-abs-diff", "differing", "modules"}
+    # the same number of records differs at every step from step 2: that count is a sentence, not a plot
+    assert {attrs.get("data-plot") for tag, attrs in page.elements if tag == "svg"} == {"max-abs-diff", "modules"}
+    assert {attrs.get("data-constant") for tag, attrs in page.elements if tag == "p"} >= {"differing"}
     modules = {c["data-module"] for c in page.plot("modules", "rect") if "data-module" in c}
     assert modules == {"net.0", "net.1"}
 
@@ -154,7 +164,7 @@ def test_baseline_section_and_its_spread(tmp_path: Path) -> None:
     page = check_page(render_html(data), data)
     text = " ".join(page.text)
     assert "from the baseline" in text and "differs" in text and "cpu_count" in text
-    assert {int(p["data-step"]) for p in page.plot("differing", "circle")} == {1, 2}
+    assert set(plotted(page, "differing")) == {1, 2}
 
 
 def test_heat_strip_groups_long_runs_into_cells() -> None:
@@ -163,3 +173,19 @@ def test_heat_strip_groups_long_runs_into_cells() -> None:
     cells = [c for tag, c in page.elements if tag == "rect" and "data-count" in c]
     assert len(cells) == 300 and {c["data-steps"] for c in cells} == {"3"}
     assert sum(int(c["data-count"]) for c in cells) == 2 * 900  # every differing record is counted once
+
+
+def test_a_constant_series_is_a_sentence_not_a_flat_line_on_a_log_axis(tmp_path: Path) -> None:
+    ref = training_records(steps=4)
+    other = [r.but(digest=r.digest + 1, samples=(r.samples[0] + 0.5, *r.samples[1:])) if r.name == "net.1" else r
+             for r in ref]
+    data = to_dict(load_run(write_run(tmp_path / "run", [ref, other])))
+    page = check_page(render_html(data), data)
+    assert "max-abs-diff" not in {attrs.get("data-plot") for tag, attrs in page.elements if tag == "svg"}
+    assert "max |diff|: constant 0.5 at every differing step" in " ".join(page.text)
+
+
+def test_the_root_modules_own_parameters_are_labelled_as_parameters() -> None:
+    steps = [{"step": 0, "records": 2, "differing": 2, "max_abs_diff": 1.0, "modules": {ROOT_MODULE: 2}}]
+    page = Page(heat_strip_svg(steps))
+    assert "parameters of the root module" in page.text
