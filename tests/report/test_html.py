@@ -15,7 +15,7 @@ from conftest import run_cli
 from synthetic import training_records, write_run
 
 from detaudit.audit.pipeline import load_run
-from detaudit.compare.traces import ROOT_MODULE
+from detaudit.compare.traces import ROOT_MODULE, StepSpread
 from detaudit.report import baseline
 from detaudit.report.html import heat_strip_svg, render_html
 from detaudit.report.model import to_dict
@@ -95,7 +95,7 @@ def test_synthetic_divergence_report(tmp_path: Path) -> None:
              for r in ref]
     report = load_run(write_run(tmp_path / "run", [ref, other]))
     data = to_dict(report)
-    page = check_page(render_html(data), data)
+    page = check_page(render_html(report), data)
     text = " ".join(page.text)
     assert "DIVERGENT" in text and "First divergence" in text and "Repeats" in text
     # the same number of records differs at every step from step 2: that count is a sentence, not a plot
@@ -107,8 +107,8 @@ def test_synthetic_divergence_report(tmp_path: Path) -> None:
 
 def test_deterministic_report_has_no_plots(tmp_path: Path) -> None:
     ref = training_records(steps=2)
-    data = to_dict(load_run(write_run(tmp_path / "run", [ref, ref])))
-    page = check_page(render_html(data), data)
+    report = load_run(write_run(tmp_path / "run", [ref, ref]))
+    page = check_page(render_html(report), to_dict(report))
     assert not any(tag == "svg" for tag, _ in page.elements)
     assert "DETERMINISTIC" in " ".join(page.text)
 
@@ -116,8 +116,9 @@ def test_deterministic_report_has_no_plots(tmp_path: Path) -> None:
 def test_user_text_is_escaped(tmp_path: Path) -> None:
     ref = training_records(steps=1)
     ref[0] = ref[0].but(name="<script>alert(1)</script>", module="<b>")
-    data = to_dict(load_run(write_run(tmp_path / "run", [ref, [r.but(digest=r.digest + 1) for r in ref]])))
-    text = render_html(data)
+    report = load_run(write_run(tmp_path / "run", [ref, [r.but(digest=r.digest + 1) for r in ref]]))
+    data = to_dict(report)
+    text = render_html(report)
     assert "<script>" not in text and "&lt;script&gt;" in text
     check_page(text, data)
 
@@ -136,7 +137,7 @@ def test_html_of_the_demo_run(tmp_path: Path) -> None:
     for heading in ("Repeats", "First divergence", "The op behind it", "How the divergence spreads",
                     "Likely causes", "unseeded-numpy-rng", "Environment"):
         assert heading in text, heading
-    assert len(page.plot("max-abs-diff", "circle")) == len([s for s in data["spread"]["by_step"] if s["differing"]])
+    assert len(plotted(page, "max-abs-diff")) == len([s for s in data["spread"]["by_step"] if s["differing"]])
 
     again = run_cli(["report", "run", "--html", "report.html", "--json", "report.json"], cwd=tmp_path)
     assert again.returncode == 1
@@ -161,14 +162,14 @@ def test_baseline_section_and_its_spread(tmp_path: Path) -> None:
     report = replace(report, baseline=baseline.check(baseline.load(saved), later, record, results))
     data = to_dict(report)
     assert data["verdict"] == "deterministic" and data["exit_code"] == 1
-    page = check_page(render_html(data), data)
+    page = check_page(render_html(report), data)
     text = " ".join(page.text)
     assert "from the baseline" in text and "differs" in text and "cpu_count" in text
     assert set(plotted(page, "differing")) == {1, 2}
 
 
 def test_heat_strip_groups_long_runs_into_cells() -> None:
-    steps = [{"step": s, "records": 4, "differing": 2, "max_abs_diff": 1.0, "modules": {"fc": 2}} for s in range(900)]
+    steps = [StepSpread(s, 4, 2, 1.0, {"fc": 2}) for s in range(900)]
     page = Page(heat_strip_svg(steps))
     cells = [c for tag, c in page.elements if tag == "rect" and "data-count" in c]
     assert len(cells) == 300 and {c["data-steps"] for c in cells} == {"3"}
@@ -179,13 +180,13 @@ def test_a_constant_series_is_a_sentence_not_a_flat_line_on_a_log_axis(tmp_path:
     ref = training_records(steps=4)
     other = [r.but(digest=r.digest + 1, samples=(r.samples[0] + 0.5, *r.samples[1:])) if r.name == "net.1" else r
              for r in ref]
-    data = to_dict(load_run(write_run(tmp_path / "run", [ref, other])))
-    page = check_page(render_html(data), data)
+    report = load_run(write_run(tmp_path / "run", [ref, other]))
+    page = check_page(render_html(report), to_dict(report))
     assert "max-abs-diff" not in {attrs.get("data-plot") for tag, attrs in page.elements if tag == "svg"}
     assert "max |diff|: constant 0.5 at every differing step" in " ".join(page.text)
 
 
 def test_the_root_modules_own_parameters_are_labelled_as_parameters() -> None:
-    steps = [{"step": 0, "records": 2, "differing": 2, "max_abs_diff": 1.0, "modules": {ROOT_MODULE: 2}}]
+    steps = [StepSpread(0, 2, 2, 1.0, {ROOT_MODULE: 2})]
     page = Page(heat_strip_svg(steps))
     assert "parameters of the root module" in page.text
