@@ -251,19 +251,20 @@ def describe_divergence(first: Divergence, finding: OpFinding | None = None) -> 
     """One line: which record, where (the op behind it, `finding`, when one was pinpointed), how large."""
     if first.index < 0:  # the re-runs ended differently (exit status): no record to name
         return f"{first.category} — {first.detail}"
-    rec = first.record
-    op = finding.record if finding is not None else rec
+    from detaudit.report.model import where
+
+    at = where(first, finding)
     parts = [f"record #{first.index}"]
-    if rec is not None:
-        parts.append(f"{rec.kind} {rec.name}")
-    if op is not None and op.module:
-        parts.append(f"in {op.module}")
-    if op is not None and op.op:
-        parts.append(f"from op {op.op}")
-    if rec is not None and rec.step >= 0:
-        parts.append(f"at step {rec.step}")
-    if op is not None and op.location:
-        parts.append(f"({op.location})")
+    if at.kind:
+        parts.append(f"{at.kind} {at.name}")
+    if at.module:
+        parts.append(f"in {at.module}")
+    if at.op:
+        parts.append(f"from op {at.op}")
+    if at.counted_step is not None:
+        parts.append(f"at step {at.counted_step}")
+    if at.location:
+        parts.append(f"({at.location})")
     text = " ".join(parts)
     text += f"; repeat(s) {', '.join(map(str, first.repeats))} differ from repeat {first.reference}"
     if first.max_abs_diff is not None and math.isfinite(first.max_abs_diff):

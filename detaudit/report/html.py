@@ -21,7 +21,7 @@ from detaudit import __version__
 from detaudit.compare.oprules import VERDICTS, OpFinding, traced_note
 from detaudit.compare.perturb import KnobOutcome, PerturbationFinding
 from detaudit.compare.traces import ROOT_MODULE, Divergence, StepSpread
-from detaudit.report.model import SCHEMA_VERSION, BaselineCheck, CarriedOutput, Report
+from detaudit.report.model import SCHEMA_VERSION, BaselineCheck, CarriedOutput, Report, finite, where
 from detaudit.results import Latent, RepeatResult
 from detaudit.run.files import write_output
 
@@ -117,10 +117,6 @@ def _kv(rows: Sequence[tuple[str, Any]]) -> str:
     return f"<table class='kv'>{body}</table>"
 
 
-def _finite(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
-
-
 def _runs_section(report: Report) -> str:
     comp = report.comparison
 
@@ -151,11 +147,10 @@ def _bits(knob: KnobOutcome, told: bool) -> str:
     d = knob.divergence
     if d is None:
         return "unchanged"
-    rec = d.record
-    where = " ".join(x for x in (rec.kind if rec else "", rec.name if rec else "",
-                                 f"at step {rec.step}" if rec is not None and rec.step >= 0 else "",
-                                 f"({rec.location})" if rec is not None and rec.location else "") if x)
-    return f"CHANGED, first at record #{d.index} {where}"
+    at = where(d)
+    place = " ".join(x for x in (at.kind, at.name, f"at step {at.counted_step}" if at.counted_step is not None
+                                 else "", f"({at.location})" if at.location else "") if x)
+    return f"CHANGED, first at record #{d.index} {place}"
 
 
 def _perturbation_section(p: PerturbationFinding | None) -> str:
@@ -222,21 +217,17 @@ def _carried_section(c: CarriedOutput | None) -> str:
 def _divergence_rows(d: Divergence, finding: OpFinding | None) -> list[tuple[str, Any]]:
     # as the terminal shows it: module, op and location name the op behind the record when one was pinpointed,
     # and the record's own line beside them when it is another
-    rec = d.record
-    op = finding.record if finding is not None else rec
-    location = op.location if op is not None else ""
+    at = where(d, finding)
     return [
         ("what", d.category + (f" — {d.detail}" if d.detail else "")),
         ("record", None if d.index < 0 else f"#{d.index}"),
-        ("step", rec.step if rec is not None and rec.step >= 0 else None),
-        ("kind", rec.kind if rec else None), ("name", rec.name if rec else None),
-        ("module", op.module if op else None),
-        ("op", f"{op.op} ({op.phase})" if op is not None and op.op else None),
-        ("location", location),
-        ("recorded at", rec.location if rec is not None and rec.location != location else None),
-        ("tensor", f"{rec.dtype}[{rec.shape}]" if rec is not None and rec.dtype else None),
+        ("step", at.counted_step), ("kind", at.kind), ("name", at.name), ("module", at.module),
+        ("op", f"{at.op} ({at.phase})" if at.op else None),
+        ("location", at.location),
+        ("recorded at", at.record_location if at.record_location != at.location else None),
+        ("tensor", f"{at.dtype}[{at.shape}]" if at.dtype else None),
         ("repeats", f"{', '.join(map(str, d.repeats))} differ from {d.reference}" if d.repeats else None),
-        ("max |diff|", _finite(d.max_abs_diff)), ("max ULP", d.max_ulp_diff),
+        ("max |diff|", finite(d.max_abs_diff)), ("max ULP", d.max_ulp_diff),
     ]
 
 
@@ -332,7 +323,7 @@ def _plots_section(report: Report) -> str:
         against = "from the baseline (repeat 0 against it)"
     if not any(s.differing for s in steps):
         return ""
-    peaks = [(s.step, peak) for s in steps if s.differing and (peak := _finite(s.max_abs_diff)) is not None]
+    peaks = [(s.step, peak) for s in steps if s.differing and (peak := finite(s.max_abs_diff)) is not None]
     counts = [(s.step, s.differing) for s in steps if s.differing]
     xs = [s.step for s in steps]
     return (f"<h2>How the divergence spreads</h2><p class='muted'>Differences {against}, per training step "

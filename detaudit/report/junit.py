@@ -11,7 +11,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from detaudit.compare.traces import Divergence
-from detaudit.report.model import Report
+from detaudit.report.model import Report, where
 from detaudit.run.files import write_output
 
 # Characters XML 1.0 cannot carry even escaped (names and details come from user code).
@@ -55,10 +55,11 @@ def to_junit(report: Report) -> str:
         base = report.baseline
         if not base.matches:
             failures += 1
-            rec = base.divergence.record if base.divergence is not None else None
-            index = base.divergence.index if base.divergence is not None else None
+            moved = base.divergence
+            at = where(moved) if moved is not None else None
             failure = ET.SubElement(case, "failure", message=f"differs from the baseline {base.path} at record "
-                                    f"{index}: {rec.kind if rec else ''} {rec.name if rec else ''}")
+                                    f"{moved.index if moved else None}: {at.kind if at and at.kind else ''} "
+                                    f"{at.name if at and at.name else ''}")
             failure.text = "\n".join(f"{c.field}: {c.baseline} -> {c.current}" for c in base.environment_changes)
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
@@ -70,13 +71,11 @@ def to_junit(report: Report) -> str:
 def _divergence_failure(case: ET.Element, first: Divergence, report: Report) -> None:
     """The first divergence as a failure: where (the op behind it when one was pinpointed), what each repeat
     printed when stdout differs, and the causes."""
-    rec = first.record
-    op = report.op_finding.record if report.op_finding is not None else rec
-    step = f"step {rec.step}" if rec is not None and rec.step >= 0 else ""
-    where = " ".join(x for x in (rec.kind if rec else "", rec.name if rec else "", step,
-                                 op.location if op else "") if x)
-    at = f" at record {first.index}" if first.index >= 0 else ""
-    failure = ET.SubElement(case, "failure", message=f"first divergence{at}: {where or first.category}")
+    at = where(first, report.op_finding)
+    step = f"step {at.counted_step}" if at.counted_step is not None else ""
+    place = " ".join(x for x in (at.kind, at.name, step, at.location) if x)
+    record = f" at record {first.index}" if first.index >= 0 else ""
+    failure = ET.SubElement(case, "failure", message=f"first divergence{record}: {place or first.category}")
     printed = first.stdout
     shown = [f"stdout line {printed.line}, repeat {i}: {text!r}" for i, text in printed.lines.items()] \
         if printed else []
