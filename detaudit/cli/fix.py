@@ -22,7 +22,14 @@ from detaudit.cli.options import (
     stdout_options,
 )
 from detaudit.cli.render import causes_block
-from detaudit.cli.session import RepeatsProgress, err_console, finish, finish_report, warn_oversubscription
+from detaudit.cli.session import (
+    Presentation,
+    RepeatsProgress,
+    err_console,
+    finish,
+    finish_with,
+    warn_oversubscription,
+)
 from detaudit.run.files import check_writable, write_output
 from detaudit.safetext import printable
 
@@ -118,7 +125,7 @@ def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
                     else "there is no fix to write"))
     from detaudit.fix.model import write_json
 
-    finish_report(report, json_path, None, quiet, write_json, lambda r, p: None, summary_line, render)
+    finish_with(report, Presentation({"json": write_json}, summary_line, render), {"json": json_path}, quiet)
 
 
 def summary_line(report: Any) -> Text:

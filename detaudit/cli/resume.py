@@ -16,7 +16,7 @@ from rich.text import Text
 
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
 from detaudit.cli.render import causes_block, escape
-from detaudit.cli.session import RepeatsProgress, err_console, finish, finish_report
+from detaudit.cli.session import Presentation, RepeatsProgress, err_console, finish, finish_with
 from detaudit.safetext import printable
 
 _PULLED = ("--stop-at", "--resume-args")  # detaudit's wherever they stand before `--`
@@ -114,7 +114,8 @@ def resume(script: str, script_args: tuple[str, ...], stop_at: int, resume_args:
 def _finish(report: Any, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
     from detaudit.report.resume import write_html, write_json
 
-    finish_report(report, json_path, html_path, quiet, write_json, write_html, summary_line, render)
+    finish_with(report, Presentation({"json": write_json, "html": write_html}, summary_line, render),
+                {"json": json_path, "html": html_path}, quiet)
 
 
 def summary_line(report: Any) -> Text:
