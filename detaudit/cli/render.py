@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console, Group
 from rich.markup import escape as _markup_escape
@@ -15,6 +15,7 @@ from rich.text import Text
 from detaudit.compare.oprules import VERDICTS, OpFinding, traced_note
 from detaudit.compare.traces import Divergence
 from detaudit.report.model import Report, finite, where
+from detaudit.results import Cause
 from detaudit.safetext import printable
 
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
@@ -382,7 +383,14 @@ def spread_table(report: Report) -> Table | None:
     return table
 
 
-def causes_block(report: Report) -> Group | None:
+class HasCauses(Protocol):
+    """A report of any kind that ranks causes (Report, ResumeReport, FixReport)."""
+
+    @property
+    def causes(self) -> Sequence[Cause]: ...
+
+
+def causes_block(report: HasCauses) -> Group | None:
     if not report.causes:
         return None
     confirmed = [c.id for c in report.causes if c.confidence == "confirmed"]
