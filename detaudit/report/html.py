@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from detaudit import __version__
-from detaudit.compare.oprules import VERDICTS, OpFinding, traced_note
+from detaudit.compare.oprules import VERDICTS, OpFinding, OpRow, traced_note
 from detaudit.compare.perturb import KnobOutcome, PerturbationFinding
 from detaudit.compare.traces import ROOT_MODULE, Divergence, StepSpread
 from detaudit.report.model import SCHEMA_VERSION, BaselineCheck, CarriedOutput, Report, finite, where
@@ -255,7 +255,7 @@ def _op_section(report: Report) -> str:
     f = report.op_finding
     if f is None or report.first_divergence is None:
         return ""
-    op, origin, t = f.record, f.origin, f.traced_from
+    op, origin = f.record, f.origin
     if f.verdict == "inputs-differ" and origin is not None and origin.kind == "input":
         # no recorded op made the differing data: the neighbour table would only show its consumers
         window = f" in steps {f.window[0]}–{f.window[1]}" if f.window else ""
@@ -264,7 +264,14 @@ def _op_section(report: Report) -> str:
                 f"first appears as the model's input {escape(origin.name)}{escape(where)}, so it was made "
                 f"outside torch (NumPy, Python, a file...) or before the recorded steps. The first op to use it is "
                 f"<code>{escape(str(op.op or None))}</code>.</p>")
-    rows = [
+    table = _neighbour_table(f.neighbours) if f.neighbours else ""
+    return "<h2>The op behind it</h2>" + _kv(_op_rows(f)) + f"<div class='wide'>{table}</div>"
+
+
+def _op_rows(f: OpFinding) -> list[tuple[str, Any]]:
+    """The op behind the divergence, why it was chosen, and where it was recorded."""
+    op, origin, t = f.record, f.origin, f.traced_from
+    return [
         ("op", f"{op.op or None} ({op.phase}{', autograd node ' + op.node if op.node else ''})"),
         ("module", op.module), ("location", op.location), ("step", op.step),
         ("why", f"{f.verdict}: {VERDICTS.get(f.verdict, '')}"), ("summary", f.summary),
@@ -274,12 +281,15 @@ def _op_section(report: Report) -> str:
         ("recorded in", f"an op-level re-run ({f.traces}-*.trace), ops in steps {f.window[0]}–{f.window[1]}"
          if f.traces and f.window else None),
     ]
-    table = _table(["", "#", "record", "phase", "module", "location", "inputs", "output"],
-                   [[">>" if n.chosen else "", n.record.index, n.record.op or f"{n.record.kind} {n.record.name}",
-                     n.record.phase, n.record.module or None, n.record.location or None, n.inputs or None, n.output]
-                    for n in f.neighbours],
-                   row_class=["chosen" if n.chosen else "" for n in f.neighbours]) if f.neighbours else ""
-    return "<h2>The op behind it</h2>" + _kv(rows) + f"<div class='wide'>{table}</div>"
+
+
+def _neighbour_table(neighbours: Sequence[OpRow]) -> str:
+    """The input/output match table around the op (`>>`: the op chosen)."""
+    return _table(["", "#", "record", "phase", "module", "location", "inputs", "output"],
+                  [[">>" if n.chosen else "", n.record.index, n.record.op or f"{n.record.kind} {n.record.name}",
+                    n.record.phase, n.record.module or None, n.record.location or None, n.inputs or None, n.output]
+                   for n in neighbours],
+                  row_class=["chosen" if n.chosen else "" for n in neighbours])
 
 
 def _causes_section(report: Report) -> str:
