@@ -147,6 +147,8 @@ def _bits(knob: KnobOutcome, told: bool) -> str:
     d = knob.divergence
     if d is None:
         return "unchanged"
+    if d.category == "outcome":  # one group exited early or failed: no record to name (main's faults branch)
+        return f"ENDED DIFFERENTLY: {d.detail}"
     at = where(d)
     place = " ".join(x for x in (at.kind, at.name, f"at step {at.counted_step}" if at.counted_step is not None
                                  else "", f"({at.location})" if at.location else "") if x)
