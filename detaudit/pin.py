@@ -1,7 +1,7 @@
 """The pins of `--explain`: the one list of what a repeat can hold fixed, and how.
 
-A leaf (no torch, no other detaudit module): the parent names pins (experiments.py, explain.py,
-the cause detectors) and the child applies them (recorder/pins.py) from this one enum, so a pin
+A leaf (no torch, no other detaudit module): the parent names pins (causes/confirm.py, explain/runner.py,
+the cause detectors) and the child applies them (recorder/pinning.py) from this one enum, so a pin
 the parent can ask for is a pin the child knows (tests/test_pin.py checks the child handles each).
 
 Each pin travels as environment variables for the repeat (`PinSpec.env`), as names the child

@@ -16,14 +16,20 @@ audited test is never rerun by pytest-rerunfailures: a flaky result is the findi
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import time
 import unittest
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:  # the audit machinery is imported only once a test is audited
+    from detaudit.compare.oprules import OpFinding
+    from detaudit.compare.traces import Divergence
+    from detaudit.report.model import Report
 
 CHILD_ENV = "DETAUDIT_PYTEST_REPEAT"  # set in the re-runs: there the test body runs, unaudited
 MARKER = "deterministic"
@@ -156,7 +162,7 @@ def run_dir_for(item: pytest.Item) -> Path:
             candidate = Path(base) / f"{stem}-{n}"
 
 
-def audit_test(item: pytest.Item) -> Any:
+def audit_test(item: pytest.Item) -> Report:
     """Run `item` in fresh interpreters under the recorder and return detaudit's Report."""
     import importlib.util
 
@@ -192,43 +198,39 @@ def audit_test(item: pytest.Item) -> Any:
     return report
 
 
-def _write_html(report: Any) -> None:
+def _write_html(report: Report) -> None:
     """A failing audit leaves its HTML report next to report.json, for CI artifacts."""
     from detaudit.report.html import write_html
 
     write_html(report, Path(report.run_dir) / "report.html")
 
 
-def failure_message(report: Any) -> str:
+def failure_message(report: Report) -> str:
     """Why the audited test fails, in a few lines; "" when it passes."""
-    from detaudit.report.model import to_dict
-
-    data = to_dict(report)
-    verdict = data["verdict"]
-    if verdict == "deterministic" and data["exit_code"] == 0:
+    verdict = report.verdict
+    if verdict == "deterministic" and report.exit_code == 0:
         return ""
-    runs = len(data["runs"])
+    runs = len(report.runs)
     lines: list[str] = []
     if verdict == "failed":
         lines.append(f"the test failed in every one of {runs} fresh-interpreter re-runs:")
-        lines.append(_output_tail(Path(data["run_dir"]) / data["runs"][0]["stdout"]) or data["failure"]
-                     or "(no output)")
+        lines.append(_output_tail(Path(report.run_dir) / report.runs[0].stdout) or report.failure or "(no output)")
     elif verdict == "timeout":
         lines.append("a re-run timed out before the re-runs diverged (--detaudit-timeout)")
     elif verdict != "divergent":  # a verdict that settles nothing is no pass
-        reason = data.get("inconclusive")
+        reason = report.inconclusive_reason
         lines.append(f"detaudit could not show that this test is deterministic: verdict {verdict}"
-                     + (f" ({reason})" if isinstance(reason, str) and reason else ""))
+                     + (f" ({reason})" if reason else ""))
     else:
         lines.append(f"not deterministic: {runs} fresh-interpreter runs of this test diverge")
-        first = data["first_divergence"]
+        first = report.first_divergence
         if first is not None:
-            lines.append("first divergence: " + describe_divergence(first))
-        if data["causes"]:
-            cause = data["causes"][0]
-            lines.append(f"top cause: [{cause['confidence']}] {cause['id']}: {cause['summary']}")
-            lines.append(f"  fix: {cause['fix']}")
-    lines.append(f"run directory: {data['run_dir']} (`detaudit report` it; report.html there)")
+            lines.append("first divergence: " + describe_divergence(first, report.op_finding))
+        if report.causes:
+            cause = report.causes[0]
+            lines.append(f"top cause: [{cause.confidence}] {cause.id}: {cause.summary}")
+            lines.append(f"  fix: {cause.fix}")
+    lines.append(f"run directory: {report.run_dir} (`detaudit report` it; report.html there)")
     return "\n".join(lines)
 
 
@@ -245,25 +247,28 @@ def _output_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def describe_divergence(first: dict[str, Any]) -> str:
-    """One line: which record, where, how large (from the JSON form of the first divergence)."""
-    if first["index"] < 0:  # the re-runs ended differently (exit status): no record to name
-        return f"{first['category']} — {first['detail']}"
-    parts = [f"record #{first['index']}"]
-    if first.get("kind"):
-        parts.append(f"{first['kind']} {first['name']}")
-    if first.get("module"):
-        parts.append(f"in {first['module']}")
-    if first.get("op"):
-        parts.append(f"from op {first['op']}")
-    if first.get("step") is not None and first["step"] >= 0:
-        parts.append(f"at step {first['step']}")
-    if first.get("location"):
-        parts.append(f"({first['location']})")
+def describe_divergence(first: Divergence, finding: OpFinding | None = None) -> str:
+    """One line: which record, where (the op behind it, `finding`, when one was pinpointed), how large."""
+    if first.index < 0:  # the re-runs ended differently (exit status): no record to name
+        return f"{first.category} — {first.detail}"
+    from detaudit.report.model import where
+
+    at = where(first, finding)
+    parts = [f"record #{first.index}"]
+    if at.kind:
+        parts.append(f"{at.kind} {at.name}")
+    if at.module:
+        parts.append(f"in {at.module}")
+    if at.op:
+        parts.append(f"from op {at.op}")
+    if at.counted_step is not None:
+        parts.append(f"at step {at.counted_step}")
+    if at.location:
+        parts.append(f"({at.location})")
     text = " ".join(parts)
-    text += f"; repeat(s) {', '.join(map(str, first['repeats']))} differ from repeat {first['reference']}"
-    if first.get("max_abs_diff") is not None:
-        text += f", max |diff| {first['max_abs_diff']:.3g}"
-    if first.get("detail"):
-        text += f" — {first['detail']}"
+    text += f"; repeat(s) {', '.join(map(str, first.repeats))} differ from repeat {first.reference}"
+    if first.max_abs_diff is not None and math.isfinite(first.max_abs_diff):
+        text += f", max |diff| {first.max_abs_diff:.3g}"
+    if first.detail:
+        text += f" — {first.detail}"
     return text

@@ -1,7 +1,7 @@
 """The audit pipeline: run repeats -> traces -> compare -> causes -> Report, and reload it from disk.
 
 Only the pipeline: the run directory's layout and records are rundir.py's, stored experiments
-and the re-ranking they imply experiments.py's; `--explain`'s runner (explain.py) sits above.
+and the re-ranking they imply causes/confirm.py's; `--explain`'s runner (explain/runner.py) sits above.
 `detaudit report RUN_DIR` rebuilds the report from the run directory alone (`load_run`).
 """
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from detaudit.batch.finding import BatchFinding, FirstVariant, Spot
+from detaudit.codec import Codable
 from detaudit.errors import ExitCode
 from detaudit.results import Cause, RepeatResult
 
@@ -28,7 +29,7 @@ class BatchSettings:
 
 
 @dataclass(frozen=True)
-class BatchReport:
+class BatchReport(Codable):
     """Everything the renderers need; built once by batch/auditing.py."""
 
     script: str
@@ -120,30 +121,37 @@ def write_json(report: BatchReport, path: Path, mode: int | None = None) -> None
     write_output(path, json.dumps(to_dict(report), indent=2) + "\n", mode)
 
 
-def render_html(data: dict[str, Any]) -> str:
-    """The JSON form as one self-contained page (no script, no external resource)."""
+def render_html(report: BatchReport) -> str:
+    """The report as one self-contained page (no script, no external resource)."""
     e = html.escape
-    rows = "".join(f"<tr><td>{e(s['kind'])}</td><td>{s['size']}</td><td>{'agree' if s['agree'] else 'differ'}</td>"
-                   f"<td>{s['rows_differ']}</td><td>{s['max_abs_diff']:.3g}</td><td>{s['max_ulp']}</td></tr>"
-                   for s in data["subsets"])
-    first = data["first_variant"]
+    finding = report.finding
+    rows = "".join(f"<tr><td>{e(s.kind)}</td><td>{s.size}</td><td>{'agree' if s.agree else 'differ'}</td>"
+                   f"<td>{s.rows_differ}</td><td>{s.max_abs_diff:.3g}</td><td>{s.max_ulp}</td></tr>"
+                   for s in finding.subsets)
+    first = finding.first_variant
     where = ""
     if first is not None:
-        where = (f"<h2>Where it starts</h2><p>{e(first['sizes'])}</p><ul>"
-                 f"<li>module: <code>{e(str(first['module']))}</code></li>"
-                 f"<li>op: <code>{e(str(first['op']))}</code> at <code>{e(first['location'])}</code></li>"
-                 f"<li>max |diff| {first['max_abs_diff']:.3g}, {first['max_ulp']} ULP</li></ul>")
-    causes = "".join(f"<li><b>{e(c['id'])}</b> ({e(c['confidence'])}): {e(c['summary'])}<br>"
-                     f"<i>fix:</i> {e(c['fix'])}<ul>{''.join(f'<li>{e(x)}</li>' for x in c['evidence'])}</ul></li>"
-                     for c in data["causes"])
-    skipped = "".join(f"<li>{n} {e(why)}: {e(data['not_probed_details'].get(why, ''))}</li>"
-                      for why, n in data["not_probed"].items())
+        spot = first.op or first.module
+        module = first.module.name if first.module is not None else first.call_module
+        op = first.op.name if first.op is not None else None
+        location = (spot.location if spot is not None else "") or first.location
+        max_abs_diff, max_ulp = (spot.max_abs_diff, spot.max_ulp) if spot is not None \
+            else (first.max_abs_diff, first.max_ulp)
+        where = (f"<h2>Where it starts</h2><p>{e(first.sizes_text)}</p><ul>"
+                 f"<li>module: <code>{e(module)}</code></li>"
+                 f"<li>op: <code>{e(str(op))}</code> at <code>{e(location)}</code></li>"
+                 f"<li>max |diff| {max_abs_diff:.3g}, {max_ulp} ULP</li></ul>")
+    causes = "".join(f"<li><b>{e(c.id)}</b> ({e(c.confidence)}): {e(c.summary)}<br>"
+                     f"<i>fix:</i> {e(c.fix)}<ul>{''.join(f'<li>{e(x)}</li>' for x in c.evidence)}</ul></li>"
+                     for c in report.causes)
+    skipped = "".join(f"<li>{n} {e(why)}: {e(finding.skip_details.get(why, ''))}</li>"
+                      for why, n in finding.skipped.items())
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>detaudit batch</title>"
         "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}td,th{padding:2px 8px;text-align:left}"
         "</style></head><body>"
-        f"<h1>detaudit batch: {e(data['verdict'])}</h1><p><code>{e(data['script'])}</code> — "
-        f"{data['probed_calls']} calls probed, {data['variant_calls']} batch-variant</p>"
+        f"<h1>detaudit batch: {e(report.verdict)}</h1><p><code>{e(report.script)}</code> — "
+        f"{finding.probed_calls} calls probed, {finding.variant_calls} batch-variant</p>"
         "<table><tr><th>probe</th><th>size</th><th></th><th>rows differ</th><th>max |diff|</th><th>max ULP</th></tr>"
         f"{rows}</table>{where}"
         + (f"<h2>Causes</h2><ul>{causes}</ul>" if causes else "")
@@ -154,4 +162,4 @@ def render_html(data: dict[str, Any]) -> str:
 def write_html(report: BatchReport, path: Path) -> None:
     from detaudit.run.files import write_output
 
-    write_output(path, render_html(to_dict(report)))
+    write_output(path, render_html(report))

@@ -1,7 +1,7 @@
 """What `--explain` experiments mean for the causes: stored experiments read back, and the re-ranking.
 
 Below the audit (which attaches a run's stored experiments to every report it rebuilds) and
-below explain.py (which runs new ones and stores them here). A cause whose pin alone made the
+below explain/runner.py (which runs new ones and stores them here). A cause whose pin alone made the
 repeats agree is confirmed (a pin that also holds other sources fixed, only when those alone do not);
 one whose pin left them diverging is ruled out; once a source is confirmed, the others are not
 needed; the experiment that separates a toss-up settles it; a source the bisection isolated that no

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from detaudit.batch.reporting import BatchReport, BatchSettings, write_html, write_json
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
-from detaudit.cli.session import RepeatsProgress, finish_report
+from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
 from detaudit.errors import ExitCode
 from detaudit.safetext import printable
 
@@ -90,7 +90,8 @@ def batch(script: str, script_args: tuple[str, ...], repeats: int, devices: str,
 
 def finish_batch(report: BatchReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
     """Write the requested files, render, exit with the verdict's code."""
-    finish_report(report, json_path, html_path, quiet, write_json, write_html, summary_line, render_batch)
+    finish_with(report, Presentation({"json": write_json, "html": write_html}, summary_line, render_batch),
+                {"json": json_path, "html": html_path}, quiet)
 
 
 def _clean(text: object) -> str:

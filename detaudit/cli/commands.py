@@ -1,8 +1,8 @@
 """The `detaudit` command line: parse options, call the library, render, exit with the right code.
 
 The commands, their help, and the one place that turns errors into messages and exit codes
-(`main`); options become library values in cli_options.py, and what a command shows while the
-library works, and how it ends, is cli_session.py.
+(`main`); options become library values in options.py, and what a command shows while the
+library works, and how it ends, is session.py.
 
 Exit codes: errors.ExitCode (every command's --help lists them). Set DETAUDIT_DEBUG=1 to see
 detaudit's own traceback on an internal error.

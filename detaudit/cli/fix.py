@@ -4,7 +4,7 @@ docs/fix.md)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -22,9 +22,21 @@ from detaudit.cli.options import (
     stdout_options,
 )
 from detaudit.cli.render import causes_block
-from detaudit.cli.session import RepeatsProgress, err_console, finish, finish_report, warn_oversubscription
+from detaudit.cli.session import (
+    Presentation,
+    RepeatsProgress,
+    err_console,
+    finish,
+    finish_with,
+    warn_oversubscription,
+)
 from detaudit.run.files import check_writable, write_output
 from detaudit.safetext import printable
+
+if TYPE_CHECKING:  # the fix stage is imported when the command runs
+    from detaudit.fix.cost import Figure
+    from detaudit.fix.model import FixReport, Trial
+    from detaudit.report.model import Report
 
 _STYLE = {"deterministic": "bold green", "fixed": "bold yellow", "incomplete": "bold yellow",
           "uncontrolled": "bold red"}
@@ -94,11 +106,11 @@ def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
         if not quiet:
             err_console.print(escape(printable(text)), soft_wrap=True)
 
-    def on_trial(trial: Any) -> None:
+    def on_trial(trial: Trial) -> None:
         said(f"fix: tried {trial.name} -> {'agree' if trial.verdict == 'deterministic' else trial.verdict}"
              + (f" ({trial.note})" if trial.note else ""))
 
-    def on_audit(report: Any) -> None:
+    def on_audit(report: Report) -> None:
         if report.verdict == "divergent" and not report.timed_out:
             said(f"fix: the repeats diverge; searching the knobs (at most {budget} more repeats)")
 
@@ -118,10 +130,10 @@ def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
                     else "there is no fix to write"))
     from detaudit.fix.model import write_json
 
-    finish_report(report, json_path, None, quiet, write_json, lambda r, p: None, summary_line, render)
+    finish_with(report, Presentation({"json": write_json}, summary_line, render), {"json": json_path}, quiet)
 
 
-def summary_line(report: Any) -> Text:
+def summary_line(report: FixReport) -> Text:
     text = Text(report.verdict.upper(), style=_STYLE.get(report.verdict, "bold"))
     names = ", ".join(k.pin.value for k in report.knobs)
     under = f" under --perturb {','.join(report.perturb)}" if report.perturb else ""
@@ -142,7 +154,7 @@ def summary_line(report: Any) -> Text:
     return text
 
 
-def render(report: Any, console: Console) -> None:
+def render(report: FixReport, console: Console) -> None:
     console.print(summary_line(report), soft_wrap=True)
     if report.verdict == "deterministic":
         return
@@ -166,7 +178,7 @@ def render(report: Any, console: Console) -> None:
                           soft_wrap=True)
 
 
-def _render_fix(report: Any, console: Console) -> None:
+def _render_fix(report: FixReport, console: Console) -> None:
     script = Path(report.script).name
     if report.prelude:
         where = f"after line {report.insert_after}" if report.insert_after else "at line 1"
@@ -203,7 +215,7 @@ def _render_fix(report: Any, console: Console) -> None:
                   soft_wrap=True)
 
 
-def _pair(figure: Any, scale: float, unit: str) -> str:
+def _pair(figure: Figure | None, scale: float, unit: str) -> str:
     if figure is None or figure.with_s is None or figure.without_s is None:
         return "-"
     return f"{figure.with_s * scale:.3g} / {figure.without_s * scale:.3g} {unit}"

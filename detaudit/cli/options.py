@@ -1,7 +1,7 @@
 """The command line's options and their translation into library values: the option types and the
 option groups several commands share, and the checks and conversions a command makes before it calls
 the core (AuditOptions for `run` and `demo`, a tolerance for `compare`). No terminal output here:
-cli.py holds the commands, cli_session.py what they print while the library works.
+commands.py holds the commands, session.py what they print while the library works.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Rich terminal rendering of a Report: the only module besides cli.py that knows about terminals."""
+"""Rich terminal rendering of a Report: the only module besides commands.py that knows about terminals."""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console, Group
 from rich.markup import escape as _markup_escape
@@ -14,7 +14,8 @@ from rich.text import Text
 
 from detaudit.compare.oprules import VERDICTS, OpFinding, traced_note
 from detaudit.compare.traces import Divergence
-from detaudit.report.model import Report, divergence_to_dict
+from detaudit.report.model import Report, finite, where
+from detaudit.results import Cause
 from detaudit.safetext import printable
 
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
@@ -110,15 +111,17 @@ def baseline_panel(report: Report) -> Panel | None:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    d = divergence_to_dict(check.divergence)
+    d = check.divergence
     if d is None:
         grid.add_row("result", f"matches ({check.records_compared} records compared)")
     else:
-        where = " ".join(str(x) for x in (d["kind"], d["name"], f"in {d['module']}" if d["module"] else "") if x)
-        grid.add_row("first differs", escape(f"record #{d['index']}" if d["index"] >= 0 else d["category"]))
-        for key, value in (("at", where), ("step", d["step"] if (d["step"] or 0) >= 0 else None),
-                           ("location", d["location"]), ("detail", d["detail"]),
-                           ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
+        at = where(d)
+        place = " ".join(x for x in (at.kind, at.name, f"in {at.module}" if at.module else "") if x)
+        grid.add_row("first differs", escape(f"record #{d.index}" if d.index >= 0 else d.category))
+        peak = finite(d.max_abs_diff)
+        for key, value in (("at", place), ("step", at.step if (at.step or 0) >= 0 else None),
+                           ("location", at.location), ("detail", d.detail),
+                           ("max |diff|", _fmt(peak) if peak is not None else None),
                            ("differing", f"{check.records_differing} of {check.records_compared} records")):
             if value not in (None, ""):
                 grid.add_row(key, escape(str(value)))
@@ -199,32 +202,33 @@ def perturbation_panel(report: Report) -> Panel | None:
 
 
 def divergence_panel(report: Report) -> Panel | None:
-    d = divergence_to_dict(report.first_divergence, report.op_finding)
-    if d is None or report.first_divergence is None:
+    d = report.first_divergence
+    if d is None:
         return None
-    rec = report.first_divergence.record
+    at = where(d, report.op_finding)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    # module, op and location are the JSON's (the op behind the record when one was pinpointed), so the
+    # module, op and location are the op's behind the record when one was pinpointed (Where), so the
     # terminal, JSON and JUnit name the same file:line; the record's own line is shown beside it
+    peak = finite(d.max_abs_diff)
     rows = [
-        ("what", d["category"] + (f" — {d['detail']}" if d["detail"] else "")),
-        ("record", None if d["index"] < 0 else f"#{d['index']}"),
-        ("step", d["step"] if d["step"] is not None and d["step"] >= 0 else None),
-        ("kind", d["kind"]),
-        ("name", d["name"]),
-        ("module", d["module"]),
-        ("op", f"{d['op']} ({d['phase']})" if d["op"] else None),
-        ("location", d["location"]),
-        ("recorded at", rec.location if rec and rec.location and rec.location != d["location"] else None),
+        ("what", d.category + (f" — {d.detail}" if d.detail else "")),
+        ("record", None if d.index < 0 else f"#{d.index}"),
+        ("step", at.counted_step),
+        ("kind", at.kind),
+        ("name", at.name),
+        ("module", at.module),
+        ("op", f"{at.op} ({at.phase})" if at.op else None),
+        ("location", at.location),
+        ("recorded at", at.record_location if at.record_location != at.location else None),
         *_stdout_rows(report),
-        ("tensor", f"{d['dtype']}[{d['shape']}]" if d["dtype"] else None),
+        ("tensor", f"{at.dtype}[{at.shape}]" if at.dtype else None),
         ("repeats" if not report.recordings else "recordings",
-         f"{', '.join(map(report.name_of, d['repeats']))} differ from {report.name_of(d['reference'])}"
-         if report.recordings else f"{', '.join(map(str, d['repeats']))} differ from repeat {d['reference']}"),
-        ("max |diff|", _fmt(d["max_abs_diff"]) if d["max_abs_diff"] is not None else None),
-        ("max ULP", _fmt(d["max_ulp_diff"]) if d["max_ulp_diff"] is not None else None),
+         f"{', '.join(map(report.name_of, d.repeats))} differ from {report.name_of(d.reference)}"
+         if report.recordings else f"{', '.join(map(str, d.repeats))} differ from repeat {d.reference}"),
+        ("max |diff|", _fmt(peak) if peak is not None else None),
+        ("max ULP", _fmt(d.max_ulp_diff) if d.max_ulp_diff is not None else None),
     ]
     for key, value in rows:
         if value is not None and value != "":
@@ -277,10 +281,10 @@ def summary_line(report: Report) -> Text:
     """Verdict, first divergence, top cause and run directory on one line: printed last, so it stays in view."""
     text = Text(report.verdict.upper(), style=_VERDICT_STYLE[report.verdict])
     parts = []
-    d = divergence_to_dict(report.first_divergence, report.op_finding)
+    d = report.first_divergence
     if d is not None:
         rank = f" on rank {report.distributed.rank}" if report.distributed is not None else ""
-        parts.append(f"first divergence: {_place(d, rank)}")
+        parts.append(f"first divergence: {where(d, report.op_finding).place(d.category, rank)}")
     elif report.replica_divergence is not None:
         r = report.replica_divergence
         parts.append(f"DDP replica {r.name} differs on rank(s) {', '.join(map(str, r.ranks))} after step {r.step}")
@@ -291,8 +295,8 @@ def summary_line(report: Report) -> Text:
             parts.append(f"unchanged by --perturb {','.join(k.knob for k in survived)}")
         baseline = report.baseline
         if baseline is not None and baseline.divergence is not None:  # exit 1: the line must say why
-            moved = divergence_to_dict(baseline.divergence, None)
-            parts.append(f"but DIFFER FROM THE BASELINE: {_place(moved, '') if moved is not None else 'see above'}")
+            moved = baseline.divergence
+            parts.append(f"but DIFFER FROM THE BASELINE: {where(moved).place(moved.category)}")
     elif report.verdict == "failed":
         parts.append("the script failed in every repeat")
     elif report.verdict == "inconclusive":
@@ -304,14 +308,6 @@ def summary_line(report: Report) -> Text:
     parts.append(f"run: {report.run_dir}" if report.argv is not None else f"compared: {report.script}")
     text.append(printable(" · " + " · ".join(parts)))
     return text
-
-
-def _place(d: dict[str, Any], rank: str) -> str:
-    """`output fc1 at step 3 on rank 1 (train.py:42)` for a divergence's JSON form."""
-    what = " ".join(str(x) for x in (d["kind"], d["name"]) if x) or d["category"]
-    step = f" at step {d['step']}" if d["step"] is not None and d["step"] >= 0 else ""
-    where = f" ({d['location']})" if d["location"] else ""
-    return f"{what}{step}{rank}{where}"
 
 
 def argv_line(report: Report) -> Text | None:
@@ -396,7 +392,14 @@ def spread_table(report: Report) -> Table | None:
     return table
 
 
-def causes_block(report: Report) -> Group | None:
+class HasCauses(Protocol):
+    """A report of any kind that ranks causes (Report, ResumeReport, FixReport)."""
+
+    @property
+    def causes(self) -> Sequence[Cause]: ...
+
+
+def causes_block(report: HasCauses) -> Group | None:
     if not report.causes:
         return None
     confirmed = [c.id for c in report.causes if c.confidence == "confirmed"]

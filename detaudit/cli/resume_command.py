@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 from rich.console import Console
@@ -16,8 +16,12 @@ from rich.text import Text
 
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
 from detaudit.cli.render import causes_block, escape
-from detaudit.cli.session import RepeatsProgress, err_console, finish, finish_report
+from detaudit.cli.session import Presentation, RepeatsProgress, err_console, finish, finish_with
 from detaudit.safetext import printable
+
+if TYPE_CHECKING:  # the resume stage is imported when the command runs
+    from detaudit.report.resume import ResumeReport
+    from detaudit.results import RepeatResult
 
 _PULLED = ("--stop-at", "--resume-args")  # detaudit's wherever they stand before `--`
 _STYLE = {"resume-equivalent": "bold green", "resume-divergent": "bold red", "reference-divergent": "bold red"}
@@ -111,13 +115,14 @@ def resume(script: str, script_args: tuple[str, ...], stop_at: int, resume_args:
     _finish(report, json_path, html_path, quiet)
 
 
-def _finish(report: Any, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
+def _finish(report: ResumeReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
     from detaudit.report.resume import write_html, write_json
 
-    finish_report(report, json_path, html_path, quiet, write_json, write_html, summary_line, render)
+    finish_with(report, Presentation({"json": write_json, "html": write_html}, summary_line, render),
+                {"json": json_path, "html": html_path}, quiet)
 
 
-def summary_line(report: Any) -> Text:
+def summary_line(report: ResumeReport) -> Text:
     text = Text(report.verdict.upper(), style=_STYLE[report.verdict])
     if report.verdict == "reference-divergent":
         text.append(": the uninterrupted run does not reproduce itself, so resuming cannot be judged; "
@@ -127,7 +132,8 @@ def summary_line(report: Any) -> Text:
                     f"(stopped after step {report.stop_at})")
     elif report.divergence is None:
         text.append(f": stopped after step {report.stop_at} and resumed from step {report.aligned_step}, the run "
-                    f"reproduces the uninterrupted one bit for bit ({report.comparison.records_compared} records)")
+                    f"reproduces the uninterrupted one bit for bit "
+                    f"({report.comparison.records_compared if report.comparison is not None else 0} records)")
     else:
         text.append(f": stopped after step {report.stop_at} and resumed from step {report.aligned_step}, the run "
                     f"first differs at step {report.first_divergence_step}")
@@ -137,7 +143,7 @@ def summary_line(report: Any) -> Text:
     return text
 
 
-def render(report: Any, console: Console) -> None:
+def render(report: ResumeReport, console: Console) -> None:
     from detaudit.cli.render import render as render_audit
 
     console.print(summary_line(report), soft_wrap=True)
@@ -166,9 +172,9 @@ def render(report: Any, console: Console) -> None:
     console.print(Text(printable(_runs(report)), style="dim"), soft_wrap=True)
 
 
-def _runs(report: Any) -> str:
+def _runs(report: ResumeReport) -> str:
     reference = report.reference.runs
     times = ", ".join(f"{r.duration_s:.1f} s" for r in reference)
-    rest: Sequence[Any] = report.runs
+    rest: Sequence[RepeatResult] = report.runs
     return (f"runs: reference {times}; interrupted {rest[0].duration_s:.1f} s; resumed {rest[1].duration_s:.1f} s; "
             f"run directory {report.run_dir}")

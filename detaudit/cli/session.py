@@ -1,7 +1,7 @@
 """What a command shows on the terminal while the library works, and how it ends: consoles that do
 not wrap a pipe at 80 columns, progress of the repeats and the experiments on stderr, the audit with
 its experiments, and the end of every command that produces a report (its files written, rendered,
-exit with its code). With render.py and cli.py, the only terminal code.
+exit with its code). With render.py and commands.py, the only terminal code.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
@@ -22,6 +23,9 @@ from rich.text import Text
 from detaudit.errors import DetauditError
 from detaudit.results import RepeatProgress, RepeatResult
 from detaudit.run.files import naming, silence_stdout
+
+if TYPE_CHECKING:
+    from detaudit.report.model import Report
 
 PIPE_WIDTH = 1000  # a pipe or CI log: lay the report out this wide, i.e. never wrap it at 80 columns
 
@@ -45,29 +49,61 @@ def stdout_console(quiet: bool = False) -> Console:
     return console
 
 
-def finish(report: Any, json_path: Path | None, junit_path: Path | None, quiet: bool,
+class Finished(Protocol):
+    """A report of any kind (Report, BatchReport, ResumeReport, FixReport): what the finisher needs of it."""
+
+    @property
+    def exit_code(self) -> int: ...
+
+
+R = TypeVar("R", bound=Finished)
+R_in = TypeVar("R_in", contravariant=True)
+
+
+class Reporter(Protocol[R_in]):
+    """A report file's writer, `render(report, file)` (`-`: standard output): the JSON, JUnit or HTML of a kind."""
+
+    def __call__(self, report: R_in, path: Path, /) -> None: ...
+
+
+@dataclass(frozen=True)
+class Presentation(Generic[R]):
+    """How one report kind ends a command: a Reporter per output option (`json`, `junit`, `html`), the one
+    line `--quiet` prints, and the full terminal rendering."""
+
+    files: Mapping[str, Reporter[R]]
+    summary: Callable[[R], Text | str]
+    render: Callable[[R, Console], None]
+
+
+def finish_with(report: R, shown: Presentation[R], paths: Mapping[str, Path | None], quiet: bool,
+                exit_code: int | None = None) -> NoReturn:
+    """The end of every command that produces a report: write the requested files (`paths`: output option ->
+    path, None: not requested), render, and exit with the report's exit code unless told another."""
+    for name, path in paths.items():
+        if path is not None:
+            shown.files[name](report, path)
+    # a document on stdout (`--json -`, `--junit -`) stands alone there: the rendering goes to stderr
+    console = err_console if any(str(path) == "-" for path in paths.values()) else stdout_console()
+    with naming("standard error" if console is err_console else "standard output"):
+        if quiet:
+            console.print(shown.summary(report), soft_wrap=True)
+        else:
+            shown.render(report, console)
+    sys.exit(report.exit_code if exit_code is None else exit_code)
+
+
+def finish(report: Report, json_path: Path | None, junit_path: Path | None, quiet: bool,
            html_path: Path | None = None, notes: tuple[str, ...] = (), exit_code: int | None = None) -> NoReturn:
-    """Write the requested report files, render (`notes` just before the closing summary line), and
-    exit with the report's exit code unless told another."""
+    """finish_with for an audit's Report (`notes`: shown just before the closing summary line)."""
     from detaudit.cli.render import render, summary_line
     from detaudit.report.html import write_html
     from detaudit.report.junit import write_junit
     from detaudit.report.model import write_json
 
-    if json_path is not None:
-        write_json(report, json_path)
-    if junit_path is not None:
-        write_junit(report, junit_path)
-    if html_path is not None:
-        write_html(report, html_path)
-    # with `--json -` / `--junit -` stdout carries the document alone: the rendering goes to stderr
-    console = err_console if "-" in (str(json_path), str(junit_path)) else stdout_console()
-    with naming("standard error" if console is err_console else "standard output"):
-        if quiet:
-            console.print(summary_line(report), soft_wrap=True)
-        else:
-            render(report, console, notes)
-    sys.exit(report.exit_code if exit_code is None else exit_code)
+    shown: Presentation[Report] = Presentation({"json": write_json, "junit": write_junit, "html": write_html},
+                                               summary_line, lambda r, console: render(r, console, notes))
+    finish_with(report, shown, {"json": json_path, "junit": junit_path, "html": html_path}, quiet, exit_code)
 
 
 PLAIN_EVERY_S = 10.0  # off a terminal (a CI log), a running repeat's progress line at most this often
@@ -233,21 +269,3 @@ def explain_run(run_dir: Path, budget: int | None, explain_all: bool, jobs: int,
         return run_experiments(run_dir, budget, explain_all, jobs=jobs, on_done=progress.on_done,
                                on_progress=progress.on_progress, on_experiment=line,
                                script_args=script_args, cheap=cheap)
-
-
-def finish_report(report: Any, json_path: Path | None, html_path: Path | None, quiet: bool,
-                  write_json: Callable[[Any, Path], None], write_html: Callable[[Any, Path], None],
-                  summary: Callable[[Any], Text | str], render: Callable[[Any, Console], None]) -> NoReturn:
-    """A report of its own kind (`batch`, `resume`): write the requested files, render on standard output (on
-    standard error when the JSON goes to standard output), exit with the verdict's code."""
-    if json_path is not None:
-        write_json(report, json_path)
-    if html_path is not None:
-        write_html(report, html_path)
-    console = err_console if str(json_path) == "-" else stdout_console()
-    with naming("standard error" if console is err_console else "standard output"):
-        if quiet:
-            console.print(summary(report), soft_wrap=True)
-        else:
-            render(report, console)
-    sys.exit(report.exit_code)

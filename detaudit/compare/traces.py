@@ -19,7 +19,7 @@ import numpy as np
 from detaudit.compare.align import Aligner, RecordInfo, describe, reference_pairs
 from detaudit.compare.stdout import StdoutDifference
 from detaudit.results import Tolerance
-from detaudit.trace import RECORD_DTYPE, EmptyTrace, RecordStream
+from detaudit.trace import RECORD_DTYPE, EmptyTrace, Kind, RecordStream
 
 # content: a value differs; structure: the repeats recorded different things (or one stopped early);
 # outcome: exit status or stdout differs (audit folds a structural difference into it when both happen)
@@ -228,11 +228,12 @@ def compare_traces(
                 modules = maps[0][chunks[0]["module"][:upto][any_diff]]
                 # records outside a module call (gradients, parameters, optimizer state) go by their name
                 names = np.where(modules == 0, maps[0][chunks[0]["name"][:upto][any_diff]], 0)
-                keys, hits = np.unique(np.stack([steps[any_diff].astype(np.int64), modules, names]), axis=1,
+                held = np.isin(chunks[0]["kind"][:upto][any_diff], _HELD_BY_A_MODULE)
+                keys, hits = np.unique(np.stack([steps[any_diff].astype(np.int64), modules, names, held]), axis=1,
                                        return_counts=True)
                 texts = aligner.strings.texts
-                for step, module, name, hit in zip(*keys.tolist(), hits.tolist()):
-                    owner = texts[module] if module else owning_module(texts[name])
+                for step, module, name, parameter, hit in zip(*keys.tolist(), hits.tolist()):
+                    owner = texts[module] if module else owning_module(texts[name], bool(parameter))
                     module_spread[(step, owner)] = module_spread.get((step, owner), 0) + hit
             for step, total, count, peak in _per_step(steps, any_diff, max_diff):
                 entry = spread.setdefault(step, [0, 0, 0.0])
@@ -266,10 +267,18 @@ def compare_traces(
     )
 
 
-def owning_module(name: str) -> str:
-    """The module a parameter-like record belongs to: `2` for `2.weight` and `2.weight:momentum_buffer`."""
+ROOT_MODULE = "(root module)"  # the owner of a model's own parameters (`weight`: the model is an nn.Linear)
+_HELD_BY_A_MODULE = [Kind.PARAM, Kind.GRAD, Kind.OPTSTATE]
+
+
+def owning_module(name: str, parameter: bool = True) -> str:
+    """The module a record outside any module call belongs to: `2` for the parameter `2.weight` and its
+    `2.weight:momentum_buffer`; ROOT_MODULE for the root's own `weight`. A record that is no parameter's
+    (a torch.save, a checkpoint) goes by its name less its last part, or its whole name."""
     qualified = name.split(":", 1)[0]
-    return qualified.rsplit(".", 1)[0] if "." in qualified else qualified
+    if "." in qualified:
+        return qualified.rsplit(".", 1)[0]
+    return ROOT_MODULE if parameter else qualified
 
 
 def _per_step(steps: np.ndarray, differs: np.ndarray, gaps: np.ndarray) -> list[tuple[int, int, int, float]]:

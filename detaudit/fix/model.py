@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from detaudit.codec import Codable
 from detaudit.errors import ExitCode
 from detaudit.fix.code import KNOBS, Edit, environment
 from detaudit.fix.cost import Figure, KnobCost
@@ -70,7 +71,7 @@ class KnobFix:
 
 
 @dataclass(frozen=True)
-class FixReport:
+class FixReport(Codable):
     script: str
     run_dir: str
     verdict: FixVerdict

@@ -1,7 +1,7 @@
 """The report as one self-contained HTML file, plots included (`--html PATH`).
 
-Reads only the JSON form of a Report (`report.to_dict`, docs/report-schema.md), so a saved
-report.json renders the same as a live run. No terminal code, and nothing loaded from the
+Reads the Report's typed values, as every renderer does (a renamed field is a type error here, not a
+blank cell). No terminal code, and nothing loaded from the
 network: styles are inline and the plots are SVG written here. A plotting library would either
 pull a megabyte of JavaScript into every report or need a CDN to render offline; three small
 charts (two log-scale series and a heat strip) are a few dozen lines of SVG. Every plotted
@@ -17,7 +17,13 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from detaudit.compare.oprules import VERDICTS, traced_note
+from detaudit import __version__
+from detaudit.compare.oprules import VERDICTS, OpFinding, OpRow, traced_note
+from detaudit.compare.perturb import KnobOutcome, PerturbationFinding
+from detaudit.compare.traces import ROOT_MODULE, Divergence, StepSpread
+from detaudit.report.model import SCHEMA_VERSION, BaselineCheck, CarriedOutput, Report, finite, where
+from detaudit.results import Latent, RepeatResult
+from detaudit.run.files import write_output
 
 WIDTH, HEIGHT = 760, 210
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 14, 34
@@ -43,53 +49,46 @@ code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12.
 """
 
 
-def render_html(data: dict[str, Any]) -> str:
-    """The whole report page for the JSON dict of a Report."""
-    verdict = str(data.get("verdict", "?"))
-    script = str(data.get("script", ""))
-    title = f"detaudit: {verdict} — {Path(script).name}"
+def render_html(report: Report) -> str:
+    """The whole report page of a Report."""
+    verdict = report.verdict
+    title = f"detaudit: {verdict} — {Path(report.script).name}"
     body = [
         f"<h1>detaudit report <span class='verdict' style='background:{_COLOURS.get(verdict, '#57606a')}'>"
         f"{escape(verdict.upper())}</span></h1>",
-        f"<p class='mono'>{escape(' '.join([script, *map(str, data.get('script_args', []))]))}</p>",
-        f"<p>{escape(_summary(data))}</p>",
-        _runs_section(data),
-        _failure_section(data),
-        _divergence_section(data),
-        _perturbation_section(data),
-        _carried_section(data),
-        _baseline_section(data),
-        _op_section(data),
-        _plots_section(data),
-        _causes_section(data),
-        _latent_section(data),
-        _environment_section(data),
-        f"<p class='muted'>run directory <span class='mono'>{escape(str(data.get('run_dir', '')))}</span> · "
-        f"detaudit {escape(str(data.get('detaudit_version', '')))} · report schema "
-        f"{escape(str(data.get('schema_version', '')))}</p>",
+        f"<p class='mono'>{escape(' '.join([report.script, *report.script_args]))}</p>",
+        f"<p>{escape(_summary(report))}</p>",
+        _runs_section(report),
+        _failure_section(report),
+        _divergence_section(report),
+        _perturbation_section(report.perturbation),
+        _carried_section(report.carried_output),
+        _baseline_section(report.baseline),
+        _op_section(report),
+        _plots_section(report),
+        _causes_section(report),
+        _latent_section(report.latent),
+        _environment_section(report.environment),
+        f"<p class='muted'>run directory <span class='mono'>{escape(report.run_dir)}</span> · "
+        f"detaudit {escape(__version__)} · report schema {SCHEMA_VERSION}</p>",
     ]
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width,initial-scale=1'><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body>\n" + "\n".join(b for b in body if b) + "\n</body></html>\n")
 
 
-def write_html(report: Any, path: Path) -> None:
-    """Write the HTML report of `report` (a Report) to `path` (`-`: stdout)."""
-    from detaudit.report.model import to_dict
-    from detaudit.run.files import write_output
-
-    write_output(path, render_html(to_dict(report)))
+def write_html(report: Report, path: Path) -> None:
+    """Write the HTML report of `report` to `path` (`-`: stdout)."""
+    write_output(path, render_html(report))
 
 
-def _summary(data: dict[str, Any]) -> str:
-    runs = data.get("runs", [])
-    spread = data.get("spread", {})
-    devices = ", ".join(sorted({str(r.get("device")) for r in runs}))
-    text = f"{len(runs)} repeats on {devices}; {spread.get('records_differing', 0)} of " \
-           f"{spread.get('records_compared', 0)} aligned records differ."
-    baseline = data.get("baseline")
-    if baseline:
-        text += " The repeats " + ("match" if baseline.get("matches") else "differ from") + " the baseline."
+def _summary(report: Report) -> str:
+    devices = ", ".join(sorted({r.device for r in report.runs}))
+    comp = report.comparison
+    text = f"{len(report.runs)} repeats on {devices}; {comp.records_differing} of " \
+           f"{comp.records_compared} aligned records differ."
+    if report.baseline is not None:
+        text += " The repeats " + ("match" if report.baseline.matches else "differ from") + " the baseline."
     return text
 
 
@@ -118,204 +117,206 @@ def _kv(rows: Sequence[tuple[str, Any]]) -> str:
     return f"<table class='kv'>{body}</table>"
 
 
-def _runs_section(data: dict[str, Any]) -> str:
-    runs = data.get("runs", [])
-    if any(r.get("recording") for r in runs):  # `compare`: the recordings by their own names
-        rows = [[r.get("recording"), r["device"], r["exit_code"], r["duration_s"], r["records"], r["trace"]]
-                for r in runs]
+def _runs_section(report: Report) -> str:
+    comp = report.comparison
+
+    def records(r: RepeatResult) -> int:
+        return comp.records[r.index] if r.index < len(comp.records) else 0
+
+    if any(report.recordings):  # `compare`: the recordings by their own names
+        rows = [[report.name_of(r.index), r.device, r.exit_code, r.duration_s, records(r), r.trace]
+                for r in report.runs]
         return "<h2>Recordings compared</h2>" + _table(["recording", "device", "exit", "time (s)", "records", "trace"],
                                                        rows, numeric=["time (s)", "records"])
-    perturbed = any(r.get("perturbation") for r in runs)  # `run --perturb`: each repeat's settings
-    rows = [[r["repeat"], r["device"], "timeout" if r["timed_out"] else _stopped(r) or r["exit_code"], r["duration_s"],
-             f"{r['records']}{'' if r['complete'] else ' (incomplete)'}", r["trace"],
-             *([" ".join(f"{k}={v}" for k, v in (r.get("perturbation") or {}).items())] if perturbed else [])]
-            for r in runs]
-    unseen = (data.get("match") or {}).get("not_compared") or []
+    perturbed = any(r.perturbation for r in report.runs)  # `run --perturb`: each repeat's settings
+    complete = [r.index < len(comp.complete) and comp.complete[r.index] for r in report.runs]
+    rows = [[r.index, r.device, "timeout" if r.timed_out else _stopped(r) or r.exit_code, r.duration_s,
+             f"{records(r)}{'' if whole else ' (incomplete)'}", r.trace,
+             *([" ".join(f"{k}={v}" for k, v in (r.perturbation or {}).items())] if perturbed else [])]
+            for r, whole in zip(report.runs, complete)]
+    unseen = report.match.not_compared if report.match is not None else []
     notes = "".join(f"<p class='muted'>Not compared: {escape(line)}</p>" for line in unseen)
     headers = ["repeat", "device", "exit", "time (s)", "records", "trace", *(["settings"] if perturbed else [])]
     return "<h2>Repeats</h2>" + _table(headers, rows, numeric=["repeat", "time (s)", "records"]) + notes
 
 
-def _bits(setting: dict[str, Any]) -> str:
-    """Whether a perturbed setting changed the bits, and where first."""
-    if setting.get("changed_bits") is None:
+def _bits(knob: KnobOutcome, told: bool) -> str:
+    """Whether a perturbed setting changed the bits, and where first (`told`: the control agrees)."""
+    if not told:
         return "not told (equal settings differ already)"
-    d = setting.get("first_divergence")
-    if not setting.get("changed_bits") or not d:
+    d = knob.divergence
+    if d is None:
         return "unchanged"
-    if d.get("category") == "outcome":
-        return f"ENDED DIFFERENTLY: {d.get('detail')}"
-    where = " ".join(str(x) for x in (d.get("kind"), d.get("name"), f"at step {d['step']}" if d.get("step") is not None
-                                      and d["step"] >= 0 else "", f"({d['location']})" if d.get("location") else "")
-                     if x)
-    return f"CHANGED, first at record #{d['index']} {where}"
+    if d.category == "outcome":  # one group exited early or failed: no record to name
+        return f"ENDED DIFFERENTLY: {d.detail}"
+    at = where(d)
+    place = " ".join(x for x in (at.kind, at.name, f"at step {at.counted_step}" if at.counted_step is not None
+                                 else "", f"({at.location})" if at.location else "") if x)
+    return f"CHANGED, first at record #{d.index} {place}"
 
 
-def _perturbation_section(data: dict[str, Any]) -> str:
+def _perturbation_section(p: PerturbationFinding | None) -> str:
     """`run --perturb`: each setting varied, its two groups of repeats, and whether the bits changed."""
-    p = data.get("perturbation")
-    if not p:
+    if p is None:
         return ""
-    rows = []
-    for s in p.get("settings", []):
-        base, changed = s.get("repeats", [[], []])
-        rows.append([s["setting"], " vs ".join(s.get("values", [])),
-                     f"{', '.join(map(str, base))} vs {', '.join(map(str, changed))}", _bits(s)])
-    rows += [[knob, "", "", f"not varied: {why}"] for knob, why in (p.get("not_tested") or {}).items()]
-    groups = "; ".join(", ".join(map(str, g)) for g in p.get("groups", []))
+    told = p.control is None
+    rows = [[k.knob, " vs ".join(k.values), f"{', '.join(map(str, k.base))} vs {', '.join(map(str, k.changed))}",
+             _bits(k, told)] for k in p.knobs]
+    rows += [[knob, "", "", f"not varied: {why}"] for knob, why in p.not_tested.items()]
+    groups = "; ".join(", ".join(map(str, g)) for g in p.groups)
     control = f"Repeats with equal settings agree ({groups}): only the settings varied can change the bits." \
-        if p.get("control_agrees") else ("Repeats with equal settings already differ: the run is nondeterministic "
-                                         "on this machine, and no setting can be blamed.")
+        if told else ("Repeats with equal settings already differ: the run is nondeterministic "
+                      "on this machine, and no setting can be blamed.")
     return ("<h2>Perturbed settings (--perturb)</h2>" + _table(["setting", "values", "repeats", "bits"], rows,
-            row_class=["changed" if s.get("changed_bits") else "" for s in p.get("settings", [])]
-            + [""] * len(p.get("not_tested") or {})) + f"<p>{escape(control)}</p>")
+            row_class=["changed" if told and k.divergence is not None else "" for k in p.knobs]
+            + [""] * len(p.not_tested)) + f"<p>{escape(control)}</p>")
 
 
-def _stopped(run: dict[str, Any]) -> str:
+def _stopped(run: RepeatResult) -> str:
     """Where a repeat stopped at a step boundary, and why ("" when it ran to its end)."""
-    step = run.get("stopped_at_step")
+    step = run.stopped_at_step
     if step is None:
         return ""
-    if run.get("stopped_by") == "divergence":
-        diverged = run.get("diverged_at_step")
+    if run.stopped_by == "divergence":
+        diverged = run.diverged_at_step
         return f"stopped after step {step}" + (f", diverged at step {diverged}" if diverged is not None else "")
-    return f"stopped after step {step} ({run.get('stopped_by') or '--max-steps/--max-time'})"
+    return f"stopped after step {step} ({run.stopped_by or '--max-steps/--max-time'})"
 
 
-def _failure_section(data: dict[str, Any]) -> str:
-    if data.get("failure"):
-        return f"<h2>The script's error (repeat 0)</h2><pre>{escape(data['failure'])}</pre>"
-    errors = [(r["repeat"], r["exit_code"], r["error"]) for r in data.get("runs", []) if r.get("error")]
+def _failure_section(report: Report) -> str:
+    if report.failure:
+        return f"<h2>The script's error (repeat 0)</h2><pre>{escape(report.failure)}</pre>"
+    errors = [(r.index, r.exit_code, report.repeat_errors[r.index]) for r in report.runs
+              if report.repeat_errors.get(r.index)]
     return "".join(f"<h2>Repeat {i} ended differently (exit {code}): its stderr</h2><pre>{escape(err)}</pre>"
                    for i, code, err in errors[:2])
 
 
-def _divergence_section(data: dict[str, Any]) -> str:
-    d = data.get("first_divergence")
-    if not d:
+def _divergence_section(report: Report) -> str:
+    d = report.first_divergence
+    if d is None:
         return ""
-    rows = _divergence_rows(d)
-    names = {r["repeat"]: r["recording"] for r in data.get("runs", []) if r.get("recording")}
-    if names and d.get("repeats"):  # `compare`: the recordings by their own names
-        rows = [("recordings", f"{', '.join(names.get(i, str(i)) for i in d['repeats'])} differ from "
-                               f"{names.get(d['reference'], str(d['reference']))}") if k == "repeats" else (k, v)
-                for k, v in rows]
+    rows = _divergence_rows(d, report.op_finding)
+    if any(report.recordings) and d.repeats:  # `compare`: the recordings by their own names
+        rows = [("recordings", f"{', '.join(report.name_of(i) for i in d.repeats)} differ from "
+                               f"{report.name_of(d.reference)}") if k == "repeats" else (k, v) for k, v in rows]
     return "<h2>First divergence</h2>" + _kv(rows)
 
 
-def _carried_section(data: dict[str, Any]) -> str:
+def _carried_section(c: CarriedOutput | None) -> str:
     """A stdout difference explained by state carried between repeats: shown, though not a divergence."""
-    c = data.get("carried_output")
-    if not c:
+    if c is None:
         return ""
-    out = c.get("stdout") or {}
-    rows = [("what", c.get("detail")), ("field", out.get("field")),
-            *((f"repeat {i}", "(output ended)" if t is None else repr(t)) for i, t in (out.get("lines") or {}).items())]
-    items = "".join(f"<li>{escape(str(line))}</li>" for line in c.get("evidence", []))
+    out = c.divergence.stdout
+    lines = out.lines.items() if out is not None else ()
+    rows = [("what", c.divergence.detail), ("field", out.field if out is not None else None),
+            *((f"repeat {i}", "(output ended)" if t is None else repr(t)) for i, t in lines)]
+    items = "".join(f"<li>{escape(line)}</li>" for line in c.evidence)
     return ("<h2>Output that follows state carried between repeats (not a divergence)</h2>" + _kv(rows)
             + f"<ul>{items}</ul>")
 
 
-def _divergence_rows(d: dict[str, Any]) -> list[tuple[str, Any]]:
+def _divergence_rows(d: Divergence, finding: OpFinding | None) -> list[tuple[str, Any]]:
     # as the terminal shows it: module, op and location name the op behind the record when one was pinpointed,
     # and the record's own line beside them when it is another
-    own = d.get("record_location")
+    at = where(d, finding)
     return [
-        ("what", d["category"] + (f" — {d['detail']}" if d.get("detail") else "")),
-        ("record", None if d["index"] < 0 else f"#{d['index']}"),
-        ("step", d["step"] if d.get("step") is not None and d["step"] >= 0 else None),
-        ("kind", d.get("kind")), ("name", d.get("name")), ("module", d.get("module")),
-        ("op", f"{d['op']} ({d['phase']})" if d.get("op") else None),
-        ("location", d.get("location")),
-        ("recorded at", own if own and own != d.get("location") else None),
-        ("tensor", f"{d['dtype']}[{d['shape']}]" if d.get("dtype") else None),
-        ("repeats", f"{', '.join(map(str, d['repeats']))} differ from {d['reference']}" if d.get("repeats") else None),
-        ("max |diff|", d.get("max_abs_diff")), ("max ULP", d.get("max_ulp_diff")),
+        ("what", d.category + (f" — {d.detail}" if d.detail else "")),
+        ("record", None if d.index < 0 else f"#{d.index}"),
+        ("step", at.counted_step), ("kind", at.kind), ("name", at.name), ("module", at.module),
+        ("op", f"{at.op} ({at.phase})" if at.op else None),
+        ("location", at.location),
+        ("recorded at", at.record_location if at.record_location != at.location else None),
+        ("tensor", f"{at.dtype}[{at.shape}]" if at.dtype else None),
+        ("repeats", f"{', '.join(map(str, d.repeats))} differ from {d.reference}" if d.repeats else None),
+        ("max |diff|", finite(d.max_abs_diff)), ("max ULP", d.max_ulp_diff),
     ]
 
 
-def _baseline_section(data: dict[str, Any]) -> str:
-    b = data.get("baseline")
-    if not b:
+def _baseline_section(b: BaselineCheck | None) -> str:
+    if b is None:
         return ""
-    parts = [f"<h2>Baseline</h2><p>compared with <span class='mono'>{escape(str(b.get('path', '')))}</span>: "
-             f"<b>{'matches' if b.get('matches') else 'differs'}</b></p>"]
-    if b.get("first_divergence"):
-        parts.append(_kv(_divergence_rows(b["first_divergence"])))
-    changes = b.get("environment_changes") or []
+    parts = [f"<h2>Baseline</h2><p>compared with <span class='mono'>{escape(b.path)}</span>: "
+             f"<b>{'matches' if b.matches else 'differs'}</b></p>"]
+    if b.divergence is not None:
+        parts.append(_kv(_divergence_rows(b.divergence, None)))
+    changes = b.environment_changes
     if changes:
         parts.append("<p>The environment changed since the baseline was recorded:</p>")
-        parts.append(_table(["field", "baseline", "now"], [[c["field"], c["baseline"], c["current"]] for c in changes],
+        parts.append(_table(["field", "baseline", "now"], [[c.field, c.baseline, c.current] for c in changes],
                             row_class=["changed"] * len(changes)))
-    sensitivities = b.get("sensitivities") or []
-    if sensitivities:
+    if b.sensitivities:
         parts.append("<p>Changes that a <span class='mono'>--perturb</span> setting stands for:</p>")
-        parts.append(_table(["setting", "fields", "known"], [[s["setting"], ", ".join(s["fields"]), s["note"]]
-                                                             for s in sensitivities],
-                            row_class=["changed" if s["status"] == "sensitive" else "" for s in sensitivities]))
+        parts.append(_table(["setting", "fields", "known"], [[s.setting, ", ".join(s.fields), s.note]
+                                                             for s in b.sensitivities],
+                            row_class=["changed" if s.status == "sensitive" else "" for s in b.sensitivities]))
     return "".join(parts)
 
 
-def _op_section(data: dict[str, Any]) -> str:
-    d = data.get("first_divergence") or {}
-    f = d.get("op_finding")
-    if not f:
+def _op_section(report: Report) -> str:
+    f = report.op_finding
+    if f is None or report.first_divergence is None:
         return ""
-    origin, t = f.get("origin"), f.get("traced_from")
-    if f["verdict"] == "inputs-differ" and origin and origin.get("kind") == "input":
+    op, origin = f.record, f.origin
+    if f.verdict == "inputs-differ" and origin is not None and origin.kind == "input":
         # no recorded op made the differing data: the neighbour table would only show its consumers
-        window = f" in steps {f['window'][0]}–{f['window'][1]}" if f.get("window") else ""
-        where = f" ({origin['location']})" if origin.get("location") else ""
+        window = f" in steps {f.window[0]}–{f.window[1]}" if f.window else ""
+        where = f" ({origin.location})" if origin.location else ""
         return (f"<h2>The op behind it</h2><p>No op recorded{escape(window)} produced the differing data: it "
-                f"first appears as the model's input {escape(str(origin['name']))}{escape(where)}, so it was made "
+                f"first appears as the model's input {escape(origin.name)}{escape(where)}, so it was made "
                 f"outside torch (NumPy, Python, a file...) or before the recorded steps. The first op to use it is "
-                f"<code>{escape(str(f['op']))}</code>.</p>")
-    rows = [
-        ("op", f"{f['op']} ({f['phase']}{', autograd node ' + f['node'] if f.get('node') else ''})"),
-        ("module", f.get("module")), ("location", f.get("location")), ("step", f.get("step")),
-        ("why", f"{f['verdict']}: {VERDICTS.get(f['verdict'], '')}"), ("summary", f.get("summary")),
-        ("origin", f"{origin['kind']} {origin['name']}" + (f" ({origin['location']})" if origin.get("location") else "")
+                f"<code>{escape(str(op.op or None))}</code>.</p>")
+    table = _neighbour_table(f.neighbours) if f.neighbours else ""
+    return "<h2>The op behind it</h2>" + _kv(_op_rows(f)) + f"<div class='wide'>{table}</div>"
+
+
+def _op_rows(f: OpFinding) -> list[tuple[str, Any]]:
+    """The op behind the divergence, why it was chosen, and where it was recorded."""
+    op, origin, t = f.record, f.origin, f.traced_from
+    return [
+        ("op", f"{op.op or None} ({op.phase}{', autograd node ' + op.node if op.node else ''})"),
+        ("module", op.module), ("location", op.location), ("step", op.step),
+        ("why", f"{f.verdict}: {VERDICTS.get(f.verdict, '')}"), ("summary", f.summary),
+        ("origin", f"{origin.kind} {origin.name}" + (f" ({origin.location})" if origin.location else "")
          if origin else None),
-        ("traced from", traced_note(t["kind"], t["name"], t.get("location"))
-         if t and t["index"] != f["index"] else None),
-        ("recorded in", f"an op-level re-run ({f['traces']}-*.trace), ops in steps {f['window'][0]}–{f['window'][1]}"
-         if f.get("traces") and f.get("window") else None),
+        ("traced from", traced_note(t.kind, t.name, t.location or None) if t and t.index != op.index else None),
+        ("recorded in", f"an op-level re-run ({f.traces}-*.trace), ops in steps {f.window[0]}–{f.window[1]}"
+         if f.traces and f.window else None),
     ]
-    neighbours = f.get("neighbours") or []
-    table = _table(["", "#", "record", "phase", "module", "location", "inputs", "output"],
-                   [[">>" if n["chosen"] else "", n["index"], n.get("op") or f"{n['kind']} {n['name']}", n.get("phase"),
-                     n.get("module"), n.get("location"), n.get("inputs"), n.get("output")] for n in neighbours],
-                   row_class=["chosen" if n["chosen"] else "" for n in neighbours]) if neighbours else ""
-    return "<h2>The op behind it</h2>" + _kv(rows) + f"<div class='wide'>{table}</div>"
 
 
-def _causes_section(data: dict[str, Any]) -> str:
+def _neighbour_table(neighbours: Sequence[OpRow]) -> str:
+    """The input/output match table around the op (`>>`: the op chosen)."""
+    return _table(["", "#", "record", "phase", "module", "location", "inputs", "output"],
+                  [[">>" if n.chosen else "", n.record.index, n.record.op or f"{n.record.kind} {n.record.name}",
+                    n.record.phase, n.record.module or None, n.record.location or None, n.inputs or None, n.output]
+                   for n in neighbours],
+                  row_class=["chosen" if n.chosen else "" for n in neighbours])
+
+
+def _causes_section(report: Report) -> str:
     parts = []
-    for i, c in enumerate(data.get("causes", []), 1):
-        evidence = "".join(f"<li>{escape(e)}</li>" for e in c["evidence"])
-        parts.append(f"<div class='cause {escape(c['confidence'])}'><b>{i}. [{escape(c['confidence'])}] "
-                     f"{escape(c['id'])}</b>: {escape(c['summary'])}<ul>{evidence}</ul>"
-                     f"<div class='fix'>fix: {escape(c['fix'])}</div></div>")
-    experiments = data.get("experiments", [])
-    if experiments:
+    for i, c in enumerate(report.causes, 1):
+        evidence = "".join(f"<li>{escape(e)}</li>" for e in c.evidence)
+        parts.append(f"<div class='cause {escape(c.confidence)}'><b>{i}. [{escape(c.confidence)}] "
+                     f"{escape(c.id)}</b>: {escape(c.summary)}<ul>{evidence}</ul>"
+                     f"<div class='fix'>fix: {escape(c.fix)}</div></div>")
+    if report.experiments:
         parts.append("<h3>Experiments (--explain)</h3>" + _table(
             ["pinned", "result", "first divergence", "note"],
-            [[e["description"], e["verdict"], e["first_divergence_index"], e["note"]] for e in experiments]))
+            [[e.description, e.verdict, e.first_divergence_index, e.note] for e in report.experiments]))
     return "<h2>Likely causes</h2>" + "".join(parts) if parts else ""
 
 
-def _latent_section(data: dict[str, Any]) -> str:
+def _latent_section(latent: Sequence[Latent]) -> str:
     """Settings and ops deterministic on this CPU, not on CUDA (causes/latent.py)."""
-    parts = []
-    for item in data.get("latent") or []:
-        evidence = "".join(f"<li>{escape(str(e))}</li>" for e in item.get("evidence", []))
-        parts.append(f"<div class='cause'><b>{escape(str(item['id']))}</b>: {escape(str(item['summary']))}"
-                     f"<ul>{evidence}</ul><div class='fix'>fix: {escape(str(item['fix']))}</div></div>")
+    parts = [f"<div class='cause'><b>{escape(item.id)}</b>: {escape(item.summary)}"
+             f"<ul>{''.join(f'<li>{escape(e)}</li>' for e in item.evidence)}</ul>"
+             f"<div class='fix'>fix: {escape(item.fix)}</div></div>" for item in latent]
     return "<h2>Latent on CUDA: deterministic here, not on CUDA</h2>" + "".join(parts) if parts else ""
 
 
-def _environment_section(data: dict[str, Any]) -> str:
-    env = data.get("environment") or {}
+def _environment_section(env: dict[str, Any]) -> str:
     if not env:
         return ""
     # a version the trace recorded as null (no CUDA in a CPU build of torch) is shown, not left out
@@ -325,23 +326,36 @@ def _environment_section(data: dict[str, Any]) -> str:
 
 
 # -- plots ----------------------------------------------------------------------------------------
-def _plots_section(data: dict[str, Any]) -> str:
+def _plots_section(report: Report) -> str:
     """The spread between the repeats; when they agree but differ from a baseline, the spread from it."""
-    steps = [s for s in data.get("spread", {}).get("by_step", []) if s.get("step", -1) >= 0]
+    steps = [s for s in report.comparison.by_step if s.step >= 0]
     against = "between the repeats"
-    if not any(s["differing"] for s in steps) and data.get("baseline"):
-        steps = [s for s in data["baseline"].get("by_step", []) if s.get("step", -1) >= 0]
+    if not any(s.differing for s in steps) and report.baseline is not None:
+        steps = [s for s in report.baseline.by_step if s.step >= 0]
         against = "from the baseline (repeat 0 against it)"
-    if not any(s["differing"] for s in steps):
+    if not any(s.differing for s in steps):
         return ""
-    peaks = [(s["step"], s["max_abs_diff"]) for s in steps if s["differing"] and s["max_abs_diff"] is not None]
-    counts = [(s["step"], s["differing"]) for s in steps if s["differing"]]
-    xs = [s["step"] for s in steps]
+    peaks = [(s.step, peak) for s in steps if s.differing and (peak := finite(s.max_abs_diff)) is not None]
+    counts = [(s.step, s.differing) for s in steps if s.differing]
+    xs = [s.step for s in steps]
     return (f"<h2>How the divergence spreads</h2><p class='muted'>Differences {against}, per training step "
             "(optimizer steps completed), over the records compared. Max |diff| is measured on sampled elements.</p>"
-            + log_series_svg("max-abs-diff", "max |diff| per step (log scale)", xs, peaks)
-            + log_series_svg("differing", "differing records per step (log scale)", xs, counts)
+            + series_or_constant("max-abs-diff", "max |diff| per step (log scale)", "max |diff|", xs, peaks)
+            + series_or_constant("differing", "differing records per step (log scale)", "differing records", xs,
+                                 counts)
             + heat_strip_svg(steps))
+
+
+def series_or_constant(name: str, title: str, what: str, xs: Sequence[int], points: Sequence[tuple[int, float]]) -> str:
+    """The series as a plot, or, when it is the same at every differing step, that in one sentence: a flat
+    line on a log axis carries no information."""
+    values = {v for _, v in points}
+    if len(points) < 2 or len(values) > 1:
+        return log_series_svg(name, title, xs, points)
+    steps = [x for x, _ in points]
+    return (f"<p class='constant' data-constant='{name}' data-value='{points[0][1]!r}' data-steps='"
+            f"{' '.join(map(str, steps))}'>{escape(what)}: constant {_cell(points[0][1])} at every differing step "
+            f"({len(steps)} steps, {steps[0]}–{steps[-1]})</p>")
 
 
 def _x_scale(xs: Sequence[int]) -> Any:
@@ -401,24 +415,24 @@ def log_series_svg(name: str, title: str, xs: Sequence[int], points: Sequence[tu
     return "".join(out)
 
 
-def heat_strip_svg(steps: Sequence[dict[str, Any]]) -> str:
+def heat_strip_svg(steps: Sequence[StepSpread]) -> str:
     """Which modules hold differing records at each step: one row per module, one cell per step
     (per run of steps when there are more steps than MAX_STRIP_CELLS, so a long run stays small)."""
     totals: dict[str, int] = {}
     for s in steps:
-        for module, hits in (s.get("modules") or {}).items():
+        for module, hits in s.modules.items():
             totals[module] = totals.get(module, 0) + hits
     if not totals:
         return ""
     modules = sorted(totals, key=lambda m: (-totals[m], m))[:MAX_STRIP_MODULES]
-    xs = [s["step"] for s in steps]
+    xs = [s.step for s in steps]
     lo, hi = min(xs), max(xs)
     width = math.ceil((hi - lo + 1) / MAX_STRIP_CELLS)  # steps per cell
     cells: dict[str, dict[int, int]] = {module: {} for module in modules}  # module -> cell -> differing
     for s in steps:
-        for module, hits in (s.get("modules") or {}).items():
+        for module, hits in s.modules.items():
             if module in cells:
-                cell = (s["step"] - lo) // width
+                cell = (s.step - lo) // width
                 cells[module][cell] = cells[module].get(cell, 0) + hits
     row_h, left = 16, 190
     height = MARGIN_TOP + 18 + row_h * len(modules) + MARGIN_BOTTOM
@@ -435,6 +449,8 @@ def heat_strip_svg(steps: Sequence[dict[str, Any]]) -> str:
     for row, module in enumerate(modules):
         y = top + row * row_h
         label = module or "(outside any module)"
+        if module == ROOT_MODULE:  # the model's own parameters (`weight`, not `net.0.weight`)
+            label = "parameters of the root module"
         out.append(f"<text x='{left - 6}' y='{y + row_h - 4}' text-anchor='end'>{escape(label[-30:])}</text>")
         out.append(f"<rect x='{left}' y='{y}' width='{inner:.1f}' height='{row_h - 2}' fill='#f6f8fa'/>")
         for cell, hits in sorted(cells[module].items()):

@@ -13,20 +13,19 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from detaudit import __version__
+from detaudit.codec import Codable
+from detaudit.compare.match import Match
+from detaudit.compare.oprules import OpFinding
+from detaudit.compare.perturb import PerturbationFinding
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
 from detaudit.compare.traces import Comparison, Divergence, RecordInfo, StepSpread
 from detaudit.errors import ExitCode
 from detaudit.results import Cause, Experiment, Latent, RepeatResult, Role, Verdict
 from detaudit.run.failure import disk_full
 from detaudit.run.files import write_output
-
-if TYPE_CHECKING:
-    from detaudit.compare.match import Match
-    from detaudit.compare.oprules import OpFinding
-    from detaudit.compare.perturb import PerturbationFinding
 
 SCHEMA_NAME = "detaudit-report"
 SCHEMA_VERSION = 2  # 2: runs[].duration_s may be null (a baseline compared keeps no time)
@@ -90,7 +89,7 @@ def all_failed(runs: Sequence[RepeatResult]) -> bool:
 
 
 @dataclass(frozen=True)
-class Report:
+class Report(Codable):
     """The audit's result, built once from the finished pieces (audit.analyse, ranks.analyse_ranks)."""
 
     script: str
@@ -245,36 +244,77 @@ class DistributedFindings:
     notes: list[str] = field(default_factory=list)  # advisories from the ranks' evidence (no divergence)
 
 
-def _finite(x: Any) -> Any:
+def finite(x: Any) -> Any:
+    """`x`, or None for an infinite or NaN float (JSON has neither; a renderer shows none)."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a divergence is, as every renderer names it: the record, and module, op, phase, node and line of
+    the op behind it when one was pinpointed (Report.op_finding), so the terminal, JSON, JUnit, HTML and the
+    pytest plugin name the same file:line. None: not known (no record: the repeats ended differently)."""
+
+    kind: str | None
+    name: str | None
+    module: str | None
+    op: str | None
+    phase: str | None
+    node: str | None
+    step: int | None  # None, or negative: before the first optimizer step is not counted as one
+    location: str | None
+    record_location: str | None  # the record's own line (an op's may differ)
+    shape: str | None
+    dtype: str | None
+
+    @property
+    def counted_step(self) -> int | None:
+        """The step when there is one to name (>= 0)."""
+        return self.step if self.step is not None and self.step >= 0 else None
+
+    def place(self, category: str, rank: str = "") -> str:
+        """`output fc1 at step 3 on rank 1 (train.py:42)`; the category when there is no record."""
+        what = " ".join(x for x in (self.kind, self.name) if x) or category
+        step = f" at step {self.counted_step}" if self.counted_step is not None else ""
+        return f"{what}{step}{rank}" + (f" ({self.location})" if self.location else "")
+
+
+def where(d: Divergence, finding: OpFinding | None = None) -> Where:
+    """`finding`: the op behind `d` (Report.op_finding), when one was pinpointed."""
+    rec = d.record
+    op = finding.record if finding is not None else rec
+    return Where(kind=rec.kind if rec else None, name=rec.name if rec else None,
+                 module=(op.module or None) if op else None, op=(op.op or None) if op else None,
+                 phase=op.phase if op else None, node=(op.node or None) if op else None,
+                 step=rec.step if rec else None, location=(op.location or None) if op else None,
+                 record_location=(rec.location or None) if rec else None,
+                 shape=rec.shape if rec else None, dtype=rec.dtype if rec else None)
 
 
 def divergence_to_dict(d: Divergence | None, finding: OpFinding | None = None) -> dict[str, Any] | None:
     """`finding`: the op behind `d` (Report.op_finding), when one was pinpointed."""
     if d is None:
         return None
-    rec = d.record
-    # op, phase, node, module and location name the op behind the divergence when one was pinpointed
-    op = finding.record if finding is not None else rec
+    at = where(d, finding)
     return {
         "index": d.index,
         "category": d.category,
-        "kind": rec.kind if rec else None,
-        "name": rec.name if rec else None,
-        "module": (op.module or None) if op else None,
-        "op": (op.op or None) if op else None,
-        "phase": op.phase if op else None,
-        "node": (op.node or None) if op else None,
-        "step": rec.step if rec else None,
-        "location": (op.location or None) if op else None,
-        "record_location": (rec.location or None) if rec else None,  # the record's own line (an op's may differ)
-        "shape": rec.shape if rec else None,
-        "dtype": rec.dtype if rec else None,
+        "kind": at.kind,
+        "name": at.name,
+        "module": at.module,
+        "op": at.op,
+        "phase": at.phase,
+        "node": at.node,
+        "step": at.step,
+        "location": at.location,
+        "record_location": at.record_location,
+        "shape": at.shape,
+        "dtype": at.dtype,
         "repeats": d.repeats,
         "reference": d.reference,
-        "max_abs_diff": _finite(d.max_abs_diff),
+        "max_abs_diff": finite(d.max_abs_diff),
         "max_ulp_diff": d.max_ulp_diff,
         "detail": d.detail,
         "op_finding": finding_to_dict(finding),
@@ -411,7 +451,7 @@ def distributed_to_dict(report: Report) -> dict[str, Any]:
                    "causes": [c.id for c in s.report.causes]} for s in dist.ranks],
         "replica_divergence": None if replica is None else {
             "step": replica.step, "name": replica.name, "ranks": replica.ranks, "reference": replica.reference,
-            "max_abs_diff": _finite(replica.max_abs_diff), "repeats": replica.repeats},
+            "max_abs_diff": finite(replica.max_abs_diff), "repeats": replica.repeats},
         "teardown_crashes": [asdict(c) for c in dist.teardown_crashes],
         "notes": dist.notes,
     }
@@ -427,7 +467,7 @@ def match_to_dict(m: Match | None) -> dict[str, Any] | None:
 
 
 def spread_to_list(by_step: list[StepSpread]) -> list[dict[str, Any]]:
-    return [{"step": s.step, "records": s.records, "differing": s.differing, "max_abs_diff": _finite(s.max_abs_diff),
+    return [{"step": s.step, "records": s.records, "differing": s.differing, "max_abs_diff": finite(s.max_abs_diff),
              "modules": s.modules} for s in by_step]
 
 

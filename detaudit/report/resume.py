@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from detaudit import __version__
+from detaudit.codec import Codable
 from detaudit.compare.traces import Comparison, Divergence
 from detaudit.errors import ExitCode
 from detaudit.events import CheckpointPart
@@ -44,7 +45,7 @@ class CheckpointCall:
 
 
 @dataclass(frozen=True)
-class ResumeReport:
+class ResumeReport(Codable):
     """The resume check, built once by audit/resume_check.py."""
 
     script: str
@@ -114,30 +115,27 @@ def write_json(report: ResumeReport, path: Path, mode: int | None = None) -> Non
 
 def render_html(report: ResumeReport) -> str:
     """One self-contained page: the verdict, the first difference, the causes and the checkpoint calls."""
-    data = to_dict(report)
-    first = data["first_divergence"]
-
     def esc(value: Any) -> str:
         return html.escape(str(value))
 
-    rows = "".join(f"<tr><td>{esc(c['run'])}</td><td>torch.{'save' if c in data['checkpoint']['saved'] else 'load'}"
-                   f"</td><td>{esc(c['path'])}</td><td>{esc(c['loc'])}</td><td>{c['step']}</td>"
-                   f"<td>{esc(', '.join(p['role'] + ' ' + p['path'] for p in c['parts']) or '-')}</td></tr>"
-                   for c in [*data["checkpoint"]["saved"], *data["checkpoint"]["loaded"]])
-    causes = "".join(f"<li><b>{esc(c['id'])}</b> ({esc(c['confidence'])}): {esc(c['summary'])}<ul>"
-                     + "".join(f"<li>{esc(e)}</li>" for e in c["evidence"])
-                     + f"<li>fix: {esc(c['fix'])}</li></ul></li>" for c in data["causes"])
-    where = "none" if first is None else (f"step {esc(first['step'])}: {esc(first['kind'])} "
-                                          f"<code>{esc(first['name'])}</code> {esc(first['location'] or '')}")
-    spread = data["spread"] or {"by_step": []}
-    steps = "".join(f"<tr><td>{s['step']}</td><td>{s['records']}</td><td>{s['differing']}</td></tr>"
-                    for s in spread["by_step"])
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>detaudit resume: {esc(data['verdict'])}</title>"
+    rows = "".join(f"<tr><td>{esc(c.run)}</td><td>torch.{call}</td><td>{esc(c.path)}</td><td>{esc(c.loc)}</td>"
+                   f"<td>{c.step}</td><td>{esc(', '.join(p['role'] + ' ' + p['path'] for p in c.parts) or '-')}</td>"
+                   "</tr>" for call, calls in (("save", report.saved), ("load", report.loaded)) for c in calls)
+    causes = "".join(f"<li><b>{esc(c.id)}</b> ({esc(c.confidence)}): {esc(c.summary)}<ul>"
+                     + "".join(f"<li>{esc(e)}</li>" for e in c.evidence)
+                     + f"<li>fix: {esc(c.fix)}</li></ul></li>" for c in report.causes)
+    record = report.divergence.record if report.divergence is not None else None
+    where = "none" if report.divergence is None else (
+        f"step {esc(record.step if record else None)}: {esc(record.kind if record else None)} "
+        f"<code>{esc(record.name if record else None)}</code> {esc(record.location if record else '')}")
+    spread = report.comparison.by_step if report.comparison is not None else []
+    steps = "".join(f"<tr><td>{s.step}</td><td>{s.records}</td><td>{s.differing}</td></tr>" for s in spread)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>detaudit resume: {esc(report.verdict)}</title>"
             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
             "</style></head><body>"
-            f"<h1>{esc(data['verdict'])}</h1><p>{esc(data['script'])} stopped after step {data['stop_at']} and "
-            f"resumed with {esc(' '.join(data['resume_args']))}; aligned to reference step "
-            f"{esc(data['aligned_step'])}.</p><h2>First difference</h2><p>{where}</p>"
+            f"<h1>{esc(report.verdict)}</h1><p>{esc(report.script)} stopped after step {report.stop_at} and "
+            f"resumed with {esc(' '.join(report.resume_args))}; aligned to reference step "
+            f"{esc(report.aligned_step)}.</p><h2>First difference</h2><p>{where}</p>"
             f"<h2>Causes</h2><ol>{causes or '<li>none</li>'}</ol>"
             "<h2>Checkpoint</h2><table><tr><th>run</th><th>call</th><th>file</th><th>line</th><th>step</th>"
             f"<th>parts</th></tr>{rows}</table>"

@@ -15,7 +15,7 @@ from detaudit.audit.pipeline import AuditOptions, Target
 from detaudit.batch import auditing as audit_batch
 from detaudit.batch.diagnosis import diagnose_batch
 from detaudit.batch.finding import analyse
-from detaudit.batch.reporting import BatchReport, BatchSettings, render_html, to_dict, write_json
+from detaudit.batch.reporting import BatchReport, BatchSettings, render_html, write_json
 from detaudit.cli.batch_command import render_batch, summary_line
 from detaudit.errors import UsageError
 from detaudit.results import RepeatResult
@@ -54,7 +54,7 @@ def test_the_json_form_has_the_issue_fields(tmp_path: Path) -> None:
 
 
 def test_html_and_terminal_show_the_sizes_the_origin_and_the_cause() -> None:
-    page = render_html(to_dict(report(VARIANT)))
+    page = render_html(report(VARIANT))
     assert "aten.addmm" in page and "batch 1 and 7 differ from 256" in page and "<script" not in page
     out = io.StringIO()
     render_batch(report(VARIANT), Console(file=out, width=200, color_system=None))

@@ -89,7 +89,7 @@ def test_terminal_json_and_html_show_latent_findings_and_versions(tmp_path: Path
     assert "convolutions: conv1 (Conv2d)" in data["latent"][0]["evidence"]
     assert {k: data["environment"][k] for k in ("torch", "numpy", "cuda")} == \
         {"torch": "2.13.0+cpu", "numpy": "2.1.0", "cuda": None}
-    page = render_html(data)
+    page = render_html(report)
     assert "Latent on CUDA" in page and "torch.backends.cudnn.benchmark = True" in page
     assert "<th>torch</th><td>2.13.0+cpu</td>" in page and "<th>cuda</th><td>none</td>" in page
     out = io.StringIO()

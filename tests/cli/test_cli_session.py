@@ -90,3 +90,43 @@ def test_a_baseline_that_cannot_be_saved_fails_a_run_that_agreed(stderr: StringI
 
     assert session.save_baseline_to(Finished(), tmp_path / "base") == expected
     assert "cannot write base: read-only" in stderr.getvalue()
+
+
+class Kind:
+    """A report kind of the tests' own: the finisher knows it only through a Presentation."""
+
+    exit_code = 3
+
+
+def presentation(written: list[str]) -> session.Presentation[Kind]:
+    def reporter(name: str) -> session.Reporter[Kind]:
+        return lambda report, path: written.append(f"{name} {path}")
+
+    return session.Presentation({"json": reporter("json"), "html": reporter("html")}, lambda r: "one line",
+                                lambda r, console: console.print("full rendering"))
+
+
+@pytest.mark.parametrize(("paths", "written", "on_stderr"), [
+    ({"json": None, "html": None}, [], False),
+    ({"json": Path("r.json"), "html": Path("r.html")}, ["json r.json", "html r.html"], False),
+    ({"json": Path("-"), "html": None}, ["json -"], True),
+])
+def test_one_finisher_writes_the_files_asked_for_renders_and_exits_with_the_kinds_code(
+        stderr: StringIO, monkeypatch: pytest.MonkeyPatch, paths: dict[str, Path | None], written: list[str],
+        on_stderr: bool) -> None:
+    stdout = StringIO()
+    monkeypatch.setattr(session, "stdout_console", lambda quiet=False: Console(file=stdout, width=200))
+    done: list[str] = []
+    with pytest.raises(SystemExit) as ended:
+        session.finish_with(Kind(), presentation(done), paths, quiet=False)
+    assert ended.value.code == 3
+    assert done == written
+    assert "full rendering" in (stderr if on_stderr else stdout).getvalue()
+
+
+def test_quiet_prints_the_summary_line_only(stderr: StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
+    stdout = StringIO()
+    monkeypatch.setattr(session, "stdout_console", lambda quiet=False: Console(file=stdout, width=200))
+    with pytest.raises(SystemExit):
+        session.finish_with(Kind(), presentation([]), {"json": None}, quiet=True, exit_code=0)
+    assert stdout.getvalue() == "one line\n"

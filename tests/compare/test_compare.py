@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from synthetic import Rec, training_records, write_trace
 
 from detaudit.compare import align
-from detaudit.compare.traces import Comparison, compare_traces, sample_differences
+from detaudit.compare.traces import ROOT_MODULE, Comparison, compare_traces, owning_module, sample_differences
 from detaudit.results import Tolerance
 from detaudit.trace import Kind
 
@@ -308,3 +308,12 @@ def test_a_missing_trace_is_empty_and_incomplete_and_is_not_written(tmp_path: Pa
     assert comp.records == [len(recs), 0] and comp.complete == [True, False]
     assert comp.first_divergence is None and comp.records_compared == 0  # nothing to compare, no divergence
     assert not (tmp_path / "never.trace").exists()
+
+
+@pytest.mark.parametrize(("name", "parameter", "owner"), [
+    ("net.0.weight", True, "net.0"), ("net.0.weight:momentum_buffer", True, "net.0"),
+    ("weight", True, ROOT_MODULE), ("bias:exp_avg", True, ROOT_MODULE), ("loss", False, "loss"),
+])
+def test_a_parameter_belongs_to_its_module_and_the_roots_own_to_the_root(name: str, parameter: bool,
+                                                                         owner: str) -> None:
+    assert owning_module(name, parameter) == owner

@@ -238,7 +238,7 @@ def test_terminal_json_and_junit_name_the_same_file_and_line(tmp_path: Path) -> 
         "message", "")
     assert "(train.py:14)" in text.strip().splitlines()[-1]  # the closing summary line
     # the HTML's first-divergence table: location, module and op as the terminal shows them, and the record's line
-    page = render_html(to_dict(report))
+    page = render_html(report)
     first = page[page.index("<h2>First divergence</h2>"):page.index("<h2>The op behind it</h2>")]
     for key, value in (("location", "train.py:14"), ("module", "net.0"), ("op", "aten.index_put.default (backward)"),
                        ("recorded at", "train.py:20")):

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import WARM, WARM_SERVERS, interpreters
 
+from detaudit.compare.align import RecordInfo
+from detaudit.compare.traces import Divergence
 from detaudit.pytest_plugin import describe_divergence, marker_args, repeat_argv
 
 TRAINING_TESTS = '''
@@ -173,14 +175,13 @@ def test_rerun_is_one_plain_test_session(pytester: pytest.Pytester) -> None:
 
 
 def test_divergence_line() -> None:
-    line = describe_divergence({"index": 7, "kind": "output", "name": "fc", "module": "fc", "op": None, "step": 2,
-                                "location": "test_x.py:9", "repeats": [1, 2], "reference": 0,
-                                "max_abs_diff": 0.25, "detail": "bits differ"})
+    record = RecordInfo(7, "output", "fc", "fc", "test_x.py:9", 2, "4", "float32", "", backward=False)
+    line = describe_divergence(Divergence(7, "content", record, [1, 2], 0, max_abs_diff=0.25, detail="bits differ"))
     assert line == ("record #7 output fc in fc at step 2 (test_x.py:9); repeat(s) 1, 2 differ from repeat 0, "
                     "max |diff| 0.25 — bits differ")
 
 
 def test_divergence_line_for_reruns_that_end_differently() -> None:
-    line = describe_divergence({"index": -1, "category": "outcome", "repeats": [1], "reference": 0,
-                                "detail": "exit status differs: repeat 0 exited 0, repeat 1 exited 1"})
+    line = describe_divergence(Divergence(-1, "outcome", None, [1], 0,
+                                          detail="exit status differs: repeat 0 exited 0, repeat 1 exited 1"))
     assert line == "outcome — exit status differs: repeat 0 exited 0, repeat 1 exited 1"

@@ -93,3 +93,10 @@ def test_gold_files_name_the_schema_literally() -> None:
     for case in CASES:
         data = json.loads((GOLD / f"{case}.json").read_text(encoding="utf-8"))
         assert (data["schema"], data["schema_version"]) == ("detaudit-report", 2)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_real_report_reads_back_what_it_writes(tmp_path: Path, case: str) -> None:
+    """Beside the drawn values of test_roundtrip.py: reports as the pipeline builds them."""
+    report = CASES[case](tmp_path / "run")
+    assert Report.from_dict(json.loads(json.dumps(report.to_dict()))) == report

@@ -15,6 +15,7 @@ from conftest import run_cli
 from synthetic import training_records, write_run
 
 from detaudit.audit.pipeline import load_run
+from detaudit.compare.traces import ROOT_MODULE, StepSpread
 from detaudit.report import baseline
 from detaudit.report.html import heat_strip_svg, render_html
 from detaudit.report.model import to_dict
@@ -59,6 +60,14 @@ class Page(HTMLParser):
         return points
 
 
+def plotted(page: Page, name: str) -> dict[int, float]:
+    """step -> value of a series: its plot's points, or the one sentence that says it is constant."""
+    constant = [a for tag, a in page.elements if tag == "p" and a.get("data-constant") == name]
+    if constant:
+        return {int(step): float(constant[0]["data-value"]) for step in constant[0]["data-steps"].split()}
+    return {int(p["data-step"]): float(p["data-value"]) for p in page.plot(name, "circle")}
+
+
 def check_page(text: str, data: dict[str, Any]) -> Page:
     """Parses, loads nothing from outside, and its plots hold the numbers of the JSON report."""
     page = Page(text)
@@ -70,9 +79,9 @@ def check_page(text: str, data: dict[str, Any]) -> Page:
     steps = [s for s in data["spread"]["by_step"] if s["differing"]]
     if not steps and data.get("baseline"):
         steps = [s for s in data["baseline"]["by_step"] if s["differing"]]
-    peaks = {int(p["data-step"]): float(p["data-value"]) for p in page.plot("max-abs-diff", "circle")}
+    peaks = plotted(page, "max-abs-diff")
     assert peaks == {s["step"]: s["max_abs_diff"] for s in steps if s["max_abs_diff"] is not None}
-    counts = {int(p["data-step"]): float(p["data-value"]) for p in page.plot("differing", "circle")}
+    counts = plotted(page, "differing")
     assert counts == {s["step"]: s["differing"] for s in steps}
     cells = {(int(c["data-step"]), c["data-module"]): int(c["data-count"]) for c in page.plot("modules", "rect")
              if "data-count" in c}
@@ -86,19 +95,20 @@ def test_synthetic_divergence_report(tmp_path: Path) -> None:
              for r in ref]
     report = load_run(write_run(tmp_path / "run", [ref, other]))
     data = to_dict(report)
-    page = check_page(render_html(data), data)
+    page = check_page(render_html(report), data)
     text = " ".join(page.text)
     assert "DIVERGENT" in text and "First divergence" in text and "Repeats" in text
-    assert {attrs.get("data-plot") for tag, attrs in page.elements if tag == "svg"} == \
-        {"max-abs-diff", "differing", "modules"}
+    # the same number of records differs at every step from step 2: that count is a sentence, not a plot
+    assert {attrs.get("data-plot") for tag, attrs in page.elements if tag == "svg"} == {"max-abs-diff", "modules"}
+    assert {attrs.get("data-constant") for tag, attrs in page.elements if tag == "p"} >= {"differing"}
     modules = {c["data-module"] for c in page.plot("modules", "rect") if "data-module" in c}
     assert modules == {"net.0", "net.1"}
 
 
 def test_deterministic_report_has_no_plots(tmp_path: Path) -> None:
     ref = training_records(steps=2)
-    data = to_dict(load_run(write_run(tmp_path / "run", [ref, ref])))
-    page = check_page(render_html(data), data)
+    report = load_run(write_run(tmp_path / "run", [ref, ref]))
+    page = check_page(render_html(report), to_dict(report))
     assert not any(tag == "svg" for tag, _ in page.elements)
     assert "DETERMINISTIC" in " ".join(page.text)
 
@@ -106,8 +116,9 @@ def test_deterministic_report_has_no_plots(tmp_path: Path) -> None:
 def test_user_text_is_escaped(tmp_path: Path) -> None:
     ref = training_records(steps=1)
     ref[0] = ref[0].but(name="<script>alert(1)</script>", module="<b>")
-    data = to_dict(load_run(write_run(tmp_path / "run", [ref, [r.but(digest=r.digest + 1) for r in ref]])))
-    text = render_html(data)
+    report = load_run(write_run(tmp_path / "run", [ref, [r.but(digest=r.digest + 1) for r in ref]]))
+    data = to_dict(report)
+    text = render_html(report)
     assert "<script>" not in text and "&lt;script&gt;" in text
     check_page(text, data)
 
@@ -126,7 +137,7 @@ def test_html_of_the_demo_run(tmp_path: Path) -> None:
     for heading in ("Repeats", "First divergence", "The op behind it", "How the divergence spreads",
                     "Likely causes", "unseeded-numpy-rng", "Environment"):
         assert heading in text, heading
-    assert len(page.plot("max-abs-diff", "circle")) == len([s for s in data["spread"]["by_step"] if s["differing"]])
+    assert len(plotted(page, "max-abs-diff")) == len([s for s in data["spread"]["by_step"] if s["differing"]])
 
     again = run_cli(["report", "run", "--html", "report.html", "--json", "report.json"], cwd=tmp_path)
     assert again.returncode == 1
@@ -151,15 +162,31 @@ def test_baseline_section_and_its_spread(tmp_path: Path) -> None:
     report = replace(report, baseline=baseline.check(baseline.load(saved), later, record, results))
     data = to_dict(report)
     assert data["verdict"] == "deterministic" and data["exit_code"] == 1
-    page = check_page(render_html(data), data)
+    page = check_page(render_html(report), data)
     text = " ".join(page.text)
     assert "from the baseline" in text and "differs" in text and "cpu_count" in text
-    assert {int(p["data-step"]) for p in page.plot("differing", "circle")} == {1, 2}
+    assert set(plotted(page, "differing")) == {1, 2}
 
 
 def test_heat_strip_groups_long_runs_into_cells() -> None:
-    steps = [{"step": s, "records": 4, "differing": 2, "max_abs_diff": 1.0, "modules": {"fc": 2}} for s in range(900)]
+    steps = [StepSpread(s, 4, 2, 1.0, {"fc": 2}) for s in range(900)]
     page = Page(heat_strip_svg(steps))
     cells = [c for tag, c in page.elements if tag == "rect" and "data-count" in c]
     assert len(cells) == 300 and {c["data-steps"] for c in cells} == {"3"}
     assert sum(int(c["data-count"]) for c in cells) == 2 * 900  # every differing record is counted once
+
+
+def test_a_constant_series_is_a_sentence_not_a_flat_line_on_a_log_axis(tmp_path: Path) -> None:
+    ref = training_records(steps=4)
+    other = [r.but(digest=r.digest + 1, samples=(r.samples[0] + 0.5, *r.samples[1:])) if r.name == "net.1" else r
+             for r in ref]
+    report = load_run(write_run(tmp_path / "run", [ref, other]))
+    page = check_page(render_html(report), to_dict(report))
+    assert "max-abs-diff" not in {attrs.get("data-plot") for tag, attrs in page.elements if tag == "svg"}
+    assert "max |diff|: constant 0.5 at every differing step" in " ".join(page.text)
+
+
+def test_the_root_modules_own_parameters_are_labelled_as_parameters() -> None:
+    steps = [StepSpread(0, 2, 2, 1.0, {ROOT_MODULE: 2})]
+    page = Page(heat_strip_svg(steps))
+    assert "parameters of the root module" in page.text

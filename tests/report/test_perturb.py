@@ -24,7 +24,7 @@ from detaudit.recorder.pinning import Pins
 from detaudit.records import BaselineManifest, Reference, RunRecord
 from detaudit.report import baseline
 from detaudit.report.html import render_html
-from detaudit.report.model import BaselineCheck, EnvironmentChange, to_dict
+from detaudit.report.model import BaselineCheck, EnvironmentChange, Report, to_dict
 from detaudit.results import RepeatResult, Tolerance
 from detaudit.run import perturb_plan
 from detaudit.run.launcher import plan_repeats
@@ -168,7 +168,7 @@ def test_a_setting_under_which_the_script_exits_early_is_an_outcome_difference_n
     console = Console(record=True, width=250)
     render(report, console)
     assert "ENDED DIFFERENTLY: repeat(s) 1, 3 ended by themselves" in console.export_text()
-    page = render_html(json.loads(json.dumps(to_dict(report))))
+    page = render_html(Report.from_dict(json.loads(json.dumps(report.to_dict()))))
     assert "ENDED DIFFERENTLY: repeat(s) 1, 3 ended by themselves" in page
 
 
@@ -204,7 +204,7 @@ def test_the_terminal_and_html_reports_show_the_settings_and_what_they_changed(t
     assert "Perturbed settings (--perturb)" in text and "threads=2" in text
     assert "the bits change with the settings varied (threads)" in text
     assert "CHANGED, first at record #3" in text
-    page = render_html(json.loads(json.dumps(to_dict(report))))
+    page = render_html(Report.from_dict(json.loads(json.dumps(report.to_dict()))))
     assert "Perturbed settings (--perturb)" in page and "CHANGED, first at record #3" in page
 
 
@@ -217,7 +217,7 @@ def test_the_terminal_names_a_changed_field_a_setting_stands_for(tmp_path: Path)
     render(replace(report, baseline=check), console)
     assert "num_threads: not tested: `detaudit run --perturb threads` tells whether the difference comes from it" \
         in console.export_text()
-    page = render_html(json.loads(json.dumps(to_dict(replace(report, baseline=check)))))
+    page = render_html(Report.from_dict(json.loads(json.dumps(replace(report, baseline=check).to_dict()))))
     assert "tells whether the difference comes from it" in page
 
 

@@ -293,7 +293,7 @@ def test_a_stdout_difference_explained_by_carried_state_is_reported_and_not_a_di
     render(report, console)
     text = console.export_text()
     assert "Output that follows state carried between repeats" in text and "v_num=1" in text
-    assert "Output that follows state carried between repeats (not a divergence)" in render_html(data)
+    assert "Output that follows state carried between repeats (not a divergence)" in render_html(report)
 
 
 def test_a_differing_repeat_that_read_no_carried_state_keeps_the_divergence(tmp_path: Path) -> None:
