@@ -14,26 +14,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit import causes
+from detaudit.audit import analysis as analysis_steps
 from detaudit.audit import ranks
-from detaudit.causes import confirm as experiments
-from detaudit.causes.context import load as load_evidence
-from detaudit.causes.latent import latent_findings, recorded_versions
+from detaudit.audit.analysis import Analysis, Step, extend, run_steps, start
 from detaudit.compare import match
 from detaudit.compare.live import LiveWatch
-from detaudit.compare.oprules import OpFinding, find_op_source
-from detaudit.compare.outcome import outcome_divergence
-from detaudit.compare.perturb import compare_perturbed
-from detaudit.compare.saved_values import only_non_tensor_values_differ
+from detaudit.compare.oprules import find_op_source
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
-from detaudit.compare.traces import Divergence, compare_traces
 from detaudit.errors import TraceError, UsageError
-from detaudit.records import OPS_PREFIX, Narrowing, RunRecord, is_plain_name
+from detaudit.records import OPS_PREFIX, Narrowing, RunRecord
 from detaudit.report import baseline
-from detaudit.report.model import CarriedOutput, Report, all_failed, write_json
+from detaudit.report.model import Report, write_json
 from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, Tolerance
 from detaudit.run import distributed, sharing
-from detaudit.run.failure import disk_full, excerpt, read_error, stderr_tail
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats
 from detaudit.run.perturb_plan import Perturbation
 from detaudit.run.provenance import git_state
@@ -284,8 +277,8 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         raise
     record = replace(record, results=tuple(results))
     write_record(run_dir, record)
-    report = analyse(run_dir, record, results)
-    window = op_window(report) if auto else None
+    analysis = analysed(run_dir, record, results)
+    window = op_window(analysis.report_made()) if auto else None
     if window is not None:
         if on_narrow is not None:
             on_narrow(window)
@@ -297,11 +290,12 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
             raise
         record = replace(record, narrowing=Narrowing(tuple(ops_results), window, OPS_PREFIX))
         write_record(run_dir, record)
-        report = analyse(run_dir, record, results)
-    if checks.self_check and report.verdict == "deterministic":
+        analysis = extended(analysis, record, analysis_steps.op_finding)
+    if checks.self_check and analysis.report_made().verdict == "deterministic":
         record = replace(record, self_check=self_check(options, run_dir, results[0]))
         write_record(run_dir, record)
-        report = analyse(run_dir, record, results)
+        analysis = extended(analysis, record, analysis_steps.describe_match)
+    report = analysis.report_made()
     write_json(report, run_dir / REPORT_FILE, mode=0o600)
     return report
 
@@ -372,25 +366,6 @@ def op_window(report: Report) -> list[int] | None:
         return None
     step = first.record.step
     return [max(0, step - 1), step]
-
-
-def op_source(run_dir: Path, record: RunRecord, traces: Sequence[Path],
-              devices: Sequence[str]) -> OpFinding | None:
-    """The op behind the divergence: from the op-level re-run when there was one, else from the
-    run's own traces when they hold op records."""
-    narrowing = record.narrowing
-    if narrowing is not None and narrowing.results:
-        paths = [run_dir / r.trace for r in narrowing.results]
-        if not all(p.is_file() for p in paths):
-            return None
-        finding = find_op_source(paths, [r.device for r in narrowing.results])
-        if finding is not None:
-            finding = replace(finding, traces=narrowing.prefix, window=narrowing.window)
-        return finding
-    if not traces or not all(t.is_file() for t in traces) \
-            or RecordStream(traces[0]).header.get("granularity") != "op":
-        return None
-    return find_op_source(traces, devices)
 
 
 def load_run(run_dir: Path, stdout: StdoutMode | None = None) -> Report:
@@ -526,123 +501,24 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
             labels: Sequence[str] | None = None, explained: bool = True) -> Report:
     """Compare the traces, find outcome differences and causes, and assemble the Report. Reads only.
 
-    `labels`: the comparison groups (default: each repeat's device; same label bitwise, another
-    label within the recorded tolerance of repeat 0). `bitwise` says which the report claims.
-    `explained`: attach the `--explain` experiments stored in `run_dir`.
-    A torchrun run is analysed rank by rank, each rank with this function (ranks.py).
+    The steps are analysis.py's; a torchrun run is analysed rank by rank, each rank with this function (ranks.py).
     """
+    return analysed(run_dir, record, results, bitwise, labels, explained).report_made()
+
+
+def analysed(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], bitwise: bool = True,
+             labels: Sequence[str] | None = None, explained: bool = True) -> Analysis:
+    """The Analysis behind `analyse`'s Report, for a later stage to extend; a torchrun run's carries only its Report."""
     if record.nproc_per_node:
-        return ranks.analyse_ranks(run_dir, record, results, analyse, explained)
-    traces = [run_dir / r.trace for r in results]
-    if not any(os.path.lexists(t) for t in traces) and not any(r.timed_out or r.interrupted for r in results):
-        failure = _stderr_tail(run_dir, results[0])
-        raise TraceError(f"no trace was written (did the script start?); {failure}" if failure
-                         else "no trace was written")
-    tolerance = record.tolerance
-    devices = list(labels) if labels is not None else [r.device for r in results]
-    repeat_errors = {r.index: _stderr_tail(run_dir, r) for r in results
-                     if r.exit_code not in (0, None) and not r.timed_out and r.stopped_at_step is None}
-    # a repeat whose disk filled up ended for want of space: its end and what it failed to record say nothing
-    full = {i for i, shown in repeat_errors.items() if disk_full(shown)}
-    # a repeat that timed out, was interrupted or hit --max-steps/--max-time was stopped, one recorded
-    # elsewhere without a footer has an unknown end, and one whose recording stopped (a hook failed)
-    # recorded less: only what every repeat recorded is compared
-    truncated = [r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
-                 or r.recording_stopped is not None or r.index in full for r in results]
-    comparison = compare_traces(traces, devices, tolerance, truncated=truncated)
-    if comparison.recording_failed:  # no records is no evidence: never let it read as "deterministic"
-        index, why = next(iter(comparison.recording_failed.items()))
-        raise TraceError(f"repeat {index}: detaudit could not record this repeat ({why}); its trace has "
-                         f"no evidence to compare. Rerun with DETAUDIT_DEBUG=1 and report it.")
-    stdout_mode = recorded_mode(record)
-    ended = outcome_divergence([r for r in results if r.index not in full], stdout_mode, run_dir)
-    first = comparison.first_divergence
-    carried = _carried_saved_value(first, traces, results, devices, tolerance, truncated)
-    if carried is not None:  # a checkpoint's path numbered after what earlier repeats left: no divergence
-        first, comparison = None, replace(comparison, first_divergence=None)
-    if first is None and ended is not None and ended.stdout is not None:
-        ended = replace(ended, detail=f"{ended.detail}; all {comparison.records_compared} recorded tensor "
-                                      "records agree" + (f"; {carried.divergence.detail}" if carried else ""))
-        # explained by what earlier repeats left (a log directory's next version_N): reported, no divergence
-        evidence = causes.carried_output(ended, traces, results)
-        if evidence is not None:
-            carried, ended = CarriedOutput(ended, evidence), None
-    if first is not None and first.category == "structure":
-        if ended is not None:
-            first = replace(first, category="outcome", detail=f"{ended.detail}; {first.detail}")
-        cut = [i for i in first.repeats if i < len(results) and not comparison.complete[i]
-               and not results[i].timed_out]
-        if cut:
-            first = replace(first, detail=f"{first.detail}; the recording of repeat(s) "
-                                          f"{', '.join(map(str, cut))} is incomplete (no footer: killed, or "
-                                          "crashed hard)")
-        comparison = replace(comparison, first_divergence=first)
-    failed = all_failed(results) and not any(r.timed_out for r in results)  # the verdict `failed`
-    op_finding: OpFinding | None = None
-    if first is not None:
-        op_finding = op_source(run_dir, record, traces, devices)  # the next stage's output: the report's
-    divergence = first or ended
-    perturbed = compare_perturbed(traces, results, devices, tolerance, truncated, record.not_perturbed) \
-        if record.perturb else None
-    checked = baseline.check(baseline.load(Path(record.baseline)), run_dir, record, results, stdout_mode, perturbed) \
-        if record.baseline else None
-    if perturbed is not None and perturbed.control is not None:
-        # repeats with equal settings differ already: diagnose that, among them alone (the settings the groups
-        # differ in would read as causes)
-        group = [i for i, r in enumerate(results) if r.index in next(
-            g for g in perturbed.groups if perturbed.control.reference in g)]
-        inferred = causes.diagnose(perturbed.control, [traces[i] for i in group], [results[i] for i in group])
-    else:
-        inferred = causes.diagnose(divergence, traces, results, op_finding, perturbed) \
-            if divergence is not None else []
-    stored = experiments.saved(run_dir) if explained and divergence is not None else []
-    ranked = experiments.apply(inferred, stored, divergence.index) if stored and divergence is not None \
-        else inferred
-    found = match.describe_match(
-        traces[0], comparison, bitwise=bitwise, tolerance=tolerance, devices=[r.device for r in results],
-        granularity=str(record.granularity or RecordStream(traces[0]).header.get("granularity", "?")),
-        stdout=stdout_mode if all(r.stdout_digest for r in results) else "ignore",
-        # a repeat stopped by a timeout, an interrupt or a bound has no exit status of its own to compare
-        exit_status=not any(r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
-                            or r.index in full
-                            for r in results),
-        self_check=record.self_check, stopped=match.not_compared(results)) if traces and traces[0].is_file() else None
-    first_repeat = load_evidence(traces[0], results[0].index, results[0].device)  # latent findings, versions
-    return Report(
-        script=record.script, script_args=list(record.script_args), run_dir=str(run_dir),
-        runs=list(results), comparison=comparison, outcome_divergence=ended, causes=ranked, experiments=stored,
-        environment={**record.environment.to_dict(), **recorded_versions(first_repeat)},
-        failure=repeat_errors.get(results[0].index, "") if failed else "", repeat_errors=repeat_errors,
-        bitwise=bitwise, stdout_mode=stdout_mode,
-        argv=[record.script, *record.script_args],  # the script's sys.argv in every repeat (the child sets it so)
-        baseline=checked, inferred=[c.id for c in inferred], match=found, op_finding=op_finding,
-        carried_output=carried, perturbation=perturbed, latent=latent_findings(first_repeat, results),
-    )
+        return Analysis(run_dir, record, tuple(results), report=ranks.analyse_ranks(run_dir, record, results, analyse,
+                                                                                    explained))
+    return run_steps(start(run_dir, record, results, bitwise, labels, explained))
 
 
-def _carried_saved_value(first: Divergence | None, traces: Sequence[Path], results: Sequence[RepeatResult],
-                         devices: Sequence[str], tolerance: Tolerance | None,
-                         truncated: Sequence[bool]) -> CarriedOutput | None:
-    """The first divergence as carried state, when it is a saved value that is no tensor (a path), every tensor
-    agrees, and each differing repeat read or listed what an earlier repeat left; else None."""
-    if first is None or first.record is None or \
-            not only_non_tensor_values_differ(first, traces, devices, tolerance, truncated):
-        return None
-    evidence = causes.carried_output(first, traces, results)
-    if evidence is None:
-        return None
-    what = (f"saved value {first.record.name} ({first.record.dtype}) differs in repeat(s) "
-            f"{', '.join(map(str, first.repeats))}; every recorded tensor agrees")
-    return CarriedOutput(replace(first, detail=what), evidence)
-
-
-def _stderr_tail(run_dir: Path, result: RepeatResult, lines: int = 15) -> str:
-    """What the report shows of a failed repeat: its exception's frames (trace footer), else its stderr's end."""
-    return excerpt(result.error or read_error(run_dir / result.trace), _stderr_text(run_dir, result), lines)
-
-
-def _stderr_text(run_dir: Path, result: RepeatResult) -> str:
-    """The end of a repeat's stderr file: a regular file in the run directory, its last 64 KB only."""
-    if not result.stderr or not is_plain_name(Path(result.stderr).name):
-        return ""
-    return stderr_tail(run_dir / result.stderr)
+def extended(analysis: Analysis, record: RunRecord, from_step: Step) -> Analysis:
+    """`analysis` after a later stage added to the run's record: a torchrun run is analysed again (rank by rank),
+    any other extended from `from_step` without comparing its traces again."""
+    if record.nproc_per_node:
+        return analysed(analysis.run_dir, record, analysis.results, analysis.bitwise, analysis.labels,
+                        analysis.explained)
+    return extend(analysis, record, from_step)
