@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from enum import Enum
 from typing import Any, Literal, get_args
 
 from detaudit.pin import Pin
@@ -73,6 +74,19 @@ StoppedBy = Literal["max-steps", "max-time", "divergence"]
 EXTRA_STEPS = 3
 
 
+class Ending(Enum):
+    """How a repeat ended, in one word: the first that applies, in this order."""
+
+    TIMED_OUT = "timed out"  # --timeout ended it
+    INTERRUPTED = "interrupted"  # Ctrl-C, SIGTERM or SIGHUP ended it
+    STOPPED_AFTER_DIVERGING = "stopped after diverging"  # the live comparison stopped it at a step boundary
+    STOPPED_AT_BOUND = "stopped at a bound"  # --max-steps / --max-time stopped it at a step boundary
+    UNKNOWN = "unknown"  # a recording compared without its footer: its end was not recorded
+    RECORDING_STOPPED = "recording stopped"  # the script ran on, but a detaudit hook failed and recorded no more
+    COMPLETED = "completed"  # ended by itself with status 0
+    FAILED = "failed"  # ended by itself with another status
+
+
 @dataclass(frozen=True)
 class RepeatResult:
     """How one repeat ended. Stored in run.json (`to_dict`) but for `error`, whose source is the trace footer."""
@@ -99,6 +113,36 @@ class RepeatResult:
     stopped_by: StoppedBy | None = None  # what stopped it at `stopped_at_step`
     diverged_at_step: int | None = None  # stopped_by "divergence": the step it first differed in (live comparison)
     perturbation: dict[str, str] | None = None  # `run --perturb`: setting -> the value this repeat ran with
+
+    @property
+    def ending(self) -> Ending:
+        """How this repeat ended (derived from the stored fields, so run.json is unchanged)."""
+        if self.timed_out:
+            return Ending.TIMED_OUT
+        if self.interrupted:
+            return Ending.INTERRUPTED
+        if self.stopped_at_step is not None:
+            return Ending.STOPPED_AFTER_DIVERGING if self.stopped_by == "divergence" else Ending.STOPPED_AT_BOUND
+        if self.exit_code is None:
+            return Ending.UNKNOWN
+        if self.recording_stopped is not None:
+            return Ending.RECORDING_STOPPED
+        return Ending.COMPLETED if self.exit_code == 0 else Ending.FAILED
+
+    @property
+    def recorded_whole(self) -> bool:
+        """It ended by itself and recorded all it ran: compared in full, not only up to where it stopped."""
+        return self.ending in (Ending.COMPLETED, Ending.FAILED)
+
+    @property
+    def has_own_exit_status(self) -> bool:
+        """Its exit status is the script's own (not a timeout's, an interrupt's, a bound's or unknown): comparable."""
+        return self.ending in (Ending.COMPLETED, Ending.FAILED, Ending.RECORDING_STOPPED)
+
+    @property
+    def ended_with_error(self) -> bool:
+        """It ended with a non-zero status that no timeout or step bound explains: its error is worth showing."""
+        return self.exit_code not in (0, None) and not self.timed_out and self.stopped_at_step is None
 
     def to_dict(self) -> dict[str, Any]:
         """run.json's entry; `perturbation` only for a repeat of a `--perturb` run."""

@@ -32,7 +32,7 @@ from detaudit.errors import TraceError
 from detaudit.records import RunRecord, is_plain_name
 from detaudit.report import baseline
 from detaudit.report.model import BaselineCheck, CarriedOutput, Report, all_failed
-from detaudit.results import Cause, Experiment, RepeatResult
+from detaudit.results import Cause, Ending, Experiment, RepeatResult
 from detaudit.run.failure import disk_full, excerpt, read_error, stderr_tail
 from detaudit.trace import RecordStream
 
@@ -93,7 +93,8 @@ Step = Callable[[Analysis], Analysis]
 def locate_traces(a: Analysis) -> Analysis:
     """Each repeat's trace and comparison label; no trace at all is an error, not a verdict."""
     traces = tuple(a.run_dir / r.trace for r in a.results)
-    if not any(os.path.lexists(t) for t in traces) and not any(r.timed_out or r.interrupted for r in a.results):
+    stopped = any(r.ending in (Ending.TIMED_OUT, Ending.INTERRUPTED) for r in a.results)
+    if not any(os.path.lexists(t) for t in traces) and not stopped:
         failure = stderr_excerpt(a.run_dir, a.results[0])
         raise TraceError(f"no trace was written (did the script start?); {failure}" if failure
                          else "no trace was written")
@@ -103,15 +104,13 @@ def locate_traces(a: Analysis) -> Analysis:
 
 def note_failures(a: Analysis) -> Analysis:
     """The excerpt of each failed repeat, which of them ran out of disk, and which recorded less than a whole run."""
-    errors = {r.index: stderr_excerpt(a.run_dir, r) for r in a.results
-              if r.exit_code not in (0, None) and not r.timed_out and r.stopped_at_step is None}
+    errors = {r.index: stderr_excerpt(a.run_dir, r) for r in a.results if r.ended_with_error}
     # a repeat whose disk filled up ended for want of space: its end and what it failed to record say nothing
     full = frozenset(i for i, shown in errors.items() if disk_full(shown))
     # a repeat that timed out, was interrupted or hit --max-steps/--max-time was stopped, one recorded
     # elsewhere without a footer has an unknown end, and one whose recording stopped (a hook failed)
     # recorded less: only what every repeat recorded is compared
-    truncated = tuple(r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
-                      or r.recording_stopped is not None or r.index in full for r in a.results)
+    truncated = tuple(not r.recorded_whole or r.index in full for r in a.results)
     return replace(a, repeat_errors=errors, disk_full=full, truncated=truncated)
 
 
@@ -223,8 +222,7 @@ def describe_match(a: Analysis) -> Analysis:
         granularity=str(a.record.granularity or RecordStream(a.traces[0]).header.get("granularity", "?")),
         stdout=a.stdout_mode if all(r.stdout_digest for r in results) else "ignore",
         # a repeat stopped by a timeout, an interrupt or a bound has no exit status of its own to compare
-        exit_status=not any(r.timed_out or r.interrupted or r.exit_code is None or r.stopped_at_step is not None
-                            or r.index in a.disk_full for r in results),
+        exit_status=all(r.has_own_exit_status and r.index not in a.disk_full for r in results),
         self_check=a.record.self_check, stopped=verdict_basis.not_compared(results))
     return replace(a, match=found)
 

@@ -116,7 +116,7 @@ def run_resume(options: ResumeOptions, on_done: Callable[[RepeatResult], None] |
 
 def _check_ran(result: RepeatResult, run_dir: Path, name: str, stop_at: int | None) -> None:
     """The interrupted run must reach step `stop_at`; the resumed run must end by itself without an error."""
-    failed = result.timed_out or (result.exit_code not in (0, None) and result.stopped_at_step is None)
+    failed = result.timed_out or result.ended_with_error
     if failed:
         why = "timed out" if result.timed_out else f"failed (exit status {result.exit_code})"
         error = excerpt(result.error or read_error(run_dir / result.trace), stderr_tail(run_dir / result.stderr))

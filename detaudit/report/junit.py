@@ -32,7 +32,7 @@ def to_junit(report: Report) -> str:
         if run.timed_out:
             ET.SubElement(case, "error", message="timed out")
             errors += 1
-        elif run.exit_code not in (0, None) and run.stopped_at_step is None:
+        elif run.ended_with_error:
             ET.SubElement(case, "failure", message=f"script exited with {run.exit_code}")
             failures += 1
     case = ET.SubElement(suite, "testcase", classname="detaudit.determinism", name="repeats agree")
