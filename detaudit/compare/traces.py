@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from detaudit.compare.align import Aligner, RecordInfo, describe, reference_pairs
+from detaudit.compare.align import Aligner, Block, RecordInfo, describe, reference_pairs
 from detaudit.compare.stdout import StdoutDifference
 from detaudit.results import Tolerance
 from detaudit.trace import RECORD_DTYPE, EmptyTrace, Kind, RecordStream
@@ -174,97 +174,128 @@ def compare_traces(
     for a trace without a footer. A missing trace counts as an empty, incomplete one. An open stream may
     stand for a path (compare/resumed_alignment.py's windows onto a trace).
     """
-    tolerance = tolerance or Tolerance()
-    devices = list(devices) if devices is not None else ["same"] * len(paths)
-    cut = list(truncated) if truncated is not None else [False] * len(paths)
     streams = [p if isinstance(p, RecordStream) else open_stream(Path(p)) for p in paths]
+    walk = _Walk(streams, list(devices) if devices is not None else ["same"] * len(paths),
+                 tolerance or Tolerance(), list(truncated) if truncated is not None else [False] * len(paths))
     aligner = Aligner(streams)
-    pairs = reference_pairs(devices)
-    first: Divergence | None = None
-    spread: dict[int, list[Any]] = {}
-    module_spread: dict[tuple[int, str], int] = {}  # (step, module) -> differing records
-    compared = differing = 0
-    aligned = True
-
     for block in aligner:
-        chunks, maps, base = block.chunks, block.maps, block.base
-        n, longest = block.n, block.longest
-        was_aligned, upto = aligned, n  # upto: records before any structural divergence in this chunk
-        for ref, rep, bitwise in pairs:
-            a, b = chunks[ref][:n], chunks[rep][:n]
-            same_struct = block.same_structure(ref, rep)
-            same_value = same_values(a, b, bitwise, tolerance)
-            bad_struct = np.flatnonzero(~same_struct)
-            limit = int(bad_struct[0]) if len(bad_struct) else n
-            upto = min(upto, limit)
-            if len(bad_struct):
-                aligned = False
-                if first is None or base + limit < first.index:
-                    first = _structure(streams, ref, rep, chunks, base, limit)
-            if not aligned:
-                same_value = same_value[:limit]
-            bad_value = np.flatnonzero(~same_value[:limit])
-            if len(bad_value):
-                idx = int(bad_value[0])
-                if first is None or base + idx < first.index or (
-                    base + idx == first.index and first.category == "content"
-                ):
-                    first = _content(streams, ref, rep, chunks, base, idx, bitwise, first)
-        # spread: per-step counts of records that differ in any pair (aligned records only, so the
-        # figures do not depend on where chunks happen to end)
-        if was_aligned:
-            any_diff = np.zeros(upto, dtype=bool)
-            max_diff = np.zeros(upto)
-            for ref, rep, bitwise in pairs:
-                a, b = chunks[ref][:upto], chunks[rep][:upto]
-                diff = a["digest"] != b["digest"]
-                if not bitwise:
-                    diff &= ~_within(a["samples"], b["samples"], tolerance)
-                any_diff |= diff
-                gap = gaps(a["samples"], b["samples"]).max(axis=1)
-                max_diff = np.maximum(max_diff, np.where(diff, gap, 0.0))
-            steps = chunks[0]["step"][:upto]
-            if any_diff.any():
-                modules = maps[0][chunks[0]["module"][:upto][any_diff]]
-                # records outside a module call (gradients, parameters, optimizer state) go by their name
-                names = np.where(modules == 0, maps[0][chunks[0]["name"][:upto][any_diff]], 0)
-                held = np.isin(chunks[0]["kind"][:upto][any_diff], _HELD_BY_A_MODULE)
-                keys, hits = np.unique(np.stack([steps[any_diff].astype(np.int64), modules, names, held]), axis=1,
-                                       return_counts=True)
-                texts = aligner.strings.texts
-                for step, module, name, parameter, hit in zip(*keys.tolist(), hits.tolist()):
-                    owner = texts[module] if module else owning_module(texts[name], bool(parameter))
-                    module_spread[(step, owner)] = module_spread.get((step, owner), 0) + hit
-            for step, total, count, peak in _per_step(steps, any_diff, max_diff):
-                entry = spread.setdefault(step, [0, 0, 0.0])
-                entry[0] += total
-                entry[1] += count
-                entry[2] = max(entry[2], peak)
-            compared += upto
-            differing += int(any_diff.sum())
-        # a timed-out repeat stopping is no divergence: the common prefix is all there is to compare; nor is
-        # a recording that ends without a footer (killed, or its writes failed): it is compared as far as it goes
-        if n < longest and not any(cut[i] or streams[i].footer is None for i, c in enumerate(chunks) if len(c) == n):
-            if aligned:  # one trace ended while others go on: a structural or outcome difference
-                short = [i for i, c in enumerate(chunks) if len(c) == n]
-                long = [i for i, c in enumerate(chunks) if len(c) > n]
-                idx = base + n
-                if first is None or idx < first.index:
-                    first = _ended_early(streams, short, long, chunks, base, n)
-            aligned = False
+        walk.block(block, aligner.strings.texts)
     counts = aligner.finish()  # count what is left, for the per-repeat table
-    modules_by_step: dict[int, dict[str, int]] = {}
-    for (number, module), count in sorted(module_spread.items()):
-        modules_by_step.setdefault(number, {})[module] = count
-    by_step = [StepSpread(step, v[0], v[1], v[2] if v[1] else None, modules_by_step.get(step, {}))
-               for step, v in sorted(spread.items())]
     return Comparison(
         repeats=len(streams), records=counts, complete=[s.footer is not None for s in streams],
         recording_failed={i: str(s.footer["recording_failed"]) for i, s in enumerate(streams)
                           if isinstance(s.footer, dict) and s.footer.get("recording_failed")},
-        first_divergence=first, records_compared=compared, records_differing=differing,
-        by_step=by_step, aligned_to_end=aligned,
+        first_divergence=walk.first, records_compared=walk.compared, records_differing=walk.differing,
+        by_step=walk.by_step(), aligned_to_end=walk.aligned,
     )
+
+
+class _Walk:
+    """What the comparison has found so far, block by block: the first divergence, and the spread of the
+    differing records by step and module (aligned records only)."""
+
+    def __init__(self, streams: list[RecordStream], devices: list[str], tolerance: Tolerance,
+                 cut: list[bool]) -> None:
+        self.streams, self.tolerance, self.cut = streams, tolerance, cut
+        self.pairs = reference_pairs(devices)
+        self.first: Divergence | None = None
+        self.spread: dict[int, list[Any]] = {}
+        self.module_spread: dict[tuple[int, str], int] = {}  # (step, module) -> differing records
+        self.compared = self.differing = 0
+        self.aligned = True
+
+    def block(self, block: Block, texts: list[str]) -> None:
+        """One lockstep block of every trace: its first divergence, its spread, a trace that ends in it."""
+        was_aligned = self.aligned
+        upto = self._first_in(block)
+        # spread: per-step counts of records that differ in any pair (aligned records only, so the
+        # figures do not depend on where chunks happen to end)
+        if was_aligned:
+            self._spread(block, upto, texts)
+        self._ends_in(block)
+
+    def _first_in(self, block: Block) -> int:
+        """Update the first divergence from this block; the records before any structural divergence in it."""
+        chunks, base, n = block.chunks, block.base, block.n
+        upto = n
+        for ref, rep, bitwise in self.pairs:
+            a, b = chunks[ref][:n], chunks[rep][:n]
+            same_value = same_values(a, b, bitwise, self.tolerance)
+            bad_struct = np.flatnonzero(~block.same_structure(ref, rep))
+            limit = int(bad_struct[0]) if len(bad_struct) else n
+            upto = min(upto, limit)
+            if len(bad_struct):
+                self.aligned = False
+                if self.first is None or base + limit < self.first.index:
+                    self.first = _structure(self.streams, ref, rep, chunks, base, limit)
+            if not self.aligned:
+                same_value = same_value[:limit]
+            bad_value = np.flatnonzero(~same_value[:limit])
+            if len(bad_value):
+                idx = int(bad_value[0])
+                first = self.first
+                if first is None or base + idx < first.index or (
+                    base + idx == first.index and first.category == "content"
+                ):
+                    self.first = _content(self.streams, ref, rep, chunks, base, idx, bitwise, first)
+        return upto
+
+    def _spread(self, block: Block, upto: int, texts: list[str]) -> None:
+        """Count the records of the block's aligned part that differ in any pair, by step and by module."""
+        chunks, maps = block.chunks, block.maps
+        any_diff = np.zeros(upto, dtype=bool)
+        max_diff = np.zeros(upto)
+        for ref, rep, bitwise in self.pairs:
+            a, b = chunks[ref][:upto], chunks[rep][:upto]
+            diff = a["digest"] != b["digest"]
+            if not bitwise:
+                diff &= ~_within(a["samples"], b["samples"], self.tolerance)
+            any_diff |= diff
+            gap = gaps(a["samples"], b["samples"]).max(axis=1)
+            max_diff = np.maximum(max_diff, np.where(diff, gap, 0.0))
+        steps = chunks[0]["step"][:upto]
+        if any_diff.any():
+            modules = maps[0][chunks[0]["module"][:upto][any_diff]]
+            # records outside a module call (gradients, parameters, optimizer state) go by their name
+            names = np.where(modules == 0, maps[0][chunks[0]["name"][:upto][any_diff]], 0)
+            held = np.isin(chunks[0]["kind"][:upto][any_diff], _HELD_BY_A_MODULE)
+            keys, hits = np.unique(np.stack([steps[any_diff].astype(np.int64), modules, names, held]), axis=1,
+                                   return_counts=True)
+            for step, module, name, parameter, hit in zip(*keys.tolist(), hits.tolist()):
+                owner = texts[module] if module else owning_module(texts[name], bool(parameter))
+                self.module_spread[(step, owner)] = self.module_spread.get((step, owner), 0) + hit
+        for step, total, count, peak in _per_step(steps, any_diff, max_diff):
+            entry = self.spread.setdefault(step, [0, 0, 0.0])
+            entry[0] += total
+            entry[1] += count
+            entry[2] = max(entry[2], peak)
+        self.compared += upto
+        self.differing += int(any_diff.sum())
+
+    def _ends_in(self, block: Block) -> None:
+        """A trace that ends in this block while others go on: a divergence, unless it was cut short from outside.
+
+        A timed-out repeat stopping is no divergence: the common prefix is all there is to compare; nor is
+        a recording that ends without a footer (killed, or its writes failed): it is compared as far as it goes.
+        """
+        chunks, n = block.chunks, block.n
+        if n >= block.longest or any(self.cut[i] or self.streams[i].footer is None
+                                     for i, c in enumerate(chunks) if len(c) == n):
+            return
+        if self.aligned:  # one trace ended while others go on: a structural or outcome difference
+            short = [i for i, c in enumerate(chunks) if len(c) == n]
+            long = [i for i, c in enumerate(chunks) if len(c) > n]
+            if self.first is None or block.base + n < self.first.index:
+                self.first = _ended_early(self.streams, short, long, chunks, block.base, n)
+        self.aligned = False
+
+    def by_step(self) -> list[StepSpread]:
+        """The spread, one entry per step that had aligned records."""
+        modules_by_step: dict[int, dict[str, int]] = {}
+        for (number, module), count in sorted(self.module_spread.items()):
+            modules_by_step.setdefault(number, {})[module] = count
+        return [StepSpread(step, v[0], v[1], v[2] if v[1] else None, modules_by_step.get(step, {}))
+                for step, v in sorted(self.spread.items())]
 
 
 ROOT_MODULE = "(root module)"  # the owner of a model's own parameters (`weight`: the model is an nn.Linear)
