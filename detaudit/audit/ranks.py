@@ -74,20 +74,67 @@ def analyse_nodes(nodes: Sequence[Node], record: RunRecord, analyse: Callable[..
     `detaudit compare NODE_A NODE_B`): each rank compared across repeats wherever each repeat left its
     files, roles across all ranks, and the replica check across all ranks of each repeat."""
     single = replace(record, nproc_per_node=None, torchrun_args=())
-    nodes, crashes = list(nodes), []
-    for k, n in enumerate(nodes):
+    nodes, crashes = _without_teardown_crashes(nodes)
+    launched = [_combined([n.results[i] for n in nodes]) for i in range(len(nodes[0].results))]
+    where, rank_ids, moved = _rank_homes(nodes, len(launched))
+    notes = _launch_notes(moved, launched)
+    if not rank_ids:
+        if moved:
+            raise Inconclusive(f"{nodes[0].run_dir}: no rank left its traces here in every repeat. {notes[0]}.")
+        raise TraceError("no trace was written")
+    summaries = []
+    for rank in rank_ids:
+        rank_results = [rank_result(where[i][rank], r, rank) for i, r in enumerate(launched)]
+        report = analyse(where[0][rank], rank_record(single, rank) if len(nodes) == 1 else single, rank_results,
+                         explained=explained)
+        d = report.first_divergence
+        role = None if d is None else classify(d, [Path(r.trace) for r in rank_results], report.op_finding)
+        summaries.append(RankSummary(rank, d, role, report))
+    chosen = earliest(summaries)
+    if chosen is not None and chosen.role == "origin":
+        for s in summaries:
+            if s.role == "receiver":
+                s.report = replace(s.report, causes=[])  # what reached it through a collective was born elsewhere
+    primary = chosen.report if chosen is not None else summaries[0].report
+    repeat_errors = _repeat_errors(nodes, launched)
+    findings = DistributedFindings(
+        nproc_per_node=nodes[0].layout.nproc_per_node, rank=chosen.rank if chosen is not None else None,
+        ranks=summaries, replica_divergence=replica_check(where, launched, rank_ids), teardown_crashes=crashes,
+        notes=[*notes, *sampler_notes(where[0], launched[0], rank_ids)])
+    failed = all_failed(launched) and not any(r.timed_out for r in launched)  # the combined verdict `failed`
+    return replace(primary, runs=list(launched), repeat_errors=repeat_errors, distributed=findings,
+                   run_dir=str(nodes[0].run_dir),
+                   causes=[on_rank(c, chosen, summaries) for c in primary.causes] if chosen is not None
+                   else primary.causes,
+                   # the repeat's error (the rank that failed first), not the primary rank's own
+                   failure=(repeat_errors.get(launched[0].index) or primary.failure) if failed else primary.failure)
+
+
+def _without_teardown_crashes(nodes: Sequence[Node]) -> tuple[list[Node], list[TeardownCrash]]:
+    """Each node with a repeat that crashed only in teardown (every rank finished with status 0) counted as
+    status 0, and those crashes, reported on their own."""
+    fixed, crashes = list(nodes), []
+    for k, n in enumerate(fixed):
         found = [teardown_crash(n.run_dir, r, n.layout) for r in n.results]
         crashes += [c for c in found if c is not None]
-        nodes[k] = replace(n, results=[r if c is None else replace(r, exit_code=0) for r, c in zip(n.results, found)])
-    launched = [_combined([n.results[i] for n in nodes]) for i in range(len(nodes[0].results))]
-    where = _homes(nodes, len(launched))
+        fixed[k] = replace(n, results=[r if c is None else replace(r, exit_code=0) for r, c in zip(n.results, found)])
+    return fixed, crashes
+
+
+def _rank_homes(nodes: Sequence[Node], repeats: int) -> tuple[list[dict[int, Path]], list[int], list[int]]:
+    """(where each repeat's rank left its files, the ranks found in every repeat, the ranks found in some only)."""
+    where = _homes(nodes, repeats)
     seen = sorted({rank for places in where for rank in places})
     if len(nodes) > 1:  # every node's directory is here: a rank missing from a repeat left no trace anywhere
         for places in where:
             for rank in seen:
                 places.setdefault(rank, nodes[0].run_dir)
     rank_ids = [rank for rank in seen if all(rank in places for places in where)]
-    moved = [rank for rank in seen if rank not in rank_ids]
+    return where, rank_ids, [rank for rank in seen if rank not in rank_ids]
+
+
+def _launch_notes(moved: Sequence[int], launched: Sequence[RepeatResult]) -> list[str]:
+    """What the report says about ranks that moved between nodes, exit barriers waited at, rendezvous retried."""
     notes = [f"rank(s) {', '.join(map(str, moved))} left traces here in some repeats only: the rendezvous "
              "numbered the nodes differently from one launch to the next (c10d orders them by host name, then by "
              "agent pid), so their repeats lie in other nodes' run directories and are not compared here; "
@@ -103,42 +150,17 @@ def analyse_nodes(nodes: Sequence[Node], record: RunRecord, analyse: Callable[..
         notes.append(f"repeat(s) {', '.join(map(str, retried))}: a node's launch failed in torchrun's rendezvous "
                      "before any rank started (another node's agent of the previous repeat still held it) and was "
                      "launched again; the failed launches' output is kept as repeat-I.rendezvous-N.stdout/.stderr")
-    if not rank_ids:
-        if moved:
-            raise Inconclusive(f"{nodes[0].run_dir}: no rank left its traces here in every repeat. {notes[0]}.")
-        raise TraceError("no trace was written")
+    return notes
 
-    summaries = []
-    for rank in rank_ids:
-        rank_results = [rank_result(where[i][rank], r, rank) for i, r in enumerate(launched)]
-        report = analyse(where[0][rank], rank_record(single, rank) if len(nodes) == 1 else single, rank_results,
-                         explained=explained)
-        d = report.first_divergence
-        role = None if d is None else classify(d, [Path(r.trace) for r in rank_results], report.op_finding)
-        summaries.append(RankSummary(rank, d, role, report))
 
-    chosen = earliest(summaries)
-    if chosen is not None and chosen.role == "origin":
-        for s in summaries:
-            if s.role == "receiver":
-                s.report = replace(s.report, causes=[])  # what reached it through a collective was born elsewhere
-    primary = chosen.report if chosen is not None else summaries[0].report
-    repeat_errors = {}  # the repeat's: the root-cause rank's error on the first node whose launch failed
+def _repeat_errors(nodes: Sequence[Node], launched: Sequence[RepeatResult]) -> dict[int, str]:
+    """Each failed repeat's error: the root-cause rank's, on the first node whose launch failed."""
+    errors = {}
     for i, r in enumerate(launched):
         stopped = [n for n in nodes if n.results[i].exit_code not in (0, None) and not n.results[i].timed_out]
         if stopped:
-            repeat_errors[r.index] = _stderr_excerpt(stopped[0].run_dir, stopped[0].results[i], stopped[0].layout)
-    findings = DistributedFindings(
-        nproc_per_node=nodes[0].layout.nproc_per_node, rank=chosen.rank if chosen is not None else None,
-        ranks=summaries, replica_divergence=replica_check(where, launched, rank_ids), teardown_crashes=crashes,
-        notes=[*notes, *sampler_notes(where[0], launched[0], rank_ids)])
-    failed = all_failed(launched) and not any(r.timed_out for r in launched)  # the combined verdict `failed`
-    return replace(primary, runs=list(launched), repeat_errors=repeat_errors, distributed=findings,
-                   run_dir=str(nodes[0].run_dir),
-                   causes=[on_rank(c, chosen, summaries) for c in primary.causes] if chosen is not None
-                   else primary.causes,
-                   # the repeat's error (the rank that failed first), not the primary rank's own
-                   failure=(repeat_errors.get(launched[0].index) or primary.failure) if failed else primary.failure)
+            errors[r.index] = _stderr_excerpt(stopped[0].run_dir, stopped[0].results[i], stopped[0].layout)
+    return errors
 
 
 def _combined(results: Sequence[RepeatResult]) -> RepeatResult:
