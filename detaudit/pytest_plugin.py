@@ -237,13 +237,9 @@ def failure_message(report: Report) -> str:
 def _output_tail(path: Path, lines: int = 40) -> str:
     """The end of a re-run's pytest output (pytest reports a failing test on stdout): its last 64 KB, a
     regular file of the run directory, never read through a link."""
-    from detaudit.errors import TraceError
-    from detaudit.trace import read_regular
+    from detaudit.run.failure import capture_tail
 
-    try:
-        text = read_regular(path, "stdout capture", 64 << 10, tail=True).decode(errors="replace")
-    except (OSError, TraceError):
-        return ""
+    text = capture_tail(path, "stdout capture", 64 << 10)
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 

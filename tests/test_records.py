@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from detaudit import records
+from detaudit.audit import baseline
 from detaudit.errors import TraceError
 from detaudit.records import (
     BaselineManifest,
@@ -23,7 +24,6 @@ from detaudit.records import (
     RunRecord,
     StoredExperiment,
 )
-from detaudit.report import baseline
 from detaudit.results import Experiment, RepeatResult, SelfCheck, Tolerance
 from detaudit.run import rundir
 

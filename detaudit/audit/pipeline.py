@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from detaudit.audit import analysis as analysis_steps
-from detaudit.audit import ranks
+from detaudit.audit import baseline, ranks
 from detaudit.audit.analysis import Analysis, Step, extend, run_steps, start
 from detaudit.compare import match
 from detaudit.compare.live import LiveWatch
@@ -23,7 +23,6 @@ from detaudit.compare.oprules import find_op_source
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
 from detaudit.errors import TraceError, UsageError
 from detaudit.records import OPS_PREFIX, Narrowing, RunRecord
-from detaudit.report import baseline
 from detaudit.report.model import Report, write_json
 from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, Tolerance
 from detaudit.run import distributed, sharing
@@ -95,7 +94,7 @@ class Checks:
 
     tolerance: Tolerance = field(default_factory=Tolerance)  # between devices (same device: bitwise)
     stdout: StdoutMode = DEFAULT_STDOUT  # how stdout is compared (docs/stdout.md)
-    baseline: Path | None = None  # --baseline: a recorded run (detaudit/report/baseline.py) to compare with as well
+    baseline: Path | None = None  # --baseline: a recorded run (detaudit/audit/baseline.py) to compare with as well
     self_check: bool = False  # --self-check: one extra repeat with a one-ULP change, which must be seen
 
 

@@ -243,9 +243,8 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
 
 
 def _show(trace_path: Path, limit: int, events: bool) -> None:
-    from detaudit.compare.align import Aligner, describe
+    from detaudit.audit.listing import TraceListing
     from detaudit.safetext import printable
-    from detaudit.trace import RecordStream
 
     def clean(value: Any) -> str:  # a trace may come from anywhere: no markup, no terminal controls
         return escape(printable(str(value)))
@@ -257,13 +256,14 @@ def _show(trace_path: Path, limit: int, events: bool) -> None:
         hint = f"; this run directory has {', '.join(traces)}" if traces else ""
         raise click.UsageError(f"{trace_path} is a directory: `show` prints one trace file{hint} "
                                "(`detaudit report RUN_DIR` shows a run)")
-    stream = RecordStream(trace_path.resolve())  # a link the user names is theirs to follow (trace.open_regular)
+    listing = TraceListing(trace_path)
     console = stdout_console()
-    console.print(f"[bold]{clean(trace_path)}[/] — format {clean(stream.header.get('format'))} "
-                  f"v{clean(stream.header.get('version'))}")
+    console.print(f"[bold]{clean(trace_path)}[/] — format {clean(listing.header.get('format'))} "
+                  f"v{clean(listing.header.get('version'))}")
     for key in ("script", "argv", "repeat", "device_request", "granularity", "torch", "pid"):
-        if key in stream.header:
-            console.print(f"  {key}: {clean(stream.header[key])}")
+        if key in listing.header:
+            console.print(f"  {key}: {clean(listing.header[key])}")
+
     def new_table(header: bool) -> Table:
         table = Table(show_edge=False, show_header=header)
         for col in ("#", "step", "kind", "name", "tensor", "digest", "location"):
@@ -271,45 +271,28 @@ def _show(trace_path: Path, limit: int, events: bool) -> None:
         return table
 
     table = new_table(True)
-    shown = 0
-    total = 0
-    aligner = Aligner([stream], chunk=4096)  # a lockstep walk of one trace: bounded memory, strings checked
-    for block in aligner:
-        for row in block.chunks[0]:
-            if limit == 0 or shown < limit:
-                info = describe(stream, row, total)
-                name = (f"{info.op} ({info.node or 'bwd'})" if info.backward else f"{info.op} (fwd)") \
-                    + (f" in {info.module}" if info.module else "") if info.op else info.name
-                table.add_row(str(total), str(info.step), info.kind, clean(name), clean(f"{info.dtype}[{info.shape}]"),
-                              f"{int(row['digest']):016x}", clean(info.location))
-                shown += 1
-            total += 1
+    shown = total = 0
+    for row in listing.records():
+        if limit == 0 or shown < limit:
+            table.add_row(str(row.index), str(row.step), row.kind, clean(row.name), clean(row.tensor), row.digest,
+                          clean(row.location))
+            shown += 1
+        total += 1
         if table.row_count >= 4096:  # printed as it goes: `--limit 0` on a long trace keeps memory bounded
             console.print(table)
             table = new_table(False)
-    aligner.finish()
     if table.row_count or not shown:
         console.print(table)
     if limit and total > shown:
         console.print(f"  … {total - shown} more records (use --limit 0 to print all)")
-    if events and stream.events:
+    if events and listing.events:
         console.print("[bold]Evidence events[/]")
-        for event in stream.events:
+        for event in listing.events:
             console.print("  " + clean(event))
-    if stream.footer is None:
-        console.print(f"[bold yellow]incomplete[/]: no footer {_why_no_footer(trace_path, stream.header.get('pid'))}")
+    if listing.footer is None:
+        console.print(f"[bold yellow]incomplete[/]: no footer {listing.why_no_footer()}")
     else:
-        console.print(f"footer: {clean(stream.footer)}")
-
-
-def _why_no_footer(trace_path: Path, pid: object) -> str:
-    """A trace without a footer: still being written (its repeat is running), or its repeat never finished."""
-    from detaudit.run.distributed import runs_our_child
-
-    if isinstance(pid, int) and pid > 0 and runs_our_child(pid, trace_path.resolve().parent):
-        return (f"yet: the repeat (pid {pid}) is still running and writing this trace; shown as far as it was "
-                "written")
-    return "(the repeat was killed or crashed hard)"
+        console.print(f"footer: {clean(listing.footer)}")
 
 
 @cli.command()

@@ -123,11 +123,17 @@ def read_error(trace: Path) -> ScriptError | None:
 def stderr_tail(path: Path) -> str:
     """The end of a repeat's stderr capture (the last STDERR_TAIL_BYTES; a traceback or torchrun's failure
     summary is there): a regular file of the run directory, never read through a link; "" when unreadable."""
+    return capture_tail(path, "stderr capture", STDERR_TAIL_BYTES)
+
+
+def capture_tail(path: Path, what: str, limit: int) -> str:
+    """The last `limit` bytes of a captured output file, as text: a regular file, never read through a link;
+    "" when unreadable."""
     from detaudit.errors import TraceError
     from detaudit.trace import read_regular
 
     try:
-        return read_regular(path, "stderr capture", STDERR_TAIL_BYTES, tail=True).decode(errors="replace")
+        return read_regular(path, what, limit, tail=True).decode(errors="replace")
     except (OSError, TraceError):
         return ""
 

@@ -21,9 +21,9 @@ import pytest
 from click.testing import CliRunner
 from synthetic import training_records, write_run
 
+import detaudit.audit.baseline
 import detaudit.audit.pipeline
 import detaudit.explain.runner
-import detaudit.report.baseline
 import detaudit.run.devices
 from detaudit.cli.commands import cli, main
 from detaudit.errors import ExitCode, TraceError
@@ -77,7 +77,7 @@ class Core:
         monkeypatch.setattr(detaudit.run.devices, "cuda_available", lambda: False)  # the same on every machine
         for owner, name in ((detaudit.audit.pipeline, "run_audit"), (detaudit.audit.pipeline, "load_run"),
                             (detaudit.audit.pipeline, "compare_recorded"), (detaudit.explain.runner, "run_experiments"),
-                            (detaudit.report.baseline, "save")):
+                            (detaudit.audit.baseline, "save")):
             monkeypatch.setattr(owner, name, self._fake(name))
 
     def _fake(self, name: str) -> Any:
