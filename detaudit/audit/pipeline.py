@@ -596,8 +596,8 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
         inferred = causes.diagnose(divergence, traces, results, op_finding, perturbed) \
             if divergence is not None else []
     stored = experiments.saved(run_dir) if explained and divergence is not None else []
-    ranked = experiments.apply(inferred, stored, divergence.index) if stored and divergence is not None \
-        else inferred
+    ranked, not_ruled_out = causes.split(experiments.apply(inferred, stored, divergence.index)
+                                         if stored and divergence is not None else inferred)
     found = match.describe_match(
         traces[0], comparison, bitwise=bitwise, tolerance=tolerance, devices=[r.device for r in results],
         granularity=str(record.granularity or RecordStream(traces[0]).header.get("granularity", "?")),
@@ -611,11 +611,12 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
     return Report(
         script=record.script, script_args=list(record.script_args), run_dir=str(run_dir),
         runs=list(results), comparison=comparison, outcome_divergence=ended, causes=ranked, experiments=stored,
+        not_ruled_out=not_ruled_out,
         environment={**record.environment.to_dict(), **recorded_versions(first_repeat)},
         failure=repeat_errors.get(results[0].index, "") if failed else "", repeat_errors=repeat_errors,
         bitwise=bitwise, stdout_mode=stdout_mode,
         argv=[record.script, *record.script_args],  # the script's sys.argv in every repeat (the child sets it so)
-        baseline=checked, inferred=[c.id for c in inferred], match=found, op_finding=op_finding,
+        baseline=checked, inferred=[c.id for c in causes.split(inferred)[0]], match=found, op_finding=op_finding,
         carried_output=carried, perturbation=perturbed, latent=latent_findings(first_repeat, results),
     )
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
 from detaudit.causes.order import hash_calls
+from detaudit.causes.outside import outside_reads, outside_what
 from detaudit.events import (
     DataLoaderEvent,
     DrawEvent,
     GeneratorEvent,
-    HashEvent,
     RngRestoreEvent,
     SeedEvent,
     Short,
@@ -45,6 +45,7 @@ CONSTANT_SEED = {
 }
 IMPORT_ONLY = 0.5  # an RNG only libraries drew from at their import: below BACKGROUND beside a likely cause
 OBJECT = {"torch": "torch.Generator", "numpy": "NumPy generator", "python": "`random.Random`"}
+DRAWS_ITS_SEED = ("torch.seed",)  # seeding calls that draw their seed from the OS and return it
 
 
 def constant_seed(fn: str, loc: str) -> str:
@@ -315,6 +316,9 @@ def varying_seed(ctx: Context) -> Finding | None:
             if entropy:
                 lines.append(f"{c['fn']}() at {c.get('loc')}{via} seeds from operating-system entropy: the state "
                              "differs in every repeat")
+            elif c["fn"] in DRAWS_ITS_SEED:  # `torch.seed()` seeds from the OS and returns what it drew
+                lines.append(f"{c['fn']}() at {c.get('loc')}{via} seeded from operating-system entropy and returned "
+                             f"{ctx.pair_text(values)}")
             else:
                 lines.append(f"{c['fn']} at {c.get('loc')}{via} received {ctx.pair_text(values)}")
             pins.append(PINS[lib])
@@ -327,13 +331,11 @@ def varying_seed(ctx: Context) -> Finding | None:
         break
     if first is None:
         return None
-    probes = [h.get("probe") for h in (r.first(HashEvent) for r in ctx.involved) if h is not None]
-    hashed = hash_calls(ctx)
-    if hashed:  # the use the evidence shows: the script's own hash() of a string, which a seed may come from
-        lines += [f"{text} (a seed derived from it changes with it)" for _, text in hashed[:2]]
-    elif len(probes) == len(ctx.involved) and ctx.differs(probes):
-        lines.append("string hashing is randomized in these repeats (PYTHONHASHSEED unset): a seed derived from "
-                     "`hash()` of a string (a prompt, a name) changes with it")
+    # where the value came from, when the evidence shows it: a read of the outside world at the seeding line, or
+    # the script's own hash() of a string (that hashing is randomized at all is no evidence a seed came from it)
+    lines += [f"{fn} at {loc} read {outside_what(fn)} on the line that seeds" for fn, loc in outside_reads(ctx)
+              if loc == first.get("loc")][:1]
+    lines += [f"{text} (a seed derived from it changes with it)" for _, text in hash_calls(ctx)[:2]]
     lines.append(f"first divergence: {ctx.where()}")
     fix = (f"{constant_seed(first['fn'], first.get('loc', ''))}; when runs must differ on purpose, pass the seed "
            "in explicitly (an argument or config value) and log it")

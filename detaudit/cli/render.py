@@ -12,6 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from detaudit.causes import headline
 from detaudit.compare.oprules import VERDICTS, OpFinding, traced_note
 from detaudit.compare.traces import Divergence
 from detaudit.report.model import Report, divergence_to_dict
@@ -23,7 +24,7 @@ MAX_SPREAD_ROWS = 12
 MAX_STDOUT_REPEATS = 2  # differing repeats whose stdout line the terminal shows
 BELOW_THE_LINE = ("not-needed", "ruled-out")  # an experiment refuted the cause or made it unnecessary
 BASIS_TEXT = {"experiment": "experiment", "op-records": "op-level records", "direct": "direct evidence",
-              "circumstantial": "circumstantial"}
+              "circumstantial": "circumstantial", "no-evidence": "not ruled out"}
 
 
 def escape(text: str) -> str:
@@ -298,8 +299,7 @@ def summary_line(report: Report) -> Text:
     elif report.verdict == "inconclusive":
         parts.append(report.inconclusive_reason.split(":")[0])
     if report.causes:
-        top = report.causes[0]
-        parts.append(f"top cause: {top.id} ({top.confidence})")
+        parts.append(headline(report.causes, report.not_ruled_out))
     # recordings compared (`detaudit compare`) have no one command line and no run directory of their own
     parts.append(f"run: {report.run_dir}" if report.argv is not None else f"compared: {report.script}")
     text.append(printable(" · " + " · ".join(parts)))

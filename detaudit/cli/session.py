@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from detaudit.causes import leads
 from detaudit.errors import DetauditError
 from detaudit.results import RepeatProgress, RepeatResult
 from detaudit.run.files import naming, silence_stdout
@@ -186,7 +187,7 @@ def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None
         args = options.target.script_args if options.target.redact_args else None
         if explain:
             report = explain_run(Path(report.run_dir), budget, explain_all, schedule.jobs, quiet, args)
-        elif cheap and cheap_pin(report.causes) is not None:
+        elif cheap and cheap_pin(leads(report.causes, report.not_ruled_out)) is not None:
             report = explain_run(Path(report.run_dir), None, False, schedule.jobs, quiet, args, cheap=True)
     return report
 

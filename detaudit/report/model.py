@@ -100,6 +100,9 @@ class Report:
     comparison: Comparison
     outcome_divergence: Divergence | None = None
     causes: list[Cause] = field(default_factory=list)
+    # candidates with no evidence of their mechanism in this run (basis `no-evidence`), each with the pins of the
+    # experiment that would rule it in or out: never a cause, never in the summary line (docs/causes.md#ranking)
+    not_ruled_out: list[Cause] = field(default_factory=list)
     experiments: list[Experiment] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     failure: str = ""  # the script's own error when it failed in every repeat
@@ -340,6 +343,7 @@ def to_dict(report: Report) -> dict[str, Any]:
             "by_step": spread_to_list(comp.by_step),
         },
         "causes": [asdict(c) for c in report.causes],
+        "not_ruled_out": [asdict(c) for c in report.not_ruled_out],
         "latent": [asdict(x) for x in report.latent],
         "inferred_ranking": report.inferred,
         "experiments": [asdict(e) for e in report.experiments],

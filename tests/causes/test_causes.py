@@ -127,8 +127,9 @@ def test_varying_seed_outranks_everything_and_names_the_call() -> None:
     found = causes.rank(context([events(0), events(1)]))
     assert found[0].id == "varying-seed"
     assert "1000 in repeat 0, 1001 in repeat 1" in found[0].evidence[0]
-    # the hash probe differs too: a seed from `hash(prompt)` is named as such, not as a set's order
-    assert any("derived from `hash()` of a string" in line for line in found[0].evidence)
+    # the hash probe differs too, but no hash() call was seen: that hashing is randomized is no evidence the seed
+    # came from it (issue 35), so the evidence does not guess
+    assert not any("hash()" in line for line in found[0].evidence)
     assert "torch.manual_seed(0)" in found[0].fix and "train.py:9" in found[0].fix
     assert found[0].pins == ["torch-rng"]
 
@@ -195,7 +196,8 @@ def test_object_order_rises_when_the_hash_seed_is_fixed() -> None:
     fixed = order.object_order(context([[hash_event(5, 0)], [hash_event(5, 0)]]))
     assert randomized is not None and fixed is not None
     assert fixed.score > randomized.score
-    assert ids(context([[hash_event(5, 0)], [hash_event(5, 0)]]))[0] == "object-order"
+    # with no reordering seen, object order is a candidate, not a cause: first among those not ruled out
+    assert causes.split(causes.rank(context([[hash_event(5, 0)], [hash_event(5, 0)]])))[1][0].id == "object-order"
     off = context([[hash_event(5, 0, aslr_disabled=True)], [hash_event(5, 0, aslr_disabled=True)]])
     assert order.object_order(off) is None
 
@@ -451,9 +453,9 @@ def test_hash_order_and_identity_order_are_a_toss_up_with_the_experiment_named()
         assert "PYTHONHASHSEED=0" in c.evidence[-1]
 
 
-def test_circumstantial_causes_are_never_likely() -> None:
+def test_causes_without_direct_evidence_are_never_likely() -> None:
     found = causes.rank(context([[hash_event(1)], [hash_event(2)]]))
-    assert all(c.confidence == "possible" and c.basis == "circumstantial" for c in found)
+    assert all(c.confidence == "possible" for c in found)
 
 
 # -- causes users hit now -------------------------------------------------------------------------------------
