@@ -209,5 +209,4 @@ def unknown(ctx: Context, candidates: Sequence[Cause] = ()) -> Finding:
     lines.append(f"first divergence: {ctx.where()}")
     fix = "rerun with `--granularity op` to find the op, and `detaudit explain RUN_DIR` to test each source of " \
           "nondeterminism in turn"
-    return finding(UNKNOWN, 0.0, "cause not identified: no recorded evidence of any cause's mechanism explains the "
-                   "divergence", lines, fix)
+    return finding(UNKNOWN, 0.0, "no recorded evidence explains the divergence", lines, fix)
