@@ -253,11 +253,16 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
             fix = f"call `{SEED_CALL[lib]}` at the start of the script" + (f", before {loc}" if loc else "")
         if _inference_dropout(ctx):
             fix = "call `model.eval()` before inference (its Dropout draws only in training mode); " + fix
-        loader = next((e for e in ctx.ref.of(DataLoaderEvent) if not e.get("generator")), None)
+        # only a loader that draws (a random sampler: shuffle=True) is worth a generator; `shuffle=False` draws nothing
+        loader = next((e for e in ctx.ref.of(DataLoaderEvent) if not e.get("generator")
+                       and "Random" in str(e.get("sampler"))), None)
         if lib == "torch" and loader is not None:
             fix += (f"; or pass `generator=torch.Generator().manual_seed(0)` to the DataLoader at "
                     f"{loader.get('loc')}")
-        what = "its seeding is undone before it is drawn from" if undone else "its global RNG is never seeded"
+        seeds = seeding_calls(ctx.ref, lib)
+        what = ("its seeding is undone before it is drawn from" if undone
+                else f"it is drawn from before it is seeded at {seeds[0].get('loc')}" if seeds
+                else "its global RNG is never seeded")
     summary = f"{NAMES[lib]} randomness is not seeded ({what}), so it differs in every run"
     pins = [] if objects and all(o.event.get("entropy") for o in objects) and not draws else [PINS[lib]]
     score = _score(ctx, lib, first_at)
