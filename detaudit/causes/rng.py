@@ -329,11 +329,10 @@ def varying_seed(ctx: Context) -> Finding | None:
             pins.append(PINS[lib])
             first = first if first is not None and first.get("at", 0) <= c.get("at", 0) else c
             break
-    for own in (o for o in own_rngs(ctx) if o.varying_value):
+    for own in [o for o in own_rngs(ctx) if o.varying_value][:3]:  # each RNG object seeded from the outside world
         lines += own.lines(ctx)
         pins.append(PINS[own.event["lib"]])
         first = first if first is not None and first.get("at", 0) <= own.at else own.event
-        break
     if first is None:
         return None
     # where the value came from, when the evidence shows it: a read of the outside world at the seeding line, or
