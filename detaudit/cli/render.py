@@ -421,6 +421,11 @@ def causes_block(report: Report) -> Group | None:
         for line in cause.evidence:
             parts.append(Text(printable(f"   • {line}")))
         parts.append(Text(printable(f"   fix: {cause.fix}"), style="green"))
+    if report.not_ruled_out:
+        parts.append(Text("Not ruled out — no evidence of their mechanism in this run; not causes:", style="dim"))
+        parts.extend(Text(printable(f"   • {c.id}: {c.summary} (`detaudit explain` pins "
+                                    f"{', '.join(c.pins) or 'nothing: no pin reaches it'})"), style="dim")
+                     for c in report.not_ruled_out)
     return Group(*parts)
 
 
