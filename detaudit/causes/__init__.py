@@ -129,11 +129,12 @@ def _candidate(cause: Cause) -> Cause:
 def split(ranked: Sequence[Cause]) -> tuple[list[Cause], list[Cause]]:
     """(causes, not ruled out): a candidate with no evidence of its mechanism that no experiment confirmed,
     refuted or made unnecessary is not a cause. `unknown` goes once an experiment confirmed a source."""
-    candidates = [c for c in ranked if c.basis == NO_EVIDENCE and c.confidence in ("likely", "possible")]
+    def open_candidate(c: Cause) -> bool:
+        return c.basis == NO_EVIDENCE and c.confidence in ("likely", "possible")
+
     confirmed = any(c.confidence == "confirmed" for c in ranked)
-    causes = [c for c in ranked if not (c.basis == NO_EVIDENCE and c.confidence in ("likely", "possible"))
-              and not (confirmed and c.id == UNKNOWN)]
-    return causes, candidates
+    causes = [c for c in ranked if not open_candidate(c) and not (confirmed and c.id == UNKNOWN)]
+    return causes, [c for c in ranked if open_candidate(c)]
 
 
 def leads(causes: Sequence[Cause], not_ruled_out: Sequence[Cause]) -> list[Cause]:
@@ -178,7 +179,8 @@ def _toss_up(a: Cause, b: Cause) -> tuple[Cause, Cause]:
 
 
 def unknown(ctx: Context, candidates: Sequence[Cause] = ()) -> Finding:
-    """No detector fired: say what the evidence rules out, so the user knows where not to look."""
+    """No cause has evidence of its mechanism: say what the evidence rules out, so the user knows where not to
+    look, and which candidates are not ruled out (with the experiment that tests each)."""
     ruled_out = []
     for lib in ("torch", "numpy", "python"):
         states = [next((s["rng"][lib]["digest"] for s in r.states() if lib in s.get("rng", {})
