@@ -421,11 +421,17 @@ def causes_block(report: Report) -> Group | None:
         for line in cause.evidence:
             parts.append(Text(printable(f"   • {line}")))
         parts.append(Text(printable(f"   fix: {cause.fix}"), style="green"))
-    if report.not_ruled_out:
-        parts.append(Text("Not ruled out — no evidence of their mechanism in this run; not causes:", style="dim"))
-        parts.extend(Text(printable(f"   • {c.id}: {c.summary} (`detaudit explain` pins "
-                                    f"{', '.join(c.pins) or 'nothing: no pin reaches it'})"), style="dim")
-                     for c in report.not_ruled_out)
+    return Group(*parts)
+
+
+def not_ruled_out_block(report: Report) -> Group | None:
+    """Candidates with no evidence of their mechanism in this run: not causes, each with the experiment to test it."""
+    if not report.not_ruled_out:
+        return None
+    parts: list[Any] = [Text("Not ruled out — no evidence of their mechanism in this run; not causes:", style="dim")]
+    parts.extend(Text(printable(f"   • {c.id}: {c.summary} (`detaudit explain` pins "
+                                f"{', '.join(c.pins) or 'nothing: no pin reaches it'})"), style="dim")
+                 for c in report.not_ruled_out)
     return Group(*parts)
 
 
@@ -541,7 +547,8 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
     for block in (ranks_table(report), replica_panel(report), match_block(report),
                   divergence_panel(report), perturbation_panel(report), carried_panel(report), baseline_panel(report),
                   op_panel(report),
-                  spread_table(report), causes_block(report), experiments_table(report), latent_block(report)):
+                  spread_table(report), causes_block(report), not_ruled_out_block(report), experiments_table(report),
+                  latent_block(report)):
         if block is not None:
             console.print(block)
     for note in notes:

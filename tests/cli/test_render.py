@@ -152,7 +152,7 @@ def test_causes_an_experiment_ruled_out_are_shown_below_a_line() -> None:
     causes = [Cause("unseeded-torch-rng", "confirmed", "s", ["e"], "f", basis="experiment"),
               Cause("object-order", "not-needed", "s", ["e"], "f"), Cause("python-hash-seed", "ruled-out", "s", ["e"],
                                                                          "f")]
-    block = causes_block(SimpleNamespace(causes=causes, not_ruled_out=[]))  # type: ignore[arg-type]
+    block = causes_block(SimpleNamespace(causes=causes))  # type: ignore[arg-type]
     assert block is not None
     console = Console(record=True, width=200)
     console.print(block)

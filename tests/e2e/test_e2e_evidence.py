@@ -144,4 +144,5 @@ def test_a_clock_scaled_gradient_is_an_outside_value_with_no_hash_seed_filler(tm
     assert [c["id"] for c in result.report["causes"]] == ["outside-value"]
     assert {c["id"] for c in result.report["not_ruled_out"]} <= {"python-hash-seed", "object-order"}
     assert "python-hash-seed" not in summary_line(result)
+    assert "Not ruled out — no evidence of their mechanism in this run" in result.stdout
     assert assert_summary_cause_has_evidence(tmp_path, result) == "outside-value"
