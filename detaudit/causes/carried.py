@@ -36,10 +36,11 @@ def describe(index: int, event: CarriedEvent, written: Sequence[str] = ()) -> st
         left = f"holding {', '.join(names)}, which {who} created or changed" if names \
             else f"which {who} changed (an entry added or removed)"
         what = f"listed directory {path}/, {left}"
-    elif any(_same_file(w, path) for w in written):
-        what = f"read {path}, which an earlier repeat of this audit wrote"
     else:
-        what = f"read {path}, which was modified during this audit, before this repeat started ({_SOMEONE})"
+        did = "read" if event.get("what") == "read" else "asked the size, time or existence of"
+        who = "an earlier repeat of this audit wrote" if any(_same_file(w, path) or _inside(w, path) for w in written) \
+            else f"was modified during this audit, before this repeat started ({_SOMEONE})"
+        what = f"{did} {path}, which {who}"
     by = event.get("by", "")
     via = f" (through {by})" if by and by != event.get("loc") else ""
     return f"repeat {index} {what}, at {event.get('loc')}{via}"

@@ -82,6 +82,26 @@ for _ in range(2):
     optimizer.step()
 """
 
+# a seeded script that adapts its learning rate to the size of a file each run appends to (asked, never opened)
+SIZE_TUNED = """\
+import os
+
+import torch
+
+log = "history.txt"
+size = os.path.getsize(log) if os.path.exists(log) else 0
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1 / (1 + size))
+x = torch.ones(3, 4)
+for _ in range(2):
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+with open(log, "a") as f:
+    f.write("run\\n")
+"""
+
 
 def audit(tmp_path: Path, name: str, source: str, *args: str) -> CliResult:
     (tmp_path / name).write_text(source)
@@ -146,3 +166,15 @@ def test_a_clock_scaled_gradient_is_an_outside_value_with_no_hash_seed_filler(tm
     assert "python-hash-seed" not in summary_line(result)
     assert "Not ruled out — no evidence of their mechanism in this run" in result.stdout
     assert assert_summary_cause_has_evidence(tmp_path, result) == "outside-value"
+
+
+@pytest.mark.process
+def test_a_size_asked_of_a_file_an_earlier_repeat_wrote_is_carried_state_not_a_hash_seed(tmp_path: Path) -> None:
+    result = audit(tmp_path, "tuned.py", SIZE_TUNED)
+    assert result.report is not None
+    top = result.report["causes"][0]
+    assert top["id"] == "carried-state"
+    assert "repeat 1 asked the size, time or existence of history.txt, which an earlier repeat of this audit " \
+           "wrote, at tuned.py:6" in top["evidence"][0]
+    assert "python-hash-seed" not in summary_line(result)
+    assert assert_summary_cause_has_evidence(tmp_path, result) == "carried-state"
