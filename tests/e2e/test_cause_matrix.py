@@ -22,6 +22,8 @@ import pytest
 from audits import DETERMINISTIC, DIVERGENT, Audit, Cache, Done
 from conftest import SCRIPTS
 
+from detaudit.causes import MECHANISM
+from detaudit.causes.context import load
 from detaudit.pin import CONTROL
 
 ORDER = ("python-hash-seed", "object-order")  # a toss-up without an experiment (docs/causes.md)
@@ -226,6 +228,19 @@ def expected_summary(causes: list[dict[str, Any]]) -> str:
     return f"top cause: {top['id']} ({top['confidence']})"
 
 
+def assert_summary_cause_observed(done: Done, causes: list[dict[str, Any]]) -> None:
+    """The cause the summary line names was proved (an experiment, the op-level records) or has an evidence event of
+    the kind it declares (causes.MECHANISM) in a compared repeat or its DataLoader workers."""
+    top = causes[0]
+    if expected_summary(causes) == "cause not identified" or top["basis"] in ORDER_EVIDENCE:
+        return
+    kinds = MECHANISM.get(top["id"], ())
+    seen = {e["type"] for r in done.report["runs"]
+            for rep in [load(done.run_dir / f"repeat-{r['repeat']}.trace", r["repeat"], r["device"])]
+            for e in [*rep.events, *rep.worker_events]}
+    assert not kinds or seen & set(kinds), (top["id"], kinds, sorted(seen))
+
+
 def audit_of(row: Row, attempt: int = 0) -> Audit:
     return Audit(row.script, row.args, env=tuple(sorted(row.env.items())), attempt=attempt)
 
@@ -290,6 +305,7 @@ def test_cause_matrix(shared: Cache, row: Row) -> None:
     for done, causes in ((run, cheap), (explained, final)):
         assert_evidence_discipline(causes)
         assert expected_summary(causes) in summary_line(done), (summary_line(done), causes)
+    assert_summary_cause_observed(run, cheap)
     for ids in (inferred, _ids(cheap), _ids(final)):
         assert not set(row.must_not) & set(ids), ids
     # the default confirmation never confirms a wrong cause, and settles a toss-up: the right one first
