@@ -21,9 +21,10 @@ MAX_LINES = 4
 
 def carried(rep: RepeatEvidence, ctx: Context | None = None) -> list[CarriedEvent]:
     """A repeat's carried reads and listings (its DataLoader workers' too), before the divergence when
-    `ctx` is given."""
+    `ctx` is given; reads and listings first, then the sizes and existence asked (`exists` before the `open`
+    it guards: the read is what carried the state in)."""
     found = rep.of(CarriedEvent) + rep.workers(CarriedEvent)
-    return [e for e in found if ctx is None or ctx.precedes(e)]
+    return sorted((e for e in found if ctx is None or ctx.precedes(e)), key=lambda e: e.get("what") == "stat")
 
 
 def describe(index: int, event: CarriedEvent, written: Sequence[str] = ()) -> str:
