@@ -338,7 +338,7 @@ class CarriedEvent(_Event):
     """A file read or a directory listed that an earlier repeat of this audit changed (recorder/evidence/files.py)."""
 
     type: Literal["carried"]
-    what: Literal["read", "list"]
+    what: Literal["read", "list", "stat"]  # stat: its size, time or existence (os.path.getsize, exists, ...)
     path: str  # relative to the working directory when inside it
     loc: str  # the user's line that led to the call
     by: str  # the immediate caller (a library listing its log directory)

@@ -216,8 +216,10 @@ class Tolerance:
 
 
 # How strong the proof of a cause is, strongest first: it decides the ranking before the score does
-Basis = Literal["experiment", "op-records", "direct", "circumstantial"]
-BASES: tuple[Basis, ...] = ("experiment", "op-records", "direct", "circumstantial")
+# (docs/causes.md#ranking). `no-evidence`: nothing of its mechanism was seen in this run; not a cause, a candidate
+# that is not ruled out (Report.not_ruled_out), with the experiment that would rule it in or out
+Basis = Literal["experiment", "op-records", "direct", "circumstantial", "no-evidence"]
+BASES: tuple[Basis, ...] = ("experiment", "op-records", "direct", "circumstantial", "no-evidence")
 # ruled-out: its own experiment left the repeats diverging; not-needed: another experiment made them agree
 # without pinning its source (both listed below the others)
 Confidence = Literal["confirmed", "likely", "possible", "not-needed", "ruled-out"]

@@ -61,7 +61,8 @@ class Analysis:
     baseline_check: BaselineCheck | None = None
     inferred: tuple[Cause, ...] = ()  # causes as ranked from the evidence alone
     stored: tuple[Experiment, ...] = ()  # --explain's experiments kept in the run directory
-    ranked: tuple[Cause, ...] = ()  # the causes after the experiments
+    ranked: tuple[Cause, ...] = ()  # the causes after the experiments, each with evidence of its mechanism
+    not_ruled_out: tuple[Cause, ...] = ()  # candidates no evidence supports: never in the summary line
     match: Match | None = None
     first_evidence: RepeatEvidence | None = None  # the first repeat's evidence (latent findings, versions)
     report: Report | None = None
@@ -202,13 +203,13 @@ def diagnose(a: Analysis) -> Analysis:
 
 
 def stored_experiments(a: Analysis) -> Analysis:
-    """`--explain`'s experiments kept in the run directory confirm, demote or refute the inferred causes."""
+    """Stored `--explain` experiments re-rank the causes; one with no evidence of its mechanism is a candidate."""
     divergence = a.divergence
-    if not a.explained or divergence is None:
-        return replace(a, stored=(), ranked=a.inferred)
-    stored = experiments.saved(a.run_dir)
-    ranked = experiments.apply(list(a.inferred), stored, divergence.index) if stored else list(a.inferred)
-    return replace(a, stored=tuple(stored), ranked=tuple(ranked))
+    stored = experiments.saved(a.run_dir) if a.explained and divergence is not None else []
+    ranked = experiments.apply(list(a.inferred), stored, divergence.index) if stored and divergence is not None \
+        else list(a.inferred)
+    with_evidence, candidates = causes.split(ranked)
+    return replace(a, stored=tuple(stored), ranked=tuple(with_evidence), not_ruled_out=tuple(candidates))
 
 
 def describe_match(a: Analysis) -> Analysis:
@@ -241,12 +242,13 @@ def build_report(a: Analysis) -> Analysis:
     report = Report(
         script=record.script, script_args=list(record.script_args), run_dir=str(a.run_dir),
         runs=results, comparison=a.compared(), outcome_divergence=a.ended, causes=list(a.ranked),
-        experiments=list(a.stored),
+        experiments=list(a.stored), not_ruled_out=list(a.not_ruled_out),
         environment={**record.environment.to_dict(), **recorded_versions(evidence)},
         failure=a.repeat_errors.get(results[0].index, "") if failed else "", repeat_errors=dict(a.repeat_errors),
         bitwise=a.bitwise, stdout_mode=a.stdout_mode,
         argv=[record.script, *record.script_args],  # the script's sys.argv in every repeat (the child sets it so)
-        baseline=a.baseline_check, inferred=[c.id for c in a.inferred], match=a.match, op_finding=a.op_finding,
+        baseline=a.baseline_check, inferred=[c.id for c in causes.split(list(a.inferred))[0]],
+        match=a.match, op_finding=a.op_finding,
         carried_output=a.carried, perturbation=a.perturbed, latent=latent_findings(evidence, results),
     )
     return replace(a, report=report)

@@ -31,8 +31,26 @@ from detaudit.compare.perturb import PerturbationFinding
 from detaudit.compare.traces import Divergence
 from detaudit.events import ConcurrencyEvent, EmptyEvent, HashEvent, OpEvent
 from detaudit.pin import PINS, separating_pin
-from detaudit.results import BASES, Cause, RepeatResult
+from detaudit.results import BASES, Basis, Cause, RepeatResult
 
+NO_EVIDENCE: Basis = "no-evidence"  # the basis of a candidate no evidence of whose mechanism was seen (results.BASES)
+# What each cause must have observed in this run to be a cause (docs/causes.md#ranking): the evidence event kinds
+# (events.py) of its mechanism, seen in a compared repeat or its DataLoader workers. An experiment or the op-level
+# re-run (OP_RECORDS: the divergent op's inputs reordered, an op proven nondeterministic) is evidence for any; `()`:
+# the comparison itself is the observation (a stdout line). A finding without it is a candidate not ruled out.
+OP_RECORDS = "op-records"
+MECHANISM: dict[str, tuple[str, ...]] = {
+    "unseeded-torch-rng": ("draw", "state", "rng-restore"), "unseeded-numpy-rng": ("draw", "state", "generator"),
+    "unseeded-python-rng": ("draw", "state", "generator"), "varying-seed": ("seed", "generator"),
+    "dataloader-workers": ("dataloader",), "python-hash-seed": ("hash-call",), "object-order": (OP_RECORDS,),
+    "concurrency": ("concurrency",), "outside-value": ("clock", "outside"), "wall-clock": ("clock-reads",),
+    "nondeterministic-op": ("op",), "uninitialized-memory": ("empty",), "cudnn-benchmark": ("state", "flag"),
+    "cublas-workspace": ("state", "modules"), "tf32": ("state", "flag", "environment"),
+    "thread-count": ("state", "environment"), "environment": ("environment",), "environment-change": ("environment",),
+    "flag-drift": ("flag", "state"), "flag-typo": ("flag-typo",), "collective-algorithm": ("collective", "ddp"),
+    "device-rng-geometry": ("draw",), "compiled-kernels": ("compile",), "carried-state": ("carried",),
+    "stdout-differs": (),
+}
 TIE = 1e-6  # scores this close on the same basis fit the evidence equally
 BACKGROUND = 0.55  # below this, a cause is listed only when nothing likely explains the divergence
 DETECTORS: tuple[Detector, ...] = (
@@ -68,22 +86,79 @@ def carried_output(divergence: Divergence, traces: Sequence[Path], runs: Sequenc
 
 
 def rank(ctx: Context) -> list[Cause]:
-    """Strongest proof first (op-level records > direct evidence > circumstantial), then score.
+    """One rule, everywhere (docs/causes.md#ranking): confirmed > direct evidence (op-level records, then direct) >
+    circumstantial > not ruled out (`no-evidence`); the score orders only within one basis.
 
     Two causes at the top that fit equally are a toss-up: both `possible`, and the report names the
-    one experiment that separates them (which `--explain` and the default confirmation run first).
+    one experiment that separates them (which `--explain` and the default confirmation run first). When no
+    candidate has evidence of its mechanism, `unknown` leads and says so; the candidates follow it, to be split
+    off into the report's "not ruled out" list (`split`).
     """
     findings = [f for f in (detect(ctx) for detect in DETECTORS) if f is not None]
     if ctx.perturbation is not None and ctx.perturbation.sensitive:
         # `run --perturb` proved it: repeats with equal settings agree, so nothing but the settings varied on
         # purpose changes the bits, and a cause that varies from run to run would be a wrong lead
         findings = [f for f in findings if f.cause.basis == "experiment"]
+    findings = [f if _observed(ctx, f.cause) else Finding(_candidate(f.cause), f.score) for f in findings]
     findings.sort(key=lambda f: (BASES.index(f.cause.basis), -f.score))  # stable: ties keep DETECTORS order
     if findings and findings[0].score >= LIKELY:  # weak, always-true background causes only add noise
         findings = [f for f in findings if f.score >= BACKGROUND]
-    if len(findings) >= 2 and _tied(findings[0], findings[1]):
-        findings[0].cause, findings[1].cause = _toss_up(findings[0].cause, findings[1].cause)
-    return [f.cause for f in findings] or [unknown(ctx).cause]
+    observed = [f for f in findings if f.cause.basis != NO_EVIDENCE]
+    candidates = [f for f in findings if f.cause.basis == NO_EVIDENCE]
+    leading = observed or candidates  # a toss-up among candidates matters only where they lead the experiments
+    if len(leading) >= 2 and _tied(leading[0], leading[1]):
+        leading[0].cause, leading[1].cause = _toss_up(leading[0].cause, leading[1].cause)
+    if not observed:
+        return [unknown(ctx, [f.cause for f in candidates]).cause, *(f.cause for f in candidates)]
+    return [f.cause for f in [*observed, *candidates]]
+
+
+def _observed(ctx: Context, cause: Cause) -> bool:
+    """Whether this run holds evidence of the cause's mechanism, of the kind it declares (MECHANISM)."""
+    if cause.basis in ("experiment", "op-records", NO_EVIDENCE):
+        return True
+    kinds = MECHANISM.get(cause.id, ())
+    return not kinds or any(e["type"] in kinds for r in ctx.involved for e in [*r.events, *r.worker_events])
+
+
+def _candidate(cause: Cause) -> Cause:
+    return replace(cause, basis=NO_EVIDENCE, confidence="possible", evidence=[
+        *cause.evidence, f"no evidence of its mechanism was recorded in this run ({', '.join(MECHANISM[cause.id])})"])
+
+
+def split(ranked: Sequence[Cause]) -> tuple[list[Cause], list[Cause]]:
+    """(causes, not ruled out): a candidate with no evidence of its mechanism that no experiment confirmed,
+    refuted or made unnecessary is not a cause. `unknown` goes once an experiment confirmed a source."""
+    def open_candidate(c: Cause) -> bool:
+        return c.basis == NO_EVIDENCE and c.confidence in ("likely", "possible")
+
+    confirmed = any(c.confidence == "confirmed" for c in ranked)
+    causes = [c for c in ranked if not open_candidate(c) and not (confirmed and c.id == UNKNOWN)]
+    return causes, [c for c in ranked if open_candidate(c)]
+
+
+def leads(causes: Sequence[Cause], not_ruled_out: Sequence[Cause]) -> list[Cause]:
+    """What the experiments test, in order: the causes, then the candidates not ruled out; the candidates first
+    when no cause has evidence (`unknown` leads), so the cheap confirmation runs the experiment that rules them
+    in or out."""
+    if causes and causes[0].id == UNKNOWN:
+        return [*not_ruled_out, *causes]
+    return [*causes, *not_ruled_out]
+
+
+def headline(causes: Sequence[Cause], not_ruled_out: Sequence[Cause]) -> str:
+    """The summary line's cause part: the top cause when one has evidence (or an experiment), else that none was
+    identified, what the experiments ruled out and which candidates `detaudit explain` tests."""
+    top = causes[0] if causes else None
+    if top is not None and top.id != UNKNOWN and top.confidence not in ("ruled-out", "not-needed"):
+        return f"top cause: {top.id} ({top.confidence})"
+    parts = ["cause not identified"]
+    ruled_out = [c.id for c in causes if c.confidence == "ruled-out"]
+    if ruled_out:
+        parts.append(f"ruled out: {', '.join(ruled_out)}")
+    if not_ruled_out:
+        parts.append(f"`detaudit explain` tests {', '.join(c.id for c in not_ruled_out)}")
+    return "; ".join(parts)
 
 
 def _tied(a: Finding, b: Finding) -> bool:
@@ -103,8 +178,9 @@ def _toss_up(a: Cause, b: Cause) -> tuple[Cause, Cause]:
     return settled(a, b), settled(b, a)
 
 
-def unknown(ctx: Context) -> Finding:
-    """No detector fired: say what the evidence rules out, so the user knows where not to look."""
+def unknown(ctx: Context, candidates: Sequence[Cause] = ()) -> Finding:
+    """No cause has evidence of its mechanism: say what the evidence rules out, so the user knows where not to
+    look, and which candidates are not ruled out (with the experiment that tests each)."""
     ruled_out = []
     for lib in ("torch", "numpy", "python"):
         states = [next((s["rng"][lib]["digest"] for s in r.states() if lib in s.get("rng", {})
@@ -125,6 +201,9 @@ def unknown(ctx: Context) -> Finding:
     if len({device.device_of(r) for r in ctx.involved}) == 1:
         ruled_out.append("same device and environment in every compared repeat")
     lines = [f"ruled out: {line}" for line in ruled_out]
+    lines += [f"not ruled out: {c.id} ({c.summary}); the experiment that tests it pins "
+              f"{' and '.join(PINS[p].description for p in c.pins) or 'nothing: no pin reaches it'}"
+              for c in candidates]
     if ctx.divergence.category == "outcome" and ctx.record is None or ctx.divergence.index < 0:
         lines.insert(0, f"the traces agree record for record; only the outcome differs ({ctx.divergence.detail}): "
                         "the script's output depends on something outside torch (time, pid, uuid, a file left "

@@ -10,40 +10,70 @@ tensors may (an auto-resumed checkpoint, a cache).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
-from detaudit.events import CarriedEvent
+from detaudit.events import CarriedEvent, FileWriteEvent
 
 MAX_LINES = 4
 
 
 def carried(rep: RepeatEvidence, ctx: Context | None = None) -> list[CarriedEvent]:
     """A repeat's carried reads and listings (its DataLoader workers' too), before the divergence when
-    `ctx` is given."""
+    `ctx` is given; reads and listings first, then the sizes and existence asked (`exists` before the `open`
+    it guards: the read is what carried the state in)."""
     found = rep.of(CarriedEvent) + rep.workers(CarriedEvent)
-    return [e for e in found if ctx is None or ctx.precedes(e)]
+    return sorted((e for e in found if ctx is None or ctx.precedes(e)), key=lambda e: e.get("what") == "stat")
 
 
-def describe(index: int, event: CarriedEvent) -> str:
-    """One evidence line: what the repeat read, where, and what an earlier repeat had left there."""
+def describe(index: int, event: CarriedEvent, written: Sequence[str] = ()) -> str:
+    """One evidence line: what the repeat read, where, and what had changed there. `written`: the files the earlier
+    repeats recorded writing; without one of them there, the change is only known to fall within the audit."""
+    path = str(event.get("path"))
     if event.get("what") == "list":
         names = event.get("entries") or []
-        left = (f"holding {', '.join(names)}, which an earlier repeat of this audit created or changed"
-                if names else "which an earlier repeat of this audit changed (an entry added or removed)")
-        what = f"listed directory {event.get('path')}/, {left}"
+        who = "an earlier repeat of this audit" if any(_inside(w, path) for w in written) else _SOMEONE
+        left = f"holding {', '.join(names)}, which {who} created or changed" if names \
+            else f"which {who} changed (an entry added or removed)"
+        what = f"listed directory {path}/, {left}"
     else:
-        what = f"read {event.get('path')}, which an earlier repeat of this audit wrote"
+        did = "read" if event.get("what") == "read" else "asked the size, time or existence of"
+        who = "an earlier repeat of this audit wrote" if any(_same_file(w, path) or _inside(w, path) for w in written) \
+            else f"was modified during this audit, before this repeat started ({_SOMEONE})"
+        what = f"{did} {path}, which {who}"
     by = event.get("by", "")
     via = f" (through {by})" if by and by != event.get("loc") else ""
     return f"repeat {index} {what}, at {event.get('loc')}{via}"
 
 
-def evidence_lines(repeats: Sequence[RepeatEvidence], ctx: Context | None = None) -> list[str]:
-    """The carried reads of the given repeats, the first few of each, as evidence lines."""
+_SOMEONE = "no earlier repeat recorded writing it: another process, or a write detaudit does not see"
+
+
+def _same_file(written: str, path: str) -> bool:
+    """A written path (absolute, as the script named it) is the read one (relative to the working directory)."""
+    w, p = os.path.normpath(written), os.path.normpath(path)
+    return w == p or w.endswith(os.sep + p)
+
+
+def _inside(written: str, directory: str) -> bool:
+    """A written path lies somewhere under the listed directory (relative to the working directory)."""
+    return f"{os.sep}{os.path.normpath(directory)}{os.sep}" in f"{os.sep}{os.path.normpath(written)}"
+
+
+def _written_before(repeats: Sequence[RepeatEvidence], index: int) -> list[str]:
+    """What the repeats run before repeat `index` recorded writing."""
+    return [str(e.get("path")) for r in repeats if r.index < index for e in r.of(FileWriteEvent)]
+
+
+def evidence_lines(repeats: Sequence[RepeatEvidence], everyone: Sequence[RepeatEvidence],
+                   ctx: Context | None = None) -> list[str]:
+    """The carried reads of the given repeats, the first few of each, as evidence lines (`everyone`: every
+    compared repeat, whose recorded writes tell who changed what was read)."""
     lines: list[str] = []
     for rep in repeats:
-        lines.extend(describe(rep.index, e) for e in carried(rep, ctx)[:MAX_LINES])
+        written = _written_before(everyone, rep.index)
+        lines.extend(describe(rep.index, e, written) for e in carried(rep, ctx)[:MAX_LINES])
     return lines
 
 
@@ -58,7 +88,7 @@ def explains_output(ctx: Context) -> list[str] | None:
     differing = [r for r in ctx.involved if r is not ctx.ref]
     if not differing or not all(carried(r) for r in differing):
         return None
-    return evidence_lines(differing)
+    return evidence_lines(differing, ctx.involved)
 
 
 @detects("carried-state")
@@ -68,7 +98,7 @@ def carried_state(ctx: Context) -> Finding | None:
     if not reading:
         return None
     everyone = all(carried(r, ctx) for r in ctx.involved if r is not ctx.ref)
-    lines = evidence_lines(reading, ctx)
+    lines = evidence_lines(reading, ctx.involved, ctx)
     lines.append("each repeat must start from the same state; this one started from what an earlier repeat "
                  "left, so it ran another computation")
     lines.append(f"first divergence: {ctx.where()}")

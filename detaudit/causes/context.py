@@ -66,8 +66,10 @@ def detects(*cause_ids: str) -> Callable[[Callable[[Context], Finding | None]], 
 def finding(cause_id: str, score: float, summary: str, evidence: list[str], fix: str,
             pins: Sequence[Pin] = (), basis: Basis = "circumstantial") -> Finding:
     """`basis`: op-records (the op-level re-run proved it), direct (evidence recorded before the
-    divergence ties it to it), circumstantial (a source known to vary, not tied to the divergence)."""
-    confidence: Confidence = "likely" if score >= LIKELY and basis != "circumstantial" else "possible"
+    divergence ties it to it), circumstantial (an observation of the source in this run, not tied to the
+    divergence), no-evidence (nothing of its mechanism was seen: a candidate not ruled out, never a cause)."""
+    confidence: Confidence = "likely" if score >= LIKELY and basis not in ("circumstantial", "no-evidence") \
+        else "possible"
     return Finding(Cause(cause_id, confidence, summary, merged(evidence), fix, list(dict.fromkeys(pins)), basis),
                    score)
 

@@ -1,8 +1,11 @@
 """Order causes: python-hash-seed, object-order, concurrency.
 
-Iteration order leaves no trace of its own, so the first two rest on what is known to vary
-(the hash probe, address randomization), on op-level records that saw the same inputs in
-another order, and on `--explain` (a fixed PYTHONHASHSEED; a fixed address layout).
+Iteration order leaves no trace of its own. The evidence of its mechanism is values that arrive in another
+order: op-level records that saw the divergent op's inputs hold the same values reordered, which is evidence
+for the order family as a whole (an experiment says which source: a fixed PYTHONHASHSEED, a fixed address
+layout). Without it, that hashes and addresses vary (true of nearly every run) is no evidence that an order
+decided anything: the first two are then candidates not ruled out (basis `no-evidence`), and the script's own
+`hash()` of a string whose value differed is an observation of a value that varies (circumstantial).
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ ORDER_SCORE = {True: 0.75, False: 0.45}  # the same for both order causes: no re
 HASH_CALL_SCORE = 0.55  # the script's own hash() of a string, whose value differed: above outside-value (0.52)
 
 
-def _basis(ctx: Context) -> Basis:
-    return "op-records" if _reordered(ctx) else "circumstantial"
+def _basis(ctx: Context, observed: bool = False) -> Basis:
+    """op-records when values arrived reordered; else circumstantial for an observation of a value that varies,
+    no-evidence (a candidate, not a cause) when only a setting says the source could vary."""
+    return "op-records" if _reordered(ctx) else "circumstantial" if observed else "no-evidence"
 
 
 def _near(ctx: Context) -> str:
@@ -75,7 +80,7 @@ def python_hash_seed(ctx: Context) -> Finding | None:
         # outside-value), so it ranks above the order guesses and below any cause with evidence of its own
         return finding("python-hash-seed", max(HASH_CALL_SCORE, ORDER_SCORE[_reordered(ctx)]),
                        f"hash() of a string at {loc} gives another value in every run (string hash randomization)",
-                       lines, fix, [Pin.HASH_SEED], _basis(ctx))
+                       lines, fix, [Pin.HASH_SEED], _basis(ctx, observed=True))
     fix = ("iterate `sorted(...)` instead of the set (or build the dict from a sorted list)" + _near(ctx)
            + "; where `hash(text)` itself is used (feature hashing, `hash(s) % buckets`), a stable hash instead: "
            "`zlib.crc32(s.encode())`; `PYTHONHASHSEED=0` in the environment also fixes both, but only where it is set")
@@ -111,14 +116,26 @@ def concurrency(ctx: Context) -> Finding | None:
     if not events:
         return None
     completion = [e for e in events if e.get("what") in COMPLETION_ORDER]
+    # values reordered at the divergent op: the order family's evidence, and completion order is this family's
+    # member the script itself shows, so it leads the order guesses that only the reordering supports
+    reordered = bool(completion) and _reordered(ctx)
     lines = [f"{e['what']} at {e.get('loc')}" + (f" (target {e['target']})" if e.get("target") else "")
              for e in (completion + [e for e in events if e not in completion])[:4]]
     if completion:
         lines.append("results are consumed in completion order, which depends on thread scheduling")
+    lines += _op_line(ctx) if reordered else []
     lines.append(f"first divergence: {ctx.where()}")
-    loc = (completion or events)[0].get("loc")
-    fix = (f"combine results in a fixed order at {loc}: keep the futures in a list and read "
-           "`[f.result() for f in futures]` (or use `executor.map`), and give each thread its own output slot "
-           "instead of a shared accumulator")
-    return finding("concurrency", 0.85 if completion else 0.6, "user threads or processes combine results in "
-                   "completion order", lines, fix, basis="direct" if completion else "circumstantial")
+    first = (completion or events)[0]
+    fix = f"combine results in a fixed order at {first.get('loc')}: {_in_order(str(first.get('what')))}"
+    basis: Basis = "op-records" if reordered else "direct" if completion else "circumstantial"
+    return finding("concurrency", 0.9 if reordered else 0.85 if completion else 0.6, "user threads or processes "
+                   "combine results in completion order", lines, fix, basis=basis)
+
+
+def _in_order(what: str) -> str:
+    """How to read results in submission order with the API the script used (a Pool has no executor.map)."""
+    if what.startswith("multiprocessing"):
+        return ("`pool.imap(...)` or `pool.map(...)` instead of `imap_unordered` (results in input order), and "
+                "give each process its own output slot instead of a shared accumulator")
+    return ("keep the futures in a list and read `[f.result() for f in futures]` (or use `executor.map`), and "
+            "give each thread its own output slot instead of a shared accumulator")

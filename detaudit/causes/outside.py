@@ -16,18 +16,22 @@ WHAT = {"time": "the clock", "os.getpid": "the process id", "os.urandom": "opera
         "secrets": "operating-system entropy", "uuid": "a random or time-based uuid"}
 
 
-def _what(fn: str) -> str:
+def outside_what(fn: str) -> str:
     return next((text for prefix, text in WHAT.items() if fn.startswith(prefix)), "an outside value")
+
+
+def outside_reads(ctx: Context) -> list[tuple[str, str]]:
+    """(function, user line) of each read of the outside world before the divergence, in the order made."""
+    kinds = {kind_of(ClockEvent), kind_of(OutsideEvent)}
+    return [(str(e.get("fn")), str(e.get("loc"))) for e in ctx.ref.events if e["type"] in kinds and ctx.precedes(e)]
 
 
 @detects("outside-value")
 def outside_value(ctx: Context) -> Finding | None:
-    kinds = {kind_of(ClockEvent), kind_of(OutsideEvent)}
-    reads = [(str(e.get("fn")), str(e.get("loc"))) for e in ctx.ref.events  # in the order the script read them
-             if e["type"] in kinds and ctx.precedes(e)]
+    reads = outside_reads(ctx)
     if not reads:
         return None
-    lines = [f"{fn} at {loc} read {_what(fn)}, which differs in every run" for fn, loc in reads[:4]]
+    lines = [f"{fn} at {loc} read {outside_what(fn)}, which differs in every run" for fn, loc in reads[:4]]
     if len(reads) > 4:
         lines.append(f"and {len(reads) - 4} more such reads before the divergence")
     lines.append("no recorded source explains the divergence (the RNGs, hashing, kernels, threads); if one of "

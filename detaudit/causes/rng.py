@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
 from detaudit.causes.order import hash_calls
+from detaudit.causes.outside import outside_reads, outside_what
 from detaudit.events import (
     DataLoaderEvent,
     DrawEvent,
     GeneratorEvent,
-    HashEvent,
     RngRestoreEvent,
     SeedEvent,
     Short,
@@ -45,6 +45,7 @@ CONSTANT_SEED = {
 }
 IMPORT_ONLY = 0.5  # an RNG only libraries drew from at their import: below BACKGROUND beside a likely cause
 OBJECT = {"torch": "torch.Generator", "numpy": "NumPy generator", "python": "`random.Random`"}
+DRAWS_ITS_SEED = ("torch.seed",)  # seeding calls that draw their seed from the OS and return it
 
 
 def constant_seed(fn: str, loc: str) -> str:
@@ -252,11 +253,16 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
             fix = f"call `{SEED_CALL[lib]}` at the start of the script" + (f", before {loc}" if loc else "")
         if _inference_dropout(ctx):
             fix = "call `model.eval()` before inference (its Dropout draws only in training mode); " + fix
-        loader = next((e for e in ctx.ref.of(DataLoaderEvent) if not e.get("generator")), None)
+        # only a loader that draws (a random sampler: shuffle=True) is worth a generator; `shuffle=False` draws nothing
+        loader = next((e for e in ctx.ref.of(DataLoaderEvent) if not e.get("generator")
+                       and "Random" in str(e.get("sampler"))), None)
         if lib == "torch" and loader is not None:
             fix += (f"; or pass `generator=torch.Generator().manual_seed(0)` to the DataLoader at "
                     f"{loader.get('loc')}")
-        what = "its seeding is undone before it is drawn from" if undone else "its global RNG is never seeded"
+        seeds = seeding_calls(ctx.ref, lib)
+        what = ("its seeding is undone before it is drawn from" if undone
+                else f"it is drawn from before it is seeded at {seeds[0].get('loc')}" if seeds
+                else "its global RNG is never seeded")
     summary = f"{NAMES[lib]} randomness is not seeded ({what}), so it differs in every run"
     pins = [] if objects and all(o.event.get("entropy") for o in objects) and not draws else [PINS[lib]]
     score = _score(ctx, lib, first_at)
@@ -315,25 +321,25 @@ def varying_seed(ctx: Context) -> Finding | None:
             if entropy:
                 lines.append(f"{c['fn']}() at {c.get('loc')}{via} seeds from operating-system entropy: the state "
                              "differs in every repeat")
+            elif c["fn"] in DRAWS_ITS_SEED:  # `torch.seed()` seeds from the OS and returns what it drew
+                lines.append(f"{c['fn']}() at {c.get('loc')}{via} seeded from operating-system entropy and returned "
+                             f"{ctx.pair_text(values)}")
             else:
                 lines.append(f"{c['fn']} at {c.get('loc')}{via} received {ctx.pair_text(values)}")
             pins.append(PINS[lib])
             first = first if first is not None and first.get("at", 0) <= c.get("at", 0) else c
             break
-    for own in (o for o in own_rngs(ctx) if o.varying_value):
+    for own in [o for o in own_rngs(ctx) if o.varying_value][:3]:  # each RNG object seeded from the outside world
         lines += own.lines(ctx)
         pins.append(PINS[own.event["lib"]])
         first = first if first is not None and first.get("at", 0) <= own.at else own.event
-        break
     if first is None:
         return None
-    probes = [h.get("probe") for h in (r.first(HashEvent) for r in ctx.involved) if h is not None]
-    hashed = hash_calls(ctx)
-    if hashed:  # the use the evidence shows: the script's own hash() of a string, which a seed may come from
-        lines += [f"{text} (a seed derived from it changes with it)" for _, text in hashed[:2]]
-    elif len(probes) == len(ctx.involved) and ctx.differs(probes):
-        lines.append("string hashing is randomized in these repeats (PYTHONHASHSEED unset): a seed derived from "
-                     "`hash()` of a string (a prompt, a name) changes with it")
+    # where the value came from, when the evidence shows it: a read of the outside world at the seeding line, or
+    # the script's own hash() of a string (that hashing is randomized at all is no evidence a seed came from it)
+    lines += [f"{fn} at {loc} read {outside_what(fn)} on the line that seeds" for fn, loc in outside_reads(ctx)
+              if loc == first.get("loc")][:1]
+    lines += [f"{text} (a seed derived from it changes with it)" for _, text in hash_calls(ctx)[:2]]
     lines.append(f"first divergence: {ctx.where()}")
     fix = (f"{constant_seed(first['fn'], first.get('loc', ''))}; when runs must differ on purpose, pass the seed "
            "in explicitly (an argument or config value) and log it")

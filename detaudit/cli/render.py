@@ -24,7 +24,7 @@ MAX_SPREAD_ROWS = 12
 MAX_STDOUT_REPEATS = 2  # differing repeats whose stdout line the terminal shows
 BELOW_THE_LINE = ("not-needed", "ruled-out")  # an experiment refuted the cause or made it unnecessary
 BASIS_TEXT = {"experiment": "experiment", "op-records": "op-level records", "direct": "direct evidence",
-              "circumstantial": "circumstantial"}
+              "circumstantial": "circumstantial", "no-evidence": "not ruled out"}
 
 
 def escape(text: str) -> str:
@@ -302,8 +302,7 @@ def summary_line(report: Report) -> Text:
     elif report.verdict == "inconclusive":
         parts.append(report.inconclusive_reason.split(":")[0])
     if report.causes:
-        top = report.causes[0]
-        parts.append(f"top cause: {top.id} ({top.confidence})")
+        parts.append(report.cause_headline())
     # recordings compared (`detaudit compare`) have no one command line and no run directory of their own
     parts.append(f"run: {report.run_dir}" if report.argv is not None else f"compared: {report.script}")
     text.append(printable(" · " + " · ".join(parts)))
@@ -427,6 +426,17 @@ def causes_block(report: HasCauses) -> Group | None:
     return Group(*parts)
 
 
+def not_ruled_out_block(report: Report) -> Group | None:
+    """Candidates with no evidence of their mechanism in this run: not causes, each with the experiment to test it."""
+    if not report.not_ruled_out:
+        return None
+    parts: list[Any] = [Text("Not ruled out — no evidence of their mechanism in this run; not causes:", style="dim")]
+    parts.extend(Text(printable(f"   • {c.id}: {c.summary} (`detaudit explain` pins "
+                                f"{', '.join(c.pins) or 'nothing: no pin reaches it'})"), style="dim")
+                 for c in report.not_ruled_out)
+    return Group(*parts)
+
+
 def latent_block(report: Report) -> Group | None:
     """Settings and ops that are deterministic on this CPU and not on CUDA (causes/latent.py)."""
     if not report.latent:
@@ -539,7 +549,8 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
     for block in (ranks_table(report), replica_panel(report), match_block(report),
                   divergence_panel(report), perturbation_panel(report), carried_panel(report), baseline_panel(report),
                   op_panel(report),
-                  spread_table(report), causes_block(report), experiments_table(report), latent_block(report)):
+                  spread_table(report), causes_block(report), not_ruled_out_block(report), experiments_table(report),
+                  latent_block(report)):
         if block is not None:
             console.print(block)
     for note in notes:

@@ -202,7 +202,7 @@ def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None
     """Run the audit with progress on stderr, and the experiments when asked and the repeats diverged;
     `cheap`: otherwise the top cause's one cheap, decisive experiment, if it has one (explain.cheap_pin)."""
     from detaudit.audit.pipeline import run_audit
-    from detaudit.explain.runner import cheap_pin
+    from detaudit.explain.runner import cheap_pin_of
     from detaudit.run.distributed import multi_node
 
     schedule = options.schedule
@@ -222,7 +222,7 @@ def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None
         args = options.target.script_args if options.target.redact_args else None
         if explain:
             report = explain_run(Path(report.run_dir), budget, explain_all, schedule.jobs, quiet, args)
-        elif cheap and cheap_pin(report.causes) is not None:
+        elif cheap and cheap_pin_of(report) is not None:
             report = explain_run(Path(report.run_dir), None, False, schedule.jobs, quiet, args, cheap=True)
     return report
 

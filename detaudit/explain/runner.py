@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target, analyse, execute, load_run
+from detaudit.causes import leads
 from detaudit.compare.stdout import recorded_mode
 from detaudit.errors import UsageError, output_error
 from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins, pin_of
@@ -114,6 +115,11 @@ def cheap_pin(causes: Sequence[Cause]) -> Pin | None:
     top = causes[0]
     candidates = [top.separating_pin] if top.separating_pin else list(dict.fromkeys(top.pins))
     return Pin(candidates[0]) if len(candidates) == 1 and candidates[0] in CHEAP_PINS else None
+
+
+def cheap_pin_of(report: Report) -> Pin | None:
+    """`cheap_pin` for an audit's report: its causes first, then the candidates not ruled out."""
+    return cheap_pin(leads(report.causes, report.not_ruled_out))
 
 
 def bisection_pins(devices: Sequence[str]) -> list[Pin]:
@@ -204,12 +210,13 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
     )
     # a toss-up's separating experiment can agree by chance (objects land in the same order 1 time in 8):
     # it gets SEPARATING_REPEATS repeats at least
-    separating = report.causes[0].separating_pin if report.causes else None
+    leading = leads(report.causes, report.not_ruled_out)  # candidates first when no cause has evidence
+    separating = leading[0].separating_pin if leading else None
 
     def repeats_for(name: str) -> int:
         return max(repeats, SEPARATING_REPEATS) if name == separating else repeats
 
-    first = cheap_pin(report.causes) if cheap else None
+    first = cheap_pin(leading) if cheap else None
     # the default confirmation: one experiment (and, for one that also pins other sources, those without it),
     # whatever --budget says
     budget = sum(repeats_for(name) * len(base.schedule.devices)
@@ -311,7 +318,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
         else:
             confirmed = any(e.experiment.verdict == "deterministic" and e.experiment.pin not in (ALL, CONTROL)
                             for e in stored)
-            for name in plan(report.causes):
+            for name in plan(leading):
                 if confirmed and not explain_all:
                     break
                 confirmed = settles(name, narrow=True) or confirmed

@@ -15,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions, analyse, execute, run_audit
-from detaudit.causes import rng
+from detaudit.causes import leads, rng, split
+from detaudit.causes.confirm import apply
 from detaudit.causes.context import build
 from detaudit.errors import UsageError
 from detaudit.explain.runner import experiment_verdict, plan
@@ -24,7 +25,7 @@ from detaudit.fix.cost import Timing, cost, figure
 from detaudit.fix.model import FixReport, FixVerdict, KnobFix, Trial, to_dict
 from detaudit.pin import Pin
 from detaudit.report.model import Report
-from detaudit.results import RepeatProgress, RepeatResult
+from detaudit.results import Cause, Experiment, RepeatProgress, RepeatResult
 from detaudit.run.distributed import Layout
 from detaudit.run.files import write_text_atomically
 from detaudit.run.rundir import read_run
@@ -74,7 +75,7 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
     code.insertion_line(source)  # a script that does not parse is refused before any experiment
     edits, drawn = seed_edits(report, run_dir, audit_results, script, cwd)
     edits_only = {e.pin for e in edits if e.applies} - drawn
-    suspected = [p for p in plan(report.causes) if p in knobs]
+    suspected = [p for p in plan(leads(report.causes, report.not_ruled_out)) if p in knobs]
     per_trial = schedule.repeats * len(schedule.devices)
     trials: list[Trial] = []
     timings: dict[frozenset[str], Timing] = {frozenset(): timing(run_dir, audit_results)}
@@ -108,7 +109,7 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
     by_set[frozenset()] = audit_trial
     used = sum(t.repeats for t in trials)
     base = replace(base, trials=tuple(trials), repeats_used=used, first_divergence=_where(report),
-                   insert_after=code.insertion_line(source))
+                   insert_after=code.insertion_line(source), causes=_judged(report, trials))
     if found.uncontrolled or found.minimal is None:
         everything = trials[-1] if trials else None
         if found.uncontrolled and everything is not None and everything.verdict == "divergent":
@@ -228,3 +229,13 @@ def uncontrolled_note(report: Report, knobs: Sequence[Pin]) -> str:
     return (f"with every knob at once ({tried}) the repeats still diverge: the source is one no setting reaches "
             "(the clock, the process id, the environment, the network, or a seed or order the script's own code "
             "makes); the causes below say where")
+
+
+def _judged(report: Report, trials: Sequence[Trial]) -> tuple[Cause, ...]:
+    """The audit's causes as the search's experiments judge them, by the one rule `explain` uses
+    (docs/causes.md#ranking): a cause whose own knob alone left the repeats diverging is ruled out, one whose knob
+    alone made them agree is confirmed."""
+    first = report.first_divergence
+    tried = [Experiment(t.name, t.name, t.verdict, None, t.note) for t in trials if t.verdict != "skipped"]
+    judged = apply(leads(report.causes, report.not_ruled_out), tried, first.index if first is not None else -1)
+    return tuple(split(judged)[0])

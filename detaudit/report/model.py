@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from detaudit import __version__
+from detaudit.causes import headline
 from detaudit.codec import Codable
 from detaudit.compare.match import Match
 from detaudit.compare.oprules import OpFinding
@@ -99,6 +100,9 @@ class Report(Codable):
     comparison: Comparison
     outcome_divergence: Divergence | None = None
     causes: list[Cause] = field(default_factory=list)
+    # candidates with no evidence of their mechanism in this run (basis `no-evidence`), each with the pins of the
+    # experiment that would rule it in or out: never a cause, never in the summary line (docs/causes.md#ranking)
+    not_ruled_out: list[Cause] = field(default_factory=list)
     experiments: list[Experiment] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     failure: str = ""  # the script's own error when it failed in every repeat
@@ -115,6 +119,10 @@ class Report(Codable):
     perturbation: PerturbationFinding | None = None  # `run --perturb`: what each varied setting changed
     latent: list[Latent] = field(default_factory=list)  # deterministic on this CPU, not on CUDA (causes/latent.py)
     recordings: list[str] = field(default_factory=list)  # `compare`: what each compared recording is (its path)
+
+    def cause_headline(self) -> str:
+        """The summary line's cause part (causes.headline): the top cause with evidence, or that none was found."""
+        return headline(self.causes, self.not_ruled_out)
 
     def name_of(self, index: int) -> str:
         """A repeat as the report names it: `repeat 1`, or under `compare` the recording's own name."""
@@ -380,6 +388,7 @@ def to_dict(report: Report) -> dict[str, Any]:
             "by_step": spread_to_list(comp.by_step),
         },
         "causes": [asdict(c) for c in report.causes],
+        "not_ruled_out": [asdict(c) for c in report.not_ruled_out],
         "latent": [asdict(x) for x in report.latent],
         "inferred_ranking": report.inferred,
         "experiments": [asdict(e) for e in report.experiments],

@@ -15,6 +15,9 @@ LISTED = {"type": "carried", "what": "list", "path": "lightning_logs", "loc": "t
           "by": "lightning/fabric/loggers/csv_logs.py:120", "entries": ["version_0"]}
 READ = {"type": "carried", "what": "read", "path": "last.ckpt", "loc": "train.py:30",
         "by": "torch/serialization.py:776", "entries": []}
+# what repeat 0 (run first) recorded writing: the files its successors then read or list
+WROTE_CKPT = {"type": "file-write", "path": "/work/run/last.ckpt", "loc": "train.py:41"}
+WROTE_LOG = {"type": "file-write", "path": "/work/run/lightning_logs/version_0", "loc": "train.py:22"}
 
 
 def _context(per_repeat: list[list[dict[str, Any]]], stdout_only: bool, at: int = 0) -> Context:
@@ -34,7 +37,7 @@ def _context(per_repeat: list[list[dict[str, Any]]], stdout_only: bool, at: int 
 
 
 def test_a_stdout_difference_is_explained_when_every_differing_repeat_read_carried_state() -> None:
-    evidence = carried.explains_output(_context([[], [LISTED], [LISTED]], stdout_only=True))
+    evidence = carried.explains_output(_context([[WROTE_LOG], [LISTED], [LISTED]], stdout_only=True))
     assert evidence is not None and len(evidence) == 2
     assert evidence[0] == ("repeat 1 listed directory lightning_logs/, holding version_0, which an earlier repeat of "
                            "this audit created or changed, at train.py:24 (through "
@@ -48,12 +51,20 @@ def test_a_differing_repeat_that_read_nothing_carried_is_not_explained() -> None
 
 
 def test_carried_state_outranks_the_hash_and_order_guesses_with_the_path_and_line() -> None:
-    found = causes.rank(_context([[], [READ], [READ]], stdout_only=False))
+    found = causes.rank(_context([[WROTE_CKPT], [READ], [READ]], stdout_only=False))
     assert found[0].id == "carried-state" and found[0].basis == "direct" and found[0].confidence == "likely"
     assert found[0].evidence[0] == ("repeat 1 read last.ckpt, which an earlier repeat of this audit wrote, at "
                                     "train.py:30 (through torch/serialization.py:776)")
     assert "last.ckpt" in found[0].fix and "train.py:30" in found[0].fix
     assert "python-hash-seed" not in [c.id for c in found]  # a weak background guess beside a likely cause
+
+
+def test_a_file_no_earlier_repeat_wrote_is_not_blamed_on_one() -> None:
+    """Modified during the audit, but no repeat recorded writing it: another process may have (issue 35)."""
+    found = causes.rank(_context([[], [READ], [READ]], stdout_only=False))
+    assert found[0].evidence[0].startswith("repeat 1 read last.ckpt, which was modified during this audit, before "
+                                           "this repeat started (no earlier repeat recorded writing it: another "
+                                           "process")
 
 
 def test_a_read_after_the_divergence_does_not_explain_it() -> None:

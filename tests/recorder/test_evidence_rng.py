@@ -96,6 +96,25 @@ def test_numpy_seed_generator_and_draw(evidence: tuple[Evidence, Sink]) -> None:
     assert [d["fn"] for d in sink.of("draw")] == ["np.random.rand"]
 
 
+def test_a_numpy_bit_generator_records_its_seed(evidence: tuple[Evidence, Sink]) -> None:
+    """`np.random.Generator(np.random.PCG64(os.getpid()))`: the seed is seen as `default_rng`'s is (issue 35)."""
+    ev, sink = evidence
+    state = np.random.get_state()
+    original = np.random.PCG64
+    try:
+        rng.install_numpy(ev, np.random)
+        bits = np.random.PCG64(4242)
+        same = np.random.Generator(bits).random()
+        assert isinstance(bits, np.random.PCG64)
+        assert type(pickle.loads(pickle.dumps(bits))) is original  # a worker or a checkpoint needs no detaudit
+    finally:
+        np.random.set_state(state)
+        patch.restore_all()
+    [made] = sink.of("generator")
+    assert (made["fn"], made["lib"], made["value"], made["seeded"]) == ("np.random.PCG64", "numpy", 4242, True)
+    assert same == np.random.Generator(np.random.PCG64(4242)).random()  # the same numbers as unrecorded
+
+
 def test_a_seed_pin_replaces_the_scripts_seed(evidence: tuple[Evidence, Sink]) -> None:
     _, sink = evidence
     ev = Evidence({"pins": ["torch-rng"]})

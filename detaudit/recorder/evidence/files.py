@@ -31,6 +31,7 @@ from detaudit.recorder.patch import wrap
 MAX_CARRIED = 64  # paths recorded per process
 MAX_ENTRIES_CHECKED = 256  # entries of a carried directory whose own times are read
 MAX_ENTRIES_NAMED = 8
+STATS = ("getsize", "getmtime", "exists", "isfile")  # a size, a time, or whether it exists, decides as a read does
 _SKIP = ("/proc/", "/sys/", "/dev/")
 # the import system scans sys.path (the working directory included) for distributions: not the script's state
 _IMPORTS = (os.path.dirname(importlib.__file__) + os.sep, os.path.dirname(os.__file__) + os.sep + "pkgutil.py")
@@ -51,7 +52,7 @@ class CarriedFiles:
     def changed(self, st: os.stat_result) -> bool:
         return self.since <= st.st_mtime_ns < self.until
 
-    def check(self, path: Any, what: Literal["read", "list"], frame: Any) -> None:
+    def check(self, path: Any, what: Literal["read", "list", "stat"], frame: Any) -> None:
         """Record `path` when an earlier repeat changed it (never raises: the script's call goes on)."""
         ev = self.ev
         if self.count >= MAX_CARRIED or ev.compiling() or isinstance(path, int) \
@@ -102,6 +103,8 @@ def install(ev: Evidence) -> None:
         wrap(owner, "open", lambda original: _open(files, original))
     for name in ("listdir", "scandir"):
         wrap(os, name, lambda original: _listing(files, original))
+    for name in STATS:  # not os.stat itself: libraries call it everywhere, and these are what a script asks
+        wrap(os.path, name, lambda original: _stat(files, original))
 
 
 def _open(files: CarriedFiles, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -121,3 +124,14 @@ def _listing(files: CarriedFiles, original: Callable[..., Any]) -> Callable[...,
         return original(*args, **kwargs)
 
     return listing
+
+
+def _stat(files: CarriedFiles, original: Callable[..., Any]) -> Callable[..., Any]:
+    def stat(*args: Any, **kwargs: Any) -> Any:
+        path = args[0] if args else kwargs.get("path")
+        caller = sys._getframe(1)
+        if path is not None and not files.ev.is_library(caller):  # the script's own question (not os.makedirs')
+            files.check(path, "stat", caller)
+        return original(*args, **kwargs)
+
+    return stat

@@ -14,6 +14,7 @@ Cost: only the wrapped functions pay, a set lookup per call once a call site is 
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from collections.abc import Callable
@@ -30,6 +31,7 @@ TENSOR_DRAWS = ("uniform_", "normal_", "random_", "bernoulli_", "exponential_", 
 NUMPY_DRAWS = ("random", "rand", "randn", "randint", "random_sample", "normal", "uniform", "choice", "shuffle",
                "permutation", "standard_normal", "binomial", "poisson", "exponential", "beta", "gamma")
 GLOBAL_RNGS: tuple[Lib, ...] = ("torch", "numpy", "python")
+BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")  # np.random.Generator(PCG64(seed))
 PYTHON_DRAWS = ("random", "uniform", "randint", "randrange", "choice", "choices", "shuffle", "sample", "gauss",
                 "normalvariate", "getrandbits", "betavariate", "expovariate")
 
@@ -54,6 +56,9 @@ def install_numpy(ev: Evidence, np_random: ModuleType) -> None:
     _wrap_seed(ev, np_random, "seed", "numpy", "np.random.seed")
     wrap(np_random, "default_rng", lambda original: _default_rng(ev, original))
     wrap(np_random, "RandomState", lambda original: _random_state_class(ev, original))
+    for name in BIT_GENERATORS:
+        if hasattr(np_random, name):
+            wrap(np_random, name, functools.partial(_bit_generator_class, ev, name=name))
     for name in NUMPY_DRAWS:
         _wrap_draw(ev, np_random, name, "numpy", f"np.random.{name}")
     _wrap_restore(ev, np_random, "set_state", "numpy", "np.random.set_state")
@@ -175,6 +180,28 @@ def _default_rng(ev: Evidence, original: Callable[..., Any]) -> Callable[..., An
         return gen
 
     return default_rng
+
+
+def _bit_generator_class(ev: Evidence, base: Any, *, name: str) -> Any:
+    """A numpy bit generator (`np.random.Generator(np.random.PCG64(os.getpid()))`, a C type): a subclass that
+    records its seed as `default_rng` does, so a seed from the outside world is seen whichever way it came in."""
+    class BitGenerator(base, metaclass=_instance_check(base)):  # type: ignore[metaclass]
+        def __init__(self, seed: Any = None, *args: Any, **kwargs: Any) -> None:
+            caller = sys._getframe(1)
+            if ev.compiling() or ev.is_library(caller):
+                super().__init__(seed, *args, **kwargs)
+                return
+            (value, *_), _, pinned = ev.pins.seed_args("numpy-generator", (seed,), {}, False, ev.worker_id())
+            super().__init__(value, *args, **kwargs)
+            ev.emit(GeneratorEvent(type="generator", lib="numpy", fn=f"np.random.{name}", seeded=seed is not None,
+                                   value=short(seed), loc=ev.where(caller), library=False,
+                                   state=digest_bytes(repr(self.state).encode()), pinned=pinned))
+
+        def __reduce__(self) -> Any:  # pickled as the original type (a DataLoader worker, a checkpoint)
+            ctor, args, *rest = base.__reduce__(self)
+            return (ctor, tuple(base if a is type(self) else a for a in args), *rest)
+
+    return BitGenerator
 
 
 def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> None:
