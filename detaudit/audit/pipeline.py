@@ -19,6 +19,7 @@ from detaudit.audit import ranks
 from detaudit.causes import confirm as experiments
 from detaudit.causes.context import load as load_evidence
 from detaudit.causes.latent import latent_findings, recorded_versions
+from detaudit.causes.repetition import repeated_randomness, silenced_sites
 from detaudit.compare import match
 from detaudit.compare.live import LiveWatch
 from detaudit.compare.oprules import OpFinding, find_op_source
@@ -617,6 +618,7 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
         argv=[record.script, *record.script_args],  # the script's sys.argv in every repeat (the child sets it so)
         baseline=checked, inferred=[c.id for c in inferred], match=found, op_finding=op_finding,
         carried_output=carried, perturbation=perturbed, latent=latent_findings(first_repeat, results),
+        repeated_randomness=repeated_randomness(first_repeat, silenced_sites(os.environ)),
     )
 
 

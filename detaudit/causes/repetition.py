@@ -76,7 +76,7 @@ def repeated_randomness(rep: RepeatEvidence, silenced: Iterable[str] = ()) -> li
         for across in ACROSS_ORDER:
             pairs = _FINDERS[across](group)
             if pairs and _convincing(pairs):
-                found[loc] = _describe(rep, loc, across, pairs)
+                found[loc] = _describe(rep, loc, _period(across, pairs), pairs)
                 break
     return list(found.values())
 
@@ -144,6 +144,14 @@ def _across_samples(draws: Sequence[_Draw]) -> list[Pair]:
                         lambda a, b: a.event["n"] != b.event["n"])
 
 
+def _period(across: Across, pairs: Sequence[Pair]) -> Across:
+    """Draws that repeat every k > 1 steps of one epoch (no DataLoader marks the epochs): a seeding at the start
+    of each pass over k steps, an epoch; every step alike is a seeding inside the step loop."""
+    if across == "steps" and all(abs(b.event["step"] - a.event["step"]) > 1 for a, b in pairs):
+        return "epochs"
+    return across
+
+
 _FINDERS: dict[Across, Callable[[Sequence[_Draw]], list[Pair]]] = {
     "workers": _across_workers, "ranks": _across_ranks, "epochs": _across_epochs, "steps": _across_steps,
     "samples": _across_samples}
@@ -182,6 +190,8 @@ def _between(across: Across, a: _Draw, b: _Draw) -> str:
         return f"DataLoader workers {a.worker} and {b.worker} (epoch {ea['epoch']})"
     if across == "ranks":
         return f"ranks {ea.get('rank')} and {eb.get('rank')}"
+    if across == "epochs" and ea["epoch"] == eb["epoch"]:
+        return f"optimizer steps {ea['step']} and {eb['step']} (the same draw of two passes over the steps)"
     if across == "epochs":
         return f"epochs {ea['epoch']} and {eb['epoch']} (the same draw of each)"
     if across == "steps":
