@@ -525,15 +525,15 @@ class InitialParamsEvent(_Event):
     digests: list[str]  # the digest of each, 16 hex digits (a record's digest)
 
 
-Event = Union[SeedEvent, GeneratorEvent, DrawEvent, RandomDrawEvent, StateEvent, HashEvent, HashCallEvent, OpEvent, LatentOpEvent,
-              ModulesEvent, EmptyEvent,
+Event = Union[SeedEvent, GeneratorEvent, DrawEvent, RandomDrawEvent, StateEvent, HashEvent, HashCallEvent, OpEvent,
+              LatentOpEvent, ModulesEvent, EmptyEvent,
               EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
               CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
               BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
               StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent]
-Kind = Literal["seed", "generator", "draw", "random-draw", "state", "hash", "hash-call", "op", "latent-op", "modules", "empty",
-               "empty-writes", "call",
+Kind = Literal["seed", "generator", "draw", "random-draw", "state", "hash", "hash-call", "op", "latent-op", "modules",
+               "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
                "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
                "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",

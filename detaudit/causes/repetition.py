@@ -231,14 +231,17 @@ def _fix(across: Across, origin: GeneratorEvent | SeedEvent | None, e: RandomDra
     if across == "workers":
         lib = origin["lib"] if origin is not None else e["lib"]
         make = {"numpy": "np.random.default_rng(torch.initial_seed() % 2**32)",
-                "python": "random.Random(torch.initial_seed())"}.get(lib, "torch.Generator().manual_seed(torch.initial_seed())")
+                "python": "random.Random(torch.initial_seed())"}.get(
+            lib, "torch.Generator().manual_seed(torch.initial_seed())")
         return (f"give each worker its own generator: make it in a `worker_init_fn` (e.g. `dataset.rng = {make}`; "
                 f"torch seeds every worker differently, anew each epoch) or derive its seed from "
                 f"`torch.utils.data.get_worker_info()`, instead of the one made{at}")
     if across == "ranks":
         return f"add the rank to the seed{at}: `seed + torch.distributed.get_rank()`"
     if across == "epochs":
-        return f"seed once before the epoch loop, not at each epoch{at}, or derive the seed from the epoch (`seed + epoch`)"
+        return (f"seed once before the epoch loop, not at each epoch{at}, or derive the seed from the epoch "
+                "(`seed + epoch`)")
     if across == "steps":
-        return f"seed once before the step loop, not at each step{at}, or derive the seed from the step (`seed + step`)"
+        return (f"seed once before the step loop, not at each step{at}, or derive the seed from the step "
+                "(`seed + step`)")
     return f"derive each sample's seed from its index (`seed + i`){at}, or seed once before drawing for all samples"

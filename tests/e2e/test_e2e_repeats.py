@@ -144,8 +144,9 @@ def test_a_generator_made_anew_in_each_worker_is_not_reported(tmp_path: Path, rn
 def test_seeding_at_each_epoch_start_is_found_across_epochs_with_the_seeding_line(tmp_path: Path) -> None:
     text = EPOCHS.format(seed="torch.manual_seed(0)")
     code, report, stdout = audit(tmp_path, text)
+    seeded = f"train.py:{line_of(text, '    torch.manual_seed(0)')}"
     assert [(f["site"], f["across"], f["created_at"]) for f in findings(report)] == \
-        [(f"train.py:{line_of(text, 'torch.randn')}", "epochs", f"train.py:{line_of(text, '    torch.manual_seed(0)')}")]
+        [(f"train.py:{line_of(text, 'torch.randn')}", "epochs", seeded)]
     assert "Randomness that repeats" in stdout
 
 

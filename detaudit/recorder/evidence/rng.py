@@ -236,12 +236,14 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
                     ev.seen.discard((label, caller.f_code, caller.f_lineno))
             tracker = draws.tracker
             slot = None if tracker is None else tracker.slot(caller.f_code, caller.f_lineno, label)
-            if slot is None or (label == "dropout" and not (args[2] if len(args) > 2 else kwargs.get("training", True))):
+            if tracker is None or slot is None or (
+                    label == "dropout" and not (args[2] if len(args) > 2 else kwargs.get("training", True))):
                 return original(*args, **kwargs)
             generator = kwargs.get("generator")
             state = _global_state(ev, lib, args, kwargs) if generator is None else _torch_state(generator)
-            return tracker.observe(slot, caller, lib, label, state, None if generator is None else ev.rng_number(generator),
-                                   lambda: original(*args, **kwargs), value=label != "dropout")
+            number = None if generator is None else ev.rng_number(generator)
+            return tracker.observe(slot, caller, lib, label, state, number, lambda: original(*args, **kwargs),
+                                   value=label != "dropout")
 
         return draw
 
@@ -280,7 +282,7 @@ def _object_draw(ev: Evidence, obj: Any, lib: Lib, label: str, caller: Any, stat
         ev.emit(DrawEvent(type="draw", lib=lib, fn=label, loc=ev.where(caller), generator="explicit", obj=number))
     tracker = draws.tracker
     slot = None if tracker is None else tracker.slot(caller.f_code, caller.f_lineno, label)
-    if slot is None:
+    if tracker is None or slot is None:
         return call()
     return tracker.observe(slot, caller, lib, label, state, number, call)
 
