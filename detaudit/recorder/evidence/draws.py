@@ -55,7 +55,7 @@ class Draws:
         self.counts[key] = n + 1
         if epoch >= EPOCHS or self.kept.get(key, 0) >= DRAWS_PER_EPOCH:
             return None
-        step = -1 if self.ev.in_worker or self.ev.recorder is None else int(self.ev.recorder.step)
+        step = -1 if self.ev.in_worker else int(getattr(self.ev.recorder, "step", 0))
         in_step = (*key, step)
         if self.kept.get(in_step, 0) >= DRAWS_PER_STEP or self._in_backward():
             return None
