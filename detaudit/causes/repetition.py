@@ -222,7 +222,7 @@ def _origin_line(origin: GeneratorEvent | SeedEvent, across: Across, draw: _Draw
         copied = " in the main process was copied into each worker" \
             if across == "workers" and origin.get("worker") is None else ""
         return f"the RNG object made by {call} at {origin['loc']}{copied}"
-    where = " in each worker" if draw.worker is not None else ""
+    where = f" in worker {draw.worker}" if draw.worker is not None else ""
     return f"{_RNG_NAMES.get(origin['lib'], origin['lib'])} was seeded by {call} at {origin['loc']}{where}"
 
 
@@ -238,6 +238,9 @@ def _fix(across: Across, origin: GeneratorEvent | SeedEvent | None, e: RandomDra
                 f"`torch.utils.data.get_worker_info()`, instead of the one made{at}")
     if across == "ranks":
         return f"add the rank to the seed{at}: `seed + torch.distributed.get_rank()`"
+    if across == "epochs" and origin is not None and origin.get("worker") is not None:
+        return (f"seed the worker from `torch.initial_seed()` (torch draws it anew for each worker every epoch) instead "
+                f"of a value that is the same every epoch{at}: DataLoader workers start anew each epoch")
     if across == "epochs":
         return (f"seed once before the epoch loop, not at each epoch{at}, or derive the seed from the epoch "
                 "(`seed + epoch`)")

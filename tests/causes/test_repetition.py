@@ -77,3 +77,12 @@ def test_the_seeding_before_the_draw_is_where_the_state_was_made() -> None:
 def test_a_silenced_site_is_not_reported() -> None:
     main = [draw("a", epoch=1), draw("a", epoch=2)]
     assert repeated_randomness(evidence(main), silenced_sites({"DETAUDIT_REPEATS_OK": "other.py:1, t.py:5"})) == []
+
+
+def test_a_worker_seeded_alike_every_epoch_is_told_to_seed_from_torchs_worker_seed() -> None:
+    seed: Event = {"type": "seed", "lib": "torch", "fn": "torch.manual_seed", "value": 0, "loc": "t.py:9",
+                   "library": False, "drawn_before": False, "state": "a", "pinned": None, "worker": 0}
+    workers = [seed, draw("a", epoch=1, step=-1, worker=0), seed, draw("a", epoch=2, step=-1, worker=0)]
+    [found] = repeated_randomness(evidence([], workers))
+    assert (found.across, found.created_at) == ("epochs", "t.py:9")
+    assert "torch.initial_seed()" in found.fix
