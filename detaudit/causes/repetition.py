@@ -108,8 +108,15 @@ def _equal_pairs(draws: Sequence[_Draw], key: Callable[[_Draw], Any], apart: Cal
     pairs: list[Pair] = []
     for same in slots.values():
         first = same[0]
-        pairs.extend((first, other) for other in same[1:] if apart(first, other))
+        pairs.extend((first, other) for other in same[1:] if apart(first, other) and _one_generator(first, other))
     return pairs
+
+
+def _one_generator(a: _Draw, b: _Draw) -> bool:
+    """Both drew from one generator: a global RNG, or one RNG object of the script (a copy of it in each worker).
+    Two objects the script made alike (`default_rng(0)` at each call: a fixed projection, a seeded test-time
+    augmentation, a fixed validation subset) repeat by design, and are not judged."""
+    return a.event.get("obj") == b.event.get("obj")
 
 
 def _process(d: _Draw) -> tuple[int | None, int | None]:
@@ -239,8 +246,8 @@ def _fix(across: Across, origin: GeneratorEvent | SeedEvent | None, e: RandomDra
     if across == "ranks":
         return f"add the rank to the seed{at}: `seed + torch.distributed.get_rank()`"
     if across == "epochs" and origin is not None and origin.get("worker") is not None:
-        return (f"seed the worker from `torch.initial_seed()` (torch draws it anew for each worker every epoch) instead "
-                f"of a value that is the same every epoch{at}: DataLoader workers start anew each epoch")
+        return (f"seed the worker from `torch.initial_seed()` (torch draws it anew for each worker every epoch) "
+                f"instead of a value that is the same every epoch{at}: DataLoader workers start anew each epoch")
     if across == "epochs":
         return (f"seed once before the epoch loop, not at each epoch{at}, or derive the seed from the epoch "
                 "(`seed + epoch`)")

@@ -86,3 +86,8 @@ def test_a_worker_seeded_alike_every_epoch_is_told_to_seed_from_torchs_worker_se
     [found] = repeated_randomness(evidence([], workers))
     assert (found.across, found.created_at) == ("epochs", "t.py:9")
     assert "torch.initial_seed()" in found.fix
+
+
+def test_two_generators_the_script_made_alike_repeat_by_design_and_are_not_judged() -> None:
+    main = [draw("a", epoch=1, source="object", obj=3), draw("a", epoch=2, source="object", obj=4)]
+    assert repeated_randomness(evidence(main)) == []

@@ -70,9 +70,10 @@ class Draws:
         task = getattr(getattr(torch, "_C", None), "_current_graph_task_id", None)
         return task is not None and task() != -1
 
-    def observe(self, slot: tuple[Any, ...], caller: Any, lib: Lib, label: str, state: State, obj: int | None,
-                call: Callable[[], Any], value: bool = True) -> Any:
-        """Run the draw (`call`), emitting its fingerprint: `state` digests the generator before it."""
+    def observe(self, slot: tuple[Any, ...], caller: Any, lib: Lib, label: str, state: State, explicit: bool,
+                obj: int | None, call: Callable[[], Any], value: bool = True) -> Any:
+        """Run the draw (`call`), emitting its fingerprint: `state` digests the generator before it; `explicit`:
+        drawn from an RNG object (`obj`: its number when it is the script's), not a library's global RNG."""
         ev = self.ev
         try:
             before = state()
@@ -83,7 +84,7 @@ class Draws:
         torch = ev.torch
         drawn, size = fingerprint(result, torch) if value else (None, 0)
         event = RandomDrawEvent(type="random-draw", lib=lib, fn=label, loc=ev.where(caller), site=ev.site(caller),
-                                source="global" if obj is None else "object", state=before, value=drawn, size=size,
+                                source="object" if explicit else "global", state=before, value=drawn, size=size,
                                 epoch=epoch, n=n, step=step,
                                 grad=True if torch is None else bool(torch.is_grad_enabled()))
         if obj is not None:

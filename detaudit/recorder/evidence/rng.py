@@ -241,9 +241,9 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
                 return original(*args, **kwargs)
             generator = kwargs.get("generator")
             state = _global_state(ev, lib, args, kwargs) if generator is None else _torch_state(generator)
-            number = None if generator is None else ev.rng_number(generator)
-            return tracker.observe(slot, caller, lib, label, state, number, lambda: original(*args, **kwargs),
-                                   value=label != "dropout")
+            return tracker.observe(slot, caller, lib, label, state, generator is not None,
+                                   None if generator is None else ev.rng_number(generator),
+                                   lambda: original(*args, **kwargs), value=label != "dropout")
 
         return draw
 
@@ -284,7 +284,7 @@ def _object_draw(ev: Evidence, obj: Any, lib: Lib, label: str, caller: Any, stat
     slot = None if tracker is None else tracker.slot(caller.f_code, caller.f_lineno, label)
     if tracker is None or slot is None:
         return call()
-    return tracker.observe(slot, caller, lib, label, state, number, call)
+    return tracker.observe(slot, caller, lib, label, state, True, number, call)
 
 
 def _install_python_objects(ev: Evidence) -> None:
