@@ -276,13 +276,17 @@ def _object_event(ev: Evidence, obj: Any, lib: Lib, fn: str, caller: Any, seed: 
 def _object_draw(ev: Evidence, obj: Any, lib: Lib, label: str, caller: Any, state: draws.State,
                  call: Callable[[], Any]) -> Any:
     """A draw from an RNG object: the first per call site from one the script owns is reported, and the draw
-    is fingerprinted (draws.py); `state` reads the object's state, `call` draws."""
+    is fingerprinted (draws.py); `state` reads the object's state, `call` draws. A library's own objects (sympy's,
+    seeded from the OS at import), SystemRandom (the OS's entropy, never the same twice) and detaudit's own calls
+    are not fingerprinted."""
     number = ev.rng_number(obj)
     if number is not None and ev.first_time(label, caller.f_code, caller.f_lineno):
         ev.emit(DrawEvent(type="draw", lib=lib, fn=label, loc=ev.where(caller), generator="explicit", obj=number))
     tracker = draws.tracker
-    slot = None if tracker is None else tracker.slot(caller.f_code, caller.f_lineno, label)
-    if tracker is None or slot is None:
+    if tracker is None or number is None or isinstance(obj, random.SystemRandom) or ev.own(caller):
+        return call()
+    slot = tracker.slot(caller.f_code, caller.f_lineno, label)
+    if slot is None:
         return call()
     return tracker.observe(slot, caller, lib, label, state, True, number, call)
 
