@@ -57,7 +57,7 @@ class _Draw:
 
 
 def silenced_sites(environ: Mapping[str, str]) -> frozenset[str]:
-    """The `file:line` sites the user silenced: `DETAUDIT_REPEATS_OK="data.py:31 train.py:40"` (commas too)."""
+    """The `file:line` sites the user silenced: `DETAUDIT_REPEATS_OK="train.py:31 train.py:40"` (commas too)."""
     return frozenset(s for s in environ.get(SILENCE_VARIABLE, "").replace(",", " ").split() if s)
 
 
