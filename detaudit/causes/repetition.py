@@ -20,7 +20,8 @@ from detaudit.causes.context import RepeatEvidence
 from detaudit.events import Event, GeneratorEvent, RandomDrawEvent, SeedEvent, select
 
 Across = Literal["workers", "ranks", "epochs", "steps", "samples"]
-ACROSS_ORDER: tuple[Across, ...] = ("workers", "ranks", "epochs", "steps", "samples")  # the first found is named
+# the first found is named: samples seeded alike also repeat every step and epoch, and are the finer bug
+ACROSS_ORDER: tuple[Across, ...] = ("workers", "ranks", "samples", "epochs", "steps")
 MIN_VALUES = 8  # equal values alone count only for draws of at least this many values...
 MIN_EQUAL = 2  # ... seen equal at least this many times
 SILENCE_VARIABLE = "DETAUDIT_REPEATS_OK"

@@ -184,3 +184,34 @@ def test_a_silenced_site_is_not_reported(tmp_path: Path) -> None:
                      env={"DETAUDIT_REPEATS_OK": f"train.py:{line_of(text, 'torch.randn')}"})
     assert result.report is not None
     assert findings(result.report) == []
+
+
+# n samples of one step, each drawn after the same seeding (the n completions of one prompt, alike)
+SAMPLES = """\
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+prompt = torch.ones(1, 8)
+for step in range(3):
+    completions = []
+    for sample in range(4):
+        {seed}
+        completions.append(model(prompt + torch.randn(1, 8)))
+    opt.zero_grad()
+    torch.cat(completions).var(0).sum().backward()
+    opt.step()
+"""
+
+
+def test_samples_of_one_step_seeded_alike_are_found_across_samples(tmp_path: Path) -> None:
+    text = SAMPLES.format(seed="torch.manual_seed(0)")
+    code, report, _ = audit(tmp_path, text)
+    assert [(f["site"], f["across"]) for f in findings(report)] == [(f"train.py:{line_of(text, 'torch.randn')}",
+                                                                     "samples")]
+
+
+def test_samples_seeded_by_step_and_index_are_not_reported(tmp_path: Path) -> None:
+    code, report, _ = audit(tmp_path, SAMPLES.format(seed="torch.manual_seed(step * 4 + sample)"))
+    assert findings(report) == []
