@@ -77,3 +77,17 @@ def test_values_are_digested_from_tensors_arrays_numbers_and_lists() -> None:
     assert draws.fingerprint(0.5, torch)[1] == 1
     assert draws.fingerprint([1, 2, 3], torch)[1] == 3
     assert draws.fingerprint(None, torch) == (None, 0)
+
+
+def test_a_value_whose_bytes_cannot_be_read_leaves_the_draw_and_its_state(tracked: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    ev, sink = tracked
+    rng.install_torch(ev, torch)
+
+    def unreadable(result: Any, torch: Any) -> Any:
+        raise RuntimeError("a layout with no bytes to read")
+
+    monkeypatch.setattr(draws, "fingerprint", unreadable)
+    drawn = torch.rand(3)
+    [event] = sink.of("random-draw")
+    assert (event["value"], event["state"] is not None, drawn.shape) == (None, True, (3,))

@@ -82,7 +82,10 @@ class Draws:
         result = call()
         epoch, n, step = slot
         torch = ev.torch
-        drawn, size = fingerprint(result, torch) if value else (None, 0)
+        try:
+            drawn, size = fingerprint(result, torch) if value else (None, 0)
+        except Exception:  # a layout whose bytes cannot be read (sparse, quantized): the state still tells
+            drawn, size = None, 0
         event = RandomDrawEvent(type="random-draw", lib=lib, fn=label, loc=ev.where(caller), site=ev.site(caller),
                                 source="object" if explicit else "global", state=before, value=drawn, size=size,
                                 epoch=epoch, n=n, step=step,
