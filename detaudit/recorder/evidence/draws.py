@@ -9,7 +9,8 @@ enabled (evaluation under `torch.no_grad()` repeats on purpose).
 
 Cost: every draw pays one dict update (its index in the epoch); only the first DRAWS_PER_STEP draws of a step
 and DRAWS_PER_EPOCH of an epoch, in the first EPOCHS epochs, read the generator's state and digest the values
-(at most VALUE_BYTES of them), so a site writes at most EPOCHS * DRAWS_PER_EPOCH events per process.
+(at most VALUE_BYTES of them), so a site writes at most EPOCHS * DRAWS_PER_EPOCH events per process (a
+DataLoader worker, whose step is always -1, DRAWS_PER_STEP per epoch).
 """
 
 from __future__ import annotations
