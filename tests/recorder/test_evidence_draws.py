@@ -91,3 +91,14 @@ def test_a_value_whose_bytes_cannot_be_read_leaves_the_draw_and_its_state(tracke
     drawn = torch.rand(3)
     [event] = sink.of("random-draw")
     assert (event["value"], event["state"] is not None, drawn.shape) == (None, True, (3,))
+
+
+def test_a_process_keeps_at_most_max_kept_fingerprints_over_all_sites(tracked: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    ev, sink = tracked
+    monkeypatch.setattr(draws, "MAX_KEPT", 2)
+    rng.install_torch(ev, torch)
+    torch.rand(1)
+    torch.randn(1)
+    torch.rand(1)
+    assert len(sink.of("random-draw")) == 2

@@ -27,6 +27,7 @@ EPOCHS = 6  # epochs whose draws are fingerprinted (later ones are only counted)
 DRAWS_PER_EPOCH = 24  # fingerprinted draws per site and epoch, in one process
 DRAWS_PER_STEP = 3  # ... and per optimizer step: a site drawing every step is seen over several steps
 VALUE_BYTES = 1 << 16  # of what a draw returned, the first this many bytes are digested
+MAX_KEPT = 1 << 14  # fingerprints per process, all sites together: other evidence keeps its room in the trace
 
 State = Callable[[], "str | None"]
 
@@ -45,6 +46,7 @@ class Draws:
         self.pid = self.ev.pid
         self.counts: dict[tuple[Any, ...], int] = {}  # (code, line, label, epoch) -> draws so far
         self.kept: dict[tuple[Any, ...], int] = {}  # ... and (..., step) -> draws fingerprinted
+        self.total = 0  # draws fingerprinted in this process
 
     def slot(self, code: Any, line: int, label: str) -> tuple[Any, ...] | None:
         """The draw's context when this draw is to be fingerprinted, else None (it is only counted)."""
@@ -54,7 +56,7 @@ class Draws:
         key = (code, line, label, epoch)
         n = self.counts.get(key, 0)
         self.counts[key] = n + 1
-        if epoch >= EPOCHS or self.kept.get(key, 0) >= DRAWS_PER_EPOCH:
+        if epoch >= EPOCHS or self.total >= MAX_KEPT or self.kept.get(key, 0) >= DRAWS_PER_EPOCH:
             return None
         step = -1 if self.ev.in_worker else int(getattr(self.ev.recorder, "step", 0))
         in_step = (*key, step)
@@ -62,6 +64,7 @@ class Draws:
             return None
         self.kept[key] = self.kept.get(key, 0) + 1
         self.kept[in_step] = self.kept.get(in_step, 0) + 1
+        self.total += 1
         return epoch, n, step
 
     def _in_backward(self) -> bool:
