@@ -76,6 +76,27 @@ class DrawEvent(_Event):
     importing: NotRequired[bool]  # drawn while a module was being imported (a library's import-time draw)
 
 
+class RandomDrawEvent(_Event):
+    """A draw at a user call site, fingerprinted with its context (recorder/evidence/draws.py): the first few
+    per step and epoch, so causes/repetition.py can find draws that repeat where they should differ."""
+
+    type: Literal["random-draw"]
+    lib: Lib
+    fn: str
+    loc: str  # the user's line
+    site: str  # the immediate caller's `file:line` (a library's line under the user's, a transform's)
+    source: Literal["global", "object"]  # the library's global RNG, or an RNG object (`obj` when the script's)
+    obj: NotRequired[int]  # the RNG object's number (its GeneratorEvent's `obj`)
+    state: str | None  # digest of the generator's state just before the draw (None: unreadable)
+    value: str | None  # digest of what was drawn (None: not kept, e.g. dropout's output or a GPU tensor)
+    size: int  # how many values were drawn
+    epoch: int  # DataLoader iterations started before the draw (the most by any one loader)
+    n: int  # the draw's index among this site's draws in this epoch, in this process
+    step: int  # optimizer steps completed (-1 in a DataLoader worker, which does not know them)
+    grad: bool  # torch.is_grad_enabled(): False under no_grad / inference_mode (evaluation)
+    rank: NotRequired[int]  # the torchrun rank
+
+
 class RngDigest(TypedDict):
     digest: str | None
     drawn: bool  # the state changed since the last seeding (or since the library was imported)
@@ -504,15 +525,15 @@ class InitialParamsEvent(_Event):
     digests: list[str]  # the digest of each, 16 hex digits (a record's digest)
 
 
-Event = Union[SeedEvent, GeneratorEvent, DrawEvent, StateEvent, HashEvent, HashCallEvent, OpEvent, LatentOpEvent,
-              ModulesEvent, EmptyEvent,
+Event = Union[SeedEvent, GeneratorEvent, DrawEvent, RandomDrawEvent, StateEvent, HashEvent, HashCallEvent, OpEvent,
+              LatentOpEvent, ModulesEvent, EmptyEvent,
               EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
               CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
               BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
               StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent]
-Kind = Literal["seed", "generator", "draw", "state", "hash", "hash-call", "op", "latent-op", "modules", "empty",
-               "empty-writes", "call",
+Kind = Literal["seed", "generator", "draw", "random-draw", "state", "hash", "hash-call", "op", "latent-op", "modules",
+               "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
                "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
                "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",

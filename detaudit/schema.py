@@ -198,6 +198,7 @@ EVENT = Obj({
     "call": Int(0), "rows": Int(0), "batch_dim": Int(), "reproduced": bool, "subsets": ListOf(_BATCH_SUBSET),
     "why": str, "detail": str, "subset": str, "size": Int(0), "first_module": OneOf((_BATCH_SPOT, NONE)),
     "first_op": OneOf((_BATCH_SPOT, NONE)), "note": STR_OR_NONE,
-    "step": Int(0), "keys": ListOf(str), "parts": ListOf(Obj({"path": str, "role": str})), "digests": ListOf(str),
+    "step": Int(-1), "keys": ListOf(str), "parts": ListOf(Obj({"path": str, "role": str})), "digests": ListOf(str),
     "obj": Int(0), "entropy": bool, "importing": bool, "of": str,
+    "site": str, "source": str, "n": Int(0), "grad": bool, "rank": Int(0),
 }, frozenset({"at", "type"}))

@@ -21,6 +21,7 @@ from detaudit.causes import confirm as experiments
 from detaudit.causes.context import RepeatEvidence
 from detaudit.causes.context import load as load_evidence
 from detaudit.causes.latent import latent_findings, recorded_versions
+from detaudit.causes.repetition import RepeatedRandomness, repeated_randomness, silenced_sites
 from detaudit.compare import match as verdict_basis
 from detaudit.compare.match import Match
 from detaudit.compare.oprules import OpFinding, find_op_source
@@ -65,6 +66,7 @@ class Analysis:
     not_ruled_out: tuple[Cause, ...] = ()  # candidates no evidence supports: never in the summary line
     match: Match | None = None
     first_evidence: RepeatEvidence | None = None  # the first repeat's evidence (latent findings, versions)
+    repeated: tuple[RepeatedRandomness, ...] = ()  # randomness that repeats where it should differ (issue 38)
     report: Report | None = None
 
     @property
@@ -234,6 +236,13 @@ def first_evidence(a: Analysis) -> Analysis:
     return replace(a, first_evidence=load_evidence(a.traces[0], first.index, first.device))
 
 
+def repeated_draws(a: Analysis) -> Analysis:
+    """Random draws of the first repeat that repeat where they should differ (sites in DETAUDIT_REPEATS_OK aside)."""
+    if a.first_evidence is None:
+        return a
+    return replace(a, repeated=tuple(repeated_randomness(a.first_evidence, silenced_sites(os.environ))))
+
+
 def build_report(a: Analysis) -> Analysis:
     """The Report, assembled once from what the steps found."""
     record, results, evidence = a.record, list(a.results), a.first_evidence
@@ -250,13 +259,14 @@ def build_report(a: Analysis) -> Analysis:
         baseline=a.baseline_check, inferred=[c.id for c in causes.split(list(a.inferred))[0]],
         match=a.match, op_finding=a.op_finding,
         carried_output=a.carried, perturbation=a.perturbed, latent=latent_findings(evidence, results),
+        repeated_randomness=list(a.repeated),
     )
     return replace(a, report=report)
 
 
 STEPS: tuple[Step, ...] = (
     locate_traces, note_failures, compare, outcome, carried_state, structure_note, op_finding, perturbation,
-    baseline_check, diagnose, stored_experiments, describe_match, first_evidence, build_report,
+    baseline_check, diagnose, stored_experiments, describe_match, first_evidence, repeated_draws, build_report,
 )
 
 

@@ -136,9 +136,13 @@ cli.add_command(resume)  # cli/resume_command.py: does resuming from a checkpoin
 @click.option("--torchrun-args", default="", metavar="ARGS",
               help="With --nproc-per-node: further torchrun options, as one quoted string "
                    "(`--torchrun-args \"--nnodes 2 --rdzv-endpoint host:29400\"`).")
+@click.option("--fail-on-repeated-randomness", "fail_on_repeats", is_flag=True,
+              help="Exit 1 when draws repeat where they should differ (the report's \"Randomness that repeats\"; "
+                   "docs/causes.md), even if the repeats agree.")
 @audit_option_group
 def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, html_path: Path | None, quiet: bool,
-        explain: bool, explain_all: bool, budget: int | None, no_explain: bool, save_baseline: Path | None) -> None:
+        explain: bool, explain_all: bool, budget: int | None, no_explain: bool, save_baseline: Path | None,
+        fail_on_repeats: bool) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
@@ -159,6 +163,8 @@ def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, 
                           **({"the --baseline": baseline_dir} if baseline_dir else {})})
     report = audit_run(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
     code = save_baseline_to(report, save_baseline) if save_baseline is not None else None
+    if fail_on_repeats and report.repeated_randomness and (report.exit_code if code is None else code) == 0:
+        code = ExitCode.DIVERGENT
     finish(report, json_path, junit_path, quiet, html_path, exit_code=code)
 
 

@@ -451,6 +451,21 @@ def latent_block(report: Report) -> Group | None:
     return Group(*parts)
 
 
+def repeats_block(report: Report) -> Group | None:
+    """Randomness that repeats where it should differ (causes/repetition.py): beside the verdict, never in it."""
+    if not report.repeated_randomness:
+        return None
+    parts: list[Any] = [Text("Randomness that repeats — draws equal where they should differ", style="bold yellow")]
+    for item in report.repeated_randomness:
+        head = Text(f"• {item.site}: ", style="bold")
+        head.append(printable(f"repeats across {item.across}"
+                              + (f" (state from {item.created_at})" if item.created_at else "")))
+        parts.append(head)
+        parts.extend(Text(printable(f"   • {line}")) for line in item.evidence)
+        parts.append(Text(printable(f"   fix: {item.fix}"), style="green"))
+    return Group(*parts)
+
+
 def experiments_table(report: Report) -> Table | None:
     if not report.experiments:
         return None
@@ -550,7 +565,7 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
                   divergence_panel(report), perturbation_panel(report), carried_panel(report), baseline_panel(report),
                   op_panel(report),
                   spread_table(report), causes_block(report), not_ruled_out_block(report), experiments_table(report),
-                  latent_block(report)):
+                  latent_block(report), repeats_block(report)):
         if block is not None:
             console.print(block)
     for note in notes:

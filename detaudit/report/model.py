@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from detaudit import __version__
 from detaudit.causes import headline
+from detaudit.causes.repetition import RepeatedRandomness
 from detaudit.codec import Codable
 from detaudit.compare.match import Match
 from detaudit.compare.oprules import OpFinding
@@ -119,6 +120,8 @@ class Report(Codable):
     perturbation: PerturbationFinding | None = None  # `run --perturb`: what each varied setting changed
     latent: list[Latent] = field(default_factory=list)  # deterministic on this CPU, not on CUDA (causes/latent.py)
     recordings: list[str] = field(default_factory=list)  # `compare`: what each compared recording is (its path)
+    # draws equal where they should differ (causes/repetition.py): beside the verdict, never changing it
+    repeated_randomness: list[RepeatedRandomness] = field(default_factory=list)
 
     def cause_headline(self) -> str:
         """The summary line's cause part (causes.headline): the top cause with evidence, or that none was found."""
@@ -390,6 +393,7 @@ def to_dict(report: Report) -> dict[str, Any]:
         "causes": [asdict(c) for c in report.causes],
         "not_ruled_out": [asdict(c) for c in report.not_ruled_out],
         "latent": [asdict(x) for x in report.latent],
+        "repeated_randomness": [x.to_dict() for x in report.repeated_randomness],
         "inferred_ranking": report.inferred,
         "experiments": [asdict(e) for e in report.experiments],
         "runs": [

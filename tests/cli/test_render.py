@@ -13,6 +13,7 @@ from synthetic import training_records, write_run
 
 from detaudit.audit.pipeline import load_run
 from detaudit.causes.context import finding
+from detaudit.causes.repetition import RepeatedRandomness
 from detaudit.cli.render import argv_line, op_panel, render, verdict_line
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.traces import Divergence, RecordInfo
@@ -162,3 +163,13 @@ def test_causes_an_experiment_ruled_out_are_shown_below_a_line() -> None:
     line = next(i for i, text in enumerate(lines) if "ruled out by their own experiment" in text)
     assert "unseeded-torch-rng" in "".join(lines[:line]) and "object-order" in lines[line + 1]
     assert sum("ruled out by their own experiment" in text for text in lines) == 1
+
+
+def test_randomness_that_repeats_is_shown_beside_an_unchanged_verdict(tmp_path: Path) -> None:
+    found = RepeatedRandomness("data.py:31", "workers", "data.py:12", ["workers 0 and 1 drew the same 8 values"],
+                               "make it in a worker_init_fn")
+    report = replace(_finished(tmp_path, ["x\n"] * 3), repeated_randomness=[found])
+    text = _text(report)
+    assert "Randomness that repeats" in text
+    assert "data.py:31: repeats across workers (state from data.py:12)" in text
+    assert report.verdict == "deterministic"

@@ -15,7 +15,7 @@ from evidence_sink import Sink
 
 from detaudit.events import DrawEvent, GeneratorEvent, RngRestoreEvent, SeedEvent
 from detaudit.recorder import patch
-from detaudit.recorder.evidence import rng
+from detaudit.recorder.evidence import draws, rng
 from detaudit.recorder.evidence.base import Evidence, python_rng_digest
 from detaudit.recorder.pinning import PIN_SEED
 
@@ -91,7 +91,8 @@ def test_numpy_seed_generator_and_draw(evidence: tuple[Evidence, Sink]) -> None:
     [s] = sink.of("seed")
     assert (s["fn"], s["lib"], s["value"]) == ("np.random.seed", "numpy", 1)
     unseeded, seeded = sink.of("generator")
-    assert set(unseeded) == fields(GeneratorEvent) - {"entropy", "obj"}  # SystemRandom only; objects followed
+    # entropy: SystemRandom only; the script's Generators are followed to their draws (`obj`, draws.py)
+    assert set(unseeded) == fields(GeneratorEvent) - {"entropy"}
     assert (unseeded["seeded"], seeded["seeded"], seeded["value"]) == (False, True, 7)
     assert [d["fn"] for d in sink.of("draw")] == ["np.random.rand"]
 
@@ -271,3 +272,19 @@ def test_seeding_through_the_scripts_own_wrapper_is_the_scripts_seeding(evidence
     seeds = [(e["fn"], e["library"], "by" in e) for e in sink.of("seed") if e["state"] is not None]
     assert seeds == [("torch.manual_seed", False, False), ("random.seed", False, False)]
     assert sink.of("seed")[-1]["loc"].endswith(f":{_line('random.seed(seed)')}")  # the wrapper's own line
+
+
+def test_a_scripts_numpy_generator_is_followed_to_its_draws_and_fingerprinted(evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    draws.install(ev)
+    try:
+        rng.install_numpy(ev, np.random)
+        gen = np.random.default_rng(3)
+        values = gen.random(4)
+    finally:
+        draws.tracker = None
+    [made] = sink.of("generator")
+    [drawn] = sink.of("random-draw")
+    assert (drawn["fn"], drawn["obj"], drawn["size"]) == ("Generator.random", made["obj"], 4)
+    assert drawn["value"] == draws.fingerprint(values, None)[0]
+    assert isinstance(gen, np.random.Generator)

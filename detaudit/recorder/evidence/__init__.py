@@ -3,6 +3,8 @@
 Recorded, by topic (the events are typed in detaudit/events.py):
 - rng.py: seeding calls (value, call site, RNG state digest before and after), numpy Generator
   creation, the first draw from each RNG per call site;
+- draws.py: the first few draws per call site, step and epoch fingerprinted (what was drawn, the
+  generator's state before), with epoch, step, worker, rank and grad mode;
 - kernels.py: calls of the ops the running torch lists as nondeterministic (with device),
   `torch.empty`-family calls from user code, determinism flags and their typos, collectives, the
   listed and matmul-heavy modules of the first model;
@@ -31,7 +33,7 @@ from typing import Any
 
 from detaudit.events import StateEvent
 from detaudit.recorder import location
-from detaudit.recorder.evidence import base, concurrency, environment, files, kernels, rng, writes
+from detaudit.recorder.evidence import base, concurrency, draws, environment, files, kernels, rng, writes
 from detaudit.recorder.evidence.base import Evidence, never_fatal, python_rng_digest
 
 __all__ = ["Evidence", "active", "attach", "finish", "install", "python_rng_digest"]
@@ -45,6 +47,7 @@ class Installer:
         self._stepped = False
         self._first_forward: Any = None
         self.writes: writes.Writes | None = None
+        self.draws = draws.install(ev)
 
     def install_early(self) -> None:
         """At child start, before the script: Python's RNG, threads, clocks, hash seed, fork handling."""
@@ -92,6 +95,7 @@ class Installer:
         environment.install_torch(ev, torch)
         kernels.install(ev, torch)
         concurrency.install_dataloader(ev, torch.utils.data.DataLoader)
+        draws.install_loader(self.draws, torch.utils.data.DataLoader)
         faults.install(ev, torch)
         if self.writes is not None:
             writes.install_torch(self.writes, torch)

@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from detaudit.events import DrawEvent, GeneratorEvent, Lib, RngRestoreEvent, SeedEvent
+from detaudit.recorder.evidence import draws
 from detaudit.recorder.evidence.base import Evidence, digest_bytes, python_rng_digest, short
 from detaudit.recorder.patch import wrap
 
@@ -173,12 +174,15 @@ def _default_rng(ev: Evidence, original: Callable[..., Any]) -> Callable[..., An
         args, kwargs, pinned = ev.pins.seed_args("numpy-generator", args, kwargs, library, ev.worker_id())
         gen = original(*args, **kwargs)
         state = digest_bytes(repr(gen.bit_generator.state).encode())
-        # no `obj`: a Generator (a final C type, not weakly referenceable) is not followed to its draws
-        ev.emit(GeneratorEvent(type="generator", lib="numpy", fn="np.random.default_rng", seeded=seed is not None,
-                               value=short(seed), loc=ev.where(caller), library=library, state=state,
-                               pinned=pinned))
+        event = GeneratorEvent(type="generator", lib="numpy", fn="np.random.default_rng", seeded=seed is not None,
+                               value=short(seed), loc=ev.where(caller), library=library, state=state, pinned=pinned)
+        if not library:  # the script's own: followed to its draws, on the same bit generator
+            gen = recording(gen.bit_generator)
+            event["obj"] = ev.rng_object(gen)
+        ev.emit(event)
         return gen
 
+    recording = _numpy_generator_class(ev, ev.numpy.Generator)
     return default_rng
 
 
@@ -202,6 +206,35 @@ def _bit_generator_class(ev: Evidence, base: Any, *, name: str) -> Any:
             return (ctor, tuple(base if a is type(self) else a for a in args), *rest)
 
     return BitGenerator
+
+
+NUMPY_GENERATOR_DRAWS = ("random", "integers", "normal", "standard_normal", "uniform", "choice", "shuffle",
+                         "permutation", "permuted", "binomial", "poisson", "exponential", "beta", "gamma", "lognormal",
+                         "laplace", "bytes", "multivariate_normal", "dirichlet")
+
+
+def _numpy_generator_class(ev: Evidence, base: Any) -> Any:
+    """`np.random.Generator` (a C type) as `default_rng` makes it for the script: a subclass whose draws are
+    recorded (`isinstance` holds; pickled or copied, it becomes a plain Generator again)."""
+    def make_draw(name: str) -> Any:
+        original = getattr(base, name)
+
+        def draw(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if drawing or ev.compiling():  # `permutation` calls `shuffle`: one draw, recorded once
+                return original(self, *args, **kwargs)
+            drawing.append(True)
+            try:
+                return _object_draw(ev, self, "numpy", f"Generator.{name}", sys._getframe(1),
+                                    lambda: digest_bytes(repr(self.bit_generator.state).encode()),
+                                    lambda: original(self, *args, **kwargs))
+            finally:
+                drawing.pop()
+
+        return draw
+
+    drawing: list[bool] = []  # non-empty while a draw method runs
+    methods = {name: make_draw(name) for name in NUMPY_GENERATOR_DRAWS if hasattr(base, name)}
+    return type("Generator", (base,), {**methods, "__module__": base.__module__})
 
 
 def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> None:
@@ -228,11 +261,32 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
                     ev.emit(event)
                 else:
                     ev.seen.discard((label, caller.f_code, caller.f_lineno))
-            return original(*args, **kwargs)
+            tracker = draws.tracker
+            slot = None if tracker is None else tracker.slot(caller.f_code, caller.f_lineno, label)
+            if tracker is None or slot is None or (
+                    label == "dropout" and not (args[2] if len(args) > 2 else kwargs.get("training", True))):
+                return original(*args, **kwargs)
+            generator = kwargs.get("generator")
+            state = _global_state(ev, lib, args, kwargs) if generator is None else _torch_state(generator)
+            return tracker.observe(slot, caller, lib, label, state, generator is not None,
+                                   None if generator is None else ev.rng_number(generator),
+                                   lambda: original(*args, **kwargs), value=label != "dropout")
 
         return draw
 
     wrap(owner, name, make)
+
+
+def _global_state(ev: Evidence, lib: Lib, args: tuple[Any, ...], kwargs: dict[str, Any]) -> draws.State:
+    """How to read the state a global RNG draw starts from: torch's CPU generator (a draw on another device
+    draws from that device's generator, not read here), NumPy's, Python's."""
+    if lib == "torch" and ev.draw_device(args, kwargs) != "cpu":
+        return lambda: None
+    return lambda: ev.rng_digest(lib)
+
+
+def _torch_state(generator: Any) -> draws.State:
+    return lambda: digest_bytes(generator.get_state().numpy().tobytes()) if generator.device.type == "cpu" else None
 
 
 def _object_event(ev: Evidence, obj: Any, lib: Lib, fn: str, caller: Any, seed: Any, state: str | None,
@@ -246,11 +300,22 @@ def _object_event(ev: Evidence, obj: Any, lib: Lib, fn: str, caller: Any, seed: 
     ev.emit(event)
 
 
-def _object_draw(ev: Evidence, obj: Any, lib: Lib, label: str, caller: Any) -> None:
-    """The first draw per call site from an RNG object the script owns."""
+def _object_draw(ev: Evidence, obj: Any, lib: Lib, label: str, caller: Any, state: draws.State,
+                 call: Callable[[], Any]) -> Any:
+    """A draw from an RNG object: the first per call site from one the script owns is reported, and the draw
+    is fingerprinted (draws.py); `state` reads the object's state, `call` draws. A library's own objects (sympy's,
+    seeded from the OS at import), SystemRandom (the OS's entropy, never the same twice) and detaudit's own calls
+    are not fingerprinted."""
     number = ev.rng_number(obj)
     if number is not None and ev.first_time(label, caller.f_code, caller.f_lineno):
         ev.emit(DrawEvent(type="draw", lib=lib, fn=label, loc=ev.where(caller), generator="explicit", obj=number))
+    tracker = draws.tracker
+    if tracker is None or number is None or isinstance(obj, random.SystemRandom) or ev.own(caller):
+        return call()
+    slot = tracker.slot(caller.f_code, caller.f_lineno, label)
+    if slot is None:
+        return call()
+    return tracker.observe(slot, caller, lib, label, state, True, number, call)
 
 
 def _install_python_objects(ev: Evidence) -> None:
@@ -294,7 +359,8 @@ def _install_python_objects(ev: Evidence) -> None:
             def draw(self: Any, *args: Any, **kwargs: Any) -> Any:
                 caller = sys._getframe(1)
                 if caller.f_code.co_filename != own and self is not global_instance and not ev.compiling():
-                    _object_draw(ev, self, "python", f"Random.{name}", caller)
+                    return _object_draw(ev, self, "python", f"Random.{name}", caller, _python_state(self),
+                                        lambda: original(self, *args, **kwargs))
                 return original(self, *args, **kwargs)
 
             return draw
@@ -307,6 +373,10 @@ def _install_python_objects(ev: Evidence) -> None:
         wrap(random.Random, name, make_draw(name))
     for name in ("random", "getrandbits"):  # SystemRandom's own, reading the OS
         wrap(random.SystemRandom, name, make_draw(name))
+
+
+def _python_state(rng: random.Random) -> draws.State:
+    return lambda: python_rng_digest(rng.getstate())
 
 
 def _instance_check(base: type) -> type:
@@ -351,10 +421,10 @@ def _random_state_class(ev: Evidence, base: Any) -> Any:
         def draw(self: Any, *args: Any, **kwargs: Any) -> Any:
             if drawing or ev.compiling():  # `rand` calls `random_sample`: one draw, recorded once
                 return original(self, *args, **kwargs)
-            _object_draw(ev, self, "numpy", f"RandomState.{name}", sys._getframe(1))
             drawing.append(True)
             try:
-                return original(self, *args, **kwargs)
+                return _object_draw(ev, self, "numpy", f"RandomState.{name}", sys._getframe(1), lambda: state(self),
+                                    lambda: original(self, *args, **kwargs))
             finally:
                 drawing.pop()
 

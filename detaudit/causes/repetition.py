@@ -1,0 +1,258 @@
+"""Randomness that repeats where it should differ, from one repeat's draw fingerprints (docs/causes.md).
+
+Every other finding asks whether repeats agree; this one asks whether draws that should differ inside one
+run are equal: the same draws in two DataLoader workers (a generator made in the main process and copied
+into each), in every epoch (the script re-seeds at each epoch's start), at every step (a seeding inside the
+step loop), on every rank, or for every sample of a step. Equal generator states at one call site are the
+direct evidence (the same position of the same stream); equal values alone are circumstantial and count
+only for draws of at least MIN_VALUES values, seen equal at least twice. Draws under `torch.no_grad()` or
+`inference_mode` (evaluation, often seeded on purpose) are not judged; `DETAUDIT_REPEATS_OK` silences sites.
+Reported beside the verdict, never as a cause of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from detaudit.causes.context import RepeatEvidence
+from detaudit.events import Event, GeneratorEvent, RandomDrawEvent, SeedEvent, select
+
+Across = Literal["workers", "ranks", "epochs", "steps", "samples"]
+# the first found is named: samples seeded alike also repeat every step and epoch, and are the finer bug
+ACROSS_ORDER: tuple[Across, ...] = ("workers", "ranks", "samples", "epochs", "steps")
+MIN_VALUES = 8  # equal values alone count only for draws of at least this many values...
+MIN_EQUAL = 2  # ... seen equal at least this many times
+SILENCE_VARIABLE = "DETAUDIT_REPEATS_OK"
+_RNG_NAMES = {"torch": "torch's global RNG", "numpy": "NumPy's global RNG", "python": "Python's global `random`"}
+
+
+@dataclass(frozen=True)
+class RepeatedRandomness:
+    """Draws at one call site that repeat across workers, ranks, epochs, steps or samples."""
+
+    site: str  # the user's `file:line` that drew
+    across: Across
+    created_at: str | None  # where the repeated state was created or seeded (None: not seen)
+    evidence: list[str]
+    fix: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Draw:
+    """One fingerprinted draw and the process it ran in."""
+
+    event: RandomDrawEvent
+    worker: int | None
+    order: int  # its position among its process's events (main process or the workers' side file)
+
+    @property
+    def mark(self) -> str | None:
+        """What makes two draws the same: the generator state (direct), else the values (circumstantial)."""
+        e = self.event
+        return e.get("state") or e.get("value")
+
+
+def silenced_sites(environ: Mapping[str, str]) -> frozenset[str]:
+    """The `file:line` sites the user silenced: `DETAUDIT_REPEATS_OK="train.py:31 train.py:40"` (commas too)."""
+    return frozenset(s for s in environ.get(SILENCE_VARIABLE, "").replace(",", " ").split() if s)
+
+
+def repeated_randomness(rep: RepeatEvidence, silenced: Iterable[str] = ()) -> list[RepeatedRandomness]:
+    """The sites of one repeat (its main process and DataLoader workers) whose draws repeat, one finding each."""
+    quiet = tuple(silenced)
+    sites: dict[tuple[str, str, str], list[_Draw]] = {}
+    for draw in _draws(rep):
+        e = draw.event
+        if e["grad"] and e["loc"] and not any(_same_site(e["loc"], s) for s in quiet):
+            sites.setdefault((e["loc"], e["site"], e["fn"]), []).append(draw)
+    found: dict[str, RepeatedRandomness] = {}
+    for (loc, _, _), group in sites.items():
+        if loc in found:
+            continue
+        for across in ACROSS_ORDER:
+            pairs = _FINDERS[across](group)
+            if pairs and _convincing(pairs):
+                found[loc] = _describe(rep, loc, _period(across, pairs), pairs)
+                break
+    return list(found.values())
+
+
+def _draws(rep: RepeatEvidence) -> list[_Draw]:
+    main = [_Draw(e, None, i) for i, e in _numbered(rep.events)]
+    return main + [_Draw(e, e.get("worker"), i) for i, e in _numbered(rep.worker_events)]
+
+
+def _numbered(events: list[Event]) -> list[tuple[int, RandomDrawEvent]]:
+    """The draw events with their positions among all the process's events."""
+    return [(i, select([e], RandomDrawEvent)[0]) for i, e in enumerate(events) if e.get("type") == "random-draw"]
+
+
+def _same_site(loc: str, silenced: str) -> bool:
+    return loc == silenced or loc.endswith("/" + silenced)
+
+
+Pair = tuple[_Draw, _Draw]
+
+
+def _equal_pairs(draws: Sequence[_Draw], key: Callable[[_Draw], Any], apart: Callable[[_Draw, _Draw], bool]) \
+        -> list[Pair]:
+    """Pairs of draws that share `key` (the same slot) and the same mark while `apart` says they should differ."""
+    slots: dict[Any, list[_Draw]] = {}
+    for d in draws:
+        if d.mark is not None:
+            slots.setdefault((key(d), d.mark), []).append(d)
+    pairs: list[Pair] = []
+    for same in slots.values():
+        first = same[0]
+        pairs.extend((first, other) for other in same[1:] if apart(first, other) and _one_generator(first, other))
+    return pairs
+
+
+def _one_generator(a: _Draw, b: _Draw) -> bool:
+    """Both drew from one generator: a global RNG, or one RNG object of the script (a copy of it in each worker).
+    Two objects the script made alike (`default_rng(0)` at each call: a fixed projection, a seeded test-time
+    augmentation, a fixed validation subset) repeat by design, and are not judged."""
+    return a.event.get("obj") == b.event.get("obj")
+
+
+def _process(d: _Draw) -> tuple[int | None, int | None]:
+    return d.event.get("rank"), d.worker
+
+
+def _across_workers(draws: Sequence[_Draw]) -> list[Pair]:
+    """Two workers' draws in one epoch from one state (a worker process restarts its draw count)."""
+    return _equal_pairs([d for d in draws if d.worker is not None], lambda d: (d.event.get("rank"), d.event["epoch"]),
+                        lambda a, b: a.worker != b.worker)
+
+
+def _across_ranks(draws: Sequence[_Draw]) -> list[Pair]:
+    return _equal_pairs(draws, lambda d: (d.worker, d.event["epoch"], d.event["n"]),
+                        lambda a, b: a.event.get("rank") != b.event.get("rank"))
+
+
+def _across_epochs(draws: Sequence[_Draw]) -> list[Pair]:
+    """The same draw of a site (its index in the epoch) in two epochs, in one process."""
+    return _equal_pairs(draws, lambda d: (_process(d), d.event["n"]), lambda a, b: a.event["epoch"] != b.event["epoch"])
+
+
+def _across_steps(draws: Sequence[_Draw]) -> list[Pair]:
+    """Draws of a site at two optimizer steps of one epoch, in one process."""
+    return _equal_pairs([d for d in draws if d.event["step"] >= 0], lambda d: (_process(d), d.event["epoch"]),
+                        lambda a, b: a.event["step"] != b.event["step"])
+
+
+def _across_samples(draws: Sequence[_Draw]) -> list[Pair]:
+    """Several draws of a site in one step (one worker's batch) from one state: every sample drew alike."""
+    return _equal_pairs(draws, lambda d: (_process(d), d.event["epoch"], d.event["step"]),
+                        lambda a, b: a.event["n"] != b.event["n"])
+
+
+def _period(across: Across, pairs: Sequence[Pair]) -> Across:
+    """Draws that repeat every k > 1 steps of one epoch (no DataLoader marks the epochs): a seeding at the start
+    of each pass over k steps, an epoch; every step alike is a seeding inside the step loop."""
+    if across == "steps" and all(abs(b.event["step"] - a.event["step"]) > 1 for a, b in pairs):
+        return "epochs"
+    return across
+
+
+_FINDERS: dict[Across, Callable[[Sequence[_Draw]], list[Pair]]] = {
+    "workers": _across_workers, "ranks": _across_ranks, "epochs": _across_epochs, "steps": _across_steps,
+    "samples": _across_samples}
+
+
+def _direct(pair: Pair) -> bool:
+    return all(d.event.get("state") is not None for d in pair)
+
+
+def _convincing(pairs: Sequence[Pair]) -> bool:
+    """Equal states are proof; equal values alone only for draws large enough not to collide by chance."""
+    if any(_direct(p) for p in pairs):
+        return True
+    return len(pairs) >= MIN_EQUAL and all(a.event["size"] >= MIN_VALUES for a, _ in pairs)
+
+
+def _describe(rep: RepeatEvidence, loc: str, across: Across, pairs: Sequence[Pair]) -> RepeatedRandomness:
+    first, other = pairs[0]
+    e = first.event
+    origin = _origin(rep, first)
+    created_at = origin["loc"] if origin is not None else None
+    direct = [p for p in pairs if _direct(p)]
+    how = "from equal generator states (direct evidence)" if direct else \
+        f"equal values alone ({e['size']} values each, {len(pairs)} times: too many to collide by chance)"
+    what = f"{e['size']} value{'s' if e['size'] != 1 else ''}" if e["size"] else "its draw"
+    lines = [f"{_between(across, first, other)} drew the same {what} at {loc} ({e['fn']}) {how}; "
+             f"{len(pairs)} repeated draw{'s' if len(pairs) != 1 else ''} seen"]
+    if origin is not None:
+        lines.append(_origin_line(origin, across, first))
+    return RepeatedRandomness(loc, across, created_at, lines, _fix(across, origin, e))
+
+
+def _between(across: Across, a: _Draw, b: _Draw) -> str:
+    ea, eb = a.event, b.event
+    if across == "workers":
+        return f"DataLoader workers {a.worker} and {b.worker} (epoch {ea['epoch']})"
+    if across == "ranks":
+        return f"ranks {ea.get('rank')} and {eb.get('rank')}"
+    if across == "epochs" and ea["epoch"] == eb["epoch"]:
+        return f"optimizer steps {ea['step']} and {eb['step']} (the same draw of two passes over the steps)"
+    if across == "epochs":
+        return f"epochs {ea['epoch']} and {eb['epoch']} (the same draw of each)"
+    if across == "steps":
+        return f"optimizer steps {ea['step']} and {eb['step']}"
+    return f"draws {ea['n']} and {eb['n']} of one " + ("batch" if a.worker is not None else f"step ({ea['step']})")
+
+
+def _origin(rep: RepeatEvidence, draw: _Draw) -> GeneratorEvent | SeedEvent | None:
+    """Where the draw's generator got its state: the script's RNG object's creation or last seeding, or the last
+    seeding of a global RNG before the draw (in its worker, else in the main process)."""
+    e = draw.event
+    if "obj" in e:
+        made = [g for g in rep.of(GeneratorEvent) + rep.workers(GeneratorEvent) if g.get("obj") == e["obj"]]
+        return made[-1] if made else None
+    if e["source"] != "global":
+        return None
+    if draw.worker is not None:  # a worker's own seeding (its worker_init_fn) before the draw
+        seeds = [s for s in select(rep.worker_events[:draw.order], SeedEvent)
+                 if s.get("worker") == draw.worker and s["lib"] == e["lib"]]
+    else:
+        seeds = [s for s in rep.of(SeedEvent) if s["lib"] == e["lib"] and int(s.get("at", 0)) <= int(e.get("at", 0))]
+    return seeds[-1] if seeds else None
+
+
+def _origin_line(origin: GeneratorEvent | SeedEvent, across: Across, draw: _Draw) -> str:
+    call = f"`{origin['fn']}({origin.get('value')!r})`" if origin.get("value") is not None else f"`{origin['fn']}`"
+    if origin["type"] == "generator":
+        copied = " in the main process was copied into each worker" \
+            if across == "workers" and origin.get("worker") is None else ""
+        return f"the RNG object made by {call} at {origin['loc']}{copied}"
+    where = f" in worker {draw.worker}" if draw.worker is not None else ""
+    return f"{_RNG_NAMES.get(origin['lib'], origin['lib'])} was seeded by {call} at {origin['loc']}{where}"
+
+
+def _fix(across: Across, origin: GeneratorEvent | SeedEvent | None, e: RandomDrawEvent) -> str:
+    at = f" at {origin['loc']}" if origin is not None else ""
+    if across == "workers":
+        lib = origin["lib"] if origin is not None else e["lib"]
+        make = {"numpy": "np.random.default_rng(torch.initial_seed() % 2**32)",
+                "python": "random.Random(torch.initial_seed())"}.get(
+            lib, "torch.Generator().manual_seed(torch.initial_seed())")
+        return (f"give each worker its own generator: make it in a `worker_init_fn` (e.g. `dataset.rng = {make}`; "
+                f"torch seeds every worker differently, anew each epoch) or derive its seed from "
+                f"`torch.utils.data.get_worker_info()`, instead of the one made{at}")
+    if across == "ranks":
+        return f"add the rank to the seed{at}: `seed + torch.distributed.get_rank()`"
+    if across == "epochs" and origin is not None and origin.get("worker") is not None:
+        return (f"seed the worker from `torch.initial_seed()` (torch draws it anew for each worker every epoch) "
+                f"instead of a value that is the same every epoch{at}: DataLoader workers start anew each epoch")
+    if across == "epochs":
+        return (f"seed once before the epoch loop, not at each epoch{at}, or derive the seed from the epoch "
+                "(`seed + epoch`)")
+    if across == "steps":
+        return (f"seed once before the step loop, not at each step{at}, or derive the seed from the step "
+                "(`seed + step`)")
+    return f"derive each sample's seed from its index (`seed + i`){at}, or seed once before drawing for all samples"

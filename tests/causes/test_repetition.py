@@ -1,0 +1,93 @@
+"""causes/repetition.py on hand-built draw fingerprints: what repeats across what, and what is no finding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from detaudit.causes.context import RepeatEvidence
+from detaudit.causes.repetition import MIN_VALUES, repeated_randomness, silenced_sites
+from detaudit.events import Event
+
+
+def draw(state: str | None, value: str | None = None, size: int = 16, epoch: int = 0, n: int = 0, step: int = 0,
+         grad: bool = True, worker: int | None = None, **more: Any) -> Event:
+    event: dict[str, Any] = {"type": "random-draw", "lib": "torch", "fn": "torch.randn", "loc": "t.py:5",
+                             "site": "t.py:5", "source": "global", "state": state, "value": value, "size": size,
+                             "epoch": epoch, "n": n, "step": step, "grad": grad, **more}
+    if worker is not None:
+        event["worker"] = worker
+    return event  # type: ignore[return-value]
+
+
+def evidence(main: list[Event], workers: list[Event] | None = None) -> RepeatEvidence:
+    return RepeatEvidence(0, "cpu", Path("t.trace"), events=main, worker_events=workers or [])
+
+
+def test_two_workers_drawing_from_one_state_repeat_across_workers() -> None:
+    workers = [draw("a", worker=0, step=-1), draw("a", worker=1, step=-1)]
+    assert [f.across for f in repeated_randomness(evidence([], workers))] == ["workers"]
+
+
+def test_equal_states_in_two_epochs_at_the_same_draw_repeat_across_epochs() -> None:
+    assert [f.across for f in repeated_randomness(evidence([draw("a", epoch=1), draw("a", epoch=2, step=4)]))] \
+        == ["epochs"]
+
+
+def test_equal_states_at_consecutive_steps_repeat_across_steps() -> None:
+    main = [draw("a", n=0, step=0), draw("a", n=1, step=1), draw("a", n=2, step=2)]
+    assert [f.across for f in repeated_randomness(evidence(main))] == ["steps"]
+
+
+def test_equal_states_every_few_steps_without_a_dataloader_repeat_across_epochs() -> None:
+    main = [draw(s, n=i, step=i) for i, s in enumerate("abcabc")]
+    assert [f.across for f in repeated_randomness(evidence(main))] == ["epochs"]
+
+
+def test_equal_states_within_one_step_repeat_across_samples() -> None:
+    assert [f.across for f in repeated_randomness(evidence([draw("a", n=0), draw("a", n=1)]))] == ["samples"]
+
+
+def test_draws_under_no_grad_are_evaluation_and_not_judged() -> None:
+    assert repeated_randomness(evidence([draw("a", epoch=1, grad=False), draw("a", epoch=2, grad=False)])) == []
+
+
+def test_different_states_are_no_finding() -> None:
+    assert repeated_randomness(evidence([draw("a", epoch=1), draw("b", epoch=2)])) == []
+
+
+def test_equal_small_values_alone_may_collide_by_chance_and_are_no_finding() -> None:
+    main = [draw(None, "v", size=1, n=0), draw(None, "v", size=1, n=1), draw(None, "v", size=1, n=2)]
+    assert repeated_randomness(evidence(main)) == []
+
+
+def test_equal_large_values_seen_twice_are_circumstantial_evidence() -> None:
+    main = [draw(None, "v", size=MIN_VALUES, n=0), draw(None, "v", size=MIN_VALUES, n=1),
+            draw(None, "v", size=MIN_VALUES, n=2)]
+    assert "equal values alone" in repeated_randomness(evidence(main))[0].evidence[0]
+
+
+def test_the_seeding_before_the_draw_is_where_the_state_was_made() -> None:
+    seed: Event = {"type": "seed", "lib": "torch", "fn": "torch.manual_seed", "value": 0, "loc": "t.py:3",
+                   "library": False, "drawn_before": False, "state": "a", "pinned": None, "at": 0}
+    found = repeated_randomness(evidence([seed, draw("a", epoch=1, at=1), draw("a", epoch=2, at=5)]))
+    assert found[0].created_at == "t.py:3"
+
+
+def test_a_silenced_site_is_not_reported() -> None:
+    main = [draw("a", epoch=1), draw("a", epoch=2)]
+    assert repeated_randomness(evidence(main), silenced_sites({"DETAUDIT_REPEATS_OK": "other.py:1, t.py:5"})) == []
+
+
+def test_a_worker_seeded_alike_every_epoch_is_told_to_seed_from_torchs_worker_seed() -> None:
+    seed: Event = {"type": "seed", "lib": "torch", "fn": "torch.manual_seed", "value": 0, "loc": "t.py:9",
+                   "library": False, "drawn_before": False, "state": "a", "pinned": None, "worker": 0}
+    workers = [seed, draw("a", epoch=1, step=-1, worker=0), seed, draw("a", epoch=2, step=-1, worker=0)]
+    [found] = repeated_randomness(evidence([], workers))
+    assert (found.across, found.created_at) == ("epochs", "t.py:9")
+    assert "torch.initial_seed()" in found.fix
+
+
+def test_two_generators_the_script_made_alike_repeat_by_design_and_are_not_judged() -> None:
+    main = [draw("a", epoch=1, source="object", obj=3), draw("a", epoch=2, source="object", obj=4)]
+    assert repeated_randomness(evidence(main)) == []
