@@ -146,7 +146,7 @@ def test_compare_reads_a_baseline_as_a_recording(tmp_path: Path) -> None:
     assert same.recordings == [str(saved), str(tmp_path / "run")]
     assert [r["recording"] for r in to_dict(same)["runs"]] == same.recordings
     assert [r.duration_s for r in same.runs] == [None, 0.5]
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=400)  # wide enough for any temporary path: rows are found by it
     console.print(runs_table(same))
     text = console.export_text()
     rows = [line for line in text.splitlines() if str(saved) in line or str(tmp_path / "run") in line]
