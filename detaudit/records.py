@@ -8,7 +8,7 @@ format name and version are checked before any other field: a foreign file, or o
 detaudit, is refused by name. Nothing else in detaudit indexes these files as dicts: the rest of
 the code holds a `RunRecord`, an `ExplainRecord` or a `BaselineManifest` (tests/test_records.py
 checks). Keys a record does not know are ignored (a newer writer may add some); a key that is
-present must have its type. Files themselves are opened in run/rundir.py and audit/baseline.py.
+present must have its type. Files themselves are opened in run/rundir.py and report/baseline.py.
 
 The files and what they hold: run/rundir.py (run.json, explain.json) and docs/trace-format.md ("Baselines").
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from detaudit import records
-from detaudit.audit import baseline
+from detaudit.report import baseline
 from detaudit.errors import TraceError
 from detaudit.records import (
     BaselineManifest,

@@ -4,7 +4,7 @@ While the job runs, its trace is followed record by record against the reference
 Follower, bit for bit): the first record that differs is reported on standard error at once and, unless
 `--on-mismatch continue`, the job is asked to stop at its next step boundary (the stop file that `run`'s live
 comparison uses, recorder/bounds.py). Afterwards the two traces are compared whole (compare/traces.py) for the
-first divergence's record, module and line, and the environment fingerprints (audit/baseline.py) and the
+first divergence's record, module and line, and the environment fingerprints (report/baseline.py) and the
 script's arguments are compared for what changed between the two recordings.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from detaudit.audit import baseline
+from detaudit.report import baseline
 from detaudit.compare.live import Follower
 from detaudit.compare.traces import compare_traces
 from detaudit.errors import UsageError

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from detaudit import causes
-from detaudit.audit import baseline
+from detaudit.report import baseline
 from detaudit.causes import confirm as experiments
 from detaudit.causes.context import RepeatEvidence
 from detaudit.causes.context import load as load_evidence

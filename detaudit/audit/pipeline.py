@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from detaudit.audit import analysis as analysis_steps
-from detaudit.audit import baseline, ranks
+from detaudit.report import baseline, ranks
 from detaudit.audit.analysis import Analysis, Step, extend, run_steps, start
 from detaudit.compare import match
 from detaudit.compare.live import LiveWatch
@@ -94,7 +94,7 @@ class Checks:
 
     tolerance: Tolerance = field(default_factory=Tolerance)  # between devices (same device: bitwise)
     stdout: StdoutMode = DEFAULT_STDOUT  # how stdout is compared (docs/stdout.md)
-    baseline: Path | None = None  # --baseline: a recorded run (detaudit/audit/baseline.py) to compare with as well
+    baseline: Path | None = None  # --baseline: a recorded run (detaudit/report/baseline.py) to compare with as well
     self_check: bool = False  # --self-check: one extra repeat with a one-ULP change, which must be seen
 
 

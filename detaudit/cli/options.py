@@ -110,7 +110,7 @@ def check_outputs(json_path: Path | None, junit_path: Path | None, html_path: Pa
     `inputs`: what the command reads, by how the user gave it ("the script", "RUN_DIR"...);
     `save_baseline` and `out_dir`: the directories it writes besides the reports.
     """
-    from detaudit.audit.baseline import check_destination
+    from detaudit.report.baseline import check_destination
     from detaudit.run.files import check_writable
 
     if str(json_path) == "-" and str(junit_path) == "-":
@@ -153,7 +153,7 @@ def _recording_holding(path: Path) -> Path | None:
     """The run directory or baseline `path` would be written into: its nearest existing directory above,
     when that holds detaudit's run.json or baseline.json (a user's own report named run.json does not
     make its folder a run directory)."""
-    from detaudit.audit.baseline import MANIFEST
+    from detaudit.report.baseline import MANIFEST
     from detaudit.records import BASELINE_FORMAT, RUN_FORMAT
     from detaudit.run.rundir import RUN_FILE
 

@@ -234,7 +234,7 @@ def save_baseline_to(report: Any, dest: Path) -> int | None:
     command with its error's code (a CI job must notice that nothing was kept); after repeats that did
     not agree, the run's own non-zero exit code already does.
     """
-    from detaudit.audit import baseline
+    from detaudit.report import baseline
 
     try:
         replaced = baseline.replaces(dest)

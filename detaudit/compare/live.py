@@ -185,7 +185,7 @@ class LiveWatch:
                  baseline: tuple[Path, str] | None = None, narrow_ahead: bool = False) -> None:
         """`layout`: a torchrun run's, whose ranks here are followed (each against the same rank of the
         reference); a stop then asks every rank, through one file. `baseline`: --baseline's trace and device,
-        which the first repeat of a single-process run is followed against (audit/baseline.py compares them).
+        which the first repeat of a single-process run is followed against (report/baseline.py compares them).
         `narrow_ahead`: once a repeat diverged, the repeats started after it record ops over the window of
         `auto`'s op-level re-run too (`configure`; `op_windowed` says which, and their window)."""
         self.tolerance = tolerance

@@ -50,7 +50,7 @@ def to_junit(report: Report) -> str:
             ET.SubElement(case, "failure", message=f"after step {replica.step}, {replica.name} on rank(s) "
                           f"{', '.join(map(str, replica.ranks))} differs from rank {replica.reference}")
     if report.baseline is not None:
-        case = ET.SubElement(suite, "testcase", classname="detaudit.audit.baseline", name="matches the baseline")
+        case = ET.SubElement(suite, "testcase", classname="detaudit.report.baseline", name="matches the baseline")
         cases += 1
         base = report.baseline
         if not base.matches:

@@ -35,7 +35,7 @@ SCHEMA_VERSION = 2  # 2: runs[].duration_s may be null (a baseline compared keep
 
 @dataclass(frozen=True)
 class EnvironmentChange:
-    """One environment fingerprint field that differs from the baseline's (detaudit/audit/baseline.py)."""
+    """One environment fingerprint field that differs from the baseline's (detaudit/report/baseline.py)."""
 
     field: str
     baseline: Any
@@ -49,7 +49,7 @@ SensitivityStatus = Literal["survived", "sensitive", "untested"]
 
 @dataclass(frozen=True)
 class Sensitivity:
-    """An environment difference from the baseline that a `--perturb` setting stands for (audit/baseline.py),
+    """An environment difference from the baseline that a `--perturb` setting stands for (report/baseline.py),
     and what is known of the script's sensitivity to it."""
 
     setting: str  # a `--perturb` setting: threads, hash-seed, ...

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 from synthetic import training_records, write_run
 
-import detaudit.audit.baseline
+import detaudit.report.baseline
 import detaudit.audit.pipeline
 import detaudit.explain.runner
 import detaudit.run.devices
@@ -77,7 +77,7 @@ class Core:
         monkeypatch.setattr(detaudit.run.devices, "cuda_available", lambda: False)  # the same on every machine
         for owner, name in ((detaudit.audit.pipeline, "run_audit"), (detaudit.audit.pipeline, "load_run"),
                             (detaudit.audit.pipeline, "compare_recorded"), (detaudit.explain.runner, "run_experiments"),
-                            (detaudit.audit.baseline, "save")):
+                            (detaudit.report.baseline, "save")):
             monkeypatch.setattr(owner, name, self._fake(name))
 
     def _fake(self, name: str) -> Any:

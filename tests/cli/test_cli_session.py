@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import detaudit.audit.baseline
+import detaudit.report.baseline
 import detaudit.cli.session as session
 from detaudit.errors import ExitCode, OutputError
 from detaudit.results import RepeatProgress, RepeatResult
@@ -82,7 +82,7 @@ def test_a_baseline_that_cannot_be_saved_fails_a_run_that_agreed(stderr: StringI
     def refuse(*args: object) -> Path:
         raise OutputError("cannot write base: read-only")
 
-    monkeypatch.setattr(detaudit.audit.baseline, "save", refuse)
+    monkeypatch.setattr(detaudit.report.baseline, "save", refuse)
 
     class Finished:
         run_dir = str(tmp_path)

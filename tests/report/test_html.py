@@ -14,7 +14,7 @@ import pytest
 from conftest import run_cli
 from synthetic import training_records, write_run
 
-from detaudit.audit import baseline
+from detaudit.report import baseline
 from detaudit.audit.pipeline import load_run
 from detaudit.compare.traces import ROOT_MODULE, StepSpread
 from detaudit.report.html import heat_strip_svg, render_html

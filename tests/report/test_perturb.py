@@ -13,7 +13,7 @@ import torch
 from rich.console import Console
 from synthetic import training_records, write_run
 
-from detaudit.audit import baseline
+from detaudit.report import baseline
 from detaudit.audit.pipeline import load_run
 from detaudit.causes import CAUSE_IDS
 from detaudit.cli.render import render

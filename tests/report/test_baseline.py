@@ -1,4 +1,4 @@
-"""Baselines (detaudit/audit/baseline.py): save, compare, name what changed; strict reading of the format."""
+"""Baselines (detaudit/report/baseline.py): save, compare, name what changed; strict reading of the format."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from conftest import SCRIPTS, run_cli
 from rich.console import Console
 from synthetic import training_records, write_run
 
-from detaudit.audit import baseline
+from detaudit.report import baseline
 from detaudit.audit.pipeline import compare_recorded, load_run
 from detaudit.cli.render import divergence_panel, runs_table
 from detaudit.errors import TraceError
