@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from detaudit import records
-from detaudit.report import baseline
 from detaudit.errors import TraceError
 from detaudit.records import (
     BaselineManifest,
@@ -24,6 +23,7 @@ from detaudit.records import (
     RunRecord,
     StoredExperiment,
 )
+from detaudit.report import baseline
 from detaudit.results import Experiment, RepeatResult, SelfCheck, Tolerance
 from detaudit.run import rundir
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from detaudit.report import baseline
 from detaudit.compare.live import Follower
 from detaudit.compare.traces import compare_traces
 from detaudit.errors import UsageError
 from detaudit.records import RunRecord
+from detaudit.report import baseline
 from detaudit.report.model import EnvironmentChange
 from detaudit.run.rundir import host_environment, read_run
 from detaudit.run.watchlog import Mismatch

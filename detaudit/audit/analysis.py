@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from detaudit import causes
-from detaudit.report import baseline
 from detaudit.causes import confirm as experiments
 from detaudit.causes.context import RepeatEvidence
 from detaudit.causes.context import load as load_evidence
@@ -32,6 +31,7 @@ from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, recorded_mode
 from detaudit.compare.traces import Comparison, Divergence, compare_traces
 from detaudit.errors import TraceError
 from detaudit.records import RunRecord, is_plain_name
+from detaudit.report import baseline
 from detaudit.report.model import BaselineCheck, CarriedOutput, Report, all_failed
 from detaudit.results import Cause, Ending, Experiment, RepeatResult
 from detaudit.run.failure import disk_full, excerpt, read_error, stderr_tail

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from detaudit.audit import analysis as analysis_steps
-from detaudit.report import baseline, ranks
+from detaudit.audit import ranks
 from detaudit.audit.analysis import Analysis, Step, extend, run_steps, start
 from detaudit.compare import match
 from detaudit.compare.live import LiveWatch
@@ -23,6 +23,7 @@ from detaudit.compare.oprules import find_op_source
 from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
 from detaudit.errors import TraceError, UsageError
 from detaudit.records import OPS_PREFIX, Narrowing, RunRecord
+from detaudit.report import baseline
 from detaudit.report.model import Report, write_json
 from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, Tolerance
 from detaudit.run import distributed, sharing

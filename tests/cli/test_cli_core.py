@@ -21,9 +21,9 @@ import pytest
 from click.testing import CliRunner
 from synthetic import training_records, write_run
 
-import detaudit.report.baseline
 import detaudit.audit.pipeline
 import detaudit.explain.runner
+import detaudit.report.baseline
 import detaudit.run.devices
 from detaudit.cli.commands import cli, main
 from detaudit.errors import ExitCode, TraceError

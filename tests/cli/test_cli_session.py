@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import detaudit.report.baseline
 import detaudit.cli.session as session
+import detaudit.report.baseline
 from detaudit.errors import ExitCode, OutputError
 from detaudit.results import RepeatProgress, RepeatResult
 

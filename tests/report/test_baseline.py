@@ -11,10 +11,10 @@ from conftest import SCRIPTS, run_cli
 from rich.console import Console
 from synthetic import training_records, write_run
 
-from detaudit.report import baseline
 from detaudit.audit.pipeline import compare_recorded, load_run
 from detaudit.cli.render import divergence_panel, runs_table
 from detaudit.errors import TraceError
+from detaudit.report import baseline
 from detaudit.report.model import EnvironmentChange, to_dict
 from detaudit.trace import Kind, read_trace
 

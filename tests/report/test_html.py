@@ -14,9 +14,9 @@ import pytest
 from conftest import run_cli
 from synthetic import training_records, write_run
 
-from detaudit.report import baseline
 from detaudit.audit.pipeline import load_run
 from detaudit.compare.traces import ROOT_MODULE, StepSpread
+from detaudit.report import baseline
 from detaudit.report.html import heat_strip_svg, render_html
 from detaudit.report.model import to_dict
 from detaudit.run.rundir import read_run

@@ -13,7 +13,6 @@ import torch
 from rich.console import Console
 from synthetic import training_records, write_run
 
-from detaudit.report import baseline
 from detaudit.audit.pipeline import load_run
 from detaudit.causes import CAUSE_IDS
 from detaudit.cli.render import render
@@ -23,6 +22,7 @@ from detaudit.explain.runner import run_experiments
 from detaudit.pin import Perturb, perturb_knobs, perturbations
 from detaudit.recorder.pinning import Pins
 from detaudit.records import BaselineManifest, Reference, RunRecord
+from detaudit.report import baseline
 from detaudit.report.html import render_html
 from detaudit.report.model import BaselineCheck, EnvironmentChange, Report, to_dict
 from detaudit.results import RepeatResult, Tolerance

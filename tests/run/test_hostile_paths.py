@@ -17,9 +17,9 @@ import pytest
 from conftest import run_in_process
 from synthetic import training_records, write_run
 
-from detaudit.report import baseline
 from detaudit.audit.pipeline import load_run
 from detaudit.events import WORKERS_SUFFIX
+from detaudit.report import baseline
 from detaudit.run.rundir import write_experiments
 
 SECRET = "aws_secret_access_key=hunter2"
