@@ -26,13 +26,13 @@ from detaudit.compare.oprules import OpFinding, find_op_source
 from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.perturb import PerturbationFinding, compare_perturbed
 from detaudit.compare.saved_values import only_non_tensor_values_differ
-from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, recorded_mode
-from detaudit.compare.traces import Comparison, Divergence, compare_traces
+from detaudit.compare.stdout import DEFAULT_STDOUT, recorded_mode
+from detaudit.compare.traces import Comparison, compare_traces
 from detaudit.errors import TraceError
 from detaudit.records import RunRecord, is_plain_name
 from detaudit.report import baseline
 from detaudit.report.model import BaselineCheck, CarriedOutput, Report, all_failed
-from detaudit.results import Cause, Ending, Experiment, RepeatResult
+from detaudit.results import Cause, Divergence, Ending, Experiment, RepeatResult, StdoutMode
 from detaudit.run.failure import disk_full, excerpt, read_error, stderr_tail
 from detaudit.trace import RecordStream
 

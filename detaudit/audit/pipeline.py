@@ -20,12 +20,12 @@ from detaudit.audit.analysis import Analysis, Step, extend, run_steps, start
 from detaudit.compare import match
 from detaudit.compare.live import LiveWatch
 from detaudit.compare.oprules import find_op_source
-from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
+from detaudit.compare.stdout import DEFAULT_STDOUT, most_lenient, recorded_mode
 from detaudit.errors import TraceError, UsageError
 from detaudit.records import OPS_PREFIX, Narrowing, RunRecord
 from detaudit.report import baseline
 from detaudit.report.model import Report, write_json
-from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, Tolerance
+from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, StdoutMode, Tolerance
 from detaudit.run import distributed, sharing
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats
 from detaudit.run.perturb_plan import Perturbation

@@ -28,10 +28,9 @@ from detaudit.causes.confirm import NOT_REPRODUCED, PIN_CAUSES
 from detaudit.causes.context import LIKELY, Context, Detector, Finding, build, finding
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.perturb import PerturbationFinding
-from detaudit.compare.traces import Divergence
 from detaudit.events import ConcurrencyEvent, EmptyEvent, HashEvent, OpEvent
 from detaudit.pin import PINS, separating_pin
-from detaudit.results import BASES, Cause, RepeatResult
+from detaudit.results import BASES, Cause, Divergence, RepeatResult
 
 TIE = 1e-6  # scores this close on the same basis fit the evidence equally
 BACKGROUND = 0.55  # below this, a cause is listed only when nothing likely explains the divergence

@@ -25,13 +25,13 @@ from typing import Any
 from detaudit import __version__
 from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.perturb import PerturbationFinding
-from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode
+from detaudit.compare.stdout import DEFAULT_STDOUT
 from detaudit.compare.traces import compare_traces
 from detaudit.errors import TraceError, UsageError
 from detaudit.pin import Perturb
 from detaudit.records import BaselineManifest, Reference, RunRecord, is_plain_name
 from detaudit.report.model import BaselineCheck, EnvironmentChange, Report, Sensitivity
-from detaudit.results import RepeatResult
+from detaudit.results import RepeatResult, StdoutMode
 from detaudit.run.files import copy_atomically, write_text_atomically
 from detaudit.run.rundir import read_run
 from detaudit.trace import RecordStream, load_json, open_regular, sha256_regular

@@ -20,10 +20,21 @@ from detaudit.codec import Codable
 from detaudit.compare.match import Match
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.perturb import PerturbationFinding
-from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
-from detaudit.compare.traces import Comparison, Divergence, RecordInfo, StepSpread
+from detaudit.compare.stdout import DEFAULT_STDOUT
+from detaudit.compare.traces import Comparison, StepSpread
 from detaudit.errors import ExitCode
-from detaudit.results import Cause, Experiment, Latent, RepeatResult, Role, Verdict
+from detaudit.results import (
+    Cause,
+    Divergence,
+    Experiment,
+    Latent,
+    RecordInfo,
+    RepeatResult,
+    Role,
+    StdoutDifference,
+    StdoutMode,
+    Verdict,
+)
 from detaudit.run.failure import disk_full
 from detaudit.run.files import write_output
 
