@@ -20,7 +20,9 @@ from detaudit.causes import confirm as experiments
 from detaudit.causes.context import RepeatEvidence
 from detaudit.causes.context import load as load_evidence
 from detaudit.causes.latent import latent_findings, recorded_versions
+from detaudit.compare import baseline_diff
 from detaudit.compare import match as verdict_basis
+from detaudit.compare.baseline_diff import BaselineCheck
 from detaudit.compare.match import Match
 from detaudit.compare.oprules import OpFinding, find_op_source
 from detaudit.compare.outcome import outcome_divergence
@@ -31,7 +33,7 @@ from detaudit.compare.traces import Comparison, compare_traces
 from detaudit.errors import TraceError
 from detaudit.records import RunRecord, is_plain_name
 from detaudit.report import baseline
-from detaudit.report.model import BaselineCheck, CarriedOutput, Report, all_failed
+from detaudit.report.model import CarriedOutput, Report, all_failed
 from detaudit.results import Cause, Divergence, Ending, Experiment, RepeatResult, StdoutMode
 from detaudit.run.failure import disk_full, excerpt, read_error, stderr_tail
 from detaudit.trace import RecordStream
@@ -181,7 +183,7 @@ def baseline_check(a: Analysis) -> Analysis:
     """`--baseline`: this run against a kept recording."""
     if not a.record.baseline:
         return a
-    checked = baseline.check(baseline.load(Path(a.record.baseline)), a.run_dir, a.record, list(a.results),
+    checked = baseline_diff.check(baseline.load(Path(a.record.baseline)), a.run_dir, a.record, list(a.results),
                              a.stdout_mode, a.perturbed)
     return replace(a, baseline_check=checked)
 

@@ -13,10 +13,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from detaudit import __version__
 from detaudit.codec import Codable
+from detaudit.compare.baseline_diff import BaselineCheck
 from detaudit.compare.match import Match
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.perturb import PerturbationFinding
@@ -40,48 +41,6 @@ from detaudit.run.files import write_output
 
 SCHEMA_NAME = "detaudit-report"
 SCHEMA_VERSION = 2  # 2: runs[].duration_s may be null (a baseline compared keeps no time)
-
-
-@dataclass(frozen=True)
-class EnvironmentChange:
-    """One environment fingerprint field that differs from the baseline's (detaudit/report/baseline.py)."""
-
-    field: str
-    baseline: Any
-    current: Any
-
-
-# survived: the baseline's run (or this one) varied the setting with `--perturb` and no bit changed; sensitive:
-# this run's `--perturb` showed the bits depend on it; untested: no run varied it
-SensitivityStatus = Literal["survived", "sensitive", "untested"]
-
-
-@dataclass(frozen=True)
-class Sensitivity:
-    """An environment difference from the baseline that a `--perturb` setting stands for (report/baseline.py),
-    and what is known of the script's sensitivity to it."""
-
-    setting: str  # a `--perturb` setting: threads, hash-seed, ...
-    fields: list[str]  # the fingerprint fields that changed
-    status: SensitivityStatus
-    note: str
-
-
-@dataclass(frozen=True)
-class BaselineCheck:
-    """The run's first repeat compared with a recorded baseline (`detaudit run --baseline DIR`)."""
-
-    path: str
-    divergence: Divergence | None
-    environment_changes: list[EnvironmentChange]
-    records_compared: int = 0
-    records_differing: int = 0
-    by_step: list[StepSpread] = field(default_factory=list)
-    sensitivities: list[Sensitivity] = field(default_factory=list)
-
-    @property
-    def matches(self) -> bool:
-        return self.divergence is None
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from synthetic import training_records, write_run
 from detaudit.audit.pipeline import load_run
 from detaudit.causes.context import finding
 from detaudit.cli.render import argv_line, op_panel, render, verdict_line
+from detaudit.compare.baseline_diff import BaselineCheck
 from detaudit.compare.oprules import OpFinding
-from detaudit.report.model import BaselineCheck, Report
+from detaudit.report.model import Report
 from detaudit.results import Divergence, RecordInfo
 
 
