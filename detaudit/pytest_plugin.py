@@ -28,8 +28,8 @@ import pytest
 
 if TYPE_CHECKING:  # the audit machinery is imported only once a test is audited
     from detaudit.compare.oprules import OpFinding
-    from detaudit.compare.traces import Divergence
     from detaudit.report.model import Report
+    from detaudit.results import Divergence
 
 CHILD_ENV = "DETAUDIT_PYTEST_REPEAT"  # set in the re-runs: there the test body runs, unaudited
 MARKER = "deterministic"

@@ -367,7 +367,7 @@ class BaselineManifest:
     script_args: tuple[str, ...]
     granularity: str
     reference: Reference
-    environment: Mapping[str, Any]  # report/baseline.fingerprint: field -> JSON scalar
+    environment: Mapping[str, Any]  # compare/baseline_diff.fingerprint: field -> JSON scalar
     detaudit_version: str | None = None
     created: str | None = None
     # `run --perturb`: the settings the recorded run varied without a bit changing, with the values tried

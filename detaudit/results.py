@@ -1,8 +1,9 @@
 """The values that travel between stages: what a run produces and later stages consume.
 
 A leaf (standard library and `pin` only), so the stages import data, not each other: a repeat's
-result (`RepeatResult`, with the script's exception), the comparison tolerance, and a cause or
-experiment as the causes and explain stages hand them to the report.
+result (`RepeatResult`, with the script's exception), the comparison tolerance, the first divergence
+and the record it names (`Divergence`, `RecordInfo`, made by compare/ and read by the causes, the report
+and the CLI), and a cause or experiment as the causes and explain stages hand them to the report.
 """
 
 from __future__ import annotations
@@ -264,3 +265,79 @@ class Experiment:
     verdict: ExperimentVerdict
     first_divergence_index: int | None
     note: str = ""
+
+
+# how stdout is compared (docs/stdout.md)
+StdoutMode = Literal["strict", "masked", "ignore"]
+
+
+# `stdout`: an outcome divergence's stand-in record (audit.outcome_divergence); `?`: a kind this release
+# does not know
+RecordKind = Literal["output", "grad", "param", "optstate", "save", "checkpoint", "op", "input", "buffer", "stdout",
+                     "?"]
+Phase = Literal["forward", "backward"]
+
+
+@dataclass(frozen=True)
+class RecordInfo:
+    """A record described in words (strings resolved)."""
+
+    index: int
+    kind: RecordKind
+    name: str
+    module: str
+    location: str
+    step: int
+    shape: str
+    dtype: str
+    op: str  # op records: the aten overload (`aten.index_put_.default`); "" otherwise
+    backward: bool
+    node: str = ""  # backward op records: the autograd node that ran the op (`IndexBackward0`)
+    random: bool = False  # op records: the op draws from an RNG
+
+    @property
+    def phase(self) -> Phase | None:
+        return ("backward" if self.backward else "forward") if self.op else None
+
+
+@dataclass(frozen=True)
+class StdoutDifference:
+    """The first stdout line where some repeat differs from the reference repeat.
+
+    `lines` maps a repeat to its text of that line as printed (None: its output had ended), invalid
+    UTF-8 shown as `\\x..` escapes; line numbers count from 1. `field`: the key or table column under
+    which the first repeat listed in `lines` after the reference differs (`'v_num'`, `column val_acc`),
+    when the line names one.
+    """
+
+    line: int
+    mode: StdoutMode
+    reference: int
+    lines: dict[int, str | None]
+    field: str | None = None
+
+    @property
+    def repeats(self) -> list[int]:
+        return [i for i in self.lines if i != self.reference]
+
+
+# content: a value differs; structure: the repeats recorded different things (or one stopped early);
+# outcome: exit status or stdout differs (audit folds a structural difference into it when both happen)
+Category = Literal["content", "structure", "outcome"]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first place where some repeat differs from its reference (`audit.analyse` makes an amended copy
+    when the outcome or the recordings' ends add to the detail)."""
+
+    index: int
+    category: Category
+    record: RecordInfo | None
+    repeats: list[int]
+    reference: int
+    max_abs_diff: float | None = None
+    max_ulp_diff: int | None = None
+    detail: str = ""
+    others: dict[int, RecordInfo] = field(default_factory=dict)  # structure: what the other repeats had
+    stdout: StdoutDifference | None = None  # outcome: the first stdout line that differs (detaudit/compare/stdout.py)

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from detaudit.compare import baseline_diff
+from detaudit.compare.baseline_diff import EnvironmentChange
 from detaudit.compare.live import Follower
 from detaudit.compare.traces import compare_traces
 from detaudit.errors import UsageError
 from detaudit.records import RunRecord
 from detaudit.report import baseline
-from detaudit.report.model import EnvironmentChange
 from detaudit.run.rundir import host_environment, read_run
 from detaudit.run.watchlog import Mismatch
 
@@ -52,7 +53,7 @@ def load_reference(path: Path) -> Reference:
         granularity = baseline.effective_granularity(record.granularity or "module")
         reference = Reference(path, trace, results[0].device, granularity,
                               None if record.args_redacted else tuple(record.script_args),
-                              baseline.fingerprint(record, trace, results[0].device))
+                              baseline_diff.fingerprint(record, trace, results[0].device))
     if reference.granularity not in _WATCHABLE:
         raise UsageError(f"--against {path} was recorded at granularity {reference.granularity}; watch records at "
                          f"{' or '.join(_WATCHABLE)}: record the reference with `run --granularity step`")
@@ -81,9 +82,9 @@ def changes(reference: Reference, script: str, script_args: list[str], trace: Pa
         -> list[EnvironmentChange]:
     """What differs between the reference's recording and this one: the script's arguments, then the
     environment fingerprint's fields (versions, thread counts, determinism flags, variables)."""
-    now = baseline.fingerprint(RunRecord(script, tuple(script_args), environment=host_environment()), trace, device) \
-        if trace.is_file() else {}
-    found = baseline.environment_changes(reference.environment, now)
+    now = baseline_diff.fingerprint(RunRecord(script, tuple(script_args), environment=host_environment()),
+                                    trace, device) if trace.is_file() else {}
+    found = baseline_diff.environment_changes(reference.environment, now)
     if reference.script_args is not None and list(reference.script_args) != script_args:
         found.insert(0, EnvironmentChange("script arguments", " ".join(reference.script_args) or "(none)",
                                           " ".join(script_args) or "(none)"))

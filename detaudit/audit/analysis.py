@@ -21,19 +21,21 @@ from detaudit.causes.context import RepeatEvidence
 from detaudit.causes.context import load as load_evidence
 from detaudit.causes.latent import latent_findings, recorded_versions
 from detaudit.causes.repetition import RepeatedRandomness, repeated_randomness, silenced_sites
+from detaudit.compare import baseline_diff
 from detaudit.compare import match as verdict_basis
+from detaudit.compare.baseline_diff import BaselineCheck
 from detaudit.compare.match import Match
 from detaudit.compare.oprules import OpFinding, find_op_source
 from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.perturb import PerturbationFinding, compare_perturbed
 from detaudit.compare.saved_values import only_non_tensor_values_differ
-from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, recorded_mode
-from detaudit.compare.traces import Comparison, Divergence, compare_traces
+from detaudit.compare.stdout import DEFAULT_STDOUT, recorded_mode
+from detaudit.compare.traces import Comparison, compare_traces
 from detaudit.errors import TraceError
 from detaudit.records import RunRecord, is_plain_name
 from detaudit.report import baseline
-from detaudit.report.model import BaselineCheck, CarriedOutput, Report, all_failed
-from detaudit.results import Cause, Ending, Experiment, RepeatResult
+from detaudit.report.model import CarriedOutput, Report, all_failed
+from detaudit.results import Cause, Divergence, Ending, Experiment, RepeatResult, StdoutMode
 from detaudit.run.failure import disk_full, excerpt, read_error, stderr_tail
 from detaudit.trace import RecordStream
 
@@ -184,7 +186,7 @@ def baseline_check(a: Analysis) -> Analysis:
     """`--baseline`: this run against a kept recording."""
     if not a.record.baseline:
         return a
-    checked = baseline.check(baseline.load(Path(a.record.baseline)), a.run_dir, a.record, list(a.results),
+    checked = baseline_diff.check(baseline.load(Path(a.record.baseline)), a.run_dir, a.record, list(a.results),
                              a.stdout_mode, a.perturbed)
     return replace(a, baseline_check=checked)
 

@@ -20,12 +20,12 @@ from detaudit.audit.analysis import Analysis, Step, extend, run_steps, start
 from detaudit.compare import match
 from detaudit.compare.live import LiveWatch
 from detaudit.compare.oprules import find_op_source
-from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, most_lenient, recorded_mode
+from detaudit.compare.stdout import DEFAULT_STDOUT, most_lenient, recorded_mode
 from detaudit.errors import TraceError, UsageError
 from detaudit.records import OPS_PREFIX, Narrowing, RunRecord
 from detaudit.report import baseline
 from detaudit.report.model import Report, write_json
-from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, Tolerance
+from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, StdoutMode, Tolerance
 from detaudit.run import distributed, sharing
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats
 from detaudit.run.perturb_plan import Perturbation
@@ -134,13 +134,7 @@ def execute(options: AuditOptions, run_dir: Path,
     detaudit's parallelism must never read as the script's nondeterminism.
     """
     target, schedule, recording = options.target, options.schedule, options.recording
-    bounds = {k: v for k, v in (("max_steps", recording.max_steps), ("max_time", recording.max_time))
-              if v is not None}
-    child_config = {**recording.child_config, **({"module": target.module} if target.module else {}),
-                    **({"redact_args": True} if target.redact_args else {}), **bounds,
-                    **distributed.rank_config(schedule.nproc_per_node)}
-    # the script's commit, found here once: a git subprocess inside a repeat would shift its heap layout
-    child_config["git"] = git_state(target.script)
+    child_config = _child_config(options)
     # a torchrun repeat's ranks agree on the step they stop at through the job's store (recorder/agree.py);
     # a job over several nodes is not stopped: each node's audit would ask its own ranks only.
     # --perturb: every repeat runs to its end, as each group is compared within itself afterwards, and a repeat
@@ -169,16 +163,7 @@ def execute(options: AuditOptions, run_dir: Path,
         reasons = sharing.shared_writes(results, run_dir) if schedule.jobs > 1 and not schedule.nproc_per_node \
             else {}
         if reasons:
-            again = [p for p in plans if p.index in reasons]
-            for plan in again:
-                sharing.discard(plan)
-            try:
-                alone = {r.index: replace(r, rerun_alone=reasons[r.index]) for r in launch(again, 1)}
-            except Interrupted as exc:
-                partial = {r.index: r for r in exc.results}
-                exc.results = [partial.get(r.index, r) for r in results]
-                raise
-            results = [alone.get(r.index, r) for r in results]
+            results = _rerun_alone(plans, results, reasons, lambda again: launch(again, 1))
     except Interrupted as exc:
         exc.run_dir = run_dir
         raise
@@ -186,6 +171,36 @@ def execute(options: AuditOptions, run_dir: Path,
         if watch is not None:
             split_op_windowed(run_dir, [p for p in plans if p.index in watch.op_windowed])
     return [ended(r, run_dir, layout) for r in results]
+
+
+def _child_config(options: AuditOptions) -> dict[str, Any]:
+    """What every repeat's child is told (RepeatPlan.child_config): the recording's own entries, the module to
+    record, the bounds, the rank settings and the script's commit."""
+    target, schedule, recording = options.target, options.schedule, options.recording
+    bounds = {k: v for k, v in (("max_steps", recording.max_steps), ("max_time", recording.max_time))
+              if v is not None}
+    child_config = {**recording.child_config, **({"module": target.module} if target.module else {}),
+                    **({"redact_args": True} if target.redact_args else {}), **bounds,
+                    **distributed.rank_config(schedule.nproc_per_node)}
+    # the script's commit, found here once: a git subprocess inside a repeat would shift its heap layout
+    child_config["git"] = git_state(target.script)
+    return child_config
+
+
+def _rerun_alone(plans: Sequence[RepeatPlan], results: list[RepeatResult], reasons: dict[int, str],
+                 launch_alone: Callable[[Sequence[RepeatPlan]], list[RepeatResult]]) -> list[RepeatResult]:
+    """`results` with the repeats that wrote a shared file (`reasons`, run/sharing.py) re-run one after
+    another; interrupted, the exception carries every result, re-run or not."""
+    again = [p for p in plans if p.index in reasons]
+    for plan in again:
+        sharing.discard(plan)
+    try:
+        alone = {r.index: replace(r, rerun_alone=reasons[r.index]) for r in launch_alone(again)}
+    except Interrupted as exc:
+        partial = {r.index: r for r in exc.results}
+        exc.results = [partial.get(r.index, r) for r in results]
+        raise
+    return [alone.get(r.index, r) for r in results]
 
 
 def split_op_windowed(run_dir: Path, plans: Sequence[RepeatPlan]) -> None:

@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 
 from detaudit.compare.oprules import OpFinding
-from detaudit.compare.traces import Divergence, gaps
+from detaudit.compare.traces import gaps
 from detaudit.errors import Inconclusive, TraceError, UsageError
 from detaudit.records import RunRecord
 from detaudit.report.model import DistributedFindings, RankSummary, ReplicaDivergence, Report, TeardownCrash, all_failed
-from detaudit.results import Cause, RepeatResult, Role
+from detaudit.results import Cause, Divergence, RepeatResult, Role
 from detaudit.run.distributed import Layout, multi_node, node_rank, rank_error, root_cause
 from detaudit.run.failure import excerpt, from_footer, stderr_tail
 from detaudit.trace import Kind, RecordStream, sha256_regular

@@ -18,13 +18,11 @@ from typing import Any
 
 from detaudit.audit.pipeline import AuditOptions, execute, run_audit
 from detaudit.causes.resume_causes import ResumeRuns, diagnose
-from detaudit.compare.align import RecordInfo
 from detaudit.compare.resumed_alignment import Alignment, align, compare_resumed, read_steps
-from detaudit.compare.traces import Divergence
 from detaudit.errors import Inconclusive, NoCheckpoint, ScriptFailed, UsageError
 from detaudit.report.model import Report
 from detaudit.report.resume import RESUME_FILE, CheckpointCall, ResumeReport, RunName, write_json
-from detaudit.results import RepeatResult
+from detaudit.results import Divergence, RecordInfo, RepeatResult
 from detaudit.run.failure import excerpt, read_error, stderr_tail
 from detaudit.trace import read_events
 

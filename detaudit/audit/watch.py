@@ -16,9 +16,9 @@ from typing import Any, BinaryIO, Literal, TypedDict
 
 from detaudit.audit.against import Reference, changes, first_difference, follow, load_reference
 from detaudit.audit.pipeline import ended
+from detaudit.compare.baseline_diff import EnvironmentChange
 from detaudit.compare.live import Follower
 from detaudit.errors import ExitCode, OutputError
-from detaudit.report.model import EnvironmentChange
 from detaudit.results import RepeatResult
 from detaudit.run.devices import resolve_devices
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats, request_stop

@@ -28,10 +28,9 @@ from detaudit.causes.confirm import NOT_REPRODUCED, PIN_CAUSES
 from detaudit.causes.context import LIKELY, Context, Detector, Finding, build, finding
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.perturb import PerturbationFinding
-from detaudit.compare.traces import Divergence
 from detaudit.events import ConcurrencyEvent, EmptyEvent, HashEvent, OpEvent
 from detaudit.pin import PINS, separating_pin
-from detaudit.results import BASES, Basis, Cause, RepeatResult
+from detaudit.results import BASES, Basis, Cause, Divergence, RepeatResult
 
 NO_EVIDENCE: Basis = "no-evidence"  # the basis of a candidate no evidence of whose mechanism was seen (results.BASES)
 # What each cause must have observed in this run to be a cause (docs/causes.md#ranking): the evidence event kinds

@@ -10,7 +10,7 @@ tensors may (an auto-resumed checkpoint, a cache).
 
 from __future__ import annotations
 
-import os
+import posixpath  # path strings only (the detector reads no file)
 from collections.abc import Sequence
 
 from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
@@ -52,13 +52,14 @@ _SOMEONE = "no earlier repeat recorded writing it: another process, or a write d
 
 def _same_file(written: str, path: str) -> bool:
     """A written path (absolute, as the script named it) is the read one (relative to the working directory)."""
-    w, p = os.path.normpath(written), os.path.normpath(path)
-    return w == p or w.endswith(os.sep + p)
+    w, p = posixpath.normpath(written), posixpath.normpath(path)
+    return w == p or w.endswith(posixpath.sep + p)
 
 
 def _inside(written: str, directory: str) -> bool:
     """A written path lies somewhere under the listed directory (relative to the working directory)."""
-    return f"{os.sep}{os.path.normpath(directory)}{os.sep}" in f"{os.sep}{os.path.normpath(written)}"
+    sep = posixpath.sep
+    return f"{sep}{posixpath.normpath(directory)}{sep}" in f"{sep}{posixpath.normpath(written)}"
 
 
 def _written_before(repeats: Sequence[RepeatEvidence], index: int) -> list[str]:

@@ -18,15 +18,13 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from detaudit import schema
-from detaudit.compare.align import RecordInfo
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.oprules import Verdict as OpVerdict
 from detaudit.compare.perturb import PerturbationFinding
-from detaudit.compare.traces import Divergence
 from detaudit.errors import TraceError
 from detaudit.events import WORKERS_SUFFIX, Event, Flags, StateEvent, When, select
 from detaudit.pin import Pin
-from detaudit.results import Basis, Cause, Confidence, RepeatResult
+from detaudit.results import Basis, Cause, Confidence, Divergence, RecordInfo, RepeatResult
 from detaudit.trace import RecordStream, read_regular
 
 LIKELY = 0.7  # a score at or above this is reported as "likely", below as "possible"

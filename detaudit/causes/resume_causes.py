@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from detaudit.compare.resumed_alignment import Alignment, Steps
-from detaudit.compare.traces import Divergence, open_stream
+from detaudit.compare.traces import open_stream
 from detaudit.events import (
     CheckpointLoadEvent,
     CheckpointSaveEvent,
@@ -24,7 +24,7 @@ from detaudit.events import (
     SeedEvent,
     StateRestoreEvent,
 )
-from detaudit.results import Cause
+from detaudit.results import Cause, Divergence
 from detaudit.trace import Kind, read_events
 
 WEIGHTS, OPTIMIZER, SCHEDULER, SCALER = "resume-weights", "resume-optimizer-state", "resume-scheduler", \

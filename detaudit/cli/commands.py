@@ -249,7 +249,7 @@ def show(trace_path: Path, limit: int, events: bool) -> None:
 
 
 def _show(trace_path: Path, limit: int, events: bool) -> None:
-    from detaudit.audit.listing import TraceListing
+    from detaudit.compare.listing import TraceListing
     from detaudit.safetext import printable
 
     def clean(value: Any) -> str:  # a trace may come from anywhere: no markup, no terminal controls

@@ -18,8 +18,7 @@ import click
 
 if TYPE_CHECKING:
     from detaudit.audit.pipeline import AuditOptions
-    from detaudit.compare.stdout import StdoutMode
-    from detaudit.results import Tolerance
+    from detaudit.results import StdoutMode, Tolerance
     from detaudit.run.perturb_plan import Perturbation
 
 DEFAULT_GRANULARITY = "auto"  # module cost unless the repeats diverge (docs/granularity.md)

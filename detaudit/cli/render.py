@@ -13,9 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from detaudit.compare.oprules import VERDICTS, OpFinding, traced_note
-from detaudit.compare.traces import Divergence
 from detaudit.report.model import Report, finite, where
-from detaudit.results import Cause
+from detaudit.results import Cause, Divergence
 from detaudit.safetext import printable
 
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",

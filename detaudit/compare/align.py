@@ -11,45 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
+from detaudit.results import RecordInfo, RecordKind
 from detaudit.trace import Flag, Kind, RecordStream
 from detaudit.trace.dtypes import DTYPE_NAMES
 
 CHUNK = 1 << 16  # records per trace per step of the walk
 STRUCT_FIELDS = ("kind", "dtype", "step")  # compared as stored
 STRING_FIELDS = ("name", "shape")  # compared by text (ids differ between traces)
-
-# `stdout`: an outcome divergence's stand-in record (audit.outcome_divergence); `?`: a kind this release
-# does not know
-RecordKind = Literal["output", "grad", "param", "optstate", "save", "checkpoint", "op", "input", "buffer", "stdout",
-                     "?"]
-Phase = Literal["forward", "backward"]
-
-
-@dataclass(frozen=True)
-class RecordInfo:
-    """A record described in words (strings resolved)."""
-
-    index: int
-    kind: RecordKind
-    name: str
-    module: str
-    location: str
-    step: int
-    shape: str
-    dtype: str
-    op: str  # op records: the aten overload (`aten.index_put_.default`); "" otherwise
-    backward: bool
-    node: str = ""  # backward op records: the autograd node that ran the op (`IndexBackward0`)
-    random: bool = False  # op records: the op draws from an RNG
-
-    @property
-    def phase(self) -> Phase | None:
-        return ("backward" if self.backward else "forward") if self.op else None
-
 
 _KIND_NAMES: dict[int, RecordKind] = {
     Kind.OUTPUT: "output", Kind.GRAD: "grad", Kind.PARAM: "param", Kind.OPTSTATE: "optstate", Kind.SAVE: "save",

@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from detaudit.compare.align import Aligner, RecordInfo, describe, reference_pairs
+from detaudit.compare.align import Aligner, describe, reference_pairs
+from detaudit.results import RecordInfo
 from detaudit.trace import Flag, Kind, RecordStream
 
 BEFORE, AFTER = 3, 2  # neighbours shown around the op

@@ -10,9 +10,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutMode, compare_stdout
-from detaudit.compare.traces import Divergence, RecordInfo
-from detaudit.results import RepeatResult
+from detaudit.compare.stdout import DEFAULT_STDOUT, compare_stdout
+from detaudit.results import Divergence, RecordInfo, RepeatResult, StdoutMode
 
 
 def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEFAULT_STDOUT,

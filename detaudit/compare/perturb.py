@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from detaudit.compare.outcome import outcome_divergence
-from detaudit.compare.traces import Comparison, Divergence, compare_traces
+from detaudit.compare.traces import Comparison, compare_traces
 from detaudit.pin import Perturb, perturbations
-from detaudit.results import RepeatResult, Tolerance
+from detaudit.results import Divergence, RepeatResult, Tolerance
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from detaudit.compare.traces import Divergence, compare_traces
-from detaudit.results import Tolerance
+from detaudit.compare.traces import compare_traces
+from detaudit.results import Divergence, Tolerance
 from detaudit.trace import RECORD_DTYPE, Kind, RecordStream
 from detaudit.trace.dtypes import OBJECT_CODES
 

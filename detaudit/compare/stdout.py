@@ -13,11 +13,11 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Union, cast, get_args
+from typing import Union, cast, get_args
 
 from detaudit.records import RunRecord
+from detaudit.results import StdoutDifference, StdoutMode
 
-StdoutMode = Literal["strict", "masked", "ignore"]
 STDOUT_MODES: tuple[str, ...] = get_args(StdoutMode)
 DEFAULT_STDOUT: StdoutMode = "masked"
 SHOWN_CHARS = 240  # a line shown in a report is cut to this many characters
@@ -202,27 +202,6 @@ class Masker:
                 out.append(text[last:a] + "#")
                 last = b
         return "".join(out) + text[last:]
-
-
-@dataclass(frozen=True)
-class StdoutDifference:
-    """The first stdout line where some repeat differs from the reference repeat.
-
-    `lines` maps a repeat to its text of that line as printed (None: its output had ended), invalid
-    UTF-8 shown as `\\x..` escapes; line numbers count from 1. `field`: the key or table column under
-    which the first repeat listed in `lines` after the reference differs (`'v_num'`, `column val_acc`),
-    when the line names one.
-    """
-
-    line: int
-    mode: StdoutMode
-    reference: int
-    lines: dict[int, str | None]
-    field: str | None = None
-
-    @property
-    def repeats(self) -> list[int]:
-        return [i for i in self.lines if i != self.reference]
 
 
 def _lines(path: Path) -> Iterator[bytes]:

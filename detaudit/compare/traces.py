@@ -12,35 +12,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from detaudit.compare.align import Aligner, Block, RecordInfo, describe, reference_pairs
-from detaudit.compare.stdout import StdoutDifference
-from detaudit.results import Tolerance
+from detaudit.compare.align import Aligner, Block, describe, reference_pairs
+from detaudit.results import Divergence, Tolerance
 from detaudit.trace import RECORD_DTYPE, EmptyTrace, Kind, RecordStream
-
-# content: a value differs; structure: the repeats recorded different things (or one stopped early);
-# outcome: exit status or stdout differs (audit folds a structural difference into it when both happen)
-Category = Literal["content", "structure", "outcome"]
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """The first place where some repeat differs from its reference (`audit.analyse` makes an amended copy
-    when the outcome or the recordings' ends add to the detail)."""
-
-    index: int
-    category: Category
-    record: RecordInfo | None
-    repeats: list[int]
-    reference: int
-    max_abs_diff: float | None = None
-    max_ulp_diff: int | None = None
-    detail: str = ""
-    others: dict[int, RecordInfo] = field(default_factory=dict)  # structure: what the other repeats had
-    stdout: StdoutDifference | None = None  # outcome: the first stdout line that differs (detaudit/compare/stdout.py)
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from detaudit import __version__
+from detaudit.compare.baseline_diff import BaselineCheck
 from detaudit.compare.oprules import VERDICTS, OpFinding, OpRow, traced_note
 from detaudit.compare.perturb import KnobOutcome, PerturbationFinding
-from detaudit.compare.traces import ROOT_MODULE, Divergence, StepSpread
-from detaudit.report.model import SCHEMA_VERSION, BaselineCheck, CarriedOutput, Report, finite, where
-from detaudit.results import Latent, RepeatResult
+from detaudit.compare.traces import ROOT_MODULE, StepSpread
+from detaudit.report.model import SCHEMA_VERSION, CarriedOutput, Report, finite, where
+from detaudit.results import Divergence, Latent, RepeatResult
 from detaudit.run.files import write_output
 
 WIDTH, HEIGHT = 760, 210

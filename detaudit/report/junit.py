@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from detaudit.compare.traces import Divergence
 from detaudit.report.model import Report, where
+from detaudit.results import Divergence
 from detaudit.run.files import write_output
 
 # Characters XML 1.0 cannot carry even escaped (names and details come from user code).

@@ -13,66 +13,36 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from detaudit import __version__
 from detaudit.causes import headline
 from detaudit.causes.repetition import RepeatedRandomness
 from detaudit.codec import Codable
+from detaudit.compare.baseline_diff import BaselineCheck
 from detaudit.compare.match import Match
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.perturb import PerturbationFinding
-from detaudit.compare.stdout import DEFAULT_STDOUT, StdoutDifference, StdoutMode
-from detaudit.compare.traces import Comparison, Divergence, RecordInfo, StepSpread
+from detaudit.compare.stdout import DEFAULT_STDOUT
+from detaudit.compare.traces import Comparison, StepSpread
 from detaudit.errors import ExitCode
-from detaudit.results import Cause, Experiment, Latent, RepeatResult, Role, Verdict
+from detaudit.results import (
+    Cause,
+    Divergence,
+    Experiment,
+    Latent,
+    RecordInfo,
+    RepeatResult,
+    Role,
+    StdoutDifference,
+    StdoutMode,
+    Verdict,
+)
 from detaudit.run.failure import disk_full
 from detaudit.run.files import write_output
 
 SCHEMA_NAME = "detaudit-report"
 SCHEMA_VERSION = 2  # 2: runs[].duration_s may be null (a baseline compared keeps no time)
-
-
-@dataclass(frozen=True)
-class EnvironmentChange:
-    """One environment fingerprint field that differs from the baseline's (detaudit/report/baseline.py)."""
-
-    field: str
-    baseline: Any
-    current: Any
-
-
-# survived: the baseline's run (or this one) varied the setting with `--perturb` and no bit changed; sensitive:
-# this run's `--perturb` showed the bits depend on it; untested: no run varied it
-SensitivityStatus = Literal["survived", "sensitive", "untested"]
-
-
-@dataclass(frozen=True)
-class Sensitivity:
-    """An environment difference from the baseline that a `--perturb` setting stands for (report/baseline.py),
-    and what is known of the script's sensitivity to it."""
-
-    setting: str  # a `--perturb` setting: threads, hash-seed, ...
-    fields: list[str]  # the fingerprint fields that changed
-    status: SensitivityStatus
-    note: str
-
-
-@dataclass(frozen=True)
-class BaselineCheck:
-    """The run's first repeat compared with a recorded baseline (`detaudit run --baseline DIR`)."""
-
-    path: str
-    divergence: Divergence | None
-    environment_changes: list[EnvironmentChange]
-    records_compared: int = 0
-    records_differing: int = 0
-    by_step: list[StepSpread] = field(default_factory=list)
-    sensitivities: list[Sensitivity] = field(default_factory=list)
-
-    @property
-    def matches(self) -> bool:
-        return self.divergence is None
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from typing import Any, Literal
 
 from detaudit import __version__
 from detaudit.codec import Codable
-from detaudit.compare.traces import Comparison, Divergence
+from detaudit.compare.traces import Comparison
 from detaudit.errors import ExitCode
 from detaudit.events import CheckpointPart
 from detaudit.report.model import Report, divergence_to_dict, spread_to_list
-from detaudit.results import Cause, RepeatResult
+from detaudit.results import Cause, Divergence, RepeatResult
 from detaudit.run.files import write_output
 
 SCHEMA_NAME = "detaudit-resume-report"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from detaudit.audit.against import Reference, changes, load_reference
+from detaudit.compare.baseline_diff import EnvironmentChange
 from detaudit.errors import TraceError
-from detaudit.report.model import EnvironmentChange
 
 
 def test_changed_script_arguments_come_first(tmp_path: Path) -> None:

@@ -14,12 +14,11 @@ from synthetic import Rec, write_trace
 from detaudit.audit.pipeline import compare_recorded, load_run
 from detaudit.audit.ranks import classify
 from detaudit.compare.oprules import OpFinding, Verdict
-from detaudit.compare.traces import Divergence, RecordInfo
 from detaudit.errors import ExitCode, Inconclusive, UsageError
 from detaudit.records import RUN_FORMAT, RUN_VERSION
 from detaudit.report.junit import to_junit
 from detaudit.report.model import to_dict
-from detaudit.results import RepeatResult, Tolerance
+from detaudit.results import Divergence, RecordInfo, RepeatResult, Tolerance
 from detaudit.trace import Kind
 
 DDP = {"type": "ddp", "params": ["module.fc.weight"], "ignored": [], "backend": "gloo"}

@@ -15,9 +15,7 @@ from detaudit import causes
 from detaudit.causes import confirm, device, order, rng
 from detaudit.causes import flags as flags_module
 from detaudit.causes.context import Context, RepeatEvidence, detects, finding
-from detaudit.compare.stdout import StdoutDifference
-from detaudit.compare.traces import Divergence, RecordInfo
-from detaudit.results import Experiment
+from detaudit.results import Divergence, Experiment, RecordInfo, StdoutDifference
 
 
 def record(kind: str = "output", name: str = "fc", step: int = 0, index: int = 10, module: str = "") -> RecordInfo:

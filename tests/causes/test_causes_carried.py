@@ -8,8 +8,7 @@ from typing import Any
 from detaudit import causes
 from detaudit.causes import carried
 from detaudit.causes.context import Context, RepeatEvidence
-from detaudit.compare.stdout import StdoutDifference
-from detaudit.compare.traces import Divergence, RecordInfo
+from detaudit.results import Divergence, RecordInfo, StdoutDifference
 
 LISTED = {"type": "carried", "what": "list", "path": "lightning_logs", "loc": "train.py:24",
           "by": "lightning/fabric/loggers/csv_logs.py:120", "entries": ["version_0"]}

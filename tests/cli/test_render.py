@@ -15,9 +15,10 @@ from detaudit.audit.pipeline import load_run
 from detaudit.causes.context import finding
 from detaudit.causes.repetition import RepeatedRandomness
 from detaudit.cli.render import argv_line, op_panel, render, verdict_line
+from detaudit.compare.baseline_diff import BaselineCheck
 from detaudit.compare.oprules import OpFinding
-from detaudit.compare.traces import Divergence, RecordInfo
-from detaudit.report.model import BaselineCheck, Report
+from detaudit.report.model import Report
+from detaudit.results import Divergence, RecordInfo
 
 
 def _record(kind: str, name: str, op: str = "") -> RecordInfo:

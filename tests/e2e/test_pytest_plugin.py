@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import WARM, WARM_SERVERS, interpreters
 
-from detaudit.compare.align import RecordInfo
-from detaudit.compare.traces import Divergence
 from detaudit.pytest_plugin import describe_divergence, marker_args, repeat_argv
+from detaudit.results import Divergence, RecordInfo
 
 TRAINING_TESTS = '''
 import pytest

@@ -13,9 +13,11 @@ from synthetic import training_records, write_run
 
 from detaudit.audit.pipeline import compare_recorded, load_run
 from detaudit.cli.render import divergence_panel, runs_table
+from detaudit.compare import baseline_diff
+from detaudit.compare.baseline_diff import EnvironmentChange
 from detaudit.errors import TraceError
 from detaudit.report import baseline
-from detaudit.report.model import EnvironmentChange, to_dict
+from detaudit.report.model import to_dict
 from detaudit.trace import Kind, read_trace
 
 
@@ -65,7 +67,7 @@ def _edit(directory: Path, **fields: object) -> None:
 
 
 def test_environment_changes_name_every_field() -> None:
-    changes = baseline.environment_changes({"torch": "2.12.0", "num_threads": 4, "python": "3.11.7"},
+    changes = baseline_diff.environment_changes({"torch": "2.12.0", "num_threads": 4, "python": "3.11.7"},
                                            {"torch": "2.13.0", "num_threads": 2, "python": "3.11.7", "gpu": "H100"})
     assert changes == [EnvironmentChange("gpu", None, "H100"), EnvironmentChange("num_threads", 4, 2),
                        EnvironmentChange("torch", "2.12.0", "2.13.0")]

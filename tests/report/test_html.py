@@ -15,6 +15,7 @@ from conftest import run_cli
 from synthetic import training_records, write_run
 
 from detaudit.audit.pipeline import load_run
+from detaudit.compare import baseline_diff
 from detaudit.compare.traces import ROOT_MODULE, StepSpread
 from detaudit.report import baseline
 from detaudit.report.html import heat_strip_svg, render_html
@@ -159,7 +160,7 @@ def test_baseline_section_and_its_spread(tmp_path: Path) -> None:
     record, results = read_run(later)
     record = replace(record, environment=replace(record.environment, cpu_count=64))
     report = load_run(later)
-    report = replace(report, baseline=baseline.check(baseline.load(saved), later, record, results))
+    report = replace(report, baseline=baseline_diff.check(baseline.load(saved), later, record, results))
     data = to_dict(report)
     assert data["verdict"] == "deterministic" and data["exit_code"] == 1
     page = check_page(render_html(report), data)

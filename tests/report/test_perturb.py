@@ -16,6 +16,8 @@ from synthetic import training_records, write_run
 from detaudit.audit.pipeline import load_run
 from detaudit.causes import CAUSE_IDS
 from detaudit.cli.render import render
+from detaudit.compare import baseline_diff
+from detaudit.compare.baseline_diff import BaselineCheck, EnvironmentChange
 from detaudit.compare.perturb import compare_perturbed
 from detaudit.errors import TraceError, UsageError
 from detaudit.explain.runner import run_experiments
@@ -24,7 +26,7 @@ from detaudit.recorder.pinning import Pins
 from detaudit.records import BaselineManifest, Reference, RunRecord
 from detaudit.report import baseline
 from detaudit.report.html import render_html
-from detaudit.report.model import BaselineCheck, EnvironmentChange, Report, to_dict
+from detaudit.report.model import Report, to_dict
 from detaudit.results import RepeatResult, Tolerance
 from detaudit.run import perturb_plan
 from detaudit.run.launcher import plan_repeats
@@ -211,7 +213,7 @@ def test_the_terminal_and_html_reports_show_the_settings_and_what_they_changed(t
 def test_the_terminal_names_a_changed_field_a_setting_stands_for(tmp_path: Path) -> None:
     report = load_run(perturbed_run(tmp_path, sensitive=True))
     moved = report.perturbation.knobs[0].divergence if report.perturbation is not None else None
-    found = baseline.sensitivities([change("num_threads", 2, 1)], {}, None, differs=True)
+    found = baseline_diff.sensitivities([change("num_threads", 2, 1)], {}, None, differs=True)
     check = BaselineCheck("base", moved, [change("num_threads", 2, 1)], sensitivities=found)
     console = Console(record=True, width=200)
     render(replace(report, baseline=check), console)
@@ -228,17 +230,17 @@ def change(name: str, before: object, after: object) -> EnvironmentChange:
 
 def test_a_changed_field_is_matched_to_the_setting_it_stands_for(tmp_path: Path) -> None:
     changes = [change("num_threads", 2, 16), change("$PYTHONHASHSEED", "0", None), change("torch", "2.1", "2.2")]
-    found = baseline.sensitivities(changes, {"hash-seed": ("1", "2")}, None, differs=True)
+    found = baseline_diff.sensitivities(changes, {"hash-seed": ("1", "2")}, None, differs=True)
     assert [(s.setting, s.fields, s.status) for s in found] == [
         ("threads", ["num_threads"], "untested"), ("hash-seed", ["$PYTHONHASHSEED"], "survived")]
     assert "--perturb threads" in found[0].note
     # a run that matched the baseline: an untested change is no suspect
-    assert [s.setting for s in baseline.sensitivities(changes, {}, None, differs=False)] == []
+    assert [s.setting for s in baseline_diff.sensitivities(changes, {}, None, differs=False)] == []
 
 
 def test_this_runs_perturbation_names_a_change_the_bits_depend_on(tmp_path: Path) -> None:
     found = load_run(perturbed_run(tmp_path, sensitive=True)).perturbation
-    [threads] = baseline.sensitivities([change("$OMP_NUM_THREADS", "1", "8")], {}, found, differs=True)
+    [threads] = baseline_diff.sensitivities([change("$OMP_NUM_THREADS", "1", "8")], {}, found, differs=True)
     assert threads.status == "sensitive" and "matches it" in threads.note
 
 

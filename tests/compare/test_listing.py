@@ -1,4 +1,4 @@
-"""audit/listing.py: a trace read as `detaudit show` lists it."""
+"""compare/listing.py: a trace read as `detaudit show` lists it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from synthetic import training_records, write_trace
 
-from detaudit.audit.listing import TraceListing
+from detaudit.compare.listing import TraceListing
 
 
 def test_every_record_is_listed_in_order(tmp_path: Path) -> None:
