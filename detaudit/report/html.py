@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from detaudit import __version__
+from detaudit.causes.repetition import RepeatedRandomness
 from detaudit.compare.baseline_diff import BaselineCheck
 from detaudit.compare.oprules import VERDICTS, OpFinding, OpRow, traced_note
 from detaudit.compare.perturb import KnobOutcome, PerturbationFinding
 from detaudit.compare.traces import ROOT_MODULE, StepSpread
+from detaudit.pin import Pin
 from detaudit.report.model import SCHEMA_VERSION, CarriedOutput, Report, finite, where
-from detaudit.results import Divergence, Latent, RepeatResult
+from detaudit.results import Cause, Divergence, Latent, RepeatResult
 from detaudit.run.files import write_output
 
 WIDTH, HEIGHT = 760, 210
@@ -68,7 +70,9 @@ def render_html(report: Report) -> str:
         _op_section(report),
         _plots_section(report),
         _causes_section(report),
+        _candidates_section(report.not_ruled_out),
         _latent_section(report.latent),
+        _repeats_section(report.repeated_randomness),
         _environment_section(report.environment),
         f"<p class='muted'>run directory <span class='mono'>{escape(report.run_dir)}</span> · "
         f"detaudit {escape(__version__)} · report schema {SCHEMA_VERSION}</p>",
@@ -307,6 +311,22 @@ def _causes_section(report: Report) -> str:
             ["pinned", "result", "first divergence", "note"],
             [[e.description, e.verdict, e.first_divergence_index, e.note] for e in report.experiments]))
     return "<h2>Likely causes</h2>" + "".join(parts) if parts else ""
+
+
+def _candidates_section(candidates: Sequence[Cause]) -> str:
+    """Candidates no evidence of this run supports: what would rule each in or out (never a cause)."""
+    rows = [[c.id, c.summary, ", ".join(Pin(p).value for p in c.pins) or "-"] for c in candidates]
+    return "<h2>Not ruled out (no evidence of their mechanism)</h2>" + _table(
+        ["candidate", "what it would be", "`detaudit explain` pins"], rows) if rows else ""
+
+
+def _repeats_section(found: Sequence[RepeatedRandomness]) -> str:
+    """Randomness that repeats where it should differ (it never changes the verdict)."""
+    parts = [f"<div class='cause'><b>{escape(item.site)}</b>: repeats across {escape(item.across)}"
+             + (f" (state created or seeded at {escape(item.created_at)})" if item.created_at else "")
+             + f"<ul>{''.join(f'<li>{escape(e)}</li>' for e in item.evidence)}</ul>"
+             f"<div class='fix'>fix: {escape(item.fix)}</div></div>" for item in found]
+    return "<h2>Randomness that repeats</h2>" + "".join(parts) if parts else ""
 
 
 def _latent_section(latent: Sequence[Latent]) -> str:

@@ -191,3 +191,22 @@ def test_the_root_modules_own_parameters_are_labelled_as_parameters() -> None:
     steps = [StepSpread(0, 2, 2, 1.0, {ROOT_MODULE: 2})]
     page = Page(heat_strip_svg(steps))
     assert "parameters of the root module" in page.text
+
+
+def test_a_candidate_not_ruled_out_is_listed_apart_from_the_causes(tmp_path: Path) -> None:
+    from detaudit.pin import Pin
+    from detaudit.results import Cause
+
+    report = load_run(write_run(tmp_path / "run", [training_records(steps=1)] * 2))
+    candidate = Cause("object-order", "possible", "a set's order", [], "sort it", [Pin.ADDRESS_LAYOUT], "no-evidence")
+    text = " ".join(check_page(render_html(replace(report, not_ruled_out=[candidate])), to_dict(report)).text)
+    assert "Not ruled out" in text
+
+
+def test_randomness_that_repeats_has_a_section(tmp_path: Path) -> None:
+    from detaudit.causes.repetition import RepeatedRandomness
+
+    report = load_run(write_run(tmp_path / "run", [training_records(steps=1)] * 2))
+    found = RepeatedRandomness("data.py:31", "workers", "data.py:12", ["workers 0 and 1 drew alike"], "seed per worker")
+    text = " ".join(check_page(render_html(replace(report, repeated_randomness=[found])), to_dict(report)).text)
+    assert "Randomness that repeats" in text
