@@ -42,6 +42,7 @@ from detaudit.run.rundir import (
     claim_run,
     host_environment,
     new_run_dir,
+    read_experiments,
     read_run,
     stored_args,
     write_record,
@@ -595,7 +596,8 @@ def analyse(run_dir: Path, record: RunRecord, results: Sequence[RepeatResult], b
     else:
         inferred = causes.diagnose(divergence, traces, results, op_finding, perturbed) \
             if divergence is not None else []
-    stored = experiments.saved(run_dir) if explained and divergence is not None else []
+    # the detector reads no file: the stored experiments are handed in
+    stored = [e.experiment for e in read_experiments(run_dir)] if explained and divergence is not None else []
     ranked = experiments.apply(inferred, stored, divergence.index) if stored and divergence is not None \
         else inferred
     found = match.describe_match(

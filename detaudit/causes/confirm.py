@@ -1,23 +1,22 @@
-"""What `--explain` experiments mean for the causes: stored experiments read back, and the re-ranking.
+"""What `--explain` experiments mean for the causes: the re-ranking.
 
-Below the audit (which attaches a run's stored experiments to every report it rebuilds) and
-below explain.py (which runs new ones and stores them here). A cause whose pin alone made the
-repeats agree is confirmed (a pin that also holds other sources fixed, only when those alone do not);
-one whose pin left them diverging is ruled out; once a source is confirmed, the others are not
-needed; the experiment that separates a toss-up settles it; a source the bisection isolated that no
-cause named is added. A control that agreed with nothing pinned voids every confirmation
-(`not-reproduced`), and is weak evidence beside a top cause with evidence at the first divergence.
+A pure function of the causes and the experiments it is handed (it reads no file): the audit reads a
+run's stored experiments (run/rundir.py `read_experiments`) and hands them in; explain/runner.py runs
+new ones. A cause whose pin alone made the repeats agree is confirmed (a pin that also holds other
+sources fixed, only when those alone do not); one whose pin left them diverging is ruled out; once a
+source is confirmed, the others are not needed; the experiment that separates a toss-up settles it; a
+source the bisection isolated that no cause named is added. A control that agreed with nothing pinned
+voids every confirmation (`not-reproduced`), and is weak evidence beside a top cause with evidence at
+the first divergence.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins
 from detaudit.results import Cause, Experiment
-from detaudit.run.rundir import read_experiments
 
 ORDER_CAUSES = ("concurrency", "object-order", "outside-value", "unknown")
 
@@ -49,11 +48,6 @@ PIN_CAUSES: dict[str, tuple[str, str, str]] = {
     ALL: ("unknown", "several sources together: only pinning them all at once makes the repeats agree",
           "pin each of the named sources (see docs/causes.md for each pin's fix)"),
 }
-
-
-def saved(run_dir: Path) -> list[Experiment]:
-    """The experiments stored in a run directory (none when it has no explain.json)."""
-    return [e.experiment for e in read_experiments(run_dir)]
 
 
 def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_index: int) -> list[Cause]:
