@@ -244,10 +244,12 @@ def ended(result: RepeatResult, run_dir: Path, layout: distributed.Layout | None
 
 def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None,
               on_narrow: Callable[[list[int]], None] | None = None,
-              on_progress: Callable[[RepeatProgress], None] | None = None) -> Report:
+              on_progress: Callable[[RepeatProgress], None] | None = None,
+              confirm: Callable[[Report], Report] | None = None) -> Report:
     """Run, compare and diagnose. Under granularity `auto` a divergent run is re-run once, recording
     ops only around the first divergent step (`on_narrow` is told the window first). `on_progress`:
-    where each running repeat stands (execute)."""
+    where each running repeat stands (execute). `confirm`: the cheap confirmation of a divergent run
+    (explain/runner.py), run before the op-level re-run, which is not needed once it confirms the top cause."""
     target, schedule, recording, checks = options.target, options.schedule, options.recording, options.checks
     check_script(target.script)
     if recording.granularity not in GRANULARITIES:
@@ -286,7 +288,10 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     record = replace(record, results=tuple(results))
     write_record(run_dir, record)
     report = analyse(run_dir, record, results)
-    window = op_window(report) if auto else None
+    if confirm is not None and report.verdict == "divergent" and not report.timed_out:
+        report = confirm(report)
+    confirmed = bool(report.causes) and report.causes[0].confidence == "confirmed"
+    window = op_window(report) if auto and not confirmed else None
     if window is not None:
         if on_narrow is not None:
             on_narrow(window)

@@ -11,7 +11,9 @@ object order, or unknown). Experiments stop at the first confirmation unless ask
 and never exceed the budget of extra repeats. The first pin that makes the repeats agree is checked
 against a control with nothing pinned (outside the budget): if the control agrees too, and still
 agrees over more repeats (its first agreement can be chance), the divergence no longer reproduces and
-nothing is confirmed. An experiment that also pins other sources
+nothing is confirmed. The cheap confirmation after a divergent `run` takes the audit's own repeats as that
+control (repeats_as_control), unless a candidate cause fires only some of the time or comes from what an
+earlier repeat left: then its control runs as explain's does. An experiment that also pins other sources
 (address-layout seeds the RNGs and fixes the hash seed) is followed by those sources pinned without
 its own, and, when they agree, by a bisection of them: it confirms its own only when they diverge.
 
@@ -31,7 +33,7 @@ from pathlib import Path
 from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target, analyse, execute, load_run
 from detaudit.compare.stdout import recorded_mode
 from detaudit.errors import UsageError, output_error
-from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins, pin_of
+from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins, pin_of, separating_pin
 from detaudit.records import StoredExperiment
 from detaudit.report.model import Report, write_json
 from detaudit.results import Cause, Experiment, ExperimentVerdict, RepeatProgress, RepeatResult
@@ -59,6 +61,8 @@ MIN_REPEATS = 2
 # the same order, a race that did not fire): before it counts, this many times its repeats more must agree too.
 # Less likely by chance, not impossible: fresh interpreters often agree on the order of a set of a few objects
 CONTROL_GROWTH = 2
+# causes whose divergence may not come back in a re-run: the audit's own repeats are no control for them
+CHANCE_CAUSES = ("concurrency", "nondeterministic-op", "thread-count", "uninitialized-memory", "carried-state")
 
 
 def plan(causes: Sequence[Cause]) -> list[Pin]:
@@ -107,13 +111,38 @@ def experiment_verdict(report: Report, baseline: Report) -> tuple[ExperimentVerd
     return "divergent", first.index, f"still at #{first.index}: {where}"
 
 
-def cheap_pin(causes: Sequence[Cause]) -> Pin | None:
-    """The one inexpensive, decisive experiment for the top cause (or the toss-up at the top), if there is one."""
-    if not causes or causes[0].confidence == "confirmed":
+def leading_pair_pin(causes: Sequence[Cause]) -> Pin | None:
+    """The experiment that tells the leading two causes apart: the toss-up's, or, when the top cause has no pin
+    of its own (concurrency, the clock), the one that pins the runner-up's source and not the top's (the
+    address-layout pin where object order competes with concurrency; the hash seed where a string order
+    competes with the clock)."""
+    if not causes:
         return None
     top = causes[0]
-    candidates = [top.separating_pin] if top.separating_pin else list(dict.fromkeys(top.pins))
+    if top.separating_pin is not None or top.pins or len(causes) < 2:
+        return top.separating_pin
+    return separating_pin(top.pins, causes[1].pins)
+
+
+def cheap_pin(causes: Sequence[Cause]) -> Pin | None:
+    """The one inexpensive, decisive experiment for the top cause, or the one that separates the leading two
+    (leading_pair_pin), if there is one."""
+    if not causes or causes[0].confidence == "confirmed":
+        return None
+    separating = leading_pair_pin(causes)
+    candidates = [separating] if separating is not None else list(dict.fromkeys(causes[0].pins))
     return Pin(candidates[0]) if len(candidates) == 1 and candidates[0] in CHEAP_PINS else None
+
+
+def repeats_as_control(report: Report) -> Experiment | None:
+    """The audit's own repeats as the cheap confirmation's control, where that is sound: they ran with nothing
+    pinned and diverged, which is all a control would show. Not sound (None: a control runs) when a candidate
+    cause fires only some of the time (a race, an atomic add, a read of uninitialised memory: the divergence may
+    not come back) or comes from what an earlier repeat left (carried state: the later repeats may all agree)."""
+    if report.first_divergence is None or any(c.id in CHANCE_CAUSES for c in report.causes):
+        return None
+    return Experiment(CONTROL, pin_of(CONTROL).description, "divergent", report.first_divergence.index,
+                      "the audit's own repeats, run with nothing pinned, diverged (they serve as the control)")
 
 
 def bisection_pins(devices: Sequence[str]) -> list[Pin]:
@@ -204,7 +233,7 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
     )
     # a toss-up's separating experiment can agree by chance (objects land in the same order 1 time in 8):
     # it gets SEPARATING_REPEATS repeats at least
-    separating = report.causes[0].separating_pin if report.causes else None
+    separating = leading_pair_pin(report.causes)
 
     def repeats_for(name: str) -> int:
         return max(repeats, SEPARATING_REPEATS) if name == separating else repeats
@@ -274,6 +303,13 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
         file an earlier repeat left, a rare race): agreement under a pin proves nothing (experiments.apply then
         confirms no cause). Outside the budget. A stored control that agreed is extended the same way when it
         was not (an explain interrupted in between, or one of an earlier version)."""
+        own = repeats_as_control(report) if cheap else None
+        if own is not None and not any(e.experiment.pin == CONTROL for e in stored):
+            stored.append(StoredExperiment(own))  # no repeat paid: the audit's own
+            write_experiments(run_dir, stored)
+            if on_experiment is not None:
+                on_experiment(own)
+            return own
         experiment = stored_or_run(CONTROL, count)
         at = next(i for i, e in enumerate(stored) if e.experiment.pin == CONTROL)
         prefix, earlier = stored[at].prefix, stored[at].results or ()
