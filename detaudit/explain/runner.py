@@ -296,16 +296,14 @@ class Experiments:
     def narrow(self, pins: Sequence[str]) -> Outcome:
         """Bisect a set of pins that agreed together down to its source; it stops where the budget runs out (the
         skipped experiment says so in the report) or where the control agreed."""
-        void = False
+        bisect(pins, lambda name: self.try_pin(name).agreed)
+        return Outcome.NOT_REPRODUCED if self.not_reproduced else Outcome.AGREES
 
-        def agrees(name: str) -> bool | None:
-            nonlocal void
-            outcome = self.try_pin(name)
-            void = void or outcome is Outcome.NOT_REPRODUCED
-            return outcome.agreed
-
-        bisect(pins, agrees)
-        return Outcome.NOT_REPRODUCED if void else Outcome.AGREES
+    @property
+    def not_reproduced(self) -> bool:
+        """The control agreed (after its extension): no experiment can confirm anything any more."""
+        control = self._reused(CONTROL)
+        return control is not None and control.verdict == "deterministic"
 
     def control(self, count: int) -> Experiment:
         """Once, when a pin first makes the repeats agree: as many repeats with nothing pinned. If those agree
