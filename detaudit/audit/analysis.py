@@ -37,6 +37,7 @@ from detaudit.report import baseline
 from detaudit.report.model import CarriedOutput, Report, all_failed
 from detaudit.results import Cause, Divergence, Ending, Experiment, RepeatResult, StdoutMode
 from detaudit.run.failure import disk_full, excerpt, read_error, stderr_tail
+from detaudit.run.rundir import read_experiments
 from detaudit.trace import RecordStream
 
 
@@ -209,7 +210,8 @@ def diagnose(a: Analysis) -> Analysis:
 def stored_experiments(a: Analysis) -> Analysis:
     """Stored `--explain` experiments re-rank the causes; one with no evidence of its mechanism is a candidate."""
     divergence = a.divergence
-    stored = experiments.saved(a.run_dir) if a.explained and divergence is not None else []
+    # the detector reads no file: the stored experiments are handed in
+    stored = [e.experiment for e in read_experiments(a.run_dir)] if a.explained and divergence is not None else []
     ranked = experiments.apply(list(a.inferred), stored, divergence.index) if stored and divergence is not None \
         else list(a.inferred)
     with_evidence, candidates = causes.split(ranked)

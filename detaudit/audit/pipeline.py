@@ -251,10 +251,12 @@ def ended(result: RepeatResult, run_dir: Path, layout: distributed.Layout | None
 
 def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None,
               on_narrow: Callable[[list[int]], None] | None = None,
-              on_progress: Callable[[RepeatProgress], None] | None = None) -> Report:
+              on_progress: Callable[[RepeatProgress], None] | None = None,
+              confirm: Callable[[Report], Report] | None = None) -> Report:
     """Run, compare and diagnose. Under granularity `auto` a divergent run is re-run once, recording
     ops only around the first divergent step (`on_narrow` is told the window first). `on_progress`:
-    where each running repeat stands (execute)."""
+    where each running repeat stands (execute). `confirm`: the cheap confirmation of a divergent run
+    (explain/runner.py), run before the op-level re-run, which is not needed once it confirms the top cause."""
     target, schedule, recording, checks = options.target, options.schedule, options.recording, options.checks
     check_script(target.script)
     if recording.granularity not in GRANULARITIES:
@@ -293,7 +295,11 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     record = replace(record, results=tuple(results))
     write_record(run_dir, record)
     analysis = analysed(run_dir, record, results)
-    window = op_window(analysis.report_made()) if auto else None
+    report = analysis.report_made()
+    if confirm is not None and report.verdict == "divergent" and not report.timed_out:
+        report = confirm(report)
+    confirmed = bool(report.causes) and report.causes[0].confidence == "confirmed"
+    window = op_window(report) if auto and not confirmed else None
     if window is not None:
         if on_narrow is not None:
             on_narrow(window)
@@ -305,12 +311,12 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
             raise
         record = replace(record, narrowing=Narrowing(tuple(ops_results), window, OPS_PREFIX))
         write_record(run_dir, record)
-        analysis = extended(analysis, record, analysis_steps.op_finding)
-    if checks.self_check and analysis.report_made().verdict == "deterministic":
+        analysis = extended(analysis, record, analysis_steps.op_finding)  # with what the confirmation stored
+        report = analysis.report_made()
+    if checks.self_check and report.verdict == "deterministic":
         record = replace(record, self_check=self_check(options, run_dir, results[0]))
         write_record(run_dir, record)
-        analysis = extended(analysis, record, analysis_steps.describe_match)
-    report = analysis.report_made()
+        report = extended(analysis, record, analysis_steps.describe_match).report_made()
     write_json(report, run_dir / REPORT_FILE, mode=0o600)
     return report
 

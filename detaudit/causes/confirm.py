@@ -1,23 +1,22 @@
-"""What `--explain` experiments mean for the causes: stored experiments read back, and the re-ranking.
+"""What `--explain` experiments mean for the causes: the re-ranking.
 
-Below the audit (which attaches a run's stored experiments to every report it rebuilds) and
-below explain/runner.py (which runs new ones and stores them here). A cause whose pin alone made the
-repeats agree is confirmed (a pin that also holds other sources fixed, only when those alone do not);
-one whose pin left them diverging is ruled out; once a source is confirmed, the others are not
-needed; the experiment that separates a toss-up settles it; a source the bisection isolated that no
-cause named is added. A control that agreed with nothing pinned voids every confirmation
-(`not-reproduced`), and is weak evidence beside a top cause with evidence at the first divergence.
+A pure function of the causes and the experiments it is handed (it reads no file): the audit reads a
+run's stored experiments (run/rundir.py `read_experiments`) and hands them in; explain/runner.py runs
+new ones. A cause whose pin alone made the repeats agree is confirmed (a pin that also holds other
+sources fixed, only when those alone do not); one whose pin left them diverging is ruled out; once a
+source is confirmed, the others are not needed; the experiment that separates a toss-up settles it; a
+source the bisection isolated that no cause named is added. A control that agreed with nothing pinned
+voids every confirmation (`not-reproduced`), and is weak evidence beside a top cause with evidence at
+the first divergence.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins
 from detaudit.results import Cause, Experiment
-from detaudit.run.rundir import read_experiments
 
 ORDER_CAUSES = ("concurrency", "object-order", "outside-value", "unknown")
 
@@ -51,11 +50,6 @@ PIN_CAUSES: dict[str, tuple[str, str, str]] = {
 }
 
 
-def saved(run_dir: Path) -> list[Experiment]:
-    """The experiments stored in a run directory (none when it has no explain.json)."""
-    return [e.experiment for e in read_experiments(run_dir)]
-
-
 def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_index: int) -> list[Cause]:
     """Confirm, qualify or rule out each cause by the experiments that pinned its sources; re-rank.
 
@@ -74,40 +68,13 @@ def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_i
     unneeded: set[int] = set()
     judged: list[Cause] = []
     for i, cause in enumerate(causes):
-        evidence = list(cause.evidence)
-        for name in cause.pins:
-            e = done.get(name)
-            if e is None:
-                continue
-            if e.verdict == "deterministic":
-                settled, line = _alone(name, e, done)
-                evidence.append(line)
-                if settled == "confirmed":
-                    cause = _confirmed(replace(cause, evidence=evidence[:-1]), line)
-                    evidence = list(cause.evidence)
-                    break
-                if settled == "not-needed":
-                    unneeded.add(i)
-                    break
-                continue
-            moved = e.first_divergence_index is not None and 0 <= baseline_index < e.first_divergence_index
-            evidence.append(f"--explain: with {e.description} pinned alone, the repeats still diverge"
-                            + (f" (the first divergence moved from #{baseline_index} to "
-                               f"#{e.first_divergence_index}, which is no evidence by itself)" if moved else ""))
-            if cause.confidence != "confirmed":
-                refuted.add(i)
-        separating = done.get(cause.separating_pin or "")
-        if separating is not None and cause.separating_pin not in cause.pins and cause.confidence != "confirmed":
-            if separating.verdict == "deterministic":  # the other cause of the toss-up explains it
-                unneeded.add(i)
-            else:  # `likely` by elimination only when the pair were the only explanations offered
-                rivals = [c.id for c in causes if c.separating_pin != cause.separating_pin]
-                cause = replace(cause, confidence="possible" if rivals else "likely")
-                evidence.append(f"--explain: with {separating.description} pinned the repeats still diverge, "
-                                "which rules out the other explanation of the pair: "
-                                + (f"this one remains beside {', '.join(rivals)} (not confirmed)" if rivals
-                                   else "this one remains (not confirmed)"))
-        judged.append(replace(cause, evidence=evidence))
+        cause, verdicts = _by_own_pins(cause, done, baseline_index)
+        cause, separated = _by_separating_pin(cause, done, causes)
+        if "ruled-out" in verdicts:
+            refuted.add(i)
+        if "not-needed" in (*verdicts, separated):
+            unneeded.add(i)
+        judged.append(cause)
     judged.extend(_isolated(judged, experiments))
     everything = done.get(ALL)
     if everything is not None and everything.verdict == "divergent":
@@ -122,6 +89,49 @@ def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_i
     judged = _below_the_line(judged, refuted, unneeded)
     rank = {"confirmed": 0, "not-needed": 2, "ruled-out": 3}
     return sorted(judged, key=lambda c: rank.get(c.confidence, 1))  # stable: the ranking within each group
+
+
+def _by_own_pins(cause: Cause, done: dict[str, Experiment], baseline_index: int) -> tuple[Cause, set[str]]:
+    """The cause with what the experiments of its own pins say, and what they come to: "ruled-out" (a pin left
+    the repeats diverging), then "confirmed" or "not-needed" (another source explains the agreement)."""
+    evidence = list(cause.evidence)
+    verdicts: set[str] = set()
+    for name in cause.pins:
+        e = done.get(name)
+        if e is None:
+            continue
+        if e.verdict == "deterministic":
+            settled, line = _alone(name, e, done)
+            if settled == "confirmed":
+                return _confirmed(replace(cause, evidence=evidence), line), {*verdicts, "confirmed"}
+            evidence.append(line)
+            if settled == "not-needed":
+                return replace(cause, evidence=evidence), {*verdicts, "not-needed"}
+            continue
+        moved = e.first_divergence_index is not None and 0 <= baseline_index < e.first_divergence_index
+        evidence.append(f"--explain: with {e.description} pinned alone, the repeats still diverge"
+                        + (f" (the first divergence moved from #{baseline_index} to "
+                           f"#{e.first_divergence_index}, which is no evidence by itself)" if moved else ""))
+        if cause.confidence != "confirmed":
+            verdicts.add("ruled-out")
+    return replace(cause, evidence=evidence), verdicts
+
+
+def _by_separating_pin(cause: Cause, done: dict[str, Experiment], causes: Sequence[Cause]) -> tuple[Cause, str]:
+    """The cause with what the experiment that separates its toss-up says when that pin is the other cause's:
+    "not-needed" when it agreed (the other explains it), else the cause kept, `likely` by elimination only
+    when the pair were the only explanations offered."""
+    separating = done.get(cause.separating_pin or "")
+    if separating is None or cause.separating_pin in cause.pins or cause.confidence == "confirmed":
+        return cause, ""
+    if separating.verdict == "deterministic":  # the other cause of the toss-up explains it
+        return cause, "not-needed"
+    rivals = [c.id for c in causes if c.separating_pin != cause.separating_pin]
+    remains = f"this one remains beside {', '.join(rivals)} (not confirmed)" if rivals else \
+        "this one remains (not confirmed)"
+    line = (f"--explain: with {separating.description} pinned the repeats still diverge, which rules out the other "
+            f"explanation of the pair: {remains}")
+    return replace(cause, confidence="possible" if rivals else "likely", evidence=[*cause.evidence, line]), ""
 
 
 def _alone(name: str, e: Experiment, done: dict[str, Experiment]) -> tuple[str, str]:

@@ -6,6 +6,7 @@ exit with its code). With render.py and commands.py, the only terminal code.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -200,7 +201,8 @@ def warn_oversubscription(jobs: int, devices: list[str]) -> None:
 def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None, quiet: bool,
               cheap: bool = False) -> Any:
     """Run the audit with progress on stderr, and the experiments when asked and the repeats diverged;
-    `cheap`: otherwise the top cause's one cheap, decisive experiment, if it has one (explain.cheap_pin)."""
+    `cheap`: otherwise the top cause's one cheap, decisive experiment, if it has one (explain.cheap_pin), run
+    before the op-level re-run (run_audit's `confirm`), or after it when only the op-level causes have one."""
     from detaudit.audit.pipeline import run_audit
     from detaudit.explain.runner import cheap_pin_of
     from detaudit.run.distributed import multi_node
@@ -215,15 +217,23 @@ def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None
         if not quiet:
             err_console.print(f"the repeats diverged; re-running them recording ops in steps {window[0]}–{window[1]}")
 
-    with progress:
-        report = run_audit(options, progress.on_done, on_narrow, progress.on_progress)
+    args = options.target.script_args if options.target.redact_args else None
     # a --perturb run's causes are proved by its own groups of repeats; a pinned re-run would mix settings
-    if report.verdict == "divergent" and not report.timed_out and schedule.perturbation is None:
-        args = options.target.script_args if options.target.redact_args else None
-        if explain:
-            report = explain_run(Path(report.run_dir), budget, explain_all, schedule.jobs, quiet, args)
-        elif cheap and cheap_pin_of(report) is not None:
-            report = explain_run(Path(report.run_dir), None, False, schedule.jobs, quiet, args, cheap=True)
+    cheap = cheap and not explain and schedule.perturbation is None
+
+    def confirm(report: Any) -> Any:
+        if report.experiments or cheap_pin_of(report) is None:
+            return report
+        progress.restart()
+        return explain_run(Path(report.run_dir), None, False, schedule.jobs, quiet, args, cheap=True,
+                           progress=progress)
+
+    with progress:
+        report = run_audit(options, progress.on_done, on_narrow, progress.on_progress, confirm if cheap else None)
+        if report.verdict == "divergent" and not report.timed_out and cheap:
+            report = confirm(report)  # the op-level causes have a cheap experiment the module-level ones had not
+    if report.verdict == "divergent" and not report.timed_out and schedule.perturbation is None and explain:
+        report = explain_run(Path(report.run_dir), budget, explain_all, schedule.jobs, quiet, args)
     return report
 
 
@@ -249,9 +259,10 @@ def save_baseline_to(report: Any, dest: Path) -> int | None:
 
 
 def explain_run(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool,
-                script_args: list[str] | None = None, cheap: bool = False) -> Any:
+                script_args: list[str] | None = None, cheap: bool = False,
+                progress: RepeatsProgress | None = None) -> Any:
     """The --explain experiments of a finished run, each one's result as a line on stderr (`cheap`: only the
-    top cause's one cheap, decisive experiment)."""
+    top cause's one cheap, decisive experiment). `progress`: the audit's, already shown (one display at a time)."""
     from detaudit.explain.runner import CHEAP_REPEATS, DEFAULT_BUDGET, run_experiments
 
     def line(experiment: Any) -> None:
@@ -264,8 +275,9 @@ def explain_run(run_dir: Path, budget: int | None, explain_all: bool, jobs: int,
         err_console.print("explain: confirming the top cause with its one cheap experiment (--no-explain skips it)"
                           if cheap else f"explain: re-running with one source of nondeterminism pinned at a time "
                           f"(at most {budget} more repeats)")
-    progress = RepeatsProgress(quiet, CHEAP_REPEATS if cheap else budget, "explain: pinned repeats")
-    with progress:
+    own = progress is None
+    progress = progress or RepeatsProgress(quiet, CHEAP_REPEATS if cheap else budget, "explain: pinned repeats")
+    with progress if own else contextlib.nullcontext(progress):
         return run_experiments(run_dir, budget, explain_all, jobs=jobs, on_done=progress.on_done,
                                on_progress=progress.on_progress, on_experiment=line,
                                script_args=script_args, cheap=cheap)

@@ -11,7 +11,9 @@ object order, or unknown). Experiments stop at the first confirmation unless ask
 and never exceed the budget of extra repeats. The first pin that makes the repeats agree is checked
 against a control with nothing pinned (outside the budget): if the control agrees too, and still
 agrees over more repeats (its first agreement can be chance), the divergence no longer reproduces and
-nothing is confirmed. An experiment that also pins other sources
+nothing is confirmed. The cheap confirmation after a divergent `run` takes the audit's own repeats as that
+control (repeats_as_control), unless a candidate cause fires only some of the time or comes from what an
+earlier repeat left: then its control runs as explain's does. An experiment that also pins other sources
 (address-layout seeds the RNGs and fixes the hash seed) is followed by those sources pinned without
 its own, and, when they agree, by a bisection of them: it confirms its own only when they diverge.
 
@@ -25,15 +27,16 @@ import contextlib
 import fcntl
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target, analyse, execute, load_run
 from detaudit.causes import leads
 from detaudit.compare.stdout import recorded_mode
 from detaudit.errors import UsageError, output_error
-from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins, pin_of
-from detaudit.records import StoredExperiment
+from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins, pin_of, separating_pin
+from detaudit.records import RunRecord, StoredExperiment
 from detaudit.report.model import Report, write_json
 from detaudit.results import Cause, Experiment, ExperimentVerdict, RepeatProgress, RepeatResult
 from detaudit.run.distributed import NODES_FOLLOW_UP, multi_node
@@ -60,6 +63,8 @@ MIN_REPEATS = 2
 # the same order, a race that did not fire): before it counts, this many times its repeats more must agree too.
 # Less likely by chance, not impossible: fresh interpreters often agree on the order of a set of a few objects
 CONTROL_GROWTH = 2
+# causes whose divergence may not come back in a re-run: the audit's own repeats are no control for them
+CHANCE_CAUSES = ("concurrency", "nondeterministic-op", "thread-count", "uninitialized-memory", "carried-state")
 
 
 def plan(causes: Sequence[Cause]) -> list[Pin]:
@@ -108,18 +113,44 @@ def experiment_verdict(report: Report, baseline: Report) -> tuple[ExperimentVerd
     return "divergent", first.index, f"still at #{first.index}: {where}"
 
 
-def cheap_pin(causes: Sequence[Cause]) -> Pin | None:
-    """The one inexpensive, decisive experiment for the top cause (or the toss-up at the top), if there is one."""
-    if not causes or causes[0].confidence == "confirmed":
+def leading_pair_pin(causes: Sequence[Cause]) -> Pin | None:
+    """The experiment that tells the leading two causes apart: the toss-up's, or, when the top cause has no pin
+    of its own (concurrency, the clock), the one that pins the runner-up's source and not the top's (the
+    address-layout pin where object order competes with concurrency; the hash seed where a string order
+    competes with the clock)."""
+    if not causes:
         return None
     top = causes[0]
-    candidates = [top.separating_pin] if top.separating_pin else list(dict.fromkeys(top.pins))
+    if top.separating_pin is not None or top.pins or len(causes) < 2:
+        return top.separating_pin
+    return separating_pin(top.pins, causes[1].pins)
+
+
+def cheap_pin(causes: Sequence[Cause]) -> Pin | None:
+    """The one inexpensive, decisive experiment for the top cause, or the one that separates the leading two
+    (leading_pair_pin), if there is one."""
+    if not causes or causes[0].confidence == "confirmed":
+        return None
+    separating = leading_pair_pin(causes)
+    candidates = [separating] if separating is not None else list(dict.fromkeys(causes[0].pins))
     return Pin(candidates[0]) if len(candidates) == 1 and candidates[0] in CHEAP_PINS else None
 
 
 def cheap_pin_of(report: Report) -> Pin | None:
     """`cheap_pin` for an audit's report: its causes first, then the candidates not ruled out."""
     return cheap_pin(leads(report.causes, report.not_ruled_out))
+
+
+def repeats_as_control(report: Report) -> Experiment | None:
+    """The audit's own repeats as the cheap confirmation's control, where that is sound: they ran with nothing
+    pinned and diverged, which is all a control would show. Not sound (None: a control runs) when a candidate
+    cause fires only some of the time (a race, an atomic add, a read of uninitialised memory: the divergence may
+    not come back) or comes from what an earlier repeat left (carried state: the later repeats may all agree)."""
+    candidates = leads(report.causes, report.not_ruled_out)
+    if report.first_divergence is None or any(c.id in CHANCE_CAUSES for c in candidates):
+        return None
+    return Experiment(CONTROL, pin_of(CONTROL).description, "divergent", report.first_divergence.index,
+                      "the audit's own repeats, run with nothing pinned, diverged (they serve as the control)")
 
 
 def bisection_pins(devices: Sequence[str]) -> list[Pin]:
@@ -169,6 +200,169 @@ def _exclusive(run_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
+class Outcome(Enum):
+    """What trying one experiment came to."""
+
+    AGREES = "agrees"  # the repeats agreed with the pin in place, and the control still diverges
+    DIVERGES = "diverges"  # they did not agree (or the experiment failed)
+    OVER_BUDGET = "over-budget"  # not run: the budget cannot pay for it (stored as skipped)
+    NOT_REPRODUCED = "not-reproduced"  # the control agreed too: no experiment can confirm anything now
+
+    @property
+    def agreed(self) -> bool | None:
+        """For the bisection: whether the pins made the repeats agree; None: stop here."""
+        return {Outcome.AGREES: True, Outcome.DIVERGES: False}.get(self)
+
+
+@dataclass
+class Ledger:
+    """The extra repeats an explain or a fix may pay for, and what it paid: each payment is made at the call that
+    runs the repeats (`pay`), never hidden in a condition."""
+
+    budget: int
+    spent: int = 0
+
+    def affords(self, cost: int) -> bool:
+        return self.spent + cost <= self.budget
+
+    def pay(self, cost: int) -> int:
+        self.spent += cost
+        return cost
+
+
+@dataclass(frozen=True)
+class Bench:
+    """Where an experiment's repeats run and what they are judged against: the audit's run directory, its record
+    and report (the baseline). Shared by explain's pins and fix's sets of knobs."""
+
+    run_dir: Path
+    record: RunRecord
+    baseline: Report
+    cwd: Path
+    on_done: Callable[[RepeatResult], None] | None = None
+    on_progress: Callable[[RepeatProgress], None] | None = None
+
+    def judge(self, options: AuditOptions, prefix: str, earlier: tuple[RepeatResult, ...] = (),
+              explained: bool = True) -> tuple[tuple[RepeatResult, ...], ExperimentVerdict, int | None, str]:
+        """Run OPTIONS' repeats under PREFIX, numbered after EARLIER's (judged together with those): the results,
+        the verdict, the first divergence's index and the note (experiment_verdict)."""
+        results = (*earlier, *execute(options, self.run_dir, self.on_done, prefix=prefix, cwd=self.cwd,
+                                      on_progress=self.on_progress, first=len(earlier)))
+        sub = analyse(self.run_dir, replace(self.record, narrowing=None, results=results), results,
+                      explained=explained)
+        return (results, *experiment_verdict(sub, self.baseline))
+
+
+class Experiments:
+    """One explain's experiments: the stored ones (explain.json, rewritten after each), the ledger, and the
+    control's state. Each `try_pin` says what it came to (Outcome); none raises to stop the others."""
+
+    def __init__(self, bench: Bench, base: AuditOptions, ledger: Ledger, stored: list[StoredExperiment],
+                 separating: Pin | None, own_control: Experiment | None,
+                 on_experiment: Callable[[Experiment], None] | None) -> None:
+        self.bench, self.base, self.ledger, self.stored = bench, base, ledger, stored
+        self.separating, self.own_control, self.on_experiment = separating, own_control, on_experiment
+        self.devices = len(base.schedule.devices)
+
+    def repeats_for(self, name: str) -> int:
+        """A toss-up's separating experiment can agree by chance (objects land in the same order 1 time in 8):
+        it gets SEPARATING_REPEATS repeats at least."""
+        repeats = self.base.schedule.repeats
+        return max(repeats, SEPARATING_REPEATS) if name == self.separating else repeats
+
+    def try_pin(self, name: str) -> Outcome:
+        """The pin's experiment (one already run, and not skipped, is reused); one that agreed is checked against
+        the control."""
+        experiment = self._reused(name)
+        if experiment is None:
+            count = self.repeats_for(name)
+            if not self.ledger.affords(count * self.devices):
+                self._store(StoredExperiment(Experiment(name, pin_of(name).description, "skipped", None,
+                                                        f"over the budget of {self.ledger.budget} extra repeats")))
+                return Outcome.OVER_BUDGET
+            self.ledger.pay(count * self.devices)
+            experiment = self._store(self._run(name, count, free_prefix(self.bench.run_dir, f"explain-{name}")))
+        if experiment.verdict != "deterministic":
+            return Outcome.DIVERGES
+        if self.control(self.repeats_for(name)).verdict == "deterministic":
+            return Outcome.NOT_REPRODUCED
+        return Outcome.AGREES
+
+    def settle(self, name: str, narrow: bool) -> Outcome:
+        """The pin's experiment; one that also pins other sources confirms its own only if those, pinned without
+        it, still diverge (confirm.apply); if they agree, `narrow` bisects them to the source."""
+        outcome = self.try_pin(name)
+        others = also_pins(name)
+        if outcome is not Outcome.AGREES or not others:
+            return outcome
+        rest = self.try_pin(SEP.join(others))
+        if rest is Outcome.AGREES and narrow:
+            return self.narrow(others)
+        return Outcome.NOT_REPRODUCED if rest is Outcome.NOT_REPRODUCED else Outcome.AGREES
+
+    def narrow(self, pins: Sequence[str]) -> Outcome:
+        """Bisect a set of pins that agreed together down to its source; it stops where the budget runs out (the
+        skipped experiment says so in the report) or where the control agreed."""
+        bisect(pins, lambda name: self.try_pin(name).agreed)
+        return Outcome.NOT_REPRODUCED if self.not_reproduced else Outcome.AGREES
+
+    @property
+    def not_reproduced(self) -> bool:
+        """The control agreed (after its extension): no experiment can confirm anything any more."""
+        control = self._reused(CONTROL)
+        return control is not None and control.verdict == "deterministic"
+
+    def control(self, count: int) -> Experiment:
+        """Once, when a pin first makes the repeats agree: as many repeats with nothing pinned. If those agree
+        too, CONTROL_GROWTH times as many more run, and if all agree the divergence no longer reproduces (a
+        file an earlier repeat left, a rare race): agreement under a pin proves nothing (confirm.apply then
+        confirms no cause). Outside the budget. A stored control that agreed is extended the same way when it
+        was not (an explain interrupted in between, or one of an earlier version). The cheap confirmation's
+        control, where sound, is the audit's own repeats (repeats_as_control): no repeat is paid for it."""
+        stored = self._reused(CONTROL)
+        if stored is None and self.own_control is not None:
+            return self._store(StoredExperiment(self.own_control))
+        if stored is None:
+            stored = self._store(self._run(CONTROL, count, free_prefix(self.bench.run_dir, f"explain-{CONTROL}")))
+        entry = next(e for e in self.stored if e.experiment.pin == CONTROL)
+        earlier = entry.results or ()
+        if stored.verdict != "deterministic" or len(earlier) >= count * (1 + CONTROL_GROWTH) * self.devices:
+            return stored
+        assert entry.prefix is not None  # it ran: only a skipped experiment has none, and a control is never skipped
+        return self._store(self._run(CONTROL, count * CONTROL_GROWTH, entry.prefix, earlier))
+
+    def _reused(self, name: str) -> Experiment | None:
+        return next((e.experiment for e in self.stored if e.experiment.pin == name
+                     and e.experiment.verdict != "skipped"), None)
+
+    def _run(self, name: str, count: int, prefix: str, earlier: tuple[RepeatResult, ...] = ()) -> StoredExperiment:
+        """COUNT repeats (per device) of the pin's experiment under PREFIX, numbered after EARLIER's repeats of
+        it, judged together with those."""
+        pin = pin_of(name)
+        options = replace(self.base.recorded(child_config={"pins": list(pin.child)}),
+                          target=replace(self.base.target, env={**self.bench.record.env, **pin.env}),
+                          schedule=replace(self.base.schedule, repeats=count))
+        results, verdict, index, note = self.bench.judge(options, prefix, earlier)
+        if earlier:
+            more = (f"the first {len(earlier)} repeats agreed, and {len(results) - len(earlier)} more were run "
+                    "(agreement can be chance)")
+            note = f"{note}; {more}" if note else more
+        return StoredExperiment(Experiment(name, pin.description, verdict, index, note), prefix, results)
+
+    def _store(self, entry: StoredExperiment) -> Experiment:
+        """Keep the experiment (replacing one of its pin: skipped earlier, or a control extended), write
+        explain.json, and tell the caller (a skipped one is only stored)."""
+        at = next((i for i, e in enumerate(self.stored) if e.experiment.pin == entry.experiment.pin), None)
+        if at is None:
+            self.stored.append(entry)
+        else:
+            self.stored[at] = entry
+        write_experiments(self.bench.run_dir, self.stored)
+        if self.on_experiment is not None and entry.experiment.verdict != "skipped":
+            self.on_experiment(entry.experiment)
+        return entry.experiment
+
+
 def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int | None, jobs: int,
                      on_done: Callable[[RepeatResult], None] | None,
                      on_experiment: Callable[[Experiment], None] | None,
@@ -176,28 +370,75 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
                      on_progress: Callable[[RepeatProgress], None] | None = None) -> Report:
     run_dir = Path(run_dir).resolve()  # the repeats run in the script's directory, not ours
     report = load_run(run_dir)
+    record, _ = read_run(run_dir)
+    _check_explainable(run_dir, report, record, script_args)
+    # as many repeats per device as the baseline had: fewer would let chance agreement "confirm" a pin
+    repeats = CHEAP_REPEATS if cheap else repeats or max(MIN_REPEATS, record.repeats or MIN_REPEATS)
+    cwd = Path(record.cwd or ".").resolve()
+    base = _base_options(record, cwd, repeats, jobs, script_args)
+    leading = leads(report.causes, report.not_ruled_out)  # candidates first when no cause has evidence
+    first = cheap_pin(leading) if cheap else None
+    experiments = Experiments(Bench(run_dir, record, report, cwd, on_done, on_progress), base, Ledger(budget),
+                              read_experiments(run_dir), leading_pair_pin(leading),
+                              repeats_as_control(report) if cheap else None, on_experiment)
+    if first is not None:
+        # the default confirmation: one experiment (and, for one that also pins other sources, those without it),
+        # whatever --budget says
+        experiments.ledger = Ledger(sum(experiments.repeats_for(name) * len(base.schedule.devices)
+                                        for name in [first, SEP.join(also_pins(first))] if name))
+        experiments.settle(first, narrow=False)
+    elif not cheap:
+        _explain(experiments, leading, explain_all, base.schedule.devices)
+    report = load_run(run_dir)
+    write_json(report, run_dir / REPORT_FILE, mode=0o600)
+    return report
+
+
+def _explain(experiments: Experiments, causes: Sequence[Cause], explain_all: bool, devices: Sequence[str]) -> None:
+    """The plan's pins in order, up to the first that confirms a cause (every one with `explain_all`); when
+    none did, every pin at once, bisected down to the source when that agrees. Stops once the control agreed."""
+    confirmed = any(e.experiment.verdict == "deterministic" and e.experiment.pin not in (ALL, CONTROL)
+                    for e in experiments.stored)
+    for name in plan(causes):
+        if confirmed and not explain_all:
+            return
+        outcome = experiments.settle(name, narrow=True)
+        if outcome is Outcome.NOT_REPRODUCED:
+            return
+        confirmed = confirmed or outcome is Outcome.AGREES
+    if confirmed and not explain_all:
+        return
+    # with --all, every pin at once runs after a confirmation too (the report shows it), but is bisected only
+    # when nothing was confirmed
+    if experiments.try_pin(ALL) is Outcome.AGREES and not confirmed:
+        experiments.narrow(bisection_pins(devices))
+
+
+def _check_explainable(run_dir: Path, report: Report, record: RunRecord, script_args: Sequence[str] | None) -> None:
+    """A UsageError unless the run can be explained: divergent, every repeat finished, on one node, not a
+    --perturb run, its arguments at hand."""
     if report.verdict != "divergent" or report.first_divergence is None:
         raise UsageError(f"{run_dir}: the run is {report.verdict}; --explain needs a divergent run")
     if report.timed_out:
         raise UsageError(f"{run_dir}: a repeat timed out; --explain needs a run whose repeats all finished")
-    record, _ = read_run(run_dir)
     if multi_node(list(record.torchrun_args)):
         raise UsageError(f"{run_dir}: " + NODES_FOLLOW_UP.format("--explain"))
     if record.perturb:
         raise UsageError(f"{run_dir}: a `run --perturb` run, whose repeats differ on purpose: its report already "
                          "says which setting changed the bits; audit without --perturb to explain a divergence")
-    redacted = record.args_redacted
-    if redacted and script_args is None and record.script_args:
+    if record.args_redacted and script_args is None and record.script_args:
         raise UsageError(f"{run_dir}: the run was recorded with --redact-args, so its script arguments were not "
                          "stored and cannot be re-run; use `detaudit run ... --redact-args --explain`")
-    stored = read_experiments(run_dir)
-    # as many repeats per device as the baseline had: fewer would let chance agreement "confirm" a pin
-    repeats = CHEAP_REPEATS if cheap else repeats or max(MIN_REPEATS, record.repeats or MIN_REPEATS)
-    cwd = Path(record.cwd or ".").resolve()
+
+
+def _base_options(record: RunRecord, cwd: Path, repeats: int, jobs: int,
+                  script_args: Sequence[str] | None) -> AuditOptions:
+    """The audit's own options for the experiments' repeats, nothing pinned yet."""
     script = Path(record.script)
     args = list(record.script_args if script_args is None else script_args)
-    base = AuditOptions(
-        Target(script if script.is_absolute() else cwd / script, args, module=record.module, redact_args=redacted),
+    return AuditOptions(
+        Target(script if script.is_absolute() else cwd / script, args, module=record.module,
+               redact_args=record.args_redacted),
         Schedule(repeats=repeats, devices=list(record.devices or ["cpu"]), own_device=record.own_device,
                  timeout=record.timeout, jobs=jobs, nproc_per_node=record.nproc_per_node,
                  torchrun_args=list(record.torchrun_args)),
@@ -208,154 +449,36 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
                   child_config={"audit_started": record.started} if record.started else {}),
         Checks(tolerance=record.tolerance, stdout=recorded_mode(record)),
     )
-    # a toss-up's separating experiment can agree by chance (objects land in the same order 1 time in 8):
-    # it gets SEPARATING_REPEATS repeats at least
-    leading = leads(report.causes, report.not_ruled_out)  # candidates first when no cause has evidence
-    separating = leading[0].separating_pin if leading else None
-
-    def repeats_for(name: str) -> int:
-        return max(repeats, SEPARATING_REPEATS) if name == separating else repeats
-
-    first = cheap_pin(leading) if cheap else None
-    # the default confirmation: one experiment (and, for one that also pins other sources, those without it),
-    # whatever --budget says
-    budget = sum(repeats_for(name) * len(base.schedule.devices)
-                 for name in [first, SEP.join(also_pins(first))] if name) if first is not None else budget
-    spent = 0
-    bisecting = False
-
-    def run_pin(name: str, control_repeats: int = 0) -> Experiment:
-        """One experiment; one already run (and not skipped) is reused, not run again. One that agreed is
-        checked against the control (run, or extended, if the stored experiments lack it)."""
-        experiment = stored_or_run(name, control_repeats)
-        if experiment.verdict == "deterministic" and name != CONTROL \
-                and control(repeats_for(name)).verdict == "deterministic":
-            raise _NotReproduced
-        return experiment
-
-    def stored_or_run(name: str, control_repeats: int) -> Experiment:
-        nonlocal spent
-        done = next((e.experiment for e in stored if e.experiment.pin == name and e.experiment.verdict != "skipped"),
-                    None)
-        if done is not None:
-            return done
-        stored[:] = [e for e in stored if e.experiment.pin != name]  # a pin skipped earlier, now run
-        count = control_repeats or repeats_for(name)
-        cost = 0 if control_repeats else count * len(base.schedule.devices)
-        if spent + cost > budget:
-            experiment = Experiment(name, pin_of(name).description, "skipped", None,
-                                    f"over the budget of {budget} extra repeats")
-            stored.append(StoredExperiment(experiment))
-            write_experiments(run_dir, stored)
-            if bisecting:
-                raise _OverBudget
-            return experiment
-        spent += cost
-        entry = pinned(name, count, free_prefix(run_dir, f"explain-{name}"))
-        stored.append(entry)
-        write_experiments(run_dir, stored)
-        if on_experiment is not None:
-            on_experiment(entry.experiment)
-        return entry.experiment
-
-    def pinned(name: str, count: int, prefix: str, earlier: tuple[RepeatResult, ...] = ()) -> StoredExperiment:
-        """COUNT repeats (per device) of the pin's experiment under PREFIX, numbered after EARLIER's repeats of
-        it, judged together with those."""
-        pin = pin_of(name)
-        options = replace(base.recorded(child_config={"pins": list(pin.child)}),
-                          target=replace(base.target, env={**record.env, **pin.env}),
-                          schedule=replace(base.schedule, repeats=count))
-        results = (*earlier, *execute(options, run_dir, on_done, prefix=prefix, cwd=cwd, on_progress=on_progress,
-                                      first=len(earlier)))
-        sub = analyse(run_dir, replace(record, narrowing=None, results=results), results)
-        verdict, index, note = experiment_verdict(sub, report)
-        if earlier:
-            more = (f"the first {len(earlier)} repeats agreed, and {len(results) - len(earlier)} more were run "
-                    "(agreement can be chance)")
-            note = f"{note}; {more}" if note else more
-        return StoredExperiment(Experiment(name, pin.description, verdict, index, note), prefix, results)
-
-    def control(count: int) -> Experiment:
-        """Once, when a pin first makes the repeats agree: as many repeats with nothing pinned. If those agree
-        too, CONTROL_GROWTH times as many more run, and if all agree the divergence no longer reproduces (a
-        file an earlier repeat left, a rare race): agreement under a pin proves nothing (experiments.apply then
-        confirms no cause). Outside the budget. A stored control that agreed is extended the same way when it
-        was not (an explain interrupted in between, or one of an earlier version)."""
-        experiment = stored_or_run(CONTROL, count)
-        at = next(i for i, e in enumerate(stored) if e.experiment.pin == CONTROL)
-        prefix, earlier = stored[at].prefix, stored[at].results or ()
-        if experiment.verdict != "deterministic" \
-                or len(earlier) >= count * (1 + CONTROL_GROWTH) * len(base.schedule.devices):
-            return experiment
-        assert prefix is not None  # it ran: only a skipped experiment has none, and a control is never skipped
-        stored[at] = entry = pinned(CONTROL, count * CONTROL_GROWTH, prefix, earlier)
-        write_experiments(run_dir, stored)
-        if on_experiment is not None:
-            on_experiment(entry.experiment)
-        return entry.experiment
-
-    def agrees(name: str) -> bool:
-        return run_pin(name).verdict == "deterministic"
-
-    def settles(name: str, narrow: bool) -> bool:
-        """The pin's experiment agrees; one that also pins other sources confirms its own only if those, pinned
-        without it, still diverge (confirm.apply); if they agree, `narrow` bisects them to the source."""
-        nonlocal bisecting
-        if not agrees(name):
-            return False
-        others = also_pins(name)
-        if others and agrees(SEP.join(others)) and narrow:
-            bisecting = True
-            with contextlib.suppress(_OverBudget):  # the skipped experiment says so in the report
-                bisect(others, agrees)
-            bisecting = False
-        return True
-
-    with contextlib.suppress(_NotReproduced):  # the stored control says so in the report
-        if cheap:
-            if first is not None:
-                settles(first, narrow=False)
-        else:
-            confirmed = any(e.experiment.verdict == "deterministic" and e.experiment.pin not in (ALL, CONTROL)
-                            for e in stored)
-            for name in plan(leading):
-                if confirmed and not explain_all:
-                    break
-                confirmed = settles(name, narrow=True) or confirmed
-            if (not confirmed or explain_all) and agrees(ALL) and not confirmed:
-                bisecting = True
-                with contextlib.suppress(_OverBudget):  # the skipped experiment says so in the report
-                    bisect(bisection_pins(base.schedule.devices), agrees)
-    report = load_run(run_dir)
-    write_json(report, run_dir / REPORT_FILE, mode=0o600)
-    return report
 
 
-class _OverBudget(Exception):
-    """The budget ran out in the middle of a bisection: stop it there."""
-
-
-class _NotReproduced(Exception):
-    """The control agreed: no further experiment can confirm anything."""
-
-
-def bisect(pins: Sequence[str], agrees: Callable[[str], bool]) -> list[str]:
+def bisect(pins: Sequence[str], agrees: Callable[[str], bool | None]) -> list[str]:
     """Every pin at once makes the repeats agree and no single candidate did: narrow the set down.
 
     Halve while one half alone still makes the repeats agree; when neither half does (sources in
     both), drop one pin at a time while the rest still agree. Returns the smallest set found (one
-    source, or a named pair or more); its experiment is recorded under the set's name.
+    source, or a named pair or more); its experiment is recorded under the set's name. `agrees`
+    answers None where no further experiment can run (the budget, a control that agreed): it stops there.
     """
     candidates = list(pins)
     while len(candidates) > 1:
         half = len(candidates) // 2
-        part = next((p for p in (candidates[:half], candidates[half:]) if agrees(SEP.join(p))), None)
+        part = None
+        for p in (candidates[:half], candidates[half:]):
+            agreed = agrees(SEP.join(p))
+            if agreed is None:
+                return candidates
+            if agreed:
+                part = p
+                break
         if part is None:
             break
         candidates = part
     for name in list(candidates):
         if len(candidates) > 1:
             rest = [c for c in candidates if c != name]
-            if agrees(SEP.join(rest)):
+            agreed = agrees(SEP.join(rest))
+            if agreed is None:
+                return candidates
+            if agreed:
                 candidates = rest
     return candidates

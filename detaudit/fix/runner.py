@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from detaudit.audit.pipeline import AuditOptions, analyse, execute, run_audit
+from detaudit.audit.pipeline import AuditOptions, run_audit
 from detaudit.causes import leads, rng, split
 from detaudit.causes.confirm import apply
 from detaudit.causes.context import build
 from detaudit.errors import UsageError
-from detaudit.explain.runner import experiment_verdict, plan
+from detaudit.explain.runner import Bench, Ledger, plan
 from detaudit.fix import code, search
 from detaudit.fix.cost import Timing, cost, figure
 from detaudit.fix.model import FixReport, FixVerdict, KnobFix, Trial, to_dict
@@ -74,79 +74,122 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
         raise UsageError(f"{script}: cannot read the script to write its fix ({exc})") from None
     code.insertion_line(source)  # a script that does not parse is refused before any experiment
     edits, drawn = seed_edits(report, run_dir, audit_results, script, cwd)
-    edits_only = {e.pin for e in edits if e.applies} - drawn
-    suspected = [p for p in plan(leads(report.causes, report.not_ruled_out)) if p in knobs]
-    per_trial = schedule.repeats * len(schedule.devices)
-    trials: list[Trial] = []
-    timings: dict[frozenset[str], Timing] = {frozenset(): timing(run_dir, audit_results)}
-    experiment_options = options.recorded(child_config={"audit_started": record.started} if record.started else {})
+    experiments = KnobTrials(
+        Bench(run_dir, record, report, cwd, on_done, on_progress),
+        options.recorded(child_config={"audit_started": record.started} if record.started else {}),
+        Ledger(budget), Patch(script, Path(record.script).name, source, knobs, edits,
+                              {e.pin for e in edits if e.applies} - drawn),
+        held, on_trial, {frozenset(): timing(run_dir, audit_results)})
+    suspected = [p.value for p in plan(leads(report.causes, report.not_ruled_out)) if p in knobs]
+    found = search.search([p.value for p in knobs], suspected,
+                          experiments.agrees)
+    base = replace(base, trials=tuple(experiments.trials), repeats_used=experiments.ledger.spent,
+                   first_divergence=_where(report), insert_after=code.insertion_line(source),
+                   causes=_judged(report, experiments.trials))
+    if found.uncontrolled or found.minimal is None:
+        return _written(_not_found(base, found, experiments.trials, report, knobs))
+    by_set: dict[frozenset[str], Trial] = {frozenset(p.value for p in t.knobs): t for t in experiments.trials}
+    by_set[frozenset()] = Trial((), "divergent", len(audit_results), "the audit's repeats")
+    return _written(_found(base, found, experiments, by_set, perturbed))
 
-    def agrees(chosen: frozenset[str]) -> bool:
-        if sum(t.repeats for t in trials) + per_trial > budget:
-            raise search.OverBudget
-        pins = [p for p in knobs if p in chosen]
-        text = code.rewrite(source, code.prelude(pins, edits_only), [e for e in edits if e.pin in chosen])
-        prefix = f"fix-{len(trials) + 1}"
+
+@dataclass(frozen=True)
+class Patch:
+    """What a set of knobs makes of the script: its prelude, its line edits (seeding the RNG objects it makes)."""
+
+    script: Path
+    name: str  # as the run recorded it: the patch's file name
+    source: str
+    knobs: Sequence[Pin]
+    edits: Sequence[code.Edit]
+    edits_only: set[Pin]  # knobs whose RNG objects need their edits but whose global RNG was never drawn from
+
+    def pins(self, chosen: frozenset[str]) -> list[Pin]:
+        return [p for p in self.knobs if p in chosen]
+
+    def text(self, chosen: frozenset[str]) -> str:
+        return code.rewrite(self.source, code.prelude(self.pins(chosen), self.edits_only),
+                            [e for e in self.edits if e.pin in chosen])
+
+
+class KnobTrials:
+    """The search's oracle, and its state: the trials run, the ledger of repeats paid, each set's timing."""
+
+    def __init__(self, bench: Bench, options: AuditOptions, ledger: Ledger, patch: Patch, held: frozenset[str],
+                 on_trial: Callable[[Trial], None] | None, timings: dict[frozenset[str], Timing]) -> None:
+        self.bench, self.options, self.ledger, self.patch, self.held = bench, options, ledger, patch, held
+        self.on_trial, self.timings = on_trial, timings
+        self.trials: list[Trial] = []
+
+    def agrees(self, chosen: frozenset[str]) -> bool | None:
+        """Whether the script with CHOSEN's code agrees over its repeats; None: the budget cannot pay for them."""
+        per_trial = self.options.schedule.repeats * len(self.options.schedule.devices)
+        if not self.ledger.affords(per_trial):
+            return None
+        pins = self.patch.pins(chosen)
+        prefix = f"fix-{len(self.trials) + 1}"
         # what runs is what the patch makes of the script (the patch itself verified, not a copy of the text)
-        with code.temporary_copy(script, code.patched(Path(record.script).name, source, text)) as copy:
-            target = replace(experiment_options.target, script=copy, argv0=None,
-                             env={**experiment_options.target.env, **{
-                                 k: v for k, v in code.environment(pins).items() if k not in held}})
-            results = execute(replace(experiment_options, target=target), run_dir, on_done, prefix=prefix, cwd=cwd,
-                              on_progress=on_progress)
-        sub = analyse(run_dir, replace(record, narrowing=None, results=tuple(results)), results, explained=False)
-        verdict, _, note = experiment_verdict(sub, report)
+        patched = code.patched(self.patch.name, self.patch.source, self.patch.text(chosen))
+        with code.temporary_copy(self.patch.script, patched) as copy:
+            target = replace(self.options.target, script=copy, argv0=None, env={**self.options.target.env, **{
+                k: v for k, v in code.environment(pins).items() if k not in self.held}})
+            results, verdict, _, note = self.bench.judge(replace(self.options, target=target), prefix,
+                                                         explained=False)
+        self.ledger.pay(len(results))  # the repeats that ran (a torchrun repeat counts once)
         trial = Trial(tuple(pins), verdict, len(results), note, prefix)
-        trials.append(trial)
-        timings[chosen] = timing(run_dir, results)
-        if on_trial is not None:
-            on_trial(trial)
+        self.trials.append(trial)
+        self.timings[chosen] = timing(self.bench.run_dir, results)
+        if self.on_trial is not None:
+            self.on_trial(trial)
         return verdict == "deterministic"
 
-    found = search.search([p.value for p in knobs], [p.value for p in suspected], agrees)
-    audit_trial = Trial((), "divergent", len(audit_results), "the audit's repeats")
-    by_set: dict[frozenset[str], Trial] = {frozenset(p.value for p in t.knobs): t for t in trials}
-    by_set[frozenset()] = audit_trial
-    used = sum(t.repeats for t in trials)
-    base = replace(base, trials=tuple(trials), repeats_used=used, first_divergence=_where(report),
-                   insert_after=code.insertion_line(source), causes=_judged(report, trials))
-    if found.uncontrolled or found.minimal is None:
-        everything = trials[-1] if trials else None
-        if found.uncontrolled and everything is not None and everything.verdict == "divergent":
-            return _written(replace(base, verdict="uncontrolled", notes=(uncontrolled_note(report, knobs),)))
-        if found.uncontrolled and everything is not None:  # a crash proves nothing about the source
-            return _written(replace(base, verdict="incomplete", notes=(
-                f"with every knob at once the repeats did not run through ({everything.note}): whether a set "
-                "of knobs controls the divergence is unknown (a knob's code may not suit this script: "
-                "`torch.use_deterministic_algorithms(True)` raises on an op without a deterministic kernel)",)))
-        return _written(replace(base, verdict="incomplete", notes=(
-            f"the budget of {budget} repeats ran out before any set of knobs made the repeats agree",)))
+
+def _not_found(base: FixReport, found: search.Search, trials: Sequence[Trial], report: Report,
+               knobs: Sequence[Pin]) -> FixReport:
+    """No set of knobs made the repeats agree: none controls the source, a crash hid it, or the budget ran out."""
+    everything = trials[-1] if trials else None
+    if found.uncontrolled and everything is not None and everything.verdict == "divergent":
+        return replace(base, verdict="uncontrolled", notes=(uncontrolled_note(report, knobs),))
+    if found.uncontrolled and everything is not None:  # a crash proves nothing about the source
+        return replace(base, verdict="incomplete", notes=(
+            f"with every knob at once the repeats did not run through ({everything.note}): whether a set "
+            "of knobs controls the divergence is unknown (a knob's code may not suit this script: "
+            "`torch.use_deterministic_algorithms(True)` raises on an op without a deterministic kernel)",))
+    return replace(base, verdict="incomplete", notes=(
+        f"the budget of {base.budget} repeats ran out before any set of knobs made the repeats agree",))
+
+
+def _found(base: FixReport, found: search.Search, experiments: KnobTrials, by_set: dict[frozenset[str], Trial],
+           perturbed: Sequence[str]) -> FixReport:
+    """The minimal set's report: each knob with the trial that shows it needed and its cost, the patch, and how
+    it was verified."""
     minimal = found.minimal
-    pins = [p for p in knobs if p in minimal]
-    fixes = tuple(KnobFix(p, tuple(code.prelude([p], edits_only)[1:]), tuple(e for e in edits if e.pin == p),
+    assert minimal is not None  # _not_found reports a search that found none
+    patch, timings, held = experiments.patch, experiments.timings, experiments.held
+    pins = patch.pins(minimal)
+    fixes = tuple(KnobFix(p, tuple(code.prelude([p], patch.edits_only)[1:]), tuple(e for e in patch.edits
+                                                                                      if e.pin == p),
                           by_set.get(frozenset(minimal - {p})),
                           cost(timings[minimal], timings[frozenset(minimal - {p})])
                           if frozenset(minimal - {p}) in timings else None) for p in pins)
-    chosen_edits = tuple(e for e in edits if e.pin in minimal)
-    lines = code.prelude(pins, edits_only)
-    changed = code.rewrite(source, lines, chosen_edits)
+    chosen_edits = tuple(e for e in patch.edits if e.pin in minimal)
+    lines = code.prelude(pins, patch.edits_only)
     final = by_set[minimal]
     changes = " and ".join(what for what, present in (("this prelude", lines), ("these line edits", [
         e for e in chosen_edits if e.applies])) if present)
-    verification = (f"{final.repeats} repeats ran .{Path(script).stem}.detaudit-fix-XXXX.py, the script with "
+    verification = (f"{final.repeats} repeats ran .{patch.script.stem}.detaudit-fix-XXXX.py, the script with "
                     f"{changes or 'no change'}, beside it"
                     + (" with this environment" if set(code.environment(pins)) - held else "")
                     + f" (`{final.files}-*` in the run directory): they agree"
                     + _under(perturbed, sorted(held & set(code.environment(pins)))))
     notes: tuple[str, ...] = () if found.complete else (
-        f"the budget of {budget} repeats ran out before every knob was shown needed: the set agrees, but may not "
-        "be the smallest (a larger --budget)",)
-    return _written(replace(
+        f"the budget of {base.budget} repeats ran out before every knob was shown needed: the set agrees, but may "
+        "not be the smallest (a larger --budget)",)
+    return replace(
         base, verdict="fixed" if found.complete else "incomplete", knobs=fixes, prelude=tuple(lines),
-        edits=chosen_edits,
-        verified=final.verdict == "deterministic", verification=verification,
-        patch=code.unified_diff(Path(record.script).name, source, changed),
-        whole_run=figure(timings[minimal].run_s, timings[frozenset()].run_s), notes=notes))
+        edits=chosen_edits, verified=final.verdict == "deterministic", verification=verification,
+        patch=code.unified_diff(patch.name, patch.source, patch.text(minimal)),
+        whole_run=figure(timings[minimal].run_s, timings[frozenset()].run_s), notes=notes)
 
 
 def _refuse_held_away(knobs: Sequence[Pin], held: frozenset[str], perturbed: Sequence[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -10,12 +11,13 @@ import pytest
 from synthetic import training_records, write_run
 
 from detaudit.audit.pipeline import load_run
-from detaudit.causes.confirm import apply, saved
+from detaudit.causes import confirm
+from detaudit.causes.confirm import apply
 from detaudit.errors import TraceError
 from detaudit.pin import SEP, Pin, also_pins
 from detaudit.records import StoredExperiment
 from detaudit.results import Cause, Confidence, Experiment, ExperimentVerdict
-from detaudit.run.rundir import write_experiments
+from detaudit.run.rundir import read_experiments, write_experiments
 
 
 def cause(cause_id: str, pins: list[str], confidence: Confidence = "likely", separating: Pin | None = None) -> Cause:
@@ -156,11 +158,19 @@ def test_a_stored_experiment_reranks_the_rebuilt_report(tmp_path: Path) -> None:
     assert before.experiments == []
     write_experiments(run_dir, [StoredExperiment(Experiment("torch-rng", "the torch RNG", "deterministic", None),
                                                  "explain-torch-rng", ())])
-    assert saved(run_dir) == [Experiment("torch-rng", "the torch RNG", "deterministic", None)]
+    stored = [e.experiment for e in read_experiments(run_dir)]
+    assert stored == [Experiment("torch-rng", "the torch RNG", "deterministic", None)]
     after = load_run(run_dir)
     assert [e.pin for e in after.experiments] == ["torch-rng"]
     assert after.inferred == before.inferred  # the ranking from the evidence alone stays on record
     assert after.causes[0].confidence == "confirmed" and after.causes[0].basis == "experiment"
+
+
+def test_the_reranking_reads_no_file() -> None:
+    """confirm.py is a detector: the audit hands it the stored experiments (issue 34: detectors do no I/O)."""
+    imported = {node.module for node in ast.walk(ast.parse(Path(confirm.__file__).read_text()))
+                if isinstance(node, ast.ImportFrom)}
+    assert not {m for m in imported if m and (m.startswith("detaudit.run") or m == "pathlib")}
 
 
 def test_a_foreign_experiment_record_is_refused(tmp_path: Path) -> None:

@@ -187,9 +187,59 @@ def test_default_confirmation_runs_only_the_cheap_pin(tmp_path: Path, monkeypatc
     ran = _fake_runs(monkeypatch, pinned)
     monkeypatch.setattr(explain, "cheap_pin", lambda causes: "torch-rng")
     report = explain.run_experiments(run_dir, cheap=True)
-    assert ran == ["explain-torch-rng", "explain-control"]  # the pin agreed: the control must still diverge
+    assert ran == ["explain-torch-rng"]  # the pin agreed; the audit's own repeats, which diverged, are the control
     assert [(e.pin, e.verdict) for e in report.experiments] == [("torch-rng", "deterministic"),
                                                                 ("control", "divergent")]
+    assert "the audit's own repeats" in report.experiments[-1].note
+    assert read_experiments(run_dir)[-1].results is None  # no repeat was paid for it
+
+
+def test_a_cause_that_fires_by_chance_gets_a_control_of_its_own(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A race may not fire again: the audit's own repeats diverging once do not show it reproduces now."""
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    ran = _fake_runs(monkeypatch, pinned)
+    _with_causes(monkeypatch, [cause("unseeded-torch-rng", ["torch-rng"]), cause("concurrency", [])])
+    report = explain.run_experiments(run_dir, cheap=True)
+    assert ran == ["explain-torch-rng", "explain-control"]
+    assert [(e.pin, e.verdict) for e in report.experiments] == [("torch-rng", "deterministic"),
+                                                                ("control", "divergent")]
+
+
+@pytest.mark.parametrize("cause_id", explain.CHANCE_CAUSES)
+def test_the_audits_repeats_are_no_control_beside_a_cause_that_fires_by_chance(cause_id: str,
+                                                                             tmp_path: Path) -> None:
+    report = synthetic_divergent(tmp_path)
+    assert explain.repeats_as_control(replace(report, causes=[cause("unseeded-torch-rng", ["torch-rng"]),
+                                                              cause(cause_id, [])])) is None
+
+
+def test_the_audits_repeats_are_the_control_of_an_rng_cause(tmp_path: Path) -> None:
+    report = synthetic_divergent(tmp_path)
+    own = explain.repeats_as_control(replace(report, causes=[cause("unseeded-torch-rng", ["torch-rng"])]))
+    assert own is not None
+    assert (own.pin, own.verdict) == ("control", "divergent")
+
+
+def test_the_cheap_pin_separates_the_leading_two_when_the_top_has_no_pin() -> None:
+    """Object order competing with concurrency: the address-layout pin; a string order with the clock: the hash
+    seed. Neither the race nor the clock can be pinned, so the experiment rules the runner-up in or out."""
+    assert explain.cheap_pin([cause("concurrency", []), cause("object-order", ["address-layout"])]) \
+        == "address-layout"
+    assert explain.cheap_pin([cause("outside-value", []), cause("python-hash-seed", ["hash-seed"])]) == "hash-seed"
+    assert explain.cheap_pin([cause("concurrency", [])]) is None
+
+
+def synthetic_divergent(tmp_path: Path) -> Report:
+    recs = training_records(steps=2)
+    run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
+    return load_run(run_dir)
+
+
+def _with_causes(monkeypatch: pytest.MonkeyPatch, ranked: list[Cause]) -> None:
+    """The run's report ranks these causes (synthetic traces carry no evidence)."""
+    monkeypatch.setattr(explain, "load_run", lambda path, *a, **k: replace(load_run(path, *a, **k), causes=ranked))
 
 
 def test_a_control_that_agrees_too_confirms_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -217,6 +267,7 @@ def test_a_control_that_agreed_by_chance_is_outgrown(tmp_path: Path, monkeypatch
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
     ran = _fake_runs(monkeypatch, pinned, lucky=2)
     monkeypatch.setattr(explain, "cheap_pin", lambda causes: "torch-rng")
+    _with_causes(monkeypatch, [cause("unseeded-torch-rng", ["torch-rng"]), cause("concurrency", [])])
     report = explain.run_experiments(run_dir, cheap=True)
     assert ran == ["explain-torch-rng", "explain-control", "explain-control"]
     assert [(e.pin, e.verdict) for e in report.experiments] == [("torch-rng", "deterministic"),
@@ -235,6 +286,7 @@ def test_a_stored_control_that_agreed_unextended_is_extended_when_explain_runs_a
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
     ran = _fake_runs(monkeypatch, pinned, lucky=2)
     monkeypatch.setattr(explain, "cheap_pin", lambda causes: "torch-rng")
+    _with_causes(monkeypatch, [cause("unseeded-torch-rng", ["torch-rng"]), cause("concurrency", [])])
     monkeypatch.setattr(explain, "CONTROL_GROWTH", 0)  # as before controls were extended
     first = explain.run_experiments(run_dir, cheap=True)
     assert [(e.pin, e.verdict) for e in first.experiments] == [("torch-rng", "deterministic"),
@@ -312,3 +364,26 @@ def test_the_kernels_pin_leaves_the_uninitialized_memory_fill_off() -> None:
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         torch.utils.deterministic.fill_uninitialized_memory = before[2]
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_default_divergent_run_starts_five_interpreters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35: 3 repeats and the cheap confirmation's 2 pinned ones. Confirmed, the top cause needs no op-level
+    re-run, and the audit's own repeats, which diverged with nothing pinned, are the confirmation's control."""
+    from click.testing import CliRunner
+    from conftest import _interpreters_started
+
+    from detaudit.cli.commands import cli
+
+    monkeypatch.chdir(tmp_path)
+    demo = Path(explain.__file__).parents[1] / "demo" / "train_demo.py"
+    with _interpreters_started() as started:
+        result = CliRunner().invoke(cli, ["run", "--repeats", "3", "--out", "run", "--json", "r.json", "-q",
+                                          str(demo)], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    assert len(started) == 5, started
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["causes"][0]["confidence"] == "confirmed"
+    assert [(e["pin"], e["verdict"]) for e in report["experiments"]] == [("numpy-rng", "deterministic"),
+                                                                         ("control", "divergent")]

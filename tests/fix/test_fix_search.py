@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from detaudit.fix.search import Knobs, OverBudget, search
+from detaudit.fix.search import Knobs, search
 
 CATALOGUE = ["torch-rng", "numpy-rng", "python-rng", "hash-seed", "deterministic", "zero-empty", "one-thread"]
 
@@ -19,12 +19,13 @@ def needs(*groups: Collection[str]) -> Callable[[Knobs], bool]:
     return lambda knobs: all(set(g) & knobs for g in groups)
 
 
-def counting(oracle: Callable[[Knobs], bool], budget: int | None = None) -> tuple[Callable[[Knobs], bool], list[Knobs]]:
+def counting(oracle: Callable[[Knobs], bool],
+             budget: int | None = None) -> tuple[Callable[[Knobs], bool | None], list[Knobs]]:
     asked: list[Knobs] = []
 
-    def ask(knobs: Knobs) -> bool:
+    def ask(knobs: Knobs) -> bool | None:
         if budget is not None and len(asked) >= budget:
-            raise OverBudget
+            return None  # the budget cannot pay for it
         asked.append(knobs)
         return oracle(knobs)
 
