@@ -158,7 +158,8 @@ class WarmServers:
                             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, text=True,
                             start_new_session=True))
             for proc in self.procs:
-                assert proc.stdout is not None and proc.stdout.readline() == "ready\n", "warm server failed"
+                assert proc.stdout is not None, "warm server failed"
+                assert proc.stdout.readline() == "ready\n", "warm server failed"
         return self.path
 
     def stop(self) -> None:

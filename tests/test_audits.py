@@ -35,9 +35,13 @@ def test_an_audit_and_its_follow_up_run_once_however_often_they_are_read(tmp_pat
         first, again = cache.run(audit), cache.run(audit)
         follow = [cache.then(first, ["report", "run", "--json", "again.json"]) for _ in range(2)]
     assert len(started) == 2, started  # one `run`, one `report`: the CLI, each once
-    assert first == again and follow[0] == follow[1]
-    assert first.result.returncode == 3 and first.report["verdict"] == "failed"
-    assert follow[0].result.returncode == 3 and follow[0].cwd != first.cwd  # a follow-up runs in a copy
-    assert (follow[0].cwd / "again.json").is_file() and not (first.cwd / "again.json").exists()
+    assert first == again
+    assert follow[0] == follow[1]
+    assert first.result.returncode == 3
+    assert first.report["verdict"] == "failed"
+    assert follow[0].result.returncode == 3
+    assert follow[0].cwd != first.cwd
+    assert (follow[0].cwd / "again.json").is_file()
+    assert not (first.cwd / "again.json").exists()
     own = first.copy_to(tmp_path / "mine")
     assert sorted(p.name for p in own.iterdir()) == sorted(p.name for p in first.run_dir.iterdir())

@@ -16,7 +16,8 @@ RUN_PY = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location("detaudit_benchmarks_run", RUN_PY)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
@@ -27,7 +28,8 @@ def test_fingerprint_rows(bench: ModuleType) -> None:
     sizes = bench.Sizes(fp_sizes_mb=(1,), fp_rounds=1, small_calls=50)
     rows, raw = bench.bench_fingerprint(sizes)
     assert [r.name for r in rows] == ["fingerprint 1 MB float32", "fingerprint 1 KB tensor (fixed cost)"]
-    assert raw["hash_gbs"] > 0 and all(r.ratio and r.ratio > 0 for r in rows)
+    assert raw["hash_gbs"] > 0
+    assert all(r.ratio and r.ratio > 0 for r in rows)
 
 
 @pytest.mark.process
@@ -45,10 +47,13 @@ def test_table_and_results_markdown_keep_notes(bench: ModuleType, tmp_path: Path
     rows = [bench.Row("1 fingerprint", "x", "≤ 3 µs", "2 µs", 0.67, True),
             bench.Row("6 CUDA", "y", "design", "not measurable here", None, None)]
     lines = bench.table_lines(rows)
-    assert "pass" in lines[2] and lines[3].rstrip().endswith("-")
+    assert "pass" in lines[2]
+    assert lines[3].rstrip().endswith("-")
     md = tmp_path / "RESULTS.md"
     md.write_text("old table\n" + bench.NOTES_MARK + "\nhand-written analysis\n")
     meta = {"date": "d", "machine": "m", "cpus": 2, "python": "3", "torch": "t", "load_before": "0",
             "load_after": "0", "duration_s": 1.0}
     text = bench.markdown(rows, meta, bench.kept_notes(md))
-    assert "| 1 fingerprint | x |" in text and "hand-written analysis" in text and "old table" not in text
+    assert "| 1 fingerprint | x |" in text
+    assert "hand-written analysis" in text
+    assert "old table" not in text

@@ -55,4 +55,6 @@ def test_every_command_help_lists_every_exit_code_with_its_meaning() -> None:
 def test_the_errors_map_to_their_codes() -> None:
     assert (DetauditError.exit_code, UsageError.exit_code, TraceError.exit_code, OutputError.exit_code) == \
         (ExitCode.USAGE, ExitCode.USAGE, ExitCode.BAD_TRACE, ExitCode.OUTPUT)
-    assert ExitCode.INTERRUPTED == 128 + 2 and ExitCode.SIGTERM == 128 + 15 and ExitCode.SIGHUP == 128 + 1
+    assert ExitCode.INTERRUPTED == 128 + 2
+    assert ExitCode.SIGTERM == 128 + 15
+    assert ExitCode.SIGHUP == 128 + 1

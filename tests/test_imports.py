@@ -258,4 +258,5 @@ def test_each_module_imports_first_and_alone_in_a_fresh_interpreter() -> None:
                    - {m for m, package in OPTIONAL.items() if importlib.util.find_spec(package) is None})
     proc = subprocess.run([sys.executable, "-c", IMPORT_EACH, *names], capture_output=True, text=True, timeout=300,
                           cwd=ROOT)
-    assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not proc.stdout.strip(), proc.stdout + proc.stderr

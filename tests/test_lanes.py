@@ -23,7 +23,8 @@ def test_the_first_divergent_audit_is_returned_and_no_more_run() -> None:
         calls.append(attempt)
         return ran[attempt]
 
-    assert diverges_within(4, audit) is ran[2] and calls == [0, 1, 2]
+    assert diverges_within(4, audit) is ran[2]
+    assert calls == [0, 1, 2]
 
 
 def test_no_divergence_within_the_attempts_fails_listing_them() -> None:

@@ -142,7 +142,8 @@ CHILD_EFFECTS: dict[Pin, Callable[[pytest.MonkeyPatch], bool]] = {
 def test_every_pin_has_a_spec_that_does_something() -> None:
     assert set(PINS) == set(Pin)
     for pin, spec in PINS.items():
-        assert spec.name == pin and spec.description
+        assert spec.name == pin
+        assert spec.description
         assert spec.env or spec.child, f"{pin} pins nothing"
 
 
@@ -172,7 +173,8 @@ def test_an_unknown_pin_is_refused_by_the_child() -> None:
 def test_all_pins_everything() -> None:
     everything = pin_of(ALL)
     assert set(everything.child) >= {"torch-rng", "deterministic", "zero-empty", "address-layout"}
-    assert everything.env["PYTHONHASHSEED"] == "0" and everything.env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert everything.env["PYTHONHASHSEED"] == "0"
+    assert everything.env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
 
 
 def test_a_set_of_pins_pins_each_of_them() -> None:
@@ -192,4 +194,5 @@ def test_separating_pin_pins_one_cause_and_not_the_other() -> None:
 
 def test_pin_names_are_the_strings_files_and_reports_carry() -> None:
     assert [p.value for p in Pin] == [str(p) for p in Pin] == [f"{p}" for p in Pin]
-    assert "torch-rng" in PINS and Pin("torch-rng") is Pin.TORCH_RNG
+    assert "torch-rng" in PINS
+    assert Pin("torch-rng") is Pin.TORCH_RNG

@@ -70,7 +70,9 @@ def test_a_self_check_round_trips_made_or_not(check: SelfCheck) -> None:
 def test_a_minimal_record_reads_with_the_defaults_its_missing_keys_mean() -> None:
     record = RunRecord.from_dict({"format": "detaudit-run", "version": 1, "script": "t.py"}, "run.json")
     assert record == RunRecord("t.py")
-    assert record.tolerance == Tolerance() and record.results is None and record.environment == Host()
+    assert record.tolerance == Tolerance()
+    assert record.results is None
+    assert record.environment == Host()
 
 
 @pytest.mark.parametrize("change, message", [

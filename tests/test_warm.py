@@ -64,8 +64,10 @@ def test_forks_run_the_command_reseeded_with_the_clients_descriptors_directory_e
         tmp_path: Path) -> None:
     code, first = _probe(tmp_path, PROBE_ENV="one", PROBE_EXIT="3")
     _, second = _probe(tmp_path, PROBE_ENV="two")
-    assert code == 3 and (first["env"], second["env"]) == ("one", "two")
-    assert first["argv"] == [str(tmp_path / "probe.py"), "an-arg"] and first["cwd"] == str(tmp_path)
+    assert code == 3
+    assert (first["env"], second["env"]) == ("one", "two")
+    assert first["argv"] == [str(tmp_path / "probe.py"), "an-arg"]
+    assert first["cwd"] == str(tmp_path)
     assert first["hash"] == second["hash"]  # shared by every fork of one server
     for source in ("random", "numpy", "torch", "pid"):  # seeded from the OS in each, as in a fresh interpreter
         assert first[source] != second[source], source
@@ -110,7 +112,8 @@ def test_the_one_thread_pins_repeats_fork_from_servers_started_with_it(tmp_path:
     before = _forks()
     probes = [_probe(tmp_path, server=index, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")[1] for index in range(2)]
     assert _forks() == before + 2
-    assert [p["threads"] for p in probes] == [1, 1] and probes[0]["hash"] != probes[1]["hash"]
+    assert [p["threads"] for p in probes] == [1, 1]
+    assert probes[0]["hash"] != probes[1]["hash"]
 
 
 @pytest.mark.process
@@ -122,7 +125,8 @@ def test_torchruns_ranks_fork_unbuffered_from_servers_without_dynamo_each_rank_f
     probes = [_probe(tmp_path, flags=("-u",), RANK=str(r), LOCAL_RANK=str(r), **rank)[1] for r in range(2)]
     assert _forks() == before + 2
     assert [(p["dynamo"], p["write_through"], p["threads"]) for p in probes] == [(False, True, 1)] * 2
-    assert probes[0]["hash"] != probes[1]["hash"] and probes[0]["argv"] == [str(tmp_path / "probe.py"), "an-arg"]
+    assert probes[0]["hash"] != probes[1]["hash"]
+    assert probes[0]["argv"] == [str(tmp_path / "probe.py"), "an-arg"]
     _, plain = _probe(tmp_path)
     assert plain["dynamo"] is True
 
@@ -168,7 +172,8 @@ def test_a_fork_ends_as_python_does_threads_joined_exit_handlers_run_output_flus
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     real = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert (warm.returncode, warm.stdout, warm.stderr) == (real.returncode, real.stdout, real.stderr)
-    assert warm.returncode == status and warm.stdout == "buffered thread joined\natexit ran\n"
+    assert warm.returncode == status
+    assert warm.stdout == "buffered thread joined\natexit ran\n"
     assert warm.stderr == "".join(f"{a}\n" for a in argument)
 
 
@@ -183,9 +188,11 @@ def test_an_uncaught_exception_ends_a_fork_as_it_ends_python(tmp_path: Path, err
     warm = subprocess.run(_through_client(command), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     real = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert (warm.returncode, warm.stdout) == (real.returncode, real.stdout)
-    assert warm.returncode == (1 if error.startswith("Value") else -signal.SIGINT) and warm.stdout == "atexit ran\n"
+    assert warm.returncode == (1 if error.startswith("Value") else -signal.SIGINT)
+    assert warm.stdout == "atexit ran\n"
     last = f"{error.split('(')[0]}: boom\n"
-    assert warm.stderr.endswith(last) and real.stderr.endswith(last)
+    assert warm.stderr.endswith(last)
+    assert real.stderr.endswith(last)
 
 
 @pytest.mark.process
@@ -207,7 +214,8 @@ def test_a_server_ends_when_the_test_process_that_started_it_is_gone(tmp_path: P
     stopped: its end of each server's stdin closes instead, and the server ends with it."""
     server = subprocess.Popen([sys.executable, str(WARM / "server.py"), str(tmp_path / "sock")],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert server.stdout is not None and server.stdout.readline() == "ready\n"
+    assert server.stdout is not None
+    assert server.stdout.readline() == "ready\n"
     assert server.stdin is not None
     server.stdin.close()
     assert server.wait(timeout=60) == 0

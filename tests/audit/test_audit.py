@@ -34,7 +34,8 @@ def test_long_traceback_keeps_user_frames_and_the_error() -> None:
     excerpt = error_excerpt(text, lines=15)
     assert 'File "/work/fit_model.py", line 22' in excerpt
     assert excerpt.endswith("RuntimeError: shapes cannot be multiplied")
-    assert "m0.py" not in excerpt and "m11.py" in excerpt  # the innermost frame stays
+    assert "m0.py" not in excerpt
+    assert "m11.py" in excerpt
     assert "  ..." in excerpt
 
 
@@ -53,8 +54,10 @@ def test_reading_a_run_with_a_missing_trace_writes_nothing(tmp_path: Path) -> No
     run_dir = write_run(tmp_path / "run", [recs, None])
     before = _listing(run_dir)
     report = load_run(run_dir)
-    assert _listing(run_dir) == before and not (run_dir / "repeat-1.trace").exists()
-    assert report.comparison.complete == [True, False] and report.comparison.records == [len(recs), 0]
+    assert _listing(run_dir) == before
+    assert not (run_dir / "repeat-1.trace").exists()
+    assert report.comparison.complete == [True, False]
+    assert report.comparison.records == [len(recs), 0]
 
 
 def test_compare_reads_no_explain_record_from_the_working_directory(
@@ -68,7 +71,8 @@ def test_compare_reads_no_explain_record_from_the_working_directory(
     (work / "explain.json").write_text("{not an experiment record")
     monkeypatch.chdir(work)
     report = compare_recorded(paths)
-    assert report.verdict == "divergent" and report.experiments == []
+    assert report.verdict == "divergent"
+    assert report.experiments == []
 
 
 def test_compare_is_bitwise_across_recorded_devices_unless_given_a_tolerance(tmp_path: Path) -> None:
@@ -77,7 +81,8 @@ def test_compare_is_bitwise_across_recorded_devices_unless_given_a_tolerance(tmp
     paths = [write_trace(tmp_path / "cpu.trace", recs, {"exit_code": 0}, header={"device_request": "cpu"}),
              write_trace(tmp_path / "gpu.trace", near, {"exit_code": 0}, header={"device_request": "cuda"})]
     bitwise = compare_recorded(paths)
-    assert bitwise.verdict == "divergent" and bitwise.bitwise
+    assert bitwise.verdict == "divergent"
+    assert bitwise.bitwise
     assert [r.device for r in bitwise.runs] == ["cpu", "cuda"]  # shown, not used to loosen the comparison
     assert compare_recorded(paths, Tolerance()).verdict == "deterministic"
 
@@ -98,13 +103,16 @@ def test_compare_treats_incomplete_recordings_as_incomplete_not_failed(tmp_path:
     paths = [write_trace(tmp_path / "a.trace", recs, None), write_trace(tmp_path / "b.trace", recs, None)]
     same = compare_recorded(paths)
     # agreement of recordings cut short proves nothing about the rest: inconclusive, never deterministic
-    assert same.verdict == "inconclusive" and same.exit_code == 6
+    assert same.verdict == "inconclusive"
+    assert same.exit_code == 6
     assert [r.exit_code for r in same.runs] == [None, None]
     assert same.comparison.complete == [False, False]
     paths.append(write_trace(tmp_path / "c.trace", recs[:4], None))
     cut = compare_recorded([paths[0], paths[2]])  # an equal prefix, one shorter: compared as far as it goes
-    assert cut.verdict == "inconclusive" and cut.first_divergence is None
-    assert cut.comparison.records_compared == 4 and "incomplete" in cut.inconclusive_reason
+    assert cut.verdict == "inconclusive"
+    assert cut.first_divergence is None
+    assert cut.comparison.records_compared == 4
+    assert "incomplete" in cut.inconclusive_reason
     assert to_dict(cut)["runs"][1]["exit_code"] is None
     changed = write_trace(tmp_path / "d.trace", [recs[0], recs[1].but(digest=77), *recs[2:4]], None)
     assert compare_recorded([paths[0], changed]).verdict == "divergent"  # a difference inside the prefix counts
@@ -115,7 +123,9 @@ def test_stdout_mode_is_honoured_from_the_run_record(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", [recs, recs], stdout=["epoch 1\ntook 1.2s\n", "epoch 1\ntook 1.3s\n"])
     assert load_run(run_dir).verdict == "deterministic"  # masked by default: a timing is not a result
     strict = load_run(run_dir, stdout="strict").first_divergence
-    assert strict is not None and strict.stdout is not None and strict.stdout.line == 2
+    assert strict is not None
+    assert strict.stdout is not None
+    assert strict.stdout.line == 2
     assert strict.stdout.lines == {0: "took 1.2s", 1: "took 1.3s"}
     assert f"all {len(recs)} recorded tensor records agree" in strict.detail
     record = json.loads((run_dir / "run.json").read_text())
@@ -124,7 +134,8 @@ def test_stdout_mode_is_honoured_from_the_run_record(tmp_path: Path) -> None:
     assert load_run(run_dir, stdout="ignore").verdict == "deterministic"
     record.pop("stdout", None)  # a run recorded before --stdout existed said only ignore_stdout
     (run_dir / "run.json").write_text(json.dumps({**record, "ignore_stdout": True}))
-    assert load_run(run_dir, stdout="strict").verdict == "divergent" and load_run(run_dir).verdict == "deterministic"
+    assert load_run(run_dir, stdout="strict").verdict == "divergent"
+    assert load_run(run_dir).verdict == "deterministic"
 
 
 def test_compare_honours_the_mode_the_runs_were_recorded_with(tmp_path: Path) -> None:
@@ -137,7 +148,8 @@ def test_compare_honours_the_mode_the_runs_were_recorded_with(tmp_path: Path) ->
         record = json.loads((run / "run.json").read_text())
         (run / "run.json").write_text(json.dumps({**record, "stdout": "strict"}))
     found = compare_recorded([a, b])
-    assert found.verdict == "divergent" and found.stdout_mode == "strict"
+    assert found.verdict == "divergent"
+    assert found.stdout_mode == "strict"
 
 
 def test_a_repeat_detaudit_could_not_record_is_an_error_not_a_deterministic_verdict(tmp_path: Path) -> None:
@@ -153,7 +165,8 @@ def test_a_repeat_detaudit_could_not_record_is_an_error_not_a_deterministic_verd
 def test_a_traceback_followed_by_lines_without_frames_is_excerpted_not_crashed() -> None:
     text = "Traceback (most recent call last):\n" + "\n".join(f"    noise {i}" for i in range(20)) + "\nError: x\n"
     excerpt = error_excerpt(text, lines=15)
-    assert excerpt.endswith("Error: x") and len(excerpt.splitlines()) == 15
+    assert excerpt.endswith("Error: x")
+    assert len(excerpt.splitlines()) == 15
 
 
 def _abandoned_run(tmp_path: Path, lengths: list[int], footers: list[bool]) -> Path:
@@ -169,20 +182,23 @@ def _abandoned_run(tmp_path: Path, lengths: list[int], footers: list[bool]) -> P
 
 def test_lost_recordings_are_inconclusive_never_deterministic(tmp_path: Path) -> None:
     report = load_run(_abandoned_run(tmp_path, [0, 0, 0], [False, False, False]))  # three empty "agreeing" repeats
-    assert report.verdict == "inconclusive" and report.exit_code == 6
+    assert report.verdict == "inconclusive"
+    assert report.exit_code == 6
     assert "incomplete" in report.inconclusive_reason
     assert to_dict(report)["inconclusive"] == report.inconclusive_reason
 
 
 def test_one_cut_recording_makes_an_agreeing_run_inconclusive(tmp_path: Path) -> None:
     report = load_run(_abandoned_run(tmp_path, [18, 5, 18], [True, False, True]))
-    assert report.verdict == "inconclusive" and "repeat(s) 1" in report.inconclusive_reason
+    assert report.verdict == "inconclusive"
+    assert "repeat(s) 1" in report.inconclusive_reason
     assert report.comparison.records_compared == 5
 
 
 def test_no_tensor_recorded_is_nothing_to_compare(tmp_path: Path) -> None:
     report = load_run(_abandoned_run(tmp_path, [0, 0], [True, True]))
-    assert report.verdict == "inconclusive" and report.inconclusive_reason.startswith("nothing to compare")
+    assert report.verdict == "inconclusive"
+    assert report.inconclusive_reason.startswith("nothing to compare")
 
 
 def test_a_lost_recording_never_hides_a_divergence_it_holds(tmp_path: Path) -> None:
@@ -272,7 +288,8 @@ def test_repeats_that_recorded_ops_ahead_count_among_the_op_level_re_runs(
     monkeypatch.setattr(pipeline, "find_op_source",
                         lambda paths, devices: seen.append([p.name for p in paths]) or (object() if found else None))
     got = narrow(AuditOptions(Target(tmp_path / "s.py"), Schedule(repeats=repeats)), tmp_path, ahead=early)
-    assert [r.index for r in got] == indices and made == runs
+    assert [r.index for r in got] == indices
+    assert made == runs
     assert seen[0] == sorted({*[f"ops-{i}.trace" for i in ahead], *[f"ops-{i}.trace" for i in range(
         max(0, 2 - len(ahead)))]}, key=lambda n: int(n[4:-6]))  # the pair's traces, by number
     assert {r.index: r.stdout for r in got if r.index in ahead} == {i: f"repeat-{i}.stdout" for i in ahead}
@@ -297,10 +314,13 @@ def test_an_op_windowed_repeat_leaves_its_trace_to_the_op_level_re_run_and_a_mod
     write_trace(plans[3].trace, mixed, {"exit_code": 0}, header={"repeat": 3, "granularity": "op", "op_window": [0, 1]})
     plans[0].trace.write_bytes(b"not a trace")
     split_op_windowed(tmp_path, [plans[2], plans[3], plans[1], plans[0]])  # repeat 1 left no trace: left so
-    assert plans[0].trace.read_bytes() == b"not a trace" and not (tmp_path / "ops-0.trace").exists()  # unreadable
+    assert plans[0].trace.read_bytes() == b"not a trace"
+    assert not (tmp_path / "ops-0.trace").exists()
     own = read_trace(plans[2].trace)
-    assert own.header["granularity"] == "module" and own.header["op_window"] is None
-    assert len(own.records) == len(module) and Kind.OP not in set(own.records["kind"].tolist())
+    assert own.header["granularity"] == "module"
+    assert own.header["op_window"] is None
+    assert len(own.records) == len(module)
+    assert Kind.OP not in set(own.records["kind"].tolist())
     assert len(read_trace(tmp_path / "ops-2.trace").records) == len(mixed)
     results = [RepeatResult(i, "cpu", 0, 1.0, False, f"repeat-{i}.trace", f"repeat-{i}.stdout", "", "")
                for i in range(4)]
@@ -308,4 +328,5 @@ def test_an_op_windowed_repeat_leaves_its_trace_to_the_op_level_re_run_and_a_mod
     # op-level re-run can write ops-3.trace (it collided once: a later repeat diverged earlier than repeat 2)
     assert [(r.index, r.trace, r.stdout) for r in recorded_ahead(tmp_path, results, [1, 2])] == \
         [(2, "ops-2.trace", "repeat-2.stdout")]
-    assert not (tmp_path / "ops-3.trace").exists() and read_trace(plans[3].trace).header["op_window"] is None
+    assert not (tmp_path / "ops-3.trace").exists()
+    assert read_trace(plans[3].trace).header["op_window"] is None

@@ -81,10 +81,12 @@ def test_identical_ranks_and_repeats_are_deterministic(tmp_path: Path) -> None:
     rank = step_records(0, 10, 20, 30) + step_records(1, 11, 21, 31)
     report = load_run(write_dist_run(tmp_path, [[rank, rank], [rank, rank]]))
     data = to_dict(report)
-    assert data["verdict"] == "deterministic" and data["exit_code"] == 0
+    assert data["verdict"] == "deterministic"
+    assert data["exit_code"] == 0
     assert data["ranks"] == [{"rank": 0, "first_divergence": None, "role": None, "causes": []},
                              {"rank": 1, "first_divergence": None, "role": None, "causes": []}]
-    assert data["replica_divergence"] is None and data["teardown_crashes"] == []
+    assert data["replica_divergence"] is None
+    assert data["teardown_crashes"] == []
 
 
 def test_input_differs_on_one_rank_origin_there_receiver_elsewhere(tmp_path: Path) -> None:
@@ -97,7 +99,8 @@ def test_input_differs_on_one_rank_origin_there_receiver_elsewhere(tmp_path: Pat
     data = to_dict(report)
     roles = {r["rank"]: (r["role"], r["first_divergence"]["kind"]) for r in data["ranks"]}
     assert roles == {0: ("receiver", "grad"), 1: ("origin", "input")}
-    assert data["first_divergence"]["rank"] == 1 and data["first_divergence"]["kind"] == "input"
+    assert data["first_divergence"]["rank"] == 1
+    assert data["first_divergence"]["kind"] == "input"
     assert data["verdict"] == "divergent"
     assert data["ranks"][0]["causes"] == []  # a receiver is not blamed for what it received
 
@@ -115,7 +118,8 @@ def test_only_receivers_report_the_earliest_of_them(tmp_path: Path) -> None:
     b = step_records(0, 10, 21, 31)  # every rank's gradient differs, nothing local did: the collective
     report = load_run(write_dist_run(tmp_path, [[a, a], [b, b]]))
     assert [s.role for s in report.distributed.ranks] == ["receiver", "receiver"]  # type: ignore[union-attr]
-    assert report.distributed.rank == 0 and report.verdict == "divergent"  # type: ignore[union-attr]
+    assert report.distributed.rank == 0
+    assert report.verdict == "divergent"
     found = {c.id: c for c in report.causes}
     assert found["collective-algorithm"].confidence == "possible"  # gloo, same settings: only a suspect
     assert any("DistributedDataParallel" in line and "gloo" in line for line in found["collective-algorithm"].evidence)
@@ -126,7 +130,8 @@ def test_collective_settings_that_differ_make_the_collective_likely(tmp_path: Pa
     b = step_records(0, 10, 21, 31)
     report = load_run(write_dist_run(tmp_path, [[a, a], [b, b]],
                                      collective_env=[{"NCCL_ALGO": "Ring"}, {"NCCL_ALGO": "Tree"}]))
-    assert report.causes[0].id == "collective-algorithm" and report.causes[0].confidence == "likely"
+    assert report.causes[0].id == "collective-algorithm"
+    assert report.causes[0].confidence == "likely"
     assert any("NCCL_ALGO" in line for line in report.causes[0].evidence)
 
 
@@ -138,23 +143,27 @@ def test_replicas_that_differ_in_every_repeat_alike_are_divergent(tmp_path: Path
     assert data["first_divergence"] is None
     assert data["replica_divergence"] == {"step": 1, "name": "module.fc.weight", "ranks": [1], "reference": 0,
                                           "max_abs_diff": 4.0, "repeats": [0, 1]}
-    assert data["verdict"] == "divergent" and data["exit_code"] == 1
+    assert data["verdict"] == "divergent"
+    assert data["exit_code"] == 1
     junit = to_junit(report)
-    assert 'name="DDP replicas agree"' in junit and "module.fc.weight on rank(s) 1 differs from rank 0" in junit
+    assert 'name="DDP replicas agree"' in junit
+    assert "module.fc.weight on rank(s) 1 differs from rank 0" in junit
 
 
 def test_parameters_outside_ddp_are_not_replicas(tmp_path: Path) -> None:
     rank0 = step_records(0, 10, 20, 30)
     rank1 = step_records(0, 12, 20, 99)  # e.g. an FSDP shard: no `ddp` event names it
     report = load_run(write_dist_run(tmp_path, [[rank0, rank1], [rank0, rank1]], events=()))
-    assert report.replica_divergence is None and report.verdict == "deterministic"
+    assert report.replica_divergence is None
+    assert report.verdict == "deterministic"
 
 
 def test_abort_after_every_rank_finished_is_a_teardown_crash(tmp_path: Path) -> None:
     rank = step_records(0, 10, 20, 30)
     report = load_run(write_dist_run(tmp_path, [[rank, rank], [rank, rank]], exit_codes=[1, 0], stderr=ROOT_CAUSE))
     data = to_dict(report)
-    assert data["verdict"] == "deterministic" and data["exit_code"] == 0
+    assert data["verdict"] == "deterministic"
+    assert data["exit_code"] == 0
     assert data["teardown_crashes"] == [{"repeat": 0, "exit_code": 1, "ranks": [1], "signal": "SIGABRT"}]
     assert [r["exit_code"] for r in data["runs"]] == [0, 0]
 
@@ -164,7 +173,8 @@ def test_a_rank_that_failed_in_its_script_is_no_teardown_crash(tmp_path: Path) -
     report = load_run(write_dist_run(tmp_path, [[rank, rank], [rank, rank]], exit_codes=[1, 1], rank_exit=1,
                                      stderr=ROOT_CAUSE))
     assert report.distributed.teardown_crashes == []  # type: ignore[union-attr]
-    assert report.verdict == "failed" and report.failure
+    assert report.verdict == "failed"
+    assert report.failure
 
 
 def _grad_divergence(op: str, verdict: Verdict) -> tuple[Divergence, OpFinding]:
@@ -258,10 +268,12 @@ def test_the_nodes_of_a_job_compared_together_name_origin_and_receiver_across_no
     data = to_dict(compare_recorded([a, b]))
     roles = {r["rank"]: (r["role"], r["first_divergence"]["kind"]) for r in data["ranks"]}
     assert roles == {0: ("receiver", "grad"), 1: ("origin", "input")}
-    assert data["first_divergence"]["rank"] == 1 and data["verdict"] == "divergent"
+    assert data["first_divergence"]["rank"] == 1
+    assert data["verdict"] == "divergent"
     # each node alone sees one rank, and says it is one node of several
     alone = to_dict(load_run(a))
-    assert [r["rank"] for r in alone["ranks"]] == [0] and "one node of a multi-node job" in alone["notes"][0]
+    assert [r["rank"] for r in alone["ranks"]] == [0]
+    assert "one node of a multi-node job" in alone["notes"][0]
 
 
 def test_replicas_are_checked_across_the_nodes(tmp_path: Path) -> None:
@@ -269,8 +281,10 @@ def test_replicas_are_checked_across_the_nodes(tmp_path: Path) -> None:
     rank1 = step_records(0, 12, 20, 33)  # rank 1's copy of the parameter drifted, alike in both repeats
     a, b = two_nodes(tmp_path, [rank0, rank0], [rank1, rank1])
     data = to_dict(compare_recorded([a, b]))
-    assert data["first_divergence"] is None and data["verdict"] == "divergent"
-    assert data["replica_divergence"]["ranks"] == [1] and data["replica_divergence"]["reference"] == 0
+    assert data["first_divergence"] is None
+    assert data["verdict"] == "divergent"
+    assert data["replica_divergence"]["ranks"] == [1]
+    assert data["replica_divergence"]["reference"] == 0
     assert load_run(a).verdict == "deterministic"  # one node alone cannot see it
 
 
@@ -278,9 +292,11 @@ def test_ranks_that_moved_between_nodes_are_compared_together_and_not_alone(tmp_
     rank0 = step_records(0, 10, 20, 30)
     rank1 = step_records(0, 50, 20, 30)
     a, b = two_nodes(tmp_path, [rank0, rank0], [rank1, rank1], moved=True)
-    assert (a / "repeat-1.rank-1.trace").is_file() and (b / "repeat-1.rank-0.trace").is_file()
+    assert (a / "repeat-1.rank-1.trace").is_file()
+    assert (b / "repeat-1.rank-0.trace").is_file()
     data = to_dict(compare_recorded([a, b]))
-    assert data["verdict"] == "deterministic" and [r["rank"] for r in data["ranks"]] == [0, 1]
+    assert data["verdict"] == "deterministic"
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
     with pytest.raises(Inconclusive, match="no rank left its traces here in every repeat") as caught:
         load_run(a)
     assert caught.value.exit_code == ExitCode.INCONCLUSIVE

@@ -87,8 +87,10 @@ class Runs:
 def test_steps_hold_the_parameters_after_each_step_and_each_steps_first_batch(tmp_path: Path) -> None:
     steps = read_steps(Runs(tmp_path).reference)
     assert steps.initial == {"w": f"{499:016x}"}
-    assert steps.at(0) == steps.initial and steps.at(3) == {"w": f"{502:016x}"}
-    assert steps.inputs[0] == f"{100:016x}" and steps.inputs[5] == f"{105:016x}"
+    assert steps.at(0) == steps.initial
+    assert steps.at(3) == {"w": f"{502:016x}"}
+    assert steps.inputs[0] == f"{100:016x}"
+    assert steps.inputs[5] == f"{105:016x}"
 
 
 def test_a_resumed_run_is_aligned_to_the_step_whose_parameters_it_starts_from() -> None:
@@ -96,7 +98,10 @@ def test_a_resumed_run_is_aligned_to_the_step_whose_parameters_it_starts_from() 
     assert align(reference, Steps({"w": "c"}), {3}, 3).step == 3  # the step a checkpoint was saved at first
     assert align(reference, Steps({"w": "c"}), set(), 3).matches == [2, 3]
     fresh = align(reference, Steps({"w": "a"}), {3}, 3)  # the initial weights, but nothing was saved before step 1
-    assert fresh.step is None and fresh.fresh and fresh.differing == ["w"] and fresh.expected == 3
+    assert fresh.step is None
+    assert fresh.fresh
+    assert fresh.differing == ["w"]
+    assert fresh.expected == 3
     assert align(reference, Steps({"w": "a"}), {0, 3}, 3).step == 0
     assert align(reference, Steps(None), {3}, 3).step is None
 
@@ -105,11 +110,13 @@ def test_resumed_step_i_is_compared_with_reference_step_s_plus_i_in_the_referenc
     runs = Runs(tmp_path)
     same = runs.resumed([_step(3 + i, 3 + i, scheduler=True) for i in range(3)], [])
     divergence, causes = runs.diagnose(same)
-    assert divergence is None and causes == []  # the scheduler record made before the load is not compared
+    assert divergence is None
+    assert causes == []
     changed = runs.resumed([_step(3, 3, scheduler=True), _step(4, 4, grad=7, scheduler=True),
                             _step(5, 5, scheduler=True)], [], name="resumed-1")
     divergence, _ = runs.diagnose(changed)
-    assert divergence.record.kind == "output" and divergence.record.step == 4
+    assert divergence.record.kind == "output"
+    assert divergence.record.step == 4
 
 
 def test_a_learning_rate_that_differs_is_the_scheduler_and_the_fix_names_the_load(tmp_path: Path) -> None:
@@ -117,8 +124,10 @@ def test_a_learning_rate_that_differs_is_the_scheduler_and_the_fix_names_the_loa
     resumed = runs.resumed([_step(3 + i, 3 + i, lr=1, scheduler=True) for i in range(3)], [])
     divergence, causes = runs.diagnose(resumed)
     assert divergence.record.name == "optimizer SGD:lr"
-    assert causes[0].id == "resume-scheduler" and causes[0].confidence == "likely"
-    assert "holds no scheduler state" in " ".join(causes[0].evidence) and "train.py:12" in causes[0].fix
+    assert causes[0].id == "resume-scheduler"
+    assert causes[0].confidence == "likely"
+    assert "holds no scheduler state" in " ".join(causes[0].evidence)
+    assert "train.py:12" in causes[0].fix
 
 
 def test_parameters_that_differ_after_matching_gradients_are_the_optimizer_state(tmp_path: Path) -> None:
@@ -128,7 +137,8 @@ def test_parameters_that_differ_after_matching_gradients_are_the_optimizer_state
     divergence, causes = runs.diagnose(runs.resumed(steps, []))
     assert divergence.record.kind == "param"
     assert causes[0].id == "resume-optimizer-state"
-    assert "optimizer.state_dict()" in causes[0].fix and "train.py:30" in causes[0].fix
+    assert "optimizer.state_dict()" in causes[0].fix
+    assert "train.py:30" in causes[0].fix
 
 
 def test_another_batch_with_an_unrestored_rng_drawn_after_the_load_is_the_rng_state(tmp_path: Path) -> None:
@@ -143,8 +153,10 @@ def test_another_batch_with_an_unrestored_rng_drawn_after_the_load_is_the_rng_st
                           {"exit_code": 0}, events=[(0, early), _load([MODEL_PART]), (0, draw), _initial(502)])
     divergence, causes = runs.diagnose(resumed)
     assert divergence.record.kind == "input"
-    assert causes[0].id == "resume-rng-state" and "torch's global CPU RNG" in causes[0].summary
-    assert "train.py:18" in " ".join(causes[0].evidence) and "torch.set_rng_state" in causes[0].fix
+    assert causes[0].id == "resume-rng-state"
+    assert "torch's global CPU RNG" in causes[0].summary
+    assert "train.py:18" in " ".join(causes[0].evidence)
+    assert "torch.set_rng_state" in causes[0].fix
 
 
 def test_another_batch_with_every_rng_restored_is_the_data_position(tmp_path: Path) -> None:
@@ -197,10 +209,13 @@ def _report(tmp_path: Path, verdict: str = "resume-divergent") -> ResumeReport:
 def test_the_json_report_has_the_documented_fields_with_the_step_in_reference_numbering(tmp_path: Path) -> None:
     data = to_dict(_report(tmp_path))
     assert {"verdict", "stop_at", "aligned_step", "first_divergence", "causes", "checkpoint"} <= set(data)
-    assert data["verdict"] == "resume-divergent" and data["exit_code"] == ExitCode.DIVERGENT
-    assert data["first_divergence"]["step"] == 3 and data["aligned_step"] == 3
+    assert data["verdict"] == "resume-divergent"
+    assert data["exit_code"] == ExitCode.DIVERGENT
+    assert data["first_divergence"]["step"] == 3
+    assert data["aligned_step"] == 3
     assert data["causes"][0]["id"] == "resume-scheduler"
-    assert data["checkpoint"]["saved"][0]["parts"] == [MODEL_PART] and data["checkpoint"]["loaded"] == []
+    assert data["checkpoint"]["saved"][0]["parts"] == [MODEL_PART]
+    assert data["checkpoint"]["loaded"] == []
     assert "resume-scheduler" in render_html(_report(tmp_path / "h"))
 
 
@@ -208,8 +223,10 @@ def test_the_terminal_shows_verdict_first_difference_causes_and_checkpoint(tmp_p
     out = io.StringIO()
     render(_report(tmp_path), Console(file=out, width=200))
     text = out.getvalue()
-    assert text.startswith("RESUME-DIVERGENT") and "resume-scheduler" in text
-    assert "First difference: optstate `optimizer SGD:lr` at step 3" in text and "saved by the interrupted" in text
+    assert text.startswith("RESUME-DIVERGENT")
+    assert "resume-scheduler" in text
+    assert "First difference: optstate `optimizer SGD:lr` at step 3" in text
+    assert "saved by the interrupted" in text
     assert summary_line(_report(tmp_path / "e", "resume-equivalent")).plain.startswith("RESUME-EQUIVALENT")
 
 
@@ -240,4 +257,5 @@ def test_a_gradscaler_state_that_differs_is_the_grad_scaler(tmp_path: Path) -> N
                                  events=[_initial(499), _save(3, [MODEL_PART], 15)])
     divergence, causes = runs.diagnose(runs.resumed(steps, []))
     assert divergence.record.name == "grad_scaler GradScaler"
-    assert causes[0].id == "resume-grad-scaler" and "scaler.load_state_dict" in causes[0].fix
+    assert causes[0].id == "resume-grad-scaler"
+    assert "scaler.load_state_dict" in causes[0].fix

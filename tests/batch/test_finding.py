@@ -10,28 +10,37 @@ from detaudit.batch.finding import analyse, is_large
 
 def test_rows_that_agree_everywhere_are_batch_invariant() -> None:
     finding = analyse([call([subset("prefix", 1), subset("reversed", 256)])])  # type: ignore[list-item]
-    assert finding.verdict == "batch-invariant" and finding.first_variant is None and diagnose_batch(finding) == []
+    assert finding.verdict == "batch-invariant"
+    assert finding.first_variant is None
+    assert diagnose_batch(finding) == []
 
 
 def test_no_probed_call_is_inconclusive_and_counts_the_reasons() -> None:
     skip = {"type": "batch-skip", "module": "Net", "call": 0, "why": "dropout", "detail": "`drop` (Dropout)"}
     finding = analyse([skip, {**skip, "call": 1}])  # type: ignore[list-item]
-    assert finding.verdict == "inconclusive" and finding.skipped == {"dropout": 2} and finding.not_comparable == 2
+    assert finding.verdict == "inconclusive"
+    assert finding.skipped == {"dropout": 2}
+    assert finding.not_comparable == 2
 
 
 def test_a_variant_call_lists_the_sizes_that_differ_and_agree() -> None:
     finding = analyse([call(ROUNDING), origin(spot("aten.addmm"), spot("fc"))])  # type: ignore[list-item]
     first = finding.first_variant
-    assert finding.verdict == "batch-variant" and first is not None
+    assert finding.verdict == "batch-variant"
+    assert first is not None
     assert first.sizes_text == "batch 1 and 7 differ from 256; 32, 128 and reversed agree"
-    assert first.op is not None and first.op.name == "aten.addmm" and not first.large
+    assert first.op is not None
+    assert first.op.name == "aten.addmm"
+    assert not first.large
     assert [(s.size, s.agree) for s in finding.subsets if s.kind == "prefix"] == [(1, False), (7, False), (32, True),
                                                                                   (128, True)]
 
 
 def test_a_matmul_origin_is_a_blocking_cause_with_its_fixes() -> None:
     [cause] = diagnose_batch(analyse([call(ROUNDING), origin(spot("aten.addmm"))]))  # type: ignore[list-item]
-    assert cause.id == "batch-matmul" and cause.basis == "op-records" and "fixed batch shapes" in cause.fix
+    assert cause.id == "batch-matmul"
+    assert cause.basis == "op-records"
+    assert "fixed batch shapes" in cause.fix
     assert any("model.py:12" in line for line in cause.evidence)
 
 
@@ -46,13 +55,18 @@ def test_reductions_and_attention_are_told_from_matmuls() -> None:
 def test_a_large_difference_or_a_value_reduced_over_the_batch_is_a_rows_mix_bug() -> None:
     large = [subset("prefix", 1, 1, 0.06), subset("reversed", 256)]
     [cause] = diagnose_batch(analyse([call(large), origin(spot("aten.addmm"))]))  # type: ignore[list-item]
-    assert cause.id == "batch-rows-mix" and "correctness bug" in cause.summary
+    assert cause.id == "batch-rows-mix"
+    assert "correctness bug" in cause.summary
     across = origin(spot("aten.any", across_rows=True))
     [cause] = diagnose_batch(analyse([call(ROUNDING), across]))  # type: ignore[list-item]
-    assert cause.id == "batch-rows-mix" and any("reduced over the batch" in line for line in cause.evidence)
+    assert cause.id == "batch-rows-mix"
+    assert any("reduced over the batch" in line for line in cause.evidence)
 
 
 def test_large_is_relative_to_the_values_and_the_dtype() -> None:
-    assert not is_large(1e-6, 2.0, "float32") and is_large(0.01, 2.0, "float32")
-    assert not is_large(0.1, 2.0, "bfloat16") and is_large(1.0, 2.0, "bfloat16")
-    assert is_large(1, 5, "int64") and is_large(0.0, 1.0, "float32", structural=True)
+    assert not is_large(1e-6, 2.0, "float32")
+    assert is_large(0.01, 2.0, "float32")
+    assert not is_large(0.1, 2.0, "bfloat16")
+    assert is_large(1.0, 2.0, "bfloat16")
+    assert is_large(1, 5, "int64")
+    assert is_large(0.0, 1.0, "float32", structural=True)

@@ -38,15 +38,19 @@ def test_verdicts_map_to_the_documented_exit_codes() -> None:
     assert report([call([])]).exit_code == 0
     assert report(VARIANT).exit_code == 1
     assert report([call([])], run_to_run="divergent").exit_code == 1
-    assert report([]).exit_code == 6 and "never called a module" in (report([]).inconclusive_reason or "")
-    assert report(VARIANT, result(1)).verdict == "script-failed" and report(VARIANT, result(1)).exit_code == 3
+    assert report([]).exit_code == 6
+    assert "never called a module" in (report([]).inconclusive_reason or "")
+    assert report(VARIANT, result(1)).verdict == "script-failed"
+    assert report(VARIANT, result(1)).exit_code == 3
     assert report(VARIANT, result(None, True)).exit_code == 5  # type: ignore[arg-type]
 
 
 def test_the_json_form_has_the_issue_fields(tmp_path: Path) -> None:
     write_json(report(VARIANT), tmp_path / "b.json")
     data = json.loads((tmp_path / "b.json").read_text())
-    assert data["format"] == "detaudit-batch" and data["verdict"] == "batch-variant" and data["probed_calls"] == 1
+    assert data["format"] == "detaudit-batch"
+    assert data["verdict"] == "batch-variant"
+    assert data["probed_calls"] == 1
     assert {"size": 1, "agree": False}.items() <= data["subsets"][0].items()
     first = data["first_variant"]
     assert (first["module"], first["op"], first["location"], first["max_ulp"]) == ("fc", "aten.addmm", "model.py:12", 3)
@@ -55,11 +59,15 @@ def test_the_json_form_has_the_issue_fields(tmp_path: Path) -> None:
 
 def test_html_and_terminal_show_the_sizes_the_origin_and_the_cause() -> None:
     page = render_html(report(VARIANT))
-    assert "aten.addmm" in page and "batch 1 and 7 differ from 256" in page and "<script" not in page
+    assert "aten.addmm" in page
+    assert "batch 1 and 7 differ from 256" in page
+    assert "<script" not in page
     out = io.StringIO()
     render_batch(report(VARIANT), Console(file=out, width=200, color_system=None))
     text = out.getvalue()
-    assert "first op: aten.addmm" in text and "model.py:12" in text and "cause batch-matmul" in text
+    assert "first op: aten.addmm" in text
+    assert "model.py:12" in text
+    assert "cause batch-matmul" in text
     assert summary_line(report([call([])])).endswith("1 call probed")
 
 

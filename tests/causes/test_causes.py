@@ -69,7 +69,8 @@ def test_unseeded_numpy_explains_a_divergent_input_over_unseeded_torch() -> None
     assert found[0].id == "unseeded-numpy-rng"
     assert found[0].confidence == "likely"
     assert any("np.random.randn at train.py:7" in line for line in found[0].evidence)
-    assert "np.random.seed(0)" in found[0].fix and "train.py:7" in found[0].fix
+    assert "np.random.seed(0)" in found[0].fix
+    assert "train.py:7" in found[0].fix
     assert found[0].pins == ["numpy-rng"]
     assert "unseeded-torch-rng" not in ids(ctx)  # torch was seeded before it was drawn from
 
@@ -129,7 +130,8 @@ def test_varying_seed_outranks_everything_and_names_the_call() -> None:
     # the hash probe differs too, but no hash() call was seen: that hashing is randomized is no evidence the seed
     # came from it (issue 35), so the evidence does not guess
     assert not any("hash()" in line for line in found[0].evidence)
-    assert "torch.manual_seed(0)" in found[0].fix and "train.py:9" in found[0].fix
+    assert "torch.manual_seed(0)" in found[0].fix
+    assert "train.py:9" in found[0].fix
     assert found[0].pins == ["torch-rng"]
 
 
@@ -150,7 +152,8 @@ def test_dataloader_workers_with_an_unseeded_generator_in_a_worker() -> None:
     ctx = context([main, main], rec=record("input", "x", index=0), index=0, workers=[worker(0), worker(1)])
     found = causes.rank(ctx)
     assert found[0].id == "dataloader-workers"
-    assert "data.py:18" in found[0].fix and "torch.initial_seed()" in found[0].fix
+    assert "data.py:18" in found[0].fix
+    assert "torch.initial_seed()" in found[0].fix
     assert found[0].pins == ["numpy-rng"]
 
 
@@ -176,11 +179,14 @@ def test_a_seed_from_hash_of_a_prompt_names_the_hash_call_not_a_set_order() -> N
 
     ctx = context([repeat(11), repeat(22)])
     found = order.python_hash_seed(ctx)
-    assert found is not None and found.cause.summary.startswith("hash() of a string at gen.py:7")
-    assert "set or dict" not in found.cause.summary and "gen.py:7" in found.cause.fix
+    assert found is not None
+    assert found.cause.summary.startswith("hash() of a string at gen.py:7")
+    assert "set or dict" not in found.cause.summary
+    assert "gen.py:7" in found.cause.fix
     assert found.cause.evidence[0] == ("hash() of a str of length 12 at gen.py:7 gave 11 in repeat 0, 22 in repeat 1: "
                                        "the value changes with string hash randomization")
-    assert found.cause.basis == "circumstantial" and found.score > order.object_order(ctx).score  # type: ignore[union-attr]
+    assert found.cause.basis == "circumstantial"
+    assert found.score > order.object_order(ctx).score
     ranked = causes.rank(ctx)
     assert [c.id for c in ranked[:2]] == ["varying-seed", "python-hash-seed"]
     assert any("hash() of a str of length 12 at gen.py:7" in line for line in ranked[0].evidence)
@@ -193,7 +199,8 @@ def test_a_seed_from_hash_of_a_prompt_names_the_hash_call_not_a_set_order() -> N
 def test_object_order_rises_when_the_hash_seed_is_fixed() -> None:
     randomized = order.object_order(context([[hash_event(1)], [hash_event(2)]]))
     fixed = order.object_order(context([[hash_event(5, 0)], [hash_event(5, 0)]]))
-    assert randomized is not None and fixed is not None
+    assert randomized is not None
+    assert fixed is not None
     assert fixed.score > randomized.score
     # with no reordering seen, object order is a candidate, not a cause: first among those not ruled out
     assert causes.split(causes.rank(context([[hash_event(5, 0)], [hash_event(5, 0)]])))[1][0].id == "object-order"
@@ -223,7 +230,8 @@ def test_nondeterministic_op_names_the_op_and_line() -> None:
     found = causes.rank(ctx)
     assert found[0].id == "nondeterministic-op"
     assert "IndexBackward0 ran on cpu at model.py:12" in found[0].evidence[0]
-    assert "use_deterministic_algorithms(True)" in found[0].fix and "model.py:12" in found[0].fix
+    assert "use_deterministic_algorithms(True)" in found[0].fix
+    assert "model.py:12" in found[0].fix
     assert found[0].pins == ["deterministic", "one-thread"]
 
 
@@ -258,7 +266,9 @@ def test_cudnn_benchmark_needs_the_flag_and_cuda_convolutions() -> None:
 def test_cublas_workspace_only_without_the_variable() -> None:
     unset = [cuda_modules(False), state("first-forward")]
     found = device.cublas_workspace(context([unset, unset]))
-    assert found is not None and found.cause.pins == ["cublas"] and found.cause.confidence == "possible"
+    assert found is not None
+    assert found.cause.pins == ["cublas"]
+    assert found.cause.confidence == "possible"
     fixed = [cuda_modules(False), {"type": "state", "when": "end", "rng": {},
                                    "flags": flags(CUBLAS_WORKSPACE_CONFIG=":4096:8")}]
     assert device.cublas_workspace(context([fixed, fixed])) is None
@@ -279,7 +289,8 @@ def test_tf32_on_against_off_on_the_same_gpu() -> None:
                 {"type": "state", "when": "first-forward", "rng": {}, "flags": flags(**{"matmul.allow_tf32": allow})}]
 
     found = device.tf32(context([gpu(False), gpu(True)]))
-    assert found is not None and found.cause.id == "tf32"
+    assert found is not None
+    assert found.cause.id == "tf32"
     assert "repeat 0: cudnn.allow_tf32; repeat 1: matmul.allow_tf32, cudnn.allow_tf32" in found.cause.evidence[0]
     assert causes.rank(context([gpu(False), gpu(True)]))[0].id == "tf32"
 
@@ -319,7 +330,9 @@ def test_what_became_of_the_empty_tensors_weighs_the_uninitialized_memory_cause(
         return made + ([{"type": "empty-writes", "states": states}] if states is not None else [])
 
     finding = device.uninitialized_memory(context([events("a" * 15), events("b" * 15)]))
-    assert finding is not None and finding.score == score and finding.cause.confidence == "possible"
+    assert finding is not None
+    assert finding.score == score
+    assert finding.cause.confidence == "possible"
     assert words in " ".join(finding.cause.evidence)
     if states and "unwritten" in states:  # the fix names the tensor still unwritten, not the first made
         assert "layer.py:12" in finding.cause.fix
@@ -343,7 +356,8 @@ def test_recordings_made_with_other_script_arguments_are_an_environment_change()
     ctx = context([env, env])
     ctx.repeats[0].script_args, ctx.repeats[1].script_args = ["--steps", "30"], ["--steps", "100000"]
     found = causes.rank(ctx)
-    assert found[0].id == "environment-change" and "(script arguments)" in found[0].summary
+    assert found[0].id == "environment-change"
+    assert "(script arguments)" in found[0].summary
     assert "script arguments: --steps 30 in repeat 0, --steps 100000 in repeat 1" in found[0].evidence[0]
     ctx.repeats[1].script_args = ["--steps", "30"]
     assert device.environment(ctx) is None
@@ -418,7 +432,8 @@ def test_op_level_proof_outranks_direct_evidence() -> None:
     ctx = with_op_finding(context([events(0), events(1)], rec=record("grad", "table")), "nondeterministic-op")
     found = causes.rank(ctx)
     assert [c.id for c in found][:2] == ["nondeterministic-op", "unseeded-python-rng"]
-    assert found[0].basis == "op-records" and found[1].basis == "direct"
+    assert found[0].basis == "op-records"
+    assert found[1].basis == "direct"
 
 
 def test_a_convolution_proven_nondeterministic_under_cudnn_benchmark_is_the_benchmark_first() -> None:
@@ -447,7 +462,8 @@ def test_hash_order_and_identity_order_are_a_toss_up_with_the_experiment_named()
     found = causes.rank(ctx)
     assert {c.id for c in found[:2]} == {"python-hash-seed", "object-order"}
     for c in found[:2]:
-        assert c.confidence == "possible" and c.separating_pin == "hash-seed"
+        assert c.confidence == "possible"
+        assert c.separating_pin == "hash-seed"
         assert "cannot be told apart without an experiment" in c.evidence[-1]
         assert "PYTHONHASHSEED=0" in c.evidence[-1]
 
@@ -467,10 +483,12 @@ def test_flag_drift_names_the_call_that_changed_the_flag() -> None:
               flag("use_deterministic_algorithms", "True, warn_only=True", "train.py:40",
                    by="site-packages/trainer/core.py:120", at=4)]
     found = flags_module.flag_drift(context([events, events], index=10))
-    assert found is not None and found.cause.id == "flag-drift"
+    assert found is not None
+    assert found.cause.id == "flag-drift"
     assert "site-packages/trainer/core.py:120 (reached from train.py:40)" in found.cause.evidence[0]
     assert "torch.use_deterministic_algorithms(True, warn_only=True)" in found.cause.evidence[0]
-    assert found.cause.pins == ["deterministic"] and found.cause.basis == "direct"
+    assert found.cause.pins == ["deterministic"]
+    assert found.cause.basis == "direct"
     assert "site-packages/trainer/core.py:120" in found.cause.fix
 
 
@@ -483,7 +501,8 @@ def test_flag_drift_seen_only_in_the_snapshots() -> None:
     events = [state("first-forward", at=0), {**state("end", at=50), "flags": flags(deterministic_algorithms=True)}]
     events[0]["flags"] = flags(deterministic_algorithms=False)
     found = flags_module.flag_drift(context([events, events]))
-    assert found is not None and "deterministic_algorithms was False at the first forward" in found.cause.evidence[0]
+    assert found is not None
+    assert "deterministic_algorithms was False at the first forward" in found.cause.evidence[0]
 
 
 def test_flag_typo_says_what_was_meant() -> None:
@@ -505,11 +524,14 @@ def collective(backend: str = "nccl", **env: str) -> list[dict[str, Any]]:
 
 def test_collective_algorithm_unset_or_differing() -> None:
     unset = flags_module.collective_algorithm(context([collective(), collective()]))
-    assert unset is not None and unset.cause.basis == "circumstantial" and unset.cause.pins == ["nccl"]
+    assert unset is not None
+    assert unset.cause.basis == "circumstantial"
+    assert unset.cause.pins == ["nccl"]
     assert any("NCCL_ALGO is not set" in line for line in unset.cause.evidence)
     differ = flags_module.collective_algorithm(context([collective(NCCL_ALGO="Ring", NCCL_PROTO="Simple"),
                                                         collective(NCCL_ALGO="Tree", NCCL_PROTO="Simple")]))
-    assert differ is not None and "NCCL_ALGO: Ring in repeat 0, Tree in repeat 1" in differ.cause.evidence
+    assert differ is not None
+    assert "NCCL_ALGO: Ring in repeat 0, Tree in repeat 1" in differ.cause.evidence
     fixed = collective(NCCL_ALGO="Ring", NCCL_PROTO="Simple")
     assert flags_module.collective_algorithm(context([fixed, fixed])) is None
     assert flags_module.collective_algorithm(context([collective("gloo")[:2], collective("gloo")[:2]])) is None
@@ -524,7 +546,8 @@ def test_environment_change_names_the_code_change() -> None:
     assert found[0].id == "environment-change"
     assert "code: aaaaaaaaaaaa, script 5c in repeat 0, bbbbbbbbbbbb, script 5c in repeat 1" in found[0].evidence[0]
     edited = causes.rank(context([env("a" * 40, False), env("a" * 40, True, "6d")]))
-    assert edited[0].id == "environment-change" and "(dirty)" in edited[0].evidence[0]
+    assert edited[0].id == "environment-change"
+    assert "(dirty)" in edited[0].evidence[0]
     # another file of the repository edited meanwhile: the code that ran is the same
     assert device.environment(context([env("a" * 40, False), env("a" * 40, True)])) is None
 
@@ -593,10 +616,12 @@ def own_rng(i: int, fn: str, lib: str = "python", value: Any = None, obj: int = 
 def test_an_unseeded_rng_object_is_the_top_cause_named_where_it_was_made_and_drawn(
         fn: str, lib: str, cause: str, fix: str) -> None:
     found = causes.rank(context([own_rng(0, fn, lib), own_rng(1, fn, lib)]))
-    assert found[0].id == cause and found[0].confidence == "likely"
+    assert found[0].id == cause
+    assert found[0].confidence == "likely"
     assert any(f"{fn}() at data.py:5 created" in line for line in found[0].evidence)
     assert "Random.shuffle at data.py:9 drew from it" in found[0].evidence
-    assert fix in found[0].fix and "data.py:5" in found[0].fix
+    assert fix in found[0].fix
+    assert "data.py:5" in found[0].fix
     assert not {"object-order", "python-hash-seed"} & set(ids(context([own_rng(0, fn, lib), own_rng(1, fn, lib)])))
 
 
@@ -605,10 +630,12 @@ def test_a_torch_generator_seeded_from_the_os_is_a_varying_seed_at_its_line() ->
         return own_rng(i, "Generator.seed", "torch", value=1000 + i, loc="dp.py:12")
 
     found = causes.rank(context([events(0), events(1)]))
-    assert found[0].id == "varying-seed" and found[0].pins == ["torch-rng"]
+    assert found[0].id == "varying-seed"
+    assert found[0].pins == ["torch-rng"]
     assert "Generator.seed() at dp.py:12 seeded a torch.Generator from operating-system entropy" in \
         found[0].evidence[0]
-    assert "`.manual_seed(0)`" in found[0].fix and "instead of `.seed()` at dp.py:12" in found[0].fix
+    assert "`.manual_seed(0)`" in found[0].fix
+    assert "instead of `.seed()` at dp.py:12" in found[0].fix
 
 
 def test_a_torch_generator_seeded_with_os_bytes_names_the_values() -> None:
@@ -626,7 +653,8 @@ def test_system_random_cannot_be_pinned_and_says_so() -> None:
         return own_rng(i, "random.SystemRandom", entropy=True, state=None)
 
     found = causes.rank(context([events(0), events(1)]))
-    assert found[0].id == "unseeded-python-rng" and found[0].pins == []
+    assert found[0].id == "unseeded-python-rng"
+    assert found[0].pins == []
     assert any("cannot reach SystemRandom" in line for line in found[0].evidence)
     assert "use `random.Random(0)` instead of SystemRandom" in found[0].fix
 
@@ -644,7 +672,8 @@ def test_an_rng_object_with_a_constant_seed_is_no_cause() -> None:
         return [{**e, "state": "same"} if e["type"] == "generator" else e for e in own_rng(i, "random.Random", value=3)]
 
     ctx = context([events(0), events(1)])
-    assert rng.unseeded_python_rng(ctx) is None and rng.varying_seed(ctx) is None
+    assert rng.unseeded_python_rng(ctx) is None
+    assert rng.varying_seed(ctx) is None
 
 
 def seeding(fn: str, lib: str, value: Any, state: str, library: bool = True, at: int = 0) -> dict[str, Any]:
@@ -730,7 +759,8 @@ def test_an_outside_value_read_before_the_divergence_is_said_at_its_line_above_t
                 {"type": "outside", "fn": "os.getpid", "loc": "train.py:20"}]
 
     found = causes.rank(context([events(0), events(1)], rec=record("param", "0.weight", step=1)))
-    assert found[0].id == "outside-value" and found[0].confidence == "possible"
+    assert found[0].id == "outside-value"
+    assert found[0].confidence == "possible"
     assert "time.time at train.py:13 read the clock, which differs in every run" in found[0].evidence
     assert "os.getpid at train.py:20 read the process id, which differs in every run" in found[0].evidence
     assert "os.getpid at train.py:20" in found[0].fix  # the read nearest the divergence
@@ -768,7 +798,8 @@ def test_an_rng_only_a_library_drew_from_at_its_import_is_not_likely() -> None:
 
     assert ids(context([events(0), events(1)])) == ["unseeded-torch-rng"]  # the import-time draw is below the line
     python = rng.unseeded_python_rng(context([events(0), events(1)]))
-    assert python is not None and python.cause.confidence == "possible"
+    assert python is not None
+    assert python.cause.confidence == "possible"
     assert any("only imported libraries drew from it" in line for line in python.cause.evidence)
 
 

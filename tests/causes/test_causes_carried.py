@@ -37,7 +37,8 @@ def _context(per_repeat: list[list[dict[str, Any]]], stdout_only: bool, at: int 
 
 def test_a_stdout_difference_is_explained_when_every_differing_repeat_read_carried_state() -> None:
     evidence = carried.explains_output(_context([[WROTE_LOG], [LISTED], [LISTED]], stdout_only=True))
-    assert evidence is not None and len(evidence) == 2
+    assert evidence is not None
+    assert len(evidence) == 2
     assert evidence[0] == ("repeat 1 listed directory lightning_logs/, holding version_0, which an earlier repeat of "
                            "this audit created or changed, at train.py:24 (through "
                            "lightning/fabric/loggers/csv_logs.py:120)")
@@ -51,10 +52,13 @@ def test_a_differing_repeat_that_read_nothing_carried_is_not_explained() -> None
 
 def test_carried_state_outranks_the_hash_and_order_guesses_with_the_path_and_line() -> None:
     found = causes.rank(_context([[WROTE_CKPT], [READ], [READ]], stdout_only=False))
-    assert found[0].id == "carried-state" and found[0].basis == "direct" and found[0].confidence == "likely"
+    assert found[0].id == "carried-state"
+    assert found[0].basis == "direct"
+    assert found[0].confidence == "likely"
     assert found[0].evidence[0] == ("repeat 1 read last.ckpt, which an earlier repeat of this audit wrote, at "
                                     "train.py:30 (through torch/serialization.py:776)")
-    assert "last.ckpt" in found[0].fix and "train.py:30" in found[0].fix
+    assert "last.ckpt" in found[0].fix
+    assert "train.py:30" in found[0].fix
     assert "python-hash-seed" not in [c.id for c in found]  # a weak background guess beside a likely cause
 
 

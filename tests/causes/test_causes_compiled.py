@@ -32,7 +32,8 @@ def test_compiled_model_gradient_divergence_is_compiled_kernels_not_hash_order()
 def test_autotuning_is_named() -> None:
     events = [compile_event(max_autotune=True), end_state()]
     found = compiled.compiled_kernels(context([events, events], rec=record("output", "CharGPT")))
-    assert found is not None and any("autotuning on (max_autotune)" in line for line in found.cause.evidence)
+    assert found is not None
+    assert any("autotuning on (max_autotune)" in line for line in found.cause.evidence)
 
 
 def test_not_when_deterministic_or_not_compiled() -> None:

@@ -95,7 +95,8 @@ def test_options_before_or_after_script_and_args_after_double_dash(
     result = run_in_process(args, capsys)
     assert result.returncode == 6, result.output  # a torch-free script: nothing to compare, never "deterministic"
     report = json.loads((tmp_path / "report.json").read_text())
-    assert len(report["runs"]) == 2 and report["script_args"] == script_args
+    assert len(report["runs"]) == 2
+    assert report["script_args"] == script_args
     for run in report["runs"]:
         assert json.loads((tmp_path / "run" / run["stdout"]).read_text()) == script_args
     assert not (tmp_path / "not-ours.json").exists()
@@ -109,18 +110,21 @@ def test_json_and_junit_written_and_report_rerenders_the_same_verdict(
     result = run_cli(["run", script.name, "--repeats", "2", "--jobs", "2", "--out", "run",
                       "--json", "out/r.json", "--junit", "out/r.xml"], cwd=tmp_path)
     assert result.returncode == 1, result.output
-    assert result.report is not None and result.report["verdict"] == "divergent"
+    assert result.report is not None
+    assert result.report["verdict"] == "divergent"
     assert result.report["first_divergence"]["kind"] == "stdout"
     assert ET.parse(tmp_path / "out" / "r.xml").getroot().get("failures") == "1"
     assert "DIVERGENT" in result.stdout
 
     again = run_in_process(["report", str(tmp_path / "run"), "--json", str(tmp_path / "again.json")], capsys)
-    assert again.returncode == 1 and "DIVERGENT" in again.stdout
+    assert again.returncode == 1
+    assert "DIVERGENT" in again.stdout
     again_report = json.loads((tmp_path / "again.json").read_text())
     for key in ("verdict", "exit_code", "first_divergence", "runs", "spread"):
         assert again_report[key] == result.report[key], key
     quiet = run_in_process(["report", str(tmp_path / "run"), "--quiet"], capsys)
-    assert quiet.returncode == 1 and len(quiet.stdout.strip().splitlines()) == 1
+    assert quiet.returncode == 1
+    assert len(quiet.stdout.strip().splitlines()) == 1
 
 
 def test_report_of_synthetic_runs_exits_with_the_verdict(tmp_path: Path,
@@ -135,7 +139,8 @@ def test_report_of_synthetic_runs_exits_with_the_verdict(tmp_path: Path,
     assert json.loads((tmp_path / "d.json").read_text())["first_divergence"]["index"] == 5
     failed = run_in_process(["report", str(write_run(tmp_path / "fail", [recs, recs], exit_codes=[1, 1]))],
                             capsys)
-    assert failed.returncode == 3 and "boom" in failed.stdout
+    assert failed.returncode == 3
+    assert "boom" in failed.stdout
 
 
 def _corrupt(path: Path) -> None:
@@ -178,8 +183,12 @@ def test_show_prints_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     result = run_in_process(["show", str(path), "--limit", "0"], capsys)
     assert result.returncode == 0, result.output
     out = result.stdout
-    assert "train.py" in out and "net.0.weight" in out and f"{recs[3].digest:016x}" in out
-    assert "rng" in out and "exit_code" in out and "incomplete" not in out
+    assert "train.py" in out
+    assert "net.0.weight" in out
+    assert f"{recs[3].digest:016x}" in out
+    assert "rng" in out
+    assert "exit_code" in out
+    assert "incomplete" not in out
     limited = run_in_process(["show", str(path), "--limit", "3"], capsys)
     assert f"{len(recs) - 3} more records" in limited.stdout
 
@@ -187,7 +196,8 @@ def test_show_prints_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 def test_show_marks_incomplete_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_trace(tmp_path / "t.trace", training_records(), footer=None)
     result = run_in_process(["show", str(path)], capsys)
-    assert result.returncode == 0 and "incomplete" in result.stdout
+    assert result.returncode == 0
+    assert "incomplete" in result.stdout
 
 
 def test_show_tells_a_trace_still_being_written_from_one_whose_repeat_died(
@@ -205,11 +215,14 @@ def test_show_tells_a_trace_still_being_written_from_one_whose_repeat_died(
     monkeypatch.setattr(detaudit.run.distributed, "runs_our_child", running)
     live = run_in_process(["show", str(path)], capsys)
     text = " ".join(live.stdout.split())  # wrapped to the terminal: where depends on the length of tmp_path
-    assert live.returncode == 0 and "still running and writing this trace" in text
-    assert "killed" not in text and asked == [(4242, tmp_path.resolve())]
+    assert live.returncode == 0
+    assert "still running and writing this trace" in text
+    assert "killed" not in text
+    assert asked == [(4242, tmp_path.resolve())]
     monkeypatch.setattr(detaudit.run.distributed, "runs_our_child", lambda pid, run_dir: False)
     dead = " ".join(run_in_process(["show", str(path)], capsys).stdout.split())
-    assert "killed or crashed hard" in dead and "still running" not in dead
+    assert "killed or crashed hard" in dead
+    assert "still running" not in dead
 
 
 def test_a_live_pid_that_runs_no_repeat_of_this_run_is_not_taken_for_one(tmp_path: Path) -> None:
@@ -275,7 +288,8 @@ def test_a_timeout_is_rendered_as_a_timeout(tmp_path: Path, capsys: pytest.Captu
     run_dir = write_run(tmp_path / "run", [recs, recs[:4]], exit_codes=[0, -15], timed_out=[False, True])
     result = run_in_process(["report", str(run_dir)], capsys)
     assert result.returncode == 5, result.output
-    assert "TIMEOUT" in result.stdout and "timed out" in result.stdout
+    assert "TIMEOUT" in result.stdout
+    assert "timed out" in result.stdout
     for wrong in ("DIVERGENT", "ended differently", "every repeat", "First divergence", "Likely causes"):
         assert wrong not in result.stdout, wrong
 
@@ -291,7 +305,8 @@ def test_ignore_stdout_is_kept_for_report(tmp_path: Path, capsys: pytest.Capture
     assert json.loads((tmp_path / "run" / "run.json").read_text())["stdout"] == "ignore"
     assert run_in_process(["report", str(tmp_path / "run")], capsys).returncode == 6  # not 1: stdout still ignored
     strict = run_in_process(["report", str(tmp_path / "run"), "--stdout", "strict"], capsys)
-    assert strict.returncode == 1 and "stdout line 1" in strict.stdout
+    assert strict.returncode == 1
+    assert "stdout line 1" in strict.stdout
     both = run_in_process(["report", str(tmp_path / "run"), "--stdout", "strict", "--ignore-stdout"], capsys)
     assert_clean_error(both, 2, "--ignore-stdout")
 
@@ -309,27 +324,32 @@ def test_compare_takes_the_stdout_options(tmp_path: Path, capsys: pytest.Capture
 def test_jobs_that_oversubscribe_the_cores_warn(tmp_path: Path) -> None:
     (tmp_path / "coin.py").write_text("print('heads')\n")
     busy = run_cli(["run", "coin.py", "-n", "2", "-j", "2"], cwd=tmp_path, env={"OMP_NUM_THREADS": "4096"})
-    assert busy.returncode == 6 and "warning: --jobs 2 runs 2 repeats at once" in " ".join(busy.stderr.split())
+    assert busy.returncode == 6
+    assert "warning: --jobs 2 runs 2 repeats at once" in " ".join(busy.stderr.split())
     assert (tmp_path / ".detaudit" / ".gitignore").read_text().strip().endswith("*")
     alone = run_cli(["run", "coin.py", "-n", "2", "-j", "1"], cwd=tmp_path, env={"OMP_NUM_THREADS": "4096"})
-    assert alone.returncode == 6 and "warning" not in alone.stderr  # 6: a torch-free script
+    assert alone.returncode == 6
+    assert "warning" not in alone.stderr
 
 
 @pytest.mark.process
 def test_explain_a_run_from_another_directory(tmp_path: Path) -> None:
     (tmp_path / "coin.py").write_text(COIN)
     made = run_cli(["run", "coin.py", "-n", "2", "-j", "2", "--out", "run"], cwd=tmp_path)
-    assert made.returncode == 1 and "--stdout ignore" in made.stdout, made.output
+    assert made.returncode == 1, made.output
+    assert "--stdout ignore" in made.stdout, made.output
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     result = run_cli(["explain", "../run", "-j", "2", "--json", "e.json"], cwd=elsewhere)
     assert result.returncode == 1, result.output
     assert "Traceback" not in result.output
     experiments = result.report["experiments"] if result.report is not None else []
-    assert experiments and all(e["verdict"] == "divergent" for e in experiments)  # no pin fixes os.urandom
+    assert experiments
+    assert all(e["verdict"] == "divergent" for e in experiments)
     assert len(list((tmp_path / "run").glob("explain-*.trace"))) == 2 * len(experiments)
     progress = [line for line in result.stderr.splitlines() if line.startswith("explain-")]
-    assert len(progress) == 2 * len(experiments) and all("exit 0 in" in line for line in progress)
+    assert len(progress) == 2 * len(experiments)
+    assert all("exit 0 in" in line for line in progress)
 
 
 # -- outputs that cannot be written, concurrent runs, hostile inputs (issue 10) ----------------------------
@@ -366,7 +386,8 @@ def test_two_runs_with_one_out_never_share_it(tmp_path: Path, argv_script: Path)
              for _ in range(2)]
     outcomes = sorted((p.wait(timeout=300), p.stderr.read() if p.stderr else "") for p in procs)
     assert [code for code, _ in outcomes] == [2, 6], outcomes  # 6: a torch-free script has nothing to compare
-    assert "shared" in outcomes[0][1] and "Traceback" not in outcomes[0][1]
+    assert "shared" in outcomes[0][1]
+    assert "Traceback" not in outcomes[0][1]
     run_dir = tmp_path / "shared"
     assert sorted(p.name for p in run_dir.iterdir() if p.suffix == ".trace") == ["repeat-0.trace", "repeat-1.trace"]
     assert run_dir.stat().st_mode & 0o777 == 0o700
@@ -378,7 +399,8 @@ def test_two_runs_with_one_out_never_share_it(tmp_path: Path, argv_script: Path)
 def test_timeout_must_be_a_finite_positive_number(tmp_path: Path, argv_script: Path, value: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     result = run_in_process(["run", str(argv_script), "--timeout", value], capsys)
-    assert result.returncode == 2 and "--timeout" in result.stderr
+    assert result.returncode == 2
+    assert "--timeout" in result.stderr
 
 
 def test_json_to_stdout_leaves_only_the_document_there(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -400,7 +422,9 @@ def test_show_never_passes_terminal_control_sequences_through(tmp_path: Path,
                        header={"repeat": 0, "script": osc})
     result = run_in_process(["show", str(path)], capsys)
     assert result.returncode == 0
-    assert "\x1b" not in result.output and "\x07" not in result.output and "\x9b" not in result.output
+    assert "\x1b" not in result.output
+    assert "\x07" not in result.output
+    assert "\x9b" not in result.output
     assert "\\x1b]52" in result.output  # shown, escaped
 
 
@@ -430,7 +454,8 @@ def test_run_record_paths_stay_inside_the_run_directory(tmp_path: Path, capsys: 
     other = write_run(tmp_path / "other", [training_records(), training_records()])  # compare refuses RUN RUN
     for args in (["report", str(run_dir), "--json", "-"], ["compare", str(run_dir), str(other), "--json", "-"]):
         result = run_in_process(args, capsys)
-        assert result.returncode in (0, 1) and "hunter2" not in result.output
+        assert result.returncode in (0, 1)
+        assert "hunter2" not in result.output
 
 
 def test_a_fifo_where_stderr_belongs_never_hangs_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -458,7 +483,8 @@ def test_redact_args_stores_the_scripts_arguments_nowhere(tmp_path: Path) -> Non
     result = run_cli(["run", str(script), "-n", "2", "--out", "run", "--json", "r.json", "--junit", "r.xml",
                       "--redact-args", "--", "--token", "s3cr3t-value"], cwd=tmp_path)
     assert result.returncode == 6, result.output
-    assert result.report is not None and result.report["script_args"] == ["<redacted>", "<redacted>"]
+    assert result.report is not None
+    assert result.report["script_args"] == ["<redacted>", "<redacted>"]
     assert (tmp_path / "run" / "repeat-0.stdout").read_text() == "12\n"  # the script saw the real value
     stored = [p for p in [*(tmp_path / "run").iterdir(), tmp_path / "r.json", tmp_path / "r.xml"]]
     assert all(b"s3cr3t" not in p.read_bytes() for p in stored)
@@ -479,4 +505,5 @@ def test_a_reader_that_stops_early_never_turns_into_an_error(tmp_path: Path) -> 
                               stderr=subprocess.PIPE, text=True, timeout=120)
         os.close(write_end)
         assert proc.returncode == 0, proc.stderr
-        assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert "internal error" not in proc.stderr

@@ -127,7 +127,8 @@ def test_run_defaults_become_the_documented_options(core: Core, script: Path) ->
         "jobs": 1, "out_dir": None, "tolerance": Tolerance(1e-5, 1.3e-6), "granularity": "auto", "stdout": "masked",
         "baseline": None, "redact_args": False, "max_steps": None, "max_time": None, "self_check": False,
         "nproc_per_node": None, "torchrun_args": [], "run_to_end": False}
-    assert core.called("run_experiments") == [] and core.called("save") == []
+    assert core.called("run_experiments") == []
+    assert core.called("save") == []
 
 
 def test_every_run_option_reaches_the_audit_options(core: Core, script: Path, tmp_path: Path) -> None:
@@ -137,11 +138,19 @@ def test_every_run_option_reaches_the_audit_options(core: Core, script: Path, tm
                      "--baseline", str(base), "--redact-args", "--max-steps", "4", "--self-check", str(script)])
     assert result.exit_code == 0, result.output
     options = core.options()
-    assert options["repeats"] == 5 and options["devices"] == ["cpu"] and options["own_device"] is False
-    assert options["timeout"] == 30.0 and options["out_dir"] == Path("out") and options["jobs"] == 2
-    assert options["tolerance"] == Tolerance(0.5, 0.25) and options["stdout"] == "strict"
-    assert options["granularity"] == "op" and options["baseline"] == base and options["redact_args"] is True
-    assert options["max_steps"] == 4 and options["self_check"] is True
+    assert options["repeats"] == 5
+    assert options["devices"] == ["cpu"]
+    assert options["own_device"] is False
+    assert options["timeout"] == 30.0
+    assert options["out_dir"] == Path("out")
+    assert options["jobs"] == 2
+    assert options["tolerance"] == Tolerance(0.5, 0.25)
+    assert options["stdout"] == "strict"
+    assert options["granularity"] == "op"
+    assert options["baseline"] == base
+    assert options["redact_args"] is True
+    assert options["max_steps"] == 4
+    assert options["self_check"] is True
 
 
 def test_run_to_end_reaches_the_audit_and_help_says_when_a_repeat_is_stopped(core: Core, script: Path) -> None:
@@ -157,7 +166,8 @@ def test_max_time_and_torchrun_options(core: Core, script: Path) -> None:
     core.calls.clear()
     result = invoke(["run", "--nproc-per-node", "2", "--torchrun-args", "--max-restarts 0", str(script)])
     assert result.exit_code == 0, result.output
-    assert core.options()["nproc_per_node"] == 2 and core.options()["torchrun_args"] == ["--max-restarts", "0"]
+    assert core.options()["nproc_per_node"] == 2
+    assert core.options()["torchrun_args"] == ["--max-restarts", "0"]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -177,7 +187,8 @@ def test_max_time_and_torchrun_options(core: Core, script: Path) -> None:
 def test_contradicting_options_are_usage_errors_before_any_audit(core: Core, script: Path, args: list[str],
                                                                   message: str) -> None:
     result = invoke(["run", *args, str(script)])
-    assert result.exit_code == 2 and message in result.output
+    assert result.exit_code == 2
+    assert message in result.output
     assert core.calls == []
 
 
@@ -189,17 +200,20 @@ def test_a_bound_or_tolerance_that_is_not_finite_or_negative_is_refused(core: Co
                                                                        args: list[str]) -> None:
     """A nan --max-time wrote a run record detaudit then refused; a negative tolerance refuses equal values."""
     result = invoke(["run", *args, str(script)])
-    assert result.exit_code == 2 and args[0] in result.output, result.output
+    assert result.exit_code == 2, result.output
+    assert args[0] in result.output, result.output
     assert core.calls == []
     refused = invoke(["compare", "a", "b", "--atol", "-1"])
-    assert refused.exit_code == 2 and "must be at least 0" in refused.output
+    assert refused.exit_code == 2
+    assert "must be at least 0" in refused.output
 
 
 def test_the_script_reaches_the_repeats_as_typed(core: Core, script: Path) -> None:
     """`./-y.py` reached the script as `-y.py`: sys.argv[0] is the script as typed, as under plain python."""
     assert invoke(["run", "./train.py"]).exit_code == 0
     [(args, _)] = core.called("run_audit")
-    assert args[0].target.script == Path("train.py") and args[0].target.as_typed == "./train.py"
+    assert args[0].target.script == Path("train.py")
+    assert args[0].target.as_typed == "./train.py"
 
 
 def test_script_arguments_after_the_script_or_a_double_dash_reach_the_options(core: Core, script: Path) -> None:
@@ -208,7 +222,8 @@ def test_script_arguments_after_the_script_or_a_double_dash_reach_the_options(co
     assert core.options()["repeats"] == 3  # `-n 5` came after an option detaudit does not know: the script's
     core.calls.clear()
     assert invoke(["run", str(script), "-n", "2", "--", "--repeats", "--json", "x"]).exit_code == 0
-    assert core.options()["script_args"] == ["--repeats", "--json", "x"] and core.options()["repeats"] == 2
+    assert core.options()["script_args"] == ["--repeats", "--json", "x"]
+    assert core.options()["repeats"] == 2
 
 
 def test_ignore_stdout_is_the_ignore_mode(core: Core, script: Path) -> None:
@@ -261,7 +276,9 @@ def test_explain_after_a_divergent_run_gets_the_budget_jobs_and_run_directory(co
     assert result.exit_code == 1, result.output
     [(args, kwargs)] = core.called("run_experiments")
     run_dir = Path(synthetic_report(core.tmp_path, "divergent").run_dir)
-    assert args == (run_dir, 7, True) and kwargs["jobs"] == 2 and kwargs["cheap"] is False
+    assert args == (run_dir, 7, True)
+    assert kwargs["jobs"] == 2
+    assert kwargs["cheap"] is False
     assert kwargs["script_args"] is None  # not redacted: the experiments read them from the run directory
 
 
@@ -269,7 +286,8 @@ def test_redacted_arguments_are_handed_to_the_experiments(core: Core, script: Pa
     core.verdict = "divergent"
     assert invoke(["run", "--explain", "--redact-args", str(script), "secret"]).exit_code == 1
     [(args, kwargs)] = core.called("run_experiments")
-    assert args[1:] == (12, False) and kwargs["script_args"] == ["secret"]
+    assert args[1:] == (12, False)
+    assert kwargs["script_args"] == ["secret"]
 
 
 def test_the_cheap_confirmation_runs_only_for_a_cheap_pin_and_not_with_no_explain(core: Core, script: Path) -> None:
@@ -295,7 +313,9 @@ def test_explain_command(core: Core) -> None:
     result = invoke(["explain", str(run_dir), "--budget", "3", "--all", "-j", "2", "--json", "e.json"])
     assert result.exit_code == 1, result.output
     [(args, kwargs)] = core.called("run_experiments")
-    assert args == (run_dir, 3, True) and kwargs["jobs"] == 2 and kwargs["cheap"] is False
+    assert args == (run_dir, 3, True)
+    assert kwargs["jobs"] == 2
+    assert kwargs["cheap"] is False
     assert json.loads(Path("e.json").read_text())["verdict"] == "divergent"
 
 
@@ -303,7 +323,8 @@ def test_save_baseline_only_asks_the_library_to_save(core: Core, script: Path) -
     result = invoke(["run", "--save-baseline", "kept", str(script)])
     assert result.exit_code == 0, result.output
     [(args, _)] = core.called("save")
-    assert args[2] == Path("kept") and "baseline saved to kept" in result.stderr
+    assert args[2] == Path("kept")
+    assert "baseline saved to kept" in result.stderr
 
 
 @pytest.mark.parametrize("verdict,code", [("divergent", 0), ("deterministic", 1)])
@@ -311,7 +332,9 @@ def test_demo_exits_0_when_it_shows_its_divergence(core: Core, verdict: str, cod
     core.verdict = verdict
     assert invoke(["demo", "-n", "2"]).exit_code == code
     options = core.options()
-    assert options["repeats"] == 2 and options["timeout"] == 120.0 and options["script"].name == "train_demo.py"
+    assert options["repeats"] == 2
+    assert options["timeout"] == 120.0
+    assert options["script"].name == "train_demo.py"
     assert len(core.called("run_experiments")) == (verdict == "divergent")  # the demo always explains
 
 
@@ -345,7 +368,8 @@ def test_a_script_that_is_no_regular_file_is_refused_before_anything_reads_it(
 def test_cuda_without_a_gpu_is_a_usage_error(core: Core, script: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--device", "cuda", str(script)])
-    assert exit_info.value.code == 2 and "no CUDA device" in capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "no CUDA device" in capsys.readouterr().err
     assert core.calls == []
 
 
@@ -370,7 +394,8 @@ def test_a_broken_module_from_the_environment_is_not_called_a_bug_in_detaudit(
     with pytest.raises(SystemExit) as exit_info:
         main(["compare", "a", "b"])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "bug in detaudit" not in err
+    assert exit_info.value.code == 2
+    assert "bug in detaudit" not in err
     assert f"a module detaudit imports is broken: {tmp_path / 'envmod_broken.py'}:1: {said}" in err
 
 
@@ -384,7 +409,8 @@ def test_detaudits_own_failure_is_still_an_internal_error(monkeypatch: pytest.Mo
     monkeypatch.setattr(detaudit.audit.pipeline, "compare_recorded", buggy)
     with pytest.raises(SystemExit) as exit_info:
         main(["compare", "a", "b"])
-    assert exit_info.value.code == 70 and "This is a bug in detaudit" in capsys.readouterr().err
+    assert exit_info.value.code == 70
+    assert "This is a bug in detaudit" in capsys.readouterr().err
 
 
 REPORT_OPTIONS = ("--json", "--junit", "--html")
@@ -396,14 +422,17 @@ def test_a_report_option_naming_the_script_is_refused_before_any_repeat(core: Co
     """Issue 27 C6: `--json s.py` overwrote the audited script with the report."""
     source = script.read_text()
     result = invoke(["run", str(script), option, str(script)])
-    assert result.exit_code == 2 and "is the audited script" in result.output
-    assert core.calls == [] and script.read_text() == source
+    assert result.exit_code == 2
+    assert "is the audited script" in result.output
+    assert core.calls == []
+    assert script.read_text() == source
 
 
 @pytest.mark.parametrize("first, second", [(a, b) for a in REPORT_OPTIONS for b in REPORT_OPTIONS if a < b])
 def test_two_report_options_naming_one_file_are_refused(core: Core, script: Path, first: str, second: str) -> None:
     result = invoke(["run", str(script), first, "r.out", second, "./r.out"])
-    assert result.exit_code == 2 and "name the same path" in result.output
+    assert result.exit_code == 2
+    assert "name the same path" in result.output
     assert core.calls == []
 
 
@@ -423,7 +452,8 @@ def test_no_output_lands_in_a_run_directory_or_a_baseline(core: Core, script: Pa
         result = invoke([*args, option, str(target)])
         assert result.exit_code == 2, (target, result.output)
         assert "is inside" in result.output
-    assert (other / "run.json").read_bytes() == record and not (other / "new-report").exists()
+    assert (other / "run.json").read_bytes() == record
+    assert not (other / "new-report").exists()
     assert core.calls == []
 
 
@@ -443,5 +473,6 @@ def test_save_baseline_into_a_non_empty_directory_exits_2_before_any_repeat(
     (core.tmp_path / "kept" / "notes.txt").write_text("mine\n")
     with pytest.raises(SystemExit) as exit_info:
         main(["run", str(script), "--save-baseline", "kept"])
-    assert exit_info.value.code == 2 and "not a new or empty directory" in capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "not a new or empty directory" in capsys.readouterr().err
     assert core.calls == []

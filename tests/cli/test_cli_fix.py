@@ -44,7 +44,8 @@ def test_perturb_reaches_the_audit_and_the_experiments_as_runs_option_does(
     result = CliRunner().invoke(cli, ["fix", "-n", "2", "--perturb", "threads", script.name], catch_exceptions=False)
     assert result.exit_code == ExitCode.DETERMINISTIC, result.output
     perturbation = seen[0].schedule.perturbation
-    assert perturbation is not None and [s.knob for s in perturbation.specs] == [Perturb.THREADS]
+    assert perturbation is not None
+    assert [s.knob for s in perturbation.specs] == [Perturb.THREADS]
     assert seen[0].schedule.repeats == 2 * len(perturbation.groups)  # --repeats per group, as for `run`
     assert "the repeats agree under --perturb threads; nothing to fix" in result.output
 
@@ -54,7 +55,8 @@ def test_without_perturb_fix_is_unperturbed(script: Path, tmp_path: Path, monkey
     monkeypatch.setattr(runner, "run_fix", _fake_fix(seen, tmp_path))
     result = CliRunner().invoke(cli, ["fix", "-n", "2", script.name], catch_exceptions=False)
     assert result.exit_code == ExitCode.DETERMINISTIC, result.output
-    assert seen[0].schedule.perturbation is None and seen[0].schedule.repeats == 2
+    assert seen[0].schedule.perturbation is None
+    assert seen[0].schedule.repeats == 2
     assert "under --perturb" not in result.output
 
 
@@ -74,11 +76,13 @@ def test_a_perturbation_fix_cannot_search_under_is_a_usage_error_before_any_repe
     with pytest.raises(SystemExit) as ended:
         main(["fix", "--perturb", perturb, script.name])
     output = " ".join(capsys.readouterr().err.split())
-    assert ended.value.code == ExitCode.USAGE and says in output, output
+    assert ended.value.code == ExitCode.USAGE, output
+    assert says in output, output
     assert not (script.parent / ".detaudit").exists()
 
 
 def test_perturb_with_torchrun_is_refused_as_for_run(script: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as ended:
         main(["fix", "--perturb", "threads", "--nproc-per-node", "2", script.name])
-    assert ended.value.code == ExitCode.USAGE and "--nproc-per-node" in capsys.readouterr().err
+    assert ended.value.code == ExitCode.USAGE
+    assert "--nproc-per-node" in capsys.readouterr().err

@@ -36,9 +36,13 @@ def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_run_options_land_in_their_parts(tmp_path: Path) -> None:
     options = audit_options(tmp_path / "t.py", ("--lr", "1"), **{**RUN_DEFAULTS, "devices": ("cpu",), "jobs": 2,
                                                                  "ignore_stdout": True, "max_steps": 4})
-    assert options.target.script == tmp_path / "t.py" and options.target.script_args == ["--lr", "1"]
-    assert options.schedule.devices == ["cpu"] and options.schedule.own_device is False and options.schedule.jobs == 2
-    assert options.recording.max_steps == 4 and options.checks.stdout == "ignore"
+    assert options.target.script == tmp_path / "t.py"
+    assert options.target.script_args == ["--lr", "1"]
+    assert options.schedule.devices == ["cpu"]
+    assert options.schedule.own_device is False
+    assert options.schedule.jobs == 2
+    assert options.recording.max_steps == 4
+    assert options.checks.stdout == "ignore"
     assert options.checks.tolerance == Tolerance(1e-5, 1.3e-6)
 
 
@@ -58,7 +62,8 @@ def test_contradicting_run_options_are_usage_errors(tmp_path: Path, changes: dic
 def test_perturb_runs_repeats_per_setting_and_refuses_cuda_settings_without_a_gpu(tmp_path: Path) -> None:
     options = audit_options(tmp_path / "t.py", (), **{**RUN_DEFAULTS, "perturb": "threads,hash-seed"})
     perturbation = options.schedule.perturbation
-    assert perturbation is not None and len(perturbation.groups) == 3
+    assert perturbation is not None
+    assert len(perturbation.groups) == 3
     assert options.schedule.repeats == 9  # --repeats 3 in each of the 3 groups
     assert audit_options(tmp_path / "t.py", (), **RUN_DEFAULTS).schedule.perturbation is None
     with pytest.raises(UsageError, match="only CUDA work can notice"):
@@ -95,14 +100,18 @@ def test_report_outputs_are_checked_before_the_run(tmp_path: Path) -> None:
 
 def test_the_demo_runs_the_shipped_script_at_the_default_granularity(tmp_path: Path) -> None:
     options = demo_options(tmp_path / "demo.py", 4, tmp_path / "out")
-    assert options.schedule.repeats == 4 and options.schedule.jobs in (1, 2) and options.schedule.timeout == 120.0
-    assert options.recording.granularity == DEFAULT_GRANULARITY and options.out_dir == tmp_path / "out"
+    assert options.schedule.repeats == 4
+    assert options.schedule.jobs in (1, 2)
+    assert options.schedule.timeout == 120.0
+    assert options.recording.granularity == DEFAULT_GRANULARITY
+    assert options.out_dir == tmp_path / "out"
 
 
 def test_a_tolerance_is_finite_and_not_negative() -> None:
     from detaudit.cli.options import TOLERANCE
 
-    assert TOLERANCE.convert("0", None, None) == 0.0 and TOLERANCE.convert("1e-3", None, None) == 1e-3
+    assert TOLERANCE.convert("0", None, None) == 0.0
+    assert TOLERANCE.convert("1e-3", None, None) == 1e-3
     for bad in ("-1e-5", "-0.1", "nan", "-inf", "inf"):
         with pytest.raises(click.BadParameter):
             TOLERANCE.convert(bad, None, None)

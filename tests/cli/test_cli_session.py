@@ -43,7 +43,8 @@ def test_a_running_repeat_is_a_plain_line_every_few_seconds_never_a_flood(stderr
             progress.on_progress(RepeatProgress(1, "repeat-1", step, 4.0, 0, step, None, None, 100, 20.0))
             clock[0] += 0.25
     lines = stderr.getvalue().splitlines()
-    assert len(lines) == 2 and clock[0] - 100.0 >= session.PLAIN_EVERY_S
+    assert len(lines) == 2
+    assert clock[0] - 100.0 >= session.PLAIN_EVERY_S
     assert lines == ["running repeat-1: step 1, 4.0 steps/s; agrees with repeat 0 through step 1; about 20s left",
                      "running repeat-1: step 41, 4.0 steps/s; agrees with repeat 0 through step 41; about 20s left"]
 
@@ -64,7 +65,8 @@ def test_describe_progress(progress: RepeatProgress, line: str) -> None:
 
 def test_quiet_shows_no_progress(stderr: StringIO) -> None:
     with session.RepeatsProgress(True, 2) as progress:
-        assert progress.on_done is None and progress.on_progress is None
+        assert progress.on_done is None
+        assert progress.on_progress is None
     assert stderr.getvalue() == ""
 
 

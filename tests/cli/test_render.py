@@ -37,7 +37,8 @@ def test_data_that_entered_from_outside_torch_gets_a_note_not_an_op_table() -> N
     console.print(panel)
     text = console.export_text()
     assert "No op recorded in steps 0–0 produced the differing data" in text
-    assert "Net.input[0] (train.py:21)" in text and "aten.addmm.default" in text
+    assert "Net.input[0] (train.py:21)" in text
+    assert "aten.addmm.default" in text
     assert "phase" not in text  # no input/output match table
 
 
@@ -65,16 +66,20 @@ def test_repeats_that_all_failed_alike_are_not_said_to_end_differently(tmp_path:
     run_dir = write_run(tmp_path / "run", [recs, recs], exit_codes=[3, 3])
     (run_dir / "repeat-0.stderr").write_text("")  # the script failed without a word
     text = _rendered(load_run(run_dir))
-    assert "The script's error" in text and "(no output on stderr)" in text and "ended differently" not in text
+    assert "The script's error" in text
+    assert "(no output on stderr)" in text
+    assert "ended differently" not in text
     late = write_run(tmp_path / "late", [recs, recs, recs], exit_codes=[0, 1, 1], timed_out=[True, False, False])
     text = _rendered(load_run(late))
-    assert "Repeat 1 exited 1" in text and "ended differently" not in text
+    assert "Repeat 1 exited 1" in text
+    assert "ended differently" not in text
 
 
 def test_inconclusive_verdict_line_says_why(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", [[], []])
     text = _rendered(load_run(run_dir))
-    assert text.startswith("INCONCLUSIVE: nothing to compare") and "agree bit for bit" not in text
+    assert text.startswith("INCONCLUSIVE: nothing to compare")
+    assert "agree bit for bit" not in text
 def _finished(tmp_path: Path, stdout: list[str], mode: str = "masked") -> Report:
     run = write_run(tmp_path / "run", [training_records(2)] * 2, stdout=stdout)
     return load_run(run, stdout=mode)  # type: ignore[arg-type]
@@ -99,9 +104,11 @@ def test_a_stdout_divergence_shows_the_line_of_each_repeat(tmp_path: Path) -> No
     report = _finished(tmp_path, ["loss 0.5\nloss 0.25\n", "loss 0.5\nloss 0.26\n"])
     text = _text(report)
     assert re.search(r"line +2 of stdout \(masked comparison\)", text)
-    assert re.search(r"repeat 0 +'loss 0.25'", text) and re.search(r"repeat 1 +'loss 0.26'", text)
+    assert re.search(r"repeat 0 +'loss 0.25'", text)
+    assert re.search(r"repeat 1 +'loss 0.26'", text)
     assert "all 12 recorded tensor records agree" in text
-    assert "python-hash-seed" not in text and "object-order" not in text
+    assert "python-hash-seed" not in text
+    assert "object-order" not in text
 
 
 def test_a_deterministic_summary_says_how_much_agreed(tmp_path: Path) -> None:
@@ -116,7 +123,8 @@ def test_a_summary_of_agreeing_repeats_that_differ_from_the_baseline_says_so(tmp
     moved = Divergence(3, "content", _record("param", "fc.weight"), [1], 0)
     report = replace(report, baseline=BaselineCheck("base", moved, []))
     last = _text(report).strip().splitlines()[-1]
-    assert report.exit_code == 1 and last.startswith(
+    assert report.exit_code == 1
+    assert last.startswith(
         "DETERMINISTIC · 2 repeats agree on 12 records · but DIFFER FROM THE BASELINE: param fc.weight at step 0 "
         "(train.py:21) · run:")
 
@@ -124,7 +132,8 @@ def test_a_summary_of_agreeing_repeats_that_differ_from_the_baseline_says_so(tmp
 def test_the_argv_line_quotes_arguments_as_a_shell_would() -> None:
     report = SimpleNamespace(argv=["train.py", "data dir/x.txt", "--device=cpu"])
     line = argv_line(report)  # type: ignore[arg-type]
-    assert line is not None and line.plain == "script argv: train.py 'data dir/x.txt' --device=cpu"
+    assert line is not None
+    assert line.plain == "script argv: train.py 'data dir/x.txt' --device=cpu"
     assert argv_line(SimpleNamespace(argv=None)) is None  # type: ignore[arg-type]
 
 
@@ -142,7 +151,8 @@ def test_a_self_check_that_could_not_run_and_content_less_records_are_shown(tmp_
     console = Console(record=True, width=300)
     render(load_run(run_dir), console)
     text = console.export_text()
-    assert text.startswith("INCONCLUSIVE") and "compared records is content-less" in text
+    assert text.startswith("INCONCLUSIVE")
+    assert "compared records is content-less" in text
     assert "self-check NOT RUN: no recorded tensor could carry the one-ULP change" in text
     assert f"the contents of {len(recs)} records" in text  # under "not observed"
 
@@ -162,7 +172,8 @@ def test_causes_an_experiment_ruled_out_are_shown_below_a_line() -> None:
     assert "confirmed by experiment: unseeded-torch-rng; inferred from the evidence: none; ruled out or not needed: " \
            "object-order, python-hash-seed" in lines[0]
     line = next(i for i, text in enumerate(lines) if "ruled out by their own experiment" in text)
-    assert "unseeded-torch-rng" in "".join(lines[:line]) and "object-order" in lines[line + 1]
+    assert "unseeded-torch-rng" in "".join(lines[:line])
+    assert "object-order" in lines[line + 1]
     assert sum("ruled out by their own experiment" in text for text in lines) == 1
 
 

@@ -77,10 +77,13 @@ def test_the_same_text_gets_one_shared_id_whatever_each_trace_numbered_it() -> N
     table = StringTable()
     a = table.mapping(0, ["", "x", "y"])
     b = table.mapping(1, ["", "y", "z", "x"])
-    assert table.texts[a[1]] == table.texts[b[3]] == "x" and a[1] == b[3]
-    assert a[2] == b[1] and a[0] == b[0] == 0
+    assert table.texts[a[1]] == table.texts[b[3]] == "x"
+    assert a[1] == b[3]
+    assert a[2] == b[1]
+    assert a[0] == b[0] == 0
     grown = table.mapping(0, ["", "x", "y", "z"])  # a trace's table grows as its frames are read
-    assert grown[:3].tolist() == a.tolist() and grown[3] == b[2]
+    assert grown[:3].tolist() == a.tolist()
+    assert grown[3] == b[2]
 
 
 def test_a_trace_that_ends_early_ends_the_walk_after_its_last_block(tmp_path: Path) -> None:
@@ -93,7 +96,8 @@ def test_a_trace_that_ends_early_ends_the_walk_after_its_last_block(tmp_path: Pa
 
 def test_empty_traces_give_no_block(tmp_path: Path) -> None:
     aligner = Aligner(streams(tmp_path, [[], []]))
-    assert list(aligner) == [] and aligner.finish() == [0, 0]
+    assert list(aligner) == []
+    assert aligner.finish() == [0, 0]
 
 
 def test_a_record_naming_a_string_never_written_is_refused(tmp_path: Path) -> None:
@@ -118,9 +122,13 @@ def test_describe_names_a_record_in_words(tmp_path: Path) -> None:
     op = describe(stream, rows[0], 7)
     assert (op.index, op.kind, op.op, op.node, op.module, op.location, op.step, op.shape, op.dtype) == \
         (7, "op", "aten.mm.default", "MmBackward0", "net.0", "train.py:7", 2, "4x4", "float32")
-    assert op.phase == "backward" and op.random and op.backward
+    assert op.phase == "backward"
+    assert op.random
+    assert op.backward
     other = describe(stream, rows[1], 8)
-    assert other.kind == "?" and other.op == "" and other.phase is None
+    assert other.kind == "?"
+    assert other.op == ""
+    assert other.phase is None
 
 
 def test_reference_pairs_bitwise_within_a_device_tolerance_across() -> None:

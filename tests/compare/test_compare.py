@@ -37,10 +37,15 @@ def mutate_digest(recs: list[Rec], k: int) -> list[Rec]:
 def test_identical_traces_do_not_diverge(tmp_path: Path) -> None:
     recs = training_records(steps=4)
     c = run_compare(tmp_path, [recs, recs, recs])
-    assert c.first_divergence is None and not c.divergent
-    assert c.records == [len(recs)] * 3 and c.complete == [True] * 3
-    assert c.records_compared == len(recs) and c.records_differing == 0 and c.aligned_to_end
-    assert [s.step for s in c.by_step] == [0, 1, 2, 3] and all(s.differing == 0 for s in c.by_step)
+    assert c.first_divergence is None
+    assert not c.divergent
+    assert c.records == [len(recs)] * 3
+    assert c.complete == [True] * 3
+    assert c.records_compared == len(recs)
+    assert c.records_differing == 0
+    assert c.aligned_to_end
+    assert [s.step for s in c.by_step] == [0, 1, 2, 3]
+    assert all(s.differing == 0 for s in c.by_step)
 
 
 @pytest.mark.parametrize("k", [0, 5, 17])
@@ -48,10 +53,16 @@ def test_digest_change_in_one_repeat_is_the_first_divergence(tmp_path: Path, k: 
     recs = training_records(steps=3)
     c = run_compare(tmp_path, [recs, recs, mutate_digest(recs, k)])
     d = c.first_divergence
-    assert d is not None and d.index == k and d.category == "content"
-    assert d.repeats == [2] and d.reference == 0
-    assert d.record is not None and d.record.name == recs[k].name and d.record.step == recs[k].step
-    assert d.record.kind == recs[k].kind.name.lower() and d.record.module == recs[k].module
+    assert d is not None
+    assert d.index == k
+    assert d.category == "content"
+    assert d.repeats == [2]
+    assert d.reference == 0
+    assert d.record is not None
+    assert d.record.name == recs[k].name
+    assert d.record.step == recs[k].step
+    assert d.record.kind == recs[k].kind.name.lower()
+    assert d.record.module == recs[k].module
     assert d.record.location == recs[k].loc
 
 
@@ -60,14 +71,18 @@ def test_divergence_names_every_repeat_that_differs_there(tmp_path: Path) -> Non
     later = mutate_digest(recs, 9)
     c = run_compare(tmp_path, [recs, mutate_digest(later, 4), recs, mutate_digest(recs, 4), later])
     d = c.first_divergence
-    assert d is not None and d.index == 4 and d.repeats == [1, 3]
+    assert d is not None
+    assert d.index == 4
+    assert d.repeats == [1, 3]
 
 
 def test_earliest_index_wins_across_repeats(tmp_path: Path) -> None:
     recs = training_records(steps=3)
     c = run_compare(tmp_path, [recs, mutate_digest(recs, 12), mutate_digest(recs, 3)])
     d = c.first_divergence
-    assert d is not None and d.index == 3 and d.repeats == [2]
+    assert d is not None
+    assert d.index == 3
+    assert d.repeats == [2]
 
 
 def test_other_name_is_structural(tmp_path: Path) -> None:
@@ -76,9 +91,14 @@ def test_other_name_is_structural(tmp_path: Path) -> None:
     other[6] = other[6].but(name="net.extra")
     c = run_compare(tmp_path, [recs, other])
     d = c.first_divergence
-    assert d is not None and d.index == 6 and d.category == "structure" and d.repeats == [1]
-    assert d.record is not None and d.record.name == recs[6].name
-    assert d.others[1].name == "net.extra" and "net.extra" in d.detail
+    assert d is not None
+    assert d.index == 6
+    assert d.category == "structure"
+    assert d.repeats == [1]
+    assert d.record is not None
+    assert d.record.name == recs[6].name
+    assert d.others[1].name == "net.extra"
+    assert "net.extra" in d.detail
     assert not c.aligned_to_end
 
 
@@ -88,7 +108,9 @@ def test_other_kind_step_shape_or_dtype_is_structural(tmp_path: Path, field: str
     other = list(recs)
     other[3] = other[3].but(**{field: value})
     d = run_compare(tmp_path, [recs, other]).first_divergence
-    assert d is not None and d.index == 3 and d.category == "structure"
+    assert d is not None
+    assert d.index == 3
+    assert d.category == "structure"
 
 
 def test_content_divergence_before_structural_one_is_first(tmp_path: Path) -> None:
@@ -96,7 +118,9 @@ def test_content_divergence_before_structural_one_is_first(tmp_path: Path) -> No
     other = mutate_digest(recs, 2)
     other[8] = other[8].but(name="elsewhere")
     d = run_compare(tmp_path, [recs, other]).first_divergence
-    assert d is not None and d.index == 2 and d.category == "content"
+    assert d is not None
+    assert d.index == 2
+    assert d.category == "content"
 
 
 @pytest.mark.parametrize("short_repeat", [0, 1])
@@ -107,10 +131,15 @@ def test_shorter_complete_trace_ended_early(tmp_path: Path, short_repeat: int) -
     traces[short_repeat] = recs[:10]
     c = run_compare(tmp_path, traces)
     d = c.first_divergence
-    assert d is not None and d.index == 10 and d.category == "structure"
-    assert d.repeats == [short_repeat] and "stopped recording after 10 records" in d.detail
-    assert c.records[short_repeat] == 10 and c.records[1 - short_repeat] == len(recs)
-    assert c.records_compared == 10 and c.records_differing == 0
+    assert d is not None
+    assert d.index == 10
+    assert d.category == "structure"
+    assert d.repeats == [short_repeat]
+    assert "stopped recording after 10 records" in d.detail
+    assert c.records[short_repeat] == 10
+    assert c.records[1 - short_repeat] == len(recs)
+    assert c.records_compared == 10
+    assert c.records_differing == 0
 
 
 @pytest.mark.parametrize("short_repeat", [0, 1])
@@ -120,22 +149,30 @@ def test_incomplete_trace_is_compared_as_far_as_it_goes(tmp_path: Path, short_re
     traces = [recs, recs]
     traces[short_repeat] = recs[:10]
     c = run_compare(tmp_path, traces, incomplete=[short_repeat])
-    assert c.first_divergence is None and c.records_compared == 10
-    assert c.records[short_repeat] == 10 and c.records[1 - short_repeat] == len(recs)
-    assert c.complete[short_repeat] is False and c.complete[1 - short_repeat] is True
+    assert c.first_divergence is None
+    assert c.records_compared == 10
+    assert c.records[short_repeat] == 10
+    assert c.records[1 - short_repeat] == len(recs)
+    assert c.complete[short_repeat] is False
+    assert c.complete[1 - short_repeat] is True
     traces[short_repeat] = mutate_digest(recs[:10], 7)  # a difference inside the prefix still counts
     (tmp_path / "changed").mkdir()
     d = run_compare(tmp_path / "changed", traces, incomplete=[short_repeat]).first_divergence
-    assert d is not None and d.index == 7
+    assert d is not None
+    assert d.index == 7
 
 
 def test_empty_trace_against_full_one(tmp_path: Path) -> None:
     recs = training_records()
     c = run_compare(tmp_path, [recs, []], incomplete=[1])
-    assert c.first_divergence is None and c.records == [len(recs), 0] and c.records_compared == 0
+    assert c.first_divergence is None
+    assert c.records == [len(recs), 0]
+    assert c.records_compared == 0
     (tmp_path / "finished").mkdir()
     d = run_compare(tmp_path / "finished", [recs, []]).first_divergence
-    assert d is not None and d.index == 0 and d.repeats == [1]  # a finished repeat that recorded nothing
+    assert d is not None
+    assert d.index == 0
+    assert d.repeats == [1]
 
 
 def _float32_step(x: float, ulps: int) -> float:
@@ -152,7 +189,8 @@ def test_cross_device_within_tolerance_is_not_a_divergence(tmp_path: Path) -> No
     recs = training_records(steps=2)
     c = run_compare(tmp_path, [recs, recs, _cross_device(recs, 1e-7)], devices=["cpu", "cpu", "cuda"],
                     tolerance=Tolerance(atol=1e-5, rtol=0))
-    assert c.first_divergence is None and c.records_differing == 0
+    assert c.first_divergence is None
+    assert c.records_differing == 0
 
 
 def test_cross_device_outside_tolerance_reports_abs_and_ulp(tmp_path: Path) -> None:
@@ -162,20 +200,26 @@ def test_cross_device_outside_tolerance_reports_abs_and_ulp(tmp_path: Path) -> N
     other[4] = other[4].but(samples=(1.0, far, 0.5, -4.0))
     c = run_compare(tmp_path, [recs, other], devices=["cpu", "cuda"], tolerance=Tolerance(atol=1e-6, rtol=0))
     d = c.first_divergence
-    assert d is not None and d.index == 4 and d.category == "content" and d.repeats == [1]
+    assert d is not None
+    assert d.index == 4
+    assert d.category == "content"
+    assert d.repeats == [1]
     assert d.max_abs_diff == pytest.approx(far - 2.0)
     assert d.max_ulp_diff == 3000
     assert "tolerance" in d.detail
     # the same pair compared bitwise (same device) diverges at the first record: digests differ
     (tmp_path / "same").mkdir()
     d2 = run_compare(tmp_path / "same", [recs, other]).first_divergence
-    assert d2 is not None and d2.index == 0
+    assert d2 is not None
+    assert d2.index == 0
 
 
 def test_bitwise_difference_invisible_in_samples_says_so(tmp_path: Path) -> None:
     recs = training_records()
     d = run_compare(tmp_path, [recs, mutate_digest(recs, 2)]).first_divergence
-    assert d is not None and d.max_abs_diff is None and "sampled elements agree" in d.detail
+    assert d is not None
+    assert d.max_abs_diff is None
+    assert "sampled elements agree" in d.detail
 
 
 @pytest.mark.parametrize("dtype,a,b,ulps", [
@@ -188,7 +232,8 @@ def test_bitwise_difference_invisible_in_samples_says_so(tmp_path: Path) -> None
 ])
 def test_ulp_distance(dtype: str, a: float, b: float, ulps: int) -> None:
     abs_diff, ulp = sample_differences(np.array([a, 0, 0, 0.0]), np.array([b, 0, 0, 0.0]), dtype)
-    assert ulp == ulps and abs_diff == pytest.approx(abs(a - b))
+    assert ulp == ulps
+    assert abs_diff == pytest.approx(abs(a - b))
 
 
 def test_spread_counts_differing_records_per_step(tmp_path: Path) -> None:
@@ -198,10 +243,13 @@ def test_spread_counts_differing_records_per_step(tmp_path: Path) -> None:
     for k in (per_step + 1, 2 * per_step, 2 * per_step + 3, 2 * per_step + 5, 3 * per_step + 0):
         other[k] = other[k].but(digest=other[k].digest + 1, samples=tuple(s + 0.25 * (k % 5) for s in other[k].samples))
     c = run_compare(tmp_path, [recs, other, recs])
-    assert c.first_divergence is not None and c.first_divergence.index == per_step + 1
-    assert c.first_divergence.record is not None and c.first_divergence.record.step == 1
+    assert c.first_divergence is not None
+    assert c.first_divergence.index == per_step + 1
+    assert c.first_divergence.record is not None
+    assert c.first_divergence.record.step == 1
     assert [(s.step, s.records, s.differing) for s in c.by_step] == [(0, 6, 0), (1, 6, 1), (2, 6, 3), (3, 6, 1)]
-    assert c.records_differing == 5 and c.records_compared == len(recs)
+    assert c.records_differing == 5
+    assert c.records_compared == len(recs)
     assert c.by_step[0].max_abs_diff is None
     assert c.by_step[2].max_abs_diff == pytest.approx(0.25 * max(k % 5 for k in (12, 15, 17)))
 
@@ -249,7 +297,9 @@ def test_property_first_divergence_is_exactly_the_mutated_index(
         with mock.patch.object(align, "CHUNK", chunk):
             c = run_compare(Path(tmp), traces)
         d = c.first_divergence
-        assert d is not None and d.index == k and d.repeats == [mutated]
+        assert d is not None
+        assert d.index == k
+        assert d.repeats == [mutated]
         assert d.category == ("content" if how == "digest" else "structure")
         assert c.records[mutated] == (k if how == "truncate" else len(recs))
         # the whole comparison, spread included, does not depend on how the traces were chunked
@@ -267,11 +317,14 @@ def test_divergence_on_chunk_boundary(tmp_path: Path, chunk: int) -> None:
             sub = tmp_path / f"k{k}"
             sub.mkdir()
             d = run_compare(sub, [recs, recs, mutate_digest(recs, k)]).first_divergence
-            assert d is not None and d.index == k and d.repeats == [2]
+            assert d is not None
+            assert d.index == k
+            assert d.repeats == [2]
         sub = tmp_path / "short"
         sub.mkdir()
         c = run_compare(sub, [recs, recs[: 2 * chunk]])
-        assert c.first_divergence is not None and c.first_divergence.index == 2 * chunk
+        assert c.first_divergence is not None
+        assert c.first_divergence.index == 2 * chunk
         assert c.records == [len(recs), 2 * chunk]
 
 
@@ -284,8 +337,11 @@ def test_nan_against_a_number_is_a_mismatch_not_agreement(tmp_path: Path) -> Non
     recs = [Rec("a", 1, samples=(0.5, 1.0, 2.0, 3.0))]
     comp = run_compare(tmp_path, [recs, [recs[0].but(digest=2, samples=(nan, 1.0, 2.0, 3.0))]])
     first = comp.first_divergence
-    assert first is not None and first.max_abs_diff == float("inf") and first.max_ulp_diff is None
-    assert "NaN in one repeat" in first.detail and "agree" not in first.detail
+    assert first is not None
+    assert first.max_abs_diff == float("inf")
+    assert first.max_ulp_diff is None
+    assert "NaN in one repeat" in first.detail
+    assert "agree" not in first.detail
     assert comp.by_step[0].max_abs_diff == float("inf")
 
 
@@ -294,19 +350,25 @@ def test_a_timed_out_repeat_stopping_early_is_no_divergence(tmp_path: Path) -> N
     paths = [write_trace(tmp_path / "r0.trace", recs, {"exit_code": 0}),
              write_trace(tmp_path / "r1.trace", recs[:5], None)]
     comp = compare_traces(paths, truncated=[False, True])
-    assert comp.first_divergence is None and comp.records_compared == 5 and comp.records == [len(recs), 5]
+    assert comp.first_divergence is None
+    assert comp.records_compared == 5
+    assert comp.records == [len(recs), 5]
     changed = mutate_digest(recs[:5], 3)
     write_trace(tmp_path / "r2.trace", changed, None)
     first = compare_traces([paths[0], tmp_path / "r2.trace"], truncated=[False, True]).first_divergence
-    assert first is not None and first.index == 3 and first.category == "content"  # before the timeout: real
+    assert first is not None
+    assert first.index == 3
+    assert first.category == "content"
 
 
 def test_a_missing_trace_is_empty_and_incomplete_and_is_not_written(tmp_path: Path) -> None:
     recs = training_records(steps=1)
     path = write_trace(tmp_path / "r0.trace", recs, {"exit_code": 0})
     comp = compare_traces([path, tmp_path / "never.trace"])
-    assert comp.records == [len(recs), 0] and comp.complete == [True, False]
-    assert comp.first_divergence is None and comp.records_compared == 0  # nothing to compare, no divergence
+    assert comp.records == [len(recs), 0]
+    assert comp.complete == [True, False]
+    assert comp.first_divergence is None
+    assert comp.records_compared == 0
     assert not (tmp_path / "never.trace").exists()
 
 

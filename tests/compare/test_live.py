@@ -70,7 +70,8 @@ def test_a_growing_trace_yields_only_whole_frames_however_the_file_is_cut(tmp_pa
         seen.extend(chunk["digest"].tolist())
         whole_prefix = read_trace(growing.path)  # what a reader of the same bytes holds: whole frames only
         assert seen == whole_prefix.records["digest"].tolist()
-    assert trace is not None and trace.footer == {"records": len(records), "exit_code": 0}
+    assert trace is not None
+    assert trace.footer == {"records": len(records), "exit_code": 0}
     assert seen == [r.digest for r in records]
     assert not len(trace.poll())  # nothing twice
     trace.close()
@@ -95,7 +96,8 @@ def test_the_follower_sees_where_a_growing_repeat_diverges(tmp_path: Path) -> No
         if follower.diverged_at is not None:
             break
     assert follower.diverged_at == 3
-    assert follower.agrees_to == 2 and follower.compared == 3 * PER_STEP
+    assert follower.agrees_to == 2
+    assert follower.compared == 3 * PER_STEP
     assert [a for a in agreed if a is not None] == sorted(a for a in agreed if a is not None)  # only moves on
     follower.close()
 
@@ -106,7 +108,9 @@ def test_agreeing_repeats_never_diverge_and_agree_to_the_last_step(tmp_path: Pat
     for size in range(0, len(growing.data) + 97, 97):
         growing.grow_to(size)
         follower.poll()
-    assert follower.diverged_at is None and follower.agrees_to == STEPS - 1 and follower.step == STEPS - 1
+    assert follower.diverged_at is None
+    assert follower.agrees_to == STEPS - 1
+    assert follower.step == STEPS - 1
     follower.close()
 
 
@@ -130,7 +134,8 @@ def test_a_repeat_that_records_on_after_its_reference_ended_has_diverged(tmp_pat
     follower, growing = _follow(tmp_path, records[: 4 * PER_STEP], records)
     growing.grow_to(len(growing.data))
     follower.poll()
-    assert follower.diverged_at == 4 and follower.ref_last_step == 3
+    assert follower.diverged_at == 4
+    assert follower.ref_last_step == 3
 
 
 def test_a_reference_stopped_early_is_no_reason_to_call_a_longer_repeat_divergent(tmp_path: Path) -> None:
@@ -155,13 +160,16 @@ def test_a_divergent_repeat_is_asked_to_stop_extra_steps_after_its_divergence(tm
     write_trace(plans[0].trace, records, {"exit_code": 0}, flush_every=PER_STEP)
     watch.poll(plans[0], False)
     watch.poll(plans[0], True)
-    assert plans[0].stop_file is not None and not plans[0].stop_file.exists()  # the reference runs to its end
+    assert plans[0].stop_file is not None
+    assert not plans[0].stop_file.exists()
     diverging = _changed_from(records, 2)
     growing = Growing(_whole(tmp_path, "rep", diverging), plans[1].trace)
     growing.grow_to(_bytes_through(tmp_path, diverging, 2))  # steps 0 and 1: agreeing so far
     watch.poll(plans[1], False)
-    assert plans[1].stop_file is not None and not plans[1].stop_file.exists()
-    assert progress[-1].agrees_to_step == 1 and progress[-1].reference_steps == STEPS - 1
+    assert plans[1].stop_file is not None
+    assert not plans[1].stop_file.exists()
+    assert progress[-1].agrees_to_step == 1
+    assert progress[-1].reference_steps == STEPS - 1
     growing.grow_to(_bytes_through(tmp_path, diverging, 4))
     watch.poll(plans[1], False)
     assert json.loads(plans[1].stop_file.read_text()) == {"at_step": 2 + 1 + EXTRA_STEPS, "diverged_at_step": 2}
@@ -176,8 +184,10 @@ def test_run_to_end_follows_but_never_asks_for_a_stop(tmp_path: Path) -> None:
     write_trace(plans[0].trace, records, {"exit_code": 0}, flush_every=PER_STEP)
     write_trace(plans[1].trace, _changed_from(records, 1), {"exit_code": 0}, flush_every=PER_STEP)
     watch.poll(plans[1], False)
-    assert progress[-1].diverged_at_step == 1 and progress[-1].stopping_at_step is None
-    assert plans[1].stop_file is not None and not plans[1].stop_file.exists()
+    assert progress[-1].diverged_at_step == 1
+    assert progress[-1].stopping_at_step is None
+    assert plans[1].stop_file is not None
+    assert not plans[1].stop_file.exists()
 
 
 def test_every_rank_of_a_torchrun_repeat_is_asked_through_one_file_and_its_divergence_is_the_first_ranks(
@@ -211,7 +221,9 @@ def test_the_first_repeat_is_followed_against_the_baseline_shown_and_never_stopp
         watch.poll(plans[0], False)
     last = progress[-1]
     assert (last.against_baseline, last.reference, last.agrees_to_step, last.diverged_at_step) == (True, None, 2, 3)
-    assert last.stopping_at_step is None and plans[0].stop_file is not None and not plans[0].stop_file.exists()
+    assert last.stopping_at_step is None
+    assert plans[0].stop_file is not None
+    assert not plans[0].stop_file.exists()
     assert describe_progress(last).endswith("diverged from the baseline at step 3")
     write_trace(plans[1].trace, records[: 2 * PER_STEP], None, flush_every=PER_STEP)  # the others: against repeat 0
     watch.poll(plans[1], False)
@@ -223,7 +235,8 @@ def test_an_unreadable_trace_is_followed_no_further_and_never_stopped(tmp_path: 
     write_trace(plans[0].trace, training_records(steps=2), {"exit_code": 0})
     plans[1].trace.write_bytes(b"not a trace at all, longer than the magic")
     watch.poll(plans[1], False)  # no exception: the report says what is wrong with it
-    assert plans[1].stop_file is not None and not plans[1].stop_file.exists()
+    assert plans[1].stop_file is not None
+    assert not plans[1].stop_file.exists()
 
 
 @pytest.mark.parametrize("content", [b"{", b'{"at_step": "x"}', b"[]"])
@@ -291,7 +304,8 @@ def test_repeats_started_after_a_divergence_record_ops_over_its_window_and_are_f
     plans = plan_repeats(tmp_path, 4, ["cpu"], stoppable=True)
     watch = LiveWatch(plans, Tolerance(), narrow_ahead=narrow_ahead)
     records = training_records(steps=STEPS)
-    assert watch.configure(plans[0]) == {} and watch.configure(plans[1]) == {}  # nothing diverged yet
+    assert watch.configure(plans[0]) == {}
+    assert watch.configure(plans[1]) == {}
     write_trace(plans[0].trace, records, {"exit_code": 0}, flush_every=PER_STEP)
     watch.poll(plans[0], False)
     watch.poll(plans[0], True)
@@ -299,7 +313,8 @@ def test_repeats_started_after_a_divergence_record_ops_over_its_window_and_are_f
     watch.poll(plans[1], True)  # it ended before any poll saw it diverge: its last one does
     assert watch.window == [2, 3]
     if not narrow_ahead:
-        assert watch.configure(plans[2]) == {} and watch.op_windowed == {}
+        assert watch.configure(plans[2]) == {}
+        assert watch.op_windowed == {}
         return
     assert watch.configure(plans[2]) == {"granularity": "op", "op_window": [2, 3], "op_window_runs_on": True}
     assert watch.op_windowed == {2: [2, 3]}
@@ -310,8 +325,10 @@ def test_repeats_started_after_a_divergence_record_ops_over_its_window_and_are_f
     write_trace(plans[2].trace, with_ops, {"exit_code": 0}, flush_every=PER_STEP)
     watch.poll(plans[2], False)
     repeat = watch._repeats[2]
-    assert repeat.diverged_at is None and repeat.followers[0].agrees_to == STEPS - 1
-    assert plans[2].stop_file is not None and not plans[2].stop_file.exists()
+    assert repeat.diverged_at is None
+    assert repeat.followers[0].agrees_to == STEPS - 1
+    assert plans[2].stop_file is not None
+    assert not plans[2].stop_file.exists()
 
 
 def test_the_reference_of_other_repeats_never_records_ops_ahead(tmp_path: Path) -> None:

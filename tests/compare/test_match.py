@@ -24,10 +24,13 @@ def test_match_counts_records_by_kind_and_says_what_was_not_observed(tmp_path: P
     m = describe_match(paths[0], comparison, bitwise=True, tolerance=Tolerance(), granularity="module",
                        stdout="ignore", devices=["cpu", "cpu"])
     assert m.records_by_kind == {"output": 6, "grad": 6, "param": 6}
-    assert m.comparison == "bitwise" and m.tolerance is None and m.steps_covered == 3
+    assert m.comparison == "bitwise"
+    assert m.tolerance is None
+    assert m.steps_covered == 3
     assert any("CUDA kernels" in line for line in m.not_observed)
     assert any("individual ops" in line for line in m.not_observed)
-    assert "stdout (ignored, or not recorded)" in m.not_observed and m.stdout_compared == "no"
+    assert "stdout (ignored, or not recorded)" in m.not_observed
+    assert m.stdout_compared == "no"
 
 
 def test_a_schedulers_step_after_the_last_optimizer_step_adds_no_step(tmp_path: Path) -> None:
@@ -55,7 +58,8 @@ def test_the_perturbed_record_is_plain_and_in_the_middle_step(tmp_path: Path) ->
     recs[7] = recs[7].but(shape="0x3")  # empty: nothing to change
     path = write_trace(tmp_path / "r.trace", recs, {"exit_code": 0})
     index, step, name = choose_record(path) or (None, None, None)
-    assert (index, step) == (8, 1) and name == recs[8].name
+    assert (index, step) == (8, 1)
+    assert name == recs[8].name
 
 
 def test_a_device_record_can_carry_the_change_but_not_a_content_less_or_threaded_one(tmp_path: Path) -> None:
@@ -93,7 +97,8 @@ def test_a_self_check_that_cannot_run_says_why(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", [recs, recs])
     _, results = read_run(run_dir)
     check = self_check(cast(Any, None), run_dir, results[0])  # no options needed: no repeat is started
-    assert not check.passed and check.record is None
+    assert not check.passed
+    assert check.record is None
     assert "no recorded tensor could carry" in check.not_run
 
 
@@ -107,7 +112,8 @@ def test_self_check_passes_only_at_exactly_the_injected_record(tmp_path: Path, s
     ref = write_trace(tmp_path / "ref.trace", recs, {"exit_code": 0})
     other = write_trace(tmp_path / "other.trace", changed, {"exit_code": 0})
     check = detect(ref, other, (8, 1, recs[8].name), Tolerance(), bitwise=True)
-    assert check.passed is passed and check.detected_at == seen_at
+    assert check.passed is passed
+    assert check.detected_at == seen_at
 
 
 @pytest.mark.parametrize("value", [torch.tensor([1.5, 2.0]), torch.ones(3, 2).t(), torch.arange(4),
@@ -117,7 +123,8 @@ def test_one_ulp_changes_one_element_by_its_lowest_bit_and_leaves_the_original(v
     changed = one_ulp(value)
     assert torch.equal(value, before)
     differ = (changed != value).flatten()
-    assert int(differ.sum()) == 1 and bool(differ[0])
+    assert int(differ.sum()) == 1
+    assert bool(differ[0])
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[value.element_size()]
     a = value.contiguous().view(bits).flatten()[0].item()
     b = changed.contiguous().view(bits).flatten()[0].item()
@@ -132,7 +139,8 @@ def test_self_check_end_to_end(tmp_path: Path) -> None:
     assert result.returncode == 0, result.output
     assert result.report is not None
     check = result.report["match"]["self_check"]
-    assert check["passed"] and check["detected_at"] == check["record"]
+    assert check["passed"]
+    assert check["detected_at"] == check["record"]
     assert "self-check passed" in result.stdout
     assert (tmp_path / "run" / "selfcheck-0.trace").is_file()
     assert result.report["match"]["granularity"] == "step"

@@ -86,19 +86,23 @@ def test_an_op_whose_inputs_match_but_output_differs_is_nondeterministic(tmp_pat
     assert finding.verdict == "nondeterministic-op"
     assert (finding.record.op, finding.record.phase, finding.record.node) == (
         "aten.index_put.default", "backward", "IndexBackward0")
-    assert finding.record.location == "train.py:14" and finding.record.index == 3
+    assert finding.record.location == "train.py:14"
+    assert finding.record.index == 3
     assert finding.repeats == [1]
     table = [(n.record.index, n.inputs, n.output, n.chosen) for n in finding.neighbours]
     assert table == [(0, "match", "match", False), (1, "match", "match", False), (2, "match", "match", False),
                      (3, "match", "differ", True), (4, "differ", "differ", False), (5, "", "differ", False)]
-    assert "nondeterministic" in finding.summary and "train.py:14" in finding.summary
+    assert "nondeterministic" in finding.summary
+    assert "train.py:14" in finding.summary
 
 
 @pytest.mark.parametrize(("flag", "verdict"), [(Flag.RANDOM, "random-op"), (Flag.UNINIT, "uninitialized-memory")])
 def test_flags_of_the_source_op_name_the_mechanism(tmp_path: Path, flag: int, verdict: str) -> None:
     base = [r.but(flags=r.flags | flag) if i == 1 else r for i, r in enumerate(BASE)]
     finding = find_op_source(traces(tmp_path, base, diverge(base, 1, ins_from=2)))
-    assert finding is not None and finding.verdict == verdict and finding.record.index == 1
+    assert finding is not None
+    assert finding.verdict == verdict
+    assert finding.record.index == 1
     # the table never calls what an op read from never-written memory a match
     assert [n.inputs for n in finding.neighbours if n.record.index == 1] == \
         ["unwritten" if flag == Flag.UNINIT else "match"]
@@ -106,7 +110,8 @@ def test_flags_of_the_source_op_name_the_mechanism(tmp_path: Path, flag: int, ve
 
 def test_same_inputs_in_another_order_is_an_order_finding(tmp_path: Path) -> None:
     finding = find_op_source(traces(tmp_path, BASE, diverge(BASE, 1, ins_from=1, ordered_only=True)))
-    assert finding is not None and finding.verdict == "input-order"
+    assert finding is not None
+    assert finding.verdict == "input-order"
     assert finding.record.op == "aten.relu.default"
     assert finding.neighbours[1].inputs == "reordered"
 
@@ -118,50 +123,64 @@ def test_a_source_that_leads_nowhere_is_passed_over_for_one_that_propagates(tmp_
     rep = [r.but(out=r.out + 1000) if i in (0, 2, 3, 4, 5) else r for i, r in enumerate(base)]
     rep = [r.but(ins=(r.ins[0] + 1000, r.ins[1] + 1000)) if i in (3, 4) else r for i, r in enumerate(rep)]
     finding = find_op_source(traces(tmp_path, base, rep))
-    assert finding is not None and finding.record.index == 2 and finding.verdict == "nondeterministic-op"
+    assert finding is not None
+    assert finding.record.index == 2
+    assert finding.verdict == "nondeterministic-op"
 
 
 def test_outputs_of_one_op_call_count_as_one_source(tmp_path: Path) -> None:
     base = [BASE[0], Op("aten.native_dropout.default", 2, flags=Flag.RANDOM),
             Op("aten.native_dropout.default[1]", 3, flags=Flag.RANDOM), *BASE[2:]]
     finding = find_op_source(traces(tmp_path, base, diverge(base, 1, ins_from=3)))
-    assert finding is not None and finding.record.index == 1 and finding.verdict == "random-op"
+    assert finding is not None
+    assert finding.record.index == 1
+    assert finding.verdict == "random-op"
 
 
 def test_back_to_back_sources_are_one_run_named_by_its_first(tmp_path: Path) -> None:
     base = [Op("aten.uniform_.default", 1 + i, flags=Flag.RANDOM, module=f"layer{i}") for i in range(3)]
     base += [Op("aten.convolution.default", 9, module="layer0")]
     finding = find_op_source(traces(tmp_path, base, diverge(base, 0, ins_from=3)))
-    assert finding is not None and finding.record.index == 0 and finding.record.module == "layer0"
+    assert finding is not None
+    assert finding.record.index == 0
+    assert finding.record.module == "layer0"
 
 
 def test_inputs_that_differ_walk_back_to_the_record_they_came_from(tmp_path: Path) -> None:
     base = [Op("Net.input[0]", 9, kind=Kind.INPUT, ins=(0, 0), loc="train.py:30"), *BASE]
     finding = find_op_source(traces(tmp_path, base, diverge(base, 0, ins_from=1)))
-    assert finding is not None and finding.verdict == "inputs-differ"
+    assert finding is not None
+    assert finding.verdict == "inputs-differ"
     assert finding.record.index == 1
-    assert finding.origin is not None and finding.origin.name == "Net.input[0]"
+    assert finding.origin is not None
+    assert finding.origin.name == "Net.input[0]"
     assert "started to differ at input Net.input[0] (train.py:30)" in finding.summary
 
 
 def test_inputs_that_differ_with_nothing_recorded_before_them(tmp_path: Path) -> None:
     finding = find_op_source(traces(tmp_path, BASE, diverge(BASE, 0, ins_from=0)))
-    assert finding is not None and finding.verdict == "inputs-differ" and finding.origin is None
+    assert finding is not None
+    assert finding.verdict == "inputs-differ"
+    assert finding.origin is None
     assert "outside torch" in finding.summary
 
 
 def test_repeats_that_ran_different_ops(tmp_path: Path) -> None:
     rep = [*BASE[:2], BASE[2].but(name="aten.bmm.default"), *BASE[3:]]
     finding = find_op_source(traces(tmp_path, BASE, rep))
-    assert finding is not None and finding.verdict == "different-ops"
-    assert finding.others[1].op == "aten.bmm.default" and finding.record.op == "aten.mm.default"
+    assert finding is not None
+    assert finding.verdict == "different-ops"
+    assert finding.others[1].op == "aten.bmm.default"
+    assert finding.record.op == "aten.mm.default"
     assert [n.record.index for n in finding.neighbours] == [0, 1, 2]
 
 
 def test_ops_with_unknown_inputs_are_never_called_sources(tmp_path: Path) -> None:
     base = [r.but(ins=(0, 0)) if i == 3 else r for i, r in enumerate(BASE)]
     finding = find_op_source(traces(tmp_path, base, diverge(base, 3, ins_from=4)))
-    assert finding is not None and finding.verdict == "inputs-differ" and finding.record.index == 4
+    assert finding is not None
+    assert finding.verdict == "inputs-differ"
+    assert finding.record.index == 4
     assert {n.record.index: n.inputs for n in finding.neighbours}[3] == "unknown"
 
 
@@ -183,7 +202,8 @@ def test_the_scan_is_the_same_across_chunk_boundaries(tmp_path: Path, monkeypatc
     whole = find_op_source(paths)
     monkeypatch.setattr(align, "CHUNK", 4)
     chunked = find_op_source(paths)
-    assert whole is not None and chunked is not None
+    assert whole is not None
+    assert chunked is not None
     assert whole.record.index == chunked.record.index == 14
     assert [n.record.index for n in whole.neighbours] == [n.record.index for n in chunked.neighbours]
 
@@ -201,7 +221,8 @@ def test_an_auto_run_directory_reports_the_op_from_its_op_level_rerun(tmp_path: 
 
     report = load_run(run)
     # the op finding is the report's (the next stage's output), not the comparison's
-    assert report.op_finding is not None and report.op_finding.verdict == "nondeterministic-op"
+    assert report.op_finding is not None
+    assert report.op_finding.verdict == "nondeterministic-op"
     assert not hasattr(report.comparison.first_divergence, "op_finding")
     assert any(c.basis == "op-records" for c in report.causes)  # and the causes engine was given it
     first = to_dict(report)["first_divergence"]
@@ -209,7 +230,9 @@ def test_an_auto_run_directory_reports_the_op_from_its_op_level_rerun(tmp_path: 
     assert (first["op"], first["phase"], first["node"], first["location"]) == (
         "aten.index_put.default", "backward", "IndexBackward0", "train.py:14")
     finding = first["op_finding"]
-    assert finding["verdict"] == "nondeterministic-op" and finding["window"] == [0, 0] and finding["traces"] == "ops"
+    assert finding["verdict"] == "nondeterministic-op"
+    assert finding["window"] == [0, 0]
+    assert finding["traces"] == "ops"
     assert [(n["index"], n["inputs"], n["output"]) for n in finding["neighbours"]][2:5] == [
         (2, "match", "match"), (3, "match", "differ"), (4, "differ", "differ")]
 
@@ -232,7 +255,8 @@ def test_terminal_json_and_junit_name_the_same_file_and_line(tmp_path: Path) -> 
     render(report, console)
     text = console.export_text()
     panel = text[text.index("First divergence"):text.index("The op behind it")]
-    assert "location     train.py:14" in panel and "recorded at  train.py:20" in panel
+    assert "location     train.py:14" in panel
+    assert "recorded at  train.py:20" in panel
     assert to_dict(report)["first_divergence"]["location"] == "train.py:14"
     assert "train.py:14" in ET.fromstring(to_junit(report)).find("testcase[@name='repeats agree']/failure").get(
         "message", "")
@@ -245,8 +269,10 @@ def test_terminal_json_and_junit_name_the_same_file_and_line(tmp_path: Path) -> 
         assert f"<th>{key}</th><td>{value}</td>" in first
     # the op table scrolls inside its own box, its cells wrap: it never widens the 1000-px page
     ops = page[page.index("<h2>The op behind it</h2>"):]
-    assert "<div class='wide'><table>" in ops and ".wide{max-width:100%;overflow-x:auto}" in page
-    assert ".wide td,.kv td{overflow-wrap:anywhere}" in page and "max-width:1000px" in page
+    assert "<div class='wide'><table>" in ops
+    assert ".wide{max-width:100%;overflow-x:auto}" in page
+    assert ".wide td,.kv td{overflow-wrap:anywhere}" in page
+    assert "max-width:1000px" in page
 
     console = Console(record=True, width=160)
     panel = op_panel(report)
@@ -284,9 +310,12 @@ def test_an_input_drawn_after_the_weights_init_is_traced_to_its_own_draw(tmp_pat
         rec.record_tensor(Kind.OUTPUT, rec.intern("Linear"), net(x))
 
     finding = find_op_source(_recorded(tmp_path, body))
-    assert finding is not None and finding.verdict == "random-op"
-    assert finding.record.op == "aten.randn.default" and finding.record.location == lines["input"]
-    assert finding.traced_from is not None and finding.traced_from.name == "Linear.input[0]"
+    assert finding is not None
+    assert finding.verdict == "random-op"
+    assert finding.record.op == "aten.randn.default"
+    assert finding.record.location == lines["input"]
+    assert finding.traced_from is not None
+    assert finding.traced_from.name == "Linear.input[0]"
 
 
 @pytest.mark.parametrize("head_first", [False, True])
@@ -307,9 +336,12 @@ def test_a_layer_output_is_traced_to_its_own_init_not_another_layers(tmp_path: P
         rec.record_tensor(Kind.OUTPUT, rec.intern("head"), head(y.flatten(1)))
 
     finding = find_op_source(_recorded(tmp_path, body))
-    assert finding is not None and finding.verdict == "random-op"
-    assert finding.record.op == "aten.uniform_.default" and finding.record.location == lines["conv"]
-    assert finding.traced_from is not None and finding.traced_from.name == "conv1"
+    assert finding is not None
+    assert finding.verdict == "random-op"
+    assert finding.record.op == "aten.uniform_.default"
+    assert finding.record.location == lines["conv"]
+    assert finding.traced_from is not None
+    assert finding.traced_from.name == "conv1"
     assert "it made output conv1" in finding.summary
 
 
@@ -321,4 +353,6 @@ def test_without_links_the_order_rule_stands(tmp_path: Path) -> None:
     rep = [r if i == 1 else r.but(out=r.out + 1000) for i, r in enumerate(base)]
     rep[3] = rep[3].but(ins=(91, 92))
     finding = find_op_source(traces(tmp_path, base, rep))
-    assert finding is not None and finding.record.location == "a.py:3" and finding.traced_from is None
+    assert finding is not None
+    assert finding.record.location == "a.py:3"
+    assert finding.traced_from is None

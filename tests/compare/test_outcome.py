@@ -16,7 +16,10 @@ def result(index: int, exit_code: int | None = 0, timed_out: bool = False, stopp
 
 def test_another_exit_status_is_an_outcome_divergence_naming_every_repeat() -> None:
     found = outcome_divergence([result(0), result(1, exit_code=1), result(2)])
-    assert found is not None and found.category == "outcome" and found.repeats == [1] and found.reference == 0
+    assert found is not None
+    assert found.category == "outcome"
+    assert found.repeats == [1]
+    assert found.reference == 0
     assert found.detail == "exit status differs: repeat 0 exited 0, repeat 1 exited 1, repeat 2 exited 0"
 
 
@@ -31,5 +34,7 @@ def test_stdout_is_compared_in_the_mode_asked_for(tmp_path: Path) -> None:
     repeats = [result(0, stdout="0.out"), result(1, stdout="1.out")]
     assert outcome_divergence(repeats, "masked", tmp_path) is None  # only a timing differs
     strict = outcome_divergence(repeats, "strict", tmp_path)
-    assert strict is not None and strict.stdout is not None and strict.stdout.line == 1
+    assert strict is not None
+    assert strict.stdout is not None
+    assert strict.stdout.line == 1
     assert outcome_divergence(repeats, "ignore", tmp_path) is None

@@ -89,7 +89,8 @@ def test_a_carriage_return_progress_line_is_what_the_terminal_shows() -> None:
             "\r100%|#| 10/10 [00:02<00:00, 5.0it/s]")
     assert visible(line) == "100%|#| 10/10 [00:02<00:00, 5.0it/s]"
     assert mask_line(line) == "100%|#| 10/10 [<elapsed>, #it/s]"
-    assert visible("done\r") == "done" and visible("\r\r") == ""
+    assert visible("done\r") == "done"
+    assert visible("\r\r") == ""
 
 
 finite = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
@@ -159,7 +160,9 @@ def test_output_that_ends_early_differs_at_the_missing_line(tmp_path: Path) -> N
     a = _write(tmp_path / "a", "one\ntwo\n")
     b = _write(tmp_path / "b", "one\n")
     found = compare_stdout([a, b], [0, 1], "masked")
-    assert found is not None and found.line == 2 and found.lines == {0: "two", 1: None}
+    assert found is not None
+    assert found.line == 2
+    assert found.lines == {0: "two", 1: None}
 
 
 def test_the_earliest_line_across_repeats_names_every_repeat_differing_there(tmp_path: Path) -> None:
@@ -168,8 +171,11 @@ def test_the_earliest_line_across_repeats_names_every_repeat_differing_there(tmp
     early = _write(tmp_path / "2", "a 1\nb 9\nc 3\n")
     same = _write(tmp_path / "3", "a 1\nb 7\nc 3\n")
     found = compare_stdout([ref, late, early, same], [0, 1, 2, 3], "strict")
-    assert found is not None and found.line == 2 and found.reference == 0
-    assert found.lines == {0: "b 2", 2: "b 9", 3: "b 7"} and found.repeats == [2, 3]
+    assert found is not None
+    assert found.line == 2
+    assert found.reference == 0
+    assert found.lines == {0: "b 2", 2: "b 9", 3: "b 7"}
+    assert found.repeats == [2, 3]
 
 
 def test_progress_lines_with_carriage_returns_compare_by_what_is_shown(tmp_path: Path) -> None:
@@ -177,14 +183,17 @@ def test_progress_lines_with_carriage_returns_compare_by_what_is_shown(tmp_path:
     b = _write(tmp_path / "b", "\r1/3 4.0it/s\r2/3 5.0it/s\r3/3 6.0it/s\r\nloss 0.1\n")
     assert compare_stdout([a, b], [0, 1], "masked") is None
     found = compare_stdout([a, b], [0, 1], "strict")
-    assert found is not None and found.line == 1 and found.lines == {0: "3/3 8.0it/s", 1: "3/3 6.0it/s"}
+    assert found is not None
+    assert found.line == 1
+    assert found.lines == {0: "3/3 8.0it/s", 1: "3/3 6.0it/s"}
 
 
 def test_long_lines_are_cut_for_the_report(tmp_path: Path) -> None:
     a = _write(tmp_path / "a", "x" * 5000 + "1\n")
     b = _write(tmp_path / "b", "x" * 5000 + "2\n")
     found = compare_stdout([a, b], [0, 1], "strict")
-    assert found is not None and all(len(t or "") <= 241 for t in found.lines.values())
+    assert found is not None
+    assert all(len(t or "") <= 241 for t in found.lines.values())
 
 
 def test_ignore_and_single_repeats_compare_nothing(tmp_path: Path) -> None:
@@ -196,9 +205,11 @@ def test_ignore_and_single_repeats_compare_nothing(tmp_path: Path) -> None:
 def test_recorded_and_combined_modes() -> None:
     assert recorded_mode(RunRecord("t.py", stdout="strict")) == "strict"
     assert recorded_mode(RunRecord("t.py", ignore_stdout=True)) == "ignore"  # a run recorded before --stdout existed
-    assert recorded_mode(RunRecord("t.py")) == "masked" and recorded_mode(RunRecord("t.py", stdout="bogus")) == "masked"
+    assert recorded_mode(RunRecord("t.py")) == "masked"
+    assert recorded_mode(RunRecord("t.py", stdout="bogus")) == "masked"
     assert most_lenient(["strict", "ignore", "masked"]) == "ignore"
-    assert most_lenient(["strict", "masked"]) == "masked" and most_lenient([]) == "masked"
+    assert most_lenient(["strict", "masked"]) == "masked"
+    assert most_lenient([]) == "masked"
 
 
 ADVERSARIAL = ["1" * 200_000, "a_" * 100_000, "time(" * 40_000, "time (" * 40_000, "per_" * 50_000,
@@ -232,7 +243,8 @@ def test_lines_differing_only_in_invalid_utf8_differ(tmp_path: Path, mode: str) 
     a.write_bytes(b"ok\nid \x80\x81 loss 0.5\n")
     b.write_bytes(b"ok\nid \x80\xfe loss 0.5\n")
     found = compare_stdout([a, b], [0, 1], mode)  # type: ignore[arg-type]
-    assert found is not None and found.line == 2
+    assert found is not None
+    assert found.line == 2
     assert found.lines == {0: "id \\x80\\x81 loss 0.5", 1: "id \\x80\\xfe loss 0.5"}  # shown apart, not as "�"
 
 
@@ -332,7 +344,8 @@ def test_a_metric_beside_them_still_differs_and_is_named(tmp_path: Path, a: list
     assert not _same(a, b)
     ref, other = _write(tmp_path / "a", "\n".join(a) + "\n"), _write(tmp_path / "b", "\n".join(b) + "\n")
     found = compare_stdout([ref, other], [0, 1], "masked")
-    assert found is not None and found.field == field
+    assert found is not None
+    assert found.field == field
 
 
 magnitudes = st.floats(min_value=-1e7, max_value=1e7, allow_nan=False, allow_infinity=False)

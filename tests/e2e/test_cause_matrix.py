@@ -279,11 +279,13 @@ def test_cause_matrix(shared: Cache, row: Row) -> None:
     assert run.result.returncode == row.exit_code, run.result.output
     assert run.result.report is not None, run.result.output
     if row.top is None:
-        assert run.report["causes"] == [] and run.report["experiments"] == [], run.report["causes"]
+        assert run.report["causes"] == [], run.report["causes"]
+        assert run.report["experiments"] == [], run.report["causes"]
         assert run.report["verdict"] == ("deterministic" if row.exit_code == 0 else "failed")
         assert "cause" not in summary_line(run), summary_line(run)
         return
-    assert explained is not None and explained.result.report is not None, explained and explained.result.output
+    assert explained is not None, explained and explained.result.output
+    assert explained.result.report is not None, explained and explained.result.output
     inferred, cheap = run.report["inferred_ranking"], run.report["causes"]
     cheap_confirmed = [c["id"] for c in cheap if c["confidence"] == "confirmed"]
     final = explained.report["causes"]
@@ -316,8 +318,9 @@ def test_cause_matrix(shared: Cache, row: Row) -> None:
         assert final[0]["confidence"] != "confirmed"
         assert any(e["pin"] == "all" and e["verdict"] == "divergent" for e in explained.report["experiments"])
     else:
-        assert final[0]["id"] == row.confirmed and final[0]["confidence"] == "confirmed", \
-            (final, explained.report["experiments"], inferred, cheap, run.report["experiments"])
+        seen = (final, explained.report["experiments"], inferred, cheap, run.report["experiments"])
+        assert final[0]["id"] == row.confirmed, seen
+        assert final[0]["confidence"] == "confirmed", seen
         where = WHERE.get(row.id)
         if where is not None:
             places = (where,) if isinstance(where, str) else where
@@ -333,6 +336,7 @@ def test_concurrency_survives_every_pin(shared: Cache) -> None:
     assert explained is not None
     report = explained.report
     top = report["causes"][0]
-    assert top["id"] == "concurrency" and "ensemble_eval.py:22" in top["fix"]
+    assert top["id"] == "concurrency"
+    assert "ensemble_eval.py:22" in top["fix"]
     assert [(e["pin"], e["verdict"]) for e in report["experiments"]] == [("all", "divergent")]
     assert any("every pin at once" in line for line in top["evidence"])

@@ -21,25 +21,34 @@ def batch(scripts: Path, tmp_path: Path, name: str, *extra: str) -> tuple[int, d
 def test_a_model_of_per_row_ops_is_batch_invariant(scripts: Path, tmp_path: Path) -> None:
     code, report, _ = batch(scripts, tmp_path, "serve_embeddings.py")
     assert (code, report["verdict"], report["probed_calls"]) == (0, "batch-invariant", 3)
-    assert all(s["agree"] for s in report["subsets"]) and report["first_variant"] is None
+    assert all(s["agree"] for s in report["subsets"])
+    assert report["first_variant"] is None
 
 
 def test_a_linear_mlp_is_variant_at_its_first_linear_with_the_sizes(scripts: Path, tmp_path: Path) -> None:
     code, report, stdout = batch(scripts, tmp_path, "serve_mlp.py")
     assert (code, report["verdict"]) == (1, "batch-variant")
     first = report["first_variant"]
-    assert (first["module"], first["op"]) == ("hidden", "aten.addmm") and first["location"].endswith("serve_mlp.py:16")
-    assert first["sizes"] == "batch 1 and 7 differ from 256; 32, 128 and reversed agree" and not first["large"]
-    assert report["causes"][0]["id"] == "batch-matmul" and "batch 1 and 7 differ from 256" in stdout
-    assert report["not_reproduced"] == 0 and report["not_probed"] == {}
+    assert (first["module"], first["op"]) == ("hidden", "aten.addmm")
+    assert first["location"].endswith("serve_mlp.py:16")
+    assert first["sizes"] == "batch 1 and 7 differ from 256; 32, 128 and reversed agree"
+    assert not first["large"]
+    assert report["causes"][0]["id"] == "batch-matmul"
+    assert "batch 1 and 7 differ from 256" in stdout
+    assert report["not_reproduced"] == 0
+    assert report["not_probed"] == {}
 
 
 def test_a_mask_built_over_the_batch_is_flagged_with_its_large_difference(scripts: Path, tmp_path: Path) -> None:
     code, report, stdout = batch(scripts, tmp_path, "serve_padded_classifier.py")
     first = report["first_variant"]
-    assert code == 1 and first["large"] and first["call"]["max_abs_diff"] > 1e-2
-    assert first["op"] == "aten.any" and first["location"].endswith("serve_padded_classifier.py:24")
-    assert report["causes"][0]["id"] == "batch-rows-mix" and "LARGE DIFFERENCE" in stdout
+    assert code == 1
+    assert first["large"]
+    assert first["call"]["max_abs_diff"] > 1e-2
+    assert first["op"] == "aten.any"
+    assert first["location"].endswith("serve_padded_classifier.py:24")
+    assert report["causes"][0]["id"] == "batch-rows-mix"
+    assert "LARGE DIFFERENCE" in stdout
 
 
 def test_batch_norm_and_dropout_in_train_mode_keep_the_plain_runs_results(scripts: Path, tmp_path: Path) -> None:

@@ -39,14 +39,17 @@ def assert_confirmed(report: dict[str, Any], cause_id: str, pin: str, line: str)
     assert top["confidence"] == "confirmed"
     assert line in top["fix"] or any(line in e for e in top["evidence"])
     confirming = [e for e in report["experiments"] if e["pin"] == pin]
-    assert confirming and confirming[0]["verdict"] == "deterministic"
+    assert confirming
+    assert confirming[0]["verdict"] == "deterministic"
 
 
 def test_explain_command_on_a_finished_run_and_report_afterwards(tmp_path: Path, scripts: Path) -> None:
     first = audit(tmp_path, scripts / "train_tabular.py", "--no-explain")
-    assert first.returncode == 1 and first.report is not None
+    assert first.returncode == 1
+    assert first.report is not None
     assert first.report["causes"][0]["id"] == "unseeded-python-rng"
-    assert first.report["causes"][0]["confidence"] == "likely" and not first.report["experiments"]
+    assert first.report["causes"][0]["confidence"] == "likely"
+    assert not first.report["experiments"]
 
     explained = run_cli(["explain", "run", "--budget", "2", "--json", "explained.json"], cwd=tmp_path)
     assert explained.returncode == 1, explained.output
@@ -71,7 +74,8 @@ def compare_recordings(tmp_path: Path, script: Path, envs: list[dict[str, str]],
 def test_thread_count_between_recordings(tmp_path: Path, scripts: Path) -> None:
     result = compare_recordings(tmp_path, scripts / "train_wide.py", [{"OMP_NUM_THREADS": "1"},
                                                                       {"OMP_NUM_THREADS": "2"}])
-    assert result.returncode == 1 and result.report is not None
+    assert result.returncode == 1
+    assert result.report is not None
     top = result.report["causes"][0]
     assert top["id"] == "thread-count"
     assert "1 in repeat 0, 2 in repeat 1" in top["evidence"][0]
@@ -82,5 +86,6 @@ def test_tf32_between_cpu_and_a_tf32_device(tmp_path: Path, scripts: Path) -> No
     cpu = {"CUDA_VISIBLE_DEVICES": ""}
     result = compare_recordings(tmp_path, scripts / "train_fast_mlp.py",
                                 [cpu, {**cpu, **fault("torch.nn.functional.linear", "tf32")}], "--atol", "1e-5")
-    assert result.returncode == 1 and result.report is not None
+    assert result.returncode == 1
+    assert result.report is not None
     assert [c["id"] for c in result.report["causes"]][:2] == ["tf32", "environment"]

@@ -41,7 +41,8 @@ def test_compiled_model_trains_as_under_python(tmp_path: Path, granularity: str,
     result = run_cli(["run", "-n", "2", "--granularity", granularity, "--out", "run", "--json", "r.json", SCRIPT,
                       "--", *ARGS, "--out", "w.pt"], cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.output
-    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report is not None
+    assert result.report["verdict"] == "deterministic"
     stdout, weights = plain
     for i in range(2):
         assert (tmp_path / "run" / f"repeat-{i}.stdout").read_text() == stdout
@@ -69,7 +70,8 @@ def test_max_steps_stops_a_compiled_run(tmp_path: Path) -> None:
     result = run_cli(["run", "-n", "2", "--granularity", "module", "--max-steps", "2", "--out", "run", "--json",
                       "r.json", SCRIPT, "--", "--deterministic", "--steps", "100000"], cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.output
-    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report is not None
+    assert result.report["verdict"] == "deterministic"
     assert [r["stopped_at_step"] for r in result.report["runs"]] == [2, 2]
     # stopped inside the second optimizer.step(), before the script printed that step
     assert (tmp_path / "run" / "repeat-0.stdout").read_text() == "step 0 loss 3.394834\n"

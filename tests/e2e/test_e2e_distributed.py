@@ -39,8 +39,10 @@ def test_seeded_ddp_job_is_deterministic_with_equal_replicas(scripts: Path, tmp_
     result = audit(scripts, tmp_path, "train_ddp.py", "--timeout", "300", "--", "--steps", "3")
     assert result.returncode == 0, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "deterministic"
-    assert report["replica_divergence"] is None and report["nproc_per_node"] == 2
+    assert report is not None
+    assert report["verdict"] == "deterministic"
+    assert report["replica_divergence"] is None
+    assert report["nproc_per_node"] == 2
     assert [(r["rank"], r["role"]) for r in report["ranks"]] == [(0, None), (1, None)]
     run = tmp_path / "run"
     for repeat in range(2):
@@ -54,10 +56,12 @@ def test_max_steps_stops_every_rank_at_the_same_step(scripts: Path, tmp_path: Pa
     result = audit(scripts, tmp_path, "train_ddp.py", "--timeout", "300", "--max-steps", "2", "--", "--steps", "6")
     assert result.returncode == 0, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "deterministic"
+    assert report is not None
+    assert report["verdict"] == "deterministic"
     for rank in range(2):
         footer = read_trace(tmp_path / "run" / f"repeat-0.rank-{rank}.trace").footer
-        assert footer is not None and footer["exit_code"] == 0
+        assert footer is not None
+        assert footer["exit_code"] == 0
     steps = {int(s) for s in read_trace(tmp_path / "run" / "repeat-0.rank-1.trace").records["step"]}
     assert steps == {0, 1}
 
@@ -66,22 +70,29 @@ def test_unseeded_rank_is_the_origin_and_the_other_a_receiver(scripts: Path, tmp
     result = audit(scripts, tmp_path, "train_ddp_seeded_main.py", "--timeout", "300", "--explain", "--budget", "2")
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "divergent"
+    assert report is not None
+    assert report["verdict"] == "divergent"
     by_rank = ranks(report)
-    assert by_rank[1]["role"] == "origin" and by_rank[1]["first_divergence"]["kind"] == "input"
-    assert by_rank[0]["role"] == "receiver" and by_rank[0]["first_divergence"]["kind"] == "grad"
-    assert report["first_divergence"]["rank"] == 1 and report["first_divergence"]["kind"] == "input"
-    assert report["causes"] and report["causes"][0]["id"] == "unseeded-torch-rng"
+    assert by_rank[1]["role"] == "origin"
+    assert by_rank[1]["first_divergence"]["kind"] == "input"
+    assert by_rank[0]["role"] == "receiver"
+    assert by_rank[0]["first_divergence"]["kind"] == "grad"
+    assert report["first_divergence"]["rank"] == 1
+    assert report["first_divergence"]["kind"] == "input"
+    assert report["causes"]
+    assert report["causes"][0]["id"] == "unseeded-torch-rng"
     assert report["causes"][0]["confidence"] == "confirmed"  # --explain re-ran the torchrun job with it pinned
     assert any("rank 1" in line for line in report["causes"][0]["evidence"])
     assert by_rank[0]["causes"] == []  # the receiver is not blamed
-    assert "receiver" in result.stdout and "origin" in result.stdout
+    assert "receiver" in result.stdout
+    assert "origin" in result.stdout
 
 
 def test_per_rank_seed_before_wrapping_is_no_false_positive(scripts: Path, tmp_path: Path) -> None:
     result = audit(scripts, tmp_path, "train_ddp_rank_init.py", "--timeout", "300")
     assert result.returncode == 0, result.output
-    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report is not None
+    assert result.report["verdict"] == "deterministic"
     assert result.report["replica_divergence"] is None
     # its DistributedSampler shuffles but never gets set_epoch: deterministic, but worth a note
     assert any("set_epoch" in note for note in result.report["notes"])
@@ -91,11 +102,15 @@ def test_parameter_changed_on_one_rank_is_a_replica_divergence(scripts: Path, tm
     result = audit(scripts, tmp_path, "train_ddp_clipped.py", "--timeout", "300")
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "divergent"
+    assert report is not None
+    assert report["verdict"] == "divergent"
     assert report["first_divergence"] is None  # every repeat agrees with every other
     replica = report["replica_divergence"]
-    assert replica["name"] == "module.2.weight" and replica["ranks"] == [1] and replica["reference"] == 0
-    assert replica["repeats"] == [0, 1] and replica["max_abs_diff"] > 0
+    assert replica["name"] == "module.2.weight"
+    assert replica["ranks"] == [1]
+    assert replica["reference"] == 0
+    assert replica["repeats"] == [0, 1]
+    assert replica["max_abs_diff"] > 0
     assert "DDP replicas differ" in result.stdout
 
 
@@ -106,7 +121,8 @@ def test_every_collective_into_empty_buffers_is_deterministic_and_never_uninitia
     and hashed once the collective has written them."""
     result = audit(scripts, tmp_path, "train_ddp_collectives.py", "--timeout", "300", granularity="op")
     assert result.returncode == 0, result.output
-    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report is not None
+    assert result.report["verdict"] == "deterministic"
     for rank in range(2):
         trace = read_trace(tmp_path / "run" / f"repeat-0.rank-{rank}.trace")
         ops = {trace.strings[r["name"]].split(".")[1] for r in trace.records
@@ -126,9 +142,11 @@ def test_one_rank_fed_by_an_unseeded_generator_through_collectives_is_the_origin
                    "--unseeded-rank", "1", granularity="auto")
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "divergent"
+    assert report is not None
+    assert report["verdict"] == "divergent"
     by_rank = ranks(report)
-    assert by_rank[1]["role"] == "origin" and by_rank[0]["role"] == "receiver"
+    assert by_rank[1]["role"] == "origin"
+    assert by_rank[0]["role"] == "receiver"
     assert report["first_divergence"]["rank"] == 1
     assert report["causes"][0]["id"] == "unseeded-numpy-rng"
     assert all(c["id"] != "uninitialized-memory" for c in report["causes"])
@@ -147,7 +165,8 @@ def test_hang_on_one_rank_times_out_and_leaves_no_orphan(scripts: Path, tmp_path
     # both repeats at once (-j 2): the subject is the timeout and what it leaves, not running them in turn
     result = audit(scripts, tmp_path, "train_ddp_wait.py", "--timeout", "30", "-j", "2")
     assert result.returncode == 5, result.output
-    assert result.report is not None and result.report["timed_out"]
+    assert result.report is not None
+    assert result.report["timed_out"]
     pid_files = sorted((tmp_path / "run").glob("repeat-*.rank-*.pid"))
     assert len(pid_files) == 4  # both ranks of both repeats started
     pids = [int(p.read_text()) for p in pid_files]
@@ -168,7 +187,8 @@ def test_abort_in_teardown_after_a_complete_trace_is_a_teardown_crash(scripts: P
     result = audit(scripts, tmp_path, "train_ddp_fast_exit.py", "--timeout", "300")
     assert result.returncode == 0, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "deterministic"
+    assert report is not None
+    assert report["verdict"] == "deterministic"
     crashes = report["teardown_crashes"]
     assert [c["repeat"] for c in crashes] == [0, 1]
     assert all(c["ranks"] == [1] and c["signal"] == "SIGABRT" and c["exit_code"] == 1 for c in crashes)
@@ -185,7 +205,8 @@ def test_ctrl_c_stops_every_rank(scripts: Path, tmp_path: Path) -> None:
     while len(list(run.glob("repeat-0.rank-*.trace"))) < 2 and time.monotonic() < deadline:  # both ranks recording
         time.sleep(0.5)
     pids = [int(p.read_text()) for p in run.glob("repeat-0.rank-*.pid")]
-    assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+    assert len(pids) == 2
+    assert all(_alive(pid) for pid in pids)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -217,7 +238,8 @@ def two_nodes(scripts: Path, tmp_path: Path, script: str) -> tuple[list[Any], An
         assert (tmp_path / f"node{k}" / "run.json").is_file()
     held = {rank: k for k in (0, 1) for rank in range(4) if (tmp_path / f"node{k}" / f"repeat-0.rank-{rank}.trace")
             .is_file()}
-    assert sorted(held) == [0, 1, 2, 3] and set(held.values()) == {0, 1}  # each node recorded its own two ranks
+    assert sorted(held) == [0, 1, 2, 3]
+    assert set(held.values()) == {0, 1}
     return nodes, run_cli(["compare", "node0", "node1", "--json", "report.json"], cwd=tmp_path, timeout=TIMEOUT)
 
 
@@ -226,20 +248,26 @@ def test_two_nodes_compared_together_check_replicas_across_nodes(scripts: Path, 
     nodes, result = two_nodes(scripts, tmp_path, "train_ddp_clipped.py")
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "divergent" and report["first_divergence"] is None
+    assert report is not None
+    assert report["verdict"] == "divergent"
+    assert report["first_divergence"] is None
     assert [(r["rank"], r["role"]) for r in report["ranks"]] == [(0, None), (1, None), (2, None), (3, None)]
     replica = report["replica_divergence"]
-    assert replica["name"] == "module.2.weight" and replica["reference"] == 0 and replica["ranks"] == [1, 2, 3]
+    assert replica["name"] == "module.2.weight"
+    assert replica["reference"] == 0
+    assert replica["ranks"] == [1, 2, 3]
     assert replica["repeats"] == [0, 1]
     # a node's own report covers its own ranks only, and says so (or, its ranks moved, that it has none)
     for node in nodes:
         if node.returncode == 6:
-            assert "no rank left its traces here in every repeat" in node.stderr and "compare" in node.stderr
+            assert "no rank left its traces here in every repeat" in node.stderr
+            assert "compare" in node.stderr
         else:
             assert "one node of a multi-node job" in node.report["notes"][0], node.output
     # one node's directory twice is not a job
     again = run_cli(["compare", "node0", "node0"], cwd=tmp_path)
-    assert again.returncode == 2 and "the same run directory" in again.stderr
+    assert again.returncode == 2
+    assert "the same run directory" in again.stderr
 
 
 def test_two_nodes_compared_together_name_the_origin_and_the_receiver_across_nodes(scripts: Path,
@@ -249,10 +277,13 @@ def test_two_nodes_compared_together_name_the_origin_and_the_receiver_across_nod
     _, result = two_nodes(scripts, tmp_path, "train_ddp_seeded_main.py")
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "divergent"
+    assert report is not None
+    assert report["verdict"] == "divergent"
     by_rank = ranks(report)
-    assert by_rank[0]["role"] == "receiver" and by_rank[0]["first_divergence"]["kind"] == "grad"
+    assert by_rank[0]["role"] == "receiver"
+    assert by_rank[0]["first_divergence"]["kind"] == "grad"
     assert all(by_rank[r]["role"] == "origin" and by_rank[r]["first_divergence"]["kind"] == "input" for r in (1, 2, 3))
     assert report["first_divergence"]["rank"] == 1
-    assert report["causes"][0]["id"] == "unseeded-torch-rng" and by_rank[0]["causes"] == []
+    assert report["causes"][0]["id"] == "unseeded-torch-rng"
+    assert by_rank[0]["causes"] == []
     assert report["replica_divergence"] is None  # DDP kept the replicas equal on both nodes

@@ -32,24 +32,33 @@ def test_two_unseeded_sources_get_exactly_their_two_knobs_verified_as_written(tm
                       script.name], cwd=tmp_path, timeout=600)
     report = result.report
     assert report is not None, result.output
-    assert result.returncode == ExitCode.DIVERGENT and report["verdict"] == "fixed", result.output
+    assert result.returncode == ExitCode.DIVERGENT, result.output
+    assert report["verdict"] == "fixed", result.output
     knobs = {k["name"]: k for k in report["knobs"]}
     assert set(knobs) == {"torch-rng", "numpy-rng"}
-    assert "torch.manual_seed(0)" in knobs["torch-rng"]["fix"] and "numpy.random.seed(0)" in knobs["numpy-rng"]["fix"]
+    assert "torch.manual_seed(0)" in knobs["torch-rng"]["fix"]
+    assert "numpy.random.seed(0)" in knobs["numpy-rng"]["fix"]
     assert all(k["where"] == "prelude" for k in knobs.values())
     for knob in knobs.values():  # timed from the steps the recorder kept in each repeat's footer
         step = knob["cost"]["step_time"]
-        assert step["with_s"] > 0 and step["without_s"] > 0 and isinstance(step["measurable"], bool)
+        assert step["with_s"] > 0
+        assert step["without_s"] > 0
+        assert isinstance(step["measurable"], bool)
     for name, knob in knobs.items():  # minimal: the set less either knob diverged
-        assert knob["needed"]["verdict"] == "divergent" and name not in knob["needed"]["knobs"]
-    assert report["verified"] is True and report["env"] == {}
-    assert report["repeats_used"] <= report["budget"] and report["repeats_used"] == 2 * len(report["search"])
+        assert knob["needed"]["verdict"] == "divergent"
+        assert name not in knob["needed"]["knobs"]
+    assert report["verified"] is True
+    assert report["env"] == {}
+    assert report["repeats_used"] <= report["budget"]
+    assert report["repeats_used"] == 2 * len(report["search"])
     assert "Add at the top of fit_noisy.py (after line 1):" in result.stdout
     # the user's script untouched, no copy left beside it, and the patch makes the verified script
-    assert script.read_text() == source and sorted(p.name for p in tmp_path.glob(".*.py")) == []
+    assert script.read_text() == source
+    assert sorted(p.name for p in tmp_path.glob(".*.py")) == []
     subprocess.run(["git", "apply", "fix.patch"], cwd=tmp_path, check=True)
     lines = script.read_text().splitlines()
-    assert lines[1:6] == report["prelude"] and lines[0].startswith('"""')
+    assert lines[1:6] == report["prelude"]
+    assert lines[0].startswith('"""')
 
 
 def test_a_script_that_seeds_from_the_clock_is_one_no_knob_controls(tmp_path: Path) -> None:
@@ -58,22 +67,28 @@ def test_a_script_that_seeds_from_the_clock_is_one_no_knob_controls(tmp_path: Pa
                      timeout=600)
     report = result.report
     assert report is not None, result.output
-    assert result.returncode == ExitCode.UNCONTROLLED and report["verdict"] == "uncontrolled", result.output
-    assert report["knobs"] == [] and report["verified"] is False
+    assert result.returncode == ExitCode.UNCONTROLLED, result.output
+    assert report["verdict"] == "uncontrolled", result.output
+    assert report["knobs"] == []
+    assert report["verified"] is False
     everything = report["search"][-1]
-    assert everything["verdict"] == "divergent" and {"torch-rng", "hash-seed", "deterministic"} <= set(
+    assert everything["verdict"] == "divergent"
+    assert {"torch-rng", "hash-seed", "deterministic"} <= set(
         everything["knobs"])
     seed = next(c for c in report["causes"] if c["id"] == "varying-seed")
     assert any("train_autoencoder.py:9" in line for line in seed["evidence"])
-    assert "no knob controls the divergence" in result.stdout and "varying-seed" in result.stdout
+    assert "no knob controls the divergence" in result.stdout
+    assert "varying-seed" in result.stdout
 
 
 def test_a_deterministic_script_has_nothing_to_fix(tmp_path: Path) -> None:
     script = _beside(tmp_path, "train_mlp.py")
     result = run_cli(["fix", "-n", "2", "--json", "fix.json", script.name], cwd=tmp_path, timeout=600)
     assert result.returncode == ExitCode.DETERMINISTIC, result.output
-    assert result.report is not None and result.report["verdict"] == "deterministic"
-    assert result.report["repeats_used"] == 0 and result.report["search"] == []
+    assert result.report is not None
+    assert result.report["verdict"] == "deterministic"
+    assert result.report["repeats_used"] == 0
+    assert result.report["search"] == []
     assert "nothing to fix" in result.stdout
 
 
@@ -88,21 +103,28 @@ def test_under_perturb_threads_a_thread_count_sensitive_script_gets_exactly_the_
                      timeout=600)
     report = result.report
     assert report is not None, result.output
-    assert result.returncode == ExitCode.DIVERGENT and report["verdict"] == "fixed", result.output
-    assert report["perturb"] == ["threads"] and [c["id"] for c in report["causes"]] == ["thread-count"]
+    assert result.returncode == ExitCode.DIVERGENT, result.output
+    assert report["verdict"] == "fixed", result.output
+    assert report["perturb"] == ["threads"]
+    assert [c["id"] for c in report["causes"]] == ["thread-count"]
     [knob] = report["knobs"]
-    assert knob["name"] == "one-thread" and "torch.set_num_threads(1)" in knob["prelude"]
-    assert knob["needed"]["files"] == "" and knob["needed"]["verdict"] == "divergent"  # the audit is the proof
-    assert report["verified"] is True and "the prelude is what made the groups agree" in report["verification"]
+    assert knob["name"] == "one-thread"
+    assert "torch.set_num_threads(1)" in knob["prelude"]
+    assert knob["needed"]["files"] == ""
+    assert knob["needed"]["verdict"] == "divergent"
+    assert report["verified"] is True
+    assert "the prelude is what made the groups agree" in report["verification"]
     # one experiment, its repeats in both groups: --repeats 2 per thread count
     assert report["search"] == [{"knobs": ["one-thread"], "verdict": "deterministic", "repeats": 4, "note": "",
                                  "files": "fix-1"}]
-    assert report["repeats_used"] == 4 and report["budget"] == 24
+    assert report["repeats_used"] == 4
+    assert report["budget"] == 24
     # the experiment's repeats ran with the perturbation's thread variables, not the knob's OMP_NUM_THREADS=1
     run_dir = tmp_path / report["run_dir"]
     omp = []
     for i in range(4):
         event = load(run_dir / f"fix-1-{i}.trace", i, "cpu").first(EnvironmentEvent)
         omp.append((event.get("env") or {}).get("OMP_NUM_THREADS") if event is not None else None)
-    assert omp[0] == omp[2] == "1" and omp[1] == omp[3] != "1", omp
+    assert omp[0] == omp[2] == "1", omp
+    assert omp[1] == omp[3] != "1", omp
     assert "FIXED: one-thread makes the repeats agree under --perturb threads, and it is needed" in result.stdout

@@ -84,12 +84,16 @@ def test_a_divergent_repeat_stops_soon_after_with_a_whole_trace_and_nothing_left
     assert report is not None
     stop = DIVERGES_AT + 1 + EXTRA_STEPS  # asked for; a repeat already past it stops at its next step
     first, *others = runs(result)
-    assert first["stopped_at_step"] is None and first["exit_code"] == 0 and first["stopped_by"] is None
+    assert first["stopped_at_step"] is None
+    assert first["exit_code"] == 0
+    assert first["stopped_by"] is None
     for run in others:
         assert (run["stopped_by"], run["diverged_at_step"]) == ("divergence", DIVERGES_AT)
-        assert stop <= run["stopped_at_step"] < STEPS and run["complete"] is True
+        assert stop <= run["stopped_at_step"] < STEPS
+        assert run["complete"] is True
         trace = read_trace(tmp_path / "run" / run["trace"])  # whole and readable, ending at the stop
-        assert trace.footer is not None and trace.footer["stopped_at_step"] == run["stopped_at_step"]
+        assert trace.footer is not None
+        assert trace.footer["stopped_at_step"] == run["stopped_at_step"]
         assert int(trace.records["step"].max()) == run["stopped_at_step"] - 1
     assert report["first_divergence"]["step"] == DIVERGES_AT
     stopped = min(run["stopped_at_step"] for run in others)
@@ -97,7 +101,8 @@ def test_a_divergent_repeat_stops_soon_after_with_a_whole_trace_and_nothing_left
     assert report["match"]["exit_status_compared"] is False
     [line] = report["match"]["not_compared"]
     assert f"1 after step {others[0]['stopped_at_step']} (diverged at step {DIVERGES_AT})" in line
-    assert "--run-to-end" in line and "a few steps after diverging" in result.stdout
+    assert "--run-to-end" in line
+    assert "a few steps after diverging" in result.stdout
     assert "not compared: repeat(s) 1 after step" in result.stdout
     assert not list((tmp_path / "run").glob("*.stop"))  # the requests are cleaned up
 
@@ -118,7 +123,8 @@ def test_under_auto_a_repeat_started_after_the_divergence_records_its_ops_and_sa
     write_script(tmp_path)
     result = run_cli(["run", "-n", "3", "--no-explain", "--out", "run", "--json", "r.json", "train.py"], cwd=tmp_path,
                      timeout=900)  # granularity auto, the default
-    assert result.returncode == 1 and result.report is not None, result.output
+    assert result.returncode == 1, result.output
+    assert result.report is not None, result.output
     run_dir = tmp_path / "run"
     window = [DIVERGES_AT - 1, DIVERGES_AT]
     narrowing = json.loads((run_dir / "run.json").read_text())["narrowing"]
@@ -128,15 +134,20 @@ def test_under_auto_a_repeat_started_after_the_divergence_records_its_ops_and_sa
     assert sorted(p.name for p in run_dir.glob("ops-*.trace")) == ["ops-0.trace", "ops-2.trace"]
     whole, own = read_trace(run_dir / "ops-2.trace"), read_trace(run_dir / "repeat-2.trace")
     ops = whole.records[whole.records["kind"] == Kind.OP]
-    assert len(ops) and sorted(set(ops["step"].tolist())) == window
-    assert own.header["granularity"] == "module" and Kind.OP not in set(own.records["kind"].tolist())
-    assert len(own.records) == len(whole.records) - len(ops) and own.footer is not None
+    assert len(ops)
+    assert sorted(set(ops["step"].tolist())) == window
+    assert own.header["granularity"] == "module"
+    assert Kind.OP not in set(own.records["kind"].tolist())
+    assert len(own.records) == len(whole.records) - len(ops)
+    assert own.footer is not None
     third = runs(result)[2]  # compared, stopped and reported as any repeat
     assert (third["trace"], third["stopped_by"], third["diverged_at_step"]) == ("repeat-2.trace", "divergence",
                                                                                DIVERGES_AT)
     assert result.report["first_divergence"]["step"] == DIVERGES_AT
     finding = result.report["first_divergence"]["op_finding"]
-    assert finding is not None and finding["window"] == window and finding["traces"] == "ops"
+    assert finding is not None
+    assert finding["window"] == window
+    assert finding["traces"] == "ops"
     assert finding["location"].endswith(f"train.py:{SCRIPT.splitlines().index('    {draw}') + 1}")  # the draw
     assert helpers_left(tmp_path) == []
 
@@ -146,7 +157,8 @@ def test_run_to_end_runs_every_repeat_out(tmp_path: Path) -> None:
     assert result.returncode == 1, result.output
     assert [(r["stopped_at_step"], r["exit_code"]) for r in runs(result)] == [(None, 0), (None, 0)]
     records = [r["records"] for r in runs(result)]
-    assert records[0] == records[1] and result.report is not None
+    assert records[0] == records[1]
+    assert result.report is not None
     assert result.report["match"]["not_compared"] == []
     assert '"run_to_end": true' in (tmp_path / "run" / "run.json").read_text()
     assert helpers_left(tmp_path) == []
@@ -159,10 +171,12 @@ def test_a_repeat_that_trains_on_after_its_reference_ended_is_stopped_and_report
     assert result.returncode == 1, result.output
     assert result.report is not None
     first = result.report["first_divergence"]
-    assert first["category"] == "structure" and "repeat(s) 0 stopped recording" in first["detail"]
+    assert first["category"] == "structure"
+    assert "repeat(s) 0 stopped recording" in first["detail"]
     assert first["step"] == 10
     later = runs(result)[1]
-    assert later["diverged_at_step"] == 10 and 10 + 1 + EXTRA_STEPS <= later["stopped_at_step"] < STEPS
+    assert later["diverged_at_step"] == 10
+    assert 10 + 1 + EXTRA_STEPS <= later["stopped_at_step"] < STEPS
 
 
 def test_a_repeat_that_crashes_after_diverging_is_reported_as_a_crash(tmp_path: Path) -> None:
@@ -173,7 +187,9 @@ def test_a_repeat_that_crashes_after_diverging_is_reported_as_a_crash(tmp_path: 
     assert result.returncode == 1, result.output
     assert result.report is not None
     crashed = runs(result)[1]
-    assert crashed["exit_code"] == 1 and crashed["stopped_at_step"] is None and "boom" in crashed["error"]
+    assert crashed["exit_code"] == 1
+    assert crashed["stopped_at_step"] is None
+    assert "boom" in crashed["error"]
     assert result.report["first_divergence"]["step"] == DIVERGES_AT
     assert result.report["match"]["not_compared"] == []
     assert helpers_left(tmp_path) == []

@@ -86,7 +86,8 @@ def test_divergent_data_from_workers_is_input_not_an_op(unseeded_dataset: tuple[
     d = first(full)
     assert (d["step"], d["kind"], d["name"]) == (0, "input", "Tagger.input[0]")
     assert d["index"] == 2  # after the two schedulers' initial state
-    assert full.report is not None and full.report["causes"][0]["id"] == "unseeded-numpy-rng"
+    assert full.report is not None
+    assert full.report["causes"][0]["id"] == "unseeded-numpy-rng"
     finding = d["op_finding"]
     # the batch arrives from a DataLoader worker (aten.set_ in multiprocessing/queues.py): data from
     # outside, like the script's input, never "the op behind" the divergence
@@ -142,7 +143,8 @@ def test_max_time_compares_the_steps_every_repeat_completed(tmp_path: Path) -> N
     result = audit(tmp_path, SCRIPTS / "train_tagger.py", "--granularity", "step", "--max-time", "6",
                    script_args=("--epochs", "100000"))
     assert result.returncode == 0, result.output
-    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report is not None
+    assert result.report["verdict"] == "deterministic"
     stopped = [r["stopped_at_step"] for r in result.report["runs"]]
     assert all(isinstance(s, int) and s >= 1 for s in stopped), stopped
     assert result.report["spread"]["by_step"][-1]["step"] <= min(stopped)
@@ -156,7 +158,8 @@ def test_a_reseed_when_the_backbone_is_unfrozen_is_found_at_that_step(tmp_path: 
     d = first(result)
     # epoch 0 (steps 0-3) and its validation agree; the first draw after the reseed is the backbone's dropout
     assert (d["step"], d["kind"], d["module"]) == (4, "output", "backbone.5")
-    assert result.report is not None and result.report["causes"][0]["id"] == "varying-seed"
+    assert result.report is not None
+    assert result.report["causes"][0]["id"] == "varying-seed"
     seed_line = script.read_text().splitlines().index("            torch.seed()") + 1
     assert f"train_tagger.py:{seed_line}" in " ".join(result.report["causes"][0]["evidence"])
 
@@ -198,7 +201,8 @@ def test_a_reseed_between_accumulated_backward_passes_is_found_in_the_second(tmp
     assert (d["step"], d["kind"], d["module"]) == (2, "output", "backbone.5")
     dropouts = [i for i, (k, n, s) in enumerate(names(tmp_path / "run-here" / "run"))
                 if (k, n, s) == ("output", "backbone.5", 2)]
-    assert len(dropouts) == 2 and d["index"] == dropouts[1]
+    assert len(dropouts) == 2
+    assert d["index"] == dropouts[1]
 
 
 def test_weight_decay_drawn_per_run_is_found_in_the_second_optimizers_first_step(tmp_path: Path) -> None:
@@ -206,7 +210,8 @@ def test_weight_decay_drawn_per_run_is_found_in_the_second_optimizers_first_step
                          "lr=0.05, momentum=0.9, weight_decay=random.uniform(1e-5, 1e-4))")
     # epoch 0's checkpoint (step 4, before epoch 1 trains) holds the optimizers' state dicts: the drawn
     # weight_decay of the backbone's param group is saved there before that optimizer ever steps
-    assert (d["step"], d["kind"]) == (4, "save") and d["name"].endswith("weight_decay"), d["name"]
+    assert (d["step"], d["kind"]) == (4, "save"), d["name"]
+    assert d["name"].endswith("weight_decay"), d["name"]
 
 
 def test_gradient_noise_after_a_set_to_none_zero_grad_is_found_at_its_parameter(tmp_path: Path) -> None:

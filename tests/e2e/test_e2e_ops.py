@@ -20,7 +20,8 @@ def line_of(script: Path, text: str) -> str:
 
 
 def op_of(report: dict[str, Any] | None) -> dict[str, Any]:
-    assert report is not None and report["verdict"] == "divergent", report and report["verdict"]
+    assert report is not None, report and report["verdict"]
+    assert report["verdict"] == "divergent", report and report["verdict"]
     finding = report["first_divergence"]["op_finding"]
     assert finding is not None, report["first_divergence"]
     return finding
@@ -33,14 +34,21 @@ def test_auto_names_the_random_op_behind_a_dropout_left_in_training_mode(tmp_pat
     result = done.result
     assert result.returncode == 1, result.output
     first = result.report["first_divergence"] if result.report else {}
-    assert first["kind"] == "output" and first["op"].startswith("aten.bernoulli")
+    assert first["kind"] == "output"
+    assert first["op"].startswith("aten.bernoulli")
     finding = op_of(result.report)
-    assert finding["verdict"] == "random-op" and finding["random"] and finding["phase"] == "forward"
+    assert finding["verdict"] == "random-op"
+    assert finding["random"]
+    assert finding["phase"] == "forward"
     assert finding["location"].endswith(line_of(script, "model(inputs)"))
-    assert finding["traces"] == "ops" and finding["window"] == [0, 0]
+    assert finding["traces"] == "ops"
+    assert finding["window"] == [0, 0]
     chosen = [n for n in finding["neighbours"] if n["chosen"]]
-    assert chosen and chosen[0]["inputs"] == "match" and chosen[0]["output"] == "differ"
-    assert "The op behind it" in result.stdout and "random-op" in result.stdout
+    assert chosen
+    assert chosen[0]["inputs"] == "match"
+    assert chosen[0]["output"] == "differ"
+    assert "The op behind it" in result.stdout
+    assert "random-op" in result.stdout
     assert sorted(p.name for p in done.run_dir.glob("ops-*.trace")) == ["ops-0.trace", "ops-1.trace"]
 
     again = run_cli(["report", str(done.run_dir), "--json", "again.json"], tmp_path)
@@ -84,4 +92,5 @@ def test_step_granularity_records_only_optimizer_steps(tmp_path: Path, scripts: 
     assert result.returncode == 1, result.output
     assert result.report is not None
     first = result.report["first_divergence"]
-    assert first["kind"] in ("grad", "param", "optstate") and first["op_finding"] is None
+    assert first["kind"] in ("grad", "param", "optstate")
+    assert first["op_finding"] is None

@@ -29,7 +29,8 @@ def test_a_seeded_script_that_prints_timings_is_deterministic_in_ten_repeats(tim
     result = run_cli(["run", "-n", "10", "--granularity", "step", "-q", "--json", "r.json", "--out", "run",
                       TIMED, "--", "--epochs", "1"], cwd=timed, timeout=900)
     assert result.returncode == 0, result.output
-    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report is not None
+    assert result.report["verdict"] == "deterministic"
     assert result.report["stdout_mode"] == "masked"
     assert len({r["stdout_digest"] for r in result.report["runs"]}) == 10
     records = result.report["spread"]["records_compared"]
@@ -50,7 +51,8 @@ def test_a_seeded_script_that_prints_timings_is_deterministic_in_ten_repeats(tim
 def test_an_option_the_script_defines_too_is_refused_with_the_spelling_to_use(timed: Path) -> None:
     result = run_cli(["run", "-n", "2", TIMED, "--device=cpu", "--epochs", "1"], cwd=timed)
     assert result.returncode == 2, result.output
-    assert "Traceback" not in result.output and not (timed / ".detaudit").exists()
+    assert "Traceback" not in result.output
+    assert not (timed / ".detaudit").exists()
     message = " ".join(result.stderr.split())
     assert f"--device=cpu is an option of both detaudit and {TIMED}" in message
     assert f"`detaudit run -n 2 {TIMED} -- --device=cpu --epochs 1`" in message
@@ -64,17 +66,20 @@ def test_options_after_the_script_reach_it_and_strict_stdout_shows_the_first_dif
     result = run_cli(["run", "-n", "2", "--granularity", "step", "--stdout", "strict", "--json", "r.json",
                       "--out", "run", *script_argv], cwd=timed, env={"COLUMNS": "400"})
     assert result.returncode == 1, result.output
-    assert result.report is not None and result.report["argv"] == script_argv
+    assert result.report is not None
+    assert result.report["argv"] == script_argv
     assert f"script argv: {' '.join(script_argv)}" in result.stdout
     printed = (timed / "run" / "repeat-0.stdout").read_text()
     assert "'device': 'cpu', 'log_every': 8, 'seed': 7" in printed  # the script parsed the options itself
     first = result.report["first_divergence"]
-    assert first["kind"] == "stdout" and first["stdout"]["mode"] == "strict"
+    assert first["kind"] == "stdout"
+    assert first["stdout"]["mode"] == "strict"
     line = first["stdout"]["line"]
     shown = [first["stdout"]["lines"]["0"], first["stdout"]["lines"]["1"]]
     assert shown == [printed.split("\n")[line - 1],
                      (timed / "run" / "repeat-1.stdout").read_text().split("\n")[line - 1]]
-    assert shown[0] in result.stdout and shown[1] in result.stdout  # both repeats' line, in the terminal report
+    assert shown[0] in result.stdout
+    assert shown[1] in result.stdout
     assert result.stdout.strip().splitlines()[-1].startswith(
         f"DIVERGENT · first divergence: stdout line {line} · top cause: stdout-differs (likely) · run: run")
 
@@ -87,15 +92,18 @@ def test_the_demo_exits_0_and_ends_with_a_summary_that_a_pipe_does_not_wrap(tmp_
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert "diverges on purpose" in lines[-2] and "`detaudit run` on your own script exits 1" in lines[-2]
+    assert "diverges on purpose" in lines[-2]
+    assert "`detaudit run` on your own script exits 1" in lines[-2]
     assert lines[-1].startswith("DIVERGENT · first divergence: input ")
-    assert "top cause: unseeded-numpy-rng (confirmed)" in lines[-1] and "/.detaudit/runs/" in lines[-1]
+    assert "top cause: unseeded-numpy-rng (confirmed)" in lines[-1]
+    assert "/.detaudit/runs/" in lines[-1]
     assert max(len(line) for line in lines) > 120  # laid out whole, not wrapped at 80 columns
     assert (tmp_path / ".detaudit" / ".gitignore").read_text().splitlines()[-1] == "*"
     assert "explain-numpy-rng-0 (cpu): exit 0" in proc.stderr  # --explain shows its progress
     runs = list((tmp_path / ".detaudit" / "runs").iterdir())
     report = json.loads((runs[0] / "report.json").read_text())
-    assert report["verdict"] == "divergent" and report["first_divergence"]["location"] in lines[-1]
+    assert report["verdict"] == "divergent"
+    assert report["first_divergence"]["location"] in lines[-1]
 
 
 @pytest.mark.process
@@ -108,12 +116,14 @@ def test_a_seeded_script_printing_framework_style_metrics_and_a_progress_bar_is_
     result = run_cli(["run", "-n", "3", "--granularity", "step", "--no-explain", "-q", "--json", "r.json",
                       "--out", "run", "train_hf_style.py"], cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.output
-    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report is not None
+    assert result.report["verdict"] == "deterministic"
     assert len({r["stdout_digest"] for r in result.report["runs"]}) == 3  # the timings differ
     assert "carried_output" not in result.report
     # the metrics are compared: the closing dict's train_loss, the per-step losses
     printed = (tmp_path / "run" / "repeat-0.stdout").read_text()
-    assert "'train_loss': '" in printed and "'train_runtime': '" in printed
+    assert "'train_loss': '" in printed
+    assert "'train_runtime': '" in printed
 
 
 @pytest.mark.process
@@ -126,10 +136,14 @@ def test_a_log_directory_numbered_by_earlier_repeats_is_reported_but_no_divergen
                       "train_versioned_logs.py"], cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "deterministic" and report["first_divergence"] is None
+    assert report is not None
+    assert report["verdict"] == "deterministic"
+    assert report["first_divergence"] is None
     carried = report["carried_output"]
-    assert carried["repeats"] == [1, 2] and carried["stdout"]["field"] == "v_num"
-    assert carried["stdout"]["lines"]["1"].startswith("Epoch 0: 100%|██████████| 1/4") and "v_num=1" in \
+    assert carried["repeats"] == [1, 2]
+    assert carried["stdout"]["field"] == "v_num"
+    assert carried["stdout"]["lines"]["1"].startswith("Epoch 0: 100%|██████████| 1/4")
+    assert "v_num=1" in \
         carried["stdout"]["lines"]["1"]
     assert carried["evidence"][0] == ("repeat 1 listed directory logs/, holding version_0, which an earlier repeat "
                                       "of this audit created or changed, at train_versioned_logs.py:10")
@@ -145,6 +159,7 @@ def test_a_log_directory_numbered_by_earlier_repeats_is_reported_but_no_divergen
     resumed = run_cli(["run", "-n", "3", "--no-explain", "--json", "r2.json", "--out", "run2", "resume.py"],
                       cwd=tmp_path, timeout=900)
     assert resumed.returncode == 1, resumed.output
-    assert resumed.report is not None and resumed.report["causes"][0]["id"] == "carried-state"
+    assert resumed.report is not None
+    assert resumed.report["causes"][0]["id"] == "carried-state"
     assert resumed.report["causes"][0]["evidence"][0].startswith(
         "repeat 1 read last.pt, which an earlier repeat of this audit wrote, at resume.py:7")

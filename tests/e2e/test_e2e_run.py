@@ -67,7 +67,9 @@ def test_seeded_training_loop_is_deterministic(tmp_path: Path, shared: Cache) ->
     result = done.result
     assert result.returncode == 0, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "deterministic" and report["first_divergence"] is None
+    assert report is not None
+    assert report["verdict"] == "deterministic"
+    assert report["first_divergence"] is None
     assert all(r["exit_code"] == 0 and r["complete"] and r["records"] > 20 for r in report["runs"])
     assert report["runs"][0]["records"] == report["runs"][1]["records"]
     done.copy_to(tmp_path)  # this test corrupts a trace: its own copy of the run
@@ -77,14 +79,18 @@ def test_seeded_training_loop_is_deterministic(tmp_path: Path, shared: Cache) ->
 
     # the finished run re-renders to the same verdict, and a corrupted trace in it is refused (exit 4)
     again = run_cli(["report", "run", "--json", "again.json"], cwd=tmp_path)
-    assert again.returncode == 0 and again.report is not None and again.report["verdict"] == "deterministic"
+    assert again.returncode == 0
+    assert again.report is not None
+    assert again.report["verdict"] == "deterministic"
     trace = tmp_path / "run" / "repeat-1.trace"
     data = bytearray(trace.read_bytes())
     header_len = int.from_bytes(data[len(MAGIC) + 1: len(MAGIC) + 5], "little")
     data[len(MAGIC) + 5 + header_len] = ord("?")  # the frame after the header no longer has a valid tag
     trace.write_bytes(bytes(data))
     corrupt = run_cli(["report", "run"], cwd=tmp_path)
-    assert corrupt.returncode == 4 and "corrupt" in corrupt.stderr and "Traceback" not in corrupt.output
+    assert corrupt.returncode == 4
+    assert "corrupt" in corrupt.stderr
+    assert "Traceback" not in corrupt.output
 
 
 def test_unseeded_training_diverges_at_first_differing_tensor(shared: Cache) -> None:
@@ -92,13 +98,19 @@ def test_unseeded_training_diverges_at_first_differing_tensor(shared: Cache) -> 
     result = done.result
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "divergent"
+    assert report is not None
+    assert report["verdict"] == "divergent"
     first = report["first_divergence"]
     # the batch the model is given is identical; the first layer's output is the first tensor that differs
-    assert first["category"] == "content" and first["kind"] == "output" and first["name"] == "conv1"
+    assert first["category"] == "content"
+    assert first["kind"] == "output"
+    assert first["name"] == "conv1"
     # location: the forward call (train_cnn.py:15), or the random init behind it when ops were recorded
-    assert first["step"] == 0 and first["location"].rsplit(":", 1)[0].endswith("train_cnn.py")
-    assert first["repeats"] == [1] and first["max_abs_diff"] is not None and first["max_abs_diff"] > 0
+    assert first["step"] == 0
+    assert first["location"].rsplit(":", 1)[0].endswith("train_cnn.py")
+    assert first["repeats"] == [1]
+    assert first["max_abs_diff"] is not None
+    assert first["max_abs_diff"] > 0
     assert_exact_first_divergence(done.run_dir, report)
 
 
@@ -109,9 +121,12 @@ def test_divergence_only_after_some_steps(shared: Cache) -> None:
     report = result.report
     assert report is not None
     first = report["first_divergence"]
-    assert first["step"] == 3 and first["kind"] == "input" and first["category"] == "content"
+    assert first["step"] == 3
+    assert first["kind"] == "input"
+    assert first["category"] == "content"
     steps = {s["step"]: s for s in report["spread"]["by_step"]}
-    assert all(steps[s]["differing"] == 0 for s in range(3)) and steps[3]["differing"] > 0
+    assert all(steps[s]["differing"] == 0 for s in range(3))
+    assert steps[3]["differing"] > 0
     assert_exact_first_divergence(done.run_dir, report)
 
 
@@ -122,12 +137,16 @@ def test_inference_without_eval_diverges_at_dropout(shared: Cache) -> None:
     report = result.report
     assert report is not None
     first = report["first_divergence"]
-    assert first["kind"] == "output" and first["name"] == "2" and first["module"] == "2"  # Sequential[2]: Dropout
-    assert first["step"] == 0 and first["location"].rsplit(":", 1)[0].endswith("predict.py")
+    assert first["kind"] == "output"
+    assert first["name"] == "2"
+    assert first["module"] == "2"
+    assert first["step"] == 0
+    assert first["location"].rsplit(":", 1)[0].endswith("predict.py")
     assert_exact_first_divergence(done.run_dir, report)
     trace = read_trace(done.run_dir / "repeat-0.trace")
     names = [trace.strings[i] for i in trace.records["name"][: first["index"]]]
-    assert "0" in names and "1" in names  # the Linear and ReLU before it were recorded and agree
+    assert "0" in names
+    assert "1" in names
 
 
 def test_script_that_always_crashes_exits_3_and_shows_its_error(shared: Cache) -> None:
@@ -135,17 +154,21 @@ def test_script_that_always_crashes_exits_3_and_shows_its_error(shared: Cache) -
     result = done.result
     assert result.returncode == 3, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "failed"
+    assert report is not None
+    assert report["verdict"] == "failed"
     assert all(r["exit_code"] == 1 for r in report["runs"])
     error = "RuntimeError: mat1 and mat2 shapes cannot be multiplied"
-    assert error in report["failure"] and error in result.stdout.replace("\n", " ")
+    assert error in report["failure"]
+    assert error in result.stdout.replace("\n", " ")
     stderr = _repeat_stderr(done.run_dir)
     assert "fit_model.py\", line 22" in stderr  # the script's own traceback, pointing at its own line
     # nothing of detaudit's: no frame of its package (wherever the checkout lives), no message of its own
     package = Path(detaudit.__file__).parent
     frames = [Path(f) for f in re.findall(r'File "([^"]+)", line', stderr)]
-    assert frames and not [f for f in frames if f.is_relative_to(package)], frames
-    assert "runpy" not in stderr and not re.search(r"^detaudit\b", stderr, re.M), stderr
+    assert frames, frames
+    assert not [f for f in frames if f.is_relative_to(package)], frames
+    assert "runpy" not in stderr, stderr
+    assert not re.search(r"^detaudit\b", stderr, re.M), stderr
 
 
 def test_script_that_crashes_in_some_repeats_is_divergent(tmp_path: Path) -> None:
@@ -154,10 +177,12 @@ def test_script_that_crashes_in_some_repeats_is_divergent(tmp_path: Path) -> Non
     result = audit(tmp_path, "train_sharded.py", "--", str(claims))
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "divergent"
+    assert report is not None
+    assert report["verdict"] == "divergent"
     assert sorted(r["exit_code"] for r in report["runs"]) == [0, 1]
     first = report["first_divergence"]
-    assert first["category"] == "outcome" and "exit" in first["detail"]
+    assert first["category"] == "outcome"
+    assert "exit" in first["detail"]
     assert "shard 1 is missing its label file" in result.output  # the failing repeat's error is shown
 
 
@@ -165,16 +190,20 @@ def test_hang_times_out_with_exit_5(tmp_path: Path) -> None:
     result = audit(tmp_path, "train_then_wait.py", "--timeout", "10")
     assert result.returncode == 5, result.output
     report = result.report
-    assert report is not None and all(r["timed_out"] for r in report["runs"])
+    assert report is not None
+    assert all(r["timed_out"] for r in report["runs"])
     for run in report["runs"]:
         trace = read_trace(tmp_path / "run" / run["trace"])
-        assert not trace.complete and len(trace.records) > 0  # a readable prefix, marked incomplete
+        assert not trace.complete
+        assert len(trace.records) > 0
     assert "timed out" in result.output
 
 
 def test_missing_script_exits_2(tmp_path: Path) -> None:
     result = run_cli(["run", "missing_script.py", *FAST], cwd=tmp_path)
-    assert result.returncode == 2 and "missing_script.py" in result.stderr and "Traceback" not in result.output
+    assert result.returncode == 2
+    assert "missing_script.py" in result.stderr
+    assert "Traceback" not in result.output
 
 
 def test_parity_with_plain_python(tmp_path: Path) -> None:
@@ -198,9 +227,11 @@ def test_os_exit_after_inference_is_audited_not_waved_through(shared: Cache) -> 
     result = shared_audit(shared, Audit("score_batches.py")).result
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "divergent"
+    assert report is not None
+    assert report["verdict"] == "divergent"
     assert all(r["complete"] and r["records"] >= 5 * 4 for r in report["runs"])
-    assert report["first_divergence"]["kind"] == "output" and report["first_divergence"]["step"] == 0
+    assert report["first_divergence"]["kind"] == "output"
+    assert report["first_divergence"]["step"] == 0
 
 
 @pytest.mark.slow
@@ -209,10 +240,12 @@ def test_a_script_that_closes_every_descriptor_keeps_its_file_and_the_trace(shar
     result = done.result
     assert result.returncode == 0, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "deterministic"
+    assert report is not None
+    assert report["verdict"] == "deterministic"
     assert all(r["complete"] and r["records"] >= 7 * 4 for r in report["runs"])
     saved = json.loads((done.cwd / "scores.json").read_text())  # only the script's JSON: no trace frame in it
-    assert saved["warmup"] == 3 and len(saved["scores"]) == 4
+    assert saved["warmup"] == 3
+    assert len(saved["scores"]) == 4
 
 
 # -- issue 27 class A: no verdict resting on content that was never compared -------------------------
@@ -222,7 +255,8 @@ def test_sparse_and_nested_tensors_that_differ_per_run_are_divergent(tmp_path: P
     result = audit(tmp_path, "score_sparse_features.py", "--", "--layout", layout)
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "divergent"
+    assert report is not None
+    assert report["verdict"] == "divergent"
     first = report["first_divergence"]
     assert (first["kind"], first["name"], first["index"]) == ("input", "Features.input[0]", 0), first
     assert first["shape"] == ("3x4" if layout == "csr" else "2xjx1")
@@ -236,7 +270,8 @@ def test_a_save_in_an_atexit_handler_that_differs_per_run_is_divergent(tmp_path:
     result = audit(tmp_path, "finalize_export.py")
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "divergent"
+    assert report is not None
+    assert report["verdict"] == "divergent"
     first = report["first_divergence"]
     assert (first["kind"], first["name"]) == ("save", "torch.save[0].calibration"), first
     assert first["location"].endswith("finalize_export.py:12"), first  # the save in the handler

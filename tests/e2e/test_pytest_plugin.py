@@ -72,7 +72,8 @@ def _check_unseeded_failure(result: pytest.RunResult) -> Path:
     match = re.search(r"run directory: (\S+) ", text)
     assert match, text
     run_dir = Path(match.group(1))
-    assert (run_dir / "report.json").is_file() and (run_dir / "report.html").is_file()
+    assert (run_dir / "report.json").is_file()
+    assert (run_dir / "report.html").is_file()
     return run_dir
 
 
@@ -88,7 +89,8 @@ def test_marked_tests_audited_beside_randomly_and_rerunfailures(pytester: pytest
     assert "Using --randomly-seed=" in result.stdout.str()  # pytest-randomly was active in the session
     outcomes = _outcomes(result)
     # seeded (both parameters, with tmp_path) and the unmarked test pass; the unseeded one fails, never rerun
-    assert outcomes.get("passed") == 3 and outcomes.get("failed") == 1, outcomes
+    assert outcomes.get("passed") == 3, outcomes
+    assert outcomes.get("failed") == 1, outcomes
     assert "rerun" not in outcomes
     assert "FAILED test_training.py::test_unseeded" in result.stdout.str()
     run_dir = _check_unseeded_failure(result)
@@ -104,7 +106,8 @@ def test_audits_under_xdist(pytester: pytest.Pytester, monkeypatch: pytest.Monke
     result = _run_pytest(pytester, monkeypatch, "-n", "2", "-k", "seeded", "--detaudit-granularity", "module",
                                            "--detaudit-out", str(out))
     outcomes = _outcomes(result)
-    assert outcomes.get("passed") == 2 and outcomes.get("failed") == 1, outcomes
+    assert outcomes.get("passed") == 2, outcomes
+    assert outcomes.get("failed") == 1, outcomes
     _check_unseeded_failure(result)
     assert len(list(out.iterdir())) == 3  # one run directory per audited test, none shared between workers
 
@@ -117,7 +120,8 @@ def test_session_wide_audit_with_exitfirst(pytester: pytest.Pytester, monkeypatc
     result = _run_pytest(pytester, monkeypatch, "--detaudit", "--detaudit-repeats", "2", "-x", "-p", "no:randomly",
                                            "-k", "unseeded or plain", "--detaudit-granularity", "module")
     outcomes = _outcomes(result)
-    assert outcomes.get("failed") == 1 and "passed" not in outcomes, outcomes  # test_plain never ran
+    assert outcomes.get("failed") == 1, outcomes
+    assert "passed" not in outcomes, outcomes
     _check_unseeded_failure(result)
 
 

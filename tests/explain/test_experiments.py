@@ -47,7 +47,8 @@ def test_an_experiment_that_pins_several_sources_confirms_none_alone() -> None:
     causes = [cause("object-order", ["address-layout"])]
     agreed = Experiment("address-layout", "the layout", "deterministic", None)
     [narrowed] = apply(causes, [agreed], 5)
-    assert narrowed.confidence == "likely" and "narrows the source to these and confirms none" in narrowed.evidence[-1]
+    assert narrowed.confidence == "likely"
+    assert "narrows the source to these and confirms none" in narrowed.evidence[-1]
     ranked = apply(causes, [agreed, Experiment(REST_OF_LAYOUT, "the rest", "deterministic", None),
                             Experiment("torch-rng", "the torch RNG", "deterministic", None)], 5)
     assert [(c.id, c.confidence) for c in ranked] == [("unseeded-torch-rng", "confirmed"),
@@ -88,7 +89,8 @@ def test_a_divergence_that_only_moved_is_no_evidence() -> None:
     causes = [cause("python-hash-seed", ["hash-seed"])]
     ranked = apply(causes, [Experiment("hash-seed", "the hash seed", "divergent", 40145, "moved later")],
                            39516)
-    assert ranked[0].confidence == "ruled-out" and ranked[0].basis != "experiment"
+    assert ranked[0].confidence == "ruled-out"
+    assert ranked[0].basis != "experiment"
     assert "from #39516 to #40145, which is no evidence by itself" in ranked[0].evidence[-1]
     assert "explains" not in ranked[0].evidence[-1]
 
@@ -96,7 +98,8 @@ def test_a_divergence_that_only_moved_is_no_evidence() -> None:
 def test_a_confirmed_cause_rests_on_the_experiment() -> None:
     ranked = apply([cause("unseeded-torch-rng", ["torch-rng"])],
                            [Experiment("torch-rng", "the torch RNG", "deterministic", None)], 3)
-    assert ranked[0].confidence == "confirmed" and ranked[0].basis == "experiment"
+    assert ranked[0].confidence == "confirmed"
+    assert ranked[0].basis == "experiment"
 
 
 @pytest.mark.parametrize("verdict, first", [("deterministic", "python-hash-seed"), ("divergent", "object-order")])
@@ -125,7 +128,8 @@ def test_an_isolated_source_no_cause_named_is_added_confirmed() -> None:
                    Experiment("torch-rng+numpy-rng+python-rng+hash-seed", "four", "deterministic", None),
                    Experiment("hash-seed", "the string hash seed", "deterministic", None)]
     ranked = apply([cause("concurrency", [])], experiments, 5)
-    assert ranked[0].id == "python-hash-seed" and ranked[0].confidence == "confirmed"
+    assert ranked[0].id == "python-hash-seed"
+    assert ranked[0].confidence == "confirmed"
     assert [c.id for c in ranked] == ["python-hash-seed", "concurrency"]
 
 
@@ -141,7 +145,8 @@ def test_everything_pinned_still_diverging_is_evidence_for_order_causes() -> Non
 def test_skipped_experiments_change_nothing() -> None:
     causes = [cause("cudnn-benchmark", ["cudnn"])]
     ranked = apply(causes, [Experiment("cudnn", "cuDNN", "skipped", None, "over the budget")], 2)
-    assert ranked[0].confidence == "likely" and ranked[0].evidence == ["seen"]
+    assert ranked[0].confidence == "likely"
+    assert ranked[0].evidence == ["seen"]
 
 
 def test_apply_leaves_the_causes_it_was_given_unchanged() -> None:
@@ -163,7 +168,8 @@ def test_a_stored_experiment_reranks_the_rebuilt_report(tmp_path: Path) -> None:
     after = load_run(run_dir)
     assert [e.pin for e in after.experiments] == ["torch-rng"]
     assert after.inferred == before.inferred  # the ranking from the evidence alone stays on record
-    assert after.causes[0].confidence == "confirmed" and after.causes[0].basis == "experiment"
+    assert after.causes[0].confidence == "confirmed"
+    assert after.causes[0].basis == "experiment"
 
 
 def test_the_reranking_reads_no_file() -> None:

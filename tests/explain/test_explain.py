@@ -121,12 +121,14 @@ def test_experiments_run_at_the_baselines_granularity_from_any_directory(
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     report = explain.run_experiments(Path("../run"), budget=4)
-    assert seen and all(granularity == "step" for granularity, _ in seen)
+    assert seen
+    assert all(granularity == "step" for granularity, _ in seen)
     assert all(out.is_absolute() and out == run_dir.resolve() for _, out in seen)
     verdicts = {e.pin: e.verdict for e in report.experiments}
     assert verdicts["all"] == "deterministic"
     # the bisection that follows stops at the budget and says so
-    assert report.experiments[-1].verdict == "skipped" and "budget of 4" in report.experiments[-1].note
+    assert report.experiments[-1].verdict == "skipped"
+    assert "budget of 4" in report.experiments[-1].note
 
 
 def test_a_run_with_a_timed_out_repeat_is_not_explained(tmp_path: Path) -> None:
@@ -174,9 +176,12 @@ def test_every_pin_agreeing_is_bisected_down_to_the_source_no_cause_named(tmp_pa
     ran = _fake_runs(monkeypatch, lambda options: options.target.env.get("PYTHONHASHSEED") == "0")
     report = explain.run_experiments(run_dir, budget=40, repeats=2)
     verdicts = {e.pin: e.verdict for e in report.experiments}
-    assert verdicts["all"] == "deterministic" and verdicts["hash-seed"] == "deterministic"
+    assert verdicts["all"] == "deterministic"
+    assert verdicts["hash-seed"] == "deterministic"
     top = report.causes[0]
-    assert top.id == "python-hash-seed" and top.confidence == "confirmed" and top.pins == ["hash-seed"]
+    assert top.id == "python-hash-seed"
+    assert top.confidence == "confirmed"
+    assert top.pins == ["hash-seed"]
     assert "no recorded evidence pointed here" in top.evidence[-1]
     assert len(ran) <= 8  # all, then halves: far fewer than one experiment per pin pair
 
@@ -254,9 +259,11 @@ def test_a_control_that_agrees_too_confirms_nothing(tmp_path: Path, monkeypatch:
     assert ran == ["explain-hash-seed", "explain-control", "explain-control"]
     assert [len(e.results or ()) for e in read_experiments(run_dir)] == [3, 3 + 3 * explain.CONTROL_GROWTH]
     top, *rest = experiments.apply(ranked, report.experiments, 0)
-    assert top.id == "not-reproduced" and all(c.confidence != "confirmed" for c in rest)
+    assert top.id == "not-reproduced"
+    assert all(c.confidence != "confirmed" for c in rest)
     assert [c.id for c in rest] == ["python-hash-seed", "object-order"]
-    assert report.experiments[-1].pin == "control" and report.experiments[-1].verdict == "deterministic"
+    assert report.experiments[-1].pin == "control"
+    assert report.experiments[-1].verdict == "deterministic"
 
 
 def test_a_control_that_agreed_by_chance_is_outgrown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -312,7 +319,8 @@ def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, mo
 
     monkeypatch.setattr(explain, "load_run", with_toss_up)
     report = explain.run_experiments(run_dir, cheap=True)
-    assert seen and set(seen) == {explain.SEPARATING_REPEATS}  # asked once per repeat, the control as many
+    assert seen
+    assert set(seen) == {explain.SEPARATING_REPEATS}
     assert [e.pin for e in report.experiments] == ["hash-seed", "control"]
 
 
@@ -358,7 +366,8 @@ def test_the_kernels_pin_leaves_the_uninitialized_memory_fill_off() -> None:
               torch.utils.deterministic.fill_uninitialized_memory)
     try:
         Pins(["deterministic"]).apply_torch_flags(torch)
-        assert torch.are_deterministic_algorithms_enabled() and not torch.utils.deterministic.fill_uninitialized_memory
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.utils.deterministic.fill_uninitialized_memory
         Pins(["deterministic", "zero-empty"]).apply_torch_flags(torch)  # every pin at once: both sources fixed
         assert torch.utils.deterministic.fill_uninitialized_memory
     finally:

@@ -36,7 +36,8 @@ def test_the_kernels_and_the_fill_are_two_knobs_and_together_one_call() -> None:
 def test_the_prelude_imports_once_and_environment_knobs_add_no_line() -> None:
     lines = code.prelude([Pin.TORCH_RNG, Pin.ONE_THREAD, Pin.HASH_SEED])
     assert lines[0] == "# detaudit fix: torch-rng, one-thread"
-    assert lines.count("import torch") == 1 and "torch.set_num_threads(1)" in lines
+    assert lines.count("import torch") == 1
+    assert "torch.set_num_threads(1)" in lines
     assert code.prelude([Pin.HASH_SEED]) == []
     assert code.environment([Pin.HASH_SEED, Pin.ONE_THREAD]) == {
         "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -67,13 +68,16 @@ def test_an_unseeded_rng_object_gets_a_seed_at_its_line(tmp_path: Path) -> None:
     script.write_text("import numpy as np\nrng = np.random.default_rng()  # shuffles\n"
                       "other = np.random.default_rng(1)\n")
     edit = code.seed_edit(Pin.NUMPY_RNG, "np.random.default_rng", "train.py:2", "seed it", script, tmp_path)
-    assert edit.applies and edit.after == "rng = np.random.default_rng(0)  # shuffles"
+    assert edit.applies
+    assert edit.after == "rng = np.random.default_rng(0)  # shuffles"
     changed = code.rewrite(script.read_text(), [], [edit])
-    assert changed.splitlines()[1] == edit.after and changed.splitlines()[2].endswith("default_rng(1)")
+    assert changed.splitlines()[1] == edit.after
+    assert changed.splitlines()[2].endswith("default_rng(1)")
     elsewhere = code.seed_edit(Pin.NUMPY_RNG, "np.random.default_rng", "lib/data.py:2", "seed it", script, tmp_path)
     assert not elsewhere.applies  # another file: advice only, never applied to the copy
     unknown = code.seed_edit(Pin.PYTHON_RNG, "random.SystemRandom", "train.py:2", "use Random(0)", script, tmp_path)
-    assert unknown.after is None and not unknown.applies
+    assert unknown.after is None
+    assert not unknown.applies
 
 
 def test_the_patch_applies_to_the_script(tmp_path: Path) -> None:
@@ -140,10 +144,12 @@ def test_the_copy_sits_beside_the_script_and_behaves_like_it(tmp_path: Path) -> 
               "(Path(__file__).parent / 'data.txt').read_text().strip())\n")
     script.write_text(source)
     with code.temporary_copy(script, source) as copy:
-        assert copy.parent == tmp_path and copy.name.startswith(".train.detaudit-fix-")
+        assert copy.parent == tmp_path
+        assert copy.name.startswith(".train.detaudit-fix-")
         out = subprocess.run([sys.executable, str(copy)], cwd=tmp_path, capture_output=True, text=True, check=True)
         assert out.stdout.split() == ["7", "True", "rows"]
-    assert not copy.exists() and script.read_text() == source
+    assert not copy.exists()
+    assert script.read_text() == source
 
 
 def test_the_copy_never_writes_through_a_planted_link_and_a_readonly_folder_is_one_error(tmp_path: Path,

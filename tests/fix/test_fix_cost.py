@@ -9,16 +9,20 @@ from detaudit.fix.cost import MIN_CHANGE, Figure, Timing, cost, figure
 
 def test_the_first_step_of_each_repeat_is_setup_and_left_out() -> None:
     timing = Timing.of([[5.0, 0.1, 0.2], [4.0, 0.3], []], [10.0, 11.0, 1.0])
-    assert timing.step_s == (0.1, 0.2, 0.3) and timing.run_s == (10.0, 11.0, 1.0)
+    assert timing.step_s == (0.1, 0.2, 0.3)
+    assert timing.run_s == (10.0, 11.0, 1.0)
 
 
 def test_a_slower_knob_whose_steps_all_lie_above_is_a_cost() -> None:
     slow = Timing((0.12, 0.13, 0.125, 0.128), (12.0, 12.5, 12.2))
     fast = Timing((0.10, 0.101, 0.099, 0.1), (10.0, 10.2, 10.1))
     knob = cost(slow, fast)
-    assert knob.step.measurable and knob.step.change == pytest.approx(0.1265 / 0.1 - 1)
-    assert knob.run.measurable and not figure([12.0, 12.5], [10.0, 10.2]).measurable  # two runs a side: chance
-    assert knob.summary.startswith("+26% step time") and "whole run" in knob.summary
+    assert knob.step.measurable
+    assert knob.step.change == pytest.approx(0.1265 / 0.1 - 1)
+    assert knob.run.measurable
+    assert not figure([12.0, 12.5], [10.0, 10.2]).measurable
+    assert knob.summary.startswith("+26% step time")
+    assert "whole run" in knob.summary
 
 
 def test_overlapping_steps_or_a_small_change_are_no_measurable_cost() -> None:
@@ -31,6 +35,8 @@ def test_overlapping_steps_or_a_small_change_are_no_measurable_cost() -> None:
 
 def test_a_faster_set_is_a_negative_cost_and_missing_steps_are_not_measured() -> None:
     faster = figure([0.05, 0.051, 0.05], [0.1, 0.11, 0.1])
-    assert faster.measurable and faster.text("step time") == "-50% step time"
+    assert faster.measurable
+    assert faster.text("step time") == "-50% step time"
     none = figure([], [0.1])
-    assert none == Figure(None, None, False) and none.text("step time") == "step time: not measured"
+    assert none == Figure(None, None, False)
+    assert none.text("step time") == "step time: not measured"

@@ -38,15 +38,22 @@ def _fixed() -> FixReport:
 
 def test_the_json_carries_each_knob_by_its_pin_name_with_fix_where_and_cost() -> None:
     data = to_dict(_fixed())
-    assert data["format"] == "detaudit-fix" and data["verdict"] == "fixed" and data["exit_code"] == 1
-    assert data["verified"] is True and data["repeats_used"] == 6 and data["budget"] == 24
+    assert data["format"] == "detaudit-fix"
+    assert data["verdict"] == "fixed"
+    assert data["exit_code"] == 1
+    assert data["verified"] is True
+    assert data["repeats_used"] == 6
+    assert data["budget"] == 24
     torch_knob, numpy_knob = data["knobs"]
-    assert torch_knob["name"] == "torch-rng" and torch_knob["where"] == "prelude"
+    assert torch_knob["name"] == "torch-rng"
+    assert torch_knob["where"] == "prelude"
     assert torch_knob["fix"] == "import torch\ntorch.manual_seed(0)"
-    assert torch_knob["cost"]["summary"] == "+20% step time" and torch_knob["needed"]["verdict"] == "divergent"
+    assert torch_knob["cost"]["summary"] == "+20% step time"
+    assert torch_knob["needed"]["verdict"] == "divergent"
     assert numpy_knob["where"] == "line train.py:41"
     assert numpy_knob["fix"] == "train.py:41: rng = np.random.default_rng(0)"
-    assert numpy_knob["cost"]["summary"] == "no measurable cost" and numpy_knob["edits"][0]["applied"] is True
+    assert numpy_knob["cost"]["summary"] == "no measurable cost"
+    assert numpy_knob["edits"][0]["applied"] is True
     assert [t["knobs"] for t in data["search"]] == [["torch-rng", "numpy-rng"], ["torch-rng"], ["numpy-rng"]]
 
 
@@ -66,7 +73,9 @@ def test_the_terminal_shows_a_ready_to_paste_block_the_proof_and_the_costs() -> 
     assert "FIXED: torch-rng, numpy-rng make the repeats agree, and each is needed · verified as written" in text
     assert "Add at the top of train.py (after line 1):\n    # detaudit fix: torch-rng\n    import torch\n" in text
     assert "train.py:41: rng = np.random.default_rng()  ->  rng = np.random.default_rng(0)" in text
-    assert "+20% step time" in text and "no measurable cost" in text and "diverge (fix-3)" in text
+    assert "+20% step time" in text
+    assert "no measurable cost" in text
+    assert "diverge (fix-3)" in text
     assert "fix-1: torch-rng+numpy-rng: agree (2 repeats)" in text
 
 
@@ -74,14 +83,16 @@ def test_a_fix_under_perturb_says_which_settings_it_agreed_across() -> None:
     from dataclasses import replace
 
     perturbed = replace(_fixed(), perturb=("threads",))
-    assert to_dict(perturbed)["perturb"] == ["threads"] and to_dict(_fixed())["perturb"] == []
+    assert to_dict(perturbed)["perturb"] == ["threads"]
+    assert to_dict(_fixed())["perturb"] == []
     assert "make the repeats agree under --perturb threads, and each is needed" in cli_fix.summary_line(perturbed).plain
     assert "under --perturb" not in cli_fix.summary_line(_fixed()).plain
     # the verification: the groups, and the knob variables the perturbation kept its own
     held = runner._under(["threads"], ["MKL_NUM_THREADS", "OMP_NUM_THREADS"])
     assert held.startswith(", across every group of --perturb threads; MKL_NUM_THREADS, OMP_NUM_THREADS stayed as")
     assert "the prelude is what made the groups agree" in held
-    assert runner._under(["threads"], []) == ", across every group of --perturb threads" and runner._under([], []) == ""
+    assert runner._under(["threads"], []) == ", across every group of --perturb threads"
+    assert runner._under([], []) == ""
 
 
 def test_nothing_to_fix_and_no_knob_read_as_such() -> None:
@@ -89,7 +100,8 @@ def test_nothing_to_fix_and_no_knob_read_as_such() -> None:
     cli_fix.render(FixReport("train.py", "/r", "deterministic", 0), Console(file=out, width=200))
     assert "DETERMINISTIC: the repeats agree; nothing to fix" in out.getvalue()
     line = cli_fix.summary_line(FixReport("train.py", "/r", "uncontrolled", 1, repeats_used=4, budget=24))
-    assert "no knob controls the divergence" in line.plain and "4 of 24 repeats" in line.plain
+    assert "no knob controls the divergence" in line.plain
+    assert "4 of 24 repeats" in line.plain
 
 
 def test_step_times_are_read_from_the_footers(tmp_path: Path) -> None:
@@ -99,7 +111,8 @@ def test_step_times_are_read_from_the_footers(tmp_path: Path) -> None:
     _, results = read_run(write_run(tmp_path / "run", [records, records]))
     results = [r.__class__(**{**r.to_dict(), "trace": f"../r{r.index}.trace"}) for r in results]
     timing = runner.timing(tmp_path / "run", results)
-    assert timing.step_s == (0.01, 0.02, 0.03) and timing.run_s == (0.5, 0.5)
+    assert timing.step_s == (0.01, 0.02, 0.03)
+    assert timing.run_s == (0.5, 0.5)
 
 
 def test_an_rng_object_created_unseeded_in_the_script_becomes_its_knobs_line_edit(tmp_path: Path) -> None:

@@ -41,7 +41,8 @@ def test_cudnn_benchmark_is_named_and_confirmed(tmp_path: Path) -> None:
     result = audit(tmp_path, GPU_SCRIPTS / "conv_classifier.py", "-n", "3", "--explain")
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "divergent"
+    assert report is not None
+    assert report["verdict"] == "divergent"
     assert report["runs"][0]["device"] == "cuda"
     top = report["causes"][0]
     assert top["id"] == "cudnn-benchmark", [(c["id"], c["confidence"]) for c in report["causes"]]
@@ -59,7 +60,8 @@ def test_atomic_accumulation_is_named_at_the_op_and_line(tmp_path: Path, flag: t
     assert cause_ids(report)[0] == "nondeterministic-op", cause_ids(report)
     first = report["first_divergence"]
     finding = first["op_finding"]
-    assert finding is not None and finding["verdict"] == "nondeterministic-op", finding
+    assert finding is not None, finding
+    assert finding["verdict"] == "nondeterministic-op", finding
     assert op in finding["op"], finding
     line = 19 if op == "scatter_add" else 21
     assert finding["location"].endswith(f"segment_pool.py:{line}"), finding
@@ -71,14 +73,16 @@ def test_deterministic_algorithms_make_atomic_accumulation_agree(tmp_path: Path,
     result = audit(tmp_path, GPU_SCRIPTS / "segment_pool.py", "-n", "3", "--granularity", "module",
                    args=(*flag, "--reproducible"), env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
     assert result.returncode == 0, result.output
-    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report is not None
+    assert result.report["verdict"] == "deterministic"
 
 
 def test_seeded_cuda_training_loop_is_deterministic(tmp_path: Path) -> None:
     result = audit(tmp_path, GPU_SCRIPTS / "train_regressor_cuda.py", "-n", "3")
     assert result.returncode == 0, result.output
     report = result.report
-    assert report is not None and report["verdict"] == "deterministic"
+    assert report is not None
+    assert report["verdict"] == "deterministic"
     assert all(r["device"] == "cuda" and r["records"] > 0 for r in report["runs"])
 
 
@@ -93,9 +97,12 @@ def test_cpu_against_cuda_within_tolerance_with_figures(tmp_path: Path) -> None:
                   "--atol", "0", "--rtol", "0", name="tight")
     assert tight.returncode == 1, tight.output
     first = tight.report["first_divergence"] if tight.report else None
-    assert first is not None and first["category"] == "content"
-    assert first["max_abs_diff"] is not None and 0 < first["max_abs_diff"] < 1e-2
-    assert first["max_ulp_diff"] is not None and first["max_ulp_diff"] >= 1
+    assert first is not None
+    assert first["category"] == "content"
+    assert first["max_abs_diff"] is not None
+    assert 0 < first["max_abs_diff"] < 1e-2
+    assert first["max_ulp_diff"] is not None
+    assert first["max_ulp_diff"] >= 1
 
 
 def test_tf32_on_against_off_is_named(tmp_path: Path) -> None:
@@ -143,5 +150,6 @@ def test_fault_injector_cases_on_the_real_device(tmp_path: Path, script: str, fa
                    env={"DETAUDIT_TEST_FAULT": json.dumps(fault)})
     assert result.returncode == 1, result.output
     report = result.report
-    assert report is not None and report["runs"][0]["device"] == "cuda"
+    assert report is not None
+    assert report["runs"][0]["device"] == "cuda"
     assert report["causes"][0]["id"] == cause, [(c["id"], c["confidence"]) for c in report["causes"]]

@@ -43,7 +43,8 @@ def test_ranks_in_lockstep_stop_at_one_step_whenever_each_read_the_request(sees_
     requested = 10
     _, stops = ranks(len(sees_from))
     stopped = lockstep(stops, requested, sees_from)
-    assert len(set(stopped)) == 1 and stopped[0] is not None, stopped
+    assert len(set(stopped)) == 1, stopped
+    assert stopped[0] is not None, stopped
     assert stopped[0] == max(requested, max(sees_from) + MARGIN)
 
 
@@ -52,7 +53,8 @@ def test_a_rank_that_never_posts_makes_the_others_run_on(monkeypatch: pytest.Mon
     store, [first, _] = ranks(2)  # the second rank never reads the request
     assert [first.stops(step, 4) for step in range(1, 10)] == [False] * 9
     assert store.get("4/at") == b"abandon"
-    assert first.round is not None and first.round.abandoned
+    assert first.round is not None
+    assert first.round.abandoned
 
 
 def test_a_new_request_is_a_new_round() -> None:

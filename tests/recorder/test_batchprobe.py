@@ -29,7 +29,8 @@ def test_rows_are_compared_bit_for_bit_with_ulp_and_magnitude() -> None:
     assert compare_rows(a, b).agree
     b[1, 0] = torch.nextafter(b[1, 0], torch.tensor(10.0))
     diff = compare_rows(a, b)
-    assert (diff.differ, diff.max_ulp, diff.scale) == (1, 1, 4.0) and diff.max_abs > 0
+    assert (diff.differ, diff.max_ulp, diff.scale) == (1, 1, 4.0)
+    assert diff.max_abs > 0
     signed_zero = compare_rows(torch.tensor([[0.0]]), torch.tensor([[-0.0]]))
     assert signed_zero.differ == 1  # bits, not values
 
@@ -41,14 +42,16 @@ def test_a_batch_folded_into_a_bigger_dim_is_compared_row_by_row() -> None:
     assert compare_values(full, part, 4, rows, 0).agree
     part[5, 1] += 1
     diff = compare_values(full, part, 4, rows, 0)
-    assert diff.differ == 1 and not diff.shape_differs
+    assert diff.differ == 1
+    assert not diff.shape_differs
 
 
 def test_a_value_reduced_over_the_batch_differs_whole_and_is_left_out_of_row_results() -> None:
     rows = Rows(1, torch.arange(1), torch.arange(1))
     assert compare_values(torch.tensor(5.0), torch.tensor(2.0), 4, rows, 0).whole_differs
     left_out = compare_values(torch.tensor(5.0), torch.tensor(2.0), 4, rows, 0, whole=False)
-    assert left_out.agree and left_out.uncompared == 1
+    assert left_out.agree
+    assert left_out.uncompared == 1
 
 
 def _probed(tmp_path: Path, run: Callable[[], Any], **settings: Any) -> list[dict[str, Any]]:
@@ -78,7 +81,8 @@ def test_a_model_of_per_row_ops_is_batch_invariant(tmp_path: Path) -> None:
     model = _PerRow().eval()
     events = _probed(tmp_path, lambda: [model(torch.randint(0, 50, (40, 5))) for _ in range(2)])
     finding = analyse(events)  # type: ignore[arg-type]
-    assert finding.verdict == "batch-invariant" and finding.probed_calls == 2
+    assert finding.verdict == "batch-invariant"
+    assert finding.probed_calls == 2
     assert {(s.kind, s.size) for s in finding.subsets} >= {("prefix", 1), ("prefix", 7), ("reversed", 40),
                                                           ("mixed", 40)}
 
@@ -89,10 +93,15 @@ def test_a_linear_blocked_by_batch_size_is_variant_at_its_first_linear(tmp_path:
     with torch.no_grad():
         events = _probed(tmp_path, lambda: model(torch.randn(256, 64)))
     first = analyse(events).first_variant  # type: ignore[arg-type]
-    assert first is not None and not first.large
-    assert first.module is not None and (first.module.name, first.module.cls) == ("0", "Linear")
-    assert first.op is not None and first.op.name == "aten.addmm"
-    assert "1" in first.differ and "32" in first.agree and "128" in first.agree
+    assert first is not None
+    assert not first.large
+    assert first.module is not None
+    assert (first.module.name, first.module.cls) == ("0", "Linear")
+    assert first.op is not None
+    assert first.op.name == "aten.addmm"
+    assert "1" in first.differ
+    assert "32" in first.agree
+    assert "128" in first.agree
 
 
 class _Counting(nn.Module):
@@ -121,7 +130,8 @@ def test_probes_leave_the_modules_state_and_the_rng_as_a_plain_run_has_them(tmp_
     plain = script()
     probed: list[Any] = []
     events = _probed(tmp_path, lambda: probed.append(script()))
-    assert probed[0][:3] == plain[:3] and torch.equal(probed[0][3], plain[3])
+    assert probed[0][:3] == plain[:3]
+    assert torch.equal(probed[0][3], plain[3])
     assert [e["why"] for e in events if e["type"] == "batch-skip"] == ["random"] * 3  # it draws: not comparable
 
 
@@ -143,7 +153,8 @@ def test_a_forward_drawing_from_numpy_is_not_comparable_and_its_draws_are_put_ba
     plain = script()
     seen: list[float] = []
     events = _probed(tmp_path, lambda: seen.append(script()))
-    assert seen == [plain] and [e["why"] for e in events if e["type"] == "batch-skip"] == ["random"]
+    assert seen == [plain]
+    assert [e["why"] for e in events if e["type"] == "batch-skip"] == ["random"]
 
 
 class _InPlace(nn.Module):
@@ -155,7 +166,8 @@ class _InPlace(nn.Module):
 def test_a_forward_writing_into_its_arguments_writes_into_the_probes_copies(tmp_path: Path) -> None:
     x, scale = torch.ones(4, 3), torch.zeros(3)
     _probed(tmp_path, lambda: _InPlace()(x, scale))
-    assert torch.equal(x, torch.full((4, 3), 2.0)) and torch.equal(scale, torch.ones(3))
+    assert torch.equal(x, torch.full((4, 3), 2.0))
+    assert torch.equal(scale, torch.ones(3))
 
 
 def test_batch_norm_in_train_mode_and_dropout_are_reported_not_comparable(tmp_path: Path) -> None:
@@ -163,8 +175,10 @@ def test_batch_norm_in_train_mode_and_dropout_are_reported_not_comparable(tmp_pa
     before = {k: v.clone() for k, v in model.state_dict().items()}
     events = _probed(tmp_path, lambda: model(torch.randn(8, 4)))
     [skip] = [e for e in events if e["type"] == "batch-skip"]
-    assert skip["why"] == "batch-statistics" and "Dropout" in skip["detail"]
-    assert int(model[1].num_batches_tracked) == 1 and not torch.equal(model[1].running_mean, before["1.running_mean"])
+    assert skip["why"] == "batch-statistics"
+    assert "Dropout" in skip["detail"]
+    assert int(model[1].num_batches_tracked) == 1
+    assert not torch.equal(model[1].running_mean, before["1.running_mean"])
 
 
 def test_a_call_without_a_batch_is_counted_with_its_reason(tmp_path: Path) -> None:
@@ -196,7 +210,8 @@ def test_the_batch_dim_option_finds_rows_elsewhere(tmp_path: Path) -> None:
     with torch.no_grad():
         events = _probed(tmp_path, lambda: model(torch.randn(3, 10, 4)), batch_dim=1)
     [call] = [e for e in events if e["type"] == "batch-call"]
-    assert call["rows"] == 10 and call["batch_dim"] == 1
+    assert call["rows"] == 10
+    assert call["batch_dim"] == 1
 
 
 def test_a_failing_hook_stops_the_probing_not_the_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -226,9 +241,11 @@ def test_the_origin_search_keeps_weights_by_reference_and_activations_as_copies(
     runner = batchprobe._Runner(BatchProbe(Recorder(TraceWriter(tmp_path / "t.trace", {"repeat": 0})),
                                            lambda m: None, ProbeSettings()),
                                 model, model, (x,), {}, [True], 0)
-    assert runner._keep(model.weight) is model.weight and runner._keep(model.weight.t())._base is model.weight
+    assert runner._keep(model.weight) is model.weight
+    assert runner._keep(model.weight.t())._base is model.weight
     kept = runner._keep(x)
-    assert kept is not x and torch.equal(kept, x)
+    assert kept is not x
+    assert torch.equal(kept, x)
 
 
 def test_a_call_after_a_smaller_one_is_mixed_only_when_the_smaller_has_the_rows_to_fill_it(tmp_path: Path) -> None:

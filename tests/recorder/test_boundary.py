@@ -67,7 +67,8 @@ def test_a_plan_gives_fingerprint_cpu_s_digests_and_samples_for_every_dtype_and_
     assert rows(group, ts) == want
     assert rows(group, ts) == want  # the kept plan
     nan_bits = ts[-8]
-    assert nan_bits.dtype is torch.bfloat16 and math.isnan(fingerprint_cpu(nan_bits)[1][0])  # they are tested
+    assert nan_bits.dtype is torch.bfloat16
+    assert math.isnan(fingerprint_cpu(nan_bits)[1][0])
 
 
 @given(t=tensors(min_numel=1), data=st.data())
@@ -79,7 +80,8 @@ def test_a_kept_plan_sees_any_bit_flipped_in_place(t: torch.Tensor, data: st.Dat
     bit = data.draw(st.integers(0, 8 * t.element_size() - 1))
     t.copy_(flip_bit(t, element, bit))
     after = rows(group, ts)
-    assert after == expected(ts) and after[1][0] != before[1][0]
+    assert after == expected(ts)
+    assert after[1][0] != before[1][0]
 
 
 @given(t=tensors(dtypes=[torch.float32, torch.int64, torch.bfloat16, torch.uint8], min_numel=2), data=st.data())
@@ -164,8 +166,10 @@ def test_a_tensor_whose_storage_was_freed_under_it_is_recorded_unread(fresh: boo
         fingerprint_cpu(p)
     out = group.rows([p, other], describe, 0, 0)
     assert out is not None
-    assert out["flags"].tolist() == [int(Flag.NO_DATA), 0] and int(out["digest"][1]) == expected([other])[0][0]
-    assert int(out["digest"][0]) == shape_seed(p) and math.isnan(out["samples"][0][0])
+    assert out["flags"].tolist() == [int(Flag.NO_DATA), 0]
+    assert int(out["digest"][1]) == expected([other])[0][0]
+    assert int(out["digest"][0]) == shape_seed(p)
+    assert math.isnan(out["samples"][0][0])
 
 
 def test_a_plan_refuses_a_list_of_another_length() -> None:
@@ -316,7 +320,8 @@ def test_names_follow_the_optimizer_s_parameters_and_state(tmp_path: Path) -> No
     keyed = train(tmp_path, "keyed", Scenario("state key added"), reference=False)
     assert "0.bias:extra" not in _names(keyed, 0, Kind.OPTSTATE)
     assert "0.bias:extra" in _names(keyed, 1, Kind.OPTSTATE)
-    assert "0.bias:other" in _names(keyed, 2, Kind.OPTSTATE) and "0.bias:extra" not in _names(keyed, 2, Kind.OPTSTATE)
+    assert "0.bias:other" in _names(keyed, 2, Kind.OPTSTATE)
+    assert "0.bias:extra" not in _names(keyed, 2, Kind.OPTSTATE)
     regrouped = train(tmp_path, "regrouped", Scenario("regrouped"), reference=False)
     assert _names(regrouped, 1, Kind.PARAM) == ["group0.param0", "group0.param1", "group0.param2", "group0.param3"]
     assert _names(regrouped, 2, Kind.PARAM) == ["group0.param0", "group0.param1", "group1.param0", "group1.param1"]

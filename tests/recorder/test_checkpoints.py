@@ -33,7 +33,8 @@ def test_state_dicts_and_rng_states_are_recognised_by_their_shape() -> None:
                                  scaler.state_dict(), torch.get_rng_state(), np.random.get_state(),
                                  np.random.default_rng(0).bit_generator.state, random.getstate())] == [
         "module", "module", "optimizer", "scheduler", "scaler", "rng-torch", "rng-numpy", "rng-numpy", "rng-python"]
-    assert role_of({"step": 3, "lr": 0.1}) is None and role_of(torch.zeros(3)) is None
+    assert role_of({"step": 3, "lr": 0.1}) is None
+    assert role_of(torch.zeros(3)) is None
 
 
 def test_a_checkpoint_is_described_by_its_keys_and_the_paths_of_its_parts() -> None:
@@ -64,8 +65,12 @@ def test_saves_loads_restores_and_a_resumed_step_are_recorded(tmp_path: Path) ->
     kinds = [e["type"] for e in trace.events]
     assert kinds == ["checkpoint-save", "checkpoint-load", "state-restore", "initial-params"]
     save, load, restore, initial = trace.events
-    assert save["path"] == str(tmp_path / "ckpt.pt") and save["parts"] == [{"path": "model", "role": "module"}]
-    assert load["keys"] == ["model", "scheduler"] and restore["what"] == "scheduler" and restore["name"] == "StepLR"
-    assert initial["params"] == ["weight", "bias"] and len(initial["digests"][0]) == 16
+    assert save["path"] == str(tmp_path / "ckpt.pt")
+    assert save["parts"] == [{"path": "model", "role": "module"}]
+    assert load["keys"] == ["model", "scheduler"]
+    assert restore["what"] == "scheduler"
+    assert restore["name"] == "StepLR"
+    assert initial["params"] == ["weight", "bias"]
+    assert len(initial["digests"][0]) == 16
     rates = [r for r in trace.records if r["kind"] == Kind.OPTSTATE]
     assert [trace.strings[r["name"]] for r in rates] == ["optimizer Adam:lr"] * 2

@@ -22,12 +22,15 @@ def _recorder(tmp_path: Path) -> Recorder:
 def test_compile_wrapper_is_recognised_and_its_hops_dropped_from_names() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     model.add_module("enc", torch.compile(torch.nn.Linear(2, 2)))  # compiled lazily: no compilation here
-    assert compiled.is_wrapper(model.enc) and not compiled.is_wrapper(model)
+    assert compiled.is_wrapper(model.enc)
+    assert not compiled.is_wrapper(model)
     names = ModuleNames()
     names.add_root(model)
-    assert names.modules[model.enc] == "enc" and names.modules[model.enc._orig_mod] == "enc"
+    assert names.modules[model.enc] == "enc"
+    assert names.modules[model.enc._orig_mod] == "enc"
     assert {names.param_name(p, 0, 0) for p in model.enc.parameters()} == {"enc.weight", "enc.bias"}
-    assert compiled.plain_name("a._orig_mod.b") == "a.b" and compiled.plain_name("orig_modx") == "orig_modx"
+    assert compiled.plain_name("a._orig_mod.b") == "a.b"
+    assert compiled.plain_name("orig_modx") == "orig_modx"
     assert not compiled.compiling()
 
 

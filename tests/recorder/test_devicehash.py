@@ -131,7 +131,8 @@ def test_a_batch_keeps_what_the_tensor_held_when_it_was_added() -> None:
     t.add_(1.0)
     reducer.close_batches()
     payload = slots[0].payload
-    assert payload is not None and payload.tensor is not None
+    assert payload is not None
+    assert payload.tensor is not None
     assert slots[0].slot.read(payload.tensor.view(torch.int64).tolist(), 0) == expected
 
 
@@ -231,7 +232,8 @@ def test_triton_kernels_give_the_torch_reduction_s_digests() -> None:
         pytest.skip("the Triton kernels run on CUDA tensors only; no CUDA device here")
     from detaudit.recorder import lanes_triton
 
-    assert lanes_triton.available() and DeviceReducer().uses_triton(torch.device("cuda"))
+    assert lanes_triton.available()
+    assert DeviceReducer().uses_triton(torch.device("cuda"))
     tensors = [torch.randn(1), torch.randn(1000), torch.randn(33, 17).t(), torch.arange(7, dtype=torch.int16),
                torch.randint(0, 2, (301,), dtype=torch.bool), torch.randn(40, dtype=torch.complex128),
                torch.randn(3 << 20), torch.randn(300).bfloat16()]

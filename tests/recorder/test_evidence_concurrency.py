@@ -67,7 +67,8 @@ def test_a_dataloader_is_recorded_and_its_workers_get_the_recording_init_fn(evid
         0, None, False, "SequentialSampler")
     assert (second["num_workers"], second["worker_init_fn"]) == (2, "work")
     assert plain.worker_init_fn is None
-    assert isinstance(workers.worker_init_fn, concurrency.WorkerStart) and workers.worker_init_fn.user_fn is work
+    assert isinstance(workers.worker_init_fn, concurrency.WorkerStart)
+    assert workers.worker_init_fn.user_fn is work
 
 
 def test_worker_start_records_each_workers_rng_states(evidence: tuple[Evidence, Sink]) -> None:
@@ -81,4 +82,5 @@ def test_worker_start_records_each_workers_rng_states(evidence: tuple[Evidence, 
     start, done = sink.events
     assert set(start) == fields(WorkerStartEvent)
     assert (start["type"], start["worker_id"], done["type"], calls) == ("worker-start", 3, "worker-init-done", [3])
-    assert set(start["rng"]) >= {"torch", "python"} and "initial_seed" in start["rng"]["torch"]
+    assert set(start["rng"]) >= {"torch", "python"}
+    assert "initial_seed" in start["rng"]["torch"]

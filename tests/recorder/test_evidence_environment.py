@@ -32,7 +32,8 @@ def test_clock_reads_are_counted_per_user_call_site(evidence: tuple[Evidence, Si
     reads = environment.clock_reads(ev)
     assert reads is not None
     assert [(s["fn"], s["reads"]) for s in reads["sites"]] == [("time.perf_counter", 3), ("time.time", 1)]
-    assert reads["sites"][0]["loc"] == first["loc"] and "test_evidence_environment.py:" in first["loc"]
+    assert reads["sites"][0]["loc"] == first["loc"]
+    assert "test_evidence_environment.py:" in first["loc"]
     patch.restore_all()
     assert time.perf_counter is perf_counter
 
@@ -45,7 +46,8 @@ def test_no_clock_reads_no_event(evidence: tuple[Evidence, Sink]) -> None:
 def test_the_hash_event_probes_string_hashing() -> None:
     event = environment.hash_event()
     assert set(event) == fields(HashEvent)
-    assert event["probe"] == hash("detaudit-hash-probe") and isinstance(event["aslr_disabled"], bool)
+    assert event["probe"] == hash("detaudit-hash-probe")
+    assert isinstance(event["aslr_disabled"], bool)
 
 
 def test_the_environment_keeps_allow_listed_variables_only(evidence: tuple[Evidence, Sink],
@@ -55,8 +57,10 @@ def test_the_environment_keeps_allow_listed_variables_only(evidence: tuple[Evide
     monkeypatch.setenv("WANDB_API_KEY", "secret")
     event = environment.environment(ev)
     assert set(event) == fields(EnvironmentEvent)
-    assert event["env"]["OMP_NUM_THREADS"] == "3" and "WANDB_API_KEY" not in event["env"]
-    assert event["torch"] == torch.__version__ and event["device"] is None
+    assert event["env"]["OMP_NUM_THREADS"] == "3"
+    assert "WANDB_API_KEY" not in event["env"]
+    assert event["torch"] == torch.__version__
+    assert event["device"] is None
 
 
 def test_thread_count_settings_are_recorded_with_their_value(evidence: tuple[Evidence, Sink]) -> None:
@@ -102,5 +106,6 @@ def test_hash_of_a_string_is_recorded_once_per_user_line(evidence: tuple[Evidenc
     json.dumps({"k": 1})  # library code hashing nothing of the script's: not recorded
     [event] = sink.of("hash-call")
     assert set(event) == fields(HashCallEvent)
-    assert event["value"] == builtins.hash("a prompt") and event["of"] == "str of length 8"
+    assert event["value"] == builtins.hash("a prompt")
+    assert event["of"] == "str of length 8"
     assert "test_evidence_environment.py" in event["loc"]

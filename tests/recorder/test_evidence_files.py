@@ -56,7 +56,8 @@ def test_a_read_of_what_an_earlier_repeat_wrote_is_recorded_with_path_and_line(c
     [event] = carried.of("carried")
     assert set(event) == set(get_type_hints(CarriedEvent)) - {"at", "worker"}
     assert (event["what"], event["path"], event["entries"]) == ("read", "counter.txt", [])
-    assert "test_evidence_files.py:" in event["loc"] and "pathlib.py:" in event["by"]  # the library call, too
+    assert "test_evidence_files.py:" in event["loc"]
+    assert "pathlib.py:" in event["by"]
 
 
 def test_what_this_repeat_writes_and_reads_back_is_not_carried(carried: Sink) -> None:

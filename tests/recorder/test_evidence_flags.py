@@ -52,6 +52,8 @@ def test_flags_typos_and_collectives_are_recorded(tmp_path: Path) -> None:
         ("cudnn.benchmark", "False", "train.py:13", "train.py:13"),
     ]
     collectives = events.of(CollectiveEvent)
-    assert collectives[0]["what"] == "init_process_group" and collectives[0]["backend"] == "gloo"
-    assert collectives[1]["what"] == "all_reduce" and collectives[1]["loc"] == "train.py:16"
+    assert collectives[0]["what"] == "init_process_group"
+    assert collectives[0]["backend"] == "gloo"
+    assert collectives[1]["what"] == "all_reduce"
+    assert collectives[1]["loc"] == "train.py:16"
     assert events.first(EnvironmentEvent)["git"] is None  # tmp_path is no git repository

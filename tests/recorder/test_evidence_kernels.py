@@ -46,7 +46,8 @@ def test_a_listed_op_on_a_listed_device_is_recorded_once_per_site(evidence: tupl
     [op] = sink.of("op")
     assert set(op) == fields(OpEvent)
     assert (op["op"], op["device"], op["phase"], op["deterministic"]) == ("index_add_", "cuda", "forward", False)
-    assert "index_add" in op["entry"] and "test_evidence_kernels.py:" in op["loc"]
+    assert "index_add" in op["entry"]
+    assert "test_evidence_kernels.py:" in op["loc"]
 
 
 def test_the_same_op_on_the_cpu_is_not_listed_but_latent(evidence: tuple[Evidence, Sink]) -> None:
@@ -58,7 +59,8 @@ def test_the_same_op_on_the_cpu_is_not_listed_but_latent(evidence: tuple[Evidenc
     [latent] = sink.of("latent-op")
     assert set(latent) == fields(LatentOpEvent)
     assert (latent["op"], latent["phase"], latent["deterministic"]) == ("index_add_", "forward", False)
-    assert "CUDA" in latent["entry"] and "test_evidence_kernels.py:" in latent["loc"]
+    assert "CUDA" in latent["entry"]
+    assert "test_evidence_kernels.py:" in latent["loc"]
 
 
 def test_the_backward_walk_finds_listed_nodes(evidence: tuple[Evidence, Sink]) -> None:
@@ -91,7 +93,8 @@ def test_empty_allocations_from_user_code_carry_their_contents_digest(evidence: 
     assert set(first) == fields(EmptyEvent)
     assert (first["fn"], first["shape"], first["dtype"], first["device"], first["pinned"]) == (
         "torch.empty", [2, 3], "float32", "cpu", False)
-    assert first["digest"] is not None and second["fn"] == "Tensor.new_empty"
+    assert first["digest"] is not None
+    assert second["fn"] == "Tensor.new_empty"
     assert t.shape == (2, 3)
 
 
@@ -108,7 +111,8 @@ def test_each_repeat_fills_empty_memory_with_its_own_finite_values(dtype: torch.
             t = torch.empty(3, 5, dtype=dtype, requires_grad=dtype.is_floating_point)
             filled.append(t.detach().clone())
             assert t._version == 0  # the op recorder keys never-written memory by its version
-            assert sink.internal == 0 and not sink.of("empty")[0]["pinned"]
+            assert sink.internal == 0
+            assert not sink.of("empty")[0]["pinned"]
     assert not torch.equal(filled[0], filled[1])
     assert not torch.equal(filled[1], filled[2]) or dtype == torch.bool  # a bool has two values
     if dtype.is_floating_point:
@@ -127,14 +131,17 @@ def test_the_first_forward_says_which_empty_tensors_were_written_since(evidence:
     assert event == {"type": "empty-writes", "states": ["written", "unwritten", "freed"]}
     assert set(event) == fields(EmptyWritesEvent)
     torch.empty(1)  # after the first forward: recorded, no longer watched
-    assert kernels.empty_writes_event(ev) is None and len(sink.of("empty")) == 4 and left.numel() == 5
+    assert kernels.empty_writes_event(ev) is None
+    assert len(sink.of("empty")) == 4
+    assert left.numel() == 5
 
 
 def test_memory_a_fill_cannot_reach_keeps_its_leftover_bytes(evidence: tuple[Evidence, Sink]) -> None:
     ev, sink = evidence
     kernels.install(ev, torch)
     overlapping = torch.empty_strided((4, 4), (1, 1))  # rows alias each other: no copy can write it
-    assert overlapping.shape == (4, 4) and sink.of("empty")[0]["fn"] == "torch.empty_strided"
+    assert overlapping.shape == (4, 4)
+    assert sink.of("empty")[0]["fn"] == "torch.empty_strided"
 
 
 def test_a_large_tensor_gets_a_filled_prefix_and_a_strided_one_none(evidence: tuple[Evidence, Sink],
@@ -143,10 +150,13 @@ def test_a_large_tensor_gets_a_filled_prefix_and_a_strided_one_none(evidence: tu
     ev, _ = evidence
     monkeypatch.setattr(kernels, "FILL_MAX", 8)
     whole, prefix, strided = torch.full((6,), 1e30), torch.full((12,), 1e30), torch.full((4, 4), 1e30).t()
-    assert kernels._fill(ev, whole) == kernels._tensor_digest(whole) and bool(whole.abs().lt(1).all())
+    assert kernels._fill(ev, whole) == kernels._tensor_digest(whole)
+    assert bool(whole.abs().lt(1).all())
     assert kernels._fill(ev, prefix) is None
-    assert bool(prefix[:8].abs().lt(1).all()) and bool(prefix[8:].eq(1e30).all())
-    assert kernels._fill(ev, strided) is None and bool(strided.eq(1e30).all())
+    assert bool(prefix[:8].abs().lt(1).all())
+    assert bool(prefix[8:].eq(1e30).all())
+    assert kernels._fill(ev, strided) is None
+    assert bool(strided.eq(1e30).all())
 
 
 def test_empty_tensors_without_plain_storage_pass_through(evidence: tuple[Evidence, Sink]) -> None:
@@ -156,7 +166,9 @@ def test_empty_tensors_without_plain_storage_pass_through(evidence: tuple[Eviden
     sparse = torch.empty((2, 2), layout=torch.sparse_coo)
     batched = torch.func.vmap(lambda x: torch.empty_like(x).copy_(x) * 2)(torch.ones(3, 2))
     grads = torch.func.grad(lambda x: (torch.empty_like(x).copy_(x) * x).sum())(torch.ones(2))
-    assert sparse.is_sparse and batched.eq(2).all() and grads.eq(2).all()
+    assert sparse.is_sparse
+    assert batched.eq(2).all()
+    assert grads.eq(2).all()
     assert len(sink.of("empty")) == 3
     assert kernels.empty_writes_event(ev) == {"type": "empty-writes", "states": ["unknown"] * 3}
 
@@ -167,7 +179,8 @@ def test_the_zero_empty_pin_zeroes_what_empty_returns(evidence: tuple[Evidence, 
     ev.attach_recorder(sink)
     ev.torch = torch
     kernels.install(ev, torch)
-    assert torch.empty(64).eq(0).all() and sink.of("empty")[0]["pinned"]
+    assert torch.empty(64).eq(0).all()
+    assert sink.of("empty")[0]["pinned"]
 
 
 def test_memory_torch_fills_itself_is_left_as_torch_filled_it(evidence: tuple[Evidence, Sink],
@@ -198,7 +211,8 @@ def test_flag_setters_and_assignments_are_recorded_with_their_site(evidence: tup
     assert set(setter) == fields(FlagEvent)
     assert (setter["flag"], setter["value"]) == ("use_deterministic_algorithms", "True, warn_only=True")
     assert (assignment["flag"], assignment["value"]) == ("cudnn.benchmark", "True")
-    assert setter["loc"] == setter["by"] and "test_evidence_kernels.py:" in setter["loc"]
+    assert setter["loc"] == setter["by"]
+    assert "test_evidence_kernels.py:" in setter["loc"]
 
 
 def test_a_misspelt_flag_is_recorded_with_the_name_it_meant(evidence: tuple[Evidence, Sink]) -> None:

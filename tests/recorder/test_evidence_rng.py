@@ -38,8 +38,10 @@ def test_torch_seeding_records_value_site_and_whether_the_rng_was_drawn_from(evi
     assert set(first) == fields(SeedEvent) - {"by"} == set(second)  # `by`: library calls only
     assert (first["fn"], first["value"], first["lib"], first["library"]) == ("torch.manual_seed", 5, "torch", False)
     assert first["loc"].endswith(f"test_evidence_rng.py:{_line('torch.manual_seed(5)')}")
-    assert not first["drawn_before"] and second["drawn_before"]  # randn drew between the two
-    assert first["state"] != second["state"] and first["pinned"] is None
+    assert not first["drawn_before"]
+    assert second["drawn_before"]
+    assert first["state"] != second["state"]
+    assert first["pinned"] is None
     [draw] = sink.of("draw")
     assert set(draw) == fields(DrawEvent) - {"obj", "library", "importing"}  # set only where they apply
     assert (draw["fn"], draw["generator"], draw["device"]) == ("torch.randn", "global", "cpu")
@@ -69,7 +71,8 @@ def test_python_random_seed_and_draw(evidence: tuple[Evidence, Sink]) -> None:
         random.setstate(state)
     [d] = sink.of("draw")
     [s] = sink.of("seed")
-    assert (d["lib"], d["fn"], d["generator"]) == ("python", "random.random", "global") and "device" not in d
+    assert (d["lib"], d["fn"], d["generator"]) == ("python", "random.random", "global")
+    assert "device" not in d
     assert (s["fn"], s["value"], s["drawn_before"], s["state"]) == ("random.seed", 3, True, python_rng_digest(after))
     patch.restore_all()
     assert (random.seed, random.random) == (seed, draw)
@@ -87,7 +90,8 @@ def test_numpy_seed_generator_and_draw(evidence: tuple[Evidence, Sink]) -> None:
     finally:
         np.random.set_state(state)
     [snapshot] = sink.of("state")
-    assert snapshot["when"] == "numpy-import" and set(snapshot["rng"]) >= {"numpy", "python"}
+    assert snapshot["when"] == "numpy-import"
+    assert set(snapshot["rng"]) >= {"numpy", "python"}
     [s] = sink.of("seed")
     assert (s["fn"], s["lib"], s["value"]) == ("np.random.seed", "numpy", 1)
     unseeded, seeded = sink.of("generator")
@@ -175,18 +179,21 @@ def test_rng_objects_the_script_owns_are_numbered_and_followed_to_their_draws(ev
     made = [(e["fn"], e["lib"], e["obj"], e["seeded"]) for e in sink.of("generator")]
     assert made == [("Generator.seed", "torch", 0, False), ("random.Random", "python", 1, False),
                     ("random.SystemRandom", "python", 2, False), ("np.random.RandomState", "numpy", 3, False)]
-    assert sink.of("generator")[0]["value"] == drawn and sink.of("generator")[2].get("entropy") is True
+    assert sink.of("generator")[0]["value"] == drawn
+    assert sink.of("generator")[2].get("entropy") is True
     assert all(e["loc"].startswith("test_evidence_rng.py") or "test_evidence_rng.py" in e["loc"]
                for e in sink.of("generator"))
     draws = [(d["fn"], d.get("obj")) for d in sink.of("draw")]
     assert draws == [("torch.randn", 0), ("Random.shuffle", 1), ("Random.random", 2), ("RandomState.rand", 3)]
     # the recording subclasses keep isinstance true for objects made elsewhere, and pickle as the original
-    assert isinstance(torch.default_generator, torch.Generator) and isinstance(np.random.mtrand._rand,
+    assert isinstance(torch.default_generator, torch.Generator)
+    assert isinstance(np.random.mtrand._rand,
                                                                                np.random.RandomState)
     assert pickle.loads(pickle.dumps(g)).initial_seed() == g.initial_seed()
     assert isinstance(pickle.loads(pickle.dumps(rs)), np.random.RandomState)
     patch.restore_all()
-    assert torch.Generator is torch._C.Generator and np.random.RandomState is np.random.mtrand.RandomState
+    assert torch.Generator is torch._C.Generator
+    assert np.random.RandomState is np.random.mtrand.RandomState
 
 
 def test_a_pin_reaches_the_scripts_rng_objects(evidence: tuple[Evidence, Sink]) -> None:
@@ -228,7 +235,9 @@ def test_seeding_through_a_helper_names_the_helper_and_a_restore_is_recorded(
     assert seeds[:2] == [("torch.manual_seed", 42, True, "seedhelp.py:5"), ("random.seed", 42, True, "seedhelp.py:6")]
     assert all("test_evidence_rng.py" in e["loc"] for e in sink.of("seed"))  # the user's line that called the helper
     restore = sink.of("rng-restore")[0]  # fork_rng's exit (then this test's own restores)
-    assert restore["fn"] == "torch.set_rng_state" and restore["library"] and "(fork_rng)" in restore["by"]
+    assert restore["fn"] == "torch.set_rng_state"
+    assert restore["library"]
+    assert "(fork_rng)" in restore["by"]
 
 
 def test_a_draw_by_a_library_at_its_import_is_told_apart(evidence: tuple[Evidence, Sink], tmp_path: Path,

@@ -88,4 +88,5 @@ def test_a_failure_in_the_hook_never_fails_the_scripts_open(writes: Any, tmp_pat
     with open(tmp_path / "out.txt", "w") as fh:  # the script's open still succeeds
         fh.write("x")
     assert (tmp_path / "out.txt").read_text() == "x"
-    assert files._writes is None and "stopped recording the files" in capsys.readouterr().err
+    assert files._writes is None
+    assert "stopped recording the files" in capsys.readouterr().err

@@ -45,7 +45,8 @@ def batch_prints(tensors: list[torch.Tensor],
     reducer.close_batches()
     out = []
     for r in slots:
-        assert r.payload is not None and r.payload.tensor is not None
+        assert r.payload is not None
+        assert r.payload.tensor is not None
         out.append(r.slot.read(r.payload.tensor.cpu().view(torch.int64).tolist(), 0))
     return out
 
@@ -59,7 +60,9 @@ def group_digest(t: torch.Tensor) -> int:
     tensors = [torch.ones(3), t, torch.arange(5, dtype=torch.int64)]
     first = group.rows(tensors, lambda t: (0, 0), 0, 0)
     again = group.rows(tensors, lambda t: (0, 0), 1, 0)
-    assert first is not None and again is not None and first["digest"][1] == again["digest"][1]
+    assert first is not None
+    assert again is not None
+    assert first["digest"][1] == again["digest"][1]
     assert again["samples"][1].tobytes() == first["samples"][1].tobytes()
     return int(again["digest"][1])
 
@@ -147,15 +150,18 @@ def test_views_fingerprint_like_contiguous_copy(path: str, dtype: torch.dtype) -
         base = base + 1j * torch.arange(48, dtype=torch.float64).reshape(6, 8).to(dtype)
     for label, view in _views(base):
         copy = view.clone(memory_format=torch.contiguous_format).resolve_conj().resolve_neg()
-        assert not copy.is_conj() and not copy.is_neg()
-        assert copy.is_contiguous() and copy.storage_offset() == 0
+        assert not copy.is_conj()
+        assert not copy.is_neg()
+        assert copy.is_contiguous()
+        assert copy.storage_offset() == 0
         assert digest(view) == digest(copy), label
 
 
 def test_conj_and_neg_views_are_views() -> None:
     """Guard the test above: these really are the lazy views the fingerprint must resolve."""
     z = torch.randn(3, 4, dtype=torch.complex64)
-    assert z.conj().is_conj() and z.conj().imag.is_neg()
+    assert z.conj().is_conj()
+    assert z.conj().imag.is_neg()
     assert fingerprint(z.conj()).digest != fingerprint(z).digest  # conjugation changes the contents
 
 
@@ -183,7 +189,9 @@ def test_zero_dim_and_empty(path: str) -> None:
     assert len({digest(e) for e in empties}) == len(empties)
     assert digest(torch.empty(0, 3)) == digest(torch.zeros(0, 3))
     fp = fingerprint(torch.empty(0, 3))
-    assert fp.shape == (0, 3) and fp.dtype == "float32" and all(math.isnan(s) for s in fp.samples)
+    assert fp.shape == (0, 3)
+    assert fp.dtype == "float32"
+    assert all(math.isnan(s) for s in fp.samples)
 
 
 @pytest.mark.parametrize("path", DIGESTS)
@@ -247,7 +255,8 @@ def test_per_shape_caches_stay_bounded_and_digests_survive_a_refill(monkeypatch)
     first = fp.fingerprint_cpu(torch.arange(3.0))
     for n in range(1, 40):  # a dynamic-shape workload: a new shape each call
         fp.fingerprint_cpu(torch.ones(n))
-    assert len(fp._plans) <= 8 and len(fp._meta_cache) <= 8
+    assert len(fp._plans) <= 8
+    assert len(fp._meta_cache) <= 8
     assert fp.fingerprint_cpu(torch.arange(3.0)) == first
 
 

@@ -279,8 +279,10 @@ def test_parameters_are_named_from_the_module_that_holds_them_under_a_closure_st
             h.remove()
     recorder.close({"exit_code": 0})
     params = ["scale", "net.0.weight", "net.0.bias", "head.0.weight", "head.0.bias"]
-    assert names(path, Kind.GRAD) == params * 2 and names(path, Kind.PARAM) == params * 2
-    assert names(path, Kind.OUTPUT)[:2] == ["net.0", "net"] and "net.input[0]" in names(path, Kind.INPUT)
+    assert names(path, Kind.GRAD) == params * 2
+    assert names(path, Kind.PARAM) == params * 2
+    assert names(path, Kind.OUTPUT)[:2] == ["net.0", "net"]
+    assert "net.input[0]" in names(path, Kind.INPUT)
     assert recorder.step == 2
 
 
@@ -338,6 +340,7 @@ def test_a_gan_loop_counts_one_step_per_iteration(tmp_path: Path) -> None:
         loop.forward_backward()
         updates.append(f"G{i}")
         loop.step(loop.body)
-    assert loop.recorder.step == 5 and ended == [1, 4, 6, 8, 10]
+    assert loop.recorder.step == 5
+    assert ended == [1, 4, 6, 8, 10]
     # the first iteration's generator update is counted with the second's
     assert loop.steps(Kind.GRAD, "body.weight") == [1, 1, 2, 3, 4]

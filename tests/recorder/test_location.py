@@ -20,7 +20,8 @@ def test_all_of_detaudit_but_its_demo_is_library_code() -> None:
     for path in (fingerprint.__file__, location.__file__, detaudit.__file__, os.path.join(root, "trace", "reader.py")):
         assert os.path.abspath(path).startswith(own), path
     demo = os.path.join(root, "demo", "train_demo.py")
-    assert os.path.isfile(demo) and not demo.startswith(own)
+    assert os.path.isfile(demo)
+    assert not demo.startswith(own)
     assert not os.path.abspath(__file__).startswith(own)
 
 

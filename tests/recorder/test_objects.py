@@ -64,7 +64,8 @@ def test_every_encodable_value_differs_when_it_differs_and_agrees_when_equal(a: 
 def test_numbers_keep_their_values_as_samples_and_match_the_tensor_they_would_be() -> None:
     leaves = dict(walk({"a": np.arange(4, dtype=np.float32), "step": 7, "ints": list(range(625))}, "s"))
     assert fingerprint(leaves["s.a"]).digest == fingerprint(torch.arange(4, dtype=torch.float32)).digest
-    assert isinstance(leaves["s.step"], torch.Tensor) and leaves["s.step"].dtype == torch.int64
+    assert isinstance(leaves["s.step"], torch.Tensor)
+    assert leaves["s.step"].dtype == torch.int64
     assert tuple(leaves["s.ints"].shape) == (625,)  # one record for a list of numbers, not 625
 
 
@@ -77,13 +78,15 @@ def test_arbitrary_objects_and_overlong_or_deep_trees_are_listed_never_skipped()
         pass
 
     leaves = digests({"config": Config(), "ok": 1})
-    assert isinstance(leaves["save.config"], Unencodable) and leaves["save.config"].type_name.endswith("Config")
+    assert isinstance(leaves["save.config"], Unencodable)
+    assert leaves["save.config"].type_name.endswith("Config")
     assert isinstance(leaves["save.ok"], int)  # a tensor's digest: encoded beside it
     deep: list[Any] = []
     deep.append(deep)  # a list that holds itself
     assert any(isinstance(leaf, Unencodable) and "deeper" in leaf.type_name for leaf in digests(deep).values())
     many = list(walk([str(i) for i in range(MAX_LEAVES + 10)], "save"))
-    assert len(many) == MAX_LEAVES + 1 and isinstance(many[-1][1], Unencodable)
+    assert len(many) == MAX_LEAVES + 1
+    assert isinstance(many[-1][1], Unencodable)
 
 
 def test_the_recorder_writes_encoded_values_as_save_records_and_unencodable_ones_as_events(tmp_path: Path) -> None:

@@ -42,7 +42,8 @@ def test_forward_and_backward_ops_carry_module_line_and_autograd_node(tmp_path: 
     mm = rows(trace, "aten.mm.default")
     forward = [r for r in mm if not r["flags"] & Flag.BACKWARD]
     backward = [r for r in mm if r["flags"] & Flag.BACKWARD]
-    assert len(forward) == 1 and backward
+    assert len(forward) == 1
+    assert backward
     assert (forward[0]["module"], forward[0]["loc"]) == ("net.0", lines["forward"])
     # a forward op's aux names the records that made its inputs, as distances back: randn's, two records back
     # (ones is the other); a backward op's names its autograd node
@@ -53,7 +54,9 @@ def test_forward_and_backward_ops_carry_module_line_and_autograd_node(tmp_path: 
     # a backward op: the autograd node that ran it, and the forward line and module that created that node
     assert {(r["node"], r["loc"], r["module"]) for r in backward} == {("MmBackward0", lines["forward"], "net.0")}
     threshold = rows(trace, "aten.threshold_backward.default")
-    assert threshold and threshold[0]["node"] == "ReluBackward0" and threshold[0]["loc"] == lines["forward"]
+    assert threshold
+    assert threshold[0]["node"] == "ReluBackward0"
+    assert threshold[0]["loc"] == lines["forward"]
     assert all(r["kind"] == Kind.OP for r in rows(trace))
 
 
@@ -94,7 +97,8 @@ def test_random_ops_are_flagged_and_their_overwritten_self_is_not_an_input(tmp_p
 
     one, two = (rows(record(tmp_path / f"{s}.trace", body(s))) for s in (1.0, 2.0))
     uniform = [r for r in one if r["name"] == "aten.uniform_.default"]
-    assert uniform and uniform[0]["flags"] & Flag.RANDOM
+    assert uniform
+    assert uniform[0]["flags"] & Flag.RANDOM
     assert [r["ins"] for r in one if r["name"] == "aten.uniform_.default"] == \
            [r["ins"] for r in two if r["name"] == "aten.uniform_.default"]
     assert any(r["flags"] & Flag.RANDOM for r in one if "bernoulli" in r["name"] or "dropout" in r["name"])
@@ -202,7 +206,8 @@ def test_device_path_at_op_granularity_resolves_without_recording_its_own_transf
     rec.close({"exit_code": 0})
     trace = read_trace(path)
     names = [trace.strings[r["name"]] for r in trace.records]
-    assert names and not any("stack" in n or "_to_copy" in n for n in names), names
+    assert names, names
+    assert not any("stack" in n or "_to_copy" in n for n in names), names
     assert (trace.records["flags"] & Flag.DEVICE).all()
     # inside the op window accelerator digests are taken at once, so every op's inputs are known
     assert (trace.records["in_ordered"] != 0).all()
@@ -242,7 +247,8 @@ def test_ops_on_sparse_and_nested_tensors_are_recorded_and_never_raise_into_the_
     trace = record(tmp_path / "t.trace", body)
     assert torch.equal(results["jagged"], torch.arange(12.0).reshape(6, 2) * 2)
     assert torch.equal(results["nested"], torch.arange(4.0, 12.0).reshape(4, 2))
-    assert torch.equal(results["csr"], torch.tensor([4.5, 6.0])) and torch.equal(results["coo"], torch.ones(2, 2))
+    assert torch.equal(results["csr"], torch.tensor([4.5, 6.0]))
+    assert torch.equal(results["coo"], torch.ones(2, 2))
     recorded = {(r["name"], bool(r["flags"] & Flag.NO_DATA)) for r in rows(trace)}
     # the products and the relu, with their contents (torch's own meta bookkeeping tensors have none)
     assert {("aten.mul.Tensor", False), ("aten.relu.default", False)} <= recorded, recorded

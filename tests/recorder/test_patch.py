@@ -37,11 +37,14 @@ def test_wraps_looks_like_the_original_and_restores_the_very_same_object() -> No
     calls: list[str] = []
     assert patch.wrap(module, "double", counting(calls, "w"))
     wrapped = module.double  # type: ignore[attr-defined]
-    assert wrapped is not double and wrapped(3) == 6 and calls == ["w"]
+    assert wrapped is not double
+    assert wrapped(3) == 6
+    assert calls == ["w"]
     assert (wrapped.__name__, wrapped.__doc__, wrapped.__wrapped__) == ("double", "Twice x.", double)
     [p] = patch.patched()
     patch.restore(p)
-    assert module.double is double and patch.patched() == []  # type: ignore[attr-defined]
+    assert module.double is double
+    assert patch.patched() == []
 
 
 def test_a_missing_attribute_is_not_patched() -> None:
@@ -59,9 +62,12 @@ def test_an_inherited_method_is_deleted_again_not_shadowed() -> None:
 
     calls: list[str] = []
     patch.wrap(Child, "run", counting(calls, "w"))
-    assert "run" in vars(Child) and Child().run() == "base" and calls == ["w"]
+    assert "run" in vars(Child)
+    assert Child().run() == "base"
+    assert calls == ["w"]
     patch.restore_all()
-    assert "run" not in vars(Child) and Child.run is Base.run
+    assert "run" not in vars(Child)
+    assert Child.run is Base.run
 
 
 def test_layers_restore_newest_first_and_restoring_twice_is_harmless() -> None:
@@ -71,10 +77,12 @@ def test_layers_restore_newest_first_and_restoring_twice_is_harmless() -> None:
     calls: list[str] = []
     patch.wrap(module, "f", counting(calls, "inner"))
     patch.wrap(module, "f", counting(calls, "outer"))
-    assert module.f() == "x" and calls == ["outer", "inner"]  # type: ignore[attr-defined]
+    assert module.f() == "x"
+    assert calls == ["outer", "inner"]
     first = patch.patched()[0]
     patch.restore(first)  # undoes the later layer too
-    assert module.f is original and patch.patched() == []  # type: ignore[attr-defined]
+    assert module.f is original
+    assert patch.patched() == []
     patch.restore(first)
     patch.restore_all()
     assert module.f is original  # type: ignore[attr-defined]
@@ -104,7 +112,8 @@ def test_restore_all_since_keeps_older_patches() -> None:
     kept = len(patch.patched())
     patch.wrap(module, "b", counting([], "b"))
     patch.restore_all(kept)
-    assert module.b is b and [p.name for p in patch.patched()] == ["a"]  # type: ignore[attr-defined]
+    assert module.b is b
+    assert [p.name for p in patch.patched()] == ["a"]
     patch.restore_all()
 
 
@@ -123,9 +132,11 @@ def test_a_wrapped_torch_builtin_still_scripts_as_the_builtin_and_is_unregistere
     scripted = torch.jit.script(f)
     assert scripted(torch.zeros(2)).tolist() == [1.0, 1.0]
     assert calls == []  # scripted code calls the aten op, not the Python wrapper
-    assert torch.add(torch.zeros(1), 1).item() == 1.0 and calls == ["w"]
+    assert torch.add(torch.zeros(1), 1).item() == 1.0
+    assert calls == ["w"]
     patch.restore_all()
-    assert torch.add is original and _builtins._find_builtin(wrapper) is None
+    assert torch.add is original
+    assert _builtins._find_builtin(wrapper) is None
 
 
 def test_a_wrapped_python_function_hands_torchscript_the_original() -> None:
@@ -165,4 +176,5 @@ def test_the_guard_fixture_fails_a_test_that_leaves_something_patched(pytester: 
         threading.Thread.start = original_start  # type: ignore[method-assign]
     result.assert_outcomes(passed=3, errors=2)
     result.stdout.fnmatch_lines(["*the test left patched: random.seed*", "*left patched: threading.Thread.start*"])
-    assert random.seed.__module__ == "random" and patch.patched() == []
+    assert random.seed.__module__ == "random"
+    assert patch.patched() == []

@@ -135,7 +135,8 @@ def test_every_layout_is_recorded_with_its_contents_except_meta(tmp_path: Path, 
     flags = {tr.strings[n]: int(f) & Flag.NO_DATA for n, f in zip(tr.records["name"], tr.records["flags"])}
     assert flags == {name: Flag.NO_DATA if name == "meta" else 0 for name in tensors}
     shapes = [tr.strings[s] for s in tr.records["shape"]]
-    assert shapes[list(tensors).index("jagged")] == "2xjx3" and shapes[list(tensors).index("strided nested")] == "2xjx3"
+    assert shapes[list(tensors).index("jagged")] == "2xjx3"
+    assert shapes[list(tensors).index("strided nested")] == "2xjx3"
     assert len(set(tr.records["digest"])) == len(tensors)
 
 
@@ -242,4 +243,5 @@ def test_a_recv_without_a_future_is_hashed_at_the_first_poll_after_the_script_wa
     buf.fill_(0.0)
     rec.close({"exit_code": 0})
     (row,) = read_trace(path).records
-    assert int(row["digest"]) == fingerprint(torch.full((3,), 5.0)).digest and not int(row["flags"]) & Flag.NO_DATA
+    assert int(row["digest"]) == fingerprint(torch.full((3,), 5.0)).digest
+    assert not int(row["flags"]) & Flag.NO_DATA

@@ -52,7 +52,10 @@ def test_ddp_replicas_and_a_reused_sampler_epoch_are_recorded(tmp_path: Path) ->
     assert proc.returncode == 0 or (teardown_abort and recorded.footer is not None), proc.stderr
     events = {e["type"]: e for e in recorded.events}
     ddp = events["ddp"]
-    assert ddp["params"] == ["module.weight", "module.bias"] and ddp["ignored"] == []
-    assert ddp["backend"] == "gloo" and ddp["bucket_cap_mb"] == 1
+    assert ddp["params"] == ["module.weight", "module.bias"]
+    assert ddp["ignored"] == []
+    assert ddp["backend"] == "gloo"
+    assert ddp["bucket_cap_mb"] == 1
     # epochs 0, 1 (set_epoch), then 1 again: told once, at the third pass
-    assert events["sampler-epoch"]["epoch"] == 1 and events["sampler-epoch"]["iterations"] == 3
+    assert events["sampler-epoch"]["epoch"] == 1
+    assert events["sampler-epoch"]["iterations"] == 3

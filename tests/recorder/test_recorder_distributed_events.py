@@ -33,9 +33,12 @@ def test_a_reused_sampler_epoch_is_recorded_once(monkeypatch: pytest.MonkeyPatch
     sampler = data_distributed.DistributedSampler(list(range(8)), num_replicas=2, rank=0, shuffle=True, seed=3)
     first = list(sampler)
     assert recorder.events == []
-    assert list(sampler) == first and list(sampler) == first  # set_epoch never called: the same order again
+    assert list(sampler) == first
+    assert list(sampler) == first
     [event] = recorder.events
-    assert event["type"] == "sampler-epoch" and event["epoch"] == 0 and event["seed"] == 3
+    assert event["type"] == "sampler-epoch"
+    assert event["epoch"] == 0
+    assert event["seed"] == 3
     assert event["iterations"] == 2
     sampler.set_epoch(1)
     list(sampler)

@@ -32,7 +32,9 @@ def test_save_and_load(tmp_path: Path) -> None:
     saved = _saved(tmp_path)
     assert sorted(p.name for p in saved.iterdir()) == [baseline.MANIFEST, baseline.STDOUT, baseline.TRACE]
     loaded = baseline.load(saved)
-    assert loaded.granularity == "module" and loaded.result.exit_code == 0 and loaded.script == "train.py"
+    assert loaded.granularity == "module"
+    assert loaded.result.exit_code == 0
+    assert loaded.script == "train.py"
     assert baseline.load(saved / baseline.MANIFEST).trace == loaded.trace
 
 
@@ -82,12 +84,15 @@ def test_round_trip(tmp_path: Path) -> None:
     assert saved.returncode == 0, saved.output
     assert "baseline saved to base" in saved.stderr
     manifest = json.loads((tmp_path / "base" / baseline.MANIFEST).read_text())
-    assert manifest["format"] == "detaudit-baseline" and manifest["version"] == 1
-    assert manifest["environment"]["torch"] and manifest["environment"]["num_threads"] >= 1
+    assert manifest["format"] == "detaudit-baseline"
+    assert manifest["version"] == 1
+    assert manifest["environment"]["torch"]
+    assert manifest["environment"]["num_threads"] >= 1
 
     same = run_cli(["run", script, "-n", "2", "--baseline", "base", "--json", "same.json"], cwd=tmp_path)
     assert same.returncode == 0, same.output
-    assert same.report is not None and same.report["baseline"]["matches"] is True
+    assert same.report is not None
+    assert same.report["baseline"]["matches"] is True
     assert same.report["baseline"]["environment_changes"] == []
     assert "matches the baseline" in same.stdout
 
@@ -95,7 +100,8 @@ def test_round_trip(tmp_path: Path) -> None:
     changed = run_cli(["run", script, "-n", "2", "--baseline", "base", "--json", "lr.json", "--", "--lr", "0.07"],
                       cwd=tmp_path)
     assert changed.returncode == 1, changed.output
-    assert changed.report is not None and changed.report["verdict"] == "deterministic"  # the repeats agree
+    assert changed.report is not None
+    assert changed.report["verdict"] == "deterministic"
     first = changed.report["baseline"]["first_divergence"]
     reference = read_trace(tmp_path / "base" / baseline.TRACE)
     first_param = int(np.flatnonzero(reference.records["kind"] == int(Kind.PARAM))[0])
@@ -117,7 +123,8 @@ def test_round_trip(tmp_path: Path) -> None:
     assert changes["num_threads"] == (env["num_threads"] + 6, env["num_threads"])
     assert f"2.11.0 → {env['torch']}" in moved.stdout  # next to the divergence in the terminal report
     html = (tmp_path / "env.html").read_text()
-    assert "2.11.0" in html and "Baseline" in html
+    assert "2.11.0" in html
+    assert "Baseline" in html
 
 
 @pytest.mark.process
@@ -134,7 +141,8 @@ def test_unreadable_baseline_exits_4_before_running(tmp_path: Path) -> None:
     (tmp_path / "nobase").mkdir()
     result = run_cli(["run", str(SCRIPTS / "fit_lr.py"), "--baseline", "nobase"], cwd=tmp_path)
     assert result.returncode == 4
-    assert "not a detaudit baseline" in result.stderr and "Traceback" not in result.output
+    assert "not a detaudit baseline" in result.stderr
+    assert "Traceback" not in result.output
     assert not (tmp_path / ".detaudit").exists()
 
 
@@ -152,16 +160,22 @@ def test_compare_reads_a_baseline_as_a_recording(tmp_path: Path) -> None:
     console.print(runs_table(same))
     text = console.export_text()
     rows = [line for line in text.splitlines() if str(saved) in line or str(tmp_path / "run") in line]
-    assert "Recordings compared" in text and "repeat" not in text.splitlines()[1] and len(rows) == 2
-    assert " - " in rows[0] and "0.50" in rows[1] and "0.00" not in text
+    assert "Recordings compared" in text
+    assert "repeat" not in text.splitlines()[1]
+    assert len(rows) == 2
+    assert " - " in rows[0]
+    assert "0.50" in rows[1]
+    assert "0.00" not in text
     report = compare_recorded([saved, other])
-    assert report.verdict == "divergent" and report.first_divergence is not None
+    assert report.verdict == "divergent"
+    assert report.first_divergence is not None
     console = Console(record=True, width=300)
     panel = divergence_panel(report)
     assert panel is not None
     console.print(panel)
     assert f"{other} differ from {saved}" in console.export_text()
-    assert report.first_divergence.record is not None and report.first_divergence.record.step == 1
+    assert report.first_divergence.record is not None
+    assert report.first_divergence.record.step == 1
 
 
 def test_saving_over_a_baseline_says_what_it_replaces_and_from_when(tmp_path: Path) -> None:

@@ -44,7 +44,8 @@ class Page(HTMLParser):
     def handle_endtag(self, tag: str) -> None:
         if tag in _VOID:
             return
-        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes <{self.stack[-1] if self.stack else None}>"
+        assert self.stack, f"</{tag}> closes <{self.stack[-1] if self.stack else None}>"
+        assert self.stack[-1] == tag, f"</{tag}> closes <{self.stack[-1] if self.stack else None}>"
         self.stack.pop()
 
     def handle_data(self, data: str) -> None:
@@ -98,7 +99,9 @@ def test_synthetic_divergence_report(tmp_path: Path) -> None:
     data = to_dict(report)
     page = check_page(render_html(report), data)
     text = " ".join(page.text)
-    assert "DIVERGENT" in text and "First divergence" in text and "Repeats" in text
+    assert "DIVERGENT" in text
+    assert "First divergence" in text
+    assert "Repeats" in text
     # the same number of records differs at every step from step 2: that count is a sentence, not a plot
     assert {attrs.get("data-plot") for tag, attrs in page.elements if tag == "svg"} == {"max-abs-diff", "modules"}
     assert {attrs.get("data-constant") for tag, attrs in page.elements if tag == "p"} >= {"differing"}
@@ -120,7 +123,8 @@ def test_user_text_is_escaped(tmp_path: Path) -> None:
     report = load_run(write_run(tmp_path / "run", [ref, [r.but(digest=r.digest + 1) for r in ref]]))
     data = to_dict(report)
     text = render_html(report)
-    assert "<script>" not in text and "&lt;script&gt;" in text
+    assert "<script>" not in text
+    assert "&lt;script&gt;" in text
     check_page(text, data)
 
 
@@ -162,10 +166,13 @@ def test_baseline_section_and_its_spread(tmp_path: Path) -> None:
     report = load_run(later)
     report = replace(report, baseline=baseline_diff.check(baseline.load(saved), later, record, results))
     data = to_dict(report)
-    assert data["verdict"] == "deterministic" and data["exit_code"] == 1
+    assert data["verdict"] == "deterministic"
+    assert data["exit_code"] == 1
     page = check_page(render_html(report), data)
     text = " ".join(page.text)
-    assert "from the baseline" in text and "differs" in text and "cpu_count" in text
+    assert "from the baseline" in text
+    assert "differs" in text
+    assert "cpu_count" in text
     assert set(plotted(page, "differing")) == {1, 2}
 
 
@@ -173,7 +180,8 @@ def test_heat_strip_groups_long_runs_into_cells() -> None:
     steps = [StepSpread(s, 4, 2, 1.0, {"fc": 2}) for s in range(900)]
     page = Page(heat_strip_svg(steps))
     cells = [c for tag, c in page.elements if tag == "rect" and "data-count" in c]
-    assert len(cells) == 300 and {c["data-steps"] for c in cells} == {"3"}
+    assert len(cells) == 300
+    assert {c["data-steps"] for c in cells} == {"3"}
     assert sum(int(c["data-count"]) for c in cells) == 2 * 900  # every differing record is counted once
 
 

@@ -57,7 +57,8 @@ def test_every_setting_names_a_registered_cause_and_two_different_values() -> No
     for spec in perturbations(8).values():
         assert spec.cause in CAUSE_IDS
         first, second = spec.settings
-        assert first.value != second.value and (first.env != second.env or first.child != second.child)
+        assert first.value != second.value
+        assert (first.env != second.env or first.child != second.child)
 
 
 # -- which repeat runs with what ----------------------------------------------------------------------------
@@ -68,7 +69,8 @@ def test_repeats_alternate_between_the_base_group_and_one_group_per_setting(tmp_
         {"threads": "1", "hash-seed": "1"}, {"threads": "4", "hash-seed": "1"}, {"threads": "1", "hash-seed": "2"}] * 2
     assert plans[1].env == {"KEEP": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4",
                             "PYTHONHASHSEED": "1"}
-    assert plans[1].child_config["perturb"] == {} and plans[1].child_config["pins"] == []
+    assert plans[1].child_config["perturb"] == {}
+    assert plans[1].child_config["pins"] == []
 
 
 def test_a_cuda_only_setting_is_not_varied_on_a_run_that_sees_no_gpu(tmp_path: Path) -> None:
@@ -119,10 +121,14 @@ def perturbed_run(tmp_path: Path, sensitive: bool, control_differs: bool = False
 def test_a_setting_that_changes_the_bits_is_confirmed_by_the_groups_that_agree(tmp_path: Path) -> None:
     report = load_run(perturbed_run(tmp_path, sensitive=True))
     found = report.perturbation
-    assert found is not None and found.control is None and found.groups == ((0, 2), (1, 3))
+    assert found is not None
+    assert found.control is None
+    assert found.groups == ((0, 2), (1, 3))
     [threads] = found.sensitive
     assert (threads.values, threads.base, threads.changed) == (("1", "2"), (0, 2), (1, 3))
-    assert threads.divergence is not None and threads.divergence.index == 3 and threads.divergence.repeats == [1, 3]
+    assert threads.divergence is not None
+    assert threads.divergence.index == 3
+    assert threads.divergence.repeats == [1, 3]
     assert report.verdict == "divergent"
     assert [c.id for c in report.causes] == ["thread-count"]  # nothing else varies from run to run
     cause = report.causes[0]
@@ -133,21 +139,27 @@ def test_a_setting_that_changes_the_bits_is_confirmed_by_the_groups_that_agree(t
     assert any(line.startswith("first divergence between the two: record #3") for line in cause.evidence)
     data = to_dict(report)
     assert data["runs"][1]["perturbation"] == T2
-    assert data["perturbation"]["sensitive"] == ["threads"] and data["perturbation"]["control_agrees"] is True
+    assert data["perturbation"]["sensitive"] == ["threads"]
+    assert data["perturbation"]["control_agrees"] is True
     assert data["perturbation"]["settings"][0]["first_divergence"]["index"] == 3
 
 
 def test_a_setting_that_changes_nothing_survives(tmp_path: Path) -> None:
     report = load_run(perturbed_run(tmp_path, sensitive=False))
-    assert report.verdict == "deterministic" and report.causes == []
-    assert report.perturbation is not None and [k.knob for k in report.perturbation.survived] == ["threads"]
+    assert report.verdict == "deterministic"
+    assert report.causes == []
+    assert report.perturbation is not None
+    assert [k.knob for k in report.perturbation.survived] == ["threads"]
 
 
 def test_when_equal_settings_already_differ_no_setting_is_blamed(tmp_path: Path) -> None:
     report = load_run(perturbed_run(tmp_path, sensitive=True, control_differs=True))
     found = report.perturbation
-    assert found is not None and found.control is not None and found.control.repeats == [2]
-    assert found.sensitive == [] and found.survived == []
+    assert found is not None
+    assert found.control is not None
+    assert found.control.repeats == [2]
+    assert found.sensitive == []
+    assert found.survived == []
     assert "thread-count" not in [c.id for c in report.causes]
 
 
@@ -203,11 +215,13 @@ def test_the_terminal_and_html_reports_show_the_settings_and_what_they_changed(t
     console = Console(record=True, width=200)
     render(report, console)
     text = console.export_text()
-    assert "Perturbed settings (--perturb)" in text and "threads=2" in text
+    assert "Perturbed settings (--perturb)" in text
+    assert "threads=2" in text
     assert "the bits change with the settings varied (threads)" in text
     assert "CHANGED, first at record #3" in text
     page = render_html(Report.from_dict(json.loads(json.dumps(report.to_dict()))))
-    assert "Perturbed settings (--perturb)" in page and "CHANGED, first at record #3" in page
+    assert "Perturbed settings (--perturb)" in page
+    assert "CHANGED, first at record #3" in page
 
 
 def test_the_terminal_names_a_changed_field_a_setting_stands_for(tmp_path: Path) -> None:
@@ -241,7 +255,8 @@ def test_a_changed_field_is_matched_to_the_setting_it_stands_for(tmp_path: Path)
 def test_this_runs_perturbation_names_a_change_the_bits_depend_on(tmp_path: Path) -> None:
     found = load_run(perturbed_run(tmp_path, sensitive=True)).perturbation
     [threads] = baseline_diff.sensitivities([change("$OMP_NUM_THREADS", "1", "8")], {}, found, differs=True)
-    assert threads.status == "sensitive" and "matches it" in threads.note
+    assert threads.status == "sensitive"
+    assert "matches it" in threads.note
 
 
 def test_a_baseline_keeps_the_settings_its_run_survived(tmp_path: Path) -> None:

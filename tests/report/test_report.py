@@ -49,42 +49,64 @@ def _divergent_run(tmp_path: Path, name: str = "net.1") -> Report:
 def test_deterministic_report(tmp_path: Path) -> None:
     recs = training_records()
     report = load_run(write_run(tmp_path / "run", [recs, recs, recs]))
-    assert report.verdict == "deterministic" and report.exit_code == 0
+    assert report.verdict == "deterministic"
+    assert report.exit_code == 0
     data = _strict_json(report, tmp_path)
-    assert data["schema"] == SCHEMA_NAME == "detaudit-report" and data["schema_version"] == SCHEMA_VERSION
-    assert data["verdict"] == "deterministic" and data["exit_code"] == 0
-    assert data["first_divergence"] is None and data["causes"] == []
-    assert isinstance(data["environment"], dict) and data["environment"]
+    assert data["schema"] == SCHEMA_NAME == "detaudit-report"
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert data["verdict"] == "deterministic"
+    assert data["exit_code"] == 0
+    assert data["first_divergence"] is None
+    assert data["causes"] == []
+    assert isinstance(data["environment"], dict)
+    assert data["environment"]
     assert len(data["runs"]) == 3
     for i, run in enumerate(data["runs"]):
         assert set(run) >= RUN_KEYS
-        assert run["repeat"] == i and run["device"] == "cpu" and run["exit_code"] == 0
-        assert run["records"] == len(recs) and run["complete"] is True and run["trace"] == f"repeat-{i}.trace"
+        assert run["repeat"] == i
+        assert run["device"] == "cpu"
+        assert run["exit_code"] == 0
+        assert run["records"] == len(recs)
+        assert run["complete"] is True
+        assert run["trace"] == f"repeat-{i}.trace"
         assert isinstance(run["duration_s"], float)
-    assert data["spread"]["records_compared"] == len(recs) and data["spread"]["records_differing"] == 0
+    assert data["spread"]["records_compared"] == len(recs)
+    assert data["spread"]["records_differing"] == 0
 
 
 def test_divergent_report_fields(tmp_path: Path) -> None:
     report = _divergent_run(tmp_path)
-    assert report.verdict == "divergent" and report.exit_code == 1
+    assert report.verdict == "divergent"
+    assert report.exit_code == 1
     data = _strict_json(report, tmp_path)
     first = data["first_divergence"]
     assert set(first) >= DIVERGENCE_KEYS
-    assert first["category"] == "content" and first["kind"] == "output" and first["name"] == "net.1"
-    assert first["module"] == "net.1" and first["op"] is None and first["step"] == 1
-    assert first["location"] == "train.py:10" and first["repeats"] == [2] and first["reference"] == 0
-    assert first["max_abs_diff"] == pytest.approx(0.5) and first["max_ulp_diff"] > 0
+    assert first["category"] == "content"
+    assert first["kind"] == "output"
+    assert first["name"] == "net.1"
+    assert first["module"] == "net.1"
+    assert first["op"] is None
+    assert first["step"] == 1
+    assert first["location"] == "train.py:10"
+    assert first["repeats"] == [2]
+    assert first["reference"] == 0
+    assert first["max_abs_diff"] == pytest.approx(0.5)
+    assert first["max_ulp_diff"] > 0
     assert all(set(c) >= CAUSE_KEYS for c in data["causes"])
     steps = {s["step"]: s for s in data["spread"]["by_step"]}
-    assert steps[1]["differing"] == 1 and steps[0]["differing"] == 0 and steps[0]["max_abs_diff"] is None
+    assert steps[1]["differing"] == 1
+    assert steps[0]["differing"] == 0
+    assert steps[0]["max_abs_diff"] is None
 
 
 def test_every_repeat_failing_is_failed_with_the_error(tmp_path: Path) -> None:
     recs = training_records(steps=1)
     report = load_run(write_run(tmp_path / "run", [recs, recs], exit_codes=[1, 1]))
-    assert report.verdict == "failed" and report.exit_code == 3
+    assert report.verdict == "failed"
+    assert report.exit_code == 3
     data = _strict_json(report, tmp_path)
-    assert data["verdict"] == "failed" and "RuntimeError: boom" in data["failure"]
+    assert data["verdict"] == "failed"
+    assert "RuntimeError: boom" in data["failure"]
 
 
 @pytest.mark.parametrize("seen_at, verdict, words", [(8, "deterministic", ""), (None, "inconclusive", "not at all"),
@@ -97,8 +119,10 @@ def test_agreement_that_a_failed_self_check_puts_in_doubt_is_inconclusive(
     record["self_check"] = {"record": 8, "step": 1, "name": recs[8].name, "detected_at": seen_at}
     (run_dir / "run.json").write_text(json.dumps(record))
     report = load_run(run_dir)
-    assert report.verdict == verdict and report.exit_code == (0 if verdict == "deterministic" else 6)
-    assert words in report.inconclusive_reason and (words == "") == (report.inconclusive_reason == "")
+    assert report.verdict == verdict
+    assert report.exit_code == (0 if verdict == "deterministic" else 6)
+    assert words in report.inconclusive_reason
+    assert (words == "") == (report.inconclusive_reason == "")
     assert _strict_json(report, tmp_path)["match"]["self_check"]["passed"] is (seen_at == 8)
 
 
@@ -110,12 +134,15 @@ def test_agreement_on_content_less_records_only_is_inconclusive(tmp_path: Path, 
     report = load_run(write_run(tmp_path / "run", [recs, recs]))
     data = _strict_json(report, tmp_path)
     if contentless == "some":
-        assert report.verdict == "deterministic" and report.exit_code == 0
+        assert report.verdict == "deterministic"
+        assert report.exit_code == 0
         assert 0 < data["match"]["records_without_contents"] < len(recs)
         return
-    assert report.verdict == "inconclusive" and report.exit_code == 6
+    assert report.verdict == "inconclusive"
+    assert report.exit_code == 6
     assert f"every one of the {len(recs)} compared records is content-less" in report.inconclusive_reason
-    assert data["match"]["records_without_contents"] == len(recs) and data["verdict"] == "inconclusive"
+    assert data["match"]["records_without_contents"] == len(recs)
+    assert data["verdict"] == "inconclusive"
 
 
 def test_agreement_a_self_check_could_not_test_is_inconclusive(tmp_path: Path) -> None:
@@ -126,26 +153,34 @@ def test_agreement_a_self_check_could_not_test_is_inconclusive(tmp_path: Path) -
                             "not_run": "no recorded tensor could carry the one-ULP change"}
     (run_dir / "run.json").write_text(json.dumps(record))
     report = load_run(run_dir)
-    assert report.verdict == "inconclusive" and report.exit_code == 6
+    assert report.verdict == "inconclusive"
+    assert report.exit_code == 6
     assert report.inconclusive_reason.startswith("--self-check could not make its negative control: no recorded")
     check = _strict_json(report, tmp_path)["match"]["self_check"]
-    assert check["passed"] is False and check["not_run"].startswith("no recorded tensor")
+    assert check["passed"] is False
+    assert check["not_run"].startswith("no recorded tensor")
 
 
 def test_some_repeats_failing_is_an_outcome_divergence(tmp_path: Path) -> None:
     recs = training_records(steps=3)
     report = load_run(write_run(tmp_path / "run", [recs, recs[:7], recs], exit_codes=[0, 1, 0]))
-    assert report.verdict == "divergent" and report.exit_code == 1
+    assert report.verdict == "divergent"
+    assert report.exit_code == 1
     first = to_dict(report)["first_divergence"]
-    assert first["category"] == "outcome" and first["repeats"] == [1] and first["index"] == 7
+    assert first["category"] == "outcome"
+    assert first["repeats"] == [1]
+    assert first["index"] == 7
 
 
 def test_same_records_other_stdout_is_an_outcome_divergence(tmp_path: Path) -> None:
     recs = training_records()
     report = load_run(write_run(tmp_path / "run", [recs, recs], stdout=["loss 0.1\n", "loss 0.2\n"]))
     first = to_dict(report)["first_divergence"]
-    assert report.exit_code == 1 and first["category"] == "outcome" and first["kind"] == "stdout"
-    assert first["index"] == -1 and first["repeats"] == [1]
+    assert report.exit_code == 1
+    assert first["category"] == "outcome"
+    assert first["kind"] == "stdout"
+    assert first["index"] == -1
+    assert first["repeats"] == [1]
 
 
 def test_timeout_exit_code_and_incomplete_run(tmp_path: Path) -> None:
@@ -154,7 +189,8 @@ def test_timeout_exit_code_and_incomplete_run(tmp_path: Path) -> None:
     assert report.exit_code == 5
     data = _strict_json(report, tmp_path)
     assert [r["timed_out"] for r in data["runs"]] == [False, True]
-    assert [r["complete"] for r in data["runs"]] == [True, False] and data["runs"][1]["records"] == 4
+    assert [r["complete"] for r in data["runs"]] == [True, False]
+    assert data["runs"][1]["records"] == 4
 
 
 def test_nan_and_inf_samples_never_reach_json(tmp_path: Path) -> None:
@@ -183,14 +219,18 @@ def _junit(report: Report, tmp_path: Path) -> ET.Element:
 def test_junit_deterministic_has_no_failures(tmp_path: Path) -> None:
     recs = training_records()
     root = _junit(load_run(write_run(tmp_path / "run", [recs, recs])), tmp_path)
-    assert root.get("failures") == "0" and root.get("errors") == "0" and len(root.findall("testcase")) == 3
+    assert root.get("failures") == "0"
+    assert root.get("errors") == "0"
+    assert len(root.findall("testcase")) == 3
 
 
 def test_junit_divergent_names_the_first_divergence(tmp_path: Path) -> None:
     root = _junit(_divergent_run(tmp_path), tmp_path)
     failures = root.findall("testcase/failure")
     message = failures[0].get("message", "")
-    assert len(failures) == 1 and "net.1" in message and "step 1" in message
+    assert len(failures) == 1
+    assert "net.1" in message
+    assert "step 1" in message
 
 
 def test_junit_timeout_is_an_error_and_failed_repeat_a_failure(tmp_path: Path) -> None:
@@ -198,7 +238,8 @@ def test_junit_timeout_is_an_error_and_failed_repeat_a_failure(tmp_path: Path) -
     report = load_run(write_run(tmp_path / "run", [recs, recs[:3], recs], exit_codes=[0, -15, 2],
                                 timed_out=[False, True, False]))
     root = _junit(report, tmp_path)
-    assert root.get("errors") == "1" and root.findall("testcase/error")[0].get("message") == "timed out"
+    assert root.get("errors") == "1"
+    assert root.findall("testcase/error")[0].get("message") == "timed out"
     assert any("exited with 2" in f.get("message", "") for f in root.findall("testcase/failure"))
 
 
@@ -224,19 +265,28 @@ def test_a_repeat_timing_out_after_identical_records_is_a_timeout_not_a_divergen
     recs = training_records(steps=3)
     report = load_run(write_run(tmp_path / "run", [recs, recs, recs[:5]], exit_codes=[0, 0, -15],
                                 timed_out=[False, False, True]))
-    assert report.verdict == "timeout" and report.exit_code == 5
-    assert report.first_divergence is None and report.causes == [] and report.repeat_errors == {}
+    assert report.verdict == "timeout"
+    assert report.exit_code == 5
+    assert report.first_divergence is None
+    assert report.causes == []
+    assert report.repeat_errors == {}
     data = _strict_json(report, tmp_path)
-    assert data["verdict"] == "timeout" and data["timed_out"] is True and data["first_divergence"] is None
-    assert data["spread"]["records_compared"] == 5 and data["runs"][2]["error"] is None
+    assert data["verdict"] == "timeout"
+    assert data["timed_out"] is True
+    assert data["first_divergence"] is None
+    assert data["spread"]["records_compared"] == 5
+    assert data["runs"][2]["error"] is None
 
 
 def test_every_repeat_timing_out_is_a_timeout_not_a_failure(tmp_path: Path) -> None:
     recs = training_records(steps=3)
     report = load_run(write_run(tmp_path / "run", [recs[:4], recs[:6]], exit_codes=[-15, -9],
                                 timed_out=[True, True]))
-    assert report.verdict == "timeout" and report.exit_code == 5 and report.failure == ""
-    assert report.first_divergence is None and report.repeat_errors == {}
+    assert report.verdict == "timeout"
+    assert report.exit_code == 5
+    assert report.failure == ""
+    assert report.first_divergence is None
+    assert report.repeat_errors == {}
 
 
 def test_a_divergence_before_the_timeout_is_reported_with_exit_5(tmp_path: Path) -> None:
@@ -244,9 +294,11 @@ def test_a_divergence_before_the_timeout_is_reported_with_exit_5(tmp_path: Path)
     other = list(recs[:6])
     other[2] = other[2].but(digest=7)
     report = load_run(write_run(tmp_path / "run", [recs, other], exit_codes=[0, -15], timed_out=[False, True]))
-    assert report.verdict == "divergent" and report.exit_code == 5
+    assert report.verdict == "divergent"
+    assert report.exit_code == 5
     first = to_dict(report)["first_divergence"]
-    assert first["index"] == 2 and first["category"] == "content"
+    assert first["index"] == 2
+    assert first["category"] == "content"
 
 
 def test_not_timed_out_is_marked_false(tmp_path: Path) -> None:
@@ -258,7 +310,8 @@ def test_junit_quotes_the_differing_stdout_line_of_each_repeat(tmp_path: Path) -
     recs = training_records(steps=1)
     run = write_run(tmp_path / "run", [recs, recs], stdout=["epoch 1 acc 0.91\n", "epoch 1 acc 0.92\n"])
     failure = ET.fromstring(to_junit(load_run(run))).find("testcase[@name='repeats agree']/failure")
-    assert failure is not None and failure.get("message") == "first divergence: stdout line 1"
+    assert failure is not None
+    assert failure.get("message") == "first divergence: stdout line 1"
     assert "stdout line 1, repeat 0: 'epoch 1 acc 0.91'" in (failure.text or "")
     assert "stdout line 1, repeat 1: 'epoch 1 acc 0.92'" in (failure.text or "")
 
@@ -283,23 +336,30 @@ def _versioned(tmp_path: Path, carried_in: tuple[int, ...]) -> Report:
 
 def test_a_stdout_difference_explained_by_carried_state_is_reported_and_not_a_divergence(tmp_path: Path) -> None:
     report = _versioned(tmp_path, (1, 2))
-    assert report.verdict == "deterministic" and report.exit_code == 0 and report.first_divergence is None
+    assert report.verdict == "deterministic"
+    assert report.exit_code == 0
+    assert report.first_divergence is None
     data = to_dict(report)
     carried = data["carried_output"]
-    assert carried["repeats"] == [1, 2] and carried["stdout"]["field"] == "v_num"
+    assert carried["repeats"] == [1, 2]
+    assert carried["stdout"]["field"] == "v_num"
     assert carried["evidence"][0].startswith("repeat 1 listed directory lightning_logs/, holding version_0")
     assert "at v_num" in carried["detail"]
     console = Console(record=True, width=200)
     render(report, console)
     text = console.export_text()
-    assert "Output that follows state carried between repeats" in text and "v_num=1" in text
+    assert "Output that follows state carried between repeats" in text
+    assert "v_num=1" in text
     assert "Output that follows state carried between repeats (not a divergence)" in render_html(report)
 
 
 def test_a_differing_repeat_that_read_no_carried_state_keeps_the_divergence(tmp_path: Path) -> None:
     report = _versioned(tmp_path, (1,))
-    assert report.verdict == "divergent" and report.carried_output is None
+    assert report.verdict == "divergent"
+    assert report.carried_output is None
     assert "carried_output" not in to_dict(report)
     first = report.first_divergence
-    assert first is not None and first.stdout is not None and first.stdout.field == "v_num"
+    assert first is not None
+    assert first.stdout is not None
+    assert first.stdout.field == "v_num"
     assert [c.id for c in report.causes][:2] == ["stdout-differs", "carried-state"]

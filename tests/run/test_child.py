@@ -76,10 +76,12 @@ def test_parity_script_sees_what_plain_python_gives_it(tmp_path: Path, how: str)
         script, cwd = PARITY_SCRIPT.name, PARITY_SCRIPT.parent
     plain, child, trace = both(tmp_path, script, [*ARGS, "--env"], cwd=cwd, env={"SOMEVAR": "v a l"})
     assert plain.code == 7  # guards the comparison: the parity script really reports and exits 7
-    assert "argv:" in plain.out and "SOMEVAR: v a l" in plain.out
+    assert "argv:" in plain.out
+    assert "SOMEVAR: v a l" in plain.out
     assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err)
     tr = read_trace(trace)
-    assert tr.footer is not None and tr.footer["exit_code"] == 7
+    assert tr.footer is not None
+    assert tr.footer["exit_code"] == 7
 
 
 def test_symlinked_script_parity(tmp_path: Path) -> None:
@@ -93,7 +95,8 @@ def test_a_script_named_with_a_leading_dash_gets_its_argv0_as_typed(tmp_path: Pa
     """`./-y.py` reached the script as `-y.py` (a Path drops the `./`): re-running sys.argv[0] then fails."""
     write_script(tmp_path, "import sys\nprint(sys.argv, __file__)\n", name="-y.py")
     plain, child, _ = both(tmp_path, "./-y.py", ["--x"])
-    assert plain.code == 0 and "['./-y.py', '--x']" in plain.out
+    assert plain.code == 0
+    assert "['./-y.py', '--x']" in plain.out
     assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err)
 
 
@@ -118,7 +121,8 @@ def test_a_compiled_script_runs_as_python_runs_it(tmp_path: Path) -> None:
         trace.unlink()
         assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err), name
         outs.append(child.out)
-    assert plain.code == 1 and "Bad magic number in .pyc file" in plain.err
+    assert plain.code == 1
+    assert "Bad magic number in .pyc file" in plain.err
     assert outs[:2] == ["s.pyc True SourcelessFileLoader 42\n", "compiled True SourcelessFileLoader 42\n"]
 
 
@@ -160,9 +164,12 @@ def test_detaudits_own_imports_never_come_from_the_scripts_directory(tmp_path: P
     plain, child, trace = both(tmp_path, name, [])
     assert "SHADOWED" not in plain.err  # the planted files are only what detaudit imports
     assert "SHADOWED" not in child.err, child.err
-    assert child.code == plain.code == 0 and child.out == plain.out  # ran once: never imported as a module
+    assert child.code == plain.code == 0
+    assert child.out == plain.out
     tr = read_trace(trace)
-    assert tr.footer is not None and tr.footer["exit_code"] == 0 and "recording_failed" not in tr.footer
+    assert tr.footer is not None
+    assert tr.footer["exit_code"] == 0
+    assert "recording_failed" not in tr.footer
     assert len(tr.records) > 0 or "import torch" not in body
 
 
@@ -195,13 +202,16 @@ def test_raising_script_prints_its_own_traceback_and_exits_1(tmp_path: Path) -> 
         main()
         """)
     plain, child, trace = both(tmp_path, script.name, [])
-    assert plain.code == 1 and "KeyError: 'missing'" in plain.err
+    assert plain.code == 1
+    assert "KeyError: 'missing'" in plain.err
     assert child.code == 1
     assert child.err == plain.err  # same traceback, line for line
     assert "detaudit" not in child.err
     assert child.out == plain.out
     tr = read_trace(trace)
-    assert tr.footer is not None and tr.footer["exit_code"] == 1 and "KeyError" in tr.footer["error"]
+    assert tr.footer is not None
+    assert tr.footer["exit_code"] == 1
+    assert "KeyError" in tr.footer["error"]
 
 
 @pytest.mark.slow
@@ -218,12 +228,16 @@ def test_the_footer_holds_the_exceptions_frames_user_and_library_told_apart(tmp_
     child = run_child(script.name, [], tmp_path, trace)
     assert child.code == 1
     error = read_error(trace)
-    assert error is not None and error.type == "RuntimeError" and "cannot be multiplied" in error.message
+    assert error is not None
+    assert error.type == "RuntimeError"
+    assert "cannot be multiplied" in error.message
     user = [(f.file, f.line, f.function, f.text) for f in error.frames if f.user]
     assert user == [("user_script.py", 7, "<module>", "evaluate(torch.nn.Linear(4, 3))"),
                     ("user_script.py", 5, "evaluate", "return model(torch.ones(2, 5))")]
     raised = error.frames[-1]  # torch's innermost frame; the ones between are counted, not kept
-    assert not raised.user and raised.file.endswith("linear.py") and error.omitted >= 1
+    assert not raised.user
+    assert raised.file.endswith("linear.py")
+    assert error.omitted >= 1
     # none of detaudit's frames (paths are shown relative to the script's folder), wherever the checkout lives
     package = Path(detaudit.__file__).resolve().parent
     assert not any((tmp_path / f.file).resolve().is_relative_to(package) for f in error.frames), error.frames
@@ -251,14 +265,18 @@ def test_chained_exception_traceback_matches(tmp_path: Path) -> None:
             raise ValueError("wrapped") from exc
         """)
     plain, child, _ = both(tmp_path, script.name, [])
-    assert child.code == plain.code == 1 and child.err == plain.err
+    assert child.code == plain.code == 1
+    assert child.err == plain.err
 
 
 def test_syntax_error_reported_like_python(tmp_path: Path) -> None:
     script = write_script(tmp_path, "x = (1,\nprint('never')\n")
     plain, child, _ = both(tmp_path, script.name, [])
-    assert plain.code == 1 and "SyntaxError" in plain.err
-    assert child.code == 1 and "SyntaxError" in child.err and "detaudit" not in child.err
+    assert plain.code == 1
+    assert "SyntaxError" in plain.err
+    assert child.code == 1
+    assert "SyntaxError" in child.err
+    assert "detaudit" not in child.err
 
 
 @pytest.mark.parametrize("exit_stmt,code", [
@@ -281,7 +299,8 @@ def test_script_without_torch_still_leaves_a_complete_trace(tmp_path: Path) -> N
     _, child, trace = both(tmp_path, script.name, [])
     assert child.code == 0
     tr = read_trace(trace)
-    assert tr.complete and len(tr.records) == 0
+    assert tr.complete
+    assert len(tr.records) == 0
 
 
 def test_torch_script_is_recorded_with_user_locations(tmp_path: Path) -> None:
@@ -295,10 +314,13 @@ def test_torch_script_is_recorded_with_user_locations(tmp_path: Path) -> None:
         print(y.sum().item() != 0)
         """)
     plain, child, trace = both(tmp_path, script.name, [])
-    assert child.code == 0 and child.out == plain.out, child.err
+    assert child.code == 0, child.err
+    assert child.out == plain.out, child.err
     tr = read_trace(trace)
     names = [tr.strings[i] for i in tr.records["name"]]
-    assert "0" in names and "1" in names and "result.y" in names
+    assert "0" in names
+    assert "1" in names
+    assert "result.y" in names
     locs = {tr.strings[i] for i in tr.records["loc"]}
     assert all(loc.startswith("user_script.py:") for loc in locs), locs
 
@@ -316,7 +338,8 @@ def test_torchscript_compiles_functions_detaudit_wraps_as_under_plain_python(tmp
         print(f(torch.ones(3), torch.tensor([0, 1, 2])).tolist())
     """)
     plain, child, trace = both(tmp_path, script, [])
-    assert plain.code == 0 and "[" in plain.out
+    assert plain.code == 0
+    assert "[" in plain.out
     assert (child.code, child.out, child.err) == (plain.code, plain.out, plain.err)
 
 
@@ -330,7 +353,8 @@ def test_a_recorder_that_cannot_start_never_breaks_the_scripts_import(tmp_path: 
     plain = run_plain(script, [], tmp_path)
     child = run_child(script, [], tmp_path, trace)
     assert (child.code, child.out) == (plain.code, plain.out) == (0, "2.0\n")
-    assert "detaudit: could not instrument" in child.err and "Traceback" not in child.err
+    assert "detaudit: could not instrument" in child.err
+    assert "Traceback" not in child.err
     assert trace.read_bytes() == b"taken"
 
 
@@ -350,7 +374,9 @@ def test_os_exit_after_forward_passes_keeps_every_record(tmp_path: Path) -> None
     plain, child, trace = both(tmp_path, script, [])
     assert (child.code, child.out) == (plain.code, plain.out) == (3, "done\n")
     tr = read_trace(trace)
-    assert tr.complete and tr.footer is not None and tr.footer["exit_code"] == 3
+    assert tr.complete
+    assert tr.footer is not None
+    assert tr.footer["exit_code"] == 3
     assert tr.footer["ended_by"] == "os._exit"
     assert len(tr.records) >= 5 * 4  # input and three outputs per pass, none lost in a buffer
 
@@ -384,7 +410,9 @@ def test_work_after_the_script_body_is_recorded_until_the_exit_handlers_ran(tmp_
     plain, child, trace = both(tmp_path, script, [])
     assert child.code == plain.code == code, child.err
     tr = read_trace(trace)
-    assert tr.complete and tr.footer is not None and tr.footer["exit_code"] == footer_code
+    assert tr.complete
+    assert tr.footer is not None
+    assert tr.footer["exit_code"] == footer_code
     assert tr.footer.get("ended_by") == ("os.abort" if "abort" in ending else "os._exit" if "_exit" in ending
                                          else None)
     names = [tr.strings[n] for n in tr.records["name"]]
@@ -410,7 +438,8 @@ def test_closed_descriptors_never_send_trace_frames_into_the_scripts_file(tmp_pa
     assert child.code == 0, child.err
     assert (tmp_path / "mine.txt").read_text() == "only my text\n"
     tr = read_trace(trace)
-    assert tr.complete and len(tr.records) >= 8 * 2  # records after the closerange reached the trace too
+    assert tr.complete
+    assert len(tr.records) >= 8 * 2
 
 
 @pytest.mark.slow
@@ -422,12 +451,16 @@ def test_keyboard_interrupt_in_the_script_exits_130_with_only_its_frames(tmp_pat
     """)
     _, child, trace = both(tmp_path, script, [])
     assert child.code == 130
-    assert "KeyboardInterrupt" in child.err and "in train" in child.err
+    assert "KeyboardInterrupt" in child.err
+    assert "in train" in child.err
     assert "detaudit" not in child.err  # none of detaudit's frames
     footer = read_trace(trace).footer
-    assert footer is not None and footer["exit_code"] == 130
+    assert footer is not None
+    assert footer["exit_code"] == 130
     error = from_footer(footer)
-    assert error is not None and error.type == "KeyboardInterrupt" and error.frames[-1].function == "train"
+    assert error is not None
+    assert error.type == "KeyboardInterrupt"
+    assert error.frames[-1].function == "train"
 
 
 @pytest.mark.slow
@@ -438,7 +471,8 @@ def test_a_file_that_is_not_python_text_gets_pythons_one_line_error(tmp_path: Pa
     plain, child, _ = both(tmp_path, script, [])
     assert child.code == plain.code == 1
     assert child.err.strip() == plain.err.strip()
-    assert child.err.startswith("SyntaxError: Non-UTF-8 code") and len(child.err.strip().splitlines()) == 1
+    assert child.err.startswith("SyntaxError: Non-UTF-8 code")
+    assert len(child.err.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
@@ -458,11 +492,13 @@ def test_a_fatal_signal_flushes_what_was_recorded_and_ends_like_python(tmp_path:
     config.write_text(json.dumps({"repeat": 0, "device": "cpu", "granularity": "module", "trace": str(trace)}))
     proc = subprocess.Popen(child_command(config, str(script), []), cwd=tmp_path,
                             stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signum)
     assert proc.wait(timeout=30) == -signum  # as plain python ends on that signal
     tr = read_trace(trace)
-    assert not tr.complete and len(tr.records) >= 14  # buffered records were flushed, no footer
+    assert not tr.complete
+    assert len(tr.records) >= 14
 
 
 @pytest.mark.slow
@@ -478,4 +514,5 @@ def test_exec_replacing_the_process_keeps_what_was_recorded(tmp_path: Path) -> N
     plain, child, trace = both(tmp_path, script, [])
     assert (child.code, child.out) == (plain.code, plain.out) == (0, "replaced\n")
     tr = read_trace(trace)
-    assert not tr.complete and len(tr.records) >= 10  # flushed before the exec; no footer: never "whole"
+    assert not tr.complete
+    assert len(tr.records) >= 10

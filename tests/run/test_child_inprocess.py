@@ -37,7 +37,8 @@ def test_a_callback_runs_once_right_after_its_module_imports_and_its_failure_is_
     finally:
         patch.restore_all(kept)  # the hook wrapped each module's loader.exec_module (recorder/patch.py)
 
-    assert seen == ["watched_mod=1"] and errors == [("broken_cb_mod", "hook failed")]
+    assert seen == ["watched_mod=1"]
+    assert errors == [("broken_cb_mod", "hook failed")]
     assert hook.callbacks == {}  # each dropped once its module imported
     for name in ("watched_mod", "broken_cb_mod"):
         sys.modules.pop(name, None)

@@ -13,13 +13,15 @@ def test_auto_is_one_device_the_scripts_own(monkeypatch: pytest.MonkeyPatch, pre
     monkeypatch.setattr(devices, "cuda_available", lambda: present)
     assert devices.resolve_devices([]) == [label]
     assert devices.resolve_devices(["auto"]) == [label]
-    assert devices.own_device([]) and devices.own_device(["auto"])
+    assert devices.own_device([])
+    assert devices.own_device(["auto"])
 
 
 def test_named_devices_compare_across_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(devices, "cuda_available", lambda: True)
     assert devices.resolve_devices(["cpu", "cuda", "cpu"]) == ["cpu", "cuda"]
-    assert not devices.own_device(["cpu", "cuda"]) and not devices.own_device(["auto", "cpu"])
+    assert not devices.own_device(["cpu", "cuda"])
+    assert not devices.own_device(["auto", "cpu"])
     monkeypatch.setattr(devices, "cuda_available", lambda: False)
     with pytest.raises(UsageError, match="no CUDA device"):
         devices.resolve_devices(["cuda"])
@@ -27,7 +29,9 @@ def test_named_devices_compare_across_devices(monkeypatch: pytest.MonkeyPatch) -
 
 def test_jobs_that_oversubscribe_the_cores_are_warned_about() -> None:
     warning = devices.oversubscription(2, ["cpu"], {}, 2)
-    assert warning is not None and "--jobs 2" in warning and "2 CPU cores" in warning
+    assert warning is not None
+    assert "--jobs 2" in warning
+    assert "2 CPU cores" in warning
     assert "one thread per core" in warning
     assert "OMP_NUM_THREADS=2" in (devices.oversubscription(3, ["cpu"], {"OMP_NUM_THREADS": "2"}, 4) or "")
 

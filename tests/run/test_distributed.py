@@ -72,7 +72,8 @@ def test_torchrun_command_is_standalone_with_the_worker_after_no_python() -> Non
     assert "--standalone" in cmd
     i = cmd.index("--no-python")
     assert cmd[i + 1:] == ["python", "-m", "detaudit.run.child", "c.json", "t.py"]
-    assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "--max-restarts" in cmd[:i]
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    assert "--max-restarts" in cmd[:i]
 
 
 def test_a_given_rendezvous_replaces_standalone() -> None:
@@ -99,7 +100,8 @@ def test_rank_identity_keeps_torchrun_and_collective_variables_only() -> None:
 
 def test_an_ordinary_repeat_is_left_alone() -> None:
     config = {"trace": "/x/repeat-0.trace"}
-    assert enter_rank(config) is None and config == {"trace": "/x/repeat-0.trace"}
+    assert enter_rank(config) is None
+    assert config == {"trace": "/x/repeat-0.trace"}
 
 
 @pytest.mark.process
@@ -243,8 +245,10 @@ def test_a_launch_that_never_met_the_other_nodes_is_launched_again(
     monkeypatch.setattr(DistributedLauncher, "launch", launch)
     monkeypatch.setattr(distributed, "RENDEZVOUS_RETRY_S", 0.0)
     result = DistributedLauncher(script, [], 60.0, nproc_per_node=2, torchrun_args=torchrun_args).run_one(plan)
-    assert len(calls) == launches and result.rendezvous_retries == launches - 1
+    assert len(calls) == launches
+    assert result.rendezvous_retries == launches - 1
     assert result.exit_code == (0 if launches == 2 else 1)
-    assert calls[-1] is not None and calls[-1] <= 60.0  # a retry has what is left of the repeat's --timeout
+    assert calls[-1] is not None
+    assert calls[-1] <= 60.0
     kept = sorted(p.name for p in tmp_path.glob("repeat-0.rendezvous-*"))
     assert kept == (["repeat-0.rendezvous-1.stderr", "repeat-0.rendezvous-1.stdout"] if launches == 2 else [])

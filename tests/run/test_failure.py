@@ -61,7 +61,8 @@ def test_a_bare_sys_exit_shows_what_the_script_printed_first() -> None:
 def test_without_frames_the_end_of_stderr_is_shown_safe_to_print() -> None:
     stderr = "\n".join(f"line {i}" for i in range(30)) + "\n\x1b[31mSegmentation fault\x1b[0m \x07\n"
     shown = excerpt(None, stderr, lines=5)
-    assert shown.splitlines()[0] == "line 26" and shown.endswith("Segmentation fault \\x07")
+    assert shown.splitlines()[0] == "line 26"
+    assert shown.endswith("Segmentation fault \\x07")
     assert excerpt(ScriptError("ValueError", "bad \x1b]52;c;AAAA\x07", (USER,)), "").endswith(
         "ValueError: bad \\x1b]52;c;AAAA\\x07")
 
@@ -92,7 +93,8 @@ def test_capture_keeps_user_frames_and_the_innermost_frame_and_drops_the_callers
         Frame("lib.py", 5, "fail", "raise ValueError('deep')", False)), omitted=1)  # `call` in between
     everything = capture(exc, "", library=lambda path: False)
     assert [f.function for f in everything.frames] == ["_caught", "main", "call", "step", "fail"]
-    assert everything.frames[1].file == os.path.relpath(script) and everything.omitted == 0
+    assert everything.frames[1].file == os.path.relpath(script)
+    assert everything.omitted == 0
 
 
 def test_capture_skips_the_recorders_wrapper_frames_so_the_users_call_is_innermost(tmp_path: Path) -> None:
@@ -116,9 +118,11 @@ def test_capture_bounds_frames_and_message() -> None:
         recurse(n - 1)
 
     error = capture(_caught(recurse, 60), "", library=lambda path: False)
-    assert len(error.frames) == MAX_FRAMES and error.omitted == 62 - MAX_FRAMES  # 61 calls and _caught
+    assert len(error.frames) == MAX_FRAMES
+    assert error.omitted == 62 - MAX_FRAMES
     assert error.frames[-1].text == 'raise RuntimeError("x" * (MAX_MESSAGE + 50))'
-    assert error.message.endswith("... (50 more characters)") and len(error.message) < MAX_MESSAGE + 30
+    assert error.message.endswith("... (50 more characters)")
+    assert len(error.message) < MAX_MESSAGE + 30
 
 
 def test_system_exit_and_a_failing_str_are_captured_as_python_prints_them() -> None:
@@ -134,9 +138,11 @@ def test_system_exit_and_a_failing_str_are_captured_as_python_prints_them() -> N
 
 
 def test_library_files_are_the_standard_library_installed_packages_and_detaudit(tmp_path: Path) -> None:
-    assert failure.is_library(os.__file__) and failure.is_library(detaudit.__file__)
+    assert failure.is_library(os.__file__)
+    assert failure.is_library(detaudit.__file__)
     assert failure.is_library("/opt/env/lib/python3.11/site-packages/torch/nn/functional.py")
-    assert failure.is_library("<frozen runpy>") and not failure.is_library("<string>")
+    assert failure.is_library("<frozen runpy>")
+    assert not failure.is_library("<string>")
     assert not failure.is_library(str(tmp_path / "train.py"))
     assert not failure.is_library(str(Path(detaudit.__file__).parent / "demo" / "train.py"))
 
@@ -158,7 +164,8 @@ def test_an_error_round_trips_through_the_footer_and_the_schema(tmp_path: Path) 
 def test_a_footer_without_an_exception_is_read_as_before(tmp_path: Path) -> None:
     """Traces written before the field existed, and scripts that ended without one (os._exit, exit 0)."""
     path = _trace(tmp_path / "old.trace", {"exit_code": 3, "error": None, "duration_s": 1.0})
-    assert failure.read_error(path) is None and read_footer(path) == {"records": 0, "exit_code": 3, "error": None,
+    assert failure.read_error(path) is None
+    assert read_footer(path) == {"records": 0, "exit_code": 3, "error": None,
                                                                       "duration_s": 1.0}
     assert failure.read_error(tmp_path / "never-written.trace") is None
 
@@ -174,15 +181,19 @@ def test_a_malformed_exception_is_refused_at_the_read_boundary(tmp_path: Path, b
     path = _trace(tmp_path / "bad.trace", {"exit_code": 1, "exception": bad})
     with pytest.raises(TraceError, match="footer: field `exception"):
         RecordStream(path).drain()
-    assert read_footer(path) is None and failure.read_error(path) is None
+    assert read_footer(path) is None
+    assert failure.read_error(path) is None
 
 
 def test_a_hand_made_footer_with_too_much_is_bounded_when_read(tmp_path: Path) -> None:
     frames = [{"file": "a.py", "line": i, "function": "f" * 1000, "text": None, "user": True} for i in range(500)]
     path = _trace(tmp_path / "big.trace", {"exception": {"type": "E", "message": "m" * 10**5, "frames": frames}})
     error = failure.read_error(path)
-    assert error is not None and len(error.frames) == MAX_FRAMES and error.omitted == 500 - MAX_FRAMES
-    assert error.frames[-1].line == 499 and len(error.message) < MAX_MESSAGE + 40
+    assert error is not None
+    assert len(error.frames) == MAX_FRAMES
+    assert error.omitted == 500 - MAX_FRAMES
+    assert error.frames[-1].line == 499
+    assert len(error.message) < MAX_MESSAGE + 40
     assert all(len(f.function) < 300 for f in error.frames)
 
 

@@ -53,7 +53,8 @@ def _plant(directory: Path, name: str, target: str, outside: Path) -> None:
 
 def _assert_never_read_through(result: object, stdout_text: str, stderr_text: str, code: int) -> None:
     assert code in (0, 1, 4), stderr_text
-    assert "Traceback" not in stdout_text + stderr_text and "internal error" not in stderr_text
+    assert "Traceback" not in stdout_text + stderr_text
+    assert "internal error" not in stderr_text
     assert SECRET not in stdout_text + stderr_text
     if os.path.exists("/proc/self/environ"):
         assert _environ_marker() not in stdout_text + stderr_text

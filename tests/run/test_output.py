@@ -53,7 +53,8 @@ def test_a_failed_write_is_one_output_error_and_leaves_no_temporary(tmp_path: Pa
     monkeypatch.setattr(os, "replace", fail)
     with pytest.raises(OutputError, match=errno_name) as caught:
         write_text_atomically(tmp_path / "report.json", "{}")
-    assert caught.value.exit_code == ExitCode.OUTPUT and "report.json" in str(caught.value)
+    assert caught.value.exit_code == ExitCode.OUTPUT
+    assert "report.json" in str(caught.value)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -81,10 +82,12 @@ def test_a_run_directory_file_is_created_exclusively_never_through_a_link(tmp_pa
     (tmp_path / "repeat-1.stdout").symlink_to(victim)
     with pytest.raises(OutputError, match="already exists") as caught:
         create_private(tmp_path / "repeat-1.stdout")
-    assert caught.value.exit_code == ExitCode.OUTPUT and victim.read_text() == "precious\n"
+    assert caught.value.exit_code == ExitCode.OUTPUT
+    assert victim.read_text() == "precious\n"
     fd = create_private(tmp_path / "repeat-2.stdout", readable=True)
     os.write(fd, b"mine")
-    assert os.pread(fd, 4, 0) == b"mine" and oct(os.fstat(fd).st_mode & 0o777) == "0o600"
+    assert os.pread(fd, 4, 0) == b"mine"
+    assert oct(os.fstat(fd).st_mode & 0o777) == "0o600"
     os.close(fd)
 
 
@@ -96,7 +99,8 @@ def test_a_link_at_a_run_files_name_is_replaced_not_written_through(tmp_path: Pa
     write_text_atomically(tmp_path / "run.json", "{}", mode=0o600)
     write_output(tmp_path / "report.json", "{}", mode=0o600)  # a run directory's report: never in place
     assert victim.read_text() == "precious\n"
-    assert not (tmp_path / "run.json").is_symlink() and (tmp_path / "report.json").read_text() == "{}"
+    assert not (tmp_path / "run.json").is_symlink()
+    assert (tmp_path / "report.json").read_text() == "{}"
 
 
 def test_a_copy_reads_its_source_never_through_a_link(tmp_path: Path) -> None:

@@ -37,7 +37,8 @@ def _finder(layout: dict[str, Path], stop_at: tuple[Any, ...] = ()) -> OwnImport
 def test_detaudits_import_is_found_on_the_interpreters_path_never_in_the_scripts_directory(
         layout: dict[str, Path]) -> None:
     spec = _call_from(layout["detaudit"] / "trace.py", "flush", _finder(layout), "shared")
-    assert spec is not None and spec.origin == str(layout["site"] / "shared.py")
+    assert spec is not None
+    assert spec.origin == str(layout["site"] / "shared.py")
     # found nowhere on the interpreter's path: left to python (an optional import), not refused
     assert _call_from(layout["detaudit"] / "trace.py", "flush", _finder(layout), "only_here") is None
 

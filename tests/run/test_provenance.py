@@ -28,7 +28,9 @@ def test_commit_and_dirty_flag(tmp_path: Path) -> None:
     assert (state["commit"], state["dirty"]) == (git(tmp_path, "rev-parse", "HEAD").strip(), False)
     script.write_text("print(2)\n")
     changed = git_state(script)
-    assert changed is not None and changed["commit"] == state["commit"] and changed["dirty"]
+    assert changed is not None
+    assert changed["commit"] == state["commit"]
+    assert changed["dirty"]
     assert changed["script"] != state["script"]
 
 

@@ -50,7 +50,8 @@ def test_an_existing_empty_out_dir_is_claimed_by_one_run_only(tmp_path: Path) ->
 def test_default_run_dirs_are_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     made = {new_run_dir(Path("train.py"), None) for _ in range(3)}
-    assert len(made) == 3 and all(d.stat().st_mode & 0o777 == 0o700 for d in made)
+    assert len(made) == 3
+    assert all(d.stat().st_mode & 0o777 == 0o700 for d in made)
 
 
 def _edited(run_dir: Path, **fields: object) -> Path:

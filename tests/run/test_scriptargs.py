@@ -96,7 +96,8 @@ def test_script_options_are_found_statically(tmp_path: Path) -> None:
     """))
     assert script_options(script) == {"-d", "--device", "--lr", "--compile"}
     (tmp_path / "broken.py").write_text("def (:\n")
-    assert script_options(tmp_path / "broken.py") == set() and script_options(tmp_path / "missing.py") == set()
+    assert script_options(tmp_path / "broken.py") == set()
+    assert script_options(tmp_path / "missing.py") == set()
 
 
 def test_an_option_missing_its_value_is_named() -> None:
@@ -119,7 +120,8 @@ def test_an_unknown_option_takes_everything_after_it_to_the_script(positional: l
                                                                   rest: list[str]) -> None:
     assume(unknown not in {n for spec in SPECS for n in spec.names})
     result = split_run_args(["train.py", *positional, unknown, *rest], SPECS, lambda s: set())
-    assert result.ours == [] and result.script_args == [*positional, unknown, *rest]
+    assert result.ours == []
+    assert result.script_args == [*positional, unknown, *rest]
 
 
 def test_script_options_reads_only_a_bounded_regular_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

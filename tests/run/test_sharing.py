@@ -29,7 +29,9 @@ def test_only_repeats_that_wrote_a_file_another_wrote_are_named(tmp_path: Path) 
     _, results = read_run(run_dir)
     reasons = shared_writes(results, run_dir)
     assert sorted(reasons) == [0, 1]
-    assert "repeat(s) 1" in reasons[0] and "ckpt.pt" in reasons[0] and "own-0.log" not in reasons[0]
+    assert "repeat(s) 1" in reasons[0]
+    assert "ckpt.pt" in reasons[0]
+    assert "own-0.log" not in reasons[0]
 
 
 def test_a_repeat_with_no_trace_or_no_writes_shares_nothing(tmp_path: Path) -> None:
@@ -46,7 +48,9 @@ def test_discarding_a_repeat_removes_its_files_and_never_follows_a_link(tmp_path
     plan.trace.write_bytes(b"")
     plan.stdout.symlink_to(victim)
     discard(plan)
-    assert not plan.trace.exists() and not plan.stdout.is_symlink() and victim.read_text() == "precious\n"
+    assert not plan.trace.exists()
+    assert not plan.stdout.is_symlink()
+    assert victim.read_text() == "precious\n"
 
 
 CHECKPOINTING = """
@@ -74,6 +78,7 @@ def test_parallel_repeats_writing_one_checkpoint_are_not_divergent(tmp_path: Pat
     result = run_cli(["run", "ckpt_train.py", "-n", "2", "-j", "2", "--granularity", "module", "--no-explain",
                       "--out", "run", "--json", "r.json"], cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.report is not None and result.report["verdict"] == "deterministic"
+    assert result.report is not None
+    assert result.report["verdict"] == "deterministic"
     assert all("ckpt.pt" in (run["rerun_alone"] or "") for run in result.report["runs"])
     assert "re-run one after another" in result.stdout

@@ -8,7 +8,9 @@ from detaudit.trace.dtypes import DTYPE_NAMES, DTYPE_ORDER, OBJECT_CODES
 
 
 def test_codes_are_positions_from_one_with_zero_unknown() -> None:
-    assert DTYPE_NAMES[0] == "unknown" and DTYPE_NAMES[1] == "float32" and DTYPE_NAMES[12] == "int64"
+    assert DTYPE_NAMES[0] == "unknown"
+    assert DTYPE_NAMES[1] == "float32"
+    assert DTYPE_NAMES[12] == "int64"
     assert len(set(DTYPE_ORDER)) == len(DTYPE_ORDER) == len(DTYPE_NAMES) - 1 - len(OBJECT_CODES)
 
 

@@ -43,9 +43,12 @@ def test_round_trip_records_strings_events_footer(tmp_path: Path) -> None:
     path = write_trace(tmp_path / "t.trace", recs, {"exit_code": 0, "error": None}, events=events,
                        header={"repeat": 2, "script": "train.py"}, flush_every=5)
     tr = read_trace(path)
-    assert tr.header["format"] == "detaudit-trace" and tr.header["version"] == FORMAT_VERSION
-    assert tr.header["repeat"] == 2 and tr.header["script"] == "train.py"
-    assert tr.complete and tr.footer == {"records": len(recs), "exit_code": 0, "error": None}
+    assert tr.header["format"] == "detaudit-trace"
+    assert tr.header["version"] == FORMAT_VERSION
+    assert tr.header["repeat"] == 2
+    assert tr.header["script"] == "train.py"
+    assert tr.complete
+    assert tr.footer == {"records": len(recs), "exit_code": 0, "error": None}
     assert len(tr.records) == len(recs)
     assert _names(tr) == [r.name for r in recs]
     assert [tr.strings[i] for i in tr.records["module"]] == [r.module for r in recs]
@@ -55,7 +58,8 @@ def test_round_trip_records_strings_events_footer(tmp_path: Path) -> None:
     assert [Kind(k) for k in tr.records["kind"]] == [r.kind for r in recs]
     assert np.array_equal(tr.records["samples"], np.array([r.samples for r in recs]))
     assert [(e["at"], e["type"]) for e in tr.events] == [(0, "rng"), (7, "nondet_op")]
-    assert tr.strings[0] == "" and len(tr.strings) == len(set(tr.strings))  # each string stored once
+    assert tr.strings[0] == ""
+    assert len(tr.strings) == len(set(tr.strings))
 
 
 def test_full_u64_digests_and_nan_samples_survive(tmp_path: Path) -> None:
@@ -64,7 +68,10 @@ def test_full_u64_digests_and_nan_samples_survive(tmp_path: Path) -> None:
     tr = read_trace(write_trace(tmp_path / "t.trace", recs, {"exit_code": 0}))
     assert int(tr.records["digest"][0]) == 2**64 - 1
     s = tr.records["samples"][0]
-    assert np.isnan(s[0]) and np.signbit(s[1]) and np.isinf(s[2]) and s[3] == 1e-310
+    assert np.isnan(s[0])
+    assert np.signbit(s[1])
+    assert np.isinf(s[2])
+    assert s[3] == 1e-310
 
 
 @pytest.mark.parametrize("size, limit", [(1, float("inf")), (4, 10), (7, 9), (1 << 16, 0), (3, 1000)])
@@ -79,7 +86,8 @@ def test_chunks_cover_the_first_records_in_order(tmp_path: Path, size: int, limi
 
 def test_empty_trace_round_trips(tmp_path: Path) -> None:
     tr = read_trace(write_trace(tmp_path / "t.trace", [], {"exit_code": 3}))
-    assert len(tr.records) == 0 and tr.footer == {"records": 0, "exit_code": 3}
+    assert len(tr.records) == 0
+    assert tr.footer == {"records": 0, "exit_code": 3}
 
 
 def test_record_layout_is_the_documented_84_bytes() -> None:
@@ -140,7 +148,8 @@ def test_identical_content_gives_identical_record_bodies(tmp_path: Path) -> None
     recs = training_records()
     a = read_trace(write_trace(tmp_path / "a.trace", recs, {"exit_code": 0}, header={"pid": 1}))
     b = read_trace(write_trace(tmp_path / "b.trace", recs, {"exit_code": 0}, header={"pid": 2}))
-    assert a.records.tobytes() == b.records.tobytes() and a.strings == b.strings
+    assert a.records.tobytes() == b.records.tobytes()
+    assert a.strings == b.strings
 
 
 def _frame_ends(data: bytes) -> list[int]:
@@ -179,7 +188,9 @@ def test_truncation_at_every_offset_reads_as_incomplete_prefix(tmp_path: Path) -
 
 def test_abandoned_writer_leaves_incomplete_trace(tmp_path: Path) -> None:
     tr = read_trace(write_trace(tmp_path / "t.trace", training_records(), footer=None))
-    assert not tr.complete and tr.footer is None and len(tr.records) == len(training_records())
+    assert not tr.complete
+    assert tr.footer is None
+    assert len(tr.records) == len(training_records())
 
 
 def test_wrong_magic_is_not_a_detaudit_trace(tmp_path: Path) -> None:
@@ -290,7 +301,9 @@ def test_forked_child_never_writes_to_the_trace(tmp_path: Path) -> None:
     writer.close({"exit_code": 0})
     tr = read_trace(path)
     assert _names(tr) == ["parent.before", "parent.pending", "parent.after"]
-    assert tr.events == [] and tr.footer is not None and tr.footer["exit_code"] == 0
+    assert tr.events == []
+    assert tr.footer is not None
+    assert tr.footer["exit_code"] == 0
     assert not any(s.startswith("child") for s in tr.strings)
 
 
@@ -368,7 +381,8 @@ def test_writer_never_writes_into_a_descriptor_the_script_took_over(tmp_path: Pa
     os.fstat(taken)  # ... and the user's descriptor was left open
     os.close(taken)
     trace = read_trace(path)  # the trace was reopened by path and finished
-    assert trace.complete and [trace.strings[i] for i in trace.records["name"]] == ["a", "b"]
+    assert trace.complete
+    assert [trace.strings[i] for i in trace.records["name"]] == ["a", "b"]
 
 
 def test_a_failed_write_marks_the_trace_lost_and_incomplete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -388,7 +402,8 @@ def test_a_failed_write_marks_the_trace_lost_and_incomplete(tmp_path: Path, monk
                 (1.0, 1.0, 1.0, 1.0)))
     writer.flush()  # no exception reaches the recorder (and the user's forward hook)
     writer.close({"exit_code": 0})
-    assert writer.lost is not None and "No space left" in writer.lost
+    assert writer.lost is not None
+    assert "No space left" in writer.lost
     monkeypatch.undo()
     assert not read_trace(path).complete
 
@@ -457,8 +472,10 @@ def test_the_writer_stops_at_the_string_tables_limit_and_the_reader_reads_what_i
     w.add(_row(w, "ck0", 0))  # a known name after the stop is not written either: no hole in the recording
     w.close({"exit_code": 0})
     tr = read_trace(tmp_path / "t.trace")
-    assert _names(tr) == [f"ck{i}" for i in range(7)] and list(tr.records["digest"]) == list(range(7))
-    assert tr.footer is not None and "more than 8 distinct names" in tr.footer["recording_stopped"]
+    assert _names(tr) == [f"ck{i}" for i in range(7)]
+    assert list(tr.records["digest"]) == list(range(7))
+    assert tr.footer is not None
+    assert "more than 8 distinct names" in tr.footer["recording_stopped"]
     assert capfd.readouterr().err.count("recording stopped") == 1
 
 
@@ -475,5 +492,8 @@ def test_the_writer_keeps_the_readers_event_limit_and_counts_what_it_dropped(
     w.add(_row(w, "after", 1))  # records go on
     w.close({"exit_code": 0})
     tr = read_trace(tmp_path / "t.trace")
-    assert [e["value"] for e in tr.events] == [0, 1, 2, 3, 4] and _names(tr) == ["after"]
-    assert tr.footer is not None and tr.footer["events_dropped"] == 4 and "recording_stopped" not in tr.footer
+    assert [e["value"] for e in tr.events] == [0, 1, 2, 3, 4]
+    assert _names(tr) == ["after"]
+    assert tr.footer is not None
+    assert tr.footer["events_dropped"] == 4
+    assert "recording_stopped" not in tr.footer
