@@ -256,7 +256,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     """Run, compare and diagnose. Under granularity `auto` a divergent run is re-run once, recording
     ops only around the first divergent step (`on_narrow` is told the window first). `on_progress`:
     where each running repeat stands (execute). `confirm`: the cheap confirmation of a divergent run
-    (explain/runner.py), run before the op-level re-run, which is not needed once it confirms the top cause."""
+    (explain/runner.py), run before the op-level re-run."""
     target, schedule, recording, checks = options.target, options.schedule, options.recording, options.checks
     check_script(target.script)
     if recording.granularity not in GRANULARITIES:
@@ -298,8 +298,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
     report = analysis.report_made()
     if confirm is not None and report.verdict == "divergent" and not report.timed_out:
         report = confirm(report)
-    confirmed = bool(report.causes) and report.causes[0].confidence == "confirmed"
-    window = op_window(report) if auto and not confirmed else None
+    window = op_window(report) if auto else None  # the op behind it is part of "where", confirmed or not
     if window is not None:
         if on_narrow is not None:
             on_narrow(window)
