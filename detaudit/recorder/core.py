@@ -212,12 +212,10 @@ class Recorder:
             self._emit((kind, dtype, flags | Flag.NO_DATA, 0, name, module, loc, self.step, shape_id, aux,
                         digest, inputs[0], inputs[1], _NAN4))
             return digest
-        if self._reducer is None:
-            self._reducer = DeviceReducer(notify=self._device_digest_failed)
         partial = (kind, dtype, flags | Flag.DEVICE, 0, name, module, loc, self.step, shape_id, aux)
         self.internal += 1
         try:
-            reduced = self._reducer.reduce(t)
+            reduced = self._device_reducer().reduce(t)
         except (RuntimeError, NotImplementedError, TypeError):  # no readable contents: dtype and shape only
             self._emit((kind, dtype, flags | Flag.NO_DATA, 0, name, module, loc, self.step, shape_id, aux,
                         shape_seed(t), inputs[0], inputs[1], _NAN4))
@@ -260,12 +258,10 @@ class Recorder:
             if (not host_is_cpu or not t.is_cpu) and batchable(t):
                 batched.setdefault(t.device, []).append(i)
         if batched:
-            if self._reducer is None:
-                self._reducer = DeviceReducer(notify=self._device_digest_failed)
             self.internal += 1
             try:
                 for device, which in batched.items():
-                    slots = self._reducer.batch(device).add([tensors[i] for i in which])
+                    slots = self._device_reducer().batch(device).add([tensors[i] for i in which])
                     for i, reduced in zip(which, slots, strict=True):
                         t = tensors[i]
                         partial = (group.kinds[i], DTYPE_CODES.get(t.dtype, 0), int(Flag.DEVICE), 0, group.names[i], 0,
@@ -299,9 +295,7 @@ class Recorder:
             if self._host_is_cpu and t.is_cpu:
                 digest, samples = fingerprint_cpu(t)
             else:
-                if self._reducer is None:
-                    self._reducer = DeviceReducer(notify=self._device_digest_failed)
-                digest, samples = self._reducer.digest_now(t)
+                digest, samples = self._device_reducer().digest_now(t)
         except (RuntimeError, NotImplementedError, TypeError):
             digest, samples = shape_seed(t), _NAN4
         finally:
@@ -450,6 +444,12 @@ class Recorder:
     def event(self, event: Event) -> None:
         self.resolve_pending()
         self.writer.event(cast(dict[str, Any], event))
+
+    def _device_reducer(self) -> DeviceReducer:
+        """The reducer of device tensors, made on first use (a CPU-only run never builds one)."""
+        if self._reducer is None:
+            self._reducer = DeviceReducer(notify=self._device_digest_failed)
+        return self._reducer
 
     def _device_digest_failed(self, detail: str) -> None:
         """Told by the reducer, maybe while it resolves pending records: written at once, not behind them."""

@@ -216,11 +216,11 @@ class OpRecorder(TorchDispatchMode):
                 self._pass_maker(args, out)
                 self._derive_view(info, args, out)
             else:
-                for t in _tensors(out):
+                for t in tensors_in(out):
                     self._derived[id(t)] = (weakref.ref(t), version_of(t), shape_seed(t), True)
                     self._mark_blank(t)
             if mode == VIEW and node is None and _needs_node(args):
-                self._untagged = ([weakref.ref(t) for t in _tensors(out)], rec.location_id(1), _top(rec))
+                self._untagged = ([weakref.ref(t) for t in tensors_in(out)], rec.location_id(1), _top(rec))
             return out
 
         flags = Flag.RANDOM if info.random else 0
@@ -250,8 +250,8 @@ class OpRecorder(TorchDispatchMode):
 
         out = func(*args, **kwargs)
 
-        outputs = list(_tensors(out))
-        written = [t for name, arg in _named(info, args, kwargs) if name in info.written for t in _tensors(arg)] \
+        outputs = list(tensors_in(out))
+        written = [t for name, arg in _named(info, args, kwargs) if name in info.written for t in tensors_in(arg)] \
             if info.written else []
         touched = outputs + written
         if info.written:
@@ -264,7 +264,7 @@ class OpRecorder(TorchDispatchMode):
             outputs = written
         work = _pending_work(out) if info.collective else None
         sync = work is not None and dict(_named(info, args, kwargs)).get("async_op") is False
-        bumped = {id(t) for name, arg in _named(info, args, kwargs) if name in info.bumped for t in _tensors(arg)} \
+        bumped = {id(t) for name, arg in _named(info, args, kwargs) if name in info.bumped for t in tensors_in(arg)} \
             if info.bumped and node is None else set()
         for i, t in enumerate(outputs):
             name = info.names[0] if i == 0 else info.name(rec, i)
@@ -315,7 +315,7 @@ class OpRecorder(TorchDispatchMode):
             return
         maker = self._maker(base)
         if maker is not None:
-            for t in _tensors(out):
+            for t in tensors_in(out):
                 self._made[id(t)] = (weakref.ref(t), version_of(t), maker)
 
     def _blind_leaf(self, value: Any, codes: list[int]) -> None:
@@ -377,7 +377,7 @@ class OpRecorder(TorchDispatchMode):
         base = args[0] if args else None
         if not isinstance(base, torch.Tensor):
             return
-        views = list(_tensors(out))
+        views = list(tensors_in(out))
         if any(v.is_nested or v.layout != torch.strided for v in views):
             return  # no plain geometry (ragged sizes, no strides): such a view is hashed itself when read
         if base.numel() > 4 * sum(v.numel() for v in views) and all(v.is_contiguous() for v in views):
@@ -515,12 +515,13 @@ def _top(rec: Recorder) -> int:
     return stack[-1] if stack else 0
 
 
-def _tensors(value: Any) -> Any:
+def tensors_in(value: Any) -> Any:
+    """The tensors in an op's argument or result (nested lists and tuples), in order."""
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _tensors(item)
+            yield from tensors_in(item)
 
 
 def install(recorder: Recorder, config: dict[str, Any],

@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from detaudit.recorder import location
 from detaudit.recorder.core import Recorder
-from detaudit.recorder.ops import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS
+from detaudit.recorder.ops import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS, tensors_in
 from detaudit.recorder.patch import wrap
 
 # Test-only seam: flip the lowest bit of one op's first output element on one step's `execution` (1: the
@@ -130,7 +130,7 @@ class StepReplay(TorchDispatchMode):
         if flip is None or flip.get("execution", 1) != execution or flip["step"] != self.rec.step \
                 or flip["op"] != str(func):
             return
-        target = next(iter(_tensors(out)), None)
+        target = next(iter(tensors_in(out)), None)
         if target is None or target.numel() == 0 or target.element_size() not in _INT_OF:
             return
         bits = target.reshape(-1)[:1].view(_INT_OF[target.element_size()])
@@ -165,14 +165,6 @@ def _kind(func: Any) -> tuple[str, bool, bool]:
     return REPLAY, writes, random
 
 
-def _tensors(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-
-
 def _copy(value: Any, memo: dict[int, Any] | None = None) -> Any:
     """The call's arguments with every tensor cloned (one clone per tensor: aliases stay aliases)."""
     memo = {} if memo is None else memo
@@ -196,7 +188,7 @@ def _generator(args: Any, kwargs: Any) -> Any:
             return value
     device = kwargs.get("device")
     if device is None:
-        device = next((t.device for t in _tensors(list(args)) if isinstance(t, torch.Tensor)), None)
+        device = next((t.device for t in tensors_in(list(args)) if isinstance(t, torch.Tensor)), None)
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
         return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
@@ -226,7 +218,7 @@ def _comparable(t: torch.Tensor) -> bool:
 def _differs(a: Any, b: Any) -> tuple[float, int] | None:
     """(max |diff|, max ULP) over the outputs when any bit differs; None when they agree bit for bit."""
     found: tuple[float, int] | None = None
-    left, right = list(_tensors(a)), list(_tensors(b))
+    left, right = list(tensors_in(a)), list(tensors_in(b))
     if len(left) != len(right):
         return (float("inf"), 0)
     for x, y in zip(left, right):
