@@ -331,7 +331,7 @@ class CompileEvent(_Event):
 
 
 class DdpEvent(_Event):
-    """A DistributedDataParallel wrapper was built (recorder/distributed.py)."""
+    """A DistributedDataParallel wrapper was built (recorder/rank_evidence.py)."""
 
     type: Literal["ddp"]
     loc: str
@@ -356,7 +356,10 @@ class SamplerEpochEvent(_Event):
 
 
 class CarriedEvent(_Event):
-    """A file read or a directory listed that an earlier repeat of this audit changed (recorder/evidence/files.py)."""
+    """A file read or a directory listed that an earlier repeat of this audit changed.
+
+    Recorded by recorder/evidence/file_access.py.
+    """
 
     type: Literal["carried"]
     what: Literal["read", "list", "stat"]  # stat: its size, time or existence (os.path.getsize, exists, ...)

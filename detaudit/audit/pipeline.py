@@ -283,7 +283,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         not_perturbed={} if schedule.perturbation is None else schedule.perturbation.not_tested,
     )
     claim_run(run_dir, record)
-    # what an earlier repeat changed is told apart by time (recorder/evidence/files.py)
+    # what an earlier repeat changed is told apart by time (recorder/evidence/file_access.py)
     options = options.recorded(child_config={"audit_started": record.started})
     auto = recording.granularity == "auto"
     try:

@@ -15,14 +15,14 @@ from detaudit.causes import (
     carried,
     clock,
     collective,
-    compiled,
+    compile_causes,
     device,
     flags,
     order,
     outside,
     perturbed_settings,
     rng,
-    stdout,
+    stdout_causes,
 )
 from detaudit.causes.confirm import NOT_REPRODUCED, PIN_CAUSES
 from detaudit.causes.context import LIKELY, Context, Detector, Finding, build, finding
@@ -55,9 +55,9 @@ BACKGROUND = 0.55  # below this, a cause is listed only when nothing likely expl
 DETECTORS: tuple[Detector, ...] = (
     rng.varying_seed, rng.unseeded_torch_rng, rng.unseeded_numpy_rng, rng.unseeded_python_rng,
     rng.dataloader_workers, device.environment, device.tf32, device.thread_count, device.nondeterministic_op,
-    compiled.compiled_kernels, clock.wall_clock,
+    compile_causes.compiled_kernels, clock.wall_clock,
     device.uninitialized_memory, device.cudnn_benchmark, device.cublas_workspace, order.concurrency,
-    order.python_hash_seed, order.object_order, carried.carried_state, stdout.stdout_differs, flags.flag_drift,
+    order.python_hash_seed, order.object_order, carried.carried_state, stdout_causes.stdout_differs, flags.flag_drift,
     flags.flag_typo,
     flags.collective_algorithm, collective.collective_algorithm, device.device_rng_geometry, outside.outside_value,
     *perturbed_settings.DETECTORS,

@@ -1,7 +1,7 @@
 """carried-state: a repeat read a file (or listed a directory) that an earlier repeat of the audit left.
 
 The evidence is direct: the recorder saw the read, with its path and the user's line, and the file's
-modification time falls between the audit's start and the repeat's (recorder/evidence/files.py).
+modification time falls between the audit's start and the repeat's (recorder/evidence/file_access.py).
 A repeat that starts from another repeat's leftovers is not a rerun of the same computation: its
 output may differ while every recorded tensor agrees (Lightning numbering its log directory
 `version_N` after what it finds, in its progress line and in the checkpoint's `best_model_path`), or its

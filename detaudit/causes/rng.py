@@ -31,7 +31,7 @@ from detaudit.results import Basis
 NAMES = {"torch": "torch", "numpy": "NumPy", "python": "Python `random`"}
 PINS = {"torch": Pin.TORCH_RNG, "numpy": Pin.NUMPY_RNG, "python": Pin.PYTHON_RNG}
 SEED_CALL = {"torch": "torch.manual_seed(0)", "numpy": "np.random.seed(0)", "python": "random.seed(0)"}
-# the constant-seed form of each seeding call or RNG object the recorder sees (recorder/evidence/rng.py):
+# the constant-seed form of each seeding call or RNG object the recorder sees (recorder/evidence/generators.py):
 # a call, or (starting with `.`) a method to call on that object; tests/causes/test_causes.py runs every one
 CONSTANT_SEED = {
     "torch.manual_seed": "torch.manual_seed(0)", "torch.seed": "torch.manual_seed(0)",

@@ -1,4 +1,4 @@
-"""`detaudit fix SCRIPT [ARGS]`: the command and its terminal rendering (the search itself is fix/runner.py;
+"""`detaudit fix SCRIPT [ARGS]`: the command and its terminal rendering (the search itself is fix/trials.py;
 docs/fix.md)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from detaudit.safetext import printable
 
 if TYPE_CHECKING:  # the fix stage is imported when the command runs
     from detaudit.fix.cost import Figure
-    from detaudit.fix.model import FixReport, Trial
+    from detaudit.fix.fix_report import FixReport, Trial
     from detaudit.report.model import Report
 
 _STYLE = {"deterministic": "bold green", "fixed": "bold yellow", "incomplete": "bold yellow",
@@ -82,7 +82,7 @@ def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
     needed, and what each costs in step time. Arguments split as for `run`. With --perturb, the audit and
     every experiment run under its settings, and a set of knobs must make the repeats agree across them.
     """
-    from detaudit.fix.runner import DEFAULT_BUDGET, run_fix
+    from detaudit.fix.trials import DEFAULT_BUDGET, run_fix
     from detaudit.run.distributed import NODES_FOLLOW_UP, multi_node
 
     options = audit_options(script, script_args, repeats=repeats, devices=devices, timeout=timeout,
@@ -128,7 +128,7 @@ def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
             said(f"--write-patch: nothing written to {patch_path}: "
                  + ("the fix changes no line of the script (its knobs are environment variables)" if report.knobs
                     else "there is no fix to write"))
-    from detaudit.fix.model import write_json
+    from detaudit.fix.fix_report import write_json
 
     finish_with(report, Presentation({"json": write_json}, summary_line, render), {"json": json_path}, quiet)
 

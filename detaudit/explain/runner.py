@@ -445,7 +445,7 @@ def _base_options(record: RunRecord, cwd: Path, repeats: int, jobs: int,
         # the baseline's own kind of trace, so record indices compare (auto's base run is module)
         Recording(granularity="module" if record.granularity in (None, "auto") else str(record.granularity),
                   max_steps=record.max_steps, max_time=record.max_time, run_to_end=record.run_to_end,
-                  # files the earlier repeats changed are told apart by time (recorder/evidence/files.py)
+                  # files the earlier repeats changed are told apart by time (recorder/evidence/file_access.py)
                   child_config={"audit_started": record.started} if record.started else {}),
         Checks(tolerance=record.tolerance, stdout=recorded_mode(record)),
     )

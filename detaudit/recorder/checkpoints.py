@@ -3,11 +3,11 @@
 In every repeat: each `torch.save` and `torch.load` as an event (the file, the step, the top-level keys and
 which parts are module / optimizer / LR-scheduler / GradScaler state dicts or RNG states), and each
 `load_state_dict` call on a module, optimizer, scheduler or GradScaler (RNG restores are the rng
-evidence's: recorder/evidence/rng.py). Under `detaudit resume` (child config `resume`) also: the digests
+evidence's: recorder/evidence/generators.py). Under `detaudit resume` (child config `resume`) also: the digests
 of the parameters just before the first optimizer step (what a resumed run starts from), each optimizer's
 learning rates at every step and a GradScaler's state after each `update()`, as records, so a
 resumed run's first step can be told apart from the uninterrupted run's by what differs; and each RNG call
-site's next draw after a load and after the first step is reported again (evidence/rng.py `draws_again`).
+site's next draw after a load and after the first step is reported again (evidence/generators.py `draws_again`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from detaudit.events import (
 from detaudit.recorder import evidence
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.core import Recorder
-from detaudit.recorder.evidence import rng
+from detaudit.recorder.evidence import generators
 from detaudit.recorder.hooks import Hooks
 from detaudit.recorder.location import display_path, user_frame
 from detaudit.recorder.patch import wrap
@@ -174,7 +174,7 @@ class Checkpoints:
                                                 step=self.recorder.step, keys=keys, parts=parts))
         found = evidence.active()
         if self.resume and found is not None:
-            rng.draws_again(found)
+            generators.draws_again(found)
 
     def _restoring(self, what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -214,7 +214,7 @@ class Checkpoints:
                 rec.event(InitialParamsEvent(type="initial-params", step=rec.step, params=names, digests=digests))
                 found = evidence.active()
                 if found is not None:  # the draws of training, told apart from those that set the run up
-                    rng.draws_again(found)
+                    generators.draws_again(found)
             lr_id = self._lr_ids.get(id(optimizer))
             if lr_id is None:
                 lr_id = self._lr_ids[id(optimizer)] = rec.intern(f"optimizer {type(optimizer).__name__}:lr")

@@ -57,7 +57,7 @@ def wrap(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..
     """Replace `owner.name` by `make(original)`, made to look like the original (functools.wraps) and
     invisible to TorchScript. Returns False, patching nothing, when `owner` has no such attribute.
     A class is replaced by a subclass `make` returns (its metaclass keeps `isinstance` true for the
-    original's instances: recorder/evidence/rng.py)."""
+    original's instances: recorder/evidence/generators.py)."""
     original = getattr(owner, name, None)
     if original is None:
         return False

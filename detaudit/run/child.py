@@ -160,7 +160,7 @@ class Session:
         ops.install(self.recorder, self.config,
                     None if self.config.get("op_window_runs_on") else self._stop_after_op_window)
         if self.config.get("distributed"):
-            from detaudit.recorder import distributed as collectives
+            from detaudit.recorder import rank_evidence as collectives
             collectives.install(self.recorder)
         max_steps, max_time = self.config.get("max_steps"), self.config.get("max_time")
         stop_file = self.config.get("stop_file")  # the audit may ask this repeat to stop (compare/live.py)

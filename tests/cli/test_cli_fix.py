@@ -1,4 +1,4 @@
-"""cli/fix.py's options as the library values fix/runner.py gets, in-process with click's CliRunner: run_fix
+"""cli/fix.py's options as the library values fix/trials.py gets, in-process with click's CliRunner: run_fix
 (or the audit under it) is replaced by a fake, so no interpreter starts. The search itself is
 test_e2e_fix.py's."""
 
@@ -14,8 +14,8 @@ import detaudit.run.devices
 from detaudit.audit.pipeline import AuditOptions
 from detaudit.cli.commands import cli, main
 from detaudit.errors import ExitCode
-from detaudit.fix import runner
-from detaudit.fix.model import FixReport
+from detaudit.fix import trials
+from detaudit.fix.fix_report import FixReport
 from detaudit.pin import Perturb
 
 
@@ -40,7 +40,7 @@ def _fake_fix(seen: list[AuditOptions], tmp_path: Path) -> Any:
 def test_perturb_reaches_the_audit_and_the_experiments_as_runs_option_does(
         script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[AuditOptions] = []
-    monkeypatch.setattr(runner, "run_fix", _fake_fix(seen, tmp_path))
+    monkeypatch.setattr(trials, "run_fix", _fake_fix(seen, tmp_path))
     result = CliRunner().invoke(cli, ["fix", "-n", "2", "--perturb", "threads", script.name], catch_exceptions=False)
     assert result.exit_code == ExitCode.DETERMINISTIC, result.output
     perturbation = seen[0].schedule.perturbation
@@ -52,7 +52,7 @@ def test_perturb_reaches_the_audit_and_the_experiments_as_runs_option_does(
 
 def test_without_perturb_fix_is_unperturbed(script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[AuditOptions] = []
-    monkeypatch.setattr(runner, "run_fix", _fake_fix(seen, tmp_path))
+    monkeypatch.setattr(trials, "run_fix", _fake_fix(seen, tmp_path))
     result = CliRunner().invoke(cli, ["fix", "-n", "2", script.name], catch_exceptions=False)
     assert result.exit_code == ExitCode.DETERMINISTIC, result.output
     assert seen[0].schedule.perturbation is None
@@ -72,7 +72,7 @@ def test_a_perturbation_fix_cannot_search_under_is_a_usage_error_before_any_repe
     def never(*_: Any, **__: Any) -> Any:
         raise AssertionError("the audit ran")
 
-    monkeypatch.setattr(runner, "run_audit", never)
+    monkeypatch.setattr(trials, "run_audit", never)
     with pytest.raises(SystemExit) as ended:
         main(["fix", "--perturb", perturb, script.name])
     output = " ".join(capsys.readouterr().err.split())

@@ -1,5 +1,5 @@
-"""`detaudit fix`'s report: its JSON and exit codes (fix/model.py), the terminal (cli/fix.py), and what the runner
-reads from a run directory: step times from the footers, unseeded RNG objects as line edits (fix/runner.py)."""
+"""`detaudit fix`'s report: its JSON and exit codes (fix/fix_report.py), the terminal (cli/fix.py), and what the runner
+reads from a run directory: step times from the footers, unseeded RNG objects as line edits (fix/trials.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from synthetic import training_records, write_run, write_trace
 from detaudit.audit.pipeline import load_run
 from detaudit.cli import fix as cli_fix
 from detaudit.errors import ExitCode
-from detaudit.fix import runner
+from detaudit.fix import trials
 from detaudit.fix.code import Edit
 from detaudit.fix.cost import Figure, KnobCost
-from detaudit.fix.model import FixReport, KnobFix, Trial, to_dict
+from detaudit.fix.fix_report import FixReport, KnobFix, Trial, to_dict
 from detaudit.pin import Pin
 from detaudit.run.rundir import read_run
 
@@ -88,11 +88,11 @@ def test_a_fix_under_perturb_says_which_settings_it_agreed_across() -> None:
     assert "make the repeats agree under --perturb threads, and each is needed" in cli_fix.summary_line(perturbed).plain
     assert "under --perturb" not in cli_fix.summary_line(_fixed()).plain
     # the verification: the groups, and the knob variables the perturbation kept its own
-    held = runner._under(["threads"], ["MKL_NUM_THREADS", "OMP_NUM_THREADS"])
+    held = trials._under(["threads"], ["MKL_NUM_THREADS", "OMP_NUM_THREADS"])
     assert held.startswith(", across every group of --perturb threads; MKL_NUM_THREADS, OMP_NUM_THREADS stayed as")
     assert "the prelude is what made the groups agree" in held
-    assert runner._under(["threads"], []) == ", across every group of --perturb threads"
-    assert runner._under([], []) == ""
+    assert trials._under(["threads"], []) == ", across every group of --perturb threads"
+    assert trials._under([], []) == ""
 
 
 def test_nothing_to_fix_and_no_knob_read_as_such() -> None:
@@ -110,7 +110,7 @@ def test_step_times_are_read_from_the_footers(tmp_path: Path) -> None:
         write_trace(tmp_path / f"r{i}.trace", records, {"exit_code": 0, "error": None, "step_times": steps})
     _, results = read_run(write_run(tmp_path / "run", [records, records]))
     results = [r.__class__(**{**r.to_dict(), "trace": f"../r{r.index}.trace"}) for r in results]
-    timing = runner.timing(tmp_path / "run", results)
+    timing = trials.timing(tmp_path / "run", results)
     assert timing.step_s == (0.01, 0.02, 0.03)
     assert timing.run_s == (0.5, 0.5)
 
@@ -128,7 +128,7 @@ def test_an_rng_object_created_unseeded_in_the_script_becomes_its_knobs_line_edi
         write_trace(run_dir / f"repeat-{i}.trace", [first, other][i], {"exit_code": 0, "error": None},
                     events=[(0, made)], header={"repeat": i})
     _, results = read_run(run_dir)
-    edits, drawn = runner.seed_edits(load_run(run_dir), run_dir, results, script, tmp_path)
+    edits, drawn = trials.seed_edits(load_run(run_dir), run_dir, results, script, tmp_path)
     assert drawn == set()
     assert [(e.pin, e.line, e.after, e.applies) for e in edits] == [
         (Pin.NUMPY_RNG, 2, "rng = np.random.default_rng(0)", True)]

@@ -11,7 +11,7 @@ import torch
 from evidence_sink import Sink
 from torch.utils.data import DataLoader
 
-from detaudit.recorder.evidence import draws, rng
+from detaudit.recorder.evidence import draws, generators
 from detaudit.recorder.evidence.base import Evidence
 
 
@@ -29,7 +29,7 @@ def tracked(evidence: tuple[Evidence, Sink]) -> Iterator[tuple[Evidence, Sink]]:
 
 def test_a_draw_is_fingerprinted_with_the_state_it_started_from_and_its_values(tracked: Any) -> None:
     ev, sink = tracked
-    rng.install_torch(ev, torch)
+    generators.install_torch(ev, torch)
     torch.manual_seed(3)
     before = ev.rng_digest("torch")
     values = torch.randn(5)
@@ -40,7 +40,7 @@ def test_a_draw_is_fingerprinted_with_the_state_it_started_from_and_its_values(t
 
 def test_one_site_is_fingerprinted_a_few_times_per_step_and_epoch_and_only_counted_after(tracked: Any) -> None:
     ev, sink = tracked
-    rng.install_torch(ev, torch)
+    generators.install_torch(ev, torch)
     for step in range(draws.DRAWS_PER_EPOCH):
         sink.step = step  # type: ignore[attr-defined]  # the Recorder's optimizer step count
         for _ in range(draws.DRAWS_PER_STEP + 2):
@@ -52,7 +52,7 @@ def test_one_site_is_fingerprinted_a_few_times_per_step_and_epoch_and_only_count
 
 def test_each_dataloader_iteration_is_a_new_epoch_for_the_draws_after_it(tracked: Any) -> None:
     ev, sink = tracked
-    rng.install_torch(ev, torch)
+    generators.install_torch(ev, torch)
     assert draws.tracker is not None
     draws.install_loader(draws.tracker, DataLoader)
     loader = DataLoader(list(range(4)), batch_size=2)
@@ -65,7 +65,7 @@ def test_each_dataloader_iteration_is_a_new_epoch_for_the_draws_after_it(tracked
 
 def test_a_draw_under_no_grad_is_marked_so(tracked: Any) -> None:
     ev, sink = tracked
-    rng.install_torch(ev, torch)
+    generators.install_torch(ev, torch)
     with torch.no_grad():
         torch.rand(1)
     assert [e["grad"] for e in sink.of("random-draw")] == [False]
@@ -82,7 +82,7 @@ def test_values_are_digested_from_tensors_arrays_numbers_and_lists() -> None:
 def test_a_value_whose_bytes_cannot_be_read_leaves_the_draw_and_its_state(tracked: Any,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     ev, sink = tracked
-    rng.install_torch(ev, torch)
+    generators.install_torch(ev, torch)
 
     def unreadable(result: Any, torch: Any) -> Any:
         raise RuntimeError("a layout with no bytes to read")
@@ -97,7 +97,7 @@ def test_a_process_keeps_at_most_max_kept_fingerprints_over_all_sites(tracked: A
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     ev, sink = tracked
     monkeypatch.setattr(draws, "MAX_KEPT", 2)
-    rng.install_torch(ev, torch)
+    generators.install_torch(ev, torch)
     torch.rand(1)
     torch.randn(1)
     torch.rand(1)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from detaudit.batch.reporting import BatchReport
 from detaudit.codec import Codable, hints
-from detaudit.fix.model import FixReport
+from detaudit.fix.fix_report import FixReport
 from detaudit.report.model import Report
 from detaudit.report.resume import ResumeReport
 

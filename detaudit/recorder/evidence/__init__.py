@@ -1,7 +1,7 @@
 """Evidence for the cause detectors, recorded cheaply in every repeat (docs/causes.md).
 
 Recorded, by topic (the events are typed in detaudit/events.py):
-- rng.py: seeding calls (value, call site, RNG state digest before and after), numpy Generator
+- generators.py: seeding calls (value, call site, RNG state digest before and after), numpy Generator
   creation, the first draw from each RNG per call site;
 - draws.py: the first few draws per call site, step and epoch fingerprinted (what was drawn, the
   generator's state before), with epoch, step, worker, rank and grad mode;
@@ -12,7 +12,7 @@ Recorded, by topic (the events are typed in detaudit/events.py):
 - writes.py: the files the script opens for writing (what `-j` repeats would share);
 - environment.py: PYTHONHASHSEED, an environment fingerprint (allow-listed variables only, never
   secrets), thread-count settings, wall-clock reads per call site, reads of the pid, OS entropy, uuids;
-- files.py: files read and directories listed that an earlier repeat of this audit changed (state
+- file_access.py: files read and directories listed that an earlier repeat of this audit changed (state
   carried between repeats);
 - here: RNG states and torch flags at import, the first forward, the first optimizer step and the end.
 
@@ -33,7 +33,7 @@ from typing import Any
 
 from detaudit.events import StateEvent
 from detaudit.recorder import location
-from detaudit.recorder.evidence import base, concurrency, draws, environment, files, kernels, rng, writes
+from detaudit.recorder.evidence import base, concurrency, draws, environment, file_access, generators, kernels, writes
 from detaudit.recorder.evidence.base import Evidence, never_fatal, python_rng_digest
 
 __all__ = ["Evidence", "active", "attach", "finish", "install", "python_rng_digest"]
@@ -53,11 +53,11 @@ class Installer:
         """At child start, before the script: Python's RNG, threads, clocks, hash seed, fork handling."""
         ev = self.ev
         location.skip_paths(*location.own_code())
-        rng.install_python(ev)
+        generators.install_python(ev)
         concurrency.install_threads(ev)
         environment.install_clocks(ev)
         environment.install_hash(ev)
-        files.install(ev)
+        file_access.install(ev)
         ev.emit(environment.hash_event())
         self.writes = writes.install(ev)
         os.register_at_fork(after_in_child=ev.after_fork)
@@ -76,7 +76,7 @@ class Installer:
 
     def on_numpy_random(self, np_random: ModuleType) -> None:
         location.skip_paths(location.package_dir(sys.modules["numpy"]))
-        rng.install_numpy(self.ev, np_random)
+        generators.install_numpy(self.ev, np_random)
 
     def on_torch(self, torch: ModuleType) -> None:
         """Right after `import torch` (before the script sees it) and before the recorder's hooks."""
@@ -91,7 +91,7 @@ class Installer:
         if "numpy.random" in sys.modules and ev.numpy is None:
             self.on_numpy_random(sys.modules["numpy.random"])
         ev.pins.apply_torch(torch)
-        rng.install_torch(ev, torch)
+        generators.install_torch(ev, torch)
         environment.install_torch(ev, torch)
         kernels.install(ev, torch)
         concurrency.install_dataloader(ev, torch.utils.data.DataLoader)

@@ -57,7 +57,7 @@ class Evidence:
         self.buffer: list[Event] = []
         self.seen: set[Any] = set()
         self.anchors: dict[str, str | None] = {}
-        # RNG objects the script owns, numbered in creation order (rng.py): draws name the number
+        # RNG objects the script owns, numbered in creation order (generators.py): draws name the number
         self.rng_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._rng_numbers = 0
         self.outside_sites = 0  # user call sites of outside values recorded (environment.py)

@@ -1,4 +1,4 @@
-"""The rank-side evidence (recorder/distributed.py), in a one-rank gloo job in a fresh interpreter
+"""The rank-side evidence (recorder/rank_evidence.py), in a one-rank gloo job in a fresh interpreter
 (the patches are global, so they never run inside the test process)."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import sys
 import torch, torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
-from detaudit.recorder import distributed
+from detaudit.recorder import rank_evidence
 from detaudit.recorder.core import Recorder
 from detaudit.trace import TraceWriter
 
 recorder = Recorder(TraceWriter(sys.argv[1], {"repeat": 0}))
-distributed.install(recorder)
+rank_evidence.install(recorder)
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1), bucket_cap_mb=1)
 dist.all_reduce(torch.ones(2))

@@ -1,4 +1,4 @@
-"""recorder/evidence/files.py: files read and directories listed that an earlier repeat of the audit changed."""
+"""recorder/evidence/file_access.py: files read and directories listed that an earlier repeat of the audit changed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from evidence_sink import Sink
 
 from detaudit.events import CarriedEvent
 from detaudit.recorder import patch
-from detaudit.recorder.evidence import files
+from detaudit.recorder.evidence import file_access
 from detaudit.recorder.evidence.base import Evidence
 
 NOW = time.time()
@@ -42,7 +42,7 @@ def carried(evidence: tuple[Evidence, Sink], tmp_path: Path, monkeypatch: pytest
     _file(tmp_path / "old" / "a.txt", BEFORE_AUDIT)
     os.utime(tmp_path / "old", (BEFORE_AUDIT, BEFORE_AUDIT))
     ev.config["audit_started"] = NOW - 100
-    files.install(ev)
+    file_access.install(ev)
     yield sink
     patch.restore_all()
 
@@ -56,7 +56,7 @@ def test_a_read_of_what_an_earlier_repeat_wrote_is_recorded_with_path_and_line(c
     [event] = carried.of("carried")
     assert set(event) == set(get_type_hints(CarriedEvent)) - {"at", "worker"}
     assert (event["what"], event["path"], event["entries"]) == ("read", "counter.txt", [])
-    assert "test_evidence_files.py:" in event["loc"]
+    assert "test_evidence_file_access.py:" in event["loc"]
     assert "pathlib.py:" in event["by"]
 
 
@@ -97,5 +97,5 @@ def test_missing_files_descriptors_and_special_files_pass_through(carried: Sink)
 def test_nothing_is_installed_outside_an_audit(evidence: tuple[Evidence, Sink]) -> None:
     ev, _ = evidence
     before = len(patch.patched())
-    files.install(ev)  # no audit_started: the evidence of a lone run has no window
+    file_access.install(ev)  # no audit_started: the evidence of a lone run has no window
     assert len(patch.patched()) == before

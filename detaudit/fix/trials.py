@@ -22,7 +22,7 @@ from detaudit.errors import UsageError
 from detaudit.explain.runner import Bench, Ledger, plan
 from detaudit.fix import code, search
 from detaudit.fix.cost import Timing, cost, figure
-from detaudit.fix.model import FixReport, FixVerdict, KnobFix, Trial, to_dict
+from detaudit.fix.fix_report import FixReport, FixVerdict, KnobFix, Trial, to_dict
 from detaudit.pin import Pin
 from detaudit.report.model import Report
 from detaudit.results import Cause, Experiment, RepeatProgress, RepeatResult

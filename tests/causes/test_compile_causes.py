@@ -1,4 +1,4 @@
-"""The compiled-kernels detector (causes/compiled.py), on synthetic evidence."""
+"""The compiled-kernels detector (causes/compile_causes.py), on synthetic evidence."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from test_causes import context, flags, hash_event, record
 
 from detaudit import causes
-from detaudit.causes import compiled
+from detaudit.causes import compile_causes
 
 
 def compile_event(**inductor: Any) -> dict[str, Any]:
@@ -31,15 +31,15 @@ def test_compiled_model_gradient_divergence_is_compiled_kernels_not_hash_order()
 
 def test_autotuning_is_named() -> None:
     events = [compile_event(max_autotune=True), end_state()]
-    found = compiled.compiled_kernels(context([events, events], rec=record("output", "CharGPT")))
+    found = compile_causes.compiled_kernels(context([events, events], rec=record("output", "CharGPT")))
     assert found is not None
     assert any("autotuning on (max_autotune)" in line for line in found.cause.evidence)
 
 
 def test_not_when_deterministic_or_not_compiled() -> None:
     rec = record("grad", "w")
-    assert compiled.compiled_kernels(context([[end_state()], [end_state()]], rec=rec)) is None
+    assert compile_causes.compiled_kernels(context([[end_state()], [end_state()]], rec=rec)) is None
     on = [compile_event(), end_state(deterministic_algorithms=True)]
-    assert compiled.compiled_kernels(context([on, on], rec=rec)) is None
+    assert compile_causes.compiled_kernels(context([on, on], rec=rec)) is None
     inductor_on = [compile_event(deterministic=True), end_state()]
-    assert compiled.compiled_kernels(context([inductor_on, inductor_on], rec=rec)) is None
+    assert compile_causes.compiled_kernels(context([inductor_on, inductor_on], rec=rec)) is None

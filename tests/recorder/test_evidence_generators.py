@@ -1,4 +1,4 @@
-"""recorder/evidence/rng.py: seeding calls, Generator creation and first draws, in process."""
+"""recorder/evidence/generators.py: seeding calls, Generator creation and first draws, in process."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from evidence_sink import Sink
 
 from detaudit.events import DrawEvent, GeneratorEvent, RngRestoreEvent, SeedEvent
 from detaudit.recorder import patch
-from detaudit.recorder.evidence import draws, rng
+from detaudit.recorder.evidence import draws, generators
 from detaudit.recorder.evidence.base import Evidence, python_rng_digest
 from detaudit.recorder.pinning import PIN_SEED
 
@@ -28,7 +28,7 @@ def test_torch_seeding_records_value_site_and_whether_the_rng_was_drawn_from(evi
     ev, sink = evidence
     state = torch.get_rng_state()
     try:
-        rng.install_torch(ev, torch)
+        generators.install_torch(ev, torch)
         torch.manual_seed(5)
         torch.randn(2)
         torch.manual_seed(6)
@@ -37,7 +37,7 @@ def test_torch_seeding_records_value_site_and_whether_the_rng_was_drawn_from(evi
     first, second = [e for e in sink.of("seed") if e["fn"] == "torch.manual_seed"]
     assert set(first) == fields(SeedEvent) - {"by"} == set(second)  # `by`: library calls only
     assert (first["fn"], first["value"], first["lib"], first["library"]) == ("torch.manual_seed", 5, "torch", False)
-    assert first["loc"].endswith(f"test_evidence_rng.py:{_line('torch.manual_seed(5)')}")
+    assert first["loc"].endswith(f"test_evidence_generators.py:{_line('torch.manual_seed(5)')}")
     assert not first["drawn_before"]
     assert second["drawn_before"]
     assert first["state"] != second["state"]
@@ -50,7 +50,7 @@ def test_torch_seeding_records_value_site_and_whether_the_rng_was_drawn_from(evi
 def test_a_draw_is_recorded_once_per_call_site_and_an_explicit_generator_is_told_apart(
         evidence: tuple[Evidence, Sink]) -> None:
     ev, sink = evidence
-    rng.install_torch(ev, torch)
+    generators.install_torch(ev, torch)
     gen = torch.Generator().manual_seed(0)
     for _ in range(3):
         torch.rand(2, generator=gen)
@@ -63,7 +63,7 @@ def test_python_random_seed_and_draw(evidence: tuple[Evidence, Sink]) -> None:
     state = random.getstate()
     seed, draw = random.seed, random.random
     try:
-        rng.install_python(ev)
+        generators.install_python(ev)
         random.random()
         random.seed(3)
         after = random.getstate()
@@ -82,7 +82,7 @@ def test_numpy_seed_generator_and_draw(evidence: tuple[Evidence, Sink]) -> None:
     ev, sink = evidence
     state = np.random.get_state()
     try:
-        rng.install_numpy(ev, np.random)
+        generators.install_numpy(ev, np.random)
         np.random.seed(1)
         np.random.rand(2)
         np.random.default_rng()
@@ -107,7 +107,7 @@ def test_a_numpy_bit_generator_records_its_seed(evidence: tuple[Evidence, Sink])
     state = np.random.get_state()
     original = np.random.PCG64
     try:
-        rng.install_numpy(ev, np.random)
+        generators.install_numpy(ev, np.random)
         bits = np.random.PCG64(4242)
         same = np.random.Generator(bits).random()
         assert isinstance(bits, np.random.PCG64)
@@ -127,7 +127,7 @@ def test_a_seed_pin_replaces_the_scripts_seed(evidence: tuple[Evidence, Sink]) -
     ev.torch = torch
     state = torch.get_rng_state()
     try:
-        rng.install_torch(ev, torch)
+        generators.install_torch(ev, torch)
         torch.manual_seed(99)
         assert torch.initial_seed() == PIN_SEED
     finally:
@@ -146,12 +146,12 @@ def test_an_rng_restore_is_recorded_once_per_site_and_draws_again_reports_each_s
     ev, sink = evidence
     state = torch.get_rng_state()
     try:
-        rng.install_torch(ev, torch)
+        generators.install_torch(ev, torch)
         restored = state.clone()
         for _ in range(2):
             torch.set_rng_state(restored)
             torch.rand(1)
-        rng.draws_again(ev)  # `detaudit resume`, after a checkpoint load
+        generators.draws_again(ev)  # `detaudit resume`, after a checkpoint load
         for _ in range(2):
             torch.rand(1)
     finally:
@@ -164,9 +164,9 @@ def test_an_rng_restore_is_recorded_once_per_site_and_draws_again_reports_each_s
 
 def test_rng_objects_the_script_owns_are_numbered_and_followed_to_their_draws(evidence: tuple[Evidence, Sink]) -> None:
     ev, sink = evidence
-    rng.install_python(ev)
-    rng.install_numpy(ev, np.random)
-    rng.install_torch(ev, torch)
+    generators.install_python(ev)
+    generators.install_numpy(ev, np.random)
+    generators.install_torch(ev, torch)
     g = torch.Generator()
     drawn = g.seed()
     torch.randn(2, generator=g)
@@ -181,7 +181,7 @@ def test_rng_objects_the_script_owns_are_numbered_and_followed_to_their_draws(ev
                     ("random.SystemRandom", "python", 2, False), ("np.random.RandomState", "numpy", 3, False)]
     assert sink.of("generator")[0]["value"] == drawn
     assert sink.of("generator")[2].get("entropy") is True
-    assert all(e["loc"].startswith("test_evidence_rng.py") or "test_evidence_rng.py" in e["loc"]
+    assert all(e["loc"].startswith("test_evidence_generators.py") or "test_evidence_generators.py" in e["loc"]
                for e in sink.of("generator"))
     draws = [(d["fn"], d.get("obj")) for d in sink.of("draw")]
     assert draws == [("torch.randn", 0), ("Random.shuffle", 1), ("Random.random", 2), ("RandomState.rand", 3)]
@@ -202,9 +202,9 @@ def test_a_pin_reaches_the_scripts_rng_objects(evidence: tuple[Evidence, Sink]) 
     ev.attach_recorder(sink)
     ev.torch = torch
     expected = random.Random(PIN_SEED).getstate(), np.random.RandomState(PIN_SEED).get_state()[1]
-    rng.install_python(ev)
-    rng.install_numpy(ev, np.random)
-    rng.install_torch(ev, torch)
+    generators.install_python(ev)
+    generators.install_numpy(ev, np.random)
+    generators.install_torch(ev, torch)
     assert torch.Generator().seed() == PIN_SEED
     assert random.Random().getstate() == expected[0]  # each pin counts its own calls: the first gets PIN_SEED
     assert (np.random.RandomState().get_state()[1] == expected[1]).all()
@@ -218,8 +218,8 @@ def test_seeding_through_a_helper_names_the_helper_and_a_restore_is_recorded(
     helper.write_text("import random\nimport torch\n\ndef seed_everything(seed):\n    torch.manual_seed(seed)\n"
                       "    random.seed(seed)\n")
     ev._library += (str(tmp_path) + "/",)  # as an installed package is
-    rng.install_python(ev)
-    rng.install_torch(ev, torch)
+    generators.install_python(ev)
+    generators.install_torch(ev, torch)
     state = (torch.get_rng_state(), random.getstate())
     try:
         namespace: dict[str, Any] = {}
@@ -233,7 +233,7 @@ def test_seeding_through_a_helper_names_the_helper_and_a_restore_is_recorded(
     seeds = [(e["fn"], e["value"], e["library"], e.get("by", "").rsplit("/", 1)[-1])
              for e in sink.of("seed") if e["state"] is not None]
     assert seeds[:2] == [("torch.manual_seed", 42, True, "seedhelp.py:5"), ("random.seed", 42, True, "seedhelp.py:6")]
-    assert all("test_evidence_rng.py" in e["loc"] for e in sink.of("seed"))  # the user's line that called the helper
+    assert all("test_evidence_generators.py" in e["loc"] for e in sink.of("seed"))  # the user's line that called the helper
     restore = sink.of("rng-restore")[0]  # fork_rng's exit (then this test's own restores)
     assert restore["fn"] == "torch.set_rng_state"
     assert restore["library"]
@@ -252,7 +252,7 @@ def test_a_draw_by_a_library_at_its_import_is_told_apart(evidence: tuple[Evidenc
     monkeypatch.syspath_prepend(str(tmp_path))
     state = random.getstate()
     try:
-        rng.install_python(ev)
+        generators.install_python(ev)
         import drawsatimport  # noqa: F401
         import usermodel  # noqa: F401
     finally:
@@ -270,8 +270,8 @@ def test_seeding_through_the_scripts_own_wrapper_is_the_scripts_seeding(evidence
         torch.manual_seed(seed)
         random.seed(seed)
 
-    rng.install_python(ev)
-    rng.install_torch(ev, torch)
+    generators.install_python(ev)
+    generators.install_torch(ev, torch)
     state = (torch.get_rng_state(), random.getstate())
     try:
         seed_all(5)
@@ -287,7 +287,7 @@ def test_a_scripts_numpy_generator_is_followed_to_its_draws_and_fingerprinted(ev
     ev, sink = evidence
     draws.install(ev)
     try:
-        rng.install_numpy(ev, np.random)
+        generators.install_numpy(ev, np.random)
         gen = np.random.default_rng(3)
         values = gen.random(4)
     finally:

@@ -1,5 +1,5 @@
-"""recorder/distributed.py in-process (the fast lane): a DistributedSampler iterated again at an epoch
-it already used is an event, once; test_recorder_distributed.py runs a real DDP job (marked process)."""
+"""recorder/rank_evidence.py in-process (the fast lane): a DistributedSampler iterated again at an epoch
+it already used is an event, once; test_rank_evidence.py runs a real DDP job (marked process)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import distributed as data_distributed
 
-from detaudit.recorder import distributed
+from detaudit.recorder import rank_evidence
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built in")
 
@@ -29,7 +29,7 @@ def test_a_reused_sampler_epoch_is_recorded_once(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(ddp_module.DistributedDataParallel, "__init__", ddp_module.DistributedDataParallel.__init__)
     monkeypatch.setattr(data_distributed.DistributedSampler, "__iter__", data_distributed.DistributedSampler.__iter__)
     recorder = Events()
-    distributed.install(recorder)  # type: ignore[arg-type]
+    rank_evidence.install(recorder)  # type: ignore[arg-type]
     sampler = data_distributed.DistributedSampler(list(range(8)), num_replicas=2, rank=0, shuffle=True, seed=3)
     first = list(sampler)
     assert recorder.events == []
@@ -48,7 +48,7 @@ def test_a_reused_sampler_epoch_is_recorded_once(monkeypatch: pytest.MonkeyPatch
 def test_an_unshuffled_sampler_is_never_an_event(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(data_distributed.DistributedSampler, "__iter__", data_distributed.DistributedSampler.__iter__)
     recorder = Events()
-    distributed._watch_sampler_epochs(recorder)  # type: ignore[arg-type]
+    rank_evidence._watch_sampler_epochs(recorder)  # type: ignore[arg-type]
     sampler = data_distributed.DistributedSampler(list(range(8)), num_replicas=2, rank=1, shuffle=False)
     list(sampler), list(sampler)
     assert recorder.events == []

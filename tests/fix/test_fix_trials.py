@@ -1,11 +1,11 @@
-"""fix/runner.py: the search's trials judge the audit's causes by the one ranking rule (docs/causes.md#ranking)."""
+"""fix/trials.py: the search's trials judge the audit's causes by the one ranking rule (docs/causes.md#ranking)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from detaudit.fix.model import Trial
-from detaudit.fix.runner import _judged
+from detaudit.fix.fix_report import Trial
+from detaudit.fix.trials import _judged
 from detaudit.pin import Pin
 from detaudit.results import Cause
 
