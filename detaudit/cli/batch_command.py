@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 from rich.console import Console
@@ -12,17 +12,34 @@ from rich.markup import escape
 from rich.table import Table
 
 from detaudit.batch.reporting import BatchReport, BatchSettings, write_html, write_json
-from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
+from detaudit.cli.options import (
+    RunCommand,
+    audit_option_group,
+    check_outputs,
+    devices_option,
+    html_option,
+    json_option,
+    max_steps_option,
+    out_option,
+    quiet_option,
+    repeats_option,
+    script_arguments,
+    timeout_option,
+)
 from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
 from detaudit.errors import ExitCode
 from detaudit.safetext import printable
+
+if TYPE_CHECKING:
+    from detaudit.audit.pipeline import AuditOptions
 
 _EXIT_CODES = ("\b\nExit codes:\n  0    batch-invariant: every probed row agrees bit for bit\n"
                "  1    batch-variant: some row's result depends on its batch (or, with --repeats, the repeats "
                "differ)\n" + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
 
 
-def _sizes(value: str | None) -> tuple[int, ...]:
+def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...]:
+    """--sizes K,K,... as row counts."""
     if not value:
         return ()
     try:
@@ -35,33 +52,29 @@ def _sizes(value: str | None) -> tuple[int, ...]:
 
 
 @click.command(cls=RunCommand, epilog=_EXIT_CODES)
-@click.argument("script", type=click.Path())
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("-n", "--repeats", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Repeats; more than one also compares them with each other (run-to-run, as `run`).")
-@click.option("--device", "devices", type=click.Choice(["cpu", "cuda", "auto"]), multiple=False, default="auto",
-              show_default=True, help="Device to run on (auto: wherever the script itself runs).")
-@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per repeat.")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
-              help="Run directory (default: a new folder under .detaudit/runs/).")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
-@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None, help="Write an HTML report.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
-@click.option("--max-steps", type=click.IntRange(min=1), default=None,
-              help="Stop after the model's N-th call (its N-th optimizer step in a training script): the first N "
-                   "calls are probed.")
+@script_arguments
+@repeats_option("Repeats; more than one also compares them with each other (run-to-run, as `run`).", minimum=1,
+                default=1)
+@devices_option("Device to run on (auto: wherever the script itself runs).", once=True, default="auto")
+@timeout_option()
+@out_option
+@json_option
+@html_option("Write an HTML report.")
+@quiet_option()
+@max_steps_option("Stop after the model's N-th call (its N-th optimizer step in a training script): the first N "
+                  "calls are probed.")
 @click.option("--module", "module_name", default=None, metavar="NAME",
               help="Probe the calls of this module (qualified name such as `encoder`, or class name) instead of "
                    "the outermost modules.")
 @click.option("--batch-dim", type=click.IntRange(min=0), default=0, show_default=True,
               help="The batch dimension of the tensor arguments (those whose size there is the batch's).")
-@click.option("--sizes", "sizes_text", default=None, metavar="K,K,...",
+@click.option("--sizes", "sizes", default=None, metavar="K,K,...", callback=_sizes,
               help="Prefix sizes to probe (default: 1, an odd size up to 7, n/8 and n/2 of an n-row batch).")
 @click.option("--redact-args", is_flag=True, help="Store the script's arguments nowhere (run directory, traces, "
               "reports).")
-def batch(script: str, script_args: tuple[str, ...], repeats: int, devices: str, timeout: float | None,
-          out_dir: Path | None, json_path: Path | None, html_path: Path | None, quiet: bool, max_steps: int | None,
-          module_name: str | None, batch_dim: int, sizes_text: str | None, redact_args: bool) -> None:
+@audit_option_group(granularity="module")
+def batch(options: AuditOptions, json_path: Path | None, html_path: Path | None, quiet: bool,
+          module_name: str | None, batch_dim: int, sizes: tuple[int, ...]) -> None:
     """Does a request's result depend on what else is in its batch? Run SCRIPT and, at each call of the
     model (its outermost modules), re-evaluate the call on row subsets of its batch (one row, an odd-sized
     prefix, the batch reversed, its rows mixed with another call's) and compare each row bit for bit with
@@ -70,19 +83,11 @@ def batch(script: str, script_args: tuple[str, ...], repeats: int, devices: str,
     The probes run on a copy of the model under torch.no_grad() with the RNG states restored: the script
     computes what a plain run computes. Options may come before or after SCRIPT, as with `run`.
     """
-    from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
     from detaudit.batch.auditing import run_batch
-    from detaudit.run.devices import own_device, resolve_devices
 
-    sizes = _sizes(sizes_text)
-    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script)})
-    requested = (devices,)
-    options = AuditOptions(
-        Target(Path(script), list(script_args), redact_args=redact_args, argv0=script),
-        Schedule(repeats=repeats, devices=resolve_devices(requested), own_device=own_device(requested),
-                 timeout=timeout),
-        Recording(max_steps=max_steps), out_dir=out_dir)
-    progress = RepeatsProgress(quiet, repeats, "running the script with batch probes")
+    check_outputs(json_path, None, html_path, out_dir=options.out_dir,
+                  inputs={"the audited script": options.target.script})
+    progress = RepeatsProgress(quiet, options.schedule.repeats, "running the script with batch probes")
     with progress:
         report = run_batch(options, BatchSettings(module_name, batch_dim, sizes), progress.on_done)
     finish_batch(report, json_path, html_path, quiet)

@@ -28,16 +28,25 @@ from detaudit import __version__
 from detaudit.cli.options import (
     DEFAULT_GRANULARITY,
     TOLERANCE,
-    FiniteFloat,
     RunCommand,
     audit_option_group,
     check_outputs,
     compare_tolerance,
     demo_options,
+    devices_option,
+    jobs_option,
+    max_steps_option,
+    max_time_option,
+    nproc_option,
+    out_option,
     perturb_option,
+    repeats_option,
     report_options,
+    script_arguments,
     stdout_mode_of,
     stdout_options,
+    timeout_option,
+    torchrun_args_option,
 )
 from detaudit.cli.resume_command import resume
 from detaudit.cli.session import (
@@ -75,20 +84,15 @@ cli.add_command(resume)  # cli/resume_command.py: does resuming from a checkpoin
 
 
 @cli.command(cls=RunCommand, epilog=EXIT_CODES_HELP)
-@click.argument("script", type=click.Path())  # a str: kept as typed, the script's sys.argv[0]
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True,
-              help="Repeats per device (with --perturb: per device and combination of settings).")
-@click.option("--device", "devices", type=click.Choice(["cpu", "cuda", "auto"]), multiple=True,
-              help="Device to run on; repeat the option to compare devices within --atol/--rtol "
-                   "(`--device cpu --device cuda`; with cpu the script sees no GPU). "
-                   "[default: auto = wherever the script itself runs, unchanged]")
-@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per repeat.")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
-              help="Run directory (default: a new folder under .detaudit/runs/).")
+@script_arguments
+@repeats_option("Repeats per device (with --perturb: per device and combination of settings).")
+@devices_option("Device to run on; repeat the option to compare devices within --atol/--rtol "
+                "(`--device cpu --device cuda`; with cpu the script sees no GPU). "
+                "[default: auto = wherever the script itself runs, unchanged]")
+@timeout_option()
+@out_option
 @report_options
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Repeats run in parallel.")
+@jobs_option()
 @click.option("--atol", type=TOLERANCE, default=1e-5, show_default=True, help="Cross-device absolute tolerance.")
 @click.option("--rtol", type=TOLERANCE, default=1.3e-6, show_default=True, help="Cross-device relative tolerance.")
 @stdout_options
@@ -104,12 +108,10 @@ cli.add_command(resume)  # cli/resume_command.py: does resuming from a checkpoin
               "first that confirms a cause.")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="With --explain: most extra repeats the experiments may run. [default: 12]")
-@click.option("--max-steps", type=click.IntRange(min=1), default=None,
-              help="Stop each repeat right after its N-th optimizer step, as if the script ended there (a script "
-                   "with no optimizer: its N-th call of the model). Exit status and later stdout are not compared.")
-@click.option("--max-time", type=FiniteFloat(minimum=0), default=None,
-              help="Stop each repeat at the first step boundary after SECONDS; the steps every repeat completed "
-                   "are compared.")
+@max_steps_option("Stop each repeat right after its N-th optimizer step, as if the script ended there (a script "
+                  "with no optimizer: its N-th call of the model). Exit status and later stdout are not compared.")
+@max_time_option("Stop each repeat at the first step boundary after SECONDS; the steps every repeat completed "
+                 "are compared.")
 @click.option("--run-to-end", is_flag=True,
               help="Run every repeat to its end. By default a repeat is compared with repeat 0 while it runs and "
                    f"stopped {EXTRA_STEPS} optimizer steps after the step it first diverged in (as --max-steps "
@@ -129,17 +131,14 @@ cli.add_command(resume)  # cli/resume_command.py: does resuming from a checkpoin
 @click.option("--self-check", is_flag=True, help="If the repeats agree, run one more with a one-ULP change injected "
               "into one recorded tensor, which must be reported at exactly that record: proof the audit could have "
               "seen a difference.")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
-              help="Run each repeat under torchrun with this many ranks, every rank recorded "
-                   "(docs/distributed.md).")
+@nproc_option("Run each repeat under torchrun with this many ranks, every rank recorded (docs/distributed.md).")
 @perturb_option
-@click.option("--torchrun-args", default="", metavar="ARGS",
-              help="With --nproc-per-node: further torchrun options, as one quoted string "
-                   "(`--torchrun-args \"--nnodes 2 --rdzv-endpoint host:29400\"`).")
+@torchrun_args_option("With --nproc-per-node: further torchrun options, as one quoted string "
+                      "(`--torchrun-args \"--nnodes 2 --rdzv-endpoint host:29400\"`).")
 @click.option("--fail-on-repeated-randomness", "fail_on_repeats", is_flag=True,
               help="Exit 1 when draws repeat where they should differ (the report's \"Randomness that repeats\"; "
                    "docs/causes.md), even if the repeats agree.")
-@audit_option_group
+@audit_option_group()
 def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, html_path: Path | None, quiet: bool,
         explain: bool, explain_all: bool, budget: int | None, no_explain: bool, save_baseline: Path | None,
         fail_on_repeats: bool) -> None:
@@ -187,8 +186,7 @@ def report(run_dir: Path, stdout_mode: str | None, ignore_stdout: bool, json_pat
               help="Most extra repeats the experiments may run. [default: 12]")
 @click.option("--all", "explain_all", is_flag=True,
               help="Try every candidate pin, not only up to the first that confirms a cause.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Repeats run in parallel.")
+@jobs_option()
 @report_options
 def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, json_path: Path | None,
             junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:

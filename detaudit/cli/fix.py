@@ -13,13 +13,24 @@ from rich.table import Table
 from rich.text import Text
 
 from detaudit.cli.options import (
-    FiniteFloat,
     RunCommand,
-    audit_options,
+    audit_option_group,
     check_distinct,
     check_outputs,
+    devices_option,
+    jobs_option,
+    json_option,
+    max_steps_option,
+    max_time_option,
+    nproc_option,
+    out_option,
     perturb_option,
+    quiet_option,
+    repeats_option,
+    script_arguments,
     stdout_options,
+    timeout_option,
+    torchrun_args_option,
 )
 from detaudit.cli.render import causes_block
 from detaudit.cli.session import (
@@ -34,6 +45,7 @@ from detaudit.run.files import check_writable, write_output
 from detaudit.safetext import printable
 
 if TYPE_CHECKING:  # the fix stage is imported when the command runs
+    from detaudit.audit.pipeline import AuditOptions
     from detaudit.fix.cost import Figure
     from detaudit.fix.fix_report import FixReport, Trial
     from detaudit.report.model import Report
@@ -43,36 +55,27 @@ _STYLE = {"deterministic": "bold green", "fixed": "bold yellow", "incomplete": "
 
 
 @click.command(cls=RunCommand)  # its epilog, the exit codes, is set where it joins the group (commands.py)
-@click.argument("script", type=click.Path())
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True,
-              help="Repeats per device, of the audit and of each experiment.")
-@click.option("--device", "devices", type=click.Choice(["cpu", "cuda", "auto"]), multiple=True,
-              help="Device to run on (as for `run`). [default: auto]")
-@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per repeat.")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
-              help="Run directory (default: a new folder under .detaudit/runs/).")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Repeats run in parallel (the cost table is measured with them: keep 1 for honest times).")
+@script_arguments
+@repeats_option("Repeats per device, of the audit and of each experiment.")
+@devices_option("Device to run on (as for `run`). [default: auto]")
+@timeout_option()
+@out_option
+@jobs_option("Repeats run in parallel (the cost table is measured with them: keep 1 for honest times).")
 @stdout_options
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="Most repeats the search's experiments may run, the audit's not counted. [default: 24]")
-@click.option("--max-steps", type=click.IntRange(min=1), default=None,
-              help="Stop each repeat right after its N-th optimizer step (as for `run`).")
-@click.option("--max-time", type=FiniteFloat(minimum=0), default=None,
-              help="Stop each repeat at the first step boundary after SECONDS (as for `run`).")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
-              help="Run each repeat under torchrun with this many ranks (docs/distributed.md).")
-@click.option("--torchrun-args", default="", metavar="ARGS", help="With --nproc-per-node: further torchrun options.")
+@max_steps_option("Stop each repeat right after its N-th optimizer step (as for `run`).")
+@max_time_option("Stop each repeat at the first step boundary after SECONDS (as for `run`).")
+@nproc_option("Run each repeat under torchrun with this many ranks (docs/distributed.md).")
+@torchrun_args_option("With --nproc-per-node: further torchrun options.")
 @perturb_option
 @click.option("--write-patch", "patch_path", type=click.Path(path_type=Path), default=None,
               help="Write the fix's changes to the script (prelude and line edits) as a unified diff.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
-def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[str, ...], timeout: float | None,
-        out_dir: Path | None, jobs: int, stdout_mode: str | None, ignore_stdout: bool, budget: int | None,
-        max_steps: int | None, max_time: float | None, nproc_per_node: int | None, torchrun_args: str,
-        perturb: str | None, patch_path: Path | None, json_path: Path | None, quiet: bool) -> None:
+@json_option
+@quiet_option()
+@audit_option_group(granularity="module")  # run's cross-device tolerance; no baseline, no self-check
+def fix(options: AuditOptions, budget: int | None, patch_path: Path | None, json_path: Path | None,
+        quiet: bool) -> None:
     """Find the smallest set of settings that makes SCRIPT's repeats agree, as code, verified, with its cost.
 
     Audits SCRIPT as `run` does. If the repeats diverge, it searches the knobs (seeds, PYTHONHASHSEED,
@@ -85,20 +88,15 @@ def fix(script: str, script_args: tuple[str, ...], repeats: int, devices: tuple[
     from detaudit.fix.trials import DEFAULT_BUDGET, run_fix
     from detaudit.run.distributed import NODES_FOLLOW_UP, multi_node
 
-    options = audit_options(script, script_args, repeats=repeats, devices=devices, timeout=timeout,
-                            out_dir=out_dir, jobs=jobs, atol=1e-5, rtol=1.3e-6, stdout_mode=stdout_mode,
-                            ignore_stdout=ignore_stdout, granularity="module", baseline_dir=None,
-                            save_baseline=None, redact_args=False, max_steps=max_steps, max_time=max_time,
-                            self_check=False, nproc_per_node=nproc_per_node, torchrun_args=torchrun_args,
-                            perturb=perturb)
     if multi_node(options.schedule.torchrun_args):
         raise click.UsageError(NODES_FOLLOW_UP.format("fix"))
-    check_outputs(json_path, None, None, out_dir=out_dir, inputs={"the audited script": Path(script)})
+    out_dir, script = options.out_dir, options.target.script
+    check_outputs(json_path, None, None, out_dir=out_dir, inputs={"the audited script": script})
     if patch_path is not None:  # checked as a report file is: writable, and never the script or the --json
         check_distinct({"--write-patch": patch_path, **({"--json": json_path} if json_path else {})},
-                       {"--out": out_dir} if out_dir else {}, {"the audited script": Path(script)})
+                       {"--out": out_dir} if out_dir else {}, {"the audited script": script})
         check_writable(patch_path)
-    warn_oversubscription(jobs, options.schedule.devices)
+    warn_oversubscription(options.schedule.jobs, options.schedule.devices)
     budget = budget or DEFAULT_BUDGET
     progress = RepeatsProgress(quiet, options.schedule.repeats * len(options.schedule.devices) + budget, "fix: repeats")
 

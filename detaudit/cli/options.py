@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
+from detaudit.results import Tolerance
+
 if TYPE_CHECKING:
     from detaudit.audit.pipeline import AuditOptions
-    from detaudit.results import StdoutMode, Tolerance
+    from detaudit.results import StdoutMode
     from detaudit.run.perturb_plan import Perturbation
 
 DEFAULT_GRANULARITY = "auto"  # module cost unless the repeats diverge (docs/granularity.md)
@@ -89,15 +91,76 @@ perturb_option = click.option(
          "control (docs/perturb.md).")
 
 
+def script_arguments(command: Callable[..., Any]) -> Callable[..., Any]:
+    """SCRIPT and its ARGS: every command that runs a script (SCRIPT a str, kept as typed: its sys.argv[0])."""
+    command = click.argument("script_args", nargs=-1, type=click.UNPROCESSED)(command)
+    return click.argument("script", type=click.Path())(command)
+
+
+def repeats_option(help: str, minimum: int = 2, default: int = 3) -> Callable[..., Any]:
+    return click.option("-n", "--repeats", type=click.IntRange(min=minimum), default=default, show_default=True,
+                        help=help)
+
+
+def devices_option(help: str, once: bool = False, default: str | None = None) -> Callable[..., Any]:
+    """--device, repeatable; `once`: given at most once, and handed on as a tuple all the same (the devices
+    asked for, as `audit_options` takes them)."""
+    choice = click.Choice(["cpu", "cuda", "auto"])
+    if not once:
+        return click.option("--device", "devices", type=choice, multiple=True, help=help)
+    return click.option("--device", "devices", type=choice, default=default, show_default=default is not None,
+                        callback=_as_devices, help=help)
+
+
+def _as_devices(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    return () if value is None else (value,)
+
+
+def timeout_option(help: str = "Seconds allowed per repeat.") -> Callable[..., Any]:
+    return click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help=help)
+
+
+out_option = click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+                          help="Run directory (default: a new folder under .detaudit/runs/).")
+
+
+def jobs_option(help: str = "Repeats run in parallel.") -> Callable[..., Any]:
+    return click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help=help)
+
+
+def max_steps_option(help: str) -> Callable[..., Any]:
+    return click.option("--max-steps", type=click.IntRange(min=1), default=None, help=help)
+
+
+def max_time_option(help: str) -> Callable[..., Any]:
+    return click.option("--max-time", type=FiniteFloat(minimum=0), default=None, help=help)
+
+
+def nproc_option(help: str) -> Callable[..., Any]:
+    return click.option("--nproc-per-node", type=click.IntRange(min=1), default=None, help=help)
+
+
+def torchrun_args_option(help: str) -> Callable[..., Any]:
+    return click.option("--torchrun-args", default="", metavar="ARGS", help=help)
+
+
+json_option = click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
+                           help="Write the JSON report.")
+junit_option = click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
+                            help="Write JUnit XML.")
+
+
+def html_option(help: str = "Write a self-contained HTML report with plots.") -> Callable[..., Any]:
+    return click.option("--html", "html_path", type=click.Path(path_type=Path), default=None, help=help)
+
+
+def quiet_option(help: str = "Print only the verdict line.") -> Callable[..., Any]:
+    return click.option("-q", "--quiet", is_flag=True, help=help)
+
+
 def report_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--json, --junit, --html and --quiet: how every command that produces a report delivers it."""
-    command = click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")(command)
-    command = click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
-                           help="Write a self-contained HTML report with plots.")(command)
-    command = click.option("--junit", "junit_path", type=click.Path(path_type=Path), default=None,
-                           help="Write JUnit XML.")(command)
-    return click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
-                        help="Write the JSON report.")(command)
+    return json_option(junit_option(html_option()(quiet_option()(command))))
 
 
 def check_outputs(json_path: Path | None, junit_path: Path | None, html_path: Path | None = None, *,
@@ -175,16 +238,18 @@ def _declares(path: Path, fmt: str) -> bool:
     return f'"format": "{fmt}"'.encode() in head
 
 
-def audit_options(script: Path | str, script_args: tuple[str, ...], *, repeats: int, devices: tuple[str, ...],
-                  timeout: float | None, out_dir: Path | None, jobs: int, atol: float, rtol: float,
-                  stdout_mode: str | None, ignore_stdout: bool, granularity: str, baseline_dir: Path | None,
-                  save_baseline: Path | None, redact_args: bool, max_steps: int | None, max_time: float | None,
-                  self_check: bool, nproc_per_node: int | None, torchrun_args: str,
-                  run_to_end: bool = False, perturb: str | None = None) -> AuditOptions:
-    """`run`'s options as the library's AuditOptions (a contradiction among them is a UsageError)."""
+def audit_options(script: Path | str, script_args: tuple[str, ...] = (), *, repeats: int = 3,
+                  devices: tuple[str, ...] = (), timeout: float | None = None, out_dir: Path | None = None,
+                  jobs: int = 1, atol: float = Tolerance.atol, rtol: float = Tolerance.rtol,
+                  stdout_mode: str | None = None, ignore_stdout: bool = False, granularity: str = "module",
+                  baseline_dir: Path | None = None, save_baseline: Path | None = None, redact_args: bool = False,
+                  max_steps: int | None = None, max_time: float | None = None, self_check: bool = False,
+                  nproc_per_node: int | None = None, torchrun_args: str = "", run_to_end: bool = False,
+                  perturb: str | None = None) -> AuditOptions:
+    """The options of a command that audits a script (`run`, `fix`, `batch`, `resume`) as the library's
+    AuditOptions (a contradiction among them is a UsageError); an option the command lacks keeps its default."""
     from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target
     from detaudit.compare.stdout import DEFAULT_STDOUT
-    from detaudit.results import Tolerance
     from detaudit.run.devices import own_device, resolve_devices
 
     resolved = resolve_devices(devices)
@@ -220,17 +285,30 @@ def _perturbation(perturb: str | None, devices: list[str], nproc_per_node: int |
     return perturbing.plan(knobs, devices, os.cpu_count())
 
 
-def audit_option_group(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`run`'s options that describe the audit (every parameter of `audit_options`) reach the command as
-    one AuditOptions, `options`; --save-baseline stays the command's own too (it also refuses torchrun)."""
-    names = [name for name in inspect.signature(audit_options).parameters if name != "save_baseline"]
+def option_group(build: Callable[..., Any], into: str, keep: tuple[str, ...] = (),
+                 **fixed: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Options that describe one library value reach the command as that value, its parameter `into`: the
+    parameters of `build` the command declares are taken from its arguments (those in `keep` are handed on
+    too), `fixed` are what the command sets itself, and the rest keep `build`'s defaults."""
+    names = set(inspect.signature(build).parameters) - fixed.keys()
 
-    @functools.wraps(command)
-    def with_options(**kwargs: Any) -> Any:
-        raw = {name: kwargs.pop(name) for name in names}
-        return command(options=audit_options(**raw, save_baseline=kwargs.get("save_baseline")), **kwargs)
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(command)
+        def grouped(**kwargs: Any) -> Any:
+            taken = {name: kwargs[name] for name in names & kwargs.keys()}
+            rest = {name: value for name, value in kwargs.items() if name not in taken or name in keep}
+            return command(**{into: build(**taken, **fixed)}, **rest)
 
-    return with_options
+        return grouped
+
+    return decorate
+
+
+def audit_option_group(**fixed: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command's options that describe the audit (parameters of `audit_options`) reach it as one
+    AuditOptions, `options`; `fixed`: what the command sets itself (`fix` records modules). --save-baseline
+    stays the command's own too (`run` also saves with it)."""
+    return option_group(audit_options, "options", keep=("save_baseline",), **fixed)
 
 
 def demo_options(script: Path, repeats: int, out_dir: Path | None) -> AuditOptions:
@@ -246,8 +324,6 @@ def demo_options(script: Path, repeats: int, out_dir: Path | None) -> AuditOptio
 
 def compare_tolerance(atol: float | None, rtol: float | None) -> Tolerance | None:
     """`compare`: bitwise (None) unless --atol or --rtol is given (the other is then 0)."""
-    from detaudit.results import Tolerance
-
     if atol is None and rtol is None:
         return None
     return Tolerance(atol if atol is not None else 0.0, rtol if rtol is not None else 0.0)

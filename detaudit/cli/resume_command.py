@@ -14,12 +14,25 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
+from detaudit.cli.options import (
+    RunCommand,
+    audit_option_group,
+    check_outputs,
+    devices_option,
+    html_option,
+    json_option,
+    max_steps_option,
+    out_option,
+    quiet_option,
+    script_arguments,
+    timeout_option,
+)
 from detaudit.cli.render import causes_block, escape
 from detaudit.cli.session import Presentation, RepeatsProgress, err_console, finish, finish_with
 from detaudit.safetext import printable
 
 if TYPE_CHECKING:  # the resume stage is imported when the command runs
+    from detaudit.audit.pipeline import AuditOptions
     from detaudit.report.resume import ResumeReport
     from detaudit.results import RepeatResult
 
@@ -52,28 +65,24 @@ class ResumeCommand(RunCommand):
 
 
 @click.command(cls=ResumeCommand)  # its epilog, the exit codes, is set where it joins the group (commands.py)
-@click.argument("script", type=click.Path())
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@script_arguments
 @click.option("--stop-at", type=click.IntRange(min=1), required=True, metavar="K",
               help="Stop the interrupted run right after its K-th optimizer step (as --max-steps K does); the "
                    "script's own checkpointing must have saved by then.")
 @click.option("--resume-args", required=True, metavar="ARGS",
               help="What the script is given, after its ARGS, to resume from its checkpoint, as one quoted string "
                    "(`--resume-args \"--init_from=resume\"`).")
-@click.option("--max-steps", type=click.IntRange(min=1), default=None,
-              help="Stop the reference and the resumed run after this many optimizer steps (each its own count); "
-                   "only the steps both made are compared.")
-@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default=None,
-              help="Device to run on. [default: auto = wherever the script itself runs]")
-@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per run.")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
-              help="Run directory (default: a new folder under .detaudit/runs/).")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
-@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None, help="Write an HTML report.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
-def resume(script: str, script_args: tuple[str, ...], stop_at: int, resume_args: str, max_steps: int | None,
-           device: str | None, timeout: float | None, out_dir: Path | None, json_path: Path | None,
-           html_path: Path | None, quiet: bool) -> None:
+@max_steps_option("Stop the reference and the resumed run after this many optimizer steps (each its own count); "
+                  "only the steps both made are compared.")
+@devices_option("Device to run on. [default: auto = wherever the script itself runs]", once=True)
+@timeout_option("Seconds allowed per run.")
+@out_option
+@json_option
+@html_option("Write an HTML report.")
+@quiet_option()
+@audit_option_group(repeats=2, granularity="module")  # the reference: two repeats of the uninterrupted run
+def resume(options: AuditOptions, stop_at: int, resume_args: str, json_path: Path | None, html_path: Path | None,
+           quiet: bool) -> None:
     """Does stopping SCRIPT at a checkpoint and resuming it reproduce the uninterrupted run, bit for bit?
 
     Runs, one after the other in this directory: the reference (`SCRIPT ARGS`, twice: a script that does not
@@ -87,20 +96,14 @@ def resume(script: str, script_args: tuple[str, ...], stop_at: int, resume_args:
     after it ahead of the script's own: as for `run`, an option detaudit does not know hands the rest of the
     line to the script, and a script option detaudit knows too (`--device=cpu`) goes after `--`.
     """
-    from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
     from detaudit.audit.resume_check import ResumeOptions, run_resume
     from detaudit.report.resume import ResumeReport
-    from detaudit.run.devices import own_device, resolve_devices
 
     extra = shlex.split(resume_args)
     if not extra:
         raise click.UsageError("--resume-args is empty: give the arguments that make the script resume")
-    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script)})
-    devices = (device,) if device else ()
-    options = AuditOptions(
-        Target(Path(script), list(script_args), argv0=script),
-        Schedule(repeats=2, devices=resolve_devices(devices), own_device=own_device(devices), timeout=timeout),
-        Recording(granularity="module", max_steps=max_steps), out_dir=out_dir)
+    check_outputs(json_path, None, html_path, out_dir=options.out_dir,
+                  inputs={"the audited script": options.target.script})
     progress = RepeatsProgress(quiet, 4, "resume check")
 
     def stage(text: str) -> None:

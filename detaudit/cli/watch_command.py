@@ -16,7 +16,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from detaudit.audit.watch import Against, WatchReport, WatchSettings
-from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
+from detaudit.cli.options import (
+    RunCommand,
+    check_outputs,
+    json_option,
+    option_group,
+    out_option,
+    quiet_option,
+    script_arguments,
+    timeout_option,
+)
 from detaudit.cli.session import err_console
 from detaudit.errors import ExitCode
 from detaudit.run.files import write_output
@@ -28,8 +37,7 @@ _EXIT_CODES = ("\b\nExit codes:\n  0    clean: every replayed op agreed bit for 
 
 
 @click.command(cls=RunCommand, epilog=_EXIT_CODES)
-@click.argument("script", type=click.Path())
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@script_arguments
 @click.option("--every", type=click.IntRange(min=1), default=WatchSettings.every, show_default=True,
               help="Replay every K-th optimizer step (the first one always).")
 @click.option("--on-mismatch", type=click.Choice(["stop", "continue"]), default="stop", show_default=True,
@@ -37,18 +45,17 @@ _EXIT_CODES = ("\b\nExit codes:\n  0    clean: every replayed op agreed bit for 
                    "continue: record every mismatch and let the job finish.")
 @click.option("--status-every", type=click.IntRange(min=1), default=WatchSettings.status_every, show_default=True,
               help="Steps between two status lines on standard error.")
-@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds the job may run.")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
-              help="Run directory (default: a new folder under .detaudit/runs/).")
+@timeout_option("Seconds the job may run.")
+@out_option
 @click.option("--against", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR|BASELINE",
               help="Compare the run record by record with an earlier recording of the script while it runs (a "
                    "baseline saved by `run --save-baseline`, or a run directory's first repeat); the first "
                    "difference is a mismatch, and the job is stopped at its next step boundary.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line (on standard error).")
-def watch(script: str, script_args: tuple[str, ...], every: int, on_mismatch: str, status_every: int,
-          timeout: float | None, against: Path | None, out_dir: Path | None, json_path: Path | None,
-          quiet: bool) -> NoReturn:
+@json_option
+@quiet_option("Print only the verdict line (on standard error).")
+@option_group(WatchSettings, "settings")  # --every, --on-mismatch, --status-every, --timeout, --against
+def watch(script: str, script_args: tuple[str, ...], settings: WatchSettings, out_dir: Path | None,
+          json_path: Path | None, quiet: bool) -> NoReturn:
     """Run SCRIPT once and check it while it runs: on the first optimizer step and every --every K-th after
     it, every op is executed a second time on copies of its inputs and must agree bit for bit (a mismatch is
     a nondeterministic kernel or a hardware fault). On the first mismatch the job is stopped before it saves a
@@ -57,9 +64,9 @@ def watch(script: str, script_args: tuple[str, ...], every: int, on_mismatch: st
     """
     from detaudit.audit.watch import run_watch
 
+    against = settings.against
     inputs = {"the watched script": Path(script), **({"--against": against} if against is not None else {})}
     check_outputs(json_path, None, None, out_dir=out_dir, inputs=inputs)
-    settings = WatchSettings(every, "stop" if on_mismatch == "stop" else "continue", status_every, timeout, against)
     report = run_watch(script, list(script_args), out_dir, settings,
                        lambda line: err_console.print(escape(printable(line)), soft_wrap=True, highlight=False))
     if json_path is not None:
