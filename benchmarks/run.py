@@ -780,7 +780,7 @@ import json, resource, sys, time
 from pathlib import Path
 start = time.perf_counter()
 from detaudit.audit.pipeline import load_run
-from detaudit.report.model import to_dict
+from detaudit.report.model import report_json
 imported = time.perf_counter()
 
 def peak():
@@ -792,7 +792,7 @@ def peak():
 
 base = peak()
 report = load_run(Path(sys.argv[1]))
-text = json.dumps(to_dict(report))
+text = json.dumps(report_json(report))
 done = time.perf_counter()
 first = report.first_divergence
 print(json.dumps({"import_s": imported - start, "seconds": done - imported, "verdict": report.verdict,

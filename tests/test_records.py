@@ -247,6 +247,6 @@ def test_the_check_catches_a_record_indexed_as_a_dict(code: str) -> None:
 
 def test_the_check_leaves_other_dicts_alone() -> None:
     code = ('def f(record: RunRecord, header: dict):\n    report = json.loads(text)\n'
-            '    return header.get("granularity"), record.granularity, report["baseline"], to_dict(r)["results"]')
+            '    return header.get("granularity"), record.granularity, report["baseline"], report_json(r)["results"]')
     tree = ast.parse(code)
     assert not list(dict_uses(tree, _record_keys(), _record_names({Path("x"): tree})))

@@ -94,7 +94,8 @@ def _first_variant(first: FirstVariant | None) -> dict[str, Any] | None:
     }
 
 
-def to_dict(report: BatchReport) -> dict[str, Any]:
+def report_json(report: BatchReport) -> dict[str, Any]:
+    """The batch report's documented JSON (docs/batch.md); `report.to_dict()` is its complete typed form."""
     finding = report.finding
     return {
         "format": BATCH_FORMAT, "version": BATCH_VERSION,
@@ -118,7 +119,7 @@ def to_dict(report: BatchReport) -> dict[str, Any]:
 def write_json(report: BatchReport, path: Path, mode: int | None = None) -> None:
     from detaudit.run.files import write_output
 
-    write_output(path, json.dumps(to_dict(report), indent=2) + "\n", mode)
+    write_output(path, json.dumps(report_json(report), indent=2) + "\n", mode)
 
 
 def render_html(report: BatchReport) -> str:

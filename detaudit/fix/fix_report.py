@@ -115,7 +115,7 @@ def _trial(t: Trial | None) -> dict[str, Any] | None:
     return {"knobs": list(t.knobs), "verdict": t.verdict, "repeats": t.repeats, "note": t.note, "files": t.files}
 
 
-def to_dict(report: FixReport) -> dict[str, Any]:
+def report_json(report: FixReport) -> dict[str, Any]:
     """The report as JSON (docs/fix.md): `verdict`, `knobs` [{name, fix, where, cost, ...}], `verified`,
     `repeats_used` and the search behind them."""
     return {
@@ -142,4 +142,4 @@ def to_dict(report: FixReport) -> dict[str, Any]:
 
 def write_json(report: FixReport, path: Path) -> None:
     """Write the JSON report (`-`: standard output)."""
-    write_output(path, json.dumps(to_dict(report), indent=2) + "\n")
+    write_output(path, json.dumps(report_json(report), indent=2) + "\n")

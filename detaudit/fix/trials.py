@@ -22,7 +22,7 @@ from detaudit.errors import UsageError
 from detaudit.explain.runner import Bench, Ledger, plan
 from detaudit.fix import code, search
 from detaudit.fix.cost import Timing, cost, figure
-from detaudit.fix.fix_report import FixReport, FixVerdict, KnobFix, Trial, to_dict
+from detaudit.fix.fix_report import FixReport, FixVerdict, KnobFix, Trial, report_json
 from detaudit.pin import Pin
 from detaudit.report.model import Report
 from detaudit.results import Cause, Experiment, RepeatProgress, RepeatResult
@@ -219,7 +219,7 @@ def _under(perturbed: Sequence[str], held: Sequence[str]) -> str:
 
 def _written(report: FixReport) -> FixReport:
     """The report, also kept in the run directory as fix.json."""
-    write_text_atomically(Path(report.run_dir) / FIX_FILE, json.dumps(to_dict(report), indent=2) + "\n", 0o600)
+    write_text_atomically(Path(report.run_dir) / FIX_FILE, json.dumps(report_json(report), indent=2) + "\n", 0o600)
     return report
 
 

@@ -338,7 +338,9 @@ def finding_to_dict(f: OpFinding | None) -> dict[str, Any] | None:
     }
 
 
-def to_dict(report: Report) -> dict[str, Any]:
+def report_json(report: Report) -> dict[str, Any]:
+    """report.json as documented (docs/report-schema.md), the view consumers read; `report.to_dict()` is
+    the complete typed form, which `Report.from_dict` reads back."""
     comp = report.comparison
     return {
         "schema": SCHEMA_NAME,
@@ -467,4 +469,4 @@ def baseline_to_dict(check: BaselineCheck | None) -> dict[str, Any] | None:
 
 def write_json(report: Report, path: Path, mode: int | None = None) -> None:
     """The JSON report at `path` (`-`: stdout); `mode`: see output.write_text_atomically."""
-    write_output(path, json.dumps(to_dict(report), indent=2) + "\n", mode)
+    write_output(path, json.dumps(report_json(report), indent=2) + "\n", mode)

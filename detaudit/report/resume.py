@@ -73,7 +73,8 @@ class ResumeReport(Codable):
         return record.step if record is not None else None
 
 
-def to_dict(report: ResumeReport) -> dict[str, Any]:
+def report_json(report: ResumeReport) -> dict[str, Any]:
+    """The resume report's documented JSON (docs/resume.md); `report.to_dict()` is its complete typed form."""
     comp = report.comparison
     names = ("interrupted", "resumed")
     return {
@@ -110,7 +111,7 @@ def _call(call: CheckpointCall) -> dict[str, Any]:
 
 def write_json(report: ResumeReport, path: Path, mode: int | None = None) -> None:
     """The JSON report at `path` (`-`: stdout)."""
-    write_output(path, json.dumps(to_dict(report), indent=2) + "\n", mode)
+    write_output(path, json.dumps(report_json(report), indent=2) + "\n", mode)
 
 
 def render_html(report: ResumeReport) -> str:

@@ -11,7 +11,7 @@ from synthetic import Rec, training_records, write_run, write_trace
 
 from detaudit.audit.pipeline import compare_recorded, load_run
 from detaudit.errors import TraceError
-from detaudit.report.model import to_dict
+from detaudit.report.model import report_json
 from detaudit.results import Tolerance
 from detaudit.run.excerpt import error_excerpt
 
@@ -113,7 +113,7 @@ def test_compare_treats_incomplete_recordings_as_incomplete_not_failed(tmp_path:
     assert cut.first_divergence is None
     assert cut.comparison.records_compared == 4
     assert "incomplete" in cut.inconclusive_reason
-    assert to_dict(cut)["runs"][1]["exit_code"] is None
+    assert report_json(cut)["runs"][1]["exit_code"] is None
     changed = write_trace(tmp_path / "d.trace", [recs[0], recs[1].but(digest=77), *recs[2:4]], None)
     assert compare_recorded([paths[0], changed]).verdict == "divergent"  # a difference inside the prefix counts
 
@@ -185,7 +185,7 @@ def test_lost_recordings_are_inconclusive_never_deterministic(tmp_path: Path) ->
     assert report.verdict == "inconclusive"
     assert report.exit_code == 6
     assert "incomplete" in report.inconclusive_reason
-    assert to_dict(report)["inconclusive"] == report.inconclusive_reason
+    assert report_json(report)["inconclusive"] == report.inconclusive_reason
 
 
 def test_one_cut_recording_makes_an_agreeing_run_inconclusive(tmp_path: Path) -> None:

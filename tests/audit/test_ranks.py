@@ -17,7 +17,7 @@ from detaudit.compare.oprules import OpFinding, Verdict
 from detaudit.errors import ExitCode, Inconclusive, UsageError
 from detaudit.records import RUN_FORMAT, RUN_VERSION
 from detaudit.report.junit import to_junit
-from detaudit.report.model import to_dict
+from detaudit.report.model import report_json
 from detaudit.results import Divergence, RecordInfo, RepeatResult, Tolerance
 from detaudit.trace import Kind
 
@@ -80,7 +80,7 @@ def write_dist_run(run_dir: Path, traces: Sequence[Sequence[list[Rec]]], exit_co
 def test_identical_ranks_and_repeats_are_deterministic(tmp_path: Path) -> None:
     rank = step_records(0, 10, 20, 30) + step_records(1, 11, 21, 31)
     report = load_run(write_dist_run(tmp_path, [[rank, rank], [rank, rank]]))
-    data = to_dict(report)
+    data = report_json(report)
     assert data["verdict"] == "deterministic"
     assert data["exit_code"] == 0
     assert data["ranks"] == [{"rank": 0, "first_divergence": None, "role": None, "causes": []},
@@ -96,7 +96,7 @@ def test_input_differs_on_one_rank_origin_there_receiver_elsewhere(tmp_path: Pat
     other0 = step_records(0, 10, 21, 31)
     other1 = step_records(0, 60, 21, 31)
     report = load_run(write_dist_run(tmp_path, [[rank0, rank1], [other0, other1]]))
-    data = to_dict(report)
+    data = report_json(report)
     roles = {r["rank"]: (r["role"], r["first_divergence"]["kind"]) for r in data["ranks"]}
     assert roles == {0: ("receiver", "grad"), 1: ("origin", "input")}
     assert data["first_divergence"]["rank"] == 1
@@ -139,7 +139,7 @@ def test_replicas_that_differ_in_every_repeat_alike_are_divergent(tmp_path: Path
     rank0 = step_records(0, 10, 20, 30) + step_records(1, 11, 21, 31)
     rank1 = step_records(0, 12, 20, 30) + step_records(1, 13, 21, 35)
     report = load_run(write_dist_run(tmp_path, [[rank0, rank1], [rank0, rank1]]))
-    data = to_dict(report)
+    data = report_json(report)
     assert data["first_divergence"] is None
     assert data["replica_divergence"] == {"step": 1, "name": "module.fc.weight", "ranks": [1], "reference": 0,
                                           "max_abs_diff": 4.0, "repeats": [0, 1]}
@@ -161,7 +161,7 @@ def test_parameters_outside_ddp_are_not_replicas(tmp_path: Path) -> None:
 def test_abort_after_every_rank_finished_is_a_teardown_crash(tmp_path: Path) -> None:
     rank = step_records(0, 10, 20, 30)
     report = load_run(write_dist_run(tmp_path, [[rank, rank], [rank, rank]], exit_codes=[1, 0], stderr=ROOT_CAUSE))
-    data = to_dict(report)
+    data = report_json(report)
     assert data["verdict"] == "deterministic"
     assert data["exit_code"] == 0
     assert data["teardown_crashes"] == [{"repeat": 0, "exit_code": 1, "ranks": [1], "signal": "SIGABRT"}]
@@ -265,13 +265,13 @@ def test_the_nodes_of_a_job_compared_together_name_origin_and_receiver_across_no
     # rank 1 (node b) got other data in repeat 1; rank 0 (node a) only received it through the all-reduce
     a, b = two_nodes(tmp_path, [step_records(0, 10, 20, 30), step_records(0, 10, 21, 31)],
                      [step_records(0, 50, 20, 30), step_records(0, 60, 21, 31)])
-    data = to_dict(compare_recorded([a, b]))
+    data = report_json(compare_recorded([a, b]))
     roles = {r["rank"]: (r["role"], r["first_divergence"]["kind"]) for r in data["ranks"]}
     assert roles == {0: ("receiver", "grad"), 1: ("origin", "input")}
     assert data["first_divergence"]["rank"] == 1
     assert data["verdict"] == "divergent"
     # each node alone sees one rank, and says it is one node of several
-    alone = to_dict(load_run(a))
+    alone = report_json(load_run(a))
     assert [r["rank"] for r in alone["ranks"]] == [0]
     assert "one node of a multi-node job" in alone["notes"][0]
 
@@ -280,7 +280,7 @@ def test_replicas_are_checked_across_the_nodes(tmp_path: Path) -> None:
     rank0 = step_records(0, 10, 20, 30)
     rank1 = step_records(0, 12, 20, 33)  # rank 1's copy of the parameter drifted, alike in both repeats
     a, b = two_nodes(tmp_path, [rank0, rank0], [rank1, rank1])
-    data = to_dict(compare_recorded([a, b]))
+    data = report_json(compare_recorded([a, b]))
     assert data["first_divergence"] is None
     assert data["verdict"] == "divergent"
     assert data["replica_divergence"]["ranks"] == [1]
@@ -294,7 +294,7 @@ def test_ranks_that_moved_between_nodes_are_compared_together_and_not_alone(tmp_
     a, b = two_nodes(tmp_path, [rank0, rank0], [rank1, rank1], moved=True)
     assert (a / "repeat-1.rank-1.trace").is_file()
     assert (b / "repeat-1.rank-0.trace").is_file()
-    data = to_dict(compare_recorded([a, b]))
+    data = report_json(compare_recorded([a, b]))
     assert data["verdict"] == "deterministic"
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     with pytest.raises(Inconclusive, match="no rank left its traces here in every repeat") as caught:

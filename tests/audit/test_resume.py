@@ -21,7 +21,7 @@ from detaudit.causes.resume_causes import ResumeRuns, diagnose
 from detaudit.cli.resume_command import ResumeCommand, render, summary_line
 from detaudit.compare.resumed_alignment import Steps, align, compare_resumed, read_steps
 from detaudit.errors import ExitCode, UsageError
-from detaudit.report.resume import CheckpointCall, ResumeReport, render_html, to_dict
+from detaudit.report.resume import CheckpointCall, ResumeReport, render_html, report_json
 from detaudit.trace import Kind
 
 MODEL_PART = {"path": "model", "role": "module"}
@@ -207,7 +207,7 @@ def _report(tmp_path: Path, verdict: str = "resume-divergent") -> ResumeReport:
 
 
 def test_the_json_report_has_the_documented_fields_with_the_step_in_reference_numbering(tmp_path: Path) -> None:
-    data = to_dict(_report(tmp_path))
+    data = report_json(_report(tmp_path))
     assert {"verdict", "stop_at", "aligned_step", "first_divergence", "causes", "checkpoint"} <= set(data)
     assert data["verdict"] == "resume-divergent"
     assert data["exit_code"] == ExitCode.DIVERGENT

@@ -17,7 +17,7 @@ from detaudit.causes.latent import latent_findings, recorded_versions
 from detaudit.cli.render import render
 from detaudit.events import Event
 from detaudit.report.html import render_html
-from detaudit.report.model import to_dict
+from detaudit.report.model import report_json
 from detaudit.results import RepeatResult
 
 ENVIRONMENT = {"type": "environment", "python": "3.11.7", "torch": "2.13.0+cpu", "numpy": "2.1.0", "cuda": None,
@@ -87,7 +87,7 @@ def test_terminal_json_and_html_show_latent_findings_and_versions(tmp_path: Path
     report = load_run(write_run(tmp_path / "run", [recs, recs], events=events))
     assert report.verdict == "deterministic"
     assert [x.id for x in report.latent] == ["cudnn-benchmark"]
-    data = to_dict(report)
+    data = report_json(report)
     assert data["latent"][0]["id"] == "cudnn-benchmark"
     assert "convolutions: conv1 (Conv2d)" in data["latent"][0]["evidence"]
     assert {k: data["environment"][k] for k in ("torch", "numpy", "cuda")} == \

@@ -23,7 +23,7 @@ from detaudit.compare.oprules import find_op_source
 from detaudit.recorder.core import Recorder
 from detaudit.report.html import render_html
 from detaudit.report.junit import to_junit
-from detaudit.report.model import to_dict
+from detaudit.report.model import report_json
 from detaudit.trace import Flag, Kind, TraceWriter
 
 
@@ -225,7 +225,7 @@ def test_an_auto_run_directory_reports_the_op_from_its_op_level_rerun(tmp_path: 
     assert report.op_finding.verdict == "nondeterministic-op"
     assert not hasattr(report.comparison.first_divergence, "op_finding")
     assert any(c.basis == "op-records" for c in report.causes)  # and the causes engine was given it
-    first = to_dict(report)["first_divergence"]
+    first = report_json(report)["first_divergence"]
     assert (first["kind"], first["name"]) == ("grad", "net.0.weight")
     assert (first["op"], first["phase"], first["node"], first["location"]) == (
         "aten.index_put.default", "backward", "IndexBackward0", "train.py:14")
@@ -257,7 +257,7 @@ def test_terminal_json_and_junit_name_the_same_file_and_line(tmp_path: Path) -> 
     panel = text[text.index("First divergence"):text.index("The op behind it")]
     assert "location     train.py:14" in panel
     assert "recorded at  train.py:20" in panel
-    assert to_dict(report)["first_divergence"]["location"] == "train.py:14"
+    assert report_json(report)["first_divergence"]["location"] == "train.py:14"
     assert "train.py:14" in ET.fromstring(to_junit(report)).find("testcase[@name='repeats agree']/failure").get(
         "message", "")
     assert "(train.py:14)" in text.strip().splitlines()[-1]  # the closing summary line

@@ -15,7 +15,7 @@ from detaudit.errors import ExitCode
 from detaudit.fix import trials
 from detaudit.fix.code import Edit
 from detaudit.fix.cost import Figure, KnobCost
-from detaudit.fix.fix_report import FixReport, KnobFix, Trial, to_dict
+from detaudit.fix.fix_report import FixReport, KnobFix, Trial, report_json
 from detaudit.pin import Pin
 from detaudit.run.rundir import read_run
 
@@ -37,7 +37,7 @@ def _fixed() -> FixReport:
 
 
 def test_the_json_carries_each_knob_by_its_pin_name_with_fix_where_and_cost() -> None:
-    data = to_dict(_fixed())
+    data = report_json(_fixed())
     assert data["format"] == "detaudit-fix"
     assert data["verdict"] == "fixed"
     assert data["exit_code"] == 1
@@ -83,8 +83,8 @@ def test_a_fix_under_perturb_says_which_settings_it_agreed_across() -> None:
     from dataclasses import replace
 
     perturbed = replace(_fixed(), perturb=("threads",))
-    assert to_dict(perturbed)["perturb"] == ["threads"]
-    assert to_dict(_fixed())["perturb"] == []
+    assert report_json(perturbed)["perturb"] == ["threads"]
+    assert report_json(_fixed())["perturb"] == []
     assert "make the repeats agree under --perturb threads, and each is needed" in cli_fix.summary_line(perturbed).plain
     assert "under --perturb" not in cli_fix.summary_line(_fixed()).plain
     # the verification: the groups, and the knob variables the perturbation kept its own

@@ -17,7 +17,7 @@ from detaudit.compare import baseline_diff
 from detaudit.compare.baseline_diff import EnvironmentChange
 from detaudit.errors import TraceError
 from detaudit.report import baseline
-from detaudit.report.model import to_dict
+from detaudit.report.model import report_json
 from detaudit.trace import Kind, read_trace
 
 
@@ -154,7 +154,7 @@ def test_compare_reads_a_baseline_as_a_recording(tmp_path: Path) -> None:
     assert same.verdict == "deterministic"
     # each recording by the name it was given, and no time for the baseline, which keeps none
     assert same.recordings == [str(saved), str(tmp_path / "run")]
-    assert [r["recording"] for r in to_dict(same)["runs"]] == same.recordings
+    assert [r["recording"] for r in report_json(same)["runs"]] == same.recordings
     assert [r.duration_s for r in same.runs] == [None, 0.5]
     console = Console(record=True, width=400)  # wide enough for any temporary path: rows are found by it
     console.print(runs_table(same))

@@ -19,7 +19,7 @@ from detaudit.compare import baseline_diff
 from detaudit.compare.traces import ROOT_MODULE, StepSpread
 from detaudit.report import baseline
 from detaudit.report.html import heat_strip_svg, render_html
-from detaudit.report.model import to_dict
+from detaudit.report.model import report_json
 from detaudit.run.rundir import read_run
 
 _VOID = {"meta", "br", "img", "input", "link", "hr", "circle", "line", "polyline", "rect"}
@@ -96,7 +96,7 @@ def test_synthetic_divergence_report(tmp_path: Path) -> None:
     other = [r.but(digest=r.digest + 1, samples=tuple(x * 1.5 for x in r.samples)) if r.step >= 2 else r
              for r in ref]
     report = load_run(write_run(tmp_path / "run", [ref, other]))
-    data = to_dict(report)
+    data = report_json(report)
     page = check_page(render_html(report), data)
     text = " ".join(page.text)
     assert "DIVERGENT" in text
@@ -112,7 +112,7 @@ def test_synthetic_divergence_report(tmp_path: Path) -> None:
 def test_deterministic_report_has_no_plots(tmp_path: Path) -> None:
     ref = training_records(steps=2)
     report = load_run(write_run(tmp_path / "run", [ref, ref]))
-    page = check_page(render_html(report), to_dict(report))
+    page = check_page(render_html(report), report_json(report))
     assert not any(tag == "svg" for tag, _ in page.elements)
     assert "DETERMINISTIC" in " ".join(page.text)
 
@@ -121,7 +121,7 @@ def test_user_text_is_escaped(tmp_path: Path) -> None:
     ref = training_records(steps=1)
     ref[0] = ref[0].but(name="<script>alert(1)</script>", module="<b>")
     report = load_run(write_run(tmp_path / "run", [ref, [r.but(digest=r.digest + 1) for r in ref]]))
-    data = to_dict(report)
+    data = report_json(report)
     text = render_html(report)
     assert "<script>" not in text
     assert "&lt;script&gt;" in text
@@ -165,7 +165,7 @@ def test_baseline_section_and_its_spread(tmp_path: Path) -> None:
     record = replace(record, environment=replace(record.environment, cpu_count=64))
     report = load_run(later)
     report = replace(report, baseline=baseline_diff.check(baseline.load(saved), later, record, results))
-    data = to_dict(report)
+    data = report_json(report)
     assert data["verdict"] == "deterministic"
     assert data["exit_code"] == 1
     page = check_page(render_html(report), data)
@@ -190,7 +190,7 @@ def test_a_constant_series_is_a_sentence_not_a_flat_line_on_a_log_axis(tmp_path:
     other = [r.but(digest=r.digest + 1, samples=(r.samples[0] + 0.5, *r.samples[1:])) if r.name == "net.1" else r
              for r in ref]
     report = load_run(write_run(tmp_path / "run", [ref, other]))
-    page = check_page(render_html(report), to_dict(report))
+    page = check_page(render_html(report), report_json(report))
     assert "max-abs-diff" not in {attrs.get("data-plot") for tag, attrs in page.elements if tag == "svg"}
     assert "max |diff|: constant 0.5 at every differing step" in " ".join(page.text)
 
@@ -207,7 +207,7 @@ def test_a_candidate_not_ruled_out_is_listed_apart_from_the_causes(tmp_path: Pat
 
     report = load_run(write_run(tmp_path / "run", [training_records(steps=1)] * 2))
     candidate = Cause("object-order", "possible", "a set's order", [], "sort it", [Pin.ADDRESS_LAYOUT], "no-evidence")
-    text = " ".join(check_page(render_html(replace(report, not_ruled_out=[candidate])), to_dict(report)).text)
+    text = " ".join(check_page(render_html(replace(report, not_ruled_out=[candidate])), report_json(report)).text)
     assert "Not ruled out" in text
 
 
@@ -216,5 +216,5 @@ def test_randomness_that_repeats_has_a_section(tmp_path: Path) -> None:
 
     report = load_run(write_run(tmp_path / "run", [training_records(steps=1)] * 2))
     found = RepeatedRandomness("data.py:31", "workers", "data.py:12", ["workers 0 and 1 drew alike"], "seed per worker")
-    text = " ".join(check_page(render_html(replace(report, repeated_randomness=[found])), to_dict(report)).text)
+    text = " ".join(check_page(render_html(replace(report, repeated_randomness=[found])), report_json(report)).text)
     assert "Randomness that repeats" in text

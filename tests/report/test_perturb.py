@@ -26,7 +26,7 @@ from detaudit.recorder.pinning import Pins
 from detaudit.records import BaselineManifest, Reference, RunRecord
 from detaudit.report import baseline
 from detaudit.report.html import render_html
-from detaudit.report.model import Report, to_dict
+from detaudit.report.model import Report, report_json
 from detaudit.results import RepeatResult, Tolerance
 from detaudit.run import perturb_plan
 from detaudit.run.launcher import plan_repeats
@@ -137,7 +137,7 @@ def test_a_setting_that_changes_the_bits_is_confirmed_by_the_groups_that_agree(t
     assert any("1 in repeats 0 and 2; 2 in repeats 1 and 3; every other" in line for line in cause.evidence)
     assert "repeats with equal settings agree: repeats 0 and 2; repeats 1 and 3" in cause.evidence
     assert any(line.startswith("first divergence between the two: record #3") for line in cause.evidence)
-    data = to_dict(report)
+    data = report_json(report)
     assert data["runs"][1]["perturbation"] == T2
     assert data["perturbation"]["sensitive"] == ["threads"]
     assert data["perturbation"]["control_agrees"] is True

@@ -16,7 +16,7 @@ from detaudit.audit.pipeline import load_run
 from detaudit.cli.render import render
 from detaudit.report.html import render_html
 from detaudit.report.junit import to_junit, write_junit
-from detaudit.report.model import SCHEMA_NAME, SCHEMA_VERSION, Report, to_dict, write_json
+from detaudit.report.model import SCHEMA_NAME, SCHEMA_VERSION, Report, report_json, write_json
 from detaudit.trace import Flag
 
 DIVERGENCE_KEYS = {"index", "category", "kind", "name", "module", "op", "step", "location", "repeats",
@@ -166,7 +166,7 @@ def test_some_repeats_failing_is_an_outcome_divergence(tmp_path: Path) -> None:
     report = load_run(write_run(tmp_path / "run", [recs, recs[:7], recs], exit_codes=[0, 1, 0]))
     assert report.verdict == "divergent"
     assert report.exit_code == 1
-    first = to_dict(report)["first_divergence"]
+    first = report_json(report)["first_divergence"]
     assert first["category"] == "outcome"
     assert first["repeats"] == [1]
     assert first["index"] == 7
@@ -175,7 +175,7 @@ def test_some_repeats_failing_is_an_outcome_divergence(tmp_path: Path) -> None:
 def test_same_records_other_stdout_is_an_outcome_divergence(tmp_path: Path) -> None:
     recs = training_records()
     report = load_run(write_run(tmp_path / "run", [recs, recs], stdout=["loss 0.1\n", "loss 0.2\n"]))
-    first = to_dict(report)["first_divergence"]
+    first = report_json(report)["first_divergence"]
     assert report.exit_code == 1
     assert first["category"] == "outcome"
     assert first["kind"] == "stdout"
@@ -252,7 +252,7 @@ def test_junit_is_well_formed_with_hostile_names(tmp_path: Path) -> None:
     root = _junit(report, tmp_path)
     message = root.findall("testcase/failure")[0].get("message", "")
     assert "ck<\"&'>" in message
-    assert json.loads(json.dumps(to_dict(report)))["first_divergence"]["name"] == hostile
+    assert json.loads(json.dumps(report_json(report)))["first_divergence"]["name"] == hostile
 
 
 def test_junit_string_matches_written_file(tmp_path: Path) -> None:
@@ -296,7 +296,7 @@ def test_a_divergence_before_the_timeout_is_reported_with_exit_5(tmp_path: Path)
     report = load_run(write_run(tmp_path / "run", [recs, other], exit_codes=[0, -15], timed_out=[False, True]))
     assert report.verdict == "divergent"
     assert report.exit_code == 5
-    first = to_dict(report)["first_divergence"]
+    first = report_json(report)["first_divergence"]
     assert first["index"] == 2
     assert first["category"] == "content"
 
@@ -339,7 +339,7 @@ def test_a_stdout_difference_explained_by_carried_state_is_reported_and_not_a_di
     assert report.verdict == "deterministic"
     assert report.exit_code == 0
     assert report.first_divergence is None
-    data = to_dict(report)
+    data = report_json(report)
     carried = data["carried_output"]
     assert carried["repeats"] == [1, 2]
     assert carried["stdout"]["field"] == "v_num"
@@ -357,7 +357,7 @@ def test_a_differing_repeat_that_read_no_carried_state_keeps_the_divergence(tmp_
     report = _versioned(tmp_path, (1,))
     assert report.verdict == "divergent"
     assert report.carried_output is None
-    assert "carried_output" not in to_dict(report)
+    assert "carried_output" not in report_json(report)
     first = report.first_divergence
     assert first is not None
     assert first.stdout is not None
