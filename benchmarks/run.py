@@ -830,7 +830,7 @@ def write_synthetic_traces(directory: Path, records: int, repeats: int) -> list[
 
 def bench_compare(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
     """Compare + report of synthetic traces in a fresh interpreter: seconds and peak RSS."""
-    from detaudit.records import RUN_FORMAT, RUN_VERSION
+    from detaudit.records import RUN
 
     run_dir = tmp / "compare-run"
     run_dir.mkdir()
@@ -846,7 +846,7 @@ def bench_compare(sizes: Sizes, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
                         "trace": path.name, "stdout": f"repeat-{i}.stdout", "stderr": f"repeat-{i}.stderr",
                         "stdout_digest": "same"})
     (run_dir / "run.json").write_text(json.dumps({
-        "format": RUN_FORMAT, "version": RUN_VERSION, "script": "synthetic", "script_args": [],
+        **RUN.stamp(), "script": "synthetic", "script_args": [],
         "repeats": n, "devices": ["cpu"], "granularity": "module", "results": results,
     }))
     proc = subprocess.run([sys.executable, "-c", _COMPARE_CHILD, str(run_dir)], capture_output=True, text=True,

@@ -10,19 +10,25 @@ small: the import is the cost a user pays, and pydantic would be a new dependenc
 The decoder validates at the boundary: a value of the wrong type is a TraceError naming the field's path
 (`runs[1].exit_code must be an integer or null, not 'x'`), never an exception deep inside a renderer.
 Supported: str, int, float, bool, None, Any, enums, Literal, X | None and other unions, list, tuple (fixed
-or variable length), dict or Mapping (keys of str, int or an enum), TypedDicts and nested (also recursive)
-dataclasses.
+or variable length), dict or Mapping (keys of str, int or an enum), TypedDicts, nested (also recursive)
+dataclasses, and `Annotated[X, Rule(...)]` for a constraint the type cannot say (`AT_LEAST_0`, `FINITE`).
+
+A file detaudit writes and reads back declares its `FileFormat` (name, version, what errors call it): the
+format and version lead the JSON and are checked before any field, and `FileFormat.read` decodes the rest.
+How to add a format: docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 from collections.abc import Callable, Mapping
 from functools import cache
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints, is_typeddict
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints, is_typeddict
 
+from detaudit import schema
 from detaudit.errors import TraceError
 
 T = TypeVar("T")
@@ -41,6 +47,46 @@ class Codable:
     def from_dict(cls: type[C], data: Any) -> C:
         """What `to_dict` wrote (through json or not), checked against the fields' types (`decode`)."""
         return decode(cls, data, cls.__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileFormat:
+    """A versioned JSON file: `{"format": name, "version": version, ...}`. A reader checks both before any other
+    field, so a foreign file, or one from a newer detaudit, is refused by name (`what` names it in errors)."""
+
+    name: str
+    version: int
+    what: str
+
+    def stamp(self) -> dict[str, Any]:
+        """The keys a file of this format starts with."""
+        return {"format": self.name, "version": self.version}
+
+    def check(self, data: Any, where: str) -> None:
+        """A TraceError unless `data` is this format's JSON at this version (`where`: the file, named in it)."""
+        schema.check(data, dict, where)
+        if data.get("format") != self.name:
+            raise TraceError(f"{where}: not a detaudit {self.what} (its `format` is not {self.name!r})")
+        if not schema.is_version(data.get("version"), self.version):
+            raise TraceError(f"{where}: {self.what} version {data.get('version')!r} is not supported (this "
+                             f"detaudit reads version {self.version}); it was written by another detaudit release")
+
+    def read(self, cls: type[T], data: Any, where: str) -> T:
+        """`data`, checked to be this format, as a `cls` (its fields decoded by their declared types)."""
+        self.check(data, where)
+        return decode(cls, data, where)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A constraint on a decoded value that its type cannot say, declared as `Annotated[tp, rule]`."""
+
+    expected: str  # what a value must be, as errors say it: "an integer >= 0"
+    holds: Callable[[Any], bool]
+
+
+AT_LEAST_0 = Rule("an integer >= 0", lambda value: value is None or value >= 0)
+FINITE = Rule("a finite number", lambda value: value is None or math.isfinite(value))
 
 
 def encode(value: Any) -> Any:
@@ -78,7 +124,7 @@ def decode(cls: type[T], data: Any, where: str = "report") -> T:
 def hints(cls: type) -> dict[str, Any]:
     """The resolved type hints of a dataclass or TypedDict (its module must import the names it uses at run
     time, not only under TYPE_CHECKING)."""
-    return get_type_hints(cls)
+    return get_type_hints(cls, include_extras=True)
 
 
 Reader = Callable[[Any], Any]
@@ -106,6 +152,8 @@ def reader(tp: Any) -> Reader:
     origin, args = get_origin(tp), get_args(tp)
     if tp is Any:
         return lambda data: data
+    if origin is Annotated:
+        return _ruled_reader(reader(args[0]), [rule for rule in tp.__metadata__ if isinstance(rule, Rule)])
     if origin in (Union, types.UnionType):
         return _union_reader(args)
     if origin is Literal:
@@ -121,6 +169,16 @@ def reader(tp: Any) -> Reader:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _dataclass_reader(tp)
     return _scalar_reader(tp)
+
+
+def _ruled_reader(read_value: Reader, rules: list[Rule]) -> Reader:
+    def read(data: Any) -> Any:
+        value = read_value(data)
+        for rule in rules:
+            if not rule.holds(value):
+                raise _Misfit(rule.expected, data)
+        return value
+    return read
 
 
 def _union_reader(options: tuple[Any, ...]) -> Reader:
@@ -254,5 +312,7 @@ def _scalar_reader(tp: Any) -> Reader:
 
 
 def _name(tp: Any) -> str:
+    if get_origin(tp) is Annotated:
+        return next((rule.expected for rule in tp.__metadata__ if isinstance(rule, Rule)), _name(get_args(tp)[0]))
     names = {str: "a string", int: "an integer", float: "a number", bool: "true/false", _NONE: "null"}
     return names.get(tp, getattr(tp, "__name__", str(tp)))

@@ -1,11 +1,13 @@
 """The records detaudit keeps on disk, as types: the run record (run.json), the stored `--explain`
 experiments (explain.json) and a baseline's manifest (baseline.json).
 
-One module owns these formats (the pattern of pip's `models/direct_url.py`): each record is a
-frozen dataclass, read by `from_dict`, every field through a typed getter (`_Fields`) that raises
-one TraceError (exit 4) naming the file and the key, and written by `to_dict`, its round trip. The
-format name and version are checked before any other field: a foreign file, or one from a newer
-detaudit, is refused by name. Nothing else in detaudit indexes these files as dicts: the rest of
+One module owns these formats (the pattern of pip's `models/direct_url.py`): each declares its
+`FileFormat` (codec.py), whose name and version are checked before any other field: a foreign file, or
+one from a newer detaudit, is refused by name. Each record is a frozen dataclass, read by `from_dict`
+and written by `to_dict`, its round trip; a wrong field is one TraceError (exit 4) naming the file and
+the key. baseline.json is read by its fields' declared types (`FileFormat.read`); run.json and
+explain.json, whose files are not shaped as their types, field by field through typed getters
+(`_Fields`). Nothing else in detaudit indexes these files as dicts: the rest of
 the code holds a `RunRecord`, an `ExplainRecord` or a `BaselineManifest` (tests/test_records.py
 checks). Keys a record does not know are ignored (a newer writer may add some); a key that is
 present must have its type. Files themselves are opened in run/rundir.py and report/baseline.py.
@@ -17,22 +19,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast, get_args
+from typing import Annotated, Any, cast, get_args
 
 from detaudit import schema
+from detaudit.codec import AT_LEAST_0, FINITE, FileFormat
 from detaudit.errors import TraceError
 from detaudit.pin import Perturb
 from detaudit.results import Experiment, ExperimentVerdict, RepeatResult, SelfCheck, Tolerance
 
-RUN_FORMAT = "detaudit-run"
-RUN_VERSION = 1
-EXPLAIN_FORMAT = "detaudit-explain"
-EXPLAIN_VERSION = 1
-BASELINE_FORMAT = "detaudit-baseline"
-BASELINE_VERSION = 1
+RUN = FileFormat("detaudit-run", 1, "run record")
+EXPLAIN = FileFormat("detaudit-explain", 1, "experiment record")
+BASELINE = FileFormat("detaudit-baseline", 1, "baseline manifest")
 OPS_PREFIX = "ops"  # traces of the op-level re-run under --granularity auto
 
 _MISSING = object()
+Scalar = str | int | Annotated[float, FINITE] | bool | None  # a JSON scalar (a finite number)
 
 
 def is_plain_name(name: str) -> bool:
@@ -97,8 +98,8 @@ class _Fields:
         """A boolean; absent is False."""
         return bool(self._get(key, bool, False))
 
-    def texts(self, key: str, required: bool = False) -> tuple[str, ...]:
-        return tuple(self._get(key, schema.ListOf(str), required) or ())
+    def texts(self, key: str) -> tuple[str, ...]:
+        return tuple(self._get(key, schema.ListOf(str), False) or ())
 
     def optional_integers(self, key: str, max_len: int | None = None) -> list[int] | None:
         value = self._get(key, schema.OneOf((schema.ListOf(schema.Int(0), max_len), schema.NONE)), False)
@@ -106,14 +107,6 @@ class _Fields:
 
     def text_map(self, key: str) -> dict[str, str]:
         return dict(self._get(key, schema.MapOf(str), False) or {})
-
-    def texts_map(self, key: str) -> dict[str, tuple[str, ...]]:
-        """An object of string lists (absent: empty)."""
-        return {k: tuple(v) for k, v in (self._get(key, schema.MapOf(schema.ListOf(str)), False) or {}).items()}
-
-    def scalar_map(self, key: str) -> dict[str, Any]:
-        """An object of JSON scalars (a fingerprint: versions, counts, flags, environment variables)."""
-        return dict(self._get(key, schema.MapOf(schema.OneOf((str, schema.Number(), bool, schema.NONE))), True))
 
     def obj(self, key: str, required: bool = False) -> _Fields | None:
         """A nested object, read with the same getters (None when absent or null and not required)."""
@@ -143,13 +136,6 @@ class _Fields:
                                  f"which is no --perturb setting ({', '.join(settings)})")
         return results
 
-    def check_format(self, name: str, version: int, what: str) -> None:
-        """The format and version, before anything else: a foreign or newer file is refused by name."""
-        if self.data.get("format") != name:
-            raise TraceError(f"{self.where}: not a detaudit {what} (its `format` is not {name!r})")
-        if not schema.is_version(self.data.get("version"), version):
-            raise TraceError(f"{self.where}: {what} version {self.data.get('version')!r} is not supported (this "
-                             f"detaudit reads version {version}); it was written by another detaudit release")
 
 
 @dataclass(frozen=True)
@@ -240,8 +226,8 @@ class RunRecord:
     @classmethod
     def from_dict(cls, data: object, where: str) -> RunRecord:
         """The record of a run.json's JSON (`where`: its path, named in every error)."""
+        RUN.check(data, where)
         f = _Fields(data, where)
-        f.check_format(RUN_FORMAT, RUN_VERSION, "run record")
         tolerance = f.obj("tolerance")
         narrowing = f.obj("narrowing")
         host = f.obj("environment")
@@ -268,7 +254,7 @@ class RunRecord:
     def to_dict(self) -> dict[str, Any]:
         """The JSON of run.json, key for key as detaudit has always written it (optional keys only when set)."""
         data: dict[str, Any] = {
-            "format": RUN_FORMAT, "version": RUN_VERSION, "script": self.script,
+            **RUN.stamp(), "script": self.script,
             "script_args": list(self.script_args), "args_redacted": self.args_redacted, "cwd": self.cwd,
             "repeats": self.repeats, "devices": list(self.devices), "granularity": self.granularity,
             "timeout": self.timeout, "tolerance": asdict(self.tolerance), "env": dict(self.env),
@@ -329,13 +315,12 @@ class ExplainRecord:
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> ExplainRecord:
+        EXPLAIN.check(data, where)
         f = _Fields(data, where)
-        f.check_format(EXPLAIN_FORMAT, EXPLAIN_VERSION, "experiment record")
         return cls(tuple(StoredExperiment.from_fields(e) for e in f.objects("experiments")))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": EXPLAIN_FORMAT, "version": EXPLAIN_VERSION,
-                "experiments": [e.to_dict() for e in self.experiments]}
+        return {**EXPLAIN.stamp(), "experiments": [e.to_dict() for e in self.experiments]}
 
 
 @dataclass(frozen=True)
@@ -347,12 +332,7 @@ class Reference:
     device: str
     exit_code: int
     stdout_digest: str
-    records: int | None = None
-
-    @classmethod
-    def from_fields(cls, f: _Fields) -> Reference:
-        return cls(f.text("trace"), f.text("sha256"), f.text("device"), f.integer("exit_code"),
-                   f.text("stdout_digest"), f.optional_integer("records", 0))
+    records: Annotated[int, AT_LEAST_0] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace": self.trace, "sha256": self.sha256, "records": self.records, "device": self.device,
@@ -367,7 +347,7 @@ class BaselineManifest:
     script_args: tuple[str, ...]
     granularity: str
     reference: Reference
-    environment: Mapping[str, Any]  # compare/baseline_diff.fingerprint: field -> JSON scalar
+    environment: Mapping[str, Scalar]  # compare/baseline_diff.fingerprint: field -> JSON scalar
     detaudit_version: str | None = None
     created: str | None = None
     # `run --perturb`: the settings the recorded run varied without a bit changing, with the values tried
@@ -375,16 +355,11 @@ class BaselineManifest:
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> BaselineManifest:
-        f = _Fields(data, where)
-        f.check_format(BASELINE_FORMAT, BASELINE_VERSION, "baseline manifest")
-        reference = f.obj("reference", required=True)
-        assert reference is not None
-        return cls(f.text("script"), f.texts("script_args", required=True), f.text("granularity"),
-                   Reference.from_fields(reference), f.scalar_map("environment"),
-                   f.optional_text("detaudit_version"), f.optional_text("created"), f.texts_map("survived"))
+        """The manifest of a baseline.json's JSON, its fields read as declared (codec.py)."""
+        return BASELINE.read(cls, data, where)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": BASELINE_FORMAT, "version": BASELINE_VERSION, "detaudit_version": self.detaudit_version,
+        return {**BASELINE.stamp(), "detaudit_version": self.detaudit_version,
                 "created": self.created, "script": self.script, "script_args": list(self.script_args),
                 "granularity": self.granularity, "reference": self.reference.to_dict(),
                 "environment": dict(self.environment),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from detaudit.recorder.fingerprint import DTYPE_CODES
-from detaudit.records import RUN_FORMAT, RUN_VERSION
+from detaudit.records import RUN
 from detaudit.results import RepeatResult
 from detaudit.trace import Kind, TraceWriter
 from detaudit.trace.dtypes import OBJECT_CODES
@@ -110,7 +110,7 @@ def write_run(run_dir: Path, traces: Sequence[Sequence[Rec] | None], devices: Se
                                     stderr=f"repeat-{i}.stderr", stdout_digest=digest,
                                     perturbation=perturbations[i] if perturbations else None))
     record = {
-        "format": RUN_FORMAT, "version": RUN_VERSION, "script": script, "script_args": [], "cwd": str(run_dir),
+        **RUN.stamp(), "script": script, "script_args": [], "cwd": str(run_dir),
         "repeats": n, "devices": sorted(set(devices)), "granularity": "module", "timeout": None,
         "tolerance": {"atol": 1e-5, "rtol": 1.3e-6}, "env": {}, "environment": {"python": "3"},
         "started": time.time(), "results": [r.to_dict() for r in results],

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pytest
 
-from detaudit.codec import Codable, decode, encode
+from detaudit.codec import AT_LEAST_0, FINITE, Codable, FileFormat, decode, encode
 from detaudit.errors import TraceError
 
 
@@ -70,3 +70,36 @@ def test_a_value_of_the_wrong_type_is_an_error_naming_the_field(data: Any, messa
     with pytest.raises(TraceError, match="^where: .*") as raised:
         decode(Outer, data, "where")
     assert message in str(raised.value)
+
+
+@dataclass(frozen=True)
+class Counted:
+    count: Annotated[int, AT_LEAST_0]
+    mean: Annotated[float, FINITE] | None = None
+
+
+NOTES = FileFormat("detaudit-notes", 3, "notes file")
+
+
+def test_a_file_format_reads_its_stamped_json_into_the_declared_type() -> None:
+    assert NOTES.read(Counted, {**NOTES.stamp(), "count": 2, "mean": 0.5}, "notes.json") == Counted(2, 0.5)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"format": "other", "version": 3, "count": 1}, r"notes\.json: not a detaudit notes file"),
+    ({"format": "detaudit-notes", "version": 4, "count": 1}, r"notes\.json: notes file version 4 is not supported"),
+    ({"format": "detaudit-notes", "version": True, "count": 1}, r"notes file version True is not supported"),
+    ([], r"notes\.json: field `\(top level\)` must be an object"),
+])
+def test_a_file_format_refuses_a_foreign_or_newer_file_by_name(data: Any, message: str) -> None:
+    with pytest.raises(TraceError, match=message):
+        NOTES.read(Counted, data, "notes.json")
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"count": -1}, r"x\.json: field `count` must be an integer >= 0, not -1"),
+    ({"count": 1, "mean": float("inf")}, r"x\.json: field `mean` must be a finite number or null, not inf"),
+])
+def test_a_declared_rule_refuses_what_the_type_alone_would_take(data: Any, message: str) -> None:
+    with pytest.raises(TraceError, match=message):
+        decode(Counted, data, "x.json")

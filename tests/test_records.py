@@ -117,6 +117,18 @@ def test_a_baseline_manifest_round_trips_and_names_a_missing_key() -> None:
         BaselineManifest.from_dict(data, "baseline.json")
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"reference": {"trace": "t", "sha256": "00", "device": "cpu", "exit_code": 0, "stdout_digest": "ab",
+                    "records": -1}}, r"baseline\.json: field `reference\.records` must be an integer >= 0"),
+    ({"environment": {"num_threads": float("nan")}}, r"field `environment\.num_threads` must be a string or"),
+    ({"script_args": None}, r"baseline\.json: field `script_args` must be a list, not None"),
+])
+def test_a_baseline_manifest_refuses_a_value_its_fields_do_not_allow(change: dict[str, object], message: str) -> None:
+    manifest = BaselineManifest("t.py", (), "module", Reference("reference.trace", "00", "cpu", 0, "ab", 12), {})
+    with pytest.raises(TraceError, match=message):
+        BaselineManifest.from_dict({**manifest.to_dict(), **change}, "baseline.json")
+
+
 def test_the_readers_hand_out_types_not_dicts() -> None:
     assert typing.get_type_hints(rundir.read_run)["return"] == tuple[RunRecord, list[RepeatResult]]
     assert typing.get_type_hints(rundir.read_experiments)["return"] == list[StoredExperiment]

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from detaudit.batch.finding import BatchFinding, FirstVariant, Spot
-from detaudit.codec import Codable
+from detaudit.codec import Codable, FileFormat
 from detaudit.errors import ExitCode
 from detaudit.results import Cause, RepeatResult
 
-BATCH_FORMAT = "detaudit-batch"
-BATCH_VERSION = 1
+BATCH = FileFormat("detaudit-batch", 1, "batch report")
 BatchReportVerdict = Literal["batch-invariant", "batch-variant", "inconclusive", "script-failed", "timeout"]
 
 
@@ -98,7 +97,7 @@ def report_json(report: BatchReport) -> dict[str, Any]:
     """The batch report's documented JSON (docs/batch.md); `report.to_dict()` is its complete typed form."""
     finding = report.finding
     return {
-        "format": BATCH_FORMAT, "version": BATCH_VERSION,
+        **BATCH.stamp(),
         "verdict": report.verdict, "exit_code": report.exit_code, "inconclusive_reason": report.inconclusive_reason,
         "script": report.script, "script_args": report.script_args, "run_dir": report.run_dir,
         "settings": {"module": report.settings.module, "batch_dim": report.settings.batch_dim,

@@ -215,13 +215,13 @@ def _recording_holding(path: Path) -> Path | None:
     """The run directory or baseline `path` would be written into: its nearest existing directory above,
     when that holds detaudit's run.json or baseline.json (a user's own report named run.json does not
     make its folder a run directory)."""
-    from detaudit.records import BASELINE_FORMAT, RUN_FORMAT
+    from detaudit.records import BASELINE, RUN
     from detaudit.report.baseline import MANIFEST
     from detaudit.run.rundir import RUN_FILE
 
     above = next((p for p in Path(os.path.abspath(path)).parents if p.is_dir()), None)
-    if above is not None and any(_declares(above / name, fmt) for name, fmt in ((RUN_FILE, RUN_FORMAT),
-                                                                                 (MANIFEST, BASELINE_FORMAT))):
+    if above is not None and any(_declares(above / name, fmt) for name, fmt in ((RUN_FILE, RUN.name),
+                                                                                 (MANIFEST, BASELINE.name))):
         return above
     return None
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from detaudit.codec import Codable
+from detaudit.codec import Codable, FileFormat
 from detaudit.errors import ExitCode
 from detaudit.fix.code import KNOBS, Edit, environment
 from detaudit.fix.cost import Figure, KnobCost
@@ -16,8 +16,7 @@ from detaudit.pin import SEP, Pin
 from detaudit.results import Cause, ExperimentVerdict
 from detaudit.run.files import write_output
 
-FIX_FORMAT = "detaudit-fix"
-FIX_VERSION = 1
+FIX = FileFormat("detaudit-fix", 1, "fix report")
 # fixed: a minimal set, verified; incomplete: a set that agrees, not shown minimal (the budget ran out) or none
 # found within the budget; uncontrolled: every knob at once still diverges; the rest: the audit's own verdict
 FixVerdict = Literal["deterministic", "fixed", "incomplete", "uncontrolled", "failed", "timeout", "inconclusive"]
@@ -119,7 +118,7 @@ def report_json(report: FixReport) -> dict[str, Any]:
     """The report as JSON (docs/fix.md): `verdict`, `knobs` [{name, fix, where, cost, ...}], `verified`,
     `repeats_used` and the search behind them."""
     return {
-        "format": FIX_FORMAT, "version": FIX_VERSION, "script": report.script, "run_dir": report.run_dir,
+        **FIX.stamp(), "script": report.script, "run_dir": report.run_dir,
         "verdict": report.verdict, "exit_code": int(report.exit_code),
         "knobs": [{"name": k.pin.value, "fix": k.fix, "where": k.where,
                    "cost": None if k.cost is None else {"summary": k.cost.summary, "step_time": _figure(k.cost.step),

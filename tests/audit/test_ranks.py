@@ -15,7 +15,7 @@ from detaudit.audit.pipeline import compare_recorded, load_run
 from detaudit.audit.ranks import classify
 from detaudit.compare.oprules import OpFinding, Verdict
 from detaudit.errors import ExitCode, Inconclusive, UsageError
-from detaudit.records import RUN_FORMAT, RUN_VERSION
+from detaudit.records import RUN
 from detaudit.report.junit import to_junit
 from detaudit.report.model import report_json
 from detaudit.results import Divergence, RecordInfo, RepeatResult, Tolerance
@@ -68,7 +68,7 @@ def write_dist_run(run_dir: Path, traces: Sequence[Sequence[list[Rec]]], exit_co
         code = exit_codes[i] if exit_codes else 0
         results.append(RepeatResult(i, "cpu", code, 1.0, False, f"repeat-{i}.trace", f"repeat-{i}.stdout",
                                     f"repeat-{i}.stderr", "d"))
-    record = {"format": RUN_FORMAT, "version": RUN_VERSION, "script": "train.py", "script_args": [],
+    record = {**RUN.stamp(), "script": "train.py", "script_args": [],
               "cwd": str(run_dir), "repeats": len(traces), "devices": ["cpu"], "granularity": "module",
               "timeout": None, "tolerance": {"atol": 1e-5, "rtol": 1.3e-6}, "env": {}, "environment": {},
               "started": time.time(), "nproc_per_node": len(traces[0]), "torchrun_args": list(torchrun_args),

@@ -10,7 +10,7 @@ import pytest
 from synthetic import training_records, write_run
 
 from detaudit.errors import TraceError, UsageError
-from detaudit.records import RUN_VERSION, RunRecord, StoredExperiment
+from detaudit.records import RUN, RunRecord, StoredExperiment
 from detaudit.results import Experiment, Tolerance
 from detaudit.run.rundir import (
     REDACTED,
@@ -71,7 +71,7 @@ def test_a_record_written_is_read_back_whole(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"version": RUN_VERSION + 1}, "version 2 is not supported"),
+    ({"version": RUN.version + 1}, "version 2 is not supported"),
     ({"format": "something-else"}, "not a detaudit run record"),
     ({"results": None}, "did not finish"),
     ({"repeats": "three"}, "repeats"),
