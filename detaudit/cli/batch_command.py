@@ -68,7 +68,7 @@ def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> tup
                    "the outermost modules.")
 @click.option("--batch-dim", type=click.IntRange(min=0), default=0, show_default=True,
               help="The batch dimension of the tensor arguments (those whose size there is the batch's).")
-@click.option("--sizes", "sizes", default=None, metavar="K,K,...", callback=_sizes,
+@click.option("--sizes", default=None, metavar="K,K,...", callback=_sizes,
               help="Prefix sizes to probe (default: 1, an odd size up to 7, n/8 and n/2 of an n-row batch).")
 @click.option("--redact-args", is_flag=True, help="Store the script's arguments nowhere (run directory, traces, "
               "reports).")
