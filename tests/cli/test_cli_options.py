@@ -13,10 +13,12 @@ import detaudit.run.devices
 from detaudit.cli.options import (
     DEFAULT_GRANULARITY,
     FiniteFloat,
+    audit_option_group,
     audit_options,
     check_outputs,
     compare_tolerance,
     demo_options,
+    option_group,
     stdout_mode_of,
 )
 from detaudit.errors import OutputError, UsageError
@@ -68,6 +70,20 @@ def test_perturb_runs_repeats_per_setting_and_refuses_cuda_settings_without_a_gp
     assert audit_options(tmp_path / "t.py", (), **RUN_DEFAULTS).schedule.perturbation is None
     with pytest.raises(UsageError, match="only CUDA work can notice"):
         audit_options(tmp_path / "t.py", (), **{**RUN_DEFAULTS, "perturb": "cublas-workspace"})
+
+
+def test_an_option_group_hands_the_command_the_value_its_options_describe() -> None:
+    seen: dict[str, Any] = {}
+    option_group(Tolerance, "tolerance", keep=("rtol",))(lambda **kwargs: seen.update(kwargs))(
+        atol=0.5, rtol=0.25, quiet=True)
+    assert seen == {"tolerance": Tolerance(0.5, 0.25), "rtol": 0.25, "quiet": True}
+
+
+def test_a_command_sets_the_audit_options_it_does_not_declare(tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+    audit_option_group(repeats=2, granularity="module")(lambda **kwargs: seen.update(kwargs))(
+        script=tmp_path / "t.py", script_args=(), devices=(), out_dir=None, json_path=None)
+    assert seen == {"options": audit_options(tmp_path / "t.py", repeats=2, granularity="module"), "json_path": None}
 
 
 def test_stdout_mode_is_the_commands_default_unless_asked() -> None:
