@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import tomllib
 from pathlib import Path
@@ -50,3 +51,88 @@ def test_every_module_a_docstring_names_exists() -> None:
                and not exists(name)}
     assert missing == {}
 
+
+
+# the bounds every function outside recorder/ (the hot path, kept flat for speed) stays within
+MAX_COMPLEXITY = 25
+MAX_LINES = 80
+
+
+def complexity(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """McCabe complexity as radon (`radon cc`) counts it: 1, plus 1 per if, conditional expression, loop (and its
+    `else`), comprehension `for` and its ifs, except clause and try `else`, assert, match case but the catch-all,
+    and each extra operand of and/or. Nested functions and classes are counted on their own, not here."""
+    total = 1
+    todo: list[ast.AST] = list(function.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, (ast.If, ast.IfExp, ast.Assert)):
+            total += 1
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            total += 1 + bool(node.orelse)
+        elif isinstance(node, ast.Try):
+            total += len(node.handlers) + bool(node.orelse)
+        elif isinstance(node, ast.BoolOp):
+            total += len(node.values) - 1
+        elif isinstance(node, ast.comprehension):
+            total += 1 + len(node.ifs)
+        elif isinstance(node, ast.Match):
+            total += sum(not (isinstance(c.pattern, ast.MatchAs) and c.pattern.pattern is None) for c in node.cases)
+        todo.extend(ast.iter_child_nodes(node))
+    return total
+
+
+@functools.cache
+def functions_outside_the_recorder() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """(`module.py:line name`, the function) for every function and method of the package but recorder/'s
+    (parsed once for both tests)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] == "recorder":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append((f"{path.relative_to(PACKAGE).as_posix()}:{node.lineno} {node.name}", node))
+    return found
+
+
+def test_the_complexity_counter_counts_as_radon_does() -> None:
+    tree = ast.parse("def f(xs, a, b):\n"
+                     "    if a and b or not xs:\n"  # if: 1, and/or: 2
+                     "        return [x for x in xs if x if x > 1]\n"  # comprehension and two ifs: 3
+                     "    for x in xs:\n"  # for and its else: 2
+                     "        assert x, 'x'\n"  # 1
+                     "    else:\n"
+                     "        pass\n"
+                     "    try:\n"
+                     "        y = 1 if a else 2\n"  # conditional expression: 1
+                     "    except ValueError:\n"  # two handlers and else: 3
+                     "        y = 3\n"
+                     "    except KeyError:\n"
+                     "        y = 4\n"
+                     "    else:\n"
+                     "        y = 5\n"
+                     "    match y:\n"  # two cases but the catch-all: 2
+                     "        case 1: pass\n"
+                     "        case 2: pass\n"
+                     "        case _: pass\n"
+                     "    def inner():\n"  # counted on its own
+                     "        if a: pass\n"
+                     "    with open(xs):\n"  # not a branch
+                     "        return y\n")
+    function = tree.body[0]
+    assert isinstance(function, ast.FunctionDef)
+    assert complexity(function) == 1 + 3 + 3 + 2 + 1 + 1 + 3 + 2
+
+
+def test_no_function_outside_the_recorder_is_too_complex() -> None:
+    too_complex = {name: n for name, f in functions_outside_the_recorder() if (n := complexity(f)) > MAX_COMPLEXITY}
+    assert too_complex == {}
+
+
+def test_no_function_outside_the_recorder_is_too_long() -> None:
+    too_long = {name: n for name, f in functions_outside_the_recorder()
+                if (n := (f.end_lineno or f.lineno) - f.lineno + 1) > MAX_LINES}
+    assert too_long == {}

@@ -7,7 +7,7 @@ differ). `diagnose` ranks them; when none fires, `unknown` says what was ruled o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -180,25 +180,7 @@ def _toss_up(a: Cause, b: Cause) -> tuple[Cause, Cause]:
 def unknown(ctx: Context, candidates: Sequence[Cause] = ()) -> Finding:
     """No cause has evidence of its mechanism: say what the evidence rules out, so the user knows where not to
     look, and which candidates are not ruled out (with the experiment that tests each)."""
-    ruled_out = []
-    for lib in ("torch", "numpy", "python"):
-        states = [next((s["rng"][lib]["digest"] for s in r.states() if lib in s.get("rng", {})
-                        and ctx.precedes(s) and s.get("when") != "import"), None) for r in ctx.involved]
-        seeds = rng.seeding_calls(ctx.ref, lib)
-        if None not in states and not ctx.differs(states):
-            how = f"seeded at {seeds[0].get('loc')}" if seeds else "never seeded but"
-            ruled_out.append(f"{rng.NAMES[lib]} RNG: {how} its state matched in every repeat before the divergence")
-    hashes = [r.first(HashEvent) for r in ctx.involved]
-    if all(h is not None for h in hashes) and not ctx.differs([h["probe"] for h in hashes if h is not None]):
-        ruled_out.append("string hashing: the same in every repeat (PYTHONHASHSEED fixed)")
-    if not ctx.ref.of(OpEvent):
-        ruled_out.append("no op on torch's nondeterministic list ran")
-    if not ctx.ref.of(EmptyEvent):
-        ruled_out.append("no torch.empty-family allocation from the script")
-    if not ctx.ref.of(ConcurrencyEvent):
-        ruled_out.append("no threads, executors or pools started by the script")
-    if len({device.device_of(r) for r in ctx.involved}) == 1:
-        ruled_out.append("same device and environment in every compared repeat")
+    ruled_out = [*_rngs_ruled_out(ctx), *(text for rules_out, text in RULED_OUT if rules_out(ctx))]
     lines = [f"ruled out: {line}" for line in ruled_out]
     lines += [f"not ruled out: {c.id} ({c.summary}); the experiment that tests it pins "
               f"{' and '.join(PINS[p].description for p in c.pins) or 'nothing: no pin reaches it'}"
@@ -211,3 +193,32 @@ def unknown(ctx: Context, candidates: Sequence[Cause] = ()) -> Finding:
     fix = "rerun with `--granularity op` to find the op, and `detaudit explain RUN_DIR` to test each source of " \
           "nondeterminism in turn"
     return finding(UNKNOWN, 0.0, "no recorded evidence explains the divergence", lines, fix)
+
+
+def _rngs_ruled_out(ctx: Context) -> list[str]:
+    """The global RNGs whose state matched in every repeat before the divergence (after the imports)."""
+    ruled_out = []
+    for lib in ("torch", "numpy", "python"):
+        states = [next((s["rng"][lib]["digest"] for s in r.states() if lib in s.get("rng", {})
+                        and ctx.precedes(s) and s.get("when") != "import"), None) for r in ctx.involved]
+        seeds = rng.seeding_calls(ctx.ref, lib)
+        if None not in states and not ctx.differs(states):
+            how = f"seeded at {seeds[0].get('loc')}" if seeds else "never seeded but"
+            ruled_out.append(f"{rng.NAMES[lib]} RNG: {how} its state matched in every repeat before the divergence")
+    return ruled_out
+
+
+def _same_string_hashing(ctx: Context) -> bool:
+    hashes = [r.first(HashEvent) for r in ctx.involved]
+    return all(h is not None for h in hashes) and not ctx.differs([h["probe"] for h in hashes if h is not None])
+
+
+# what else the evidence rules out when no cause explains a divergence: (the test, what it rules out)
+RULED_OUT: tuple[tuple[Callable[[Context], bool], str], ...] = (
+    (_same_string_hashing, "string hashing: the same in every repeat (PYTHONHASHSEED fixed)"),
+    (lambda ctx: not ctx.ref.of(OpEvent), "no op on torch's nondeterministic list ran"),
+    (lambda ctx: not ctx.ref.of(EmptyEvent), "no torch.empty-family allocation from the script"),
+    (lambda ctx: not ctx.ref.of(ConcurrencyEvent), "no threads, executors or pools started by the script"),
+    (lambda ctx: len({device.device_of(r) for r in ctx.involved}) == 1,
+     "same device and environment in every compared repeat"),
+)

@@ -3,6 +3,8 @@ or autotuning picking other kernels from run to run)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from detaudit.causes.context import Context, Finding, detects, finding
 from detaudit.events import CompileEvent
 from detaudit.pin import Pin
@@ -19,12 +21,11 @@ def compiled_kernels(ctx: Context) -> Finding | None:
     if not events:
         return None
     inductor = events[-1].get("inductor") or {}
-    flags = ctx.ref.flags_at("end") or ctx.ref.flags_at("first-step") or {}
-    if flags.get("deterministic_algorithms") or inductor.get("deterministic"):
+    if _deterministic(ctx, inductor):
         return None
     modules = sorted({str(e["module"]) for e in events if e.get("module")})
     rec = ctx.record
-    inside = rec is not None and (rec.kind in PARAM_KINDS or rec.module in modules or rec.name in modules)
+    inside = _in_compiled_code(ctx, modules)
     score = 0.8 if inside else 0.5
     where = f" on {', '.join(modules)}" if modules else ""
     lines = [f"torch.compile ran{where} (inductor backend) with deterministic algorithms off: its generated "
@@ -46,3 +47,15 @@ def compiled_kernels(ctx: Context) -> Finding | None:
     return finding("compiled-kernels", score, "compiled (inductor) kernels accumulate in an order that changes "
                    "from run to run", lines, fix, [Pin.DETERMINISTIC],
                    basis="direct" if inside else "circumstantial")
+
+
+def _deterministic(ctx: Context, inductor: dict[str, Any]) -> bool:
+    """Deterministic algorithms were on (torch's flag at the end or first step, or inductor's own config)."""
+    flags = ctx.ref.flags_at("end") or ctx.ref.flags_at("first-step") or {}
+    return bool(flags.get("deterministic_algorithms") or inductor.get("deterministic"))
+
+
+def _in_compiled_code(ctx: Context, modules: list[str]) -> bool:
+    """The first divergence is one compiled code makes: a parameter's gradient or update, or a compiled module's."""
+    rec = ctx.record
+    return rec is not None and (rec.kind in PARAM_KINDS or rec.module in modules or rec.name in modules)

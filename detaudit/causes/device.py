@@ -69,13 +69,13 @@ def nondeterministic_op(ctx: Context) -> Finding | None:
     if kernel is not None:
         lines.append(f"op-level records: {kernel.summary}")
     lines.append(f"first divergence: {ctx.where()}")
-    rec = ctx.record
     score = 0.95 if kernel is not None else 0.8
-    if ops and rec is not None and (rec.kind == "grad" or rec.backward) and any(e.get("phase") == "backward"
-                                                                               for e in ops):
+    if _backward_op_behind_gradient(ctx, ops):
         score = max(score, 0.88)
-    name = ops[0]["op"] if ops or kernel is None else kernel.record.op
-    loc = ops[0].get("loc") if ops or kernel is None else kernel.record.location
+    if ops or kernel is None:
+        name, loc = ops[0]["op"], ops[0].get("loc")
+    else:
+        name, loc = kernel.record.op, kernel.record.location
     what = f"the backward pass at {loc} ({name})" if name.endswith(("Backward0", "Backward1")) else f"{name} at {loc}"
     fix = f"call `torch.use_deterministic_algorithms(True)` at the top of the script: {what} then uses a " \
           "deterministic kernel"
@@ -85,6 +85,13 @@ def nondeterministic_op(ctx: Context) -> Finding | None:
     return finding("nondeterministic-op", score, f"{name} accumulates in thread or atomic order, which changes "
                    "from run to run", lines, fix, [Pin.DETERMINISTIC] + ([Pin.ONE_THREAD] if cpu else []),
                    "op-records" if kernel is not None else "direct")
+
+
+def _backward_op_behind_gradient(ctx: Context, ops: list[OpEvent]) -> bool:
+    """A gradient (or backward record) diverged first, and a nondeterministic op ran in the backward pass."""
+    rec = ctx.record
+    return bool(ops) and rec is not None and (rec.kind == "grad" or rec.backward) \
+        and any(e.get("phase") == "backward" for e in ops)
 
 
 @detects("cudnn-benchmark")
@@ -235,14 +242,7 @@ def _record_digests(ctx: Context) -> dict[int, str]:
 
 @detects("uninitialized-memory")
 def uninitialized_memory(ctx: Context) -> Finding | None:
-    writes = ctx.ref.first(EmptyWritesEvent)
-    states = writes["states"] if writes is not None else []
-    varying: list[tuple[str | None, list[EmptyEvent]]] = []  # (state at the first forward, the repeats' events)
-    for empties in ctx.aligned(lambda r: list(enumerate(r.of(EmptyEvent)))):
-        k, e = empties[0]
-        digests = [x.get("digest") for _, x in empties]
-        if not e.get("pinned") and ctx.precedes(e) and None not in digests and ctx.differs(digests):
-            varying.append((states[k] if k < len(states) else None, [x for _, x in empties]))
+    varying = _varying_empties(ctx)
     found = ctx.op_with("uninitialized-memory")
     if not varying and found is None:
         return None
@@ -251,25 +251,14 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
              f"contents in each repeat ({ctx.pair_text([x.get('digest') for x in v], lambda d: d[:8])}; detaudit "
              "fills such memory differently in each process, so a read of it cannot agree by chance)"
              for _, v in varying[:3]]
-    # the fill always varies (detaudit's own) and most `empty` tensors are written before use (a layer's init):
-    # one still unwritten when the first forward began is worth more, all of them written since much less
-    unwritten = sum(state == "unwritten" for state, _ in varying)
-    score = 0.5
-    if unwritten:
-        lines.append(f"{unwritten} of them had not been written when the first forward began")
-        score = 0.6
-    elif varying and all(state == "written" for state, _ in varying):
-        lines.append("each was written in place before the first forward (an init or a copy): probably not read "
-                     "uninitialised")
-        score = 0.25
+    note, score = _written_before_use(varying)
+    lines += note
     # every one written before use: nothing of a read of leftover memory was seen (detaudit's own fill always varies)
     basis: Basis = "no-evidence" if score < 0.5 else "circumstantial"
-    record_digests = _record_digests(ctx) if varying else {}
-    for _, v in varying:
-        if all(record_digests.get(x_rep.index) == x.get("digest") for x, x_rep in zip(v, ctx.involved)):
-            lines.append(f"the tensor {v[0]['fn']} returned at {v[0].get('loc')} reached {ctx.where()} unchanged")
-            score, basis = 0.95, "direct"
-            break
+    reached = _reached_unchanged(ctx, varying)
+    if reached is not None:
+        lines.append(f"the tensor {reached['fn']} returned at {reached.get('loc')} reached {ctx.where()} unchanged")
+        score, basis = 0.95, "direct"
     if found is not None:
         lines.append(f"op-level records: {found.summary}")
         score, basis = 0.95, "op-records"
@@ -286,34 +275,48 @@ def uninitialized_memory(ctx: Context) -> Finding | None:
                    "element is written: its leftover contents differ per run", lines, fix, [Pin.ZERO_EMPTY], basis)
 
 
+def _varying_empties(ctx: Context) -> list[tuple[str | None, list[EmptyEvent]]]:
+    """The `empty` tensors made before the divergence whose contents differ between repeats: (their state at the
+    first forward, the repeats' events)."""
+    writes = ctx.ref.first(EmptyWritesEvent)
+    states = writes["states"] if writes is not None else []
+    varying: list[tuple[str | None, list[EmptyEvent]]] = []
+    for empties in ctx.aligned(lambda r: list(enumerate(r.of(EmptyEvent)))):
+        k, e = empties[0]
+        digests = [x.get("digest") for _, x in empties]
+        if not e.get("pinned") and ctx.precedes(e) and None not in digests and ctx.differs(digests):
+            varying.append((states[k] if k < len(states) else None, [x for _, x in empties]))
+    return varying
+
+
+def _written_before_use(varying: list[tuple[str | None, list[EmptyEvent]]]) -> tuple[list[str], float]:
+    """What the writes before the first forward say, and the score they leave: the fill always varies (detaudit's
+    own) and most `empty` tensors are written before use (a layer's init): one still unwritten when the first
+    forward began is worth more, all of them written since much less."""
+    unwritten = sum(state == "unwritten" for state, _ in varying)
+    if unwritten:
+        return [f"{unwritten} of them had not been written when the first forward began"], 0.6
+    if varying and all(state == "written" for state, _ in varying):
+        return ["each was written in place before the first forward (an init or a copy): probably not read "
+                "uninitialised"], 0.25
+    return [], 0.5
+
+
+def _reached_unchanged(ctx: Context, varying: list[tuple[str | None, list[EmptyEvent]]]) -> EmptyEvent | None:
+    """The first `empty` tensor whose contents are those of the diverging record in every repeat."""
+    record_digests = _record_digests(ctx) if varying else {}
+    for _, v in varying:
+        if all(record_digests.get(x_rep.index) == x.get("digest") for x, x_rep in zip(v, ctx.involved)):
+            return v[0]
+    return None
+
+
 @detects("environment", "environment-change")
 def environment(ctx: Context) -> Finding | None:
     envs = [r.first(EnvironmentEvent) for r in ctx.involved]
     if any(e is None for e in envs):
         return None
-    lines: list[str] = []
-    for key in ENV_KEYS:
-        values = [e.get(key) for e in envs if e is not None]
-        if ctx.differs(values):
-            lines.append(f"{key}: {ctx.pair_text(values)}")
-    # the variables `run --perturb` varied on purpose are its experiment (causes/perturbed_settings.py), not a change
-    deliberate = ctx.perturbation.variables if ctx.perturbation is not None else frozenset()
-    variables = [{k: v for k, v in (e.get("env") or {}).items() if k not in NOT_ENVIRONMENT and k not in deliberate}
-                 for e in envs if e is not None]
-    for key in sorted({k for v in variables for k in v}):
-        values = [v.get(key) for v in variables]
-        if ctx.differs(values):
-            lines.append(f"{key}: {ctx.pair_text(values)}")
-    gpus = _gpus(ctx)
-    if ctx.differs(gpus):
-        lines.append(f"GPU: {ctx.pair_text(gpus)}")
-    arguments = [r.script_args for r in ctx.involved]
-    if None not in arguments and ctx.differs(arguments):  # `compare` of two runs made with other arguments
-        lines.append(f"script arguments: {ctx.pair_text(arguments, shlex.join)}")
-    gits = [e.get("git") for e in envs if e is not None]
-    # the commit and the script's own bytes: a dirty flag alone flips when any file of the repository is edited
-    if ctx.differs([(g or {}).get("commit") for g in gits]) or ctx.differs([(g or {}).get("script") for g in gits]):
-        lines.append(f"code: {ctx.pair_text(gits, _git_text)} (another commit or uncommitted changes)")
+    lines = _environment_changes(ctx, [e for e in envs if e is not None])
     changed = bool(lines)
     devices = [device_of(r) for r in ctx.involved]
     if ctx.differs(devices):
@@ -331,6 +334,38 @@ def environment(ctx: Context) -> Finding | None:
     fix = "compare across devices within a tolerance (`--atol`/`--rtol`), or on one device bit for bit"
     return finding("environment", 0.6, "the compared repeats ran on different devices", lines, fix,
                    basis="circumstantial")
+
+
+def _environment_changes(ctx: Context, envs: list[EnvironmentEvent]) -> list[str]:
+    """What differs between the repeats' setups, a line each: versions and machine, environment variables,
+    GPU model, script arguments, code."""
+    lines = [f"{key}: {ctx.pair_text(values)}" for key, values in _versions(envs) if ctx.differs(values)]
+    lines += [f"{key}: {ctx.pair_text(values)}" for key, values in _variables(ctx, envs) if ctx.differs(values)]
+    gpus = _gpus(ctx)
+    if ctx.differs(gpus):
+        lines.append(f"GPU: {ctx.pair_text(gpus)}")
+    arguments = [r.script_args for r in ctx.involved]
+    if None not in arguments and ctx.differs(arguments):  # `compare` of two runs made with other arguments
+        lines.append(f"script arguments: {ctx.pair_text(arguments, shlex.join)}")
+    gits = [e.get("git") for e in envs]
+    # the commit and the script's own bytes: a dirty flag alone flips when any file of the repository is edited
+    if ctx.differs([(g or {}).get("commit") for g in gits]) or ctx.differs([(g or {}).get("script") for g in gits]):
+        lines.append(f"code: {ctx.pair_text(gits, _git_text)} (another commit or uncommitted changes)")
+    return lines
+
+
+def _versions(envs: list[EnvironmentEvent]) -> list[tuple[str, list[Any]]]:
+    """(key, each repeat's value) of the versions and machine the environment event names."""
+    return [(key, [e.get(key) for e in envs]) for key in ENV_KEYS]
+
+
+def _variables(ctx: Context, envs: list[EnvironmentEvent]) -> list[tuple[str, list[Any]]]:
+    """(variable, each repeat's value) of the environment variables, but those other detectors own and those
+    `run --perturb` varied on purpose (its experiment, causes/perturbed_settings.py, not a change)."""
+    deliberate = ctx.perturbation.variables if ctx.perturbation is not None else frozenset()
+    variables = [{k: v for k, v in (e.get("env") or {}).items() if k not in NOT_ENVIRONMENT and k not in deliberate}
+                 for e in envs]
+    return [(key, [v.get(key) for v in variables]) for key in sorted({k for v in variables for k in v})]
 
 
 def _gpus(ctx: Context) -> list[Any]:

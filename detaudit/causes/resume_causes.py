@@ -70,36 +70,16 @@ class _Evidence:
         self.runs = runs
         self.saves: list[CheckpointSaveEvent] = [e for e in _events(runs.interrupted, "checkpoint-save")
                                                  if e["step"] <= runs.stop_at]
-        step = runs.alignment.step
-        matching = [e for e in self.saves if e["step"] == step]
-        self.save: CheckpointSaveEvent | None = (matching or self.saves)[-1] if self.saves else None
+        self.save = _save_resumed_from(self.saves, runs.alignment.step)
         # the resumed run's events in the order they happened (`at`, a record index, ties before the first record)
         events = _in_order(runs.resumed)
-        begin = next((i for i, e in enumerate(events) if e["type"] == "initial-params"), len(events))
-        loads = [i for i, e in enumerate(events) if e["type"] == "checkpoint-load"]
-        self.loads: list[CheckpointLoadEvent] = [events[i] for i in loads]
-        at = ([i for i in loads if i < begin] or loads or [-1])[-1]  # the load the training started from
+        self.loads: list[CheckpointLoadEvent] = [e for e in events if e["type"] == "checkpoint-load"]
+        at = _start_load(events)
         self.load: CheckpointLoadEvent | None = events[at] if at >= 0 else None
         user: list[StateRestoreEvent] = [e for e in events if e["type"] == "state-restore" and not e["library"]]
         self.restored = {e["what"]: e for e in user}
-        restores: list[RngRestoreEvent] = [e for e in events if e["type"] == "rng-restore" and not e["library"]]
-        self.rng_restored: dict[str, str] = {e["lib"]: f"{e['fn']} at {e['loc']}" for e in restores}
-        seeds: list[SeedEvent] = [e for e in events[at + 1:] if e["type"] == "seed" and not e["library"]]
-        for seed in seeds:  # seeding after the load sets the state as well
-            self.rng_restored.setdefault("cuda" if seed["fn"].startswith("torch.cuda.") else seed["lib"],
-                                         f"{seed['fn']} at {seed['loc']} (after the load)")
-        # RNG -> where the resumed run draws from it after the load: while it still sets up (building a model
-        # whose weights the load then replaces), before its first forward; and from then on, in training
-        first = next((i for i, e in enumerate(events) if i > at and e["type"] == "state"
-                      and e["when"] == "first-forward"), at)
-        self.setup: dict[str, list[str]] = {}
-        self.drawn: dict[str, list[str]] = {}
-        for i, draw in enumerate(events):
-            if at < 0 or i <= at or draw["type"] != "draw":
-                continue
-            sites = (self.setup if i < first else self.drawn).setdefault(_rng_of(draw), [])
-            if draw["loc"] not in sites:
-                sites.append(draw["loc"])
+        self.rng_restored = _rngs_restored(events, at)
+        self.setup, self.drawn = _draw_sites(events, at)
 
     def saved_roles(self) -> dict[str, str]:
         return {} if self.save is None else {p["role"]: p["path"] or "the saved object" for p in self.save["parts"]}
@@ -116,6 +96,47 @@ class _Evidence:
 
     def unrestored_rngs(self) -> dict[str, list[str]]:
         return {rng: sites for rng, sites in self.drawn.items() if rng not in self.rng_restored}
+
+
+def _save_resumed_from(saves: list[CheckpointSaveEvent], step: int | None) -> CheckpointSaveEvent | None:
+    """The checkpoint the resumed run started from: the last one saved at its aligned step, else the last one."""
+    matching = [e for e in saves if e["step"] == step]
+    return (matching or saves)[-1] if saves else None
+
+
+def _start_load(events: list[Any]) -> int:
+    """The index of the load the training started from: the last one before the initial parameters were
+    recorded, else the last one; -1 when nothing was loaded."""
+    begin = next((i for i, e in enumerate(events) if e["type"] == "initial-params"), len(events))
+    loads = [i for i, e in enumerate(events) if e["type"] == "checkpoint-load"]
+    return ([i for i in loads if i < begin] or loads or [-1])[-1]
+
+
+def _rngs_restored(events: list[Any], at: int) -> dict[str, str]:
+    """RNG -> the call that set its state in the resumed run: a state restore, or a seeding after the load."""
+    restores: list[RngRestoreEvent] = [e for e in events if e["type"] == "rng-restore" and not e["library"]]
+    restored: dict[str, str] = {e["lib"]: f"{e['fn']} at {e['loc']}" for e in restores}
+    seeds: list[SeedEvent] = [e for e in events[at + 1:] if e["type"] == "seed" and not e["library"]]
+    for seed in seeds:  # seeding after the load sets the state as well
+        restored.setdefault("cuda" if seed["fn"].startswith("torch.cuda.") else seed["lib"],
+                            f"{seed['fn']} at {seed['loc']} (after the load)")
+    return restored
+
+
+def _draw_sites(events: list[Any], at: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """RNG -> where the resumed run draws from it after the load: while it still sets up (building a model whose
+    weights the load then replaces), before its first forward; and from then on, in training."""
+    first = next((i for i, e in enumerate(events) if i > at and e["type"] == "state"
+                  and e["when"] == "first-forward"), at)
+    setup: dict[str, list[str]] = {}
+    drawn: dict[str, list[str]] = {}
+    for i, draw in enumerate(events):
+        if at < 0 or i <= at or draw["type"] != "draw":
+            continue
+        sites = (setup if i < first else drawn).setdefault(_rng_of(draw), [])
+        if draw["loc"] not in sites:
+            sites.append(draw["loc"])
+    return setup, drawn
 
 
 def _events(path: Path, kind: str) -> list[Any]:

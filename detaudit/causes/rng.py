@@ -229,6 +229,33 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
     if not draws and not objects:
         return None
     undone = next((d for d in draws if d.undone), None)
+    lines = _unseeded_lines(ctx, lib, draws, objects, undone)
+    score = _score(ctx, lib, min([d.at for d in draws] + [o.at for o in objects]))
+    if not objects and _only_imports_drew(draws):
+        score = IMPORT_ONLY
+        lines.append(f"only imported libraries drew from it, while being imported: nothing recorded shows the "
+                     f"script's own computation using the {NAMES[lib]} RNG")
+    lines.append(f"first divergence: {ctx.where()}")
+    if objects and (not draws or objects[0].at <= draws[0].at):
+        fix = constant_seed(objects[0].event["fn"], objects[0].event.get("loc", ""))
+        what = f"{objects[0].event['fn']}() at {objects[0].event.get('loc')} is not seeded"
+    else:
+        fix = _global_seed_fix(ctx, lib, draws, undone)
+        what = _global_unseeded_what(ctx, lib, undone)
+    summary = f"{NAMES[lib]} randomness is not seeded ({what}), so it differs in every run"
+    pins = [] if objects and all(o.event.get("entropy") for o in objects) and not draws else [PINS[lib]]
+    return finding(f"unseeded-{lib}-rng", score, summary, lines, fix, pins,
+                   "op-records" if lib == "torch" and _random_op(ctx) else "direct")
+
+
+def _only_imports_drew(draws: list[Unseeded]) -> bool:
+    """Only libraries drew, at their import: the RNG's state changed, and nothing shows the script using it."""
+    return bool(draws) and all(d.importing for d in draws if d.draw) and any(d.draw for d in draws)
+
+
+def _unseeded_lines(ctx: Context, lib: str, draws: list[Unseeded], objects: list[OwnRng],
+                    undone: Unseeded | None) -> list[str]:
+    """The evidence lines of an unseeded RNG, before the closing `first divergence` line."""
     # the last draw is the nearest to the divergence; a seeding undone is always said
     shown = draws if len(draws) <= 3 else [*draws[:2], *([undone] if undone and undone not in draws[:2] else []),
                                            draws[-1]]
@@ -239,40 +266,35 @@ def unseeded(ctx: Context, lib: str) -> Finding | None:
         lines.append(f"no {NAMES[lib]} seeding call was seen before the divergence (the script's own or a helper's)")
     if any(o.event.get("entropy") for o in objects):
         lines.append(f"the {PINS[lib].value} experiment cannot reach SystemRandom")
-    lines.append(f"first divergence: {ctx.where()}")
-    first_at = min([d.at for d in draws] + [o.at for o in objects])
+    return lines
+
+
+def _global_seed_fix(ctx: Context, lib: str, draws: list[Unseeded], undone: Unseeded | None) -> str:
+    """The fix for a global RNG drawn from unseeded: where to seed it, and what else keeps it from drawing."""
     loc = next((d.draw for d in draws if d.draw), "")
-    if objects and (not draws or objects[0].at <= draws[0].at):
-        fix = constant_seed(objects[0].event["fn"], objects[0].event.get("loc", ""))
-        what = f"{objects[0].event['fn']}() at {objects[0].event.get('loc')} is not seeded"
+    before = f", before {loc}" if loc else ""
+    if undone is not None:
+        fix = (f"seed outside the block whose exit restores the RNG state ({undone.undone}), "
+               f"or call `{SEED_CALL[lib]}` again after it" + before)
     else:
-        if undone is not None:
-            fix = (f"seed outside the block whose exit restores the RNG state ({undone.undone}), "
-                   f"or call `{SEED_CALL[lib]}` again after it" + (f", before {loc}" if loc else ""))
-        else:
-            fix = f"call `{SEED_CALL[lib]}` at the start of the script" + (f", before {loc}" if loc else "")
-        if _inference_dropout(ctx):
-            fix = "call `model.eval()` before inference (its Dropout draws only in training mode); " + fix
-        # only a loader that draws (a random sampler: shuffle=True) is worth a generator; `shuffle=False` draws nothing
-        loader = next((e for e in ctx.ref.of(DataLoaderEvent) if not e.get("generator")
-                       and "Random" in str(e.get("sampler"))), None)
-        if lib == "torch" and loader is not None:
-            fix += (f"; or pass `generator=torch.Generator().manual_seed(0)` to the DataLoader at "
-                    f"{loader.get('loc')}")
-        seeds = seeding_calls(ctx.ref, lib)
-        what = ("its seeding is undone before it is drawn from" if undone
-                else f"it is drawn from before it is seeded at {seeds[0].get('loc')}" if seeds
-                else "its global RNG is never seeded")
-    summary = f"{NAMES[lib]} randomness is not seeded ({what}), so it differs in every run"
-    pins = [] if objects and all(o.event.get("entropy") for o in objects) and not draws else [PINS[lib]]
-    score = _score(ctx, lib, first_at)
-    if draws and not objects and all(d.importing for d in draws if d.draw) and any(d.draw for d in draws):
-        # only libraries drew, at their import: the RNG's state changed, and nothing shows the script using it
-        score = IMPORT_ONLY
-        lines.insert(-1, f"only imported libraries drew from it, while being imported: nothing recorded shows the "
-                         f"script's own computation using the {NAMES[lib]} RNG")
-    return finding(f"unseeded-{lib}-rng", score, summary, lines, fix, pins,
-                   "op-records" if lib == "torch" and _random_op(ctx) else "direct")
+        fix = f"call `{SEED_CALL[lib]}` at the start of the script" + before
+    if _inference_dropout(ctx):
+        fix = "call `model.eval()` before inference (its Dropout draws only in training mode); " + fix
+    # only a loader that draws (a random sampler: shuffle=True) is worth a generator; `shuffle=False` draws nothing
+    loader = next((e for e in ctx.ref.of(DataLoaderEvent) if not e.get("generator")
+                   and "Random" in str(e.get("sampler"))), None)
+    if lib == "torch" and loader is not None:
+        fix += f"; or pass `generator=torch.Generator().manual_seed(0)` to the DataLoader at {loader.get('loc')}"
+    return fix
+
+
+def _global_unseeded_what(ctx: Context, lib: str, undone: Unseeded | None) -> str:
+    """Why the global RNG counts as unseeded, for the summary."""
+    if undone:
+        return "its seeding is undone before it is drawn from"
+    seeds = seeding_calls(ctx.ref, lib)
+    return f"it is drawn from before it is seeded at {seeds[0].get('loc')}" if seeds \
+        else "its global RNG is never seeded"
 
 
 def _inference_dropout(ctx: Context) -> bool:

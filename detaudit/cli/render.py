@@ -14,7 +14,7 @@ from rich.text import Text
 
 from detaudit.compare.oprules import VERDICTS, OpFinding, traced_note
 from detaudit.report.model import Report, finite, where
-from detaudit.results import Cause, Divergence
+from detaudit.results import Cause, Divergence, RecordInfo
 from detaudit.safetext import printable
 
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
@@ -41,65 +41,121 @@ def _fmt(x: Any) -> str:
 
 
 def verdict_line(report: Report) -> Text:
-    style = _VERDICT_STYLE[report.verdict]
-    n = len(report.runs)
     devices = sorted({r.device for r in report.runs})
-    text = Text(report.verdict.upper(), style=style)
-    if not report.bitwise:
-        agreement = "within tolerance"
-    elif len(devices) > 1:
-        agreement = "bit for bit on each device and within tolerance across devices"
-    else:
-        agreement = "bit for bit"
-    late = [r.index for r in report.runs if r.timed_out]
-    extra = {
-        "deterministic": f": {n} repeats agree {agreement}",
-        "divergent": f": repeats disagree ({n} repeats)" if report.first_divergence is not None
-        else f": the repeats agree, but DDP replicas differ across ranks ({n} repeats)",
-        "failed": f": the script failed in every repeat ({n} repeats)",
-        "timeout": f": repeat(s) {', '.join(map(str, late))} of {n} timed out",
-        "inconclusive": f": {report.inconclusive_reason} ({n} repeats)",
-    }[report.verdict]
-    if report.verdict == "divergent" and report.causes and report.causes[0].id == "environment-change":
-        extra = ": the environment changed between the recordings, which is not run-to-run nondeterminism " \
-                f"({report.causes[0].summary.split('(', 1)[-1].split(')', 1)[0]} differ)"
+    text = Text(report.verdict.upper(), style=_VERDICT_STYLE[report.verdict])
+    text.append(printable(_verdict_reason(report) + f" on {', '.join(devices)}"))
+    for clause in _VERDICT_CLAUSES:
+        said = clause(report)
+        if said is not None:
+            text.append(said[0], style=said[1])
+    return text
+
+
+def _verdict_reason(report: Report) -> str:
+    """What the verdict rests on: the text after `DIVERGENT`, before the devices."""
+    n = len(report.runs)
     sensitive = report.perturbation.sensitive if report.perturbation is not None else []
     if sensitive:
-        extra = (f": the bits change with the settings varied ({', '.join(k.knob for k in sensitive)}), while "
-                 f"repeats with equal settings agree ({n} repeats)")
-    text.append(printable(extra + f" on {', '.join(devices)}"))
+        return (f": the bits change with the settings varied ({', '.join(k.knob for k in sensitive)}), while "
+                f"repeats with equal settings agree ({n} repeats)")
+    if report.verdict == "divergent" and report.causes and report.causes[0].id == "environment-change":
+        return ": the environment changed between the recordings, which is not run-to-run nondeterminism " \
+               f"({report.causes[0].summary.split('(', 1)[-1].split(')', 1)[0]} differ)"
+    if report.verdict == "deterministic":
+        return f": {n} repeats agree {_agreement(report)}"
+    if report.verdict == "divergent":
+        return f": repeats disagree ({n} repeats)" if report.first_divergence is not None \
+            else f": the repeats agree, but DDP replicas differ across ranks ({n} repeats)"
+    if report.verdict == "failed":
+        return f": the script failed in every repeat ({n} repeats)"
     if report.verdict == "timeout":
-        text.append(f"; the repeats agree on the {report.comparison.records_compared} records all of them made "
-                    "before that, which says nothing about the rest")
-    if report.timed_out and report.verdict != "timeout":
-        text.append(f" — repeat(s) {', '.join(map(str, late))} timed out", style="bold red")
-    if not all(report.comparison.complete) and not report.timed_out and report.verdict != "inconclusive":
-        text.append(" (incomplete recordings are compared as far as they go)")
+        return f": repeat(s) {_timed_out(report)} of {n} timed out"
+    return f": {report.inconclusive_reason} ({n} repeats)"
+
+
+def _agreement(report: Report) -> str:
+    """How closely deterministic repeats agree."""
+    if not report.bitwise:
+        return "within tolerance"
+    if len({r.device for r in report.runs}) > 1:
+        return "bit for bit on each device and within tolerance across devices"
+    return "bit for bit"
+
+
+def _timed_out(report: Report) -> str:
+    return ", ".join(str(r.index) for r in report.runs if r.timed_out)
+
+
+# the clauses the verdict line goes on with, in order: each says its text and style, or None when it does not apply
+_Clause = tuple[str, str | None]
+
+
+def _timeout_scope(report: Report) -> _Clause | None:
+    if report.verdict != "timeout":
+        return None
+    return (f"; the repeats agree on the {report.comparison.records_compared} records all of them made before that, "
+            "which says nothing about the rest", None)
+
+
+def _late_repeats(report: Report) -> _Clause | None:
+    if not report.timed_out or report.verdict == "timeout":
+        return None
+    return f" — repeat(s) {_timed_out(report)} timed out", "bold red"
+
+
+def _incomplete(report: Report) -> _Clause | None:
+    if all(report.comparison.complete) or report.timed_out or report.verdict == "inconclusive":
+        return None
+    return " (incomplete recordings are compared as far as they go)", None
+
+
+def _bounded(report: Report) -> _Clause | None:
     stops = sorted({r.stopped_at_step for r in report.runs if r.stopped_at_step is not None
                     and r.stopped_by != "divergence"})
-    if stops:
-        text.append(f"; bounded: repeats stopped after step {', '.join(map(str, stops))} (--max-steps/--max-time), "
-                    "the steps every repeat completed are compared")
+    if not stops:
+        return None
+    return (f"; bounded: repeats stopped after step {', '.join(map(str, stops))} (--max-steps/--max-time), "
+            "the steps every repeat completed are compared", None)
+
+
+def _stopped_early(report: Report) -> _Clause | None:
     early = [r for r in report.runs if r.stopped_by == "divergence"]
-    if early:
-        where = sorted({r.stopped_at_step for r in early if r.stopped_at_step is not None})
-        text.append(f"; repeat(s) {', '.join(str(r.index) for r in early)} stopped after step "
-                    f"{', '.join(map(str, where))}, a few steps after diverging (their exit status and later stdout "
-                    "are not compared; --run-to-end runs every repeat to its end)")
+    if not early:
+        return None
+    steps = sorted({r.stopped_at_step for r in early if r.stopped_at_step is not None})
+    return (f"; repeat(s) {', '.join(str(r.index) for r in early)} stopped after step "
+            f"{', '.join(map(str, steps))}, a few steps after diverging (their exit status and later stdout "
+            "are not compared; --run-to-end runs every repeat to its end)", None)
+
+
+def _recording_cut(report: Report) -> _Clause | None:
     cut = [r for r in report.runs if r.recording_stopped]
-    if cut:
-        which = ", ".join(str(r.index) for r in cut)
-        text.append(f"; recording stopped early in repeat(s) {which} ({cut[0].recording_stopped}): compared as far "
-                    "as every repeat recorded", style="bold yellow")
+    if not cut:
+        return None
+    which = ", ".join(str(r.index) for r in cut)
+    return (f"; recording stopped early in repeat(s) {which} ({cut[0].recording_stopped}): compared as far "
+            "as every repeat recorded", "bold yellow")
+
+
+def _rerun_alone(report: Report) -> _Clause | None:
     alone = [r for r in report.runs if r.rerun_alone]
-    if alone:
-        which = ", ".join(str(r.index) for r in alone)
-        text.append(printable(f"; repeat(s) {which} re-run one after another ({alone[0].rerun_alone}): "
-                              "detaudit's own parallelism is never compared"), style="bold yellow")
-    if report.baseline is not None:
-        text.append("; matches the baseline" if report.baseline.matches else "; DIFFERS FROM THE BASELINE",
-                    style="" if report.baseline.matches else "bold red")
-    return text
+    if not alone:
+        return None
+    which = ", ".join(str(r.index) for r in alone)
+    return (printable(f"; repeat(s) {which} re-run one after another ({alone[0].rerun_alone}): "
+                      "detaudit's own parallelism is never compared"), "bold yellow")
+
+
+def _baseline_result(report: Report) -> _Clause | None:
+    if report.baseline is None:
+        return None
+    if report.baseline.matches:
+        return "; matches the baseline", ""
+    return "; DIFFERS FROM THE BASELINE", "bold red"
+
+
+_VERDICT_CLAUSES = (_timeout_scope, _late_repeats, _incomplete, _bounded, _stopped_early, _recording_cut,
+                    _rerun_alone, _baseline_result)
 
 
 def baseline_panel(report: Report) -> Panel | None:
@@ -329,19 +385,33 @@ def op_panel(report: Report) -> Panel | None:
     f = report.op_finding if first is not None else None
     if f is None:
         return None
-    r = f.record
     if f.verdict == "inputs-differ" and f.origin is not None and f.origin.kind == "input":
         # No recorded op made the differing data: the table would only show ops that consumed it.
-        window = f" in steps {f.window[0]}–{f.window[1]}" if f.window else ""
-        note = (f"No op recorded{window} produced the differing data: it first appears as the model's input "
-                f"{f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "") +
-                ", so it was made outside torch (NumPy, Python, a file...) or before the recorded steps. "
-                f"The first op to use it is {r.op}.")
-        return Panel(escape(note), title="The op behind it", title_align="left", border_style="magenta", expand=False)
+        return Panel(escape(_made_outside_torch(f, f.origin)), title="The op behind it", title_align="left",
+                     border_style="magenta", expand=False)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    rows = [
+    for key, value in _op_rows(report, f):
+        if value is not None and value != "":
+            grid.add_row(key, escape(str(value)))
+    return Panel(Group(grid, Text(""), _neighbours_table(f)), title="The op behind it", title_align="left",
+                 border_style="magenta", expand=False)
+
+
+def _made_outside_torch(f: OpFinding, origin: RecordInfo) -> str:
+    """Why no op is shown: the differing data first appears as the model's input (`origin`)."""
+    window = f" in steps {f.window[0]}–{f.window[1]}" if f.window else ""
+    return (f"No op recorded{window} produced the differing data: it first appears as the model's input "
+            f"{origin.name}" + (f" ({origin.location})" if origin.location else "") +
+            ", so it was made outside torch (NumPy, Python, a file...) or before the recorded steps. "
+            f"The first op to use it is {f.record.op}.")
+
+
+def _op_rows(report: Report, f: OpFinding) -> list[tuple[str, object]]:
+    """The op panel's rows: key and value, an empty or None value left out."""
+    r = f.record
+    return [
         ("op", f"{r.op} ({r.phase}{', autograd node ' + r.node if r.node else ''})"),
         ("module", r.module),
         ("location", r.location + (" (the forward line that created its autograd node)" if r.backward else "")
@@ -356,9 +426,10 @@ def op_panel(report: Report) -> Panel | None:
         ("recorded in", f"an op-level re-run ({f.traces}-*.trace), ops in steps {f.window[0]}–{f.window[1]}"
          if f.traces and f.window else None),
     ]
-    for key, value in rows:
-        if value is not None and value != "":
-            grid.add_row(key, escape(str(value)))
+
+
+def _neighbours_table(f: OpFinding) -> Table:
+    """The ops around the chosen one, with whether their inputs and output match across repeats."""
     table = Table(show_edge=False, box=None, padding=(0, 1))
     for col in ("", "#", "record", "phase", "module", "location", "inputs", "output"):
         table.add_column(col)
@@ -367,8 +438,7 @@ def op_panel(report: Report) -> Panel | None:
         table.add_row(">>" if n.chosen else "", str(x.index), escape(x.op or f"{x.kind} {x.name}"),
                       x.phase or "", escape(x.module), escape(x.location), n.inputs or "-",
                       Text(n.output, style="red" if n.output == "differ" else ""))
-    return Panel(Group(grid, Text(""), table), title="The op behind it", title_align="left", border_style="magenta",
-                 expand=False)
+    return table
 
 
 def spread_table(report: Report) -> Table | None:

@@ -269,12 +269,7 @@ def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) 
 def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan, prov: _Provenance,
              structure_at: int | None) -> OpFinding | None:
     """Turn the scan's indices into an OpFinding, reading the records around the chosen one."""
-    traced = prov.source()
-    index = traced if traced is not None else scan.index
-    origin = scan.origin if traced is None and scan.chosen is None and scan.first_source is None else None
-    target = prov.target if traced is not None else None
-    if index is None:
-        index = structure_at
+    index, origin, target = _chosen(scan, prov, structure_at)
     if index is None:
         return None
     near = range(max(0, index - BEFORE), index + AFTER + 1)
@@ -292,17 +287,7 @@ def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan, p
     at = rows[index]
     here = [info(k, index) for k in range(len(paths))]
     differs = sorted({rep for r, rep in pairs if (here[r].name, here[r].shape) != (here[rep].name, here[rep].shape)})
-    verdict: Verdict
-    if differs:
-        verdict = "different-ops"
-    elif index == scan.first_differing_op:
-        verdict = "inputs-differ"
-    elif all(at[r]["in_ordered"] == at[rep]["in_ordered"] for r, rep in pairs):
-        flags = int(at[ref]["flags"])
-        verdict = ("random-op" if flags & Flag.RANDOM else
-                   "uninitialized-memory" if flags & Flag.UNINIT else "nondeterministic-op")
-    else:
-        verdict = "input-order"
+    verdict = _verdict(at, pairs, bool(differs), index == scan.first_differing_op)
     repeats = differs or sorted({rep for r, rep in pairs if at[r]["digest"] != at[rep]["digest"]})
     neighbours = [OpRow(info(ref, i), _inputs_state(rows[i], pairs), _output_state(rows[i], pairs), i == index)
                   for i in near if i in rows]
@@ -312,6 +297,31 @@ def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan, p
         traced_from=info(ref, target) if target is not None and target in rows else None,
         others={i: here[i] for i in differs}, neighbours=neighbours,
     )
+
+
+def _chosen(scan: _Scan, prov: _Provenance, structure_at: int | None) -> tuple[int | None, int | None, int | None]:
+    """(the op to report, the non-op record the differing data first appeared in, the record it was traced from):
+    the op provenance traced the divergence to, else the scan's choice, else the structural divergence."""
+    traced = prov.source()
+    index = traced if traced is not None else scan.index
+    origin = scan.origin if traced is None and scan.chosen is None and scan.first_source is None else None
+    target = prov.target if traced is not None else None
+    return (structure_at if index is None else index), origin, target
+
+
+def _verdict(at: Sequence[Any], pairs: list[tuple[int, int]], other_ops: bool, first_differing_op: bool) -> Verdict:
+    """What the chosen op's rows (`at`, one per trace) say: the repeats ran other ops there, its inputs differ
+    (it is the first op whose do), it drew random numbers or read unwritten memory or accumulates in a varying
+    order (its inputs match), or the same inputs came in another order."""
+    if other_ops:
+        return "different-ops"
+    if first_differing_op:
+        return "inputs-differ"
+    if all(at[r]["in_ordered"] == at[rep]["in_ordered"] for r, rep in pairs):
+        flags = int(at[pairs[0][0]]["flags"])
+        return ("random-op" if flags & Flag.RANDOM else
+                "uninitialized-memory" if flags & Flag.UNINIT else "nondeterministic-op")
+    return "input-order"
 
 
 def _inputs_state(rows: Sequence[Any], pairs: list[tuple[int, int]]) -> InputsState:

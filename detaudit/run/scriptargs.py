@@ -106,9 +106,7 @@ def split_run_args(args: Sequence[str], specs: Sequence[OptionSpec],
     """
     lookup = {name: spec for spec in specs for name in spec.names}
     split = SplitArgs()
-    before: dict[OptionSpec, str] = {}  # detaudit options given before SCRIPT, as written
-    after: dict[OptionSpec, str] = {}
-    defined: set[str] = set()
+    given = _Given()
     i = 0
     while i < len(args):
         arg = args[i]
@@ -118,7 +116,7 @@ def split_run_args(args: Sequence[str], specs: Sequence[OptionSpec],
                 split.ours.extend(args[i:])
                 return split
             split.script = arg
-            defined = defined_by(arg)
+            given.defined = defined_by(arg)
             i += 1
             continue
         if split.script is not None and arg == "--":
@@ -140,26 +138,42 @@ def split_run_args(args: Sequence[str], specs: Sequence[OptionSpec],
         if spec.takes_value and not attached and i + 1 == len(args):
             raise UsageError(f"{arg} needs a value")
         width = 2 if spec.takes_value and not attached else 1
-        written = " ".join(args[i:i + width])
-        if split.script is not None:
-            clash = sorted(spec.names & defined)
-            if clash:
-                raise UsageError(_ambiguous(prog, split, args, i, width,
-                                            f"{written} is an option of both detaudit and {split.script} "
-                                            f"(its own argument parser defines {', '.join(clash)})"))
-            earlier = before.get(spec) or (after.get(spec) if not spec.multiple else None)
-            if earlier is not None:
-                raise UsageError(_ambiguous(prog, split, args, i, width,
-                                            f"{spec.label} is given twice ({earlier}, then {written} after "
-                                            f"{split.script})", twice=True))
-            after[spec] = written
-        elif spec in before and not spec.multiple:
-            raise UsageError(f"{spec.label} is given twice ({before[spec]}, then {written}); give it once")
-        else:
-            before[spec] = written
-        split.ours.extend(args[i:i + width])
+        _take_option(prog, split, given, args, i, width, spec)
         i += width
     return split
+
+
+@dataclass
+class _Given:
+    """detaudit's options given so far, as written, before and after SCRIPT; and the options SCRIPT defines."""
+
+    defined: set[str] = field(default_factory=set)
+    before: dict[OptionSpec, str] = field(default_factory=dict)
+    after: dict[OptionSpec, str] = field(default_factory=dict)
+
+
+def _take_option(prog: str, split: SplitArgs, given: _Given, args: Sequence[str], i: int, width: int,
+                 spec: OptionSpec) -> None:
+    """Take detaudit's option `args[i:i + width]`; raise UsageError when the script defines it too or it is
+    given twice (before SCRIPT, or once before or after it and again after it)."""
+    written = " ".join(args[i:i + width])
+    if split.script is not None:
+        clash = sorted(spec.names & given.defined)
+        if clash:
+            raise UsageError(_ambiguous(prog, split, args, i, width,
+                                        f"{written} is an option of both detaudit and {split.script} "
+                                        f"(its own argument parser defines {', '.join(clash)})"))
+        earlier = given.before.get(spec) or (given.after.get(spec) if not spec.multiple else None)
+        if earlier is not None:
+            raise UsageError(_ambiguous(prog, split, args, i, width,
+                                        f"{spec.label} is given twice ({earlier}, then {written} after "
+                                        f"{split.script})", twice=True))
+        given.after[spec] = written
+    elif spec in given.before and not spec.multiple:
+        raise UsageError(f"{spec.label} is given twice ({given.before[spec]}, then {written}); give it once")
+    else:
+        given.before[spec] = written
+    split.ours.extend(args[i:i + width])
 
 
 def _ambiguous(prog: str, split: SplitArgs, args: Sequence[str], i: int, width: int, why: str,
