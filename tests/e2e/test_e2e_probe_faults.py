@@ -94,7 +94,8 @@ def test_a_repeat_whose_disk_filled_up_makes_the_audit_inconclusive_not_divergen
     assert result.report["causes"] == []
     again = run_cli(["report", "run", "--json", "again.json"], cwd=tmp_path)
     assert again.returncode == 6, again.output
-    assert result.stdout.strip().splitlines()[-1] == "INCONCLUSIVE · repeat(s) 1 ran out of disk space · run: run"
+    assert result.stdout.strip().splitlines()[-1] == ("INCONCLUSIVE · repeat(s) 1 ran out of disk space · "
+                                                     f"run: {(tmp_path / 'run').resolve()}")
 
 
 @pytest.mark.process
