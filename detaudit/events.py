@@ -131,6 +131,26 @@ class HashCallEvent(_Event):
     of: str  # what was hashed, without its content: `str of length 12`
 
 
+class SetOrigin(TypedDict):
+    """A set in scope where an op first ran whose iteration order changes from run to run (never its elements)."""
+
+    name: str  # the variable holding it
+    of: str  # "str", "bytes", "tuple holding str", "objects hashed by identity"
+    size: int
+    built: list[str]  # `file:line`s of its function that assign the name
+    iterated: list[str]  # ... that iterate it (`for x in s`, a comprehension over it)
+    used: list[str]  # ... that read it otherwise (`enumerate(s)`, `list(s)`, `s - other`)
+
+
+class SetOrderEvent(_Event):
+    """Op-level recording: the run-ordered sets in scope at the first op of a user line (recorder/evidence/
+    set_order.py), so an op whose inputs arrive reordered is traced to the set that ordered them."""
+
+    type: Literal["set-order"]
+    loc: str  # the op's user line, as its records name it
+    sets: list[SetOrigin]
+
+
 class OpEvent(_Event):
     """A call of an op the running torch lists as nondeterministic (or its node in an autograd graph)."""
 
@@ -534,13 +554,13 @@ Event = Union[SeedEvent, GeneratorEvent, DrawEvent, RandomDrawEvent, StateEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
               CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
               BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
-              StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent]
+              StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent, SetOrderEvent]
 Kind = Literal["seed", "generator", "draw", "random-draw", "state", "hash", "hash-call", "op", "latent-op", "modules",
                "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
                "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
                "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
-               "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest"]
+               "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest", "set-order"]
 
 E = TypeVar("E")
 
