@@ -1,13 +1,13 @@
 """Randomness that repeats where it should differ, from one repeat's draw fingerprints (docs/causes.md).
 
-Every other finding asks whether repeats agree; this one asks whether draws that should differ inside one
-run are equal: the same draws in two DataLoader workers (a generator made in the main process and copied
-into each), in every epoch (the script re-seeds at each epoch's start), at every step (a seeding inside the
-step loop), on every rank (repeated_across_ranks: the ranks' traces read together, DataLoader workers only), or
-for every sample of a step. Equal generator states at one call site are the direct evidence (the same position
-of the same stream); equal values alone are circumstantial and count only for draws of at least MIN_VALUES values, seen equal at least twice. Draws under `torch.no_grad()` or
-`inference_mode` (evaluation, often seeded on purpose) are not judged; `DETAUDIT_REPEATS_OK` silences sites.
-Reported beside the verdict, never as a cause of it.
+Every other finding asks whether repeats agree; this one asks whether draws that should differ inside one run are
+equal: the same draws in two DataLoader workers (a generator made in the main process and copied into each), in
+every epoch (the script re-seeds at each epoch's start), at every step (a seeding inside the step loop), on every
+rank (repeated_across_ranks: the ranks' traces read together, DataLoader workers only), or for every sample of a
+step. Equal generator states at one call site are the direct evidence (the same position of the same stream); equal
+values alone are circumstantial and count only for draws of at least MIN_VALUES values, seen equal at least twice.
+Draws under `torch.no_grad()` or `inference_mode` (evaluation, often seeded on purpose) are not judged;
+`DETAUDIT_REPEATS_OK` silences sites. Reported beside the verdict, never as a cause of it.
 """
 
 from __future__ import annotations
