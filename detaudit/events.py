@@ -94,6 +94,7 @@ class RandomDrawEvent(_Event):
     n: int  # the draw's index among this site's draws in this epoch, in this process
     step: int  # optimizer steps completed (-1 in a DataLoader worker, which does not know them)
     grad: bool  # torch.is_grad_enabled(): False under no_grad / inference_mode (evaluation)
+    evaluating: NotRequired[bool]  # True: every model the script switched with train()/eval() was in eval mode
     rank: NotRequired[int]  # the torchrun rank
 
 

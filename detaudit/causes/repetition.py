@@ -68,7 +68,7 @@ def repeated_randomness(rep: RepeatEvidence, silenced: Iterable[str] = ()) -> li
     sites: dict[tuple[str, str, str], list[_Draw]] = {}
     for draw in _draws(rep):
         e = draw.event
-        if e["grad"] and e["loc"] and not any(_same_site(e["loc"], s) for s in quiet):
+        if e["grad"] and not e.get("evaluating") and e["loc"] and not any(_same_site(e["loc"], s) for s in quiet):
             sites.setdefault((e["loc"], e["site"], e["fn"]), []).append(draw)
     found: dict[str, RepeatedRandomness] = {}
     for (loc, _, _), group in sites.items():

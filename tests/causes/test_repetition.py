@@ -52,6 +52,11 @@ def test_draws_under_no_grad_are_evaluation_and_not_judged() -> None:
     assert repeated_randomness(evidence([draw("a", epoch=1, grad=False), draw("a", epoch=2, grad=False)])) == []
 
 
+def test_draws_while_the_models_are_in_eval_mode_are_evaluation_and_not_judged() -> None:
+    main = [draw("a", epoch=1, evaluating=True), draw("a", epoch=2, evaluating=True)]
+    assert repeated_randomness(evidence(main)) == []
+
+
 def test_different_states_are_no_finding() -> None:
     assert repeated_randomness(evidence([draw("a", epoch=1), draw("b", epoch=2)])) == []
 

@@ -98,6 +98,7 @@ class Installer:
         kernels.install(ev, torch)
         concurrency.install_dataloader(ev, torch.utils.data.DataLoader)
         draws.install_loader(self.draws, torch.utils.data.DataLoader)
+        draws.install_modes(self.draws, torch.nn.Module)
         faults.install(ev, torch)
         if self.writes is not None:
             writes.install_torch(self.writes, torch)
