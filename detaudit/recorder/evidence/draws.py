@@ -16,6 +16,7 @@ DataLoader worker, whose step is always -1, DRAWS_PER_STEP per epoch).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections.abc import Callable
@@ -150,10 +151,8 @@ def install_modes(draws: Draws, module_cls: type) -> None:
                 return original(module, mode)
             finally:
                 draws._switching = False
-                try:
+                with contextlib.suppress(TypeError):  # a module that cannot be weakly referenced: not followed
                     draws.modes[module] = bool(mode)
-                except TypeError:  # a module that cannot be weakly referenced: not followed
-                    pass
 
         return train
 
