@@ -27,7 +27,7 @@ class RunOrderedSet:
 
     @property
     def text(self) -> str:
-        """`the set `columns` (5 str), built at a.py:7, iterated at a.py:9`."""
+        """`the set `columns` (5 str), built at train.py:7, iterated at train.py:9`."""
         parts = [f"the set `{self.name}` ({self.size} {self.of})"]
         for verb, lines in (("built", self.built), ("iterated", self.iterated), ("used", self.used)):
             if lines:
