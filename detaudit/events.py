@@ -94,6 +94,7 @@ class RandomDrawEvent(_Event):
     n: int  # the draw's index among this site's draws in this epoch, in this process
     step: int  # optimizer steps completed (-1 in a DataLoader worker, which does not know them)
     grad: bool  # torch.is_grad_enabled(): False under no_grad / inference_mode (evaluation)
+    evaluating: NotRequired[bool]  # True: every model the script switched with train()/eval() was in eval mode
     rank: NotRequired[int]  # the torchrun rank
 
 
@@ -129,6 +130,26 @@ class HashCallEvent(_Event):
     loc: str
     value: int
     of: str  # what was hashed, without its content: `str of length 12`
+
+
+class SetOrigin(TypedDict):
+    """A set in scope where an op first ran whose iteration order changes from run to run (never its elements)."""
+
+    name: str  # the variable holding it
+    of: str  # "str", "bytes", "tuple holding str", "objects hashed by identity"
+    size: int
+    built: list[str]  # `file:line`s of its function that assign the name
+    iterated: list[str]  # ... that iterate it (`for x in s`, a comprehension over it)
+    used: list[str]  # ... that read it otherwise (`enumerate(s)`, `list(s)`, `s - other`)
+
+
+class SetOrderEvent(_Event):
+    """Op-level recording: the run-ordered sets in scope at the first op of a user line (recorder/evidence/
+    set_order.py), so an op whose inputs arrive reordered is traced to the set that ordered them."""
+
+    type: Literal["set-order"]
+    loc: str  # the op's user line, as its records name it
+    sets: list[SetOrigin]
 
 
 class OpEvent(_Event):
@@ -534,13 +555,13 @@ Event = Union[SeedEvent, GeneratorEvent, DrawEvent, RandomDrawEvent, StateEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
               CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
               BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
-              StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent]
+              StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent, SetOrderEvent]
 Kind = Literal["seed", "generator", "draw", "random-draw", "state", "hash", "hash-call", "op", "latent-op", "modules",
                "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
                "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
                "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
-               "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest"]
+               "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest", "set-order"]
 
 E = TypeVar("E")
 

@@ -200,5 +200,7 @@ EVENT = Obj({
     "first_op": OneOf((_BATCH_SPOT, NONE)), "note": STR_OR_NONE,
     "step": Int(-1), "keys": ListOf(str), "parts": ListOf(Obj({"path": str, "role": str})), "digests": ListOf(str),
     "obj": Int(0), "entropy": bool, "importing": bool, "of": str,
-    "site": str, "source": str, "n": Int(0), "grad": bool, "rank": Int(0),
+    "site": str, "source": str, "n": Int(0), "grad": bool, "evaluating": bool, "rank": Int(0),
+    "sets": ListOf(Obj({"name": str, "of": str, "size": Int(2), "built": ListOf(str), "iterated": ListOf(str),
+                        "used": ListOf(str)}, frozenset({"name", "of", "size"}))),
 }, frozenset({"at", "type"}))

@@ -268,7 +268,8 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
             raise UsageError(f"--baseline {checks.baseline} was recorded at granularity {reference.granularity}; "
                              f"run with --granularity {reference.granularity} to compare with it")
         against = (reference.trace, reference.result.device)
-    run_dir = new_run_dir(target.script, options.out_dir)
+    # resolved as explain resolves it: the summary line names one path whether or not the confirmation ran
+    run_dir = new_run_dir(target.script, options.out_dir).resolve()
     record = RunRecord(
         script=target.as_typed, script_args=tuple(stored_args(target.script_args, target.redact_args)),
         args_redacted=target.redact_args, cwd=str(Path.cwd()), repeats=schedule.repeats,

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from detaudit.causes.context import load
+from detaudit.causes.repetition import RepeatedRandomness, repeated_across_ranks, silenced_sites
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.traces import gaps
 from detaudit.errors import Inconclusive, TraceError, UsageError
@@ -104,6 +106,7 @@ def analyse_nodes(nodes: Sequence[Node], record: RunRecord, analyse: Callable[..
     failed = all_failed(launched) and not any(r.timed_out for r in launched)  # the combined verdict `failed`
     return replace(primary, runs=list(launched), repeat_errors=repeat_errors, distributed=findings,
                    run_dir=str(nodes[0].run_dir),
+                   repeated_randomness=[*primary.repeated_randomness, *across_ranks(where[0], launched[0], rank_ids)],
                    causes=[on_rank(c, chosen, summaries) for c in primary.causes] if chosen is not None
                    else primary.causes,
                    # the repeat's error (the rank that failed first), not the primary rank's own
@@ -219,6 +222,13 @@ def on_rank(cause: Cause, chosen: RankSummary, summaries: Sequence[RankSummary])
     if receivers:
         line += f"; rank(s) {', '.join(map(str, receivers))} only received it through a collective"
     return replace(cause, evidence=[line, *cause.evidence])
+
+
+def across_ranks(homes: dict[int, Path], result: RepeatResult, ranks: Sequence[int]) -> list[RepeatedRandomness]:
+    """Data-side draws that repeat from rank to rank in the first repeat (causes/repetition.py), its ranks' traces
+    read together; `homes`: the run directory of each rank's files."""
+    evidence = [load(homes[rank] / Layout.rank_file(result.trace, rank), result.index, result.device) for rank in ranks]
+    return repeated_across_ranks(evidence, silenced_sites(os.environ))
 
 
 def rank_result(run_dir: Path, result: RepeatResult, rank: int) -> RepeatResult:

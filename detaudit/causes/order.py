@@ -5,12 +5,15 @@ order: op-level records that saw the divergent op's inputs hold the same values 
 for the order family as a whole (an experiment says which source: a fixed PYTHONHASHSEED, a fixed address
 layout). Without it, that hashes and addresses vary (true of nearly every run) is no evidence that an order
 decided anything: the first two are then candidates not ruled out (basis `no-evidence`), and the script's own
-`hash()` of a string whose value differed is an observation of a value that varies (circumstantial).
+`hash()` of a string whose value differed is an observation of a value that varies (circumstantial). The op
+shows where the order arrived; the sets the recorder found in scope at its line (compare/set_origins.py) show
+where it was made: the fix names the line that iterates them.
 """
 
 from __future__ import annotations
 
 from detaudit.causes.context import Context, Finding, detects, finding
+from detaudit.compare.set_origins import RunOrderedSet
 from detaudit.events import ConcurrencyEvent, HashCallEvent, HashEvent
 from detaudit.pin import Pin
 from detaudit.results import Basis
@@ -22,9 +25,23 @@ def _reordered(ctx: Context) -> bool:
     return ctx.op_with("input-order") is not None
 
 
-def _op_line(ctx: Context) -> list[str]:
+def _op_line(ctx: Context, sets: list[RunOrderedSet] | None = None) -> list[str]:
+    """The reordering op, and the run-ordered sets of the cause's kind in scope at its line."""
     found = ctx.op_with("input-order")
-    return [f"op-level records: {found.summary}"] if found is not None else []
+    if found is None:
+        return []
+    return [f"op-level records: {found.summary}", *(f"in scope at {found.record.location}: {s.text}; its "
+                                                    f"iteration order changes from run to run" for s in sets or ())]
+
+
+def _sets(ctx: Context, by_address: bool) -> list[RunOrderedSet]:
+    """The sets in scope at the reordering op whose order follows addresses (`by_address`) or string hashes."""
+    found = ctx.op_with("input-order")
+    return [s for s in found.ordered_by if s.by_address == by_address] if found is not None else []
+
+
+def _built(s: RunOrderedSet) -> str:
+    return f" (built at {', '.join(s.built)})" if s.built else ""
 
 
 ORDER_SCORE = {True: 0.75, False: 0.45}  # the same for both order causes: no record tells them apart
@@ -70,7 +87,8 @@ def python_hash_seed(ctx: Context) -> Finding | None:
     if not calls:
         lines.append("str and bytes hashes, and with them the iteration order of a set of strings, change from run "
                      "to run")
-    lines += _op_line(ctx)
+    sets = _sets(ctx, by_address=False)
+    lines += _op_line(ctx, sets)
     lines.append(f"first divergence: {ctx.where()}")
     if calls:  # the evidence shows the use: the script's own hash() of a string, at its line
         loc = calls[0][0]
@@ -81,9 +99,11 @@ def python_hash_seed(ctx: Context) -> Finding | None:
         return finding("python-hash-seed", max(HASH_CALL_SCORE, ORDER_SCORE[_reordered(ctx)]),
                        f"hash() of a string at {loc} gives another value in every run (string hash randomization)",
                        lines, fix, [Pin.HASH_SEED], _basis(ctx, observed=True))
-    fix = ("iterate `sorted(...)` instead of the set (or build the dict from a sorted list)" + _near(ctx)
-           + "; where `hash(text)` itself is used (feature hashing, `hash(s) % buckets`), a stable hash instead: "
-           "`zlib.crc32(s.encode())`; `PYTHONHASHSEED=0` in the environment also fixes both, but only where it is set")
+    in_order = (f"iterate `sorted({sets[0].name})` instead of the set at {sets[0].fix_at}{_built(sets[0])}" if sets
+                else "iterate `sorted(...)` instead of the set (or build the dict from a sorted list)" + _near(ctx))
+    fix = (in_order + "; where `hash(text)` itself is used (feature hashing, `hash(s) % buckets`), a stable hash "
+           "instead: `zlib.crc32(s.encode())`; `PYTHONHASHSEED=0` in the environment also fixes both, but only where "
+           "it is set")
     return finding("python-hash-seed", ORDER_SCORE[_reordered(ctx)], "string hash randomization changes an order "
                    "derived from a set or dict", lines, fix, [Pin.HASH_SEED], _basis(ctx))
 
@@ -99,12 +119,15 @@ def object_order(ctx: Context) -> Finding | None:
              "PYTHONHASHSEED does not change this"]
     if hash_fixed:
         lines.append("string hashing is fixed in these repeats (same hash probe), which rules out python-hash-seed")
-    lines += _op_line(ctx)
+    sets = _sets(ctx, by_address=True)
+    lines += _op_line(ctx, sets)
     lines.append(f"first divergence: {ctx.where()}")
     # string hashes fixed rules out python-hash-seed; otherwise nothing recorded tells the two apart. Still a
     # guess: below outside-value (a read of a value that differs in every run, at the script's own line)
     score = ORDER_SCORE[_reordered(ctx)] + (0.05 if hash_fixed else 0.0)
-    fix = ("keep these objects in a list, or iterate `sorted(objs, key=...)` by a stable attribute, instead of a set"
+    fix = (f"keep the objects of `{sets[0].name}` in a list, or iterate `sorted({sets[0].name}, key=...)` by a stable "
+           f"attribute, at {sets[0].fix_at}{_built(sets[0])}" if sets else
+           "keep these objects in a list, or iterate `sorted(objs, key=...)` by a stable attribute, instead of a set"
            + _near(ctx))
     return finding("object-order", score, "iteration over a set of objects hashed by identity (memory address)",
                    lines, fix, [Pin.ADDRESS_LAYOUT], _basis(ctx))

@@ -1,13 +1,13 @@
 """Randomness that repeats where it should differ, from one repeat's draw fingerprints (docs/causes.md).
 
-Every other finding asks whether repeats agree; this one asks whether draws that should differ inside one
-run are equal: the same draws in two DataLoader workers (a generator made in the main process and copied
-into each), in every epoch (the script re-seeds at each epoch's start), at every step (a seeding inside the
-step loop), on every rank, or for every sample of a step. Equal generator states at one call site are the
-direct evidence (the same position of the same stream); equal values alone are circumstantial and count
-only for draws of at least MIN_VALUES values, seen equal at least twice. Draws under `torch.no_grad()` or
-`inference_mode` (evaluation, often seeded on purpose) are not judged; `DETAUDIT_REPEATS_OK` silences sites.
-Reported beside the verdict, never as a cause of it.
+Every other finding asks whether repeats agree; this one asks whether draws that should differ inside one run are
+equal: the same draws in two DataLoader workers (a generator made in the main process and copied into each), in
+every epoch (the script re-seeds at each epoch's start), at every step (a seeding inside the step loop), on every
+rank (repeated_across_ranks: the ranks' traces read together, DataLoader workers only), or for every sample of a
+step. Equal generator states at one call site are the direct evidence (the same position of the same stream); equal
+values alone are circumstantial and count only for draws of at least MIN_VALUES values, seen equal at least twice.
+Draws under `torch.no_grad()` or `inference_mode` (evaluation, often seeded on purpose) are not judged;
+`DETAUDIT_REPEATS_OK` silences sites. Reported beside the verdict, never as a cause of it.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def repeated_randomness(rep: RepeatEvidence, silenced: Iterable[str] = ()) -> li
     sites: dict[tuple[str, str, str], list[_Draw]] = {}
     for draw in _draws(rep):
         e = draw.event
-        if e["grad"] and e["loc"] and not any(_same_site(e["loc"], s) for s in quiet):
+        if e["grad"] and not e.get("evaluating") and e["loc"] and not any(_same_site(e["loc"], s) for s in quiet):
             sites.setdefault((e["loc"], e["site"], e["fn"]), []).append(draw)
     found: dict[str, RepeatedRandomness] = {}
     for (loc, _, _), group in sites.items():
@@ -79,6 +79,32 @@ def repeated_randomness(rep: RepeatEvidence, silenced: Iterable[str] = ()) -> li
             if pairs and _convincing(pairs):
                 found[loc] = _describe(rep, loc, _period(across, pairs), pairs)
                 break
+    return list(found.values())
+
+
+def repeated_across_ranks(ranks: Sequence[RepeatEvidence], silenced: Iterable[str] = ()) -> list[RepeatedRandomness]:
+    """torchrun: the data-side draws (in DataLoader workers: augmentation, per-sample noise) that repeat from rank
+    to rank, one finding per site; `ranks`: one repeat's evidence of each rank.
+
+    Torch seeds each worker from its rank's main-process RNG, so ranks seeded alike give their workers equal
+    seeds and augment their different samples alike. Draws in the main process are not judged across ranks: a
+    model built alike on every rank is what DDP needs (it broadcasts rank 0's parameters anyway), a
+    DistributedSampler shuffles alike on every rank by design (each rank then takes its own share), and dropout
+    masks shared by ranks seeded alike are the usual data-parallel setup, not a bug."""
+    quiet = tuple(silenced)
+    sites: dict[tuple[str, str, str], list[tuple[RepeatEvidence, _Draw]]] = {}
+    for rep in ranks:
+        for draw in _draws(rep):
+            e = draw.event
+            if draw.worker is not None and e.get("rank") is not None and e["loc"] \
+                    and not any(_same_site(e["loc"], s) for s in quiet):
+                sites.setdefault((e["loc"], e["site"], e["fn"]), []).append((rep, draw))
+    found: dict[str, RepeatedRandomness] = {}
+    for (loc, _, _), group in sites.items():
+        pairs = _across_ranks([d for _, d in group])
+        if loc not in found and pairs and _convincing(pairs):
+            rep = next(r for r, d in group if d is pairs[0][0])  # the origin is looked up in the first draw's rank
+            found[loc] = _describe(rep, loc, "ranks", pairs)
     return list(found.values())
 
 
@@ -180,6 +206,8 @@ def _describe(rep: RepeatEvidence, loc: str, across: Across, pairs: Sequence[Pai
     first, other = pairs[0]
     e = first.event
     origin = _origin(rep, first)
+    if origin is None and across == "ranks" and first.worker is not None:
+        origin = _main_torch_seed(rep)
     created_at = origin["loc"] if origin is not None else None
     direct = [p for p in pairs if _direct(p)]
     how = "from equal generator states (direct evidence)" if direct else \
@@ -197,7 +225,8 @@ def _between(across: Across, a: _Draw, b: _Draw) -> str:
     if across == "workers":
         return f"DataLoader workers {a.worker} and {b.worker} (epoch {ea['epoch']})"
     if across == "ranks":
-        return f"ranks {ea.get('rank')} and {eb.get('rank')}"
+        worker = f" (DataLoader worker {a.worker} of each, epoch {ea['epoch']})" if a.worker is not None else ""
+        return f"ranks {ea.get('rank')} and {eb.get('rank')}{worker}"
     if across == "epochs" and ea["epoch"] == eb["epoch"]:
         return f"optimizer steps {ea['step']} and {eb['step']} (the same draw of two passes over the steps)"
     if across == "epochs":
@@ -224,13 +253,22 @@ def _origin(rep: RepeatEvidence, draw: _Draw) -> GeneratorEvent | SeedEvent | No
     return seeds[-1] if seeds else None
 
 
+def _main_torch_seed(rep: RepeatEvidence) -> SeedEvent | None:
+    """The main process's first seeding of torch's RNG: a worker not seeded by the script gets its seeds from
+    that RNG (torch draws the workers' base seed from it), so ranks seeded there alike seed their workers alike."""
+    seeds = [s for s in rep.of(SeedEvent) if s["lib"] == "torch"]
+    return seeds[0] if seeds else None
+
+
 def _origin_line(origin: GeneratorEvent | SeedEvent, across: Across, draw: _Draw) -> str:
     call = f"`{origin['fn']}({origin.get('value')!r})`" if origin.get("value") is not None else f"`{origin['fn']}`"
     if origin["type"] == "generator":
         copied = " in the main process was copied into each worker" \
             if across == "workers" and origin.get("worker") is None else ""
         return f"the RNG object made by {call} at {origin['loc']}{copied}"
-    where = f" in worker {draw.worker}" if draw.worker is not None else ""
+    where = f" in worker {draw.worker}" if draw.worker is not None and origin.get("worker") is not None else ""
+    if draw.worker is not None and origin.get("worker") is None:
+        where = " in the main process, which seeds each DataLoader worker from it"
     return f"{_RNG_NAMES.get(origin['lib'], origin['lib'])} was seeded by {call} at {origin['loc']}{where}"
 
 
@@ -244,6 +282,9 @@ def _fix(across: Across, origin: GeneratorEvent | SeedEvent | None, e: RandomDra
         return (f"give each worker its own generator: make it in a `worker_init_fn` (e.g. `dataset.rng = {make}`; "
                 f"torch seeds every worker differently, anew each epoch) or derive its seed from "
                 f"`torch.utils.data.get_worker_info()`, instead of the one made{at}")
+    if across == "ranks" and e.get("worker") is not None:
+        return (f"add the rank to the seed{at}: `seed + torch.distributed.get_rank()` (torch seeds each DataLoader "
+                "worker from its rank's own RNG, so ranks seeded alike give their workers the same seeds)")
     if across == "ranks":
         return f"add the rank to the seed{at}: `seed + torch.distributed.get_rank()`"
     if across == "epochs" and origin is not None and origin.get("worker") is not None:

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from detaudit.compare.align import Aligner, describe, reference_pairs
+from detaudit.compare.set_origins import RunOrderedSet, sets_at
 from detaudit.results import RecordInfo
 from detaudit.trace import Flag, Kind, RecordStream
 
@@ -83,6 +84,7 @@ class OpFinding:
     traced_from: RecordInfo | None = None  # the divergent record whose provenance led to the op, if followed
     traces: str = ""  # which traces it was read from (the op-level re-run's prefix under --granularity auto)
     window: list[int] | None = None  # steps the op-level re-run recorded ops in
+    ordered_by: list[RunOrderedSet] = field(default_factory=list)  # input-order: run-ordered sets at its line
 
     @property
     def summary(self) -> str:
@@ -296,6 +298,7 @@ def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan, p
         origin=info(ref, origin) if origin is not None and origin in rows else None,
         traced_from=info(ref, target) if target is not None and target in rows else None,
         others={i: here[i] for i in differs}, neighbours=neighbours,
+        ordered_by=sets_at([paths[ref]], here[ref].location) if verdict == "input-order" else [],
     )
 
 

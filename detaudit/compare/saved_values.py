@@ -1,10 +1,11 @@
-"""Saved values that are not tensors: torch.save's strings, bytes and None (recorder/objects.py).
+"""Saved values that are not tensors: torch.save's strings, bytes, None and Python numbers (recorder/objects.py).
 
 A checkpoint holds a path beside its tensors (Lightning's `callbacks.ModelCheckpoint.best_model_path`,
-`lightning_logs/version_N/checkpoints/...`). When a repeat chose that path from what earlier repeats left
-(the next free `version_N`), the path differs while every tensor agrees: the repeats computed the same and
-were told another place to save it, as the stdout case (causes/carried.py judges the evidence). This
-module says whether such values are all that differs: the traces compared again without them.
+`lightning_logs/version_N/checkpoints/...`), or a number (a global step read back from the checkpoint an
+earlier run left). When a repeat took that value from what earlier repeats left (the next free `version_N`,
+the step count it resumed from), the value differs while every tensor agrees: the repeats computed the same
+and were told something else to save, as the stdout case (causes/carried.py judges the evidence). This module
+says whether such values are all that differs: the traces compared again without them.
 """
 
 from __future__ import annotations
@@ -16,16 +17,19 @@ import numpy as np
 
 from detaudit.compare.traces import compare_traces
 from detaudit.results import Divergence, Tolerance
-from detaudit.trace import RECORD_DTYPE, Kind, RecordStream
+from detaudit.trace import RECORD_DTYPE, Flag, Kind, RecordStream
 from detaudit.trace.dtypes import OBJECT_CODES
 
 _CODES = np.array(sorted(OBJECT_CODES.values()))
 _NAMES = frozenset(OBJECT_CODES)
+_PYTHON_VALUE = int(Flag.PYTHON_VALUE)
+SCALAR_SHAPE = "scalar"  # the shape text of a 0-dim record: a Python number's (recorder/core.py `_shape_id`)
 
 
 def non_tensor(records: np.ndarray) -> np.ndarray:
-    """Which of `records` (RECORD_DTYPE rows) are saved values that are not tensors."""
-    return (records["kind"] == Kind.SAVE) & np.isin(records["dtype"], _CODES)
+    """Which of `records` (RECORD_DTYPE rows) are saved values that are not tensors (Python numbers included)."""
+    return (records["kind"] == Kind.SAVE) & (np.isin(records["dtype"], _CODES)
+                                             | (records["flags"] & _PYTHON_VALUE).astype(bool))
 
 
 class _TensorsOnly(RecordStream):
@@ -47,10 +51,11 @@ class _TensorsOnly(RecordStream):
 def only_non_tensor_values_differ(first: Divergence | None, traces: Sequence[Path], devices: Sequence[str],
                                   tolerance: Tolerance | None, truncated: Sequence[bool]) -> bool:
     """True when `first` (the traces' first divergence) is a non-tensor saved value and, compared again without
-    those values, the traces agree: every tensor and the records' structure are the same."""
+    those values, the traces agree: every tensor and the records' structure are the same. A 0-dim saved record
+    may be a Python number or a tensor (the flag tells, not the record's description): comparing again decides."""
     record = first.record if first is not None else None
     if first is None or first.category != "content" or record is None or record.kind != "save" \
-            or record.dtype not in _NAMES:
+            or (record.dtype not in _NAMES and record.shape != SCALAR_SHAPE):
         return False
     if not all(Path(t).is_file() for t in traces):
         return False

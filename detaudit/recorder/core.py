@@ -28,11 +28,12 @@ from detaudit.recorder.fingerprint import (
     shape_seed,
 )
 from detaudit.recorder.location import describe_frames, user_caller, user_frame
-from detaudit.recorder.objects import Encoded
+from detaudit.recorder.objects import Encoded, PythonNumber
 from detaudit.recorder.objects import walk as walk_object
 from detaudit.trace import N_SAMPLES, Flag, Kind, TraceWriter
 
 _NAN4 = (float("nan"),) * N_SAMPLES
+_PYTHON_VALUE = int(Flag.PYTHON_VALUE)  # a plain int, as the other flags here
 _CACHE_LIMIT = 20000
 _PENDING_LIMIT = 1 << 16  # device records per host sync; normally one sync per step
 MAX_STEP_TIMES = 100_000  # step times kept in the footer (8 bytes of JSON or so each)
@@ -404,6 +405,8 @@ class Recorder:
         for path, leaf in walk_object(value, name):
             if isinstance(leaf, torch.Tensor):
                 self.record_tensor(kind, self.intern(path), leaf, 0, loc)
+            elif isinstance(leaf, PythonNumber):
+                self.record_tensor(kind, self.intern(path), leaf.tensor, 0, loc, flags=_PYTHON_VALUE)
             elif isinstance(leaf, Encoded):
                 self._emit((kind, leaf.dtype, self.local.flag, 0, self.intern(path), 0, loc, self.step,
                             self._shape_id(torch.Size()), 0, leaf.digest, 0, 0, leaf.samples))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from collections.abc import Iterator
 from types import CodeType, FrameType
 
 _skip_prefixes: tuple[str, ...] = ()
@@ -103,6 +104,14 @@ def _library_code(code: CodeType) -> bool:
         known = _library[code] = bool(name.startswith(_skip_prefixes) or name.startswith("<frozen")
                                       or installed_path(name) is not None)
     return known
+
+
+def user_frames(frame: FrameType | None) -> Iterator[FrameType]:
+    """The user's own frames from `frame` outward (library frames between them skipped)."""
+    while frame is not None:
+        if not _library_code(frame.f_code):
+            yield frame
+        frame = frame.f_back
 
 
 def describe_frames(frame: FrameType, user: FrameType | None) -> str:

@@ -43,7 +43,15 @@ class Unencodable(NamedTuple):
     type_name: str  # `module.Qualname` of the value, or why it was not walked
 
 
-Leaf = torch.Tensor | Encoded | Unencodable
+class PythonNumber(NamedTuple):
+    """A Python number saved beside tensors (a global step, a best score): recorded as the 0-dim tensor it
+    converts to, with its values as samples, but flagged: a number read from what an earlier repeat left is
+    judged as a saved path is, not as a tensor the script computed (compare/saved_values.py)."""
+
+    tensor: torch.Tensor
+
+
+Leaf = torch.Tensor | PythonNumber | Encoded | Unencodable
 
 
 def _encoded(kind: str, data: bytes) -> Encoded:
@@ -80,19 +88,19 @@ def _array(a: np.ndarray[Any, Any]) -> Leaf:
 
 
 def _scalar(value: Any) -> Leaf | None:
-    """A Python scalar as a 0-dim tensor (what `torch.tensor(value)` holds), or a string, bytes or None."""
+    """A Python number as the 0-dim tensor `torch.tensor(value)` holds, or a string, bytes or None."""
     if value is None:
         return _encoded("none", b"")
     if isinstance(value, bool):
-        return torch.tensor(value)
+        return PythonNumber(torch.tensor(value))
     if isinstance(value, int):
         if _INT64[0] <= value <= _INT64[1]:
-            return torch.tensor(value, dtype=torch.int64)
+            return PythonNumber(torch.tensor(value, dtype=torch.int64))
         return _encoded("int", str(value).encode())
     if isinstance(value, float):
-        return torch.tensor(value, dtype=torch.float64)
+        return PythonNumber(torch.tensor(value, dtype=torch.float64))
     if isinstance(value, complex):
-        return torch.tensor(value, dtype=torch.complex128)
+        return PythonNumber(torch.tensor(value, dtype=torch.complex128))
     if isinstance(value, str):
         return _encoded("str", value.encode("utf-8", "surrogatepass"))
     if isinstance(value, bytes | bytearray | memoryview):
@@ -172,7 +180,9 @@ def _walk(value: Any, path: str, depth: int) -> Iterator[tuple[str, Leaf]]:
         yield path, Unencodable(_type_name(value))
 
 
-def _leaf_bytes(leaf: Encoded | torch.Tensor) -> bytes:
+def _leaf_bytes(leaf: Encoded | PythonNumber | torch.Tensor) -> bytes:
+    if isinstance(leaf, PythonNumber):
+        leaf = leaf.tensor
     if isinstance(leaf, torch.Tensor):
         from detaudit.recorder.fingerprint import fingerprint_cpu
 

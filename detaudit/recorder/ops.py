@@ -36,7 +36,10 @@ import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detaudit.recorder.core import Recorder, version_of
+from detaudit.recorder.evidence import set_order
+from detaudit.recorder.evidence.base import never_fatal
 from detaudit.recorder.fingerprint import fingerprint_cpu, shape_seed
+from detaudit.recorder.location import user_frame
 from detaudit.trace import Flag, Kind
 
 PASS, VIEW, UNINIT, RECORD = range(4)
@@ -171,6 +174,7 @@ class OpRecorder(TorchDispatchMode):
         # must not outlive the user's last reference to them.
         self._untagged: tuple[list[weakref.ref[torch.Tensor]], int, int] | None = None
         self._unknown = False  # set while reading an op's inputs: one has no digest (accelerator)
+        self._order_searched: set[int] = set()  # user lines searched for run-ordered sets (evidence/set_order.py)
         self._uninit = False  # ... one was never written
 
     @classmethod
@@ -240,6 +244,8 @@ class OpRecorder(TorchDispatchMode):
             inputs = (ordered or 1, unordered or 1)  # 0 means "unknown"
         if node is None:
             loc = rec.location_id(1)
+            if loc not in self._order_searched:
+                self._search_order(loc)
             module = _top(rec)
             aux = 0  # the makers' distances, once this record's index is known
         else:
@@ -277,6 +283,14 @@ class OpRecorder(TorchDispatchMode):
         if node is None and outputs and torch.is_grad_enabled():
             self._untagged = ([weakref.ref(t) for t in outputs], loc, module)
         return out
+
+    def _search_order(self, loc: int) -> None:
+        """Once per user line: the run-ordered sets in scope there, as a `set-order` event."""
+        self._order_searched.add(loc)
+        with never_fatal():
+            found = set_order.event(self.rec.writer.text(loc), user_frame(1))
+            if found is not None:
+                self.rec.event(found)
 
     def _input_codes(self, info: _OpInfo, args: Any, kwargs: Any, codes: list[int]) -> None:
         """Append one 64-bit code per input leaf (tensor digest, or the value of a plain argument); an

@@ -335,6 +335,7 @@ def finding_to_dict(f: OpFinding | None) -> dict[str, Any] | None:
         "window": f.window,
         "neighbours": [{**_record_brief(n.record), "inputs": n.inputs or None, "output": n.output,
                         "chosen": n.chosen} for n in f.neighbours],
+        "ordered_by": [asdict(s) for s in f.ordered_by],
     }
 
 

@@ -79,3 +79,5 @@ class Flag(enum.IntFlag):
     NO_DATA = 8     # no contents could be read (meta tensor, unsupported layout)
     UNINIT = 16     # OP record of an op that read memory nothing had written (torch.empty and kin)
     THREAD = 32     # recorded on a thread other than the main one: written in canonical order (TraceWriter.sync)
+    PYTHON_VALUE = 64  # SAVE record of a Python number (int, float, bool, complex) saved beside the tensors: kept
+    #                    as the 0-dim tensor it converts to, but no tensor of the script's (compare/saved_values.py)

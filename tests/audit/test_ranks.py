@@ -89,6 +89,21 @@ def test_identical_ranks_and_repeats_are_deterministic(tmp_path: Path) -> None:
     assert data["teardown_crashes"] == []
 
 
+def test_ranks_whose_dataloader_workers_draw_alike_are_reported_across_ranks(tmp_path: Path) -> None:
+    """Each rank's worker evidence is read together with the others': equal augmentation states on ranks 0 and 1
+    are randomness that repeats across ranks (beside the verdict, which stays deterministic)."""
+    rank = step_records(0, 10, 20, 30)
+    run_dir = write_dist_run(tmp_path, [[rank, rank], [rank, rank]])
+    for r in (0, 1):
+        draw = {"type": "random-draw", "lib": "torch", "fn": "torch.rand", "loc": "data.py:14", "site": "data.py:14",
+                "source": "global", "state": "same-state", "value": "v", "size": 16, "epoch": 0, "n": 0, "step": -1,
+                "grad": True, "rank": r, "worker": 0, "at": 0}
+        (run_dir / f"repeat-0.rank-{r}.trace.workers.jsonl").write_text(json.dumps(draw) + "\n")
+    data = to_dict(load_run(run_dir))
+    assert data["verdict"] == "deterministic"
+    assert [(x["site"], x["across"]) for x in data["repeated_randomness"]] == [("data.py:14", "ranks")]
+
+
 def test_input_differs_on_one_rank_origin_there_receiver_elsewhere(tmp_path: Path) -> None:
     rank0 = step_records(0, 10, 20, 30)
     rank1 = step_records(0, 50, 20, 30)

@@ -4,6 +4,7 @@ otherwise."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ from detaudit import causes
 from detaudit.causes import confirm, device, order, rng
 from detaudit.causes import flags as flags_module
 from detaudit.causes.context import Context, RepeatEvidence, detects, finding
+from detaudit.compare.set_origins import RunOrderedSet
 from detaudit.results import Divergence, Experiment, RecordInfo, StdoutDifference
 
 
@@ -405,10 +407,12 @@ def test_a_detector_reporting_an_id_it_does_not_declare_is_a_bug() -> None:
 
 
 # -- strength of proof --------------------------------------------------------------------------------------
-def with_op_finding(ctx: Context, verdict: str, op_name: str = "aten.index_put.default") -> Context:
+def with_op_finding(ctx: Context, verdict: str, op_name: str = "aten.index_put.default",
+                    ordered_by: Sequence[RunOrderedSet] = ()) -> Context:
     op = replace(record("op", op_name), op=op_name)
     ctx.op_finding = SimpleNamespace(
-        verdict=verdict, summary=f"{verdict}: inputs match in every repeat, output differs", record=op)
+        verdict=verdict, summary=f"{verdict}: inputs match in every repeat, output differs", record=op,
+        ordered_by=list(ordered_by))
     return ctx
 
 
@@ -466,6 +470,22 @@ def test_hash_order_and_identity_order_are_a_toss_up_with_the_experiment_named()
         assert c.separating_pin == "hash-seed"
         assert "cannot be told apart without an experiment" in c.evidence[-1]
         assert "PYTHONHASHSEED=0" in c.evidence[-1]
+
+
+def test_the_order_causes_name_the_line_that_iterates_the_set_of_their_kind() -> None:
+    """The op shows where the order arrived (train.py:20); the set in scope there shows where it was made."""
+    words = RunOrderedSet("features", "str", 5, ["train.py:7"], ["train.py:9"], ["train.py:11"])
+    params = RunOrderedSet("terms", "objects hashed by identity", 3, ["train.py:4"], [], ["train.py:5"])
+    ctx = with_op_finding(context([[hash_event(1)], [hash_event(2)]]), "input-order", "aten.cat.default",
+                          [words, params])
+    found = {c.id: c for c in causes.rank(ctx)}
+    hashed, addressed = found["python-hash-seed"], found["object-order"]
+    assert hashed.fix.startswith("iterate `sorted(features)` instead of the set at train.py:9 (built at train.py:7)")
+    assert "in scope at train.py:20: the set `features` (5 str), built at train.py:7, iterated at train.py:9, used " \
+           "at train.py:11; its iteration order changes from run to run" in hashed.evidence
+    assert addressed.fix.startswith("keep the objects of `terms` in a list, or iterate `sorted(terms, key=...)` by a "
+                                    "stable attribute, at train.py:5 (built at train.py:4)")
+    assert not [line for line in addressed.evidence if "`features`" in line]
 
 
 def test_causes_without_direct_evidence_are_never_likely() -> None:

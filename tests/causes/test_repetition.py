@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from detaudit.causes.context import RepeatEvidence
-from detaudit.causes.repetition import MIN_VALUES, repeated_randomness, silenced_sites
+from detaudit.causes.repetition import MIN_VALUES, repeated_across_ranks, repeated_randomness, silenced_sites
 from detaudit.events import Event
 
 
@@ -52,6 +52,11 @@ def test_draws_under_no_grad_are_evaluation_and_not_judged() -> None:
     assert repeated_randomness(evidence([draw("a", epoch=1, grad=False), draw("a", epoch=2, grad=False)])) == []
 
 
+def test_draws_while_the_models_are_in_eval_mode_are_evaluation_and_not_judged() -> None:
+    main = [draw("a", epoch=1, evaluating=True), draw("a", epoch=2, evaluating=True)]
+    assert repeated_randomness(evidence(main)) == []
+
+
 def test_different_states_are_no_finding() -> None:
     assert repeated_randomness(evidence([draw("a", epoch=1), draw("b", epoch=2)])) == []
 
@@ -91,3 +96,35 @@ def test_a_worker_seeded_alike_every_epoch_is_told_to_seed_from_torchs_worker_se
 def test_two_generators_the_script_made_alike_repeat_by_design_and_are_not_judged() -> None:
     main = [draw("a", epoch=1, source="object", obj=3), draw("a", epoch=2, source="object", obj=4)]
     assert repeated_randomness(evidence(main)) == []
+
+
+def rank(index: int, main: list[Event], workers: list[Event]) -> RepeatEvidence:
+    return RepeatEvidence(0, "cpu", Path(f"rank-{index}.trace"), events=main, worker_events=workers)
+
+
+def test_ranks_whose_workers_draw_from_equal_states_repeat_across_ranks() -> None:
+    """Every rank seeded alike: torch seeds each rank's workers alike, so the ranks augment alike."""
+    seed = cast(Event, {"type": "seed", "lib": "torch", "fn": "torch.manual_seed", "value": 0, "loc": "t.py:2",
+                        "library": False, "drawn_before": False, "state": "s"})
+    ranks = [rank(r, [seed], [draw("a", worker=0, step=-1, rank=r), draw("b", worker=0, n=1, step=-1, rank=r)])
+             for r in (0, 1)]
+    [found] = repeated_across_ranks(ranks)
+    assert (found.across, found.site, found.created_at) == ("ranks", "t.py:5", "t.py:2")
+    assert found.evidence[1] == ("torch's global RNG was seeded by `torch.manual_seed(0)` at t.py:2 in the main "
+                                 "process, which seeds each DataLoader worker from it")
+    assert found.evidence[0].startswith("ranks 0 and 1 (DataLoader worker 0 of each, epoch 0) drew the same 16 "
+                                        "values at t.py:5")
+    assert "torch seeds each DataLoader worker from its rank's own RNG" in found.fix
+
+
+def test_main_process_draws_alike_on_every_rank_are_no_finding() -> None:
+    """A model initialised alike (what DDP needs) and dropout seeded alike are the usual data-parallel setup."""
+    ranks = [rank(r, [draw("a", step=-1, rank=r), draw("b", n=1, rank=r)], []) for r in (0, 1)]
+    assert repeated_across_ranks(ranks) == []
+
+
+def test_ranks_whose_workers_draw_differently_and_silenced_sites_are_no_finding() -> None:
+    ranks = [rank(r, [], [draw(f"state-{r}", worker=0, step=-1, rank=r)]) for r in (0, 1)]
+    assert repeated_across_ranks(ranks) == []
+    alike = [rank(r, [], [draw("a", worker=0, step=-1, rank=r)]) for r in (0, 1)]
+    assert repeated_across_ranks(alike, silenced=["t.py:5"]) == []

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CliResult, run_cli
+from conftest import CliResult, diverges_within, run_cli
 
 from detaudit.causes import MECHANISM
 from detaudit.causes.context import load
@@ -103,6 +103,24 @@ with open(log, "a") as f:
 """
 
 
+# columns gathered in a loop over a set of their names (line 8, built at line 6), concatenated at line 11
+SET_GATHERED = """\
+import torch
+
+torch.manual_seed(0)
+table = {name: torch.randn(8, 1) for name in ("age", "income", "tenure", "visits", "balance", "region", "plan")}
+
+features = set(table) - {"plan"}
+columns = []
+for name in features:
+    columns.append((table[name] - table[name].mean()) / table[name].std())
+model = torch.nn.Linear(len(features), 1)
+x = torch.cat(columns, dim=1)
+with torch.no_grad():
+    model(x)
+"""
+
+
 def audit(tmp_path: Path, name: str, source: str, *args: str) -> CliResult:
     (tmp_path / name).write_text(source)
     result = run_cli(["run", "-n", "2", "--no-explain", *args, "--json", "r.json", "--out", "run", name],
@@ -178,3 +196,22 @@ def test_a_size_asked_of_a_file_an_earlier_repeat_wrote_is_carried_state_not_a_h
            "wrote, at tuned.py:6" in top["evidence"][0]
     assert "python-hash-seed" not in summary_line(result)
     assert assert_summary_cause_has_evidence(tmp_path, result) == "carried-state"
+
+
+@pytest.mark.process
+@pytest.mark.race  # six names can come out of the set in the same order in both repeats
+def test_a_hash_ordered_divergence_names_the_line_that_iterates_the_set_and_where_it_was_built(tmp_path: Path) -> None:
+    """The op-level records see torch.cat receive the same columns reordered (:11); the recorder found the set of
+    strings in scope there: the fix names the loop over it (:8) and where it was built (:6), not only the cat."""
+    (tmp_path / "columns.py").write_text(SET_GATHERED)
+    result = diverges_within(3, lambda attempt: run_cli(
+        ["run", "-n", "2", "--no-explain", "--json", f"r{attempt}.json", "--out", f"run{attempt}", "columns.py"],
+        cwd=tmp_path, timeout=600))
+    assert result.report is not None
+    finding = result.report["first_divergence"]["op_finding"]
+    assert (finding["verdict"], finding["location"]) == ("input-order", "columns.py:11")
+    assert finding["ordered_by"] == [{"name": "features", "of": "str", "size": 6, "built": ["columns.py:6"],
+                                      "iterated": ["columns.py:8"], "used": ["columns.py:10"]}]
+    hashed = next(c for c in result.report["causes"] if c["id"] == "python-hash-seed")
+    assert hashed["fix"].startswith("iterate `sorted(features)` instead of the set at columns.py:8 (built at "
+                                    "columns.py:6)")

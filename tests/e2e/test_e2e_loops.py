@@ -88,6 +88,8 @@ def test_divergent_data_from_workers_is_input_not_an_op(unseeded_dataset: tuple[
     assert d["index"] == 2  # after the two schedulers' initial state
     assert full.report is not None
     assert full.report["causes"][0]["id"] == "unseeded-numpy-rng"
+    # confirmed and re-run at op level: the relative --out is still printed resolved, as without them
+    assert full.stdout.strip().splitlines()[-1].endswith(f" · run: {(where / 'full' / 'run').resolve()}")
     finding = d["op_finding"]
     # the batch arrives from a DataLoader worker (aten.set_ in multiprocessing/queues.py): data from
     # outside, like the script's input, never "the op behind" the divergence

@@ -34,7 +34,8 @@ def test_a_seeded_script_that_prints_timings_is_deterministic_in_ten_repeats(tim
     assert result.report["stdout_mode"] == "masked"
     assert len({r["stdout_digest"] for r in result.report["runs"]}) == 10
     records = result.report["spread"]["records_compared"]
-    assert result.stdout.strip().splitlines()[-1] == f"DETERMINISTIC · 10 repeats agree on {records} records · run: run"
+    assert result.stdout.strip().splitlines()[-1] == (f"DETERMINISTIC · 10 repeats agree on {records} records · "
+                                                     f"run: {(timed / 'run').resolve()}")
 
     strict = run_cli(["report", "run", "--stdout", "strict", "--json", "strict.json"], cwd=timed)
     assert strict.returncode == 1, strict.output
@@ -81,7 +82,8 @@ def test_options_after_the_script_reach_it_and_strict_stdout_shows_the_first_dif
     assert shown[0] in result.stdout
     assert shown[1] in result.stdout
     assert result.stdout.strip().splitlines()[-1].startswith(
-        f"DIVERGENT · first divergence: stdout line {line} · top cause: stdout-differs (likely) · run: run")
+        f"DIVERGENT · first divergence: stdout line {line} · top cause: stdout-differs (likely) · "
+        f"run: {(timed / 'run').resolve()}")
 
 
 @pytest.mark.process

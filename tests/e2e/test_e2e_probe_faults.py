@@ -63,6 +63,43 @@ def test_a_checkpoint_path_numbered_by_earlier_repeats_is_reported_but_no_diverg
     assert divergent.report["causes"][0]["id"] == "carried-state"
 
 
+# a global step carried on from the checkpoint the previous run left, saved beside weights trained afresh
+RESUMED_STEP = """\
+import os
+import torch
+
+step = torch.load("last.pt")["step"] if os.path.exists("last.pt") else 0
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+for _ in range(2):
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    step += 1
+torch.save({"state_dict": model.state_dict(), "step": step}, "last.pt")
+"""
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_saved_python_int_read_from_an_earlier_repeats_file_is_carried_state_not_a_divergence(
+        tmp_path: Path) -> None:
+    """The saved step differs (2, then 4) while every tensor agrees: the read of the file repeat 0 wrote is the
+    evidence, as for a saved `version_N` path: reported as carried state, exit 0."""
+    (tmp_path / "steps.py").write_text(RESUMED_STEP)
+    result = run_cli(["run", "-n", "2", "--no-explain", "--json", "r.json", "--out", "run", "steps.py"],
+                     cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.output
+    assert result.report is not None
+    carried = result.report["carried_output"]
+    assert carried["repeats"] == [1]
+    assert carried["detail"].startswith("saved value torch.save[0].step (int64) differs in repeat(s) 1")
+    assert carried["evidence"][0].startswith("repeat 1 read last.pt, which an earlier repeat of this audit wrote, "
+                                             "at steps.py:4")
+
+
 @pytest.mark.process
 def test_an_error_raised_by_the_users_op_names_the_users_line_not_the_recorders_wrapper(tmp_path: Path) -> None:
     """`index_add_` is wrapped by the recorder (its nondeterminism evidence) and raises in C: the excerpt
@@ -94,7 +131,8 @@ def test_a_repeat_whose_disk_filled_up_makes_the_audit_inconclusive_not_divergen
     assert result.report["causes"] == []
     again = run_cli(["report", "run", "--json", "again.json"], cwd=tmp_path)
     assert again.returncode == 6, again.output
-    assert result.stdout.strip().splitlines()[-1] == "INCONCLUSIVE · repeat(s) 1 ran out of disk space · run: run"
+    assert result.stdout.strip().splitlines()[-1] == ("INCONCLUSIVE · repeat(s) 1 ran out of disk space · "
+                                                     f"run: {(tmp_path / 'run').resolve()}")
 
 
 @pytest.mark.process

@@ -167,8 +167,12 @@ def test_seeding_once_before_the_step_loop_is_not_reported(tmp_path: Path) -> No
     assert findings(report) == []
 
 
-def test_an_evaluation_seeded_on_purpose_under_no_grad_is_not_reported(tmp_path: Path) -> None:
-    code, report, _ = audit(tmp_path, EVALUATION)
+@pytest.mark.parametrize("context", ["torch.no_grad(), torch.random.fork_rng()", "torch.random.fork_rng()"],
+                         ids=["no-grad", "eval-mode-only"])
+def test_an_evaluation_seeded_on_purpose_under_no_grad_or_in_eval_mode_is_not_reported(tmp_path: Path,
+                                                                                      context: str) -> None:
+    """Under `no_grad`, or in `model.eval()` with grad still on (the recorder follows train()/eval())."""
+    code, report, _ = audit(tmp_path, EVALUATION.replace("torch.no_grad(), torch.random.fork_rng()", context))
     assert findings(report) == []
 
 

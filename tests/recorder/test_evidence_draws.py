@@ -71,6 +71,27 @@ def test_a_draw_under_no_grad_is_marked_so(tracked: Any) -> None:
     assert [e["grad"] for e in sink.of("random-draw")] == [False]
 
 
+def test_a_draw_while_every_switched_model_is_in_eval_mode_is_marked_evaluating(tracked: Any) -> None:
+    """`model.eval()` without `no_grad` (an evaluation loop that keeps grad on) marks the draws; back in train(),
+    or with a teacher kept in eval() beside a student in train(), they are training draws."""
+    ev, sink = tracked
+    generators.install_torch(ev, torch)
+    assert draws.tracker is not None
+    draws.install_modes(draws.tracker, torch.nn.Module)
+    student, teacher = torch.nn.Sequential(torch.nn.Dropout()), torch.nn.Linear(2, 2)
+    torch.rand(1)  # no model switched yet
+    student.eval()
+    torch.rand(1)
+    student.train()
+    teacher.eval()
+    torch.rand(1)
+    student.eval()
+    torch.rand(1)
+    assert [bool(e.get("evaluating")) for e in sink.of("random-draw") if e["fn"] == "torch.rand"] == \
+        [False, True, False, True]
+    assert set(draws.tracker.modes) == {student, teacher}  # the Dropout inside the student is no model of its own
+
+
 def test_values_are_digested_from_tensors_arrays_numbers_and_lists() -> None:
     array = np.arange(4.0)
     assert draws.fingerprint(torch.from_numpy(array), torch) == draws.fingerprint(array, torch)

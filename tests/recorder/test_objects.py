@@ -14,14 +14,16 @@ import torch
 
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.devicehash import fingerprint
-from detaudit.recorder.objects import MAX_LEAVES, Encoded, Unencodable, walk
-from detaudit.trace import Kind, TraceWriter, read_trace
+from detaudit.recorder.objects import MAX_LEAVES, Encoded, PythonNumber, Unencodable, walk
+from detaudit.trace import Flag, Kind, TraceWriter, read_trace
 
 
 def digests(value: Any) -> dict[str, Any]:
     """path -> a comparable digest of each leaf (a tensor's fingerprint, an encoding, an unencodable type)."""
     out: dict[str, Any] = {}
     for path, leaf in walk(value, "save"):
+        if isinstance(leaf, PythonNumber):
+            leaf = leaf.tensor
         out[path] = (fingerprint(leaf).digest if isinstance(leaf, torch.Tensor) else
                      (leaf.dtype, leaf.digest) if isinstance(leaf, Encoded) else leaf)
     return out
@@ -64,8 +66,9 @@ def test_every_encodable_value_differs_when_it_differs_and_agrees_when_equal(a: 
 def test_numbers_keep_their_values_as_samples_and_match_the_tensor_they_would_be() -> None:
     leaves = dict(walk({"a": np.arange(4, dtype=np.float32), "step": 7, "ints": list(range(625))}, "s"))
     assert fingerprint(leaves["s.a"]).digest == fingerprint(torch.arange(4, dtype=torch.float32)).digest
-    assert isinstance(leaves["s.step"], torch.Tensor)
-    assert leaves["s.step"].dtype == torch.int64
+    step = leaves["s.step"]
+    assert isinstance(step, PythonNumber)
+    assert step.tensor.dtype == torch.int64
     assert tuple(leaves["s.ints"].shape) == (625,)  # one record for a list of numbers, not 625
 
 
@@ -101,3 +104,19 @@ def test_the_recorder_writes_encoded_values_as_save_records_and_unencodable_ones
     unobserved = [e for e in trace.events if e["type"] == "unobserved"]
     assert [(e["what"], e["name"]) for e in unobserved] == [("torch.save[0].obj", "object")]
     assert isinstance(dict(walk("abc", "x"))["x"], Encoded)
+
+
+def test_a_saved_python_number_is_a_flagged_scalar_record_and_a_tensor_is_not_flagged(tmp_path: Path) -> None:
+    """A global step or a score saved beside the weights: its value kept as a 0-dim record, flagged as no tensor
+    of the script's (compare/saved_values.py), so carried state can explain it as it does a saved path."""
+    path = tmp_path / "t.trace"
+    rec = Recorder(TraceWriter(path, {"repeat": 0}))
+    rec.record_object(Kind.SAVE, "torch.save[0]", {"w": torch.ones(2), "loss": torch.tensor(0.5), "step": 7,
+                                                   "best": 0.25, "done": True})
+    rec.close({"exit_code": 0})
+    trace = read_trace(path)
+    flagged = {trace.strings[r["name"]]: bool(int(r["flags"]) & Flag.PYTHON_VALUE) for r in trace.records}
+    assert flagged == {"torch.save[0].w": False, "torch.save[0].loss": False, "torch.save[0].step": True,
+                       "torch.save[0].best": True, "torch.save[0].done": True}
+    step = next(r for r in trace.records if trace.strings[r["name"]] == "torch.save[0].step")
+    assert step["samples"][0] == 7.0

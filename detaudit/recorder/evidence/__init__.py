@@ -12,6 +12,8 @@ Recorded, by topic (the events are typed in detaudit/events.py):
 - writes.py: the files the script opens for writing (what `-j` repeats would share);
 - environment.py: PYTHONHASHSEED, an environment fingerprint (allow-listed variables only, never
   secrets), thread-count settings, wall-clock reads per call site, reads of the pid, OS entropy, uuids;
+- set_order.py: under op-level recording, the sets in scope at each user line's first op whose iteration
+  order varies between runs (called by recorder/ops.py);
 - file_access.py: files read and directories listed that an earlier repeat of this audit changed (state
   carried between repeats);
 - here: RNG states and torch flags at import, the first forward, the first optimizer step and the end.
@@ -96,6 +98,7 @@ class Installer:
         kernels.install(ev, torch)
         concurrency.install_dataloader(ev, torch.utils.data.DataLoader)
         draws.install_loader(self.draws, torch.utils.data.DataLoader)
+        draws.install_modes(self.draws, torch.nn.Module)
         faults.install(ev, torch)
         if self.writes is not None:
             writes.install_torch(self.writes, torch)

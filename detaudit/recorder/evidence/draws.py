@@ -4,8 +4,9 @@ them to find randomness that repeats across epochs, DataLoader workers, steps, r
 
 Context of a draw: the epoch (DataLoader iterations started before it, the most by any one loader: a draw
 before a loop's first batch and one inside it each keep their numbering epoch after epoch), its index among the site's
-draws in that epoch, the optimizer step, the DataLoader worker (side file), the rank, and whether grad was
-enabled (evaluation under `torch.no_grad()` repeats on purpose).
+draws in that epoch, the optimizer step, the DataLoader worker (side file), the rank, whether grad was
+enabled (evaluation under `torch.no_grad()` repeats on purpose), and whether every model the script switched
+with `train()`/`eval()` was in eval mode (`evaluating`: an evaluation loop run without `no_grad`).
 
 Cost: every draw pays one dict update (its index in the epoch); only the first DRAWS_PER_STEP draws of a step
 and DRAWS_PER_EPOCH of an epoch, in the first EPOCHS epochs, read the generator's state and digest the values
@@ -15,7 +16,9 @@ DataLoader worker, whose step is always -1, DRAWS_PER_STEP per epoch).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +44,15 @@ class Draws:
         self.epoch = 0
         self._reset()
         self.rank = _rank()
+        # each model the script switched with train()/eval(), and its mode (a forked worker inherits them)
+        self.modes: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._switching = False  # inside a train() call: its children's train() calls are not the script's
+
+    @property
+    def evaluating(self) -> bool:
+        """Every model the script switched is in eval mode: an evaluation, seeded alike on purpose or not. A teacher
+        kept in eval() beside a student in train() is no evaluation."""
+        return bool(self.modes) and not any(self.modes.values())
 
     def _reset(self) -> None:
         self.pid = self.ev.pid
@@ -96,6 +108,8 @@ class Draws:
                                 grad=True if torch is None else bool(torch.is_grad_enabled()))
         if obj is not None:
             event["obj"] = obj
+        if self.evaluating:
+            event["evaluating"] = True
         if self.rank is not None:
             event["rank"] = self.rank
         ev.emit(event)
@@ -123,6 +137,26 @@ def install_loader(draws: Draws, loader_cls: type) -> None:
         return iterate
 
     wrap(loader_cls, "__iter__", make)
+
+
+def install_modes(draws: Draws, module_cls: type) -> None:
+    """Follow `train()`/`eval()` (which calls `train(False)`) on the script's models; one dict update per call,
+    nothing per forward. The outermost call names the model; a parent's calls into its children are not kept."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def train(module: Any, mode: bool = True) -> Any:
+            if draws._switching:
+                return original(module, mode)
+            draws._switching = True
+            try:
+                return original(module, mode)
+            finally:
+                draws._switching = False
+                with contextlib.suppress(TypeError):  # a module that cannot be weakly referenced: not followed
+                    draws.modes[module] = bool(mode)
+
+        return train
+
+    wrap(module_cls, "train", make)
 
 
 def fingerprint(result: Any, torch: Any) -> tuple[str | None, int]:

@@ -1,0 +1,59 @@
+"""recorder/evidence/set_order.py: the sets whose iteration order varies between runs, in scope where an op ran,
+with the lines that build and iterate them (from the running code, never the script's text)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from recording import here, record
+
+from detaudit.recorder.core import Recorder
+from detaudit.recorder.evidence.set_order import order_kind, origins
+
+
+class Plain:
+    """Hashed by identity (its address): a set of these iterates in another order in every run."""
+
+
+@pytest.mark.parametrize("value,kind", [
+    ({"b", "a"}, "str"), (frozenset({b"x", b"y"}), "bytes"), ({("a", 1), ("b", 2)}, "tuple holding str"),
+    ({Plain(), Plain()}, "objects hashed by identity"), ({torch.ones(1), torch.ones(1)}, "objects hashed by identity"),
+    ({1, 2, 3}, None), ({"only"}, None), (["b", "a"], None), ({"a": 1, "b": 2}, None),
+])
+def test_only_sets_whose_order_follows_hashes_or_addresses_count(value: Any, kind: str | None) -> None:
+    assert order_kind(value) == kind
+
+
+def test_a_set_in_scope_is_found_with_the_lines_that_build_and_iterate_it() -> None:
+    names = set("abc"); built = here()  # noqa: E702
+    gathered = []
+    for name in names: iterated = here(); gathered.append(name)  # noqa: E701, E702
+    found = [o for o in origins(sys._getframe()) if o["name"] == "names"]
+    assert found == [{"name": "names", "of": "str", "size": 3, "built": [built], "iterated": [iterated], "used": []}]
+
+
+def test_no_element_is_kept() -> None:
+    secret = {"token-1", "token-2"}
+    assert "token" not in repr(origins(sys._getframe()))
+    assert secret
+
+
+def test_the_op_recorder_records_the_sets_in_scope_at_an_ops_line_once(tmp_path: Path) -> None:
+    lines = {}
+
+    def body(rec: Recorder) -> None:
+        table = {name: torch.full((2, 1), float(i)) for i, name in enumerate("abcdef")}
+        columns = set(table) - {"f"}; lines["built"] = here()  # noqa: E702
+        for _ in range(2):
+            torch.cat([table[c] for c in columns], dim=1); lines["cat"] = here()  # noqa: E702
+
+    trace = record(tmp_path / "t.trace", body)
+    events = [e for e in trace.events if e["type"] == "set-order" and e["loc"] == lines["cat"]]
+    assert len(events) == 1  # once per line, not once per op
+    [columns] = [s for s in events[0]["sets"] if s["name"] == "columns"]
+    assert (columns["of"], columns["size"], columns["built"], columns["iterated"]) == \
+        ("str", 5, [lines["built"]], [lines["cat"]])
