@@ -99,7 +99,7 @@ def test_ranks_whose_dataloader_workers_draw_alike_are_reported_across_ranks(tmp
                 "source": "global", "state": "same-state", "value": "v", "size": 16, "epoch": 0, "n": 0, "step": -1,
                 "grad": True, "rank": r, "worker": 0, "at": 0}
         (run_dir / f"repeat-0.rank-{r}.trace.workers.jsonl").write_text(json.dumps(draw) + "\n")
-    data = to_dict(load_run(run_dir))
+    data = report_json(load_run(run_dir))
     assert data["verdict"] == "deterministic"
     assert [(x["site"], x["across"]) for x in data["repeated_randomness"]] == [("data.py:14", "ranks")]
 
