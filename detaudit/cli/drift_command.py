@@ -1,0 +1,202 @@
+"""`detaudit drift SCRIPT`: is the difference between two configurations of one script the size of
+floating-point noise, and if not, where does the real change start? The command (options for configurations A
+and B) and its terminal rendering (docs/drift.md)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import NoReturn
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
+from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
+from detaudit.drift.configurations import Configuration
+from detaudit.drift.drift_report import DriftReport, FirstDrift, write_json
+from detaudit.errors import ExitCode
+from detaudit.safetext import printable
+
+_EXIT_CODES = ("\b\nExit codes:\n  0    equivalent (bit for bit) or within noise: B never moves beyond K times A's "
+               "floor (a CI pass)\n  1    drift: some record of B is beyond its floor\n"
+               + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
+DEVICES = click.Choice(["cpu", "cuda", "auto"])
+SHOWN_ROWS = 12
+
+
+def _environment(values: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE")
+        env[name] = value
+    return env
+
+
+def _arguments(text: str | None) -> list[str]:
+    try:
+        return shlex.split(text or "")
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r} cannot be split as a shell would: {exc}") from None
+
+
+def _python(path: str | None) -> str | None:
+    if path is not None and not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise click.BadParameter(f"{path!r} is not an executable file (the interpreter to run the script with)")
+    return path
+
+
+def configuration(label: str, env: tuple[str, ...], args: str | None, threads: int | None, python: str | None,
+                  device: str) -> Configuration:
+    """One side's options as a Configuration (bad values: a usage error naming the option's value)."""
+    return Configuration(label, _environment(env), _arguments(args), threads, _python(python), device)
+
+
+def _side_options(side: str):  # type: ignore[no-untyped-def]  # a decorator factory
+    """--<side>-env, --<side>-args, --<side>-threads, --<side>-python, --<side>-device."""
+    upper = side.upper()
+
+    def add(command):  # type: ignore[no-untyped-def]
+        for option in reversed((
+            click.option(f"--{side}-env", f"{side}_env", multiple=True, metavar="NAME=VALUE",
+                         help=f"An environment variable of configuration {upper} (repeatable)."),
+            click.option(f"--{side}-args", f"{side}_args", default=None, metavar="'ARGS'",
+                         help=f"Script arguments of {upper}, after the common ones (split as a shell would)."),
+            click.option(f"--{side}-threads", f"{side}_threads", type=click.IntRange(min=1), default=None,
+                         help=f"Intra-op threads of {upper} (OMP_NUM_THREADS, MKL_NUM_THREADS)."),
+            click.option(f"--{side}-python", f"{side}_python", default=None, metavar="PATH",
+                         help=f"Another interpreter for {upper} (another torch release); it must be able to import "
+                              "detaudit's dependencies (numpy, xxhash)."),
+            click.option(f"--{side}-device", f"{side}_device", type=DEVICES, default="cpu", show_default=True,
+                         help=f"Device of {upper} (auto: the script's own choice)."),
+        )):
+            command = option(command)
+        return command
+    return add
+
+
+@click.command(cls=RunCommand, epilog=_EXIT_CODES)
+@click.argument("script", type=click.Path())
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@_side_options("a")
+@_side_options("b")
+@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per repeat.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop each repeat after N steps.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: a new folder under .detaudit/runs/).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_args: str | None,
+          a_threads: int | None, a_python: str | None, a_device: str, b_env: tuple[str, ...], b_args: str | None,
+          b_threads: int | None, b_python: str | None, b_device: str, timeout: float | None, max_steps: int | None,
+          out_dir: Path | None, json_path: Path | None, quiet: bool) -> None:
+    """Noise or a real change? Run SCRIPT under configuration A and under configuration B and judge B's
+    difference from A record by record against A's own noise floor: A is run twice plainly and once more per
+    perturbed setting (the thread count; on CUDA also cuBLAS's workspace and cuDNN's algorithm choice), which
+    changes only the order of its floating-point reductions. Records are lined up by what they are (module
+    and call, parameter name, torch.save key), not by position.
+
+    EQUIVALENT: bit for bit. WITHIN NOISE: B never moves beyond 10x A's floor. DRIFT: the first record beyond it,
+    with the kind of change (a constant factor, a sign flip, a dtype or shape change, NaN on one side, a
+    change that starts large) and the settings A and B differ in, ranked as candidate causes.
+    """
+    from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
+    from detaudit.drift.drift_check import B_REPEATS, run_drift
+
+    a = configuration("A", a_env, a_args, a_threads, a_python, a_device)
+    b = configuration("B", b_env, b_args, b_threads, b_python, b_device)
+    check_outputs(json_path, None, None, out_dir=out_dir, inputs={"the audited script": Path(script)})
+    options = AuditOptions(Target(Path(script), list(script_args), argv0=script), Schedule(timeout=timeout),
+                           Recording(max_steps=max_steps), out_dir=out_dir)
+    progress = RepeatsProgress(quiet, 3 + B_REPEATS, "running configurations A and B")
+    with progress:
+        report = run_drift(options, a, b, progress.on_done)
+    finish_drift(report, json_path, quiet)
+
+
+def finish_drift(report: DriftReport, json_path: Path | None, quiet: bool) -> NoReturn:
+    """Write the requested file, render, exit with the verdict's code."""
+    finish_with(report, Presentation({"json": write_json}, summary_line, render_drift), {"json": json_path}, quiet)
+
+
+def _clean(text: object) -> str:
+    return escape(printable(str(text)))
+
+
+def _ratio(ratio: float | None) -> str:
+    return "beyond any floor" if ratio is None else f"{ratio:.3g}x floor"
+
+
+def summary_line(report: DriftReport) -> str:
+    colour = {"equivalent": "green", "within-noise": "green", "drift": "red"}.get(report.verdict, "yellow")
+    text = f"[bold {colour}]{report.verdict.upper().replace('-', ' ')}[/]"
+    c = report.counts
+    if report.verdict in ("equivalent", "within-noise", "drift"):
+        text += f" · {c.aligned} records aligned: {c.equivalent} equivalent, {c.within_noise} within noise, " \
+                f"{c.drift} beyond the floor"
+    first = report.first_drift
+    if first is not None:
+        text += f" · first drift: step {first.step} {first.kind} {_clean(first.name)} ({_ratio(first.ratio_to_floor)})"
+        if first.factor is not None:
+            text += f", constant factor {first.factor:g}"
+    if report.reason:
+        text += f" · {_clean(report.reason)}"
+    return text + f" · run: {_clean(report.run_dir)}"
+
+
+def _configuration(config: Configuration) -> str:
+    parts = [f"{k}={v}" for k, v in config.env.items()]
+    parts += [f"args {' '.join(config.args)}"] if config.args else []
+    parts += [f"threads {config.threads}"] if config.threads is not None else []
+    parts += [f"python {config.python}"] if config.python else []
+    parts.append(f"device {config.device}")
+    return _clean(", ".join(parts))
+
+
+def _evidence(first: FirstDrift) -> list[str]:
+    """The first drift's evidence, one line each."""
+    e = first.evidence
+    lines = [f"constant factor {first.factor:g} (B = {first.factor:g} x A)"] if first.factor is not None else []
+    lines += ["sign flip"] if e.sign_flip else []
+    lines += [f"NaN on {e.nan_on.upper()} only"] if e.nan_on is not None else []
+    lines += [e.layout] if e.layout is not None else []
+    lines += [f"over the steps: {e.growth}"] if e.growth is not None else []
+    return lines
+
+
+def render_drift(report: DriftReport, console: Console) -> None:
+    console.print(f"[bold]detaudit drift[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
+    console.print(f"  A: {_configuration(report.a)}\n  B: {_configuration(report.b)}")
+    perturbed = "; ".join(", ".join(f"{k} {v}" for k, v in p.items()) for p in report.floor.perturbed if p)
+    console.print(f"  floor: A's {len(report.results_a)} repeats ({_clean(perturbed) or 'plain'}), at least "
+                  f"{report.floor.ulps} ULP; K = {report.floor.k:g}; {report.interpreters} interpreters")
+    if report.records:
+        table = Table(show_edge=False)
+        for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
+            table.add_column(column)
+        for row in report.records[:SHOWN_ROWS]:
+            status = "[red]drift[/]" if row.status == "drift" else "within noise"
+            table.add_row(str(row.step), row.kind, _clean(row.name), status,
+                          "-" if row.difference is None else f"{row.difference:.3g}", f"{row.floor:.3g}",
+                          "-" if row.ratio_to_floor is None else f"{row.ratio_to_floor:.3g}", _clean(row.location))
+        console.print(table)
+    first = report.first_drift
+    if first is not None:
+        console.print(f"[bold red]first drift[/]: step {first.step}, {first.kind} {_clean(first.name)} "
+                      f"(module {_clean(first.module) or '-'}, {first.dtype}[{_clean(first.shape)}]) at "
+                      f"{_clean(first.location)}: {_ratio(first.ratio_to_floor)}")
+        for text in _evidence(first):
+            console.print(f"  evidence: {_clean(text)}")
+    for side, names in (("A", report.only_a), ("B", report.only_b)):
+        if names:
+            listed = ", ".join(f"step {n.step} {n.kind} {n.name}" for n in names[:5])
+            console.print(f"only {side} records {len(names)}: {_clean(listed)}{' ...' if len(names) > 5 else ''}")
+    for cause in report.causes:
+        console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(cause.a)} -> {_clean(cause.b)} "
+                      f"({cause.family}): {_clean(cause.why)}")
+    console.print(summary_line(report), soft_wrap=True)

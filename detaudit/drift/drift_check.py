@@ -1,0 +1,133 @@
+"""`detaudit drift`: record configuration A (plain, perturbed, plain again) and B, line their records up by
+identity, judge B against A's floor, and build the DriftReport (written to the run directory as drift.json).
+
+Interpreters started: A's perturbation groups plus one (on the CPU 3: plain, threads changed, plain; on CUDA 5,
+as cuBLAS's workspace and cuDNN's algorithm choice are changed too), and B_REPEATS for B: 4 on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from detaudit.audit.pipeline import AuditOptions, execute
+from detaudit.drift.alignment import Identity, Value, align, read_recording
+from detaudit.drift.change_kinds import ChangeEvidence, evidence, rank_causes
+from detaudit.drift.configurations import Configuration, differences, floor_perturbation
+from detaudit.drift.drift_report import (
+    DRIFT_FILE,
+    Counts,
+    DriftReport,
+    DriftVerdict,
+    FirstDrift,
+    FloorSummary,
+    RecordName,
+    RecordRow,
+    write_json,
+)
+from detaudit.drift.floor import ULPS
+from detaudit.drift.judging import K, Judged, first_drift, judge, overall, ratios_over_steps
+from detaudit.errors import TraceError
+from detaudit.results import RepeatResult
+from detaudit.run.devices import own_device, resolve_devices
+from detaudit.run.launcher import Interrupted, check_script
+from detaudit.run.perturb_plan import Perturbation
+from detaudit.run.rundir import new_run_dir, stored_args
+
+B_REPEATS = 1  # B is judged against A's floor: one recording of it is the question
+SHOWN = 50  # records in the report beyond those bitwise equal (the first ones, in A's order)
+
+
+def record(options: AuditOptions, config: Configuration, run_dir: Path, repeats: int,
+           perturbation: Perturbation | None, on_done: Callable[[RepeatResult], None] | None) -> list[RepeatResult]:
+    """Run `config`'s repeats as `run` records them (every one to its end), into `run_dir` as `<label>-N`."""
+    requested = (config.device,)
+    target = replace(options.target, script_args=[*options.target.script_args, *config.args],
+                     env={**options.target.env, **config.environment()}, python=config.python)
+    schedule = replace(options.schedule, repeats=repeats, devices=resolve_devices(requested),
+                       own_device=own_device(requested), perturbation=perturbation)
+    recorded = replace(options, target=target, schedule=schedule).recorded(run_to_end=True)
+    return execute(recorded, run_dir, on_done, prefix=config.label.lower())
+
+
+def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
+              on_done: Callable[[RepeatResult], None] | None = None) -> DriftReport:
+    """Record A and B and judge B against A's floor (the report is also written as the run directory's drift.json)."""
+    check_script(options.target.script)
+    run_dir = new_run_dir(options.target.script, options.out_dir)
+    perturbation = floor_perturbation(a, resolve_devices((a.device,)), os.cpu_count())
+    try:
+        results_a = record(options, a, run_dir, len(perturbation.groups) + 1, perturbation, on_done)
+        results_b = record(options, b, run_dir, B_REPEATS, None, on_done)
+    except Interrupted as exc:
+        exc.run_dir = run_dir
+        raise
+    target = options.target
+    report = DriftReport(script=target.as_typed, script_args=stored_args(target.script_args, target.redact_args),
+                         run_dir=str(run_dir), verdict="inconclusive", a=a, b=b, results_a=results_a,
+                         results_b=results_b, floor=FloorSummary(K, ULPS, [r.perturbation or {} for r in results_a],
+                                                                 0.0, None))
+    failure = _failure(results_a, results_b)
+    report = replace(report, verdict=failure[0], reason=failure[1]) if failure else \
+        judged_report(report, [run_dir / r.trace for r in results_a], run_dir / results_b[0].trace)
+    write_json(report, run_dir / DRIFT_FILE, mode=0o600)
+    return report
+
+
+def _failure(results_a: Sequence[RepeatResult], results_b: Sequence[RepeatResult]) -> tuple[DriftVerdict, str] | None:
+    """A repeat that timed out or failed: nothing to judge (its records end early, or not as the other side's)."""
+    for label, results in (("A", results_a), ("B", results_b)):
+        for r in results:
+            if r.timed_out:
+                return "timeout", f"configuration {label}'s repeat {r.index} timed out"
+            if r.exit_code != 0:
+                return "script-failed", (f"configuration {label}'s repeat {r.index} exited with status {r.exit_code} "
+                                         f"(see {r.stderr})")
+    return None
+
+
+def judged_report(report: DriftReport, traces_a: Sequence[Path], trace_b: Path) -> DriftReport:
+    """The report with B judged against A's floor, read from the recordings."""
+    missing = [p for p in [*traces_a, trace_b] if not p.is_file()]
+    if missing:
+        raise TraceError(f"{missing[0]}: the repeat left no trace")
+    recordings_a = [read_recording(p) for p in traces_a]
+    recording_b = read_recording(trace_b)
+    alignment = align(recordings_a[0], recording_b)
+    judged = judge(alignment, recordings_a[0], recordings_a[1:], recording_b)
+    if not judged:
+        return replace(report, reason="A and B hold no record in common (nothing recorded, or nothing aligned)",
+                       only_a=_names(alignment.only_a), only_b=_names(alignment.only_b))
+    first = first_drift(judged)
+    change = None if first is None else evidence(recordings_a[0][first.identity], recording_b[first.identity],
+                                                 ratios_over_steps(judged, first))
+    verdict = overall(judged, alignment)
+    ratios = [j.ratio for j in judged if j.ratio is not None]
+    return replace(
+        report, verdict=verdict,
+        first_drift=None if first is None or change is None else _first(first, recordings_a[0][first.identity], change),
+        floor=replace(report.floor, largest_floor=max(j.floor for j in judged), largest_ratio=max(ratios, default=None)),
+        counts=Counts(len(judged), *(sum(j.status == s for j in judged) for s in ("equivalent", "within-noise", "drift"))),
+        records=[_row(j, recordings_a[0][j.identity]) for j in judged if j.status != "equivalent"][:SHOWN],
+        only_a=_names(alignment.only_a), only_b=_names(alignment.only_b),
+        causes=rank_causes(differences(report.a, report.b), verdict == "drift", change))
+
+
+def _first(judged: Judged, value: Value, change: ChangeEvidence) -> FirstDrift:
+    i = judged.identity
+    return FirstDrift(i.step, i.kind, i.name, value.module, value.location, judged.ratio, change.factor, value.dtype,
+                      value.shape, change)
+
+
+def _row(judged: Judged, value: Value) -> RecordRow:
+    i = judged.identity
+    return RecordRow(i.step, i.kind, i.name, i.occurrence, value.module, value.location, judged.status,
+                     judged.difference if math.isfinite(judged.difference) else None, judged.floor, judged.ratio)
+
+
+def _names(identities: Sequence[Identity]) -> list[RecordName]:
+    return [RecordName(i.step, i.kind, i.name, i.occurrence) for i in identities]
+
