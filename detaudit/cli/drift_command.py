@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -57,11 +58,11 @@ def configuration(label: str, env: tuple[str, ...], args: str | None, threads: i
     return Configuration(label, _environment(env), _arguments(args), threads, _python(python), device)
 
 
-def _side_options(side: str):  # type: ignore[no-untyped-def]  # a decorator factory
+def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """--<side>-env, --<side>-args, --<side>-threads, --<side>-python, --<side>-device."""
     upper = side.upper()
 
-    def add(command):  # type: ignore[no-untyped-def]
+    def add(command: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed((
             click.option(f"--{side}-env", f"{side}_env", multiple=True, metavar="NAME=VALUE",
                          help=f"An environment variable of configuration {upper} (repeatable)."),

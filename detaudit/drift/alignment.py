@@ -75,4 +75,5 @@ class Alignment:
 
 def align(a: Recording, b: Recording) -> Alignment:
     """Line up `a` and `b` by identity."""
-    return Alignment(tuple(i for i in a if i in b), tuple(i for i in a if i not in b), tuple(i for i in b if i not in a))
+    return Alignment(tuple(i for i in a if i in b), tuple(i for i in a if i not in b),
+                     tuple(i for i in b if i not in a))

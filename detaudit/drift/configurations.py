@@ -50,14 +50,16 @@ class Difference:
 def differences(a: Configuration, b: Configuration) -> list[Difference]:
     """Every setting A and B differ in: interpreter, device, threads, each environment variable, the arguments."""
     found = []
-    for setting, family, va, vb in (("python", "runtime", a.python, b.python), ("device", "runtime", a.device, b.device),
-                                    ("threads", "reorder", _text(a.threads), _text(b.threads))):
+    sides: tuple[tuple[str, Family, str | None, str | None], ...] = (
+        ("python", "runtime", a.python, b.python), ("device", "runtime", a.device, b.device),
+        ("threads", "reorder", _text(a.threads), _text(b.threads)))
+    for setting, family, va, vb in sides:
         if va != vb:
-            found.append(Difference(setting, va, vb, family))  # type: ignore[arg-type]
+            found.append(Difference(setting, va, vb, family))
     for name in sorted(set(a.env) | set(b.env)):
         if a.env.get(name) != b.env.get(name):
-            family = "reorder" if name in _REORDER_VARIABLES else "script"
-            found.append(Difference(f"env {name}", a.env.get(name), b.env.get(name), family))
+            found.append(Difference(f"env {name}", a.env.get(name), b.env.get(name),
+                                    "reorder" if name in _REORDER_VARIABLES else "script"))
     if a.args != b.args:
         found.append(Difference("args", " ".join(a.args) or None, " ".join(b.args) or None, "script"))
     return found

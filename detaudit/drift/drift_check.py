@@ -29,7 +29,7 @@ from detaudit.drift.drift_report import (
     write_json,
 )
 from detaudit.drift.floor import ULPS
-from detaudit.drift.judging import K, Judged, first_drift, judge, overall, ratios_over_steps
+from detaudit.drift.judging import Judged, K, first_drift, judge, overall, ratios_over_steps
 from detaudit.errors import TraceError
 from detaudit.results import RepeatResult
 from detaudit.run.devices import own_device, resolve_devices
@@ -109,8 +109,10 @@ def judged_report(report: DriftReport, traces_a: Sequence[Path], trace_b: Path) 
     return replace(
         report, verdict=verdict,
         first_drift=None if first is None or change is None else _first(first, recordings_a[0][first.identity], change),
-        floor=replace(report.floor, largest_floor=max(j.floor for j in judged), largest_ratio=max(ratios, default=None)),
-        counts=Counts(len(judged), *(sum(j.status == s for j in judged) for s in ("equivalent", "within-noise", "drift"))),
+        floor=replace(report.floor, largest_floor=max(j.floor for j in judged),
+                      largest_ratio=max(ratios, default=None)),
+        counts=Counts(len(judged), *(sum(j.status == s for j in judged)
+                                     for s in ("equivalent", "within-noise", "drift"))),
         records=[_row(j, recordings_a[0][j.identity]) for j in judged if j.status != "equivalent"][:SHOWN],
         only_a=_names(alignment.only_a), only_b=_names(alignment.only_b),
         causes=rank_causes(differences(report.a, report.b), verdict == "drift", change))

@@ -4,6 +4,7 @@ The runs themselves are test_e2e_drift.py's."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,11 @@ from click.testing import CliRunner
 
 from detaudit.audit.pipeline import AuditOptions
 from detaudit.cli.commands import cli
+from detaudit.cli.drift_command import summary_line
 from detaudit.drift import drift_check
 from detaudit.drift.change_kinds import CandidateCause, ChangeEvidence
 from detaudit.drift.configurations import Configuration
-from detaudit.drift.drift_report import DriftReport, FirstDrift, FloorSummary
+from detaudit.drift.drift_report import Counts, DriftReport, FirstDrift, FloorSummary
 from detaudit.errors import ExitCode
 
 
@@ -30,9 +32,9 @@ def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def drifted(a: Configuration, b: Configuration) -> DriftReport:
     first = FirstDrift(0, "grad", "fc.weight", "", "train.py:9", None, 2.0, "float32", "4x4",
                        ChangeEvidence(factor=2.0, growth="starts-large"))
-    return DriftReport("train.py", [], "run", "drift", a, b, [], [], FloorSummary(10.0, 2, [{"threads": "1"}], 0.0, None),
-                       first_drift=first,
-                       causes=[CandidateCause("env LOSS_WEIGHT", None, "2", "script", "changes what the script computes")])
+    cause = CandidateCause("env LOSS_WEIGHT", None, "2", "script", "changes what the script computes")
+    floor = FloorSummary(10.0, 2, [{"threads": "1"}], 0.0, None)
+    return DriftReport("train.py", [], "run", "drift", a, b, [], [], floor, first_drift=first, causes=[cause])
 
 
 def _fake(seen: list[tuple[AuditOptions, Configuration, Configuration]]) -> Any:
@@ -70,3 +72,10 @@ def test_an_environment_setting_without_a_value_is_a_usage_error(script: Path) -
 def test_an_interpreter_that_is_not_a_file_is_a_usage_error(script: Path) -> None:
     result = CliRunner().invoke(cli, ["drift", script.name, "--b-python", "/no/such/python"])
     assert result.exit_code == ExitCode.USAGE
+
+
+def test_the_summary_line_counts_the_records_within_noise() -> None:
+    report = replace(drifted(Configuration("A"), Configuration("B")), verdict="within-noise", first_drift=None,
+                     counts=Counts(aligned=5, equivalent=2, within_noise=3))
+    assert summary_line(report).startswith(
+        "[bold green]WITHIN NOISE[/] · 5 records aligned: 2 equivalent, 3 within noise")

@@ -49,4 +49,5 @@ def test_recordings_with_nothing_in_common_are_inconclusive(tmp_path: Path) -> N
 
 def test_a_failed_repeat_of_b_is_named() -> None:
     failed = RepeatResult(0, "cpu", 1, 1.0, False, "b-0.trace", "b-0.stdout", "b-0.stderr", "")
-    assert _failure([], [failed]) == ("script-failed", "configuration B's repeat 0 exited with status 1 (see b-0.stderr)")
+    assert _failure([], [failed]) == ("script-failed",
+                                      "configuration B's repeat 0 exited with status 1 (see b-0.stderr)")

@@ -24,7 +24,8 @@ def test_a_difference_the_size_of_a_s_spread_is_within_noise() -> None:
 
 def test_a_difference_beyond_k_times_the_spread_is_drift() -> None:
     plain = value(1.0, 2.0, 3.0, 4.0)
-    judged = judge_record(plain, [value(1.0, 2.0, 3.0, 4.001, digest=2)], value(1.0, 2.0, 3.0, 4.0 + 0.002 * K, digest=3))
+    beyond = value(1.0, 2.0, 3.0, 4.0 + 0.002 * K, digest=3)
+    judged = judge_record(plain, [value(1.0, 2.0, 3.0, 4.001, digest=2)], beyond)
     assert judged.status == "drift"
 
 
