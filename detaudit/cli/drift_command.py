@@ -125,6 +125,10 @@ def finish_drift(report: DriftReport, json_path: Path | None, quiet: bool) -> No
     finish_with(report, Presentation({"json": write_json}, summary_line, render_drift), {"json": json_path}, quiet)
 
 
+def _set(value: str | None) -> str:
+    return "(unset)" if value is None else value
+
+
 def _clean(text: object) -> str:
     return escape(printable(str(text)))
 
@@ -159,6 +163,17 @@ def _configuration(config: Configuration) -> str:
     return _clean(", ".join(parts))
 
 
+def _floor_runs(report: DriftReport) -> str:
+    """`A plain (threads 2) x2, perturbed: threads 1`: A's repeats by the settings they ran with."""
+    settings = report.floor.perturbed
+    if not settings:
+        return f"A run {len(report.results_a)} times"
+    plain = settings[0]
+    shown = [", ".join(f"{k} {v}" for k, v in s.items() if plain.get(k) != v) for s in settings if s != plain]
+    return _clean(f"A plain ({', '.join(f'{k} {v}' for k, v in plain.items())}) x{settings.count(plain)}, "
+                  f"perturbed: {'; '.join(shown) or 'none'}")
+
+
 def _evidence(first: FirstDrift) -> list[str]:
     """The first drift's evidence, one line each."""
     e = first.evidence
@@ -173,9 +188,8 @@ def _evidence(first: FirstDrift) -> list[str]:
 def render_drift(report: DriftReport, console: Console) -> None:
     console.print(f"[bold]detaudit drift[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
     console.print(f"  A: {_configuration(report.a)}\n  B: {_configuration(report.b)}")
-    perturbed = "; ".join(", ".join(f"{k} {v}" for k, v in p.items()) for p in report.floor.perturbed if p)
-    console.print(f"  floor: A's {len(report.results_a)} repeats ({_clean(perturbed) or 'plain'}), at least "
-                  f"{report.floor.ulps} ULP; K = {report.floor.k:g}; {report.interpreters} interpreters")
+    console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}; "
+                  f"{report.interpreters} interpreters")
     if report.records:
         table = Table(show_edge=False)
         for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
@@ -198,6 +212,6 @@ def render_drift(report: DriftReport, console: Console) -> None:
             listed = ", ".join(f"step {n.step} {n.kind} {n.name}" for n in names[:5])
             console.print(f"only {side} records {len(names)}: {_clean(listed)}{' ...' if len(names) > 5 else ''}")
     for cause in report.causes:
-        console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(cause.a)} -> {_clean(cause.b)} "
+        console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(_set(cause.a))} -> {_clean(_set(cause.b))} "
                       f"({cause.family}): {_clean(cause.why)}")
     console.print(summary_line(report), soft_wrap=True)

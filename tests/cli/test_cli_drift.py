@@ -61,7 +61,7 @@ def test_the_drift_is_shown_with_its_factor_and_the_candidate_cause(script: Path
     monkeypatch.setattr(drift_check, "run_drift", _fake([]))
     result = CliRunner().invoke(cli, ["drift", script.name, "--b-env", "LOSS_WEIGHT=2"], catch_exceptions=False)
     assert "constant factor 2 (B = 2 x A)" in result.output
-    assert "candidate env LOSS_WEIGHT: None -> 2 (script)" in result.output
+    assert "candidate env LOSS_WEIGHT: (unset) -> 2 (script)" in result.output
 
 
 def test_an_environment_setting_without_a_value_is_a_usage_error(script: Path) -> None:
