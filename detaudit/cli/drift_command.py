@@ -92,10 +92,13 @@ def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any
               help="Run directory (default: a new folder under .detaudit/runs/).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+@click.option("--baseline", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
+              help="Keep A from an earlier `detaudit drift` run directory (its recordings and floor): only B runs, "
+                   "e.g. on another machine or release. The --a-* options are then refused.")
 def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_args: str | None,
           a_threads: int | None, a_python: str | None, a_device: str, b_env: tuple[str, ...], b_args: str | None,
           b_threads: int | None, b_python: str | None, b_device: str, timeout: float | None, max_steps: int | None,
-          out_dir: Path | None, json_path: Path | None, quiet: bool) -> None:
+          out_dir: Path | None, json_path: Path | None, quiet: bool, baseline: Path | None) -> None:
     """Noise or a real change? Run SCRIPT under configuration A and under configuration B and judge B's
     difference from A record by record against A's own noise floor: A is run twice plainly and once more per
     perturbed setting (the thread count; on CUDA also cuBLAS's workspace and cuDNN's algorithm choice), which
@@ -110,13 +113,15 @@ def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_a
     from detaudit.drift.drift_check import B_REPEATS, run_drift
 
     a = configuration("A", a_env, a_args, a_threads, a_python, a_device)
+    if baseline is not None and a != Configuration("A"):
+        raise click.UsageError("--baseline keeps A from an earlier run: its --a-* options cannot change it")
     b = configuration("B", b_env, b_args, b_threads, b_python, b_device)
     check_outputs(json_path, None, None, out_dir=out_dir, inputs={"the audited script": Path(script)})
     options = AuditOptions(Target(Path(script), list(script_args), argv0=script), Schedule(timeout=timeout),
                            Recording(max_steps=max_steps), out_dir=out_dir)
-    progress = RepeatsProgress(quiet, 3 + B_REPEATS, "running configurations A and B")
+    progress = RepeatsProgress(quiet, (0 if baseline else 3) + B_REPEATS, "running configurations A and B")
     with progress:
-        report = run_drift(options, a, b, progress.on_done)
+        report = run_drift(options, a, b, progress.on_done, baseline)
     finish_drift(report, json_path, quiet)
 
 
@@ -187,7 +192,8 @@ def _evidence(first: FirstDrift) -> list[str]:
 
 def render_drift(report: DriftReport, console: Console) -> None:
     console.print(f"[bold]detaudit drift[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
-    console.print(f"  A: {_configuration(report.a)}\n  B: {_configuration(report.b)}")
+    kept = f" (kept from {_clean(report.baseline)})" if report.baseline else ""
+    console.print(f"  A: {_configuration(report.a)}{kept}\n  B: {_configuration(report.b)}")
     console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}; "
                   f"{report.interpreters} interpreters")
     if report.records:

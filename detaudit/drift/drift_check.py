@@ -2,7 +2,8 @@
 identity, judge B against A's floor, and build the DriftReport (written to the run directory as drift.json).
 
 Interpreters started: A's perturbation groups plus one (on the CPU 3: plain, threads changed, plain; on CUDA 5,
-as cuBLAS's workspace and cuDNN's algorithm choice are changed too), and B_REPEATS for B: 4 on the CPU.
+as cuBLAS's workspace and cuDNN's algorithm choice are changed too), and B_REPEATS for B: 4 on the CPU; with
+`--baseline` (A kept from an earlier drift run) B's one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from detaudit.drift.change_kinds import ChangeEvidence, evidence, rank_causes
 from detaudit.drift.configurations import Configuration, differences, floor_perturbation
 from detaudit.drift.drift_report import (
     DRIFT_FILE,
+    DRIFT_FORMAT,
     Counts,
     DriftReport,
     DriftVerdict,
@@ -30,12 +32,13 @@ from detaudit.drift.drift_report import (
 )
 from detaudit.drift.floor import ULPS
 from detaudit.drift.judging import Judged, K, first_drift, judge, overall, ratios_over_steps
-from detaudit.errors import TraceError
+from detaudit.errors import TraceError, UsageError
 from detaudit.results import RepeatResult
 from detaudit.run.devices import own_device, resolve_devices
 from detaudit.run.launcher import Interrupted, check_script
 from detaudit.run.perturb_plan import Perturbation
 from detaudit.run.rundir import new_run_dir, stored_args
+from detaudit.trace import load_json, open_regular
 
 B_REPEATS = 1  # B is judged against A's floor: one recording of it is the question
 SHOWN = 50  # records in the report beyond those bitwise equal (the first ones, in A's order)
@@ -54,13 +57,21 @@ def record(options: AuditOptions, config: Configuration, run_dir: Path, repeats:
 
 
 def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
-              on_done: Callable[[RepeatResult], None] | None = None) -> DriftReport:
-    """Record A and B and judge B against A's floor (the report is also written as the run directory's drift.json)."""
+              on_done: Callable[[RepeatResult], None] | None = None, baseline: Path | None = None) -> DriftReport:
+    """Record A and B and judge B against A's floor (the report is also written as the run directory's drift.json).
+    `baseline`: an earlier drift run directory whose A (configuration, recordings, floor) is used instead of
+    recording A again: only B runs (one interpreter), e.g. on another machine or with another torch."""
     check_script(options.target.script)
+    kept = None if baseline is None else load_baseline(baseline, options.target.script)
     run_dir = new_run_dir(options.target.script, options.out_dir)
     perturbation = floor_perturbation(a, resolve_devices((a.device,)), os.cpu_count())
     try:
-        results_a = record(options, a, run_dir, len(perturbation.groups) + 1, perturbation, on_done)
+        if kept is None:
+            results_a = record(options, a, run_dir, len(perturbation.groups) + 1, perturbation, on_done)
+            traces_a = [run_dir / r.trace for r in results_a]
+        else:
+            a, results_a = kept.a, kept.results_a
+            traces_a = [Path(kept.run_dir) / r.trace for r in results_a]
         results_b = record(options, b, run_dir, B_REPEATS, None, on_done)
     except Interrupted as exc:
         exc.run_dir = run_dir
@@ -68,13 +79,33 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
     target = options.target
     report = DriftReport(script=target.as_typed, script_args=stored_args(target.script_args, target.redact_args),
                          run_dir=str(run_dir), verdict="inconclusive", a=a, b=b, results_a=results_a,
-                         results_b=results_b, floor=FloorSummary(K, ULPS, [r.perturbation or {} for r in results_a],
+                         results_b=results_b, baseline=None if kept is None else kept.run_dir,
+                         floor=FloorSummary(K, ULPS, [r.perturbation or {} for r in results_a],
                                                                  0.0, None))
     failure = _failure(results_a, results_b)
     report = replace(report, verdict=failure[0], reason=failure[1]) if failure else \
-        judged_report(report, [run_dir / r.trace for r in results_a], run_dir / results_b[0].trace)
+        judged_report(report, traces_a, run_dir / results_b[0].trace)
     write_json(report, run_dir / DRIFT_FILE, mode=0o600)
     return report
+
+
+def load_baseline(baseline: Path, script: Path) -> DriftReport:
+    """The earlier drift run in `baseline` (its drift.json, read into its type), checked to be of this script and
+    to hold A's recordings; its `run_dir` is `baseline` as given now (the directory may have moved)."""
+    path = Path(baseline) / DRIFT_FILE
+    if not path.is_file():
+        raise UsageError(f"--baseline {baseline}: no {DRIFT_FILE} there; give the run directory of an earlier "
+                         "`detaudit drift` (its --out)")
+    with open_regular(path, "a drift report") as fh:
+        data = load_json(fh.read(), str(path))
+    if not isinstance(data, dict) or data.get("format") != DRIFT_FORMAT:
+        raise TraceError(f"{path}: not a {DRIFT_FORMAT} report")
+    kept = DriftReport.from_dict({k: v for k, v in data.items() if k not in ("format", "version", "exit_code")})
+    if Path(kept.script).name != script.name:
+        raise UsageError(f"--baseline {baseline} recorded {kept.script}, not {script}: a floor is one script's")
+    if kept.verdict not in ("equivalent", "within-noise", "drift") or not kept.results_a:
+        raise UsageError(f"--baseline {baseline}: its A was not recorded whole ({kept.verdict}); record it again")
+    return replace(kept, run_dir=str(baseline))
 
 
 def _failure(results_a: Sequence[RepeatResult], results_b: Sequence[RepeatResult]) -> tuple[DriftVerdict, str] | None:

@@ -105,6 +105,7 @@ class DriftReport(Codable):
     only_b: list[RecordName] = field(default_factory=list)
     causes: list[CandidateCause] = field(default_factory=list)
     reason: str | None = None  # script-failed, timeout, inconclusive: why
+    baseline: str | None = None  # --baseline: the earlier drift run directory A (results_a, floor) was kept from
 
     @property
     def exit_code(self) -> int:
@@ -113,8 +114,8 @@ class DriftReport(Codable):
 
     @property
     def interpreters(self) -> int:
-        """Interpreters started: A's repeats and B's."""
-        return len(self.results_a) + len(self.results_b)
+        """Interpreters this check started: A's repeats (none when kept from a baseline) and B's."""
+        return (0 if self.baseline else len(self.results_a)) + len(self.results_b)
 
 
 def to_json(report: DriftReport) -> dict[str, Any]:

@@ -79,3 +79,8 @@ def test_the_summary_line_counts_the_records_within_noise() -> None:
                      counts=Counts(aligned=5, equivalent=2, within_noise=3))
     assert summary_line(report).startswith(
         "[bold green]WITHIN NOISE[/] · 5 records aligned: 2 equivalent, 3 within noise")
+
+
+def test_a_baseline_keeps_a_so_an_option_of_a_is_refused(script: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["drift", script.name, "--baseline", str(tmp_path), "--a-threads", "2"])
+    assert result.exit_code == ExitCode.USAGE

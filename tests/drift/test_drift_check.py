@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from synthetic import Rec, write_trace
 
 from detaudit.drift.configurations import Configuration
-from detaudit.drift.drift_check import _failure, judged_report
-from detaudit.drift.drift_report import DriftReport, FloorSummary
+from detaudit.drift.drift_check import _failure, judged_report, load_baseline
+from detaudit.drift.drift_report import DriftReport, FloorSummary, write_json
+from detaudit.errors import UsageError
 from detaudit.results import RepeatResult
 from detaudit.trace import Kind
 
@@ -51,3 +53,14 @@ def test_a_failed_repeat_of_b_is_named() -> None:
     failed = RepeatResult(0, "cpu", 1, 1.0, False, "b-0.trace", "b-0.stdout", "b-0.stderr", "")
     assert _failure([], [failed]) == ("script-failed",
                                       "configuration B's repeat 0 exited with status 1 (see b-0.stderr)")
+
+
+def test_a_baseline_without_a_drift_report_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no drift.json there"):
+        load_baseline(tmp_path, Path("train.py"))
+
+
+def test_a_baseline_of_another_script_is_refused(tmp_path: Path) -> None:
+    write_json(empty(Configuration("A"), Configuration("B")), tmp_path / "drift.json")
+    with pytest.raises(UsageError, match="a floor is one script's"):
+        load_baseline(tmp_path, Path("other.py"))
