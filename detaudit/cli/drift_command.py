@@ -195,7 +195,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
     kept = f" (kept from {_clean(report.baseline)})" if report.baseline else ""
     console.print(f"  A: {_configuration(report.a)}{kept}\n  B: {_configuration(report.b)}")
     console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}; "
-                  f"{report.interpreters} interpreters")
+                  f"{report.interpreters} interpreter{'s' if report.interpreters != 1 else ''}")
     if report.records:
         table = Table(show_edge=False)
         for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
