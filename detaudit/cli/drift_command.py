@@ -92,13 +92,15 @@ def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any
               help="Run directory (default: a new folder under .detaudit/runs/).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+@click.option("--no-op-window", "no_ops", is_flag=True,
+              help="On a drift, do not re-run A and B over the drifting step to name the first op that departs.")
 @click.option("--baseline", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
               help="Keep A from an earlier `detaudit drift` run directory (its recordings and floor): only B runs, "
                    "e.g. on another machine or release. The --a-* options are then refused.")
 def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_args: str | None,
           a_threads: int | None, a_python: str | None, a_device: str, b_env: tuple[str, ...], b_args: str | None,
           b_threads: int | None, b_python: str | None, b_device: str, timeout: float | None, max_steps: int | None,
-          out_dir: Path | None, json_path: Path | None, quiet: bool, baseline: Path | None) -> None:
+          out_dir: Path | None, json_path: Path | None, quiet: bool, baseline: Path | None, no_ops: bool) -> None:
     """Noise or a real change? Run SCRIPT under configuration A and under configuration B and judge B's
     difference from A record by record against A's own noise floor: A is run twice plainly and once more per
     perturbed setting (the thread count; on CUDA also cuBLAS's workspace and cuDNN's algorithm choice), which
@@ -121,7 +123,7 @@ def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_a
                            Recording(max_steps=max_steps), out_dir=out_dir)
     progress = RepeatsProgress(quiet, (0 if baseline else 3) + B_REPEATS, "running configurations A and B")
     with progress:
-        report = run_drift(options, a, b, progress.on_done, baseline)
+        report = run_drift(options, a, b, progress.on_done, baseline, not no_ops)
     finish_drift(report, json_path, quiet)
 
 
@@ -194,8 +196,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
     console.print(f"[bold]detaudit drift[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
     kept = f" (kept from {_clean(report.baseline)})" if report.baseline else ""
     console.print(f"  A: {_configuration(report.a)}{kept}\n  B: {_configuration(report.b)}")
-    console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}; "
-                  f"{report.interpreters} interpreter{'s' if report.interpreters != 1 else ''}")
+    console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}")
     if report.records:
         table = Table(show_edge=False)
         for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
@@ -213,6 +214,13 @@ def render_drift(report: DriftReport, console: Console) -> None:
                       f"{_clean(first.location)}: {_ratio(first.ratio_to_floor)}")
         for text in _evidence(first):
             console.print(f"  evidence: {_clean(text)}")
+    window = report.op_window
+    if window is not None:
+        phase = "backward" if window.backward else "forward"
+        where = f"{_clean(window.op)} ({phase}, module {_clean(window.module) or '-'}) at {_clean(window.location)}"
+        console.print(f"[bold]first op[/] of step {window.step} where B departs: {where}: " + (
+            f"{window.ratio_to_floor:.3g}x its ULP bound" if window.ratio_to_floor is not None else
+            "B has no such op" + (f"; B ran {_clean(', '.join(window.b_ops))} there" if window.b_ops else "")))
     for side, names in (("A", report.only_a), ("B", report.only_b)):
         if names:
             listed = ", ".join(f"step {n.step} {n.kind} {n.name}" for n in names[:5])
@@ -220,4 +228,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
     for cause in report.causes:
         console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(_set(cause.a))} -> {_clean(_set(cause.b))} "
                       f"({cause.family}): {_clean(cause.why)}")
+    started = report.interpreters
+    console.print(f"{started} interpreter{'s' if started != 1 else ''} started"
+                  + (f" ({report.op_runs} for the op window)" if report.op_runs else ""))
     console.print(summary_line(report), soft_wrap=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from detaudit.audit.pipeline import AuditOptions, execute
+from detaudit.audit.pipeline import AuditOptions
 from detaudit.drift.alignment import Identity, Value, align, read_recording
 from detaudit.drift.change_kinds import ChangeEvidence, evidence, rank_causes
 from detaudit.drift.configurations import Configuration, differences, floor_perturbation
@@ -32,11 +32,12 @@ from detaudit.drift.drift_report import (
 )
 from detaudit.drift.floor import ULPS
 from detaudit.drift.judging import Judged, K, first_drift, judge, overall, ratios_over_steps
+from detaudit.drift.op_window import op_window
+from detaudit.drift.recordings import record
 from detaudit.errors import TraceError, UsageError
 from detaudit.results import RepeatResult
-from detaudit.run.devices import own_device, resolve_devices
+from detaudit.run.devices import resolve_devices
 from detaudit.run.launcher import Interrupted, check_script
-from detaudit.run.perturb_plan import Perturbation
 from detaudit.run.rundir import new_run_dir, stored_args
 from detaudit.trace import load_json, open_regular
 
@@ -44,23 +45,13 @@ B_REPEATS = 1  # B is judged against A's floor: one recording of it is the quest
 SHOWN = 50  # records in the report beyond those bitwise equal (the first ones, in A's order)
 
 
-def record(options: AuditOptions, config: Configuration, run_dir: Path, repeats: int,
-           perturbation: Perturbation | None, on_done: Callable[[RepeatResult], None] | None) -> list[RepeatResult]:
-    """Run `config`'s repeats as `run` records them (every one to its end), into `run_dir` as `<label>-N`."""
-    requested = (config.device,)
-    target = replace(options.target, script_args=[*options.target.script_args, *config.args],
-                     env={**options.target.env, **config.environment()}, python=config.python)
-    schedule = replace(options.schedule, repeats=repeats, devices=resolve_devices(requested),
-                       own_device=own_device(requested), perturbation=perturbation)
-    recorded = replace(options, target=target, schedule=schedule).recorded(run_to_end=True)
-    return execute(recorded, run_dir, on_done, prefix=config.label.lower())
-
-
 def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
-              on_done: Callable[[RepeatResult], None] | None = None, baseline: Path | None = None) -> DriftReport:
+              on_done: Callable[[RepeatResult], None] | None = None, baseline: Path | None = None,
+              ops: bool = True) -> DriftReport:
     """Record A and B and judge B against A's floor (the report is also written as the run directory's drift.json).
     `baseline`: an earlier drift run directory whose A (configuration, recordings, floor) is used instead of
-    recording A again: only B runs (one interpreter), e.g. on another machine or with another torch."""
+    recording A again: only B runs (one interpreter), e.g. on another machine or with another torch. `ops`: on a
+    drift, re-run A and B once more each recording ops over the drifting step (op_window.py)."""
     check_script(options.target.script)
     kept = None if baseline is None else load_baseline(baseline, options.target.script)
     run_dir = new_run_dir(options.target.script, options.out_dir)
@@ -85,6 +76,13 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
     failure = _failure(results_a, results_b)
     report = replace(report, verdict=failure[0], reason=failure[1]) if failure else \
         judged_report(report, traces_a, run_dir / results_b[0].trace)
+    first = report.first_drift
+    if ops and first is not None:
+        try:
+            report = replace(report, op_window=op_window(options, a, b, run_dir, first.step, on_done), op_runs=2)
+        except Interrupted as exc:
+            exc.run_dir = run_dir
+            raise
     write_json(report, run_dir / DRIFT_FILE, mode=0o600)
     return report
 

@@ -56,6 +56,20 @@ class FirstDrift:
 
 
 @dataclass(frozen=True)
+class OpWindow:
+    """The first op of the drifting step where B departs from A (drift/op_window.py): one B lacks
+    (`ratio_to_floor` None, and what B ran in that module instead in `b_ops`) or one beyond K times its ULP bound."""
+
+    step: int
+    op: str
+    module: str
+    location: str
+    backward: bool
+    ratio_to_floor: float | None
+    b_ops: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class RecordName:
     """A record only one side holds."""
 
@@ -105,6 +119,8 @@ class DriftReport(Codable):
     only_b: list[RecordName] = field(default_factory=list)
     causes: list[CandidateCause] = field(default_factory=list)
     reason: str | None = None  # script-failed, timeout, inconclusive: why
+    op_window: OpWindow | None = None  # on a drift: the first op where B departs from A (None: not run, none)
+    op_runs: int = 0  # interpreters the op-level window started (A's and B's re-run over the drifting step)
     baseline: str | None = None  # --baseline: the earlier drift run directory A (results_a, floor) was kept from
 
     @property
@@ -114,8 +130,8 @@ class DriftReport(Codable):
 
     @property
     def interpreters(self) -> int:
-        """Interpreters this check started: A's repeats (none when kept from a baseline) and B's."""
-        return (0 if self.baseline else len(self.results_a)) + len(self.results_b)
+        """Interpreters this check started: A's repeats (none when kept from a baseline), B's, the op window's."""
+        return (0 if self.baseline else len(self.results_a)) + len(self.results_b) + self.op_runs
 
 
 def to_json(report: DriftReport) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def test_one_thread_against_two_is_within_noise_and_names_the_thread_count(
 
 def test_a_learning_rate_change_drifts_at_step_0_s_parameters(scripts: Path, tmp_path: Path,
                                                                threads: tuple[int, dict, str, Path]) -> None:
-    code, report, _ = drift(scripts, tmp_path, "--baseline", str(threads[3]), "--b-args", "--lr 0.2")
+    code, report, _ = drift(scripts, tmp_path, "--baseline", str(threads[3]), "--b-args", "--lr 0.2", "--no-op-window")
     first = report["first_drift"]
     assert (code, report["verdict"]) == (1, "drift")
     assert (first["step"], first["kind"], first["name"]) == (0, "param", "0.weight")
@@ -57,6 +57,9 @@ def test_a_late_layer_changed_drifts_at_that_module_after_equivalent_ones(script
     assert (code, first["step"], first["kind"], first["module"]) == (1, 0, "output", "4")
     assert first["location"].endswith("train_drift.py:28")
     assert report["counts"]["equivalent"] >= 5  # the input and modules 0-3 of step 0, bit for bit
+    window = report["op_window"]  # A and B re-run over step 0 recording ops
+    assert (window["op"], window["module"], window["b_ops"]) == ("aten.relu.default", "4", ["aten.tanh.default"])
+    assert report["op_runs"] == 2
 
 
 def test_a_doubled_loss_drifts_at_the_first_gradient_by_a_constant_factor_2(
@@ -65,3 +68,4 @@ def test_a_doubled_loss_drifts_at_the_first_gradient_by_a_constant_factor_2(
     first = report["first_drift"]
     assert (code, first["kind"], first["name"], first["factor"]) == (1, "grad", "0.weight", 2.0)
     assert "constant factor 2" in stdout
+    assert (report["op_window"]["op"], report["op_window"]["location"]) == ("aten.mul.Tensor", "train_drift.py:28")
