@@ -68,4 +68,5 @@ def test_a_doubled_loss_drifts_at_the_first_gradient_by_a_constant_factor_2(
     first = report["first_drift"]
     assert (code, first["kind"], first["name"], first["factor"]) == (1, "grad", "0.weight", 2.0)
     assert "constant factor 2" in stdout
-    assert (report["op_window"]["op"], report["op_window"]["location"]) == ("aten.mul.Tensor", "train_drift.py:28")
+    assert report["op_window"]["op"] == "aten.mul.Tensor"  # the loss times LOSS_WEIGHT
+    assert report["op_window"]["location"].endswith("train_drift.py:28")
