@@ -18,6 +18,7 @@ from rich.table import Table
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
 from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
 from detaudit.drift.configurations import Configuration
+from detaudit.drift.drift_html import write_html
 from detaudit.drift.drift_report import DriftReport, FirstDrift, write_json
 from detaudit.errors import ExitCode
 from detaudit.safetext import printable
@@ -91,6 +92,8 @@ def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Run directory (default: a new folder under .detaudit/runs/).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+              help="Write an HTML page: B's largest difference from A and A's floor over the steps.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
 @click.option("--no-op-window", "no_ops", is_flag=True,
               help="On a drift, do not re-run A and B over the drifting step to name the first op that departs.")
@@ -100,7 +103,8 @@ def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any
 def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_args: str | None,
           a_threads: int | None, a_python: str | None, a_device: str, b_env: tuple[str, ...], b_args: str | None,
           b_threads: int | None, b_python: str | None, b_device: str, timeout: float | None, max_steps: int | None,
-          out_dir: Path | None, json_path: Path | None, quiet: bool, baseline: Path | None, no_ops: bool) -> None:
+          out_dir: Path | None, json_path: Path | None, html_path: Path | None, quiet: bool, baseline: Path | None,
+          no_ops: bool) -> None:
     """Noise or a real change? Run SCRIPT under configuration A and under configuration B and judge B's
     difference from A record by record against A's own noise floor: A is run twice plainly and once more per
     perturbed setting (the thread count; on CUDA also cuBLAS's workspace and cuDNN's algorithm choice), which
@@ -118,18 +122,19 @@ def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_a
     if baseline is not None and a != Configuration("A"):
         raise click.UsageError("--baseline keeps A from an earlier run: its --a-* options cannot change it")
     b = configuration("B", b_env, b_args, b_threads, b_python, b_device)
-    check_outputs(json_path, None, None, out_dir=out_dir, inputs={"the audited script": Path(script)})
+    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script)})
     options = AuditOptions(Target(Path(script), list(script_args), argv0=script), Schedule(timeout=timeout),
                            Recording(max_steps=max_steps), out_dir=out_dir)
     progress = RepeatsProgress(quiet, (0 if baseline else 3) + B_REPEATS, "running configurations A and B")
     with progress:
         report = run_drift(options, a, b, progress.on_done, baseline, not no_ops)
-    finish_drift(report, json_path, quiet)
+    finish_drift(report, json_path, html_path, quiet)
 
 
-def finish_drift(report: DriftReport, json_path: Path | None, quiet: bool) -> NoReturn:
-    """Write the requested file, render, exit with the verdict's code."""
-    finish_with(report, Presentation({"json": write_json}, summary_line, render_drift), {"json": json_path}, quiet)
+def finish_drift(report: DriftReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
+    """Write the requested files, render, exit with the verdict's code."""
+    finish_with(report, Presentation({"json": write_json, "html": write_html}, summary_line, render_drift),
+                {"json": json_path, "html": html_path}, quiet)
 
 
 def _set(value: str | None) -> str:

@@ -28,6 +28,7 @@ from detaudit.drift.drift_report import (
     FloorSummary,
     RecordName,
     RecordRow,
+    StepFigures,
     write_json,
 )
 from detaudit.drift.floor import ULPS
@@ -143,8 +144,19 @@ def judged_report(report: DriftReport, traces_a: Sequence[Path], trace_b: Path) 
         counts=Counts(len(judged), *(sum(j.status == s for j in judged)
                                      for s in ("equivalent", "within-noise", "drift"))),
         records=[_row(j, recordings_a[0][j.identity]) for j in judged if j.status != "equivalent"][:SHOWN],
+        by_step=by_step(judged),
         only_a=_names(alignment.only_a), only_b=_names(alignment.only_b),
         causes=rank_causes(differences(report.a, report.b), verdict == "drift", change))
+
+
+def by_step(judged: Sequence[Judged]) -> list[StepFigures]:
+    """Each step's largest difference and floor, and its drifting records (the HTML page's plots)."""
+    steps: dict[int, list[Judged]] = {}
+    for j in judged:
+        steps.setdefault(j.identity.step, []).append(j)
+    return [StepFigures(step, None if any(not math.isfinite(j.difference) for j in group)
+                        else max(j.difference for j in group), max(j.floor for j in group),
+                        sum(j.status == "drift" for j in group)) for step, group in sorted(steps.items())]
 
 
 def _first(judged: Judged, value: Value, change: ChangeEvidence) -> FirstDrift:

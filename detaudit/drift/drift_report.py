@@ -92,6 +92,17 @@ class FloorSummary:
 
 
 @dataclass(frozen=True)
+class StepFigures:
+    """One step over its aligned records: B's largest difference from A (None: some record beyond comparing),
+    A's largest floor, and how many records drift."""
+
+    step: int
+    largest_difference: float | None
+    largest_floor: float
+    drift: int
+
+
+@dataclass(frozen=True)
 class Counts:
     aligned: int = 0
     equivalent: int = 0
@@ -115,6 +126,7 @@ class DriftReport(Codable):
     first_drift: FirstDrift | None = None
     counts: Counts = field(default_factory=Counts)
     records: list[RecordRow] = field(default_factory=list)  # the records that are not bitwise equal, in A's order
+    by_step: list[StepFigures] = field(default_factory=list)
     only_a: list[RecordName] = field(default_factory=list)
     only_b: list[RecordName] = field(default_factory=list)
     causes: list[CandidateCause] = field(default_factory=list)

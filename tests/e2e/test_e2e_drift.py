@@ -27,7 +27,7 @@ def drift(scripts: Path, cwd: Path, *options: str) -> tuple[int, dict, str]:
 def threads(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str, Path]:
     """A at one thread against B at two: A recorded whole, kept as the others' baseline."""
     cwd = tmp_path_factory.mktemp("threads")
-    return (*drift(SCRIPTS, cwd, "--a-threads", "1", "--b-threads", "2"), cwd / "run")
+    return (*drift(SCRIPTS, cwd, "--a-threads", "1", "--b-threads", "2", "--html", "d.html"), cwd / "run")
 
 
 def test_one_thread_against_two_is_within_noise_and_names_the_thread_count(
@@ -38,6 +38,12 @@ def test_one_thread_against_two_is_within_noise_and_names_the_thread_count(
     assert report["causes"][0]["setting"] == "threads"
     assert len(report["results_a"]) + len(report["results_b"]) == 4  # interpreters started
     assert "WITHIN NOISE" in stdout
+    assert [s["step"] for s in report["by_step"]] == [0, 1]
+
+
+def test_the_html_page_plots_the_difference_over_the_steps(threads: tuple[int, dict, str, Path]) -> None:
+    page = (threads[3].parent / "d.html").read_text()
+    assert page.count("<circle") == 4  # two steps, two series: |B - A| and A's floor
 
 
 def test_a_learning_rate_change_drifts_at_step_0_s_parameters(scripts: Path, tmp_path: Path,
