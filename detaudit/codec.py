@@ -1,5 +1,5 @@
 """A dataclass as JSON and back, driven by its fields' type hints: one encoder and one decoder for every
-report kind (Report, BatchReport, ResumeReport, FixReport) and the values inside them.
+report kind (Report, BatchReport, ResumeReport, FixReport, DriftReport) and the values inside them.
 
 Why not a hand-written `from_dict` per class: the reports gain fields often, and a decoder that reads the
 declaration itself reads a new field with no code. Why not pydantic (or msgspec, not installed here): on a

@@ -56,6 +56,7 @@ class Target:
     env: dict[str, str] = field(default_factory=dict)  # variables added to each repeat's environment
     redact_args: bool = False  # --redact-args: the script's arguments are stored nowhere (they may hold secrets)
     argv0: str | None = None  # the script as typed, sys.argv[0] under plain python (a Path drops the `./` of `./-y.py`)
+    python: str | None = None  # another interpreter for the repeats (`drift --a-python`); None: this one
 
     @property
     def as_typed(self) -> str:
@@ -154,7 +155,8 @@ def execute(options: AuditOptions, run_dir: Path,
     def launch(batch: Sequence[RepeatPlan], jobs: int) -> list[RepeatResult]:
         launcher = distributed.launcher(schedule.nproc_per_node, schedule.torchrun_args, target.as_typed,
                                         target.script_args, schedule.timeout, jobs, cwd, watch) \
-            or Launcher(target.as_typed, target.script_args, schedule.timeout, jobs, cwd=cwd, watch=watch)
+            or Launcher(target.as_typed, target.script_args, schedule.timeout, jobs, cwd=cwd, watch=watch,
+                        python=target.python)
         return launcher.run(batch, None if on_done is None else lambda r: on_done(ended(r, run_dir, layout)))
 
     try:

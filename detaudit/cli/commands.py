@@ -458,3 +458,12 @@ def _internal_error(exc: Exception) -> NoReturn:
                       "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.",
                       soft_wrap=True)
     sys.exit(ExitCode.INTERNAL)
+
+
+def _add_drift() -> None:
+    from detaudit.cli.drift_command import drift
+
+    cli.add_command(drift)
+
+
+_add_drift()  # `detaudit drift` (cli/drift_command.py, docs/drift.md)

@@ -50,9 +50,11 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 def child_command(config_path: Path, script: str, script_args: Sequence[str],
-                  python_flags: Sequence[str] = ()) -> list[str]:
-    """What one repeat (or one torchrun rank) runs: the child (detaudit/run/child.py) becoming `python SCRIPT`."""
-    return [sys.executable, *python_flags, "-c", _BOOT, _ROOT, str(config_path), script, *script_args]
+                  python_flags: Sequence[str] = (), python: str | None = None) -> list[str]:
+    """What one repeat (or one torchrun rank) runs: the child (detaudit/run/child.py) becoming `python SCRIPT`;
+    `python`: another interpreter (`drift --b-python`), which still imports this detaudit (_BOOT puts _ROOT
+    first), so it needs detaudit's own dependencies (numpy, xxhash) installed beside its torch."""
+    return [python or sys.executable, *python_flags, "-c", _BOOT, _ROOT, str(config_path), script, *script_args]
 
 
 @dataclass(frozen=True)
@@ -171,9 +173,10 @@ class Launcher:
     """
 
     def __init__(self, script: Path | str, script_args: Sequence[str], timeout: float | None, jobs: int = 1,
-                 cwd: Path | None = None, watch: Watch | None = None) -> None:
+                 cwd: Path | None = None, watch: Watch | None = None, python: str | None = None) -> None:
         """`script` as typed: the child's sys.argv[0] (`./-y.py` stays that, as under plain python);
-        `watch`: looks at each repeat while it runs (and may ask it to stop)."""
+        `watch`: looks at each repeat while it runs (and may ask it to stop); `python`: the interpreter
+        (default: this one)."""
         check_script(Path(script))
         self.script = Path(script)
         self.script_arg = str(script)
@@ -182,13 +185,14 @@ class Launcher:
         self.jobs = max(1, jobs)
         self.cwd = cwd or Path.cwd()
         self.watch = watch
+        self.python = python
         self._live: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.RLock()  # reentrant: a second Ctrl-C (kill_now) may land inside stop()
         self._stopping = False
         self._hurry = threading.Event()
 
     def _command(self, config_path: Path) -> list[str]:
-        return child_command(config_path, self.script_arg, self.script_args)
+        return child_command(config_path, self.script_arg, self.script_args, python=self.python)
 
     def run_one(self, plan: RepeatPlan) -> RepeatResult:
         return self.launch(plan, self.timeout)

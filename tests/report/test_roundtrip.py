@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from detaudit.batch.reporting import BatchReport
 from detaudit.codec import Codable, hints
+from detaudit.drift.drift_report import DriftReport
 from detaudit.fix.fix_report import FixReport
 from detaudit.report.model import Report
 from detaudit.report.resume import ResumeReport
@@ -69,7 +70,7 @@ def values_of(tp: Any, depth: int = 0) -> st.SearchStrategy[Any]:
     return st.builds(tp, **{f.name: values_of(declared[f.name], depth + 1) for f in dataclasses.fields(tp) if f.init})
 
 
-@pytest.mark.parametrize("kind", [Report, BatchReport, ResumeReport, FixReport])
+@pytest.mark.parametrize("kind", [Report, BatchReport, ResumeReport, FixReport, DriftReport])
 def test_report_reads_back_what_it_writes(kind: type[Codable]) -> None:
     @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(values_of(kind))

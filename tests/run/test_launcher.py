@@ -282,3 +282,9 @@ def test_a_stdout_digest_is_of_the_file_detaudit_created(tmp_path: Path) -> None
     [result] = Launcher(script, [], timeout=60, cwd=tmp_path).run([planned])
     assert result.exit_code == 0
     assert result.stdout_digest == hashlib.sha256(b"real output\n").hexdigest()[:16]
+
+
+def test_another_interpreter_runs_the_child_that_imports_this_detaudit(tmp_path: Path) -> None:
+    command = launcher.child_command(tmp_path / "c.json", "train.py", ["--lr", "1"], python="/opt/other/bin/python")
+    assert (command[0], command[3], command[-3:]) == ("/opt/other/bin/python", launcher._ROOT,
+                                                      ["train.py", "--lr", "1"])

@@ -15,7 +15,9 @@ def start_repeats_on(folder: str) -> None:
     real_command, real_torchrun = launcher.child_command, distributed.torchrun_command
 
     def warm_command(config_path: Path, script: str, script_args: Sequence[str],
-                     python_flags: Sequence[str] = ()) -> list[str]:
+                     python_flags: Sequence[str] = (), python: str | None = None) -> list[str]:
+        if python is not None:  # another interpreter (drift --b-python): no warm server of it to fork from
+            return real_command(config_path, script, script_args, python_flags, python)
         return through_client(folder, real_command(config_path, script, script_args, python_flags))
 
     def warm_torchrun(nproc_per_node: int, torchrun_args: list[str], worker: list[str]) -> list[str]:

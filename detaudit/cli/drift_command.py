@@ -1,0 +1,239 @@
+"""`detaudit drift SCRIPT`: is the difference between two configurations of one script the size of
+floating-point noise, and if not, where does the real change start? The command (options for configurations A
+and B) and its terminal rendering (docs/drift.md)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
+from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
+from detaudit.drift.configurations import Configuration
+from detaudit.drift.drift_html import write_html
+from detaudit.drift.drift_report import DriftReport, FirstDrift, write_json
+from detaudit.errors import ExitCode
+from detaudit.safetext import printable
+
+_EXIT_CODES = ("\b\nExit codes:\n  0    equivalent (bit for bit) or within noise: B never moves beyond K times A's "
+               "floor (a CI pass)\n  1    drift: some record of B is beyond its floor\n"
+               + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
+DEVICES = click.Choice(["cpu", "cuda", "auto"])
+SHOWN_ROWS = 12
+
+
+def _environment(values: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE")
+        env[name] = value
+    return env
+
+
+def _arguments(text: str | None) -> list[str]:
+    try:
+        return shlex.split(text or "")
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r} cannot be split as a shell would: {exc}") from None
+
+
+def _python(path: str | None) -> str | None:
+    if path is not None and not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise click.BadParameter(f"{path!r} is not an executable file (the interpreter to run the script with)")
+    return path
+
+
+def configuration(label: str, env: tuple[str, ...], args: str | None, threads: int | None, python: str | None,
+                  device: str) -> Configuration:
+    """One side's options as a Configuration (bad values: a usage error naming the option's value)."""
+    return Configuration(label, _environment(env), _arguments(args), threads, _python(python), device)
+
+
+def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--<side>-env, --<side>-args, --<side>-threads, --<side>-python, --<side>-device."""
+    upper = side.upper()
+
+    def add(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed((
+            click.option(f"--{side}-env", f"{side}_env", multiple=True, metavar="NAME=VALUE",
+                         help=f"An environment variable of configuration {upper} (repeatable)."),
+            click.option(f"--{side}-args", f"{side}_args", default=None, metavar="'ARGS'",
+                         help=f"Script arguments of {upper}, after the common ones (split as a shell would)."),
+            click.option(f"--{side}-threads", f"{side}_threads", type=click.IntRange(min=1), default=None,
+                         help=f"Intra-op threads of {upper} (OMP_NUM_THREADS, MKL_NUM_THREADS)."),
+            click.option(f"--{side}-python", f"{side}_python", default=None, metavar="PATH",
+                         help=f"Another interpreter for {upper} (another torch release); it must be able to import "
+                              "detaudit's dependencies (numpy, xxhash)."),
+            click.option(f"--{side}-device", f"{side}_device", type=DEVICES, default="cpu", show_default=True,
+                         help=f"Device of {upper} (auto: the script's own choice)."),
+        )):
+            command = option(command)
+        return command
+    return add
+
+
+@click.command(cls=RunCommand, epilog=_EXIT_CODES)
+@click.argument("script", type=click.Path())
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@_side_options("a")
+@_side_options("b")
+@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per repeat.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop each repeat after N steps.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: a new folder under .detaudit/runs/).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+              help="Write an HTML page: B's largest difference from A and A's floor over the steps.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+@click.option("--no-op-window", "no_ops", is_flag=True,
+              help="On a drift, do not re-run A and B over the drifting step to name the first op that departs.")
+@click.option("--baseline", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
+              help="Keep A from an earlier `detaudit drift` run directory (its recordings and floor): only B runs, "
+                   "e.g. on another machine or release. The --a-* options are then refused.")
+def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_args: str | None,
+          a_threads: int | None, a_python: str | None, a_device: str, b_env: tuple[str, ...], b_args: str | None,
+          b_threads: int | None, b_python: str | None, b_device: str, timeout: float | None, max_steps: int | None,
+          out_dir: Path | None, json_path: Path | None, html_path: Path | None, quiet: bool, baseline: Path | None,
+          no_ops: bool) -> None:
+    """Noise or a real change? Run SCRIPT under configuration A and under configuration B and judge B's
+    difference from A record by record against A's own noise floor: A is run twice plainly and once more per
+    perturbed setting (the thread count; on CUDA also cuBLAS's workspace and cuDNN's algorithm choice), which
+    changes only the order of its floating-point reductions. Records are lined up by what they are (module
+    and call, parameter name, torch.save key), not by position.
+
+    EQUIVALENT: bit for bit. WITHIN NOISE: B never moves beyond 10x A's floor. DRIFT: the first record beyond it,
+    with the kind of change (a constant factor, a sign flip, a dtype or shape change, NaN on one side, a
+    change that starts large) and the settings A and B differ in, ranked as candidate causes.
+    """
+    from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
+    from detaudit.drift.drift_check import B_REPEATS, run_drift
+
+    a = configuration("A", a_env, a_args, a_threads, a_python, a_device)
+    if baseline is not None and a != Configuration("A"):
+        raise click.UsageError("--baseline keeps A from an earlier run: its --a-* options cannot change it")
+    b = configuration("B", b_env, b_args, b_threads, b_python, b_device)
+    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script)})
+    options = AuditOptions(Target(Path(script), list(script_args), argv0=script), Schedule(timeout=timeout),
+                           Recording(max_steps=max_steps), out_dir=out_dir)
+    progress = RepeatsProgress(quiet, (0 if baseline else 3) + B_REPEATS, "running configurations A and B")
+    with progress:
+        report = run_drift(options, a, b, progress.on_done, baseline, not no_ops)
+    finish_drift(report, json_path, html_path, quiet)
+
+
+def finish_drift(report: DriftReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
+    """Write the requested files, render, exit with the verdict's code."""
+    finish_with(report, Presentation({"json": write_json, "html": write_html}, summary_line, render_drift),
+                {"json": json_path, "html": html_path}, quiet)
+
+
+def _set(value: str | None) -> str:
+    return "(unset)" if value is None else value
+
+
+def _clean(text: object) -> str:
+    return escape(printable(str(text)))
+
+
+def _ratio(ratio: float | None) -> str:
+    return "beyond any floor" if ratio is None else f"{ratio:.3g}x floor"
+
+
+def summary_line(report: DriftReport) -> str:
+    colour = {"equivalent": "green", "within-noise": "green", "drift": "red"}.get(report.verdict, "yellow")
+    text = f"[bold {colour}]{report.verdict.upper().replace('-', ' ')}[/]"
+    c = report.counts
+    if report.verdict in ("equivalent", "within-noise", "drift"):
+        text += f" · {c.aligned} records aligned: {c.equivalent} equivalent, {c.within_noise} within noise, " \
+                f"{c.drift} beyond the floor"
+    first = report.first_drift
+    if first is not None:
+        text += f" · first drift: step {first.step} {first.kind} {_clean(first.name)} ({_ratio(first.ratio_to_floor)})"
+        if first.factor is not None:
+            text += f", constant factor {first.factor:g}"
+    if report.reason:
+        text += f" · {_clean(report.reason)}"
+    return text + f" · run: {_clean(report.run_dir)}"
+
+
+def _configuration(config: Configuration) -> str:
+    parts = [f"{k}={v}" for k, v in config.env.items()]
+    parts += [f"args {' '.join(config.args)}"] if config.args else []
+    parts += [f"threads {config.threads}"] if config.threads is not None else []
+    parts += [f"python {config.python}"] if config.python else []
+    parts.append(f"device {config.device}")
+    return _clean(", ".join(parts))
+
+
+def _floor_runs(report: DriftReport) -> str:
+    """`A plain (threads 2) x2, perturbed: threads 1`: A's repeats by the settings they ran with."""
+    settings = report.floor.perturbed
+    if not settings:
+        return f"A run {len(report.results_a)} times"
+    plain = settings[0]
+    shown = [", ".join(f"{k} {v}" for k, v in s.items() if plain.get(k) != v) for s in settings if s != plain]
+    return _clean(f"A plain ({', '.join(f'{k} {v}' for k, v in plain.items())}) x{settings.count(plain)}, "
+                  f"perturbed: {'; '.join(shown) or 'none'}")
+
+
+def _evidence(first: FirstDrift) -> list[str]:
+    """The first drift's evidence, one line each."""
+    e = first.evidence
+    lines = [f"constant factor {first.factor:g} (B = {first.factor:g} x A)"] if first.factor is not None else []
+    lines += ["sign flip"] if e.sign_flip else []
+    lines += [f"NaN on {e.nan_on.upper()} only"] if e.nan_on is not None else []
+    lines += [e.layout] if e.layout is not None else []
+    lines += [f"over the steps: {e.growth}"] if e.growth is not None else []
+    return lines
+
+
+def render_drift(report: DriftReport, console: Console) -> None:
+    console.print(f"[bold]detaudit drift[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
+    kept = f" (kept from {_clean(report.baseline)})" if report.baseline else ""
+    console.print(f"  A: {_configuration(report.a)}{kept}\n  B: {_configuration(report.b)}")
+    console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}")
+    if report.records:
+        table = Table(show_edge=False)
+        for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
+            table.add_column(column)
+        for row in report.records[:SHOWN_ROWS]:
+            status = "[red]drift[/]" if row.status == "drift" else "within noise"
+            table.add_row(str(row.step), row.kind, _clean(row.name), status,
+                          "-" if row.difference is None else f"{row.difference:.3g}", f"{row.floor:.3g}",
+                          "-" if row.ratio_to_floor is None else f"{row.ratio_to_floor:.3g}", _clean(row.location))
+        console.print(table)
+    first = report.first_drift
+    if first is not None:
+        console.print(f"[bold red]first drift[/]: step {first.step}, {first.kind} {_clean(first.name)} "
+                      f"(module {_clean(first.module) or '-'}, {first.dtype}[{_clean(first.shape)}]) at "
+                      f"{_clean(first.location)}: {_ratio(first.ratio_to_floor)}")
+        for text in _evidence(first):
+            console.print(f"  evidence: {_clean(text)}")
+    window = report.op_window
+    if window is not None:
+        phase = "backward" if window.backward else "forward"
+        where = f"{_clean(window.op)} ({phase}, module {_clean(window.module) or '-'}) at {_clean(window.location)}"
+        console.print(f"[bold]first op[/] of step {window.step} where B departs: {where}: " + (
+            f"{window.ratio_to_floor:.3g}x its ULP bound" if window.ratio_to_floor is not None else
+            "B has no such op" + (f"; B ran {_clean(', '.join(window.b_ops))} there" if window.b_ops else "")))
+    for side, names in (("A", report.only_a), ("B", report.only_b)):
+        if names:
+            listed = ", ".join(f"step {n.step} {n.kind} {n.name}" for n in names[:5])
+            console.print(f"only {side} records {len(names)}: {_clean(listed)}{' ...' if len(names) > 5 else ''}")
+    for cause in report.causes:
+        console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(_set(cause.a))} -> {_clean(_set(cause.b))} "
+                      f"({cause.family}): {_clean(cause.why)}")
+    started = report.interpreters
+    console.print(f"{started} interpreter{'s' if started != 1 else ''} started"
+                  + (f" ({report.op_runs} for the op window)" if report.op_runs else ""))
+    console.print(summary_line(report), soft_wrap=True)

@@ -1,0 +1,79 @@
+"""Records of two recordings lined up by what they are, not where they are: a record's logical identity is its
+step, its kind, its name (module qualified name, parameter name, torch.save key) and its occurrence among the
+records of that step with that kind and name (a module called twice in a step). A record only one side has
+(a module the compiler fused away, a layer the other model lacks) is listed, never paired with another."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from detaudit.trace import Flag, Kind, Trace, read_trace
+from detaudit.trace.dtypes import DTYPE_NAMES
+
+
+@dataclass(frozen=True, order=True)
+class Identity:
+    """A record's logical identity: the same in any recording of the same computation."""
+
+    step: int
+    kind: str  # output, grad, param, optstate, save, checkpoint, input, buffer
+    name: str
+    occurrence: int = 0  # among this step's records of this kind and name
+
+
+@dataclass(frozen=True)
+class Value:
+    """What a recording holds of one record: where it was made, its digest and its sampled elements."""
+
+    identity: Identity
+    module: str
+    location: str  # the user's file:line behind it
+    dtype: str
+    shape: str
+    digest: int
+    samples: tuple[float, ...]
+    readable: bool  # False: no contents could be read (meta tensor, unsupported layout)
+
+
+Recording = Mapping[Identity, Value]  # in the recording's own order
+_KINDS = {int(k) for k in Kind if k != Kind.OP}  # op records are named by position within a module: left out
+
+
+def read_recording(path: Path) -> dict[Identity, Value]:
+    """A trace's records by identity."""
+    return keyed(read_trace(path))
+
+
+def keyed(trace: Trace) -> dict[Identity, Value]:
+    """`trace`'s records by identity, in the trace's order."""
+    seen: dict[tuple[int, str, str], int] = {}
+    found: dict[Identity, Value] = {}
+    for row in trace.records:
+        code = int(row["kind"])
+        if code not in _KINDS:
+            continue
+        kind, name, step = Kind(code).name.lower(), trace.text(row["name"]), int(row["step"])
+        occurrence = seen.get((step, kind, name), 0)
+        seen[(step, kind, name)] = occurrence + 1
+        identity = Identity(step, kind, name, occurrence)
+        found[identity] = Value(identity, trace.text(row["module"]), trace.text(row["loc"]),
+                                DTYPE_NAMES.get(int(row["dtype"]), "?"), trace.text(row["shape"]), int(row["digest"]),
+                                tuple(float(x) for x in row["samples"]), not int(row["flags"]) & Flag.NO_DATA)
+    return found
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """The identities both recordings hold (in A's order), and those only one of them holds."""
+
+    both: tuple[Identity, ...]
+    only_a: tuple[Identity, ...]
+    only_b: tuple[Identity, ...]
+
+
+def align(a: Recording, b: Recording) -> Alignment:
+    """Line up `a` and `b` by identity."""
+    return Alignment(tuple(i for i in a if i in b), tuple(i for i in a if i not in b),
+                     tuple(i for i in b if i not in a))

@@ -1,0 +1,176 @@
+"""`detaudit drift`: record configuration A (plain, perturbed, plain again) and B, line their records up by
+identity, judge B against A's floor, and build the DriftReport (written to the run directory as drift.json).
+
+Interpreters started: A's perturbation groups plus one (on the CPU 3: plain, threads changed, plain; on CUDA 5,
+as cuBLAS's workspace and cuDNN's algorithm choice are changed too), and B_REPEATS for B: 4 on the CPU; with
+`--baseline` (A kept from an earlier drift run) B's one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from detaudit.audit.pipeline import AuditOptions
+from detaudit.drift.alignment import Identity, Value, align, read_recording
+from detaudit.drift.change_kinds import ChangeEvidence, evidence, rank_causes
+from detaudit.drift.configurations import Configuration, differences, floor_perturbation
+from detaudit.drift.drift_report import (
+    DRIFT_FILE,
+    DRIFT_FORMAT,
+    Counts,
+    DriftReport,
+    DriftVerdict,
+    FirstDrift,
+    FloorSummary,
+    RecordName,
+    RecordRow,
+    StepFigures,
+    write_json,
+)
+from detaudit.drift.floor import ULPS
+from detaudit.drift.judging import Judged, K, first_drift, judge, overall, ratios_over_steps
+from detaudit.drift.op_window import op_window
+from detaudit.drift.recordings import record
+from detaudit.errors import TraceError, UsageError
+from detaudit.results import RepeatResult
+from detaudit.run.devices import resolve_devices
+from detaudit.run.launcher import Interrupted, check_script
+from detaudit.run.rundir import new_run_dir, stored_args
+from detaudit.trace import load_json, open_regular
+
+B_REPEATS = 1  # B is judged against A's floor: one recording of it is the question
+SHOWN = 50  # records in the report beyond those bitwise equal (the first ones, in A's order)
+
+
+def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
+              on_done: Callable[[RepeatResult], None] | None = None, baseline: Path | None = None,
+              ops: bool = True) -> DriftReport:
+    """Record A and B and judge B against A's floor (the report is also written as the run directory's drift.json).
+    `baseline`: an earlier drift run directory whose A (configuration, recordings, floor) is used instead of
+    recording A again: only B runs (one interpreter), e.g. on another machine or with another torch. `ops`: on a
+    drift, re-run A and B once more each recording ops over the drifting step (op_window.py)."""
+    check_script(options.target.script)
+    kept = None if baseline is None else load_baseline(baseline, options.target.script)
+    run_dir = new_run_dir(options.target.script, options.out_dir)
+    perturbation = floor_perturbation(a, resolve_devices((a.device,)), os.cpu_count())
+    try:
+        if kept is None:
+            results_a = record(options, a, run_dir, len(perturbation.groups) + 1, perturbation, on_done)
+            traces_a = [run_dir / r.trace for r in results_a]
+        else:
+            a, results_a = kept.a, kept.results_a
+            traces_a = [Path(kept.run_dir) / r.trace for r in results_a]
+        results_b = record(options, b, run_dir, B_REPEATS, None, on_done)
+    except Interrupted as exc:
+        exc.run_dir = run_dir
+        raise
+    target = options.target
+    report = DriftReport(script=target.as_typed, script_args=stored_args(target.script_args, target.redact_args),
+                         run_dir=str(run_dir), verdict="inconclusive", a=a, b=b, results_a=results_a,
+                         results_b=results_b, baseline=None if kept is None else kept.run_dir,
+                         floor=FloorSummary(K, ULPS, [r.perturbation or {} for r in results_a],
+                                                                 0.0, None))
+    failure = _failure(results_a, results_b)
+    report = replace(report, verdict=failure[0], reason=failure[1]) if failure else \
+        judged_report(report, traces_a, run_dir / results_b[0].trace)
+    first = report.first_drift
+    if ops and first is not None:
+        try:
+            report = replace(report, op_window=op_window(options, a, b, run_dir, first.step, on_done), op_runs=2)
+        except Interrupted as exc:
+            exc.run_dir = run_dir
+            raise
+    write_json(report, run_dir / DRIFT_FILE, mode=0o600)
+    return report
+
+
+def load_baseline(baseline: Path, script: Path) -> DriftReport:
+    """The earlier drift run in `baseline` (its drift.json, read into its type), checked to be of this script and
+    to hold A's recordings; its `run_dir` is `baseline` as given now (the directory may have moved)."""
+    path = Path(baseline) / DRIFT_FILE
+    if not path.is_file():
+        raise UsageError(f"--baseline {baseline}: no {DRIFT_FILE} there; give the run directory of an earlier "
+                         "`detaudit drift` (its --out)")
+    with open_regular(path, "a drift report") as fh:
+        data = load_json(fh.read(), str(path))
+    if not isinstance(data, dict) or data.get("format") != DRIFT_FORMAT:
+        raise TraceError(f"{path}: not a {DRIFT_FORMAT} report")
+    kept = DriftReport.from_dict({k: v for k, v in data.items() if k not in ("format", "version", "exit_code")})
+    if Path(kept.script).name != script.name:
+        raise UsageError(f"--baseline {baseline} recorded {kept.script}, not {script}: a floor is one script's")
+    if kept.verdict not in ("equivalent", "within-noise", "drift") or not kept.results_a:
+        raise UsageError(f"--baseline {baseline}: its A was not recorded whole ({kept.verdict}); record it again")
+    return replace(kept, run_dir=str(baseline))
+
+
+def _failure(results_a: Sequence[RepeatResult], results_b: Sequence[RepeatResult]) -> tuple[DriftVerdict, str] | None:
+    """A repeat that timed out or failed: nothing to judge (its records end early, or not as the other side's)."""
+    for label, results in (("A", results_a), ("B", results_b)):
+        for r in results:
+            if r.timed_out:
+                return "timeout", f"configuration {label}'s repeat {r.index} timed out"
+            if r.exit_code != 0:
+                return "script-failed", (f"configuration {label}'s repeat {r.index} exited with status {r.exit_code} "
+                                         f"(see {r.stderr})")
+    return None
+
+
+def judged_report(report: DriftReport, traces_a: Sequence[Path], trace_b: Path) -> DriftReport:
+    """The report with B judged against A's floor, read from the recordings."""
+    missing = [p for p in [*traces_a, trace_b] if not p.is_file()]
+    if missing:
+        raise TraceError(f"{missing[0]}: the repeat left no trace")
+    recordings_a = [read_recording(p) for p in traces_a]
+    recording_b = read_recording(trace_b)
+    alignment = align(recordings_a[0], recording_b)
+    judged = judge(alignment, recordings_a[0], recordings_a[1:], recording_b)
+    if not judged:
+        return replace(report, reason="A and B hold no record in common (nothing recorded, or nothing aligned)",
+                       only_a=_names(alignment.only_a), only_b=_names(alignment.only_b))
+    first = first_drift(judged)
+    change = None if first is None else evidence(recordings_a[0][first.identity], recording_b[first.identity],
+                                                 ratios_over_steps(judged, first))
+    verdict = overall(judged, alignment)
+    ratios = [j.ratio for j in judged if j.ratio is not None]
+    return replace(
+        report, verdict=verdict,
+        first_drift=None if first is None or change is None else _first(first, recordings_a[0][first.identity], change),
+        floor=replace(report.floor, largest_floor=max(j.floor for j in judged),
+                      largest_ratio=max(ratios, default=None)),
+        counts=Counts(len(judged), *(sum(j.status == s for j in judged)
+                                     for s in ("equivalent", "within-noise", "drift"))),
+        records=[_row(j, recordings_a[0][j.identity]) for j in judged if j.status != "equivalent"][:SHOWN],
+        by_step=by_step(judged),
+        only_a=_names(alignment.only_a), only_b=_names(alignment.only_b),
+        causes=rank_causes(differences(report.a, report.b), verdict == "drift", change))
+
+
+def by_step(judged: Sequence[Judged]) -> list[StepFigures]:
+    """Each step's largest difference and floor, and its drifting records (the HTML page's plots)."""
+    steps: dict[int, list[Judged]] = {}
+    for j in judged:
+        steps.setdefault(j.identity.step, []).append(j)
+    return [StepFigures(step, None if any(not math.isfinite(j.difference) for j in group)
+                        else max(j.difference for j in group), max(j.floor for j in group),
+                        sum(j.status == "drift" for j in group)) for step, group in sorted(steps.items())]
+
+
+def _first(judged: Judged, value: Value, change: ChangeEvidence) -> FirstDrift:
+    i = judged.identity
+    return FirstDrift(i.step, i.kind, i.name, value.module, value.location, judged.ratio, change.factor, value.dtype,
+                      value.shape, change)
+
+
+def _row(judged: Judged, value: Value) -> RecordRow:
+    i = judged.identity
+    return RecordRow(i.step, i.kind, i.name, i.occurrence, value.module, value.location, judged.status,
+                     judged.difference if math.isfinite(judged.difference) else None, judged.floor, judged.ratio)
+
+
+def _names(identities: Sequence[Identity]) -> list[RecordName]:
+    return [RecordName(i.step, i.kind, i.name, i.occurrence) for i in identities]
+

@@ -1,0 +1,157 @@
+"""The report of `detaudit drift` (DriftReport): its verdict and exit code, and its JSON form (`detaudit-drift`
+version 1, docs/drift.md), which reads back into the type (detaudit/codec.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from detaudit.codec import Codable
+from detaudit.drift.change_kinds import CandidateCause, ChangeEvidence
+from detaudit.drift.configurations import Configuration
+from detaudit.errors import ExitCode
+from detaudit.results import RepeatResult
+
+DRIFT_FORMAT = "detaudit-drift"
+DRIFT_VERSION = 1
+DRIFT_FILE = "drift.json"  # in the run directory
+DriftVerdict = Literal["equivalent", "within-noise", "drift", "script-failed", "timeout", "inconclusive"]
+_EXIT = {"equivalent": ExitCode.DETERMINISTIC, "within-noise": ExitCode.DETERMINISTIC, "drift": ExitCode.DIVERGENT,
+         "script-failed": ExitCode.SCRIPT_FAILED, "timeout": ExitCode.TIMEOUT, "inconclusive": ExitCode.INCONCLUSIVE}
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    """One aligned record judged, in words: B's difference from A, A's floor there and their ratio (None:
+    beyond any floor: another shape or dtype, a NaN on one side, an exact record that changed)."""
+
+    step: int
+    kind: str
+    name: str
+    occurrence: int
+    module: str
+    location: str
+    status: Literal["equivalent", "within-noise", "drift"]
+    difference: float | None  # None: not comparable element by element
+    floor: float
+    ratio_to_floor: float | None
+
+
+@dataclass(frozen=True)
+class FirstDrift:
+    """The first record beyond the floor, and what kind of change it shows."""
+
+    step: int
+    kind: str
+    name: str
+    module: str
+    location: str
+    ratio_to_floor: float | None
+    factor: float | None  # B = factor x A, element by element (gradients x2: averaging differs)
+    dtype: str
+    shape: str
+    evidence: ChangeEvidence
+
+
+@dataclass(frozen=True)
+class OpWindow:
+    """The first op of the drifting step where B departs from A (drift/op_window.py): one B lacks
+    (`ratio_to_floor` None, and what B ran in that module instead in `b_ops`) or one beyond K times its ULP bound."""
+
+    step: int
+    op: str
+    module: str
+    location: str
+    backward: bool
+    ratio_to_floor: float | None
+    b_ops: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RecordName:
+    """A record only one side holds."""
+
+    step: int
+    kind: str
+    name: str
+    occurrence: int
+
+
+@dataclass(frozen=True)
+class FloorSummary:
+    """How A's floor was measured: K, the least floor in ULPs, the settings A's extra repeats changed (setting ->
+    value per repeat), and the largest floor and ratio over the records."""
+
+    k: float
+    ulps: int
+    perturbed: list[dict[str, str]]
+    largest_floor: float
+    largest_ratio: float | None
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """One step over its aligned records: B's largest difference from A (None: some record beyond comparing),
+    A's largest floor, and how many records drift."""
+
+    step: int
+    largest_difference: float | None
+    largest_floor: float
+    drift: int
+
+
+@dataclass(frozen=True)
+class Counts:
+    aligned: int = 0
+    equivalent: int = 0
+    within_noise: int = 0
+    drift: int = 0
+
+
+@dataclass(frozen=True)
+class DriftReport(Codable):
+    """Everything the renderers need; built once by drift/drift_check.py."""
+
+    script: str
+    script_args: list[str]
+    run_dir: str
+    verdict: DriftVerdict
+    a: Configuration
+    b: Configuration
+    results_a: list[RepeatResult]  # A's plain repeats, then each perturbed one, then a plain one again
+    results_b: list[RepeatResult]
+    floor: FloorSummary
+    first_drift: FirstDrift | None = None
+    counts: Counts = field(default_factory=Counts)
+    records: list[RecordRow] = field(default_factory=list)  # the records that are not bitwise equal, in A's order
+    by_step: list[StepFigures] = field(default_factory=list)
+    only_a: list[RecordName] = field(default_factory=list)
+    only_b: list[RecordName] = field(default_factory=list)
+    causes: list[CandidateCause] = field(default_factory=list)
+    reason: str | None = None  # script-failed, timeout, inconclusive: why
+    op_window: OpWindow | None = None  # on a drift: the first op where B departs from A (None: not run, none)
+    op_runs: int = 0  # interpreters the op-level window started (A's and B's re-run over the drifting step)
+    baseline: str | None = None  # --baseline: the earlier drift run directory A (results_a, floor) was kept from
+
+    @property
+    def exit_code(self) -> int:
+        """0 for equivalent and within-noise (a CI pass for goldens), 1 for drift, the usual codes otherwise."""
+        return int(_EXIT[self.verdict])
+
+    @property
+    def interpreters(self) -> int:
+        """Interpreters this check started: A's repeats (none when kept from a baseline), B's, the op window's."""
+        return (0 if self.baseline else len(self.results_a)) + len(self.results_b) + self.op_runs
+
+
+def to_json(report: DriftReport) -> dict[str, Any]:
+    """The JSON document: format, version and exit code around the report's fields."""
+    return {"format": DRIFT_FORMAT, "version": DRIFT_VERSION, "exit_code": report.exit_code, **report.to_dict()}
+
+
+def write_json(report: DriftReport, path: Path, mode: int | None = None) -> None:
+    from detaudit.run.files import write_output
+
+    write_output(path, json.dumps(to_json(report), indent=2) + "\n", mode)

@@ -1,0 +1,52 @@
+"""The noise floor of one record: how far configuration A moves from itself when only its reduction order
+changes (its plain repeats and its perturbed ones), never less than a few units in the last place of the
+record's dtype at the record's magnitude.
+
+Differences are read from the records' sampled elements (trace/format.py: N_SAMPLES values at fixed positions,
+the same positions in every recording of a tensor of that shape), the largest absolute difference among them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from detaudit.drift.alignment import Value
+
+# mantissa bits of each floating dtype: one unit in the last place at magnitude x is 2**(exponent(x) - bits)
+MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7, "float8_e4m3fn": 3,
+                 "float8_e5m2": 2, "float8_e4m3fnuz": 3, "float8_e5m2fnuz": 2}
+ULPS = 2  # the least floor, in units in the last place: one rounding either way
+
+
+def difference(a: Value, b: Value) -> float:
+    """The largest absolute difference between the two records' sampled elements (inf where one side is NaN
+    and the other is not, or where they cannot be compared: another shape or dtype, unreadable contents)."""
+    if a.shape != b.shape or a.dtype != b.dtype or not (a.readable and b.readable):
+        return math.inf
+    largest = 0.0
+    for x, y in zip(a.samples, b.samples):
+        if math.isnan(x) or math.isnan(y):
+            if math.isnan(x) != math.isnan(y):
+                return math.inf
+            continue
+        if x != y:
+            largest = max(largest, abs(x - y) if math.isfinite(x) and math.isfinite(y) else math.inf)
+    return largest
+
+
+def ulp_bound(value: Value) -> float:
+    """ULPS units in the last place of the record's dtype at its largest sampled magnitude (0 for integers,
+    booleans and records without a finite non-zero sample: those are exact)."""
+    bits = MANTISSA_BITS.get(value.dtype)
+    magnitude = max((abs(x) for x in value.samples if math.isfinite(x)), default=0.0)
+    if bits is None or magnitude == 0.0:
+        return 0.0
+    return ULPS * 2.0 ** (math.frexp(magnitude)[1] - 1 - bits)
+
+
+def floor_of(plain: Value, others: Sequence[Value]) -> float:
+    """The record's floor: the largest difference between A's first plain repeat and A's other repeats
+    (plain and perturbed), at least the ULP bound; a repeat that could not be compared is left out."""
+    spreads = [d for d in (difference(plain, other) for other in others) if math.isfinite(d)]
+    return max([ulp_bound(plain), *spreads])

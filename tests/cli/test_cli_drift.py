@@ -1,0 +1,86 @@
+"""cli/drift_command.py's options as the Configurations drift/drift_check.py gets, in-process with click's
+CliRunner: run_drift is replaced by a fake, so no interpreter starts; and the terminal rendering of a drift.
+The runs themselves are test_e2e_drift.py's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from detaudit.audit.pipeline import AuditOptions
+from detaudit.cli.commands import cli
+from detaudit.cli.drift_command import summary_line
+from detaudit.drift import drift_check
+from detaudit.drift.change_kinds import CandidateCause, ChangeEvidence
+from detaudit.drift.configurations import Configuration
+from detaudit.drift.drift_report import Counts, DriftReport, FirstDrift, FloorSummary
+from detaudit.errors import ExitCode
+
+
+@pytest.fixture
+def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "train.py"
+    path.write_text("import torch\nprint(torch.ones(2).sum())\n")
+    return path
+
+
+def drifted(a: Configuration, b: Configuration) -> DriftReport:
+    first = FirstDrift(0, "grad", "fc.weight", "", "train.py:9", None, 2.0, "float32", "4x4",
+                       ChangeEvidence(factor=2.0, growth="starts-large"))
+    cause = CandidateCause("env LOSS_WEIGHT", None, "2", "script", "changes what the script computes")
+    floor = FloorSummary(10.0, 2, [{"threads": "1"}], 0.0, None)
+    return DriftReport("train.py", [], "run", "drift", a, b, [], [], floor, first_drift=first, causes=[cause])
+
+
+def _fake(seen: list[tuple[AuditOptions, Configuration, Configuration]]) -> Any:
+    def run_drift(options: AuditOptions, a: Configuration, b: Configuration, *_: Any) -> DriftReport:
+        seen.append((options, a, b))
+        return drifted(a, b)
+    return run_drift
+
+
+def test_each_side_s_options_become_its_configuration(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[AuditOptions, Configuration, Configuration]] = []
+    monkeypatch.setattr(drift_check, "run_drift", _fake(seen))
+    result = CliRunner().invoke(cli, ["drift", script.name, "--a-threads", "1", "--b-threads", "2", "--b-env",
+                                      "LOSS_WEIGHT=2", "--b-args", "--lr '0.2'", "--", "--steps", "2"],
+                                catch_exceptions=False)
+    assert result.exit_code == ExitCode.DIVERGENT, result.output
+    [(options, a, b)] = seen
+    assert (options.target.script_args, a, b) == (["--steps", "2"], Configuration("A", threads=1),
+                                                  Configuration("B", {"LOSS_WEIGHT": "2"}, ["--lr", "0.2"], 2))
+
+
+def test_the_drift_is_shown_with_its_factor_and_the_candidate_cause(script: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(drift_check, "run_drift", _fake([]))
+    result = CliRunner().invoke(cli, ["drift", script.name, "--b-env", "LOSS_WEIGHT=2"], catch_exceptions=False)
+    assert "constant factor 2 (B = 2 x A)" in result.output
+    assert "candidate env LOSS_WEIGHT: (unset) -> 2 (script)" in result.output
+
+
+def test_an_environment_setting_without_a_value_is_a_usage_error(script: Path) -> None:
+    result = CliRunner().invoke(cli, ["drift", script.name, "--b-env", "LOSS_WEIGHT"])
+    assert result.exit_code == ExitCode.USAGE
+
+
+def test_an_interpreter_that_is_not_a_file_is_a_usage_error(script: Path) -> None:
+    result = CliRunner().invoke(cli, ["drift", script.name, "--b-python", "/no/such/python"])
+    assert result.exit_code == ExitCode.USAGE
+
+
+def test_the_summary_line_counts_the_records_within_noise() -> None:
+    report = replace(drifted(Configuration("A"), Configuration("B")), verdict="within-noise", first_drift=None,
+                     counts=Counts(aligned=5, equivalent=2, within_noise=3))
+    assert summary_line(report).startswith(
+        "[bold green]WITHIN NOISE[/] · 5 records aligned: 2 equivalent, 3 within noise")
+
+
+def test_a_baseline_keeps_a_so_an_option_of_a_is_refused(script: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["drift", script.name, "--baseline", str(tmp_path), "--a-threads", "2"])
+    assert result.exit_code == ExitCode.USAGE

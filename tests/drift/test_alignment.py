@@ -1,0 +1,37 @@
+"""drift/alignment.py: records lined up by identity, never by position."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from synthetic import Rec, write_trace
+
+from detaudit.drift.alignment import Identity, align, read_recording
+from detaudit.trace import Kind
+
+
+def test_a_module_called_twice_in_a_step_has_two_occurrences(tmp_path: Path) -> None:
+    path = write_trace(tmp_path / "a.trace", [Rec("enc", 1), Rec("enc", 2), Rec("enc", 3, step=1)], footer={})
+    assert list(read_recording(path)) == [Identity(0, "output", "enc", 0), Identity(0, "output", "enc", 1),
+                                          Identity(1, "output", "enc", 0)]
+
+
+def test_op_records_are_left_out(tmp_path: Path) -> None:
+    path = write_trace(tmp_path / "a.trace", [Rec("aten.mm", 1, kind=Kind.OP), Rec("fc", 2)], footer={})
+    assert list(read_recording(path)) == [Identity(0, "output", "fc", 0)]
+
+
+def test_a_record_only_b_holds_is_listed_and_the_rest_still_pair(tmp_path: Path) -> None:
+    a = read_recording(write_trace(tmp_path / "a.trace", [Rec("fc1", 1), Rec("fc2", 2)], footer={}))
+    b = read_recording(write_trace(tmp_path / "b.trace", [Rec("fc1", 1), Rec("extra", 5), Rec("fc2", 2)], footer={}))
+    alignment = align(a, b)
+    assert (alignment.both, alignment.only_a, alignment.only_b) == (
+        (Identity(0, "output", "fc1"), Identity(0, "output", "fc2")), (), (Identity(0, "output", "extra"),))
+
+
+def test_a_parameter_is_paired_by_name_whatever_its_position(tmp_path: Path) -> None:
+    a = read_recording(write_trace(tmp_path / "a.trace", [Rec("w", 1, kind=Kind.GRAD), Rec("b", 2, kind=Kind.GRAD)],
+                                   footer={}))
+    b = read_recording(write_trace(tmp_path / "b.trace", [Rec("b", 2, kind=Kind.GRAD), Rec("w", 1, kind=Kind.GRAD)],
+                                   footer={}))
+    assert a[Identity(0, "grad", "w")].digest == b[Identity(0, "grad", "w")].digest

@@ -1,0 +1,66 @@
+"""drift/drift_check.py over recordings written by hand: B judged against A's floor, read from the traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from synthetic import Rec, write_trace
+
+from detaudit.drift.configurations import Configuration
+from detaudit.drift.drift_check import _failure, judged_report, load_baseline
+from detaudit.drift.drift_report import DriftReport, FloorSummary, write_json
+from detaudit.errors import UsageError
+from detaudit.results import RepeatResult
+from detaudit.trace import Kind
+
+GRADS = [Rec("fc.weight", 10, kind=Kind.GRAD, samples=(0.5, -0.25, 0.125, 1.0)),
+         Rec("fc.bias", 11, kind=Kind.GRAD, samples=(0.5, 0.75, 0.125, 1.0))]
+
+
+def empty(a: Configuration, b: Configuration) -> DriftReport:
+    return DriftReport("train.py", [], "run", "inconclusive", a, b, [], [], FloorSummary(10.0, 2, [], 0.0, None))
+
+
+def traces(tmp_path: Path, b: list[Rec]) -> tuple[list[Path], Path]:
+    a = [write_trace(tmp_path / f"a-{i}.trace", [Rec("fc", 1), *GRADS], footer={}) for i in range(3)]
+    return a, write_trace(tmp_path / "b-0.trace", [Rec("fc", 1), *b], footer={})
+
+
+def test_gradients_doubled_drift_at_the_first_gradient_with_factor_two(tmp_path: Path) -> None:
+    doubled = [r.but(digest=r.digest + 100, samples=tuple(2 * x for x in r.samples)) for r in GRADS]
+    a, b = traces(tmp_path, doubled)
+    report = judged_report(empty(Configuration("A"), Configuration("B", {"LOSS_WEIGHT": "2"})), a, b)
+    assert report.first_drift is not None
+    assert (report.verdict, report.first_drift.name, report.first_drift.factor) == ("drift", "fc.weight", 2.0)
+    assert report.causes[0].setting == "env LOSS_WEIGHT"
+
+
+def test_the_same_records_are_equivalent(tmp_path: Path) -> None:
+    a, b = traces(tmp_path, GRADS)
+    report = judged_report(empty(Configuration("A"), Configuration("B")), a, b)
+    assert (report.verdict, report.counts.aligned, report.counts.equivalent) == ("equivalent", 3, 3)
+
+
+def test_recordings_with_nothing_in_common_are_inconclusive(tmp_path: Path) -> None:
+    a = [write_trace(tmp_path / f"a-{i}.trace", [Rec("fc", 1)], footer={}) for i in range(3)]
+    b = write_trace(tmp_path / "b-0.trace", [Rec("other", 1)], footer={})
+    report = judged_report(empty(Configuration("A"), Configuration("B")), a, b)
+    assert (report.verdict, len(report.only_b)) == ("inconclusive", 1)
+
+
+def test_a_failed_repeat_of_b_is_named() -> None:
+    failed = RepeatResult(0, "cpu", 1, 1.0, False, "b-0.trace", "b-0.stdout", "b-0.stderr", "")
+    assert _failure([], [failed]) == ("script-failed",
+                                      "configuration B's repeat 0 exited with status 1 (see b-0.stderr)")
+
+
+def test_a_baseline_without_a_drift_report_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no drift.json there"):
+        load_baseline(tmp_path, Path("train.py"))
+
+
+def test_a_baseline_of_another_script_is_refused(tmp_path: Path) -> None:
+    write_json(empty(Configuration("A"), Configuration("B")), tmp_path / "drift.json")
+    with pytest.raises(UsageError, match="a floor is one script's"):
+        load_baseline(tmp_path, Path("other.py"))

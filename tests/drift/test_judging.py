@@ -1,0 +1,50 @@
+"""drift/judging.py: each record equivalent, within noise or drift; the overall verdict; the first drift."""
+
+from __future__ import annotations
+
+from detaudit.drift.alignment import Alignment, Identity, Value
+from detaudit.drift.judging import K, first_drift, judge, judge_record, overall, ratios_over_steps
+
+FC = Identity(0, "output", "fc")
+
+
+def value(*samples: float, digest: int = 1, identity: Identity = FC) -> Value:
+    return Value(identity, "fc", "train.py:3", "float32", "4", digest, samples, True)
+
+
+def test_the_same_digest_is_equivalent() -> None:
+    assert judge_record(value(1.0, 2.0, 3.0, 4.0), [], value(1.0, 2.0, 3.0, 4.0)).status == "equivalent"
+
+
+def test_a_difference_the_size_of_a_s_spread_is_within_noise() -> None:
+    plain = value(1.0, 2.0, 3.0, 4.0)
+    judged = judge_record(plain, [value(1.0, 2.0, 3.0, 4.001, digest=2)], value(1.0, 2.0, 3.0, 3.999, digest=3))
+    assert (judged.status, round(judged.ratio or 0, 3)) == ("within-noise", 1.0)
+
+
+def test_a_difference_beyond_k_times_the_spread_is_drift() -> None:
+    plain = value(1.0, 2.0, 3.0, 4.0)
+    beyond = value(1.0, 2.0, 3.0, 4.0 + 0.002 * K, digest=3)
+    judged = judge_record(plain, [value(1.0, 2.0, 3.0, 4.001, digest=2)], beyond)
+    assert judged.status == "drift"
+
+
+def test_without_a_measured_spread_the_ulp_bound_is_the_floor() -> None:
+    plain = value(1.0, 2.0, 3.0, 4.0)
+    assert judge_record(plain, [plain], value(1.0, 2.0, 3.0, 4.0 + 1e-3, digest=2)).status == "drift"
+
+
+def test_the_first_drift_is_the_first_in_a_s_order() -> None:
+    steps = [Identity(s, "param", "w") for s in range(3)]
+    plain = {i: value(1.0, 1.0, 1.0, 1.0, identity=i) for i in steps}
+    b = {steps[0]: plain[steps[0]], **{i: value(2.0, 2.0, 2.0, 2.0, digest=9, identity=i) for i in steps[1:]}}
+    judged = judge(Alignment(tuple(steps), (), ()), plain, [], b)
+    first = first_drift(judged)
+    assert first is not None
+    assert first.identity == steps[1]
+    assert len(ratios_over_steps(judged, first)) == 2
+
+
+def test_records_only_one_side_holds_keep_the_verdict_from_equivalent() -> None:
+    judged = [judge_record(value(1.0, 1.0, 1.0, 1.0), [], value(1.0, 1.0, 1.0, 1.0))]
+    assert overall(judged, Alignment((FC,), (), (Identity(0, "output", "extra"),))) == "within-noise"

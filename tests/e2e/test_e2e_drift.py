@@ -1,0 +1,78 @@
+"""`detaudit drift` end to end on CPU: the real CLI on tests/scripts/train_drift.py, A against B (MANIFEST.md).
+
+The first check records A (one thread) in full: 4 interpreters (A plain, A with two threads, A plain, B). The
+others keep that A with `--baseline` and start B's interpreter only. The script's GlobalRMS layer reduces 524,288
+elements, which two threads sum in another order than one (checked by hand: the mean of squares differs in its
+last bits), so A's floor is measured, not only its ULP bound.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, run_cli
+
+pytestmark = pytest.mark.process
+
+
+def drift(scripts: Path, cwd: Path, *options: str) -> tuple[int, dict, str]:
+    result = run_cli(["drift", str(scripts / "train_drift.py"), "--out", "run", "--json", "d.json", *options,
+                      "--", "--steps", "2"], cwd)
+    assert result.report is not None, result.stderr
+    return result.returncode, result.report, result.stdout
+
+
+@pytest.fixture(scope="module")
+def threads(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str, Path]:
+    """A at one thread against B at two: A recorded whole, kept as the others' baseline."""
+    cwd = tmp_path_factory.mktemp("threads")
+    return (*drift(SCRIPTS, cwd, "--a-threads", "1", "--b-threads", "2", "--html", "d.html"), cwd / "run")
+
+
+def test_one_thread_against_two_is_within_noise_and_names_the_thread_count(
+        threads: tuple[int, dict, str, Path]) -> None:
+    code, report, stdout, _ = threads
+    assert (code, report["verdict"]) == (0, "within-noise")
+    assert report["counts"]["within_noise"] > 0
+    assert report["causes"][0]["setting"] == "threads"
+    assert len(report["results_a"]) + len(report["results_b"]) == 4  # interpreters started
+    assert "WITHIN NOISE" in stdout
+    assert [s["step"] for s in report["by_step"]] == [0, 1]
+
+
+def test_the_html_page_plots_the_difference_over_the_steps(threads: tuple[int, dict, str, Path]) -> None:
+    page = (threads[3].parent / "d.html").read_text()
+    assert page.count("<circle") == 4  # two steps, two series: |B - A| and A's floor
+
+
+def test_a_learning_rate_change_drifts_at_step_0_s_parameters(scripts: Path, tmp_path: Path,
+                                                               threads: tuple[int, dict, str, Path]) -> None:
+    code, report, _ = drift(scripts, tmp_path, "--baseline", str(threads[3]), "--b-args", "--lr 0.2", "--no-op-window")
+    first = report["first_drift"]
+    assert (code, report["verdict"]) == (1, "drift")
+    assert (first["step"], first["kind"], first["name"]) == (0, "param", "0.weight")
+    assert report["causes"][0]["setting"] == "args"
+    assert len(report["results_b"]) == 1  # the only interpreter started: A is the baseline's
+
+
+def test_a_late_layer_changed_drifts_at_that_module_after_equivalent_ones(scripts: Path, tmp_path: Path,
+                                                                          threads: tuple[int, dict, str, Path]) -> None:
+    code, report, _ = drift(scripts, tmp_path, "--baseline", str(threads[3]), "--b-env", "HEAD_ACTIVATION=tanh")
+    first = report["first_drift"]
+    assert (code, first["step"], first["kind"], first["module"]) == (1, 0, "output", "4")
+    assert first["location"].endswith("train_drift.py:28")
+    assert report["counts"]["equivalent"] >= 5  # the input and modules 0-3 of step 0, bit for bit
+    window = report["op_window"]  # A and B re-run over step 0 recording ops
+    assert (window["op"], window["module"], window["b_ops"]) == ("aten.relu.default", "4", ["aten.tanh.default"])
+    assert report["op_runs"] == 2
+
+
+def test_a_doubled_loss_drifts_at_the_first_gradient_by_a_constant_factor_2(
+        scripts: Path, tmp_path: Path, threads: tuple[int, dict, str, Path]) -> None:
+    code, report, stdout = drift(scripts, tmp_path, "--baseline", str(threads[3]), "--b-env", "LOSS_WEIGHT=2")
+    first = report["first_drift"]
+    assert (code, first["kind"], first["name"], first["factor"]) == (1, "grad", "0.weight", 2.0)
+    assert "constant factor 2" in stdout
+    assert report["op_window"]["op"] == "aten.mul.Tensor"  # the loss times LOSS_WEIGHT
+    assert report["op_window"]["location"].endswith("train_drift.py:28")
