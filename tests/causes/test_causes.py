@@ -768,6 +768,20 @@ def test_an_outside_value_read_before_the_divergence_is_said_at_its_line_above_t
     assert all(c.separating_pin is None for c in found)
 
 
+def test_an_outside_value_before_a_parameter_that_differs_first_points_at_the_optimizer_update() -> None:
+    """A learning rate warmed up by the wall clock: the gradients agree, the parameters the step made do not."""
+    events = [{"type": "clock", "fn": "time.time", "loc": "train.py:13"}]
+    [found] = causes.rank(context([events, events], rec=record("param", "0.weight", step=0)))
+    assert any(line.startswith("the first record to differ is parameter 0.weight as optimizer step 0 left it")
+               for line in found.evidence)
+
+
+def test_an_outside_value_before_a_module_output_says_nothing_of_the_optimizer() -> None:
+    events = [{"type": "clock", "fn": "time.time", "loc": "train.py:13"}]
+    [found] = causes.rank(context([events, events], rec=record("output", "fc", step=0)))
+    assert not any("optimizer" in line for line in found.evidence)
+
+
 def test_an_outside_read_is_not_listed_beside_a_cause_with_evidence() -> None:
     def events(i: int) -> list[dict[str, Any]]:
         return [state("import", torch={"digest": f"t{i}", "drawn": False}),
