@@ -87,6 +87,8 @@ def parse(doc: str) -> list[OpEntry]:
             devices.add("cpu")
         backward = "differentiate" in rest or "requires grad" in rest
         conditions = tuple((k, v) for k, v in _QUOTED.findall(rest) if k in ("accumulate", "reduce", "mode"))
+        if re.search(r"\bsparse", rest):  # `torch.bmm when called on sparse-dense CUDA tensors`
+            conditions += (("layout", "sparse"),)
         entries.append(OpEntry(api.strip(), text, frozenset(devices), backward, conditions, r))
     return entries
 
