@@ -585,6 +585,21 @@ def test_only_stdout_differing_is_its_own_cause_never_hash_order_without_evidenc
     assert "differing tokens: '0.8123' vs '0.8125'" in found[0].evidence
 
 
+def test_a_stdout_line_with_the_same_items_in_another_order_points_at_a_printed_set() -> None:
+    [found] = causes.rank(_stdout_only("classes: {'dog', 'fish', 'cat'}", "classes: {'fish', 'cat', 'dog'}"))
+    assert any(line.startswith("the lines hold the same items in another order") for line in found.evidence)
+
+
+def test_a_printed_set_is_fixed_by_printing_it_sorted() -> None:
+    [found] = causes.rank(_stdout_only("classes: {'dog', 'fish', 'cat'}", "classes: {'fish', 'cat', 'dog'}"))
+    assert found.fix.startswith("print `sorted(...)` of the set")
+
+
+def test_a_stdout_line_whose_values_changed_is_not_called_reordered() -> None:
+    [found] = causes.rank(_stdout_only("epoch 3 val 0.8123 best 0.8125", "epoch 3 val 0.8125 best 0.8125"))
+    assert not any("another order" in line for line in found.evidence)
+
+
 def test_a_strict_stdout_divergence_in_timings_only_says_masking_would_hide_it() -> None:
     found = causes.rank(_stdout_only("step 1 time 3.10ms", "step 1 time 3.42ms", mode="strict"))
     assert found[0].id == "stdout-differs"
