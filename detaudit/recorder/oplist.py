@@ -23,6 +23,11 @@ _NODE_ALIASES = {
     "index": ("getitem",),
     "gridsampler2d": ("gridsample",),
     "gridsampler3d": ("gridsample",),
+    # torch's `torch.nn.NLLLoss when called on a CUDA tensor` is its image form, nll_loss2d (ATen alerts in
+    # nll_loss2d_forward_out_cuda_template only); the plain nll_loss of cross-entropy over (N, C) logits has
+    # deterministic CUDA kernels (one block, a fixed-order reduction; no atomics), so its node stands for no entry
+    "nllloss": (),
+    "nllloss2d": ("nllloss",),
 }
 
 

@@ -69,3 +69,12 @@ def test_an_entry_for_sparse_inputs_applies_to_sparse_inputs_only() -> None:
     assert bmm.conditions == (("layout", "sparse"),)
     assert oplist.applies(bmm, "cuda", True, {"layout": "sparse"})
     assert not oplist.applies(bmm, "cuda", True, {"layout": "strided"})
+
+
+def test_only_the_image_form_of_nll_loss_stands_for_torchs_nllloss_entry() -> None:
+    """cross_entropy over (N, C) logits (nanoGPT's, every classifier's) runs nll_loss, deterministic on CUDA."""
+    assert oplist.node_keys("NllLossBackward0") == ()
+
+
+def test_the_image_form_of_nll_loss_stands_for_torchs_nllloss_entry() -> None:
+    assert oplist.node_keys("NllLoss2DBackward0") == ("nllloss",)
