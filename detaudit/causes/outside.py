@@ -36,9 +36,24 @@ def outside_value(ctx: Context) -> Finding | None:
         lines.append(f"and {len(reads) - 4} more such reads before the divergence")
     lines.append("no recorded source explains the divergence (the RNGs, hashing, kernels, threads); if one of "
                  "these values reaches a tensor (a learning rate, a seed, a size, a branch), it explains it")
+    update = _update_differs(ctx)
+    if update:
+        lines.append(update)
     lines.append(f"first divergence: {ctx.where()}")
     fn, loc = reads[-1]
     fix = (f"keep values read from outside out of the computation, or read them once and pass them in as an "
            f"argument you log (the read nearest the divergence: {fn} at {loc})")
     return finding("outside-value", SCORE, "a value from outside the program (clock, pid, OS entropy, uuid) was "
                    "read before the divergence", lines, fix)
+
+
+def _update_differs(ctx: Context) -> str:
+    """A parameter is the first record to differ: every record before it agrees, its step's gradients and the
+    parameters the step started from included, so the optimizer's update itself differs: one of its settings
+    (a learning rate, a weight decay) is a number that differs between the repeats."""
+    rec = ctx.record
+    if rec is None or rec.kind != "param":
+        return ""
+    return (f"the first record to differ is parameter {rec.name} as optimizer step {rec.step} left it, while every "
+            "record before it agrees (that step's gradients and the parameters it started from): the update itself "
+            "differs, as it does when a learning rate or another optimizer setting is computed from such a value")

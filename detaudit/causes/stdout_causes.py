@@ -37,6 +37,10 @@ def stdout_differs(ctx: Context) -> Finding | None:
         changed = _changed_tokens(ref, other)
         if changed:
             lines.append("differing tokens: " + ", ".join(f"{x!r} vs {y!r}" for x, y in changed))
+        if _reordered(ref, other):
+            lines.append("the lines hold the same items in another order: a set (or a dict built from one) printed "
+                         "in its iteration order, which for strings follows the per-run hash seed "
+                         "(PYTHONHASHSEED) and for other objects their memory addresses")
         if diff.mode == "strict" and comparison_key(mask_line(ref)) == comparison_key(mask_line(other)):
             lines.append("they differ only in timings, rates, timestamps, pids or addresses: the default "
                          "`--stdout masked` compares them as equal (docs/stdout.md)")
@@ -45,7 +49,18 @@ def stdout_differs(ctx: Context) -> Finding | None:
     fix = ("if the line reports a measurement (time, speed, memory, a path, an id), it is not a result: print it "
            "to stderr or compare with `--stdout ignore`; if it is a result, it depends on something outside the "
            "recorded tensors (wall clock, pid, uuid, unseeded `random`, a file an earlier run left)")
+    if ref is not None and other is not None and _reordered(ref, other):
+        fix = "print `sorted(...)` of the set (or of the dict's keys) so the line's order is fixed; " + fix
     return finding("stdout-differs", 0.8, "only what the script prints differs", lines, fix, basis="direct")
+
+
+def _reordered(a: str, b: str) -> bool:
+    """Whether two lines hold the same words and numbers, in another order."""
+    words_a, words_b = _WORD.findall(a), _WORD.findall(b)
+    return words_a != words_b and sorted(words_a) == sorted(words_b)
+
+
+_WORD = re.compile(r"[\w.+-]+")
 
 
 def _quote(text: str | None) -> str:

@@ -23,7 +23,7 @@ MAX_SPREAD_ROWS = 12
 MAX_STDOUT_REPEATS = 2  # differing repeats whose stdout line the terminal shows
 BELOW_THE_LINE = ("not-needed", "ruled-out")  # an experiment refuted the cause or made it unnecessary
 BASIS_TEXT = {"experiment": "experiment", "op-records": "op-level records", "direct": "direct evidence",
-              "circumstantial": "circumstantial", "no-evidence": "not ruled out"}
+              "circumstantial": "circumstantial", "no-evidence": "no evidence"}
 
 
 def escape(text: str) -> str:

@@ -113,6 +113,7 @@ def _leaves(event: str, args: tuple[Any, ...]) -> str | None:
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # detaudit's own files
 _STDLIB = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")})
+_WRAPPERS = __file__  # the copy's diverting wrappers (`_forgetting`) call on the caller's behalf
 
 
 def _not_the_forwards() -> bool:
@@ -125,7 +126,7 @@ def _not_the_forwards() -> bool:
         path = frame.f_code.co_filename
         if path.startswith("<frozen importlib"):
             return True
-        if innermost is None and not path.startswith(_STDLIB) and not path.startswith("<frozen"):
+        if innermost is None and not path.startswith((*_STDLIB, "<frozen")) and path != _WRAPPERS:
             innermost = path
         frame = frame.f_back  # type: ignore[assignment]
     return innermost is not None and innermost.startswith(_PACKAGE)
@@ -231,8 +232,10 @@ def _seal(keep: int) -> None:
         with contextlib.suppress(OSError):
             if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
                 os.dup2(null, fd)
-    builtins.open = io.open = _diverted(io.open)
-    os.open = _diverted_os_open(os.open)
+    diverted: set[str] = set()
+    builtins.open = io.open = _diverted(io.open, diverted)
+    os.open = _diverted_os_open(os.open, diverted)
+    os.remove = os.unlink = _forgetting(os.unlink, diverted)
     torch.save = _diverted_save(torch.save)
     _hook()
 
@@ -244,23 +247,46 @@ def _open_descriptors() -> list[int]:
         return list(range(3, 1024))
 
 
-def _diverted(real: Callable[..., Any]) -> Callable[..., Any]:
+def _diverted(real: Callable[..., Any], diverted: set[str]) -> Callable[..., Any]:
     def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         if isinstance(file, int) or not set(mode) & set("wax+"):
             return real(file, mode, *args, **kwargs)
+        diverted.add(_key(file))
         return real(os.devnull, mode.replace("x", "w"), *args, **kwargs)
 
     return open_
 
 
-def _diverted_os_open(real: Callable[..., int]) -> Callable[..., int]:
+def _diverted_os_open(real: Callable[..., int], diverted: set[str]) -> Callable[..., int]:
     def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         if not flags & _WRITING:
             return real(path, flags, *args, **kwargs)
         kwargs.pop("dir_fd", None)
+        diverted.add(_key(path))
         return real(os.devnull, flags & ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC))
 
     return open_
+
+
+def _forgetting(real: Callable[..., None], diverted: set[str]) -> Callable[..., None]:
+    """Removing a file the copy itself opened for writing (diverted to /dev/null, so never made) succeeds and
+    touches nothing: `tempfile.gettempdir()` writes a test file and removes it, and without this finds no usable
+    directory (torch's first `import torch._dynamo`, from inside a forward, calls it)."""
+    def remove(path: Any, *args: Any, **kwargs: Any) -> None:
+        if not args and not kwargs and _key(path) in diverted:
+            diverted.discard(_key(path))
+            return
+        real(path, *args, **kwargs)
+
+    return remove
+
+
+def _key(path: Any) -> str:
+    """A path as the copy's opens and removes name it (absolute, so a relative and an absolute name agree)."""
+    try:
+        return os.path.abspath(os.fsdecode(path))
+    except (TypeError, ValueError):
+        return ""
 
 
 def _diverted_save(real: Callable[..., None]) -> Callable[..., None]:

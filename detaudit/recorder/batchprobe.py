@@ -380,9 +380,16 @@ class _Flow:
         return seen
 
 
+_probed_call = threading.local()  # .loc: the script's line that made the call being probed
+
+
 def _loc() -> str:
+    """The user's line running now; in a forked copy's thread, whose frames hold no line of the script's when the
+    model is torch's own (an `nn.Sequential` of torch layers), the line that made the probed call."""
     frame = user_frame(3)
-    return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else ""
+    if frame is None or frame.f_code.co_filename == threading.__file__:
+        return str(getattr(_probed_call, "loc", ""))
+    return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 @dataclass
@@ -553,6 +560,7 @@ class BatchProbe:
     def _probe(self, module: torch.nn.Module, name: str, call: int, args: Any, kwargs: Any, output: Any,
                before: _RngGuard, where: str) -> list[Event]:
         """The call's events: its probes' results (and where a difference starts), or why it was not probed."""
+        _probed_call.loc = where
         d = self.settings.batch_dim
         found = _batch_rows(args, kwargs, d)
         if found is None:

@@ -23,6 +23,11 @@ _NODE_ALIASES = {
     "index": ("getitem",),
     "gridsampler2d": ("gridsample",),
     "gridsampler3d": ("gridsample",),
+    # torch's `torch.nn.NLLLoss when called on a CUDA tensor` is its image form, nll_loss2d (ATen alerts in
+    # nll_loss2d_forward_out_cuda_template only); the plain nll_loss of cross-entropy over (N, C) logits has
+    # deterministic CUDA kernels (one block, a fixed-order reduction; no atomics), so its node stands for no entry
+    "nllloss": (),
+    "nllloss2d": ("nllloss",),
 }
 
 
@@ -87,6 +92,8 @@ def parse(doc: str) -> list[OpEntry]:
             devices.add("cpu")
         backward = "differentiate" in rest or "requires grad" in rest
         conditions = tuple((k, v) for k, v in _QUOTED.findall(rest) if k in ("accumulate", "reduce", "mode"))
+        if re.search(r"\bsparse", rest):  # `torch.bmm when called on sparse-dense CUDA tensors`
+            conditions += (("layout", "sparse"),)
         entries.append(OpEntry(api.strip(), text, frozenset(devices), backward, conditions, r))
     return entries
 

@@ -605,6 +605,21 @@ def test_only_stdout_differing_is_its_own_cause_never_hash_order_without_evidenc
     assert "differing tokens: '0.8123' vs '0.8125'" in found[0].evidence
 
 
+def test_a_stdout_line_with_the_same_items_in_another_order_points_at_a_printed_set() -> None:
+    [found] = causes.rank(_stdout_only("classes: {'dog', 'fish', 'cat'}", "classes: {'fish', 'cat', 'dog'}"))
+    assert any(line.startswith("the lines hold the same items in another order") for line in found.evidence)
+
+
+def test_a_printed_set_is_fixed_by_printing_it_sorted() -> None:
+    [found] = causes.rank(_stdout_only("classes: {'dog', 'fish', 'cat'}", "classes: {'fish', 'cat', 'dog'}"))
+    assert found.fix.startswith("print `sorted(...)` of the set")
+
+
+def test_a_stdout_line_whose_values_changed_is_not_called_reordered() -> None:
+    [found] = causes.rank(_stdout_only("epoch 3 val 0.8123 best 0.8125", "epoch 3 val 0.8125 best 0.8125"))
+    assert not any("another order" in line for line in found.evidence)
+
+
 def test_a_strict_stdout_divergence_in_timings_only_says_masking_would_hide_it() -> None:
     found = causes.rank(_stdout_only("step 1 time 3.10ms", "step 1 time 3.42ms", mode="strict"))
     assert found[0].id == "stdout-differs"
@@ -786,6 +801,20 @@ def test_an_outside_value_read_before_the_divergence_is_said_at_its_line_above_t
     assert "os.getpid at train.py:20" in found[0].fix  # the read nearest the divergence
     assert [c.id for c in found[1:]] == ["python-hash-seed", "object-order"]  # guesses below, not a toss-up
     assert all(c.separating_pin is None for c in found)
+
+
+def test_an_outside_value_before_a_parameter_that_differs_first_points_at_the_optimizer_update() -> None:
+    """A learning rate warmed up by the wall clock: the gradients agree, the parameters the step made do not."""
+    events = [{"type": "clock", "fn": "time.time", "loc": "train.py:13"}]
+    [found] = causes.rank(context([events, events], rec=record("param", "0.weight", step=0)))
+    assert any(line.startswith("the first record to differ is parameter 0.weight as optimizer step 0 left it")
+               for line in found.evidence)
+
+
+def test_an_outside_value_before_a_module_output_says_nothing_of_the_optimizer() -> None:
+    events = [{"type": "clock", "fn": "time.time", "loc": "train.py:13"}]
+    [found] = causes.rank(context([events, events], rec=record("output", "fc", step=0)))
+    assert not any("optimizer" in line for line in found.evidence)
 
 
 def test_an_outside_read_is_not_listed_beside_a_cause_with_evidence() -> None:

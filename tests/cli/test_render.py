@@ -177,6 +177,20 @@ def test_causes_an_experiment_ruled_out_are_shown_below_a_line() -> None:
     assert sum("ruled out by their own experiment" in text for text in lines) == 1
 
 
+def test_a_ruled_out_cause_without_evidence_is_not_labelled_not_ruled_out() -> None:
+    """A background candidate (basis no-evidence) that its experiment ruled out: its label must not contradict
+    itself ("ruled-out · not ruled out", as a time-driven learning rate showed)."""
+    from detaudit.cli.render import causes_block
+    from detaudit.results import Cause
+
+    causes = [Cause("python-hash-seed", "ruled-out", "s", ["e"], "f", basis="no-evidence")]
+    block = causes_block(SimpleNamespace(causes=causes))  # type: ignore[arg-type]
+    assert block is not None
+    console = Console(record=True, width=200)
+    console.print(block)
+    assert "[ruled-out · no evidence] python-hash-seed" in console.export_text()
+
+
 def test_randomness_that_repeats_is_shown_beside_an_unchanged_verdict(tmp_path: Path) -> None:
     found = RepeatedRandomness("data.py:31", "workers", "data.py:12", ["workers 0 and 1 drew the same 8 values"],
                                "make it in a worker_init_fn")

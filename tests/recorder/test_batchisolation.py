@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,23 @@ def test_a_forked_copy_that_ends_without_a_result_fails_the_probe(tmp_path: Path
 def test_a_forked_copy_returns_the_work_and_its_error(tmp_path: Path) -> None:
     assert batchisolation.in_fork(lambda: 41 + 1) == batchisolation.Isolated(42, None, ())
     assert batchisolation.in_fork(lambda: 1 / 0).error == "ZeroDivisionError: division by zero"
+
+
+def test_a_forked_copy_finds_the_temporary_directory_and_leaves_nothing_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tempfile's first look-up writes a test file and removes it (torch's first `import torch._dynamo`, made
+    inside a probed forward, does it): the copy's diverted write must not make the directory look unusable."""
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert batchisolation.in_fork(tempfile.gettempdir) == batchisolation.Isolated(str(tmp_path), None, ())
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_forked_copy_may_not_remove_a_file_it_did_not_write(tmp_path: Path) -> None:
+    kept = tmp_path / "kept.txt"
+    kept.write_text("x")
+    found = batchisolation.in_fork(lambda: os.remove(kept))
+    assert found.refused == (f"os.remove({kept}, -1)",)
 
 
 def test_a_forked_copy_writes_to_no_file_the_script_has_open(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from detaudit.batch.finding import analyse
-from detaudit.recorder import batchprobe
+from detaudit.recorder import batchprobe, location
 from detaudit.recorder.batchprobe import BatchProbe, ProbeSettings, Rows, compare_rows, compare_values, default_sizes
 from detaudit.recorder.core import Recorder
 from detaudit.trace import TraceWriter, read_trace
@@ -102,6 +102,20 @@ def test_a_linear_blocked_by_batch_size_is_variant_at_its_first_linear(tmp_path:
     assert "1" in first.differ
     assert "32" in first.agree
     assert "128" in first.agree
+
+
+def test_torch_layers_probed_in_the_forked_copy_are_placed_at_the_scripts_call_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy's thread holds no line of the script's: an `nn.Sequential` of torch layers has none in its
+    forward, so its modules and ops are placed where the script made the call (not at threading.py)."""
+    monkeypatch.setattr(location, "_skip_prefixes", (location.package_dir(torch), *location.own_code()))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)).eval()
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randn(256, 64)))
+    [call] = [e for e in events if e["type"] == "batch-call"]
+    [origin] = [e for e in events if e["type"] == "batch-origin"]
+    assert {origin["first_module"]["loc"], origin["first_op"]["loc"]} == {call["loc"]}
 
 
 class _Counting(nn.Module):

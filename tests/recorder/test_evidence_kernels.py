@@ -84,6 +84,16 @@ def test_on_the_cpu_the_backward_walk_finds_latent_nodes(evidence: tuple[Evidenc
                                                                     ("IndexSelectBackward0", "backward")]
 
 
+def test_a_dense_bmm_is_not_latent_and_a_sparse_one_is(evidence: tuple[Evidence, Sink]) -> None:
+    """torch lists bmm for sparse-dense CUDA tensors: attention's dense bmm (nanoGPT's) is no latent finding."""
+    ev, sink = evidence
+    kernels.install(ev, torch)
+    a = torch.ones(2, 3, 3, requires_grad=True)
+    torch.autograd.backward(torch.bmm(a, torch.ones(2, 3, 3)).sum())
+    torch.autograd.backward(torch.bmm(torch.ones(2, 3, 3).to_sparse(), a).sum())
+    assert [e["op"] for e in sink.of("latent-op")] == ["BmmBackward0"]
+
+
 def test_empty_allocations_from_user_code_carry_their_contents_digest(evidence: tuple[Evidence, Sink]) -> None:
     ev, sink = evidence
     kernels.install(ev, torch)

@@ -16,6 +16,7 @@ DOC = """
         * :func:`torch.Tensor.index_put` with ``accumulate=True`` when called on a CPU
           tensor
         * :func:`torch.Tensor.scatter_reduce` when ``reduce='sum'`` or ``reduce='mean'`` and called on CUDA tensor
+        * :func:`torch.bmm` when called on sparse-dense CUDA tensors
 
     The following normally-nondeterministic operations will throw a
     :class:`RuntimeError` when ``mode=True``:
@@ -30,7 +31,7 @@ DOC = """
 
 def test_parse_entries_with_wrapped_lines_and_both_lists() -> None:
     entries = {e.key: e for e in oplist.parse(DOC)}
-    assert list(entries) == ["conv2d", "getitem", "indexput", "scatterreduce", "maxunpool2d", "put"]
+    assert list(entries) == ["conv2d", "getitem", "indexput", "scatterreduce", "bmm", "maxunpool2d", "put"]
     assert entries["getitem"].backward
     assert entries["getitem"].devices == {"cpu"}
     assert "list of tensors" in entries["getitem"].text
@@ -61,3 +62,19 @@ def test_node_names_map_to_docstring_keys() -> None:
 def test_the_running_torch_lists_the_cpu_index_put_family() -> None:
     keys = {e.key for e in oplist.parse(torch.use_deterministic_algorithms.__doc__ or "")}
     assert {"indexput", "put", "getitem", "indexadd", "scatteradd"} <= keys
+
+
+def test_an_entry_for_sparse_inputs_applies_to_sparse_inputs_only() -> None:
+    bmm = next(e for e in oplist.parse(DOC) if e.key == "bmm")
+    assert bmm.conditions == (("layout", "sparse"),)
+    assert oplist.applies(bmm, "cuda", True, {"layout": "sparse"})
+    assert not oplist.applies(bmm, "cuda", True, {"layout": "strided"})
+
+
+def test_only_the_image_form_of_nll_loss_stands_for_torchs_nllloss_entry() -> None:
+    """cross_entropy over (N, C) logits (nanoGPT's, every classifier's) runs nll_loss, deterministic on CUDA."""
+    assert oplist.node_keys("NllLossBackward0") == ()
+
+
+def test_the_image_form_of_nll_loss_stands_for_torchs_nllloss_entry() -> None:
+    assert oplist.node_keys("NllLoss2DBackward0") == ("nllloss",)

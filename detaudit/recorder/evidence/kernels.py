@@ -336,8 +336,29 @@ def _walk_graph(ev: Evidence, tensors: Any, caller: FrameType) -> None:
         node_name = node.name()
         for key in oplist.node_keys(node_name):
             entries = ev.op_entries.get(key, [])
-            if entries and ev.first_time("node", node_name, device):
-                _emit_listed(ev, node_name, device, entries, True, {}, loc, node=True)
+            if not entries:
+                continue
+            values = _node_layout(torch, node)
+            if ev.first_time("node", node_name, device, *values.values()):
+                _emit_listed(ev, node_name, device, entries, True, values, loc, node=True)
+
+
+def _node_layout(torch: ModuleType, node: Any) -> dict[str, str]:
+    """`{"layout": "sparse"}` when a tensor the node saved for backward is sparse, `"strided"` when it saved
+    tensors and none is (an entry listed for sparse inputs only, BmmBackward0's, then does not apply); nothing
+    when it saved none (the entry's condition is then taken to hold)."""
+    layouts = set()
+    for name in dir(node):
+        if name.startswith("_saved_") and not name.endswith("_raw"):
+            try:
+                value = getattr(node, name)
+            except RuntimeError:  # freed already (a graph walked after its backward)
+                continue
+            if isinstance(value, torch.Tensor):
+                layouts.add("strided" if value.layout == torch.strided else "sparse")
+    if not layouts:
+        return {}
+    return {"layout": "sparse" if "sparse" in layouts else "strided"}
 
 
 # -- determinism flags and collectives -----------------------------------------------------------
