@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from detaudit.audit.watch import Relay, WatchReport, WatchSettings
+from detaudit.audit.watch import Cadence, Relay, WatchReport, WatchSettings
+from detaudit.compare.live import Follower
 from detaudit.results import RepeatResult
 from detaudit.run.launcher import RepeatPlan
 from detaudit.run.watchlog import Mismatch, WatchLog
@@ -36,18 +37,63 @@ def test_the_json_carries_the_verdict_and_the_mismatches() -> None:
     assert data["mismatches"][0]["check"] == "replay"
 
 
-def test_the_relay_passes_output_through_and_writes_a_status_line_every_n_steps(tmp_path: Path) -> None:
+def _relay_files(tmp_path: Path, steps: int) -> tuple[RepeatPlan, Path]:
     plan = RepeatPlan(0, "auto", tmp_path / "w.trace", tmp_path / "w.stdout", tmp_path / "w.stderr")
     plan.stdout.write_bytes(b"step 0\n")
     plan.stderr.write_bytes(b"")
     events = tmp_path / "events"
     events.write_text("".join(json.dumps({"event": "step", "step": s, "checked": s % 2 == 0}) + "\n"
-                              for s in range(4)))
+                              for s in range(steps)))
+    return plan, events
+
+
+def test_the_relay_passes_output_through_and_writes_a_status_line_every_n_steps(tmp_path: Path) -> None:
+    plan, events = _relay_files(tmp_path, 4)
     lines: list[str] = []
     out, err = io.BytesIO(), io.BytesIO()
-    relay = Relay(events, WatchSettings(every=2, status_every=2), lines.append, out, err)
+    relay = Relay([events], WatchSettings(every=2, status_every=Cadence(2)), lines.append,
+                  [(plan.stdout, out, False), (plan.stderr, err, False)])
     relay.poll(plan, False)
     relay.poll(plan, True)
     assert out.getvalue() == b"step 0\n"
     assert lines == ["detaudit watch: step 2, 1 checked, 0 mismatches",
                      "detaudit watch: step 4, 2 checked, 0 mismatches"]
+
+
+def test_a_status_every_n_seconds_is_written_once_n_seconds_passed(tmp_path: Path) -> None:
+    plan, events = _relay_files(tmp_path, 3)
+    ticks = iter([0.0, 5.0, 10.0, 31.0, 40.0])
+    lines: list[str] = []
+    relay = Relay([events], WatchSettings(status_every=Cadence(30, "seconds")), lines.append, [],
+                  clock=lambda: next(ticks))
+    for _ in range(4):
+        relay.poll(plan, False)
+    assert lines == ["detaudit watch: step 3, 2 checked, 0 mismatches"]
+
+
+def test_the_status_line_says_how_far_the_run_agrees_with_its_reference(tmp_path: Path) -> None:
+    plan, events = _relay_files(tmp_path, 2)
+    follower = Follower(tmp_path / "absent.trace", tmp_path / "absent-ref.trace")
+    follower.agrees_to = 1
+    lines: list[str] = []
+    relay = Relay([events], WatchSettings(status_every=Cadence(2)), lines.append, [], follower)
+    relay.poll(plan, False)
+    assert lines == ["detaudit watch: step 2, 1 checked, 0 mismatches; against the reference: agrees up to step 1"]
+
+
+def test_each_ranks_lines_are_passed_on_whole(tmp_path: Path) -> None:
+    plan, events = _relay_files(tmp_path, 0)
+    rank = tmp_path / "w.rank-1.stdout"
+    rank.write_bytes(b"whole\nhal")
+    out = io.BytesIO()
+    relay = Relay([events], WatchSettings(), [].append, [(rank, out, True)])
+    relay.poll(plan, False)
+    assert out.getvalue() == b"whole\n"
+    relay.poll(plan, True)
+    assert out.getvalue() == b"whole\nhal"
+
+
+def test_a_replica_mismatch_counts_and_names_its_rank() -> None:
+    replica = Mismatch(2, "module.2.weight", None, None, None, 0.25, 0, None, "replica", 1)
+    data = WatchReport("t.py", "run", WatchSettings(), report(0).result, WatchLog(), replica=replica).to_json()
+    assert (data["verdict"], data["mismatches"][0]["rank"]) == ("mismatch", 1)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import CliResult, diverges_within, run_cli
 
+from detaudit.trace import read_footer
+
 pytestmark = pytest.mark.process
 
 WATCH_SCRIPTS = Path(__file__).resolve().parents[1] / "watch" / "scripts"
@@ -123,3 +125,30 @@ def test_against_a_baseline_a_faithful_run_agrees_and_a_changed_learning_rate_st
     assert report["stopped_at_step"] < 400
     assert not (tmp_path / "fitted.pt").exists()
     assert "differs from the reference at step 0" in changed.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("torch").distributed.is_available(), reason="torch.distributed is not built")
+def test_a_replica_that_drifts_under_torchrun_stops_every_rank_and_leaves_no_process(tmp_path: Path) -> None:
+    """Two gloo ranks; rank 0 clamps its head after step 1, outside DDP: its replica differs from step 2 on.
+    Every rank stops at one step, long before the 2,000 the script would run, and no rank is left alive."""
+    result = watch(tmp_path, "ddp_drift.py", "--nproc-per-node", "2")
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None
+    first = report["mismatches"][0]
+    assert (first["check"], first["op"], first["step"], first["rank"]) == ("replica", "module.2.weight", 2, 1)
+    assert report["stopped_at_step"] < 100
+    footers = [read_footer(path) for path in sorted((tmp_path / "run").glob("watch-0.rank-*.trace"))]
+    assert [f["stopped_at_step"] if f else None for f in footers] == [report["stopped_at_step"]] * 2
+    pids = [int(p.read_text()) for p in (tmp_path / "run").glob("watch-0.rank-*.pid")]
+    assert not [pid for pid in pids if _alive(pid)]
+    assert "DDP replica module.2.weight differs on rank 1" in result.stderr
