@@ -272,6 +272,9 @@ class Relay:
             agreed = self.follower.agrees_to
             line += "; against the reference: " + ("nothing compared yet" if agreed is None
                                                     else f"agrees up to step {agreed}")
+        if self.replicas is not None and self.diverged_at is None:
+            agreed = self.replicas.agrees_to
+            line += "; DDP replicas: " + ("nothing compared yet" if agreed is None else f"agree up to step {agreed}")
         self.status(line)
 
 

@@ -27,6 +27,7 @@ class ReplicaWatch:
         self.reached: dict[int, int] = {rank: -1 for rank in traces}  # the highest step each rank recorded
         self.names: set[str] = set()
         self.found: ReplicaDivergence | None = None
+        self.agrees_to: int | None = None  # the last step compared and found equal on every rank
         self.broken = False  # a trace could not be read: followed no further (the job runs on)
 
     def poll(self, final: bool = False) -> ReplicaDivergence | None:
@@ -44,6 +45,9 @@ class ReplicaWatch:
         ready = {rank: {k: v for k, v in table.items() if done is None or k[0] < done}
                  for rank, table in self.tables.items()}
         self.found = differing_replica(ready, self.names)
+        compared = [key[0] for table in ready.values() for key in table]
+        if self.found is None and compared:
+            self.agrees_to = max(compared)
         for table in self.tables.values():  # compared: dropped
             for key in [k for k in table if done is None or k[0] < done]:
                 del table[key]

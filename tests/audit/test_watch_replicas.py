@@ -44,3 +44,9 @@ def test_parameters_no_ddp_event_names_are_not_replicas(tmp_path: Path) -> None:
 
 def test_ranks_not_started_yet_are_waited_for(tmp_path: Path) -> None:
     assert ReplicaWatch({0: tmp_path / "none.rank-0.trace", 1: tmp_path / "none.rank-1.trace"}).poll() is None
+
+
+def test_the_steps_compared_equal_are_where_the_replicas_agree_to(tmp_path: Path) -> None:
+    watch = ReplicaWatch(traces(tmp_path, params(1, 2, 3), params(1, 2, 3), ended=False))
+    watch.poll()
+    assert watch.agrees_to == 1  # step 2 may still be recorded

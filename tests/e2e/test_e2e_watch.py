@@ -63,6 +63,7 @@ def test_a_deterministic_script_runs_as_plain_python_does(tmp_path: Path) -> Non
     assert result.report["checked_steps"] == [0, 2, 4, 6, 8]  # 8: the evaluation after the last step
     assert result.report["steps"] == 8
     assert "detaudit watch: step 4, 2 checked, 0 mismatches" in result.stderr
+    assert result.stderr.count("detaudit watch: step ") == 2  # --status-every 4: after steps 4 and 8
 
 
 def test_a_bit_flipped_in_the_replay_is_reported_as_the_odd_one_out(tmp_path: Path) -> None:
