@@ -15,10 +15,10 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from detaudit.audit.watch import Against, Cadence, WatchReport, WatchSettings
 from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
 from detaudit.cli.session import err_console
 from detaudit.errors import ExitCode
+from detaudit.report.watch_model import Against, Cadence, WatchReport, WatchSettings
 from detaudit.run.files import write_output
 from detaudit.safetext import printable
 
@@ -69,10 +69,12 @@ class CadenceType(click.ParamType):
 @click.option("--torchrun-args", default="", metavar="ARGS",
               help="With --nproc-per-node: further torchrun options, as one quoted string.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+              help="Write the report as one self-contained HTML page.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line (on standard error).")
 def watch(script: str, script_args: tuple[str, ...], every: int, on_mismatch: str, status_every: Cadence,
           timeout: float | None, against: Path | None, out_dir: Path | None, nproc_per_node: int | None,
-          torchrun_args: str, json_path: Path | None, quiet: bool) -> NoReturn:
+          torchrun_args: str, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
     """Run SCRIPT once and check it while it runs: on the first optimizer step and every --every K-th after
     it, every op is executed a second time on copies of its inputs and must agree bit for bit (a mismatch is
     a nondeterministic kernel or a hardware fault). On the first mismatch the job is stopped before it saves a
@@ -82,13 +84,19 @@ def watch(script: str, script_args: tuple[str, ...], every: int, on_mismatch: st
     from detaudit.audit.watch import run_watch
 
     inputs = {"the watched script": Path(script), **({"--against": against} if against is not None else {})}
-    check_outputs(json_path, None, None, out_dir=out_dir, inputs=inputs)
+    if "-" in (str(json_path), str(html_path)):
+        raise click.UsageError("watch's standard output is the script's own: write --json and --html to files")
+    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs=inputs)
     settings = WatchSettings(every, "stop" if on_mismatch == "stop" else "continue", status_every, timeout, against,
                              nproc_per_node, _torchrun(nproc_per_node, torchrun_args, against))
     report = run_watch(script, list(script_args), out_dir, settings,
                        lambda line: err_console.print(escape(printable(line)), soft_wrap=True, highlight=False))
     if json_path is not None:
         write_output(json_path, json.dumps(report.to_json(), indent=2) + "\n")
+    if html_path is not None:
+        from detaudit.report.watch_html import write_watch_html
+
+        write_watch_html(report, html_path)
     if quiet:
         err_console.print(summary_line(report), soft_wrap=True)
     else:
@@ -145,14 +153,10 @@ def render_watch(report: WatchReport, console: Console) -> None:
                       f"{m.max_abs_diff:.3g}{ulp} — {_clean(m.verdict)}", soft_wrap=True)
     if report.against is not None:
         _render_against(report.against, console)
-    stopped = log.stopped
-    if stopped is not None:
-        target = f": {_clean(stopped.target)} was not written" if stopped.target else ": the update was not applied"
-        console.print(f"[bold]stopped[/] the job at step {stopped.step} before {stopped.before}{target}")
-    if stopped is None and report.result.stopped_at_step is not None:
-        why = "it differed from the reference" if report.replica is None else "its DDP replicas differed (every rank)"
-        console.print(f"[bold]stopped[/] the job after step {report.result.stopped_at_step}: {why}")
-    failed = report.result.exit_code not in (0, None) and stopped is None
+    stop = report.stop_sentence
+    if stop is not None:
+        console.print("[bold]stopped[/]" + _clean(stop.removeprefix("stopped")))
+    failed = report.result.exit_code not in (0, None) and log.stopped is None
     if failed or report.result.timed_out:
         how = "timed out" if report.result.timed_out else f"exited with status {report.result.exit_code}"
         console.print(f"[yellow]the script {how}[/]; see {_clean(Path(report.run_dir) / report.result.stderr)}")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import pytest
+from click.testing import CliRunner
 from rich.console import Console
 
-from detaudit.audit.watch import Cadence, WatchReport, WatchSettings
-from detaudit.cli.watch_command import CadenceType, render_watch
+from detaudit.cli.watch_command import CadenceType, render_watch, watch
+from detaudit.report.watch_model import Cadence, WatchReport, WatchSettings
 from detaudit.results import RepeatResult
 from detaudit.run.watchlog import Mismatch, Stopped, WatchLog
 
@@ -35,3 +38,10 @@ def test_status_every_takes_steps_or_seconds() -> None:
 def test_status_every_refuses_what_is_no_count() -> None:
     with pytest.raises(click.BadParameter):
         CadenceType().convert("soon", None, None)
+
+
+def test_a_report_into_standard_output_is_refused(tmp_path: Path) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("print('mine')\n")
+    result = CliRunner().invoke(watch, [str(script), "--json", "-"])
+    assert result.exit_code == 2

@@ -84,7 +84,7 @@ def test_a_bit_flipped_in_the_scripts_own_result_stops_the_save(tmp_path: Path) 
     """The flip lands in what the script computes in its final evaluation: the third execution sides with the
     replay, and the checkpoint the script was about to save is not written."""
     flip = {"op": "aten.addmm.default", "step": 8, "execution": 1}
-    result = watch(tmp_path, "fit_seeded.py", "--every", "2", env={FLIP: json.dumps(flip)})
+    result = watch(tmp_path, "fit_seeded.py", "--every", "2", "--html", "run.html", env={FLIP: json.dumps(flip)})
     assert result.returncode == 1
     assert result.report is not None
     assert result.report["mismatches"][0]["third_agrees_with"] == "second"
@@ -92,6 +92,7 @@ def test_a_bit_flipped_in_the_scripts_own_result_stops_the_save(tmp_path: Path) 
     assert result.report["not_written"] == "fitted.pt"
     assert not (tmp_path / "fitted.pt").exists()
     assert "fitted.pt was not written" in result.stderr
+    assert "fitted.pt was not written" in (tmp_path / "run.html").read_text()
 
 
 def test_on_mismatch_continue_records_every_mismatch_and_lets_the_job_finish(tmp_path: Path) -> None:
