@@ -351,13 +351,14 @@ class Watcher:
         from torch.optim import optimizer as optim
 
         self.rec.step_callbacks.append(self._on_step)
-        handle = optim.register_optimizer_step_pre_hook(self._before_update)
-        # first of the global pre-hooks: the window closes before the recorder fingerprints the gradients (its
-        # own ops, not replayed, but each would still pass through the mode's Python dispatch: a tenth of a
-        # small model's checked step), and a stop comes before anything of the update is recorded
+        # the window closes in the first of the global pre-hooks, before the recorder fingerprints the gradients
+        # (its own ops, not replayed, each would still pass through the mode's Python dispatch); the stop comes
+        # in the last, once the recorder has taken the step in (its count, the gradients the update would use)
+        handle = optim.register_optimizer_step_pre_hook(lambda *_: self._close())
         pre_hooks = getattr(optim, "_global_optimizer_pre_hooks", None)
         if isinstance(pre_hooks, OrderedDict) and handle.id in pre_hooks:
             pre_hooks.move_to_end(handle.id, last=False)
+        optim.register_optimizer_step_pre_hook(self._before_update)
         watcher = self
 
         def make_save(original: Callable[..., Any]) -> Callable[..., Any]:
