@@ -193,7 +193,7 @@ def run_watch(script: str, script_args: list[str], out_dir: Path | None, setting
     logs = [read_watch_log(path, rank) for path, rank in zip(_rank_files(events, ranks), ranks)] if ranks \
         else [read_watch_log(events)]
     return WatchReport(script, str(run_dir), settings, result, merged(logs), against,
-                       None if replicas is None else _replica_mismatch(replicas.poll(final=True)))
+                       None if replicas is None else _replica_mismatch(replicas.found))  # after the relay's last poll
 
 
 def _local_ranks(layout: Layout | None) -> list[int]:

@@ -26,6 +26,7 @@ class ReplicaWatch:
         self.tables: dict[int, ParamTable] = {rank: {} for rank in traces}
         self.reached: dict[int, int] = {rank: -1 for rank in traces}  # the highest step each rank recorded
         self.names: set[str] = set()
+        self.events_read: dict[int, int] = {rank: 0 for rank in traces}  # a rank's events already looked at
         self.found: ReplicaDivergence | None = None
         self.agrees_to: int | None = None  # the last step compared and found equal on every rank
         self.broken = False  # a trace could not be read: followed no further (the job runs on)
@@ -68,7 +69,8 @@ class ReplicaWatch:
             self.tables[rank].update(parameter_rows(records, trace.strings))
         if trace.footer is not None:
             self.reached[rank] = max(self.reached[rank], 1 << 62)  # ended: no step of it is still to come
-        self.names |= replica_names(trace.events)
+        self.names |= replica_names(trace.events[self.events_read[rank]:])
+        self.events_read[rank] = len(trace.events)
 
     def close(self) -> None:
         for trace in self.traces.values():

@@ -6,10 +6,14 @@ import io
 import json
 from pathlib import Path
 
+from synthetic import Rec, write_trace
+
 from detaudit.audit.watch import Relay
+from detaudit.audit.watch_replicas import ReplicaWatch
 from detaudit.compare.live import Follower
 from detaudit.report.watch_model import Cadence, WatchSettings
 from detaudit.run.launcher import RepeatPlan
+from detaudit.trace import Kind
 
 
 def _relay_files(tmp_path: Path, steps: int) -> tuple[RepeatPlan, Path]:
@@ -66,3 +70,20 @@ def test_each_ranks_lines_are_passed_on_whole(tmp_path: Path) -> None:
     assert out.getvalue() == b"whole\n"
     relay.poll(plan, True)
     assert out.getvalue() == b"whole\nhal"
+
+
+def test_a_drifting_replica_asks_every_rank_to_stop_after_it(tmp_path: Path) -> None:
+    ddp = {"type": "ddp", "loc": "t.py:5", "params": ["module.fc.weight"], "ignored": [], "backend": "gloo",
+           "bucket_cap_mb": None, "gradient_as_bucket_view": False, "static_graph": False,
+           "find_unused_parameters": False, "buffers": []}
+    traces = {rank: write_trace(tmp_path / f"w.rank-{rank}.trace",
+                                [Rec("module.fc.weight", v, step, Kind.PARAM) for step, v in enumerate(values)],
+                                {"exit_code": 0}, events=[(0, ddp)])
+              for rank, values in ((0, (1, 2, 3)), (1, (1, 7, 8)))}
+    plan = RepeatPlan(0, "auto", tmp_path / "w.trace", tmp_path / "w.stdout", tmp_path / "w.stderr",
+                      child_config={"stop_file": str(tmp_path / "w.stop")})
+    lines: list[str] = []
+    relay = Relay([], WatchSettings(), lines.append, [], replicas=ReplicaWatch(traces))
+    relay.poll(plan, False)
+    assert json.loads((tmp_path / "w.stop").read_text()) == {"at_step": 2, "diverged_at_step": 1}
+    assert lines == ["detaudit watch: DDP replica module.fc.weight differs on rank 1 from rank 0 at step 1"]
