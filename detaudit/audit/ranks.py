@@ -331,36 +331,54 @@ def _replicas_differ(paths: dict[int, Path]) -> ReplicaDivergence | None:
     if len(paths) < 2:
         return None
     params = {rank: _parameters(path) for rank, path in paths.items()}
-    replicas = {n for names, _ in params.values() for n in names}
-    if not replicas:
+    return differing_replica({rank: table for rank, (_, table) in params.items()},
+                             {n for names, _ in params.values() for n in names})
+
+
+# a rank's parameter records: (step, name) -> (digest, samples)
+ParamTable = dict[tuple[int, str], tuple[int, np.ndarray]]
+
+
+def differing_replica(tables: dict[int, ParamTable], replicas: set[str]) -> ReplicaDivergence | None:
+    """The first DDP-replicated parameter record (by step, then name) on which a rank differs from the lowest
+    rank; `replicas`: the names the ranks' `ddp` events list. Also `watch`'s live check (audit/watch_replicas.py)."""
+    if len(tables) < 2 or not replicas:
         return None
-    reference = min(params)
-    ref_table = params[reference][1]
+    reference = min(tables)
+    ref_table = tables[reference]
     for key in sorted(k for k in ref_table if _is_replica(k[1], replicas)):
         digest, samples = ref_table[key]
-        differing = [rank for rank in sorted(params) if rank != reference and key in params[rank][1]
-                     and params[rank][1][key][0] != digest]
+        differing = [rank for rank in sorted(tables) if rank != reference and key in tables[rank]
+                     and tables[rank][key][0] != digest]
         if differing:
-            diffs = [float(gaps(samples, params[rank][1][key][1]).max()) for rank in differing]
+            diffs = [float(gaps(samples, tables[rank][key][1]).max()) for rank in differing]
             return ReplicaDivergence(step=key[0], name=key[1], ranks=differing, reference=reference,
                                      max_abs_diff=max(diffs), repeats=[])
     return None
 
 
-def _parameters(path: Path) -> tuple[set[str], dict[tuple[int, str], tuple[int, np.ndarray]]]:
+def replica_names(events: Sequence[dict[str, Any]]) -> set[str]:
+    """The parameter names DDP keeps identical on every rank, from a rank's `ddp` events."""
+    return {str(n) for e in events if isinstance(e, dict) and e.get("type") == "ddp" for n in e.get("params", [])}
+
+
+def parameter_rows(records: np.ndarray, strings: Sequence[str]) -> ParamTable:
+    """A chunk's parameter records by (step, name)."""
+    return {(int(row["step"]), strings[int(row["name"])]): (int(row["digest"]),
+                                                            np.asarray(row["samples"], dtype=np.float64))
+            for row in records[records["kind"] == Kind.PARAM]}
+
+
+def _parameters(path: Path) -> tuple[set[str], ParamTable]:
     """A rank's DDP parameter names (its `ddp` events) and its parameter records by (step, name),
     streamed: only parameter records are kept, however long the trace."""
     stream = RecordStream(path)
-    table: dict[tuple[int, str], tuple[int, np.ndarray]] = {}
+    table: ParamTable = {}
     for chunk in stream.chunks():
         stream.check_strings(chunk)
-        for row in chunk[chunk["kind"] == Kind.PARAM]:
-            table[(int(row["step"]), stream.strings[int(row["name"])])] = (
-                int(row["digest"]), np.asarray(row["samples"], dtype=np.float64))
+        table.update(parameter_rows(chunk, stream.strings))
     stream.drain()
-    names = {str(n) for e in stream.events if isinstance(e, dict) and e.get("type") == "ddp"
-             for n in e.get("params", [])}
-    return names, table
+    return replica_names(stream.events), table
 
 
 def teardown_crash(run_dir: Path, result: RepeatResult, layout: Layout) -> TeardownCrash | None:

@@ -3,146 +3,57 @@
 The job is one repeat of `run` at step granularity with a `watch` entry in its child config. While it runs,
 its standard output is passed through to ours byte for byte and its standard error to ours (a job's log:
 detaudit's own lines go to standard error only), and a one-line status is written every `status_every` steps
-and at each mismatch. The report is built from the events file the job appended to (run/watchlog.py).
+or seconds and at each mismatch. The report is built from the events file the job appended to (run/watchlog.py).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, TypedDict
+from typing import Any, BinaryIO
 
 from detaudit.audit.against import Reference, changes, first_difference, follow, load_reference
 from detaudit.audit.pipeline import ended
-from detaudit.compare.baseline_diff import EnvironmentChange
+from detaudit.audit.watch_replicas import ReplicaWatch
 from detaudit.compare.live import Follower
-from detaudit.errors import ExitCode, OutputError
-from detaudit.results import RepeatResult
+from detaudit.errors import OutputError
+from detaudit.report.model import ReplicaDivergence
+from detaudit.report.watch_model import Against, WatchReport, WatchSettings
+from detaudit.run import distributed
 from detaudit.run.devices import resolve_devices
+from detaudit.run.distributed import Layout, node_rank, rank_config
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats, request_stop
 from detaudit.run.rundir import new_run_dir
-from detaudit.run.watchlog import Mismatch, MismatchJson, WatchLog, read_watch_log
+from detaudit.run.watchlog import Mismatch, merged, read_watch_log
 
 EVENTS_FILE = "watch-events.jsonl"
-OnMismatch = Literal["stop", "continue"]
-Verdict = Literal["clean", "mismatch"]
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    """How the job is watched: every `every`-th optimizer step is replayed (step 0 first)."""
-
-    every: int = 20
-    on_mismatch: OnMismatch = "stop"
-    status_every: int = 100  # steps between two status lines on standard error
-    timeout: float | None = None
-    against: Path | None = None  # --against: a run directory or baseline the run is compared with
-
-
-class ChangeJson(TypedDict):
-    field: str
-    reference: Any
-    current: Any
-
-
-class AgainstJson(TypedDict):
-    reference: str
-    agrees_to_step: int | None
-    changes: list[ChangeJson]
-
-
-@dataclass(frozen=True)
-class Against:
-    """The run compared with its reference: the last step that agreed, and what changed between the two."""
-
-    reference: str
-    agrees_to_step: int | None
-    difference: Mismatch | None
-    changes: tuple[EnvironmentChange, ...] = ()
-
-    def to_json(self) -> AgainstJson:
-        return {"reference": self.reference, "agrees_to_step": self.agrees_to_step,
-                "changes": [{"field": c.field, "reference": c.baseline, "current": c.current} for c in self.changes]}
-
-
-class WatchJson(TypedDict):
-    verdict: Verdict
-    script: str
-    run_dir: str
-    exit_code: int | None
-    steps: int
-    checked_steps: list[int]
-    replayed_ops: int
-    skipped_ops: dict[str, int]
-    mismatches: list[MismatchJson]
-    stopped_before: str | None
-    not_written: str | None
-    stopped_at_step: int | None
-    every: int
-    on_mismatch: str
-    against: AgainstJson | None
-
-
-@dataclass(frozen=True)
-class WatchReport:
-    """The watched job: how it ended and what the replay found."""
-
-    script: str
-    run_dir: str
-    settings: WatchSettings
-    result: RepeatResult
-    log: WatchLog
-    against: Against | None = None
-
-    @property
-    def mismatches(self) -> tuple[Mismatch, ...]:
-        """The replay's mismatches, then the first difference from the reference."""
-        found = self.against.difference if self.against is not None else None
-        return self.log.mismatches + ((found,) if found is not None else ())
-
-    @property
-    def verdict(self) -> Verdict:
-        return "mismatch" if self.mismatches else "clean"
-
-    @property
-    def exit_code(self) -> int:
-        """1 on a mismatch; else the job's own failure (a timeout, a script that failed), else 0."""
-        if self.mismatches:
-            return ExitCode.DIVERGENT
-        if self.result.timed_out:
-            return ExitCode.TIMEOUT
-        if self.result.exit_code not in (0, None):
-            return ExitCode.SCRIPT_FAILED
-        return ExitCode.DETERMINISTIC
-
-    def to_json(self) -> WatchJson:
-        stopped = self.log.stopped
-        return {"verdict": self.verdict, "script": self.script, "run_dir": self.run_dir,
-                "exit_code": self.result.exit_code, "steps": self.log.steps,
-                "checked_steps": list(self.log.checked_steps), "replayed_ops": self.log.replayed_ops,
-                "skipped_ops": dict(self.log.skipped_ops), "mismatches": [m.to_json() for m in self.mismatches],
-                "stopped_before": None if stopped is None else stopped.before,
-                "not_written": None if stopped is None else stopped.target,
-                "stopped_at_step": stopped.step if stopped is not None else self.result.stopped_at_step,
-                "every": self.settings.every, "on_mismatch": self.settings.on_mismatch,
-                "against": None if self.against is None else self.against.to_json()}
 
 
 class Relay:
-    """Passes the job's output through while it runs and writes the status lines (launcher.Watch)."""
+    """Passes the job's output through while it runs and writes the status lines (launcher.Watch).
 
-    def __init__(self, events: Path, settings: WatchSettings, status: Callable[[str], None],
-                 stdout: BinaryIO, stderr: BinaryIO, follower: Follower | None = None) -> None:
-        """`follower`: --against's live comparison of the run's trace with the reference's."""
-        self.events = events
+    `outputs`: each capture file and where it goes (under torchrun: torchrun's own, and each rank's standard
+    output, passed on in whole lines so that ranks never split each other's lines); `events`: the events files,
+    the lowest rank's first (its steps drive the status line); `follower`: --against's live comparison;
+    `replicas`: the live replica check under torchrun. `clock`: seconds, for a status every so many seconds.
+    """
+
+    def __init__(self, events: Sequence[Path], settings: WatchSettings, status: Callable[[str], None],
+                 outputs: Sequence[tuple[Path, BinaryIO, bool]], follower: Follower | None = None,
+                 replicas: ReplicaWatch | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.events = list(events)
         self.follower = follower
+        self.replicas = replicas
         self.diverged_at: int | None = None
         self.settings = settings
         self.status = status
-        self.sinks = {"stdout": stdout, "stderr": stderr}
-        self.offsets = {"stdout": 0, "stderr": 0, "events": 0}
+        self.outputs = list(outputs)
+        self.offsets: dict[Path, int] = {}
+        self.clock = clock
+        self.last_status = clock()
+        self.step = 0  # steps the lowest rank completed
         self.checked = 0
         self.mismatches = 0
 
@@ -150,66 +61,80 @@ class Relay:
         return {}
 
     def poll(self, plan: RepeatPlan, final: bool) -> None:
-        self._pass_on("stdout", plan.stdout)
-        self._pass_on("stderr", plan.stderr)
-        for event in self._new_events():
-            self._on_event(event)
-        if self.follower is not None and self.diverged_at is None:
-            self._follow(plan)
+        for path, sink, whole_lines in self.outputs:
+            self._pass_on(path, sink, whole_lines and not final)
+        for n, events in enumerate(self.events):
+            for event in self._new_events(events):
+                self._on_event(event, lowest=n == 0)
+        if self.diverged_at is None:
+            self._follow(plan, final)
+        cadence = self.settings.status_every
+        if cadence.unit == "seconds" and not final:
+            now = self.clock()
+            if now - self.last_status >= cadence.every:
+                self.last_status = now
+                self._status()
 
-    def _follow(self, plan: RepeatPlan) -> None:
-        """Compare what both traces hold; at the first difference say so and, unless told to continue, ask the
-        job to stop at its next step boundary."""
-        follower = self.follower
-        assert follower is not None
-        follower.poll()
-        if follower.diverged_at is None:
+    def _follow(self, plan: RepeatPlan, final: bool) -> None:
+        """Compare what the traces hold (with the reference's, the ranks' with each other); at the first
+        difference say so and, unless told to continue, ask the job to stop at a step boundary after it
+        (every rank at the same one, recorder/agree.py)."""
+        what = "differs from the reference"
+        if self.follower is not None:
+            self.follower.poll()
+            self.diverged_at = self.follower.diverged_at
+        if self.diverged_at is None and self.replicas is not None:
+            found = self.replicas.poll(final)
+            if found is not None:
+                self.diverged_at = found.step
+                what = f"DDP replica {found.name} differs on rank {found.ranks[0]} from rank {found.reference}"
+        if self.diverged_at is None:
             return
-        self.diverged_at = follower.diverged_at
-        self.status(f"detaudit watch: differs from the reference at step {self.diverged_at}")
-        if self.settings.on_mismatch == "stop":
+        self.mismatches += 1
+        self.status(f"detaudit watch: {what} at step {self.diverged_at}")
+        if self.settings.on_mismatch == "stop" and not final:
             try:
-                request_stop(plan, self.diverged_at, self.diverged_at)
+                request_stop(plan, self.diverged_at + 1, self.diverged_at)
             except OutputError:  # the run directory went away: the launcher says so when the job ends
                 return
 
-    def _read_new(self, name: str, path: Path, whole_lines: bool) -> bytes:
+    def _read_new(self, path: Path, whole_lines: bool) -> bytes:
         try:
             with open(path, "rb") as fh:
-                fh.seek(self.offsets[name])
+                fh.seek(self.offsets.get(path, 0))
                 data = fh.read()
         except FileNotFoundError:
             return b""
         if whole_lines:
             data = data[:data.rfind(b"\n") + 1]
-        self.offsets[name] += len(data)
+        self.offsets[path] = self.offsets.get(path, 0) + len(data)
         return data
 
-    def _pass_on(self, name: str, path: Path) -> None:
-        data = self._read_new(name, path, whole_lines=False)
+    def _pass_on(self, path: Path, sink: BinaryIO, whole_lines: bool) -> None:
+        data = self._read_new(path, whole_lines)
         if data:
-            self.sinks[name].write(data)
-            self.sinks[name].flush()
+            sink.write(data)
+            sink.flush()
 
-    def _new_events(self) -> list[dict[str, Any]]:
+    def _new_events(self, path: Path) -> list[dict[str, Any]]:
         import json
 
         events = []
-        for line in self._read_new("events", self.events, whole_lines=True).splitlines():
+        for line in self._read_new(path, whole_lines=True).splitlines():
             try:
                 events.append(json.loads(line))
             except ValueError:
                 continue
         return events
 
-    def _on_event(self, event: dict[str, Any]) -> None:
+    def _on_event(self, event: dict[str, Any], lowest: bool) -> None:
         kind = event.get("event")
-        if kind == "step":
+        if kind == "step" and lowest:
             self.checked += bool(event.get("checked"))
-            step = int(event.get("step", 0))
-            if (step + 1) % self.settings.status_every == 0:
-                self.status(f"detaudit watch: step {step + 1}, {self.checked} checked, {self.mismatches} "
-                            f"mismatch{'es' if self.mismatches != 1 else ''}")
+            self.step = int(event.get("step", 0)) + 1
+            cadence = self.settings.status_every
+            if cadence.unit == "steps" and self.step % cadence.every == 0:
+                self._status()
         elif kind == "mismatch":
             self.mismatches += 1
             found = Mismatch.from_json(event)
@@ -217,6 +142,19 @@ class Relay:
                         f"(max |diff| {found.max_abs_diff:.3g}, {found.max_ulp} ULP)")
         elif kind == "stopped":
             self.status(f"detaudit watch: stopped the job before {event.get('before')}")
+
+    def _status(self) -> None:
+        """The one-line status: steps done and checked, mismatches, how far the live comparison agrees."""
+        line = (f"detaudit watch: step {self.step}, {self.checked} checked, {self.mismatches} "
+                f"mismatch{'es' if self.mismatches != 1 else ''}")
+        if self.follower is not None and self.diverged_at is None:
+            agreed = self.follower.agrees_to
+            line += "; against the reference: " + ("nothing compared yet" if agreed is None
+                                                    else f"agrees up to step {agreed}")
+        if self.replicas is not None and self.diverged_at is None:
+            agreed = self.replicas.agrees_to
+            line += "; DDP replicas: " + ("nothing compared yet" if agreed is None else f"agree up to step {agreed}")
+        self.status(line)
 
 
 def run_watch(script: str, script_args: list[str], out_dir: Path | None, settings: WatchSettings,
@@ -226,23 +164,64 @@ def run_watch(script: str, script_args: list[str], out_dir: Path | None, setting
     reference = load_reference(settings.against) if settings.against is not None else None
     run_dir = new_run_dir(Path(script), out_dir)
     events = run_dir / EVENTS_FILE
-    config = {"watch": {"events": str(events), "every": settings.every, "on_mismatch": settings.on_mismatch}}
+    nproc = settings.nproc_per_node
+    layout = Layout(nproc, node_rank(list(settings.torchrun_args))) if nproc else None
+    config = {"watch": {"events": str(events), "every": settings.every, "on_mismatch": settings.on_mismatch},
+              **rank_config(nproc)}
     device = resolve_devices(["auto"])[0]
     plan = plan_repeats(run_dir, 1, [device], reference.granularity if reference is not None else "step",
-                        child_config=config, prefix="watch", own_device=True, stoppable=reference is not None)[0]
+                        child_config=config, prefix="watch", own_device=True,
+                        stoppable=reference is not None or layout is not None)[0]
+    ranks = _local_ranks(layout)
     follower = follow(reference, plan.trace) if reference is not None else None
-    relay = Relay(events, settings, status, sys.stdout.buffer, sys.stderr.buffer, follower)
+    replicas = ReplicaWatch({r: plan.trace.with_name(Layout.rank_file(plan.trace.name, r)) for r in ranks}) \
+        if layout is not None else None
+    relay = Relay(_rank_files(events, ranks), settings, status, _outputs(plan, ranks), follower, replicas)
+    launcher = distributed.launcher(nproc, list(settings.torchrun_args), script, script_args, settings.timeout, 1,
+                                    None, watch=relay) or Launcher(script, script_args, settings.timeout, watch=relay)
     try:
-        result = ended(Launcher(script, script_args, settings.timeout, watch=relay).run([plan])[0], run_dir)
+        result = ended(launcher.run([plan])[0], run_dir, layout)
     except Interrupted as exc:
         exc.run_dir = run_dir
         raise
     finally:
-        if follower is not None:
-            follower.close()
+        for live in (follower, replicas):
+            if live is not None:
+                live.close()
     against = None if reference is None else _against(reference, script, script_args, plan.trace, device,
                                                       follower)
-    return WatchReport(script, str(run_dir), settings, result, read_watch_log(events), against)
+    logs = [read_watch_log(path, rank) for path, rank in zip(_rank_files(events, ranks), ranks)] if ranks \
+        else [read_watch_log(events)]
+    return WatchReport(script, str(run_dir), settings, result, merged(logs), against,
+                       None if replicas is None else _replica_mismatch(replicas.found))  # after the relay's last poll
+
+
+def _local_ranks(layout: Layout | None) -> list[int]:
+    """The ranks this node launches (none for a single process)."""
+    if layout is None:
+        return []
+    first = (layout.node_rank or 0) * layout.nproc_per_node
+    return list(range(first, first + layout.nproc_per_node))
+
+
+def _rank_files(path: Path, ranks: list[int]) -> list[Path]:
+    """A file of the job, or each rank's copy of it under torchrun (lowest rank first)."""
+    return [path.with_name(Layout.rank_file(path.name, r)) for r in ranks] if ranks else [path]
+
+
+def _outputs(plan: RepeatPlan, ranks: list[int]) -> list[tuple[Path, BinaryIO, bool]]:
+    """The captures passed through: the job's standard output and error (torchrun's own, under torchrun), and
+    each rank's standard output in whole lines."""
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+    return [(plan.stdout, out, False), (plan.stderr, err, False),
+            *((path, out, True) for path in (_rank_files(plan.stdout, ranks) if ranks else []))]
+
+
+def _replica_mismatch(found: ReplicaDivergence | None) -> Mismatch | None:
+    if found is None:
+        return None
+    return Mismatch(found.step, found.name, None, None, None, found.max_abs_diff or 0.0, 0, None, "replica",
+                    found.ranks[0])
 
 
 def _against(reference: Reference, script: str, script_args: list[str], trace: Path, device: str,

@@ -15,25 +15,54 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from detaudit.audit.watch import Against, WatchReport, WatchSettings
 from detaudit.cli.options import (
     RunCommand,
     check_outputs,
+    html_option,
     json_option,
+    nproc_option,
     option_group,
     out_option,
     quiet_option,
     script_arguments,
     timeout_option,
+    torchrun_args_option,
 )
 from detaudit.cli.session import err_console
 from detaudit.errors import ExitCode
+from detaudit.report.watch_model import Against, Cadence, WatchReport, WatchSettings
 from detaudit.run.files import write_output
 from detaudit.safetext import printable
 
 _EXIT_CODES = ("\b\nExit codes:\n  0    clean: every replayed op agreed bit for bit, the script exited 0\n"
                "  1    mismatch: an op's replay disagreed (the job was stopped unless --on-mismatch continue)\n"
                + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
+
+
+class CadenceType(click.ParamType):
+    """`--status-every`: N steps, or `Ns` seconds."""
+
+    name = "N|Ns"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> Cadence:
+        if isinstance(value, Cadence):
+            return value
+        text = str(value).strip()
+        seconds = text.endswith("s")
+        try:
+            every = float(text.removesuffix("s")) if seconds else int(text)
+        except ValueError:
+            every = 0
+        if not every > 0 or every == float("inf"):
+            self.fail(f"{value!r} is neither a number of steps (100) nor of seconds (60s)", param, ctx)
+        return Cadence(every, "seconds" if seconds else "steps")
+
+
+def watch_settings(every: int, on_mismatch: str, status_every: Cadence, timeout: float | None,
+                   against: Path | None, nproc_per_node: int | None, torchrun_args: str) -> WatchSettings:
+    """watch's options as the one value the library takes (--torchrun-args parsed, its combinations checked)."""
+    return WatchSettings(every, "stop" if on_mismatch == "stop" else "continue", status_every, timeout, against,
+                         nproc_per_node, _torchrun(nproc_per_node, torchrun_args, against))
 
 
 @click.command(cls=RunCommand, epilog=_EXIT_CODES)
@@ -43,19 +72,23 @@ _EXIT_CODES = ("\b\nExit codes:\n  0    clean: every replayed op agreed bit for 
 @click.option("--on-mismatch", type=click.Choice(["stop", "continue"]), default="stop", show_default=True,
               help="stop: end the job before its next torch.save or optimizer.step after a mismatch (exit 1); "
                    "continue: record every mismatch and let the job finish.")
-@click.option("--status-every", type=click.IntRange(min=1), default=WatchSettings.status_every, show_default=True,
-              help="Steps between two status lines on standard error.")
+@click.option("--status-every", type=CadenceType(), default=str(WatchSettings.status_every), show_default=True,
+              help="A status line on standard error every N optimizer steps, or every N seconds (`60s`).")
 @timeout_option("Seconds the job may run.")
 @out_option
 @click.option("--against", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR|BASELINE",
               help="Compare the run record by record with an earlier recording of the script while it runs (a "
                    "baseline saved by `run --save-baseline`, or a run directory's first repeat); the first "
                    "difference is a mismatch, and the job is stopped at its next step boundary.")
+@nproc_option("Launch the script under torchrun with this many ranks (as `run` does); each rank is replayed, "
+              "and the DDP replicas are compared across ranks at every step.")
+@torchrun_args_option("With --nproc-per-node: further torchrun options, as one quoted string.")
 @json_option
+@html_option("Write the report as one self-contained HTML page.")
 @quiet_option("Print only the verdict line (on standard error).")
-@option_group(WatchSettings, "settings")  # --every, --on-mismatch, --status-every, --timeout, --against
+@option_group(watch_settings, "settings")  # --every ... --torchrun-args
 def watch(script: str, script_args: tuple[str, ...], settings: WatchSettings, out_dir: Path | None,
-          json_path: Path | None, quiet: bool) -> NoReturn:
+          json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
     """Run SCRIPT once and check it while it runs: on the first optimizer step and every --every K-th after
     it, every op is executed a second time on copies of its inputs and must agree bit for bit (a mismatch is
     a nondeterministic kernel or a hardware fault). On the first mismatch the job is stopped before it saves a
@@ -65,17 +98,37 @@ def watch(script: str, script_args: tuple[str, ...], settings: WatchSettings, ou
     from detaudit.audit.watch import run_watch
 
     against = settings.against
+    against = settings.against
     inputs = {"the watched script": Path(script), **({"--against": against} if against is not None else {})}
-    check_outputs(json_path, None, None, out_dir=out_dir, inputs=inputs)
+    if "-" in (str(json_path), str(html_path)):
+        raise click.UsageError("watch's standard output is the script's own: write --json and --html to files")
+    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs=inputs)
     report = run_watch(script, list(script_args), out_dir, settings,
                        lambda line: err_console.print(escape(printable(line)), soft_wrap=True, highlight=False))
     if json_path is not None:
         write_output(json_path, json.dumps(report.to_json(), indent=2) + "\n")
+    if html_path is not None:
+        from detaudit.report.watch_html import write_watch_html
+
+        write_watch_html(report, html_path)
     if quiet:
         err_console.print(summary_line(report), soft_wrap=True)
     else:
         render_watch(report, err_console)
     sys.exit(report.exit_code)
+
+
+def _torchrun(nproc_per_node: int | None, torchrun_args: str, against: Path | None) -> tuple[str, ...]:
+    from detaudit.run.distributed import parse_torchrun_args
+
+    if not nproc_per_node:
+        if torchrun_args:
+            raise click.UsageError("--torchrun-args needs --nproc-per-node")
+        return ()
+    if against is not None:
+        raise click.UsageError("--against does not support --nproc-per-node yet (a reference keeps one trace; a "
+                               "torchrun job has one per rank)")
+    return tuple(parse_torchrun_args(torchrun_args))
 
 
 def _clean(text: object) -> str:
@@ -105,21 +158,19 @@ def render_watch(report: WatchReport, console: Console) -> None:
         console.print("not replayed: " + ", ".join(f"{count} {_clean(why)}" for why, count in
                                                    sorted(log.skipped_ops.items())))
     for m in report.mismatches:
-        where = _clean(m.location or "?")
+        where = f" at {_clean(m.location or '?')}" if m.check != "replica" else ""
         what = _clean(m.op) + (f" (backward of {_clean(m.backward_of)})" if m.backward_of else "")
         module = f" in {_clean(m.module)}" if m.module else ""
-        console.print(f"[bold red]mismatch[/] ({m.check}) at step {m.step}: {what}{module} at {where}: max |diff| "
-                      f"{m.max_abs_diff:.3g}, {m.max_ulp} ULP — {_clean(m.verdict)}", soft_wrap=True)
+        rank = f" on rank {m.rank}" if m.rank is not None else ""
+        ulp = f", {m.max_ulp} ULP" if m.check != "replica" else ""
+        console.print(f"[bold red]mismatch[/] ({m.check}) at step {m.step}{rank}: {what}{module}{where}: max |diff| "
+                      f"{m.max_abs_diff:.3g}{ulp} — {_clean(m.verdict)}", soft_wrap=True)
     if report.against is not None:
         _render_against(report.against, console)
-    stopped = log.stopped
-    if stopped is not None:
-        target = f": {_clean(stopped.target)} was not written" if stopped.target else ": the update was not applied"
-        console.print(f"[bold]stopped[/] the job at step {stopped.step} before {stopped.before}{target}")
-    if stopped is None and report.result.stopped_at_step is not None:
-        console.print(f"[bold]stopped[/] the job after step {report.result.stopped_at_step}: it differed from the "
-                      "reference")
-    failed = report.result.exit_code not in (0, None) and stopped is None
+    stop = report.stop_sentence
+    if stop is not None:
+        console.print("[bold]stopped[/]" + _clean(stop.removeprefix("stopped")))
+    failed = report.result.exit_code not in (0, None) and log.stopped is None
     if failed or report.result.timed_out:
         how = "timed out" if report.result.timed_out else f"exited with status {report.result.exit_code}"
         console.print(f"[yellow]the script {how}[/]; see {_clean(Path(report.run_dir) / report.result.stderr)}")

@@ -29,6 +29,7 @@ import ctypes
 import json
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -67,11 +68,15 @@ class StepReplay(TorchDispatchMode):
         self.rec = recorder
         self.log = log
         self.flip = flip
-        self.kinds: dict[Any, tuple[str, bool, bool]] = {}  # op -> (what to do, writes an input, random)
+        self.kinds: dict[Any, tuple[str, Written, bool]] = {}  # op -> (what to do, the inputs it writes, random)
         self.replayed = 0
         self.skipped: dict[str, int] = {}
         self.mismatches = 0
-        self.pid = os.getpid()  # a forked DataLoader worker inherits the mode: it replays nothing
+        self.forked = False  # a forked DataLoader worker inherits the mode: it replays nothing
+        os.register_at_fork(after_in_child=self._in_forked_child)
+
+    def _in_forked_child(self) -> None:
+        self.forked = True
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -79,22 +84,38 @@ class StepReplay(TorchDispatchMode):
         return True
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # run for every op of a checked step, views included: kept lean (a checked step's cost over twice a
+        # plain one is mostly this method's and the comparison's; benchmarks/watch.py)
         kwargs = kwargs or {}
-        if self.rec.internal or os.getpid() != self.pid:
-            return func(*args, **kwargs)
         kind = self.kinds.get(func)
         if kind is None:
             kind = self.kinds[func] = _kind(func)
-        what, writes, random = kind
-        if what != REPLAY:
-            if what != PASS:
-                self.skipped[what] = self.skipped.get(what, 0) + 1
+        what, written, random = kind
+        if what is PASS or self.rec.internal or self.forked:
             return func(*args, **kwargs)
-        return self._replay(func, args, kwargs, writes, random)
-
-    def _replay(self, func: Any, args: Any, kwargs: Any, writes: bool, random: bool) -> Any:
+        if what is not REPLAY:
+            self.skipped[what] = self.skipped.get(what, 0) + 1
+            return func(*args, **kwargs)
+        if written or random or self.flip is not None:
+            return self._replay(func, args, kwargs, written, random)
+        # an op that only reads its inputs and draws nothing: run again on the same inputs, no copy, no state
+        first = func(*args, **kwargs)
         try:
-            pristine = _copy((args, kwargs)) if writes else (args, kwargs)
+            second = func(*args, **kwargs)
+            differs = _differs(first, second)
+            if differs is not None:
+                self._mismatch(func, differs, _agrees(first, second, func(*args, **kwargs)), depth=2)
+            self.replayed += 1
+        except Exception:  # the replay's own failure (out of memory) is never the script's
+            self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
+        return first
+
+    def _replay(self, func: Any, args: Any, kwargs: Any, written: Written, random: bool) -> Any:
+        """The general case: inputs the op writes copied first, the generator's state restored, the test seam."""
+        writes = bool(written)
+        try:
+            copy = _copier(args, kwargs, written)
+            pristine = copy((args, kwargs)) if writes else (args, kwargs)
         except Exception:  # no memory for the copies: the op runs once, unchecked
             self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
             return func(*args, **kwargs)
@@ -104,7 +125,7 @@ class StepReplay(TorchDispatchMode):
         self._flip(func, first, 1)
         after = generator.get_state() if generator is not None else None
         try:
-            second = self._again(func, _copy(pristine) if writes else pristine, generator, before, 2)
+            second = self._again(func, copy(pristine) if writes else pristine, generator, before, 2)
             differs = _differs(first, second)
             if differs is not None:
                 third = self._again(func, pristine, generator, before, 3)
@@ -137,10 +158,11 @@ class StepReplay(TorchDispatchMode):
         bits.bitwise_xor_(1)
         self.flip = None
 
-    def _mismatch(self, func: Any, differs: tuple[float, int], third: str) -> None:
+    def _mismatch(self, func: Any, differs: tuple[float, int], third: str, depth: int = 3) -> None:
+        """`depth`: this frame's distance from the op's caller (through __torch_dispatch__, and _replay)."""
         self.mismatches += 1
         node: Any = torch._C._current_autograd_node()
-        frame = location.user_frame(3)
+        frame = location.user_frame(depth)
         where = f"{location.display_path(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else None
         stack = self.rec.local.module_stack
         module = self.rec.writer.text(stack[-1]) if stack and node is None else None
@@ -149,20 +171,54 @@ class StepReplay(TorchDispatchMode):
                         "max_abs_diff": differs[0], "max_ulp": differs[1], "third_agrees_with": third})
 
 
-def _kind(func: Any) -> tuple[str, bool, bool]:
-    """What the replay does with an op: replay it, pass it through, or skip it (and why); whether it writes an
-    input; whether it draws random numbers."""
+# the arguments an op writes (in place, `out=`), by position in its schema and by name
+Written = tuple[tuple[int, str], ...]
+
+
+def _kind(func: Any) -> tuple[str, Written, bool]:
+    """What the replay does with an op: replay it, pass it through, or skip it (and why); the inputs it writes;
+    whether it draws random numbers."""
     packet = func.overloadpacket.__name__
     if func.namespace in PASS_NAMESPACES or func.is_view or \
             (packet in STORAGE_ALIAS_OPS and "Storage" in func._overloadname):
-        return PASS, False, False
+        return PASS, (), False
     if packet in UNINIT_OPS:
-        return UNINIT, False, False
+        return UNINIT, (), False
     if func.namespace == "c10d":
-        return COLLECTIVE, False, False
-    writes = any(a.is_out or (a.alias_info is not None and a.alias_info.is_write) for a in func._schema.arguments)
+        return COLLECTIVE, (), False
+    written = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                    if a.is_out or (a.alias_info is not None and a.alias_info.is_write))
     random = packet in RANDOM_OPS or torch.Tag.nondeterministic_seeded in func.tags
-    return REPLAY, writes, random
+    return REPLAY, written, random
+
+
+def _copier(args: Any, kwargs: Any, written: Written) -> Callable[[Any], Any]:
+    """How the call's (args, kwargs) are copied for another execution: the inputs the op writes cloned, those it
+    only reads shared (the first execution leaves them as they were), unless a read input shares memory with a
+    written one (`add_(x, x.t())`): then every tensor is cloned."""
+    positions = {i for i, _ in written}
+    names = {name for _, name in written}
+    try:
+        writes = {_storage(t) for i, a in enumerate(args) if i in positions for t in tensors_in(a)} | \
+            {_storage(t) for k, v in kwargs.items() if k in names for t in tensors_in(v)}
+        reads = [_storage(t) for i, a in enumerate(args) if i not in positions for t in tensors_in(a)] + \
+            [_storage(t) for k, v in kwargs.items() if k not in names for t in tensors_in(v)]
+    except Exception:  # a tensor with no storage to compare (a subclass, a sparse one): clone them all
+        return _copy
+    if any(r in writes for r in reads):
+        return _copy
+
+    def copy_written(call: Any) -> Any:
+        memo: dict[int, Any] = {}  # one clone per tensor: written aliases stay aliases
+        call_args, call_kwargs = call
+        return (tuple(_copy(a, memo) if i in positions else a for i, a in enumerate(call_args)),
+                {k: _copy(v, memo) if k in names else v for k, v in call_kwargs.items()})
+
+    return copy_written
+
+
+def _storage(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().data_ptr())
 
 
 def _copy(value: Any, memo: dict[int, Any] | None = None) -> Any:
@@ -203,34 +259,43 @@ _memcmp = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctype
 
 def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
     """Whether two tensors of one shape and dtype hold the same bytes."""
-    x, y = x.detach().reshape(-1).contiguous(), y.detach().reshape(-1).contiguous()
-    if x.device.type == "cpu" and y.device.type == "cpu":
+    if x.is_cpu and y.is_cpu:
+        if not (x.is_contiguous() and y.is_contiguous()):  # one layout for both: then their bytes compare
+            x, y = x.detach().contiguous(), y.detach().contiguous()
         size = x.numel() * x.element_size()
         return size == 0 or _memcmp(x.data_ptr(), y.data_ptr(), size) == 0
+    x, y = x.detach().reshape(-1).contiguous(), y.detach().reshape(-1).contiguous()
     wide = _INT_OF.get(x.element_size(), torch.uint8)  # integers of the element's width: bytes, exactly
     return torch.equal(x.view(wide), y.view(wide))
 
 
 def _comparable(t: torch.Tensor) -> bool:
-    return t.layout == torch.strided and not t.is_nested and not t.is_quantized and t.device.type != "meta"
+    return t.layout == torch.strided and not t.is_nested and not t.is_quantized and not t.is_meta
 
 
 def _differs(a: Any, b: Any) -> tuple[float, int] | None:
     """(max |diff|, max ULP) over the outputs when any bit differs; None when they agree bit for bit."""
-    found: tuple[float, int] | None = None
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):  # most ops: one tensor out
+        return _pair_differs(a, b)
     left, right = list(tensors_in(a)), list(tensors_in(b))
     if len(left) != len(right):
         return (float("inf"), 0)
+    found: tuple[float, int] | None = None
     for x, y in zip(left, right):
-        if not (_comparable(x) and _comparable(y)):
-            continue
-        if x.shape != y.shape or x.dtype != y.dtype:
-            return (float("inf"), 0)
-        if _same_bits(x, y):
-            continue
-        diff, ulp = distance(x, y)
-        found = (max(found[0], diff), max(found[1], ulp)) if found is not None else (diff, ulp)
+        hit = _pair_differs(x, y)
+        if hit is not None:
+            found = hit if found is None else (max(found[0], hit[0]), max(found[1], hit[1]))
     return found
+
+
+def _pair_differs(x: torch.Tensor, y: torch.Tensor) -> tuple[float, int] | None:
+    if not (_comparable(x) and _comparable(y)):
+        return None
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return (float("inf"), 0)
+    if _same_bits(x, y):
+        return None
+    return distance(x, y)
 
 
 def distance(x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
@@ -286,6 +351,13 @@ class Watcher:
         from torch.optim import optimizer as optim
 
         self.rec.step_callbacks.append(self._on_step)
+        # the window closes in the first of the global pre-hooks, before the recorder fingerprints the gradients
+        # (its own ops, not replayed, each would still pass through the mode's Python dispatch); the stop comes
+        # in the last, once the recorder has taken the step in (its count, the gradients the update would use)
+        handle = optim.register_optimizer_step_pre_hook(lambda *_: self._close())
+        pre_hooks = getattr(optim, "_global_optimizer_pre_hooks", None)
+        if isinstance(pre_hooks, OrderedDict) and handle.id in pre_hooks:
+            pre_hooks.move_to_end(handle.id, last=False)
         optim.register_optimizer_step_pre_hook(self._before_update)
         watcher = self
 

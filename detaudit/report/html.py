@@ -57,8 +57,7 @@ def render_html(report: Report) -> str:
     verdict = report.verdict
     title = f"detaudit: {verdict} — {Path(report.script).name}"
     body = [
-        f"<h1>detaudit report <span class='verdict' style='background:{_COLOURS.get(verdict, '#57606a')}'>"
-        f"{escape(verdict.upper())}</span></h1>",
+        f"<h1>detaudit report {verdict_badge(verdict, _COLOURS.get(verdict, '#57606a'))}</h1>",
         f"<p class='mono'>{escape(' '.join([report.script, *report.script_args]))}</p>",
         f"<p>{escape(_summary(report))}</p>",
         _runs_section(report),
@@ -77,9 +76,19 @@ def render_html(report: Report) -> str:
         f"<p class='muted'>run directory <span class='mono'>{escape(report.run_dir)}</span> · "
         f"detaudit {escape(__version__)} · report schema {SCHEMA_VERSION}</p>",
     ]
+    return page(title, body)
+
+
+def page(title: str, body: Sequence[str]) -> str:
+    """A self-contained page of the report's style around `body`'s sections (the empty ones left out)."""
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width,initial-scale=1'><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body>\n" + "\n".join(b for b in body if b) + "\n</body></html>\n")
+
+
+def verdict_badge(verdict: str, colour: str) -> str:
+    """The verdict in capitals on its colour, as every report page's heading shows it."""
+    return f"<span class='verdict' style='background:{colour}'>{escape(verdict.upper())}</span>"
 
 
 def write_html(report: Report, path: Path) -> None:
@@ -97,7 +106,7 @@ def _summary(report: Report) -> str:
     return text
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequence[str] = (),
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequence[str] = (),
            row_class: Sequence[str] | None = None) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     lines = []
@@ -117,7 +126,7 @@ def _cell(value: Any) -> str:
     return escape(str(value))
 
 
-def _kv(rows: Sequence[tuple[str, Any]]) -> str:
+def kv(rows: Sequence[tuple[str, Any]]) -> str:
     body = "".join(f"<tr><th>{escape(k)}</th><td>{_cell(v)}</td></tr>" for k, v in rows if v not in (None, ""))
     return f"<table class='kv'>{body}</table>"
 
@@ -131,7 +140,7 @@ def _runs_section(report: Report) -> str:
     if any(report.recordings):  # `compare`: the recordings by their own names
         rows = [[report.name_of(r.index), r.device, r.exit_code, r.duration_s, records(r), r.trace]
                 for r in report.runs]
-        return "<h2>Recordings compared</h2>" + _table(["recording", "device", "exit", "time (s)", "records", "trace"],
+        return "<h2>Recordings compared</h2>" + table(["recording", "device", "exit", "time (s)", "records", "trace"],
                                                        rows, numeric=["time (s)", "records"])
     perturbed = any(r.perturbation for r in report.runs)  # `run --perturb`: each repeat's settings
     complete = [r.index < len(comp.complete) and comp.complete[r.index] for r in report.runs]
@@ -142,7 +151,7 @@ def _runs_section(report: Report) -> str:
     unseen = report.match.not_compared if report.match is not None else []
     notes = "".join(f"<p class='muted'>Not compared: {escape(line)}</p>" for line in unseen)
     headers = ["repeat", "device", "exit", "time (s)", "records", "trace", *(["settings"] if perturbed else [])]
-    return "<h2>Repeats</h2>" + _table(headers, rows, numeric=["repeat", "time (s)", "records"]) + notes
+    return "<h2>Repeats</h2>" + table(headers, rows, numeric=["repeat", "time (s)", "records"]) + notes
 
 
 def _bits(knob: KnobOutcome, told: bool) -> str:
@@ -172,7 +181,7 @@ def _perturbation_section(p: PerturbationFinding | None) -> str:
     control = f"Repeats with equal settings agree ({groups}): only the settings varied can change the bits." \
         if told else ("Repeats with equal settings already differ: the run is nondeterministic "
                       "on this machine, and no setting can be blamed.")
-    return ("<h2>Perturbed settings (--perturb)</h2>" + _table(["setting", "values", "repeats", "bits"], rows,
+    return ("<h2>Perturbed settings (--perturb)</h2>" + table(["setting", "values", "repeats", "bits"], rows,
             row_class=["changed" if told and k.divergence is not None else "" for k in p.knobs]
             + [""] * len(p.not_tested)) + f"<p>{escape(control)}</p>")
 
@@ -205,7 +214,7 @@ def _divergence_section(report: Report) -> str:
     if any(report.recordings) and d.repeats:  # `compare`: the recordings by their own names
         rows = [("recordings", f"{', '.join(report.name_of(i) for i in d.repeats)} differ from "
                                f"{report.name_of(d.reference)}") if k == "repeats" else (k, v) for k, v in rows]
-    return "<h2>First divergence</h2>" + _kv(rows)
+    return "<h2>First divergence</h2>" + kv(rows)
 
 
 def _carried_section(c: CarriedOutput | None) -> str:
@@ -217,7 +226,7 @@ def _carried_section(c: CarriedOutput | None) -> str:
     rows = [("what", c.divergence.detail), ("field", out.field if out is not None else None),
             *((f"repeat {i}", "(output ended)" if t is None else repr(t)) for i, t in lines)]
     items = "".join(f"<li>{escape(line)}</li>" for line in c.evidence)
-    return ("<h2>Output that follows state carried between repeats (not a divergence)</h2>" + _kv(rows)
+    return ("<h2>Output that follows state carried between repeats (not a divergence)</h2>" + kv(rows)
             + f"<ul>{items}</ul>")
 
 
@@ -244,15 +253,15 @@ def _baseline_section(b: BaselineCheck | None) -> str:
     parts = [f"<h2>Baseline</h2><p>compared with <span class='mono'>{escape(b.path)}</span>: "
              f"<b>{'matches' if b.matches else 'differs'}</b></p>"]
     if b.divergence is not None:
-        parts.append(_kv(_divergence_rows(b.divergence, None)))
+        parts.append(kv(_divergence_rows(b.divergence, None)))
     changes = b.environment_changes
     if changes:
         parts.append("<p>The environment changed since the baseline was recorded:</p>")
-        parts.append(_table(["field", "baseline", "now"], [[c.field, c.baseline, c.current] for c in changes],
+        parts.append(table(["field", "baseline", "now"], [[c.field, c.baseline, c.current] for c in changes],
                             row_class=["changed"] * len(changes)))
     if b.sensitivities:
         parts.append("<p>Changes that a <span class='mono'>--perturb</span> setting stands for:</p>")
-        parts.append(_table(["setting", "fields", "known"], [[s.setting, ", ".join(s.fields), s.note]
+        parts.append(table(["setting", "fields", "known"], [[s.setting, ", ".join(s.fields), s.note]
                                                              for s in b.sensitivities],
                             row_class=["changed" if s.status == "sensitive" else "" for s in b.sensitivities]))
     return "".join(parts)
@@ -272,7 +281,7 @@ def _op_section(report: Report) -> str:
                 f"outside torch (NumPy, Python, a file...) or before the recorded steps. The first op to use it is "
                 f"<code>{escape(str(op.op or None))}</code>.</p>")
     table = _neighbour_table(f.neighbours) if f.neighbours else ""
-    return "<h2>The op behind it</h2>" + _kv(_op_rows(f)) + f"<div class='wide'>{table}</div>"
+    return "<h2>The op behind it</h2>" + kv(_op_rows(f)) + f"<div class='wide'>{table}</div>"
 
 
 def _op_rows(f: OpFinding) -> list[tuple[str, Any]]:
@@ -292,7 +301,7 @@ def _op_rows(f: OpFinding) -> list[tuple[str, Any]]:
 
 def _neighbour_table(neighbours: Sequence[OpRow]) -> str:
     """The input/output match table around the op (`>>`: the op chosen)."""
-    return _table(["", "#", "record", "phase", "module", "location", "inputs", "output"],
+    return table(["", "#", "record", "phase", "module", "location", "inputs", "output"],
                   [[">>" if n.chosen else "", n.record.index, n.record.op or f"{n.record.kind} {n.record.name}",
                     n.record.phase, n.record.module or None, n.record.location or None, n.inputs or None, n.output]
                    for n in neighbours],
@@ -307,7 +316,7 @@ def _causes_section(report: Report) -> str:
                      f"{escape(c.id)}</b>: {escape(c.summary)}<ul>{evidence}</ul>"
                      f"<div class='fix'>fix: {escape(c.fix)}</div></div>")
     if report.experiments:
-        parts.append("<h3>Experiments (--explain)</h3>" + _table(
+        parts.append("<h3>Experiments (--explain)</h3>" + table(
             ["pinned", "result", "first divergence", "note"],
             [[e.description, e.verdict, e.first_divergence_index, e.note] for e in report.experiments]))
     return "<h2>Likely causes</h2>" + "".join(parts) if parts else ""
@@ -316,7 +325,7 @@ def _causes_section(report: Report) -> str:
 def _candidates_section(candidates: Sequence[Cause]) -> str:
     """Candidates no evidence of this run supports: what would rule each in or out (never a cause)."""
     rows = [[c.id, c.summary, ", ".join(Pin(p).value for p in c.pins) or "-"] for c in candidates]
-    return "<h2>Not ruled out (no evidence of their mechanism)</h2>" + _table(
+    return "<h2>Not ruled out (no evidence of their mechanism)</h2>" + table(
         ["candidate", "what it would be", "`detaudit explain` pins"], rows) if rows else ""
 
 
@@ -341,7 +350,7 @@ def _environment_section(env: dict[str, Any]) -> str:
     if not env:
         return ""
     # a version the trace recorded as null (no CUDA in a CPU build of torch) is shown, not left out
-    return "<h2>Environment</h2>" + _kv([(k, "none" if env[k] is None else
+    return "<h2>Environment</h2>" + kv([(k, "none" if env[k] is None else
                                           env[k] if not isinstance(env[k], (dict, list)) else str(env[k]))
                                          for k in sorted(env)])
 

@@ -308,8 +308,8 @@ def rank_identity(environ: dict[str, str] | None = None) -> dict[str, Any]:
 
 
 def enter_rank(config: dict[str, Any]) -> dict[str, Any] | None:
-    """In a rank of a distributed repeat: point the config at this rank's trace, send this rank's
-    stdout to its own file and leave a pid file for the launcher. Returns the header entry
+    """In a rank of a distributed repeat: point the config at this rank's trace (and `watch` events), send
+    this rank's stdout to its own file and leave a pid file for the launcher. Returns the header entry
     (`distributed`), or None for an ordinary repeat (config unchanged)."""
     if not config.get("nproc_per_node"):
         return None
@@ -317,6 +317,9 @@ def enter_rank(config: dict[str, Any]) -> dict[str, Any] | None:
     rank = identity["rank"]
     trace = Path(config["trace"])
     config["trace"] = str(trace.with_name(Layout.rank_file(trace.name, rank)))
+    if config.get("watch"):  # `detaudit watch`: each rank appends to its own events file
+        events = Path(config["watch"]["events"])
+        config["watch"] = {**config["watch"], "events": str(events.with_name(Layout.rank_file(events.name, rank)))}
     stdout = trace.with_name(Layout.rank_file(trace.name.removesuffix(".trace") + ".stdout", rank))
     pid_file = trace.with_name(Layout.rank_file(trace.name.removesuffix(".trace") + ".pid", rank))
     with open(create_private(pid_file), "w") as fh:

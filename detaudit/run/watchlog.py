@@ -10,13 +10,13 @@ job was writing when it was killed may be cut short: it is ignored, as is anythi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypedDict, cast
 
 Agreement = Literal["first", "second", "neither"]
-Check = Literal["replay", "against"]
+Check = Literal["replay", "against", "replica"]
 StoppedBefore = Literal["torch.save", "optimizer.step"]
 
 
@@ -30,12 +30,15 @@ class MismatchJson(TypedDict):
     max_abs_diff: float
     max_ulp: int
     third_agrees_with: str | None
+    rank: int | None
 
 
 @dataclass(frozen=True)
 class Mismatch:
-    """One op whose replay disagreed with what the script computed (`check` "replay"), or the first record
-    that differs from the reference's (`check` "against": no third execution, `op` is the record's name)."""
+    """One op whose replay disagreed with what the script computed (`check` "replay"), the first record
+    that differs from the reference's (`check` "against": no third execution, `op` is the record's name), or
+    the first DDP-replicated parameter on which a rank differs from the lowest rank (`check` "replica": `op`
+    is the parameter, `rank` the first differing rank). `rank`: where it happened, under torchrun."""
 
     step: int
     op: str
@@ -46,26 +49,31 @@ class Mismatch:
     max_ulp: int
     third_agrees_with: Agreement | None
     check: Check = "replay"
+    rank: int | None = None
 
     def to_json(self) -> MismatchJson:
         return {"step": self.step, "check": self.check, "op": self.op, "module": self.module, "location": self.location,
                 "backward_of": self.backward_of, "max_abs_diff": self.max_abs_diff, "max_ulp": self.max_ulp,
-                "third_agrees_with": self.third_agrees_with}
+                "third_agrees_with": self.third_agrees_with, "rank": self.rank}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Mismatch:
+    def from_json(cls, data: dict[str, Any], rank: int | None = None) -> Mismatch:
+        """An events file's or a report's entry; `rank`: the rank whose events file it came from."""
         third = str(data.get("third_agrees_with"))
-        against = data.get("check") == "against"
+        check = cast(Check, data["check"] if data.get("check") in ("against", "replica") else "replay")
+        given = data.get("rank", rank)
         return cls(int(data["step"]), str(data["op"]), _text(data.get("module")), _text(data.get("location")),
                    _text(data.get("backward_of")), float(data["max_abs_diff"]), int(data["max_ulp"]),
-                   None if against else cast(Agreement, third if third in ("first", "second") else "neither"),
-                   "against" if against else "replay")
+                   None if check != "replay" else cast(Agreement, third if third in ("first", "second") else "neither"),
+                   check, None if given is None else int(given))
 
     @property
     def verdict(self) -> str:
         """What the third execution says, in words."""
         if self.check == "against":
             return "differs from the reference's record"
+        if self.check == "replica":
+            return "this rank's DDP replica differs from the lowest rank's"
         if self.third_agrees_with == "first":
             return "the second execution disagrees with the first; a third agrees with the first"
         if self.third_agrees_with == "second":
@@ -114,8 +122,9 @@ def _events(path: Path) -> Iterator[dict[str, Any]]:
             yield event
 
 
-def read_watch_log(path: Path) -> WatchLog:
-    """The events file as a WatchLog (an absent file: the job never imported torch, nothing was watched)."""
+def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
+    """The events file as a WatchLog (an absent file: the job never imported torch, nothing was watched);
+    `rank`: the torchrun rank that wrote it."""
     steps, replayed, ended = 0, 0, False
     checked: list[int] = []
     skipped: dict[str, int] = {}
@@ -134,9 +143,26 @@ def read_watch_log(path: Path) -> WatchLog:
                 steps = max(steps, step + 1) if kind == "step" else max(steps, step)
                 ended = ended or kind == "end"
             if kind == "mismatch":
-                mismatches.append(Mismatch.from_json(event))
+                mismatches.append(Mismatch.from_json(event, rank))
             elif kind == "stopped" and event.get("before") in ("torch.save", "optimizer.step"):
                 stopped = Stopped(event["before"], int(event["step"]), _text(event.get("target")))
         except (KeyError, TypeError, ValueError):
             continue  # not an event this version wrote
     return WatchLog(steps, tuple(checked), replayed, skipped, tuple(mismatches), stopped, ended)
+
+
+def merged(logs: Sequence[WatchLog]) -> WatchLog:
+    """The ranks' logs as one: the steps every rank completed, the steps any rank checked, every rank's
+    replayed ops and mismatches (by step, then rank), the first stop, ended when every rank did."""
+    if len(logs) == 1:
+        return logs[0]
+    skipped: dict[str, int] = {}
+    for log in logs:
+        for why, count in log.skipped_ops.items():
+            skipped[why] = skipped.get(why, 0) + count
+    stops = sorted((log.stopped for log in logs if log.stopped is not None), key=lambda s: s.step)
+    return WatchLog(min((log.steps for log in logs), default=0),
+                    tuple(sorted({step for log in logs for step in log.checked_steps})),
+                    sum(log.replayed_ops for log in logs), skipped,
+                    tuple(sorted((m for log in logs for m in log.mismatches), key=lambda m: (m.step, m.rank or 0))),
+                    stops[0] if stops else None, bool(logs) and all(log.ended for log in logs))

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
 from rich.console import Console
 
-from detaudit.audit.watch import WatchReport, WatchSettings
-from detaudit.cli.watch_command import render_watch
+from detaudit.cli.watch_command import CadenceType, render_watch, watch
+from detaudit.report.watch_model import Cadence, WatchReport, WatchSettings
 from detaudit.results import RepeatResult
 from detaudit.run.watchlog import Mismatch, Stopped, WatchLog
 
@@ -23,3 +28,20 @@ def test_a_stopped_mismatch_names_the_op_its_line_and_the_checkpoint_not_written
     assert "a third agrees with neither" in text
     assert "stopped the job at step 3 before torch.save: ckpt.pt was not written" in text
     assert "mismatch: 3 steps, 2 checked, 1 mismatch; stopped before torch.save" in text
+
+
+def test_status_every_takes_steps_or_seconds() -> None:
+    parse = CadenceType().convert
+    assert (parse("100", None, None), parse("30s", None, None)) == (Cadence(100), Cadence(30.0, "seconds"))
+
+
+def test_status_every_refuses_what_is_no_count() -> None:
+    with pytest.raises(click.BadParameter):
+        CadenceType().convert("soon", None, None)
+
+
+def test_a_report_into_standard_output_is_refused(tmp_path: Path) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("print('mine')\n")
+    result = CliRunner().invoke(watch, [str(script), "--json", "-"])
+    assert result.exit_code == 2

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import CliResult, diverges_within, run_cli
 
+from detaudit.trace import read_footer
+
 pytestmark = pytest.mark.process
 
 WATCH_SCRIPTS = Path(__file__).resolve().parents[1] / "watch" / "scripts"
@@ -61,6 +63,7 @@ def test_a_deterministic_script_runs_as_plain_python_does(tmp_path: Path) -> Non
     assert result.report["checked_steps"] == [0, 2, 4, 6, 8]  # 8: the evaluation after the last step
     assert result.report["steps"] == 8
     assert "detaudit watch: step 4, 2 checked, 0 mismatches" in result.stderr
+    assert result.stderr.count("detaudit watch: step ") == 2  # --status-every 4: after steps 4 and 8
 
 
 def test_a_bit_flipped_in_the_replay_is_reported_as_the_odd_one_out(tmp_path: Path) -> None:
@@ -81,7 +84,7 @@ def test_a_bit_flipped_in_the_scripts_own_result_stops_the_save(tmp_path: Path) 
     """The flip lands in what the script computes in its final evaluation: the third execution sides with the
     replay, and the checkpoint the script was about to save is not written."""
     flip = {"op": "aten.addmm.default", "step": 8, "execution": 1}
-    result = watch(tmp_path, "fit_seeded.py", "--every", "2", env={FLIP: json.dumps(flip)})
+    result = watch(tmp_path, "fit_seeded.py", "--every", "2", "--html", "run.html", env={FLIP: json.dumps(flip)})
     assert result.returncode == 1
     assert result.report is not None
     assert result.report["mismatches"][0]["third_agrees_with"] == "second"
@@ -89,6 +92,7 @@ def test_a_bit_flipped_in_the_scripts_own_result_stops_the_save(tmp_path: Path) 
     assert result.report["not_written"] == "fitted.pt"
     assert not (tmp_path / "fitted.pt").exists()
     assert "fitted.pt was not written" in result.stderr
+    assert "fitted.pt was not written" in (tmp_path / "run.html").read_text()
 
 
 def test_on_mismatch_continue_records_every_mismatch_and_lets_the_job_finish(tmp_path: Path) -> None:
@@ -123,3 +127,30 @@ def test_against_a_baseline_a_faithful_run_agrees_and_a_changed_learning_rate_st
     assert report["stopped_at_step"] < 400
     assert not (tmp_path / "fitted.pt").exists()
     assert "differs from the reference at step 0" in changed.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("torch").distributed.is_available(), reason="torch.distributed is not built")
+def test_a_replica_that_drifts_under_torchrun_stops_every_rank_and_leaves_no_process(tmp_path: Path) -> None:
+    """Two gloo ranks; rank 0 clamps its head after step 1, outside DDP: its replica differs from step 2 on.
+    Every rank stops at one step, long before the 2,000 the script would run, and no rank is left alive."""
+    result = watch(tmp_path, "ddp_drift.py", "--nproc-per-node", "2")
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None
+    first = report["mismatches"][0]
+    assert (first["check"], first["op"], first["step"], first["rank"]) == ("replica", "module.2.weight", 2, 1)
+    assert 2 < report["stopped_at_step"] < 2000  # after the drift, long before the script's end (the lag: load)
+    footers = [read_footer(path) for path in sorted((tmp_path / "run").glob("watch-0.rank-*.trace"))]
+    assert [f["stopped_at_step"] if f else None for f in footers] == [report["stopped_at_step"]] * 2
+    pids = [int(p.read_text()) for p in (tmp_path / "run").glob("watch-0.rank-*.pid")]
+    assert not [pid for pid in pids if _alive(pid)]
+    assert "DDP replica module.2.weight differs on rank 1" in result.stderr

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from detaudit.recorder.core import Recorder
-from detaudit.recorder.replay import EventLog, StepReplay, distance
+from detaudit.recorder.replay import EventLog, StepReplay, _copier, distance
 from detaudit.trace import TraceWriter
 
 
@@ -51,6 +51,28 @@ def test_an_in_place_op_is_applied_once_and_replayed_on_copies(recorder: Recorde
         x.add_(1.5)
     assert x.tolist() == [1.5, 2.5, 3.5, 4.5]
     assert mode.replayed == 1
+
+
+def test_an_in_place_op_copies_only_the_input_it_writes() -> None:
+    x, y = torch.arange(4.0), torch.ones(4)
+    call = ((x, y), {})
+    args, _ = _copier(*call, ((0, "self"),))(call)
+    assert (args[0] is not x, args[1] is y) == (True, True)
+
+
+def test_an_input_read_from_the_memory_the_op_writes_is_copied_too() -> None:
+    x = torch.arange(4.0)
+    call = ((x, x[1:3]), {})
+    args, _ = _copier(*call, ((0, "self"),))(call)
+    assert (args[0] is not x, args[1] is not call[0][1]) == (True, True)
+
+
+def test_an_in_place_op_on_itself_agrees_with_its_replay(recorder: Recorder, tmp_path: Path) -> None:
+    x = torch.arange(4.0)
+    with replaying(recorder, tmp_path) as mode:
+        x.add_(x.view(4))
+    assert x.tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert (mode.replayed, events(tmp_path)) == (1, [])
 
 
 def test_uninitialised_memory_is_skipped_and_counted(recorder: Recorder, tmp_path: Path) -> None:

@@ -108,7 +108,8 @@ def test_an_ordinary_repeat_is_left_alone() -> None:
 def test_a_rank_writes_its_own_trace_stdout_and_pid_file(tmp_path: Path) -> None:
     code = (
         "import json, sys; from detaudit.run.distributed import enter_rank\n"
-        f"config = {{'trace': {str(tmp_path / 'repeat-0.trace')!r}, 'nproc_per_node': 2}}\n"
+        f"config = {{'trace': {str(tmp_path / 'repeat-0.trace')!r}, 'nproc_per_node': 2, "
+        f"'watch': {{'events': {str(tmp_path / 'watch-events.jsonl')!r}, 'every': 20}}}}\n"
         "header = enter_rank(config)\n"
         "print('hello from', header['rank'])\n"
         "sys.stderr.write(json.dumps(config))\n"
@@ -117,6 +118,7 @@ def test_a_rank_writes_its_own_trace_stdout_and_pid_file(tmp_path: Path) -> None
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stderr)["trace"] == str(tmp_path / "repeat-0.rank-1.trace")
+    assert json.loads(proc.stderr)["watch"]["events"] == str(tmp_path / "watch-events.rank-1.jsonl")
     assert (tmp_path / "repeat-0.rank-1.stdout").read_text() == "hello from 1\n"
     assert proc.stdout == ""
     assert int((tmp_path / "repeat-0.rank-1.pid").read_text()) > 0

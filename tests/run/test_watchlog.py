@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from detaudit.run.watchlog import Mismatch, Stopped, read_watch_log
+from detaudit.run.watchlog import Mismatch, Stopped, merged, read_watch_log
 
 MISMATCH = {"event": "mismatch", "step": 2, "op": "aten.mm.default", "module": "net.0", "location": "t.py:9",
             "backward_of": None, "max_abs_diff": 1e-7, "max_ulp": 3, "third_agrees_with": "first"}
@@ -43,3 +43,12 @@ def test_a_line_cut_short_by_a_kill_and_a_missing_file_read_as_nothing(tmp_path:
 def test_a_mismatch_reads_back_into_its_type() -> None:
     mismatch = Mismatch.from_json({**MISMATCH})
     assert Mismatch.from_json(dict(mismatch.to_json())) == mismatch
+
+
+def test_the_ranks_logs_merge_into_one(tmp_path: Path) -> None:
+    step = {"event": "step", "checked": True, "replayed": 2}
+    zero = read_watch_log(write(tmp_path / "r0", {**step, "step": 0}, {**step, "step": 1}), rank=0)
+    one = read_watch_log(write(tmp_path / "r1", {**step, "step": 0}, MISMATCH), rank=1)
+    log = merged([zero, one])
+    assert (log.steps, log.checked_steps, log.replayed_ops) == (1, (0, 1), 6)
+    assert log.mismatches[0].rank == 1

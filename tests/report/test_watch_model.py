@@ -1,0 +1,38 @@
+"""`detaudit watch`'s report value (detaudit/report/watch_model.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from detaudit.report.watch_model import WatchReport, WatchSettings
+from detaudit.results import RepeatResult
+from detaudit.run.watchlog import Mismatch, WatchLog
+
+MISMATCH = Mismatch(3, "aten.mm.default", None, "t.py:4", None, 1e-7, 1, "first")
+
+
+def report(exit_code: int | None, timed_out: bool = False, log: WatchLog | None = None) -> WatchReport:
+    result = RepeatResult(0, "auto", exit_code, 1.0, timed_out, "watch-0.trace", "watch-0.stdout", "watch-0.stderr",
+                          "")
+    return WatchReport("t.py", "run", WatchSettings(), result, log or WatchLog())
+
+
+@pytest.mark.parametrize(("made", "code"), [
+    (report(0), 0), (report(1, log=WatchLog(mismatches=(MISMATCH,))), 1), (report(2), 3),
+    (report(None, timed_out=True), 5),
+])
+def test_the_exit_code_says_mismatch_before_the_scripts_own_failure(made: WatchReport, code: int) -> None:
+    assert made.exit_code == code
+
+
+def test_the_json_carries_the_verdict_and_the_mismatches() -> None:
+    data = report(1, log=WatchLog(steps=4, checked_steps=(0, 2), mismatches=(MISMATCH,))).to_json()
+    assert (data["verdict"], data["steps"], data["checked_steps"]) == ("mismatch", 4, [0, 2])
+    assert data["mismatches"][0]["check"] == "replay"
+
+
+
+def test_a_replica_mismatch_counts_and_names_its_rank() -> None:
+    replica = Mismatch(2, "module.2.weight", None, None, None, 0.25, 0, None, "replica", 1)
+    data = WatchReport("t.py", "run", WatchSettings(), report(0).result, WatchLog(), replica=replica).to_json()
+    assert (data["verdict"], data["mismatches"][0]["rank"]) == ("mismatch", 1)
