@@ -180,10 +180,12 @@ def op_finding(a: Analysis) -> Analysis:
 def _op_level(record: RunRecord, first: Divergence) -> str:
     """Under `auto`, the one line that says why no op is named: its re-run found none, or never ran because the
     optimizer's update itself differs (pipeline.op_window)."""
-    narrowing = record.narrowing
-    if record.granularity != "auto" or (narrowing is not None and not narrowing.window):
+    if record.granularity != "auto":
         return ""
-    return op_level_note(first, None if narrowing is None else (narrowing.window[0], narrowing.window[1]))
+    if record.narrowing is None:
+        return op_level_note(first, None)
+    window = record.narrowing.window
+    return op_level_note(first, (window[0], window[1])) if window else ""
 
 
 def perturbation(a: Analysis) -> Analysis:

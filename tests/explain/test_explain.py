@@ -430,7 +430,8 @@ def test_a_default_divergent_run_starts_six_interpreters(tmp_path: Path, monkeyp
 
 @pytest.mark.process
 @pytest.mark.slow
-def test_a_learning_rate_from_the_clock_starts_only_the_repeats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_learning_rate_from_the_clock_starts_only_the_repeats(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A parameter is the first record to differ (its step's gradients agree) and the only evidence is a clock read:
     no op-level re-run (no op makes an optimizer's update) and no hash-seed experiment (no evidence of hashing).
     Was 7 with 2 repeats: the hash seed's 3 pinned repeats and 2 op-level ones that named nothing."""
