@@ -25,7 +25,7 @@ from detaudit.compare import baseline_diff
 from detaudit.compare import match as verdict_basis
 from detaudit.compare.baseline_diff import BaselineCheck
 from detaudit.compare.match import Match
-from detaudit.compare.oprules import OpFinding, find_op_source
+from detaudit.compare.oprules import OpFinding, find_op_source, op_level_note
 from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.perturb import PerturbationFinding, compare_perturbed
 from detaudit.compare.saved_values import only_non_tensor_values_differ
@@ -61,6 +61,7 @@ class Analysis:
     ended: Divergence | None = None  # exit statuses or stdout that differ
     carried: CarriedOutput | None = None  # a difference explained by what earlier repeats left
     op_finding: OpFinding | None = None
+    op_level: str = ""  # `auto`: why its op-level re-run named no op (skipped, or found none), when so
     perturbed: PerturbationFinding | None = None
     baseline_check: BaselineCheck | None = None
     inferred: tuple[Cause, ...] = ()  # causes as ranked from the evidence alone
@@ -171,8 +172,20 @@ def structure_note(a: Analysis) -> Analysis:
 def op_finding(a: Analysis) -> Analysis:
     """The op behind the first divergence, from the op-level re-run or the run's own op records."""
     if a.first is None:
-        return replace(a, op_finding=None)
-    return replace(a, op_finding=op_source(a.run_dir, a.record, a.traces, a.devices))
+        return replace(a, op_finding=None, op_level="")
+    found = op_source(a.run_dir, a.record, a.traces, a.devices)
+    return replace(a, op_finding=found, op_level=_op_level(a.record, a.first) if found is None else "")
+
+
+def _op_level(record: RunRecord, first: Divergence) -> str:
+    """Under `auto`, the one line that says why no op is named: its re-run found none, or never ran because the
+    optimizer's update itself differs (pipeline.op_window)."""
+    if record.granularity != "auto":
+        return ""
+    if record.narrowing is None:
+        return op_level_note(first, None)
+    window = record.narrowing.window
+    return op_level_note(first, (window[0], window[1])) if window else ""
 
 
 def perturbation(a: Analysis) -> Analysis:
@@ -261,7 +274,7 @@ def build_report(a: Analysis) -> Analysis:
         bitwise=a.bitwise, stdout_mode=a.stdout_mode,
         argv=[record.script, *record.script_args],  # the script's sys.argv in every repeat (the child sets it so)
         baseline=a.baseline_check, inferred=[c.id for c in causes.split(list(a.inferred))[0]],
-        match=a.match, op_finding=a.op_finding,
+        match=a.match, op_finding=a.op_finding, op_level=a.op_level,
         carried_output=a.carried, perturbation=a.perturbed, latent=latent_findings(evidence, results),
         repeated_randomness=list(a.repeated),
     )

@@ -19,7 +19,7 @@ from detaudit.audit import ranks
 from detaudit.audit.analysis import Analysis, Step, extend, run_steps, start
 from detaudit.compare import match
 from detaudit.compare.live import LiveWatch
-from detaudit.compare.oprules import find_op_source
+from detaudit.compare.oprules import find_op_source, update_differs
 from detaudit.compare.stdout import DEFAULT_STDOUT, most_lenient, recorded_mode
 from detaudit.errors import TraceError, UsageError
 from detaudit.records import OPS_PREFIX, Narrowing, RunRecord
@@ -382,10 +382,12 @@ def one_at_a_time(schedule: Schedule) -> bool:
 
 
 def op_window(report: Report) -> list[int] | None:
-    """Steps to record ops in after a module-level run: the first divergent step and the one before."""
+    """Steps to record ops in after a module-level run: the first divergent step and the one before. None where
+    the optimizer's update itself differs (oprules.update_differs): its ops are not recorded, so no op would be
+    named, and the report says why instead (Report.op_level)."""
     first = report.comparison.first_divergence
     if first is None or first.record is None or first.record.step < 0 or report.verdict != "divergent" \
-            or report.timed_out:
+            or report.timed_out or update_differs(first):
         return None
     step = first.record.step
     return [max(0, step - 1), step]

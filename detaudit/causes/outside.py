@@ -9,6 +9,7 @@ object order) that used to fill this gap "by elimination", and below any cause w
 from __future__ import annotations
 
 from detaudit.causes.context import Context, Finding, detects, finding
+from detaudit.compare.oprules import update_differs
 from detaudit.events import ClockEvent, OutsideEvent, kind_of
 
 SCORE = 0.52  # below BACKGROUND (listed only when nothing likely explains the divergence), above order guesses
@@ -52,7 +53,7 @@ def _update_differs(ctx: Context) -> str:
     parameters the step started from included, so the optimizer's update itself differs: one of its settings
     (a learning rate, a weight decay) is a number that differs between the repeats."""
     rec = ctx.record
-    if rec is None or rec.kind != "param":
+    if rec is None or not update_differs(ctx.divergence):
         return ""
     return (f"the first record to differ is parameter {rec.name} as optimizer step {rec.step} left it, while every "
             "record before it agrees (that step's gradients and the parameters it started from): the update itself "

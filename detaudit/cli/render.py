@@ -379,12 +379,13 @@ def _op_why(report: Report, f: OpFinding) -> str:
     return f"{f.verdict}: {VERDICTS[f.verdict]}"
 
 
-def op_panel(report: Report) -> Panel | None:
-    """The op behind the first divergence, with the input/output match table around it."""
+def op_panel(report: Report) -> Panel | Text | None:
+    """The op behind the first divergence, with the input/output match table around it; where `auto` named none,
+    the one line that says why (Report.op_level)."""
     first = report.first_divergence
     f = report.op_finding if first is not None else None
     if f is None:
-        return None
+        return Text(printable(report.op_level)) if report.op_level and first is not None else None
     if f.verdict == "inputs-differ" and f.origin is not None and f.origin.kind == "input":
         # No recorded op made the differing data: the table would only show ops that consumed it.
         return Panel(escape(_made_outside_torch(f, f.origin)), title="The op behind it", title_align="left",

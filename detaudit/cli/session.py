@@ -204,7 +204,7 @@ def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None
     `cheap`: otherwise the top cause's one cheap, decisive experiment, if it has one (explain.cheap_pin), run
     before the op-level re-run (run_audit's `confirm`), or after it when only the op-level causes have one."""
     from detaudit.audit.pipeline import run_audit
-    from detaudit.explain.runner import cheap_pin_of
+    from detaudit.explain.runner import cheap_pin_of, cheap_skipped
     from detaudit.run.distributed import multi_node
 
     schedule = options.schedule
@@ -221,8 +221,14 @@ def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None
     # a --perturb run's causes are proved by its own groups of repeats; a pinned re-run would mix settings
     cheap = cheap and not explain and schedule.perturbation is None
 
+    said: set[str] = set()
+
     def confirm(report: Any) -> Any:
         if report.experiments or cheap_pin_of(report) is None:
+            skipped = "" if quiet or report.experiments else cheap_skipped(report)
+            if skipped and skipped not in said:  # asked again after the op-level re-run: said once
+                said.add(skipped)
+                err_console.print(f"explain: no cheap confirmation: {escape(skipped)}", soft_wrap=True)
             return report
         progress.restart()
         return explain_run(Path(report.run_dir), None, False, schedule.jobs, quiet, args, cheap=True,

@@ -76,6 +76,8 @@ class Follower:
     step: int = 0
     agrees_to: int | None = None
     diverged_at: int | None = None
+    # its first differing record is a parameter in both traces: the optimizer's update differs (oprules.update_differs)
+    update_first: bool = False
     ref_last_step: int | None = None  # the reference's last record's step, once it ended
     skip_ops: bool = False  # an op-windowed repeat (LiveWatch.configure): its op records have no counterpart
     compared: int = 0
@@ -124,6 +126,7 @@ class Follower:
         bad = np.flatnonzero(~same)
         if len(bad):
             self.diverged_at = int(b[int(bad[0])]["step"])
+            self.update_first = int(a[int(bad[0])]["kind"]) == int(b[int(bad[0])]["kind"]) == Kind.PARAM
             self.compared += int(bad[0])
             return
         self.compared += n
@@ -260,7 +263,9 @@ class LiveWatch:
     def _learn_window(self, repeat: _Repeat) -> None:
         """The first divergence from a reference seen gives the op window of repeats started later (configure)."""
         diverged = repeat.diverged_at
-        if diverged is not None and not repeat.against_baseline and not repeat.broken:
+        # a parameter first to differ gets no op-level re-run (pipeline.op_window): nothing to record ahead for it
+        update_first = any(f.update_first and f.diverged_at == diverged for f in repeat.followers)
+        if diverged is not None and not repeat.against_baseline and not repeat.broken and not update_first:
             with self._lock:
                 if self.window is None:
                     self.window = [max(0, diverged - 1), diverged]

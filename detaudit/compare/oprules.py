@@ -36,7 +36,7 @@ import numpy as np
 
 from detaudit.compare.align import Aligner, describe, reference_pairs
 from detaudit.compare.set_origins import RunOrderedSet, sets_at
-from detaudit.results import RecordInfo
+from detaudit.results import Divergence, RecordInfo
 from detaudit.trace import Flag, Kind, RecordStream
 
 BEFORE, AFTER = 3, 2  # neighbours shown around the op
@@ -357,3 +357,26 @@ def _read_rows(paths: Sequence[Path], wanted: set[int]) -> tuple[dict[int, tuple
         if block.base + block.n > last:
             break
     return out, streams
+
+
+def update_differs(first: Divergence | None) -> bool:
+    """The first record to differ is a parameter as an optimizer step left it: every record before it agrees, that
+    step's gradients included (a step records its gradients before its parameters, recorder/boundary.py), so the
+    optimizer's update itself differs. Its own ops are not recorded at op level, so an op-level re-run has no op
+    to name: its inputs that are no tensor recorded (a learning rate, a weight decay) are what differ."""
+    return first is not None and first.record is not None and first.record.kind == "param"
+
+
+def op_level_note(first: Divergence | None, ran: tuple[int, int] | None) -> str:
+    """One line for a report where `auto`'s op-level re-run named no op: that it ran (over steps `ran`) and found
+    none, or why it did not run (update_differs); "" where neither applies."""
+    if ran is not None:
+        return (f"op-level re-run (steps {ran[0]}–{ran[1]}): no op found behind the first divergence (it arises "
+                "where ops are not recorded, or did not recur in the re-run)")
+    if update_differs(first):
+        assert first is not None and first.record is not None  # update_differs says so
+        rec = first.record
+        return (f"no op-level re-run: parameter {rec.name} is the first record to differ, after optimizer step "
+                f"{rec.step}, whose gradients agree, so the update itself differs and no op of the model makes "
+                "it; look at the optimizer's inputs (its learning rate and other settings, its state)")
+    return ""

@@ -32,7 +32,7 @@ from enum import Enum
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target, analyse, execute, load_run
-from detaudit.causes import leads
+from detaudit.causes import NO_EVIDENCE, UNKNOWN, leads
 from detaudit.compare.stdout import recorded_mode
 from detaudit.errors import UsageError, output_error
 from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins, pin_of, separating_pin
@@ -117,13 +117,19 @@ def leading_pair_pin(causes: Sequence[Cause]) -> Pin | None:
     """The experiment that tells the leading two causes apart: the toss-up's, or, when the top cause has no pin
     of its own (concurrency, the clock), the one that pins the runner-up's source and not the top's (the
     address-layout pin where object order competes with concurrency; the hash seed where a string order
-    competes with the clock)."""
+    competes with the clock). Not a runner-up with no evidence of its mechanism behind a top cause with some
+    (docs/causes.md#ranking): that experiment would test a guess the evidence does not point at."""
     if not causes:
         return None
     top = causes[0]
-    if top.separating_pin is not None or top.pins or len(causes) < 2:
+    if top.separating_pin is not None or top.pins or len(causes) < 2 or _unsupported(causes[1], top):
         return top.separating_pin
     return separating_pin(top.pins, causes[1].pins)
+
+
+def _unsupported(candidate: Cause, top: Cause) -> bool:
+    """A candidate with no evidence of its mechanism, ranked behind a cause with evidence of its own."""
+    return candidate.basis == NO_EVIDENCE and top.basis != NO_EVIDENCE
 
 
 def cheap_pin(causes: Sequence[Cause]) -> Pin | None:
@@ -139,6 +145,21 @@ def cheap_pin(causes: Sequence[Cause]) -> Pin | None:
 def cheap_pin_of(report: Report) -> Pin | None:
     """`cheap_pin` for an audit's report: its causes first, then the candidates not ruled out."""
     return cheap_pin(leads(report.causes, report.not_ruled_out))
+
+
+def cheap_skipped(report: Report) -> str:
+    """Why a divergent run gets no cheap confirmation, in one line, where the top cause has no pin (nothing holds
+    a clock read or a race fixed) and nothing else is worth a pinned re-run; "" otherwise (the experiment runs,
+    or the top cause's pins are `detaudit explain`'s to run)."""
+    causes = leads(report.causes, report.not_ruled_out)
+    if not causes or causes[0].id == UNKNOWN or causes[0].pins or cheap_pin(causes) is not None \
+            or causes[0].confidence == "confirmed":
+        return ""
+    top = causes[0]
+    guesses = [c.id for c in causes[1:] if _unsupported(c, top)]
+    untested = (f"; the candidates with no evidence of their mechanism ({', '.join(guesses)}) are not tested in its "
+                "place") if guesses else ""
+    return f"no experiment pins {top.id}'s source, so none can confirm it{untested}"
 
 
 def repeats_as_control(report: Report) -> Experiment | None:

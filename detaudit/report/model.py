@@ -86,6 +86,7 @@ class Report(Codable):
     match: Match | None = None  # what the verdict rests on (detaudit/compare/match.py)
     distributed: DistributedFindings | None = None  # a torchrun run: ranks, replica check (ranks.py)
     op_finding: OpFinding | None = None  # the op behind first_divergence, when ops were recorded (oprules.py)
+    op_level: str = ""  # `auto` named no op: why (its re-run found none, or was not run: oprules.op_level_note)
     carried_output: CarriedOutput | None = None  # a stdout difference explained by carried state: no divergence
     perturbation: PerturbationFinding | None = None  # `run --perturb`: what each varied setting changed
     latent: list[Latent] = field(default_factory=list)  # deterministic on this CPU, not on CUDA (causes/latent.py)

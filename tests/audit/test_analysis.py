@@ -192,3 +192,21 @@ def test_an_extended_analysis_reports_as_a_fresh_one(tmp_path: Path) -> None:
     run_dir = divergent_run(tmp_path)
     a = run_steps(begun(run_dir))
     assert extend(a, a.record, analysis.op_finding).report_made() == run_steps(begun(run_dir)).report_made()
+
+
+def test_an_auto_run_whose_first_difference_is_a_parameter_says_why_no_op_re_run_ran(tmp_path: Path) -> None:
+    """Record #4 is a parameter after optimizer step 0, its gradients agreeing: the update itself differs."""
+    a = begun(divergent_run(tmp_path))
+    a = through(replace(a, record=replace(a.record, granularity="auto")), analysis.op_finding)
+    assert a.op_level.startswith("no op-level re-run: parameter net.0.weight is the first record to differ")
+
+
+def test_an_op_level_re_run_that_found_no_op_says_so(tmp_path: Path) -> None:
+    a = begun(divergent_run(tmp_path))
+    ran = Narrowing(a.results, [0, 0], "ops")  # its traces are the module-level ones: no op records
+    a = through(replace(a, record=replace(a.record, granularity="auto", narrowing=ran)), analysis.op_finding)
+    assert a.op_level.startswith("op-level re-run (steps 0–0): no op found behind the first divergence")
+
+
+def test_a_run_recorded_at_one_granularity_has_no_op_level_note(tmp_path: Path) -> None:
+    assert through(begun(divergent_run(tmp_path)), analysis.op_finding).op_level == ""

@@ -199,3 +199,10 @@ def test_randomness_that_repeats_is_shown_beside_an_unchanged_verdict(tmp_path: 
     assert "Randomness that repeats" in text
     assert "data.py:31: repeats across workers (state from data.py:12)" in text
     assert report.verdict == "deterministic"
+
+
+def test_where_auto_named_no_op_the_report_says_why_in_one_line(tmp_path: Path) -> None:
+    recs = training_records(steps=2)
+    report = replace(load_run(write_run(tmp_path / "run", [recs, [*recs[:4], recs[4].but(digest=77), *recs[5:]]])),
+                     op_level="no op-level re-run: parameter net.0.weight is the first record to differ")
+    assert "no op-level re-run: parameter net.0.weight is the first record to differ" in _rendered(report)

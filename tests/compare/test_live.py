@@ -331,6 +331,23 @@ def test_repeats_started_after_a_divergence_record_ops_over_its_window_and_are_f
     assert not plans[2].stop_file.exists()
 
 
+def test_a_parameter_first_to_differ_records_no_ops_ahead(tmp_path: Path) -> None:
+    """The optimizer's update differs (its gradients agree): `auto` runs no op-level re-run for it, so no later
+    repeat records ops ahead for one."""
+    plans = plan_repeats(tmp_path, 3, ["cpu"], stoppable=True)
+    watch = LiveWatch(plans, Tolerance(), narrow_ahead=True)
+    records = training_records(steps=STEPS)
+    write_trace(plans[0].trace, records, {"exit_code": 0}, flush_every=PER_STEP)
+    watch.poll(plans[0], True)
+    updated = [r.but(digest=r.digest + 7) if r.step >= 3 and (r.kind == Kind.PARAM or r.step > 3) else r
+               for r in records]
+    write_trace(plans[1].trace, updated, {"exit_code": 0}, flush_every=PER_STEP)
+    watch.poll(plans[1], False)
+    assert watch._repeats[1].diverged_at == 3
+    assert watch.window is None
+    assert watch.configure(plans[2]) == {}
+
+
 def test_the_reference_of_other_repeats_never_records_ops_ahead(tmp_path: Path) -> None:
     plans = plan_repeats(tmp_path, 2, ["cpu"], stoppable=True) + plan_repeats(tmp_path, 2, ["cuda"], first=2)
     watch = LiveWatch(plans, Tolerance(), narrow_ahead=True)

@@ -19,11 +19,12 @@ from synthetic import Rec, write_run
 from detaudit.audit.pipeline import load_run
 from detaudit.cli.render import op_panel, render
 from detaudit.compare import align
-from detaudit.compare.oprules import find_op_source
+from detaudit.compare.oprules import find_op_source, op_level_note, update_differs
 from detaudit.recorder.core import Recorder
 from detaudit.report.html import render_html
 from detaudit.report.junit import to_junit
 from detaudit.report.model import report_json
+from detaudit.results import Divergence, RecordInfo
 from detaudit.trace import Flag, Kind, TraceWriter
 
 
@@ -356,3 +357,23 @@ def test_without_links_the_order_rule_stands(tmp_path: Path) -> None:
     assert finding is not None
     assert finding.record.location == "a.py:3"
     assert finding.traced_from is None
+
+
+def _first(kind: str) -> Divergence:
+    rec = RecordInfo(index=4, kind=kind, name="net.0.weight", module="net.0", location="train.py:14",  # type: ignore[arg-type]
+                     step=2, shape="2x4", dtype="float32", op="", backward=False)
+    return Divergence(index=4, category="content", record=rec, repeats=[1], reference=0)
+
+
+def test_a_parameter_first_to_differ_is_the_optimizer_update_not_an_op() -> None:
+    assert update_differs(_first("param"))
+    assert not update_differs(_first("grad"))
+    assert not update_differs(None)
+
+
+def test_the_op_level_note_says_why_no_op_is_named() -> None:
+    assert op_level_note(_first("param"), None).startswith(
+        "no op-level re-run: parameter net.0.weight is the first record to differ, after optimizer step 2")
+    assert op_level_note(_first("grad"), (1, 2)).startswith(
+        "op-level re-run (steps 1–2): no op found behind the first divergence")
+    assert op_level_note(_first("grad"), None) == ""

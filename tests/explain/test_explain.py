@@ -236,6 +236,36 @@ def test_the_cheap_pin_separates_the_leading_two_when_the_top_has_no_pin() -> No
     assert explain.cheap_pin([cause("concurrency", [])]) is None
 
 
+def test_the_cheap_pin_tests_no_guess_behind_a_cause_with_evidence() -> None:
+    """A learning rate from the clock (outside-value, read by time.time): no pin holds the clock, and the hash seed
+    and object order have no evidence of their mechanism in the run: nothing is spent on them."""
+    clock = cause("outside-value", [], "possible")
+    guesses = [replace(cause(c, [p], "possible"), basis="no-evidence")
+               for c, p in (("python-hash-seed", "hash-seed"), ("object-order", "address-layout"))]
+    assert explain.cheap_pin([clock, *guesses]) is None
+
+
+def test_with_no_evidence_anywhere_the_cheap_pin_still_tests_the_leading_candidate() -> None:
+    """No cause has evidence (`unknown` leads, the candidates go first): the experiment rules the first in or out."""
+    guesses = [replace(cause(c, [p], "possible"), basis="no-evidence")
+               for c, p in (("python-hash-seed", "hash-seed"), ("object-order", "address-layout"))]
+    assert explain.cheap_pin([*guesses, cause("unknown", [], "possible")]) == "hash-seed"
+
+
+def test_a_skipped_cheap_confirmation_says_why_in_one_line(tmp_path: Path) -> None:
+    report = synthetic_divergent(tmp_path)
+    guess = replace(cause("python-hash-seed", ["hash-seed"], "possible"), basis="no-evidence")
+    report = replace(report, causes=[cause("outside-value", [], "possible")], not_ruled_out=[guess])
+    assert explain.cheap_skipped(report) == ("no experiment pins outside-value's source, so none can confirm it; "
+                                             "the candidates with no evidence of their mechanism (python-hash-seed) "
+                                             "are not tested in its place")
+
+
+def test_a_cheap_confirmation_that_runs_needs_no_reason(tmp_path: Path) -> None:
+    report = replace(synthetic_divergent(tmp_path), causes=[cause("unseeded-numpy-rng", ["numpy-rng"])])
+    assert explain.cheap_skipped(report) == ""
+
+
 def synthetic_divergent(tmp_path: Path) -> Report:
     recs = training_records(steps=2)
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
@@ -396,3 +426,25 @@ def test_a_default_divergent_run_starts_six_interpreters(tmp_path: Path, monkeyp
     assert report["causes"][0]["confidence"] == "confirmed"
     assert [(e["pin"], e["verdict"]) for e in report["experiments"]] == [("numpy-rng", "deterministic"),
                                                                          ("control", "divergent")]
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_learning_rate_from_the_clock_starts_only_the_repeats(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parameter is the first record to differ (its step's gradients agree) and the only evidence is a clock read:
+    no op-level re-run (no op makes an optimizer's update) and no hash-seed experiment (no evidence of hashing).
+    Was 7 with 2 repeats: the hash seed's 3 pinned repeats and 2 op-level ones that named nothing."""
+    from click.testing import CliRunner
+    from conftest import SCRIPTS, _interpreters_started
+
+    from detaudit.cli.commands import cli
+
+    monkeypatch.chdir(tmp_path)
+    with _interpreters_started() as started:
+        result = CliRunner().invoke(cli, ["run", "--repeats", "2", "--out", "run", "--json", "r.json",
+                                          str(SCRIPTS / "train_warm_restart.py")], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    assert len(started) == 2, started
+    assert json.loads((tmp_path / "r.json").read_text())["experiments"] == []
+    assert "no op-level re-run: parameter 0.weight is the first record to differ" in result.output
