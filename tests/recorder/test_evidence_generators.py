@@ -233,7 +233,8 @@ def test_seeding_through_a_helper_names_the_helper_and_a_restore_is_recorded(
     seeds = [(e["fn"], e["value"], e["library"], e.get("by", "").rsplit("/", 1)[-1])
              for e in sink.of("seed") if e["state"] is not None]
     assert seeds[:2] == [("torch.manual_seed", 42, True, "seedhelp.py:5"), ("random.seed", 42, True, "seedhelp.py:6")]
-    assert all("test_evidence_generators.py" in e["loc"] for e in sink.of("seed"))  # the user's line that called the helper
+    # the user's line that called the helper
+    assert all("test_evidence_generators.py" in e["loc"] for e in sink.of("seed"))
     restore = sink.of("rng-restore")[0]  # fork_rng's exit (then this test's own restores)
     assert restore["fn"] == "torch.set_rng_state"
     assert restore["library"]
