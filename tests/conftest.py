@@ -247,13 +247,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         DURATIONS.write_text(json.dumps(slow, indent=0, sort_keys=True) + "\n")
 
 
-def detaudit_command() -> list[str]:
-    """`python -m detaudit`, as the running test's repeats start (`interpreters()`)."""
-    if interpreters() == "warm":  # itself forked from the `cli` server (tests/warm/pool.py)
+def python_command(args: list[str]) -> list[str]:
+    """`python ARGS`, started as the running test's repeats start (`interpreters()`): warm, a fork of a server
+    that imported torch and torch._dynamo (`python SCRIPT`: a `plain` one, tests/warm/pool.py)."""
+    if interpreters() == "warm":
         folder = WARM_SERVERS.folder()
         from pool import through_client  # importable once the servers started (folder())
 
-        return through_client(folder, [sys.executable, str(WARM / "cli.py"), folder])
+        return through_client(folder, [sys.executable, *args])
+    return [sys.executable, *args]
+
+
+def detaudit_command() -> list[str]:
+    """`python -m detaudit`, as the running test's repeats start (`interpreters()`)."""
+    if interpreters() == "warm":  # itself forked from the `cli` server (tests/warm/pool.py)
+        return python_command([str(WARM / "cli.py"), WARM_SERVERS.folder()])
     return [sys.executable, "-m", "detaudit"]
 
 
