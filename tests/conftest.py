@@ -125,7 +125,7 @@ class CliResult:
 
 
 class WarmServers:
-    """This test process's warm interpreters (tests/warm/server.py), started on first use, stopped with the session.
+    """This test process's warm interpreters (tests/warm/server.py), started on first use.
 
     Repeats forked from them skip python's, torch's and torch._dynamo's start (2.5 s of CPU each). The pool
     (tests/warm/pool.py) holds several servers of each variant, each with its own string hash seed, and sends
@@ -133,11 +133,17 @@ class WarmServers:
     interpreters do; every fork has an address layout of its own (server.scatter_heap). A test whose subject a
     fork could still change (what happens while torch imports, a repeat's own start) is marked
     `fresh_interpreters` and its repeats are real interpreters, as are all with DETAUDIT_TEST_FRESH=1.
+
+    pytest-xdist's workers share one pool (starting one costs 20 s of CPU): the first to ask starts it, under a
+    file lock, in a folder named after the session, and it ends with the controller, the workers' parent, which
+    removes the folder (`pytest_sessionfinish`). A test process of its own (`-n 0`) has its own pool, stopped
+    with its session, or ending with the process (end of file on the servers' stdin) when that is killed.
     """
 
     def __init__(self) -> None:
         self.path: str | None = None
-        self.procs: list[subprocess.Popen[str]] = []
+        self.procs: list[subprocess.Popen[str]] = []  # the servers this process owns and stops
+        self.shared: list[subprocess.Popen[str]] = []  # the servers it started for the workers, which outlive it
 
     def folder(self) -> str:
         """The folder of the servers' sockets, started on first use."""
@@ -145,32 +151,59 @@ class WarmServers:
             import tempfile
 
             sys.path.insert(0, str(WARM))
-            from pool import VARIANTS, socket_path
+            session = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+            if session is None:
+                path = tempfile.mkdtemp(prefix="detaudit-warm-")  # short: a socket path has 107 bytes at most
+                self.procs = self._start(path, owner=None)
+            else:
+                from filelock import FileLock
 
-            self.path = tempfile.mkdtemp(prefix="detaudit-warm-")  # short: a socket path has 107 bytes at most
-            for name, variant in VARIANTS.items():  # started together: their imports overlap
-                for index in range(variant.count):
-                    socket = socket_path(self.path, name, index)
-                    with open(socket + ".log", "w") as log:  # one line per repeat: forked, or fresh and why
-                        self.procs.append(subprocess.Popen(
-                            [sys.executable, str(WARM / "server.py"), socket, *variant.args],
-                            env={**os.environ, **variant.variables},
-                            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, text=True,
-                            start_new_session=True))
-            for proc in self.procs:
-                assert proc.stdout is not None, "warm server failed"
-                assert proc.stdout.readline() == "ready\n", "warm server failed"
+                path = shared_pool_folder(os.getppid(), session)
+                with FileLock(path + ".lock"):
+                    if not os.path.isfile(os.path.join(path, "ready")):
+                        os.makedirs(path, exist_ok=True)
+                        self.shared = self._start(path, owner=os.getppid())
+                        Path(path, "ready").touch()
+            self.path = path
         return self.path
+
+    @staticmethod
+    def _start(path: str, owner: int | None) -> list[subprocess.Popen[str]]:
+        from pool import VARIANTS, socket_path
+
+        procs = []
+        for name, variant in VARIANTS.items():  # started together: their imports overlap
+            for index in range(variant.count):
+                socket = socket_path(path, name, index)
+                with open(socket + ".log", "w") as log:  # one line per repeat: forked, or fresh and why
+                    procs.append(subprocess.Popen(
+                        [sys.executable, str(WARM / "server.py"), socket, *variant.args,
+                         *(["--owner", str(owner)] if owner is not None else [])],
+                        env={**os.environ, **variant.variables},
+                        stdout=subprocess.PIPE, stderr=log,
+                        stdin=subprocess.PIPE if owner is None else subprocess.DEVNULL, text=True,
+                        start_new_session=True))
+        for proc in procs:
+            assert proc.stdout is not None, "warm server failed"
+            assert proc.stdout.readline() == "ready\n", "warm server failed"
+        return procs
 
     def stop(self) -> None:
         for proc in self.procs:
             proc.terminate()
         for proc in self.procs:
             proc.wait(timeout=30)
-        if self.path is not None:
+        if self.procs and self.path is not None:
             import shutil
 
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def shared_pool_folder(controller: int, session: str) -> str:
+    """The xdist workers' shared pool: named after their controller (which removes it) and the session."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"detaudit-warm-{controller}-{session[:8]}")
 
 
 WARM = Path(__file__).parent / "warm"
@@ -184,6 +217,13 @@ def interpreters() -> str:
     return "fresh" if FRESH_ONLY or _fresh_test else "warm"
 
 
+def start_allowing(warm_s: int, fresh_s: int) -> str:
+    """A `--timeout` or `--max-time` (seconds, as the CLI takes it) that a repeat's start must fit in before the
+    part the test is about: a fork of a warm server starts in well under a second, a real interpreter imports
+    torch first (several seconds on a loaded machine). A test waits out its timeout whole: warm, it waits less."""
+    return str(warm_s if interpreters() == "warm" else fresh_s)
+
+
 @pytest.fixture(autouse=True)
 def _interpreters_for_this_test(request: pytest.FixtureRequest) -> Iterator[None]:
     global _fresh_test
@@ -194,18 +234,34 @@ def _interpreters_for_this_test(request: pytest.FixtureRequest) -> Iterator[None
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     WARM_SERVERS.stop()
+    if not hasattr(session.config, "workerinput"):  # the xdist controller (or a test process of its own)
+        import glob
+        import shutil
+
+        for folder in glob.glob(shared_pool_folder(os.getpid(), "*")):  # its workers' pool (WarmServers)
+            shutil.rmtree(folder, ignore_errors=True)
+        for lock in glob.glob(shared_pool_folder(os.getpid(), "*.lock")):
+            os.unlink(lock)
     if os.environ.get(WRITE_DURATIONS) and not hasattr(session.config, "workerinput") and _timings:
         slow = {node: round(seconds, 1) for node, seconds in sorted(_timings.items()) if seconds >= 1.0}
         DURATIONS.write_text(json.dumps(slow, indent=0, sort_keys=True) + "\n")
 
 
-def detaudit_command() -> list[str]:
-    """`python -m detaudit`, as the running test's repeats start (`interpreters()`)."""
-    if interpreters() == "warm":  # itself forked from the `cli` server (tests/warm/pool.py)
+def python_command(args: list[str]) -> list[str]:
+    """`python ARGS`, started as the running test's repeats start (`interpreters()`): warm, a fork of a server
+    that imported torch and torch._dynamo (`python SCRIPT`: a `plain` one, tests/warm/pool.py)."""
+    if interpreters() == "warm":
         folder = WARM_SERVERS.folder()
         from pool import through_client  # importable once the servers started (folder())
 
-        return through_client(folder, [sys.executable, str(WARM / "cli.py"), folder])
+        return through_client(folder, [sys.executable, *args])
+    return [sys.executable, *args]
+
+
+def detaudit_command() -> list[str]:
+    """`python -m detaudit`, as the running test's repeats start (`interpreters()`)."""
+    if interpreters() == "warm":  # itself forked from the `cli` server (tests/warm/pool.py)
+        return python_command([str(WARM / "cli.py"), WARM_SERVERS.folder()])
     return [sys.executable, "-m", "detaudit"]
 
 

@@ -89,29 +89,31 @@ def test_forks_of_one_server_each_have_an_address_layout_of_their_own(tmp_path: 
     assert len(set(orders)) == 4, orders
 
 
-def _forks() -> int:
-    """How many repeats the servers have forked so far (their logs)."""
-    return sum(Path(log).read_text().count("fork: ") for log in glob.glob(os.path.join(WARM_SERVERS.folder(), "*.log")))
+def _forks(cwd: Path) -> int:
+    """How many repeats the servers have forked so far in `cwd` (their logs; the workers share the servers)."""
+    logs = glob.glob(os.path.join(WARM_SERVERS.folder(), "*.log"))
+    return sum(line.startswith("fork: ") and line.endswith(f" in {cwd}")
+               for log in logs for line in Path(log).read_text().splitlines())
 
 
 @pytest.mark.process
 def test_the_hash_seed_pins_repeats_fork_from_servers_started_with_it(tmp_path: Path) -> None:
     """PYTHONHASHSEED=0 is read as python starts: servers of the `hash-seed` variant were started with it. The
     pinned repeats share the hash seed and, from two servers, still differ in address layout."""
-    before = _forks()
+    before = _forks(tmp_path)
     probes = [_probe(tmp_path, server=index, PYTHONHASHSEED="0")[1] for index in range(2)]
     fresh = subprocess.run([sys.executable, "-c", "print(hash('probe'))"], env={**os.environ, "PYTHONHASHSEED": "0"},
                            capture_output=True, text=True, check=True)
     assert [p["hash"] for p in probes] == [int(fresh.stdout)] * 2
     assert probes[0]["address"] != probes[1]["address"]
-    assert _forks() == before + 2
+    assert _forks(tmp_path) == before + 2
 
 
 @pytest.mark.process
 def test_the_one_thread_pins_repeats_fork_from_servers_started_with_it(tmp_path: Path) -> None:
-    before = _forks()
+    before = _forks(tmp_path)
     probes = [_probe(tmp_path, server=index, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")[1] for index in range(2)]
-    assert _forks() == before + 2
+    assert _forks(tmp_path) == before + 2
     assert [p["threads"] for p in probes] == [1, 1]
     assert probes[0]["hash"] != probes[1]["hash"]
 
@@ -120,10 +122,10 @@ def test_the_one_thread_pins_repeats_fork_from_servers_started_with_it(tmp_path:
 def test_torchruns_ranks_fork_unbuffered_from_servers_without_dynamo_each_rank_from_another(tmp_path: Path) -> None:
     """A rank (`python -u -c`, torchrun's variables, OMP_NUM_THREADS=1) forks from a `rank` server, which never
     imported torch._dynamo (tests/warm/server.py says why); the two ranks of a repeat come from two servers."""
-    before = _forks()
+    before = _forks(tmp_path)
     rank = {"TORCHELASTIC_RUN_ID": "none", "OMP_NUM_THREADS": "1", "LOCAL_WORLD_SIZE": "2"}
     probes = [_probe(tmp_path, flags=("-u",), RANK=str(r), LOCAL_RANK=str(r), **rank)[1] for r in range(2)]
-    assert _forks() == before + 2
+    assert _forks(tmp_path) == before + 2
     assert [(p["dynamo"], p["write_through"], p["threads"]) for p in probes] == [(False, True, 1)] * 2
     assert probes[0]["hash"] != probes[1]["hash"]
     assert probes[0]["argv"] == [str(tmp_path / "probe.py"), "an-arg"]
@@ -210,7 +212,7 @@ def test_a_signal_to_the_client_reaches_the_fork_and_the_client_ends_as_the_fork
 
 @pytest.mark.process
 def test_a_server_ends_when_the_test_process_that_started_it_is_gone(tmp_path: Path) -> None:
-    """A worker killed mid-run (a crash, `-x` under xdist) never reaches the session's end, where the servers are
+    """A test process of its own (`-n 0`) killed mid-run never reaches the session's end, where its servers are
     stopped: its end of each server's stdin closes instead, and the server ends with it."""
     server = subprocess.Popen([sys.executable, str(WARM / "server.py"), str(tmp_path / "sock")],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -220,3 +222,27 @@ def test_a_server_ends_when_the_test_process_that_started_it_is_gone(tmp_path: P
     server.stdin.close()
     assert server.wait(timeout=60) == 0
     assert not (tmp_path / "sock").exists()
+
+
+@pytest.mark.process
+def test_a_server_the_workers_share_ends_when_their_controller_is_gone(tmp_path: Path) -> None:
+    """xdist's workers share one pool (conftest.WarmServers): its servers outlive the worker that started them,
+    which may finish first, and end with the controller (`--owner`, the workers' parent)."""
+    controller = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    socket = tmp_path / "plain-0"  # the server a plain script goes to (tests/warm/pool.py)
+    server = subprocess.Popen([sys.executable, str(WARM / "server.py"), str(socket), "--cli",
+                               "--owner", str(controller.pid)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert server.stdout is not None
+    assert server.stdout.readline() == "ready\n"
+    script = tmp_path / "hello.py"
+    script.write_text("import os; print('served by', os.getppid())\n")
+    served = subprocess.run([sys.executable, "-I", "-S", str(WARM / "client.py"), str(tmp_path), sys.executable,
+                             str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    # forked by the server, whose stdin (no test process's) was at end of file from the start
+    assert served.stdout == f"served by {server.pid}\n", served.stderr
+    assert controller.stdin is not None
+    controller.stdin.close()
+    controller.wait(timeout=60)
+    assert server.wait(timeout=60) == 0
+    assert not socket.exists()

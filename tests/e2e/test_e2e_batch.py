@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import python_command, run_cli
 
 pytestmark = pytest.mark.process
 
@@ -53,7 +52,7 @@ def test_a_mask_built_over_the_batch_is_flagged_with_its_large_difference(script
 
 def test_batch_norm_and_dropout_in_train_mode_keep_the_plain_runs_results(scripts: Path, tmp_path: Path) -> None:
     script = scripts / "train_bn_dropout.py"
-    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=True)
+    plain = subprocess.run(python_command([str(script)]), cwd=tmp_path, capture_output=True, text=True, check=True)
     _, report, _ = batch(scripts, tmp_path, "train_bn_dropout.py")
     assert (tmp_path / "run" / "batch-0.stdout").read_text() == plain.stdout  # the probes are harmless
     assert report["not_probed"] == {"batch-statistics": 5}  # the five training calls
@@ -109,7 +108,7 @@ def test_a_forwards_effects_outside_its_module_happen_as_often_as_under_python(t
     (tmp_path / "audited").mkdir()
     for where in ("plain", "audited"):
         (tmp_path / where / "effects.py").write_text(_EFFECTS)
-    plain = subprocess.run([sys.executable, "effects.py"], cwd=tmp_path / "plain", capture_output=True, text=True)
+    plain = subprocess.run(python_command(["effects.py"]), cwd=tmp_path / "plain", capture_output=True, text=True)
     result = run_cli(["batch", "effects.py", "--out", "run", "--json", "b.json"], tmp_path / "audited")
     assert result.report is not None, result.stderr
     audited = tmp_path / "audited"

@@ -9,12 +9,11 @@ graph break, no extra graph) and the same saved weights as `python train_char_gp
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import SCRIPTS, run_cli
+from conftest import SCRIPTS, python_command, run_cli
 
 SCRIPT = str(SCRIPTS / "train_char_gpt.py")
 ARGS = ["--deterministic", "--steps", "4"]
@@ -27,7 +26,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, torch.Tensor]]:
     cwd = tmp_path_factory.mktemp("plain")
-    proc = subprocess.run([sys.executable, SCRIPT, *ARGS, "--out", "plain.pt"], cwd=cwd, capture_output=True,
+    proc = subprocess.run(python_command([SCRIPT, *ARGS, "--out", "plain.pt"]), cwd=cwd, capture_output=True,
                           text=True, timeout=600, check=True)
     assert "graph breaks: 0" in proc.stdout
     return proc.stdout, _weights(cwd / "plain.pt")

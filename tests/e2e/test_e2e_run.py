@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from audits import DETERMINISTIC, Audit, Cache, Done
-from conftest import SCRIPTS, CliResult, run_cli
+from conftest import SCRIPTS, CliResult, run_cli, start_allowing
 
 import detaudit
 from detaudit.trace import MAGIC, read_trace
@@ -187,7 +187,8 @@ def test_script_that_crashes_in_some_repeats_is_divergent(tmp_path: Path) -> Non
 
 
 def test_hang_times_out_with_exit_5(tmp_path: Path) -> None:
-    result = audit(tmp_path, "train_then_wait.py", "--timeout", "10")
+    # the timeout comes once each repeat trained its step and waits (records > 0, checked below)
+    result = audit(tmp_path, "train_then_wait.py", "--timeout", start_allowing(5, 10))
     assert result.returncode == 5, result.output
     report = result.report
     assert report is not None

@@ -1,7 +1,7 @@
 """Evidence is itself deterministic: repeats whose state is the same record the same evidence.
 
 A fully seeded script (Python `random`, NumPy's global RNG and a Generator, torch, DataLoader
-workers seeded from torch) runs in several fresh interpreters, each with another hash seed and
+workers seeded from torch) runs in two fresh interpreters, each with another hash seed and
 address randomization on. Every evidence event must be identical across them, except the two
 fields whose job is to record the hash seed itself and the RNG states snapshotted at import, before
 the script seeded anything. A digest built on `hash()`, `id()`, an
@@ -22,7 +22,7 @@ from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target, e
 from detaudit.causes.context import load
 from detaudit.recorder.evidence import python_rng_digest
 
-HASH_SEEDS = ("1", "2", "3")
+HASH_SEEDS = ("1", "2")  # two interpreters that differ in both: an event built on either differs between them
 
 
 # snapshots taken when torch or numpy is imported, before the script's own seeding calls: their RNG

@@ -79,13 +79,17 @@ def _check_unseeded_failure(result: pytest.RunResult) -> Path:
 
 @pytest.mark.process
 @pytest.mark.slow
-def test_marked_tests_audited_beside_randomly_and_rerunfailures(pytester: pytest.Pytester,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_marked_tests_audited_under_xdist_beside_randomly_and_rerunfailures(pytester: pytest.Pytester,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """One session with all three plugins (pytest itself in a subprocess, and each audited test's repeats, cost
+    interpreters): xdist's two workers each audit their tests, pytest-randomly orders them, and no rerun
+    plugin retries an audited test into passing."""
+    pytest.importorskip("xdist")
     pytest.importorskip("pytest_randomly")
     pytest.importorskip("pytest_rerunfailures")
     pytester.makepyfile(test_training=TRAINING_TESTS)
-    result = _run_pytest(pytester, monkeypatch, "-p", "randomly", "--reruns", "2", "-k", "not deselected",
-                                           "--detaudit-granularity", "module", "-rf")
+    result = _run_pytest(pytester, monkeypatch, "-n", "2", "-p", "randomly", "--reruns", "2", "-k", "not deselected",
+                         "--detaudit-granularity", "module", "-rf")
     assert "Using --randomly-seed=" in result.stdout.str()  # pytest-randomly was active in the session
     outcomes = _outcomes(result)
     # seeded (both parameters, with tmp_path) and the unmarked test pass; the unseeded one fails, never rerun
@@ -94,22 +98,9 @@ def test_marked_tests_audited_beside_randomly_and_rerunfailures(pytester: pytest
     assert "rerun" not in outcomes
     assert "FAILED test_training.py::test_unseeded" in result.stdout.str()
     run_dir = _check_unseeded_failure(result)
-    assert run_dir.is_relative_to(pytester.path / ".detaudit" / "runs" / "pytest")
-
-
-@pytest.mark.process
-@pytest.mark.slow
-def test_audits_under_xdist(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("xdist")
-    pytester.makepyfile(test_training=TRAINING_TESTS)
-    out = pytester.path / "audits"
-    result = _run_pytest(pytester, monkeypatch, "-n", "2", "-k", "seeded", "--detaudit-granularity", "module",
-                                           "--detaudit-out", str(out))
-    outcomes = _outcomes(result)
-    assert outcomes.get("passed") == 2, outcomes
-    assert outcomes.get("failed") == 1, outcomes
-    _check_unseeded_failure(result)
-    assert len(list(out.iterdir())) == 3  # one run directory per audited test, none shared between workers
+    runs = pytester.path / ".detaudit" / "runs" / "pytest"
+    assert run_dir.is_relative_to(runs)
+    assert len(list(runs.iterdir())) == 3  # one run directory per audited test, none shared between workers
 
 
 @pytest.mark.process
@@ -117,12 +108,13 @@ def test_audits_under_xdist(pytester: pytest.Pytester, monkeypatch: pytest.Monke
 def test_session_wide_audit_with_exitfirst(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--detaudit` audits unmarked tests too; `-x` stops at the first divergent one."""
     pytester.makepyfile(test_training=TRAINING_TESTS.replace("@pytest.mark.deterministic(repeats=2)\n", ""))
+    out = pytester.path / "audits"
     result = _run_pytest(pytester, monkeypatch, "--detaudit", "--detaudit-repeats", "2", "-x", "-p", "no:randomly",
-                                           "-k", "unseeded or plain", "--detaudit-granularity", "module")
+                         "-k", "unseeded or plain", "--detaudit-granularity", "module", "--detaudit-out", str(out))
     outcomes = _outcomes(result)
     assert outcomes.get("failed") == 1, outcomes
     assert "passed" not in outcomes, outcomes
-    _check_unseeded_failure(result)
+    assert _check_unseeded_failure(result).parent == out  # --detaudit-out: where the run directories go
 
 
 @pytest.mark.process

@@ -228,7 +228,10 @@ def exit_like_python(code: object, killed_by: signal.Signals | None = None) -> N
     os._exit(status)
 
 
-def serve(path: str) -> None:
+def serve(path: str, owner: int | None = None) -> None:
+    """Fork a repeat per connection to PATH until the test process that started the server is gone (end of file on
+    its stdin) or, given `owner` (the xdist controller, whose workers share the servers: conftest.WarmServers),
+    until that process has ended."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
@@ -242,7 +245,8 @@ def serve(path: str) -> None:
     selector.register(wake_r, selectors.EVENT_READ)
     # the test process that started the server holds the other end of its stdin: end of file is that
     # process gone (a worker killed, a run interrupted), and the server ends with it, its forks too
-    selector.register(sys.stdin, selectors.EVENT_READ)
+    ended = sys.stdin if owner is None else os.pidfd_open(owner)  # readable once the owner has ended
+    selector.register(ended, selectors.EVENT_READ)
     clients: dict[int, tuple[socket.socket, int] | None] = {}  # fork pid -> (its client's connection, its fd)
     by_conn: dict[int, int] = {}
     print("ready", flush=True)
@@ -254,8 +258,8 @@ def serve(path: str) -> None:
                     message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
                     request = json.loads(message)
                     why = needs_fresh(request["argv"], request["env"])
-                    print(f"{'fresh: ' + why if why else 'fork'}: {request['argv'][-1][-60:]}", file=sys.stderr,
-                          flush=True)
+                    print(f"{'fresh: ' + why if why else 'fork'}: {request['argv'][-1][-60:]} in {request['cwd']}",
+                          file=sys.stderr, flush=True)
                     if why is not None or len(fds) != 3:
                         conn.send(f"fresh {why}".encode())
                         conn.close()
@@ -275,8 +279,8 @@ def serve(path: str) -> None:
                     clients[pid] = (conn, conn.fileno())
                     by_conn[conn.fileno()] = pid
                     selector.register(conn, selectors.EVENT_READ)
-                elif key.fileobj is sys.stdin:
-                    if not os.read(sys.stdin.fileno(), 4096):
+                elif key.fileobj is ended:
+                    if owner is not None or not os.read(sys.stdin.fileno(), 4096):
                         return
                 elif key.fileobj == wake_r:
                     os.read(wake_r, 4096)
@@ -316,4 +320,4 @@ def serve(path: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[sys.argv.index("--owner") + 1]) if "--owner" in sys.argv else None)
