@@ -54,13 +54,17 @@ def _python(path: str | None) -> str | None:
 
 
 def configuration(label: str, env: tuple[str, ...], args: str | None, threads: int | None, python: str | None,
-                  device: str) -> Configuration:
+                  device: str, nproc: int | None = None) -> Configuration:
     """One side's options as a Configuration (bad values: a usage error naming the option's value)."""
-    return Configuration(label, _environment(env), _arguments(args), threads, _python(python), device)
+    if nproc is not None and python is not None:
+        side = label.lower()
+        raise click.UsageError(f"--{side}-nproc and --{side}-python cannot be combined: torchrun starts the ranks "
+                               "with detaudit's own interpreter")
+    return Configuration(label, _environment(env), _arguments(args), threads, _python(python), device, nproc)
 
 
 def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """--<side>-env, --<side>-args, --<side>-threads, --<side>-python, --<side>-device."""
+    """--<side>-env, --<side>-args, --<side>-threads, --<side>-python, --<side>-device, --<side>-nproc."""
     upper = side.upper()
 
     def add(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -76,6 +80,8 @@ def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any
                               "detaudit's dependencies (numpy, xxhash)."),
             click.option(f"--{side}-device", f"{side}_device", type=DEVICES, default="cpu", show_default=True,
                          help=f"Device of {upper} (auto: the script's own choice)."),
+            click.option(f"--{side}-nproc", f"{side}_nproc", type=click.IntRange(min=1), default=None,
+                         help=f"Run {upper} under torchrun with N ranks (its world size; docs/drift.md)."),
         )):
             command = option(command)
         return command
@@ -101,8 +107,9 @@ def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any
               help="Keep A from an earlier `detaudit drift` run directory (its recordings and floor): only B runs, "
                    "e.g. on another machine or release. The --a-* options are then refused.")
 def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_args: str | None,
-          a_threads: int | None, a_python: str | None, a_device: str, b_env: tuple[str, ...], b_args: str | None,
-          b_threads: int | None, b_python: str | None, b_device: str, timeout: float | None, max_steps: int | None,
+          a_threads: int | None, a_python: str | None, a_device: str, a_nproc: int | None, b_env: tuple[str, ...],
+          b_args: str | None, b_threads: int | None, b_python: str | None, b_device: str, b_nproc: int | None,
+          timeout: float | None, max_steps: int | None,
           out_dir: Path | None, json_path: Path | None, html_path: Path | None, quiet: bool, baseline: Path | None,
           no_ops: bool) -> None:
     """Noise or a real change? Run SCRIPT under configuration A and under configuration B and judge B's
@@ -118,10 +125,10 @@ def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_a
     from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
     from detaudit.drift.drift_check import B_REPEATS, run_drift
 
-    a = configuration("A", a_env, a_args, a_threads, a_python, a_device)
+    a = configuration("A", a_env, a_args, a_threads, a_python, a_device, a_nproc)
     if baseline is not None and a != Configuration("A"):
         raise click.UsageError("--baseline keeps A from an earlier run: its --a-* options cannot change it")
-    b = configuration("B", b_env, b_args, b_threads, b_python, b_device)
+    b = configuration("B", b_env, b_args, b_threads, b_python, b_device, b_nproc)
     check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script)})
     options = AuditOptions(Target(Path(script), list(script_args), argv0=script), Schedule(timeout=timeout),
                            Recording(max_steps=max_steps), out_dir=out_dir)
@@ -171,6 +178,7 @@ def _configuration(config: Configuration) -> str:
     parts += [f"args {' '.join(config.args)}"] if config.args else []
     parts += [f"threads {config.threads}"] if config.threads is not None else []
     parts += [f"python {config.python}"] if config.python else []
+    parts += [f"nproc {config.nproc}"] if config.nproc is not None else []
     parts.append(f"device {config.device}")
     return _clean(", ".join(parts))
 
@@ -195,6 +203,16 @@ def _evidence(first: FirstDrift) -> list[str]:
     lines += [e.layout] if e.layout is not None else []
     lines += [f"over the steps: {e.growth}"] if e.growth is not None else []
     return lines
+
+
+def _render_ranks(report: DriftReport, console: Console) -> None:
+    """Per-rank records set aside (another world size) and shared records a side's ranks disagree on."""
+    for left in report.not_comparable:
+        console.print(f"not comparable: {left.kind} records (A {left.records_a}, B {left.records_b}): "
+                      f"{_clean(left.reason)}")
+    for d in report.rank_disagreements:
+        console.print(f"[yellow]ranks disagree[/]: {d.side.upper()} rank {d.rank}'s step {d.step} {d.kind} "
+                      f"{_clean(d.name)} differs from rank 0's (rank 0's is compared)")
 
 
 def render_drift(report: DriftReport, console: Console) -> None:
@@ -230,6 +248,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
         if names:
             listed = ", ".join(f"step {n.step} {n.kind} {n.name}" for n in names[:5])
             console.print(f"only {side} records {len(names)}: {_clean(listed)}{' ...' if len(names) > 5 else ''}")
+    _render_ranks(report, console)
     for cause in report.causes:
         console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(_set(cause.a))} -> {_clean(_set(cause.b))} "
                       f"({cause.family}): {_clean(cause.why)}")

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions
-from detaudit.drift.alignment import Identity, Value, align, read_recording
+from detaudit.drift.alignment import Identity, Value, align
 from detaudit.drift.change_kinds import ChangeEvidence, evidence, rank_causes
 from detaudit.drift.configurations import Configuration, differences, floor_perturbation
 from detaudit.drift.drift_report import (
@@ -34,6 +34,7 @@ from detaudit.drift.drift_report import (
 from detaudit.drift.floor import ULPS
 from detaudit.drift.judging import Judged, K, first_drift, judge, overall, ratios_over_steps
 from detaudit.drift.op_window import op_window
+from detaudit.drift.rank_views import disagreements, not_comparable, rank_traces, side_view
 from detaudit.drift.recordings import record
 from detaudit.errors import TraceError, UsageError
 from detaudit.results import RepeatResult
@@ -52,7 +53,8 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
     """Record A and B and judge B against A's floor (the report is also written as the run directory's drift.json).
     `baseline`: an earlier drift run directory whose A (configuration, recordings, floor) is used instead of
     recording A again: only B runs (one interpreter), e.g. on another machine or with another torch. `ops`: on a
-    drift, re-run A and B once more each recording ops over the drifting step (op_window.py)."""
+    drift, re-run A and B once more each recording ops over the drifting step (op_window.py; not across world
+    sizes, whose ranks' ops see other samples)."""
     check_script(options.target.script)
     kept = None if baseline is None else load_baseline(baseline, options.target.script)
     run_dir = new_run_dir(options.target.script, options.out_dir)
@@ -60,10 +62,10 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
     try:
         if kept is None:
             results_a = record(options, a, run_dir, len(perturbation.groups) + 1, perturbation, on_done)
-            traces_a = [run_dir / r.trace for r in results_a]
+            traces_a = [rank_traces(run_dir, r, a.nproc) for r in results_a]
         else:
             a, results_a = kept.a, kept.results_a
-            traces_a = [Path(kept.run_dir) / r.trace for r in results_a]
+            traces_a = [rank_traces(Path(kept.run_dir), r, a.nproc) for r in results_a]
         results_b = record(options, b, run_dir, B_REPEATS, None, on_done)
     except Interrupted as exc:
         exc.run_dir = run_dir
@@ -76,9 +78,10 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
                                                                  0.0, None))
     failure = _failure(results_a, results_b)
     report = replace(report, verdict=failure[0], reason=failure[1]) if failure else \
-        judged_report(report, traces_a, run_dir / results_b[0].trace)
+        judged_report(report, traces_a, rank_traces(run_dir, results_b[0], b.nproc))
     first = report.first_drift
-    if ops and first is not None:
+    # op records are per-rank activations: across world sizes they come from other samples (rank_views.py)
+    if ops and first is not None and a.world_size == b.world_size:
         try:
             report = replace(report, op_window=op_window(options, a, b, run_dir, first.step, on_done), op_runs=2)
         except Interrupted as exc:
@@ -119,13 +122,19 @@ def _failure(results_a: Sequence[RepeatResult], results_b: Sequence[RepeatResult
     return None
 
 
-def judged_report(report: DriftReport, traces_a: Sequence[Path], trace_b: Path) -> DriftReport:
-    """The report with B judged against A's floor, read from the recordings."""
-    missing = [p for p in [*traces_a, trace_b] if not p.is_file()]
+def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], traces_b: Sequence[Path]) -> DriftReport:
+    """The report with B judged against A's floor, read from the recordings (each repeat's traces: one per rank,
+    rank 0's first; per-rank records compared only when A and B run the same world size, rank_views.py)."""
+    missing = [p for p in [*(p for paths in traces_a for p in paths), *traces_b] if not p.is_file()]
     if missing:
         raise TraceError(f"{missing[0]}: the repeat left no trace")
-    recordings_a = [read_recording(p) for p in traces_a]
-    recording_b = read_recording(trace_b)
+    per_rank = report.a.world_size == report.b.world_size
+    views_a = [side_view(paths, per_rank) for paths in traces_a]
+    view_b = side_view(traces_b, per_rank)
+    recordings_a = [v.recording for v in views_a]
+    recording_b = view_b.recording
+    report = replace(report, not_comparable=not_comparable(views_a[0], view_b),
+                     rank_disagreements=disagreements(views_a[0], view_b))
     alignment = align(recordings_a[0], recording_b)
     judged = judge(alignment, recordings_a[0], recordings_a[1:], recording_b)
     if not judged:
@@ -168,9 +177,10 @@ def _first(judged: Judged, value: Value, change: ChangeEvidence) -> FirstDrift:
 def _row(judged: Judged, value: Value) -> RecordRow:
     i = judged.identity
     return RecordRow(i.step, i.kind, i.name, i.occurrence, value.module, value.location, judged.status,
-                     judged.difference if math.isfinite(judged.difference) else None, judged.floor, judged.ratio)
+                     judged.difference if math.isfinite(judged.difference) else None, judged.floor, judged.ratio,
+                     i.rank)
 
 
 def _names(identities: Sequence[Identity]) -> list[RecordName]:
-    return [RecordName(i.step, i.kind, i.name, i.occurrence) for i in identities]
+    return [RecordName(i.step, i.kind, i.name, i.occurrence, i.rank) for i in identities]
 

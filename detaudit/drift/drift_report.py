@@ -37,6 +37,7 @@ class RecordRow:
     difference: float | None  # None: not comparable element by element
     floor: float
     ratio_to_floor: float | None
+    rank: int = 0  # a per-rank record of two runs with the same world size
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,29 @@ class RecordName:
     kind: str
     name: str
     occurrence: int
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class NotComparable:
+    """Records of one kind left out of the judging, and why (another world size: different sample sets per rank)."""
+
+    kind: str
+    records_a: int
+    records_b: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RankDisagreement:
+    """A record every rank should hold alike (a gradient after averaging, a parameter) that a rank holds otherwise
+    than rank 0: the comparison uses rank 0's."""
+
+    side: Literal["a", "b"]
+    rank: int
+    step: int
+    kind: str
+    name: str
 
 
 @dataclass(frozen=True)
@@ -134,6 +158,8 @@ class DriftReport(Codable):
     op_window: OpWindow | None = None  # on a drift: the first op where B departs from A (None: not run, none)
     op_runs: int = 0  # interpreters the op-level window started (A's and B's re-run over the drifting step)
     baseline: str | None = None  # --baseline: the earlier drift run directory A (results_a, floor) was kept from
+    not_comparable: list[NotComparable] = field(default_factory=list)  # per-rank records across world sizes
+    rank_disagreements: list[RankDisagreement] = field(default_factory=list)  # the first ones, each side
 
     @property
     def exit_code(self) -> int:
