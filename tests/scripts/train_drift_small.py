@@ -1,5 +1,6 @@
-"""Fit a small regression MLP on one fixed global batch, split across the ranks when run under torchrun; the
-ranks combine their gradients with all_reduce, as GRAD_SYNC says (mean by default)."""
+"""Fit a small MLP with a LayerNorm on one fixed global batch for two steps, compiled with torch.compile when
+COMPILE=1; under torchrun the batch is split across the ranks, which combine their gradients with all_reduce as
+GRAD_SYNC says (mean by default)."""
 import os
 
 import torch
@@ -11,14 +12,15 @@ if world > 1:
 rank = dist.get_rank() if world > 1 else 0
 
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(), torch.nn.Linear(32, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
+forward = torch.compile(model) if os.environ.get("COMPILE") == "1" else model
 x = torch.randn(64, 16)
 y = torch.randn(64, 1)
 shard = slice(rank * 64 // world, (rank + 1) * 64 // world)
 for step in range(2):
     opt.zero_grad()
-    loss = torch.nn.functional.mse_loss(model(x[shard]), y[shard])
+    loss = torch.nn.functional.mse_loss(forward(x[shard]), y[shard])
     loss.backward()
     if world > 1:
         for p in model.parameters():
