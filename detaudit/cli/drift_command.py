@@ -106,12 +106,15 @@ def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any
 @click.option("--baseline", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
               help="Keep A from an earlier `detaudit drift` run directory (its recordings and floor): only B runs, "
                    "e.g. on another machine or release. The --a-* options are then refused.")
+@click.option("--b-from", "b_from", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
+              help="Keep B from an earlier `detaudit drift` run directory (its recording): B does not run; with "
+                   "--baseline, two existing recordings are compared. The --b-* options are then refused.")
 def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_args: str | None,
           a_threads: int | None, a_python: str | None, a_device: str, a_nproc: int | None, b_env: tuple[str, ...],
           b_args: str | None, b_threads: int | None, b_python: str | None, b_device: str, b_nproc: int | None,
           timeout: float | None, max_steps: int | None,
           out_dir: Path | None, json_path: Path | None, html_path: Path | None, quiet: bool, baseline: Path | None,
-          no_ops: bool) -> None:
+          no_ops: bool, b_from: Path | None) -> None:
     """Noise or a real change? Run SCRIPT under configuration A and under configuration B and judge B's
     difference from A record by record against A's own noise floor: A is run twice plainly and once more per
     perturbed setting (the thread count; on CUDA also cuBLAS's workspace and cuDNN's algorithm choice), which
@@ -129,12 +132,15 @@ def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_a
     if baseline is not None and a != Configuration("A"):
         raise click.UsageError("--baseline keeps A from an earlier run: its --a-* options cannot change it")
     b = configuration("B", b_env, b_args, b_threads, b_python, b_device, b_nproc)
+    if b_from is not None and b != Configuration("B"):
+        raise click.UsageError("--b-from keeps B from an earlier run: its --b-* options cannot change it")
     check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script)})
     options = AuditOptions(Target(Path(script), list(script_args), argv0=script), Schedule(timeout=timeout),
                            Recording(max_steps=max_steps), out_dir=out_dir)
-    progress = RepeatsProgress(quiet, (0 if baseline else 3) + B_REPEATS, "running configurations A and B")
+    progress = RepeatsProgress(quiet, (0 if baseline else 3) + (0 if b_from else B_REPEATS),
+                               "running configurations A and B")
     with progress:
-        report = run_drift(options, a, b, progress.on_done, baseline, not no_ops)
+        report = run_drift(options, a, b, progress.on_done, baseline, not no_ops, b_from)
     finish_drift(report, json_path, html_path, quiet)
 
 
@@ -218,7 +224,8 @@ def _render_ranks(report: DriftReport, console: Console) -> None:
 def render_drift(report: DriftReport, console: Console) -> None:
     console.print(f"[bold]detaudit drift[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
     kept = f" (kept from {_clean(report.baseline)})" if report.baseline else ""
-    console.print(f"  A: {_configuration(report.a)}{kept}\n  B: {_configuration(report.b)}")
+    kept_b = f" (kept from {_clean(report.b_from)})" if report.b_from else ""
+    console.print(f"  A: {_configuration(report.a)}{kept}\n  B: {_configuration(report.b)}{kept_b}")
     console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}")
     if report.records:
         table = Table(show_edge=False)

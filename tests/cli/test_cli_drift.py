@@ -116,3 +116,8 @@ def test_per_rank_records_set_aside_and_ranks_that_disagree_are_shown(script: Pa
     result = CliRunner().invoke(cli, ["drift", script.name, "--b-nproc", "2"], catch_exceptions=False)
     assert "not comparable: output records (A 8, B 16): different sample sets per rank" in result.output
     assert "B rank 1's step 0 grad fc.weight differs from rank 0's" in result.output
+
+
+def test_b_kept_from_an_earlier_run_refuses_an_option_of_b(script: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["drift", script.name, "--b-from", str(tmp_path), "--b-env", "X=1"])
+    assert result.exit_code == ExitCode.USAGE

@@ -64,3 +64,8 @@ def test_a_baseline_of_another_script_is_refused(tmp_path: Path) -> None:
     write_json(empty(Configuration("A"), Configuration("B")), tmp_path / "drift.json")
     with pytest.raises(UsageError, match="a floor is one script's"):
         load_baseline(tmp_path, Path("other.py"))
+
+
+def test_a_b_from_directory_without_a_drift_report_is_named_by_its_option(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="^--b-from "):
+        load_baseline(tmp_path, Path("train.py"), "--b-from")

@@ -132,3 +132,12 @@ def test_the_compiled_model_is_within_noise_and_its_fused_modules_are_listed_not
     assert {(n["step"], n["kind"], n["name"]) for n in report["only_a"]} == {
         (step, "output", name) for step in (0, 1) for name in ("0", "1", "2", "3")}
     assert report["only_b"] == []
+
+
+def test_two_existing_recordings_are_compared_without_starting_an_interpreter(
+        tmp_path: Path, threads: tuple[int, dict, str, Path]) -> None:
+    result = run_cli(["drift", str(SCRIPTS / "train_drift.py"), "--baseline", str(threads[3]), "--b-from",
+                      str(threads[3]), "--json", "d.json"], tmp_path)
+    assert result.report is not None, result.stderr
+    assert (result.returncode, result.report["verdict"]) == (0, "within-noise")  # B: the threads check's own B
+    assert "0 interpreters started" in result.stdout
