@@ -19,7 +19,7 @@ from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
 from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
 from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_html import write_html
-from detaudit.drift.drift_report import DriftReport, FirstDrift, write_json
+from detaudit.drift.drift_report import DriftReport, FirstDrift, RecordRow, write_json
 from detaudit.errors import ExitCode
 from detaudit.safetext import printable
 
@@ -211,6 +211,11 @@ def _evidence(first: FirstDrift) -> list[str]:
     return lines
 
 
+def _record_name(row: RecordRow) -> str:
+    """A row's name, with its rank where two torchrun runs' per-rank records are compared rank by rank."""
+    return _clean(row.name + (f" (rank {row.rank})" if row.rank else ""))
+
+
 def _render_ranks(report: DriftReport, console: Console) -> None:
     """Per-rank records set aside (another world size) and shared records a side's ranks disagree on."""
     for left in report.not_comparable:
@@ -233,7 +238,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
             table.add_column(column)
         for row in report.records[:SHOWN_ROWS]:
             status = "[red]drift[/]" if row.status == "drift" else "within noise"
-            table.add_row(str(row.step), row.kind, _clean(row.name), status,
+            table.add_row(str(row.step), row.kind, _record_name(row), status,
                           "-" if row.difference is None else f"{row.difference:.3g}", f"{row.floor:.3g}",
                           "-" if row.ratio_to_floor is None else f"{row.ratio_to_floor:.3g}", _clean(row.location))
         console.print(table)

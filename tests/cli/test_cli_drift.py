@@ -25,6 +25,7 @@ from detaudit.drift.drift_report import (
     FloorSummary,
     NotComparable,
     RankDisagreement,
+    RecordRow,
 )
 from detaudit.errors import ExitCode
 
@@ -121,3 +122,11 @@ def test_per_rank_records_set_aside_and_ranks_that_disagree_are_shown(script: Pa
 def test_b_kept_from_an_earlier_run_refuses_an_option_of_b(script: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["drift", script.name, "--b-from", str(tmp_path), "--b-env", "X=1"])
     assert result.exit_code == ExitCode.USAGE
+
+
+def test_a_per_rank_row_names_its_rank(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    row = RecordRow(0, "output", "fc", 0, "fc", "train.py:5", "drift", 1.0, 1e-8, 1e8, rank=1)
+    monkeypatch.setattr(drift_check, "run_drift", lambda options, a, b, *_: replace(drifted(a, b), records=[row]))
+    result = CliRunner().invoke(cli, ["drift", script.name, "--a-nproc", "2", "--b-nproc", "2"],
+                                catch_exceptions=False)
+    assert "fc (rank 1)" in result.output
