@@ -19,7 +19,7 @@ from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
 from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
 from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_html import write_html
-from detaudit.drift.drift_report import DriftReport, FirstDrift, write_json
+from detaudit.drift.drift_report import DriftReport, FirstDrift, RecordRow, write_json
 from detaudit.errors import ExitCode
 from detaudit.safetext import printable
 
@@ -54,13 +54,17 @@ def _python(path: str | None) -> str | None:
 
 
 def configuration(label: str, env: tuple[str, ...], args: str | None, threads: int | None, python: str | None,
-                  device: str) -> Configuration:
+                  device: str, nproc: int | None = None) -> Configuration:
     """One side's options as a Configuration (bad values: a usage error naming the option's value)."""
-    return Configuration(label, _environment(env), _arguments(args), threads, _python(python), device)
+    if nproc is not None and python is not None:
+        side = label.lower()
+        raise click.UsageError(f"--{side}-nproc and --{side}-python cannot be combined: torchrun starts the ranks "
+                               "with detaudit's own interpreter")
+    return Configuration(label, _environment(env), _arguments(args), threads, _python(python), device, nproc)
 
 
 def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """--<side>-env, --<side>-args, --<side>-threads, --<side>-python, --<side>-device."""
+    """--<side>-env, --<side>-args, --<side>-threads, --<side>-python, --<side>-device, --<side>-nproc."""
     upper = side.upper()
 
     def add(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -76,6 +80,8 @@ def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any
                               "detaudit's dependencies (numpy, xxhash)."),
             click.option(f"--{side}-device", f"{side}_device", type=DEVICES, default="cpu", show_default=True,
                          help=f"Device of {upper} (auto: the script's own choice)."),
+            click.option(f"--{side}-nproc", f"{side}_nproc", type=click.IntRange(min=1), default=None,
+                         help=f"Run {upper} under torchrun with N ranks (its world size; docs/drift.md)."),
         )):
             command = option(command)
         return command
@@ -100,11 +106,15 @@ def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any
 @click.option("--baseline", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
               help="Keep A from an earlier `detaudit drift` run directory (its recordings and floor): only B runs, "
                    "e.g. on another machine or release. The --a-* options are then refused.")
+@click.option("--b-from", "b_from", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
+              help="Keep B from an earlier `detaudit drift` run directory (its recording): B does not run; with "
+                   "--baseline, two existing recordings are compared. The --b-* options are then refused.")
 def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_args: str | None,
-          a_threads: int | None, a_python: str | None, a_device: str, b_env: tuple[str, ...], b_args: str | None,
-          b_threads: int | None, b_python: str | None, b_device: str, timeout: float | None, max_steps: int | None,
+          a_threads: int | None, a_python: str | None, a_device: str, a_nproc: int | None, b_env: tuple[str, ...],
+          b_args: str | None, b_threads: int | None, b_python: str | None, b_device: str, b_nproc: int | None,
+          timeout: float | None, max_steps: int | None,
           out_dir: Path | None, json_path: Path | None, html_path: Path | None, quiet: bool, baseline: Path | None,
-          no_ops: bool) -> None:
+          no_ops: bool, b_from: Path | None) -> None:
     """Noise or a real change? Run SCRIPT under configuration A and under configuration B and judge B's
     difference from A record by record against A's own noise floor: A is run twice plainly and once more per
     perturbed setting (the thread count; on CUDA also cuBLAS's workspace and cuDNN's algorithm choice), which
@@ -118,16 +128,19 @@ def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_a
     from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
     from detaudit.drift.drift_check import B_REPEATS, run_drift
 
-    a = configuration("A", a_env, a_args, a_threads, a_python, a_device)
+    a = configuration("A", a_env, a_args, a_threads, a_python, a_device, a_nproc)
     if baseline is not None and a != Configuration("A"):
         raise click.UsageError("--baseline keeps A from an earlier run: its --a-* options cannot change it")
-    b = configuration("B", b_env, b_args, b_threads, b_python, b_device)
+    b = configuration("B", b_env, b_args, b_threads, b_python, b_device, b_nproc)
+    if b_from is not None and b != Configuration("B"):
+        raise click.UsageError("--b-from keeps B from an earlier run: its --b-* options cannot change it")
     check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script)})
     options = AuditOptions(Target(Path(script), list(script_args), argv0=script), Schedule(timeout=timeout),
                            Recording(max_steps=max_steps), out_dir=out_dir)
-    progress = RepeatsProgress(quiet, (0 if baseline else 3) + B_REPEATS, "running configurations A and B")
+    progress = RepeatsProgress(quiet, (0 if baseline else 3) + (0 if b_from else B_REPEATS),
+                               "running configurations A and B")
     with progress:
-        report = run_drift(options, a, b, progress.on_done, baseline, not no_ops)
+        report = run_drift(options, a, b, progress.on_done, baseline, not no_ops, b_from)
     finish_drift(report, json_path, html_path, quiet)
 
 
@@ -171,6 +184,7 @@ def _configuration(config: Configuration) -> str:
     parts += [f"args {' '.join(config.args)}"] if config.args else []
     parts += [f"threads {config.threads}"] if config.threads is not None else []
     parts += [f"python {config.python}"] if config.python else []
+    parts += [f"nproc {config.nproc}"] if config.nproc is not None else []
     parts.append(f"device {config.device}")
     return _clean(", ".join(parts))
 
@@ -197,10 +211,26 @@ def _evidence(first: FirstDrift) -> list[str]:
     return lines
 
 
+def _record_name(row: RecordRow) -> str:
+    """A row's name, with its rank where two torchrun runs' per-rank records are compared rank by rank."""
+    return _clean(row.name + (f" (rank {row.rank})" if row.rank else ""))
+
+
+def _render_ranks(report: DriftReport, console: Console) -> None:
+    """Per-rank records set aside (another world size) and shared records a side's ranks disagree on."""
+    for left in report.not_comparable:
+        console.print(f"not comparable: {left.kind} records (A {left.records_a}, B {left.records_b}): "
+                      f"{_clean(left.reason)}")
+    for d in report.rank_disagreements:
+        console.print(f"[yellow]ranks disagree[/]: {d.side.upper()} rank {d.rank}'s step {d.step} {d.kind} "
+                      f"{_clean(d.name)} differs from rank 0's (rank 0's is compared)")
+
+
 def render_drift(report: DriftReport, console: Console) -> None:
     console.print(f"[bold]detaudit drift[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
     kept = f" (kept from {_clean(report.baseline)})" if report.baseline else ""
-    console.print(f"  A: {_configuration(report.a)}{kept}\n  B: {_configuration(report.b)}")
+    kept_b = f" (kept from {_clean(report.b_from)})" if report.b_from else ""
+    console.print(f"  A: {_configuration(report.a)}{kept}\n  B: {_configuration(report.b)}{kept_b}")
     console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}")
     if report.records:
         table = Table(show_edge=False)
@@ -208,7 +238,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
             table.add_column(column)
         for row in report.records[:SHOWN_ROWS]:
             status = "[red]drift[/]" if row.status == "drift" else "within noise"
-            table.add_row(str(row.step), row.kind, _clean(row.name), status,
+            table.add_row(str(row.step), row.kind, _record_name(row), status,
                           "-" if row.difference is None else f"{row.difference:.3g}", f"{row.floor:.3g}",
                           "-" if row.ratio_to_floor is None else f"{row.ratio_to_floor:.3g}", _clean(row.location))
         console.print(table)
@@ -230,6 +260,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
         if names:
             listed = ", ".join(f"step {n.step} {n.kind} {n.name}" for n in names[:5])
             console.print(f"only {side} records {len(names)}: {_clean(listed)}{' ...' if len(names) > 5 else ''}")
+    _render_ranks(report, console)
     for cause in report.causes:
         console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(_set(cause.a))} -> {_clean(_set(cause.b))} "
                       f"({cause.family}): {_clean(cause.why)}")

@@ -21,6 +21,7 @@ class Identity:
     kind: str  # output, grad, param, optstate, save, checkpoint, input, buffer
     name: str
     occurrence: int = 0  # among this step's records of this kind and name
+    rank: int = 0  # a torchrun run's rank whose record this is (drift/rank_views.py)
 
 
 @dataclass(frozen=True)

@@ -105,8 +105,9 @@ class CandidateCause:
     why: str
 
 
-_FIRST_FOR_REAL_CHANGE = ("script", "runtime", "reorder")  # what the script computes changes; then the runtime
-_FIRST_FOR_NOISE = ("reorder", "runtime", "script")
+# what the script computes changes; then its parallel layout (its own averaging), then the runtime
+_FIRST_FOR_REAL_CHANGE = ("script", "layout", "runtime", "reorder")
+_FIRST_FOR_NOISE = ("reorder", "layout", "runtime", "script")
 
 
 def rank_causes(found: Sequence[Difference], drifted: bool, change: ChangeEvidence | None) -> list[CandidateCause]:
@@ -120,11 +121,15 @@ def rank_causes(found: Sequence[Difference], drifted: bool, change: ChangeEviden
 def _why(family: str, drifted: bool, change: ChangeEvidence | None) -> str:
     if not drifted:
         return {"reorder": "changes only the order of floating-point reductions: noise of this size",
+                "layout": "another world size sums the gradients in another order: noise of this size",
                 "runtime": "another runtime may pick other kernels: noise of this size",
                 "script": "the script's own setting; its effect stayed within the noise"}[family]
     strong = change is not None and change.real_change
     return {"script": "changes what the script computes" + (" (the change starts large or is exact: " + _what(change)
                                                             + ")" if strong and change is not None else ""),
+            "layout": "another world size runs the script's own averaging and sharding"
+                      + (" (" + _what(change) + ": gradients summed, not averaged?)"
+                         if change is not None and change.factor is not None else ""),
             "runtime": "another interpreter or device may change kernels, defaults or dtypes",
             "reorder": "a reduction-order setting: it moves results by noise, which the floor measures, "
                        + ("not by " + _what(change) if strong and change is not None else "rarely beyond it")}[family]

@@ -10,7 +10,7 @@ from typing import Literal
 from detaudit.pin import Perturb, PerturbSpec, Setting, perturbations
 from detaudit.run.perturb_plan import Perturbation
 
-Family = Literal["reorder", "runtime", "script"]
+Family = Literal["reorder", "layout", "runtime", "script"]
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # settings that change only the order of floating-point reductions (run --perturb's catalogue): a difference
 # in one of them explains noise, never a real change
@@ -29,6 +29,11 @@ class Configuration:
     threads: int | None = None  # --a-threads: OMP_NUM_THREADS and MKL_NUM_THREADS
     python: str | None = None  # --a-python: another interpreter (None: the one running detaudit)
     device: str = "cpu"  # --a-device: cpu, cuda or auto (the script's own choice)
+    nproc: int | None = None  # --a-nproc: each repeat a torchrun launch of this many ranks (None: one process)
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc or 1
 
     def environment(self) -> dict[str, str]:
         """The variables this configuration's repeats run with, over the inherited environment."""
@@ -39,7 +44,9 @@ class Configuration:
 @dataclass(frozen=True)
 class Difference:
     """One setting A and B differ in (None: not set on that side), and what it can change: the reduction
-    order only (`reorder`), the runtime (`runtime`: interpreter, device) or what the script computes (`script`)."""
+    order only (`reorder`), the parallel layout (`layout`: the world size, which reorders the gradient
+    all-reduce and runs the script's own averaging and sharding), the runtime (`runtime`: interpreter, device)
+    or what the script computes (`script`)."""
 
     setting: str
     a: str | None
@@ -52,7 +59,8 @@ def differences(a: Configuration, b: Configuration) -> list[Difference]:
     found = []
     sides: tuple[tuple[str, Family, str | None, str | None], ...] = (
         ("python", "runtime", a.python, b.python), ("device", "runtime", a.device, b.device),
-        ("threads", "reorder", _text(a.threads), _text(b.threads)))
+        ("threads", "reorder", _text(a.threads), _text(b.threads)),
+        ("nproc", "layout", _text(a.nproc), _text(b.nproc)))
     for setting, family, va, vb in sides:
         if va != vb:
             found.append(Difference(setting, va, vb, family))

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions
-from detaudit.drift.alignment import Identity, Value, align, read_recording
+from detaudit.drift.alignment import Identity, Value, align
 from detaudit.drift.change_kinds import ChangeEvidence, evidence, rank_causes
 from detaudit.drift.configurations import Configuration, differences, floor_perturbation
 from detaudit.drift.drift_report import (
@@ -34,6 +34,7 @@ from detaudit.drift.drift_report import (
 from detaudit.drift.floor import ULPS
 from detaudit.drift.judging import Judged, K, first_drift, judge, overall, ratios_over_steps
 from detaudit.drift.op_window import op_window
+from detaudit.drift.rank_views import disagreements, not_comparable, rank_traces, side_view
 from detaudit.drift.recordings import record
 from detaudit.errors import TraceError, UsageError
 from detaudit.results import RepeatResult
@@ -48,23 +49,32 @@ SHOWN = 50  # records in the report beyond those bitwise equal (the first ones, 
 
 def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
               on_done: Callable[[RepeatResult], None] | None = None, baseline: Path | None = None,
-              ops: bool = True) -> DriftReport:
+              ops: bool = True, b_from: Path | None = None) -> DriftReport:
     """Record A and B and judge B against A's floor (the report is also written as the run directory's drift.json).
     `baseline`: an earlier drift run directory whose A (configuration, recordings, floor) is used instead of
-    recording A again: only B runs (one interpreter), e.g. on another machine or with another torch. `ops`: on a
-    drift, re-run A and B once more each recording ops over the drifting step (op_window.py)."""
+    recording A again: only B runs (one interpreter), e.g. on another machine or with another torch. `b_from`: an
+    earlier drift run directory whose B (configuration, recording) is used instead of running B: with `baseline`
+    too, two existing recordings are compared. `ops`: on a drift, re-run A and B once more each recording ops over
+    the drifting step (op_window.py; not across world sizes, whose ranks' ops see other samples)."""
     check_script(options.target.script)
     kept = None if baseline is None else load_baseline(baseline, options.target.script)
+    kept_b = None if b_from is None else load_baseline(b_from, options.target.script, "--b-from")
     run_dir = new_run_dir(options.target.script, options.out_dir)
     perturbation = floor_perturbation(a, resolve_devices((a.device,)), os.cpu_count())
     try:
         if kept is None:
             results_a = record(options, a, run_dir, len(perturbation.groups) + 1, perturbation, on_done)
-            traces_a = [run_dir / r.trace for r in results_a]
+            traces_a = [rank_traces(run_dir, r, a.nproc) for r in results_a]
         else:
             a, results_a = kept.a, kept.results_a
-            traces_a = [Path(kept.run_dir) / r.trace for r in results_a]
-        results_b = record(options, b, run_dir, B_REPEATS, None, on_done)
+            # where A's traces lie: the kept run's own directory, or the one it kept A from in turn
+            traces_a = [rank_traces(Path(kept.baseline or kept.run_dir), r, a.nproc) for r in results_a]
+        if kept_b is None:
+            results_b = record(options, b, run_dir, B_REPEATS, None, on_done)
+            traces_b = rank_traces(run_dir, results_b[0], b.nproc)
+        else:  # its B, labelled B whichever side it was there
+            b, results_b = kept_b.b, kept_b.results_b
+            traces_b = rank_traces(Path(kept_b.b_from or kept_b.run_dir), results_b[0], b.nproc)
     except Interrupted as exc:
         exc.run_dir = run_dir
         raise
@@ -72,13 +82,15 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
     report = DriftReport(script=target.as_typed, script_args=stored_args(target.script_args, target.redact_args),
                          run_dir=str(run_dir), verdict="inconclusive", a=a, b=b, results_a=results_a,
                          results_b=results_b, baseline=None if kept is None else kept.run_dir,
+                         b_from=None if kept_b is None else kept_b.run_dir,
                          floor=FloorSummary(K, ULPS, [r.perturbation or {} for r in results_a],
                                                                  0.0, None))
     failure = _failure(results_a, results_b)
     report = replace(report, verdict=failure[0], reason=failure[1]) if failure else \
-        judged_report(report, traces_a, run_dir / results_b[0].trace)
+        judged_report(report, traces_a, traces_b)
     first = report.first_drift
-    if ops and first is not None:
+    # op records are per-rank activations: across world sizes they come from other samples (rank_views.py)
+    if ops and first is not None and a.world_size == b.world_size:
         try:
             report = replace(report, op_window=op_window(options, a, b, run_dir, first.step, on_done), op_runs=2)
         except Interrupted as exc:
@@ -88,12 +100,13 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
     return report
 
 
-def load_baseline(baseline: Path, script: Path) -> DriftReport:
+def load_baseline(baseline: Path, script: Path, option: str = "--baseline") -> DriftReport:
     """The earlier drift run in `baseline` (its drift.json, read into its type), checked to be of this script and
-    to hold A's recordings; its `run_dir` is `baseline` as given now (the directory may have moved)."""
+    to hold its recordings; its `run_dir` is `baseline` as given now (the directory may have moved). `option`: the
+    option that named it, for the errors."""
     path = Path(baseline) / DRIFT_FILE
     if not path.is_file():
-        raise UsageError(f"--baseline {baseline}: no {DRIFT_FILE} there; give the run directory of an earlier "
+        raise UsageError(f"{option} {baseline}: no {DRIFT_FILE} there; give the run directory of an earlier "
                          "`detaudit drift` (its --out)")
     with open_regular(path, "a drift report") as fh:
         data = load_json(fh.read(), str(path))
@@ -101,9 +114,9 @@ def load_baseline(baseline: Path, script: Path) -> DriftReport:
         raise TraceError(f"{path}: not a {DRIFT_FORMAT} report")
     kept = DriftReport.from_dict({k: v for k, v in data.items() if k not in ("format", "version", "exit_code")})
     if Path(kept.script).name != script.name:
-        raise UsageError(f"--baseline {baseline} recorded {kept.script}, not {script}: a floor is one script's")
+        raise UsageError(f"{option} {baseline} recorded {kept.script}, not {script}: a floor is one script's")
     if kept.verdict not in ("equivalent", "within-noise", "drift") or not kept.results_a:
-        raise UsageError(f"--baseline {baseline}: its A was not recorded whole ({kept.verdict}); record it again")
+        raise UsageError(f"{option} {baseline}: its A was not recorded whole ({kept.verdict}); record it again")
     return replace(kept, run_dir=str(baseline))
 
 
@@ -119,13 +132,19 @@ def _failure(results_a: Sequence[RepeatResult], results_b: Sequence[RepeatResult
     return None
 
 
-def judged_report(report: DriftReport, traces_a: Sequence[Path], trace_b: Path) -> DriftReport:
-    """The report with B judged against A's floor, read from the recordings."""
-    missing = [p for p in [*traces_a, trace_b] if not p.is_file()]
+def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], traces_b: Sequence[Path]) -> DriftReport:
+    """The report with B judged against A's floor, read from the recordings (each repeat's traces: one per rank,
+    rank 0's first; per-rank records compared only when A and B run the same world size, rank_views.py)."""
+    missing = [p for p in [*(p for paths in traces_a for p in paths), *traces_b] if not p.is_file()]
     if missing:
         raise TraceError(f"{missing[0]}: the repeat left no trace")
-    recordings_a = [read_recording(p) for p in traces_a]
-    recording_b = read_recording(trace_b)
+    per_rank = report.a.world_size == report.b.world_size
+    views_a = [side_view(paths, per_rank) for paths in traces_a]
+    view_b = side_view(traces_b, per_rank)
+    recordings_a = [v.recording for v in views_a]
+    recording_b = view_b.recording
+    report = replace(report, not_comparable=not_comparable(views_a[0], view_b),
+                     rank_disagreements=disagreements(views_a[0], view_b))
     alignment = align(recordings_a[0], recording_b)
     judged = judge(alignment, recordings_a[0], recordings_a[1:], recording_b)
     if not judged:
@@ -168,9 +187,10 @@ def _first(judged: Judged, value: Value, change: ChangeEvidence) -> FirstDrift:
 def _row(judged: Judged, value: Value) -> RecordRow:
     i = judged.identity
     return RecordRow(i.step, i.kind, i.name, i.occurrence, value.module, value.location, judged.status,
-                     judged.difference if math.isfinite(judged.difference) else None, judged.floor, judged.ratio)
+                     judged.difference if math.isfinite(judged.difference) else None, judged.floor, judged.ratio,
+                     i.rank)
 
 
 def _names(identities: Sequence[Identity]) -> list[RecordName]:
-    return [RecordName(i.step, i.kind, i.name, i.occurrence) for i in identities]
+    return [RecordName(i.step, i.kind, i.name, i.occurrence, i.rank) for i in identities]
 

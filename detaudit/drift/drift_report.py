@@ -37,6 +37,7 @@ class RecordRow:
     difference: float | None  # None: not comparable element by element
     floor: float
     ratio_to_floor: float | None
+    rank: int = 0  # a per-rank record of two runs with the same world size
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,29 @@ class RecordName:
     kind: str
     name: str
     occurrence: int
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class NotComparable:
+    """Records of one kind left out of the judging, and why (another world size: different sample sets per rank)."""
+
+    kind: str
+    records_a: int
+    records_b: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RankDisagreement:
+    """A record every rank should hold alike (a gradient after averaging, a parameter) that a rank holds otherwise
+    than rank 0: the comparison uses rank 0's."""
+
+    side: Literal["a", "b"]
+    rank: int
+    step: int
+    kind: str
+    name: str
 
 
 @dataclass(frozen=True)
@@ -134,6 +158,9 @@ class DriftReport(Codable):
     op_window: OpWindow | None = None  # on a drift: the first op where B departs from A (None: not run, none)
     op_runs: int = 0  # interpreters the op-level window started (A's and B's re-run over the drifting step)
     baseline: str | None = None  # --baseline: the earlier drift run directory A (results_a, floor) was kept from
+    b_from: str | None = None  # --b-from: the earlier drift run directory B (results_b) was kept from
+    not_comparable: list[NotComparable] = field(default_factory=list)  # per-rank records across world sizes
+    rank_disagreements: list[RankDisagreement] = field(default_factory=list)  # the first ones, each side
 
     @property
     def exit_code(self) -> int:
@@ -142,8 +169,10 @@ class DriftReport(Codable):
 
     @property
     def interpreters(self) -> int:
-        """Interpreters this check started: A's repeats (none when kept from a baseline), B's, the op window's."""
-        return (0 if self.baseline else len(self.results_a)) + len(self.results_b) + self.op_runs
+        """Interpreters this check started: A's repeats (none when kept from a baseline), B's (none when kept with
+        --b-from), the op window's."""
+        return (0 if self.baseline else len(self.results_a)) + (0 if self.b_from else len(self.results_b)) \
+            + self.op_runs
 
 
 def to_json(report: DriftReport) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_report import OpWindow
 from detaudit.drift.floor import difference, ulp_bound
 from detaudit.drift.judging import K
+from detaudit.drift.rank_views import rank_traces
 from detaudit.drift.recordings import record
 from detaudit.errors import TraceError
 from detaudit.results import RepeatResult
@@ -73,7 +74,7 @@ def op_window(options: AuditOptions, a: Configuration, b: Configuration, run_dir
     for config in (a, b):
         [result] = record(options, config, run_dir, 1, None, on_done, prefix=f"ops-{config.label.lower()}",
                           granularity="op", child_config={"op_window": [step, step]})
-        traces.append(run_dir / result.trace)
+        traces.append(rank_traces(run_dir, result, config.nproc)[0])  # rank 0's ops
     try:
         return first_departure(op_values(traces[0], step), op_values(traces[1], step), step)
     except (TraceError, OSError):

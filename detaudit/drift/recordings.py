@@ -24,6 +24,6 @@ def record(options: AuditOptions, config: Configuration, run_dir: Path, repeats:
     target = replace(options.target, script_args=[*options.target.script_args, *config.args],
                      env={**options.target.env, **config.environment()}, python=config.python)
     schedule = replace(options.schedule, repeats=repeats, devices=resolve_devices(requested),
-                       own_device=own_device(requested), perturbation=perturbation)
+                       own_device=own_device(requested), perturbation=perturbation, nproc_per_node=config.nproc)
     recorded = replace(options, target=target, schedule=schedule).recorded(run_to_end=True, **recording)
     return execute(recorded, run_dir, on_done, prefix=prefix or config.label.lower())

@@ -4,6 +4,7 @@ The runs themselves are test_e2e_drift.py's."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,15 @@ from detaudit.cli.drift_command import summary_line
 from detaudit.drift import drift_check
 from detaudit.drift.change_kinds import CandidateCause, ChangeEvidence
 from detaudit.drift.configurations import Configuration
-from detaudit.drift.drift_report import Counts, DriftReport, FirstDrift, FloorSummary
+from detaudit.drift.drift_report import (
+    Counts,
+    DriftReport,
+    FirstDrift,
+    FloorSummary,
+    NotComparable,
+    RankDisagreement,
+    RecordRow,
+)
 from detaudit.errors import ExitCode
 
 
@@ -84,3 +93,40 @@ def test_the_summary_line_counts_the_records_within_noise() -> None:
 def test_a_baseline_keeps_a_so_an_option_of_a_is_refused(script: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["drift", script.name, "--baseline", str(tmp_path), "--a-threads", "2"])
     assert result.exit_code == ExitCode.USAGE
+
+
+def test_a_side_s_world_size_becomes_its_nproc(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[AuditOptions, Configuration, Configuration]] = []
+    monkeypatch.setattr(drift_check, "run_drift", _fake(seen))
+    CliRunner().invoke(cli, ["drift", script.name, "--b-nproc", "2"], catch_exceptions=False)
+    [(_, a, b)] = seen
+    assert (a.nproc, b.nproc) == (None, 2)
+
+
+def test_a_world_size_with_another_interpreter_is_a_usage_error(script: Path) -> None:
+    result = CliRunner().invoke(cli, ["drift", script.name, "--b-nproc", "2", "--b-python", sys.executable])
+    assert result.exit_code == ExitCode.USAGE
+
+
+def test_per_rank_records_set_aside_and_ranks_that_disagree_are_shown(script: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_drift(options: AuditOptions, a: Configuration, b: Configuration, *_: Any) -> DriftReport:
+        return replace(drifted(a, b), not_comparable=[NotComparable("output", 8, 16, "different sample sets per rank")],
+                       rank_disagreements=[RankDisagreement("b", 1, 0, "grad", "fc.weight")])
+    monkeypatch.setattr(drift_check, "run_drift", run_drift)
+    result = CliRunner().invoke(cli, ["drift", script.name, "--b-nproc", "2"], catch_exceptions=False)
+    assert "not comparable: output records (A 8, B 16): different sample sets per rank" in result.output
+    assert "B rank 1's step 0 grad fc.weight differs from rank 0's" in result.output
+
+
+def test_b_kept_from_an_earlier_run_refuses_an_option_of_b(script: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["drift", script.name, "--b-from", str(tmp_path), "--b-env", "X=1"])
+    assert result.exit_code == ExitCode.USAGE
+
+
+def test_a_per_rank_row_names_its_rank(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    row = RecordRow(0, "output", "fc", 0, "fc", "train.py:5", "drift", 1.0, 1e-8, 1e8, rank=1)
+    monkeypatch.setattr(drift_check, "run_drift", lambda options, a, b, *_: replace(drifted(a, b), records=[row]))
+    result = CliRunner().invoke(cli, ["drift", script.name, "--a-nproc", "2", "--b-nproc", "2"],
+                                catch_exceptions=False)
+    assert "fc (rank 1)" in result.output

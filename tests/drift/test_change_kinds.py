@@ -76,3 +76,14 @@ def test_noise_ranks_the_thread_count_first() -> None:
 def test_a_constant_factor_is_named_in_the_reason() -> None:
     [cause] = rank_causes([Difference("env LOSS_WEIGHT", None, "2", "script")], True, ChangeEvidence(factor=2.0))
     assert "a constant factor 2" in cause.why
+
+
+def test_a_world_size_with_a_constant_factor_asks_whether_gradients_were_summed() -> None:
+    [cause] = rank_causes([Difference("nproc", None, "2", "layout")], True, ChangeEvidence(factor=2.0))
+    assert "gradients summed, not averaged?" in cause.why
+
+
+def test_a_drift_ranks_the_world_size_after_the_script_s_settings_and_before_the_thread_count() -> None:
+    found = [Difference("threads", "1", "2", "reorder"), Difference("nproc", None, "2", "layout"),
+             Difference("args", None, "--lr 0.2", "script")]
+    assert [c.setting for c in rank_causes(found, True, None)] == ["args", "nproc", "threads"]

@@ -37,3 +37,7 @@ def test_on_cuda_the_workspace_and_the_algorithm_choice_are_perturbed_too() -> N
     perturbation = floor_perturbation(Configuration("A", threads=4), ["cuda"], 8)
     assert [g.changed for g in perturbation.groups] == [None, Perturb.THREADS, Perturb.CUBLAS_WORKSPACE,
                                                           Perturb.CUDNN_BENCHMARK]
+
+
+def test_another_world_size_is_a_layout_difference() -> None:
+    assert differences(Configuration("A"), Configuration("B", nproc=2)) == [Difference("nproc", None, "2", "layout")]

@@ -30,7 +30,7 @@ def traces(tmp_path: Path, b: list[Rec]) -> tuple[list[Path], Path]:
 def test_gradients_doubled_drift_at_the_first_gradient_with_factor_two(tmp_path: Path) -> None:
     doubled = [r.but(digest=r.digest + 100, samples=tuple(2 * x for x in r.samples)) for r in GRADS]
     a, b = traces(tmp_path, doubled)
-    report = judged_report(empty(Configuration("A"), Configuration("B", {"LOSS_WEIGHT": "2"})), a, b)
+    report = judged_report(empty(Configuration("A"), Configuration("B", {"LOSS_WEIGHT": "2"})), [[p] for p in a], [b])
     assert report.first_drift is not None
     assert (report.verdict, report.first_drift.name, report.first_drift.factor) == ("drift", "fc.weight", 2.0)
     assert report.causes[0].setting == "env LOSS_WEIGHT"
@@ -38,14 +38,14 @@ def test_gradients_doubled_drift_at_the_first_gradient_with_factor_two(tmp_path:
 
 def test_the_same_records_are_equivalent(tmp_path: Path) -> None:
     a, b = traces(tmp_path, GRADS)
-    report = judged_report(empty(Configuration("A"), Configuration("B")), a, b)
+    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b])
     assert (report.verdict, report.counts.aligned, report.counts.equivalent) == ("equivalent", 3, 3)
 
 
 def test_recordings_with_nothing_in_common_are_inconclusive(tmp_path: Path) -> None:
     a = [write_trace(tmp_path / f"a-{i}.trace", [Rec("fc", 1)], footer={}) for i in range(3)]
     b = write_trace(tmp_path / "b-0.trace", [Rec("other", 1)], footer={})
-    report = judged_report(empty(Configuration("A"), Configuration("B")), a, b)
+    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b])
     assert (report.verdict, len(report.only_b)) == ("inconclusive", 1)
 
 
@@ -64,3 +64,8 @@ def test_a_baseline_of_another_script_is_refused(tmp_path: Path) -> None:
     write_json(empty(Configuration("A"), Configuration("B")), tmp_path / "drift.json")
     with pytest.raises(UsageError, match="a floor is one script's"):
         load_baseline(tmp_path, Path("other.py"))
+
+
+def test_a_b_from_directory_without_a_drift_report_is_named_by_its_option(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="^--b-from "):
+        load_baseline(tmp_path, Path("train.py"), "--b-from")

@@ -159,6 +159,8 @@ NOT_IN_MATRIX = {
     "score_sparse_features.py": "a verdict over sparse and nested layouts, not a cause (test_e2e_run)",
     "finalize_export.py": "a verdict over work in an atexit handler, not a cause (test_e2e_run)",
     "train_drift.py": "a `detaudit drift` scenario: deterministic under `run`; A against B (test_e2e_drift)",
+    "train_drift_small.py": "a `detaudit drift` scenario: one process against torchrun ranks, eager against "
+                            "torch.compile (test_e2e_drift)",
     "fit_noisy.py": "two independent sources at once, for `detaudit fix`'s search: its knobs, not one cause, are "
                     "what is checked (test_e2e_fix)",
     **{name: "a resume check's scenario: deterministic under `run`, its cause is `detaudit resume`'s "

@@ -14,6 +14,8 @@ import pytest
 from conftest import SCRIPTS, run_cli
 
 pytestmark = pytest.mark.process
+distributed = pytest.mark.skipif(not __import__("torch").distributed.is_available(),
+                                 reason="torch.distributed is not built in")
 
 
 def drift(scripts: Path, cwd: Path, *options: str) -> tuple[int, dict, str]:
@@ -76,3 +78,66 @@ def test_a_doubled_loss_drifts_at_the_first_gradient_by_a_constant_factor_2(
     assert "constant factor 2" in stdout
     assert report["op_window"]["op"] == "aten.mul.Tensor"  # the loss times LOSS_WEIGHT
     assert report["op_window"]["location"].endswith("train_drift.py:28")
+
+
+@pytest.fixture(scope="module")
+def one_rank_against_two(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str, Path]:
+    """tests/scripts/train_drift_small.py in one process (A, recorded whole) against two torchrun ranks averaging
+    their gradients over the same global batch (B): kept as the forgotten-average check's baseline."""
+    cwd = tmp_path_factory.mktemp("ddp")
+    result = run_cli(["drift", str(SCRIPTS / "train_drift_small.py"), "--b-nproc", "2", "--out", "run", "--json",
+                      "d.json"], cwd)
+    assert result.report is not None, result.stderr
+    return result.returncode, result.report, result.stdout, cwd / "run"
+
+
+@distributed
+def test_one_rank_against_two_with_the_same_global_batch_is_within_noise(
+        one_rank_against_two: tuple[int, dict, str, Path]) -> None:
+    code, report, _, _ = one_rank_against_two
+    assert (code, report["verdict"]) == (0, "within-noise")  # checked by hand: gradients differ in their last bits
+    assert {r["kind"] for r in report["records"]} == {"grad", "param"}
+
+
+@distributed
+def test_module_outputs_of_another_world_size_are_listed_as_not_comparable(
+        one_rank_against_two: tuple[int, dict, str, Path]) -> None:
+    _, report, stdout, _ = one_rank_against_two
+    assert {(n["kind"], n["reason"]) for n in report["not_comparable"]} == {
+        ("input", "different sample sets per rank"), ("output", "different sample sets per rank")}
+    assert "not comparable: output records" in stdout
+
+
+@distributed
+def test_two_ranks_summing_gradients_without_averaging_drift_at_the_first_gradient_by_factor_2(
+        tmp_path: Path, one_rank_against_two: tuple[int, dict, str, Path]) -> None:
+    result = run_cli(["drift", str(SCRIPTS / "train_drift_small.py"), "--baseline", str(one_rank_against_two[3]),
+                      "--b-nproc", "2", "--b-env", "GRAD_SYNC=sum", "--json", "d.json"], tmp_path)
+    assert result.report is not None, result.stderr
+    first = result.report["first_drift"]
+    assert (result.returncode, first["step"], first["kind"], first["name"]) == (1, 0, "grad", "0.weight")
+    assert "constant factor 2" in result.stdout
+    assert result.report["op_window"] is None  # ops of other world sizes see other samples: not re-run
+
+
+@distributed
+def test_the_compiled_model_is_within_noise_and_its_fused_modules_are_listed_not_misaligned(
+        tmp_path: Path, one_rank_against_two: tuple[int, dict, str, Path]) -> None:
+    result = run_cli(["drift", str(SCRIPTS / "train_drift_small.py"), "--baseline", str(one_rank_against_two[3]),
+                      "--b-env", "COMPILE=1", "--json", "d.json"], tmp_path)
+    assert result.report is not None, result.stderr
+    report = result.report
+    # checked by hand: inductor's fused LayerNorm, GELU and matmuls round otherwise, by at most 8x the floor
+    assert (result.returncode, report["verdict"]) == (0, "within-noise")
+    assert {(n["step"], n["kind"], n["name"]) for n in report["only_a"]} == {
+        (step, "output", name) for step in (0, 1) for name in ("0", "1", "2", "3")}
+    assert report["only_b"] == []
+
+
+def test_two_existing_recordings_are_compared_without_starting_an_interpreter(
+        tmp_path: Path, threads: tuple[int, dict, str, Path]) -> None:
+    result = run_cli(["drift", str(SCRIPTS / "train_drift.py"), "--baseline", str(threads[3]), "--b-from",
+                      str(threads[3]), "--json", "d.json"], tmp_path)
+    assert result.report is not None, result.stderr
+    assert (result.returncode, result.report["verdict"]) == (0, "within-noise")  # B: the threads check's own B
+    assert "0 interpreters started" in result.stdout
