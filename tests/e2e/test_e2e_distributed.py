@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import run_cli, start_allowing
+from processes import alive
 
 from detaudit.trace import Flag, read_trace
 
@@ -152,14 +153,6 @@ def test_one_rank_fed_by_an_unseeded_generator_through_collectives_is_the_origin
     assert all(c["id"] != "uninitialized-memory" for c in report["causes"])
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_hang_on_one_rank_times_out_and_leaves_no_orphan(scripts: Path, tmp_path: Path) -> None:
     # both ranks of both repeats must start (the pid files checked below) before the timeout: forked from the warm
     # servers they do in about a second, real interpreters in under 10 s on a loaded 2-core machine; both repeats
@@ -171,14 +164,14 @@ def test_hang_on_one_rank_times_out_and_leaves_no_orphan(scripts: Path, tmp_path
     pid_files = sorted((tmp_path / "run").glob("repeat-*.rank-*.pid"))
     assert len(pid_files) == 4  # both ranks of both repeats started
     pids = [int(p.read_text()) for p in pid_files]
-    assert not [pid for pid in pids if _alive(pid)]
+    assert not [pid for pid in pids if alive(pid)]
     leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, str(tmp_path))]
     assert not leftovers
 
 
 def _cmdline_has(proc: Path, text: str) -> bool:
     try:
-        return text.encode() in (proc / "cmdline").read_bytes() and _alive(int(proc.name)) \
+        return text.encode() in (proc / "cmdline").read_bytes() and alive(int(proc.name)) \
             and int(proc.name) != os.getpid()
     except OSError:
         return False
@@ -207,12 +200,12 @@ def test_ctrl_c_stops_every_rank(scripts: Path, tmp_path: Path) -> None:
         time.sleep(0.5)
     pids = [int(p.read_text()) for p in run.glob("repeat-0.rank-*.pid")]
     assert len(pids) == 2
-    assert all(_alive(pid) for pid in pids)
+    assert all(alive(pid) for pid in pids)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     time.sleep(0.5)
-    assert not [pid for pid in pids if _alive(pid)]
+    assert not [pid for pid in pids if alive(pid)]
     assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, str(tmp_path))]
 
 
