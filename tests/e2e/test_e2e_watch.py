@@ -154,3 +154,17 @@ def test_a_replica_that_drifts_under_torchrun_stops_every_rank_and_leaves_no_pro
     pids = [int(p.read_text()) for p in (tmp_path / "run").glob("watch-0.rank-*.pid")]
     assert not [pid for pid in pids if _alive(pid)]
     assert "DDP replica module.2.weight differs on rank 1" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("torch").distributed.is_available(), reason="torch.distributed is not built")
+def test_a_checkpoint_saved_right_after_a_drifted_step_is_not_written(tmp_path: Path) -> None:
+    """Rank 0's replica drifts after step 1 (its step-2 parameters differ) and it saves right after step 2: the
+    save waits for the parent's replica comparison of step 2, which finds the difference, so it never happens."""
+    result = watch(tmp_path, "ddp_drift.py", "--nproc-per-node", "2", "--", "200", "2")
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None
+    assert report["stopped_before"] == "torch.save"
+    assert report["mismatches"][0]["step"] == 2
+    assert not (tmp_path / "checkpoint.pt").exists()
