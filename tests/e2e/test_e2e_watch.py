@@ -108,6 +108,8 @@ def test_on_mismatch_continue_records_every_mismatch_and_lets_the_job_finish(tmp
 
 
 def test_against_a_baseline_a_faithful_run_agrees_and_a_changed_learning_rate_stops_at_step_0(tmp_path: Path) -> None:
+    """A faithful run agrees; a changed learning rate differs at step 0 and the job stops, before its save
+    when the save comes first."""
     saved = run_cli(["run", str(WATCH_SCRIPTS / "fit_seeded.py"), "-n", "2", "--out", "base-run",
                      "--save-baseline", "base"], tmp_path)
     assert saved.returncode == 0, saved.output
@@ -127,6 +129,11 @@ def test_against_a_baseline_a_faithful_run_agrees_and_a_changed_learning_rate_st
     assert report["stopped_at_step"] < 400
     assert not (tmp_path / "fitted.pt").exists()
     assert "differs from the reference at step 0" in changed.stderr
+    # three steps, then the save: it waits for the comparison, which found step 0 differs, and never writes
+    short = watch(tmp_path, "fit_seeded.py", "--against", "base", "--", "3", "0.02", out="short")
+    assert short.report is not None
+    assert short.report["stopped_before"] == "torch.save"
+    assert not (tmp_path / "fitted.pt").exists()
 
 
 def _alive(pid: int) -> bool:
