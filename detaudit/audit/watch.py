@@ -8,6 +8,7 @@ or seconds and at each mismatch. The report is built from the events file the jo
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,11 +25,15 @@ from detaudit.report.watch_model import Against, WatchReport, WatchSettings
 from detaudit.run import distributed
 from detaudit.run.devices import resolve_devices
 from detaudit.run.distributed import Layout, node_rank, rank_config
+from detaudit.run.files import write_text_atomically
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats, request_stop
 from detaudit.run.rundir import new_run_dir
 from detaudit.run.watchlog import Mismatch, merged, read_watch_log
 
 EVENTS_FILE = "watch-events.jsonl"
+HANDSHAKE_FILE = "watch-checked.json"  # how far the parent's checks got, for a torch.save to wait on
+_ALL_STEPS = 1 << 62
+SAVE_PATIENCE_S = 60.0  # the longest a torch.save waits for the parent's checks (then it is written unchecked)
 
 
 class Relay:
@@ -37,13 +42,19 @@ class Relay:
     `outputs`: each capture file and where it goes (under torchrun: torchrun's own, and each rank's standard
     output, passed on in whole lines so that ranks never split each other's lines); `events`: the events files,
     the lowest rank's first (its steps drive the status line); `follower`: --against's live comparison;
-    `replicas`: the live replica check under torchrun. `clock`: seconds, for a status every so many seconds.
+    `replicas`: the live replica check under torchrun (its ranks in the order of `events`). `clock`: seconds, for
+    a status every so many seconds. `handshake`: the file a torch.save in the job waits on (recorder/save_gate.py):
+    how far the follower's or the replicas' comparison got, and where it found a difference.
     """
 
     def __init__(self, events: Sequence[Path], settings: WatchSettings, status: Callable[[str], None],
                  outputs: Sequence[tuple[Path, BinaryIO, bool]], follower: Follower | None = None,
-                 replicas: ReplicaWatch | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 replicas: ReplicaWatch | None = None, clock: Callable[[], float] = time.monotonic,
+                 handshake: Path | None = None) -> None:
         self.events = list(events)
+        self.handshake = handshake
+        self.ended = [-1] * len(self.events)  # the last step each events file said ended
+        self.told: tuple[int, int | None] | None = None  # what the handshake file says
         self.follower = follower
         self.replicas = replicas
         self.diverged_at: int | None = None
@@ -65,9 +76,11 @@ class Relay:
             self._pass_on(path, sink, whole_lines and not final)
         for n, events in enumerate(self.events):
             for event in self._new_events(events):
-                self._on_event(event, lowest=n == 0)
+                self._on_event(event, n)
+        ended = min(self.ended, default=-1)  # read before the traces: every record of these steps is in them
         if self.diverged_at is None:
             self._follow(plan, final)
+        self._tell(ended, final)
         cadence = self.settings.status_every
         if cadence.unit == "seconds" and not final:
             now = self.clock()
@@ -117,8 +130,6 @@ class Relay:
             sink.flush()
 
     def _new_events(self, path: Path) -> list[dict[str, Any]]:
-        import json
-
         events = []
         for line in self._read_new(path, whole_lines=True).splitlines():
             try:
@@ -127,9 +138,33 @@ class Relay:
                 continue
         return events
 
-    def _on_event(self, event: dict[str, Any], lowest: bool) -> None:
+    def _tell(self, ended: int, final: bool) -> None:
+        """Update the handshake file: the steps compared (up to the last one every events file said ended, and
+        the comparison's own progress; all, once it can follow no further) and the first difference."""
+        if self.handshake is None or final:
+            return
+        progress = [live.agrees_to for live in (self.follower, self.replicas) if live is not None]
+        if self.replicas is not None and self.replicas.broken:
+            progress = [_ALL_STEPS]  # no comparison to wait for
+        checked = min([ended, *(-1 if agreed is None else agreed for agreed in progress)])
+        told = (checked, self.diverged_at)
+        if told == self.told:
+            return
+        try:
+            write_text_atomically(self.handshake, json.dumps({"checked_to": told[0], "mismatch_at": told[1]}),
+                                  mode=0o600)
+        except OutputError:  # the run directory went away: the launcher says so when the job ends
+            return
+        self.told = told
+
+    def _on_event(self, event: dict[str, Any], n: int) -> None:
+        """An event of the `n`-th events file (0: the lowest rank's)."""
         kind = event.get("event")
-        if kind == "step" and lowest:
+        if kind == "step":
+            self.ended[n] = max(self.ended[n], int(event.get("step", -1)))
+            if self.replicas is not None:
+                self.replicas.step_ended(list(self.replicas.paths)[n], self.ended[n])
+        if kind == "step" and n == 0:
             self.checked += bool(event.get("checked"))
             self.step = int(event.get("step", 0)) + 1
             cadence = self.settings.status_every
@@ -142,6 +177,9 @@ class Relay:
                         f"(max |diff| {found.max_abs_diff:.3g}, {found.max_ulp} ULP)")
         elif kind == "stopped":
             self.status(f"detaudit watch: stopped the job before {event.get('before')}")
+        elif kind == "unchecked_save":
+            self.status(f"detaudit watch: torch.save to {event.get('target')} at step {event.get('step')} went ahead "
+                        f"before the check had caught up (it waited {event.get('waited_s')} s)")
 
     def _status(self) -> None:
         """The one-line status: steps done and checked, mismatches, how far the live comparison agrees."""
@@ -166,17 +204,21 @@ def run_watch(script: str, script_args: list[str], out_dir: Path | None, setting
     events = run_dir / EVENTS_FILE
     nproc = settings.nproc_per_node
     layout = Layout(nproc, node_rank(list(settings.torchrun_args))) if nproc else None
-    config = {"watch": {"events": str(events), "every": settings.every, "on_mismatch": settings.on_mismatch},
+    parent_checks = reference is not None or layout is not None
+    handshake = run_dir / HANDSHAKE_FILE if parent_checks else None
+    config = {"watch": {"events": str(events), "every": settings.every, "on_mismatch": settings.on_mismatch,
+                        **({"handshake": str(handshake), "save_patience_s": SAVE_PATIENCE_S} if handshake else {})},
               **rank_config(nproc)}
     device = resolve_devices(["auto"])[0]
     plan = plan_repeats(run_dir, 1, [device], reference.granularity if reference is not None else "step",
                         child_config=config, prefix="watch", own_device=True,
-                        stoppable=reference is not None or layout is not None)[0]
+                        stoppable=parent_checks)[0]
     ranks = _local_ranks(layout)
     follower = follow(reference, plan.trace) if reference is not None else None
     replicas = ReplicaWatch({r: plan.trace.with_name(Layout.rank_file(plan.trace.name, r)) for r in ranks}) \
         if layout is not None else None
-    relay = Relay(_rank_files(events, ranks), settings, status, _outputs(plan, ranks), follower, replicas)
+    relay = Relay(_rank_files(events, ranks), settings, status, _outputs(plan, ranks), follower, replicas,
+                  handshake=handshake)
     launcher = distributed.launcher(nproc, list(settings.torchrun_args), script, script_args, settings.timeout, 1,
                                     None, watch=relay) or Launcher(script, script_args, settings.timeout, watch=relay)
     try:

@@ -54,6 +54,11 @@ class ReplicaWatch:
                 del table[key]
         return self.found
 
+    def step_ended(self, rank: int, step: int) -> None:
+        """The rank said (its events file) that `step` ended: its records of it are all in its trace, and the
+        step can be compared before the rank records the next one (a torch.save may be waiting for it)."""
+        self.reached[rank] = max(self.reached[rank], step + 1)
+
     def _read(self, rank: int) -> None:
         trace = self.traces.get(rank)
         if trace is None:

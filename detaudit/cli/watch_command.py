@@ -170,6 +170,9 @@ def render_watch(report: WatchReport, console: Console) -> None:
     stop = report.stop_sentence
     if stop is not None:
         console.print("[bold]stopped[/]" + _clean(stop.removeprefix("stopped")))
+    for save in log.unchecked_saves:
+        console.print(f"[yellow]torch.save to {_clean(save.target)} at step {save.step} was written before the "
+                      "check had caught up[/] (it waited its whole patience)", soft_wrap=True)
     failed = report.result.exit_code not in (0, None) and log.stopped is None
     if failed or report.result.timed_out:
         how = "timed out" if report.result.timed_out else f"exited with status {report.result.exit_code}"

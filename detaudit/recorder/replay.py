@@ -16,7 +16,8 @@ nothing), profiler and `set_`-onto-storage ops (bookkeeping, data from another p
 A step's window opens when the step before it ended (step 0's: when torch was imported, so model building is
 checked with it) and closes at the optimizer step's start. With `on_mismatch == "stop"` the job is stopped at
 the first `torch.save` or `optimizer.step()` after a mismatch, before it runs: the checkpoint it was about to
-write is not written, the update derived from the step is not applied.
+write is not written, the update derived from the step is not applied. A mismatch the watching parent finds
+(replicas, --against) stops a torch.save too: the save first waits for the parent to catch up (save_gate.py).
 
 What it finds is appended to the events file (JSON lines, read back by run/watchlog.py) with `os.write`, as
 it happens: the watching parent reports mismatches and progress while the job runs.
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from detaudit.recorder import location
+from detaudit.recorder import location, save_gate
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.ops import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS, tensors_in
 from detaudit.recorder.patch import wrap
@@ -346,6 +347,9 @@ class Watcher:
         self.mode = StepReplay(recorder, self.log, json.loads(flip) if flip else None)
         self.active: int | None = None  # the thread that entered the mode, while a window is open
         self.stopped = False
+        self.handshake: str | None = config.get("handshake")  # the parent's checks' progress (recorder/save_gate.py)
+        self.patience = float(config.get("save_patience_s", 0.0))
+        self.parent_mismatch = False
 
     def install(self) -> None:
         from torch.optim import optimizer as optim
@@ -363,6 +367,7 @@ class Watcher:
 
         def make_save(original: Callable[..., Any]) -> Callable[..., Any]:
             def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+                watcher._await_parent(_target(f))
                 watcher._halt_if_mismatched("torch.save", _target(f))
                 return original(obj, f, *args, **kwargs)
 
@@ -407,8 +412,19 @@ class Watcher:
         mode.replayed = 0
         mode.skipped.clear()
 
+    def _await_parent(self, target: str) -> None:
+        """Before a torch.save: wait until the parent compared every step that ended (save_gate.py)."""
+        if self.stop_job is None or self.handshake is None or self.stopped:
+            return
+        gate = save_gate.await_check(self.handshake, self.rec.step - 1, self.patience)
+        if gate is save_gate.Gate.MISMATCH:
+            self.parent_mismatch = True
+        elif gate is save_gate.Gate.TIMED_OUT:
+            self.log.write({"event": "unchecked_save", "step": self.rec.step, "target": target,
+                            "waited_s": self.patience})
+
     def _halt_if_mismatched(self, before: str, target: str | None) -> None:
-        if self.stop_job is None or not self.mode.mismatches:
+        if self.stop_job is None or not (self.mode.mismatches or self.parent_mismatch):
             return
         if not self.stopped:  # a save in the script's `finally` while it unwinds is stopped too, unlogged
             self.stopped = True

@@ -28,7 +28,9 @@ def render_watch_html(report: WatchReport) -> str:
             ("checked steps", ", ".join(str(s) for s in log.checked_steps) or "none"),
             ("ops replayed", log.replayed_ops),
             ("not replayed", ", ".join(f"{n} {why}" for why, n in sorted(log.skipped_ops.items())) or None),
-            ("stopped", report.stop_sentence)]),
+            ("stopped", report.stop_sentence),
+            ("written before the check caught up",
+             ", ".join(f"{save.target} (step {save.step})" for save in log.unchecked_saves) or None)]),
         _mismatches_section(report),
         _against_section(report.against),
         f"<p class='muted'>run directory <span class='mono'>{escape(report.run_dir)}</span> · "

@@ -67,6 +67,11 @@ class Against:
                 "changes": [{"field": c.field, "reference": c.baseline, "current": c.current} for c in self.changes]}
 
 
+class UncheckedSaveJson(TypedDict):
+    step: int
+    target: str
+
+
 class WatchJson(TypedDict):
     verdict: Verdict
     script: str
@@ -84,6 +89,7 @@ class WatchJson(TypedDict):
     on_mismatch: str
     nproc_per_node: int | None
     against: AgainstJson | None
+    unchecked_saves: list[UncheckedSaveJson]
 
 
 @dataclass(frozen=True)
@@ -142,4 +148,5 @@ class WatchReport:
                 "stopped_at_step": stopped.step if stopped is not None else self.result.stopped_at_step,
                 "every": self.settings.every, "on_mismatch": self.settings.on_mismatch,
                 "nproc_per_node": self.settings.nproc_per_node,
-                "against": None if self.against is None else self.against.to_json()}
+                "against": None if self.against is None else self.against.to_json(),
+                "unchecked_saves": [{"step": save.step, "target": save.target} for save in self.log.unchecked_saves]}

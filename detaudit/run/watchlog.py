@@ -2,8 +2,9 @@
 
 One JSON object per line, appended by the running job: `step` (a step ended: whether it was checked, how many
 ops were replayed and skipped, and why), `mismatch` (an op's second execution disagreed with its first),
-`stopped` (the job was stopped before a torch.save or optimizer.step) and `end` (the script ended); the last
-two also close the step that was running, with its counts. A line the
+`stopped` (the job was stopped before a torch.save or optimizer.step), `unchecked_save` (a torch.save went
+ahead before the parent's checks had caught up, recorder/save_gate.py) and `end` (the script ended); `stopped`
+and `end` also close the step that was running, with its counts. A line the
 job was writing when it was killed may be cut short: it is ignored, as is anything that is no event.
 """
 
@@ -92,6 +93,14 @@ class Stopped:
 
 
 @dataclass(frozen=True)
+class UncheckedSave:
+    """A torch.save that waited its whole patience for the parent's checks and then wrote `target` at `step`."""
+
+    step: int
+    target: str
+
+
+@dataclass(frozen=True)
 class WatchLog:
     """Everything the events file says, in order of the steps."""
 
@@ -102,6 +111,7 @@ class WatchLog:
     mismatches: tuple[Mismatch, ...] = ()
     stopped: Stopped | None = None
     ended: bool = False  # the script ran to its end (an `end` event)
+    unchecked_saves: tuple[UncheckedSave, ...] = ()
 
 
 def _text(value: Any) -> str | None:
@@ -130,6 +140,7 @@ def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
     skipped: dict[str, int] = {}
     mismatches: list[Mismatch] = []
     stopped: Stopped | None = None
+    unchecked: list[UncheckedSave] = []
     for event in _events(path):
         kind = event["event"]
         try:
@@ -146,14 +157,17 @@ def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
                 mismatches.append(Mismatch.from_json(event, rank))
             elif kind == "stopped" and event.get("before") in ("torch.save", "optimizer.step"):
                 stopped = Stopped(event["before"], int(event["step"]), _text(event.get("target")))
+            elif kind == "unchecked_save":
+                unchecked.append(UncheckedSave(int(event["step"]), str(event["target"])))
         except (KeyError, TypeError, ValueError):
             continue  # not an event this version wrote
-    return WatchLog(steps, tuple(checked), replayed, skipped, tuple(mismatches), stopped, ended)
+    return WatchLog(steps, tuple(checked), replayed, skipped, tuple(mismatches), stopped, ended, tuple(unchecked))
 
 
 def merged(logs: Sequence[WatchLog]) -> WatchLog:
     """The ranks' logs as one: the steps every rank completed, the steps any rank checked, every rank's
-    replayed ops and mismatches (by step, then rank), the first stop, ended when every rank did."""
+    replayed ops and mismatches (by step, then rank), the first stop, ended when every rank did, every rank's
+    unchecked saves."""
     if len(logs) == 1:
         return logs[0]
     skipped: dict[str, int] = {}
@@ -165,4 +179,5 @@ def merged(logs: Sequence[WatchLog]) -> WatchLog:
                     tuple(sorted({step for log in logs for step in log.checked_steps})),
                     sum(log.replayed_ops for log in logs), skipped,
                     tuple(sorted((m for log in logs for m in log.mismatches), key=lambda m: (m.step, m.rank or 0))),
-                    stops[0] if stops else None, bool(logs) and all(log.ended for log in logs))
+                    stops[0] if stops else None, bool(logs) and all(log.ended for log in logs),
+                    tuple(save for log in logs for save in log.unchecked_saves))

@@ -108,6 +108,8 @@ def test_on_mismatch_continue_records_every_mismatch_and_lets_the_job_finish(tmp
 
 
 def test_against_a_baseline_a_faithful_run_agrees_and_a_changed_learning_rate_stops_at_step_0(tmp_path: Path) -> None:
+    """A faithful run agrees; a changed learning rate differs at step 0 and the job stops, before its save
+    when the save comes first."""
     saved = run_cli(["run", str(WATCH_SCRIPTS / "fit_seeded.py"), "-n", "2", "--out", "base-run",
                      "--save-baseline", "base"], tmp_path)
     assert saved.returncode == 0, saved.output
@@ -127,6 +129,11 @@ def test_against_a_baseline_a_faithful_run_agrees_and_a_changed_learning_rate_st
     assert report["stopped_at_step"] < 400
     assert not (tmp_path / "fitted.pt").exists()
     assert "differs from the reference at step 0" in changed.stderr
+    # three steps, then the save: it waits for the comparison, which found step 0 differs, and never writes
+    short = watch(tmp_path, "fit_seeded.py", "--against", "base", "--", "3", "0.02", out="short")
+    assert short.report is not None
+    assert short.report["stopped_before"] == "torch.save"
+    assert not (tmp_path / "fitted.pt").exists()
 
 
 def _alive(pid: int) -> bool:
@@ -154,3 +161,17 @@ def test_a_replica_that_drifts_under_torchrun_stops_every_rank_and_leaves_no_pro
     pids = [int(p.read_text()) for p in (tmp_path / "run").glob("watch-0.rank-*.pid")]
     assert not [pid for pid in pids if _alive(pid)]
     assert "DDP replica module.2.weight differs on rank 1" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("torch").distributed.is_available(), reason="torch.distributed is not built")
+def test_a_checkpoint_saved_right_after_a_drifted_step_is_not_written(tmp_path: Path) -> None:
+    """Rank 0's replica drifts after step 1 (its step-2 parameters differ) and it saves right after step 2: the
+    save waits for the parent's replica comparison of step 2, which finds the difference, so it never happens."""
+    result = watch(tmp_path, "ddp_drift.py", "--nproc-per-node", "2", "--", "200", "2")
+    assert result.returncode == 1, result.output
+    report = result.report
+    assert report is not None
+    assert report["stopped_before"] == "torch.save"
+    assert report["mismatches"][0]["step"] == 2
+    assert not (tmp_path / "checkpoint.pt").exists()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from detaudit.recorder.core import Recorder
-from detaudit.recorder.replay import EventLog, StepReplay, _copier, distance
+from detaudit.recorder.replay import EventLog, StepReplay, Watcher, _copier, distance
 from detaudit.trace import TraceWriter
 
 
@@ -97,3 +97,26 @@ def test_the_distance_counts_units_in_the_last_place_across_zero() -> None:
     diff, ulp = distance(one, other)
     assert ulp == 1 << 23  # from -0.0 to the smallest normal float: 2**23 steps
     assert diff == pytest.approx(2.0 ** -23)
+
+
+def _watcher(rec: Recorder, tmp_path: Path, stops: list[str], patience: float) -> Watcher:
+    config = {"events": str(tmp_path / "events.jsonl"), "every": 1, "on_mismatch": "stop",
+              "handshake": str(tmp_path / "watch-checked.json"), "save_patience_s": patience}
+    return Watcher(rec, config, stops.append)
+
+
+def test_a_save_the_parent_found_a_mismatch_before_is_stopped(recorder: Recorder, tmp_path: Path) -> None:
+    (tmp_path / "watch-checked.json").write_text(json.dumps({"checked_to": -1, "mismatch_at": 0}))
+    stops: list[str] = []
+    watcher = _watcher(recorder, tmp_path, stops, 60.0)
+    watcher._await_parent("ckpt.pt")
+    watcher._halt_if_mismatched("torch.save", "ckpt.pt")
+    assert stops == ["torch.save"]
+
+
+def test_a_save_the_parent_never_caught_up_with_goes_ahead_and_says_so(recorder: Recorder, tmp_path: Path) -> None:
+    stops: list[str] = []
+    watcher = _watcher(recorder, tmp_path, stops, 0.0)
+    watcher._await_parent("ckpt.pt")
+    watcher._halt_if_mismatched("torch.save", "ckpt.pt")
+    assert (stops, [e["event"] for e in events(tmp_path)]) == ([], ["unchecked_save"])

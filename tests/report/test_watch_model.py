@@ -6,7 +6,7 @@ import pytest
 
 from detaudit.report.watch_model import WatchReport, WatchSettings
 from detaudit.results import RepeatResult
-from detaudit.run.watchlog import Mismatch, WatchLog
+from detaudit.run.watchlog import Mismatch, UncheckedSave, WatchLog
 
 MISMATCH = Mismatch(3, "aten.mm.default", None, "t.py:4", None, 1e-7, 1, "first")
 
@@ -36,3 +36,8 @@ def test_a_replica_mismatch_counts_and_names_its_rank() -> None:
     replica = Mismatch(2, "module.2.weight", None, None, None, 0.25, 0, None, "replica", 1)
     data = WatchReport("t.py", "run", WatchSettings(), report(0).result, WatchLog(), replica=replica).to_json()
     assert (data["verdict"], data["mismatches"][0]["rank"]) == ("mismatch", 1)
+
+
+def test_the_json_lists_the_saves_written_before_the_check_caught_up() -> None:
+    data = report(0, log=WatchLog(steps=6, unchecked_saves=(UncheckedSave(4, "ckpt.pt"),))).to_json()
+    assert data["unchecked_saves"] == [{"step": 4, "target": "ckpt.pt"}]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from detaudit.run.watchlog import Mismatch, Stopped, merged, read_watch_log
+from detaudit.run.watchlog import Mismatch, Stopped, UncheckedSave, merged, read_watch_log
 
 MISMATCH = {"event": "mismatch", "step": 2, "op": "aten.mm.default", "module": "net.0", "location": "t.py:9",
             "backward_of": None, "max_abs_diff": 1e-7, "max_ulp": 3, "third_agrees_with": "first"}
@@ -52,3 +52,9 @@ def test_the_ranks_logs_merge_into_one(tmp_path: Path) -> None:
     log = merged([zero, one])
     assert (log.steps, log.checked_steps, log.replayed_ops) == (1, (0, 1), 6)
     assert log.mismatches[0].rank == 1
+
+
+def test_a_save_written_before_the_check_caught_up_is_kept_with_its_rank_s_others(tmp_path: Path) -> None:
+    saved = {"event": "unchecked_save", "step": 4, "target": "ckpt.pt", "waited_s": 60.0}
+    logs = [read_watch_log(write(tmp_path / f"e{rank}", *events)) for rank, events in enumerate([[saved], []])]
+    assert merged(logs).unchecked_saves == (UncheckedSave(4, "ckpt.pt"),)
