@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CliResult, diverges_within, run_cli
+from processes import alive
 
 from detaudit.trace import read_footer
 
@@ -136,14 +137,6 @@ def test_against_a_baseline_a_faithful_run_agrees_and_a_changed_learning_rate_st
     assert not (tmp_path / "fitted.pt").exists()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not __import__("torch").distributed.is_available(), reason="torch.distributed is not built")
 def test_a_replica_that_drifts_under_torchrun_stops_every_rank_and_leaves_no_process(tmp_path: Path) -> None:
@@ -159,7 +152,7 @@ def test_a_replica_that_drifts_under_torchrun_stops_every_rank_and_leaves_no_pro
     footers = [read_footer(path) for path in sorted((tmp_path / "run").glob("watch-0.rank-*.trace"))]
     assert [f["stopped_at_step"] if f else None for f in footers] == [report["stopped_at_step"]] * 2
     pids = [int(p.read_text()) for p in (tmp_path / "run").glob("watch-0.rank-*.pid")]
-    assert not [pid for pid in pids if _alive(pid)]
+    assert not [pid for pid in pids if alive(pid)]
     assert "DDP replica module.2.weight differs on rank 1" in result.stderr
 
 
