@@ -130,10 +130,11 @@ def test_against_a_baseline_a_faithful_run_agrees_and_a_changed_learning_rate_st
     assert report["stopped_at_step"] < 400
     assert not (tmp_path / "fitted.pt").exists()
     assert "differs from the reference at step 0" in changed.stderr
-    # three steps, then the save: it waits for the comparison, which found step 0 differs, and never writes
+    # three steps, then the save: it waits for the comparison, which found step 0 differs, and never writes (the
+    # stop at the last step boundary may come first when the parent is quick: a race, both before the save;
+    # the gate's own stop is tested in tests/recorder/test_replay.py and the replica test below)
     short = watch(tmp_path, "fit_seeded.py", "--against", "base", "--", "3", "0.02", out="short")
-    assert short.report is not None
-    assert short.report["stopped_before"] == "torch.save"
+    assert short.returncode == 1, short.output
     assert not (tmp_path / "fitted.pt").exists()
 
 
