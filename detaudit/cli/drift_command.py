@@ -30,37 +30,39 @@ DEVICES = click.Choice(["cpu", "cuda", "auto"])
 SHOWN_ROWS = 12
 
 
-def _environment(values: tuple[str, ...]) -> dict[str, str]:
+def _environment(values: tuple[str, ...], option: str) -> dict[str, str]:
     env = {}
     for item in values:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE")
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint=option)
         env[name] = value
     return env
 
 
-def _arguments(text: str | None) -> list[str]:
+def _arguments(text: str | None, option: str) -> list[str]:
     try:
         return shlex.split(text or "")
     except ValueError as exc:
-        raise click.BadParameter(f"{text!r} cannot be split as a shell would: {exc}") from None
+        raise click.BadParameter(f"{text!r} cannot be split as a shell would: {exc}", param_hint=option) from None
 
 
-def _python(path: str | None) -> str | None:
+def _python(path: str | None, option: str) -> str | None:
     if path is not None and not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise click.BadParameter(f"{path!r} is not an executable file (the interpreter to run the script with)")
+        raise click.BadParameter(f"{path!r} is not an executable file (the interpreter to run the script with)",
+                                 param_hint=option)
     return path
 
 
 def configuration(label: str, env: tuple[str, ...], args: str | None, threads: int | None, python: str | None,
                   device: str, nproc: int | None = None) -> Configuration:
     """One side's options as a Configuration (bad values: a usage error naming the option's value)."""
+    side = label.lower()
     if nproc is not None and python is not None:
-        side = label.lower()
         raise click.UsageError(f"--{side}-nproc and --{side}-python cannot be combined: torchrun starts the ranks "
                                "with detaudit's own interpreter")
-    return Configuration(label, _environment(env), _arguments(args), threads, _python(python), device, nproc)
+    return Configuration(label, _environment(env, f"--{side}-env"), _arguments(args, f"--{side}-args"), threads,
+                         _python(python, f"--{side}-python"), device, nproc)
 
 
 def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -78,6 +78,11 @@ def test_an_environment_setting_without_a_value_is_a_usage_error(script: Path) -
     assert result.exit_code == ExitCode.USAGE
 
 
+def test_a_bad_environment_setting_names_the_side_s_option(script: Path) -> None:
+    result = CliRunner().invoke(cli, ["drift", script.name, "--a-env", "FOO"])
+    assert "Invalid value for --a-env: 'FOO' is not NAME=VALUE" in result.output
+
+
 def test_an_interpreter_that_is_not_a_file_is_a_usage_error(script: Path) -> None:
     result = CliRunner().invoke(cli, ["drift", script.name, "--b-python", "/no/such/python"])
     assert result.exit_code == ExitCode.USAGE
