@@ -28,6 +28,7 @@ _EXIT_CODES = ("\b\nExit codes:\n  0    equivalent (bit for bit) or within noise
                + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
 DEVICES = click.Choice(["cpu", "cuda", "auto"])
 SHOWN_ROWS = 12
+UPDATE_KINDS = frozenset({"param", "optstate"})  # records an optimizer.step() writes
 
 
 def _environment(values: tuple[str, ...], option: str) -> dict[str, str]:
@@ -152,6 +153,17 @@ def finish_drift(report: DriftReport, json_path: Path | None, html_path: Path | 
                 {"json": json_path, "html": html_path}, quiet)
 
 
+def _no_departing_op(first: FirstDrift, k: float) -> str:
+    """The op window ran and named nothing: say so, lest it read as not run. A drift that starts in an update
+    (a parameter or optimizer state whose step's ops all agree) starts inside optimizer.step(), which op
+    recording leaves out."""
+    text = f"op window: no op of step {first.step} departs in B beyond {k:g} times its ULP bound"
+    if first.kind in UPDATE_KINDS:
+        text += f" (the first drift is a {first.kind} record: the change starts in optimizer.step(), whose ops " \
+                "are not recorded)"
+    return text
+
+
 def _set(value: str | None) -> str:
     return "(unset)" if value is None else value
 
@@ -258,6 +270,8 @@ def render_drift(report: DriftReport, console: Console) -> None:
         console.print(f"[bold]first op[/] of step {window.step} where B departs: {where}: " + (
             f"{window.ratio_to_floor:.3g}x its ULP bound" if window.ratio_to_floor is not None else
             "B has no such op" + (f"; B ran {_clean(', '.join(window.b_ops))} there" if window.b_ops else "")))
+    elif report.op_runs and first is not None:
+        console.print(_no_departing_op(first, report.floor.k))
     for side, names in (("A", report.only_a), ("B", report.only_b)):
         if names:
             listed = ", ".join(f"step {n.step} {n.kind} {n.name}" for n in names[:5])
