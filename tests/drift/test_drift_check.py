@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,15 @@ def test_a_baseline_of_another_script_is_refused(tmp_path: Path) -> None:
     write_json(empty(Configuration("A"), Configuration("B")), tmp_path / "drift.json")
     with pytest.raises(UsageError, match="a floor is one script's"):
         load_baseline(tmp_path, Path("other.py"))
+
+
+def test_a_baseline_recorded_with_other_common_script_arguments_is_refused(tmp_path: Path) -> None:
+    kept = replace(empty(Configuration("A"), Configuration("B")), verdict="within-noise",
+                   script_args=["--epochs", "1"], results_a=[RepeatResult(0, "cpu", 0, 1.0, False, "a-0.trace",
+                                                                          "a-0.stdout", "a-0.stderr", "")])
+    write_json(kept, tmp_path / "drift.json")
+    with pytest.raises(UsageError, match="recorded with the script arguments '--epochs 1', this check gives '\\(none\\)'"):
+        load_baseline(tmp_path, Path("train.py"), script_args=[])
 
 
 def test_a_b_from_directory_without_a_drift_report_is_named_by_its_option(tmp_path: Path) -> None:
