@@ -72,7 +72,8 @@ def test_a_baseline_recorded_with_other_common_script_arguments_is_refused(tmp_p
                    script_args=["--epochs", "1"], results_a=[RepeatResult(0, "cpu", 0, 1.0, False, "a-0.trace",
                                                                           "a-0.stdout", "a-0.stderr", "")])
     write_json(kept, tmp_path / "drift.json")
-    with pytest.raises(UsageError, match="recorded with the script arguments '--epochs 1', this check gives '\\(none\\)'"):
+    refused = "recorded with the script arguments '--epochs 1', this check gives '\\(none\\)'"
+    with pytest.raises(UsageError, match=refused):
         load_baseline(tmp_path, Path("train.py"), script_args=[])
 
 
