@@ -178,9 +178,9 @@ def render_watch(report: WatchReport, console: Console) -> None:
 
 
 def _render_against(against: Against, console: Console) -> None:
-    agreed = "no step" if against.agrees_to_step is None else f"step {against.agrees_to_step}"
+    agreed = "agreed on no step" if against.agrees_to_step is None else f"agreed up to step {against.agrees_to_step}"
     verdict = "differs" if against.difference is not None else "agrees"
-    console.print(f"against {_clean(against.reference)}: {verdict} (agreed up to {agreed})")
+    console.print(f"against {_clean(against.reference)}: {verdict} ({agreed})")
     for change in against.changes:
         console.print(f"  changed: {_clean(change.field)}: {_clean(change.baseline)} → {_clean(change.current)}",
                       soft_wrap=True)
