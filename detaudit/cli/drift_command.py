@@ -164,10 +164,6 @@ def _no_departing_op(first: FirstDrift, k: float) -> str:
     return text
 
 
-def _set(value: str | None) -> str:
-    return "(unset)" if value is None else value
-
-
 def _clean(text: object) -> str:
     return escape(printable(str(text)))
 
@@ -194,13 +190,7 @@ def summary_line(report: DriftReport) -> str:
 
 
 def _configuration(config: Configuration) -> str:
-    parts = [f"{k}={v}" for k, v in config.env.items()]
-    parts += [f"args {' '.join(config.args)}"] if config.args else []
-    parts += [f"threads {config.threads}"] if config.threads is not None else []
-    parts += [f"python {config.python}"] if config.python else []
-    parts += [f"nproc {config.nproc}"] if config.nproc is not None else []
-    parts.append(f"device {config.device}")
-    return _clean(", ".join(parts))
+    return _clean(config.described())
 
 
 def _floor_runs(report: DriftReport) -> str:
@@ -278,7 +268,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
             console.print(f"only {side} records {len(names)}: {_clean(listed)}{' ...' if len(names) > 5 else ''}")
     _render_ranks(report, console)
     for cause in report.causes:
-        console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(_set(cause.a))} -> {_clean(_set(cause.b))} "
+        console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(cause.change())} "
                       f"({cause.family}): {_clean(cause.why)}")
     started = report.interpreters
     console.print(f"{started} interpreter{'s' if started != 1 else ''} started"
