@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from detaudit.cli.watch_command import CadenceType, render_watch, watch
+from detaudit.cli.watch_command import CadenceType, render_watch, summary_line, watch
 from detaudit.report.watch_model import Against, Cadence, WatchReport, WatchSettings
 from detaudit.results import RepeatResult
 from detaudit.run.watchlog import Mismatch, Stopped, WatchLog
@@ -38,6 +38,12 @@ def test_a_run_that_differs_from_its_reference_at_step_0_agreed_on_no_step() -> 
     render_watch(WatchReport("train.py", "run", WatchSettings(), result, log, against=Against("base", None, differs)),
                  console)
     assert "against base: differs (agreed on no step)" in console.export_text()
+
+
+def test_a_script_that_failed_without_a_mismatch_is_not_called_clean() -> None:
+    result = RepeatResult(0, "auto", 1, 1.0, False, "watch-0.trace", "watch-0.stdout", "watch-0.stderr", "")
+    report = WatchReport("train.py", "run", WatchSettings(), result, WatchLog(steps=0, checked_steps=(0,)))
+    assert summary_line(report).startswith("[bold yellow]script failed[/]: 0 steps, 1 checked, 0 mismatches")
 
 
 def test_status_every_takes_steps_or_seconds() -> None:
