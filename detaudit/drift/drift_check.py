@@ -58,8 +58,10 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
     the drifting step (op_window.py; not across world sizes, whose ranks' ops see other samples)."""
     check_script(options.target.script)
     script, args = options.target.script, options.target.script_args
-    kept = None if baseline is None else load_baseline(baseline, script, script_args=args)
-    kept_b = None if b_from is None else load_baseline(b_from, script, "--b-from", args)
+    kept = None if baseline is None else load_baseline(baseline, script, script_args=None if b_from else args)
+    # two kept recordings: B's common arguments must be A's (this command line's run nothing but the op window)
+    kept_b = None if b_from is None else load_baseline(b_from, script, "--b-from", args if kept is None else None,
+                                                       None if kept is None else kept.script_args)
     run_dir = new_run_dir(options.target.script, options.out_dir)
     perturbation = floor_perturbation(a, resolve_devices((a.device,)), os.cpu_count())
     try:
@@ -102,11 +104,12 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
 
 
 def load_baseline(baseline: Path, script: Path, option: str = "--baseline",
-                  script_args: Sequence[str] | None = None) -> DriftReport:
+                  script_args: Sequence[str] | None = None, stored: Sequence[str] | None = None) -> DriftReport:
     """The earlier drift run in `baseline` (its drift.json, read into its type), checked to be of this script and
     to hold its recordings; its `run_dir` is `baseline` as given now (the directory may have moved). `option`: the
     option that named it, for the errors. `script_args`: this check's common script arguments, which must be the
-    kept run's (else the side run now differs from the kept one in a setting no candidate cause names)."""
+    kept run's (else the side run now differs from the kept one in a setting no candidate cause names);
+    `stored`: the other kept run's, as it stored them (--baseline with --b-from), which must be this one's."""
     path = Path(baseline) / DRIFT_FILE
     if not path.is_file():
         raise UsageError(f"{option} {baseline}: no {DRIFT_FILE} there; give the run directory of an earlier "
@@ -122,6 +125,9 @@ def load_baseline(baseline: Path, script: Path, option: str = "--baseline",
         raise UsageError(f"{option} {baseline}: its A was not recorded whole ({kept.verdict}); record it again")
     if script_args is not None:
         _check_common_args(kept, script_args, f"{option} {baseline}")
+    if stored is not None and list(stored) != kept.script_args:
+        raise UsageError(f"{option} {baseline} was recorded with the script arguments {_shown(kept.script_args)!r}, "
+                         f"--baseline's with {_shown(stored)!r}: two recordings of one script's common arguments")
     return replace(kept, run_dir=str(baseline))
 
 
