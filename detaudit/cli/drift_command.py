@@ -153,6 +153,18 @@ def finish_drift(report: DriftReport, json_path: Path | None, html_path: Path | 
                 {"json": json_path, "html": html_path}, quiet)
 
 
+def _render_op_window(report: DriftReport, console: Console) -> None:
+    window, first = report.op_window, report.first_drift
+    if window is not None:
+        phase = "backward" if window.backward else "forward"
+        where = f"{_clean(window.op)} ({phase}, module {_clean(window.module) or '-'}) at {_clean(window.location)}"
+        console.print(f"[bold]first op[/] of step {window.step} where B departs: {where}: " + (
+            f"{window.ratio_to_floor:.3g}x its ULP bound" if window.ratio_to_floor is not None else
+            "B has no such op" + (f"; B ran {_clean(', '.join(window.b_ops))} there" if window.b_ops else "")))
+    elif report.op_runs and first is not None:
+        console.print(_no_departing_op(first, report.floor.k))
+
+
 def _no_departing_op(first: FirstDrift, k: float) -> str:
     """The op window ran and named nothing: say so, lest it read as not run. A drift that starts in an update
     (a parameter or optimizer state whose step's ops all agree) starts inside optimizer.step(), which op
@@ -253,15 +265,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
                       f"{_clean(first.location)}: {_ratio(first.ratio_to_floor)}")
         for text in _evidence(first):
             console.print(f"  evidence: {_clean(text)}")
-    window = report.op_window
-    if window is not None:
-        phase = "backward" if window.backward else "forward"
-        where = f"{_clean(window.op)} ({phase}, module {_clean(window.module) or '-'}) at {_clean(window.location)}"
-        console.print(f"[bold]first op[/] of step {window.step} where B departs: {where}: " + (
-            f"{window.ratio_to_floor:.3g}x its ULP bound" if window.ratio_to_floor is not None else
-            "B has no such op" + (f"; B ran {_clean(', '.join(window.b_ops))} there" if window.b_ops else "")))
-    elif report.op_runs and first is not None:
-        console.print(_no_departing_op(first, report.floor.k))
+    _render_op_window(report, console)
     for side, names in (("A", report.only_a), ("B", report.only_b)):
         if names:
             listed = ", ".join(f"step {n.step} {n.kind} {n.name}" for n in names[:5])
