@@ -28,39 +28,42 @@ _EXIT_CODES = ("\b\nExit codes:\n  0    equivalent (bit for bit) or within noise
                + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
 DEVICES = click.Choice(["cpu", "cuda", "auto"])
 SHOWN_ROWS = 12
+UPDATE_KINDS = frozenset({"param", "optstate"})  # records an optimizer.step() writes
 
 
-def _environment(values: tuple[str, ...]) -> dict[str, str]:
+def _environment(values: tuple[str, ...], option: str) -> dict[str, str]:
     env = {}
     for item in values:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE")
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint=option)
         env[name] = value
     return env
 
 
-def _arguments(text: str | None) -> list[str]:
+def _arguments(text: str | None, option: str) -> list[str]:
     try:
         return shlex.split(text or "")
     except ValueError as exc:
-        raise click.BadParameter(f"{text!r} cannot be split as a shell would: {exc}") from None
+        raise click.BadParameter(f"{text!r} cannot be split as a shell would: {exc}", param_hint=option) from None
 
 
-def _python(path: str | None) -> str | None:
+def _python(path: str | None, option: str) -> str | None:
     if path is not None and not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise click.BadParameter(f"{path!r} is not an executable file (the interpreter to run the script with)")
+        raise click.BadParameter(f"{path!r} is not an executable file (the interpreter to run the script with)",
+                                 param_hint=option)
     return path
 
 
 def configuration(label: str, env: tuple[str, ...], args: str | None, threads: int | None, python: str | None,
                   device: str, nproc: int | None = None) -> Configuration:
     """One side's options as a Configuration (bad values: a usage error naming the option's value)."""
+    side = label.lower()
     if nproc is not None and python is not None:
-        side = label.lower()
         raise click.UsageError(f"--{side}-nproc and --{side}-python cannot be combined: torchrun starts the ranks "
                                "with detaudit's own interpreter")
-    return Configuration(label, _environment(env), _arguments(args), threads, _python(python), device, nproc)
+    return Configuration(label, _environment(env, f"--{side}-env"), _arguments(args, f"--{side}-args"), threads,
+                         _python(python, f"--{side}-python"), device, nproc)
 
 
 def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -150,8 +153,27 @@ def finish_drift(report: DriftReport, json_path: Path | None, html_path: Path | 
                 {"json": json_path, "html": html_path}, quiet)
 
 
-def _set(value: str | None) -> str:
-    return "(unset)" if value is None else value
+def _render_op_window(report: DriftReport, console: Console) -> None:
+    window, first = report.op_window, report.first_drift
+    if window is not None:
+        phase = "backward" if window.backward else "forward"
+        where = f"{_clean(window.op)} ({phase}, module {_clean(window.module) or '-'}) at {_clean(window.location)}"
+        console.print(f"[bold]first op[/] of step {window.step} where B departs: {where}: " + (
+            f"{window.ratio_to_floor:.3g}x its ULP bound" if window.ratio_to_floor is not None else
+            "B has no such op" + (f"; B ran {_clean(', '.join(window.b_ops))} there" if window.b_ops else "")))
+    elif report.op_runs and first is not None:
+        console.print(_no_departing_op(first, report.floor.k))
+
+
+def _no_departing_op(first: FirstDrift, k: float) -> str:
+    """The op window ran and named nothing: say so, lest it read as not run. A drift that starts in an update
+    (a parameter or optimizer state whose step's ops all agree) starts inside optimizer.step(), which op
+    recording leaves out."""
+    text = f"op window: no op of step {first.step} departs in B beyond {k:g} times its ULP bound"
+    if first.kind in UPDATE_KINDS:
+        text += f" (the first drift is a {first.kind} record: the change starts in optimizer.step(), whose ops " \
+                "are not recorded)"
+    return text
 
 
 def _clean(text: object) -> str:
@@ -180,13 +202,7 @@ def summary_line(report: DriftReport) -> str:
 
 
 def _configuration(config: Configuration) -> str:
-    parts = [f"{k}={v}" for k, v in config.env.items()]
-    parts += [f"args {' '.join(config.args)}"] if config.args else []
-    parts += [f"threads {config.threads}"] if config.threads is not None else []
-    parts += [f"python {config.python}"] if config.python else []
-    parts += [f"nproc {config.nproc}"] if config.nproc is not None else []
-    parts.append(f"device {config.device}")
-    return _clean(", ".join(parts))
+    return _clean(config.described())
 
 
 def _floor_runs(report: DriftReport) -> str:
@@ -249,20 +265,14 @@ def render_drift(report: DriftReport, console: Console) -> None:
                       f"{_clean(first.location)}: {_ratio(first.ratio_to_floor)}")
         for text in _evidence(first):
             console.print(f"  evidence: {_clean(text)}")
-    window = report.op_window
-    if window is not None:
-        phase = "backward" if window.backward else "forward"
-        where = f"{_clean(window.op)} ({phase}, module {_clean(window.module) or '-'}) at {_clean(window.location)}"
-        console.print(f"[bold]first op[/] of step {window.step} where B departs: {where}: " + (
-            f"{window.ratio_to_floor:.3g}x its ULP bound" if window.ratio_to_floor is not None else
-            "B has no such op" + (f"; B ran {_clean(', '.join(window.b_ops))} there" if window.b_ops else "")))
+    _render_op_window(report, console)
     for side, names in (("A", report.only_a), ("B", report.only_b)):
         if names:
             listed = ", ".join(f"step {n.step} {n.kind} {n.name}" for n in names[:5])
             console.print(f"only {side} records {len(names)}: {_clean(listed)}{' ...' if len(names) > 5 else ''}")
     _render_ranks(report, console)
     for cause in report.causes:
-        console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(_set(cause.a))} -> {_clean(_set(cause.b))} "
+        console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(cause.change())} "
                       f"({cause.family}): {_clean(cause.why)}")
     started = report.interpreters
     console.print(f"{started} interpreter{'s' if started != 1 else ''} started"

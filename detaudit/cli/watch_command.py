@@ -135,11 +135,24 @@ def _clean(text: object) -> str:
     return escape(printable(str(text)))
 
 
+def _headline(report: WatchReport) -> tuple[str, str]:
+    """The summary's first word and colour: with no mismatch, a job that failed or timed out is not "clean"
+    (its exit code is 3 or 5, and its unrun steps were never checked)."""
+    code = report.exit_code
+    if report.verdict == "mismatch":
+        return "mismatch", "red"
+    if code == ExitCode.TIMEOUT:
+        return "timed out", "yellow"
+    if code == ExitCode.SCRIPT_FAILED:
+        return "script failed", "yellow"
+    return report.verdict, "green"
+
+
 def summary_line(report: WatchReport) -> str:
     log = report.log
-    colour = "red" if report.verdict == "mismatch" else "green"
+    word, colour = _headline(report)
     found = len(report.mismatches)
-    text = (f"[bold {colour}]{report.verdict}[/]: {log.steps} step{'s' if log.steps != 1 else ''}, "
+    text = (f"[bold {colour}]{word}[/]: {log.steps} step{'s' if log.steps != 1 else ''}, "
             f"{len(log.checked_steps)} checked, {found} mismatch{'es' if found != 1 else ''}")
     if log.stopped is not None:
         text += f"; stopped before {log.stopped.before}"
@@ -181,9 +194,9 @@ def render_watch(report: WatchReport, console: Console) -> None:
 
 
 def _render_against(against: Against, console: Console) -> None:
-    agreed = "no step" if against.agrees_to_step is None else f"step {against.agrees_to_step}"
+    agreed = "agreed on no step" if against.agrees_to_step is None else f"agreed up to step {against.agrees_to_step}"
     verdict = "differs" if against.difference is not None else "agrees"
-    console.print(f"against {_clean(against.reference)}: {verdict} (agreed up to {agreed})")
+    console.print(f"against {_clean(against.reference)}: {verdict} ({agreed})")
     for change in against.changes:
         console.print(f"  changed: {_clean(change.field)}: {_clean(change.baseline)} → {_clean(change.current)}",
                       soft_wrap=True)

@@ -104,6 +104,14 @@ class CandidateCause:
     family: str
     why: str
 
+    def change(self) -> str:
+        """`(unset) -> 2`: the setting's value on each side, as the terminal and the page show it."""
+        return f"{_shown(self.a)} -> {_shown(self.b)}"
+
+
+def _shown(value: str | None) -> str:
+    return "(unset)" if value is None else value
+
 
 # what the script computes changes; then its parallel layout (its own averaging), then the runtime
 _FIRST_FOR_REAL_CHANGE = ("script", "layout", "runtime", "reorder")

@@ -35,6 +35,16 @@ class Configuration:
     def world_size(self) -> int:
         return self.nproc or 1
 
+    def described(self) -> str:
+        """`LOSS_SCALE=2, args --lr 0.2, threads 1, device cpu`: the settings as the terminal and the page show them."""
+        parts = [f"{k}={v}" for k, v in self.env.items()]
+        parts += [f"args {' '.join(self.args)}"] if self.args else []
+        parts += [f"threads {self.threads}"] if self.threads is not None else []
+        parts += [f"python {self.python}"] if self.python else []
+        parts += [f"nproc {self.nproc}"] if self.nproc is not None else []
+        parts.append(f"device {self.device}")
+        return ", ".join(parts)
+
     def environment(self) -> dict[str, str]:
         """The variables this configuration's repeats run with, over the inherited environment."""
         threads = {v: str(self.threads) for v in THREAD_VARIABLES} if self.threads is not None else {}

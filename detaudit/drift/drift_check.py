@@ -40,7 +40,7 @@ from detaudit.errors import TraceError, UsageError
 from detaudit.results import RepeatResult
 from detaudit.run.devices import resolve_devices
 from detaudit.run.launcher import Interrupted, check_script
-from detaudit.run.rundir import new_run_dir, stored_args
+from detaudit.run.rundir import REDACTED, new_run_dir, stored_args
 from detaudit.trace import load_json, open_regular
 
 B_REPEATS = 1  # B is judged against A's floor: one recording of it is the question
@@ -57,8 +57,11 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
     too, two existing recordings are compared. `ops`: on a drift, re-run A and B once more each recording ops over
     the drifting step (op_window.py; not across world sizes, whose ranks' ops see other samples)."""
     check_script(options.target.script)
-    kept = None if baseline is None else load_baseline(baseline, options.target.script)
-    kept_b = None if b_from is None else load_baseline(b_from, options.target.script, "--b-from")
+    script, args = options.target.script, options.target.script_args
+    kept = None if baseline is None else load_baseline(baseline, script, script_args=None if b_from else args)
+    # two kept recordings: B's common arguments must be A's (this command line's run nothing but the op window)
+    kept_b = None if b_from is None else load_baseline(b_from, script, "--b-from", args if kept is None else None,
+                                                       None if kept is None else kept.script_args)
     run_dir = new_run_dir(options.target.script, options.out_dir)
     perturbation = floor_perturbation(a, resolve_devices((a.device,)), os.cpu_count())
     try:
@@ -100,10 +103,13 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
     return report
 
 
-def load_baseline(baseline: Path, script: Path, option: str = "--baseline") -> DriftReport:
+def load_baseline(baseline: Path, script: Path, option: str = "--baseline",
+                  script_args: Sequence[str] | None = None, stored: Sequence[str] | None = None) -> DriftReport:
     """The earlier drift run in `baseline` (its drift.json, read into its type), checked to be of this script and
     to hold its recordings; its `run_dir` is `baseline` as given now (the directory may have moved). `option`: the
-    option that named it, for the errors."""
+    option that named it, for the errors. `script_args`: this check's common script arguments, which must be the
+    kept run's (else the side run now differs from the kept one in a setting no candidate cause names);
+    `stored`: the other kept run's, as it stored them (--baseline with --b-from), which must be this one's."""
     path = Path(baseline) / DRIFT_FILE
     if not path.is_file():
         raise UsageError(f"{option} {baseline}: no {DRIFT_FILE} there; give the run directory of an earlier "
@@ -117,7 +123,27 @@ def load_baseline(baseline: Path, script: Path, option: str = "--baseline") -> D
         raise UsageError(f"{option} {baseline} recorded {kept.script}, not {script}: a floor is one script's")
     if kept.verdict not in ("equivalent", "within-noise", "drift") or not kept.results_a:
         raise UsageError(f"{option} {baseline}: its A was not recorded whole ({kept.verdict}); record it again")
+    if script_args is not None:
+        _check_common_args(kept, script_args, f"{option} {baseline}")
+    if stored is not None and list(stored) != kept.script_args:
+        raise UsageError(f"{option} {baseline} was recorded with the script arguments {_shown(kept.script_args)!r}, "
+                         f"--baseline's with {_shown(stored)!r}: two recordings of one script's common arguments")
     return replace(kept, run_dir=str(baseline))
+
+
+def _check_common_args(kept: DriftReport, script_args: Sequence[str], named: str) -> None:
+    """The common script arguments (after `--`) must be the kept run's: a side's own go in --a-args/--b-args,
+    where they are a candidate cause. Compared as the kept run stored them (redacted if it redacted them)."""
+    redacted = bool(kept.script_args) and all(arg == REDACTED for arg in kept.script_args)
+    now = stored_args(script_args, redacted)
+    if now != kept.script_args:
+        raise UsageError(f"{named} was recorded with the script arguments {_shown(kept.script_args)!r}, this check "
+                         f"gives {_shown(now)!r}: give the same ones after `--` (a side's own go in --a-args or "
+                         "--b-args, where they are a candidate cause)")
+
+
+def _shown(args: Sequence[str]) -> str:
+    return " ".join(args) or "(none)"
 
 
 def _failure(results_a: Sequence[RepeatResult], results_b: Sequence[RepeatResult]) -> tuple[DriftVerdict, str] | None:

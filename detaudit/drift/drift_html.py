@@ -24,12 +24,12 @@ def render_html(report: DriftReport) -> str:
         f"<code>{e(first.module or '-')}</code>) at <code>{e(first.location)}</code>: "
         + ("beyond any floor" if first.ratio_to_floor is None else f"{first.ratio_to_floor:.3g}x its floor")
         + (f", constant factor {first.factor:g}" if first.factor is not None else "") + "</p>")
-    causes = "".join(f"<li><b>{e(c.setting)}</b>: {e(str(c.a))} &rarr; {e(str(c.b))} ({e(c.family)}): {e(c.why)}</li>"
+    causes = "".join(f"<li><b>{e(c.setting)}</b>: {e(c.change())} ({e(c.family)}): {e(c.why)}</li>"
                      for c in report.causes)
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>detaudit drift</title>"
             "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}</style></head><body>"
             f"<h1>detaudit drift: {e(report.verdict)}</h1><p><code>{e(report.script)}</code></p>"
-            f"<p>A: <code>{e(str(report.a))}</code><br>B: <code>{e(str(report.b))}</code></p>"
+            f"<p>A: <code>{e(report.a.described())}</code><br>B: <code>{e(report.b.described())}</code></p>"
             f"{moved}{floor}{where}" + (f"<h2>Candidate causes</h2><ul>{causes}</ul>" if causes else "")
             + "</body></html>\n")
 

@@ -78,6 +78,11 @@ def test_an_environment_setting_without_a_value_is_a_usage_error(script: Path) -
     assert result.exit_code == ExitCode.USAGE
 
 
+def test_a_bad_environment_setting_names_the_side_s_option(script: Path) -> None:
+    result = CliRunner().invoke(cli, ["drift", script.name, "--a-env", "FOO"])
+    assert "Invalid value for --a-env: 'FOO' is not NAME=VALUE" in result.output
+
+
 def test_an_interpreter_that_is_not_a_file_is_a_usage_error(script: Path) -> None:
     result = CliRunner().invoke(cli, ["drift", script.name, "--b-python", "/no/such/python"])
     assert result.exit_code == ExitCode.USAGE
@@ -130,3 +135,16 @@ def test_a_per_rank_row_names_its_rank(script: Path, monkeypatch: pytest.MonkeyP
     result = CliRunner().invoke(cli, ["drift", script.name, "--a-nproc", "2", "--b-nproc", "2"],
                                 catch_exceptions=False)
     assert "fc (rank 1)" in result.output
+
+
+def test_an_op_window_that_names_no_op_says_so_and_points_at_the_update(script: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_drift(options: AuditOptions, a: Configuration, b: Configuration, *_: Any) -> DriftReport:
+        report = drifted(a, b)
+        assert report.first_drift is not None
+        return replace(report, first_drift=replace(report.first_drift, kind="param"), op_runs=2)
+    monkeypatch.setattr(drift_check, "run_drift", run_drift)
+    result = CliRunner().invoke(cli, ["drift", script.name, "--b-args", "--lr 0.2"], catch_exceptions=False)
+    shown = " ".join(result.output.split())
+    assert "op window: no op of step 0 departs in B beyond 10 times its ULP bound (the first drift is a param " \
+           "record: the change starts in optimizer.step(), whose ops are not recorded)" in shown

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from detaudit.cli.watch_command import CadenceType, render_watch, watch
-from detaudit.report.watch_model import Cadence, WatchReport, WatchSettings
+from detaudit.cli.watch_command import CadenceType, render_watch, summary_line, watch
+from detaudit.report.watch_model import Against, Cadence, WatchReport, WatchSettings
 from detaudit.results import RepeatResult
 from detaudit.run.watchlog import Mismatch, Stopped, WatchLog
 
@@ -28,6 +28,22 @@ def test_a_stopped_mismatch_names_the_op_its_line_and_the_checkpoint_not_written
     assert "a third agrees with neither" in text
     assert "stopped the job at step 3 before torch.save: ckpt.pt was not written" in text
     assert "mismatch: 3 steps, 2 checked, 1 mismatch; stopped before torch.save" in text
+
+
+def test_a_run_that_differs_from_its_reference_at_step_0_agreed_on_no_step() -> None:
+    differs = Mismatch(0, "0.weight", "", "train.py:31", None, 1e-4, 10, None, check="against")
+    log = WatchLog(steps=2, checked_steps=(0,), mismatches=(differs,))
+    result = RepeatResult(0, "auto", 1, 1.0, False, "watch-0.trace", "watch-0.stdout", "watch-0.stderr", "")
+    console = Console(record=True, width=200)
+    render_watch(WatchReport("train.py", "run", WatchSettings(), result, log, against=Against("base", None, differs)),
+                 console)
+    assert "against base: differs (agreed on no step)" in console.export_text()
+
+
+def test_a_script_that_failed_without_a_mismatch_is_not_called_clean() -> None:
+    result = RepeatResult(0, "auto", 1, 1.0, False, "watch-0.trace", "watch-0.stdout", "watch-0.stderr", "")
+    report = WatchReport("train.py", "run", WatchSettings(), result, WatchLog(steps=0, checked_steps=(0,)))
+    assert summary_line(report).startswith("[bold yellow]script failed[/]: 0 steps, 1 checked, 0 mismatches")
 
 
 def test_status_every_takes_steps_or_seconds() -> None:

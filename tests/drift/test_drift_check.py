@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,27 @@ def test_a_baseline_of_another_script_is_refused(tmp_path: Path) -> None:
     write_json(empty(Configuration("A"), Configuration("B")), tmp_path / "drift.json")
     with pytest.raises(UsageError, match="a floor is one script's"):
         load_baseline(tmp_path, Path("other.py"))
+
+
+def keep_run_with_args(run_dir: Path, script_args: list[str]) -> None:
+    """A kept drift run directory (whole A) recorded with these common script arguments."""
+    a_0 = RepeatResult(0, "cpu", 0, 1.0, False, "a-0.trace", "a-0.stdout", "a-0.stderr", "")
+    kept = replace(empty(Configuration("A"), Configuration("B")), verdict="within-noise", script_args=script_args,
+                   results_a=[a_0])
+    write_json(kept, run_dir / "drift.json")
+
+
+def test_a_baseline_recorded_with_other_common_script_arguments_is_refused(tmp_path: Path) -> None:
+    keep_run_with_args(tmp_path, ["--epochs", "1"])
+    refused = "recorded with the script arguments '--epochs 1', this check gives '\\(none\\)'"
+    with pytest.raises(UsageError, match=refused):
+        load_baseline(tmp_path, Path("train.py"), script_args=[])
+
+
+def test_two_kept_recordings_of_other_common_script_arguments_are_refused(tmp_path: Path) -> None:
+    keep_run_with_args(tmp_path, ["--epochs", "1"])
+    with pytest.raises(UsageError, match="--baseline's with '--epochs 2'"):
+        load_baseline(tmp_path, Path("train.py"), "--b-from", stored=["--epochs", "2"])
 
 
 def test_a_b_from_directory_without_a_drift_report_is_named_by_its_option(tmp_path: Path) -> None:
