@@ -35,18 +35,27 @@ def difference(a: Value, b: Value) -> float:
     return largest
 
 
-def ulp_bound(value: Value) -> float:
-    """ULPS units in the last place of the record's dtype at its largest sampled magnitude (0 for integers,
-    booleans and records without a finite non-zero sample: those are exact)."""
+def magnitude(value: Value) -> float:
+    """The largest finite sampled magnitude of a record (0 when every sample is zero or not finite)."""
+    return max((abs(x) for x in value.samples if math.isfinite(x)), default=0.0)
+
+
+def ulp_bound(value: Value, scale: float = 0.0) -> float:
+    """ULPS units in the last place of the record's dtype at its magnitude, or at `scale` where that is larger
+    (0 for integers, booleans and records with neither: those are exact)."""
     bits = MANTISSA_BITS.get(value.dtype)
-    magnitude = max((abs(x) for x in value.samples if math.isfinite(x)), default=0.0)
-    if bits is None or magnitude == 0.0:
+    at = max(magnitude(value), scale)
+    if bits is None or at == 0.0:
         return 0.0
-    return ULPS * 2.0 ** (math.frexp(magnitude)[1] - 1 - bits)
+    return ULPS * 2.0 ** (math.frexp(at)[1] - 1 - bits)
 
 
-def floor_of(plain: Value, others: Sequence[Value]) -> float:
+def floor_of(plain: Value, others: Sequence[Value], scale: float = 0.0) -> float:
     """The record's floor: the largest difference between A's first plain repeat and A's other repeats
-    (plain and perturbed), at least the ULP bound; a repeat that could not be compared is left out."""
+    (plain and perturbed), at least the ULP bound at the record's scale; a repeat that could not be compared
+    is left out. `scale`: the magnitude this record shows at any step of A. Rounding noise is relative to the
+    values a result is made of, not to the result: four samples that happen to be zero at one step (a ReLU's
+    zeros, a sum that cancelled) would otherwise give a floor of 0, and any reordering there would read as
+    drift."""
     spreads = [d for d in (difference(plain, other) for other in others) if math.isfinite(d)]
-    return max([ulp_bound(plain), *spreads])
+    return max([ulp_bound(plain, scale), *spreads])

@@ -11,12 +11,12 @@ while a change of 10 ULP-sized floors is still caught.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from detaudit.drift.alignment import Alignment, Identity, Value
-from detaudit.drift.floor import difference, floor_of
+from detaudit.drift.floor import difference, floor_of, magnitude
 
 K = 10.0
 Status = Literal["equivalent", "within-noise", "drift"]
@@ -34,11 +34,11 @@ class Judged:
     ratio: float | None
 
 
-def judge_record(plain: Value, others: Sequence[Value], b: Value) -> Judged:
-    """One record: bitwise equal, within K times its floor, or beyond."""
+def judge_record(plain: Value, others: Sequence[Value], b: Value, scale: float = 0.0) -> Judged:
+    """One record: bitwise equal, within K times its floor, or beyond (`scale`: floor.floor_of)."""
     if plain.digest == b.digest and plain.shape == b.shape and plain.dtype == b.dtype:
-        return Judged(plain.identity, "equivalent", 0.0, floor_of(plain, others), 0.0)
-    floor = floor_of(plain, others)
+        return Judged(plain.identity, "equivalent", 0.0, floor_of(plain, others, scale), 0.0)
+    floor = floor_of(plain, others, scale)
     moved = difference(plain, b)
     ratio = moved / floor if floor > 0 and math.isfinite(moved) else (0.0 if moved == 0 else None)
     beyond = ratio is None or ratio > K
@@ -47,8 +47,24 @@ def judge_record(plain: Value, others: Sequence[Value], b: Value) -> Judged:
 
 def judge(alignment: Alignment, plain: Mapping[Identity, Value], others: Sequence[Mapping[Identity, Value]],
           b: Mapping[Identity, Value]) -> list[Judged]:
-    """Every record A and B both hold, in A's order; the floor from the other A repeats that hold it."""
-    return [judge_record(plain[i], [o[i] for o in others if i in o], b[i]) for i in alignment.both]
+    """Every record A and B both hold, in A's order; the floor from the other A repeats that hold it, at the
+    scale the record shows at any of A's steps."""
+    scales = record_scales(plain.values())
+    return [judge_record(plain[i], [o[i] for o in others if i in o], b[i], scales[_across_steps(i)])
+            for i in alignment.both]
+
+
+def _across_steps(identity: Identity) -> Identity:
+    return replace(identity, step=0)
+
+
+def record_scales(values: Iterable[Value]) -> dict[Identity, float]:
+    """The largest sampled magnitude of each record (kind, name, occurrence, rank) over every step."""
+    scales: dict[Identity, float] = {}
+    for v in values:
+        key = _across_steps(v.identity)
+        scales[key] = max(scales.get(key, 0.0), magnitude(v))
+    return scales
 
 
 def first_drift(judged: Sequence[Judged]) -> Judged | None:

@@ -48,3 +48,23 @@ def test_the_first_drift_is_the_first_in_a_s_order() -> None:
 def test_records_only_one_side_holds_keep_the_verdict_from_equivalent() -> None:
     judged = [judge_record(value(1.0, 1.0, 1.0, 1.0), [], value(1.0, 1.0, 1.0, 1.0))]
     assert overall(judged, Alignment((FC,), (), (Identity(0, "output", "extra"),))) == "within-noise"
+
+
+def test_a_record_whose_samples_are_zero_at_one_step_keeps_the_floor_of_its_scale() -> None:
+    """Four zero samples at step 1 (a ReLU's zeros) against a reordering's 1e-8: within noise at the scale the
+    record shows at step 0 (about 1.0), not a drift from a floor of 0."""
+    steps = [Identity(s, "output", "relu") for s in range(2)]
+    plain = {steps[0]: value(1.0, 0.5, 0.25, 0.75, identity=steps[0]),
+             steps[1]: value(0.0, 0.0, 0.0, 0.0, digest=2, identity=steps[1])}
+    b = {steps[0]: plain[steps[0]], steps[1]: value(1e-8, 0.0, 0.0, 0.0, digest=3, identity=steps[1])}
+    judged = judge(Alignment(tuple(steps), (), ()), plain, [], b)
+    assert judged[1].status == "within-noise"
+
+
+def test_a_record_that_is_zero_at_every_step_has_no_floor() -> None:
+    """A gradient A never moved from zero (a dead unit) that B moves: drift, however small."""
+    steps = [Identity(s, "grad", "dead") for s in range(2)]
+    plain = {i: value(0.0, 0.0, 0.0, 0.0, identity=i) for i in steps}
+    b = {steps[0]: plain[steps[0]], steps[1]: value(1e-8, 0.0, 0.0, 0.0, digest=3, identity=steps[1])}
+    judged = judge(Alignment(tuple(steps), (), ()), plain, [], b)
+    assert judged[1].status == "drift"
