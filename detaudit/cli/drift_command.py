@@ -28,7 +28,6 @@ _EXIT_CODES = ("\b\nExit codes:\n  0    equivalent (bit for bit) or within noise
                + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
 DEVICES = click.Choice(["cpu", "cuda", "auto"])
 SHOWN_ROWS = 12
-UPDATE_KINDS = frozenset({"param", "optstate"})  # records an optimizer.step() writes
 
 
 def _environment(values: tuple[str, ...], option: str) -> dict[str, str]:
@@ -161,19 +160,13 @@ def _render_op_window(report: DriftReport, console: Console) -> None:
         console.print(f"[bold]first op[/] of step {window.step} where B departs: {where}: " + (
             f"{window.ratio_to_floor:.3g}x its ULP bound" if window.ratio_to_floor is not None else
             "B has no such op" + (f"; B ran {_clean(', '.join(window.b_ops))} there" if window.b_ops else "")))
+    elif first is not None and first.starts_in_update:
+        console.print(f"no op window: the first drift is a {_clean(first.kind)} record whose step's other records "
+                      "are within noise: the change starts in optimizer.step() (its learning rate or other "
+                      "settings, its state), whose ops are not recorded")
     elif report.op_runs and first is not None:
-        console.print(_no_departing_op(first, report.floor.k))
-
-
-def _no_departing_op(first: FirstDrift, k: float) -> str:
-    """The op window ran and named nothing: say so, lest it read as not run. A drift that starts in an update
-    (a parameter or optimizer state whose step's ops all agree) starts inside optimizer.step(), which op
-    recording leaves out."""
-    text = f"op window: no op of step {first.step} departs in B beyond {k:g} times its ULP bound"
-    if first.kind in UPDATE_KINDS:
-        text += f" (the first drift is a {first.kind} record: the change starts in optimizer.step(), whose ops " \
-                "are not recorded)"
-    return text
+        console.print(f"op window: no op of step {first.step} departs in B beyond {report.floor.k:g} times its ULP "
+                      "bound")
 
 
 def _clean(text: object) -> str:

@@ -92,8 +92,9 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
     report = replace(report, verdict=failure[0], reason=failure[1]) if failure else \
         judged_report(report, traces_a, traces_b)
     first = report.first_drift
-    # op records are per-rank activations: across world sizes they come from other samples (rank_views.py)
-    if ops and first is not None and a.world_size == b.world_size:
+    # op records are per-rank activations: across world sizes they come from other samples (rank_views.py); a
+    # drift that starts in an update has no recorded op to name (FirstDrift.starts_in_update)
+    if ops and first is not None and a.world_size == b.world_size and not first.starts_in_update:
         try:
             report = replace(report, op_window=op_window(options, a, b, run_dir, first.step, on_done), op_runs=2)
         except Interrupted as exc:

@@ -55,6 +55,13 @@ class FirstDrift:
     shape: str
     evidence: ChangeEvidence
 
+    @property
+    def starts_in_update(self) -> bool:
+        """A parameter or optimizer state is the first record beyond the floor, every record of its step before
+        it within noise: the change starts inside optimizer.step(), whose ops op recording leaves out, so an op
+        window has nothing to name (it is not run: 2 interpreters)."""
+        return self.kind in ("param", "optstate")
+
 
 @dataclass(frozen=True)
 class OpWindow:

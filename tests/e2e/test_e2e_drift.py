@@ -56,6 +56,7 @@ def test_a_learning_rate_change_drifts_at_step_0_s_parameters(scripts: Path, tmp
     assert (first["step"], first["kind"], first["name"]) == (0, "param", "0.weight")
     assert report["causes"][0]["setting"] == "args"
     assert len(report["results_b"]) == 1  # the only interpreter started: A is the baseline's
+    assert report["op_runs"] == 0  # the drift starts in the update: no op window to pay for
 
 
 def test_a_late_layer_changed_drifts_at_that_module_after_equivalent_ones(scripts: Path, tmp_path: Path,
