@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from detaudit.trace import Flag, Kind, Trace, read_trace
 from detaudit.trace.dtypes import DTYPE_NAMES
@@ -59,10 +60,15 @@ def keyed(trace: Trace) -> dict[Identity, Value]:
         occurrence = seen.get((step, kind, name), 0)
         seen[(step, kind, name)] = occurrence + 1
         identity = Identity(step, kind, name, occurrence)
-        found[identity] = Value(identity, trace.text(row["module"]), trace.text(row["loc"]),
-                                DTYPE_NAMES.get(int(row["dtype"]), "?"), trace.text(row["shape"]), int(row["digest"]),
-                                tuple(float(x) for x in row["samples"]), not int(row["flags"]) & Flag.NO_DATA)
+        found[identity] = value_of(trace, row, identity)
     return found
+
+
+def value_of(trace: Trace, row: Any, identity: Identity) -> Value:
+    """What `trace` holds of one record row, under the identity its caller gave it."""
+    return Value(identity, trace.text(row["module"]), trace.text(row["loc"]), DTYPE_NAMES.get(int(row["dtype"]), "?"),
+                 trace.text(row["shape"]), int(row["digest"]), tuple(float(x) for x in row["samples"]),
+                 not int(row["flags"]) & Flag.NO_DATA)
 
 
 @dataclass(frozen=True)

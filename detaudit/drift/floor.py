@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
+from detaudit.compare.traces import gaps
 from detaudit.drift.alignment import Value
 
 # mantissa bits of each floating dtype: one unit in the last place at magnitude x is 2**(exponent(x) - bits)
@@ -24,15 +27,9 @@ def difference(a: Value, b: Value) -> float:
     and the other is not, or where they cannot be compared: another shape or dtype, unreadable contents)."""
     if a.shape != b.shape or a.dtype != b.dtype or not (a.readable and b.readable):
         return math.inf
-    largest = 0.0
-    for x, y in zip(a.samples, b.samples):
-        if math.isnan(x) or math.isnan(y):
-            if math.isnan(x) != math.isnan(y):
-                return math.inf
-            continue
-        if x != y:
-            largest = max(largest, abs(x - y) if math.isfinite(x) and math.isfinite(y) else math.inf)
-    return largest
+    if not a.samples:
+        return 0.0
+    return float(gaps(np.asarray(a.samples), np.asarray(b.samples)).max())  # compare's reading of two samples
 
 
 def magnitude(value: Value) -> float:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions
-from detaudit.drift.alignment import Identity, Value
+from detaudit.drift.alignment import Identity, Value, value_of
 from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_report import OpWindow
 from detaudit.drift.floor import difference, ulp_bound
@@ -23,7 +23,6 @@ from detaudit.drift.recordings import record
 from detaudit.errors import TraceError
 from detaudit.results import RepeatResult
 from detaudit.trace import Flag, Kind, read_trace
-from detaudit.trace.dtypes import DTYPE_NAMES
 
 OpKey = tuple[str, str, bool, int]  # module, op, backward, occurrence
 
@@ -40,11 +39,7 @@ def op_values(path: Path, step: int) -> dict[OpKey, Value]:
         backward = bool(int(row["flags"]) & Flag.BACKWARD)
         n = seen.get((module, op, backward), 0)
         seen[(module, op, backward)] = n + 1
-        found[(module, op, backward, n)] = Value(Identity(step, "op", op, n), module, trace.text(row["loc"]),
-                                                 DTYPE_NAMES.get(int(row["dtype"]), "?"), trace.text(row["shape"]),
-                                                 int(row["digest"]),
-                                                 tuple(float(x) for x in row["samples"]),
-                                                 not int(row["flags"]) & Flag.NO_DATA)
+        found[(module, op, backward, n)] = value_of(trace, row, Identity(step, "op", op, n))
     return found
 
 
