@@ -30,7 +30,6 @@ import os
 import signal
 import sys
 import sysconfig
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -226,9 +225,6 @@ def _child(work: Callable[[], Any], prepare: Callable[[], None], modes: _ThreadM
 def _seal(keep: int) -> None:
     """Point every descriptor the copy could write through at /dev/null, divert opens for writing there, and
     refuse the other effects that leave the process."""
-    # python picks its temporary directory by creating a file in it, which the diverted os.open below would send
-    # to /dev/null: chosen first, or a forward that needs it (importing torch._dynamo does) found none
-    tempfile.gettempdir()
     null = os.open(os.devnull, os.O_RDWR)
     for fd in _open_descriptors():
         if fd in (keep, null):

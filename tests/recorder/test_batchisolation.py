@@ -93,19 +93,6 @@ def test_a_forked_copy_that_ends_without_a_result_fails_the_probe(tmp_path: Path
 
 
 
-def test_a_probe_that_asks_first_for_the_temporary_directory_gets_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In a fresh interpreter the temporary directory is chosen on first use, by creating a file there: in the
-    sealed copy that open went to /dev/null and every probe of a script whose forward imported torch._dynamo
-    failed ("No usable temporary directory"; forks of the suite's warm servers had chosen it already)."""
-    monkeypatch.setattr(tempfile, "tempdir", None)  # not chosen yet in this process
-    probed = batchisolation.in_fork(tempfile.gettempdir)
-    assert probed == batchisolation.Isolated(tempfile.gettempdir(), None, ())
-
-def test_a_forked_copy_returns_the_work_and_its_error(tmp_path: Path) -> None:
-    assert batchisolation.in_fork(lambda: 41 + 1) == batchisolation.Isolated(42, None, ())
-    assert batchisolation.in_fork(lambda: 1 / 0).error == "ZeroDivisionError: division by zero"
-
-
 def test_a_forked_copy_finds_the_temporary_directory_and_leaves_nothing_there(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """tempfile's first look-up writes a test file and removes it (torch's first `import torch._dynamo`, made
