@@ -2,16 +2,20 @@
 
 The first check records A (one thread) in full: 4 interpreters (A plain, A with two threads, A plain, B). The
 others keep that A with `--baseline` and start B's interpreter only. The script's GlobalRMS layer reduces 524,288
-elements, which two threads sum in another order than one (checked by hand: the mean of squares differs in its
-last bits), so A's floor is measured, not only its ULP bound.
+elements, which two threads may sum in another order than one, so A's floor is measured, not only its ULP bound.
+Whether they do is the CPU's (its vector width and the reduction's split), so the threads checks ask plain torch
+on the machine they run on (`threads_change_bits`), and the configurations whose last bits depend on the
+kernels (another world size, inductor) assert the property (never a drift), not which of the two passes it is.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, run_cli
+from conftest import SCRIPTS, python_command, run_cli
 
 pytestmark = pytest.mark.process
 distributed = pytest.mark.skipif(not __import__("torch").distributed.is_available(),
@@ -32,14 +36,52 @@ def threads(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str, P
     return (*drift(SCRIPTS, cwd, "--a-threads", "1", "--b-threads", "2", "--html", "d.html"), cwd / "run")
 
 
-def test_one_thread_against_two_is_within_noise_and_names_the_thread_count(
-        threads: tuple[int, dict, str, Path]) -> None:
-    code, report, stdout, _ = threads
-    assert (code, report["verdict"]) == (0, "within-noise")
+_TRAINED = """
+import hashlib, runpy, sys
+script = sys.argv[1]
+sys.argv = [script, "--steps", "2"]
+model = runpy.run_path(script, run_name="__main__")["model"]
+digest = hashlib.sha256()
+for p in model.parameters():
+    digest.update(p.detach().numpy().tobytes())
+print(digest.hexdigest())
+"""
+
+
+@pytest.fixture(scope="module")
+def threads_change_bits(tmp_path_factory: pytest.TempPathFactory) -> bool:
+    """Whether train_drift.py's parameters after two steps differ in their bits at one thread and at two, as plain
+    torch computes them on this machine (started with the environment drift gives A and B)."""
+    cwd = tmp_path_factory.mktemp("plain")
+    digests = set()
+    for count in ("1", "2"):
+        env = {**os.environ, "OMP_NUM_THREADS": count, "MKL_NUM_THREADS": count}
+        done = subprocess.run(python_command(["-c", _TRAINED, str(SCRIPTS / "train_drift.py")]),
+                              cwd=cwd, env=env, capture_output=True, text=True, check=True)
+        digests.add(done.stdout.splitlines()[-1])
+    return len(digests) == 2
+
+
+def test_one_thread_against_two_passes_as_plain_torch_says(threads: tuple[int, dict, str, Path],
+                                                             threads_change_bits: bool) -> None:
+    code, report, _, _ = threads
+    assert (code, report["verdict"]) == (0, "within-noise" if threads_change_bits else "equivalent")
+
+
+def test_one_thread_against_two_names_the_thread_count_where_the_bits_move(
+        threads: tuple[int, dict, str, Path], threads_change_bits: bool) -> None:
+    _, report, stdout, _ = threads
+    if not threads_change_bits:
+        pytest.skip("one thread and two give train_drift.py the same bits on this CPU: no difference to explain")
     assert report["counts"]["within_noise"] > 0
     assert report["causes"][0]["setting"] == "threads"
-    assert len(report["results_a"]) + len(report["results_b"]) == 4  # interpreters started
     assert "WITHIN NOISE" in stdout
+
+
+def test_one_thread_against_two_starts_four_interpreters_over_both_steps(
+        threads: tuple[int, dict, str, Path]) -> None:
+    _, report, _, _ = threads
+    assert len(report["results_a"]) + len(report["results_b"]) == 4  # interpreters started
     assert [s["step"] for s in report["by_step"]] == [0, 1]
 
 
@@ -96,7 +138,7 @@ def one_rank_against_two(tmp_path_factory: pytest.TempPathFactory) -> tuple[int,
 def test_one_rank_against_two_with_the_same_global_batch_is_within_noise(
         one_rank_against_two: tuple[int, dict, str, Path]) -> None:
     code, report, _, _ = one_rank_against_two
-    assert (code, report["verdict"]) == (0, "within-noise")  # checked by hand: gradients differ in their last bits
+    assert code == 0  # the same global batch: its gradients may differ in their last bits, never beyond noise
     assert {r["kind"] for r in report["records"]} == {"grad", "param"}
 
 
@@ -128,8 +170,8 @@ def test_the_compiled_model_is_within_noise_and_its_fused_modules_are_listed_not
                       "--b-env", "COMPILE=1", "--json", "d.json"], tmp_path)
     assert result.report is not None, result.stderr
     report = result.report
-    # checked by hand: inductor's fused LayerNorm, GELU and matmuls round otherwise, by at most 8x the floor
-    assert (result.returncode, report["verdict"]) == (0, "within-noise")
+    # inductor's fused LayerNorm, GELU and matmuls may round otherwise (8x the floor at most, seen by hand)
+    assert result.returncode == 0
     assert {(n["step"], n["kind"], n["name"]) for n in report["only_a"]} == {
         (step, "output", name) for step in (0, 1) for name in ("0", "1", "2", "3")}
     assert report["only_b"] == []
@@ -140,5 +182,5 @@ def test_two_existing_recordings_are_compared_without_starting_an_interpreter(
     result = run_cli(["drift", str(SCRIPTS / "train_drift.py"), "--baseline", str(threads[3]), "--b-from",
                       str(threads[3]), "--json", "d.json"], tmp_path)
     assert result.report is not None, result.stderr
-    assert (result.returncode, result.report["verdict"]) == (0, "within-noise")  # B: the threads check's own B
+    assert result.report["verdict"] == threads[1]["verdict"]  # B: the threads check's own B
     assert "0 interpreters started" in result.stdout
