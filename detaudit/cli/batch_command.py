@@ -95,8 +95,12 @@ def batch(options: AuditOptions, json_path: Path | None, html_path: Path | None,
 
 def finish_batch(report: BatchReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
     """Write the requested files, render, exit with the verdict's code."""
-    finish_with(report, Presentation({"json": write_json, "html": write_html}, summary_line, render_batch),
-                {"json": json_path, "html": html_path}, quiet)
+    finish_with(report, presentation(), {"json": json_path, "html": html_path}, quiet)
+
+
+def presentation() -> Presentation[BatchReport]:
+    """How a BatchReport ends its command: JSON, HTML, the summary line, the terminal report."""
+    return Presentation({"json": write_json, "html": write_html}, summary_line, render_batch)
 
 
 def _clean(text: object) -> str:
@@ -106,7 +110,7 @@ def _clean(text: object) -> str:
 def summary_line(report: BatchReport) -> str:
     finding = report.finding
     verdict = report.verdict
-    colour = {"batch-invariant": "green", "batch-variant": "red"}.get(verdict, "yellow")
+    colour = {"batch-invariant": "green", "batch-variant": "red", "run-to-run-divergent": "red"}.get(verdict, "yellow")
     text = f"[bold {colour}]{verdict}[/]: {finding.probed_calls} call{'s' if finding.probed_calls != 1 else ''} probed"
     first = finding.first_variant
     if first is not None:
