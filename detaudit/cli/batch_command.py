@@ -28,6 +28,7 @@ from detaudit.cli.options import (
 )
 from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
 from detaudit.errors import ExitCode
+from detaudit.results import Ending
 from detaudit.safetext import printable
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def summary_line(report: BatchReport) -> str:
 def render_batch(report: BatchReport, console: Console) -> None:
     finding = report.finding
     console.print(f"[bold]detaudit batch[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
-    failed = [r for r in report.results if r.exit_code not in (0, None)]
+    failed = [r for r in report.results if r.ending is Ending.FAILED]
     if failed:
         console.print(f"[yellow]the script exited with status {failed[0].exit_code}[/]; see "
                       f"{_clean(Path(report.run_dir) / failed[0].stderr)}")

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from detaudit.compare.oprules import VERDICTS, OpFinding, traced_note
 from detaudit.report.model import Report, finite, where
-from detaudit.results import Cause, Divergence, RecordInfo
+from detaudit.results import Cause, Divergence, Ending, RecordInfo
 from detaudit.safetext import printable
 
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
@@ -86,7 +86,7 @@ def _agreement(report: Report) -> str:
 
 
 def _timed_out(report: Report) -> str:
-    return ", ".join(str(r.index) for r in report.runs if r.timed_out)
+    return ", ".join(str(r.index) for r in report.runs if r.ending is Ending.TIMED_OUT)
 
 
 # the clauses the verdict line goes on with, in order: each says its text and style, or None when it does not apply
@@ -632,7 +632,7 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
         console.print(Panel(escape(report.failure or "(no output on stderr)"), title="The script's error (repeat 0)",
                             title_align="left", border_style="yellow", expand=False))
     elif report.repeat_errors:
-        alike = len({r.exit_code for r in report.runs if not r.timed_out}) == 1
+        alike = len({r.exit_code for r in report.runs if r.ending is not Ending.TIMED_OUT}) == 1
         for index, error in sorted(report.repeat_errors.items())[:2]:
             code = report.runs[index].exit_code
             how = f"exited {code}" if alike else f"ended differently (exit {code})"

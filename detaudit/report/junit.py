@@ -11,7 +11,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from detaudit.report.model import Report, where
-from detaudit.results import Divergence
+from detaudit.results import Divergence, Ending
 from detaudit.run.files import write_output
 
 # Characters XML 1.0 cannot carry even escaped (names and details come from user code).
@@ -29,7 +29,7 @@ def to_junit(report: Report) -> str:
         if run.duration_s is not None:  # a baseline keeps no time
             case.set("time", str(run.duration_s))
         cases += 1
-        if run.timed_out:
+        if run.ending is Ending.TIMED_OUT:
             ET.SubElement(case, "error", message="timed out")
             errors += 1
         elif run.ended_with_error:

@@ -29,6 +29,7 @@ from detaudit.errors import ExitCode
 from detaudit.results import (
     Cause,
     Divergence,
+    Ending,
     Experiment,
     Latent,
     RecordInfo,
@@ -111,7 +112,7 @@ class Report(Codable):
 
     @property
     def timed_out(self) -> bool:
-        return any(r.timed_out for r in self.runs)
+        return any(r.ending is Ending.TIMED_OUT for r in self.runs)
 
     @property
     def verdict(self) -> Verdict:
@@ -154,8 +155,8 @@ class Report(Codable):
                     "a repeat that cannot write ends for that, so its end and what it did not record say nothing "
                     "about the script (free space and run the audit again)")
         comp = self.comparison
-        cut = [r.index for r in self.runs if not r.timed_out
-               and (r.interrupted or (r.index < len(comp.complete) and not comp.complete[r.index]))]
+        cut = [r.index for r in self.runs if r.ending is not Ending.TIMED_OUT
+               and (r.ending is Ending.INTERRUPTED or (r.index < len(comp.complete) and not comp.complete[r.index]))]
         if cut:
             return (f"the recording of repeat(s) {', '.join(map(str, cut))} is incomplete (stopped, killed, or "
                     f"its writes failed): the repeats agree on the {comp.records_compared} records they all "
