@@ -222,6 +222,7 @@ class RunRecord:
     ignore_stdout: bool = False  # older runs' spelling of `stdout: ignore` (read, written back, never set)
     perturb: tuple[str, ...] = ()  # `--perturb`: the settings varied (each repeat's values: its `perturbation`)
     not_perturbed: Mapping[str, str] = field(default_factory=dict)  # asked for, not varied here: why
+    fail_on_repeats: bool = False  # --fail-on-repeated-randomness: the verdict's gate (report/model.py)
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> RunRecord:
@@ -249,6 +250,7 @@ class RunRecord:
             narrowing=None if narrowing is None else Narrowing.from_fields(narrowing), self_check=self_check,
             ignore_stdout=f.flag("ignore_stdout"), run_to_end=f.flag("run_to_end"),
             perturb=f.texts("perturb"), not_perturbed=f.text_map("not_perturbed"),
+            fail_on_repeats=f.flag("fail_on_repeated_randomness"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -277,6 +279,8 @@ class RunRecord:
             data["self_check"] = asdict(self.self_check)
         if self.perturb or self.not_perturbed:
             data.update(perturb=list(self.perturb), not_perturbed=dict(self.not_perturbed))
+        if self.fail_on_repeats:
+            data["fail_on_repeated_randomness"] = True
         return data
 
 

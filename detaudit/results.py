@@ -224,8 +224,9 @@ BASES: tuple[Basis, ...] = ("experiment", "op-records", "direct", "circumstantia
 # ruled-out: its own experiment left the repeats diverging; not-needed: another experiment made them agree
 # without pinning its source (both listed below the others)
 Confidence = Literal["confirmed", "likely", "possible", "not-needed", "ruled-out"]
-# `timeout`: a repeat timed out before any divergence; `inconclusive`: agreement that proves nothing
-Verdict = Literal["deterministic", "divergent", "failed", "timeout", "inconclusive"]
+# `timeout`: a repeat timed out before any divergence; `inconclusive`: agreement that proves nothing;
+# `repeated-randomness`: repeats that agree, with draws that repeat, under --fail-on-repeated-randomness
+Verdict = Literal["deterministic", "divergent", "failed", "timeout", "inconclusive", "repeated-randomness"]
 ExperimentVerdict = Literal["deterministic", "divergent", "failed", "skipped"]
 # A rank's part in a torchrun divergence (ranks.py): where it was born, or where a collective carried it
 Role = Literal["origin", "receiver"]

@@ -111,7 +111,7 @@ def write_run(run_dir: Path, traces: Sequence[Sequence[Rec] | None], devices: Se
                                     perturbation=perturbations[i] if perturbations else None))
     record = {
         **RUN.stamp(), "script": script, "script_args": [], "cwd": str(run_dir),
-        "repeats": n, "devices": sorted(set(devices)), "granularity": "module", "timeout": None,
+        "repeats": n // len(set(devices)), "devices": sorted(set(devices)), "granularity": "module", "timeout": None,
         "tolerance": {"atol": 1e-5, "rtol": 1.3e-6}, "env": {}, "environment": {"python": "3"},
         "started": time.time(), "results": [r.to_dict() for r in results],
         **({"perturb": list(perturbations[0])} if perturbations else {}),

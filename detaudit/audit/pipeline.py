@@ -98,6 +98,7 @@ class Checks:
     stdout: StdoutMode = DEFAULT_STDOUT  # how stdout is compared (docs/stdout.md)
     baseline: Path | None = None  # --baseline: a recorded run (detaudit/report/baseline.py) to compare with as well
     self_check: bool = False  # --self-check: one extra repeat with a one-ULP change, which must be seen
+    fail_on_repeats: bool = False  # --fail-on-repeated-randomness: a gate on the verdict (Report.fail_on_repeats)
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         environment=host_environment(), started=time.time(),
         perturb=() if schedule.perturbation is None else tuple(s.knob.value for s in schedule.perturbation.specs),
         not_perturbed={} if schedule.perturbation is None else schedule.perturbation.not_tested,
+        fail_on_repeats=checks.fail_on_repeats,
     )
     claim_run(run_dir, record)
     # what an earlier repeat changed is told apart by time (recorder/evidence/file_access.py)
@@ -315,12 +317,20 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         write_record(run_dir, record)
         analysis = extended(analysis, record, analysis_steps.op_finding)  # with what the confirmation stored
         report = analysis.report_made()
-    if checks.self_check and report.verdict == "deterministic":
+    if checks.self_check and report.agreement == "deterministic":
         record = replace(record, self_check=self_check(options, run_dir, results[0]))
         write_record(run_dir, record)
         report = extended(analysis, record, analysis_steps.describe_match).report_made()
+    report = gated(report, record)
     write_json(report, run_dir / REPORT_FILE, mode=0o600)
     return report
+
+
+def gated(report: Report, record: RunRecord) -> Report:
+    """The run's report with the gate its run asked for (--fail-on-repeated-randomness, kept in run.json) as part
+    of its verdict: the audit's and `report RUN_DIR`'s alike. Not in `analyse`, which also judges the explain
+    experiments' repeats, whose agreement is all they ask."""
+    return replace(report, fail_on_repeats=record.fail_on_repeats)
 
 
 def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) -> SelfCheck:
@@ -399,7 +409,7 @@ def load_run(run_dir: Path, stdout: StdoutMode | None = None) -> Report:
     record, results = read_run(run_dir)
     if stdout is not None:
         record = replace(record, stdout=stdout, ignore_stdout=False)
-    return analyse(Path(run_dir), record, results)
+    return gated(analyse(Path(run_dir), record, results), record)
 
 
 def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,

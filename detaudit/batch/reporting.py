@@ -12,10 +12,16 @@ from typing import Any, Literal
 from detaudit.batch.finding import BatchFinding, FirstVariant, Spot
 from detaudit.codec import Codable, FileFormat
 from detaudit.errors import ExitCode
-from detaudit.results import Cause, RepeatResult
+from detaudit.results import Cause, Ending, RepeatResult
 
 BATCH = FileFormat("detaudit-batch", 1, "batch report")
-BatchReportVerdict = Literal["batch-invariant", "batch-variant", "inconclusive", "script-failed", "timeout"]
+# run-to-run-divergent: every probe agrees, but with --repeats the repeats differ from each other
+BatchReportVerdict = Literal["batch-invariant", "batch-variant", "inconclusive", "script-failed", "timeout",
+                             "run-to-run-divergent"]
+_EXIT: dict[BatchReportVerdict, ExitCode] = {
+    "batch-invariant": ExitCode.DETERMINISTIC, "batch-variant": ExitCode.DIVERGENT,
+    "run-to-run-divergent": ExitCode.DIVERGENT, "inconclusive": ExitCode.INCONCLUSIVE,
+    "script-failed": ExitCode.SCRIPT_FAILED, "timeout": ExitCode.TIMEOUT}
 
 
 @dataclass(frozen=True)
@@ -43,20 +49,19 @@ class BatchReport(Codable):
 
     @property
     def verdict(self) -> BatchReportVerdict:
-        if any(r.timed_out for r in self.results):
+        endings = {r.ending for r in self.results}
+        if Ending.TIMED_OUT in endings:
             return "timeout"
-        if self.results and all(r.exit_code not in (0, None) for r in self.results):
+        if endings == {Ending.FAILED}:
             return "script-failed"
+        if self.finding.verdict == "batch-invariant" and self.run_to_run == "divergent":
+            return "run-to-run-divergent"
         return self.finding.verdict
 
     @property
     def exit_code(self) -> int:
-        verdict = self.verdict
-        if verdict == "batch-invariant" and self.run_to_run == "divergent":
-            return int(ExitCode.DIVERGENT)
-        return int({"batch-invariant": ExitCode.DETERMINISTIC, "batch-variant": ExitCode.DIVERGENT,
-                    "inconclusive": ExitCode.INCONCLUSIVE, "script-failed": ExitCode.SCRIPT_FAILED,
-                    "timeout": ExitCode.TIMEOUT}[verdict])
+        """The verdict's code (one verdict, one code: docs/batch.md)."""
+        return int(_EXIT[self.verdict])
 
     @property
     def inconclusive_reason(self) -> str | None:
@@ -147,7 +152,7 @@ def render_html(report: BatchReport) -> str:
     skipped = "".join(f"<li>{n} {e(why)}: {e(finding.skip_details.get(why, ''))}</li>"
                       for why, n in finding.skipped.items())
     return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>detaudit batch</title>"
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>detaudit batch: {e(report.verdict)}</title>"
         "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}td,th{padding:2px 8px;text-align:left}"
         "</style></head><body>"
         f"<h1>detaudit batch: {e(report.verdict)}</h1><p><code>{e(report.script)}</code> — "

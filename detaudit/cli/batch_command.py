@@ -28,6 +28,7 @@ from detaudit.cli.options import (
 )
 from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
 from detaudit.errors import ExitCode
+from detaudit.results import Ending
 from detaudit.safetext import printable
 
 if TYPE_CHECKING:
@@ -95,8 +96,12 @@ def batch(options: AuditOptions, json_path: Path | None, html_path: Path | None,
 
 def finish_batch(report: BatchReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
     """Write the requested files, render, exit with the verdict's code."""
-    finish_with(report, Presentation({"json": write_json, "html": write_html}, summary_line, render_batch),
-                {"json": json_path, "html": html_path}, quiet)
+    finish_with(report, presentation(), {"json": json_path, "html": html_path}, quiet)
+
+
+def presentation() -> Presentation[BatchReport]:
+    """How a BatchReport ends its command: JSON, HTML, the summary line, the terminal report."""
+    return Presentation({"json": write_json, "html": write_html}, summary_line, render_batch)
 
 
 def _clean(text: object) -> str:
@@ -106,7 +111,7 @@ def _clean(text: object) -> str:
 def summary_line(report: BatchReport) -> str:
     finding = report.finding
     verdict = report.verdict
-    colour = {"batch-invariant": "green", "batch-variant": "red"}.get(verdict, "yellow")
+    colour = {"batch-invariant": "green", "batch-variant": "red", "run-to-run-divergent": "red"}.get(verdict, "yellow")
     text = f"[bold {colour}]{verdict}[/]: {finding.probed_calls} call{'s' if finding.probed_calls != 1 else ''} probed"
     first = finding.first_variant
     if first is not None:
@@ -124,7 +129,7 @@ def summary_line(report: BatchReport) -> str:
 def render_batch(report: BatchReport, console: Console) -> None:
     finding = report.finding
     console.print(f"[bold]detaudit batch[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
-    failed = [r for r in report.results if r.exit_code not in (0, None)]
+    failed = [r for r in report.results if r.ending is Ending.FAILED]
     if failed:
         console.print(f"[yellow]the script exited with status {failed[0].exit_code}[/]; see "
                       f"{_clean(Path(report.run_dir) / failed[0].stderr)}")

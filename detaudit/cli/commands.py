@@ -140,8 +140,7 @@ cli.add_command(resume)  # cli/resume_command.py: does resuming from a checkpoin
                    "docs/causes.md), even if the repeats agree.")
 @audit_option_group()
 def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, html_path: Path | None, quiet: bool,
-        explain: bool, explain_all: bool, budget: int | None, no_explain: bool, save_baseline: Path | None,
-        fail_on_repeats: bool) -> None:
+        explain: bool, explain_all: bool, budget: int | None, no_explain: bool, save_baseline: Path | None) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
@@ -162,8 +161,6 @@ def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, 
                           **({"the --baseline": baseline_dir} if baseline_dir else {})})
     report = audit_run(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
     code = save_baseline_to(report, save_baseline) if save_baseline is not None else None
-    if fail_on_repeats and report.repeated_randomness and (report.exit_code if code is None else code) == 0:
-        code = ExitCode.DIVERGENT
     finish(report, json_path, junit_path, quiet, html_path, exit_code=code)
 
 

@@ -148,8 +148,12 @@ def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_a
 
 def finish_drift(report: DriftReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
     """Write the requested files, render, exit with the verdict's code."""
-    finish_with(report, Presentation({"json": write_json, "html": write_html}, summary_line, render_drift),
-                {"json": json_path, "html": html_path}, quiet)
+    finish_with(report, presentation(), {"json": json_path, "html": html_path}, quiet)
+
+
+def presentation() -> Presentation[DriftReport]:
+    """How a DriftReport ends its command: JSON, HTML, the summary line, the terminal report."""
+    return Presentation({"json": write_json, "html": write_html}, summary_line, render_drift)
 
 
 def _render_op_window(report: DriftReport, console: Console) -> None:

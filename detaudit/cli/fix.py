@@ -126,9 +126,14 @@ def fix(options: AuditOptions, budget: int | None, patch_path: Path | None, json
             said(f"--write-patch: nothing written to {patch_path}: "
                  + ("the fix changes no line of the script (its knobs are environment variables)" if report.knobs
                     else "there is no fix to write"))
+    finish_with(report, presentation(), {"json": json_path}, quiet)
+
+
+def presentation() -> Presentation[FixReport]:
+    """How a FixReport ends its command: JSON, the summary line, the terminal report."""
     from detaudit.fix.fix_report import write_json
 
-    finish_with(report, Presentation({"json": write_json}, summary_line, render), {"json": json_path}, quiet)
+    return Presentation({"json": write_json}, summary_line, render)
 
 
 def summary_line(report: FixReport) -> Text:

@@ -245,7 +245,7 @@ def audit_options(script: Path | str, script_args: tuple[str, ...] = (), *, repe
                   baseline_dir: Path | None = None, save_baseline: Path | None = None, redact_args: bool = False,
                   max_steps: int | None = None, max_time: float | None = None, self_check: bool = False,
                   nproc_per_node: int | None = None, torchrun_args: str = "", run_to_end: bool = False,
-                  perturb: str | None = None) -> AuditOptions:
+                  perturb: str | None = None, fail_on_repeats: bool = False) -> AuditOptions:
     """The options of a command that audits a script (`run`, `fix`, `batch`, `resume`) as the library's
     AuditOptions (a contradiction among them is a UsageError); an option the command lacks keeps its default."""
     from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target
@@ -263,7 +263,7 @@ def audit_options(script: Path | str, script_args: tuple[str, ...] = (), *, repe
                              max_time is not None, granularity == "auto" or self_check)),
         Recording(granularity=granularity, max_steps=max_steps, max_time=max_time, run_to_end=run_to_end),
         Checks(tolerance=Tolerance(atol, rtol), stdout=stdout_mode_of(stdout_mode, ignore_stdout) or DEFAULT_STDOUT,
-               baseline=baseline_dir, self_check=self_check),
+               baseline=baseline_dir, self_check=self_check, fail_on_repeats=fail_on_repeats),
         out_dir=out_dir,
     )
 

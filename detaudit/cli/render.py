@@ -14,11 +14,11 @@ from rich.text import Text
 
 from detaudit.compare.oprules import VERDICTS, OpFinding, traced_note
 from detaudit.report.model import Report, finite, where
-from detaudit.results import Cause, Divergence, RecordInfo
+from detaudit.results import Cause, Divergence, Ending, RecordInfo
 from detaudit.safetext import printable
 
 _VERDICT_STYLE = {"deterministic": "bold green", "divergent": "bold red", "failed": "bold yellow",
-                  "timeout": "bold red", "inconclusive": "bold yellow"}
+                  "timeout": "bold red", "inconclusive": "bold yellow", "repeated-randomness": "bold red"}
 MAX_SPREAD_ROWS = 12
 MAX_STDOUT_REPEATS = 2  # differing repeats whose stdout line the terminal shows
 BELOW_THE_LINE = ("not-needed", "ruled-out")  # an experiment refuted the cause or made it unnecessary
@@ -63,6 +63,9 @@ def _verdict_reason(report: Report) -> str:
                f"({report.causes[0].summary.split('(', 1)[-1].split(')', 1)[0]} differ)"
     if report.verdict == "deterministic":
         return f": {n} repeats agree {_agreement(report)}"
+    if report.verdict == "repeated-randomness":
+        return (f": {n} repeats agree {_agreement(report)}, but draws repeat where they should differ "
+                "(--fail-on-repeated-randomness)")
     if report.verdict == "divergent":
         return f": repeats disagree ({n} repeats)" if report.first_divergence is not None \
             else f": the repeats agree, but DDP replicas differ across ranks ({n} repeats)"
@@ -83,7 +86,7 @@ def _agreement(report: Report) -> str:
 
 
 def _timed_out(report: Report) -> str:
-    return ", ".join(str(r.index) for r in report.runs if r.timed_out)
+    return ", ".join(str(r.index) for r in report.runs if r.ending is Ending.TIMED_OUT)
 
 
 # the clauses the verdict line goes on with, in order: each says its text and style, or None when it does not apply
@@ -343,8 +346,11 @@ def summary_line(report: Report) -> Text:
     elif report.replica_divergence is not None:
         r = report.replica_divergence
         parts.append(f"DDP replica {r.name} differs on rank(s) {', '.join(map(str, r.ranks))} after step {r.step}")
-    elif report.verdict == "deterministic":
+    elif report.agreement == "deterministic":
         parts.append(f"{len(report.runs)} repeats agree on {report.comparison.records_compared} records")
+        if report.verdict == "repeated-randomness":
+            parts.append("but draws repeat where they should differ: "
+                         + ", ".join(f"{x.site} (across {x.across})" for x in report.repeated_randomness))
         survived = report.perturbation.survived if report.perturbation is not None else []
         if survived:
             parts.append(f"unchanged by --perturb {','.join(k.knob for k in survived)}")
@@ -522,7 +528,8 @@ def latent_block(report: Report) -> Group | None:
 
 
 def repeats_block(report: Report) -> Group | None:
-    """Randomness that repeats where it should differ (causes/repetition.py): beside the verdict, never in it."""
+    """Randomness that repeats where it should differ (causes/repetition.py): beside the verdict, in it only under
+    --fail-on-repeated-randomness."""
     if not report.repeated_randomness:
         return None
     parts: list[Any] = [Text("Randomness that repeats — draws equal where they should differ", style="bold yellow")]
@@ -585,10 +592,10 @@ def replica_panel(report: Report) -> Panel | None:
 def match_block(report: Report) -> Group | None:
     """What an agreeing verdict rests on, and what it could not have seen (inconclusive: why it proves nothing)."""
     m = report.match
-    if m is not None and m.not_compared and report.verdict not in ("deterministic", "timeout", "inconclusive"):
+    if m is not None and m.not_compared and report.agreement not in ("deterministic", "timeout", "inconclusive"):
         return Group(Text("What the verdict rests on", style="bold"),
                      *[Text(f"   not compared: {line}") for line in m.not_compared])
-    if m is None or report.verdict not in ("deterministic", "timeout", "inconclusive"):
+    if m is None or report.agreement not in ("deterministic", "timeout", "inconclusive"):
         return None
     kinds = ", ".join(f"{n} {kind}" for kind, n in m.records_by_kind.items()) or "no records"
     stdout = "not compared" if m.stdout_compared == "no" else f"compared ({m.stdout_compared})"
@@ -625,7 +632,7 @@ def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
         console.print(Panel(escape(report.failure or "(no output on stderr)"), title="The script's error (repeat 0)",
                             title_align="left", border_style="yellow", expand=False))
     elif report.repeat_errors:
-        alike = len({r.exit_code for r in report.runs if not r.timed_out}) == 1
+        alike = len({r.exit_code for r in report.runs if r.ending is not Ending.TIMED_OUT}) == 1
         for index, error in sorted(report.repeat_errors.items())[:2]:
             code = report.runs[index].exit_code
             how = f"exited {code}" if alike else f"ended differently (exit {code})"

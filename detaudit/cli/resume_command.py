@@ -119,10 +119,14 @@ def resume(options: AuditOptions, stop_at: int, resume_args: str, json_path: Pat
 
 
 def _finish(report: ResumeReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
+    finish_with(report, presentation(), {"json": json_path, "html": html_path}, quiet)
+
+
+def presentation() -> Presentation[ResumeReport]:
+    """How a ResumeReport ends its command: JSON, HTML, the summary line, the terminal report."""
     from detaudit.report.resume import write_html, write_json
 
-    finish_with(report, Presentation({"json": write_json, "html": write_html}, summary_line, render),
-                {"json": json_path, "html": html_path}, quiet)
+    return Presentation({"json": write_json, "html": write_html}, summary_line, render)
 
 
 def summary_line(report: ResumeReport) -> Text:

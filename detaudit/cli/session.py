@@ -75,6 +75,7 @@ class Presentation(Generic[R]):
     files: Mapping[str, Reporter[R]]
     summary: Callable[[R], Text | str]
     render: Callable[[R, Console], None]
+    on_stderr: bool = False  # rendered on standard error always: standard output is the script's own (watch)
 
 
 def finish_with(report: R, shown: Presentation[R], paths: Mapping[str, Path | None], quiet: bool,
@@ -85,7 +86,8 @@ def finish_with(report: R, shown: Presentation[R], paths: Mapping[str, Path | No
         if path is not None:
             shown.files[name](report, path)
     # a document on stdout (`--json -`, `--junit -`) stands alone there: the rendering goes to stderr
-    console = err_console if any(str(path) == "-" for path in paths.values()) else stdout_console()
+    console = err_console if shown.on_stderr or any(str(path) == "-" for path in paths.values()) \
+        else stdout_console()
     with naming("standard error" if console is err_console else "standard output"):
         if quiet:
             console.print(shown.summary(report), soft_wrap=True)
@@ -97,14 +99,20 @@ def finish_with(report: R, shown: Presentation[R], paths: Mapping[str, Path | No
 def finish(report: Report, json_path: Path | None, junit_path: Path | None, quiet: bool,
            html_path: Path | None = None, notes: tuple[str, ...] = (), exit_code: int | None = None) -> NoReturn:
     """finish_with for an audit's Report (`notes`: shown just before the closing summary line)."""
+    finish_with(report, audit_presentation(notes), {"json": json_path, "junit": junit_path, "html": html_path},
+                quiet, exit_code)
+
+
+def audit_presentation(notes: tuple[str, ...] = ()) -> Presentation[Report]:
+    """How an audit's Report ends `run`, `report`, `explain`, `compare` and `demo`: JSON, JUnit, HTML, the
+    summary line, the terminal report (`notes` just before its closing summary line)."""
     from detaudit.cli.render import render, summary_line
     from detaudit.report.html import write_html
     from detaudit.report.junit import write_junit
     from detaudit.report.model import write_json
 
-    shown: Presentation[Report] = Presentation({"json": write_json, "junit": write_junit, "html": write_html},
-                                               summary_line, lambda r, console: render(r, console, notes))
-    finish_with(report, shown, {"json": json_path, "junit": junit_path, "html": html_path}, quiet, exit_code)
+    return Presentation({"json": write_json, "junit": write_junit, "html": write_html}, summary_line,
+                        lambda r, console: render(r, console, notes))
 
 
 PLAIN_EVERY_S = 10.0  # off a terminal (a CI log), a running repeat's progress line at most this often

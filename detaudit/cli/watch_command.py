@@ -6,8 +6,6 @@ standard error, the JSON report to `--json PATH`.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -28,10 +26,11 @@ from detaudit.cli.options import (
     timeout_option,
     torchrun_args_option,
 )
-from detaudit.cli.session import err_console
+from detaudit.cli.session import Presentation, err_console, finish_with
 from detaudit.errors import ExitCode
-from detaudit.report.watch_model import Against, Cadence, WatchReport, WatchSettings
-from detaudit.run.files import write_output
+from detaudit.report.watch_html import write_watch_html
+from detaudit.report.watch_model import Against, Cadence, WatchReport, WatchSettings, write_watch_json
+from detaudit.results import Ending
 from detaudit.safetext import printable
 
 _EXIT_CODES = ("\b\nExit codes:\n  0    clean: every replayed op agreed bit for bit, the script exited 0\n"
@@ -98,24 +97,19 @@ def watch(script: str, script_args: tuple[str, ...], settings: WatchSettings, ou
     from detaudit.audit.watch import run_watch
 
     against = settings.against
-    against = settings.against
     inputs = {"the watched script": Path(script), **({"--against": against} if against is not None else {})}
     if "-" in (str(json_path), str(html_path)):
         raise click.UsageError("watch's standard output is the script's own: write --json and --html to files")
     check_outputs(json_path, None, html_path, out_dir=out_dir, inputs=inputs)
     report = run_watch(script, list(script_args), out_dir, settings,
                        lambda line: err_console.print(escape(printable(line)), soft_wrap=True, highlight=False))
-    if json_path is not None:
-        write_output(json_path, json.dumps(report.to_json(), indent=2) + "\n")
-    if html_path is not None:
-        from detaudit.report.watch_html import write_watch_html
+    finish_with(report, presentation(), {"json": json_path, "html": html_path}, quiet)
 
-        write_watch_html(report, html_path)
-    if quiet:
-        err_console.print(summary_line(report), soft_wrap=True)
-    else:
-        render_watch(report, err_console)
-    sys.exit(report.exit_code)
+
+def presentation() -> Presentation[WatchReport]:
+    """How a WatchReport ends its command: JSON, HTML, the summary line, the report, all on standard error."""
+    return Presentation({"json": write_watch_json, "html": write_watch_html}, summary_line, render_watch,
+                        on_stderr=True)
 
 
 def _torchrun(nproc_per_node: int | None, torchrun_args: str, against: Path | None) -> tuple[str, ...]:
@@ -135,22 +129,12 @@ def _clean(text: object) -> str:
     return escape(printable(str(text)))
 
 
-def _headline(report: WatchReport) -> tuple[str, str]:
-    """The summary's first word and colour: with no mismatch, a job that failed or timed out is not "clean"
-    (its exit code is 3 or 5, and its unrun steps were never checked)."""
-    code = report.exit_code
-    if report.verdict == "mismatch":
-        return "mismatch", "red"
-    if code == ExitCode.TIMEOUT:
-        return "timed out", "yellow"
-    if code == ExitCode.SCRIPT_FAILED:
-        return "script failed", "yellow"
-    return report.verdict, "green"
+_COLOURS = {"clean": "green", "mismatch": "red"}  # the others: yellow
 
 
 def summary_line(report: WatchReport) -> str:
     log = report.log
-    word, colour = _headline(report)
+    word, colour = report.verdict.replace("-", " "), _COLOURS.get(report.verdict, "yellow")
     found = len(report.mismatches)
     text = (f"[bold {colour}]{word}[/]: {log.steps} step{'s' if log.steps != 1 else ''}, "
             f"{len(log.checked_steps)} checked, {found} mismatch{'es' if found != 1 else ''}")
@@ -164,7 +148,7 @@ def render_watch(report: WatchReport, console: Console) -> None:
     console.print(f"[bold]detaudit watch[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
     console.print(f"checked steps: {_clean(_steps(log.checked_steps))} (every {report.settings.every}); "
                   f"{log.replayed_ops} ops replayed")
-    if not log.replayed_ops and report.result.exit_code == 0:
+    if not log.replayed_ops and report.verdict == "clean":
         console.print("[yellow]no op was replayed: the script computed nothing with torch on the thread that "
                       "ends its steps (docs/watch.md), so \"clean\" here proves nothing[/]")
     if log.skipped_ops:
@@ -186,9 +170,9 @@ def render_watch(report: WatchReport, console: Console) -> None:
     for save in log.unchecked_saves:
         console.print(f"[yellow]torch.save to {_clean(save.target)} at step {save.step} was written before the "
                       "check had caught up[/] (it waited its whole patience)", soft_wrap=True)
-    failed = report.result.exit_code not in (0, None) and log.stopped is None
-    if failed or report.result.timed_out:
-        how = "timed out" if report.result.timed_out else f"exited with status {report.result.exit_code}"
+    ending = report.result.ending
+    if ending is Ending.TIMED_OUT or (ending is Ending.FAILED and log.stopped is None):
+        how = "timed out" if ending is Ending.TIMED_OUT else f"exited with status {report.result.exit_code}"
         console.print(f"[yellow]the script {how}[/]; see {_clean(Path(report.run_dir) / report.result.stderr)}")
     console.print(summary_line(report), soft_wrap=True)
 

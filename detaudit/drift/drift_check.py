@@ -37,7 +37,7 @@ from detaudit.drift.op_window import op_window
 from detaudit.drift.rank_views import disagreements, not_comparable, rank_traces, side_view
 from detaudit.drift.recordings import record
 from detaudit.errors import TraceError, UsageError
-from detaudit.results import RepeatResult
+from detaudit.results import Ending, RepeatResult
 from detaudit.run.devices import resolve_devices
 from detaudit.run.launcher import Interrupted, check_script
 from detaudit.run.rundir import REDACTED, new_run_dir, stored_args
@@ -151,11 +151,13 @@ def _failure(results_a: Sequence[RepeatResult], results_b: Sequence[RepeatResult
     """A repeat that timed out or failed: nothing to judge (its records end early, or not as the other side's)."""
     for label, results in (("A", results_a), ("B", results_b)):
         for r in results:
-            if r.timed_out:
+            if r.ending is Ending.TIMED_OUT:
                 return "timeout", f"configuration {label}'s repeat {r.index} timed out"
-            if r.exit_code != 0:
+            if r.ending is Ending.FAILED:
                 return "script-failed", (f"configuration {label}'s repeat {r.index} exited with status {r.exit_code} "
                                          f"(see {r.stderr})")
+            if r.ending not in (Ending.COMPLETED, Ending.STOPPED_AT_BOUND):  # not a failure of the script's
+                return "inconclusive", f"configuration {label}'s repeat {r.index} ended: {r.ending.value}"
     return None
 
 

@@ -26,7 +26,7 @@ def render_html(report: DriftReport) -> str:
         + (f", constant factor {first.factor:g}" if first.factor is not None else "") + "</p>")
     causes = "".join(f"<li><b>{e(c.setting)}</b>: {e(c.change())} ({e(c.family)}): {e(c.why)}</li>"
                      for c in report.causes)
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>detaudit drift</title>"
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>detaudit drift: {e(report.verdict)}</title>"
             "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}</style></head><body>"
             f"<h1>detaudit drift: {e(report.verdict)}</h1><p><code>{e(report.script)}</code></p>"
             f"<p>A: <code>{e(report.a.described())}</code><br>B: <code>{e(report.b.described())}</code></p>"

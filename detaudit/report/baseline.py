@@ -61,7 +61,7 @@ def replaces(dest: Path) -> str | None:
 def save(run_dir: Path, report: Report, dest: Path) -> Path:
     """Keep `report`'s first repeat as a baseline in `dest` (new, empty, or an older baseline to replace:
     `replaces` says what that was, read before this call)."""
-    if report.verdict != "deterministic":
+    if report.agreement != "deterministic":  # a gate's verdict (repeated-randomness) has repeats that agree
         raise UsageError(f"baseline not saved: the run is {report.verdict}; a baseline must come from repeats "
                          "that agree, or every later comparison would fail")
     dest = Path(dest)

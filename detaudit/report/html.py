@@ -33,7 +33,7 @@ MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 14, 34
 MAX_STRIP_MODULES = 24  # heat strip rows: the modules with the most differing records
 MAX_STRIP_CELLS = 300  # heat strip columns at most: longer runs group steps into cells
 _COLOURS = {"deterministic": "#1a7f37", "divergent": "#cf222e", "failed": "#9a6700", "timeout": "#cf222e",
-            "inconclusive": "#9a6700"}
+            "inconclusive": "#9a6700", "repeated-randomness": "#cf222e"}
 
 _STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1000px;color:#1f2328;

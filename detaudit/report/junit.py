@@ -11,7 +11,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from detaudit.report.model import Report, where
-from detaudit.results import Divergence
+from detaudit.results import Divergence, Ending
 from detaudit.run.files import write_output
 
 # Characters XML 1.0 cannot carry even escaped (names and details come from user code).
@@ -29,7 +29,7 @@ def to_junit(report: Report) -> str:
         if run.duration_s is not None:  # a baseline keeps no time
             case.set("time", str(run.duration_s))
         cases += 1
-        if run.timed_out:
+        if run.ending is Ending.TIMED_OUT:
             ET.SubElement(case, "error", message="timed out")
             errors += 1
         elif run.ended_with_error:
@@ -41,6 +41,9 @@ def to_junit(report: Report) -> str:
     if first is not None:
         failures += 1
         _divergence_failure(case, first, report)
+    elif report.verdict == "inconclusive":  # exit 6: agreement that proves nothing is no passed test
+        errors += 1
+        ET.SubElement(case, "error", message=f"inconclusive: {report.inconclusive_reason}")
     if report.distributed is not None:  # a torchrun run: DDP replicas compared across ranks in every repeat
         case = ET.SubElement(suite, "testcase", classname="detaudit.run.distributed", name="DDP replicas agree")
         cases += 1
@@ -49,6 +52,13 @@ def to_junit(report: Report) -> str:
             failures += 1
             ET.SubElement(case, "failure", message=f"after step {replica.step}, {replica.name} on rank(s) "
                           f"{', '.join(map(str, replica.ranks))} differs from rank {replica.reference}")
+    if report.fail_on_repeats:  # --fail-on-repeated-randomness: the gate is a test of its own
+        case = ET.SubElement(suite, "testcase", classname="detaudit.repetition", name="draws differ where they should")
+        cases += 1
+        if report.repeated_randomness:
+            failures += 1
+            ET.SubElement(case, "failure", message="draws repeat where they should differ: " + ", ".join(
+                f"{x.site} (across {x.across})" for x in report.repeated_randomness))
     if report.baseline is not None:
         case = ET.SubElement(suite, "testcase", classname="detaudit.report.baseline", name="matches the baseline")
         cases += 1

@@ -29,6 +29,7 @@ from detaudit.errors import ExitCode
 from detaudit.results import (
     Cause,
     Divergence,
+    Ending,
     Experiment,
     Latent,
     RecordInfo,
@@ -91,8 +92,11 @@ class Report(Codable):
     perturbation: PerturbationFinding | None = None  # `run --perturb`: what each varied setting changed
     latent: list[Latent] = field(default_factory=list)  # deterministic on this CPU, not on CUDA (causes/latent.py)
     recordings: list[str] = field(default_factory=list)  # `compare`: what each compared recording is (its path)
-    # draws equal where they should differ (causes/repetition.py): beside the verdict, never changing it
+    # draws equal where they should differ (causes/repetition.py): beside the verdict, changing it only under the gate
     repeated_randomness: list[RepeatedRandomness] = field(default_factory=list)
+    # `run --fail-on-repeated-randomness` (stored in run.json): repeats that agree with randomness that repeats
+    # are the verdict `repeated-randomness` (exit 1) instead of `deterministic`
+    fail_on_repeats: bool = False
 
     def cause_headline(self) -> str:
         """The summary line's cause part (causes.headline): the top cause with evidence, or that none was found."""
@@ -108,12 +112,23 @@ class Report(Codable):
 
     @property
     def timed_out(self) -> bool:
-        return any(r.timed_out for r in self.runs)
+        return any(r.ending is Ending.TIMED_OUT for r in self.runs)
 
     @property
     def verdict(self) -> Verdict:
-        """`timeout` when a repeat timed out before any divergence: the repeats agree as far as
-        all of them got, which settles nothing (a divergence found before the timeout is `divergent`)."""
+        """What the repeats' agreement says (`agreement`), with the gate the run asked for applied: repeats that
+        agree while draws repeat where they should differ are `repeated-randomness` under
+        --fail-on-repeated-randomness. Every output (terminal, -q, JSON, JUnit, HTML, exit code) renders this."""
+        agreement = self.agreement
+        if agreement == "deterministic" and self.fail_on_repeats and self.repeated_randomness:
+            return "repeated-randomness"
+        return agreement
+
+    @property
+    def agreement(self) -> Verdict:
+        """How the repeats compare, without a gate. `timeout` when a repeat timed out before any divergence: the
+        repeats agree as far as all of them got, which settles nothing (a divergence found before the timeout is
+        `divergent`)."""
         if self.timed_out:
             return "divergent" if self.first_divergence is not None else "timeout"
         if all_failed(self.runs):
@@ -140,8 +155,8 @@ class Report(Codable):
                     "a repeat that cannot write ends for that, so its end and what it did not record say nothing "
                     "about the script (free space and run the audit again)")
         comp = self.comparison
-        cut = [r.index for r in self.runs if not r.timed_out
-               and (r.interrupted or (r.index < len(comp.complete) and not comp.complete[r.index]))]
+        cut = [r.index for r in self.runs if r.ending is not Ending.TIMED_OUT
+               and (r.ending is Ending.INTERRUPTED or (r.index < len(comp.complete) and not comp.complete[r.index]))]
         if cut:
             return (f"the recording of repeat(s) {', '.join(map(str, cut))} is incomplete (stopped, killed, or "
                     f"its writes failed): the repeats agree on the {comp.records_compared} records they all "
@@ -178,6 +193,7 @@ class Report(Codable):
         if self.verdict == "deterministic" and self.baseline is not None and not self.baseline.matches:
             return ExitCode.DIVERGENT  # the repeats agree with each other, not with the baseline
         return {"failed": ExitCode.SCRIPT_FAILED, "divergent": ExitCode.DIVERGENT,
+                "repeated-randomness": ExitCode.DIVERGENT,
                 "inconclusive": ExitCode.INCONCLUSIVE}.get(self.verdict, ExitCode.DETERMINISTIC)
 
 

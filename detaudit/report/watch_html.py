@@ -11,18 +11,18 @@ from detaudit.report.html import kv, page, table, verdict_badge
 from detaudit.report.watch_model import Against, WatchReport
 from detaudit.run.files import write_output
 
-_COLOURS = {"clean": "#1a7f37", "mismatch": "#cf222e"}
+_COLOURS = {"clean": "#1a7f37", "mismatch": "#cf222e"}  # the others (the job failed, timed out...): amber
 
 
 def render_watch_html(report: WatchReport) -> str:
     """The whole page of a WatchReport."""
     log = report.log
     body = [
-        f"<h1>detaudit watch {verdict_badge(report.verdict, _COLOURS[report.verdict])}</h1>",
+        f"<h1>detaudit watch {verdict_badge(report.verdict, _COLOURS.get(report.verdict, '#9a6700'))}</h1>",
         f"<p class='mono'>{escape(report.script)}</p>",
         f"<p>{escape(_summary(report))}</p>",
         "<h2>The job</h2>" + kv([
-            ("exit status", report.result.exit_code), ("timed out", "yes" if report.result.timed_out else None),
+            ("exit status", report.result.exit_code), ("ended", report.result.ending.value),
             ("ranks per node", report.settings.nproc_per_node), ("replayed", f"every {report.settings.every} steps"),
             ("on a mismatch", report.settings.on_mismatch),
             ("checked steps", ", ".join(str(s) for s in log.checked_steps) or "none"),

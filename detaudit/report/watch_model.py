@@ -3,17 +3,28 @@ cli/watch_command.py and report/watch_html.py render it; `--json` writes `to_jso
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from detaudit.codec import FileFormat
 from detaudit.compare.baseline_diff import EnvironmentChange
 from detaudit.errors import ExitCode
-from detaudit.results import RepeatResult
+from detaudit.results import Ending, RepeatResult
+from detaudit.run.files import write_output
 from detaudit.run.watchlog import Mismatch, MismatchJson, WatchLog
 
+WATCH = FileFormat("detaudit-watch", 1, "watch report")
 OnMismatch = Literal["stop", "continue"]
-Verdict = Literal["clean", "mismatch"]
+# clean: every replayed op agreed and the job completed; script-failed / timeout: no mismatch, but the job failed or
+# timed out (its unrun steps were never checked); inconclusive: it ended some other way (its recording stopped)
+Verdict = Literal["clean", "mismatch", "script-failed", "timeout", "inconclusive"]
+_BY_ENDING: dict[Ending, Verdict] = {Ending.COMPLETED: "clean", Ending.FAILED: "script-failed",
+                                     Ending.TIMED_OUT: "timeout"}
+_EXIT: dict[Verdict, ExitCode] = {"clean": ExitCode.DETERMINISTIC, "mismatch": ExitCode.DIVERGENT,
+                                  "script-failed": ExitCode.SCRIPT_FAILED, "timeout": ExitCode.TIMEOUT,
+                                  "inconclusive": ExitCode.INCONCLUSIVE}
 
 
 @dataclass(frozen=True)
@@ -73,10 +84,13 @@ class UncheckedSaveJson(TypedDict):
 
 
 class WatchJson(TypedDict):
+    format: str  # WATCH: `detaudit-watch`
+    version: int
     verdict: Verdict
+    exit_code: int  # what the command exited with (the verdict's code)
+    script_exit_code: int | None  # the job's own exit status (None: unknown)
     script: str
     run_dir: str
-    exit_code: int | None
     steps: int
     checked_steps: list[int]
     replayed_ops: int
@@ -112,18 +126,14 @@ class WatchReport:
 
     @property
     def verdict(self) -> Verdict:
-        return "mismatch" if self.mismatches else "clean"
+        """A mismatch whatever the job did after it; else how the job ended (RepeatResult.ending): `clean` only for
+        a job that completed, as its steps that never ran were never checked."""
+        return "mismatch" if self.mismatches else _BY_ENDING.get(self.result.ending, "inconclusive")
 
     @property
-    def exit_code(self) -> int:
-        """1 on a mismatch; else the job's own failure (a timeout, a script that failed), else 0."""
-        if self.mismatches:
-            return ExitCode.DIVERGENT
-        if self.result.timed_out:
-            return ExitCode.TIMEOUT
-        if self.result.exit_code not in (0, None):
-            return ExitCode.SCRIPT_FAILED
-        return ExitCode.DETERMINISTIC
+    def exit_code(self) -> ExitCode:
+        """The verdict's code: 0 clean, 1 mismatch, 3 script failed, 5 timed out, 6 inconclusive."""
+        return _EXIT[self.verdict]
 
     @property
     def stop_sentence(self) -> str | None:
@@ -139,8 +149,9 @@ class WatchReport:
 
     def to_json(self) -> WatchJson:
         stopped = self.log.stopped
-        return {"verdict": self.verdict, "script": self.script, "run_dir": self.run_dir,
-                "exit_code": self.result.exit_code, "steps": self.log.steps,
+        return {"format": WATCH.name, "version": WATCH.version, "verdict": self.verdict,
+                "exit_code": int(self.exit_code), "script_exit_code": self.result.exit_code,
+                "script": self.script, "run_dir": self.run_dir, "steps": self.log.steps,
                 "checked_steps": list(self.log.checked_steps), "replayed_ops": self.log.replayed_ops,
                 "skipped_ops": dict(self.log.skipped_ops), "mismatches": [m.to_json() for m in self.mismatches],
                 "stopped_before": None if stopped is None else stopped.before,
@@ -150,3 +161,8 @@ class WatchReport:
                 "nproc_per_node": self.settings.nproc_per_node,
                 "against": None if self.against is None else self.against.to_json(),
                 "unchecked_saves": [{"step": save.step, "target": save.target} for save in self.log.unchecked_saves]}
+
+
+def write_watch_json(report: WatchReport, path: Path) -> None:
+    """`--json PATH`: the report's JSON (docs/watch.md)."""
+    write_output(path, json.dumps(report.to_json(), indent=2) + "\n")

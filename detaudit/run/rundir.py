@@ -146,7 +146,31 @@ def read_run(run_dir: Path) -> tuple[RunRecord, list[RepeatResult]]:
     record = RunRecord.from_dict(read_json_record(path, "run record"), str(path))
     if not record.results:
         raise TraceError(f"{path}: the run did not finish (no results recorded)")
+    _check_results_whole(Path(run_dir), record, path)
     return record, list(record.results)
+
+
+def _check_results_whole(run_dir: Path, record: RunRecord, path: Path) -> None:
+    """A run record lists one result per repeat it ran, numbered from 0 (an interrupted run's too: the
+    launcher lists every planned repeat), and every repeat whose files are in the directory: a record that lists
+    fewer (edited, or pieced together) would compare the repeats left as if they were all, a verdict on less than
+    the run. Refused as corrupt (TraceError) instead."""
+    results = record.results or ()
+    devices = len(record.devices) or len({r.device for r in results})
+    declared = None if record.repeats is None else record.repeats * devices
+    listed = sorted(r.index for r in results)
+    edited = "the record is corrupt or was edited (detaudit lists every repeat, an interrupted one too)"
+    if declared is not None and len(results) != declared:
+        raise TraceError(f"{path}: lists {len(results)} result(s) for the {record.repeats} repeat(s) it declares "
+                         f"on {devices} device(s): {edited}")
+    if listed != list(range(len(results))):
+        raise TraceError(f"{path}: its results are repeats {', '.join(map(str, listed))}, not 0 to "
+                         f"{len(results) - 1}: {edited}")
+    files = (re.fullmatch(r"repeat-(\d+)\..+", name) for name in os.listdir(run_dir))
+    unlisted = sorted({int(m[1]) for m in files if m is not None and int(m[1]) >= len(results)})
+    if unlisted:
+        raise TraceError(f"{path}: the directory holds the files of repeat(s) {', '.join(map(str, unlisted))}, "
+                         f"which it does not list: {edited}")
 
 
 def read_json_record(path: Path, what: str) -> Any:

@@ -330,3 +330,11 @@ def test_an_op_windowed_repeat_leaves_its_trace_to_the_op_level_re_run_and_a_mod
         [(2, "ops-2.trace", "repeat-2.stdout")]
     assert not (tmp_path / "ops-3.trace").exists()
     assert read_trace(plans[3].trace).header["op_window"] is None
+
+
+def test_report_of_a_run_made_with_fail_on_repeated_randomness_keeps_its_gate(tmp_path: Path) -> None:
+    """`detaudit report RUN_DIR` renders the verdict the run's own outputs named: the gate lives in run.json."""
+    run_dir = write_run(tmp_path / "run", [training_records(steps=1)] * 2)
+    record = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**record, "fail_on_repeated_randomness": True}))
+    assert load_run(run_dir).fail_on_repeats

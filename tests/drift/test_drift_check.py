@@ -91,3 +91,9 @@ def test_two_kept_recordings_of_other_common_script_arguments_are_refused(tmp_pa
 def test_a_b_from_directory_without_a_drift_report_is_named_by_its_option(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="^--b-from "):
         load_baseline(tmp_path, Path("train.py"), "--b-from")
+
+
+def test_a_repeat_whose_end_is_unknown_is_inconclusive_not_a_failure_of_the_script() -> None:
+    """Issue 43: `exit_code != 0` counted an unknown ending (no footer: exit_code None) as the script failing."""
+    unknown = RepeatResult(0, "cpu", None, 1.0, False, "a-0.trace", "a-0.stdout", "a-0.stderr", "")
+    assert _failure([unknown], [])[0] == "inconclusive"  # type: ignore[index]

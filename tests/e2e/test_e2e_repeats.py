@@ -176,9 +176,12 @@ def test_an_evaluation_seeded_on_purpose_under_no_grad_or_in_eval_mode_is_not_re
     assert findings(report) == []
 
 
-def test_fail_on_repeated_randomness_exits_1_on_a_finding(tmp_path: Path) -> None:
-    code, report, _ = audit(tmp_path, STEPS.format(seed="torch.manual_seed(0)"), "--fail-on-repeated-randomness")
-    assert (code, report["verdict"]) == (1, "deterministic")
+def test_fail_on_repeated_randomness_exits_1_on_a_finding_that_every_output_names(tmp_path: Path) -> None:
+    """Issue 43: the gate's outcome is the verdict (it was `deterministic`, exit_code 0, in the JSON)."""
+    code, report, line = audit(tmp_path, STEPS.format(seed="torch.manual_seed(0)"), "--fail-on-repeated-randomness",
+                               "-q")
+    assert (code, report["verdict"], report["exit_code"], line.split(" ·")[0]) == \
+        (1, "repeated-randomness", 1, "REPEATED-RANDOMNESS")
 
 
 def test_a_silenced_site_is_not_reported(tmp_path: Path) -> None:

@@ -169,3 +169,30 @@ def test_a_checkpoint_saved_right_after_a_drifted_step_is_not_written(tmp_path: 
     assert report["stopped_before"] == "torch.save"
     assert report["mismatches"][0]["step"] == 2
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+RAISES_AT_STEP_3 = """\
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(6):
+    if step == 3:
+        raise RuntimeError("the data loader broke")
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_script_that_fails_without_a_mismatch_is_script_failed_in_every_output(tmp_path: Path) -> None:
+    """Issue 43: exit 3 and `script failed` on the terminal, but the JSON said `clean` (with the script's own
+    status as `exit_code`) and the HTML title `detaudit watch: clean`."""
+    (tmp_path / "train.py").write_text(RAISES_AT_STEP_3)
+    result = run_cli(["watch", "train.py", "--out", "run", "--json", "run.json", "--html", "run.html"], tmp_path)
+    assert result.report is not None
+    title = (tmp_path / "run.html").read_text().split("<title>")[1].split(" —")[0]
+    assert (result.returncode, result.report["verdict"], result.report["exit_code"], title,
+            result.stderr.strip().splitlines()[-1].split(":")[0]) == \
+        (3, "script-failed", 3, "detaudit watch: script-failed", "script failed")

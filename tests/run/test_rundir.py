@@ -83,6 +83,29 @@ def test_a_run_record_this_release_cannot_trust_is_refused(tmp_path: Path, field
         read_run(_edited(run_dir, **fields))
 
 
+def _results_kept(run_dir: Path, keep: list[int], **fields: object) -> Path:
+    record = json.loads((run_dir / "run.json").read_text())
+    return _edited(run_dir, results=[record["results"][i] for i in keep], **fields)
+
+
+@pytest.mark.parametrize("keep, fields, message", [
+    ([0], {}, r"lists 1 result\(s\) for the 2 repeat\(s\) it declares"),
+    ([0], {"repeats": 1}, r"holds the files of repeat\(s\) 1, which it does not list"),
+    ([1, 1], {}, r"its results are repeats 1, 1, not 0 to 1"),
+])
+def test_a_record_that_lists_fewer_repeats_than_it_ran_is_corrupt(tmp_path: Path, keep: list[int],
+                                                                  fields: dict[str, object], message: str) -> None:
+    """Issue 43: run.json cut down to results[0] of a divergent run was reported DETERMINISTIC (1 repeat)."""
+    run_dir = write_run(tmp_path / "run", [training_records(steps=1), training_records(steps=1, seed=1)])
+    with pytest.raises(TraceError, match=message):
+        read_run(_results_kept(run_dir, keep, **fields))
+
+
+def test_results_on_several_devices_count_per_device(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", [training_records(steps=1)] * 4, devices=["cpu", "cpu", "cuda", "cuda"])
+    assert len(read_run(run_dir)[1]) == 4
+
+
 @pytest.mark.parametrize("name", ["../elsewhere.trace", "/etc/passwd", "sub/repeat-0.trace", "..", ""])
 def test_files_a_record_names_must_be_plain_names_inside_the_directory(tmp_path: Path, name: str) -> None:
     run_dir = write_run(tmp_path / "run", [training_records(steps=1)] * 2)
