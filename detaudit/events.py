@@ -410,7 +410,8 @@ class FileWriteEvent(_Event):
 
 # -- `detaudit batch` (recorder/batchprobe.py; docs/batch.md) -----------------------------------------
 SubsetKind = Literal["prefix", "reversed", "mixed"]
-SkipReason = Literal["no-batch", "batch-statistics", "dropout", "random", "uncopyable", "side-effects", "probe-failed"]
+SkipReason = Literal["no-batch", "batch-dim-unknown", "aggregate-output", "batch-statistics", "dropout", "random",
+                     "uncopyable", "side-effects", "probe-failed"]
 
 
 class BatchSubset(TypedDict):
@@ -455,6 +456,8 @@ class BatchCallEvent(_Event):
     reproduced: bool  # re-evaluating the whole batch gave the call's own output, bit for bit
     subsets: list[BatchSubset]
     loc: str
+    batch_dim_from: NotRequired[str]  # option, declared, convention (recorder/batchdim.py)
+    batch_dim_detail: NotRequired[str]  # why that dim, in words
 
 
 class BatchSkipEvent(_Event):

@@ -110,6 +110,16 @@ class FirstVariant:
 
 
 @dataclass(frozen=True)
+class BatchDimUse:
+    """Probed calls whose rows were taken along one dim, and where that dim came from (recorder/batchdim.py)."""
+
+    dim: int
+    source: str  # option (--batch-dim), declared (a layer's batch_first), convention (dim 0)
+    detail: str  # the first such call's reason, in words
+    calls: int
+
+
+@dataclass(frozen=True)
 class BatchFinding:
     """What the probes of one repeat found."""
 
@@ -121,6 +131,7 @@ class BatchFinding:
     skipped: dict[str, int]  # why -> calls (SkipReason)
     skip_details: dict[str, str]  # why -> the first such call's detail, with its module
     first_variant: FirstVariant | None
+    batch_dims: tuple[BatchDimUse, ...] = ()
 
     @property
     def not_comparable(self) -> int:
@@ -154,7 +165,17 @@ def analyse(events: list[Event]) -> BatchFinding:
         details.setdefault(skip["why"], f"{skip['module']} call {skip['call']}: {skip['detail']}")
     verdict: BatchVerdict = "batch-variant" if variant else "batch-invariant" if calls else "inconclusive"
     return BatchFinding(verdict, len(calls), len(variant), sum(not c["reproduced"] for c in calls), subsets,
-                        dict(skipped), details, first)
+                        dict(skipped), details, first, _batch_dims(calls))
+
+
+def _batch_dims(calls: list[BatchCallEvent]) -> tuple[BatchDimUse, ...]:
+    """The dims the probed calls' rows were taken along, with their source, in the order first met."""
+    used: dict[tuple[int, str], tuple[str, int]] = {}
+    for c in calls:
+        key = (c["batch_dim"], c.get("batch_dim_from", "option"))
+        detail, n = used.get(key, (c.get("batch_dim_detail", ""), 0))
+        used[key] = (detail, n + 1)
+    return tuple(BatchDimUse(dim, source, detail, n) for (dim, source), (detail, n) in used.items())
 
 
 def _differs(subset: BatchSubset) -> bool:

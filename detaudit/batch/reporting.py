@@ -20,10 +20,11 @@ BatchReportVerdict = Literal["batch-invariant", "batch-variant", "inconclusive",
 
 @dataclass(frozen=True)
 class BatchSettings:
-    """What was probed: `--module` (None: the outermost modules), `--batch-dim`, `--sizes` (empty: default)."""
+    """What was probed: `--module` (None: the outermost modules), `--batch-dim` (None: decided per call,
+    recorder/batchdim.py), `--sizes` (empty: default)."""
 
     module: str | None = None
-    batch_dim: int = 0
+    batch_dim: int | None = None
     sizes: tuple[int, ...] = ()
 
 
@@ -102,6 +103,7 @@ def report_json(report: BatchReport) -> dict[str, Any]:
         "script": report.script, "script_args": report.script_args, "run_dir": report.run_dir,
         "settings": {"module": report.settings.module, "batch_dim": report.settings.batch_dim,
                      "sizes": list(report.settings.sizes)},
+        "batch_dims": [asdict(u) for u in finding.batch_dims],
         "probed_calls": finding.probed_calls, "variant_calls": finding.variant_calls,
         "not_reproduced": finding.not_reproduced,
         "not_probed": dict(finding.skipped), "not_probed_details": dict(finding.skip_details),

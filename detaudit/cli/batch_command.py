@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from detaudit.batch.finding import FirstVariant
 from detaudit.batch.reporting import BatchReport, BatchSettings, write_html, write_json
 from detaudit.cli.options import (
     RunCommand,
@@ -66,15 +67,16 @@ def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> tup
 @click.option("--module", "module_name", default=None, metavar="NAME",
               help="Probe the calls of this module (qualified name such as `encoder`, or class name) instead of "
                    "the outermost modules.")
-@click.option("--batch-dim", type=click.IntRange(min=0), default=0, show_default=True,
-              help="The batch dimension of the tensor arguments (those whose size there is the batch's).")
+@click.option("--batch-dim", type=click.IntRange(min=0), default=None,
+              help="The batch dimension of the tensor arguments (those whose size there is the batch's). Default: "
+                   "where the model's layers declare it (batch_first of RNN and attention layers), else dim 0.")
 @click.option("--sizes", default=None, metavar="K,K,...", callback=_sizes,
               help="Prefix sizes to probe (default: 1, an odd size up to 7, n/8 and n/2 of an n-row batch).")
 @click.option("--redact-args", is_flag=True, help="Store the script's arguments nowhere (run directory, traces, "
               "reports).")
 @audit_option_group(granularity="module")
 def batch(options: AuditOptions, json_path: Path | None, html_path: Path | None, quiet: bool,
-          module_name: str | None, batch_dim: int, sizes: tuple[int, ...]) -> None:
+          module_name: str | None, batch_dim: int | None, sizes: tuple[int, ...]) -> None:
     """Does a request's result depend on what else is in its batch? Run SCRIPT and, at each call of the
     model (its outermost modules), re-evaluate the call on row subsets of its batch (one row, an odd-sized
     prefix, the batch reversed, its rows mixed with another call's) and compare each row bit for bit with
@@ -128,6 +130,9 @@ def render_batch(report: BatchReport, console: Console) -> None:
     if failed:
         console.print(f"[yellow]the script exited with status {failed[0].exit_code}[/]; see "
                       f"{_clean(Path(report.run_dir) / failed[0].stderr)}")
+    for use in finding.batch_dims:
+        console.print(f"batch dim {use.dim} ({use.source}) for {use.calls} call{'s' if use.calls != 1 else ''}: "
+                      f"{_clean(use.detail)}")
     if finding.subsets:
         table = Table(show_edge=False)
         for column in ("probe", "rows", "calls", "result", "rows differ", "max |diff|", "max ULP"):
@@ -137,22 +142,8 @@ def render_batch(report: BatchReport, console: Console) -> None:
                           "[green]agree[/]" if s.agree else f"[red]differ in {s.probes - s.agreed}[/]",
                           str(s.rows_differ), f"{s.max_abs_diff:.3g}", str(s.max_ulp))
         console.print(table)
-    first = finding.first_variant
-    if first is not None:
-        console.print(f"[bold]first variant call[/]: {_clean(first.call_module)} call {first.call} "
-                      f"({first.rows} rows, at {_clean(first.location or '?')}): {_clean(first.sizes_text)}")
-        for label, spot in (("first module", first.module), ("first op", first.op)):
-            if spot is not None:
-                what = _clean(spot.name) + (f" ({_clean(spot.cls)})" if spot.cls else "")
-                console.print(f"  {label}: {what} at {_clean(spot.location or '?')} — "
-                              + ("reduced over the batch, differs" if spot.across_rows else
-                                 "its shape changes with the batch" if spot.shape_changed else
-                                 f"max |diff| {spot.max_abs_diff:.3g}, {spot.max_ulp} ULP"))
-        if first.note:
-            console.print(f"  [yellow]{_clean(first.note)}[/]")
-        if first.large:
-            console.print(f"[bold red]LARGE DIFFERENCE[/]: max |diff| {first.max_abs_diff:.3g} on values up to "
-                          f"{first.scale:.3g} — not rounding: rows read each other's data (a mask or padding bug)")
+    if finding.first_variant is not None:
+        _render_first(finding.first_variant, console)
     for cause in report.causes:
         console.print(f"[bold]cause[/] {_clean(cause.id)} ({cause.confidence}): {_clean(cause.summary)}")
         console.print(f"  fix: {_clean(cause.fix)}")
@@ -169,3 +160,21 @@ def render_batch(report: BatchReport, console: Console) -> None:
     if reason:
         console.print(f"[yellow]{_clean(reason)}[/]")
     console.print(summary_line(report), soft_wrap=True)
+
+
+def _render_first(first: FirstVariant, console: Console) -> None:
+    """The first variant call: its sizes, its first module and op, and how large its difference is."""
+    console.print(f"[bold]first variant call[/]: {_clean(first.call_module)} call {first.call} "
+                  f"({first.rows} rows, at {_clean(first.location or '?')}): {_clean(first.sizes_text)}")
+    for label, spot in (("first module", first.module), ("first op", first.op)):
+        if spot is not None:
+            what = _clean(spot.name) + (f" ({_clean(spot.cls)})" if spot.cls else "")
+            console.print(f"  {label}: {what} at {_clean(spot.location or '?')} — "
+                          + ("reduced over the batch, differs" if spot.across_rows else
+                             "its shape changes with the batch" if spot.shape_changed else
+                             f"max |diff| {spot.max_abs_diff:.3g}, {spot.max_ulp} ULP"))
+    if first.note:
+        console.print(f"  [yellow]{_clean(first.note)}[/]")
+    if first.large:
+        console.print(f"[bold red]LARGE DIFFERENCE[/]: max |diff| {first.max_abs_diff:.3g} on values up to "
+                      f"{first.scale:.3g} — not rounding: rows read each other's data (a mask or padding bug)")

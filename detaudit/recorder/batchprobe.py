@@ -40,6 +40,7 @@ from detaudit.events import (
     SubsetKind,
 )
 from detaudit.recorder import batchisolation
+from detaudit.recorder.batchdim import Declared, decide, declared_batch
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.core import Recorder, iter_tensors
 from detaudit.recorder.location import display_path, user_frame
@@ -56,13 +57,14 @@ class ProbeSettings:
     """What `detaudit batch` asked for (the child config's `batch` entry)."""
 
     module: str | None = None  # --module: a qualified name or class name; None: the outermost modules
-    batch_dim: int = 0  # --batch-dim
+    batch_dim: int | None = None  # --batch-dim; None: decided per call (recorder/batchdim.py)
     sizes: tuple[int, ...] = ()  # --sizes: prefix sizes; empty: `default_sizes`
     locate: int = 1  # how many variant calls get an origin search
 
     @classmethod
     def from_config(cls, raw: dict[str, Any]) -> ProbeSettings:
-        return cls(module=raw.get("module"), batch_dim=int(raw.get("batch_dim", 0)),
+        dim = raw.get("batch_dim")
+        return cls(module=raw.get("module"), batch_dim=None if dim is None else int(dim),
                    sizes=tuple(int(k) for k in raw.get("sizes", ())), locate=int(raw.get("locate", 1)))
 
 
@@ -415,7 +417,8 @@ class BatchProbe:
         self.settings = settings
         self.local = threading.local()
         self.calls: dict[str, int] = {}  # module name -> calls seen
-        self.others: dict[str, list[torch.Tensor]] = {}  # module name -> the last call's batch tensors
+        self.others: dict[str, tuple[int, list[torch.Tensor]]] = {}  # module name -> the last call's batch dim
+        # and batch tensors
         self.located = 0
         self.handles: list[Any] = []
         self.stopped: str | None = None  # why probing stopped (one of its hooks raised), if it did
@@ -466,14 +469,17 @@ class BatchProbe:
 
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
         stack = self._stack()
-        outer = not any(entered is not None for _, entered in stack)
-        if not (outer and self._is_target(module, self.names(module))):
+        probed = next((entered for _, entered in reversed(stack) if entered is not None), None)
+        if probed is not None or not self._is_target(module, self.names(module)):
+            declared = declared_batch(module, args, self.names(module)) if probed is not None else None
+            if probed is not None and declared is not None:  # a layer inside the call says where its batch is
+                probed.declared.append(declared)
             stack.append((id(module), None))
             return
         # the RNG states before the call: a re-evaluation of the whole batch draws what the call drew; where
         # the probes cannot run in a forked copy, the call itself is watched for effects outside its module
         watch = None if batchisolation.forkable(module, args) else batchisolation.Watch.start()
-        stack.append((id(module), _Entered(_RngGuard(), watch)))
+        stack.append((id(module), _Entered(_RngGuard(), watch, [])))
 
     def _leave(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         stack = self._stack()
@@ -497,7 +503,7 @@ class BatchProbe:
         self.recorder.local.paused = True
         self.recorder.internal += 1
         try:
-            for event in self._isolated(module, name, call, (args, kwargs, output), entered.guard, effects):
+            for event in self._isolated(module, name, call, (args, kwargs, output), entered, effects):
                 self.recorder.event(event)
         except Exception as exc:  # a probe never breaks the script: the call is reported as not probed
             self._skip(name, call, "probe-failed", f"{type(exc).__name__}: {exc}")
@@ -508,7 +514,7 @@ class BatchProbe:
             self.local.probing = False
 
     def _isolated(self, module: torch.nn.Module, name: str, call: int, seen: tuple[Any, Any, Any],
-                  before: _RngGuard, effects: list[str] | None) -> list[Event]:
+                  entered: _Entered, effects: list[str] | None) -> list[Event]:
         """The call's probe events, from probes that cannot touch the script's state or files: in a forked copy
         (CPU), else in the process when the call showed no effect outside its module (recorder/batchisolation.py).
         Effects the probes attempted there are refused, and the call reported `side-effects` instead."""
@@ -526,7 +532,7 @@ class BatchProbe:
         def work() -> list[Event]:
             self.local.probing = True
             self.recorder.local.paused = True
-            return self._probe(module, name, call, args, kwargs, output, before, where)
+            return self._probe(module, name, call, args, kwargs, output, entered, where)
 
         if effects is None:  # forkable
             result = batchisolation.in_fork(work, self._after_fork)
@@ -542,9 +548,10 @@ class BatchProbe:
                                 f"({'; '.join(dict.fromkeys(refused))}): refused in its probes, so it was not probed")]
         if error is not None:
             return [_skip_event(name, call, "probe-failed", error)]
-        if any(e["type"] == "batch-call" for e in events):
-            batch = _batch_rows(args, kwargs, self.settings.batch_dim)
-            self.others[name] = batch[1] if batch is not None else []
+        for event in events:
+            if event["type"] == "batch-call":
+                batch = _batch_rows(args, kwargs, event["batch_dim"])
+                self.others[name] = (event["batch_dim"], batch[1] if batch is not None else [])
         self.located += sum(e["type"] == "batch-origin" for e in events)
         return events
 
@@ -558,10 +565,14 @@ class BatchProbe:
 
     # -- one probed call --------------------------------------------------------------------------
     def _probe(self, module: torch.nn.Module, name: str, call: int, args: Any, kwargs: Any, output: Any,
-               before: _RngGuard, where: str) -> list[Event]:
+               entered: _Entered, where: str) -> list[Event]:
         """The call's events: its probes' results (and where a difference starts), or why it was not probed."""
         _probed_call.loc = where
-        d = self.settings.batch_dim
+        before = entered.guard
+        dim = decide([tuple(t.shape) for t in _tensors((args, kwargs))], self.settings.batch_dim, entered.declared)
+        if dim.dim is None:
+            return [_skip_event(name, call, "batch-dim-unknown", dim.detail)]
+        d = dim.dim
         found = _batch_rows(args, kwargs, d)
         if found is None:
             return [_skip_event(name, call, "no-batch", f"no tensor argument has a dim {d}")]
@@ -594,9 +605,9 @@ class BatchProbe:
         for k in sorted(set(wanted)):
             subsets.append(("prefix", Rows(k, torch.arange(k), torch.arange(k)), None))
         subsets.append(("reversed", Rows(n, torch.arange(n - 1, -1, -1), torch.arange(n)), None))
-        other = self.others.get(name)
+        other_dim, other = self.others.get(name, (d, None))
         half = (n + 1) // 2
-        if other is not None and _mixable(other, batch_tensors, d, n - half):
+        if other is not None and other_dim == d and _mixable(other, batch_tensors, d, n - half):
             subsets.append(("mixed", Rows(n, torch.arange(half), torch.arange(half)), other))
 
         results: list[BatchSubset] = []
@@ -610,7 +621,7 @@ class BatchProbe:
                     variant = (kind, rows, mix)
         events: list[Event] = [BatchCallEvent(
             type="batch-call", module=name, call=call, rows=n, batch_dim=d, reproduced=reproduced,
-            subsets=results, loc=where)]
+            subsets=results, loc=where, batch_dim_from=dim.source, batch_dim_detail=dim.detail)]
         if variant is not None and self.located < self.settings.locate:
             with torch.no_grad():
                 events.append(runner.locate(name, call, n, variant))
@@ -630,6 +641,7 @@ class _Entered:
 
     guard: _RngGuard
     watch: batchisolation.Watch | None
+    declared: list[Declared]  # the layers inside the call that declare where their batch is (recorder/batchdim.py)
 
 
 def _batch_rows(args: Any, kwargs: Any, d: int) -> tuple[int, list[torch.Tensor]] | None:

@@ -214,3 +214,40 @@ def test_a_statistic_kept_for_logging_is_never_named_where_the_difference_starts
     assert report["causes"][0]["id"] == "batch-matmul"
     assert "LARGE DIFFERENCE" not in stdout
     assert "aten.mean" in first["note"]
+
+
+_SEQUENCE_FIRST = '''
+import sys
+import torch
+from torch import nn
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(8, 16)  # batch_first=False: input (seq, batch, feature)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+torch.manual_seed(0)
+model = Tagger().eval()
+x = torch.randn(12, 16, 8)
+with torch.no_grad():
+    scores = model(x)
+    if sys.argv[1:] == ["plain"]:  # does any row subset along the batch (dim 1) differ under plain torch?
+        subsets = [model(x[:, :k]) for k in range(1, 16)] + [model(x.flip(1)).flip(1)]
+        print(any(not torch.equal(s, scores[:, :s.shape[1]]) for s in subsets))
+'''
+
+
+def test_a_sequence_first_lstm_is_probed_along_its_batch_not_its_time_steps(tmp_path: Path) -> None:
+    (tmp_path / "tagger.py").write_text(_SEQUENCE_FIRST)
+    plain = subprocess.run(python_command(["tagger.py", "plain"]), cwd=tmp_path, capture_output=True, text=True,
+                           check=True)
+    _, report, _ = batch(tmp_path, tmp_path, "tagger.py")
+    assert [(u["dim"], u["source"]) for u in report["batch_dims"]] == [(1, "declared")]
+    assert report["verdict"] == ("batch-variant" if plain.stdout.strip() == "True" else "batch-invariant")
+    assert "batch-rows-mix" not in [c["id"] for c in report["causes"]]

@@ -228,6 +228,41 @@ def test_the_batch_dim_option_finds_rows_elsewhere(tmp_path: Path) -> None:
     assert call["batch_dim"] == 1
 
 
+class _SequenceFirst(nn.Module):
+    def __init__(self, transpose: bool) -> None:
+        super().__init__()
+        self.transpose = transpose
+        self.embed = nn.Embedding(50, 8)
+        self.rnn = nn.GRU(8, 8)  # batch_first=False: (time, batch, features)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        return self.rnn(x.transpose(0, 1) if self.transpose else x)[0]
+
+
+def test_a_sequence_first_rnn_is_probed_along_the_batch_it_declares(tmp_path: Path) -> None:
+    model = _SequenceFirst(transpose=False).eval()
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randint(0, 50, (5, 12))))  # (time, batch)
+    [call] = [e for e in events if e["type"] == "batch-call"]
+    assert (call["batch_dim"], call["rows"], call["batch_dim_from"]) == (1, 12, "declared")
+
+
+def test_batch_first_ids_transposed_into_a_sequence_first_rnn_keep_dim_0(tmp_path: Path) -> None:
+    model = _SequenceFirst(transpose=True).eval()
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randint(0, 50, (12, 5))))  # (batch, time)
+    [call] = [e for e in events if e["type"] == "batch-call"]
+    assert (call["batch_dim"], call["rows"]) == (0, 12)
+
+
+def test_a_sequence_as_long_as_its_batch_is_not_probed_and_says_why(tmp_path: Path) -> None:
+    model = _SequenceFirst(transpose=False).eval()
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randint(0, 50, (6, 6))))
+    assert [e["why"] for e in events if e["type"] == "batch-skip"] == ["batch-dim-unknown"]
+
+
 def test_a_failing_hook_stops_the_probing_not_the_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: Any) -> None:
         raise RuntimeError("no rng")
