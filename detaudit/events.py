@@ -428,6 +428,7 @@ class BatchSubset(TypedDict):
     nan_mismatch: bool  # a NaN in one evaluation where the other has a number
     across_rows: bool  # a value without rows (reduced over the batch) differs
     shape_changed: bool  # an output's other dims change with the batch
+    ladder: NotRequired[bool]  # a size of PyTorch's harness (the halving ladder, or --sizes): its status counts
 
 
 class BatchSpot(TypedDict):
@@ -458,6 +459,8 @@ class BatchCallEvent(_Event):
     loc: str
     batch_dim_from: NotRequired[str]  # option, declared, convention (recorder/batchdim.py)
     batch_dim_detail: NotRequired[str]  # why that dim, in words
+    not_compared: NotRequired[list[str]]  # output tensors without the batch's rows (aggregates), by path and shape
+    training: NotRequired[bool]  # the probed module was in train mode (PyTorch's harness probes in eval())
 
 
 class BatchSkipEvent(_Event):
@@ -481,6 +484,7 @@ class BatchOriginEvent(_Event):
     first_module: BatchSpot | None
     first_op: BatchSpot | None
     note: str | None
+    knob: NotRequired[str | None]  # the installed torch's batch-invariance setting (recorder/batchknob.py), if any
 
 
 class DeviceDigestEvent(_Event):

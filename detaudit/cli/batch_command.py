@@ -135,13 +135,15 @@ def render_batch(report: BatchReport, console: Console) -> None:
                       f"{_clean(use.detail)}")
     if finding.subsets:
         table = Table(show_edge=False)
-        for column in ("probe", "rows", "calls", "result", "rows differ", "max |diff|", "max ULP"):
+        for column in ("probe", "rows", "calls", "result", "rows differ", "max |diff|", "max ULP", "harness"):
             table.add_column(column)
         for s in finding.subsets:
             table.add_row(s.kind, str(s.size), str(s.probes),
                           "[green]agree[/]" if s.agree else f"[red]differ in {s.probes - s.agreed}[/]",
-                          str(s.rows_differ), f"{s.max_abs_diff:.3g}", str(s.max_ulp))
+                          str(s.rows_differ), f"{s.max_abs_diff:.3g}", str(s.max_ulp),
+                          ("pass" if s.agree else f"fail_batch_invariance_at_{s.size}") if s.ladder else "added")
         console.print(table)
+    _render_harness(report, console)
     if finding.first_variant is not None:
         _render_first(finding.first_variant, console)
     for cause in report.causes:
@@ -154,6 +156,10 @@ def render_batch(report: BatchReport, console: Console) -> None:
         console.print(f"[yellow]{finding.not_reproduced} call(s) did not reproduce bit for bit when re-evaluated "
                       "whole (grad mode or run-to-run nondeterminism): their probes are compared with the "
                       "re-evaluation[/]")
+    console.print(f"two properties: batch-invariant (a row's result independent of the rest of its batch): "
+                  f"{_clean(finding.verdict)}; deterministic (the same inputs at the same shape, run to run): "
+                  + (_clean(report.run_to_run) if report.run_to_run is not None
+                     else "not checked with one repeat (-n 2 compares repeats)"))
     if report.run_to_run_detail:
         console.print(f"run to run: {_clean(report.run_to_run_detail)}")
     reason = report.inconclusive_reason
@@ -178,3 +184,18 @@ def _render_first(first: FirstVariant, console: Console) -> None:
     if first.large:
         console.print(f"[bold red]LARGE DIFFERENCE[/]: max |diff| {first.max_abs_diff:.3g} on values up to "
                       f"{first.scale:.3g} — not rounding: rows read each other's data (a mask or padding bug)")
+
+
+def _render_harness(report: BatchReport, console: Console) -> None:
+    """PyTorch's harness's status, what was not compared, and the mode the script called in."""
+    finding = report.finding
+    harness = finding.harness
+    console.print(f"PyTorch harness terms: [bold]{_clean(harness.status)}[/]"
+                  + (f" — {_clean(harness.reason)}" if harness.reason else ""))
+    if finding.not_compared:
+        console.print("not compared (no batch rows: aggregates): "
+                      + ", ".join(f"{_clean(path)} in {n} call{'s' if n != 1 else ''}"
+                                  for path, n in finding.not_compared.items()))
+    if finding.train_mode_calls:
+        console.print(f"{finding.train_mode_calls} probed call(s) ran in train mode, as the script called them "
+                      "(PyTorch's harness probes in eval())")

@@ -79,16 +79,18 @@ def decide(shapes: Sequence[tuple[int, ...]], option: int | None, declared: Sequ
         return BatchDim(0, "convention", "dim 0: no layer in the call declares where its batch is, so the "
                                          "convention (PyTorch's harness takes it too); --batch-dim D for another")
     sizes = dict.fromkeys(d.size for d in declared)
-    who = declared[0].layer + (f" and {len(declared) - 1} other layer call(s)" if len(declared) > 1 else "")
+    more = len(declared) - 1
+    who = declared[0].layer + (f" and {more} other layer call{'s' if more > 1 else ''}" if more else "")
+    declares = "declares" if not more else "declare"
     told = " or ".join(str(s) for s in sizes)
     first = next((shape for shape in shapes if any(s in sizes for s in shape)), None)
     if first is None:
-        return BatchDim(None, "declared", f"{who} declares a batch of {told} rows, and no tensor argument has a "
+        return BatchDim(None, "declared", f"{who} {declares} a batch of {told} rows, and no tensor argument has a "
                                           "dim of that size: which dim holds the rows cannot be told "
                                           "(--batch-dim D)")
     dims = [i for i, s in enumerate(first) if s in sizes]
     if len(dims) > 1:
-        return BatchDim(None, "declared", f"{who} declares a batch of {told} rows, and dims "
+        return BatchDim(None, "declared", f"{who} {declares} a batch of {told} rows, and dims "
                                           f"{', '.join(map(str, dims))} of the first argument {tuple(first)} all "
                                           "have that size: which holds the rows cannot be told (--batch-dim D)")
-    return BatchDim(dims[0], "declared", f"dim {dims[0]}: {who} declares a batch of {told} rows")
+    return BatchDim(dims[0], "declared", f"dim {dims[0]}: {who} {declares} a batch of {told} rows")

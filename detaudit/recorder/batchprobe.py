@@ -41,6 +41,7 @@ from detaudit.events import (
 )
 from detaudit.recorder import batchisolation
 from detaudit.recorder.batchdim import Declared, decide, declared_batch
+from detaudit.recorder.batchknob import batch_invariant_knob
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.core import Recorder, iter_tensors
 from detaudit.recorder.location import display_path, user_frame
@@ -68,11 +69,29 @@ class ProbeSettings:
                    sizes=tuple(int(k) for k in raw.get("sizes", ())), locate=int(raw.get("locate", 1)))
 
 
-def default_sizes(n: int) -> list[int]:
-    """Prefix sizes probed for a batch of `n` rows: one row, an odd size (7, or less in a small batch), n/8
-    and n/2 (256 rows: 1, 7, 32, 128), each smaller than the batch."""
+def halving_ladder(n: int) -> list[int]:
+    """PyTorch's batch-invariance harness's sizes below a batch of `n` rows: n/2, n/4, ..., 1 (integer halving;
+    256 rows: 128, 64, 32, 16, 8, 4, 2, 1; 48: 24, 12, 6, 3, 1), largest first."""
+    sizes: list[int] = []
+    k = n // 2
+    while k >= 1:
+        sizes.append(k)
+        k //= 2
+    return sizes
+
+
+def odd_size(n: int) -> int | None:
+    """The odd prefix size probed beside the ladder (7, or the largest odd size below a small batch), or None when
+    the ladder has it already. A power-of-two ladder's rungs are multiples of a kernel's row block except its
+    smallest; a full block with a remainder after it shows only at another size (docs/batch.md)."""
     odd = 7 if n > 8 else (n - 1 if n % 2 == 0 else n - 2)
-    return sorted({k for k in (1, odd, n // 8, n // 2) if 1 <= k < n})
+    return odd if 1 <= odd < n and odd not in halving_ladder(n) else None
+
+
+def default_sizes(n: int) -> list[int]:
+    """Prefix sizes probed for a batch of `n` rows: the halving ladder and the odd size, ascending."""
+    odd = odd_size(n)
+    return sorted([*halving_ladder(n), *([odd] if odd is not None else [])])
 
 
 def _rebuild(value: Any, fn: Callable[[torch.Tensor], Any], depth: int = 0) -> Any:
@@ -597,11 +616,15 @@ class BatchProbe:
             return [_skip_event(name, call, "random", "the call draws random numbers (sampling, or dropout in a "
                                                       "functional call): its rows cannot be compared between batches")]
         whole = Rows(n, torch.arange(n), torch.arange(n))
-        if compare_values(control, control, n, whole, d, whole=False).compared == 0:
-            return [_skip_event(name, call, "no-batch", f"its output has no dim of the batch's size ({n})")]
+        not_compared = _aggregates(control, n, d)
+        if len(not_compared) == len(_tensors(control)):
+            return [_skip_event(name, call, "aggregate-output", f"no output has a dim of the batch's {n} rows, so "
+                                f"no row's result can be compared ({', '.join(not_compared[:3])}): an aggregate "
+                                "such as a batch's mean loss is no row's result")]
         reproduced = compare_values(output, control, n, whole, d, whole=False).agree
         subsets: list[tuple[SubsetKind, Rows, Any]] = []
         wanted = [k for k in (self.settings.sizes or default_sizes(n)) if 1 <= k < n]
+        ladder = set(wanted if self.settings.sizes else halving_ladder(n))  # the harness's sizes (--sizes: those)
         for k in sorted(set(wanted)):
             subsets.append(("prefix", Rows(k, torch.arange(k), torch.arange(k)), None))
         subsets.append(("reversed", Rows(n, torch.arange(n - 1, -1, -1), torch.arange(n)), None))
@@ -614,14 +637,16 @@ class BatchProbe:
         variant: tuple[SubsetKind, Rows, Any] | None = None
         with torch.no_grad():
             for kind, rows, mix in subsets:
+                before.restore()  # each size from the call's RNG states, as the harness reseeds per size
                 got = runner.run(rows, mix, half)
                 diff = compare_values(control, got, n, rows, d, whole=False)
-                results.append(_subset(kind, rows.size, diff))
+                results.append(_subset(kind, rows.size, diff, kind == "prefix" and rows.size in ladder))
                 if not diff.agree and (variant is None or (variant[0] != "prefix" and kind == "prefix")):
                     variant = (kind, rows, mix)
         events: list[Event] = [BatchCallEvent(
             type="batch-call", module=name, call=call, rows=n, batch_dim=d, reproduced=reproduced,
-            subsets=results, loc=where, batch_dim_from=dim.source, batch_dim_detail=dim.detail)]
+            subsets=results, loc=where, batch_dim_from=dim.source, batch_dim_detail=dim.detail,
+            not_compared=not_compared, training=module.training)]
         if variant is not None and self.located < self.settings.locate:
             with torch.no_grad():
                 events.append(runner.locate(name, call, n, variant))
@@ -659,11 +684,18 @@ def _skip_event(name: str, call: int, why: SkipReason, detail: str) -> BatchSkip
     return BatchSkipEvent(type="batch-skip", module=name, call=call, why=why, detail=detail)
 
 
-def _subset(kind: SubsetKind, size: int, diff: RowDiff) -> BatchSubset:
+def _subset(kind: SubsetKind, size: int, diff: RowDiff, ladder: bool) -> BatchSubset:
     return BatchSubset(subset=kind, size=size, rows_compared=diff.rows, rows_differ=diff.differ,
                        max_abs_diff=diff.max_abs, max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
                        nan_mismatch=diff.nan_mismatch, across_rows=diff.whole_differs,
-                       shape_changed=diff.shape_differs)
+                       shape_changed=diff.shape_differs, ladder=ladder)
+
+
+def _aggregates(output: Any, n: int, d: int) -> list[str]:
+    """The output's tensors without the batch's rows (a 0-d loss, a value reduced over the batch), by path: they
+    are no row's result and are not compared, as PyTorch's harness leaves aggregates out."""
+    return [f"{path} {'(0-d)' if t.dim() == 0 else tuple(t.shape)}"
+            for path, t in iter_tensors(output, "output") if _batch_dim(t, t, n, n, d) is None]
 
 
 def _not_comparable(module: torch.nn.Module) -> tuple[SkipReason, str] | None:
@@ -812,7 +844,7 @@ class _Runner:
             notes.append(f"only the first {_CAPTURE_LIMIT} of {calls} ops were watched")
         return BatchOriginEvent(type="batch-origin", module=name, call=call, subset=kind, size=rows.size,
                                 first_module=first.get("module"), first_op=first.get("op"),
-                                note="; ".join(notes) or None)
+                                note="; ".join(notes) or None, knob=batch_invariant_knob())
 
     def _watched(self, inputs: tuple[Any, Any], on_call: Callable[..., None],
                  flow: _Flow | None = None) -> tuple[int, Any]:

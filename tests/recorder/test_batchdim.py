@@ -51,3 +51,4 @@ def test_an_rnn_cell_declares_a_batch_of_its_inputs_rows_and_other_layers_nothin
     assert declared_batch(nn.GRUCell(8, 4), (torch.zeros(5, 8),), "cell").size == 5  # type: ignore[union-attr]
     assert declared_batch(nn.LSTM(8, 4), (torch.zeros(12, 8),), "rnn") is None  # unbatched
     assert declared_batch(nn.Linear(8, 4), (torch.zeros(12, 8),), "fc") is None
+
