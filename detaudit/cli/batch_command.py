@@ -71,16 +71,18 @@ def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> tup
               help="The batch dimension of the tensor arguments (those whose size there is the batch's). Default: "
                    "where the model's layers declare it (batch_first of RNN and attention layers), else dim 0.")
 @click.option("--sizes", default=None, metavar="K,K,...", callback=_sizes,
-              help="Prefix sizes to probe (default: 1, an odd size up to 7, n/8 and n/2 of an n-row batch).")
+              help="Prefix sizes to probe (default: PyTorch's halving ladder n/2, n/4, ..., 1 of an n-row batch, and "
+                   "an odd size, 7, it lacks).")
 @click.option("--redact-args", is_flag=True, help="Store the script's arguments nowhere (run directory, traces, "
               "reports).")
 @audit_option_group(granularity="module")
 def batch(options: AuditOptions, json_path: Path | None, html_path: Path | None, quiet: bool,
           module_name: str | None, batch_dim: int | None, sizes: tuple[int, ...]) -> None:
     """Does a request's result depend on what else is in its batch? Run SCRIPT and, at each call of the
-    model (its outermost modules), re-evaluate the call on row subsets of its batch (one row, an odd-sized
-    prefix, the batch reversed, its rows mixed with another call's) and compare each row bit for bit with
-    the same row of the whole batch. When rows differ, name the first module and op where that starts.
+    model (its outermost modules), re-evaluate the call on row subsets of its batch (prefixes of n/2, n/4,
+    ..., 1 rows as PyTorch's harness does, an odd size, the batch reversed, its rows mixed with another
+    call's) and compare each row bit for bit with the same row of the whole batch. When rows differ, name the
+    first module and op where that starts.
 
     The probes run on a copy of the model under torch.no_grad() with the RNG states restored: the script
     computes what a plain run computes. Options may come before or after SCRIPT, as with `run`.
