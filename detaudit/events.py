@@ -410,7 +410,8 @@ class FileWriteEvent(_Event):
 
 # -- `detaudit batch` (recorder/batchprobe.py; docs/batch.md) -----------------------------------------
 SubsetKind = Literal["prefix", "reversed", "mixed"]
-SkipReason = Literal["no-batch", "batch-statistics", "dropout", "random", "uncopyable", "side-effects", "probe-failed"]
+SkipReason = Literal["no-batch", "batch-dim-unknown", "aggregate-output", "batch-statistics", "dropout", "random",
+                     "uncopyable", "side-effects", "probe-failed"]
 
 
 class BatchSubset(TypedDict):
@@ -427,6 +428,7 @@ class BatchSubset(TypedDict):
     nan_mismatch: bool  # a NaN in one evaluation where the other has a number
     across_rows: bool  # a value without rows (reduced over the batch) differs
     shape_changed: bool  # an output's other dims change with the batch
+    ladder: NotRequired[bool]  # a size of PyTorch's harness (the halving ladder, or --sizes): its status counts
 
 
 class BatchSpot(TypedDict):
@@ -455,6 +457,10 @@ class BatchCallEvent(_Event):
     reproduced: bool  # re-evaluating the whole batch gave the call's own output, bit for bit
     subsets: list[BatchSubset]
     loc: str
+    batch_dim_from: NotRequired[str]  # option, declared, convention (recorder/batchdim.py)
+    batch_dim_detail: NotRequired[str]  # why that dim, in words
+    not_compared: NotRequired[list[str]]  # output tensors without the batch's rows (aggregates), by path and shape
+    training: NotRequired[bool]  # the probed module was in train mode (PyTorch's harness probes in eval())
 
 
 class BatchSkipEvent(_Event):
@@ -478,6 +484,7 @@ class BatchOriginEvent(_Event):
     first_module: BatchSpot | None
     first_op: BatchSpot | None
     note: str | None
+    knob: NotRequired[str | None]  # the installed torch's batch-invariance setting (recorder/batchknob.py), if any
 
 
 class DeviceDigestEvent(_Event):

@@ -170,7 +170,8 @@ _MODULE = Obj({"module": str, "class": str, "entry": str}, frozenset({"module", 
 _BATCH_FIGURES: dict[str, Spec] = {"max_abs_diff": Number(), "max_ulp": Int(0), "scale": Number(), "dtype": str,
                                    "across_rows": bool, "shape_changed": bool}
 _BATCH_SUBSET = Obj({"subset": str, "size": Int(1), "rows_compared": Int(0), "rows_differ": Int(0),
-                     "nan_mismatch": bool, **_BATCH_FIGURES}, frozenset({"subset", "size", "rows_differ"}))
+                     "nan_mismatch": bool, "ladder": bool, **_BATCH_FIGURES},
+                    frozenset({"subset", "size", "rows_differ"}))
 _BATCH_SPOT = Obj({"name": str, "module": str, "cls": str, "loc": str, **_BATCH_FIGURES}, frozenset({"name"}))
 # Evidence events (detaudit/events.py, one TypedDict per kind): fields are typed by name, whatever the event
 # type, so a new event type is covered for the fields it shares; `at` and `type` are in every event. Every
@@ -195,9 +196,12 @@ EVENT = Obj({
     "buffers": ListOf(str), "bucket_cap_mb": None, "gradient_as_bucket_view": bool, "static_graph": bool,
     "find_unused_parameters": bool,
     "epoch": Int(), "iterations": Int(), "seed": INT_OR_NONE, "path": str, "entries": ListOf(str),
-    "call": Int(0), "rows": Int(0), "batch_dim": Int(), "reproduced": bool, "subsets": ListOf(_BATCH_SUBSET),
+    "call": Int(0), "rows": Int(0), "batch_dim": Int(), "batch_dim_from": str, "batch_dim_detail": str,
+    "not_compared": ListOf(str), "training": bool,
+    "reproduced": bool, "subsets": ListOf(_BATCH_SUBSET),
     "why": str, "detail": str, "subset": str, "size": Int(0), "first_module": OneOf((_BATCH_SPOT, NONE)),
     "first_op": OneOf((_BATCH_SPOT, NONE)), "note": STR_OR_NONE,
+    "knob": STR_OR_NONE,
     "step": Int(-1), "keys": ListOf(str), "parts": ListOf(Obj({"path": str, "role": str})), "digests": ListOf(str),
     "obj": Int(0), "entropy": bool, "importing": bool, "of": str,
     "site": str, "source": str, "n": Int(0), "grad": bool, "evaluating": bool, "rank": Int(0),

@@ -27,6 +27,20 @@ _ATTENTION = ("scaled_dot_product", "_flash_attention", "_efficient_attention", 
 _FIXES = ("serve with fixed batch shapes (pad every batch to one size, or bucket requests by size so a request's "
           "batch size is known), use batch-invariant kernels where they exist (vLLM's and SGLang's batch-invariant "
           "modes; a fixed-split reduction or matmul), or compare results with a tolerance rather than bitwise")
+# torch.use_deterministic_algorithms answers another question: the same inputs at the same shape, run to run
+_NOT_DETERMINISM = ("torch.use_deterministic_algorithms(True) does not help: it makes runs repeat at one shape, not a "
+                    "row independent of its batch")
+
+
+def _knob(knob: str | None) -> str:
+    """What the installed torch itself offers (recorder/batchknob.py), said plainly."""
+    if knob is None:
+        return (f". This torch has no batch-invariant mode (neither for eager ops nor for torch.compile); "
+                f"{_NOT_DETERMINISM}")
+    return (f". This torch's own setting, {knob} = True (environment TORCHINDUCTOR_BATCH_INVARIANT=1), covers "
+            "torch.compile'd code only: Inductor's generated reductions then keep one blocking whatever the batch "
+            "size; it does not change eager aten kernels such as this op, for which torch has no batch-invariant "
+            f"mode; {_NOT_DETERMINISM}")
 
 
 def _family(op: str) -> str:
@@ -94,5 +108,5 @@ def diagnose_batch(finding: BatchFinding) -> list[Cause]:
                      "(rounding-level differences)",
         "kernel": f"{name}{at} computes a row differently with the batch's size (rounding-level differences)",
     }[family]
-    return [Cause(f"batch-{family}", "likely" if op is not None else "possible", summary, evidence, _FIXES,
-                  basis=basis)]
+    return [Cause(f"batch-{family}", "likely" if op is not None else "possible", summary, evidence,
+                  _FIXES + _knob(first.knob), basis=basis)]

@@ -7,7 +7,7 @@ The probes ran inside the repeat (recorder/batchprobe.py) and left `batch-call`,
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from detaudit.events import BatchCallEvent, BatchOriginEvent, BatchSkipEvent, BatchSpot, BatchSubset, Event, select
@@ -19,6 +19,7 @@ LARGE_RELATIVE = 1e-3
 _EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7,
         "complex64": 2.0 ** -23, "complex128": 2.0 ** -52}
 NOT_COMPARABLE = ("batch-statistics", "dropout", "random")  # skip reasons that are the model's design
+HARNESS_SKIPS = ("no-batch", "aggregate-output")  # what PyTorch's harness reports as pass_due_to_skip
 
 
 def is_large(max_abs_diff: float, scale: float, dtype: str, structural: bool = False) -> bool:
@@ -44,11 +45,36 @@ class SubsetResult:
     rows_differ: int
     max_abs_diff: float
     max_ulp: int
+    ladder: bool = False  # a size of PyTorch's harness (its halving ladder, or --sizes) for some call
 
     @property
     def agree(self) -> bool:
         return self.agreed == self.probes
 
+
+@dataclass(frozen=True)
+class LadderSize:
+    """One size of PyTorch's harness's ladder across the probed calls that had it: how many, how many failed."""
+
+    size: int
+    calls: int
+    failed: int
+
+    @property
+    def status(self) -> str:
+        return "pass" if not self.failed else f"fail_batch_invariance_at_{self.size}"
+
+
+@dataclass(frozen=True)
+class Harness:
+    """The finding in the terms of PyTorch's batch-invariance harness (its `--batch-invariant` mode): `pass`,
+    `fail_batch_invariance_at_{size}` (the first failing size of the first failing call, in the ladder's order,
+    largest first), `pass_due_to_skip` (no call had a batch to slice or a row result to compare), or
+    `not_probed` (calls skipped for reasons the harness does not meet: it forces eval(), so no batch statistics)."""
+
+    status: str
+    sizes: tuple[LadderSize, ...]  # largest first
+    reason: str | None = None  # why skipped, in words
 
 @dataclass(frozen=True)
 class Spot:
@@ -98,6 +124,7 @@ class FirstVariant:
     op: Spot | None
     searched_size: int | None  # the probe the origin search re-ran
     note: str | None
+    knob: str | None = None  # the installed torch's batch-invariance setting (recorder/batchknob.py), if any
 
     @property
     def sizes_text(self) -> str:
@@ -107,6 +134,16 @@ class FirstVariant:
 
         text = f"batch {words(self.differ)} {'differs' if len(self.differ) == 1 else 'differ'} from {self.rows}"
         return text + (f"; {words(self.agree)} {'agrees' if len(self.agree) == 1 else 'agree'}" if self.agree else "")
+
+
+@dataclass(frozen=True)
+class BatchDimUse:
+    """Probed calls whose rows were taken along one dim, and where that dim came from (recorder/batchdim.py)."""
+
+    dim: int
+    source: str  # option (--batch-dim), declared (a layer's batch_first), convention (dim 0)
+    detail: str  # the first such call's reason, in words
+    calls: int
 
 
 @dataclass(frozen=True)
@@ -121,6 +158,10 @@ class BatchFinding:
     skipped: dict[str, int]  # why -> calls (SkipReason)
     skip_details: dict[str, str]  # why -> the first such call's detail, with its module
     first_variant: FirstVariant | None
+    batch_dims: tuple[BatchDimUse, ...] = ()
+    harness: Harness = Harness("not_probed", ())
+    not_compared: dict[str, int] = field(default_factory=dict)  # an output left out (aggregate) -> calls
+    train_mode_calls: int = 0  # probed calls whose module was in train mode (the harness probes in eval())
 
     @property
     def not_comparable(self) -> int:
@@ -144,7 +185,7 @@ def analyse(events: list[Event]) -> BatchFinding:
     ordered = sorted(grouped.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][1]))
     subsets = tuple(SubsetResult(kind, size, len(found), sum(not _differs(s) for s in found),
                                  sum(s["rows_differ"] for s in found), max(s.get("max_abs_diff", 0.0) for s in found),
-                                 max(s.get("max_ulp", 0) for s in found))
+                                 max(s.get("max_ulp", 0) for s in found), any(_rung(s) for s in found))
                     for (kind, size), found in ordered)
     variant = [c for c in calls if any(_differs(s) for s in c["subsets"])]
     first = _first_variant(variant[0], origins) if variant else None
@@ -153,8 +194,47 @@ def analyse(events: list[Event]) -> BatchFinding:
     for skip in skips:
         details.setdefault(skip["why"], f"{skip['module']} call {skip['call']}: {skip['detail']}")
     verdict: BatchVerdict = "batch-variant" if variant else "batch-invariant" if calls else "inconclusive"
+    not_compared = Counter(path for c in calls for path in c.get("not_compared", []))
     return BatchFinding(verdict, len(calls), len(variant), sum(not c["reproduced"] for c in calls), subsets,
-                        dict(skipped), details, first)
+                        dict(skipped), details, first, _batch_dims(calls), _harness(calls, skips),
+                        dict(not_compared), sum(bool(c.get("training")) for c in calls))
+
+
+def _rung(subset: BatchSubset) -> bool:
+    return subset.get("ladder", subset["subset"] == "prefix")  # traces before the field: every prefix was one
+
+
+def _harness(calls: list[BatchCallEvent], skips: list[BatchSkipEvent]) -> Harness:
+    """The harness's status and its sizes' (docs/batch.md, "PyTorch's harness")."""
+    sizes: dict[int, list[bool]] = {}
+    status = None
+    for c in calls:
+        rungs = sorted((s for s in c["subsets"] if _rung(s)), key=lambda s: -s["size"])
+        for s in rungs:
+            sizes.setdefault(s["size"], []).append(_differs(s))
+        failing = next((s["size"] for s in rungs if _differs(s)), None)
+        if status is None and failing is not None:
+            status = f"fail_batch_invariance_at_{failing}"
+    ladder = tuple(LadderSize(k, len(f), sum(f)) for k, f in sorted(sizes.items(), reverse=True))
+    if calls:
+        return Harness(status or "pass", ladder)
+    harness_skips = [s for s in skips if s["why"] in HARNESS_SKIPS]
+    if harness_skips:
+        first = harness_skips[0]
+        return Harness("pass_due_to_skip", ladder, f"{first['module']} call {first['call']} ({first['why']}): "
+                                                   f"{first['detail']}")
+    return Harness("not_probed", ladder, "no call was probed" + (f" ({skips[0]['why']}: {skips[0]['detail']})"
+                                                               if skips else ""))
+
+
+def _batch_dims(calls: list[BatchCallEvent]) -> tuple[BatchDimUse, ...]:
+    """The dims the probed calls' rows were taken along, with their source, in the order first met."""
+    used: dict[tuple[int, str], tuple[str, int]] = {}
+    for c in calls:
+        key = (c["batch_dim"], c.get("batch_dim_from", "option"))
+        detail, n = used.get(key, (c.get("batch_dim_detail", ""), 0))
+        used[key] = (detail, n + 1)
+    return tuple(BatchDimUse(dim, source, detail, n) for (dim, source), (detail, n) in used.items())
 
 
 def _differs(subset: BatchSubset) -> bool:
@@ -176,4 +256,5 @@ def _first_variant(call: BatchCallEvent, origins: list[BatchOriginEvent]) -> Fir
         structural=structural,
         module=Spot.of(origin["first_module"]) if origin else None,
         op=Spot.of(origin["first_op"]) if origin else None,
-        searched_size=origin["size"] if origin else None, note=origin["note"] if origin else None)
+        searched_size=origin["size"] if origin else None, note=origin["note"] if origin else None,
+        knob=origin.get("knob") if origin else None)

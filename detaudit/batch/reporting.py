@@ -1,5 +1,5 @@
 """The report of `detaudit batch` (BatchReport): its verdict and exit code, its JSON form
-(`detaudit-batch` version 1, docs/batch.md) and a self-contained HTML page."""
+(`detaudit-batch` version 2, docs/batch.md) and a self-contained HTML page."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from detaudit.codec import Codable, FileFormat
 from detaudit.errors import ExitCode
 from detaudit.results import Cause, Ending, RepeatResult
 
-BATCH = FileFormat("detaudit-batch", 1, "batch report")
+# version 2: settings.batch_dim is null unless --batch-dim was given (it was 0 by default); adds batch_dims, harness,
+# not_compared, train_mode_calls and subsets' `ladder`
+BATCH = FileFormat("detaudit-batch", 2, "batch report")
 # run-to-run-divergent: every probe agrees, but with --repeats the repeats differ from each other
 BatchReportVerdict = Literal["batch-invariant", "batch-variant", "inconclusive", "script-failed", "timeout",
                              "run-to-run-divergent"]
@@ -26,10 +28,11 @@ _EXIT: dict[BatchReportVerdict, ExitCode] = {
 
 @dataclass(frozen=True)
 class BatchSettings:
-    """What was probed: `--module` (None: the outermost modules), `--batch-dim`, `--sizes` (empty: default)."""
+    """What was probed: `--module` (None: the outermost modules), `--batch-dim` (None: decided per call,
+    recorder/batchdim.py), `--sizes` (empty: default)."""
 
     module: str | None = None
-    batch_dim: int = 0
+    batch_dim: int | None = None
     sizes: tuple[int, ...] = ()
 
 
@@ -107,12 +110,17 @@ def report_json(report: BatchReport) -> dict[str, Any]:
         "script": report.script, "script_args": report.script_args, "run_dir": report.run_dir,
         "settings": {"module": report.settings.module, "batch_dim": report.settings.batch_dim,
                      "sizes": list(report.settings.sizes)},
+        "batch_dims": [asdict(u) for u in finding.batch_dims],
         "probed_calls": finding.probed_calls, "variant_calls": finding.variant_calls,
         "not_reproduced": finding.not_reproduced,
         "not_probed": dict(finding.skipped), "not_probed_details": dict(finding.skip_details),
-        "subsets": [{"kind": s.kind, "size": s.size, "agree": s.agree, "probes": s.probes, "agreed": s.agreed,
-                     "rows_differ": s.rows_differ, "max_abs_diff": s.max_abs_diff, "max_ulp": s.max_ulp}
-                    for s in finding.subsets],
+        "harness": {"status": finding.harness.status, "reason": finding.harness.reason,
+                    "sizes": [{"size": k.size, "status": k.status, "calls": k.calls, "failed": k.failed}
+                              for k in finding.harness.sizes]},
+        "subsets": [{"kind": s.kind, "size": s.size, "ladder": s.ladder, "agree": s.agree, "probes": s.probes,
+                     "agreed": s.agreed, "rows_differ": s.rows_differ, "max_abs_diff": s.max_abs_diff,
+                     "max_ulp": s.max_ulp} for s in finding.subsets],
+        "not_compared": dict(finding.not_compared), "train_mode_calls": finding.train_mode_calls,
         "first_variant": _first_variant(finding.first_variant),
         "causes": [asdict(c) for c in report.causes],
         "run_to_run": report.run_to_run, "run_to_run_detail": report.run_to_run_detail,
@@ -156,7 +164,8 @@ def render_html(report: BatchReport) -> str:
         "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}td,th{padding:2px 8px;text-align:left}"
         "</style></head><body>"
         f"<h1>detaudit batch: {e(report.verdict)}</h1><p><code>{e(report.script)}</code> — "
-        f"{finding.probed_calls} calls probed, {finding.variant_calls} batch-variant</p>"
+        f"{finding.probed_calls} calls probed, {finding.variant_calls} batch-variant; PyTorch's harness: "
+        f"<code>{e(finding.harness.status)}</code></p>"
         "<table><tr><th>probe</th><th>size</th><th></th><th>rows differ</th><th>max |diff|</th><th>max ULP</th></tr>"
         f"{rows}</table>{where}"
         + (f"<h2>Causes</h2><ul>{causes}</ul>" if causes else "")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from detaudit.batch.finding import FirstVariant
 from detaudit.batch.reporting import BatchReport, BatchSettings, write_html, write_json
 from detaudit.cli.options import (
     RunCommand,
@@ -67,19 +68,22 @@ def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> tup
 @click.option("--module", "module_name", default=None, metavar="NAME",
               help="Probe the calls of this module (qualified name such as `encoder`, or class name) instead of "
                    "the outermost modules.")
-@click.option("--batch-dim", type=click.IntRange(min=0), default=0, show_default=True,
-              help="The batch dimension of the tensor arguments (those whose size there is the batch's).")
+@click.option("--batch-dim", type=click.IntRange(min=0), default=None,
+              help="The batch dimension of the tensor arguments (those whose size there is the batch's). Default: "
+                   "where the model's layers declare it (batch_first of RNN and attention layers), else dim 0.")
 @click.option("--sizes", default=None, metavar="K,K,...", callback=_sizes,
-              help="Prefix sizes to probe (default: 1, an odd size up to 7, n/8 and n/2 of an n-row batch).")
+              help="Prefix sizes to probe (default: PyTorch's halving ladder n/2, n/4, ..., 1 of an n-row batch, and "
+                   "an odd size, 7, it lacks).")
 @click.option("--redact-args", is_flag=True, help="Store the script's arguments nowhere (run directory, traces, "
               "reports).")
 @audit_option_group(granularity="module")
 def batch(options: AuditOptions, json_path: Path | None, html_path: Path | None, quiet: bool,
-          module_name: str | None, batch_dim: int, sizes: tuple[int, ...]) -> None:
+          module_name: str | None, batch_dim: int | None, sizes: tuple[int, ...]) -> None:
     """Does a request's result depend on what else is in its batch? Run SCRIPT and, at each call of the
-    model (its outermost modules), re-evaluate the call on row subsets of its batch (one row, an odd-sized
-    prefix, the batch reversed, its rows mixed with another call's) and compare each row bit for bit with
-    the same row of the whole batch. When rows differ, name the first module and op where that starts.
+    model (its outermost modules), re-evaluate the call on row subsets of its batch (prefixes of n/2, n/4,
+    ..., 1 rows as PyTorch's harness does, an odd size, the batch reversed, its rows mixed with another
+    call's) and compare each row bit for bit with the same row of the whole batch. When rows differ, name the
+    first module and op where that starts.
 
     The probes run on a copy of the model under torch.no_grad() with the RNG states restored: the script
     computes what a plain run computes. Options may come before or after SCRIPT, as with `run`.
@@ -133,31 +137,22 @@ def render_batch(report: BatchReport, console: Console) -> None:
     if failed:
         console.print(f"[yellow]the script exited with status {failed[0].exit_code}[/]; see "
                       f"{_clean(Path(report.run_dir) / failed[0].stderr)}")
+    for use in finding.batch_dims:
+        console.print(f"batch dim {use.dim} ({use.source}) for {use.calls} call{'s' if use.calls != 1 else ''}: "
+                      f"{_clean(use.detail)}")
     if finding.subsets:
         table = Table(show_edge=False)
-        for column in ("probe", "rows", "calls", "result", "rows differ", "max |diff|", "max ULP"):
+        for column in ("probe", "rows", "calls", "result", "rows differ", "max |diff|", "max ULP", "harness"):
             table.add_column(column)
         for s in finding.subsets:
             table.add_row(s.kind, str(s.size), str(s.probes),
                           "[green]agree[/]" if s.agree else f"[red]differ in {s.probes - s.agreed}[/]",
-                          str(s.rows_differ), f"{s.max_abs_diff:.3g}", str(s.max_ulp))
+                          str(s.rows_differ), f"{s.max_abs_diff:.3g}", str(s.max_ulp),
+                          ("pass" if s.agree else f"fail_batch_invariance_at_{s.size}") if s.ladder else "added")
         console.print(table)
-    first = finding.first_variant
-    if first is not None:
-        console.print(f"[bold]first variant call[/]: {_clean(first.call_module)} call {first.call} "
-                      f"({first.rows} rows, at {_clean(first.location or '?')}): {_clean(first.sizes_text)}")
-        for label, spot in (("first module", first.module), ("first op", first.op)):
-            if spot is not None:
-                what = _clean(spot.name) + (f" ({_clean(spot.cls)})" if spot.cls else "")
-                console.print(f"  {label}: {what} at {_clean(spot.location or '?')} — "
-                              + ("reduced over the batch, differs" if spot.across_rows else
-                                 "its shape changes with the batch" if spot.shape_changed else
-                                 f"max |diff| {spot.max_abs_diff:.3g}, {spot.max_ulp} ULP"))
-        if first.note:
-            console.print(f"  [yellow]{_clean(first.note)}[/]")
-        if first.large:
-            console.print(f"[bold red]LARGE DIFFERENCE[/]: max |diff| {first.max_abs_diff:.3g} on values up to "
-                          f"{first.scale:.3g} — not rounding: rows read each other's data (a mask or padding bug)")
+    _render_harness(report, console)
+    if finding.first_variant is not None:
+        _render_first(finding.first_variant, console)
     for cause in report.causes:
         console.print(f"[bold]cause[/] {_clean(cause.id)} ({cause.confidence}): {_clean(cause.summary)}")
         console.print(f"  fix: {_clean(cause.fix)}")
@@ -168,9 +163,46 @@ def render_batch(report: BatchReport, console: Console) -> None:
         console.print(f"[yellow]{finding.not_reproduced} call(s) did not reproduce bit for bit when re-evaluated "
                       "whole (grad mode or run-to-run nondeterminism): their probes are compared with the "
                       "re-evaluation[/]")
+    console.print(f"two properties: batch-invariant (a row's result independent of the rest of its batch): "
+                  f"{_clean(finding.verdict)}; deterministic (the same inputs at the same shape, run to run): "
+                  + (_clean(report.run_to_run) if report.run_to_run is not None
+                     else "not checked with one repeat (-n 2 compares repeats)"))
     if report.run_to_run_detail:
         console.print(f"run to run: {_clean(report.run_to_run_detail)}")
     reason = report.inconclusive_reason
     if reason:
         console.print(f"[yellow]{_clean(reason)}[/]")
     console.print(summary_line(report), soft_wrap=True)
+
+
+def _render_first(first: FirstVariant, console: Console) -> None:
+    """The first variant call: its sizes, its first module and op, and how large its difference is."""
+    console.print(f"[bold]first variant call[/]: {_clean(first.call_module)} call {first.call} "
+                  f"({first.rows} rows, at {_clean(first.location or '?')}): {_clean(first.sizes_text)}")
+    for label, spot in (("first module", first.module), ("first op", first.op)):
+        if spot is not None:
+            what = _clean(spot.name) + (f" ({_clean(spot.cls)})" if spot.cls else "")
+            console.print(f"  {label}: {what} at {_clean(spot.location or '?')} — "
+                          + ("reduced over the batch, differs" if spot.across_rows else
+                             "its shape changes with the batch" if spot.shape_changed else
+                             f"max |diff| {spot.max_abs_diff:.3g}, {spot.max_ulp} ULP"))
+    if first.note:
+        console.print(f"  [yellow]{_clean(first.note)}[/]")
+    if first.large:
+        console.print(f"[bold red]LARGE DIFFERENCE[/]: max |diff| {first.max_abs_diff:.3g} on values up to "
+                      f"{first.scale:.3g} — not rounding: rows read each other's data (a mask or padding bug)")
+
+
+def _render_harness(report: BatchReport, console: Console) -> None:
+    """PyTorch's harness's status, what was not compared, and the mode the script called in."""
+    finding = report.finding
+    harness = finding.harness
+    console.print(f"PyTorch harness terms: [bold]{_clean(harness.status)}[/]"
+                  + (f" — {_clean(harness.reason)}" if harness.reason else ""))
+    if finding.not_compared:
+        console.print("not compared (no batch rows: aggregates): "
+                      + ", ".join(f"{_clean(path)} in {n} call{'s' if n != 1 else ''}"
+                                  for path, n in finding.not_compared.items()))
+    if finding.train_mode_calls:
+        console.print(f"{finding.train_mode_calls} probed call(s) ran in train mode, as the script called them "
+                      "(PyTorch's harness probes in eval())")

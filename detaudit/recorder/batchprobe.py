@@ -40,6 +40,8 @@ from detaudit.events import (
     SubsetKind,
 )
 from detaudit.recorder import batchisolation
+from detaudit.recorder.batchdim import Declared, decide, declared_batch
+from detaudit.recorder.batchknob import batch_invariant_knob
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.core import Recorder, iter_tensors
 from detaudit.recorder.location import display_path, user_frame
@@ -56,21 +58,40 @@ class ProbeSettings:
     """What `detaudit batch` asked for (the child config's `batch` entry)."""
 
     module: str | None = None  # --module: a qualified name or class name; None: the outermost modules
-    batch_dim: int = 0  # --batch-dim
+    batch_dim: int | None = None  # --batch-dim; None: decided per call (recorder/batchdim.py)
     sizes: tuple[int, ...] = ()  # --sizes: prefix sizes; empty: `default_sizes`
     locate: int = 1  # how many variant calls get an origin search
 
     @classmethod
     def from_config(cls, raw: dict[str, Any]) -> ProbeSettings:
-        return cls(module=raw.get("module"), batch_dim=int(raw.get("batch_dim", 0)),
+        dim = raw.get("batch_dim")
+        return cls(module=raw.get("module"), batch_dim=None if dim is None else int(dim),
                    sizes=tuple(int(k) for k in raw.get("sizes", ())), locate=int(raw.get("locate", 1)))
 
 
-def default_sizes(n: int) -> list[int]:
-    """Prefix sizes probed for a batch of `n` rows: one row, an odd size (7, or less in a small batch), n/8
-    and n/2 (256 rows: 1, 7, 32, 128), each smaller than the batch."""
+def halving_ladder(n: int) -> list[int]:
+    """PyTorch's batch-invariance harness's sizes below a batch of `n` rows: n/2, n/4, ..., 1 (integer halving;
+    256 rows: 128, 64, 32, 16, 8, 4, 2, 1; 48: 24, 12, 6, 3, 1), largest first."""
+    sizes: list[int] = []
+    k = n // 2
+    while k >= 1:
+        sizes.append(k)
+        k //= 2
+    return sizes
+
+
+def odd_size(n: int) -> int | None:
+    """The odd prefix size probed beside the ladder (7, or the largest odd size below a small batch), or None when
+    the ladder has it already. A power-of-two ladder's rungs are multiples of a kernel's row block except its
+    smallest; a full block with a remainder after it shows only at another size (docs/batch.md)."""
     odd = 7 if n > 8 else (n - 1 if n % 2 == 0 else n - 2)
-    return sorted({k for k in (1, odd, n // 8, n // 2) if 1 <= k < n})
+    return odd if 1 <= odd < n and odd not in halving_ladder(n) else None
+
+
+def default_sizes(n: int) -> list[int]:
+    """Prefix sizes probed for a batch of `n` rows: the halving ladder and the odd size, ascending."""
+    odd = odd_size(n)
+    return sorted([*halving_ladder(n), *([odd] if odd is not None else [])])
 
 
 def _rebuild(value: Any, fn: Callable[[torch.Tensor], Any], depth: int = 0) -> Any:
@@ -415,7 +436,8 @@ class BatchProbe:
         self.settings = settings
         self.local = threading.local()
         self.calls: dict[str, int] = {}  # module name -> calls seen
-        self.others: dict[str, list[torch.Tensor]] = {}  # module name -> the last call's batch tensors
+        self.others: dict[str, tuple[int, list[torch.Tensor]]] = {}  # module name -> the last call's batch dim
+        # and batch tensors
         self.located = 0
         self.handles: list[Any] = []
         self.stopped: str | None = None  # why probing stopped (one of its hooks raised), if it did
@@ -466,14 +488,17 @@ class BatchProbe:
 
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
         stack = self._stack()
-        outer = not any(entered is not None for _, entered in stack)
-        if not (outer and self._is_target(module, self.names(module))):
+        probed = next((entered for _, entered in reversed(stack) if entered is not None), None)
+        if probed is not None or not self._is_target(module, self.names(module)):
+            declared = declared_batch(module, args, self.names(module)) if probed is not None else None
+            if probed is not None and declared is not None:  # a layer inside the call says where its batch is
+                probed.declared.append(declared)
             stack.append((id(module), None))
             return
         # the RNG states before the call: a re-evaluation of the whole batch draws what the call drew; where
         # the probes cannot run in a forked copy, the call itself is watched for effects outside its module
         watch = None if batchisolation.forkable(module, args) else batchisolation.Watch.start()
-        stack.append((id(module), _Entered(_RngGuard(), watch)))
+        stack.append((id(module), _Entered(_RngGuard(), watch, [])))
 
     def _leave(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         stack = self._stack()
@@ -497,7 +522,7 @@ class BatchProbe:
         self.recorder.local.paused = True
         self.recorder.internal += 1
         try:
-            for event in self._isolated(module, name, call, (args, kwargs, output), entered.guard, effects):
+            for event in self._isolated(module, name, call, (args, kwargs, output), entered, effects):
                 self.recorder.event(event)
         except Exception as exc:  # a probe never breaks the script: the call is reported as not probed
             self._skip(name, call, "probe-failed", f"{type(exc).__name__}: {exc}")
@@ -508,7 +533,7 @@ class BatchProbe:
             self.local.probing = False
 
     def _isolated(self, module: torch.nn.Module, name: str, call: int, seen: tuple[Any, Any, Any],
-                  before: _RngGuard, effects: list[str] | None) -> list[Event]:
+                  entered: _Entered, effects: list[str] | None) -> list[Event]:
         """The call's probe events, from probes that cannot touch the script's state or files: in a forked copy
         (CPU), else in the process when the call showed no effect outside its module (recorder/batchisolation.py).
         Effects the probes attempted there are refused, and the call reported `side-effects` instead."""
@@ -526,7 +551,7 @@ class BatchProbe:
         def work() -> list[Event]:
             self.local.probing = True
             self.recorder.local.paused = True
-            return self._probe(module, name, call, args, kwargs, output, before, where)
+            return self._probe(module, name, call, args, kwargs, output, entered, where)
 
         if effects is None:  # forkable
             result = batchisolation.in_fork(work, self._after_fork)
@@ -542,9 +567,10 @@ class BatchProbe:
                                 f"({'; '.join(dict.fromkeys(refused))}): refused in its probes, so it was not probed")]
         if error is not None:
             return [_skip_event(name, call, "probe-failed", error)]
-        if any(e["type"] == "batch-call" for e in events):
-            batch = _batch_rows(args, kwargs, self.settings.batch_dim)
-            self.others[name] = batch[1] if batch is not None else []
+        for event in events:
+            if event["type"] == "batch-call":
+                batch = _batch_rows(args, kwargs, event["batch_dim"])
+                self.others[name] = (event["batch_dim"], batch[1] if batch is not None else [])
         self.located += sum(e["type"] == "batch-origin" for e in events)
         return events
 
@@ -558,10 +584,14 @@ class BatchProbe:
 
     # -- one probed call --------------------------------------------------------------------------
     def _probe(self, module: torch.nn.Module, name: str, call: int, args: Any, kwargs: Any, output: Any,
-               before: _RngGuard, where: str) -> list[Event]:
+               entered: _Entered, where: str) -> list[Event]:
         """The call's events: its probes' results (and where a difference starts), or why it was not probed."""
         _probed_call.loc = where
-        d = self.settings.batch_dim
+        before = entered.guard
+        dim = decide([tuple(t.shape) for t in _tensors((args, kwargs))], self.settings.batch_dim, entered.declared)
+        if dim.dim is None:
+            return [_skip_event(name, call, "batch-dim-unknown", dim.detail)]
+        d = dim.dim
         found = _batch_rows(args, kwargs, d)
         if found is None:
             return [_skip_event(name, call, "no-batch", f"no tensor argument has a dim {d}")]
@@ -586,31 +616,37 @@ class BatchProbe:
             return [_skip_event(name, call, "random", "the call draws random numbers (sampling, or dropout in a "
                                                       "functional call): its rows cannot be compared between batches")]
         whole = Rows(n, torch.arange(n), torch.arange(n))
-        if compare_values(control, control, n, whole, d, whole=False).compared == 0:
-            return [_skip_event(name, call, "no-batch", f"its output has no dim of the batch's size ({n})")]
+        not_compared = _aggregates(control, n, d)
+        if len(not_compared) == len(_tensors(control)):
+            return [_skip_event(name, call, "aggregate-output", f"no output has a dim of the batch's {n} rows, so "
+                                f"no row's result can be compared ({', '.join(not_compared[:3])}): an aggregate "
+                                "such as a batch's mean loss is no row's result")]
         reproduced = compare_values(output, control, n, whole, d, whole=False).agree
         subsets: list[tuple[SubsetKind, Rows, Any]] = []
         wanted = [k for k in (self.settings.sizes or default_sizes(n)) if 1 <= k < n]
+        ladder = set(wanted if self.settings.sizes else halving_ladder(n))  # the harness's sizes (--sizes: those)
         for k in sorted(set(wanted)):
             subsets.append(("prefix", Rows(k, torch.arange(k), torch.arange(k)), None))
         subsets.append(("reversed", Rows(n, torch.arange(n - 1, -1, -1), torch.arange(n)), None))
-        other = self.others.get(name)
+        other_dim, other = self.others.get(name, (d, None))
         half = (n + 1) // 2
-        if other is not None and _mixable(other, batch_tensors, d, n - half):
+        if other is not None and other_dim == d and _mixable(other, batch_tensors, d, n - half):
             subsets.append(("mixed", Rows(n, torch.arange(half), torch.arange(half)), other))
 
         results: list[BatchSubset] = []
         variant: tuple[SubsetKind, Rows, Any] | None = None
         with torch.no_grad():
             for kind, rows, mix in subsets:
+                before.restore()  # each size from the call's RNG states, as the harness reseeds per size
                 got = runner.run(rows, mix, half)
                 diff = compare_values(control, got, n, rows, d, whole=False)
-                results.append(_subset(kind, rows.size, diff))
+                results.append(_subset(kind, rows.size, diff, kind == "prefix" and rows.size in ladder))
                 if not diff.agree and (variant is None or (variant[0] != "prefix" and kind == "prefix")):
                     variant = (kind, rows, mix)
         events: list[Event] = [BatchCallEvent(
             type="batch-call", module=name, call=call, rows=n, batch_dim=d, reproduced=reproduced,
-            subsets=results, loc=where)]
+            subsets=results, loc=where, batch_dim_from=dim.source, batch_dim_detail=dim.detail,
+            not_compared=not_compared, training=module.training)]
         if variant is not None and self.located < self.settings.locate:
             with torch.no_grad():
                 events.append(runner.locate(name, call, n, variant))
@@ -630,6 +666,7 @@ class _Entered:
 
     guard: _RngGuard
     watch: batchisolation.Watch | None
+    declared: list[Declared]  # the layers inside the call that declare where their batch is (recorder/batchdim.py)
 
 
 def _batch_rows(args: Any, kwargs: Any, d: int) -> tuple[int, list[torch.Tensor]] | None:
@@ -647,11 +684,18 @@ def _skip_event(name: str, call: int, why: SkipReason, detail: str) -> BatchSkip
     return BatchSkipEvent(type="batch-skip", module=name, call=call, why=why, detail=detail)
 
 
-def _subset(kind: SubsetKind, size: int, diff: RowDiff) -> BatchSubset:
+def _subset(kind: SubsetKind, size: int, diff: RowDiff, ladder: bool) -> BatchSubset:
     return BatchSubset(subset=kind, size=size, rows_compared=diff.rows, rows_differ=diff.differ,
                        max_abs_diff=diff.max_abs, max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
                        nan_mismatch=diff.nan_mismatch, across_rows=diff.whole_differs,
-                       shape_changed=diff.shape_differs)
+                       shape_changed=diff.shape_differs, ladder=ladder)
+
+
+def _aggregates(output: Any, n: int, d: int) -> list[str]:
+    """The output's tensors without the batch's rows (a 0-d loss, a value reduced over the batch), by path: they
+    are no row's result and are not compared, as PyTorch's harness leaves aggregates out."""
+    return [f"{path} {'(0-d)' if t.dim() == 0 else tuple(t.shape)}"
+            for path, t in iter_tensors(output, "output") if _batch_dim(t, t, n, n, d) is None]
 
 
 def _not_comparable(module: torch.nn.Module) -> tuple[SkipReason, str] | None:
@@ -800,7 +844,7 @@ class _Runner:
             notes.append(f"only the first {_CAPTURE_LIMIT} of {calls} ops were watched")
         return BatchOriginEvent(type="batch-origin", module=name, call=call, subset=kind, size=rows.size,
                                 first_module=first.get("module"), first_op=first.get("op"),
-                                note="; ".join(notes) or None)
+                                note="; ".join(notes) or None, knob=batch_invariant_knob())
 
     def _watched(self, inputs: tuple[Any, Any], on_call: Callable[..., None],
                  flow: _Flow | None = None) -> tuple[int, Any]:

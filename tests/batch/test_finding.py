@@ -70,3 +70,43 @@ def test_large_is_relative_to_the_values_and_the_dtype() -> None:
     assert is_large(1.0, 2.0, "bfloat16")
     assert is_large(1, 5, "int64")
     assert is_large(0.0, 1.0, "float32", structural=True)
+
+
+LADDER = [subset("prefix", k, ladder=True) for k in (1, 2, 4, 8)] + [subset("prefix", 7, ladder=False)]
+
+
+def test_an_invariant_call_passes_the_harness_at_every_size_of_its_ladder() -> None:
+    harness = analyse([call(LADDER, n=16)]).harness  # type: ignore[list-item]
+    assert (harness.status, [(k.size, k.status) for k in harness.sizes]) == (
+        "pass", [(8, "pass"), (4, "pass"), (2, "pass"), (1, "pass")])
+
+
+def test_the_harness_fails_at_the_first_differing_size_of_its_ladder_largest_first() -> None:
+    rungs = [subset("prefix", k, differ=k if k < 4 else 0, diff=1e-7, ladder=True) for k in (1, 2, 4, 8)]
+    assert analyse([call(rungs, n=16)]).harness.status == "fail_batch_invariance_at_2"  # type: ignore[list-item]
+
+
+def test_a_size_outside_the_ladder_makes_the_call_variant_not_the_harness_fail() -> None:
+    odd = [*LADDER[:4], subset("prefix", 7, differ=3, diff=1e-7, ladder=False)]
+    finding = analyse([call(odd, n=16)])  # type: ignore[list-item]
+    assert (finding.verdict, finding.harness.status) == ("batch-variant", "pass")
+
+
+def test_a_model_with_only_an_aggregate_output_is_skipped_as_the_harness_does_never_passed() -> None:
+    skip = {"type": "batch-skip", "module": "Net", "call": 0, "why": "aggregate-output",
+            "detail": "no output has a dim of the batch's 8 rows (output (0-d))"}
+    finding = analyse([skip])  # type: ignore[list-item]
+    assert (finding.verdict, finding.harness.status) == ("inconclusive", "pass_due_to_skip")
+    assert "output (0-d)" in (finding.harness.reason or "")
+
+
+def test_a_matmul_fix_names_the_installed_torchs_batch_invariant_setting_and_its_scope() -> None:
+    knob = {**origin(spot("aten.addmm")), "knob": "torch._inductor.config.batch_invariant"}
+    [cause] = diagnose_batch(analyse([call(ROUNDING), knob]))  # type: ignore[list-item]
+    assert "torch._inductor.config.batch_invariant = True" in cause.fix
+    assert "torch.compile'd code only" in cause.fix
+
+
+def test_without_a_setting_in_torch_the_fix_says_there_is_none() -> None:
+    [cause] = diagnose_batch(analyse([call(ROUNDING), origin(spot("aten.addmm"))]))  # type: ignore[list-item]
+    assert "This torch has no batch-invariant mode" in cause.fix

@@ -48,7 +48,8 @@ def test_verdicts_map_to_the_documented_exit_codes() -> None:
 def test_the_json_form_has_the_issue_fields(tmp_path: Path) -> None:
     write_json(report(VARIANT), tmp_path / "b.json")
     data = json.loads((tmp_path / "b.json").read_text())
-    assert data["format"] == "detaudit-batch"
+    assert (data["format"], data["version"]) == ("detaudit-batch", 2)
+    assert data["harness"]["status"] == "fail_batch_invariance_at_7"  # the trace has no `ladder`: every prefix a rung
     assert data["verdict"] == "batch-variant"
     assert data["probed_calls"] == 1
     assert {"size": 1, "agree": False}.items() <= data["subsets"][0].items()
@@ -69,6 +70,13 @@ def test_html_and_terminal_show_the_sizes_the_origin_and_the_cause() -> None:
     assert "model.py:12" in text
     assert "cause batch-matmul" in text
     assert summary_line(report([call([])])).endswith("1 call probed")
+
+
+def test_the_terminal_keeps_batch_invariance_and_run_to_run_determinism_apart() -> None:
+    out = io.StringIO()
+    render_batch(report([call([])]), Console(file=out, width=300, color_system=None))
+    assert ("batch-invariant (a row's result independent of the rest of its batch): batch-invariant; deterministic "
+            "(the same inputs at the same shape, run to run): not checked with one repeat") in out.getvalue()
 
 
 def test_a_missing_script_is_refused_before_anything_runs(tmp_path: Path) -> None:

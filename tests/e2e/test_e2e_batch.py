@@ -23,6 +23,9 @@ def test_a_model_of_per_row_ops_is_batch_invariant(scripts: Path, tmp_path: Path
     assert (code, report["verdict"], report["probed_calls"]) == (0, "batch-invariant", 3)
     assert all(s["agree"] for s in report["subsets"])
     assert report["first_variant"] is None
+    harness = report["harness"]  # every size of the 96-row batches' halving ladder, as PyTorch's harness runs them
+    assert (harness["status"], [(k["size"], k["status"]) for k in harness["sizes"]]) == (
+        "pass", [(48, "pass"), (24, "pass"), (12, "pass"), (6, "pass"), (3, "pass"), (1, "pass")])
 
 
 # Which row subsets of serve_mlp.py's first batch give other bits than the whole batch, computed with plain
@@ -39,14 +42,16 @@ model = script.Scorer().eval()
 x = torch.randn(256, 64)
 with torch.no_grad():
     whole = model(x)
-    differ = {str(k): not torch.equal(model(x[:k]), whole[:k]) for k in (1, 7, 32, 128)}
+    differ = {str(k): not torch.equal(model(x[:k]), whole[:k]) for k in (1, 2, 4, 7, 8, 16, 32, 64, 128)}
     differ["reversed"] = not torch.equal(model(x.flip(0)).flip(0), whole)
 print(json.dumps(differ))
 """
 
 
-def plain_torch_sizes(script: Path, cwd: Path) -> str | None:
-    """The probe's `sizes` text as plain torch answers it on this machine; None when every subset agrees."""
+def plain_torch_sizes(script: Path, cwd: Path) -> tuple[str, str] | None:
+    """The probe's `sizes` text and PyTorch's harness's status (its first failing size, in the halving ladder's
+    order, largest first; 7 is detaudit's own) as plain torch answers them on this machine; None when every
+    subset agrees."""
     done = subprocess.run(python_command(["-c", _PLAIN_SUBSETS, str(script)]), cwd=cwd, capture_output=True,
                           text=True, check=True)
     differs: dict[str, bool] = json.loads(done.stdout)
@@ -54,16 +59,21 @@ def plain_torch_sizes(script: Path, cwd: Path) -> str | None:
     agree = [label for label, d in differs.items() if not d]
     if not differ:
         return None
+    ladder = [k for k in ("128", "64", "32", "16", "8", "4", "2", "1") if differs[k]]
+    status = f"fail_batch_invariance_at_{ladder[0]}" if ladder else "pass"
 
     def words(items: list[str]) -> str:
         return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
     text = f"batch {words(differ)} {'differs' if len(differ) == 1 else 'differ'} from 256"
-    return text + (f"; {words(agree)} {'agrees' if len(agree) == 1 else 'agree'}" if agree else "")
+    return text + (f"; {words(agree)} {'agrees' if len(agree) == 1 else 'agree'}" if agree else ""), status
+
+
+MlpAudit = tuple[int, dict, str, tuple[str, str]]  # exit code, JSON, stdout, plain torch's sizes text and status
 
 
 @pytest.fixture(scope="module")
-def mlp_audit(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str, str | None]:
+def mlp_audit(tmp_path_factory: pytest.TempPathFactory) -> MlpAudit:
     """serve_mlp.py audited by `detaudit batch`, and plain torch's answer for its first call's subsets."""
     tmp_path = tmp_path_factory.mktemp("serve_mlp")
     expected = plain_torch_sizes(SCRIPTS / "serve_mlp.py", tmp_path)
@@ -73,7 +83,7 @@ def mlp_audit(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str,
     return (*batch(SCRIPTS, tmp_path, "serve_mlp.py"), expected)
 
 
-def test_a_linear_mlp_is_variant_at_its_first_linear(mlp_audit: tuple[int, dict, str, str | None]) -> None:
+def test_a_linear_mlp_is_variant_at_its_first_linear(mlp_audit: MlpAudit) -> None:
     code, report, _, _ = mlp_audit
     assert (code, report["verdict"]) == (1, "batch-variant")
     first = report["first_variant"]
@@ -83,18 +93,23 @@ def test_a_linear_mlp_is_variant_at_its_first_linear(mlp_audit: tuple[int, dict,
     assert report["causes"][0]["id"] == "batch-matmul"
 
 
-def test_a_linear_mlp_names_the_subsets_plain_torch_finds_variant(mlp_audit: tuple[int, dict, str, str | None]) -> None:
-    _, report, _, expected = mlp_audit
+def test_a_linear_mlp_names_the_subsets_plain_torch_finds_variant(mlp_audit: MlpAudit) -> None:
+    _, report, _, (expected, _) = mlp_audit
     assert report["first_variant"]["sizes"] == expected
 
 
-def test_a_linear_mlp_prints_its_variant_subsets(mlp_audit: tuple[int, dict, str, str | None]) -> None:
-    _, _, stdout, expected = mlp_audit
-    assert expected is not None
+def test_a_linear_mlp_fails_the_harness_at_the_first_ladder_size_plain_torch_finds_variant(
+        mlp_audit: MlpAudit) -> None:
+    _, report, _, (_, status) = mlp_audit
+    assert report["harness"]["status"] == status
+
+
+def test_a_linear_mlp_prints_its_variant_subsets(mlp_audit: MlpAudit) -> None:
+    _, _, stdout, (expected, _) = mlp_audit
     assert expected.split(";")[0] in stdout
 
 
-def test_a_linear_mlp_has_every_call_reproduced_and_probed(mlp_audit: tuple[int, dict, str, str | None]) -> None:
+def test_a_linear_mlp_has_every_call_reproduced_and_probed(mlp_audit: MlpAudit) -> None:
     _, report, _, _ = mlp_audit
     assert (report["not_reproduced"], report["not_probed"]) == (0, {})
 
@@ -214,3 +229,40 @@ def test_a_statistic_kept_for_logging_is_never_named_where_the_difference_starts
     assert report["causes"][0]["id"] == "batch-matmul"
     assert "LARGE DIFFERENCE" not in stdout
     assert "aten.mean" in first["note"]
+
+
+_SEQUENCE_FIRST = '''
+import sys
+import torch
+from torch import nn
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(8, 16)  # batch_first=False: input (seq, batch, feature)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+torch.manual_seed(0)
+model = Tagger().eval()
+x = torch.randn(12, 16, 8)
+with torch.no_grad():
+    scores = model(x)
+    if sys.argv[1:] == ["plain"]:  # does any row subset along the batch (dim 1) differ under plain torch?
+        subsets = [model(x[:, :k]) for k in range(1, 16)] + [model(x.flip(1)).flip(1)]
+        print(any(not torch.equal(s, scores[:, :s.shape[1]]) for s in subsets))
+'''
+
+
+def test_a_sequence_first_lstm_is_probed_along_its_batch_not_its_time_steps(tmp_path: Path) -> None:
+    (tmp_path / "tagger.py").write_text(_SEQUENCE_FIRST)
+    plain = subprocess.run(python_command(["tagger.py", "plain"]), cwd=tmp_path, capture_output=True, text=True,
+                           check=True)
+    _, report, _ = batch(tmp_path, tmp_path, "tagger.py")
+    assert [(u["dim"], u["source"]) for u in report["batch_dims"]] == [(1, "declared")]
+    assert report["verdict"] == ("batch-variant" if plain.stdout.strip() == "True" else "batch-invariant")
+    assert "batch-rows-mix" not in [c["id"] for c in report["causes"]]

@@ -12,14 +12,28 @@ from torch import nn
 
 from detaudit.batch.finding import analyse
 from detaudit.recorder import batchprobe, location
-from detaudit.recorder.batchprobe import BatchProbe, ProbeSettings, Rows, compare_rows, compare_values, default_sizes
+from detaudit.recorder.batchprobe import (
+    BatchProbe,
+    ProbeSettings,
+    Rows,
+    compare_rows,
+    compare_values,
+    default_sizes,
+    halving_ladder,
+)
 from detaudit.recorder.core import Recorder
 from detaudit.trace import TraceWriter, read_trace
 
 
-def test_default_sizes_are_one_an_odd_size_an_eighth_and_a_half_each_below_the_batch() -> None:
-    assert default_sizes(256) == [1, 7, 32, 128]
-    assert default_sizes(5) == [1, 2, 3]
+def test_the_ladder_halves_the_batch_down_to_one_row_as_pytorchs_harness_does() -> None:
+    assert halving_ladder(256) == [128, 64, 32, 16, 8, 4, 2, 1]
+    assert halving_ladder(48) == [24, 12, 6, 3, 1]
+    assert halving_ladder(2) == [1]
+
+
+def test_default_sizes_are_the_ladder_and_an_odd_size_it_lacks() -> None:
+    assert default_sizes(256) == [1, 2, 4, 7, 8, 16, 32, 64, 128]
+    assert default_sizes(14) == [1, 3, 7]  # 7 is a rung already
     assert default_sizes(2) == [1]
 
 
@@ -195,6 +209,51 @@ def test_batch_norm_in_train_mode_and_dropout_are_reported_not_comparable(tmp_pa
     assert not torch.equal(model[1].running_mean, before["1.running_mean"])
 
 
+class _MeanLoss(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return ((self.fc(x) - y) ** 2).mean()
+
+
+def test_a_model_whose_only_output_is_a_batch_mean_loss_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    model = _MeanLoss()
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randn(8, 4), torch.randn(8, 1)))
+    [skip] = [e for e in events if e["type"] == "batch-skip"]
+    assert (skip["why"], "output (0-d)" in skip["detail"]) == ("aggregate-output", True)
+
+
+class _ScoresAndLoss(_MeanLoss):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        scores = self.fc(x)
+        return scores, ((scores - y) ** 2).mean()
+
+
+def test_an_aggregate_beside_row_outputs_is_listed_as_not_compared(tmp_path: Path) -> None:
+    model = _ScoresAndLoss()
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randn(8, 4), torch.randn(8, 1)))
+    [call] = [e for e in events if e["type"] == "batch-call"]
+    assert call["not_compared"] == ["output[1] (0-d)"]
+
+
+class _NoisyWhenSmall(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand(1) if x.shape[0] < 4 else x  # draws for some batch sizes only
+
+
+def test_each_size_starts_from_the_calls_rng_states(tmp_path: Path) -> None:
+    model = _NoisyWhenSmall()
+    events = _probed(tmp_path, lambda: model(torch.zeros(8, 4)))
+    [call] = [e for e in events if e["type"] == "batch-call"]
+    noise = {s["size"]: s["max_abs_diff"] for s in call["subsets"] if s["size"] < 4}
+    assert noise[1] > 0
+    assert noise[1] == noise[2]  # both drew the same number: each size started from the call's states
+
+
 def test_a_call_without_a_batch_is_counted_with_its_reason(tmp_path: Path) -> None:
     model = nn.Linear(3, 3)
     events = _probed(tmp_path, lambda: (model(torch.randn(1, 3)), nn.Identity()(3.0)))
@@ -226,6 +285,41 @@ def test_the_batch_dim_option_finds_rows_elsewhere(tmp_path: Path) -> None:
     [call] = [e for e in events if e["type"] == "batch-call"]
     assert call["rows"] == 10
     assert call["batch_dim"] == 1
+
+
+class _SequenceFirst(nn.Module):
+    def __init__(self, transpose: bool) -> None:
+        super().__init__()
+        self.transpose = transpose
+        self.embed = nn.Embedding(50, 8)
+        self.rnn = nn.GRU(8, 8)  # batch_first=False: (time, batch, features)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        return self.rnn(x.transpose(0, 1) if self.transpose else x)[0]
+
+
+def test_a_sequence_first_rnn_is_probed_along_the_batch_it_declares(tmp_path: Path) -> None:
+    model = _SequenceFirst(transpose=False).eval()
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randint(0, 50, (5, 12))))  # (time, batch)
+    [call] = [e for e in events if e["type"] == "batch-call"]
+    assert (call["batch_dim"], call["rows"], call["batch_dim_from"]) == (1, 12, "declared")
+
+
+def test_batch_first_ids_transposed_into_a_sequence_first_rnn_keep_dim_0(tmp_path: Path) -> None:
+    model = _SequenceFirst(transpose=True).eval()
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randint(0, 50, (12, 5))))  # (batch, time)
+    [call] = [e for e in events if e["type"] == "batch-call"]
+    assert (call["batch_dim"], call["rows"]) == (0, 12)
+
+
+def test_a_sequence_as_long_as_its_batch_is_not_probed_and_says_why(tmp_path: Path) -> None:
+    model = _SequenceFirst(transpose=False).eval()
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randint(0, 50, (6, 6))))
+    assert [e["why"] for e in events if e["type"] == "batch-skip"] == ["batch-dim-unknown"]
 
 
 def test_a_failing_hook_stops_the_probing_not_the_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
