@@ -15,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions
-from detaudit.drift.alignment import Identity, Value, align
+from detaudit.compare.identity import Identity, Value, align
+from detaudit.compare.noise_floor import ULPS, Judged, K, first_drift, judge, overall, ratios_over_steps
 from detaudit.drift.change_kinds import ChangeEvidence, evidence, rank_causes
 from detaudit.drift.configurations import Configuration, differences, floor_perturbation
 from detaudit.drift.drift_report import (
@@ -31,8 +32,6 @@ from detaudit.drift.drift_report import (
     StepFigures,
     write_json,
 )
-from detaudit.drift.floor import ULPS
-from detaudit.drift.judging import Judged, K, first_drift, judge, overall, ratios_over_steps
 from detaudit.drift.op_window import op_window
 from detaudit.drift.rank_views import disagreements, not_comparable, rank_traces, side_view
 from detaudit.drift.recordings import record

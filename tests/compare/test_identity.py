@@ -1,4 +1,4 @@
-"""drift/alignment.py: records lined up by identity, never by position."""
+"""compare/identity.py: records lined up by identity, never by position."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from synthetic import Rec, write_trace
 
-from detaudit.drift.alignment import Identity, align, read_recording
+from detaudit.compare.identity import Identity, align, read_recording
 from detaudit.trace import Kind
 
 
