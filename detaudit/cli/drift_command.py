@@ -173,7 +173,9 @@ def _clean(text: object) -> str:
     return escape(printable(str(text)))
 
 
-def _ratio(ratio: float | None) -> str:
+def _ratio(ratio: float | None, detail: str | None = None) -> str:
+    if detail is not None:
+        return _clean(detail)
     return "beyond any floor" if ratio is None else f"{ratio:.3g}x floor"
 
 
@@ -186,7 +188,8 @@ def summary_line(report: DriftReport) -> str:
                 f"{c.drift} beyond the floor"
     first = report.first_drift
     if first is not None:
-        text += f" · first drift: step {first.step} {first.kind} {_clean(first.name)} ({_ratio(first.ratio_to_floor)})"
+        size = "size unknown" if first.detail is not None else _ratio(first.ratio_to_floor)
+        text += f" · first drift: step {first.step} {first.kind} {_clean(first.name)} ({size})"
         if first.factor is not None:
             text += f", constant factor {first.factor:g}"
     if report.reason:
@@ -220,6 +223,13 @@ def _evidence(first: FirstDrift) -> list[str]:
     return lines
 
 
+def _difference(row: RecordRow) -> str:
+    """|B-A| in the table: the sampled difference, `size unknown` where it was not recorded, `-` (no pair)."""
+    if row.detail is not None and row.difference is None:
+        return "size unknown"
+    return "-" if row.difference is None else f"{row.difference:.3g}"
+
+
 def _record_name(row: RecordRow) -> str:
     """A row's name, with its rank where two torchrun runs' per-rank records are compared rank by rank."""
     return _clean(row.name + (f" (rank {row.rank})" if row.rank else ""))
@@ -248,14 +258,14 @@ def render_drift(report: DriftReport, console: Console) -> None:
         for row in report.records[:SHOWN_ROWS]:
             status = "[red]drift[/]" if row.status == "drift" else "within noise"
             table.add_row(str(row.step), row.kind, _record_name(row), status,
-                          "-" if row.difference is None else f"{row.difference:.3g}", f"{row.floor:.3g}",
+                          _difference(row), f"{row.floor:.3g}",
                           "-" if row.ratio_to_floor is None else f"{row.ratio_to_floor:.3g}", _clean(row.location))
         console.print(table)
     first = report.first_drift
     if first is not None:
         console.print(f"[bold red]first drift[/]: step {first.step}, {first.kind} {_clean(first.name)} "
                       f"(module {_clean(first.module) or '-'}, {first.dtype}[{_clean(first.shape)}]) at "
-                      f"{_clean(first.location)}: {_ratio(first.ratio_to_floor)}")
+                      f"{_clean(first.location)}: {_ratio(first.ratio_to_floor, first.detail)}")
         for text in _evidence(first):
             console.print(f"  evidence: {_clean(text)}")
     _render_op_window(report, console)

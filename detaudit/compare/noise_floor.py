@@ -5,7 +5,9 @@ A record's floor is how far configuration A moves from itself when only its redu
 repeats and its perturbed ones), never less than a few units in the last place of the record's dtype at the
 record's magnitude. Differences are read from the records' sampled elements (trace/format.py: N_SAMPLES values at
 fixed positions, the same positions in every recording of a tensor of that shape), the largest absolute difference
-among them.
+among them, after the digests: two records are equal only where their digests are, and a difference whose size
+the samples do not show (another digest, the same sampled elements; a saved value that is no tensor) is never
+within noise, whatever the floor: it is a drift whose size is unknown.
 
 Why K = 10: the floor is the largest of two or three measured spreads of one record, a sample of the reorder
 noise, not its bound; another reordering (B's) lands within a few times the measured spread, and reorder noise
@@ -24,7 +26,8 @@ from typing import Literal
 import numpy as np
 
 from detaudit.compare.identity import Alignment, Identity, Value
-from detaudit.compare.traces import gaps
+from detaudit.compare.saved_values import is_non_tensor
+from detaudit.compare.traces import ELSEWHERE, gaps
 
 # mantissa bits of each floating dtype: one unit in the last place at magnitude x is 2**(exponent(x) - bits)
 MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7, "float8_e4m3fn": 3,
@@ -75,22 +78,33 @@ Status = Literal["equivalent", "within-noise", "drift"]
 @dataclass(frozen=True)
 class Judged:
     """One aligned record judged: B's difference from A's first plain repeat, A's floor there, their ratio
-    (None: no floor, an exact record, or no difference to compare)."""
+    (None: no floor, an exact record, or no difference to compare); `detail`: why a drift has no size."""
 
     identity: Identity
     status: Status
     difference: float
     floor: float
     ratio: float | None
+    detail: str | None = None
+
+
+def unsized(value: Value) -> str:
+    """Why a record whose digest differs has no difference to measure."""
+    if is_non_tensor(value.dtype):
+        return f"a saved {value.dtype} value (no tensor) differs: it has no size to judge against a floor"
+    return f"differs at an unrecorded position: size unknown ({ELSEWHERE})"
 
 
 def judge_record(plain: Value, others: Sequence[Value], b: Value, scale: float = 0.0) -> Judged:
-    """One record: bitwise equal, within K times its floor, or beyond (`scale`: floor.floor_of)."""
-    if plain.digest == b.digest and plain.shape == b.shape and plain.dtype == b.dtype:
-        return Judged(plain.identity, "equivalent", 0.0, floor_of(plain, others, scale), 0.0)
+    """One record: bitwise equal (the digests, as `run` compares), within K times its floor, or beyond
+    (`scale`: floor_of). Another digest whose sampled elements agree is a drift of unknown size, never noise."""
     floor = floor_of(plain, others, scale)
+    if plain.digest == b.digest and plain.shape == b.shape and plain.dtype == b.dtype:
+        return Judged(plain.identity, "equivalent", 0.0, floor, 0.0)
     moved = difference(plain, b)
-    ratio = moved / floor if floor > 0 and math.isfinite(moved) else (0.0 if moved == 0 else None)
+    if moved == 0.0:
+        return Judged(plain.identity, "drift", math.inf, floor, None, unsized(plain))
+    ratio = moved / floor if floor > 0 and math.isfinite(moved) else None
     beyond = ratio is None or ratio > K
     return Judged(plain.identity, "drift" if beyond else "within-noise", moved, floor, ratio)
 

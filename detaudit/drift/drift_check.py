@@ -207,14 +207,14 @@ def by_step(judged: Sequence[Judged]) -> list[StepFigures]:
 def _first(judged: Judged, value: Value, change: ChangeEvidence) -> FirstDrift:
     i = judged.identity
     return FirstDrift(i.step, i.kind, i.name, value.module, value.location, judged.ratio, change.factor, value.dtype,
-                      value.shape, change)
+                      value.shape, change, judged.detail)
 
 
 def _row(judged: Judged, value: Value) -> RecordRow:
     i = judged.identity
     return RecordRow(i.step, i.kind, i.name, i.occurrence, value.module, value.location, judged.status,
                      judged.difference if math.isfinite(judged.difference) else None, judged.floor, judged.ratio,
-                     i.rank)
+                     i.rank, judged.detail)
 
 
 def _names(identities: Sequence[Identity]) -> list[RecordName]:

@@ -38,6 +38,7 @@ class RecordRow:
     floor: float
     ratio_to_floor: float | None
     rank: int = 0  # a per-rank record of two runs with the same world size
+    detail: str | None = None  # why a drift has no size (compare/noise_floor.py `unsized`), or no pair
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class FirstDrift:
     dtype: str
     shape: str
     evidence: ChangeEvidence
+    detail: str | None = None  # why it has no size (an unrecorded position, a value that is no tensor)
 
     @property
     def starts_in_update(self) -> bool:

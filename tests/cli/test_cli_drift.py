@@ -155,3 +155,14 @@ def test_an_op_window_that_names_no_op_says_so(script: Path, monkeypatch: pytest
     result = CliRunner().invoke(cli, ["drift", script.name, "--b-args", "--lr 0.2"], catch_exceptions=False)
     shown = " ".join(result.output.split())
     assert "op window: no op of step 0 departs in B beyond 10 times its ULP bound" in shown
+
+
+def test_a_drift_of_unknown_size_says_so_instead_of_a_ratio(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_drift(options: AuditOptions, a: Configuration, b: Configuration, *_: Any) -> DriftReport:
+        report = drifted(a, b)
+        assert report.first_drift is not None
+        return replace(report, first_drift=replace(report.first_drift, detail="differs at an unrecorded position: "
+                                                                              "size unknown"))
+    monkeypatch.setattr(drift_check, "run_drift", run_drift)
+    result = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False, env={"COLUMNS": "200"})
+    assert "train.py:9: differs at an unrecorded position: size unknown" in result.output

@@ -4,6 +4,7 @@ equivalent, within noise or drift; the overall verdict; the first drift."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from detaudit.compare.identity import Alignment, Identity, Value
 from detaudit.compare.noise_floor import (
@@ -120,3 +121,21 @@ def test_a_record_that_is_zero_at_every_step_has_no_floor() -> None:
     b = {steps[0]: plain[steps[0]], steps[1]: record(1e-8, 0.0, 0.0, 0.0, digest=3, identity=steps[1])}
     judged = judge(Alignment(tuple(steps), (), ()), plain, [], b)
     assert judged[1].status == "drift"
+
+
+def test_another_digest_whose_sampled_elements_agree_is_a_drift_of_unknown_size() -> None:
+    """+1000 at an element no sample sits on: the digests differ, the samples agree (issue 43)."""
+    judged = judge_record(record(1.0, 2.0, 3.0, 4.0), [], record(1.0, 2.0, 3.0, 4.0, digest=2))
+    assert (judged.status, judged.ratio) == ("drift", None)
+
+
+def test_a_drift_of_unknown_size_says_its_size_was_not_recorded() -> None:
+    judged = judge_record(record(1.0, 2.0, 3.0, 4.0), [], record(1.0, 2.0, 3.0, 4.0, digest=2))
+    assert str(judged.detail).startswith("differs at an unrecorded position: size unknown")
+
+
+def test_a_saved_string_that_differs_is_a_drift_not_a_difference_of_zero() -> None:
+    a = Value(Identity(0, "save", "note"), "", "train.py:9", "str", "", 1, (0.0, 0.0, 0.0, 0.0), True)
+    judged = judge_record(a, [], replace(a, digest=2))
+    assert (judged.status, judged.detail) == (
+        "drift", "a saved str value (no tensor) differs: it has no size to judge against a floor")

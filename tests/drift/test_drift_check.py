@@ -91,3 +91,11 @@ def test_two_kept_recordings_of_other_common_script_arguments_are_refused(tmp_pa
 def test_a_b_from_directory_without_a_drift_report_is_named_by_its_option(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="^--b-from "):
         load_baseline(tmp_path, Path("train.py"), "--b-from")
+
+
+def test_an_output_that_differs_where_no_sample_sits_drifts_with_its_size_unknown(tmp_path: Path) -> None:
+    """B adds 1000 to an element no sample sits on: another digest, the same samples (issue 43: was WITHIN NOISE,
+    |B-A| 0)."""
+    a, b = traces(tmp_path, [GRADS[0].but(digest=GRADS[0].digest + 1), GRADS[1]])
+    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b])
+    assert (report.verdict, report.first_drift and report.first_drift.name) == ("drift", "fc.weight")
