@@ -185,7 +185,8 @@ def summary_line(report: DriftReport) -> str:
     c = report.counts
     if report.verdict in ("equivalent", "within-noise", "drift"):
         text += f" · {c.aligned} records aligned: {c.equivalent} equivalent, {c.within_noise} within noise, " \
-                f"{c.drift} beyond the floor"
+                f"{c.drift} beyond the floor" + (f", {c.structure} only one side holds (structure)"
+                                                 if c.structure else "")
     first = report.first_drift
     if first is not None:
         size = "size unknown" if first.detail is not None else _ratio(first.ratio_to_floor)

@@ -1,7 +1,8 @@
 """Records of two recordings lined up by what they are, not where they are: a record's logical identity is its
 step, its kind, its name (module qualified name, parameter name, torch.save key) and its occurrence among the
-records of that step with that kind and name (a module called twice in a step). A record only one side has
-(a module the compiler fused away, a layer the other model lacks) is listed, never paired with another."""
+records of that step with that kind and name (a module called twice in a step). A record only one side has is
+never paired with another: it is a structure difference, as `run` calls a record one repeat lacks (`structural`),
+except a module call's records where a compiler fused the module away (listed)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,19 @@ def align(a: Recording, b: Recording) -> Alignment:
     """Line up `a` and `b` by identity."""
     return Alignment(tuple(i for i in a if i in b), tuple(i for i in a if i not in b),
                      tuple(i for i in b if i not in a))
+
+
+# a module call's records: a module torch.compile fuses into a generated kernel runs no hook, so they may be missing
+MODULE_CALL_KINDS = frozenset({"output", "input"})
+
+
+def structural(alignment: Alignment) -> tuple[Identity, ...]:
+    """The records one side lacks that are a structure difference, as `run` calls any record one repeat lacks
+    (compare/traces.py): a step one side never reached, a gradient, a parameter, optimizer state, a buffer, a saved
+    value. Only a module call's output or input in a step both sides recorded is exempt: a compiler fuses modules
+    away (their hooks never fire), which changes no result; those are listed, not judged. In A's order, then B's."""
+    steps_a = {i.step for i in (*alignment.both, *alignment.only_a)}
+    steps_b = {i.step for i in (*alignment.both, *alignment.only_b)}
+    common = steps_a & steps_b
+    return tuple(i for i in (*alignment.only_a, *alignment.only_b)
+                 if i.kind not in MODULE_CALL_KINDS or i.step not in common)

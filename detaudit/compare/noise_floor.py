@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 
-from detaudit.compare.identity import Alignment, Identity, Value
+from detaudit.compare.identity import Alignment, Identity, Value, structural
 from detaudit.compare.saved_values import is_non_tensor
 from detaudit.compare.traces import ELSEWHERE, gaps
 
@@ -147,8 +147,9 @@ def ratios_over_steps(judged: Sequence[Judged], first: Judged) -> list[float]:
 
 def overall(judged: Sequence[Judged], alignment: Alignment) -> Status:
     """equivalent when every record agrees bit for bit and both hold the same records; drift when one is beyond
-    its floor; within-noise otherwise (records only one side holds are listed, and are not drift by themselves)."""
-    if any(j.status == "drift" for j in judged):
+    its floor, or a record one side lacks is a structure difference (identity.structural); within-noise
+    otherwise (a module call a compiler fused away is listed, not a drift by itself)."""
+    if any(j.status == "drift" for j in judged) or structural(alignment):
         return "drift"
     if all(j.status == "equivalent" for j in judged) and not alignment.only_a and not alignment.only_b:
         return "equivalent"

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions
-from detaudit.compare.identity import Identity, Value, align
+from detaudit.compare.identity import Identity, Recording, Value, align, structural
 from detaudit.compare.noise_floor import ULPS, Judged, K, first_drift, judge, overall, ratios_over_steps
 from detaudit.drift.change_kinds import ChangeEvidence, evidence, rank_causes
 from detaudit.drift.configurations import Configuration, differences, floor_perturbation
@@ -176,22 +176,45 @@ def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], trace
     if not judged:
         return replace(report, reason="A and B hold no record in common (nothing recorded, or nothing aligned)",
                        only_a=_names(alignment.only_a), only_b=_names(alignment.only_b))
-    first = first_drift(judged)
-    change = None if first is None else evidence(recordings_a[0][first.identity], recording_b[first.identity],
-                                                 ratios_over_steps(judged, first))
+    one_sided = structural(alignment)
+    first, change = _first_drift(judged, one_sided, recordings_a, recording_b)
     verdict = overall(judged, alignment)
     ratios = [j.ratio for j in judged if j.ratio is not None]
     return replace(
-        report, verdict=verdict,
-        first_drift=None if first is None or change is None else _first(first, recordings_a[0][first.identity], change),
+        report, verdict=verdict, first_drift=first,
         floor=replace(report.floor, largest_floor=max(j.floor for j in judged),
                       largest_ratio=max(ratios, default=None)),
-        counts=Counts(len(judged), *(sum(j.status == s for j in judged)
-                                     for s in ("equivalent", "within-noise", "drift"))),
+        counts=_counts(judged, len(one_sided)),
         records=[_row(j, recordings_a[0][j.identity]) for j in judged if j.status != "equivalent"][:SHOWN],
         by_step=by_step(judged),
-        only_a=_names(alignment.only_a), only_b=_names(alignment.only_b),
+        only_a=_names(alignment.only_a), only_b=_names(alignment.only_b), structure=_names(one_sided[:SHOWN]),
         causes=rank_causes(differences(report.a, report.b), verdict == "drift", change))
+
+
+def _counts(judged: Sequence[Judged], structure: int) -> Counts:
+    def count(status: str) -> int:
+        return sum(j.status == status for j in judged)
+    return Counts(len(judged), count("equivalent"), count("within-noise"), count("drift"), structure)
+
+
+def _first_drift(judged: Sequence[Judged], missing: Sequence[Identity], recordings_a: Sequence[Recording],
+                 recording_b: Recording) -> tuple[FirstDrift | None, ChangeEvidence | None]:
+    """The first drift and its evidence: the first record beyond its floor in A's order, or the first record one
+    side lacks (a structure difference) where that comes at an earlier step or no record is beyond its floor."""
+    first = first_drift(judged)
+    lacking = missing[0] if missing else None
+    if lacking is not None and (first is None or lacking.step < first.identity.step):
+        held_by_a = lacking in recordings_a[0]
+        value = recordings_a[0][lacking] if held_by_a else recording_b[lacking]
+        why = (f"only {'A' if held_by_a else 'B'} holds this record: a structure difference (another number of "
+               "steps, a gradient, parameter or saved value one side never recorded), as `run` calls a record one "
+               "repeat lacks")
+        change = ChangeEvidence()
+        return _first(Judged(lacking, "drift", math.inf, 0.0, None, why), value, change), change
+    if first is None:
+        return None, None
+    change = evidence(recordings_a[0][first.identity], recording_b[first.identity], ratios_over_steps(judged, first))
+    return _first(first, recordings_a[0][first.identity], change), change
 
 
 def by_step(judged: Sequence[Judged]) -> list[StepFigures]:

@@ -141,6 +141,7 @@ class Counts:
     equivalent: int = 0
     within_noise: int = 0
     drift: int = 0
+    structure: int = 0  # records one side lacks that are a structure difference (compare/identity.structural)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,7 @@ class DriftReport(Codable):
     by_step: list[StepFigures] = field(default_factory=list)
     only_a: list[RecordName] = field(default_factory=list)
     only_b: list[RecordName] = field(default_factory=list)
+    structure: list[RecordName] = field(default_factory=list)  # the first of only_a/only_b that are a drift
     causes: list[CandidateCause] = field(default_factory=list)
     reason: str | None = None  # script-failed, timeout, inconclusive: why
     op_window: OpWindow | None = None  # on a drift: the first op where B departs from A (None: not run, none)

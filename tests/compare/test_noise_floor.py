@@ -139,3 +139,10 @@ def test_a_saved_string_that_differs_is_a_drift_not_a_difference_of_zero() -> No
     judged = judge_record(a, [], replace(a, digest=2))
     assert (judged.status, judged.detail) == (
         "drift", "a saved str value (no tensor) differs: it has no size to judge against a floor")
+
+
+def test_a_saved_value_only_a_holds_makes_the_verdict_a_drift() -> None:
+    """B trained 3 steps, A 5: their final saves sit at other steps (issue 43: was WITHIN NOISE)."""
+    judged = [judge_record(record(1.0, 1.0, 1.0, 1.0), [], record(1.0, 1.0, 1.0, 1.0))]
+    assert overall(judged, Alignment((FC,), (Identity(5, "save", "model"),), (Identity(3, "save", "model"),))) == \
+        "drift"

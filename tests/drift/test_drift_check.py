@@ -99,3 +99,15 @@ def test_an_output_that_differs_where_no_sample_sits_drifts_with_its_size_unknow
     a, b = traces(tmp_path, [GRADS[0].but(digest=GRADS[0].digest + 1), GRADS[1]])
     report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b])
     assert (report.verdict, report.first_drift and report.first_drift.name) == ("drift", "fc.weight")
+
+
+def test_b_stopping_steps_early_drifts_at_the_first_record_it_lacks(tmp_path: Path) -> None:
+    """A trains two steps, B one: step 1's gradients only A holds are a structure difference, as `run` calls them
+    (issue 43: was WITHIN NOISE, every aligned record equivalent)."""
+    later = [r.but(step=1) for r in GRADS]
+    a = [write_trace(tmp_path / f"a-{i}.trace", [*GRADS, *later], footer={}) for i in range(3)]
+    b = write_trace(tmp_path / "b-0.trace", GRADS, footer={})
+    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b])
+    first = report.first_drift
+    assert (report.verdict, first and (first.step, first.name), report.counts.structure) == (
+        "drift", (1, "fc.weight"), 2)
