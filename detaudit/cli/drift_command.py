@@ -136,7 +136,9 @@ def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_a
     b = configuration("B", b_env, b_args, b_threads, b_python, b_device, b_nproc)
     if b_from is not None and b != Configuration("B"):
         raise click.UsageError("--b-from keeps B from an earlier run: its --b-* options cannot change it")
-    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script)})
+    kept = {f"the kept recording {option} {path}": path for option, path in (("--baseline", baseline),
+                                                                              ("--b-from", b_from)) if path}
+    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script), **kept})
     options = AuditOptions(Target(Path(script), list(script_args), argv0=script), Schedule(timeout=timeout),
                            Recording(max_steps=max_steps), out_dir=out_dir)
     progress = RepeatsProgress(quiet, (0 if baseline else 3) + (0 if b_from else B_REPEATS),

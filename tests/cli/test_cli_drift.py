@@ -26,6 +26,7 @@ from detaudit.drift.drift_report import (
     NotComparable,
     RankDisagreement,
     RecordRow,
+    write_json,
 )
 from detaudit.errors import ExitCode
 
@@ -166,3 +167,31 @@ def test_a_drift_of_unknown_size_says_so_instead_of_a_ratio(script: Path, monkey
     monkeypatch.setattr(drift_check, "run_drift", run_drift)
     result = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False, env={"COLUMNS": "200"})
     assert "train.py:9: differs at an unrecorded position: size unknown" in result.output
+
+
+def kept_run(path: Path) -> Path:
+    """A drift run directory as an earlier check left it (its drift.json and A's trace)."""
+    path.mkdir()
+    write_json(drifted(Configuration("A"), Configuration("B")), path / "drift.json")
+    (path / "a-0.trace").write_bytes(b"kept")
+    return path
+
+
+@pytest.mark.parametrize("option", ["--json", "--html"])
+@pytest.mark.parametrize("kept_as", ["--baseline", "--b-from"])
+def test_a_report_into_a_kept_recording_is_refused_before_anything_runs(
+        script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str, kept_as: str) -> None:
+    """`--json X/drift.json` or `--html X/a-0.trace` replaced the baseline's own files (issue 43)."""
+    seen: list[tuple[AuditOptions, Configuration, Configuration]] = []
+    monkeypatch.setattr(drift_check, "run_drift", _fake(seen))
+    kept = kept_run(tmp_path / "kept")
+    target = kept / ("drift.json" if option == "--json" else "a-0.trace")
+    result = CliRunner().invoke(cli, ["drift", script.name, kept_as, str(kept), option, str(target)])
+    assert (result.exit_code, seen, (kept / "a-0.trace").read_bytes()) == (ExitCode.USAGE, [], b"kept")
+
+
+def test_a_report_into_any_drift_run_directory_is_refused(script: Path, tmp_path: Path) -> None:
+    """Not only the one this check keeps: another drift run's drift.json marks a recording, as run.json does."""
+    kept = kept_run(tmp_path / "other")
+    result = CliRunner().invoke(cli, ["drift", script.name, "--json", str(kept / "report.json")])
+    assert result.exit_code == ExitCode.USAGE
