@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from detaudit.errors import Inconclusive, TraceError
 from detaudit.trace import Flag, Kind, Trace, read_trace
 from detaudit.trace.dtypes import DTYPE_NAMES
 
@@ -45,8 +46,24 @@ _KINDS = {int(k) for k in Kind if k != Kind.OP}  # op records are named by posit
 
 
 def read_recording(path: Path) -> dict[Identity, Value]:
-    """A trace's records by identity."""
-    return keyed(read_trace(path))
+    """A whole trace's records by identity (`whole`: a recording cut short is no evidence of its end)."""
+    trace = read_trace(path)
+    whole(trace)
+    return keyed(trace)
+
+
+def whole(trace: Trace) -> None:
+    """Refuse a recording a verdict cannot rest on, as `run` refuses agreement over one (report/model.py
+    `inconclusive_reason`): cut short (no footer: killed, its writes failed, or cut after the fact) is
+    Inconclusive; a footer that declares more records than the trace holds is a corrupt trace (TraceError)."""
+    if trace.footer is None:
+        raise Inconclusive(f"the recording {trace.path} is incomplete (no footer: stopped, killed, cut short or its "
+                           f"writes failed): its {len(trace.records)} records say nothing about the rest, so no "
+                           "verdict rests on it; record it again")
+    declared = trace.footer.get("records")
+    if isinstance(declared, int) and declared != len(trace.records):
+        raise TraceError(f"{trace.path}: corrupt trace: its footer declares {declared} records, it holds "
+                         f"{len(trace.records)}")
 
 
 def keyed(trace: Trace) -> dict[Identity, Value]:

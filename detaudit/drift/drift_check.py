@@ -35,7 +35,7 @@ from detaudit.drift.drift_report import (
 from detaudit.drift.op_window import op_window
 from detaudit.drift.rank_views import disagreements, not_comparable, rank_traces, side_view
 from detaudit.drift.recordings import record
-from detaudit.errors import TraceError, UsageError
+from detaudit.errors import Inconclusive, TraceError, UsageError
 from detaudit.results import RepeatResult
 from detaudit.run.devices import resolve_devices
 from detaudit.run.launcher import Interrupted, check_script
@@ -123,6 +123,10 @@ def load_baseline(baseline: Path, script: Path, option: str = "--baseline",
         raise UsageError(f"{option} {baseline} recorded {kept.script}, not {script}: a floor is one script's")
     if kept.verdict not in ("equivalent", "within-noise", "drift") or not kept.results_a:
         raise UsageError(f"{option} {baseline}: its A was not recorded whole ({kept.verdict}); record it again")
+    if len(kept.results_a) != len(kept.floor.perturbed) or len(kept.results_b) != B_REPEATS:
+        raise TraceError(f"{path}: corrupt drift report: it lists {len(kept.results_a)} repeats of A and "
+                         f"{len(kept.results_b)} of B, its floor declares {len(kept.floor.perturbed)} of A and a "
+                         f"check records {B_REPEATS} of B")
     if script_args is not None:
         _check_common_args(kept, script_args, f"{option} {baseline}")
     if stored is not None and list(stored) != kept.script_args:
@@ -165,8 +169,11 @@ def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], trace
     if missing:
         raise TraceError(f"{missing[0]}: the repeat left no trace")
     per_rank = report.a.world_size == report.b.world_size
-    views_a = [side_view(paths, per_rank) for paths in traces_a]
-    view_b = side_view(traces_b, per_rank)
+    try:
+        views_a = [side_view(paths, per_rank) for paths in traces_a]
+        view_b = side_view(traces_b, per_rank)
+    except Inconclusive as exc:  # a recording cut short: no verdict rests on it (compare/identity.whole)
+        return replace(report, reason=str(exc))
     recordings_a = [v.recording for v in views_a]
     recording_b = view_b.recording
     report = replace(report, not_comparable=not_comparable(views_a[0], view_b),

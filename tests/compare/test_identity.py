@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from synthetic import Rec, write_trace
 
 from detaudit.compare.identity import Alignment, Identity, align, read_recording, structural
+from detaudit.errors import Inconclusive, TraceError
 from detaudit.trace import Kind
 
 
@@ -53,3 +55,13 @@ def test_a_module_output_one_side_lacks_in_a_step_both_ran_is_listed_not_judged(
 
 def test_a_module_output_of_a_step_the_other_side_never_ran_is_a_structure_difference() -> None:
     assert one_sided(Identity(3, "output", "fc")) == (Identity(3, "output", "fc"),)
+
+
+def test_a_recording_without_its_footer_is_inconclusive(tmp_path: Path) -> None:
+    with pytest.raises(Inconclusive, match="is incomplete"):
+        read_recording(write_trace(tmp_path / "a.trace", [Rec("fc", 1)], footer=None))
+
+
+def test_a_footer_declaring_more_records_than_the_trace_holds_is_corrupt(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="declares 2 records, it holds 1"):
+        read_recording(write_trace(tmp_path / "a.trace", [Rec("fc", 1)], footer={"records": 2}))

@@ -11,7 +11,7 @@ from synthetic import Rec, write_trace
 from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_check import _failure, judged_report, load_baseline
 from detaudit.drift.drift_report import DriftReport, FloorSummary, write_json
-from detaudit.errors import UsageError
+from detaudit.errors import ExitCode, TraceError, UsageError
 from detaudit.results import RepeatResult
 from detaudit.trace import Kind
 
@@ -69,10 +69,16 @@ def test_a_baseline_of_another_script_is_refused(tmp_path: Path) -> None:
 
 def keep_run_with_args(run_dir: Path, script_args: list[str]) -> None:
     """A kept drift run directory (whole A) recorded with these common script arguments."""
+    write_json(replace(kept_report(), script_args=script_args), run_dir / "drift.json")
+
+
+def kept_report() -> DriftReport:
+    """A drift report as a whole check writes it: one repeat of A (plain), one of B."""
     a_0 = RepeatResult(0, "cpu", 0, 1.0, False, "a-0.trace", "a-0.stdout", "a-0.stderr", "")
-    kept = replace(empty(Configuration("A"), Configuration("B")), verdict="within-noise", script_args=script_args,
-                   results_a=[a_0])
-    write_json(kept, run_dir / "drift.json")
+    b_0 = replace(a_0, trace="b-0.trace", stdout="b-0.stdout", stderr="b-0.stderr")
+    report = replace(empty(Configuration("A"), Configuration("B")), verdict="within-noise", results_a=[a_0],
+                     results_b=[b_0])
+    return replace(report, floor=replace(report.floor, perturbed=[{}]))
 
 
 def test_a_baseline_recorded_with_other_common_script_arguments_is_refused(tmp_path: Path) -> None:
@@ -111,3 +117,26 @@ def test_b_stopping_steps_early_drifts_at_the_first_record_it_lacks(tmp_path: Pa
     first = report.first_drift
     assert (report.verdict, first and (first.step, first.name), report.counts.structure) == (
         "drift", (1, "fc.weight"), 2)
+
+
+def test_a_kept_report_listing_fewer_repeats_than_its_floor_declares_is_corrupt(tmp_path: Path) -> None:
+    kept = kept_report()
+    write_json(replace(kept, floor=replace(kept.floor, perturbed=[{}, {"threads": "2"}, {}])), tmp_path / "drift.json")
+    with pytest.raises(TraceError, match="corrupt drift report"):
+        load_baseline(tmp_path, Path("train.py"))
+
+
+def test_a_kept_b_without_its_repeat_is_corrupt(tmp_path: Path) -> None:
+    """--b-from on a drift.json that lists no repeat of B: was an IndexError."""
+    write_json(replace(kept_report(), results_b=[]), tmp_path / "drift.json")
+    with pytest.raises(TraceError, match="corrupt drift report"):
+        load_baseline(tmp_path, Path("train.py"), "--b-from")
+
+
+def test_a_recording_cut_short_is_inconclusive_never_a_verdict(tmp_path: Path) -> None:
+    """A's trace cut to 70%, no footer (issue 43: was WITHIN NOISE, exit 0)."""
+    a, b = traces(tmp_path, GRADS)
+    a[0].unlink()
+    write_trace(a[0], [Rec("fc", 1), *GRADS], footer=None)
+    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b])
+    assert (report.verdict, report.exit_code) == ("inconclusive", ExitCode.INCONCLUSIVE)

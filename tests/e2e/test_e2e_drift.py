@@ -8,6 +8,7 @@ last bits), so A's floor is measured, not only its ULP bound.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,14 @@ def test_two_existing_recordings_are_compared_without_starting_an_interpreter(
     assert result.report is not None, result.stderr
     assert (result.returncode, result.report["verdict"]) == (0, "within-noise")  # B: the threads check's own B
     assert "0 interpreters started" in result.stdout
+
+
+def test_a_kept_recording_cut_short_is_inconclusive(tmp_path: Path, threads: tuple[int, dict, str, Path]) -> None:
+    """The baseline's a-0.trace cut to 70% (no footer): was WITHIN NOISE, exit 0 (issue 43); no interpreter starts."""
+    kept = tmp_path / "kept"
+    shutil.copytree(threads[3], kept)
+    trace = kept / "a-0.trace"
+    trace.write_bytes(trace.read_bytes()[: len(trace.read_bytes()) * 7 // 10])
+    result = run_cli(["drift", str(SCRIPTS / "train_drift.py"), "--baseline", str(kept), "--b-from", str(threads[3]),
+                      "--json", "d.json", "--", "--steps", "2"], tmp_path)
+    assert (result.returncode, result.report and result.report["verdict"]) == (6, "inconclusive"), result.stderr
