@@ -195,6 +195,9 @@ def summary_line(report: DriftReport) -> str:
         text += f" · first drift: step {first.step} {first.kind} {_clean(first.name)} ({size})"
         if first.factor is not None:
             text += f", constant factor {first.factor:g}"
+    if report.outcome is not None:
+        ended = report.outcome
+        text += f" · stdout line {ended.line} differs" if ended.line is not None else f" · {_clean(ended.detail)}"
     if report.reason:
         text += f" · {_clean(report.reason)}"
     return text + f" · run: {_clean(report.run_dir)}"
@@ -238,6 +241,18 @@ def _record_name(row: RecordRow) -> str:
     return _clean(row.name + (f" (rank {row.rank})" if row.rank else ""))
 
 
+def _render_outcome(report: DriftReport, console: Console) -> None:
+    """B's stdout (or exit status) that differs from A's, and where A's own repeats print otherwise."""
+    ended = report.outcome
+    if ended is not None:
+        console.print(f"[bold red]B ends otherwise[/]: {_clean(ended.detail)}")
+        if ended.line is not None:
+            console.print(f"  A: {_clean(ended.a)!s}\n  B: {_clean(ended.b)!s}")
+    if report.stdout_noise_from is not None:
+        console.print(f"stdout compared up to line {report.stdout_noise_from}: from there A's own repeats print "
+                      "otherwise (a number its reordering moves), so B's stdout is not judged beyond it")
+
+
 def _render_ranks(report: DriftReport, console: Console) -> None:
     """Per-rank records set aside (another world size) and shared records a side's ranks disagree on."""
     for left in report.not_comparable:
@@ -254,6 +269,8 @@ def render_drift(report: DriftReport, console: Console) -> None:
     kept_b = f" (kept from {_clean(report.b_from)})" if report.b_from else ""
     console.print(f"  A: {_configuration(report.a)}{kept}\n  B: {_configuration(report.b)}{kept_b}")
     console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}")
+    if report.a_disagrees:  # said first: every figure below is measured against a nondeterministic A
+        console.print(f"[bold yellow]A disagrees with itself[/]: {_clean(report.a_disagrees)}")
     if report.records:
         table = Table(show_edge=False)
         for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
@@ -272,6 +289,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
         for text in _evidence(first):
             console.print(f"  evidence: {_clean(text)}")
     _render_op_window(report, console)
+    _render_outcome(report, console)
     for side, names in (("A", report.only_a), ("B", report.only_b)):
         if names:
             listed = ", ".join(f"step {n.step} {n.kind} {n.name}" for n in names[:5])

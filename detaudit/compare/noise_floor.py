@@ -21,13 +21,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
 from detaudit.compare.identity import Alignment, Identity, Value, structural
 from detaudit.compare.saved_values import is_non_tensor
-from detaudit.compare.traces import ELSEWHERE, gaps
+from detaudit.compare.traces import ELSEWHERE, compare_traces, gaps
+from detaudit.results import Divergence
 
 # mantissa bits of each floating dtype: one unit in the last place at magnitude x is 2**(exponent(x) - bits)
 MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7, "float8_e4m3fn": 3,
@@ -154,3 +156,14 @@ def overall(judged: Sequence[Judged], alignment: Alignment) -> Status:
     if all(j.status == "equivalent" for j in judged) and not alignment.only_a and not alignment.only_b:
         return "equivalent"
     return "within-noise"
+
+
+def own_disagreement(plain: Sequence[Sequence[Path]]) -> Divergence | None:
+    """A's plain repeats (the same settings; each repeat's traces, one per rank) compared as `run` compares repeats,
+    bit for bit: their first divergence, or None. Where they differ the script is nondeterministic under A alone,
+    and A's floor measures that, not reorder noise: nothing is within noise of it."""
+    for ranks in zip(*plain):
+        found = compare_traces(list(ranks)).first_divergence if len(ranks) > 1 else None
+        if found is not None:
+            return found
+    return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from detaudit.compare.stdout import DEFAULT_STDOUT, compare_stdout
@@ -43,3 +44,20 @@ def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEF
     record = RecordInfo(-1, "stdout", f"line {found.line}", "", "", -1, "", "", "", False)
     return Divergence(-1, "outcome", record, found.repeats, ref.index, stdout=found,
                       detail=f"stdout line {found.line} differs{at} ({found.mode} comparison){hint}")
+
+
+def outcome_beyond_noise(reference: Sequence[RepeatResult], other: RepeatResult,
+                         stdout: StdoutMode = DEFAULT_STDOUT) -> tuple[Divergence | None, int | None]:
+    """`other`'s end against the first of `reference`'s repeats, as `run` compares repeats' ends
+    (`outcome_divergence`: the exit status, then stdout with its volatile tokens masked), beside a noise floor:
+    the reference's own repeats (run with the reduction order changed) may print a number otherwise already; from
+    the first line they differ at on, a printed difference is no evidence, so `other`'s difference there is not
+    judged. Returns `other`'s divergence (None: none, or none before that line) and that line (None: they agree).
+    Stdout paths are read as given (absolute ones where the repeats lie in other directories)."""
+    own = outcome_divergence(reference, stdout)
+    noisy = own.stdout.line if own is not None and own.stdout is not None else None
+    last = max((r.index for r in reference), default=-1)
+    found = outcome_divergence([*reference[:1], replace(other, index=last + 1)], stdout)
+    if found is not None and found.stdout is not None and noisy is not None and found.stdout.line >= noisy:
+        return None, noisy
+    return found, noisy

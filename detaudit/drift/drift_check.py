@@ -16,7 +16,17 @@ from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions
 from detaudit.compare.identity import Identity, Recording, Value, align, structural
-from detaudit.compare.noise_floor import ULPS, Judged, K, first_drift, judge, overall, ratios_over_steps
+from detaudit.compare.noise_floor import (
+    ULPS,
+    Judged,
+    K,
+    first_drift,
+    judge,
+    overall,
+    own_disagreement,
+    ratios_over_steps,
+)
+from detaudit.compare.outcome import outcome_beyond_noise
 from detaudit.drift.change_kinds import ChangeEvidence, evidence, rank_causes
 from detaudit.drift.configurations import Configuration, differences, floor_perturbation
 from detaudit.drift.drift_report import (
@@ -27,6 +37,7 @@ from detaudit.drift.drift_report import (
     DriftVerdict,
     FirstDrift,
     FloorSummary,
+    OutcomeDrift,
     RecordName,
     RecordRow,
     StepFigures,
@@ -36,7 +47,7 @@ from detaudit.drift.op_window import op_window
 from detaudit.drift.rank_views import disagreements, not_comparable, rank_traces, side_view
 from detaudit.drift.recordings import record
 from detaudit.errors import Inconclusive, TraceError, UsageError
-from detaudit.results import RepeatResult
+from detaudit.results import Divergence, RepeatResult
 from detaudit.run.devices import resolve_devices
 from detaudit.run.launcher import Interrupted, check_script
 from detaudit.run.rundir import REDACTED, new_run_dir, stored_args
@@ -63,20 +74,20 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
                                                        None if kept is None else kept.script_args)
     run_dir = new_run_dir(options.target.script, options.out_dir)
     perturbation = floor_perturbation(a, resolve_devices((a.device,)), os.cpu_count())
+    # where each side's files lie: this run directory, the kept run's own, or the one it kept that side from
+    place_a = run_dir if kept is None else Path(kept.baseline or kept.run_dir)
+    place_b = run_dir if kept_b is None else Path(kept_b.b_from or kept_b.run_dir)
     try:
         if kept is None:
             results_a = record(options, a, run_dir, len(perturbation.groups) + 1, perturbation, on_done)
-            traces_a = [rank_traces(run_dir, r, a.nproc) for r in results_a]
         else:
             a, results_a = kept.a, kept.results_a
-            # where A's traces lie: the kept run's own directory, or the one it kept A from in turn
-            traces_a = [rank_traces(Path(kept.baseline or kept.run_dir), r, a.nproc) for r in results_a]
+        traces_a = [rank_traces(place_a, r, a.nproc) for r in results_a]
         if kept_b is None:
             results_b = record(options, b, run_dir, B_REPEATS, None, on_done)
-            traces_b = rank_traces(run_dir, results_b[0], b.nproc)
         else:  # its B, labelled B whichever side it was there
             b, results_b = kept_b.b, kept_b.results_b
-            traces_b = rank_traces(Path(kept_b.b_from or kept_b.run_dir), results_b[0], b.nproc)
+        traces_b = rank_traces(place_b, results_b[0], b.nproc)
     except Interrupted as exc:
         exc.run_dir = run_dir
         raise
@@ -89,7 +100,7 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
                                                                  0.0, None))
     failure = _failure(results_a, results_b)
     report = replace(report, verdict=failure[0], reason=failure[1]) if failure else \
-        judged_report(report, traces_a, traces_b)
+        judged_report(report, traces_a, traces_b, (place_a, place_b))
     first = report.first_drift
     # op records are per-rank activations: across world sizes they come from other samples (rank_views.py); a
     # drift that starts in an update has no recorded op to name (FirstDrift.starts_in_update)
@@ -162,9 +173,63 @@ def _failure(results_a: Sequence[RepeatResult], results_b: Sequence[RepeatResult
     return None
 
 
-def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], traces_b: Sequence[Path]) -> DriftReport:
+def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], traces_b: Sequence[Path],
+                  places: tuple[Path, Path]) -> DriftReport:
     """The report with B judged against A's floor, read from the recordings (each repeat's traces: one per rank,
-    rank 0's first; per-rank records compared only when A and B run the same world size, rank_views.py)."""
+    rank 0's first; per-rank records compared only when A and B run the same world size, rank_views.py), then
+    their ends (stdout, exit status) and A's own plain repeats. `places`: the directories A's and B's repeats'
+    files lie in (stdout paths are relative to them)."""
+    judged = _judged_records(report, traces_a, traces_b)
+    if judged.verdict == "inconclusive":
+        return judged
+    return _judged_ends(judged, traces_a, places)
+
+
+def _judged_ends(report: DriftReport, traces_a: Sequence[Sequence[Path]], places: tuple[Path, Path]) -> DriftReport:
+    """What `run` compares beside the records: the ends (B's stdout against A's, past the lines A's own repeats
+    print otherwise; the exit status), and whether A's plain repeats agree with each other: where they do not, the
+    script is nondeterministic under A alone, said first, and nothing passes as within noise of it."""
+    settings = report.results_a[0].perturbation if report.results_a else None
+    own = own_disagreement([paths for r, paths in zip(report.results_a, traces_a) if r.perturbation == settings])
+    ended, noisy = None, None
+    if report.a.world_size == report.b.world_size and report.results_b:  # ranks of other world sizes print otherwise
+        a_results = [replace(r, stdout=str(places[0] / r.stdout)) for r in report.results_a]
+        ended, noisy = outcome_beyond_noise(a_results, replace(report.results_b[0],
+                                                               stdout=str(places[1] / report.results_b[0].stdout)))
+    verdict: DriftVerdict = "drift" if report.verdict == "drift" or ended is not None else report.verdict
+    note = None if own is None else _own_note(own)
+    if note is not None and verdict != "drift":
+        verdict = "inconclusive"
+    causes = report.causes if verdict == report.verdict else \
+        rank_causes(differences(report.a, report.b), verdict == "drift", None)
+    return replace(report, verdict=verdict, reason=note if verdict == "inconclusive" else report.reason,
+                   outcome=None if ended is None else _outcome(ended), stdout_noise_from=noisy, a_disagrees=note,
+                   causes=causes)
+
+
+def _own_note(found: Divergence) -> str:
+    """A's plain repeats' first divergence in words."""
+    where = "" if found.record is None else \
+        f" at step {found.record.step} {found.record.kind} {found.record.name}"
+    return (f"A's own plain repeats (the same settings) disagree{where} ({found.detail}): the script is "
+            "nondeterministic under A alone, so A's floor measures that, not reorder noise, and nothing is within "
+            "noise of it; `detaudit run` on A finds why")
+
+
+def _outcome(found: Divergence) -> OutcomeDrift:
+    """B's end that differs from A's, in words."""
+    printed = found.stdout
+    if printed is None:
+        return OutcomeDrift(found.detail)
+    at = f" at {printed.field}" if printed.field else ""
+    return OutcomeDrift(f"stdout line {printed.line} differs{at} ({printed.mode} comparison, docs/stdout.md), where "
+                        "A's own repeats print it alike", printed.line, printed.lines.get(printed.reference),
+                        next((text for i, text in printed.lines.items() if i != printed.reference), None))
+
+
+def _judged_records(report: DriftReport, traces_a: Sequence[Sequence[Path]],
+                    traces_b: Sequence[Path]) -> DriftReport:
+    """The records judged: each aligned record against A's floor, those one side lacks as structure."""
     missing = [p for p in [*(p for paths in traces_a for p in paths), *traces_b] if not p.is_file()]
     if missing:
         raise TraceError(f"{missing[0]}: the repeat left no trace")

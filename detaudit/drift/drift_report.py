@@ -80,6 +80,17 @@ class OpWindow:
 
 
 @dataclass(frozen=True)
+class OutcomeDrift:
+    """B ends otherwise than A (compare/outcome.py, as `run` compares repeats' ends): its stdout differs at `line`
+    (masked, docs/stdout.md) where A's own repeats agree, A's text and B's there; or its exit status (line None)."""
+
+    detail: str
+    line: int | None = None
+    a: str | None = None
+    b: str | None = None
+
+
+@dataclass(frozen=True)
 class RecordName:
     """A record only one side holds."""
 
@@ -172,6 +183,9 @@ class DriftReport(Codable):
     b_from: str | None = None  # --b-from: the earlier drift run directory B (results_b) was kept from
     not_comparable: list[NotComparable] = field(default_factory=list)  # per-rank records across world sizes
     rank_disagreements: list[RankDisagreement] = field(default_factory=list)  # the first ones, each side
+    outcome: OutcomeDrift | None = None  # B's stdout or exit status differs from A's: a drift
+    stdout_noise_from: int | None = None  # the first stdout line A's own repeats print otherwise (not judged on)
+    a_disagrees: str | None = None  # A's own plain repeats differ (the script is nondeterministic under A): where
 
     @property
     def exit_code(self) -> int:

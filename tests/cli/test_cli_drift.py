@@ -24,6 +24,7 @@ from detaudit.drift.drift_report import (
     FirstDrift,
     FloorSummary,
     NotComparable,
+    OutcomeDrift,
     RankDisagreement,
     RecordRow,
     write_json,
@@ -195,3 +196,24 @@ def test_a_report_into_any_drift_run_directory_is_refused(script: Path, tmp_path
     kept = kept_run(tmp_path / "other")
     result = CliRunner().invoke(cli, ["drift", script.name, "--json", str(kept / "report.json")])
     assert result.exit_code == ExitCode.USAGE
+
+
+def test_a_printed_result_that_differs_is_shown_with_both_lines(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_drift(options: AuditOptions, a: Configuration, b: Configuration, *_: Any) -> DriftReport:
+        return replace(drifted(a, b), first_drift=None,
+                       outcome=OutcomeDrift("stdout line 2 differs (masked comparison)", 2, "positives 14",
+                                            "positives 46"))
+    monkeypatch.setattr(drift_check, "run_drift", run_drift)
+    result = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False, env={"COLUMNS": "200"})
+    assert "B ends otherwise: stdout line 2 differs (masked comparison)\n  A: positives 14\n  B: positives 46" in \
+        result.output
+
+
+def test_a_that_disagrees_with_itself_is_said_before_the_records(script: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_drift(options: AuditOptions, a: Configuration, b: Configuration, *_: Any) -> DriftReport:
+        return replace(drifted(a, b), a_disagrees="A's own plain repeats disagree", records=[
+            RecordRow(0, "grad", "fc.weight", 0, "", "train.py:9", "drift", 1.0, 1e-8, 1e8)])
+    monkeypatch.setattr(drift_check, "run_drift", run_drift)
+    output = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False).output
+    assert output.index("A disagrees with itself") < output.index("fc.weight")

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
+
+from synthetic import Rec, write_trace
 
 from detaudit.compare.identity import Alignment, Identity, Value
 from detaudit.compare.noise_floor import (
@@ -15,6 +18,7 @@ from detaudit.compare.noise_floor import (
     judge,
     judge_record,
     overall,
+    own_disagreement,
     ratios_over_steps,
     ulp_bound,
 )
@@ -146,3 +150,16 @@ def test_a_saved_value_only_a_holds_makes_the_verdict_a_drift() -> None:
     judged = [judge_record(record(1.0, 1.0, 1.0, 1.0), [], record(1.0, 1.0, 1.0, 1.0))]
     assert overall(judged, Alignment((FC,), (Identity(5, "save", "model"),), (Identity(3, "save", "model"),))) == \
         "drift"
+
+
+def test_plain_repeats_that_differ_bit_for_bit_are_named_at_their_first_divergence(tmp_path: Path) -> None:
+    """A's two plain repeats (the same settings) compared as `run` compares repeats."""
+    first = write_trace(tmp_path / "a-0.trace", [Rec("fc", 1), Rec("fc", 2, step=1)], footer={})
+    other = write_trace(tmp_path / "a-2.trace", [Rec("fc", 1), Rec("fc", 3, step=1)], footer={})
+    found = own_disagreement([[first], [other]])
+    assert (found.record.step if found is not None and found.record is not None else None) == 1
+
+
+def test_plain_repeats_that_agree_have_no_divergence(tmp_path: Path) -> None:
+    traces = [[write_trace(tmp_path / f"a-{i}.trace", [Rec("fc", 1)], footer={})] for i in (0, 2)]
+    assert own_disagreement(traces) is None

@@ -31,7 +31,8 @@ def traces(tmp_path: Path, b: list[Rec]) -> tuple[list[Path], Path]:
 def test_gradients_doubled_drift_at_the_first_gradient_with_factor_two(tmp_path: Path) -> None:
     doubled = [r.but(digest=r.digest + 100, samples=tuple(2 * x for x in r.samples)) for r in GRADS]
     a, b = traces(tmp_path, doubled)
-    report = judged_report(empty(Configuration("A"), Configuration("B", {"LOSS_WEIGHT": "2"})), [[p] for p in a], [b])
+    report = judged_report(empty(Configuration("A"), Configuration("B", {"LOSS_WEIGHT": "2"})), [[p] for p in a], [b],
+                           (tmp_path, tmp_path))
     assert report.first_drift is not None
     assert (report.verdict, report.first_drift.name, report.first_drift.factor) == ("drift", "fc.weight", 2.0)
     assert report.causes[0].setting == "env LOSS_WEIGHT"
@@ -39,14 +40,14 @@ def test_gradients_doubled_drift_at_the_first_gradient_with_factor_two(tmp_path:
 
 def test_the_same_records_are_equivalent(tmp_path: Path) -> None:
     a, b = traces(tmp_path, GRADS)
-    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b])
+    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b], (tmp_path, tmp_path))
     assert (report.verdict, report.counts.aligned, report.counts.equivalent) == ("equivalent", 3, 3)
 
 
 def test_recordings_with_nothing_in_common_are_inconclusive(tmp_path: Path) -> None:
     a = [write_trace(tmp_path / f"a-{i}.trace", [Rec("fc", 1)], footer={}) for i in range(3)]
     b = write_trace(tmp_path / "b-0.trace", [Rec("other", 1)], footer={})
-    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b])
+    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b], (tmp_path, tmp_path))
     assert (report.verdict, len(report.only_b)) == ("inconclusive", 1)
 
 
@@ -103,7 +104,7 @@ def test_an_output_that_differs_where_no_sample_sits_drifts_with_its_size_unknow
     """B adds 1000 to an element no sample sits on: another digest, the same samples (issue 43: was WITHIN NOISE,
     |B-A| 0)."""
     a, b = traces(tmp_path, [GRADS[0].but(digest=GRADS[0].digest + 1), GRADS[1]])
-    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b])
+    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b], (tmp_path, tmp_path))
     assert (report.verdict, report.first_drift and report.first_drift.name) == ("drift", "fc.weight")
 
 
@@ -113,7 +114,7 @@ def test_b_stopping_steps_early_drifts_at_the_first_record_it_lacks(tmp_path: Pa
     later = [r.but(step=1) for r in GRADS]
     a = [write_trace(tmp_path / f"a-{i}.trace", [*GRADS, *later], footer={}) for i in range(3)]
     b = write_trace(tmp_path / "b-0.trace", GRADS, footer={})
-    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b])
+    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b], (tmp_path, tmp_path))
     first = report.first_drift
     assert (report.verdict, first and (first.step, first.name), report.counts.structure) == (
         "drift", (1, "fc.weight"), 2)
@@ -138,5 +139,38 @@ def test_a_recording_cut_short_is_inconclusive_never_a_verdict(tmp_path: Path) -
     a, b = traces(tmp_path, GRADS)
     a[0].unlink()
     write_trace(a[0], [Rec("fc", 1), *GRADS], footer=None)
-    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b])
+    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b], (tmp_path, tmp_path))
     assert (report.verdict, report.exit_code) == ("inconclusive", ExitCode.INCONCLUSIVE)
+
+
+def side(label: str, tmp_path: Path, prints: list[str],
+         perturbed: list[dict[str, str]] | None = None) -> list[RepeatResult]:
+    """A side's repeats as run.json stores them, each having printed its text into `<label>-N.stdout`."""
+    results = []
+    for i, text in enumerate(prints):
+        (tmp_path / f"{label}-{i}.stdout").write_text(text)
+        results.append(RepeatResult(i, "cpu", 0, 1.0, False, f"{label}-{i}.trace", f"{label}-{i}.stdout",
+                                    f"{label}-{i}.stderr", "", perturbation=perturbed[i] if perturbed else None))
+    return results
+
+
+def test_another_printed_result_is_a_drift_though_every_record_is_equal(tmp_path: Path) -> None:
+    """B's post-processing threshold: `positives 14` -> `positives 46` (issue 43: was EQUIVALENT, exit 0)."""
+    a, b = traces(tmp_path, GRADS)
+    printed_a, printed_b = side("a", tmp_path, ["positives 14\n"] * 3), side("b", tmp_path, ["positives 46\n"])
+    report = replace(empty(Configuration("A"), Configuration("B")), results_a=printed_a, results_b=printed_b)
+    judged = judged_report(report, [[p] for p in a], [b], (tmp_path, tmp_path))
+    assert (judged.verdict, judged.outcome and judged.outcome.b) == ("drift", "positives 46")
+
+
+def test_a_plain_repeat_of_a_that_disagrees_with_the_first_makes_noise_inconclusive(tmp_path: Path) -> None:
+    """A's two plain repeats (threads 1) differ: the script is nondeterministic under A alone (issue 43 item 6)."""
+    a, b = traces(tmp_path, GRADS)
+    a[2].unlink()
+    write_trace(a[2], [Rec("fc", 1), GRADS[0].but(digest=99, samples=(0.5, -0.25, 0.125, 1.01)), GRADS[1]], footer={})
+    settings = [{"threads": "1"}, {"threads": "2"}, {"threads": "1"}]
+    report = replace(empty(Configuration("A"), Configuration("B")), results_a=side("a", tmp_path, [""] * 3, settings),
+                     results_b=side("b", tmp_path, [""]))
+    judged = judged_report(report, [[p] for p in a], [b], (tmp_path, tmp_path))
+    assert (judged.verdict, str(judged.reason).startswith("A's own plain repeats (the same settings) disagree at "
+                                                          "step 0 grad fc.weight")) == ("inconclusive", True)
