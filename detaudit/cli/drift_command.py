@@ -162,7 +162,7 @@ def _render_op_window(report: DriftReport, console: Console) -> None:
         console.print(f"[bold]first op[/] of step {window.step} where B departs: {where}: " + (
             f"{window.ratio_to_floor:.3g}x its ULP bound" if window.ratio_to_floor is not None else
             "B has no such op" + (f"; B ran {_clean(', '.join(window.b_ops))} there" if window.b_ops else "")))
-    elif first is not None and first.starts_in_update:
+    elif first is not None and first.starts_in_update and report.verdict == "drift":
         console.print(f"no op window: the first drift is a {_clean(first.kind)} record whose step's other records "
                       "are within noise: the change starts in optimizer.step() (its learning rate or other "
                       "settings, its state), whose ops are not recorded")
@@ -185,10 +185,10 @@ def summary_line(report: DriftReport) -> str:
     colour = {"equivalent": "green", "within-noise": "green", "drift": "red"}.get(report.verdict, "yellow")
     text = f"[bold {colour}]{report.verdict.upper().replace('-', ' ')}[/]"
     c = report.counts
-    if report.verdict in ("equivalent", "within-noise", "drift"):
+    if report.verdict in ("equivalent", "within-noise", "drift") or c.aligned:
         text += f" · {c.aligned} records aligned: {c.equivalent} equivalent, {c.within_noise} within noise, " \
-                f"{c.drift} beyond the floor" + (f", {c.structure} only one side holds (structure)"
-                                                 if c.structure else "")
+                f"{c.drift} beyond the floor" + (f", {c.size_unknown} of unknown size" if c.size_unknown else "") \
+            + (f", {c.structure} only one side holds (structure)" if c.structure else "")
     first = report.first_drift
     if first is not None:
         size = "size unknown" if first.detail is not None else _ratio(first.ratio_to_floor)

@@ -75,6 +75,8 @@ def floor_of(plain: Value, others: Sequence[Value], scale: float = 0.0) -> float
 
 K = 10.0
 Status = Literal["equivalent", "within-noise", "drift"]
+# inconclusive: nothing is beyond the floor, but some record differs where no sampled element shows by how much
+Overall = Literal["equivalent", "within-noise", "drift", "inconclusive"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class Judged:
     floor: float
     ratio: float | None
     detail: str | None = None
+    unrecorded: bool = False  # a tensor whose digest differs where no sample sits: its size is unknown
 
 
 def unsized(value: Value) -> str:
@@ -97,15 +100,24 @@ def unsized(value: Value) -> str:
     return f"differs at an unrecorded position: size unknown ({ELSEWHERE})"
 
 
+def _same(a: Value, b: Value) -> bool:
+    """Bit for bit the same record (the digests, as `run` compares)."""
+    return a.digest == b.digest and a.shape == b.shape and a.dtype == b.dtype
+
+
 def judge_record(plain: Value, others: Sequence[Value], b: Value, scale: float = 0.0) -> Judged:
     """One record: bitwise equal (the digests, as `run` compares), within K times its floor, or beyond
-    (`scale`: floor_of). Another digest whose sampled elements agree is a drift of unknown size, never noise."""
+    (`scale`: floor_of). B bit for bit equal to another of A's repeats is within noise whatever its size: it is
+    one of A's own noise samples. Otherwise, another digest whose sampled elements agree is a drift of unknown
+    size, never noise."""
     floor = floor_of(plain, others, scale)
-    if plain.digest == b.digest and plain.shape == b.shape and plain.dtype == b.dtype:
+    if _same(plain, b):
         return Judged(plain.identity, "equivalent", 0.0, floor, 0.0)
     moved = difference(plain, b)
+    if any(_same(other, b) for other in others):  # bit for bit one of A's own repeats: A's noise itself
+        return Judged(plain.identity, "within-noise", moved, floor, moved / floor if floor > 0 else 0.0)
     if moved == 0.0:
-        return Judged(plain.identity, "drift", math.inf, floor, None, unsized(plain))
+        return Judged(plain.identity, "drift", math.inf, floor, None, unsized(plain), not is_non_tensor(plain.dtype))
     ratio = moved / floor if floor > 0 and math.isfinite(moved) else None
     beyond = ratio is None or ratio > K
     return Judged(plain.identity, "drift" if beyond else "within-noise", moved, floor, ratio)
@@ -147,12 +159,16 @@ def ratios_over_steps(judged: Sequence[Judged], first: Judged) -> list[float]:
     return [math.inf if j.ratio is None else j.ratio for j in same]
 
 
-def overall(judged: Sequence[Judged], alignment: Alignment) -> Status:
-    """equivalent when every record agrees bit for bit and both hold the same records; drift when one is beyond
-    its floor, or a record one side lacks is a structure difference (identity.structural); within-noise
-    otherwise (a module call a compiler fused away is listed, not a drift by itself)."""
-    if any(j.status == "drift" for j in judged) or structural(alignment):
+def overall(judged: Sequence[Judged], alignment: Alignment) -> Overall:
+    """drift when a record is beyond its floor (or a saved value that is no tensor changed), or a record one side
+    lacks is a structure difference (identity.structural); inconclusive when the only records not within noise
+    differ where no sample sits (their size is unknown: neither within noise nor shown beyond it); equivalent when
+    every record agrees bit for bit and both hold the same records; within-noise otherwise (a module call a
+    compiler fused away is listed, not a drift by itself)."""
+    if any(j.status == "drift" and not j.unrecorded for j in judged) or structural(alignment):
         return "drift"
+    if any(j.unrecorded for j in judged):
+        return "inconclusive"
     if all(j.status == "equivalent" for j in judged) and not alignment.only_a and not alignment.only_b:
         return "equivalent"
     return "within-noise"

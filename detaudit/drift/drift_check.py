@@ -104,7 +104,8 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
     first = report.first_drift
     # op records are per-rank activations: across world sizes they come from other samples (rank_views.py); a
     # drift that starts in an update has no recorded op to name (FirstDrift.starts_in_update)
-    if ops and first is not None and a.world_size == b.world_size and not first.starts_in_update:
+    if ops and report.verdict == "drift" and first is not None and a.world_size == b.world_size \
+            and not first.starts_in_update:
         try:
             report = replace(report, op_window=op_window(options, a, b, run_dir, first.step, on_done), op_runs=2)
         except Interrupted as exc:
@@ -132,12 +133,13 @@ def load_baseline(baseline: Path, script: Path, option: str = "--baseline",
     kept = DriftReport.from_dict({k: v for k, v in data.items() if k not in ("format", "version", "exit_code")})
     if Path(kept.script).name != script.name:
         raise UsageError(f"{option} {baseline} recorded {kept.script}, not {script}: a floor is one script's")
-    if kept.verdict not in ("equivalent", "within-noise", "drift") or not kept.results_a:
-        raise UsageError(f"{option} {baseline}: its A was not recorded whole ({kept.verdict}); record it again")
     if len(kept.results_a) != len(kept.floor.perturbed) or len(kept.results_b) != B_REPEATS:
         raise TraceError(f"{path}: corrupt drift report: it lists {len(kept.results_a)} repeats of A and "
                          f"{len(kept.results_b)} of B, its floor declares {len(kept.floor.perturbed)} of A and a "
                          f"check records {B_REPEATS} of B")
+    side, results = ("B", kept.results_b) if option == "--b-from" else ("A", kept.results_a)
+    if not results or _failure(results, []) is not None:
+        raise UsageError(f"{option} {baseline}: its {side} was not recorded whole ({kept.verdict}); record it again")
     if script_args is not None:
         _check_common_args(kept, script_args, f"{option} {baseline}")
     if stored is not None and list(stored) != kept.script_args:
@@ -180,7 +182,7 @@ def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], trace
     their ends (stdout, exit status) and A's own plain repeats. `places`: the directories A's and B's repeats'
     files lie in (stdout paths are relative to them)."""
     judged = _judged_records(report, traces_a, traces_b)
-    if judged.verdict == "inconclusive":
+    if not judged.counts.aligned:  # cut short, or nothing in common: nothing judged
         return judged
     return _judged_ends(judged, traces_a, places)
 
@@ -202,7 +204,8 @@ def _judged_ends(report: DriftReport, traces_a: Sequence[Sequence[Path]], places
         verdict = "inconclusive"
     causes = report.causes if verdict == report.verdict else \
         rank_causes(differences(report.a, report.b), verdict == "drift", None)
-    return replace(report, verdict=verdict, reason=note if verdict == "inconclusive" else report.reason,
+    reason = None if verdict == "drift" else note or report.reason
+    return replace(report, verdict=verdict, reason=reason,
                    outcome=None if ended is None else _outcome(ended), stdout_noise_from=noisy, a_disagrees=note,
                    causes=causes)
 
@@ -251,9 +254,14 @@ def _judged_records(report: DriftReport, traces_a: Sequence[Sequence[Path]],
     one_sided = structural(alignment)
     first, change = _first_drift(judged, one_sided, recordings_a, recording_b)
     verdict = overall(judged, alignment)
+    unsized = [j for j in judged if j.unrecorded]
     ratios = [j.ratio for j in judged if j.ratio is not None]
     return replace(
         report, verdict=verdict, first_drift=first,
+        reason=None if verdict != "inconclusive" else (
+            f"{len(unsized)} record(s) of B differ where the trace samples no element (first: step "
+            f"{unsized[0].identity.step} {unsized[0].identity.kind} {unsized[0].identity.name}): their size is "
+            "unknown, so B is neither shown within noise nor beyond it"),
         floor=replace(report.floor, largest_floor=max(j.floor for j in judged),
                       largest_ratio=max(ratios, default=None)),
         counts=_counts(judged, len(one_sided)),
@@ -265,8 +273,9 @@ def _judged_records(report: DriftReport, traces_a: Sequence[Sequence[Path]],
 
 def _counts(judged: Sequence[Judged], structure: int) -> Counts:
     def count(status: str) -> int:
-        return sum(j.status == status for j in judged)
-    return Counts(len(judged), count("equivalent"), count("within-noise"), count("drift"), structure)
+        return sum(j.status == status and not j.unrecorded for j in judged)
+    return Counts(len(judged), count("equivalent"), count("within-noise"), count("drift"), structure,
+                  sum(j.unrecorded for j in judged))
 
 
 def _first_drift(judged: Sequence[Judged], missing: Sequence[Identity], recordings_a: Sequence[Recording],

@@ -153,6 +153,7 @@ class Counts:
     within_noise: int = 0
     drift: int = 0
     structure: int = 0  # records one side lacks that are a structure difference (compare/identity.structural)
+    size_unknown: int = 0  # records whose digest differs where no sample sits (compare/noise_floor.py `unsized`)
 
 
 @dataclass(frozen=True)

@@ -163,3 +163,20 @@ def test_plain_repeats_that_differ_bit_for_bit_are_named_at_their_first_divergen
 def test_plain_repeats_that_agree_have_no_divergence(tmp_path: Path) -> None:
     traces = [[write_trace(tmp_path / f"a-{i}.trace", [Rec("fc", 1)], footer={})] for i in (0, 2)]
     assert own_disagreement(traces) is None
+
+
+def test_b_bit_for_bit_one_of_a_s_perturbed_repeats_is_within_noise_though_its_size_is_unrecorded() -> None:
+    """B at two threads is A's perturbed repeat (two threads) over again: A's own noise, whatever its size."""
+    perturbed = record(1.0, 2.0, 3.0, 4.0, digest=2)
+    assert judge_record(record(1.0, 2.0, 3.0, 4.0), [perturbed], perturbed).status == "within-noise"
+
+
+def test_records_that_differ_only_where_no_sample_sits_make_the_verdict_inconclusive() -> None:
+    judged = [judge_record(record(1.0, 2.0, 3.0, 4.0), [], record(1.0, 2.0, 3.0, 4.0, digest=2))]
+    assert overall(judged, Alignment((FC,), (), ())) == "inconclusive"
+
+
+def test_a_saved_string_that_differs_makes_the_verdict_a_drift() -> None:
+    """A string cannot move by reordering: another one is a change, whatever its size."""
+    a = Value(Identity(0, "save", "note"), "", "train.py:9", "str", "", 1, (0.0, 0.0, 0.0, 0.0), True)
+    assert overall([judge_record(a, [], replace(a, digest=2))], Alignment((a.identity,), (), ())) == "drift"

@@ -100,12 +100,12 @@ def test_a_b_from_directory_without_a_drift_report_is_named_by_its_option(tmp_pa
         load_baseline(tmp_path, Path("train.py"), "--b-from")
 
 
-def test_an_output_that_differs_where_no_sample_sits_drifts_with_its_size_unknown(tmp_path: Path) -> None:
+def test_an_output_that_differs_where_no_sample_sits_is_inconclusive_with_its_size_unknown(tmp_path: Path) -> None:
     """B adds 1000 to an element no sample sits on: another digest, the same samples (issue 43: was WITHIN NOISE,
-    |B-A| 0)."""
+    |B-A| 0, exit 0). Its size is unknown: neither within noise nor shown beyond it, the gate fails (exit 6)."""
     a, b = traces(tmp_path, [GRADS[0].but(digest=GRADS[0].digest + 1), GRADS[1]])
     report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b], (tmp_path, tmp_path))
-    assert (report.verdict, report.first_drift and report.first_drift.name) == ("drift", "fc.weight")
+    assert (report.exit_code, report.first_drift and report.first_drift.name) == (ExitCode.INCONCLUSIVE, "fc.weight")
 
 
 def test_b_stopping_steps_early_drifts_at_the_first_record_it_lacks(tmp_path: Path) -> None:
@@ -174,3 +174,9 @@ def test_a_plain_repeat_of_a_that_disagrees_with_the_first_makes_noise_inconclus
     judged = judged_report(report, [[p] for p in a], [b], (tmp_path, tmp_path))
     assert (judged.verdict, str(judged.reason).startswith("A's own plain repeats (the same settings) disagree at "
                                                           "step 0 grad fc.weight")) == ("inconclusive", True)
+
+
+def test_a_kept_run_whose_verdict_was_inconclusive_still_keeps_its_whole_a(tmp_path: Path) -> None:
+    """Its A recorded whole (every repeat ended 0), its B of unknown size: A's floor is still A's floor."""
+    write_json(replace(kept_report(), verdict="inconclusive"), tmp_path / "drift.json")
+    assert load_baseline(tmp_path, Path("train.py")).verdict == "inconclusive"

@@ -94,10 +94,12 @@ def one_rank_against_two(tmp_path_factory: pytest.TempPathFactory) -> tuple[int,
 
 
 @distributed
-def test_one_rank_against_two_with_the_same_global_batch_is_within_noise(
+def test_one_rank_against_two_is_inconclusive_where_a_difference_has_no_recorded_size(
         one_rank_against_two: tuple[int, dict, str, Path]) -> None:
+    """Checked by hand: gradients differ in their last bits, within the floor, but step 0's `0.bias` parameter differs
+    only at elements no sample sits on: its size is unknown, never within noise (issue 43)."""
     code, report, _, _ = one_rank_against_two
-    assert (code, report["verdict"]) == (0, "within-noise")  # checked by hand: gradients differ in their last bits
+    assert (code, report["verdict"], report["counts"]["size_unknown"]) == (6, "inconclusive", 1)
     assert {r["kind"] for r in report["records"]} == {"grad", "param"}
 
 
@@ -123,14 +125,15 @@ def test_two_ranks_summing_gradients_without_averaging_drift_at_the_first_gradie
 
 
 @distributed
-def test_the_compiled_model_is_within_noise_and_its_fused_modules_are_listed_not_misaligned(
+def test_the_compiled_model_is_inconclusive_and_its_fused_modules_are_listed_not_misaligned(
         tmp_path: Path, one_rank_against_two: tuple[int, dict, str, Path]) -> None:
     result = run_cli(["drift", str(SCRIPTS / "train_drift_small.py"), "--baseline", str(one_rank_against_two[3]),
                       "--b-env", "COMPILE=1", "--json", "d.json"], tmp_path)
     assert result.report is not None, result.stderr
     report = result.report
-    # checked by hand: inductor's fused LayerNorm, GELU and matmuls round otherwise, by at most 8x the floor
-    assert (result.returncode, report["verdict"]) == (0, "within-noise")
+    # checked by hand: inductor's fused LayerNorm, GELU and matmuls round otherwise, by at most 8x the floor where
+    # a sample shows it; step 0's `0.bias` parameter differs where none sits: size unknown (issue 43)
+    assert (result.returncode, report["verdict"], report["counts"]["size_unknown"]) == (6, "inconclusive", 1)
     assert {(n["step"], n["kind"], n["name"]) for n in report["only_a"]} == {
         (step, "output", name) for step in (0, 1) for name in ("0", "1", "2", "3")}
     assert report["only_b"] == []
