@@ -248,9 +248,10 @@ def _render_outcome(report: DriftReport, console: Console) -> None:
         console.print(f"[bold red]B ends otherwise[/]: {_clean(ended.detail)}")
         if ended.line is not None:
             console.print(f"  A: {_clean(ended.a)!s}\n  B: {_clean(ended.b)!s}")
-    if report.stdout_noise_from is not None:
-        console.print(f"stdout compared up to line {report.stdout_noise_from}: from there A's own repeats print "
-                      "otherwise (a number its reordering moves), so B's stdout is not judged beyond it")
+    if report.stdout_unsteady:
+        lines = ", ".join(map(str, report.stdout_unsteady))
+        console.print(f"stdout line(s) {lines} not judged: A's own repeats print them otherwise (a number its "
+                      "reordering moves)")
 
 
 def _render_ranks(report: DriftReport, console: Console) -> None:

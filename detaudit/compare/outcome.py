@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from detaudit.compare.stdout import DEFAULT_STDOUT, compare_stdout
+from detaudit.compare.stdout import DEFAULT_STDOUT, compare_stdout, steady_difference
 from detaudit.results import Divergence, RecordInfo, RepeatResult, StdoutMode
 
 
@@ -47,17 +47,24 @@ def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEF
 
 
 def outcome_beyond_noise(reference: Sequence[RepeatResult], other: RepeatResult,
-                         stdout: StdoutMode = DEFAULT_STDOUT) -> tuple[Divergence | None, int | None]:
-    """`other`'s end against the first of `reference`'s repeats, as `run` compares repeats' ends
-    (`outcome_divergence`: the exit status, then stdout with its volatile tokens masked), beside a noise floor:
-    the reference's own repeats (run with the reduction order changed) may print a number otherwise already; from
-    the first line they differ at on, a printed difference is no evidence, so `other`'s difference there is not
-    judged. Returns `other`'s divergence (None: none, or none before that line) and that line (None: they agree).
-    Stdout paths are read as given (absolute ones where the repeats lie in other directories)."""
-    own = outcome_divergence(reference, stdout)
-    noisy = own.stdout.line if own is not None and own.stdout is not None else None
+                         stdout: StdoutMode = DEFAULT_STDOUT) -> tuple[Divergence | None, list[int]]:
+    """`other`'s end against the first of `reference`'s repeats, as `run` compares repeats' ends: the exit status
+    (`outcome_divergence`), then stdout with its volatile tokens masked (compare/stdout.py), beside a noise floor:
+    the lines the reference's own repeats (run with the reduction order changed) print otherwise already (a loss in
+    its last digits) are no evidence, so `other`'s difference there is not judged (`steady_difference`). Returns
+    `other`'s divergence (None: none elsewhere) and those lines. Stdout paths are read as given (absolute ones
+    where the repeats lie in other directories); stdout is compared between repeats on one device."""
     last = max((r.index for r in reference), default=-1)
-    found = outcome_divergence([*reference[:1], replace(other, index=last + 1)], stdout)
-    if found is not None and found.stdout is not None and noisy is not None and found.stdout.line >= noisy:
+    ended = outcome_divergence([*reference[:1], replace(other, index=last + 1)], "ignore")
+    if ended is not None or not reference:
+        return ended, []
+    printed = [r for r in reference if r.device == other.device and r.stdout and os.path.lexists(r.stdout)]
+    if not other.stdout or not os.path.lexists(other.stdout) or not printed or printed[0] is not reference[0]:
+        return None, []
+    found, noisy = steady_difference([Path(r.stdout) for r in printed], Path(other.stdout), stdout)
+    if found is None:
         return None, noisy
-    return found, noisy
+    at = f" at {found.field}" if found.field else ""
+    record = RecordInfo(-1, "stdout", f"line {found.line}", "", "", -1, "", "", "", False)
+    return Divergence(-1, "outcome", record, [1], 0, stdout=found,
+                      detail=f"stdout line {found.line} differs{at} ({found.mode} comparison)"), noisy

@@ -193,7 +193,8 @@ def _judged_ends(report: DriftReport, traces_a: Sequence[Sequence[Path]], places
     script is nondeterministic under A alone, said first, and nothing passes as within noise of it."""
     settings = report.results_a[0].perturbation if report.results_a else None
     own = own_disagreement([paths for r, paths in zip(report.results_a, traces_a) if r.perturbation == settings])
-    ended, noisy = None, None
+    ended: Divergence | None = None
+    noisy: list[int] = []
     if report.a.world_size == report.b.world_size and report.results_b:  # ranks of other world sizes print otherwise
         a_results = [replace(r, stdout=str(places[0] / r.stdout)) for r in report.results_a]
         ended, noisy = outcome_beyond_noise(a_results, replace(report.results_b[0],
@@ -206,7 +207,7 @@ def _judged_ends(report: DriftReport, traces_a: Sequence[Sequence[Path]], places
         rank_causes(differences(report.a, report.b), verdict == "drift", None)
     reason = None if verdict == "drift" else note or report.reason
     return replace(report, verdict=verdict, reason=reason,
-                   outcome=None if ended is None else _outcome(ended), stdout_noise_from=noisy, a_disagrees=note,
+                   outcome=None if ended is None else _outcome(ended), stdout_unsteady=noisy[:20], a_disagrees=note,
                    causes=causes)
 
 

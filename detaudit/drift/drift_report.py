@@ -185,7 +185,7 @@ class DriftReport(Codable):
     not_comparable: list[NotComparable] = field(default_factory=list)  # per-rank records across world sizes
     rank_disagreements: list[RankDisagreement] = field(default_factory=list)  # the first ones, each side
     outcome: OutcomeDrift | None = None  # B's stdout or exit status differs from A's: a drift
-    stdout_noise_from: int | None = None  # the first stdout line A's own repeats print otherwise (not judged on)
+    stdout_unsteady: list[int] = field(default_factory=list)  # stdout lines A's own repeats print otherwise (first 20)
     a_disagrees: str | None = None  # A's own plain repeats differ (the script is nondeterministic under A): where
 
     @property

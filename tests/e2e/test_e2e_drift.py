@@ -157,3 +157,12 @@ def test_a_kept_recording_cut_short_is_inconclusive(tmp_path: Path, threads: tup
     result = run_cli(["drift", str(SCRIPTS / "train_drift.py"), "--baseline", str(kept), "--b-from", str(threads[3]),
                       "--json", "d.json", "--", "--steps", "2"], tmp_path)
     assert (result.returncode, result.report and result.report["verdict"]) == (6, "inconclusive"), result.stderr
+
+
+def test_a_post_processing_threshold_that_changes_only_the_printed_result_drifts(
+        scripts: Path, tmp_path: Path, threads: tuple[int, dict, str, Path]) -> None:
+    """Every record equal to A's, the last printed line `positives 643` -> `positives 0` (issue 43: was EQUIVALENT,
+    exit 0). B at A's plain thread count: its records are A's own, bit for bit."""
+    code, report, _ = drift(scripts, tmp_path, "--baseline", str(threads[3]), "--b-threads", "1", "--b-env",
+                            "POSITIVE_ABOVE=0.5")
+    assert (code, report["counts"]["equivalent"], report["outcome"]["line"]) == (1, report["counts"]["aligned"], 3)
