@@ -191,7 +191,8 @@ def summary_line(report: DriftReport) -> str:
             + (f", {c.structure} only one side holds (structure)" if c.structure else "")
     first = report.first_drift
     if first is not None:
-        size = "size unknown" if first.detail is not None else _ratio(first.ratio_to_floor)
+        size = "structure" if first.structure else "size unknown" if first.detail is not None \
+            else _ratio(first.ratio_to_floor)
         text += f" · first drift: step {first.step} {first.kind} {_clean(first.name)} ({size})"
         if first.factor is not None:
             text += f", constant factor {first.factor:g}"

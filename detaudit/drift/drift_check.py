@@ -292,7 +292,8 @@ def _first_drift(judged: Sequence[Judged], missing: Sequence[Identity], recordin
                "steps, a gradient, parameter or saved value one side never recorded), as `run` calls a record one "
                "repeat lacks")
         change = ChangeEvidence()
-        return _first(Judged(lacking, "drift", math.inf, 0.0, None, why), value, change), change
+        return replace(_first(Judged(lacking, "drift", math.inf, 0.0, None, why), value, change), structure=True), \
+            change
     if first is None:
         return None, None
     change = evidence(recordings_a[0][first.identity], recording_b[first.identity], ratios_over_steps(judged, first))

@@ -56,6 +56,7 @@ class FirstDrift:
     shape: str
     evidence: ChangeEvidence
     detail: str | None = None  # why it has no size (an unrecorded position, a value that is no tensor)
+    structure: bool = False  # a record only one side holds (compare/identity.structural)
 
     @property
     def starts_in_update(self) -> bool:

@@ -116,8 +116,8 @@ def test_b_stopping_steps_early_drifts_at_the_first_record_it_lacks(tmp_path: Pa
     b = write_trace(tmp_path / "b-0.trace", GRADS, footer={})
     report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b], (tmp_path, tmp_path))
     first = report.first_drift
-    assert (report.verdict, first and (first.step, first.name), report.counts.structure) == (
-        "drift", (1, "fc.weight"), 2)
+    assert (report.verdict, first and (first.step, first.name, first.structure), report.counts.structure) == (
+        "drift", (1, "fc.weight", True), 2)
 
 
 def test_a_kept_report_listing_fewer_repeats_than_its_floor_declares_is_corrupt(tmp_path: Path) -> None:
