@@ -136,7 +136,9 @@ def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_a
     b = configuration("B", b_env, b_args, b_threads, b_python, b_device, b_nproc)
     if b_from is not None and b != Configuration("B"):
         raise click.UsageError("--b-from keeps B from an earlier run: its --b-* options cannot change it")
-    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script)})
+    kept = {f"the kept recording {option} {path}": path for option, path in (("--baseline", baseline),
+                                                                              ("--b-from", b_from)) if path}
+    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script), **kept})
     options = AuditOptions(Target(Path(script), list(script_args), argv0=script), Schedule(timeout=timeout),
                            Recording(max_steps=max_steps), out_dir=out_dir)
     progress = RepeatsProgress(quiet, (0 if baseline else 3) + (0 if b_from else B_REPEATS),
@@ -164,7 +166,7 @@ def _render_op_window(report: DriftReport, console: Console) -> None:
         console.print(f"[bold]first op[/] of step {window.step} where B departs: {where}: " + (
             f"{window.ratio_to_floor:.3g}x its ULP bound" if window.ratio_to_floor is not None else
             "B has no such op" + (f"; B ran {_clean(', '.join(window.b_ops))} there" if window.b_ops else "")))
-    elif first is not None and first.starts_in_update:
+    elif first is not None and first.starts_in_update and report.verdict == "drift":
         console.print(f"no op window: the first drift is a {_clean(first.kind)} record whose step's other records "
                       "are within noise: the change starts in optimizer.step() (its learning rate or other "
                       "settings, its state), whose ops are not recorded")
@@ -177,7 +179,9 @@ def _clean(text: object) -> str:
     return escape(printable(str(text)))
 
 
-def _ratio(ratio: float | None) -> str:
+def _ratio(ratio: float | None, detail: str | None = None) -> str:
+    if detail is not None:
+        return _clean(detail)
     return "beyond any floor" if ratio is None else f"{ratio:.3g}x floor"
 
 
@@ -185,14 +189,20 @@ def summary_line(report: DriftReport) -> str:
     colour = {"equivalent": "green", "within-noise": "green", "drift": "red"}.get(report.verdict, "yellow")
     text = f"[bold {colour}]{report.verdict.upper().replace('-', ' ')}[/]"
     c = report.counts
-    if report.verdict in ("equivalent", "within-noise", "drift"):
+    if report.verdict in ("equivalent", "within-noise", "drift") or c.aligned:
         text += f" · {c.aligned} records aligned: {c.equivalent} equivalent, {c.within_noise} within noise, " \
-                f"{c.drift} beyond the floor"
+                f"{c.drift} beyond the floor" + (f", {c.size_unknown} of unknown size" if c.size_unknown else "") \
+            + (f", {c.structure} only one side holds (structure)" if c.structure else "")
     first = report.first_drift
     if first is not None:
-        text += f" · first drift: step {first.step} {first.kind} {_clean(first.name)} ({_ratio(first.ratio_to_floor)})"
+        size = "structure" if first.structure else "size unknown" if first.detail is not None \
+            else _ratio(first.ratio_to_floor)
+        text += f" · first drift: step {first.step} {first.kind} {_clean(first.name)} ({size})"
         if first.factor is not None:
             text += f", constant factor {first.factor:g}"
+    if report.outcome is not None:
+        ended = report.outcome
+        text += f" · stdout line {ended.line} differs" if ended.line is not None else f" · {_clean(ended.detail)}"
     if report.reason:
         text += f" · {_clean(report.reason)}"
     return text + f" · run: {_clean(report.run_dir)}"
@@ -224,9 +234,29 @@ def _evidence(first: FirstDrift) -> list[str]:
     return lines
 
 
+def _difference(row: RecordRow) -> str:
+    """|B-A| in the table: the sampled difference, `size unknown` where it was not recorded, `-` (no pair)."""
+    if row.detail is not None and row.difference is None:
+        return "size unknown"
+    return "-" if row.difference is None else f"{row.difference:.3g}"
+
+
 def _record_name(row: RecordRow) -> str:
     """A row's name, with its rank where two torchrun runs' per-rank records are compared rank by rank."""
     return _clean(row.name + (f" (rank {row.rank})" if row.rank else ""))
+
+
+def _render_outcome(report: DriftReport, console: Console) -> None:
+    """B's stdout (or exit status) that differs from A's, and where A's own repeats print otherwise."""
+    ended = report.outcome
+    if ended is not None:
+        console.print(f"[bold red]B ends otherwise[/]: {_clean(ended.detail)}")
+        if ended.line is not None:
+            console.print(f"  A: {_clean(ended.a)!s}\n  B: {_clean(ended.b)!s}")
+    if report.stdout_unsteady:
+        lines = ", ".join(map(str, report.stdout_unsteady))
+        console.print(f"stdout line(s) {lines} not judged: A's own repeats print them otherwise (a number its "
+                      "reordering moves)")
 
 
 def _render_ranks(report: DriftReport, console: Console) -> None:
@@ -245,6 +275,8 @@ def render_drift(report: DriftReport, console: Console) -> None:
     kept_b = f" (kept from {_clean(report.b_from)})" if report.b_from else ""
     console.print(f"  A: {_configuration(report.a)}{kept}\n  B: {_configuration(report.b)}{kept_b}")
     console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}")
+    if report.a_disagrees:  # said first: every figure below is measured against a nondeterministic A
+        console.print(f"[bold yellow]A disagrees with itself[/]: {_clean(report.a_disagrees)}")
     if report.records:
         table = Table(show_edge=False)
         for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
@@ -252,17 +284,18 @@ def render_drift(report: DriftReport, console: Console) -> None:
         for row in report.records[:SHOWN_ROWS]:
             status = "[red]drift[/]" if row.status == "drift" else "within noise"
             table.add_row(str(row.step), row.kind, _record_name(row), status,
-                          "-" if row.difference is None else f"{row.difference:.3g}", f"{row.floor:.3g}",
+                          _difference(row), f"{row.floor:.3g}",
                           "-" if row.ratio_to_floor is None else f"{row.ratio_to_floor:.3g}", _clean(row.location))
         console.print(table)
     first = report.first_drift
     if first is not None:
         console.print(f"[bold red]first drift[/]: step {first.step}, {first.kind} {_clean(first.name)} "
                       f"(module {_clean(first.module) or '-'}, {first.dtype}[{_clean(first.shape)}]) at "
-                      f"{_clean(first.location)}: {_ratio(first.ratio_to_floor)}")
+                      f"{_clean(first.location)}: {_ratio(first.ratio_to_floor, first.detail)}")
         for text in _evidence(first):
             console.print(f"  evidence: {_clean(text)}")
     _render_op_window(report, console)
+    _render_outcome(report, console)
     for side, names in (("A", report.only_a), ("B", report.only_b)):
         if names:
             listed = ", ".join(f"step {n.step} {n.kind} {n.name}" for n in names[:5])

@@ -192,7 +192,8 @@ def check_distinct(reports: Mapping[str, Path], directories: Mapping[str, Path],
     """Refuse (UsageError, exit 2) an output that would overwrite the user's work or detaudit's own: a report
     path that is an input of the command (the audited script, a recording), another output of the same
     command, or inside an output directory or an input directory; and any output inside a recording (a
-    directory holding run.json or baseline.json: `--json RUN/run.json` would make that run unreadable)."""
+    directory holding run.json, baseline.json or drift.json: `--json RUN/run.json` would make that run
+    unreadable)."""
     seen: dict[str, str] = {}
     for option, path in {**reports, **directories}.items():
         where = os.path.realpath(path)
@@ -213,15 +214,16 @@ def check_distinct(reports: Mapping[str, Path], directories: Mapping[str, Path],
 
 def _recording_holding(path: Path) -> Path | None:
     """The run directory or baseline `path` would be written into: its nearest existing directory above,
-    when that holds detaudit's run.json or baseline.json (a user's own report named run.json does not
-    make its folder a run directory)."""
+    when that holds detaudit's run.json, baseline.json or drift.json (a user's own report named run.json does
+    not make its folder a run directory)."""
+    from detaudit.drift.drift_report import DRIFT_FILE, DRIFT_FORMAT
     from detaudit.records import BASELINE, RUN
     from detaudit.report.baseline import MANIFEST
     from detaudit.run.rundir import RUN_FILE
 
     above = next((p for p in Path(os.path.abspath(path)).parents if p.is_dir()), None)
-    if above is not None and any(_declares(above / name, fmt) for name, fmt in ((RUN_FILE, RUN.name),
-                                                                                 (MANIFEST, BASELINE.name))):
+    kept = ((RUN_FILE, RUN.name), (MANIFEST, BASELINE.name), (DRIFT_FILE, DRIFT_FORMAT))
+    if above is not None and any(_declares(above / name, fmt) for name, fmt in kept):
         return above
     return None
 

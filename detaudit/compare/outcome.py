@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from detaudit.compare.stdout import DEFAULT_STDOUT, compare_stdout
+from detaudit.compare.stdout import DEFAULT_STDOUT, compare_stdout, steady_difference
 from detaudit.results import Divergence, RecordInfo, RepeatResult, StdoutMode
 
 
@@ -43,3 +44,27 @@ def outcome_divergence(results: Sequence[RepeatResult], stdout: StdoutMode = DEF
     record = RecordInfo(-1, "stdout", f"line {found.line}", "", "", -1, "", "", "", False)
     return Divergence(-1, "outcome", record, found.repeats, ref.index, stdout=found,
                       detail=f"stdout line {found.line} differs{at} ({found.mode} comparison){hint}")
+
+
+def outcome_beyond_noise(reference: Sequence[RepeatResult], other: RepeatResult,
+                         stdout: StdoutMode = DEFAULT_STDOUT) -> tuple[Divergence | None, list[int]]:
+    """`other`'s end against the first of `reference`'s repeats, as `run` compares repeats' ends: the exit status
+    (`outcome_divergence`), then stdout with its volatile tokens masked (compare/stdout.py), beside a noise floor:
+    the lines the reference's own repeats (run with the reduction order changed) print otherwise already (a loss in
+    its last digits) are no evidence, so `other`'s difference there is not judged (`steady_difference`). Returns
+    `other`'s divergence (None: none elsewhere) and those lines. Stdout paths are read as given (absolute ones
+    where the repeats lie in other directories); stdout is compared between repeats on one device."""
+    last = max((r.index for r in reference), default=-1)
+    ended = outcome_divergence([*reference[:1], replace(other, index=last + 1)], "ignore")
+    if ended is not None or not reference:
+        return ended, []
+    printed = [r for r in reference if r.device == other.device and r.stdout and os.path.lexists(r.stdout)]
+    if not other.stdout or not os.path.lexists(other.stdout) or not printed or printed[0] is not reference[0]:
+        return None, []
+    found, noisy = steady_difference([Path(r.stdout) for r in printed], Path(other.stdout), stdout)
+    if found is None:
+        return None, noisy
+    at = f" at {found.field}" if found.field else ""
+    record = RecordInfo(-1, "stdout", f"line {found.line}", "", "", -1, "", "", "", False)
+    return Divergence(-1, "outcome", record, [1], 0, stdout=found,
+                      detail=f"stdout line {found.line} differs{at} ({found.mode} comparison)"), noisy

@@ -26,6 +26,11 @@ _PYTHON_VALUE = int(Flag.PYTHON_VALUE)
 SCALAR_SHAPE = "scalar"  # the shape text of a 0-dim record: a Python number's (recorder/core.py `_shape_id`)
 
 
+def is_non_tensor(dtype: str) -> bool:
+    """A record's dtype name says it is a saved value that is no tensor (a string, bytes, None, a big int)."""
+    return dtype in _NAMES
+
+
 def non_tensor(records: np.ndarray) -> np.ndarray:
     """Which of `records` (RECORD_DTYPE rows) are saved values that are not tensors (Python numbers included)."""
     return (records["kind"] == Kind.SAVE) & (np.isin(records["dtype"], _CODES)

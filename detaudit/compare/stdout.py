@@ -234,7 +234,8 @@ class _Found:
     field: str | None
 
 
-def _first_difference(reference: Path, other: Path, mode: StdoutMode) -> _Found | None:
+def _differences(reference: Path, other: Path, mode: StdoutMode) -> Iterator[_Found]:
+    """Every line that differs under `mode`, in order (line by line: a line one output lacks is None there)."""
     ref_lines, other_lines = _lines(reference), _lines(other)
     ref_mask, other_mask = Masker(), Masker()
     number = 0
@@ -242,15 +243,36 @@ def _first_difference(reference: Path, other: Path, mode: StdoutMode) -> _Found 
         number += 1
         a, b = next(ref_lines, None), next(other_lines, None)
         if a is None and b is None:
-            return None
+            return
         if mode == "strict" or a is None or b is None:
             if a != b:
-                return _Found(number, a, b, None)
+                yield _Found(number, a, b, None)
             continue
         # every line goes through its file's masker, equal or not: a table header must be seen
         key_a, key_b = comparison_key(ref_mask.mask(_text(a))), comparison_key(other_mask.mask(_text(b)))
         if a != b and key_a != key_b:
-            return _Found(number, a, b, differing_field(_text(a), _text(b), ref_mask))
+            yield _Found(number, a, b, differing_field(_text(a), _text(b), ref_mask))
+
+
+def _first_difference(reference: Path, other: Path, mode: StdoutMode) -> _Found | None:
+    return next(_differences(reference, other, mode), None)
+
+
+def steady_difference(references: Sequence[Path], other: Path,
+                      mode: StdoutMode) -> tuple[StdoutDifference | None, list[int]]:
+    """`other`'s first line that differs from the first reference's where every reference prints it alike (under
+    `mode`), and the lines the references themselves print otherwise (a number their own variation moves: no
+    evidence either way, so `other`'s difference there is not counted). The difference names the first reference
+    as repeat 0, `other` as repeat 1."""
+    if mode == "ignore" or not references:
+        return None, []
+    noisy = sorted({d.line for path in references[1:] for d in _differences(references[0], path, mode)})
+    unsteady = set(noisy)
+    found = next((d for d in _differences(references[0], other, mode) if d.line not in unsteady), None)
+    if found is None:
+        return None, noisy
+    return StdoutDifference(found.line, mode, 0, {0: cut_text(shown(found.reference)),
+                                                  1: cut_text(shown(found.other))}, found.field), noisy
 
 
 def first_difference(reference: Path, other: Path, mode: StdoutMode) -> tuple[int, str | None, str | None] | None:

@@ -276,6 +276,7 @@ class _Walk:
                 for step, v in sorted(self.spread.items())]
 
 
+ELSEWHERE = "the sampled elements agree: the difference lies elsewhere in the tensor"  # its size unrecorded
 ROOT_MODULE = "(root module)"  # the owner of a model's own parameters (`weight`: the model is an nn.Linear)
 _HELD_BY_A_MODULE = [Kind.PARAM, Kind.GRAD, Kind.OPTSTATE]
 
@@ -317,7 +318,7 @@ def _content(streams: list[RecordStream], ref: int, rep: int, chunks: list[np.nd
     if nan_mismatch(a["samples"], b["samples"]):
         detail += " (a sampled element is NaN in one repeat and a number in the other)"
     elif max_abs == 0.0:
-        detail += " (the sampled elements agree: the difference lies elsewhere in the tensor)"
+        detail += f" ({ELSEWHERE})"
         max_abs, ulp = None, None
     return Divergence(base + idx, "content", info, repeats, ref, max_abs, ulp, detail)
 

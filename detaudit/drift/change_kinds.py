@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from detaudit.drift.alignment import Value
+from detaudit.compare.identity import Value
 from detaudit.drift.configurations import Difference
 
 Growth = Literal["starts-large", "grows", "flat"]

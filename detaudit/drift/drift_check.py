@@ -15,7 +15,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions
-from detaudit.drift.alignment import Identity, Value, align
+from detaudit.compare.identity import Identity, Recording, Value, align, structural
+from detaudit.compare.noise_floor import (
+    ULPS,
+    Judged,
+    K,
+    first_drift,
+    judge,
+    overall,
+    own_disagreement,
+    ratios_over_steps,
+)
+from detaudit.compare.outcome import outcome_beyond_noise
 from detaudit.drift.change_kinds import ChangeEvidence, evidence, rank_causes
 from detaudit.drift.configurations import Configuration, differences, floor_perturbation
 from detaudit.drift.drift_report import (
@@ -26,18 +37,17 @@ from detaudit.drift.drift_report import (
     DriftVerdict,
     FirstDrift,
     FloorSummary,
+    OutcomeDrift,
     RecordName,
     RecordRow,
     StepFigures,
     write_json,
 )
-from detaudit.drift.floor import ULPS
-from detaudit.drift.judging import Judged, K, first_drift, judge, overall, ratios_over_steps
 from detaudit.drift.op_window import op_window
 from detaudit.drift.rank_views import disagreements, not_comparable, rank_traces, side_view
 from detaudit.drift.recordings import record
-from detaudit.errors import TraceError, UsageError
-from detaudit.results import Ending, RepeatResult
+from detaudit.errors import Inconclusive, TraceError, UsageError
+from detaudit.results import Divergence, Ending, RepeatResult
 from detaudit.run.devices import resolve_devices
 from detaudit.run.launcher import Interrupted, check_script
 from detaudit.run.rundir import REDACTED, new_run_dir, stored_args
@@ -64,20 +74,20 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
                                                        None if kept is None else kept.script_args)
     run_dir = new_run_dir(options.target.script, options.out_dir)
     perturbation = floor_perturbation(a, resolve_devices((a.device,)), os.cpu_count())
+    # where each side's files lie: this run directory, the kept run's own, or the one it kept that side from
+    place_a = run_dir if kept is None else Path(kept.baseline or kept.run_dir)
+    place_b = run_dir if kept_b is None else Path(kept_b.b_from or kept_b.run_dir)
     try:
         if kept is None:
             results_a = record(options, a, run_dir, len(perturbation.groups) + 1, perturbation, on_done)
-            traces_a = [rank_traces(run_dir, r, a.nproc) for r in results_a]
         else:
             a, results_a = kept.a, kept.results_a
-            # where A's traces lie: the kept run's own directory, or the one it kept A from in turn
-            traces_a = [rank_traces(Path(kept.baseline or kept.run_dir), r, a.nproc) for r in results_a]
+        traces_a = [rank_traces(place_a, r, a.nproc) for r in results_a]
         if kept_b is None:
             results_b = record(options, b, run_dir, B_REPEATS, None, on_done)
-            traces_b = rank_traces(run_dir, results_b[0], b.nproc)
         else:  # its B, labelled B whichever side it was there
             b, results_b = kept_b.b, kept_b.results_b
-            traces_b = rank_traces(Path(kept_b.b_from or kept_b.run_dir), results_b[0], b.nproc)
+        traces_b = rank_traces(place_b, results_b[0], b.nproc)
     except Interrupted as exc:
         exc.run_dir = run_dir
         raise
@@ -90,11 +100,12 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
                                                                  0.0, None))
     failure = _failure(results_a, results_b)
     report = replace(report, verdict=failure[0], reason=failure[1]) if failure else \
-        judged_report(report, traces_a, traces_b)
+        judged_report(report, traces_a, traces_b, (place_a, place_b))
     first = report.first_drift
     # op records are per-rank activations: across world sizes they come from other samples (rank_views.py); a
     # drift that starts in an update has no recorded op to name (FirstDrift.starts_in_update)
-    if ops and first is not None and a.world_size == b.world_size and not first.starts_in_update:
+    if ops and report.verdict == "drift" and first is not None and a.world_size == b.world_size \
+            and not first.starts_in_update:
         try:
             report = replace(report, op_window=op_window(options, a, b, run_dir, first.step, on_done), op_runs=2)
         except Interrupted as exc:
@@ -122,8 +133,13 @@ def load_baseline(baseline: Path, script: Path, option: str = "--baseline",
     kept = DriftReport.from_dict({k: v for k, v in data.items() if k not in ("format", "version", "exit_code")})
     if Path(kept.script).name != script.name:
         raise UsageError(f"{option} {baseline} recorded {kept.script}, not {script}: a floor is one script's")
-    if kept.verdict not in ("equivalent", "within-noise", "drift") or not kept.results_a:
-        raise UsageError(f"{option} {baseline}: its A was not recorded whole ({kept.verdict}); record it again")
+    if len(kept.results_a) != len(kept.floor.perturbed) or len(kept.results_b) != B_REPEATS:
+        raise TraceError(f"{path}: corrupt drift report: it lists {len(kept.results_a)} repeats of A and "
+                         f"{len(kept.results_b)} of B, its floor declares {len(kept.floor.perturbed)} of A and a "
+                         f"check records {B_REPEATS} of B")
+    side, results = ("B", kept.results_b) if option == "--b-from" else ("A", kept.results_a)
+    if not results or _failure(results, []) is not None:
+        raise UsageError(f"{option} {baseline}: its {side} was not recorded whole ({kept.verdict}); record it again")
     if script_args is not None:
         _check_common_args(kept, script_args, f"{option} {baseline}")
     if stored is not None and list(stored) != kept.script_args:
@@ -161,15 +177,74 @@ def _failure(results_a: Sequence[RepeatResult], results_b: Sequence[RepeatResult
     return None
 
 
-def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], traces_b: Sequence[Path]) -> DriftReport:
+def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], traces_b: Sequence[Path],
+                  places: tuple[Path, Path]) -> DriftReport:
     """The report with B judged against A's floor, read from the recordings (each repeat's traces: one per rank,
-    rank 0's first; per-rank records compared only when A and B run the same world size, rank_views.py)."""
+    rank 0's first; per-rank records compared only when A and B run the same world size, rank_views.py), then
+    their ends (stdout, exit status) and A's own plain repeats. `places`: the directories A's and B's repeats'
+    files lie in (stdout paths are relative to them)."""
+    judged = _judged_records(report, traces_a, traces_b)
+    if not judged.counts.aligned:  # cut short, or nothing in common: nothing judged
+        return judged
+    return _judged_ends(judged, traces_a, places)
+
+
+def _judged_ends(report: DriftReport, traces_a: Sequence[Sequence[Path]], places: tuple[Path, Path]) -> DriftReport:
+    """What `run` compares beside the records: the ends (B's stdout against A's, past the lines A's own repeats
+    print otherwise; the exit status), and whether A's plain repeats agree with each other: where they do not, the
+    script is nondeterministic under A alone, said first, and nothing passes as within noise of it."""
+    settings = report.results_a[0].perturbation if report.results_a else None
+    own = own_disagreement([paths for r, paths in zip(report.results_a, traces_a) if r.perturbation == settings])
+    ended: Divergence | None = None
+    noisy: list[int] = []
+    if report.a.world_size == report.b.world_size and report.results_b:  # ranks of other world sizes print otherwise
+        a_results = [replace(r, stdout=str(places[0] / r.stdout)) for r in report.results_a]
+        ended, noisy = outcome_beyond_noise(a_results, replace(report.results_b[0],
+                                                               stdout=str(places[1] / report.results_b[0].stdout)))
+    verdict: DriftVerdict = "drift" if report.verdict == "drift" or ended is not None else report.verdict
+    note = None if own is None else _own_note(own)
+    if note is not None and verdict != "drift":
+        verdict = "inconclusive"
+    causes = report.causes if verdict == report.verdict else \
+        rank_causes(differences(report.a, report.b), verdict == "drift", None)
+    reason = None if verdict == "drift" else note or report.reason
+    return replace(report, verdict=verdict, reason=reason,
+                   outcome=None if ended is None else _outcome(ended), stdout_unsteady=noisy[:20], a_disagrees=note,
+                   causes=causes)
+
+
+def _own_note(found: Divergence) -> str:
+    """A's plain repeats' first divergence in words."""
+    where = "" if found.record is None else \
+        f" at step {found.record.step} {found.record.kind} {found.record.name}"
+    return (f"A's own plain repeats (the same settings) disagree{where} ({found.detail}): the script is "
+            "nondeterministic under A alone, so A's floor measures that, not reorder noise, and nothing is within "
+            "noise of it; `detaudit run` on A finds why")
+
+
+def _outcome(found: Divergence) -> OutcomeDrift:
+    """B's end that differs from A's, in words."""
+    printed = found.stdout
+    if printed is None:
+        return OutcomeDrift(found.detail)
+    at = f" at {printed.field}" if printed.field else ""
+    return OutcomeDrift(f"stdout line {printed.line} differs{at} ({printed.mode} comparison, docs/stdout.md), where "
+                        "A's own repeats print it alike", printed.line, printed.lines.get(printed.reference),
+                        next((text for i, text in printed.lines.items() if i != printed.reference), None))
+
+
+def _judged_records(report: DriftReport, traces_a: Sequence[Sequence[Path]],
+                    traces_b: Sequence[Path]) -> DriftReport:
+    """The records judged: each aligned record against A's floor, those one side lacks as structure."""
     missing = [p for p in [*(p for paths in traces_a for p in paths), *traces_b] if not p.is_file()]
     if missing:
         raise TraceError(f"{missing[0]}: the repeat left no trace")
     per_rank = report.a.world_size == report.b.world_size
-    views_a = [side_view(paths, per_rank) for paths in traces_a]
-    view_b = side_view(traces_b, per_rank)
+    try:
+        views_a = [side_view(paths, per_rank) for paths in traces_a]
+        view_b = side_view(traces_b, per_rank)
+    except Inconclusive as exc:  # a recording cut short: no verdict rests on it (compare/identity.whole)
+        return replace(report, reason=str(exc))
     recordings_a = [v.recording for v in views_a]
     recording_b = view_b.recording
     report = replace(report, not_comparable=not_comparable(views_a[0], view_b),
@@ -179,22 +254,52 @@ def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], trace
     if not judged:
         return replace(report, reason="A and B hold no record in common (nothing recorded, or nothing aligned)",
                        only_a=_names(alignment.only_a), only_b=_names(alignment.only_b))
-    first = first_drift(judged)
-    change = None if first is None else evidence(recordings_a[0][first.identity], recording_b[first.identity],
-                                                 ratios_over_steps(judged, first))
+    one_sided = structural(alignment)
+    first, change = _first_drift(judged, one_sided, recordings_a, recording_b)
     verdict = overall(judged, alignment)
+    unsized = [j for j in judged if j.unrecorded]
     ratios = [j.ratio for j in judged if j.ratio is not None]
     return replace(
-        report, verdict=verdict,
-        first_drift=None if first is None or change is None else _first(first, recordings_a[0][first.identity], change),
+        report, verdict=verdict, first_drift=first,
+        reason=None if verdict != "inconclusive" else (
+            f"{len(unsized)} record(s) of B differ where the trace samples no element (first: step "
+            f"{unsized[0].identity.step} {unsized[0].identity.kind} {unsized[0].identity.name}): their size is "
+            "unknown, so B is neither shown within noise nor beyond it"),
         floor=replace(report.floor, largest_floor=max(j.floor for j in judged),
                       largest_ratio=max(ratios, default=None)),
-        counts=Counts(len(judged), *(sum(j.status == s for j in judged)
-                                     for s in ("equivalent", "within-noise", "drift"))),
+        counts=_counts(judged, len(one_sided)),
         records=[_row(j, recordings_a[0][j.identity]) for j in judged if j.status != "equivalent"][:SHOWN],
         by_step=by_step(judged),
-        only_a=_names(alignment.only_a), only_b=_names(alignment.only_b),
+        only_a=_names(alignment.only_a), only_b=_names(alignment.only_b), structure=_names(one_sided[:SHOWN]),
         causes=rank_causes(differences(report.a, report.b), verdict == "drift", change))
+
+
+def _counts(judged: Sequence[Judged], structure: int) -> Counts:
+    def count(status: str) -> int:
+        return sum(j.status == status and not j.unrecorded for j in judged)
+    return Counts(len(judged), count("equivalent"), count("within-noise"), count("drift"), structure,
+                  sum(j.unrecorded for j in judged))
+
+
+def _first_drift(judged: Sequence[Judged], missing: Sequence[Identity], recordings_a: Sequence[Recording],
+                 recording_b: Recording) -> tuple[FirstDrift | None, ChangeEvidence | None]:
+    """The first drift and its evidence: the first record beyond its floor in A's order, or the first record one
+    side lacks (a structure difference) where that comes at an earlier step or no record is beyond its floor."""
+    first = first_drift(judged)
+    lacking = missing[0] if missing else None
+    if lacking is not None and (first is None or lacking.step < first.identity.step):
+        held_by_a = lacking in recordings_a[0]
+        value = recordings_a[0][lacking] if held_by_a else recording_b[lacking]
+        why = (f"only {'A' if held_by_a else 'B'} holds this record: a structure difference (another number of "
+               "steps, a gradient, parameter or saved value one side never recorded), as `run` calls a record one "
+               "repeat lacks")
+        change = ChangeEvidence()
+        return replace(_first(Judged(lacking, "drift", math.inf, 0.0, None, why), value, change), structure=True), \
+            change
+    if first is None:
+        return None, None
+    change = evidence(recordings_a[0][first.identity], recording_b[first.identity], ratios_over_steps(judged, first))
+    return _first(first, recordings_a[0][first.identity], change), change
 
 
 def by_step(judged: Sequence[Judged]) -> list[StepFigures]:
@@ -210,14 +315,14 @@ def by_step(judged: Sequence[Judged]) -> list[StepFigures]:
 def _first(judged: Judged, value: Value, change: ChangeEvidence) -> FirstDrift:
     i = judged.identity
     return FirstDrift(i.step, i.kind, i.name, value.module, value.location, judged.ratio, change.factor, value.dtype,
-                      value.shape, change)
+                      value.shape, change, judged.detail)
 
 
 def _row(judged: Judged, value: Value) -> RecordRow:
     i = judged.identity
     return RecordRow(i.step, i.kind, i.name, i.occurrence, value.module, value.location, judged.status,
                      judged.difference if math.isfinite(judged.difference) else None, judged.floor, judged.ratio,
-                     i.rank)
+                     i.rank, judged.detail)
 
 
 def _names(identities: Sequence[Identity]) -> list[RecordName]:

@@ -38,6 +38,7 @@ class RecordRow:
     floor: float
     ratio_to_floor: float | None
     rank: int = 0  # a per-rank record of two runs with the same world size
+    detail: str | None = None  # why a drift has no size (compare/noise_floor.py `unsized`), or no pair
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class FirstDrift:
     dtype: str
     shape: str
     evidence: ChangeEvidence
+    detail: str | None = None  # why it has no size (an unrecorded position, a value that is no tensor)
+    structure: bool = False  # a record only one side holds (compare/identity.structural)
 
     @property
     def starts_in_update(self) -> bool:
@@ -75,6 +78,17 @@ class OpWindow:
     backward: bool
     ratio_to_floor: float | None
     b_ops: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OutcomeDrift:
+    """B ends otherwise than A (compare/outcome.py, as `run` compares repeats' ends): its stdout differs at `line`
+    (masked, docs/stdout.md) where A's own repeats agree, A's text and B's there; or its exit status (line None)."""
+
+    detail: str
+    line: int | None = None
+    a: str | None = None
+    b: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +153,8 @@ class Counts:
     equivalent: int = 0
     within_noise: int = 0
     drift: int = 0
+    structure: int = 0  # records one side lacks that are a structure difference (compare/identity.structural)
+    size_unknown: int = 0  # records whose digest differs where no sample sits (compare/noise_floor.py `unsized`)
 
 
 @dataclass(frozen=True)
@@ -160,6 +176,7 @@ class DriftReport(Codable):
     by_step: list[StepFigures] = field(default_factory=list)
     only_a: list[RecordName] = field(default_factory=list)
     only_b: list[RecordName] = field(default_factory=list)
+    structure: list[RecordName] = field(default_factory=list)  # the first of only_a/only_b that are a drift
     causes: list[CandidateCause] = field(default_factory=list)
     reason: str | None = None  # script-failed, timeout, inconclusive: why
     op_window: OpWindow | None = None  # on a drift: the first op where B departs from A (None: not run, none)
@@ -168,6 +185,9 @@ class DriftReport(Codable):
     b_from: str | None = None  # --b-from: the earlier drift run directory B (results_b) was kept from
     not_comparable: list[NotComparable] = field(default_factory=list)  # per-rank records across world sizes
     rank_disagreements: list[RankDisagreement] = field(default_factory=list)  # the first ones, each side
+    outcome: OutcomeDrift | None = None  # B's stdout or exit status differs from A's: a drift
+    stdout_unsteady: list[int] = field(default_factory=list)  # stdout lines A's own repeats print otherwise (first 20)
+    a_disagrees: str | None = None  # A's own plain repeats differ (the script is nondeterministic under A): where
 
     @property
     def exit_code(self) -> int:

@@ -13,11 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions
-from detaudit.drift.alignment import Identity, Value, value_of
+from detaudit.compare.identity import Identity, Value, value_of
+from detaudit.compare.noise_floor import K, difference, ulp_bound
 from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_report import OpWindow
-from detaudit.drift.floor import difference, ulp_bound
-from detaudit.drift.judging import K
 from detaudit.drift.rank_views import rank_traces
 from detaudit.drift.recordings import record
 from detaudit.errors import TraceError

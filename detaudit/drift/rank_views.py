@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from detaudit.drift.alignment import Identity, Value, read_recording
+from detaudit.compare.identity import Identity, Value, read_recording
 from detaudit.drift.drift_report import NotComparable, RankDisagreement
 from detaudit.results import RepeatResult
 from detaudit.run.distributed import Layout

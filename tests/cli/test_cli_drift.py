@@ -24,8 +24,10 @@ from detaudit.drift.drift_report import (
     FirstDrift,
     FloorSummary,
     NotComparable,
+    OutcomeDrift,
     RankDisagreement,
     RecordRow,
+    write_json,
 )
 from detaudit.errors import ExitCode
 
@@ -155,3 +157,63 @@ def test_an_op_window_that_names_no_op_says_so(script: Path, monkeypatch: pytest
     result = CliRunner().invoke(cli, ["drift", script.name, "--b-args", "--lr 0.2"], catch_exceptions=False)
     shown = " ".join(result.output.split())
     assert "op window: no op of step 0 departs in B beyond 10 times its ULP bound" in shown
+
+
+def test_a_drift_of_unknown_size_says_so_instead_of_a_ratio(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_drift(options: AuditOptions, a: Configuration, b: Configuration, *_: Any) -> DriftReport:
+        report = drifted(a, b)
+        assert report.first_drift is not None
+        return replace(report, first_drift=replace(report.first_drift, detail="differs at an unrecorded position: "
+                                                                              "size unknown"))
+    monkeypatch.setattr(drift_check, "run_drift", run_drift)
+    result = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False, env={"COLUMNS": "200"})
+    assert "train.py:9: differs at an unrecorded position: size unknown" in result.output
+
+
+def kept_run(path: Path) -> Path:
+    """A drift run directory as an earlier check left it (its drift.json and A's trace)."""
+    path.mkdir()
+    write_json(drifted(Configuration("A"), Configuration("B")), path / "drift.json")
+    (path / "a-0.trace").write_bytes(b"kept")
+    return path
+
+
+@pytest.mark.parametrize("option", ["--json", "--html"])
+@pytest.mark.parametrize("kept_as", ["--baseline", "--b-from"])
+def test_a_report_into_a_kept_recording_is_refused_before_anything_runs(
+        script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str, kept_as: str) -> None:
+    """`--json X/drift.json` or `--html X/a-0.trace` replaced the baseline's own files (issue 43)."""
+    seen: list[tuple[AuditOptions, Configuration, Configuration]] = []
+    monkeypatch.setattr(drift_check, "run_drift", _fake(seen))
+    kept = kept_run(tmp_path / "kept")
+    target = kept / ("drift.json" if option == "--json" else "a-0.trace")
+    result = CliRunner().invoke(cli, ["drift", script.name, kept_as, str(kept), option, str(target)])
+    assert (result.exit_code, seen, (kept / "a-0.trace").read_bytes()) == (ExitCode.USAGE, [], b"kept")
+
+
+def test_a_report_into_any_drift_run_directory_is_refused(script: Path, tmp_path: Path) -> None:
+    """Not only the one this check keeps: another drift run's drift.json marks a recording, as run.json does."""
+    kept = kept_run(tmp_path / "other")
+    result = CliRunner().invoke(cli, ["drift", script.name, "--json", str(kept / "report.json")])
+    assert result.exit_code == ExitCode.USAGE
+
+
+def test_a_printed_result_that_differs_is_shown_with_both_lines(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_drift(options: AuditOptions, a: Configuration, b: Configuration, *_: Any) -> DriftReport:
+        return replace(drifted(a, b), first_drift=None,
+                       outcome=OutcomeDrift("stdout line 2 differs (masked comparison)", 2, "positives 14",
+                                            "positives 46"))
+    monkeypatch.setattr(drift_check, "run_drift", run_drift)
+    result = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False, env={"COLUMNS": "200"})
+    assert "B ends otherwise: stdout line 2 differs (masked comparison)\n  A: positives 14\n  B: positives 46" in \
+        result.output
+
+
+def test_a_that_disagrees_with_itself_is_said_before_the_records(script: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_drift(options: AuditOptions, a: Configuration, b: Configuration, *_: Any) -> DriftReport:
+        return replace(drifted(a, b), a_disagrees="A's own plain repeats disagree", records=[
+            RecordRow(0, "grad", "fc.weight", 0, "", "train.py:9", "drift", 1.0, 1e-8, 1e8)])
+    monkeypatch.setattr(drift_check, "run_drift", run_drift)
+    output = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False).output
+    assert output.index("A disagrees with itself") < output.index("fc.weight")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from detaudit.drift.alignment import Identity, Value
+from detaudit.compare.identity import Identity, Value
 from detaudit.drift.change_kinds import (
     ChangeEvidence,
     constant_factor,

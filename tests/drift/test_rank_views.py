@@ -7,7 +7,7 @@ from pathlib import Path
 
 from synthetic import Rec, write_trace
 
-from detaudit.drift.alignment import Identity
+from detaudit.compare.identity import Identity
 from detaudit.drift.rank_views import disagreements, not_comparable, rank_traces, side_view
 from detaudit.results import RepeatResult
 from detaudit.trace import Kind

@@ -11,6 +11,7 @@ kernels (another world size, inductor) assert the property (never a drift), not 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -135,10 +136,15 @@ def one_rank_against_two(tmp_path_factory: pytest.TempPathFactory) -> tuple[int,
 
 
 @distributed
-def test_one_rank_against_two_with_the_same_global_batch_is_within_noise(
+def test_one_rank_against_two_is_never_a_drift_and_inconclusive_only_where_a_size_is_unknown(
         one_rank_against_two: tuple[int, dict, str, Path]) -> None:
+    """Seen by hand on an AVX512 machine: gradients differ in their last bits, within the floor, but step 0's `0.bias`
+    parameter differs only at elements no sample sits on: its size is unknown, never within noise (issue 43)."""
     code, report, _, _ = one_rank_against_two
-    assert code == 0  # the same global batch: its gradients may differ in their last bits, never beyond noise
+    # the same global batch: gradients differ in their last bits, within the floor where a sample shows it; a
+    # parameter may differ only where no sample sits (its size unknown: inconclusive, issue 43); which does is the CPU's
+    assert (code, report["verdict"] == "inconclusive") == ({"inconclusive": 6}.get(report["verdict"], 0),
+                                                           report["counts"]["size_unknown"] > 0)
     assert {r["kind"] for r in report["records"]} == {"grad", "param"}
 
 
@@ -164,14 +170,16 @@ def test_two_ranks_summing_gradients_without_averaging_drift_at_the_first_gradie
 
 
 @distributed
-def test_the_compiled_model_is_within_noise_and_its_fused_modules_are_listed_not_misaligned(
+def test_the_compiled_model_is_never_a_drift_and_its_fused_modules_are_listed_not_misaligned(
         tmp_path: Path, one_rank_against_two: tuple[int, dict, str, Path]) -> None:
     result = run_cli(["drift", str(SCRIPTS / "train_drift_small.py"), "--baseline", str(one_rank_against_two[3]),
                       "--b-env", "COMPILE=1", "--json", "d.json"], tmp_path)
     assert result.report is not None, result.stderr
     report = result.report
-    # inductor's fused LayerNorm, GELU and matmuls may round otherwise (8x the floor at most, seen by hand)
-    assert result.returncode == 0
+    # inductor's fused LayerNorm, GELU and matmuls round otherwise (at most 8x the floor where a sample shows it,
+    # seen by hand); a record may differ only where no sample sits (size unknown: inconclusive), as the CPU decides
+    assert (result.returncode, report["verdict"] == "inconclusive") == (
+        {"inconclusive": 6}.get(report["verdict"], 0), report["counts"]["size_unknown"] > 0)
     assert {(n["step"], n["kind"], n["name"]) for n in report["only_a"]} == {
         (step, "output", name) for step in (0, 1) for name in ("0", "1", "2", "3")}
     assert report["only_b"] == []
@@ -184,3 +192,23 @@ def test_two_existing_recordings_are_compared_without_starting_an_interpreter(
     assert result.report is not None, result.stderr
     assert result.report["verdict"] == threads[1]["verdict"]  # B: the threads check's own B
     assert "0 interpreters started" in result.stdout
+
+
+def test_a_kept_recording_cut_short_is_inconclusive(tmp_path: Path, threads: tuple[int, dict, str, Path]) -> None:
+    """The baseline's a-0.trace cut to 70% (no footer): was WITHIN NOISE, exit 0 (issue 43); no interpreter starts."""
+    kept = tmp_path / "kept"
+    shutil.copytree(threads[3], kept)
+    trace = kept / "a-0.trace"
+    trace.write_bytes(trace.read_bytes()[: len(trace.read_bytes()) * 7 // 10])
+    result = run_cli(["drift", str(SCRIPTS / "train_drift.py"), "--baseline", str(kept), "--b-from", str(threads[3]),
+                      "--json", "d.json", "--", "--steps", "2"], tmp_path)
+    assert (result.returncode, result.report and result.report["verdict"]) == (6, "inconclusive"), result.stderr
+
+
+def test_a_post_processing_threshold_that_changes_only_the_printed_result_drifts(
+        scripts: Path, tmp_path: Path, threads: tuple[int, dict, str, Path]) -> None:
+    """Every record equal to A's, the last printed line `positives 643` -> `positives 0` (issue 43: was EQUIVALENT,
+    exit 0). B at A's plain thread count: its records are A's own, bit for bit."""
+    code, report, _ = drift(scripts, tmp_path, "--baseline", str(threads[3]), "--b-threads", "1", "--b-env",
+                            "POSITIVE_ABOVE=0.5")
+    assert (code, report["counts"]["equivalent"], report["outcome"]["line"]) == (1, report["counts"]["aligned"], 3)

@@ -1,7 +1,8 @@
 """Records of two recordings lined up by what they are, not where they are: a record's logical identity is its
 step, its kind, its name (module qualified name, parameter name, torch.save key) and its occurrence among the
-records of that step with that kind and name (a module called twice in a step). A record only one side has
-(a module the compiler fused away, a layer the other model lacks) is listed, never paired with another."""
+records of that step with that kind and name (a module called twice in a step). A record only one side has is
+never paired with another: it is a structure difference, as `run` calls a record one repeat lacks (`structural`),
+except a module call's records where a compiler fused the module away (listed)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from detaudit.errors import Inconclusive, TraceError
 from detaudit.trace import Flag, Kind, Trace, read_trace
 from detaudit.trace.dtypes import DTYPE_NAMES
 
@@ -44,8 +46,24 @@ _KINDS = {int(k) for k in Kind if k != Kind.OP}  # op records are named by posit
 
 
 def read_recording(path: Path) -> dict[Identity, Value]:
-    """A trace's records by identity."""
-    return keyed(read_trace(path))
+    """A whole trace's records by identity (`whole`: a recording cut short is no evidence of its end)."""
+    trace = read_trace(path)
+    whole(trace)
+    return keyed(trace)
+
+
+def whole(trace: Trace) -> None:
+    """Refuse a recording a verdict cannot rest on, as `run` refuses agreement over one (report/model.py
+    `inconclusive_reason`): cut short (no footer: killed, its writes failed, or cut after the fact) is
+    Inconclusive; a footer that declares more records than the trace holds is a corrupt trace (TraceError)."""
+    if trace.footer is None:
+        raise Inconclusive(f"the recording {trace.path} is incomplete (no footer: stopped, killed, cut short or its "
+                           f"writes failed): its {len(trace.records)} records say nothing about the rest, so no "
+                           "verdict rests on it; record it again")
+    declared = trace.footer.get("records")
+    if isinstance(declared, int) and declared != len(trace.records):
+        raise TraceError(f"{trace.path}: corrupt trace: its footer declares {declared} records, it holds "
+                         f"{len(trace.records)}")
 
 
 def keyed(trace: Trace) -> dict[Identity, Value]:
@@ -84,3 +102,19 @@ def align(a: Recording, b: Recording) -> Alignment:
     """Line up `a` and `b` by identity."""
     return Alignment(tuple(i for i in a if i in b), tuple(i for i in a if i not in b),
                      tuple(i for i in b if i not in a))
+
+
+# a module call's records: a module torch.compile fuses into a generated kernel runs no hook, so they may be missing
+MODULE_CALL_KINDS = frozenset({"output", "input"})
+
+
+def structural(alignment: Alignment) -> tuple[Identity, ...]:
+    """The records one side lacks that are a structure difference, as `run` calls any record one repeat lacks
+    (compare/traces.py): a step one side never reached, a gradient, a parameter, optimizer state, a buffer, a saved
+    value. Only a module call's output or input in a step both sides recorded is exempt: a compiler fuses modules
+    away (their hooks never fire), which changes no result; those are listed, not judged. In A's order, then B's."""
+    steps_a = {i.step for i in (*alignment.both, *alignment.only_a)}
+    steps_b = {i.step for i in (*alignment.both, *alignment.only_b)}
+    common = steps_a & steps_b
+    return tuple(i for i in (*alignment.only_a, *alignment.only_b)
+                 if i.kind not in MODULE_CALL_KINDS or i.step not in common)
