@@ -169,3 +169,26 @@ def test_a_checkpoint_saved_right_after_a_drifted_step_is_not_written(tmp_path: 
     assert report["stopped_before"] == "torch.save"
     assert report["mismatches"][0]["step"] == 2
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("torch").distributed.is_available(), reason="torch.distributed is not built")
+def test_functional_collectives_are_never_executed_twice(tmp_path: Path) -> None:
+    """Gradients averaged with `_functional_collectives.all_reduce` (and its `wait_tensor`) on two gloo ranks: a
+    second execution of either killed a rank (SIGSEGV); they run once, counted as collectives."""
+    result = watch(tmp_path, "functional_allreduce.py", "--nproc-per-node", "2", "--every", "1")
+    assert result.returncode == 0, result.output
+    assert result.report is not None
+    assert result.report["skipped_ops"]["collective"] > 0
+
+
+def test_the_thread_that_steps_the_optimizer_is_the_one_replayed(tmp_path: Path) -> None:
+    """The model is built on the main thread and trained on another: the training thread's step 2 is replayed (a
+    bit flipped in its replay is found), and the stop there ends the job before the main thread's save."""
+    flip = {"op": "aten.addmm.default", "step": 2, "execution": 2}
+    result = watch(tmp_path, "threaded_fit.py", "--every", "2", env={FLIP: json.dumps(flip)})
+    assert result.returncode == 1, result.output
+    assert result.report is not None
+    assert result.report["mismatches"][0]["step"] == 2
+    assert "Exception in thread" not in result.stderr
+    assert not (tmp_path / "threaded.pt").exists()
