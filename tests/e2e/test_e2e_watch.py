@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import CliResult, diverges_within, run_cli
-from processes import alive
+from conftest import CliResult, detaudit_command, diverges_within, run_cli
+from processes import alive, wait_until
 
 from detaudit.trace import read_footer
 
@@ -192,3 +193,20 @@ def test_the_thread_that_steps_the_optimizer_is_the_one_replayed(tmp_path: Path)
     assert result.report["mismatches"][0]["step"] == 2
     assert "Exception in thread" not in result.stderr
     assert not (tmp_path / "threaded.pt").exists()
+
+
+@pytest.mark.fresh_interpreters  # detaudit itself killed, not a warm server's client standing for it
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_job_dies_with_detaudit_even_by_sigkill(tmp_path: Path) -> None:
+    """SIGKILL to detaudit (no handler runs): the job it watches must not live on, unwatched, writing ckpt.pt."""
+    guard = subprocess.Popen([*detaudit_command(), "watch", str(WATCH_SCRIPTS / "endless_fit.py"), "--out", "run"],
+                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid_file = tmp_path / "job.pid"
+    try:
+        assert wait_until(lambda: pid_file.is_file() and pid_file.read_text() != "", 120)
+        job = int(pid_file.read_text())
+        assert alive(job)
+    finally:
+        guard.send_signal(signal.SIGKILL)
+        guard.wait()
+    assert wait_until(lambda: not alive(job), 10)
