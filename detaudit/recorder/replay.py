@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from detaudit.recorder import location, save_gate
+from detaudit.recorder import kept, location, save_gate
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.ops import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS, tensors_in
 from detaudit.recorder.patch import wrap
@@ -391,6 +391,8 @@ class Watcher:
         self.handshake: str | None = config.get("handshake")  # the parent's checks' progress (recorder/save_gate.py)
         self.patience = float(config.get("save_patience_s", 0.0))
         self.parent_mismatch = False
+        # while a stop before a save can come, the files the script truncates are kept (recorder/kept.py)
+        self.kept = kept.KeptFiles(os.path.dirname(os.path.abspath(config["events"])), self._stop_may_come)
 
     def install(self) -> None:
         from torch.optim import optimizer as optim
@@ -409,15 +411,23 @@ class Watcher:
         def make_save(original: Callable[..., Any]) -> Callable[..., Any]:
             def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
                 watcher._await_parent(_target(f))
-                watcher._halt_if_mismatched("torch.save", _target(f))
-                return original(obj, f, *args, **kwargs)
+                watcher._halt_if_mismatched("torch.save", _target(f), f)
+                result = original(obj, f, *args, **kwargs)
+                watcher.kept.forget()
+                return result
 
             return save
 
         wrap(torch, "save", make_save)
         wrap(torch.serialization, "save", lambda _: torch.save)
+        if self.stop_job is not None:
+            kept.install(self.kept)
         atexit.register(self._at_exit)  # after the child's footer handler: runs before it
         self._open(self.rec.step)
+
+    def _stop_may_come(self) -> bool:
+        """Whether a torch.save may be stopped: after a replay mismatch, or while the parent's checks may find one."""
+        return self.stop_job is not None and bool(self.mode.mismatches or self.parent_mismatch or self.handshake)
 
     def _checked(self, step: int) -> bool:
         return step % self.every == 0 or step == self.owed
@@ -460,6 +470,7 @@ class Watcher:
         """Step `step - 1` ended (its optimizer step ran, on this thread): log it, open the next checked step's
         window here. A checked step whose window was on another thread is owed: the next one is checked."""
         self._close()
+        self.kept.forget()
         ended = step - 1
         checked = self._checked(ended) and self.watched
         if self._checked(ended) and not self.watched:
@@ -487,18 +498,21 @@ class Watcher:
             self.log.write({"event": "unchecked_save", "step": self.rec.step, "target": target,
                             "waited_s": self.patience})
 
-    def _halt_if_mismatched(self, before: str, target: str | None) -> None:
+    def _halt_if_mismatched(self, before: str, target: str | None, f: Any = None) -> None:
+        """Stop the job before `before` after a mismatch; a torch.save's file (`f`) is left as it was."""
         if self.stop_job is None or not (self.mode.mismatches or self.parent_mismatch):
             return
+        restored = self.kept.restore(f) if f is not None else None
         if not self.stopped:  # a save in the script's `finally` while it unwinds is stopped too, unlogged
             self.stopped = True
             self.mode.thread = None  # nothing is replayed any more, on any thread
             self._close()
-            self._log_step(self.rec.step, event="stopped", before=before, target=target)
+            self._log_step(self.rec.step, event="stopped", before=before, target=target, kept=restored)
         self.stop_job(before)
 
     def _at_exit(self) -> None:
         self._close()
+        self.kept.forget()
         if not self.stopped:
             self._log_step(self.rec.step, event="end")
 

@@ -131,6 +131,8 @@ class WatchReport:
         stopped = self.log.stopped
         if stopped is not None:
             target = f": {stopped.target} was not written" if stopped.target else ": the update was not applied"
+            if stopped.kept:
+                target += f" ({stopped.kept})"
             return f"stopped the job at step {stopped.step} before {stopped.before}{target}"
         if self.result.stopped_at_step is not None:
             why = "it differed from the reference" if self.replica is None else "its DDP replicas differed (every rank)"

@@ -90,6 +90,7 @@ class Stopped:
     before: StoppedBefore
     step: int
     target: str | None
+    kept: str | None = None  # what became of the file a stopped torch.save was given a handle of, in words
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
             if kind == "mismatch":
                 mismatches.append(Mismatch.from_json(event, rank))
             elif kind == "stopped" and event.get("before") in ("torch.save", "optimizer.step"):
-                stopped = Stopped(event["before"], int(event["step"]), _text(event.get("target")))
+                stopped = Stopped(event["before"], int(event["step"]), _text(event.get("target")),
+                                  _text(event.get("kept")))
             elif kind == "unchecked_save":
                 unchecked.append(UncheckedSave(int(event["step"]), str(event["target"])))
         except (KeyError, TypeError, ValueError):

@@ -210,3 +210,17 @@ def test_the_job_dies_with_detaudit_even_by_sigkill(tmp_path: Path) -> None:
         guard.send_signal(signal.SIGKILL)
         guard.wait()
     assert wait_until(lambda: not alive(job), 10)
+
+
+def test_a_save_through_a_handle_that_is_stopped_leaves_the_last_good_checkpoint(tmp_path: Path) -> None:
+    """`with open("ckpt.pt", "wb") as f: torch.save(state, f)`: the open empties the file before torch.save is
+    stopped; the checkpoint of the step before is put back, whole, and the report says so."""
+    import torch
+
+    flip = {"op": "aten.addmm.default", "step": 2, "execution": 1}  # the evaluation after step 1
+    result = watch(tmp_path, "save_by_handle.py", "--every", "1", env={FLIP: json.dumps(flip)})
+    assert result.returncode == 1, result.output
+    assert result.report is not None
+    assert (result.report["stopped_before"], result.report["not_written"]) == ("torch.save", "ckpt.pt")
+    assert torch.load(tmp_path / "ckpt.pt")["step"] == 0
+    assert "ckpt.pt was not written (its previous" in result.stderr
