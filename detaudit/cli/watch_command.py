@@ -145,7 +145,7 @@ def _headline(report: WatchReport) -> tuple[str, str]:
         return "timed out", "yellow"
     if code == ExitCode.SCRIPT_FAILED:
         return "script failed", "yellow"
-    return report.verdict, "green"
+    return report.verdict, "green" if report.verdict == "clean" else "yellow"
 
 
 def summary_line(report: WatchReport) -> str:
@@ -164,9 +164,9 @@ def render_watch(report: WatchReport, console: Console) -> None:
     console.print(f"[bold]detaudit watch[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
     console.print(f"checked steps: {_clean(_steps(log.checked_steps))} (every {report.settings.every}); "
                   f"{log.replayed_ops} ops replayed")
-    if not log.replayed_ops and report.result.exit_code == 0:
-        console.print("[yellow]no op was replayed: the script computed nothing with torch on the thread that "
-                      "ends its steps (docs/watch.md), so \"clean\" here proves nothing[/]")
+    unchecked = report.unchecked_sentence
+    if unchecked is not None:
+        console.print(f"[yellow]{_clean(unchecked)}[/]", soft_wrap=True)
     if log.skipped_ops:
         console.print("not replayed: " + ", ".join(f"{count} {_clean(why)}" for why, count in
                                                    sorted(log.skipped_ops.items())))

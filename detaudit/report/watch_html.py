@@ -11,7 +11,7 @@ from detaudit.report.html import kv, page, table, verdict_badge
 from detaudit.report.watch_model import Against, WatchReport
 from detaudit.run.files import write_output
 
-_COLOURS = {"clean": "#1a7f37", "mismatch": "#cf222e"}
+_COLOURS = {"clean": "#1a7f37", "mismatch": "#cf222e", "unchecked": "#9a6700"}
 
 
 def render_watch_html(report: WatchReport) -> str:

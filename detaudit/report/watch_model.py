@@ -13,7 +13,7 @@ from detaudit.results import RepeatResult
 from detaudit.run.watchlog import Mismatch, MismatchJson, WatchLog
 
 OnMismatch = Literal["stop", "continue"]
-Verdict = Literal["clean", "mismatch"]
+Verdict = Literal["clean", "mismatch", "unchecked"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,7 @@ class WatchJson(TypedDict):
     nproc_per_node: int | None
     against: AgainstJson | None
     unchecked_saves: list[UncheckedSaveJson]
+    training_thread: str | None
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,20 @@ class WatchReport:
 
     @property
     def verdict(self) -> Verdict:
-        return "mismatch" if self.mismatches else "clean"
+        """`unchecked`: no mismatch, but no optimizer step's ops were replayed (nothing of the training checked)."""
+        if self.mismatches:
+            return "mismatch"
+        return "clean" if self.log.training_checked else "unchecked"
+
+    @property
+    def unchecked_sentence(self) -> str | None:
+        """Why the verdict is `unchecked`, in words (every renderer says it so); None otherwise."""
+        if self.verdict != "unchecked":
+            return None
+        thread = self.log.training_thread
+        trained = f"the training ran on thread {thread!r}" if thread else "the script computed nothing watched"
+        what = f"only {self.log.replayed_ops} ops of other threads" if self.log.replayed_ops else "no op"
+        return f"no optimizer step was checked: {trained}, and {what} were replayed (docs/watch.md)"
 
     @property
     def exit_code(self) -> int:
@@ -123,6 +137,8 @@ class WatchReport:
             return ExitCode.TIMEOUT
         if self.result.exit_code not in (0, None):
             return ExitCode.SCRIPT_FAILED
+        if self.verdict == "unchecked":
+            return ExitCode.INCONCLUSIVE
         return ExitCode.DETERMINISTIC
 
     @property
@@ -151,4 +167,5 @@ class WatchReport:
                 "every": self.settings.every, "on_mismatch": self.settings.on_mismatch,
                 "nproc_per_node": self.settings.nproc_per_node,
                 "against": None if self.against is None else self.against.to_json(),
-                "unchecked_saves": [{"step": save.step, "target": save.target} for save in self.log.unchecked_saves]}
+                "unchecked_saves": [{"step": save.step, "target": save.target} for save in self.log.unchecked_saves],
+                "training_thread": self.log.training_thread}
