@@ -18,7 +18,8 @@ def report(exit_code: int | None, timed_out: bool = False, log: WatchLog | None 
 
 
 @pytest.mark.parametrize(("made", "code"), [
-    (report(0, log=WatchLog(steps=2, checked_steps=(0,))), 0), (report(1, log=WatchLog(mismatches=(MISMATCH,))), 1), (report(2), 3),
+    (report(0, log=WatchLog(steps=2, checked_steps=(0,))), 0), (report(1, log=WatchLog(mismatches=(MISMATCH,))), 1),
+    (report(2), 3),
     (report(None, timed_out=True), 5),
 ])
 def test_the_exit_code_says_mismatch_before_the_scripts_own_failure(made: WatchReport, code: int) -> None:
