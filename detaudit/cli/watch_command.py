@@ -148,9 +148,9 @@ def render_watch(report: WatchReport, console: Console) -> None:
     console.print(f"[bold]detaudit watch[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
     console.print(f"checked steps: {_clean(_steps(log.checked_steps))} (every {report.settings.every}); "
                   f"{log.replayed_ops} ops replayed")
-    if not log.replayed_ops and report.verdict == "clean":
-        console.print("[yellow]no op was replayed: the script computed nothing with torch on the thread that "
-                      "ends its steps (docs/watch.md), so \"clean\" here proves nothing[/]")
+    unchecked = report.unchecked_sentence
+    if unchecked is not None:
+        console.print(f"[yellow]{_clean(unchecked)}[/]", soft_wrap=True)
     if log.skipped_ops:
         console.print("not replayed: " + ", ".join(f"{count} {_clean(why)}" for why, count in
                                                    sorted(log.skipped_ops.items())))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from detaudit.errors import OutputError, UsageError, output_error
 from detaudit.pin import Pin
+from detaudit.run.guard import removed_if_we_die
 
 
 @dataclass(frozen=True)
@@ -277,9 +278,10 @@ def temporary_copy(script: Path, text: str) -> Iterator[Path]:
                           "it (the same directory, so imports and relative paths behave the same): that "
                           "directory must be writable") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        yield path
+        with removed_if_we_die(path):  # even should detaudit be killed (run/guard.py)
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+                fh.write(text)
+            yield path
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)

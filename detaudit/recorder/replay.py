@@ -30,6 +30,7 @@ import ctypes
 import json
 import os
 import threading
+from _thread import get_ident
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from detaudit.recorder import location, save_gate
+from detaudit.recorder import kept, location, save_gate
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.ops import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS, tensors_in
 from detaudit.recorder.patch import wrap
@@ -46,6 +47,10 @@ from detaudit.recorder.patch import wrap
 # script's own result, 2: the replay's). JSON, e.g. {"op": "aten.mm.default", "step": 0, "execution": 2}.
 TEST_FLIP_ENV = "DETAUDIT_TEST_WATCH_FLIP"
 REPLAY, PASS, UNINIT, COLLECTIVE = "replay", "pass", "uninitialised", "collective"
+# run once, never replayed: they may act outside their tensors (the reason is followed by the op's name)
+CUSTOM, EFFECTFUL, SUBCLASS = "custom op", "effectful op", "tensor subclass"
+COMPUTE_NAMESPACES = frozenset({"aten", "prims"})  # torch's own computing ops (`prim`: passed through)
+_GROUP_ARGUMENTS = frozenset({"group_name", "group"})  # a process group by name (a `str`, or `Any`)
 FAILED = "replay failed"  # the second execution raised (out of memory for the copies): that op is unchecked
 _INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 
@@ -74,10 +79,17 @@ class StepReplay(TorchDispatchMode):
         self.skipped: dict[str, int] = {}
         self.mismatches = 0
         self.forked = False  # a forked DataLoader worker inherits the mode: it replays nothing
+        self.thread: int | None = None  # the thread whose ops are replayed (the mode is entered per thread)
         os.register_at_fork(after_in_child=self._in_forked_child)
 
     def _in_forked_child(self) -> None:
         self.forked = True
+
+    def __enter__(self) -> StepReplay:
+        """Entered on a thread, the mode replays that thread's ops (until `thread` says another's, or none)."""
+        super().__enter__()
+        self.thread = get_ident()
+        return self
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -92,8 +104,10 @@ class StepReplay(TorchDispatchMode):
         if kind is None:
             kind = self.kinds[func] = _kind(func)
         what, written, random = kind
-        if what is PASS or self.rec.internal or self.forked:
+        if what is PASS or self.rec.internal or self.forked or get_ident() != self.thread:
             return func(*args, **kwargs)
+        if types and what is REPLAY:  # a tensor subclass's own dispatch comes next: it may communicate (DTensor)
+            what = SUBCLASS
         if what is not REPLAY:
             self.skipped[what] = self.skipped.get(what, 0) + 1
             return func(*args, **kwargs)
@@ -178,19 +192,44 @@ Written = tuple[tuple[int, str], ...]
 
 def _kind(func: Any) -> tuple[str, Written, bool]:
     """What the replay does with an op: replay it, pass it through, or skip it (and why); the inputs it writes;
-    whether it draws random numbers."""
+    whether it draws random numbers. Only torch's own computing ops are replayed, and of them only those with no
+    registered effect: any other op may act outside its tensors (a custom op's Python writing a file), so it runs
+    once, as the script asked, named in the report."""
     packet = func.overloadpacket.__name__
     if func.namespace in PASS_NAMESPACES or func.is_view or \
             (packet in STORAGE_ALIAS_OPS and "Storage" in func._overloadname):
         return PASS, (), False
     if packet in UNINIT_OPS:
         return UNINIT, (), False
-    if func.namespace == "c10d":
+    if communicates(func):
         return COLLECTIVE, (), False
+    if func.namespace not in COMPUTE_NAMESPACES:
+        return f"{CUSTOM} {func}", (), False
+    if _effect(func) is not None:
+        return f"{EFFECTFUL} {func}", (), False
     written = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
                     if a.is_out or (a.alias_info is not None and a.alias_info.is_write))
     random = packet in RANDOM_OPS or torch.Tag.nondeterministic_seeded in func.tags
     return REPLAY, written, random
+
+
+def communicates(func: Any) -> bool:
+    """Whether an op talks to other processes, by its namespace or its schema: torch.distributed's namespaces
+    (`c10d`, `_c10d_functional` with its `wait_tensor`, `_c10d_functional_autograd`, ...), or an argument or
+    result that is a process group, a work handle or a group's name (`_dtensor`'s, `symm_mem`'s ops)."""
+    if "c10d" in func.namespace:
+        return True
+    schema = func._schema
+    return any("c10d" in str(a.type) or (a.name in _GROUP_ARGUMENTS and str(a.type) in ("str", "Any"))
+               for a in (*schema.arguments, *schema.returns))
+
+
+def _effect(func: Any) -> Any:
+    """The effect torch registered for an op (`aten._print`: it prints), None for a pure one."""
+    try:
+        return torch._library.simple_registry.singleton.find(func.name()).effect.effect
+    except Exception:  # a torch without the registry: nothing registered
+        return None
 
 
 def _copier(args: Any, kwargs: Any, written: Written) -> Callable[[Any], Any]:
@@ -345,11 +384,15 @@ class Watcher:
         self.log = EventLog(config["events"])
         flip = os.environ.get(TEST_FLIP_ENV)
         self.mode = StepReplay(recorder, self.log, json.loads(flip) if flip else None)
-        self.active: int | None = None  # the thread that entered the mode, while a window is open
+        self.entered: set[int] = set()  # the threads that entered the mode (dispatch modes are per thread)
+        self.watched = False  # whether the open window's ops are those of the thread that steps the optimizer
+        self.owed: int | None = None  # a step checked in place of one whose window was on another thread
         self.stopped = False
         self.handshake: str | None = config.get("handshake")  # the parent's checks' progress (recorder/save_gate.py)
         self.patience = float(config.get("save_patience_s", 0.0))
         self.parent_mismatch = False
+        # while a stop before a save can come, the files the script truncates are kept (recorder/kept.py)
+        self.kept = kept.KeptFiles(os.path.dirname(os.path.abspath(config["events"])), self._stop_may_come)
 
     def install(self) -> None:
         from torch.optim import optimizer as optim
@@ -358,7 +401,7 @@ class Watcher:
         # the window closes in the first of the global pre-hooks, before the recorder fingerprints the gradients
         # (its own ops, not replayed, each would still pass through the mode's Python dispatch); the stop comes
         # in the last, once the recorder has taken the step in (its count, the gradients the update would use)
-        handle = optim.register_optimizer_step_pre_hook(lambda *_: self._close())
+        handle = optim.register_optimizer_step_pre_hook(lambda *_: self._update_starts())
         pre_hooks = getattr(optim, "_global_optimizer_pre_hooks", None)
         if isinstance(pre_hooks, OrderedDict) and handle.id in pre_hooks:
             pre_hooks.move_to_end(handle.id, last=False)
@@ -368,46 +411,78 @@ class Watcher:
         def make_save(original: Callable[..., Any]) -> Callable[..., Any]:
             def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
                 watcher._await_parent(_target(f))
-                watcher._halt_if_mismatched("torch.save", _target(f))
-                return original(obj, f, *args, **kwargs)
+                watcher._halt_if_mismatched("torch.save", _target(f), f)
+                result = original(obj, f, *args, **kwargs)
+                watcher.kept.forget()
+                return result
 
             return save
 
         wrap(torch, "save", make_save)
         wrap(torch.serialization, "save", lambda _: torch.save)
+        if self.stop_job is not None:
+            kept.install(self.kept)
         atexit.register(self._at_exit)  # after the child's footer handler: runs before it
         self._open(self.rec.step)
 
+    def _stop_may_come(self) -> bool:
+        """Whether a torch.save may be stopped: after a replay mismatch, or while the parent's checks may find one."""
+        return self.stop_job is not None and bool(self.mode.mismatches or self.parent_mismatch or self.handshake)
+
     def _checked(self, step: int) -> bool:
-        return step % self.every == 0
+        return step % self.every == 0 or step == self.owed
 
     def _open(self, step: int) -> None:
-        if self._checked(step) and self.active is None and not self.stopped:
-            self.mode.__enter__()
-            self.active = threading.get_ident()
+        """Open step `step`'s window on this thread (the one that ended the step before it), if it is checked."""
+        if self._checked(step) and not self.stopped:
+            here = get_ident()
+            if here not in self.entered:
+                self.entered.add(here)
+                self.mode.__enter__()
+            self.mode.thread = here
 
     def _close(self) -> None:
-        """Leave the mode, on the thread that entered it: dispatch modes are per thread, and leaving from another
-        (a training loop on a thread of its own, torch imported on the main one) would pop that thread's mode.
-        A window opened on another thread stays open there."""
-        if self.active == threading.get_ident():
+        """Leave the mode on this thread. Dispatch modes are per thread: a window opened on another thread (step
+        0's, on the thread that imported torch, when the training runs on a thread of its own) cannot be left
+        from here; it stays entered there but replays nothing (`StepReplay.thread`), and is left at exit."""
+        here = get_ident()
+        if self.mode.thread == here:
+            self.mode.thread = None
+        if here in self.entered:
             self.mode.__exit__(None, None, None)
-            self.active = None
+            self.entered.discard(here)
+
+    def _update_starts(self) -> None:
+        """An optimizer step starts: its step's window closes. The step counts as checked only when the window
+        replayed this thread's ops, the training's: one that replayed another thread's (step 0's, opened where
+        torch was imported, while the training runs on a thread of its own) does not."""
+        window = self.mode.thread
+        if window is not None:
+            self.watched = window == get_ident()
+            self.mode.thread = None
+        self._close()
 
     def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._close()
         self._halt_if_mismatched("optimizer.step", None)
 
     def _on_step(self, step: int) -> None:
-        """Step `step - 1` ended (its optimizer step ran): log it, open the next checked step's window."""
+        """Step `step - 1` ended (its optimizer step ran, on this thread): log it, open the next checked step's
+        window here. A checked step whose window was on another thread is owed: the next one is checked."""
         self._close()
-        self._log_step(step - 1)
+        self.kept.forget()
+        ended = step - 1
+        checked = self._checked(ended) and self.watched
+        if self._checked(ended) and not self.watched:
+            self.owed = step
+        self._log_step(ended, checked=checked, thread=threading.current_thread().name)
+        self.watched = False
         self._open(step)
 
     def _log_step(self, step: int, **event: Any) -> None:
         """One event for step `step` (by default: it ended), with what its replay did; the counts restart."""
         mode = self.mode
-        self.log.write({"event": "step", "step": step, **event, "checked": self._checked(step),
+        self.log.write({"event": "step", "step": step, "checked": self._checked(step), **event,
                         "replayed": mode.replayed, "skipped": dict(mode.skipped)})
         mode.replayed = 0
         mode.skipped.clear()
@@ -423,17 +498,21 @@ class Watcher:
             self.log.write({"event": "unchecked_save", "step": self.rec.step, "target": target,
                             "waited_s": self.patience})
 
-    def _halt_if_mismatched(self, before: str, target: str | None) -> None:
+    def _halt_if_mismatched(self, before: str, target: str | None, f: Any = None) -> None:
+        """Stop the job before `before` after a mismatch; a torch.save's file (`f`) is left as it was."""
         if self.stop_job is None or not (self.mode.mismatches or self.parent_mismatch):
             return
+        restored = self.kept.restore(f) if f is not None else None
         if not self.stopped:  # a save in the script's `finally` while it unwinds is stopped too, unlogged
             self.stopped = True
+            self.mode.thread = None  # nothing is replayed any more, on any thread
             self._close()
-            self._log_step(self.rec.step, event="stopped", before=before, target=target)
+            self._log_step(self.rec.step, event="stopped", before=before, target=target, kept=restored)
         self.stop_job(before)
 
     def _at_exit(self) -> None:
         self._close()
+        self.kept.forget()
         if not self.stopped:
             self._log_step(self.rec.step, event="end")
 

@@ -17,14 +17,16 @@ from detaudit.run.watchlog import Mismatch, MismatchJson, WatchLog
 
 WATCH = FileFormat("detaudit-watch", 1, "watch report")
 OnMismatch = Literal["stop", "continue"]
-# clean: every replayed op agreed and the job completed; script-failed / timeout: no mismatch, but the job failed or
-# timed out (its unrun steps were never checked); inconclusive: it ended some other way (its recording stopped)
-Verdict = Literal["clean", "mismatch", "script-failed", "timeout", "inconclusive"]
+# clean: every replayed op agreed, an optimizer step's ops were among them, and the job completed; unchecked: it
+# completed without a mismatch, but no optimizer step was replayed (nothing of the training checked);
+# script-failed / timeout: no mismatch, but the job failed or timed out (its unrun steps were never checked);
+# inconclusive: it ended some other way (its recording stopped, it was interrupted)
+Verdict = Literal["clean", "mismatch", "unchecked", "script-failed", "timeout", "inconclusive"]
 _BY_ENDING: dict[Ending, Verdict] = {Ending.COMPLETED: "clean", Ending.FAILED: "script-failed",
                                      Ending.TIMED_OUT: "timeout"}
 _EXIT: dict[Verdict, ExitCode] = {"clean": ExitCode.DETERMINISTIC, "mismatch": ExitCode.DIVERGENT,
-                                  "script-failed": ExitCode.SCRIPT_FAILED, "timeout": ExitCode.TIMEOUT,
-                                  "inconclusive": ExitCode.INCONCLUSIVE}
+                                  "unchecked": ExitCode.INCONCLUSIVE, "script-failed": ExitCode.SCRIPT_FAILED,
+                                  "timeout": ExitCode.TIMEOUT, "inconclusive": ExitCode.INCONCLUSIVE}
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class WatchJson(TypedDict):
     nproc_per_node: int | None
     against: AgainstJson | None
     unchecked_saves: list[UncheckedSaveJson]
+    training_thread: str | None
 
 
 @dataclass(frozen=True)
@@ -127,12 +130,26 @@ class WatchReport:
     @property
     def verdict(self) -> Verdict:
         """A mismatch whatever the job did after it; else how the job ended (RepeatResult.ending): `clean` only for
-        a job that completed, as its steps that never ran were never checked."""
-        return "mismatch" if self.mismatches else _BY_ENDING.get(self.result.ending, "inconclusive")
+        a job that completed with an optimizer step's ops replayed (`unchecked` without one), as steps that never
+        ran, or ran unreplayed, were never checked."""
+        if self.mismatches:
+            return "mismatch"
+        ended = _BY_ENDING.get(self.result.ending, "inconclusive")
+        return "unchecked" if ended == "clean" and not self.log.training_checked else ended
+
+    @property
+    def unchecked_sentence(self) -> str | None:
+        """Why the verdict is `unchecked`, in words (every renderer says it so); None otherwise."""
+        if self.verdict != "unchecked":
+            return None
+        thread = self.log.training_thread
+        trained = f"the training ran on thread {thread!r}" if thread else "the script computed nothing watched"
+        what = f"only {self.log.replayed_ops} ops of other threads" if self.log.replayed_ops else "no op"
+        return f"no optimizer step was checked: {trained}, and {what} were replayed (docs/watch.md)"
 
     @property
     def exit_code(self) -> ExitCode:
-        """The verdict's code: 0 clean, 1 mismatch, 3 script failed, 5 timed out, 6 inconclusive."""
+        """The verdict's code: 0 clean, 1 mismatch, 3 script failed, 5 timed out, 6 unchecked or inconclusive."""
         return _EXIT[self.verdict]
 
     @property
@@ -141,6 +158,8 @@ class WatchReport:
         stopped = self.log.stopped
         if stopped is not None:
             target = f": {stopped.target} was not written" if stopped.target else ": the update was not applied"
+            if stopped.kept:
+                target += f" ({stopped.kept})"
             return f"stopped the job at step {stopped.step} before {stopped.before}{target}"
         if self.result.stopped_at_step is not None:
             why = "it differed from the reference" if self.replica is None else "its DDP replicas differed (every rank)"
@@ -160,7 +179,8 @@ class WatchReport:
                 "every": self.settings.every, "on_mismatch": self.settings.on_mismatch,
                 "nproc_per_node": self.settings.nproc_per_node,
                 "against": None if self.against is None else self.against.to_json(),
-                "unchecked_saves": [{"step": save.step, "target": save.target} for save in self.log.unchecked_saves]}
+                "unchecked_saves": [{"step": save.step, "target": save.target} for save in self.log.unchecked_saves],
+                "training_thread": self.log.training_thread}
 
 
 def write_watch_json(report: WatchReport, path: Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -25,6 +26,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import time
 import tokenize
 import traceback
@@ -347,6 +349,22 @@ def _run_as_main(script: str) -> None:
     exec(code, main_module.__dict__)
 
 
+def _end_with_a_stopped_thread(original: Callable[[Any], None], pid: int) -> Callable[[Any], None]:
+    """threading.excepthook: `detaudit watch` stopped the job on a thread of its own (the training's). The thread
+    has unwound (its `finally` blocks ran) and the footer is written: the process ends with it, as a stop on the
+    main thread ends it, rather than letting the main thread go on unwatched."""
+    def excepthook(args: Any) -> None:
+        if args.exc_type is not WatchStopped or os.getpid() != pid:
+            original(args)
+            return
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)
+
+    return excepthook
+
+
 def _keep_records_at_exit(session: Session) -> None:
     """Records reach the trace however the process ends.
 
@@ -394,6 +412,7 @@ def _keep_records_at_exit(session: Session) -> None:
 
         return exec_wrapper
 
+    wrap(threading, "excepthook", lambda original: _end_with_a_stopped_thread(original, pid))
     wrap(os, "_exit", lambda real: _exit)
     wrap(os, "abort", abort_wrapper)
     wrap(os, "execv", before_exec)

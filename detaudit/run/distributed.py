@@ -2,7 +2,8 @@
 
 torchrun is the launcher people already use, so detaudit runs it rather than imitating it:
 `python -m torch.distributed.run --standalone --nproc-per-node N --no-python python -u -m
-detaudit.run.child CONFIG SCRIPT ARGS`. `--no-python` makes torchrun start exactly that command for
+detaudit.run.child CONFIG SCRIPT ARGS` (torchrun started through a few lines that make it, and so its ranks,
+die with detaudit: run/guard.py). `--no-python` makes torchrun start exactly that command for
 every rank, so the recorder is injected without touching the script. Inside a rank, the child
 calls `enter_rank` to learn its rank from torchrun's environment and write to its own files.
 
@@ -32,7 +33,7 @@ from detaudit.errors import TraceError, UsageError
 from detaudit.results import RepeatResult, ScriptError
 from detaudit.run.failure import first_error, stderr_tail
 from detaudit.run.files import create_private
-from detaudit.run.launcher import Launcher, RepeatPlan, Watch, child_command
+from detaudit.run.launcher import Launcher, RepeatPlan, Watch, child_command, torchrun_launcher
 
 RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
@@ -124,7 +125,7 @@ def torchrun_command(nproc_per_node: int, torchrun_args: list[str], worker: list
     """The launcher command of one repeat; `--standalone` unless the user gave a rendezvous."""
     rendezvous = any(a.split("=", 1)[0] in ("--rdzv-endpoint", "--rdzv_endpoint", "--master-addr",
                                             "--master_addr", "--standalone") for a in torchrun_args)
-    return [sys.executable, "-m", "torch.distributed.run", *([] if rendezvous else ["--standalone"]),
+    return [*torchrun_launcher(), *([] if rendezvous else ["--standalone"]),
             "--nproc-per-node", str(nproc_per_node), *torchrun_args, "--no-python", *worker]
 
 

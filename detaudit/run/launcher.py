@@ -28,6 +28,7 @@ from detaudit.errors import UsageError, output_error
 from detaudit.results import RepeatResult
 from detaudit.run.failure import read_error
 from detaudit.run.files import create_private, name_taken, write_text_atomically
+from detaudit.run.guard import guarded_env
 
 GRACE_S = 3.0
 POLL_S = 0.1  # how often a Watch looks at a running repeat
@@ -43,10 +44,26 @@ if root not in sys.path:  # this copy of detaudit, not another one further down 
     sys.path.insert(0, root)
     import detaudit
     del sys.path[0]
+from detaudit.run.guard import die_with_parent
+die_with_parent()  # first: the repeat dies with detaudit (run/guard.py)
 from detaudit.run.child import main
 main(sys.argv[1:])
 """
+# torchrun's launcher, started so that it dies with detaudit (and its ranks with it: run/guard.py)
+TORCHRUN_BOOT = """import runpy, sys
+root = sys.argv.pop(1)
+sys.path.insert(0, root)
+from detaudit.run.guard import die_with_parent
+del sys.path[0]
+die_with_parent()
+runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+"""
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def torchrun_launcher() -> list[str]:
+    """How torchrun's launcher is started: as `python -m torch.distributed.run`, dying with detaudit."""
+    return [sys.executable, "-c", TORCHRUN_BOOT, _ROOT]
 
 
 def child_command(config_path: Path, script: str, script_args: Sequence[str],
@@ -200,7 +217,7 @@ class Launcher:
     def launch(self, plan: RepeatPlan, timeout: float | None) -> RepeatResult:
         """Start the repeat's process, wait for it (stopping it after `timeout` seconds), and collect it."""
         config_path = plan.trace.with_name(plan.trace.name.removesuffix(".trace") + ".config.json")
-        env = {**os.environ, **plan.env}
+        env = guarded_env({**os.environ, **plan.env})  # the repeat dies with detaudit (run/guard.py)
         started = time.perf_counter()
         timed_out = False
         if os.path.lexists(plan.trace):  # the child creates it exclusively; say why here, before it starts

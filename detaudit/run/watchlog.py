@@ -90,6 +90,7 @@ class Stopped:
     before: StoppedBefore
     step: int
     target: str | None
+    kept: str | None = None  # what became of the file a stopped torch.save was given a handle of, in words
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,13 @@ class WatchLog:
     stopped: Stopped | None = None
     ended: bool = False  # the script ran to its end (an `end` event)
     unchecked_saves: tuple[UncheckedSave, ...] = ()
+    training_thread: str | None = None  # the name of the thread that stepped the optimizer
+
+    @property
+    def training_checked(self) -> bool:
+        """Whether some optimizer step's ops were replayed (on the thread that ran the step); a script with no
+        optimizer step: whether any of its ops were."""
+        return any(step < self.steps for step in self.checked_steps) or (self.steps == 0 and bool(self.checked_steps))
 
 
 def _text(value: Any) -> str | None:
@@ -141,6 +149,7 @@ def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
     mismatches: list[Mismatch] = []
     stopped: Stopped | None = None
     unchecked: list[UncheckedSave] = []
+    thread: str | None = None
     for event in _events(path):
         kind = event["event"]
         try:
@@ -153,15 +162,18 @@ def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
                     checked.append(step)  # replayed: a window opened on another thread replays none of its ops
                 steps = max(steps, step + 1) if kind == "step" else max(steps, step)
                 ended = ended or kind == "end"
+            thread = _text(event["thread"]) if kind == "step" and event.get("thread") is not None else thread
             if kind == "mismatch":
                 mismatches.append(Mismatch.from_json(event, rank))
             elif kind == "stopped" and event.get("before") in ("torch.save", "optimizer.step"):
-                stopped = Stopped(event["before"], int(event["step"]), _text(event.get("target")))
+                stopped = Stopped(event["before"], int(event["step"]), _text(event.get("target")),
+                                  _text(event.get("kept")))
             elif kind == "unchecked_save":
                 unchecked.append(UncheckedSave(int(event["step"]), str(event["target"])))
         except (KeyError, TypeError, ValueError):
             continue  # not an event this version wrote
-    return WatchLog(steps, tuple(checked), replayed, skipped, tuple(mismatches), stopped, ended, tuple(unchecked))
+    return WatchLog(steps, tuple(checked), replayed, skipped, tuple(mismatches), stopped, ended, tuple(unchecked),
+                    thread)
 
 
 def merged(logs: Sequence[WatchLog]) -> WatchLog:
@@ -180,4 +192,5 @@ def merged(logs: Sequence[WatchLog]) -> WatchLog:
                     sum(log.replayed_ops for log in logs), skipped,
                     tuple(sorted((m for log in logs for m in log.mismatches), key=lambda m: (m.step, m.rank or 0))),
                     stops[0] if stops else None, bool(logs) and all(log.ended for log in logs),
-                    tuple(save for log in logs for save in log.unchecked_saves))
+                    tuple(save for log in logs for save in log.unchecked_saves),
+                    next((log.training_thread for log in logs if log.training_thread), None))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import CliResult, diverges_within, run_cli
-from processes import alive
+from conftest import CliResult, detaudit_command, diverges_within, run_cli
+from processes import alive, wait_until
 
 from detaudit.trace import read_footer
 
@@ -196,3 +197,57 @@ def test_a_script_that_fails_without_a_mismatch_is_script_failed_in_every_output
     assert (result.returncode, result.report["verdict"], result.report["exit_code"], title,
             result.stderr.strip().splitlines()[-1].split(":")[0]) == \
         (3, "script-failed", 3, "detaudit watch: script-failed", "script failed")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("torch").distributed.is_available(), reason="torch.distributed is not built")
+def test_functional_collectives_are_never_executed_twice(tmp_path: Path) -> None:
+    """Gradients averaged with `_functional_collectives.all_reduce` (and its `wait_tensor`) on two gloo ranks: a
+    second execution of either killed a rank (SIGSEGV); they run once, counted as collectives."""
+    result = watch(tmp_path, "functional_allreduce.py", "--nproc-per-node", "2", "--every", "1")
+    assert result.returncode == 0, result.output
+    assert result.report is not None
+    assert result.report["skipped_ops"]["collective"] > 0
+
+
+def test_the_thread_that_steps_the_optimizer_is_the_one_replayed(tmp_path: Path) -> None:
+    """The model is built on the main thread and trained on another: the training thread's step 2 is replayed (a
+    bit flipped in its replay is found), and the stop there ends the job before the main thread's save."""
+    flip = {"op": "aten.addmm.default", "step": 2, "execution": 2}
+    result = watch(tmp_path, "threaded_fit.py", "--every", "2", env={FLIP: json.dumps(flip)})
+    assert result.returncode == 1, result.output
+    assert result.report is not None
+    assert result.report["mismatches"][0]["step"] == 2
+    assert "Exception in thread" not in result.stderr
+    assert not (tmp_path / "threaded.pt").exists()
+
+
+@pytest.mark.fresh_interpreters  # detaudit itself killed, not a warm server's client standing for it
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_job_dies_with_detaudit_even_by_sigkill(tmp_path: Path) -> None:
+    """SIGKILL to detaudit (no handler runs): the job it watches must not live on, unwatched, writing ckpt.pt."""
+    guard = subprocess.Popen([*detaudit_command(), "watch", str(WATCH_SCRIPTS / "endless_fit.py"), "--out", "run"],
+                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid_file = tmp_path / "job.pid"
+    try:
+        assert wait_until(lambda: pid_file.is_file() and pid_file.read_text() != "", 120)
+        job = int(pid_file.read_text())
+        assert alive(job)
+    finally:
+        guard.send_signal(signal.SIGKILL)
+        guard.wait()
+    assert wait_until(lambda: not alive(job), 10)
+
+
+def test_a_save_through_a_handle_that_is_stopped_leaves_the_last_good_checkpoint(tmp_path: Path) -> None:
+    """`with open("ckpt.pt", "wb") as f: torch.save(state, f)`: the open empties the file before torch.save is
+    stopped; the checkpoint of the step before is put back, whole, and the report says so."""
+    import torch
+
+    flip = {"op": "aten.addmm.default", "step": 2, "execution": 1}  # the evaluation after step 1
+    result = watch(tmp_path, "save_by_handle.py", "--every", "1", env={FLIP: json.dumps(flip)})
+    assert result.returncode == 1, result.output
+    assert result.report is not None
+    assert (result.report["stopped_before"], result.report["not_written"]) == ("torch.save", "ckpt.pt")
+    assert torch.load(tmp_path / "ckpt.pt")["step"] == 0
+    assert "ckpt.pt was not written (its previous" in result.stderr

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from detaudit.recorder.core import Recorder
-from detaudit.recorder.replay import EventLog, StepReplay, Watcher, _copier, distance
+from detaudit.recorder.replay import COLLECTIVE, EventLog, StepReplay, Watcher, _copier, _kind, distance
 from detaudit.trace import TraceWriter
 
 
@@ -79,6 +79,53 @@ def test_uninitialised_memory_is_skipped_and_counted(recorder: Recorder, tmp_pat
     with replaying(recorder, tmp_path) as mode:
         torch.empty(3)
     assert mode.skipped == {"uninitialised": 1}
+
+
+CALLS: list[int] = []
+
+
+@torch.library.custom_op("detaudit_test::counted", mutates_args=())
+def counted(x: torch.Tensor) -> torch.Tensor:
+    """A custom op with an effect outside its tensors (a Python list here; a file, a socket, a counter...)."""
+    CALLS.append(1)
+    return x * 2
+
+
+def test_a_custom_op_runs_once_and_is_named_as_not_replayed(recorder: Recorder, tmp_path: Path) -> None:
+    CALLS.clear()
+    with replaying(recorder, tmp_path) as mode:
+        counted(torch.ones(3))
+    assert (len(CALLS), mode.skipped) == (1, {"custom op detaudit_test.counted.default": 1})
+
+
+def test_an_aten_op_with_a_registered_effect_runs_once(recorder: Recorder, tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    with replaying(recorder, tmp_path) as mode:
+        torch.ops.aten._print("printed once")
+    assert (capfd.readouterr().out, mode.skipped) == ("printed once\n", {"effectful op aten._print.default": 1})
+
+
+_LIB = torch.library.Library("detaudit_test", "FRAGMENT")
+_LIB.define("shard_exchange(Tensor x, str group_name) -> Tensor")
+
+
+@pytest.mark.parametrize("op", ["_c10d_functional.all_reduce.default", "_c10d_functional.wait_tensor.default",
+                                "_c10d_functional_autograd.all_gather_into_tensor.default", "c10d.allreduce_.default",
+                                "detaudit_test.shard_exchange.default"])
+def test_a_collective_of_any_namespace_is_never_replayed(op: str) -> None:
+    """torch.distributed's namespaces, and an op of any namespace that takes a process group by name."""
+    namespace, name, overload = op.split(".")
+    assert _kind(getattr(getattr(getattr(torch.ops, namespace), name), overload))[0] == COLLECTIVE
+
+
+def test_an_op_on_a_tensor_subclass_runs_once(recorder: Recorder, tmp_path: Path) -> None:
+    """A subclass's own dispatch runs inside the op (DTensor's talks to the other ranks): never twice."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    pair = TwoTensor(torch.ones(2), torch.ones(2))
+    with replaying(recorder, tmp_path) as mode:
+        pair + 1
+    assert (mode.replayed, mode.skipped) == (0, {"tensor subclass": 1})
 
 
 def test_a_flipped_bit_is_a_mismatch_that_a_third_execution_settles(recorder: Recorder, tmp_path: Path) -> None:

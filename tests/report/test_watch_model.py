@@ -18,7 +18,8 @@ def report(exit_code: int | None, timed_out: bool = False, log: WatchLog | None 
 
 
 @pytest.mark.parametrize(("made", "code"), [
-    (report(0), 0), (report(1, log=WatchLog(mismatches=(MISMATCH,))), 1), (report(2), 3),
+    (report(0, log=WatchLog(steps=2, checked_steps=(0,))), 0), (report(1, log=WatchLog(mismatches=(MISMATCH,))), 1),
+    (report(2), 3),
     (report(None, timed_out=True), 5),
 ])
 def test_the_exit_code_says_mismatch_before_the_scripts_own_failure(made: WatchReport, code: int) -> None:
@@ -41,3 +42,11 @@ def test_a_replica_mismatch_counts_and_names_its_rank() -> None:
 def test_the_json_lists_the_saves_written_before_the_check_caught_up() -> None:
     data = report(0, log=WatchLog(steps=6, unchecked_saves=(UncheckedSave(4, "ckpt.pt"),))).to_json()
     assert data["unchecked_saves"] == [{"step": 4, "target": "ckpt.pt"}]
+
+
+def test_a_run_whose_training_thread_was_never_replayed_is_not_clean() -> None:
+    """Four steps, and only ops of another thread replayed (the main thread building the model): not `clean`."""
+    made = report(0, log=WatchLog(steps=4, replayed_ops=6, training_thread="trainer"))
+    assert (made.verdict, made.exit_code) == ("unchecked", 6)
+    assert made.unchecked_sentence == ("no optimizer step was checked: the training ran on thread 'trainer', and "
+                                       "only 6 ops of other threads were replayed (docs/watch.md)")

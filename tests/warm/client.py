@@ -20,6 +20,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `python -I` leaves the script's folder out
 from pool import server_for  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this detaudit
+from detaudit.run.guard import PARENT_ENV, die_with_parent  # noqa: E402
+
+del sys.path[0]
+
+# the client stands for the repeat: it dies with detaudit as the repeat would (its fork goes with its connection);
+# a command it becomes (`fresh`) has detaudit for its parent still, as the environment says
+guarded_by = os.environ.get(PARENT_ENV)
+die_with_parent()
+if guarded_by is not None:
+    os.environ[PARENT_ENV] = guarded_by
 folder, command = sys.argv[1], sys.argv[2:]
 path = server_for(folder, command, dict(os.environ))
 conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -49,6 +60,7 @@ if not message.startswith("status "):  # the server went away: the fork's outcom
 status = int(message.split()[1])
 if os.WIFSIGNALED(status):
     sig = os.WTERMSIG(status)
-    signal.signal(sig, signal.SIG_DFL)
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
+        signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
 sys.exit(os.waitstatus_to_exitcode(status))

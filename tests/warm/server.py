@@ -54,6 +54,8 @@ import sys
 
 from pool import PythonCommand
 
+from detaudit.run.guard import PARENT_ENV
+
 STARTED_WITH = dict(os.environ)  # before torch, whose import sets some (TORCHINDUCTOR_CACHE_DIR)
 
 FOR_THE_CLI = "--cli" in sys.argv  # a server of detaudit's CLI processes: detaudit's CLI imported, not torch
@@ -150,6 +152,8 @@ def become_repeat(request: dict[str, object], fds: list[int], keep_closed: list[
     os.chdir(str(request["cwd"]))
     os.environ.clear()
     os.environ.update(request["env"])  # type: ignore[arg-type]
+    if PARENT_ENV in os.environ:  # the fork dies with this server; with its client, through the connection
+        os.environ[PARENT_ENV] = str(os.getppid())
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
