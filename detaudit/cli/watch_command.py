@@ -137,7 +137,7 @@ def summary_line(report: WatchReport) -> str:
     word, colour = report.verdict.replace("-", " "), _COLOURS.get(report.verdict, "yellow")
     found = len(report.mismatches)
     text = (f"[bold {colour}]{word}[/]: {log.steps} step{'s' if log.steps != 1 else ''}, "
-            f"{len(log.checked_steps)} checked, {found} mismatch{'es' if found != 1 else ''}")
+            f"{log.checked_phrase}, {found} mismatch{'es' if found != 1 else ''}")
     if log.stopped is not None:
         text += f"; stopped before {log.stopped.before}"
     return text

@@ -47,8 +47,8 @@ def write_watch_html(report: WatchReport, path: Path) -> None:
 def _summary(report: WatchReport) -> str:
     log = report.log
     found = len(report.mismatches)
-    return (f"{log.steps} optimizer step{'s' if log.steps != 1 else ''} completed, {len(log.checked_steps)} "
-            f"replayed, {found} mismatch{'es' if found != 1 else ''}.")
+    return (f"{log.steps} optimizer step{'s' if log.steps != 1 else ''} completed, {log.checked_phrase}, "
+            f"{found} mismatch{'es' if found != 1 else ''}.")
 
 
 def _mismatches_section(report: WatchReport) -> str:

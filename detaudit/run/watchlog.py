@@ -116,6 +116,26 @@ class WatchLog:
     training_thread: str | None = None  # the name of the thread that stepped the optimizer
 
     @property
+    def checked_count(self) -> int:
+        """The completed optimizer steps checked: never more than `steps` (the ops after the last optimizer step,
+        or of a step a stop cut short, form no step of their own: `checked_tail`)."""
+        return sum(1 for step in self.checked_steps if step < self.steps)
+
+    @property
+    def checked_tail(self) -> bool:
+        """Whether the ops after the last completed optimizer step were checked (for a script with no optimizer
+        step: the whole run)."""
+        return any(step >= self.steps for step in self.checked_steps)
+
+    @property
+    def checked_phrase(self) -> str:
+        """`3 checked`, never more than the steps; the ops after the last step said apart (`3 checked and the ops
+        after the last`); a run with no optimizer step is one window (`the whole run checked`)."""
+        if self.steps == 0:
+            return "the whole run checked" if self.checked_tail else "none checked"
+        return f"{self.checked_count} checked" + (" and the ops after the last" if self.checked_tail else "")
+
+    @property
     def training_checked(self) -> bool:
         """Whether some optimizer step's ops were replayed (on the thread that ran the step); a script with no
         optimizer step: whether any of its ops were."""

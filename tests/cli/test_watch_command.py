@@ -27,7 +27,7 @@ def test_a_stopped_mismatch_names_the_op_its_line_and_the_checkpoint_not_written
         in text
     assert "a third agrees with neither" in text
     assert "stopped the job at step 3 before torch.save: ckpt.pt was not written" in text
-    assert "mismatch: 3 steps, 2 checked, 1 mismatch; stopped before torch.save" in text
+    assert "mismatch: 3 steps, 1 checked and the ops after the last, 1 mismatch; stopped before torch.save" in text
 
 
 def test_a_run_that_differs_from_its_reference_at_step_0_agreed_on_no_step() -> None:
@@ -43,7 +43,8 @@ def test_a_run_that_differs_from_its_reference_at_step_0_agreed_on_no_step() -> 
 def test_a_script_that_failed_without_a_mismatch_is_not_called_clean() -> None:
     result = RepeatResult(0, "auto", 1, 1.0, False, "watch-0.trace", "watch-0.stdout", "watch-0.stderr", "")
     report = WatchReport("train.py", "run", WatchSettings(), result, WatchLog(steps=0, checked_steps=(0,)))
-    assert summary_line(report).startswith("[bold yellow]script failed[/]: 0 steps, 1 checked, 0 mismatches")
+    assert summary_line(report).startswith(
+        "[bold yellow]script failed[/]: 0 steps, the whole run checked, 0 mismatches")
 
 
 def test_status_every_takes_steps_or_seconds() -> None:

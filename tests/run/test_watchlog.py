@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from detaudit.run.watchlog import Mismatch, Stopped, UncheckedSave, merged, read_watch_log
+from detaudit.run.watchlog import Mismatch, Stopped, UncheckedSave, WatchLog, merged, read_watch_log
 
 MISMATCH = {"event": "mismatch", "step": 2, "op": "aten.mm.default", "module": "net.0", "location": "t.py:9",
             "backward_of": None, "max_abs_diff": 1e-7, "max_ulp": 3, "third_agrees_with": "first"}
@@ -58,3 +58,16 @@ def test_a_save_written_before_the_check_caught_up_is_kept_with_its_rank_s_other
     saved = {"event": "unchecked_save", "step": 4, "target": "ckpt.pt", "waited_s": 60.0}
     logs = [read_watch_log(write(tmp_path / f"e{rank}", *events)) for rank, events in enumerate([[saved], []])]
     assert merged(logs).unchecked_saves == (UncheckedSave(4, "ckpt.pt"),)
+
+
+def test_never_more_steps_checked_than_there_are_steps(tmp_path: Path) -> None:
+    """`--every 1` on 8 steps: the window after the last step (ended by the script's end) is no ninth step
+    (issue 44: 9 checked for 8 steps)."""
+    step = {"event": "step", "checked": True, "replayed": 2}
+    events = [{**step, "step": i} for i in range(8)] + [{"event": "end", "step": 8, "checked": True, "replayed": 1}]
+    log = read_watch_log(write(tmp_path / "e", *events))
+    assert (log.steps, log.checked_count, log.checked_phrase) == (8, 8, "8 checked and the ops after the last")
+
+
+def test_a_run_without_an_optimizer_step_is_checked_as_one_window() -> None:
+    assert WatchLog(steps=0, checked_steps=(0,)).checked_phrase == "the whole run checked"
