@@ -130,17 +130,17 @@ def _aten_arguments(name: str) -> list[list[str]]:
 
 @functools.cache
 def _table() -> dict[str, frozenset[int]]:
-    """The running torch's table (read once, about 60 ms; empty when torch ships no derivatives.yaml)."""
-    spec = importlib.util.find_spec("torchgen")
-    if spec is None or spec.origin is None:
-        return {}
-    path = os.path.join(os.path.dirname(spec.origin), "packaged", "autograd", "derivatives.yaml")
+    """The running torch's table (read once, some 40 ms; empty when torch ships no derivatives.yaml, or one this
+    cannot read: the script runs on whatever happens here)."""
     try:
+        spec = importlib.util.find_spec("torchgen")
+        if spec is None or spec.origin is None:
+            return {}
+        path = os.path.join(os.path.dirname(spec.origin), "packaged", "autograd", "derivatives.yaml")
         with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
+            return parse(f.read(), _aten_arguments)
+    except Exception:
         return {}
-    return parse(text, _aten_arguments)
 
 
 def scratch_outputs(func: Any) -> frozenset[int]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib.util
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
 
+from detaudit.recorder import scratch
 from detaudit.recorder.scratch import is_scratch_argument, parse, results, scratch_outputs, tensor_indices
 
 # backward ops as a schema would name their arguments
@@ -80,3 +82,19 @@ def test_a_result_without_its_scratch_outputs_keeps_the_others_in_place() -> Non
     a, b = torch.zeros(1), torch.ones(1)
     assert results((a, b), frozenset({1})) == (a, None)
     assert results(a, frozenset({1})) is a
+
+
+@pytest.fixture
+def fresh_table() -> Iterator[None]:
+    scratch._table.cache_clear()
+    yield
+    scratch._table.cache_clear()
+
+
+def test_a_torch_whose_formulas_cannot_be_read_sets_nothing_aside_and_never_fails(
+        fresh_table: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(name: str) -> None:
+        raise ValueError(name)
+
+    monkeypatch.setattr(importlib.util, "find_spec", broken)
+    assert scratch_outputs(torch.ops.aten.mkldnn_rnn_layer.default) == frozenset()
