@@ -104,6 +104,8 @@ _TIMING_HEADER = re.compile(rf"(?i)(?:(?<![A-Za-z]){_WORDS}(?![A-Za-z])|^\s*(?:{
                             rf"|[(\[]\s*(?:{_PLAIN}|{_RATE})\s*[)\]])")
 # the name a value stands under in a line: `key: `, `'key': '`, `"key": `, `key=`, `key `
 _KEY_BEFORE = re.compile(r"([A-Za-z_][\w./-]{0,60})['\"]?(?:\s*[:=]\s*['\"]?\s*|\s+)$")
+# a key in a table's row of its own, beside its value (Stable-Baselines3's `|    ep_rew_mean  | -120 |`)
+_ROW_KEY = re.compile(r"([A-Za-z_][\w./-]{0,60})\s*[|│]\s*$")
 _NUMBER = re.compile(rf"(?<![\w.]){_NUM}(?!\w)")  # a number standing alone: a row's, not a header's
 
 
@@ -296,7 +298,10 @@ def differing_field(a: str, b: str, masker: Masker | None = None) -> str | None:
     if before is not None:
         return before.group(1)
     column = masker.column(ma, start) if masker is not None else None
-    return f"column {column}" if column else None
+    if column:
+        return f"column {column}"
+    row = _ROW_KEY.search(ma[:start])
+    return row.group(1) if row is not None else None
 
 
 def compare_stdout(paths: Sequence[Path], indices: Sequence[int], mode: StdoutMode) -> StdoutDifference | None:

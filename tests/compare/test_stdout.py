@@ -370,7 +370,7 @@ RECORDED_DIFFERENT = [
     (["global_step=500, episodic_return=[12.]", "SPS: 82"], ["global_step=500, episodic_return=[13.]", "SPS: 80"],
      "episodic_return"),
     (["|    ep_rew_mean     | -120     |", "|    fps             | 998      |"],
-     ["|    ep_rew_mean     | -121     |", "|    fps             | 1012     |"], None),
+     ["|    ep_rew_mean     | -121     |", "|    fps             | 1012     |"], "ep_rew_mean"),
     (["Epoch: [0][ 10/500]\tTime  0.123 ( 0.456)\tAcc@1   0.00 (  0.10)"],
      ["Epoch: [0][ 10/500]\tTime  0.124 ( 0.457)\tAcc@1   0.00 (  0.20)"], None),
 ]
