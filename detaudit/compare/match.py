@@ -10,7 +10,7 @@ seen a difference. No torch here (the perturbation itself is in recorder/core.py
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,10 +136,8 @@ def _not_observed(tally: _Tally, granularity: str, stdout: str, devices: Sequenc
         not_observed.append(f"the contents of {tally.no_data} records (meta or unreadable tensors: dtype and shape "
                             "only)")
     if tally.not_results:
-        outputs = ", ".join(f"{n} workspace output{'s' if n > 1 else ''} of {name}"
-                            for name, n in tally.not_results.items())
-        not_observed.append(f"not results: {outputs} (memory an op keeps for its backward, whose bytes the kernel "
-                            "need not define: compared by dtype and shape only)")
+        not_observed.append(f"not results: {not_results_text(tally.not_results)} (memory an op keeps for its "
+                            "backward, whose bytes the kernel need not define: compared by dtype and shape only)")
     if tally.threaded:
         not_observed.append(f"the order of {tally.threaded} records made on other threads (compared in canonical "
                             "order)")
@@ -148,6 +146,11 @@ def _not_observed(tally: _Tally, granularity: str, stdout: str, devices: Sequenc
     elif stdout == "masked":
         not_observed.append("timings and other run-dependent numbers in stdout (masked: --stdout strict compares them)")
     return not_observed
+
+
+def not_results_text(counts: Mapping[str, int]) -> str:
+    """Outputs set aside as no results (recorder/scratch.py), by op: `3 workspace outputs of aten.x.default[3]`."""
+    return ", ".join(f"{n} workspace output{'s' if n > 1 else ''} of {name}" for name, n in counts.items())
 
 
 def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolerance: Tolerance,

@@ -73,6 +73,7 @@ class StepReplay(TorchDispatchMode):
         self.kinds: dict[Any, OpPlan] = {}
         self.replayed = 0
         self.skipped: dict[str, int] = {}
+        self.set_aside: dict[str, int] = {}  # op -> outputs replayed but not compared: no results (scratch.py)
         self.mismatches = 0
         self.forked = False  # a forked DataLoader worker inherits the mode: it replays nothing
         os.register_at_fork(after_in_child=self._in_forked_child)
@@ -98,6 +99,9 @@ class StepReplay(TorchDispatchMode):
         if what is not REPLAY:
             self.skipped[what] = self.skipped.get(what, 0) + 1
             return func(*args, **kwargs)
+        if aside:
+            op = str(func)
+            self.set_aside[op] = self.set_aside.get(op, 0) + len(aside)
         if written or random or self.flip is not None:
             return self._replay(func, args, kwargs, kind)
         # an op that only reads its inputs and draws nothing: run again on the same inputs, no copy, no state
@@ -415,9 +419,10 @@ class Watcher:
         """One event for step `step` (by default: it ended), with what its replay did; the counts restart."""
         mode = self.mode
         self.log.write({"event": "step", "step": step, **event, "checked": self._checked(step),
-                        "replayed": mode.replayed, "skipped": dict(mode.skipped)})
+                        "replayed": mode.replayed, "skipped": dict(mode.skipped), "set_aside": dict(mode.set_aside)})
         mode.replayed = 0
         mode.skipped.clear()
+        mode.set_aside.clear()
 
     def _await_parent(self, target: str) -> None:
         """Before a torch.save: wait until the parent compared every step that ended (save_gate.py)."""

@@ -77,6 +77,8 @@ def test_an_lstm_trained_by_hand_is_clean_and_saves_what_a_plain_run_saves(tmp_p
     result = run_cli(["watch", str(script), "--json", "watch.json"], watched_dir)
     assert result.returncode == 0, result.stderr
     assert (watched_dir / "model.pt").read_bytes() == (plain_dir / "model.pt").read_bytes()
+    assert result.report is not None
+    assert result.report["set_aside_outputs"] == {"aten.mkldnn_rnn_layer.default": 3}  # one per step's forward
 
 
 def test_a_bit_flipped_in_the_replay_is_reported_as_the_odd_one_out(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ def test_an_lstms_workspace_is_no_result_its_replay_must_reproduce(recorder: Rec
         lstm(x)
     assert mode.replayed > 0
     assert events(tmp_path) == []
+    assert mode.set_aside == {"aten.mkldnn_rnn_layer.default": 1}
 
 
 def test_an_in_place_op_is_applied_once_and_replayed_on_copies(recorder: Recorder, tmp_path: Path) -> None:
