@@ -154,6 +154,9 @@ def render_watch(report: WatchReport, console: Console) -> None:
     if log.skipped_ops:
         console.print("not replayed: " + ", ".join(f"{count} {_clean(why)}" for why, count in
                                                    sorted(log.skipped_ops.items())))
+    if report.not_results:
+        console.print(f"not results: {_clean(report.not_results)} (replayed, not compared: memory an op keeps for "
+                      "its backward, whose bytes the kernel need not define)")
     for m in report.mismatches:
         where = f" at {_clean(m.location or '?')}" if m.check != "replica" else ""
         what = _clean(m.op) + (f" (backward of {_clean(m.backward_of)})" if m.backward_of else "")

@@ -10,7 +10,7 @@ seen a difference. No torch here (the perturbation itself is in recorder/core.py
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +24,8 @@ from detaudit.trace.dtypes import DTYPE_NAMES
 
 SELF_CHECK_PREFIX = "selfcheck"
 # records the perturbation cannot be placed in exactly (another thread's), or that would not show it (no contents)
-_SKIPPED = int(Flag.THREAD | Flag.NO_DATA)
+_SKIPPED = int(Flag.THREAD | Flag.NO_DATA | Flag.NOT_RESULT)
+_NOT_RESULT = int(Flag.NOT_RESULT)
 
 
 @dataclass(frozen=True)
@@ -68,33 +69,49 @@ def not_compared(results: Sequence[RepeatResult]) -> list[str]:
     return lines
 
 
-def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolerance: Tolerance,
-                   granularity: str, stdout: str, devices: Sequence[str], exit_status: bool = True,
-                   self_check: SelfCheck | None = None, stopped: Sequence[str] = ()) -> Match:
-    """The reference trace's compared records counted by kind, and what the recording cannot have seen."""
-    counts = np.zeros(max(Kind) + 1, dtype=np.int64)
-    no_data = threaded = 0
-    last_step = 0
-    stepped = -1  # the last step index at which parameters were recorded after an optimizer step
-    unencoded: list[str] = []
-    fallbacks: list[str] = []  # device digests made by the reference path (recorder/devicehash.py's fail-safe)
+@dataclass
+class _Tally:
+    """What the reference trace's compared records hold, beyond their kinds (describe_match's reading of it)."""
+
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(max(Kind) + 1, dtype=np.int64))  # records by kind
+    no_data: int = 0
+    threaded: int = 0
+    last_step: int = 0
+    stepped: int = -1  # the last step index at which parameters were recorded after an optimizer step
+    unencoded: list[str] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)  # device digests made by recorder/devicehash.py's fail-safe
+    not_results: dict[str, int] = field(default_factory=dict)  # op output -> records of it set aside (NOT_RESULT)
+
+
+def _tally(trace: Path, records: int) -> _Tally:
+    """Count the first `records` records of `trace` (an unreadable trace counts as far as it reads: the
+    comparison already reported it)."""
+    tally = _Tally()
+    aside: dict[int, int] = {}  # name id -> records
     try:
         stream = RecordStream(trace)
-        for chunk in stream.chunks(CHUNK, comparison.records_compared):
-            counts += np.bincount(chunk["kind"], minlength=len(counts))[: len(counts)]
-            no_data += int(np.count_nonzero(chunk["flags"] & int(Flag.NO_DATA)))
-            threaded += int(np.count_nonzero(chunk["flags"] & int(Flag.THREAD)))
-            last_step = max(last_step, int(chunk["step"].max()))
+        for chunk in stream.chunks(CHUNK, records):
+            tally.counts += np.bincount(chunk["kind"], minlength=len(tally.counts))[: len(tally.counts)]
+            tally.no_data += int(np.count_nonzero(chunk["flags"] & int(Flag.NO_DATA)))
+            tally.threaded += int(np.count_nonzero(chunk["flags"] & int(Flag.THREAD)))
+            for name, n in zip(*np.unique(chunk["name"][(chunk["flags"] & _NOT_RESULT) != 0], return_counts=True)):
+                aside[int(name)] = aside.get(int(name), 0) + int(n)
+            tally.last_step = max(tally.last_step, int(chunk["step"].max()))
             # parameters only: an LR scheduler's state (OPTSTATE) is recorded after its own step, which is not an
             # optimizer step (OneCycleLR stepped per batch would add one)
             after = chunk["step"][chunk["kind"] == int(Kind.PARAM)]
             if len(after):
-                stepped = max(stepped, int(after.max()))
-        unencoded = [f"{e.get('what')} ({e.get('name')})" for e in stream.events if e.get("type") == "unobserved"]
-        fallbacks = [str(e.get("detail")) for e in stream.events if e.get("type") == "device-digest"]
+                tally.stepped = max(tally.stepped, int(after.max()))
+        tally.unencoded = [f"{e.get('what')} ({e.get('name')})" for e in stream.events if e.get("type") == "unobserved"]
+        tally.fallbacks = [str(e.get("detail")) for e in stream.events if e.get("type") == "device-digest"]
+        tally.not_results = {stream.strings[name]: n for name, n in aside.items()}
     except Exception:  # an unreadable trace was already reported by the comparison
         pass
-    by_kind = {Kind(k).name.lower(): int(n) for k, n in enumerate(counts) if k in Kind._value2member_map_ and n}
+    return tally
+
+
+def _not_observed(tally: _Tally, granularity: str, stdout: str, devices: Sequence[str]) -> list[str]:
+    """What the recording cannot have seen, one line each."""
     not_observed = []
     if granularity in ("module", "auto"):
         not_observed.append("individual ops (module granularity: module outputs, inputs, gradients, parameters, "
@@ -109,26 +126,46 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
     not_observed.append("tensors that never reach a module, an optimizer, torch.save or detaudit.checkpoint "
                         "(and work inside DataLoader workers, except the batches they return, and in object "
                         "finalizers at interpreter shutdown, after the atexit handlers)")
+    unencoded = tally.unencoded
     if unencoded:
         not_observed.append(f"{len(unencoded)} values passed to torch.save or detaudit.checkpoint that have no stable "
                             f"encoding (objects of arbitrary classes): {', '.join(unencoded[:5])}"
                             + (", ..." if len(unencoded) > 5 else ""))
-    not_observed += list(dict.fromkeys(fallbacks))
-    if no_data:
-        not_observed.append(f"the contents of {no_data} records (meta or unreadable tensors: dtype and shape only)")
-    if threaded:
-        not_observed.append(f"the order of {threaded} records made on other threads (compared in canonical order)")
+    not_observed += list(dict.fromkeys(tally.fallbacks))
+    if tally.no_data:
+        not_observed.append(f"the contents of {tally.no_data} records (meta or unreadable tensors: dtype and shape "
+                            "only)")
+    if tally.not_results:
+        not_observed.append(f"not results: {not_results_text(tally.not_results)} (memory an op keeps for its "
+                            "backward, whose bytes the kernel need not define: compared by dtype and shape only)")
+    if tally.threaded:
+        not_observed.append(f"the order of {tally.threaded} records made on other threads (compared in canonical "
+                            "order)")
     if stdout == "ignore":
         not_observed.append("stdout (ignored, or not recorded)")
     elif stdout == "masked":
         not_observed.append("timings and other run-dependent numbers in stdout (masked: --stdout strict compares them)")
+    return not_observed
+
+
+def not_results_text(counts: Mapping[str, int]) -> str:
+    """Outputs set aside as no results (recorder/scratch.py), by op: `3 workspace outputs of aten.x.default[3]`."""
+    return ", ".join(f"{n} workspace output{'s' if n > 1 else ''} of {name}" for name, n in counts.items())
+
+
+def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolerance: Tolerance,
+                   granularity: str, stdout: str, devices: Sequence[str], exit_status: bool = True,
+                   self_check: SelfCheck | None = None, stopped: Sequence[str] = ()) -> Match:
+    """The reference trace's compared records counted by kind, and what the recording cannot have seen."""
+    tally = _tally(trace, comparison.records_compared)
+    by_kind = {Kind(k).name.lower(): int(n) for k, n in enumerate(tally.counts) if k in Kind._value2member_map_ and n}
     return Match(by_kind, "bitwise" if bitwise else "tolerance",
                  None if bitwise else {"atol": tolerance.atol, "rtol": tolerance.rtol}, granularity,
                  # a record's step counts the steps completed before it; a step's own parameters carry its
                  # index, so N completed steps end with parameters at N - 1
-                 max(last_step, stepped + 1),
-                 "no" if stdout == "ignore" else stdout, exit_status, not_observed, self_check, no_data,
-                 list(stopped))
+                 max(tally.last_step, tally.stepped + 1),
+                 "no" if stdout == "ignore" else stdout, exit_status,
+                 _not_observed(tally, granularity, stdout, devices), self_check, tally.no_data, list(stopped))
 
 
 def choose_record(trace: Path) -> tuple[int, int, str] | None:

@@ -24,19 +24,32 @@ SHOWN_CHARS = 240  # a line shown in a report is cut to this many characters
 
 _NUM = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"  # 1,234.5 too
 _CLOCK = r"(?<!\d)\d{1,6}:\d{2}(?::\d{2})?(?:\.\d+)?"
-# words whose value is a time or a speed whatever its unit (`step_time 3.2`, `mfu 41.2%`, `eta 0:12`)
-_WORDS = (r"(?:time|runtime|walltime|elapsed|eta|mfu|fps|throughput|duration|took|latency"
-          r"|[A-Za-z_]{0,40}?per_sec(?:ond)?)")
+# words whose value is a time or a speed whatever its unit (`step_time 3.2`, `mfu 41.2%`, `eta 0:12`): also as
+# frameworks abbreviate them (cleanrl's `SPS`, Stable-Baselines3's `fps` and `time_elapsed`, torchtitan's `tps` and
+# `tflops`, fairseq's `wps`, `ups` and `train_wall`, Ray's `time_this_iter_s`) and `…_per_s(ec)`, `…PerSec`
+_WORDS = (r"(?:(?:time|runtime|walltime|wall|elapsed|eta|mfu|fps|sps|tps|wps|ups|tflops|throughput|duration|took"
+          r"|latency)(?:_(?:elapsed|total|this_iter|since_restore|s|secs?|ms|seconds?))*"
+          r"|[A-Za-z_]{0,40}?(?:(?<![A-Za-z])per_|_per_|(?-i:Per))s(?:ec(?:ond)?)?)")
 _RATE = r"(?:[A-Za-z]+/s(?:ec)?|(?:m?s|sec)/[A-Za-z]+)"
 # units of time, and rates "something per second" / "seconds per something"
 _PLAIN = r"(?:ms|us|µs|ns|s|sec|secs|seconds?|mins?|minutes?|hrs?|hours?)"
-_UNIT = r"(?:" + _RATE + "|" + _PLAIN + ")"  # a rate first: `ms/step` is one unit
+_UNIT = r"(?:" + _RATE + r"|/s(?:ec)?|" + _PLAIN + ")"  # a rate first: `ms/step` is one unit; timm's bare `103.7/s`
 # units that also serve as a column label before their value (`ms=12`); not `min`/`s`: `min: -0.01` is a result
 _LABEL = r"(?:ms|us|µs|ns|secs?|seconds)"
 # after a spaced rate, what makes it the label of the number that follows instead of the suffix of the one
 # before (`acc 0.91 sec/it 0.5`): a `:`/`=`, or a number with no unit of its own (`#`: one a header rule masked).
 # A plain time unit labels the next number only with `:`/`=` (`loss=0.51 ms=12`; `41.2 ms 0.5123` is a suffix)
 _RATE_LABELS_NEXT = rf"(?=\s*[:=]|\s+#|\s+{_NUM}(?!\s?{_UNIT}(?![\w/]))(?![\w.,]))"
+
+# a meter's running average in parentheses after its value (`0.123 ( 0.456)`, `1.234s (1.302s)`)
+_MEAN = rf"(?P<mean>\s*\(\s*{_NUM}\s?(?:%|{_UNIT})?\s*\))"
+_NUM_RE = re.compile(_NUM)
+
+
+def _averaged(m: re.Match[str]) -> str:
+    """The running average of a masked measurement, masked too."""
+    return _NUM_RE.sub("#", m.group("mean") or "", count=1)
+
 
 _Replacement = Union[str, Callable[["re.Match[str]"], str]]  # a runtime alias: no `|` before Python 3.10
 _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
@@ -53,11 +66,15 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
     (re.compile(r"(?i)(?<![A-Za-z])(pid)(\s*[:=#]?\s*)\d+"), r"\1\2#"),
     # a compound duration (`1m02s`, `2h03m`, `1h2m3.5s`)
     (re.compile(r"(?<![\w.])(?:\d+h\d+m(?:\d+(?:\.\d+)?s)?|\d+m\d+(?:\.\d+)?s)(?!\w)"), "#"),
-    # a timing word, then its value: a clock, or a number with or without a unit or %
+    # a timing word, then its value: a clock, or a number with or without a unit or %; the word may head a table's
+    # row (`|    fps    | 1234 |`), and the value may have its running average beside it (`Time  0.123 ( 0.456)`)
     (re.compile(rf"(?i)((?<![A-Za-z]){_WORDS}(?![A-Za-z])(?:\s+per\s+[A-Za-z_]{{1,20}})?['\"]?\s*"
-                rf"(?:\([^)]{{0,20}}\))?\s*[:=]?\s*['\"]?\s*)"
-                rf"(?:{_CLOCK}|{_NUM})(\s?(?:%|{_UNIT})(?!\w))?"),
-     lambda m: m.group(1) + "#" + (m.group(2) or "")),
+                rf"(?:\([^)]{{0,20}}\))?\s*[:=|│]?\s*['\"]?\s*)"
+                rf"(?:{_CLOCK}|{_NUM})(\s?(?:%|{_UNIT})(?!\w))?{_MEAN}?"),
+     lambda m: m.group(1) + "#" + (m.group(2) or "") + _averaged(m)),
+    # a data-loading time as torchvision's and timm's meters print it: `Data  0.012 ( 0.034)`, always with its average
+    (re.compile(rf"(?i)((?<![A-Za-z])data['\"]?\s*[:=]?\s*){_NUM}{_MEAN}"),
+     lambda m: m.group(1) + "#" + _averaged(m)),
     # a rate as a column header before its value (`tok/s: 1234`, `sec/it 0.5`), a time unit as one (`ms=12`); a
     # value with a unit of its own is not the header's (`1200 tokens/s 3.1 samples/s`)
     (re.compile(rf"((?<![A-Za-z])(?:{_RATE}(?![A-Za-z])\s*[:=]?|(?<![\w.]){_LABEL}(?![A-Za-z/])\s*[:=])\s*)"
@@ -87,6 +104,8 @@ _TIMING_HEADER = re.compile(rf"(?i)(?:(?<![A-Za-z]){_WORDS}(?![A-Za-z])|^\s*(?:{
                             rf"|[(\[]\s*(?:{_PLAIN}|{_RATE})\s*[)\]])")
 # the name a value stands under in a line: `key: `, `'key': '`, `"key": `, `key=`, `key `
 _KEY_BEFORE = re.compile(r"([A-Za-z_][\w./-]{0,60})['\"]?(?:\s*[:=]\s*['\"]?\s*|\s+)$")
+# a key in a table's row of its own, beside its value (Stable-Baselines3's `|    ep_rew_mean  | -120 |`)
+_ROW_KEY = re.compile(r"([A-Za-z_][\w./-]{0,60})\s*[|│]\s*$")
 _NUMBER = re.compile(rf"(?<![\w.]){_NUM}(?!\w)")  # a number standing alone: a row's, not a header's
 
 
@@ -301,7 +320,10 @@ def differing_field(a: str, b: str, masker: Masker | None = None) -> str | None:
     if before is not None:
         return before.group(1)
     column = masker.column(ma, start) if masker is not None else None
-    return f"column {column}" if column else None
+    if column:
+        return f"column {column}"
+    row = _ROW_KEY.search(ma[:start])
+    return row.group(1) if row is not None else None
 
 
 def compare_stdout(paths: Sequence[Path], indices: Sequence[int], mode: StdoutMode) -> StdoutDifference | None:

@@ -45,6 +45,7 @@ from detaudit.recorder.batchknob import batch_invariant_knob
 from detaudit.recorder.compiled import compiling
 from detaudit.recorder.core import Recorder, iter_tensors
 from detaudit.recorder.location import display_path, user_frame
+from detaudit.recorder.scratch import results, scratch_outputs
 
 CONFIG_KEY = "batch"  # the child config's entry that turns the probe on
 _CAPTURE_LIMIT = 200_000  # op calls watched in one origin search (each subset op keeps its tensors)
@@ -348,7 +349,9 @@ class _Watch(TorchDispatchMode):
         if self.flow is not None:
             self.flow.op((args, kwargs), out)
         name = ".".join(str(func).split(".")[:2])  # aten.addmm (the overload is not shown)
-        self.on_call("op", name, self.stack[-1] if self.stack else "", _loc(), before, out)
+        # a workspace the op keeps for its backward is no result of its rows (recorder/scratch.py)
+        self.on_call("op", name, self.stack[-1] if self.stack else "", _loc(), before,
+                     results(out, scratch_outputs(func)))
         return out
 
 

@@ -228,6 +228,14 @@ class Recorder:
             self.resolve_pending()
         return 0
 
+    def record_no_result(self, name: int, t: torch.Tensor, module: int, loc: int, aux: int, flags: int,
+                         inputs: tuple[int, int]) -> None:
+        """Record an op output that is no result (recorder/scratch.py: a workspace, a reserve) by its dtype and
+        shape: its bytes are never read."""
+        shape_id = self._shape_id(logical_shape(t) if t.is_nested else t.shape)
+        self._emit((Kind.OP, DTYPE_CODES.get(t.dtype, 0), flags | self.local.flag | Flag.NOT_RESULT, 0, name, module,
+                    loc, self.step, shape_id, aux, shape_seed(t), inputs[0], inputs[1], _NAN4))
+
     @property
     def next_index(self) -> int:
         """Index the next record will get (records of other threads are placed at the next sync)."""

@@ -40,6 +40,7 @@ from detaudit.recorder.evidence import set_order
 from detaudit.recorder.evidence.base import never_fatal
 from detaudit.recorder.fingerprint import fingerprint_cpu, shape_seed
 from detaudit.recorder.location import user_frame
+from detaudit.recorder.scratch import is_scratch_argument, scratch_outputs, tensor_indices
 from detaudit.trace import Flag, Kind
 
 PASS, VIEW, UNINIT, RECORD = range(4)
@@ -95,10 +96,14 @@ class _OpInfo:
     never reach the result, so they enter the input digest by dtype and shape only and never make the op
     "read never-written memory". Every written argument's cached digest is dropped after the op (the
     version counter is bumped only by schemas that annotate the write, and c10d's do not), and its memory
-    is no longer blank; an op that returns no tensor is recorded by what it wrote (`recv`)."""
+    is no longer blank; an op that returns no tensor is recorded by what it wrote (`recv`).
+
+    A backward op's workspace or reserve argument counts by dtype and shape too, and the outputs an op makes for
+    it (`scratch`: their positions) are recorded as no results (recorder/scratch.py): bytes the kernel need
+    not define are no input and no result."""
 
     __slots__ = ("mode", "names", "random", "arg_names", "blind", "written", "bumped", "root", "collective", "code",
-                 "text")
+                 "text", "scratch")
 
     def __init__(self, func: Any, rec: Recorder) -> None:
         packet = func.overloadpacket.__name__
@@ -121,7 +126,8 @@ class _OpInfo:
         c10d_unused = C10D_UNUSED.get(packet) if self.collective else None
         self.blind = frozenset(
             a.name for i, a in enumerate(arguments)
-            if a.is_out or a.name in (c10d_blind, c10d_unused) or (i == 0 and packet in SELF_BLIND_OPS))
+            if a.is_out or a.name in (c10d_blind, c10d_unused) or (i == 0 and packet in SELF_BLIND_OPS)
+            or is_scratch_argument(a.name))
         self.written = frozenset(
             a.name for a in arguments
             if (a.alias_info is not None and a.alias_info.is_write) or a.is_out or a.name in (c10d_blind, c10d_written))
@@ -131,6 +137,7 @@ class _OpInfo:
         self.root = (self.arg_names.index("process_group"), self.arg_names.index("root_rank")) \
             if self.collective and packet == "broadcast_" else None
         self.code = xxhash.xxh3_64_intdigest(self.text.encode())
+        self.scratch = scratch_outputs(func) if self.mode == RECORD else frozenset()
 
     def blind_here(self, args: Any) -> frozenset[str]:
         """The arguments this call does not read: a broadcast's root reads its tensors."""
@@ -272,11 +279,14 @@ class OpRecorder(TorchDispatchMode):
         sync = work is not None and dict(_named(info, args, kwargs)).get("async_op") is False
         bumped = {id(t) for name, arg in _named(info, args, kwargs) if name in info.bumped for t in tensors_in(arg)} \
             if info.bumped and node is None else set()
+        aside = tensor_indices(out, info.scratch) if info.scratch else info.scratch
         for i, t in enumerate(outputs):
             name = info.names[0] if i == 0 else info.name(rec, i)
             if node is None:
                 aux = self._note_maker(t, makers, id(t) in bumped) if work is None and not rec.local.flag else 0
-            if work is None:
+            if i in aside:
+                rec.record_no_result(name, t, module, loc, aux, flags, inputs)
+            elif work is None:
                 rec.record_tensor(Kind.OP, name, t, module, loc, aux, flags, inputs)
             else:  # hashed when the collective has written it, not while it may still be writing
                 rec.record_when_done(work, Kind.OP, name, t, module, loc, aux, flags, inputs, sync)

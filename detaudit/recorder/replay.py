@@ -42,6 +42,7 @@ from detaudit.recorder import kept, location, save_gate
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.ops import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS, tensors_in
 from detaudit.recorder.patch import wrap
+from detaudit.recorder.scratch import results, scratch_outputs
 
 # Test-only seam: flip the lowest bit of one op's first output element on one step's `execution` (1: the
 # script's own result, 2: the replay's). JSON, e.g. {"op": "aten.mm.default", "step": 0, "execution": 2}.
@@ -74,9 +75,10 @@ class StepReplay(TorchDispatchMode):
         self.rec = recorder
         self.log = log
         self.flip = flip
-        self.kinds: dict[Any, tuple[str, Written, bool]] = {}  # op -> (what to do, the inputs it writes, random)
+        self.kinds: dict[Any, OpPlan] = {}
         self.replayed = 0
         self.skipped: dict[str, int] = {}
+        self.set_aside: dict[str, int] = {}  # op -> outputs replayed but not compared: no results (scratch.py)
         self.mismatches = 0
         self.forked = False  # a forked DataLoader worker inherits the mode: it replays nothing
         self.thread: int | None = None  # the thread whose ops are replayed (the mode is entered per thread)
@@ -103,7 +105,7 @@ class StepReplay(TorchDispatchMode):
         kind = self.kinds.get(func)
         if kind is None:
             kind = self.kinds[func] = _kind(func)
-        what, written, random = kind
+        what, written, random, aside = kind
         if what is PASS or self.rec.internal or self.forked or get_ident() != self.thread:
             return func(*args, **kwargs)
         if types and what is REPLAY:  # a tensor subclass's own dispatch comes next: it may communicate (DTensor)
@@ -111,22 +113,26 @@ class StepReplay(TorchDispatchMode):
         if what is not REPLAY:
             self.skipped[what] = self.skipped.get(what, 0) + 1
             return func(*args, **kwargs)
+        if aside:
+            op = str(func)
+            self.set_aside[op] = self.set_aside.get(op, 0) + len(aside)
         if written or random or self.flip is not None:
-            return self._replay(func, args, kwargs, written, random)
+            return self._replay(func, args, kwargs, kind)
         # an op that only reads its inputs and draws nothing: run again on the same inputs, no copy, no state
         first = func(*args, **kwargs)
         try:
             second = func(*args, **kwargs)
-            differs = _differs(first, second)
+            differs = _differs(first, second, aside)
             if differs is not None:
-                self._mismatch(func, differs, _agrees(first, second, func(*args, **kwargs)), depth=2)
+                self._mismatch(func, differs, _agrees(first, second, func(*args, **kwargs), aside), depth=2)
             self.replayed += 1
         except Exception:  # the replay's own failure (out of memory) is never the script's
             self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
         return first
 
-    def _replay(self, func: Any, args: Any, kwargs: Any, written: Written, random: bool) -> Any:
+    def _replay(self, func: Any, args: Any, kwargs: Any, kind: OpPlan) -> Any:
         """The general case: inputs the op writes copied first, the generator's state restored, the test seam."""
+        _, written, random, aside = kind
         writes = bool(written)
         try:
             copy = _copier(args, kwargs, written)
@@ -141,10 +147,10 @@ class StepReplay(TorchDispatchMode):
         after = generator.get_state() if generator is not None else None
         try:
             second = self._again(func, copy(pristine) if writes else pristine, generator, before, 2)
-            differs = _differs(first, second)
+            differs = _differs(first, second, aside)
             if differs is not None:
                 third = self._again(func, pristine, generator, before, 3)
-                self._mismatch(func, differs, _agrees(first, second, third))
+                self._mismatch(func, differs, _agrees(first, second, third, aside))
             self.replayed += 1
         except Exception:  # the replay's own failure (out of memory for the copies) is never the script's
             self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
@@ -188,29 +194,33 @@ class StepReplay(TorchDispatchMode):
 
 # the arguments an op writes (in place, `out=`), by position in its schema and by name
 Written = tuple[tuple[int, str], ...]
+# what the replay does with an op, the inputs it writes, whether it draws random numbers, and the positions of
+# its outputs that are no results (recorder/scratch.py: never compared)
+OpPlan = tuple[str, Written, bool, frozenset[int]]
+_NONE: frozenset[int] = frozenset()
 
 
-def _kind(func: Any) -> tuple[str, Written, bool]:
+def _kind(func: Any) -> OpPlan:
     """What the replay does with an op: replay it, pass it through, or skip it (and why); the inputs it writes;
-    whether it draws random numbers. Only torch's own computing ops are replayed, and of them only those with no
-    registered effect: any other op may act outside its tensors (a custom op's Python writing a file), so it runs
-    once, as the script asked, named in the report."""
+    whether it draws random numbers; its outputs that are no results (a workspace for its backward). Only torch's
+    own computing ops are replayed, and of them only those with no registered effect: any other op may act outside
+    its tensors (a custom op's Python writing a file), so it runs once, as the script asked, named in the report."""
     packet = func.overloadpacket.__name__
     if func.namespace in PASS_NAMESPACES or func.is_view or \
             (packet in STORAGE_ALIAS_OPS and "Storage" in func._overloadname):
-        return PASS, (), False
+        return PASS, (), False, _NONE
     if packet in UNINIT_OPS:
-        return UNINIT, (), False
+        return UNINIT, (), False, _NONE
     if communicates(func):
-        return COLLECTIVE, (), False
+        return COLLECTIVE, (), False, _NONE
     if func.namespace not in COMPUTE_NAMESPACES:
-        return f"{CUSTOM} {func}", (), False
+        return f"{CUSTOM} {func}", (), False, _NONE
     if _effect(func) is not None:
-        return f"{EFFECTFUL} {func}", (), False
+        return f"{EFFECTFUL} {func}", (), False, _NONE
     written = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
                     if a.is_out or (a.alias_info is not None and a.alias_info.is_write))
     random = packet in RANDOM_OPS or torch.Tag.nondeterministic_seeded in func.tags
-    return REPLAY, written, random
+    return REPLAY, written, random, scratch_outputs(func)
 
 
 def communicates(func: Any) -> bool:
@@ -313,11 +323,12 @@ def _comparable(t: torch.Tensor) -> bool:
     return t.layout == torch.strided and not t.is_nested and not t.is_quantized and not t.is_meta
 
 
-def _differs(a: Any, b: Any) -> tuple[float, int] | None:
-    """(max |diff|, max ULP) over the outputs when any bit differs; None when they agree bit for bit."""
+def _differs(a: Any, b: Any, aside: frozenset[int] = _NONE) -> tuple[float, int] | None:
+    """(max |diff|, max ULP) over the outputs when any bit differs; None when they agree bit for bit. The outputs
+    at positions `aside` are no results: not compared."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):  # most ops: one tensor out
         return _pair_differs(a, b)
-    left, right = list(tensors_in(a)), list(tensors_in(b))
+    left, right = list(tensors_in(results(a, aside))), list(tensors_in(results(b, aside)))
     if len(left) != len(right):
         return (float("inf"), 0)
     found: tuple[float, int] | None = None
@@ -358,11 +369,11 @@ def _ordered(t: torch.Tensor) -> torch.Tensor:
     return torch.where(bits < 0, -magnitude, magnitude)
 
 
-def _agrees(first: Any, second: Any, third: Any) -> str:
+def _agrees(first: Any, second: Any, third: Any, aside: frozenset[int]) -> str:
     """Which execution the third one reproduces bit for bit."""
-    if _differs(third, first) is None:
+    if _differs(third, first, aside) is None:
         return "first"
-    if _differs(third, second) is None:
+    if _differs(third, second, aside) is None:
         return "second"
     return "neither"
 
@@ -483,9 +494,10 @@ class Watcher:
         """One event for step `step` (by default: it ended), with what its replay did; the counts restart."""
         mode = self.mode
         self.log.write({"event": "step", "step": step, "checked": self._checked(step), **event,
-                        "replayed": mode.replayed, "skipped": dict(mode.skipped)})
+                        "replayed": mode.replayed, "skipped": dict(mode.skipped), "set_aside": dict(mode.set_aside)})
         mode.replayed = 0
         mode.skipped.clear()
+        mode.set_aside.clear()
 
     def _await_parent(self, target: str) -> None:
         """Before a torch.save: wait until the parent compared every step that ended (save_gate.py)."""

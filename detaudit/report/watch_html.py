@@ -28,6 +28,7 @@ def render_watch_html(report: WatchReport) -> str:
             ("checked steps", ", ".join(str(s) for s in log.checked_steps) or "none"),
             ("ops replayed", log.replayed_ops),
             ("not replayed", ", ".join(f"{n} {why}" for why, n in sorted(log.skipped_ops.items())) or None),
+            ("not results (not compared)", report.not_results),
             ("stopped", report.stop_sentence),
             ("written before the check caught up",
              ", ".join(f"{save.target} (step {save.step})" for save in log.unchecked_saves) or None)]),

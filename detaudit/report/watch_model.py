@@ -10,6 +10,7 @@ from typing import Any, Literal, TypedDict
 
 from detaudit.codec import FileFormat
 from detaudit.compare.baseline_diff import EnvironmentChange
+from detaudit.compare.match import not_results_text
 from detaudit.errors import ExitCode
 from detaudit.results import Ending, RepeatResult
 from detaudit.run.files import write_output
@@ -97,6 +98,7 @@ class WatchJson(TypedDict):
     checked_steps: list[int]
     replayed_ops: int
     skipped_ops: dict[str, int]
+    set_aside_outputs: dict[str, int]
     mismatches: list[MismatchJson]
     stopped_before: str | None
     not_written: str | None
@@ -153,6 +155,11 @@ class WatchReport:
         return _EXIT[self.verdict]
 
     @property
+    def not_results(self) -> str | None:
+        """The outputs replayed but not compared, by op (`3 workspace outputs of aten.mkldnn_rnn_layer.default`)."""
+        return not_results_text(self.log.set_aside) or None
+
+    @property
     def stop_sentence(self) -> str | None:
         """How the job was stopped, in words (every renderer says it so); None when it was not."""
         stopped = self.log.stopped
@@ -172,7 +179,8 @@ class WatchReport:
                 "exit_code": int(self.exit_code), "script_exit_code": self.result.exit_code,
                 "script": self.script, "run_dir": self.run_dir, "steps": self.log.steps,
                 "checked_steps": list(self.log.checked_steps), "replayed_ops": self.log.replayed_ops,
-                "skipped_ops": dict(self.log.skipped_ops), "mismatches": [m.to_json() for m in self.mismatches],
+                "skipped_ops": dict(self.log.skipped_ops), "set_aside_outputs": dict(self.log.set_aside),
+                "mismatches": [m.to_json() for m in self.mismatches],
                 "stopped_before": None if stopped is None else stopped.before,
                 "not_written": None if stopped is None else stopped.target,
                 "stopped_at_step": stopped.step if stopped is not None else self.result.stopped_at_step,

@@ -2,8 +2,9 @@
 
 Before SCRIPT every option is detaudit's. After it, an option detaudit does not know goes to the
 script together with everything after it; an option detaudit knows is taken only when it is not
-ambiguous: one the script defines too (found by a static scan of its argparse/click definitions)
-or one given twice is refused, with the exact `--` spelling that says whose it is.
+ambiguous: one spelled exactly as the script defines one too (found by a static scan of its
+argparse/click definitions: a script's `-n/--num-workers` leaves detaudit's `--repeats` detaudit's)
+or one given twice is refused, with the commands that say whose it is, each one `run` accepts.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def split_run_args(args: Sequence[str], specs: Sequence[OptionSpec],
         if spec.takes_value and not attached and i + 1 == len(args):
             raise UsageError(f"{arg} needs a value")
         width = 2 if spec.takes_value and not attached else 1
-        _take_option(prog, split, given, args, i, width, spec)
+        _take_option(prog, split, given, args, i, width, spec, name)
         i += width
     return split
 
@@ -153,21 +154,22 @@ class _Given:
 
 
 def _take_option(prog: str, split: SplitArgs, given: _Given, args: Sequence[str], i: int, width: int,
-                 spec: OptionSpec) -> None:
-    """Take detaudit's option `args[i:i + width]`; raise UsageError when the script defines it too or it is
-    given twice (before SCRIPT, or once before or after it and again after it)."""
+                 spec: OptionSpec, name: str) -> None:
+    """Take detaudit's option `args[i:i + width]`, spelled `name`; raise UsageError when the script defines that
+    spelling too (another spelling of the same option is no clash: the script's parser would not take it) or
+    it is given twice (before SCRIPT, or once before or after it and again after it)."""
     written = " ".join(args[i:i + width])
     if split.script is not None:
-        clash = sorted(spec.names & given.defined)
-        if clash:
-            raise UsageError(_ambiguous(prog, split, args, i, width,
-                                        f"{written} is an option of both detaudit and {split.script} "
-                                        f"(its own argument parser defines {', '.join(clash)})"))
+        # given twice first: then the detaudit spelling is to give it once, not to move it before SCRIPT
         earlier = given.before.get(spec) or (given.after.get(spec) if not spec.multiple else None)
         if earlier is not None:
             raise UsageError(_ambiguous(prog, split, args, i, width,
                                         f"{spec.label} is given twice ({earlier}, then {written} after "
                                         f"{split.script})", twice=True))
+        if name in given.defined:
+            raise UsageError(_ambiguous(prog, split, args, i, width,
+                                        f"{written} is an option of both detaudit and {split.script} "
+                                        f"(its own argument parser defines {name})"))
         given.after[spec] = written
     elif spec in given.before and not spec.multiple:
         raise UsageError(f"{spec.label} is given twice ({given.before[spec]}, then {written}); give it once")
@@ -178,9 +180,15 @@ def _take_option(prog: str, split: SplitArgs, given: _Given, args: Sequence[str]
 
 def _ambiguous(prog: str, split: SplitArgs, args: Sequence[str], i: int, width: int, why: str,
                twice: bool = False) -> str:
-    """The refusal, with both spellings: the option to the script (after `--`), or to detaudit (before SCRIPT)."""
+    """The refusal, with both spellings: the option to the script (after `--`), or to detaudit (before SCRIPT).
+
+    After the `--` the suggestion adds, everything is the script's: a `--` the user wrote later goes (it said
+    just that), so the script is never handed one."""
     assert split.script is not None
-    to_script = shlex.join([*prog.split(), *split.ours, split.script, "--", *split.script_args, *args[i:]])
+    rest = list(args[i:])
+    if "--" in rest:
+        rest.remove("--")
+    to_script = shlex.join([*prog.split(), *split.ours, split.script, "--", *split.script_args, *rest])
     if twice:
         return (f"{why}, so detaudit will not guess whose the second is. If it is the script's, put it after "
                 f"`--`: `{to_script}`. If it is detaudit's, give it once.")

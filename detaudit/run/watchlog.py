@@ -114,6 +114,8 @@ class WatchLog:
     ended: bool = False  # the script ran to its end (an `end` event)
     unchecked_saves: tuple[UncheckedSave, ...] = ()
     training_thread: str | None = None  # the name of the thread that stepped the optimizer
+    # op -> its outputs replayed but not compared: the workspace or reserve it keeps for its backward, no result
+    set_aside: dict[str, int] = field(default_factory=dict)
 
     @property
     def checked_count(self) -> int:
@@ -142,6 +144,12 @@ class WatchLog:
         return any(step < self.steps for step in self.checked_steps) or (self.steps == 0 and bool(self.checked_steps))
 
 
+def _add_counts(total: dict[str, int], counts: Any) -> None:
+    """Add `counts` (reason or op -> count) into `total`."""
+    for key, count in dict(counts).items():
+        total[str(key)] = total.get(str(key), 0) + int(count)
+
+
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -166,6 +174,7 @@ def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
     steps, replayed, ended = 0, 0, False
     checked: list[int] = []
     skipped: dict[str, int] = {}
+    aside: dict[str, int] = {}
     mismatches: list[Mismatch] = []
     stopped: Stopped | None = None
     unchecked: list[UncheckedSave] = []
@@ -176,8 +185,8 @@ def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
             if kind in ("step", "end", "stopped"):
                 step = int(event["step"])
                 replayed += int(event.get("replayed", 0))
-                for why, count in dict(event.get("skipped", {})).items():
-                    skipped[str(why)] = skipped.get(str(why), 0) + int(count)
+                _add_counts(skipped, event.get("skipped", {}))
+                _add_counts(aside, event.get("set_aside", {}))
                 if event.get("checked") and event.get("replayed"):
                     checked.append(step)  # replayed: a window opened on another thread replays none of its ops
                 steps = max(steps, step + 1) if kind == "step" else max(steps, step)
@@ -193,7 +202,7 @@ def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
         except (KeyError, TypeError, ValueError):
             continue  # not an event this version wrote
     return WatchLog(steps, tuple(checked), replayed, skipped, tuple(mismatches), stopped, ended, tuple(unchecked),
-                    thread)
+                    thread, aside)
 
 
 def merged(logs: Sequence[WatchLog]) -> WatchLog:
@@ -203,9 +212,10 @@ def merged(logs: Sequence[WatchLog]) -> WatchLog:
     if len(logs) == 1:
         return logs[0]
     skipped: dict[str, int] = {}
+    aside: dict[str, int] = {}
     for log in logs:
-        for why, count in log.skipped_ops.items():
-            skipped[why] = skipped.get(why, 0) + count
+        _add_counts(skipped, log.skipped_ops)
+        _add_counts(aside, log.set_aside)
     stops = sorted((log.stopped for log in logs if log.stopped is not None), key=lambda s: s.step)
     return WatchLog(min((log.steps for log in logs), default=0),
                     tuple(sorted({step for log in logs for step in log.checked_steps})),
@@ -213,4 +223,4 @@ def merged(logs: Sequence[WatchLog]) -> WatchLog:
                     tuple(sorted((m for log in logs for m in log.mismatches), key=lambda m: (m.step, m.rank or 0))),
                     stops[0] if stops else None, bool(logs) and all(log.ended for log in logs),
                     tuple(save for log in logs for save in log.unchecked_saves),
-                    next((log.training_thread for log in logs if log.training_thread), None))
+                    next((log.training_thread for log in logs if log.training_thread), None), aside)

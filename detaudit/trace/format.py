@@ -81,3 +81,5 @@ class Flag(enum.IntFlag):
     THREAD = 32     # recorded on a thread other than the main one: written in canonical order (TraceWriter.sync)
     PYTHON_VALUE = 64  # SAVE record of a Python number (int, float, bool, complex) saved beside the tensors: kept
     #                    as the 0-dim tensor it converts to, but no tensor of the script's (compare/saved_values.py)
+    NOT_RESULT = 128  # OP record of an output that is no result: the workspace or reserve an op keeps for its backward,
+    #                   whose bytes the kernel need not define (recorder/scratch.py); dtype and shape only

@@ -3,6 +3,8 @@ them are tested against a mocked core in test_cli_core.py)."""
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ import click
 import pytest
 
 import detaudit.run.devices
+from detaudit.cli.commands import cli
 from detaudit.cli.options import (
     DEFAULT_GRANULARITY,
     FiniteFloat,
@@ -131,3 +134,37 @@ def test_a_tolerance_is_finite_and_not_negative() -> None:
     for bad in ("-1e-5", "-0.1", "nan", "-inf", "inf"):
         with pytest.raises(click.BadParameter):
             TOLERANCE.convert(bad, None, None)
+
+
+SCRIPT_DEFINING = """import argparse
+parser = argparse.ArgumentParser()
+parser.add_argument("-i", "--input-file")
+parser.add_argument("-n", "--num-workers", type=int)
+parser.add_argument("--device")
+parser.parse_args()
+"""
+
+
+def _run_params(args: list[str]) -> dict[str, Any]:
+    """`detaudit run ARGS` through the real parser (RunCommand), nothing run."""
+    parent = cli.make_context("detaudit", ["run", *args])
+    return cli.commands["run"].make_context("run", list(args), parent=parent).params
+
+
+@pytest.mark.parametrize("args", [
+    ["train.py", "-n", "3", "--", "-i", "names.txt"],  # the script's -n
+    ["train.py", "names.txt", "--device", "cpu", "-q"],  # the script's --device
+    ["-n", "2", "train.py", "-n", "3", "-i", "x"],  # given twice (and the script's)
+    ["--repeats", "2", "train.py", "--repeats", "3", "--", "-i", "x"],  # given twice
+])
+def test_every_command_an_ambiguity_suggests_is_one_run_accepts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                args: list[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT_DEFINING)
+    with pytest.raises(UsageError) as refused:
+        _run_params(args)
+    suggested = re.findall(r"`detaudit run ([^`]*)`", str(refused.value))
+    assert suggested
+    for command in suggested:
+        # accepted, and the script is handed no `--` that the original command did not hand it
+        assert "--" not in _run_params(shlex.split(command))["script_args"]

@@ -52,6 +52,16 @@ def test_values_torch_save_could_not_encode_are_listed_as_not_observed(tmp_path:
     assert any("torch.save[0].config (mylib.Config)" in line for line in m.not_observed)
 
 
+def test_outputs_set_aside_as_no_results_are_named_with_their_count(tmp_path: Path) -> None:
+    recs = training_records(steps=2, layers=1)
+    aside = recs[0].but(kind=Kind.OP, name="aten.mkldnn_rnn_layer.default[3]", flags=int(Flag.NOT_RESULT))
+    paths = [write_trace(tmp_path / f"r{i}.trace", [aside, *recs, aside], {"exit_code": 0}) for i in range(2)]
+    m = describe_match(paths[0], compare_traces(paths, ["cpu", "cpu"]), bitwise=True, tolerance=Tolerance(),
+                       granularity="op", stdout="ignore", devices=["cpu", "cpu"])
+    assert [line.split(" (")[0] for line in m.not_observed if line.startswith("not results")] == \
+        ["not results: 2 workspace outputs of aten.mkldnn_rnn_layer.default[3]"]
+
+
 def test_the_perturbed_record_is_plain_and_in_the_middle_step(tmp_path: Path) -> None:
     recs = training_records(steps=4, layers=2)
     recs[6] = recs[6].but(flags=int(Flag.NO_DATA))  # contents unreadable: a change there cannot show
@@ -66,7 +76,7 @@ def test_a_device_record_can_carry_the_change_but_not_a_content_less_or_threaded
     """On an accelerator every record is DEVICE: --self-check picks those (it silently did nothing there)."""
     recs = [r.but(flags=int(Flag.DEVICE)) for r in training_records(steps=2)]
     assert choose_record(write_trace(tmp_path / "device.trace", recs, {"exit_code": 0})) is not None
-    unusable = [r.but(flags=int(Flag.NO_DATA if i % 2 else Flag.THREAD)) for i, r in enumerate(recs)]
+    unusable = [r.but(flags=int((Flag.NO_DATA, Flag.THREAD, Flag.NOT_RESULT)[i % 3])) for i, r in enumerate(recs)]
     assert choose_record(write_trace(tmp_path / "none.trace", unusable, {"exit_code": 0})) is None
 
 

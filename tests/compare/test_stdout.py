@@ -59,6 +59,23 @@ MASKED = [
     ("step 3 41.2 ms 0.5123", "step 3 # ms 0.5123"),
     ("epoch 1 | 3.20 s 0.51", "epoch 1 | # s 0.51"),
     ("loss 0.51,12.3ms", "loss 0.51,#ms"),
+    # as real frameworks spell their rates and times (issue 44): cleanrl, Stable-Baselines3's table, torchvision's
+    # and timm's meters (a running average beside the value, a bare `/s`), fairseq, torchtitan, Ray, DeepSpeed
+    ("SPS: 82", "SPS: #"),
+    ("|    fps             | 1234     |", "|    fps             | #     |"),
+    ("|    time_elapsed    | 12       |", "|    time_elapsed    | #       |"),
+    ("Epoch: [0][ 10/500]\tTime  0.123 ( 0.456)\tData  0.012 ( 0.034)\tLoss 6.9e+00 (6.9e+00)",
+     "Epoch: [0][ 10/500]\tTime  # ( #)\tData  # ( #)\tLoss 6.9e+00 (6.9e+00)"),
+    ("Loss: 6.9 (6.9)  Time: 1.234s,  103.7/s  (1.234s,  103.7/s)  Data: 0.123 (0.123)",
+     "Loss: 6.9 (6.9)  Time: #s,  #/s  (#s,  #/s)  Data: # (#)"),
+    ("loss 4.5 | ppl 22 | wps 12345.6 | ups 3.2 | wpb 3800 | train_wall 30 | wall 35",
+     "loss 4.5 | ppl 22 | wps # | ups # | wpb 3800 | train_wall # | wall #"),
+    ("step:  1  loss: 10.8  tps: 1,234  tflops: 12.3  mfu: 4.5%", "step:  1  loss: 10.8  tps: #  tflops: #  mfu: #%"),
+    ("time_this_iter_s: 12.3 time_total_s: 45.6 time_since_restore: 45.6",
+     "time_this_iter_s: # time_total_s: # time_since_restore: #"),
+    ("SamplesPerSec=123.45 tokens_per_s: 99", "SamplesPerSec=# tokens_per_s: #"),
+    ("step 0 | loss: 10.9 | norm: 15.4 | dt: 1234.56ms | tok/sec: 12345.67",
+     "step 0 | loss: 10.9 | norm: 15.4 | dt: #ms | tok/sec: #"),
 ]
 KEPT = [
     "step 10 loss 0.1234",
@@ -71,6 +88,14 @@ KEPT = [
     "3 steps, 12 samples, 4 seconds_budget_flag",
     "best epoch 7 score 0.8123",
     "digest a3f0c1d2e5b6",
+    # words that only look like timings: a count, a schedule's setting, English words ending in `ups`/`pers`
+    "|    total_timesteps | 2048     |",
+    "|    ep_rew_mean     | -1.2e+03 |",
+    "global_step=1000, episodic_return=[12.]",
+    "elapsed_steps 100 time_step 5 timesteps_total: 4000",
+    "eta_min: 0.001 groups: 4 helpers: 3",
+    "Data: 1000 samples loaded, gb_free 10.2",
+    "Loss 6.9e+00 (6.9e+00)\tAcc@1   0.00 (  0.10)",
 ]
 
 
@@ -311,6 +336,18 @@ RECORDED_EQUAL = [
      ["┃ Epoch ┃ Loss   ┃ it/s   ┃", "│ 1     │ 0.5000 │ 10.12  │"]),
     (["+-------+---------+", "| step  | time    |", "+-------+---------+", "| 1     | 9.1     |"],
      ["+-------+----------+", "| step  | time     |", "+-------+----------+", "| 1     | 10.01    |"]),
+    # cleanrl's ppo.py prints its steps per second after every update
+    (["global_step=500, episodic_return=[12.]", "SPS: 82"], ["global_step=500, episodic_return=[12.]", "SPS: 80"]),
+    # Stable-Baselines3's table: the value column is as wide as its widest value, the rule as long as the table
+    (["-----------------------------", "| time/              |      |", "|    fps             | 998  |",
+      "|    iterations      | 1    |", "|    time_elapsed    | 2    |", "|    total_timesteps | 2048 |",
+      "-----------------------------"],
+     ["------------------------------", "| time/              |       |", "|    fps             | 1012  |",
+      "|    iterations      | 1     |", "|    time_elapsed    | 2     |", "|    total_timesteps | 2048  |",
+      "------------------------------"]),
+    # pytorch/examples imagenet's meters: the value and its running average
+    (["Epoch: [0][ 10/500]\tTime  0.123 ( 0.456)\tData  0.012 ( 0.034)\tLoss 6.9077e+00 (6.9077e+00)"],
+     ["Epoch: [0][ 10/500]\tTime  1.123 ( 1.456)\tData  0.102 ( 0.134)\tLoss 6.9077e+00 (6.9077e+00)"]),
     # pandas-style: the measurement column's width pads the header too
     (["   epoch  loss  time", "0      1  0.51  9.81"], ["   epoch  loss   time", "0      1  0.51  10.81"]),
 ]
@@ -330,6 +367,12 @@ RECORDED_DIFFERENT = [
      "column train_loss"),
     (["| end of epoch   1 | time:  9.87s | valid loss  5.79 |"],
      ["| end of epoch   1 | time: 10.02s | valid loss  5.80 |"], "loss"),
+    (["global_step=500, episodic_return=[12.]", "SPS: 82"], ["global_step=500, episodic_return=[13.]", "SPS: 80"],
+     "episodic_return"),
+    (["|    ep_rew_mean     | -120     |", "|    fps             | 998      |"],
+     ["|    ep_rew_mean     | -121     |", "|    fps             | 1012     |"], "ep_rew_mean"),
+    (["Epoch: [0][ 10/500]\tTime  0.123 ( 0.456)\tAcc@1   0.00 (  0.10)"],
+     ["Epoch: [0][ 10/500]\tTime  0.124 ( 0.457)\tAcc@1   0.00 (  0.20)"], None),
 ]
 
 

@@ -161,6 +161,10 @@ NOT_IN_MATRIX = {
     "train_drift.py": "a `detaudit drift` scenario: deterministic under `run`; A against B (test_e2e_drift)",
     "train_drift_small.py": "a `detaudit drift` scenario: one process against torchrun ranks, eager against "
                             "torch.compile (test_e2e_drift)",
+    "train_policy.py": "deterministic but for its printed steps per second; a stdout masking scenario "
+                       "(test_e2e_output)",
+    "train_lstm_lm.py": "deterministic; its point is an op's workspace set aside at op level and in watch's replay "
+                        "(test_e2e_ops, test_e2e_watch)",
     "fit_noisy.py": "two independent sources at once, for `detaudit fix`'s search: its knobs, not one cause, are "
                     "what is checked (test_e2e_fix)",
     **{name: "a resume check's scenario: deterministic under `run`, its cause is `detaudit resume`'s "

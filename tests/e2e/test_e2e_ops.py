@@ -94,3 +94,14 @@ def test_step_granularity_records_only_optimizer_steps(tmp_path: Path, scripts: 
     first = result.report["first_divergence"]
     assert first["kind"] in ("grad", "param", "optstate")
     assert first["op_finding"] is None
+
+
+def test_an_lstms_workspace_at_op_level_is_set_aside_not_a_divergence(tmp_path: Path, scripts: Path) -> None:
+    # The important thing is that oneDNN's LSTM workspace, whose bytes differ in every run of this deterministic
+    # script, is neither a divergence nor a cause: it is reported as set aside
+    result = run_cli(["run", str(scripts / "train_lstm_lm.py"), "-n", "2", "-j", "2", "--granularity", "op",
+                      "--json", "report.json"], tmp_path)
+    assert result.returncode == 0, result.output
+    assert result.report is not None
+    assert [line.split(" (")[0] for line in result.report["match"]["not_observed"] if "not results" in line] == \
+        ["not results: 3 workspace outputs of aten.mkldnn_rnn_layer.default[3]"]

@@ -165,3 +165,20 @@ def test_a_log_directory_numbered_by_earlier_repeats_is_reported_but_no_divergen
     assert resumed.report["causes"][0]["id"] == "carried-state"
     assert resumed.report["causes"][0]["evidence"][0].startswith(
         "repeat 1 read last.pt, which an earlier repeat of this audit wrote, at resume.py:7")
+
+
+@pytest.mark.process
+def test_steps_per_second_printed_as_cleanrl_prints_them_never_fail_the_gate(tmp_path: Path) -> None:
+    # The important thing is that `SPS: N`, different in every repeat, is a measurement, not a result
+    result = run_cli(["run", "-n", "2", "-j", "2", "--granularity", "step", "--json", "r.json", "--out", "run",
+                      str(SCRIPTS / "train_policy.py")], cwd=tmp_path)
+    assert result.returncode == 0, result.output
+
+
+@pytest.mark.process
+def test_a_printed_return_that_really_differs_beside_them_is_a_divergence(tmp_path: Path) -> None:
+    result = run_cli(["run", "-n", "2", "-j", "2", "--granularity", "step", "--json", "r.json", "--out", "run",
+                      str(SCRIPTS / "train_policy.py"), "--", "--eval-episodes", "4"], cwd=tmp_path)
+    assert result.report is not None
+    stdout = result.report["first_divergence"]["stdout"]
+    assert stdout["lines"][str(stdout["reference"])].startswith("eval returns")

@@ -56,6 +56,18 @@ def test_a_short_option_the_script_defines_is_refused_too() -> None:
         split(["train.py", "-n", "5"], defines={"-n", "--num-samples"})
 
 
+def test_only_the_spelling_the_script_defines_collides() -> None:
+    # makemore defines -n/--num-workers: detaudit's --repeats is no option of the script's
+    assert split(["makemore.py", "--repeats", "3", "--", "-i", "names.txt"], defines={"-n", "--num-workers"}) == (
+        ["--repeats", "3"], "makemore.py", ["-i", "names.txt"])
+
+
+def test_the_scripts_spelling_suggested_hands_the_script_no_double_dash() -> None:
+    with pytest.raises(UsageError) as refused:
+        split(["makemore.py", "-n", "3", "--", "-i", "names.txt"], defines={"-n", "--num-workers"})
+    assert "`detaudit run makemore.py -- -n 3 -i names.txt`" in str(refused.value)
+
+
 def test_an_option_given_before_and_after_the_script_is_refused() -> None:
     with pytest.raises(UsageError) as refused:
         split(["--repeats", "3", "train.py", "--repeats", "5"])

@@ -27,6 +27,14 @@ def test_steps_checked_steps_and_counts_add_up(tmp_path: Path) -> None:
     assert log.ended
 
 
+def test_outputs_set_aside_add_up_over_steps_and_ranks(tmp_path: Path) -> None:
+    aside = {"aten.mkldnn_rnn_layer.default": 2}
+    events = [{"event": "step", "step": s, "checked": True, "replayed": 3, "skipped": {}, "set_aside": aside}
+              for s in (0, 1)]
+    log = read_watch_log(write(tmp_path / "e", *events))
+    assert merged([log, log]).set_aside == {"aten.mkldnn_rnn_layer.default": 8}
+
+
 def test_a_stop_closes_its_step_and_names_what_was_not_written(tmp_path: Path) -> None:
     log = read_watch_log(write(tmp_path / "e", MISMATCH, {"event": "stopped", "step": 2, "checked": True,
                                                           "replayed": 4, "before": "torch.save", "target": "c.pt"}))
