@@ -146,6 +146,9 @@ def summary_line(report: FixReport) -> Text:
                     else ": no set of knobs made the repeats agree within the budget")
     elif report.verdict == "uncontrolled":
         text.append(f": no knob controls the divergence{under}, even all of them at once")
+        cause = report.code_cause
+        if cause is not None:
+            text.append(f"; cause: {cause.id} ({cause.confidence}), fixed in the code")
     if report.repeats_used or report.verdict != "deterministic":
         text.append(f" · {report.repeats_used} of {report.budget} repeats")
     text.append(f" · run: {printable(report.run_dir)}")
@@ -161,6 +164,11 @@ def render(report: FixReport, console: Console) -> None:
                       soft_wrap=True)
     if report.knobs:
         _render_fix(report, console)
+    cause = report.code_cause
+    if cause is not None:
+        console.print(Text(f"Fix in the code — {cause.id} ({cause.confidence}); no setting controls it:",
+                           style="bold"))
+        console.print(Text(printable(f"    {cause.fix}"), style="green"), soft_wrap=True)
     for note in report.notes:
         console.print(Text(printable(note), style="yellow"), soft_wrap=True)
     if report.verdict == "uncontrolled":

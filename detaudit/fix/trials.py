@@ -19,11 +19,11 @@ from detaudit.causes import leads, rng, split
 from detaudit.causes.confirm import apply
 from detaudit.causes.context import build
 from detaudit.errors import UsageError
-from detaudit.explain.runner import Bench, Ledger, plan
+from detaudit.explain.runner import CHEAP_REPEATS, Bench, Ledger, cheap_pin_of, plan, run_experiments
 from detaudit.fix import code, search
 from detaudit.fix.cost import Timing, cost, figure
 from detaudit.fix.fix_report import FixReport, FixVerdict, KnobFix, Trial, report_json
-from detaudit.pin import Pin
+from detaudit.pin import Pin, also_pins
 from detaudit.report.model import Report
 from detaudit.results import Cause, Experiment, RepeatProgress, RepeatResult
 from detaudit.run.distributed import Layout
@@ -34,6 +34,9 @@ from detaudit.trace import read_footer
 DEFAULT_BUDGET = 24
 FIX_FILE = "fix.json"
 LIBS = {Pin.TORCH_RNG: "torch", Pin.NUMPY_RNG: "numpy", Pin.PYTHON_RNG: "python"}
+# causes whose source no knob's code reaches: a seed the script sets itself from outside the program (the clock, the
+# pid, `Generator.seed()`) is set again by the script's own call after the prelude's constant seed (docs/fix.md)
+BEYOND_KNOBS = ("varying-seed",)
 
 
 def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
@@ -83,6 +86,8 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
     suspected = [p.value for p in plan(leads(report.causes, report.not_ruled_out)) if p in knobs]
     found = search.search([p.value for p in knobs], suspected,
                           experiments.agrees)
+    if found.uncontrolled and experiments.trials[-1].verdict == "divergent" and not perturbed:
+        report = _confirmed_beyond_knobs(report, experiments, on_done, on_progress)
     base = replace(base, trials=tuple(experiments.trials), repeats_used=experiments.ledger.spent,
                    first_divergence=_where(report), insert_after=code.insertion_line(source),
                    causes=_judged(report, experiments.trials))
@@ -269,16 +274,44 @@ def seed_edits(report: Report, run_dir: Path, results: Sequence[RepeatResult], s
 def uncontrolled_note(report: Report, knobs: Sequence[Pin]) -> str:
     """Why no knob helped: what the causes' evidence points at."""
     tried = ", ".join(p.value for p in knobs)
-    return (f"with every knob at once ({tried}) the repeats still diverge: the source is one no setting reaches "
-            "(the clock, the process id, the environment, the network, or a seed or order the script's own code "
-            "makes); the causes below say where")
+    return (f"with every knob at once ({tried}) the repeats still diverge: no setting controls the source (the "
+            "clock, the process id, the environment, the network, or a seed or order the script's own code makes), "
+            "so the fix is a change to the script's code; the causes below say where")
+
+
+def _confirmed_beyond_knobs(report: Report, experiments: KnobTrials,
+                            on_done: Callable[[RepeatResult], None] | None,
+                            on_progress: Callable[[RepeatProgress], None] | None) -> Report:
+    """No knob controls the source: `run`'s one cheap confirmation (explain's pin, which reaches what a knob's code
+    cannot: the script's own seeding calls, the address layout) tests the top cause, paid from the budget. The
+    audit's report with it applied, or as it was when there is no such experiment or the budget cannot pay."""
+    pin = cheap_pin_of(report)
+    devices = len(experiments.options.schedule.devices)
+    if pin is None or not experiments.ledger.affords(CHEAP_REPEATS * devices * (2 if also_pins(pin) else 1)):
+        return report
+    ran: list[RepeatResult] = []
+
+    def done(result: RepeatResult) -> None:
+        ran.append(result)
+        if on_done is not None:
+            on_done(result)
+
+    explained = run_experiments(experiments.bench.run_dir, cheap=True, on_done=done, on_progress=on_progress,
+                                script_args=experiments.options.target.script_args)
+    experiments.ledger.pay(len(ran))
+    return explained
 
 
 def _judged(report: Report, trials: Sequence[Trial]) -> tuple[Cause, ...]:
     """The audit's causes as the search's experiments judge them, by the one rule `explain` uses
     (docs/causes.md#ranking): a cause whose own knob alone left the repeats diverging is ruled out, one whose knob
-    alone made them agree is confirmed."""
+    alone made them agree is confirmed. A cause whose source no knob's code reaches (BEYOND_KNOBS) is not judged
+    by the knobs' trials: a knob that failed to fix it says nothing about whether it is the cause."""
     first = report.first_divergence
     tried = [Experiment(t.name, t.name, t.verdict, None, t.note) for t in trials if t.verdict != "skipped"]
-    judged = apply(leads(report.causes, report.not_ruled_out), tried, first.index if first is not None else -1)
-    return tuple(split(judged)[0])
+    leading = leads(report.causes, report.not_ruled_out)
+    own_pins = {c.id: c.pins for c in leading}
+    unreached = [replace(c, pins=[]) if c.id in BEYOND_KNOBS else c for c in leading]
+    judged = apply(unreached, tried, first.index if first is not None else -1)
+    return tuple(replace(c, pins=own_pins.get(c.id, c.pins)) if c.id in BEYOND_KNOBS else c
+                 for c in split(judged)[0])

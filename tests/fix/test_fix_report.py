@@ -17,6 +17,7 @@ from detaudit.fix.code import Edit
 from detaudit.fix.cost import Figure, KnobCost
 from detaudit.fix.fix_report import FixReport, KnobFix, Trial, report_json
 from detaudit.pin import Pin
+from detaudit.results import Cause
 from detaudit.run.rundir import read_run
 
 
@@ -132,3 +133,22 @@ def test_an_rng_object_created_unseeded_in_the_script_becomes_its_knobs_line_edi
     assert drawn == set()
     assert [(e.pin, e.line, e.after, e.applies) for e in edits] == [
         (Pin.NUMPY_RNG, 2, "rng = np.random.default_rng(0)", True)]
+
+
+def test_a_cause_no_knob_controls_is_shown_with_its_code_fix_on_top() -> None:
+    seed = Cause("varying-seed", "confirmed", "a seed from outside", ["Generator.seed() at a.py:13"],
+                 "call `.manual_seed(0)` on the Generator instead of `.seed()` at a.py:13", [Pin.TORCH_RNG],
+                 "experiment")
+    report = FixReport("train.py", "/r", "uncontrolled", 1, causes=(seed,))
+    out = io.StringIO()
+    cli_fix.render(report, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "cause: varying-seed (confirmed), fixed in the code" in text
+    assert text.index("Fix in the code — varying-seed (confirmed); no setting controls it:") < text.index(
+        "Likely causes")
+    assert report_json(report)["code_fix"] == {"cause": "varying-seed", "confidence": "confirmed", "fix": seed.fix}
+
+
+def test_no_code_fix_is_offered_for_a_cause_an_experiment_ruled_out() -> None:
+    ruled_out = Cause("python-hash-seed", "ruled-out", "hash order", [], "sorted", [Pin.HASH_SEED], "direct")
+    assert FixReport("train.py", "/r", "uncontrolled", 1, causes=(ruled_out,)).code_cause is None
