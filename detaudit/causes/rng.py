@@ -359,8 +359,9 @@ def varying_seed(ctx: Context) -> Finding | None:
         return None
     # where the value came from, when the evidence shows it: a read of the outside world at the seeding line, or
     # the script's own hash() of a string (that hashing is randomized at all is no evidence a seed came from it)
-    lines += [f"{fn} at {loc} read {outside_what(fn)} on the line that seeds" for fn, loc in outside_reads(ctx)
-              if loc == first.get("loc")][:1]
+    read = next((fn for fn, loc in outside_reads(ctx) if loc == first.get("loc")), None)
+    if read is not None:
+        lines.append(f"{read} at {first.get('loc')} read {outside_what(read)} on the line that seeds")
     lines += [f"{text} (a seed derived from it changes with it)" for _, text in hash_calls(ctx)[:2]]
     lines.append(f"first divergence: {ctx.where()}")
     fix = (f"{constant_seed(first['fn'], first.get('loc', ''))}; when runs must differ on purpose, pass the seed "
@@ -368,8 +369,18 @@ def varying_seed(ctx: Context) -> Finding | None:
     score = 0.95 if ctx.precedes(first) else 0.5
     basis: Basis = "op-records" if Pin.TORCH_RNG in pins and _random_op(ctx) else "direct" if ctx.precedes(first) \
         else "circumstantial"
-    return finding("varying-seed", score, "a seed is set, but to a value that changes from run to run "
-                   "(clock, pid, OS entropy, or `hash()` of a string)", lines, fix, pins, basis)
+    return finding("varying-seed", score, _seed_summary(first, read), lines, fix, pins, basis)
+
+
+def _seed_summary(first: SeedEvent | GeneratorEvent, read: str | None) -> str:
+    """What was seeded, where, and from what when the evidence shows it: `this torch.Generator is seeded from the
+    process id at train.py:6, so its seed differs in every run`."""
+    what = f"this {OBJECT[first['lib']]} is seeded" if first["type"] == "generator" \
+        else f"the global {NAMES[first['lib']]} RNG is seeded"
+    source = outside_what(read) if read is not None else "operating-system entropy" \
+        if first["fn"] in ("Generator.seed", *DRAWS_ITS_SEED) or first.get("value") is None else ""
+    where = f"from {source} at {first.get('loc')}" if source else f"at {first.get('loc')} with a value that changes"
+    return f"{what} {where}, so its seed differs in every run"
 
 
 @detects("dataloader-workers")

@@ -137,6 +137,24 @@ def test_varying_seed_outranks_everything_and_names_the_call() -> None:
     assert found[0].pins == ["torch-rng"]
 
 
+def test_a_generator_seeded_from_the_pid_is_varying_seed_at_its_line_with_a_constant_as_the_fix() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [{"type": "seed", "lib": "torch", "fn": "torch.manual_seed", "value": 0, "loc": "train.py:4",
+                 "library": False, "drawn_before": False, "state": "s"},
+                {"type": "outside", "fn": "os.getpid", "loc": "train.py:6"},
+                {"type": "generator", "lib": "torch", "fn": "Generator.manual_seed", "seeded": True,
+                 "value": 4000 + i, "loc": "train.py:6", "library": False, "state": f"g{i}", "obj": 0},
+                {"type": "draw", "lib": "torch", "fn": "Tensor.uniform_", "loc": "train.py:7", "generator": "explicit",
+                 "obj": 0}]
+
+    top = causes.rank(context([events(0), events(1)]))[0]
+    assert (top.id, top.basis) == ("varying-seed", "direct")
+    assert top.summary == "this torch.Generator is seeded from the process id at train.py:6, so its seed differs " \
+                          "in every run"
+    assert "4000 in repeat 0, 4001 in repeat 1" in top.evidence[0]
+    assert top.fix.startswith("seed it with a constant at train.py:6: `.manual_seed(0)`")
+
+
 def test_a_constant_seed_is_not_varying() -> None:
     seed = {"type": "seed", "lib": "python", "fn": "random.seed", "value": 7, "loc": "a.py:1", "library": False,
             "drawn_before": False, "state": "same"}
