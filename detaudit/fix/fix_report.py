@@ -115,7 +115,8 @@ class FixReport(Codable):
 def _figure(f: Figure | None) -> dict[str, Any] | None:
     if f is None:
         return None
-    return {"with_s": f.with_s, "without_s": f.without_s, "change": f.change, "measurable": f.measurable}
+    return {"with_s": f.with_s, "without_s": f.without_s, "change": f.change, "low": f.low, "high": f.high,
+            "pairs": f.pairs, "measurable": f.measurable}
 
 
 def _trial(t: Trial | None) -> dict[str, Any] | None:

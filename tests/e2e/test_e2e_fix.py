@@ -39,10 +39,12 @@ def test_two_unseeded_sources_get_exactly_their_two_knobs_verified_as_written(tm
     assert "torch.manual_seed(0)" in knobs["torch-rng"]["fix"]
     assert "numpy.random.seed(0)" in knobs["numpy-rng"]["fix"]
     assert all(k["where"] == "prelude" for k in knobs.values())
-    for knob in knobs.values():  # timed from the steps the recorder kept in each repeat's footer
+    for knob in knobs.values():  # CPU per step, from the footers of runs made in pairs, with and without it
         step = knob["cost"]["step_time"]
         assert step["with_s"] > 0
         assert step["without_s"] > 0
+        assert step["pairs"] == 3
+        assert step["low"] <= step["change"] <= step["high"]
         assert isinstance(step["measurable"], bool)
     for name, knob in knobs.items():  # minimal: the set less either knob diverged
         assert knob["needed"]["verdict"] == "divergent"
@@ -50,7 +52,9 @@ def test_two_unseeded_sources_get_exactly_their_two_knobs_verified_as_written(tm
     assert report["verified"] is True
     assert report["env"] == {}
     assert report["repeats_used"] <= report["budget"]
-    assert report["repeats_used"] == 2 * len(report["search"])
+    costed = len(list((tmp_path / report["run_dir"]).glob("fix-cost-*.trace")))  # each knob's pairs, the fix's
+    assert costed == 3 * 2 * 3
+    assert report["repeats_used"] == 2 * len(report["search"]) + costed
     assert "Add at the top of fit_noisy.py (after line 1):" in result.stdout
     # the user's script untouched, no copy left beside it, and the patch makes the verified script
     assert script.read_text() == source
@@ -119,7 +123,8 @@ def test_under_perturb_threads_a_thread_count_sensitive_script_gets_exactly_the_
     # one experiment, its repeats in both groups: --repeats 2 per thread count
     assert report["search"] == [{"knobs": ["one-thread"], "verdict": "deterministic", "repeats": 4, "note": "",
                                  "files": "fix-1"}]
-    assert report["repeats_used"] == 4
+    costed = len(list((tmp_path / report["run_dir"]).glob("fix-cost-*.trace")))  # its pairs, in both groups
+    assert report["repeats_used"] == 4 + costed
     assert report["budget"] == 24
     # the experiment's repeats ran with the perturbation's thread variables, not the knob's OMP_NUM_THREADS=1
     run_dir = tmp_path / report["run_dir"]
