@@ -210,7 +210,8 @@ def _render_fix(report: FixReport, console: Console) -> None:
             f"{'diverge' if k.needed.verdict == 'divergent' else k.needed.verdict} ({k.needed.files or 'the audit'})")
         cost = k.cost
         table.add_row(k.pin.value, k.where, needed, _pair(cost.step if cost else None, 1000, "ms"),
-                      _pair(cost.run if cost else None, 1, "s"), cost.summary if cost else "not measured: the budget had no room for its paired runs")
+                      _pair(cost.run if cost else None, 1, "s"),
+                      cost.summary if cost else "not measured: the budget had no room for its paired runs")
     console.print(table)
     for k in report.knobs:
         if k.note:
