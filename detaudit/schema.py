@@ -163,7 +163,7 @@ TRACE_FOOTER = Obj({"records": Int(0), "exit_code": INT_OR_NONE, "error": STR_OR
                     "recording_failed": STR_OR_NONE, "stopped_after_step": Int(), "stopped_at_step": Int(0),
                     "stopped_by": str, "counting": str, "diverged_at_step": Int(0), "recording_stopped": STR_OR_NONE,
                     "events_dropped": Int(0), "exception": SCRIPT_ERROR,
-                    "step_times": ListOf(Number())})
+                    "step_times": ListOf(Number()), "step_cpu_times": ListOf(Number())})
 
 _RNG = MapOf(Obj({"digest": STR_OR_NONE, "drawn": bool, "initial_seed": Int()}))
 _MODULE = Obj({"module": str, "class": str, "entry": str}, frozenset({"module", "class"}))

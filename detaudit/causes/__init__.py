@@ -41,7 +41,8 @@ OP_RECORDS = "op-records"
 MECHANISM: dict[str, tuple[str, ...]] = {
     "unseeded-torch-rng": ("draw", "state", "rng-restore"), "unseeded-numpy-rng": ("draw", "state", "generator"),
     "unseeded-python-rng": ("draw", "state", "generator"), "varying-seed": ("seed", "generator"),
-    "dataloader-workers": ("dataloader",), "python-hash-seed": ("hash-call",), "object-order": (OP_RECORDS,),
+    "dataloader-workers": ("dataloader",), "python-hash-seed": ("hash-call",),
+    "object-order": (OP_RECORDS, order.REORDERED_PARAMETERS),
     "concurrency": ("concurrency",), "outside-value": ("clock", "outside"), "wall-clock": ("clock-reads",),
     "nondeterministic-op": ("op",), "uninitialized-memory": ("empty",), "cudnn-benchmark": ("state", "flag"),
     "cublas-workspace": ("state", "modules"), "tf32": ("state", "flag", "environment"),
@@ -117,6 +118,8 @@ def _observed(ctx: Context, cause: Cause) -> bool:
     if cause.basis in ("experiment", "op-records", NO_EVIDENCE):
         return True
     kinds = MECHANISM.get(cause.id, ())
+    if order.REORDERED_PARAMETERS in kinds and order.parameters_reordered(ctx):  # the comparison itself saw it
+        return True
     return not kinds or any(e["type"] in kinds for r in ctx.involved for e in [*r.events, *r.worker_events])
 
 

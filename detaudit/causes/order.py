@@ -45,6 +45,28 @@ def _built(s: RunOrderedSet) -> str:
 
 
 ORDER_SCORE = {True: 0.75, False: 0.45}  # the same for both order causes: no record tells them apart
+# records made in the optimizer's order of its parameters: at one index another parameter's is a reordering
+PARAMETER_KINDS = ("grad", "param", "optstate")
+REORDERED_PARAMETERS = "reordered-parameters"  # the mechanism evidence parameters_reordered() gives (causes.MECHANISM)
+
+
+def parameters_reordered(ctx: Context) -> str:
+    """The first divergence is a reordering of parameters: at one index of one step, the reference recorded one
+    parameter's gradient (or value, or optimizer state) and another repeat another's. The optimizer visits its
+    parameters in the order it was given them, and Parameters hash by identity (their address): a set of them
+    (de-duplicating tied weights with `set(model.parameters())`) or a dict keyed by them gives another order in
+    each run. "" when the first divergence is no such reordering."""
+    rec, div = ctx.record, ctx.divergence
+    others = [(r.index, div.others[r.index]) for r in ctx.involved[1:] if r.index in div.others]
+    if div.category != "structure" or rec is None or rec.kind not in PARAMETER_KINDS or not others:
+        return ""
+    repeat, other = others[0]
+    if other.kind != rec.kind or other.step != rec.step or other.name == rec.name:
+        return ""
+    return (f"the first divergence is a reordering: at record #{div.index} (step {rec.step}) repeat "
+            f"{ctx.ref.index} recorded {rec.kind} {rec.name!r} where repeat {repeat} recorded "
+            f"{other.kind} {other.name!r}: the optimizer visits its parameters in another order in each run, and "
+            "Parameters hash by identity (their memory address)")
 HASH_CALL_SCORE = 0.55  # the script's own hash() of a string, whose value differed: above outside-value (0.52)
 
 
@@ -121,10 +143,20 @@ def object_order(ctx: Context) -> Finding | None:
         lines.append("string hashing is fixed in these repeats (same hash probe), which rules out python-hash-seed")
     sets = _sets(ctx, by_address=True)
     lines += _op_line(ctx, sets)
+    reordered = parameters_reordered(ctx)
+    if reordered:
+        lines.append(reordered)
     lines.append(f"first divergence: {ctx.where()}")
     # string hashes fixed rules out python-hash-seed; otherwise nothing recorded tells the two apart. Still a
-    # guess: below outside-value (a read of a value that differs in every run, at the script's own line)
-    score = ORDER_SCORE[_reordered(ctx)] + (0.05 if hash_fixed else 0.0)
+    # guess: below outside-value (a read of a value that differs in every run, at the script's own line). Parameters
+    # seen reordered are objects hashed by identity: the evidence points here
+    score = ORDER_SCORE[_reordered(ctx) or bool(reordered)] + (0.05 if hash_fixed else 0.0)
+    if reordered and not sets:
+        fix = ("give the optimizer its parameters in a fixed order: de-duplicate tied Parameters with "
+               "`list(dict.fromkeys(model.parameters()))` (or `model.parameters()`, which already yields a tied "
+               "Parameter once) instead of a `set`" + _near(ctx))
+        return finding("object-order", score, "iteration over a set of objects hashed by identity (memory address)",
+                       lines, fix, [Pin.ADDRESS_LAYOUT], "op-records" if _reordered(ctx) else "circumstantial")
     fix = (f"keep the objects of `{sets[0].name}` in a list, or iterate `sorted({sets[0].name}, key=...)` by a stable "
            f"attribute, at {sets[0].fix_at}{_built(sets[0])}" if sets else
            "keep these objects in a list, or iterate `sorted(objs, key=...)` by a stable attribute, instead of a set"

@@ -2,7 +2,8 @@
 
 Every other finding asks whether repeats agree; this one asks whether draws that should differ inside one run are
 equal: the same draws in two DataLoader workers (a generator made in the main process and copied into each), in
-every epoch (the script re-seeds at each epoch's start), at every step (a seeding inside the step loop), on every
+every epoch (the script re-seeds at each epoch's start), at every step (a seeding inside the step loop, or an RNG
+object re-created alike at each step: the same noise every step), on every
 rank (repeated_across_ranks: the ranks' traces read together, DataLoader workers only), or for every sample of a
 step. Equal generator states at one call site are the direct evidence (the same position of the same stream); equal
 values alone are circumstantial and count only for draws of at least MIN_VALUES values, seen equal at least twice.
@@ -125,9 +126,11 @@ def _same_site(loc: str, silenced: str) -> bool:
 Pair = tuple[_Draw, _Draw]
 
 
-def _equal_pairs(draws: Sequence[_Draw], key: Callable[[_Draw], Any], apart: Callable[[_Draw, _Draw], bool]) \
-        -> list[Pair]:
-    """Pairs of draws that share `key` (the same slot) and the same mark while `apart` says they should differ."""
+def _equal_pairs(draws: Sequence[_Draw], key: Callable[[_Draw], Any], apart: Callable[[_Draw, _Draw], bool],
+                 one_stream: Callable[[_Draw, _Draw], bool] | None = None) -> list[Pair]:
+    """Pairs of draws that share `key` (the same slot) and the same mark while `apart` says they should differ, and
+    that `one_stream` (default: `_one_generator`) counts as drawn from one stream of randomness."""
+    same_stream = one_stream or _one_generator
     slots: dict[Any, list[_Draw]] = {}
     for d in draws:
         if d.mark is not None:
@@ -135,7 +138,7 @@ def _equal_pairs(draws: Sequence[_Draw], key: Callable[[_Draw], Any], apart: Cal
     pairs: list[Pair] = []
     for same in slots.values():
         first = same[0]
-        pairs.extend((first, other) for other in same[1:] if apart(first, other) and _one_generator(first, other))
+        pairs.extend((first, other) for other in same[1:] if apart(first, other) and same_stream(first, other))
     return pairs
 
 
@@ -144,6 +147,14 @@ def _one_generator(a: _Draw, b: _Draw) -> bool:
     Two objects the script made alike (`default_rng(0)` at each call: a fixed projection, a seeded test-time
     augmentation, a fixed validation subset) repeat by design, and are not judged."""
     return a.event.get("obj") == b.event.get("obj")
+
+
+def _recreated(a: _Draw, b: _Draw) -> bool:
+    """One generator, or an RNG object the script re-creates alike inside the training step (a noise helper making
+    `torch.Generator().manual_seed(42)` at each call): two of its objects drawn at consecutive optimizer steps,
+    grad enabled (the caller judges only those). Objects made alike at setup, or once per epoch, stay by design."""
+    return _one_generator(a, b) or ("obj" in a.event and "obj" in b.event
+                                    and abs(a.event["step"] - b.event["step"]) == 1)
 
 
 def _process(d: _Draw) -> tuple[int | None, int | None]:
@@ -169,7 +180,7 @@ def _across_epochs(draws: Sequence[_Draw]) -> list[Pair]:
 def _across_steps(draws: Sequence[_Draw]) -> list[Pair]:
     """Draws of a site at two optimizer steps of one epoch, in one process."""
     return _equal_pairs([d for d in draws if d.event["step"] >= 0], lambda d: (_process(d), d.event["epoch"]),
-                        lambda a, b: a.event["step"] != b.event["step"])
+                        lambda a, b: a.event["step"] != b.event["step"], _recreated)
 
 
 def _across_samples(draws: Sequence[_Draw]) -> list[Pair]:
@@ -217,6 +228,14 @@ def _describe(rep: RepeatEvidence, loc: str, across: Across, pairs: Sequence[Pai
              f"{len(pairs)} repeated draw{'s' if len(pairs) != 1 else ''} seen"]
     if origin is not None:
         lines.append(_origin_line(origin, across, first))
+    if not _one_generator(first, other):
+        lines.append(f"a new RNG object, seeded alike, drew at each of these steps (objects {e.get('obj')} and "
+                     f"{other.event.get('obj')}): every step starts from the same state, so the same noise is added "
+                     "at every step")
+        return RepeatedRandomness(loc, across, created_at, lines, (
+            f"make the generator once, before the training loop, instead of at every call"
+            f"{' at ' + created_at if created_at else ''}, and keep drawing from that one (or derive its seed from "
+            "the step: `seed + step`)"))
     return RepeatedRandomness(loc, across, created_at, lines, _fix(across, origin, e))
 
 

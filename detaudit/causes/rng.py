@@ -357,19 +357,35 @@ def varying_seed(ctx: Context) -> Finding | None:
         first = first if first is not None and first.get("at", 0) <= own.at else own.event
     if first is None:
         return None
-    # where the value came from, when the evidence shows it: a read of the outside world at the seeding line, or
-    # the script's own hash() of a string (that hashing is randomized at all is no evidence a seed came from it)
-    lines += [f"{fn} at {loc} read {outside_what(fn)} on the line that seeds" for fn, loc in outside_reads(ctx)
-              if loc == first.get("loc")][:1]
-    lines += [f"{text} (a seed derived from it changes with it)" for _, text in hash_calls(ctx)[:2]]
+    read, came_from = _seed_source(ctx, first)
+    lines += came_from
     lines.append(f"first divergence: {ctx.where()}")
     fix = (f"{constant_seed(first['fn'], first.get('loc', ''))}; when runs must differ on purpose, pass the seed "
            "in explicitly (an argument or config value) and log it")
     score = 0.95 if ctx.precedes(first) else 0.5
     basis: Basis = "op-records" if Pin.TORCH_RNG in pins and _random_op(ctx) else "direct" if ctx.precedes(first) \
         else "circumstantial"
-    return finding("varying-seed", score, "a seed is set, but to a value that changes from run to run "
-                   "(clock, pid, OS entropy, or `hash()` of a string)", lines, fix, pins, basis)
+    return finding("varying-seed", score, _seed_summary(first, read), lines, fix, pins, basis)
+
+
+def _seed_source(ctx: Context, first: SeedEvent | GeneratorEvent) -> tuple[str | None, list[str]]:
+    """Where the seed came from, when the evidence shows it: a read of the outside world at the seeding line (the
+    function read), or the script's own hash() of a string (that hashing is randomized at all is no evidence a seed
+    came from it); with their evidence lines."""
+    read = next((fn for fn, loc in outside_reads(ctx) if loc == first.get("loc")), None)
+    lines = [f"{read} at {first.get('loc')} read {outside_what(read)} on the line that seeds"] if read else []
+    return read, lines + [f"{text} (a seed derived from it changes with it)" for _, text in hash_calls(ctx)[:2]]
+
+
+def _seed_summary(first: SeedEvent | GeneratorEvent, read: str | None) -> str:
+    """What was seeded, where, and from what when the evidence shows it: `this torch.Generator is seeded from the
+    process id at train.py:6, so its seed differs in every run`."""
+    what = f"this {OBJECT[first['lib']]} is seeded" if first["type"] == "generator" \
+        else f"the global {NAMES[first['lib']]} RNG is seeded"
+    source = outside_what(read) if read is not None else "operating-system entropy" \
+        if first["fn"] in ("Generator.seed", *DRAWS_ITS_SEED) or first.get("value") is None else ""
+    where = f"from {source} at {first.get('loc')}" if source else f"at {first.get('loc')} with a value that changes"
+    return f"{what} {where}, so its seed differs in every run"
 
 
 @detects("dataloader-workers")

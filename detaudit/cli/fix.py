@@ -82,8 +82,9 @@ def fix(options: AuditOptions, budget: int | None, patch_path: Path | None, json
     deterministic kernels, their fill of uninitialized memory, one thread, cuDNN/cuBLAS/TF32 on a GPU) for a
     minimal set whose repeats agree, each experiment running a copy of the script with the knobs' lines added
     at its top and their environment set, as you would. Prints the lines to paste, the proof that each knob is
-    needed, and what each costs in step time. Arguments split as for `run`. With --perturb, the audit and
-    every experiment run under its settings, and a set of knobs must make the repeats agree across them.
+    needed, and what each costs (paired runs: CPU per step, whole run). Arguments split as for `run`. With
+    --perturb, the audit and every experiment run under its settings, and a set of knobs must make the repeats
+    agree across them.
     """
     from detaudit.fix.trials import DEFAULT_BUDGET, run_fix
     from detaudit.run.distributed import NODES_FOLLOW_UP, multi_node
@@ -151,6 +152,9 @@ def summary_line(report: FixReport) -> Text:
                     else ": no set of knobs made the repeats agree within the budget")
     elif report.verdict == "uncontrolled":
         text.append(f": no knob controls the divergence{under}, even all of them at once")
+        cause = report.code_cause
+        if cause is not None:
+            text.append(f"; cause: {cause.id} ({cause.confidence}), fixed in the code")
     if report.repeats_used or report.verdict != "deterministic":
         text.append(f" · {report.repeats_used} of {report.budget} repeats")
     text.append(f" · run: {printable(report.run_dir)}")
@@ -166,6 +170,11 @@ def render(report: FixReport, console: Console) -> None:
                       soft_wrap=True)
     if report.knobs:
         _render_fix(report, console)
+    cause = report.code_cause
+    if cause is not None:
+        console.print(Text(f"Fix in the code — {cause.id} ({cause.confidence}); no setting controls it:",
+                           style="bold"))
+        console.print(Text(printable(f"    {cause.fix}"), style="green"), soft_wrap=True)
     for note in report.notes:
         console.print(Text(printable(note), style="yellow"), soft_wrap=True)
     if report.verdict == "uncontrolled":
@@ -198,14 +207,16 @@ def _render_fix(report: FixReport, console: Console) -> None:
             state = "" if e.applies else "  (not applied by detaudit: not part of the verification)"
             console.print(Text(printable(f"    {e.file}:{e.line}: {change}{state}")), soft_wrap=True)
     table = Table(title="Knobs: each needed, and what it costs", title_justify="left", show_edge=False)
-    for col in ("knob", "where", "without it", "step time (with / without)", "whole run (with / without)", "cost"):
+    for col in ("knob", "where", "without it", "CPU per step (with / without)", "whole run (with / without)",
+                "cost (paired runs)"):
         table.add_column(col)
     for k in report.knobs:
         needed = "?" if k.needed is None else (
             f"{'diverge' if k.needed.verdict == 'divergent' else k.needed.verdict} ({k.needed.files or 'the audit'})")
         cost = k.cost
         table.add_row(k.pin.value, k.where, needed, _pair(cost.step if cost else None, 1000, "ms"),
-                      _pair(cost.run if cost else None, 1, "s"), cost.summary if cost else "not measured")
+                      _pair(cost.run if cost else None, 1, "s"),
+                      cost.summary if cost else "not measured: the budget had no room for its paired runs")
     console.print(table)
     for k in report.knobs:
         if k.note:
@@ -213,7 +224,7 @@ def _render_fix(report: FixReport, console: Console) -> None:
     if report.whole_run is not None and report.whole_run.with_s is not None:
         run = report.whole_run
         console.print(Text(f"The whole fix: {run.with_s:.3g} s a run against {run.without_s:.3g} s without it "
-                           f"({run.text('whole run')})"), soft_wrap=True)
+                           f"({run.text('whole run')}), in pairs of runs back to back"), soft_wrap=True)
     console.print(Text(printable(("Verified: " if report.verified else "NOT verified: ") + report.verification)),
                   soft_wrap=True)
 

@@ -495,6 +495,11 @@ def causes_block(report: HasCauses) -> Group | None:
                     style="bold magenta" if cause.confidence == "confirmed" else "bold")
         head.append(f"{cause.id}: ", style="bold")
         head.append(printable(cause.summary))
+        if cause.confidence == "ruled-out" and cause.basis == "no-evidence":  # a guess refuted: one line, no fix
+            tested = next((line for line in reversed(cause.evidence) if line.startswith("--explain:")), "")
+            head.append(printable(f" — {tested}" if tested else ""))
+            parts.append(head)
+            continue
         parts.append(head)
         for line in cause.evidence:
             parts.append(Text(printable(f"   • {line}")))

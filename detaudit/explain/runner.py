@@ -134,8 +134,9 @@ def _unsupported(candidate: Cause, top: Cause) -> bool:
 
 def cheap_pin(causes: Sequence[Cause]) -> Pin | None:
     """The one inexpensive, decisive experiment for the top cause, or the one that separates the leading two
-    (leading_pair_pin), if there is one."""
-    if not causes or causes[0].confidence == "confirmed":
+    (leading_pair_pin), if there is one. None for a top cause with no evidence of its mechanism (candidates lead
+    only when no cause has any): the experiment follows the evidence, and a guess is `detaudit explain`'s to test."""
+    if not causes or causes[0].confidence == "confirmed" or causes[0].basis == NO_EVIDENCE:
         return None
     separating = leading_pair_pin(causes)
     candidates = [separating] if separating is not None else list(dict.fromkeys(causes[0].pins))
@@ -152,6 +153,9 @@ def cheap_skipped(report: Report) -> str:
     a clock read or a race fixed) and nothing else is worth a pinned re-run; "" otherwise (the experiment runs,
     or the top cause's pins are `detaudit explain`'s to run)."""
     causes = leads(report.causes, report.not_ruled_out)
+    if causes and causes[0].basis == NO_EVIDENCE and causes[0].confidence != "confirmed":
+        return (f"no evidence points at any cause's mechanism, so no experiment tests a guess; `detaudit explain` "
+                f"tests the candidates not ruled out ({', '.join(c.id for c in report.not_ruled_out)})")
     if not causes or causes[0].id == UNKNOWN or causes[0].pins or cheap_pin(causes) is not None \
             or causes[0].confidence == "confirmed":
         return ""

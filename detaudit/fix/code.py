@@ -204,11 +204,17 @@ _NO_NEWLINE = "\\ No newline at end of file\n"
 
 def unified_diff(name: str, source: str, changed: str) -> str:
     """The change as a unified diff (`patch -p1` and `git apply` take it): each line with its own ending (a
-    CRLF file's lines keep their CR), and a last line without one marked as both tools expect."""
+    CRLF file's lines keep their CR), and a last line without one marked as both tools expect. A name with a
+    space ends in a tab on the `---`/`+++` lines, as git writes it: `patch` reads a name up to the first
+    space otherwise (a tab ends it for both tools)."""
     out: list[str] = []
+    end = "\t" if " " in name else ""
     for line in difflib.unified_diff(source.splitlines(keepends=True), changed.splitlines(keepends=True),
                                      f"a/{name}", f"b/{name}"):
-        out.append(line if line.endswith("\n") else f"{line}\n{_NO_NEWLINE}")
+        if len(out) < 2:  # the `---` and `+++` lines
+            out.append(line[:-1] + end + "\n")
+        else:
+            out.append(line if line.endswith("\n") else f"{line}\n{_NO_NEWLINE}")
     return "".join(out)
 
 

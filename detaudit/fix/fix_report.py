@@ -96,6 +96,16 @@ class FixReport(Codable):
         return environment([k.pin for k in self.knobs])
 
     @property
+    def code_cause(self) -> Cause | None:
+        """No knob controls the divergence: the cause to fix in the script's code, when one is identified (the top
+        cause, neither ruled out nor made unnecessary by an experiment, nor `unknown`)."""
+        top = self.causes[0] if self.causes else None
+        if self.verdict != "uncontrolled" or top is None or top.id == "unknown" \
+                or top.confidence in ("ruled-out", "not-needed"):
+            return None
+        return top
+
+    @property
     def exit_code(self) -> int:
         return {"deterministic": ExitCode.DETERMINISTIC, "fixed": ExitCode.DIVERGENT,
                 "incomplete": ExitCode.DIVERGENT, "uncontrolled": ExitCode.UNCONTROLLED}.get(
@@ -105,7 +115,8 @@ class FixReport(Codable):
 def _figure(f: Figure | None) -> dict[str, Any] | None:
     if f is None:
         return None
-    return {"with_s": f.with_s, "without_s": f.without_s, "change": f.change, "measurable": f.measurable}
+    return {"with_s": f.with_s, "without_s": f.without_s, "change": f.change, "low": f.low, "high": f.high,
+            "pairs": f.pairs, "measurable": f.measurable}
 
 
 def _trial(t: Trial | None) -> dict[str, Any] | None:
@@ -135,6 +146,8 @@ def report_json(report: FixReport) -> dict[str, Any]:
         "first_divergence": report.first_divergence,
         "causes": [{"id": c.id, "confidence": c.confidence, "summary": c.summary, "evidence": c.evidence,
                     "fix": c.fix} for c in report.causes],
+        "code_fix": None if report.code_cause is None else {
+            "cause": report.code_cause.id, "confidence": report.code_cause.confidence, "fix": report.code_cause.fix},
         "notes": list(report.notes),
     }
 

@@ -9,21 +9,22 @@ experiment ran exactly the code the report prints. The repeats go into the audit
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from detaudit.audit.pipeline import AuditOptions, run_audit
+from detaudit.audit.pipeline import AuditOptions, execute, run_audit
 from detaudit.causes import leads, rng, split
 from detaudit.causes.confirm import apply
 from detaudit.causes.context import build
 from detaudit.errors import UsageError
-from detaudit.explain.runner import Bench, Ledger, plan
+from detaudit.explain.runner import CHEAP_REPEATS, Bench, Ledger, cheap_pin_of, plan, run_experiments
 from detaudit.fix import code, search
-from detaudit.fix.cost import Timing, cost, figure
+from detaudit.fix.cost import PAIRS, KnobCost, Sample, cost
 from detaudit.fix.fix_report import FixReport, FixVerdict, KnobFix, Trial, report_json
-from detaudit.pin import Pin
+from detaudit.pin import Pin, also_pins
 from detaudit.report.model import Report
 from detaudit.results import Cause, Experiment, RepeatProgress, RepeatResult
 from detaudit.run.distributed import Layout
@@ -34,6 +35,9 @@ from detaudit.trace import read_footer
 DEFAULT_BUDGET = 24
 FIX_FILE = "fix.json"
 LIBS = {Pin.TORCH_RNG: "torch", Pin.NUMPY_RNG: "numpy", Pin.PYTHON_RNG: "python"}
+# causes whose source no knob's code reaches: a seed the script sets itself from outside the program (the clock, the
+# pid, `Generator.seed()`) is set again by the script's own call after the prelude's constant seed (docs/fix.md)
+BEYOND_KNOBS = ("varying-seed",)
 
 
 def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
@@ -79,10 +83,12 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
         options.recorded(child_config={"audit_started": record.started} if record.started else {}),
         Ledger(budget), Patch(script, Path(record.script).name, source, knobs, edits,
                               {e.pin for e in edits if e.applies} - drawn),
-        held, on_trial, {frozenset(): timing(run_dir, audit_results)})
+        held, on_trial)
     suspected = [p.value for p in plan(leads(report.causes, report.not_ruled_out)) if p in knobs]
     found = search.search([p.value for p in knobs], suspected,
                           experiments.agrees)
+    if found.uncontrolled and experiments.trials[-1].verdict == "divergent" and not perturbed:
+        report = _confirmed_beyond_knobs(report, experiments, on_done, on_progress)
     base = replace(base, trials=tuple(experiments.trials), repeats_used=experiments.ledger.spent,
                    first_divergence=_where(report), insert_after=code.insertion_line(source),
                    causes=_judged(report, experiments.trials))
@@ -113,13 +119,14 @@ class Patch:
 
 
 class KnobTrials:
-    """The search's oracle, and its state: the trials run, the ledger of repeats paid, each set's timing."""
+    """The search's oracle, and its state: the trials run, the ledger of repeats paid, the cost pairs run."""
 
     def __init__(self, bench: Bench, options: AuditOptions, ledger: Ledger, patch: Patch, held: frozenset[str],
-                 on_trial: Callable[[Trial], None] | None, timings: dict[frozenset[str], Timing]) -> None:
+                 on_trial: Callable[[Trial], None] | None) -> None:
         self.bench, self.options, self.ledger, self.patch, self.held = bench, options, ledger, patch, held
-        self.on_trial, self.timings = on_trial, timings
+        self.on_trial = on_trial
         self.trials: list[Trial] = []
+        self.cost_runs = 0  # the sets timed in pairs so far (their files: `fix-cost-<n>-*`)
 
     def agrees(self, chosen: frozenset[str]) -> bool | None:
         """Whether the script with CHOSEN's code agrees over its repeats; None: the budget cannot pay for them."""
@@ -128,20 +135,43 @@ class KnobTrials:
             return None
         pins = self.patch.pins(chosen)
         prefix = f"fix-{len(self.trials) + 1}"
-        # what runs is what the patch makes of the script (the patch itself verified, not a copy of the text)
-        patched = code.patched(self.patch.name, self.patch.source, self.patch.text(chosen))
-        with code.temporary_copy(self.patch.script, patched) as copy:
-            target = replace(self.options.target, script=copy, argv0=None, env={**self.options.target.env, **{
-                k: v for k, v in code.environment(pins).items() if k not in self.held}})
-            results, verdict, _, note = self.bench.judge(replace(self.options, target=target), prefix,
-                                                         explained=False)
+        with self._as_written(chosen) as options:
+            results, verdict, _, note = self.bench.judge(options, prefix, explained=False)
         self.ledger.pay(len(results))  # the repeats that ran (a torchrun repeat counts once)
         trial = Trial(tuple(pins), verdict, len(results), note, prefix)
         self.trials.append(trial)
-        self.timings[chosen] = timing(self.bench.run_dir, results)
         if self.on_trial is not None:
             self.on_trial(trial)
         return verdict == "deterministic"
+
+    @contextlib.contextmanager
+    def _as_written(self, chosen: frozenset[str]) -> Iterator[AuditOptions]:
+        """The options that run the script with CHOSEN's code: what the patch makes of it (the patch itself
+        verified, not a copy of the text), as a copy beside it, with the knobs' environment."""
+        patched = code.patched(self.patch.name, self.patch.source, self.patch.text(chosen))
+        with code.temporary_copy(self.patch.script, patched) as copy:
+            target = replace(self.options.target, script=copy, argv0=None, env={**self.options.target.env, **{
+                k: v for k, v in code.environment(self.patch.pins(chosen)).items() if k not in self.held}})
+            yield replace(self.options, target=target)
+
+    def timed_pairs(self, chosen: frozenset[str], less: frozenset[str]) -> tuple[list[Sample], list[Sample]] | None:
+        """PAIRS pairs of single repeats of CHOSEN's code and LESS's, interleaved (less first, then chosen first,
+        ...), so each pair sees one moment of the machine (fix/cost.py); None: the budget cannot pay for them."""
+        per_run = len(self.options.schedule.devices)
+        if not self.ledger.affords(2 * PAIRS * per_run):
+            return None
+        self.cost_runs += 1
+        sides: dict[frozenset[str], list[Sample]] = {chosen: [], less: []}
+        one = replace(self.options.schedule, repeats=1)
+        for i in range(PAIRS):
+            for knobs, side in ((less, "without"), (chosen, "with"))[::1 if i % 2 == 0 else -1]:
+                with self._as_written(knobs) as options:
+                    results = execute(replace(options, schedule=one), self.bench.run_dir, self.bench.on_done,
+                                      prefix=f"fix-cost-{self.cost_runs}-{side}", cwd=self.bench.cwd,
+                                      on_progress=self.bench.on_progress, first=len(sides[knobs]))
+                self.ledger.pay(len(results))
+                sides[knobs].extend(timing(self.bench.run_dir, results))
+        return sides[chosen], sides[less]
 
 
 def _not_found(base: FixReport, found: search.Search, trials: Sequence[Trial], report: Report,
@@ -165,13 +195,15 @@ def _found(base: FixReport, found: search.Search, experiments: KnobTrials, by_se
     it was verified."""
     minimal = found.minimal
     assert minimal is not None  # _not_found reports a search that found none
-    patch, timings, held = experiments.patch, experiments.timings, experiments.held
+    patch, held = experiments.patch, experiments.held
     pins = patch.pins(minimal)
+    # each knob timed in pairs against the set less it; the whole fix against the script as it is (for one knob,
+    # the same pairs)
+    pairs = {p: experiments.timed_pairs(minimal, frozenset(minimal - {p})) for p in pins}
+    whole = pairs[pins[0]] if len(pins) == 1 else experiments.timed_pairs(minimal, frozenset())
     fixes = tuple(KnobFix(p, tuple(code.prelude([p], patch.edits_only)[1:]), tuple(e for e in patch.edits
                                                                                       if e.pin == p),
-                          by_set.get(frozenset(minimal - {p})),
-                          cost(timings[minimal], timings[frozenset(minimal - {p})])
-                          if frozenset(minimal - {p}) in timings else None) for p in pins)
+                          by_set.get(frozenset(minimal - {p})), _priced(pairs[p])) for p in pins)
     chosen_edits = tuple(e for e in patch.edits if e.pin in minimal)
     lines = code.prelude(pins, patch.edits_only)
     final = by_set[minimal]
@@ -189,7 +221,11 @@ def _found(base: FixReport, found: search.Search, experiments: KnobTrials, by_se
         base, verdict="fixed" if found.complete else "incomplete", knobs=fixes, prelude=tuple(lines),
         edits=chosen_edits, verified=final.verdict == "deterministic", verification=verification,
         patch=code.unified_diff(patch.name, patch.source, patch.text(minimal)),
-        whole_run=figure(timings[minimal].run_s, timings[frozenset()].run_s), notes=notes)
+        whole_run=None if whole is None else cost(*whole).run, repeats_used=experiments.ledger.spent, notes=notes)
+
+
+def _priced(pairs: tuple[list[Sample], list[Sample]] | None) -> KnobCost | None:
+    return None if pairs is None else cost(*pairs)
 
 
 def _refuse_held_away(knobs: Sequence[Pin], held: frozenset[str], perturbed: Sequence[str]) -> None:
@@ -231,16 +267,16 @@ def _where(report: Report) -> str:
     return f"#{first.index} {rec.kind} {rec.name} step {rec.step}" if rec is not None else first.detail
 
 
-def timing(run_dir: Path, results: Sequence[RepeatResult]) -> Timing:
-    """The repeats' step times (their traces' footers; a torchrun repeat's first rank) and whole-run times."""
-    steps: list[list[float]] = []
+def timing(run_dir: Path, results: Sequence[RepeatResult]) -> list[Sample]:
+    """Each repeat's CPU time per step (its trace's footer; a torchrun repeat's first rank) and wall time."""
+    samples = []
     for r in results:
         path = run_dir / r.trace
         if not path.is_file():
             path = run_dir / Layout.rank_file(r.trace, 0)
         footer = read_footer(path) if path.is_file() else None
-        steps.append([float(t) for t in (footer or {}).get("step_times", [])])
-    return Timing.of(steps, [r.duration_s for r in results if r.duration_s is not None])  # None: not measured
+        samples.append(Sample.of([float(t) for t in (footer or {}).get("step_cpu_times", [])], r.duration_s))
+    return samples
 
 
 def seed_edits(report: Report, run_dir: Path, results: Sequence[RepeatResult], script: Path,
@@ -269,16 +305,44 @@ def seed_edits(report: Report, run_dir: Path, results: Sequence[RepeatResult], s
 def uncontrolled_note(report: Report, knobs: Sequence[Pin]) -> str:
     """Why no knob helped: what the causes' evidence points at."""
     tried = ", ".join(p.value for p in knobs)
-    return (f"with every knob at once ({tried}) the repeats still diverge: the source is one no setting reaches "
-            "(the clock, the process id, the environment, the network, or a seed or order the script's own code "
-            "makes); the causes below say where")
+    return (f"with every knob at once ({tried}) the repeats still diverge: no setting controls the source (the "
+            "clock, the process id, the environment, the network, or a seed or order the script's own code makes), "
+            "so the fix is a change to the script's code; the causes below say where")
+
+
+def _confirmed_beyond_knobs(report: Report, experiments: KnobTrials,
+                            on_done: Callable[[RepeatResult], None] | None,
+                            on_progress: Callable[[RepeatProgress], None] | None) -> Report:
+    """No knob controls the source: `run`'s one cheap confirmation (explain's pin, which reaches what a knob's code
+    cannot: the script's own seeding calls, the address layout) tests the top cause, paid from the budget. The
+    audit's report with it applied, or as it was when there is no such experiment or the budget cannot pay."""
+    pin = cheap_pin_of(report)
+    devices = len(experiments.options.schedule.devices)
+    if pin is None or not experiments.ledger.affords(CHEAP_REPEATS * devices * (2 if also_pins(pin) else 1)):
+        return report
+    ran: list[RepeatResult] = []
+
+    def done(result: RepeatResult) -> None:
+        ran.append(result)
+        if on_done is not None:
+            on_done(result)
+
+    explained = run_experiments(experiments.bench.run_dir, cheap=True, on_done=done, on_progress=on_progress,
+                                script_args=experiments.options.target.script_args)
+    experiments.ledger.pay(len(ran))
+    return explained
 
 
 def _judged(report: Report, trials: Sequence[Trial]) -> tuple[Cause, ...]:
     """The audit's causes as the search's experiments judge them, by the one rule `explain` uses
     (docs/causes.md#ranking): a cause whose own knob alone left the repeats diverging is ruled out, one whose knob
-    alone made them agree is confirmed."""
+    alone made them agree is confirmed. A cause whose source no knob's code reaches (BEYOND_KNOBS) is not judged
+    by the knobs' trials: a knob that failed to fix it says nothing about whether it is the cause."""
     first = report.first_divergence
     tried = [Experiment(t.name, t.name, t.verdict, None, t.note) for t in trials if t.verdict != "skipped"]
-    judged = apply(leads(report.causes, report.not_ruled_out), tried, first.index if first is not None else -1)
-    return tuple(split(judged)[0])
+    leading = leads(report.causes, report.not_ruled_out)
+    own_pins = {c.id: c.pins for c in leading}
+    unreached = [replace(c, pins=[]) if c.id in BEYOND_KNOBS else c for c in leading]
+    judged = apply(unreached, tried, first.index if first is not None else -1)
+    return tuple(replace(c, pins=own_pins.get(c.id, c.pins)) if c.id in BEYOND_KNOBS else c
+                 for c in split(judged)[0])

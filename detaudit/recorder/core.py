@@ -150,6 +150,10 @@ class Recorder:
         # fix`'s cost table; the first MAX_STEP_TIMES steps
         self.step_times: list[float] = []
         self._step_started = time.perf_counter()
+        # the same steps' CPU time (this process, all its threads): what a knob costs per step, which the machine's
+        # load barely moves, where wall time moves with it
+        self.step_cpu_times: list[float] = []
+        self._step_cpu_started = time.process_time()
 
     # -- names and places ---------------------------------------------------------------
     def intern(self, text: str) -> int:
@@ -425,10 +429,11 @@ class Recorder:
     def end_step(self) -> None:
         """Called after each primary optimizer step: flush, and forget per-step caches."""
         self.step += 1
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         if len(self.step_times) < MAX_STEP_TIMES:
             self.step_times.append(round(now - self._step_started, 6))
-        self._step_started = now
+            self.step_cpu_times.append(round(cpu - self._step_cpu_started, 6))
+        self._step_started, self._step_cpu_started = now, cpu
         self.forget_digests()
         self.resolve_pending()
         self.writer.sync()
@@ -474,7 +479,8 @@ class Recorder:
     def close(self, footer: dict[str, Any]) -> None:
         self._finish_async()
         self.resolve_pending()
-        self.writer.close({**footer, "step_times": self.step_times} if self.step_times else footer)
+        self.writer.close({**footer, "step_times": self.step_times, "step_cpu_times": self.step_cpu_times}
+                          if self.step_times else footer)
 
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -17,6 +17,7 @@ from detaudit.causes import confirm, device, order, rng
 from detaudit.causes import flags as flags_module
 from detaudit.causes.context import Context, RepeatEvidence, detects, finding
 from detaudit.compare.set_origins import RunOrderedSet
+from detaudit.explain import runner as explain_runner
 from detaudit.results import Divergence, Experiment, RecordInfo, StdoutDifference
 
 
@@ -137,6 +138,24 @@ def test_varying_seed_outranks_everything_and_names_the_call() -> None:
     assert found[0].pins == ["torch-rng"]
 
 
+def test_a_generator_seeded_from_the_pid_is_varying_seed_at_its_line_with_a_constant_as_the_fix() -> None:
+    def events(i: int) -> list[dict[str, Any]]:
+        return [{"type": "seed", "lib": "torch", "fn": "torch.manual_seed", "value": 0, "loc": "train.py:4",
+                 "library": False, "drawn_before": False, "state": "s"},
+                {"type": "outside", "fn": "os.getpid", "loc": "train.py:6"},
+                {"type": "generator", "lib": "torch", "fn": "Generator.manual_seed", "seeded": True,
+                 "value": 4000 + i, "loc": "train.py:6", "library": False, "state": f"g{i}", "obj": 0},
+                {"type": "draw", "lib": "torch", "fn": "Tensor.uniform_", "loc": "train.py:7", "generator": "explicit",
+                 "obj": 0}]
+
+    top = causes.rank(context([events(0), events(1)]))[0]
+    assert (top.id, top.basis) == ("varying-seed", "direct")
+    assert top.summary == "this torch.Generator is seeded from the process id at train.py:6, so its seed differs " \
+                          "in every run"
+    assert "4000 in repeat 0, 4001 in repeat 1" in top.evidence[0]
+    assert top.fix.startswith("seed it with a constant at train.py:6: `.manual_seed(0)`")
+
+
 def test_a_constant_seed_is_not_varying() -> None:
     seed = {"type": "seed", "lib": "python", "fn": "random.seed", "value": 7, "loc": "a.py:1", "library": False,
             "drawn_before": False, "state": "same"}
@@ -208,6 +227,27 @@ def test_object_order_rises_when_the_hash_seed_is_fixed() -> None:
     assert causes.split(causes.rank(context([[hash_event(5, 0)], [hash_event(5, 0)]])))[1][0].id == "object-order"
     off = context([[hash_event(5, 0, aslr_disabled=True)], [hash_event(5, 0, aslr_disabled=True)]])
     assert order.object_order(off) is None
+
+
+def test_parameters_recorded_in_another_order_point_at_object_order_and_its_experiment() -> None:
+    """Tied Parameters de-duplicated with `set()`: the optimizer's records come in another order in each run."""
+    rec = RecordInfo(6, "grad", "mid.weight", "mid", "train.py:26", 0, "6x6", "float32", "", False)
+    other = RecordInfo(6, "grad", "mid.bias", "mid", "train.py:26", 0, "6", "float32", "", False)
+    ctx = context([[hash_event(1)], [hash_event(2)]], rec=rec, index=6)
+    ctx = Context(Divergence(6, "structure", rec, [1], 0, others={1: other}), ctx.involved)
+    ranked = causes.rank(ctx)
+    assert [(c.id, c.basis) for c in ranked[:1]] == [("object-order", "circumstantial")]
+    assert "repeat 0 recorded grad 'mid.weight' where repeat 1 recorded grad 'mid.bias'" in ranked[0].evidence[-2]
+    assert "list(dict.fromkeys(model.parameters()))" in ranked[0].fix
+    assert "python-hash-seed" not in [c.id for c in ranked]  # a guess below the evidence: not offered
+    assert explain_runner.cheap_pin(ranked) == "address-layout"
+
+
+def test_modules_recorded_in_another_order_are_no_evidence_of_object_order() -> None:
+    rec = RecordInfo(6, "output", "a", "a", "train.py:26", 0, "6", "float32", "", False)
+    ctx = context([[hash_event(1)], [hash_event(2)]], rec=rec, index=6)
+    ctx = Context(Divergence(6, "structure", rec, [1], 0, others={1: replace(rec, name="b")}), ctx.involved)
+    assert causes.rank(ctx)[0].id == "unknown"
 
 
 def test_concurrency_with_completion_order() -> None:

@@ -128,3 +128,20 @@ def test_ranks_whose_workers_draw_differently_and_silenced_sites_are_no_finding(
     assert repeated_across_ranks(ranks) == []
     alike = [rank(r, [], [draw("a", worker=0, step=-1, rank=r)]) for r in (0, 1)]
     assert repeated_across_ranks(alike, silenced=["t.py:5"]) == []
+
+
+def test_a_generator_recreated_alike_at_each_training_step_repeats_across_steps() -> None:
+    """A noise helper building `torch.Generator().manual_seed(42)` at every call adds the same noise every step."""
+    made = [cast(Event, {"type": "generator", "lib": "torch", "fn": "Generator.manual_seed", "seeded": True,
+                         "value": 42, "loc": "t.py:6", "library": False, "state": "g", "obj": i}) for i in range(3)]
+    main = [e for i in range(3) for e in (made[i], draw("g", n=i, step=i, source="object", obj=i))]
+    [found] = repeated_randomness(evidence(main))
+    assert (found.across, found.created_at) == ("steps", "t.py:6")
+    assert found.fix.startswith("make the generator once, before the training loop, instead of at every call at "
+                                "t.py:6")
+
+
+def test_generators_made_alike_for_fixed_buffers_at_setup_or_in_evaluation_are_not_judged() -> None:
+    setup = [draw("a", n=0, step=0, source="object", obj=1), draw("a", n=1, step=0, source="object", obj=2)]
+    evaluation = [draw("b", n=i, step=i, source="object", obj=3 + i, grad=False) for i in range(2)]
+    assert repeated_randomness(evidence(setup + evaluation)) == []

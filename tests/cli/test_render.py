@@ -191,6 +191,22 @@ def test_a_ruled_out_cause_without_evidence_is_not_labelled_not_ruled_out() -> N
     assert "[ruled-out · no evidence] python-hash-seed" in console.export_text()
 
 
+def test_a_guess_its_experiment_ruled_out_is_one_line_without_its_fix() -> None:
+    from detaudit.cli.render import causes_block
+    from detaudit.results import Cause
+
+    tested = "--explain: with the string hash seed (PYTHONHASHSEED=0) pinned alone, the repeats still diverge"
+    causes = [Cause("python-hash-seed", "ruled-out", "hash order", ["hash probe differs", tested],
+                    "iterate sorted(...)", basis="no-evidence")]
+    block = causes_block(SimpleNamespace(causes=causes))  # type: ignore[arg-type]
+    assert block is not None
+    console = Console(record=True, width=300)
+    console.print(block)
+    lines = [line for line in console.export_text().splitlines() if "python-hash-seed" in line or "fix" in line
+             or "probe" in line]
+    assert lines[1:] == [f"1. [ruled-out · no evidence] python-hash-seed: hash order — {tested}"]
+
+
 def test_randomness_that_repeats_is_shown_beside_an_unchanged_verdict(tmp_path: Path) -> None:
     found = RepeatedRandomness("data.py:31", "workers", "data.py:12", ["workers 0 and 1 drew the same 8 values"],
                                "make it in a worker_init_fn")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CliResult, diverges_within, run_cli
+from conftest import SCRIPTS, CliResult, diverges_within, run_cli
 
 from detaudit.causes import MECHANISM
 from detaudit.causes.context import load
@@ -173,6 +173,21 @@ def test_a_pid_seeded_generator_is_a_varying_seed_with_its_values_and_line(tmp_p
                  r"np\.random\.PCG64 at noisy\.py:10 seeded a NumPy generator"):
         assert any(re.search(made + r" with \d+ in repeat 0, \d+ in repeat 1", e) for e in top["evidence"]), made
     assert assert_summary_cause_has_evidence(tmp_path, result) == "varying-seed"
+
+
+@pytest.mark.process
+def test_a_pid_seeded_generator_drawn_through_nn_init_is_a_varying_seed_at_its_line(tmp_path: Path) -> None:
+    """nn.init's one uniform_ line draws for nn.Linear from the global RNG, then for kaiming_uniform_ from the
+    script's Generator: that second draw ties the Generator to the divergence (once only outside-value)."""
+    text = (SCRIPTS / "train_reinit_head.py").read_text()
+    result = audit(tmp_path, "train_reinit_head.py", text)
+    assert result.report is not None
+    top = result.report["causes"][0]
+    assert top["id"] == "varying-seed"
+    assert top["basis"] in ("op-records", "direct")  # op-records when the op-level re-run saw the random op
+    assert top["summary"] == ("this torch.Generator is seeded from the process id at train_reinit_head.py:10, so "
+                              "its seed differs in every run")
+    assert top["fix"].startswith("seed it with a constant at train_reinit_head.py:10: `.manual_seed(0)`")
 
 
 @pytest.mark.process

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import SCRIPTS, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -160,6 +160,16 @@ def test_seeding_inside_the_step_loop_is_found_across_steps_at_the_dropout(tmp_p
     code, report, _ = audit(tmp_path, text)
     assert [(f["across"], f["created_at"]) for f in findings(report)] == \
         [("steps", f"train.py:{line_of(text, '    torch.manual_seed(0)')}")]
+
+
+def test_a_generator_recreated_alike_in_each_training_step_is_found_across_steps(tmp_path: Path) -> None:
+    """A noise helper that builds `torch.Generator().manual_seed(42)` at every call adds the same noise every step
+    (once excluded as objects made alike by design)."""
+    text = (SCRIPTS / "train_denoise.py").read_text()
+    code, report, _ = audit(tmp_path, text)
+    assert [(f["site"], f["across"], f["created_at"]) for f in findings(report)] == \
+        [(f"train.py:{line_of(text, 'torch.randn(x.shape')}", "steps", f"train.py:{line_of(text, 'manual_seed(42)')}")]
+    assert code == 0
 
 
 def test_seeding_once_before_the_step_loop_is_not_reported(tmp_path: Path) -> None:

@@ -245,11 +245,16 @@ def test_the_cheap_pin_tests_no_guess_behind_a_cause_with_evidence() -> None:
     assert explain.cheap_pin([clock, *guesses]) is None
 
 
-def test_with_no_evidence_anywhere_the_cheap_pin_still_tests_the_leading_candidate() -> None:
-    """No cause has evidence (`unknown` leads, the candidates go first): the experiment rules the first in or out."""
-    guesses = [replace(cause(c, [p], "possible"), basis="no-evidence")
+def test_with_no_evidence_anywhere_no_cheap_experiment_tests_a_guess(tmp_path: Path) -> None:
+    """No cause has evidence (`unknown` leads, the candidates go first): the one cheap experiment is not spent on a
+    guess (it once pinned PYTHONHASHSEED for a parameter order the evidence laid at object order's door)."""
+    guesses = [replace(cause(c, [p], "possible", Pin.HASH_SEED), basis="no-evidence")
                for c, p in (("python-hash-seed", "hash-seed"), ("object-order", "address-layout"))]
-    assert explain.cheap_pin([*guesses, cause("unknown", [], "possible")]) == "hash-seed"
+    assert explain.cheap_pin([*guesses, cause("unknown", [], "possible")]) is None
+    report = replace(synthetic_divergent(tmp_path), causes=[cause("unknown", [], "possible")], not_ruled_out=guesses)
+    assert explain.cheap_skipped(report) == (
+        "no evidence points at any cause's mechanism, so no experiment tests a guess; `detaudit explain` tests the "
+        "candidates not ruled out (python-hash-seed, object-order)")
 
 
 def test_a_skipped_cheap_confirmation_says_why_in_one_line(tmp_path: Path) -> None:

@@ -182,3 +182,15 @@ def test_under_perturb_a_knob_that_is_only_a_perturbed_variable_is_held_away() -
     assert code.held_away(every, held(Perturb.HASH_SEED)) == [Pin.HASH_SEED]
     assert code.held_away(every, held(*Perturb)) == [Pin.HASH_SEED, Pin.CUBLAS]
     assert code.held_away(every, frozenset()) == []
+
+
+def test_a_patch_for_a_name_with_a_space_applies_with_both_tools(tmp_path: Path) -> None:
+    """`patch -p1` reads a name on the `---` line up to its first space unless a tab ends it (git writes one)."""
+    script = tmp_path / "my train.py"
+    source = "import torch\nx = 1\n"
+    script.write_text(source)
+    changed = code.rewrite(source, code.prelude([Pin.TORCH_RNG]), [])
+    patch = code.unified_diff("my train.py", source, changed)
+    assert patch.startswith("--- a/my train.py\t\n+++ b/my train.py\t\n")
+    assert code.patched("my train.py", source, changed) == changed
+    assert _applied_by_the_tools(tmp_path, script, patch) in ([changed.encode()] * 2, [changed.encode()], [])

@@ -14,9 +14,10 @@ from detaudit.cli import fix as cli_fix
 from detaudit.errors import ExitCode
 from detaudit.fix import trials
 from detaudit.fix.code import Edit
-from detaudit.fix.cost import Figure, KnobCost
+from detaudit.fix.cost import Figure, KnobCost, Sample
 from detaudit.fix.fix_report import FixReport, KnobFix, Trial, report_json
 from detaudit.pin import Pin
+from detaudit.results import Cause
 from detaudit.run.rundir import read_run
 
 
@@ -26,8 +27,8 @@ def _fixed() -> FixReport:
     trials = (Trial((Pin.TORCH_RNG, Pin.NUMPY_RNG), "deterministic", 2, "", "fix-1"),
               Trial((Pin.TORCH_RNG,), "divergent", 2, "still at #3", "fix-2"),
               Trial((Pin.NUMPY_RNG,), "divergent", 2, "still at #0", "fix-3"))
-    slow = KnobCost(Figure(0.012, 0.010, True), Figure(10.0, 9.9, False))
-    free = KnobCost(Figure(0.010, 0.010, False), Figure(10.0, 10.0, False))
+    slow = KnobCost(Figure(0.012, 0.010, True, 0.2, 0.15, 0.25, 3), Figure(10.0, 9.9, False, 0.01, -0.05, 0.08, 3))
+    free = KnobCost(Figure(0.010, 0.010, False, 0.0, -0.02, 0.03, 3), Figure(10.0, 10.0, False, 0.0, -0.1, 0.1, 3))
     return FixReport(
         script="train.py", run_dir="/runs/r1", verdict="fixed", audit_exit_code=1,
         knobs=(KnobFix(Pin.TORCH_RNG, ("import torch", "torch.manual_seed(0)"), (), trials[2], slow),
@@ -48,11 +49,13 @@ def test_the_json_carries_each_knob_by_its_pin_name_with_fix_where_and_cost() ->
     assert torch_knob["name"] == "torch-rng"
     assert torch_knob["where"] == "prelude"
     assert torch_knob["fix"] == "import torch\ntorch.manual_seed(0)"
-    assert torch_knob["cost"]["summary"] == "+20% step time"
+    assert torch_knob["cost"]["summary"] == "+20% CPU per step (+15% … +25% over 3 pairs)"
+    assert torch_knob["cost"]["step_time"]["low"] == 0.15
     assert torch_knob["needed"]["verdict"] == "divergent"
     assert numpy_knob["where"] == "line train.py:41"
     assert numpy_knob["fix"] == "train.py:41: rng = np.random.default_rng(0)"
-    assert numpy_knob["cost"]["summary"] == "no measurable cost"
+    assert numpy_knob["cost"]["summary"] == ("costs nothing within the spread (CPU per step +0%: -2% … +3% over 3 "
+                                             "pairs; whole run +0%: -10% … +10% over 3 pairs)")
     assert numpy_knob["edits"][0]["applied"] is True
     assert [t["knobs"] for t in data["search"]] == [["torch-rng", "numpy-rng"], ["torch-rng"], ["numpy-rng"]]
 
@@ -73,8 +76,8 @@ def test_the_terminal_shows_a_ready_to_paste_block_the_proof_and_the_costs() -> 
     assert "FIXED: torch-rng, numpy-rng make the repeats agree, and each is needed · verified as written" in text
     assert "Add at the top of train.py (after line 1):\n    # detaudit fix: torch-rng\n    import torch\n" in text
     assert "train.py:41: rng = np.random.default_rng()  ->  rng = np.random.default_rng(0)" in text
-    assert "+20% step time" in text
-    assert "no measurable cost" in text
+    assert "+20% CPU per step (+15% … +25% over 3 pairs)" in text
+    assert "costs nothing within the spread" in text
     assert "diverge (fix-3)" in text
     assert "fix-1: torch-rng+numpy-rng: agree (2 repeats)" in text
 
@@ -104,15 +107,14 @@ def test_nothing_to_fix_and_no_knob_read_as_such() -> None:
     assert "4 of 24 repeats" in line.plain
 
 
-def test_step_times_are_read_from_the_footers(tmp_path: Path) -> None:
+def test_cpu_step_times_are_read_from_the_footers(tmp_path: Path) -> None:
     records = training_records()
-    for i, steps in enumerate(([1.5, 0.01, 0.02], [1.4, 0.03])):
-        write_trace(tmp_path / f"r{i}.trace", records, {"exit_code": 0, "error": None, "step_times": steps})
+    for i, steps in enumerate(([1.5, 0.01, 0.03], [1.4, 0.03])):
+        write_trace(tmp_path / f"r{i}.trace", records, {"exit_code": 0, "error": None, "step_times": [9.0] * 3,
+                                                         "step_cpu_times": steps})
     _, results = read_run(write_run(tmp_path / "run", [records, records]))
     results = [r.__class__(**{**r.to_dict(), "trace": f"../r{r.index}.trace"}) for r in results]
-    timing = trials.timing(tmp_path / "run", results)
-    assert timing.step_s == (0.01, 0.02, 0.03)
-    assert timing.run_s == (0.5, 0.5)
+    assert trials.timing(tmp_path / "run", results) == [Sample(0.02, 0.5), Sample(0.03, 0.5)]
 
 
 def test_an_rng_object_created_unseeded_in_the_script_becomes_its_knobs_line_edit(tmp_path: Path) -> None:
@@ -132,3 +134,22 @@ def test_an_rng_object_created_unseeded_in_the_script_becomes_its_knobs_line_edi
     assert drawn == set()
     assert [(e.pin, e.line, e.after, e.applies) for e in edits] == [
         (Pin.NUMPY_RNG, 2, "rng = np.random.default_rng(0)", True)]
+
+
+def test_a_cause_no_knob_controls_is_shown_with_its_code_fix_on_top() -> None:
+    seed = Cause("varying-seed", "confirmed", "a seed from outside", ["Generator.seed() at a.py:13"],
+                 "call `.manual_seed(0)` on the Generator instead of `.seed()` at a.py:13", [Pin.TORCH_RNG],
+                 "experiment")
+    report = FixReport("train.py", "/r", "uncontrolled", 1, causes=(seed,))
+    out = io.StringIO()
+    cli_fix.render(report, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "cause: varying-seed (confirmed), fixed in the code" in text
+    assert text.index("Fix in the code — varying-seed (confirmed); no setting controls it:") < text.index(
+        "Likely causes")
+    assert report_json(report)["code_fix"] == {"cause": "varying-seed", "confidence": "confirmed", "fix": seed.fix}
+
+
+def test_no_code_fix_is_offered_for_a_cause_an_experiment_ruled_out() -> None:
+    ruled_out = Cause("python-hash-seed", "ruled-out", "hash order", [], "sorted", [Pin.HASH_SEED], "direct")
+    assert FixReport("train.py", "/r", "uncontrolled", 1, causes=(ruled_out,)).code_cause is None

@@ -58,6 +58,23 @@ def test_a_draw_is_recorded_once_per_call_site_and_an_explicit_generator_is_told
     assert [(e["fn"], e["generator"]) for e in sink.of("draw")] == [("torch.rand", "explicit")]
 
 
+def test_a_library_line_drawing_for_the_global_rng_then_for_a_scripts_generator_records_both(
+        evidence: tuple[Evidence, Sink]) -> None:
+    """nn.init's one `uniform_` line draws for every caller: a Generator the script seeds and passes in later is
+    still followed to that draw (it was once hidden behind the global RNG's first draw there)."""
+    ev, sink = evidence
+    generators.install_torch(ev, torch)
+    weight = torch.zeros(3, 4)
+    state = torch.get_rng_state()
+    try:
+        torch.nn.init.kaiming_uniform_(weight)
+        torch.nn.init.kaiming_uniform_(weight, generator=torch.Generator().manual_seed(7))
+    finally:
+        torch.set_rng_state(state)
+    assert [(d["fn"], d["generator"], d.get("obj")) for d in sink.of("draw")] == [
+        ("Tensor.uniform_", "global", None), ("Tensor.uniform_", "explicit", 0)]
+
+
 def test_python_random_seed_and_draw(evidence: tuple[Evidence, Sink]) -> None:
     ev, sink = evidence
     state = random.getstate()

@@ -245,3 +245,15 @@ def test_a_recv_without_a_future_is_hashed_at_the_first_poll_after_the_script_wa
     (row,) = read_trace(path).records
     assert int(row["digest"]) == fingerprint(torch.full((3,), 5.0)).digest
     assert not int(row["flags"]) & Flag.NO_DATA
+
+
+def test_each_steps_cpu_time_is_kept_in_the_footer_beside_its_wall_time(tmp_path: Path) -> None:
+    """`detaudit fix` prices a knob per step from CPU time, which a loaded machine barely moves (docs/fix.md)."""
+    rec = _recorder(tmp_path)
+    for _ in range(3):
+        sum(i * i for i in range(20_000))  # some CPU work in the step
+        rec.end_step()
+    rec.close({"exit_code": 0})
+    footer = read_trace(tmp_path / "t.trace").footer or {}
+    assert len(footer["step_cpu_times"]) == len(footer["step_times"]) == 3
+    assert all(t > 0 for t in footer["step_cpu_times"])

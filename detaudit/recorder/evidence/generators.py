@@ -94,7 +94,7 @@ def draws_again(ev: Evidence) -> None:
     """Report each call site's next draw again (`detaudit resume`, after a checkpoint is loaded and at the first
     optimizer step): which RNGs the script draws from after it resumed, and in training, not only where each
     was first drawn."""
-    ev.seen = {key for key in ev.seen if not (isinstance(key, tuple) and len(key) == 3 and key[0] in _DRAW_LABELS)}
+    ev.seen = {key for key in ev.seen if not (isinstance(key, tuple) and len(key) == 4 and key[0] in _DRAW_LABELS)}
 
 
 def _wrap_restore(ev: Evidence, owner: Any, name: str, lib: str, label: str) -> None:
@@ -243,13 +243,16 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
             if ev.compiling():
                 return original(*args, **kwargs)
             caller = sys._getframe(1)
-            if (label, caller.f_code, caller.f_lineno) not in ev.seen:
-                ev.seen.add((label, caller.f_code, caller.f_lineno))
+            generator = kwargs.get("generator")
+            obj = None if generator is None else ev.rng_number(generator)
+            # once per call site and RNG object: a library line (nn.init's `uniform_`) draws for every caller, from
+            # the global RNG for one and from the script's own Generator for the next
+            key = (label, caller.f_code, caller.f_lineno, obj)
+            if key not in ev.seen:
+                ev.seen.add(key)
                 if label != "dropout" or (args[2] if len(args) > 2 else kwargs.get("training", True)):
-                    generator = kwargs.get("generator")
                     event = DrawEvent(type="draw", lib=lib, fn=label, loc=ev.where(caller),
                                       generator="global" if generator is None else "explicit")
-                    obj = None if generator is None else ev.rng_number(generator)
                     if obj is not None:
                         event["obj"] = obj
                     if lib == "torch":
@@ -260,16 +263,14 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
                         event["importing"] = True
                     ev.emit(event)
                 else:
-                    ev.seen.discard((label, caller.f_code, caller.f_lineno))
+                    ev.seen.discard(key)
             tracker = draws.tracker
             slot = None if tracker is None else tracker.slot(caller.f_code, caller.f_lineno, label)
             if tracker is None or slot is None or (
                     label == "dropout" and not (args[2] if len(args) > 2 else kwargs.get("training", True))):
                 return original(*args, **kwargs)
-            generator = kwargs.get("generator")
             state = _global_state(ev, lib, args, kwargs) if generator is None else _torch_state(generator)
-            return tracker.observe(slot, caller, lib, label, state, generator is not None,
-                                   None if generator is None else ev.rng_number(generator),
+            return tracker.observe(slot, caller, lib, label, state, generator is not None, obj,
                                    lambda: original(*args, **kwargs), value=label != "dropout")
 
         return draw
