@@ -16,6 +16,8 @@ Recorded, by topic (the events are typed in detaudit/events.py):
   order varies between runs (called by recorder/ops.py);
 - file_access.py: files read and directories listed that an earlier repeat of this audit changed (state
   carried between repeats);
+- tokens.py: the token each sequence got at each step of a decode loop (`argmax`/`multinomial`/`topk` choices
+  the script feeds back to its model), with the top-2 scores of a choice by maximum;
 - here: RNG states and torch flags at import, the first forward, the first optimizer step and the end.
 
 Cost: only the wrapped functions pay (seeding, RNG draws, listed ops, empty allocations, thread
@@ -35,7 +37,17 @@ from typing import Any
 
 from detaudit.events import StateEvent
 from detaudit.recorder import location
-from detaudit.recorder.evidence import base, concurrency, draws, environment, file_access, generators, kernels, writes
+from detaudit.recorder.evidence import (
+    base,
+    concurrency,
+    draws,
+    environment,
+    file_access,
+    generators,
+    kernels,
+    tokens,
+    writes,
+)
 from detaudit.recorder.evidence.base import Evidence, never_fatal, python_rng_digest
 
 __all__ = ["Evidence", "active", "attach", "finish", "install", "python_rng_digest"]
@@ -100,6 +112,7 @@ class Installer:
         draws.install_loader(self.draws, torch.utils.data.DataLoader)
         draws.install_modes(self.draws, torch.nn.Module)
         faults.install(ev, torch)
+        tokens.install(ev, torch)  # last: its wrappers are outermost, so the call site they see is the script's
         if self.writes is not None:
             writes.install_torch(self.writes, torch)
         ev.emit(environment.environment(ev))
