@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from evidence_sink import Sink
 from torch import nn
 
-from detaudit.recorder.evidence import tokens
+from detaudit.recorder.evidence import generators, tokens
 from detaudit.recorder.evidence.base import Evidence
 
 
@@ -135,3 +136,24 @@ def test_choices_other_than_one_index_per_row_install_nothing(watched: Any) -> N
     scores.topk(3)  # three per row
     torch.multinomial(torch.ones(4, 6), 2)
     assert found.hook is None
+
+
+def test_draw_evidence_keeps_each_multinomial_call_site_of_its_own(watched: Any) -> None:
+    # The important thing: the draws' wrapper stands outside this one (the order evidence/__init__.py installs
+    # them in), so the call site it keys draws by is the script's line, not a line of detaudit's wrapper
+    found, sink = watched
+    generators.install_torch(found.ev, torch)
+    probs = torch.ones(2, 5)
+    torch.multinomial(probs, 1)
+    torch.multinomial(probs, 1)
+    assert len(sink.of("draw")) == 2
+
+
+def test_a_choice_under_the_draws_wrapper_is_placed_at_the_scripts_line(watched: Any) -> None:
+    found, sink = watched
+    generators.install_torch(found.ev, torch)
+    model, ids = lm(), torch.tensor([[1], [2]])
+    with torch.no_grad():
+        for _ in range(3):
+            ids = torch.multinomial(torch.softmax(model(ids), dim=-1), 1)
+    assert {Path(e["site"].split(":")[0]).name for e in sink.of("token")} == {"test_evidence_tokens.py"}

@@ -105,6 +105,8 @@ class Installer:
         if "numpy.random" in sys.modules and ev.numpy is None:
             self.on_numpy_random(sys.modules["numpy.random"])
         ev.pins.apply_torch(torch)
+        # first: the draws' wrapper of multinomial stays outermost, so the call site it keys draws by is the script's
+        tokens.install(ev, torch)
         generators.install_torch(ev, torch)
         environment.install_torch(ev, torch)
         kernels.install(ev, torch)
@@ -112,7 +114,6 @@ class Installer:
         draws.install_loader(self.draws, torch.utils.data.DataLoader)
         draws.install_modes(self.draws, torch.nn.Module)
         faults.install(ev, torch)
-        tokens.install(ev, torch)  # last: its wrappers are outermost, so the call site they see is the script's
         if self.writes is not None:
             writes.install_torch(self.writes, torch)
         ev.emit(environment.environment(ev))

@@ -72,7 +72,7 @@ class Tokens:
         key = (caller.f_code, caller.f_lineno, label)
         site = self.sites.get(key)
         if site is None:
-            if self.ev.own(caller) or self.ev.in_worker:
+            if self.ev.in_worker:
                 return
             site = self.sites[key] = Site()
         if site.dropped or self.events >= MAX_EVENTS:
@@ -169,12 +169,21 @@ class Tokens:
 
 
 def install(ev: Evidence, torch: Any) -> Tokens:
-    """Wrap the choosers (after the draws' own wrappers: the call site seen is the script's)."""
+    """Wrap the choosers (before the draws' wrappers: evidence/__init__.py)."""
     tokens = Tokens(ev, torch, torch.Tensor.topk)
     owners = {"torch": torch, "Tensor": torch.Tensor}
     for owner, name, label, dim_at, default_dim in CHOOSERS:
         wrap(owners[owner], name, _chooser(tokens, label, dim_at, default_dim))
     return tokens
+
+
+def _caller(ev: Evidence) -> FrameType | None:
+    """The frame that called the chooser, past detaudit's own (the draws' wrapper of multinomial stands outside
+    this one, so that it keys draws by the script's line); None when detaudit itself chose."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and ev.own(frame):
+        frame = frame.f_back
+    return frame
 
 
 def _chooser(tokens: Tokens, label: str, dim_at: int | None,
@@ -191,8 +200,10 @@ def _chooser(tokens: Tokens, label: str, dim_at: int | None,
                 return result
             shape = ids.shape
             if (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)) and shape[0] > 0:
-                with never_fatal():
-                    tokens.chose(label, dim_at, default_dim, args, kwargs, ids, sys._getframe(1))
+                caller = _caller(ev)
+                if caller is not None:
+                    with never_fatal():
+                        tokens.chose(label, dim_at, default_dim, args, kwargs, ids, caller)
             return result
 
         return choose
