@@ -66,6 +66,11 @@ class Tokens:
         self.hook: Any = None
         self.events = 0
 
+    def dropped(self, caller: FrameType, label: str) -> bool:
+        """The call site was found not to decode (or nothing more is recorded in this process)."""
+        site = self.sites.get((caller.f_code, caller.f_lineno, label))
+        return (site is not None and site.dropped) or self.events >= MAX_EVENTS
+
     def chose(self, label: str, dim_at: int | None, default_dim: int | None, args: tuple[Any, ...],
               kwargs: dict[str, Any], ids: Any, caller: FrameType) -> None:
         """A wrapped call returned `ids`, an integer tensor of one index per row: note it at its site."""
@@ -75,8 +80,6 @@ class Tokens:
             if self.ev.in_worker:
                 return
             site = self.sites[key] = Site()
-        if site.dropped or self.events >= MAX_EVENTS:
-            return
         event = self._event(label, caller, site.choices, ids, self._scores(dim_at, default_dim, args, kwargs, ids))
         site.choices += 1
         if site.decodes:
@@ -196,14 +199,17 @@ def _chooser(tokens: Tokens, label: str, dim_at: int | None,
         def choose(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
             ids = result[1] if indices else result  # topk: (values, indices)
-            if type(ids) is not torch.Tensor or ids.dtype != long or ev.compiling():
+            if type(ids) is not torch.Tensor or ids.dtype != long:
                 return result
             shape = ids.shape
-            if (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)) and shape[0] > 0:
-                caller = _caller(ev)
-                if caller is not None:
-                    with never_fatal():
-                        tokens.chose(label, dim_at, default_dim, args, kwargs, ids, caller)
+            if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)) or shape[0] == 0:
+                return result
+            caller = _caller(ev)
+            # a site found not to decode costs no more than this lookup
+            if caller is None or tokens.dropped(caller, label) or ev.compiling():
+                return result
+            with never_fatal():
+                tokens.chose(label, dim_at, default_dim, args, kwargs, ids, caller)
             return result
 
         return choose
