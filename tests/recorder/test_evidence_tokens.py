@@ -157,3 +157,12 @@ def test_a_choice_under_the_draws_wrapper_is_placed_at_the_scripts_line(watched:
         for _ in range(3):
             ids = torch.multinomial(torch.softmax(model(ids), dim=-1), 1)
     assert {Path(e["site"].split(":")[0]).name for e in sink.of("token")} == {"test_evidence_tokens.py"}
+
+
+def test_an_empty_integer_input_is_no_feed_and_no_error(watched: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    _, sink = watched
+    embed = nn.Embedding(5, 2)
+    for _ in range(3):
+        torch.multinomial(torch.ones(2, 5), 1)
+        embed(torch.zeros(2, 0, dtype=torch.long))
+    assert (sink.of("token"), capsys.readouterr().err) == ([], "")

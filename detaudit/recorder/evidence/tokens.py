@@ -136,7 +136,7 @@ class Tokens:
             return
         given = args[0]
         torch = self.torch
-        if not isinstance(given, torch.Tensor) or given.dim() == 0 or given.is_floating_point() \
+        if not isinstance(given, torch.Tensor) or given.numel() == 0 or given.is_floating_point() \
                 or given.is_complex() or given.dtype == torch.bool or self.ev.compiling():
             return
         for site in [s for s in self.watched if s.waiting.shape[0] == given.shape[0]]:
