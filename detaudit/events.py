@@ -547,6 +547,21 @@ class StateRestoreEvent(_Event):
     library: bool
 
 
+class TokenEvent(_Event):
+    """A decode step's token choice (recorder/evidence/tokens.py): at a call site of `argmax`, `multinomial` or
+    `topk` whose choices the script feeds back as its model's next input. Its `at` is the record index at the
+    choice (not where the event was written: a site's first choices are written once it is known to decode)."""
+
+    type: Literal["token"]
+    fn: str  # torch.argmax, Tensor.argmax, torch.multinomial, Tensor.multinomial, torch.topk, Tensor.topk
+    loc: str  # the user's `file:line` (for a library's decode loop, the line that called it)
+    site: str  # the immediate caller's `file:line`, library code included (`transformers/generation/utils.py:...`)
+    n: int  # the choice's number at its site in this repeat: the token's position
+    rows: int  # the batch's sequences (ids and top2 keep the first MAX_ROWS)
+    ids: list[int]  # the token chosen for each sequence
+    top2: list[list[float] | None] | None  # each row's two largest scores (None: not finite); None for a sample
+
+
 class InitialParamsEvent(_Event):
     """`detaudit resume` only: the digests of the parameters an optimizer holds just before its first step."""
 
@@ -562,13 +577,14 @@ Event = Union[SeedEvent, GeneratorEvent, DrawEvent, RandomDrawEvent, StateEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
               CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
               BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
-              StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent, SetOrderEvent]
+              StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent, SetOrderEvent, TokenEvent]
 Kind = Literal["seed", "generator", "draw", "random-draw", "state", "hash", "hash-call", "op", "latent-op", "modules",
                "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
                "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
                "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
-               "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest", "set-order"]
+               "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest", "set-order",
+               "token"]
 
 E = TypeVar("E")
 

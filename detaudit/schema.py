@@ -207,4 +207,5 @@ EVENT = Obj({
     "site": str, "source": str, "n": Int(0), "grad": bool, "evaluating": bool, "rank": Int(0),
     "sets": ListOf(Obj({"name": str, "of": str, "size": Int(2), "built": ListOf(str), "iterated": ListOf(str),
                         "used": ListOf(str)}, frozenset({"name", "of", "size"}))),
+    "ids": ListOf(Int()), "top2": OneOf((NONE, ListOf(OneOf((NONE, ListOf(Number(), 2)))))),
 }, frozenset({"at", "type"}))

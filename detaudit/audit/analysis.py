@@ -30,6 +30,7 @@ from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.perturb import PerturbationFinding, compare_perturbed
 from detaudit.compare.saved_values import only_non_tensor_values_differ
 from detaudit.compare.stdout import DEFAULT_STDOUT, recorded_mode
+from detaudit.compare.tokens import TokenComparison, compare_tokens, read_tokens
 from detaudit.compare.traces import Comparison, compare_traces
 from detaudit.errors import TraceError
 from detaudit.records import RunRecord, is_plain_name
@@ -71,6 +72,7 @@ class Analysis:
     match: Match | None = None
     first_evidence: RepeatEvidence | None = None  # the first repeat's evidence (latent findings, versions)
     repeated: tuple[RepeatedRandomness, ...] = ()  # randomness that repeats where it should differ (issue 38)
+    tokens: TokenComparison | None = None  # the generated tokens compared, when the script decodes
     report: Report | None = None
 
     @property
@@ -260,6 +262,11 @@ def repeated_draws(a: Analysis) -> Analysis:
     return replace(a, repeated=tuple(repeated_randomness(a.first_evidence, silenced_sites(os.environ))))
 
 
+def generated_tokens(a: Analysis) -> Analysis:
+    """The tokens a decoding script generated, repeat against repeat: distinct outputs, first divergent tokens."""
+    return replace(a, tokens=compare_tokens([read_tokens(t) for t in a.traces], [r.index for r in a.results]))
+
+
 def build_report(a: Analysis) -> Analysis:
     """The Report, assembled once from what the steps found."""
     record, results, evidence = a.record, list(a.results), a.first_evidence
@@ -276,14 +283,15 @@ def build_report(a: Analysis) -> Analysis:
         baseline=a.baseline_check, inferred=[c.id for c in causes.split(list(a.inferred))[0]],
         match=a.match, op_finding=a.op_finding, op_level=a.op_level,
         carried_output=a.carried, perturbation=a.perturbed, latent=latent_findings(evidence, results),
-        repeated_randomness=list(a.repeated),
+        repeated_randomness=list(a.repeated), tokens=a.tokens,
     )
     return replace(a, report=report)
 
 
 STEPS: tuple[Step, ...] = (
     locate_traces, note_failures, compare, outcome, carried_state, structure_note, op_finding, perturbation,
-    baseline_check, diagnose, stored_experiments, describe_match, first_evidence, repeated_draws, build_report,
+    baseline_check, diagnose, stored_experiments, describe_match, first_evidence, repeated_draws, generated_tokens,
+    build_report,
 )
 
 

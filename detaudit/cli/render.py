@@ -335,6 +335,43 @@ def _stdout_rows(report: Report) -> list[tuple[str, str | None]]:
     return rows
 
 
+MAX_TOKEN_SEQUENCES = 4  # differing sequences the terminal names; the JSON report lists them all
+
+
+def tokens_block(report: Report) -> Text | None:
+    """A decoding script's answer in tokens (compare/tokens.py): distinct outputs, each differing sequence's first
+    divergent token, and whether the first divergent record came before it."""
+    t = report.tokens
+    if t is None:
+        return None
+    plural = "" if t.distinct == 1 else "s"
+    text = f"tokens: {t.distinct} distinct output{plural} among {t.repeats} repeats"
+    if not t.divergences:
+        return Text(printable(f"{text} ({t.sequences} sequence(s) of up to {t.tokens} tokens)"), style="bold")
+    for d in t.divergences[:MAX_TOKEN_SEQUENCES]:
+        margin = d.margin if d.margin is not None else d.other_margin
+        how = f"margin {margin:.3g}" if margin is not None else "sampled"
+        text += (f"; sequence {d.sequence} first differs at token {d.position}: {_fmt(d.token)} vs {_fmt(d.other)} "
+                 f"in {report.name_of(d.repeat)} ({how})")
+    if len(t.divergences) > MAX_TOKEN_SEQUENCES:
+        text += f"; {len(t.divergences) - MAX_TOKEN_SEQUENCES} more sequence(s) differ"
+    return Text(printable(f"{text}\n  {_token_cause(report)}"), style="bold")
+
+
+def _token_cause(report: Report) -> str:
+    """The earliest divergent token tied to the first divergent record (and the op behind it, when known)."""
+    assert report.tokens is not None
+    d = min(report.tokens.divergences, key=lambda x: x.at)
+    first = report.comparison.first_divergence
+    f = report.op_finding
+    op = f" (op {f.record.op}{' at ' + f.record.location if f.record.location else ''})" if f is not None else ""
+    if first is not None and d.follows(first.index):
+        return (f"token {d.position} was chosen after record #{first.index} already differed, the first "
+                f"divergence{op}")
+    return (f"token {d.position} differs before any recorded tensor does: the choice itself is the first "
+            f"difference{op}")
+
+
 def summary_line(report: Report) -> Text:
     """Verdict, first divergence, top cause and run directory on one line: printed last, so it stays in view."""
     text = Text(report.verdict.upper(), style=_VERDICT_STYLE[report.verdict])
@@ -629,6 +666,9 @@ def match_block(report: Report) -> Group | None:
 def render(report: Report, console: Console, notes: Sequence[str] = ()) -> None:
     """The whole report; `notes` go just before the closing summary line, which is always printed last."""
     console.print(verdict_line(report))
+    tokens = tokens_block(report)
+    if tokens is not None:
+        console.print(tokens, soft_wrap=True)
     argv = argv_line(report)
     if argv is not None:
         console.print(argv, soft_wrap=True)

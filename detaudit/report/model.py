@@ -24,6 +24,7 @@ from detaudit.compare.match import Match
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.perturb import PerturbationFinding
 from detaudit.compare.stdout import DEFAULT_STDOUT
+from detaudit.compare.tokens import TokenComparison
 from detaudit.compare.traces import Comparison, StepSpread
 from detaudit.errors import ExitCode
 from detaudit.results import (
@@ -97,6 +98,7 @@ class Report(Codable):
     # `run --fail-on-repeated-randomness` (stored in run.json): repeats that agree with randomness that repeats
     # are the verdict `repeated-randomness` (exit 1) instead of `deterministic`
     fail_on_repeats: bool = False
+    tokens: TokenComparison | None = None  # a decoding script's generated tokens compared (compare/tokens.py)
 
     def cause_headline(self) -> str:
         """The summary line's cause part (causes.headline): the top cause with evidence, or that none was found."""
@@ -408,6 +410,29 @@ def report_json(report: Report) -> dict[str, Any]:
         **distributed_to_dict(report),
         **carried_to_dict(report.carried_output),
         "perturbation": perturbation_to_dict(report.perturbation),
+        "tokens": tokens_to_dict(report),
+    }
+
+
+def tokens_to_dict(report: Report) -> dict[str, Any] | None:
+    """A decoding script's generated tokens compared (docs/report-schema.md#tokens), each first divergent token
+    tied to the first divergent record when that record differed before the token was chosen."""
+    t = report.tokens
+    if t is None:
+        return None
+    first = report.comparison.first_divergence
+    record = first.index if first is not None else None
+    return {
+        "repeats": t.repeats, "distinct_outputs": t.distinct, "sequences": t.sequences, "tokens": t.tokens,
+        "groups": [list(g) for g in t.groups],
+        "first_divergent_record": record,
+        "op": report.op_finding.record.op if report.op_finding is not None and record is not None else None,
+        "first_divergent_tokens": [
+            {"sequence": d.sequence, "position": d.position, "call": d.fn, "location": d.loc,
+             "reference": d.reference, "repeat": d.repeat, "token": d.token, "other_token": d.other,
+             "margin": finite(d.margin), "other_margin": finite(d.other_margin), "record": d.at,
+             "follows_first_divergence": d.follows(record)}
+            for d in t.divergences],
     }
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from synthetic import training_records, write_run
+from synthetic import training_records, write_run, write_trace
 
 from detaudit.audit import analysis
 from detaudit.audit.analysis import STEPS, Analysis, extend, run_steps, start
@@ -210,3 +210,24 @@ def test_an_op_level_re_run_that_found_no_op_says_so(tmp_path: Path) -> None:
 
 def test_a_run_recorded_at_one_granularity_has_no_op_level_note(tmp_path: Path) -> None:
     assert through(begun(divergent_run(tmp_path)), analysis.op_finding).op_level == ""
+
+
+def token_event(n: int, ids: list[int]) -> dict[str, object]:
+    return {"type": "token", "fn": "torch.argmax", "loc": "gen.py:9", "site": "gen.py:9", "n": n, "rows": len(ids),
+            "ids": ids, "top2": None}
+
+
+def test_generated_tokens_compares_each_repeats_token_events(tmp_path: Path) -> None:
+    run_dir = deterministic_run(tmp_path)
+    recs = training_records()
+    for i, ids in enumerate(([5, 6], [5, 7])):  # the second repeat's second sequence differs at its first token
+        (run_dir / f"repeat-{i}.trace").unlink()
+        write_trace(run_dir / f"repeat-{i}.trace", recs, {"exit_code": 0, "error": None}, [(2, token_event(0, ids))],
+                    {"repeat": i})
+    found = through(begun(run_dir), analysis.generated_tokens).tokens
+    assert found is not None
+    assert [(d.sequence, d.position, d.token, d.other) for d in found.divergences] == [(1, 0, 6, 7)]
+
+
+def test_generated_tokens_is_none_for_a_script_that_does_not_decode(tmp_path: Path) -> None:
+    assert through(begun(deterministic_run(tmp_path)), analysis.generated_tokens).tokens is None

@@ -17,6 +17,7 @@ from detaudit.causes.repetition import RepeatedRandomness
 from detaudit.cli.render import argv_line, op_panel, render, verdict_line
 from detaudit.compare.baseline_diff import BaselineCheck
 from detaudit.compare.oprules import OpFinding
+from detaudit.compare.tokens import TokenComparison, TokenDivergence
 from detaudit.report.model import Report
 from detaudit.results import Divergence, RecordInfo
 
@@ -222,3 +223,36 @@ def test_where_auto_named_no_op_the_report_says_why_in_one_line(tmp_path: Path) 
     report = replace(load_run(write_run(tmp_path / "run", [recs, [*recs[:4], recs[4].but(digest=77), *recs[5:]]])),
                      op_level="no op-level re-run: parameter net.0.weight is the first record to differ")
     assert "no op-level re-run: parameter net.0.weight is the first record to differ" in _rendered(report)
+
+
+def _with_tokens(tmp_path: Path, at: int, divergences: bool = True) -> Report:
+    """A run whose record #4 differs, with a token answer: repeat 1's sequence 0 differs at token 7 (chosen when
+    record `at` was next)."""
+    recs = training_records(steps=2)
+    report = load_run(write_run(tmp_path / "run", [recs, [*recs[:4], recs[4].but(digest=77), *recs[5:]], recs]))
+    first = TokenDivergence(sequence=0, position=7, fn="torch.argmax", loc="gen.py:9", reference=0, repeat=1,
+                            token=1523, other=88, margin=0.0031, other_margin=0.002, at=at)
+    return replace(report, tokens=TokenComparison(repeats=3, distinct=2 if divergences else 1, sequences=2, tokens=10,
+                                                  groups=((0, 2), (1,)), divergences=(first,) if divergences else ()))
+
+
+def test_the_console_leads_with_the_token_answer(tmp_path: Path) -> None:
+    lines = _rendered(_with_tokens(tmp_path, at=9)).splitlines()
+    assert lines[1] == ("tokens: 2 distinct outputs among 3 repeats; sequence 0 first differs at token 7: 1523 vs 88 "
+                        "in repeat 1 (margin 0.0031)")
+
+
+def test_the_console_ties_a_token_chosen_after_the_first_divergent_record_to_it(tmp_path: Path) -> None:
+    lines = _rendered(_with_tokens(tmp_path, at=9)).splitlines()
+    assert lines[2].strip() == "token 7 was chosen after record #4 already differed, the first divergence"
+
+
+def test_the_console_says_when_the_choice_itself_is_the_first_difference(tmp_path: Path) -> None:
+    lines = _rendered(_with_tokens(tmp_path, at=4)).splitlines()
+    assert lines[2].strip() == ("token 7 differs before any recorded tensor does: the choice itself is the first "
+                                "difference")
+
+
+def test_the_console_counts_one_distinct_output_when_the_tokens_agree(tmp_path: Path) -> None:
+    lines = _rendered(_with_tokens(tmp_path, at=9, divergences=False)).splitlines()
+    assert lines[1] == "tokens: 1 distinct output among 3 repeats (2 sequence(s) of up to 10 tokens)"

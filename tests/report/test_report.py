@@ -4,6 +4,7 @@ Built from synthetic run directories through audit.load_run, as `detaudit report
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -14,6 +15,7 @@ from synthetic import Rec, training_records, write_run, write_trace
 
 from detaudit.audit.pipeline import load_run
 from detaudit.cli.render import render
+from detaudit.compare.tokens import TokenComparison, TokenDivergence
 from detaudit.report.html import render_html
 from detaudit.report.junit import to_junit, write_junit
 from detaudit.report.model import SCHEMA_NAME, SCHEMA_VERSION, Report, report_json, write_json
@@ -363,3 +365,37 @@ def test_a_differing_repeat_that_read_no_carried_state_keeps_the_divergence(tmp_
     assert first.stdout is not None
     assert first.stdout.field == "v_num"
     assert [c.id for c in report.causes][:2] == ["stdout-differs", "carried-state"]
+
+
+def _tokens(at: int) -> TokenComparison:
+    """Repeat 2's sequence 0 takes another token at position 7, chosen when record `at` was next."""
+    first = TokenDivergence(sequence=0, position=7, fn="torch.argmax", loc="gen.py:9", reference=0, repeat=2,
+                            token=1523, other=88, margin=0.0031, other_margin=0.002, at=at)
+    return TokenComparison(repeats=3, distinct=2, sequences=2, tokens=10, groups=((0, 1), (2,)), divergences=(first,))
+
+
+def test_the_json_report_answers_in_tokens(tmp_path: Path) -> None:
+    report = replace(_divergent_run(tmp_path), tokens=_tokens(at=9))
+    found = _strict_json(report, tmp_path)["tokens"]
+    assert (found["distinct_outputs"], found["repeats"], found["first_divergent_tokens"][0]["position"],
+            found["first_divergent_tokens"][0]["token"], found["first_divergent_tokens"][0]["other_token"]) \
+        == (2, 3, 7, 1523, 88)
+
+
+def test_a_token_chosen_after_the_first_divergent_record_is_tied_to_it(tmp_path: Path) -> None:
+    report = replace(_divergent_run(tmp_path), tokens=_tokens(at=9))  # the first divergent record is #7
+    assert report_json(report)["tokens"]["first_divergent_tokens"][0]["follows_first_divergence"] is True
+
+
+def test_a_token_chosen_before_the_first_divergent_record_is_not_tied_to_it(tmp_path: Path) -> None:
+    report = replace(_divergent_run(tmp_path), tokens=_tokens(at=7))
+    assert report_json(report)["tokens"]["first_divergent_tokens"][0]["follows_first_divergence"] is False
+
+
+def test_a_report_without_decoding_has_no_token_answer(tmp_path: Path) -> None:
+    assert report_json(_divergent_run(tmp_path))["tokens"] is None
+
+
+def test_a_reports_token_answer_reads_back(tmp_path: Path) -> None:
+    report = replace(_divergent_run(tmp_path), tokens=_tokens(at=9))
+    assert Report.from_dict(json.loads(json.dumps(report.to_dict()))).tokens == report.tokens

@@ -16,6 +16,8 @@ Recorded, by topic (the events are typed in detaudit/events.py):
   order varies between runs (called by recorder/ops.py);
 - file_access.py: files read and directories listed that an earlier repeat of this audit changed (state
   carried between repeats);
+- tokens.py: the token each sequence got at each step of a decode loop (`argmax`/`multinomial`/`topk` choices
+  the script feeds back to its model), with the top-2 scores of a choice by maximum;
 - here: RNG states and torch flags at import, the first forward, the first optimizer step and the end.
 
 Cost: only the wrapped functions pay (seeding, RNG draws, listed ops, empty allocations, thread
@@ -35,7 +37,17 @@ from typing import Any
 
 from detaudit.events import StateEvent
 from detaudit.recorder import location
-from detaudit.recorder.evidence import base, concurrency, draws, environment, file_access, generators, kernels, writes
+from detaudit.recorder.evidence import (
+    base,
+    concurrency,
+    draws,
+    environment,
+    file_access,
+    generators,
+    kernels,
+    tokens,
+    writes,
+)
 from detaudit.recorder.evidence.base import Evidence, never_fatal, python_rng_digest
 
 __all__ = ["Evidence", "active", "attach", "finish", "install", "python_rng_digest"]
@@ -93,6 +105,8 @@ class Installer:
         if "numpy.random" in sys.modules and ev.numpy is None:
             self.on_numpy_random(sys.modules["numpy.random"])
         ev.pins.apply_torch(torch)
+        # first: the draws' wrapper of multinomial stays outermost, so the call site it keys draws by is the script's
+        tokens.install(ev, torch)
         generators.install_torch(ev, torch)
         environment.install_torch(ev, torch)
         kernels.install(ev, torch)
