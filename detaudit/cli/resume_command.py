@@ -64,7 +64,7 @@ class ResumeCommand(RunCommand):
         return super().parse_args(ctx, [*pulled, *rest])
 
 
-@click.command(cls=ResumeCommand)  # its epilog, the exit codes, is set where it joins the group (commands.py)
+@click.command(cls=ResumeCommand)  # its epilog: the command table (commands.py)
 @script_arguments
 @click.option("--stop-at", type=click.IntRange(min=1), required=True, metavar="K",
               help="Stop the interrupted run right after its K-th optimizer step (as --max-steps K does); the "

@@ -27,15 +27,10 @@ from detaudit.cli.options import (
     torchrun_args_option,
 )
 from detaudit.cli.session import Presentation, err_console, finish_with
-from detaudit.errors import ExitCode
 from detaudit.report.watch_html import write_watch_html
 from detaudit.report.watch_model import Against, Cadence, WatchReport, WatchSettings, write_watch_json
 from detaudit.results import Ending
 from detaudit.safetext import printable
-
-_EXIT_CODES = ("\b\nExit codes:\n  0    clean: every replayed op agreed bit for bit, the script exited 0\n"
-               "  1    mismatch: an op's replay disagreed (the job was stopped unless --on-mismatch continue)\n"
-               + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
 
 
 class CadenceType(click.ParamType):
@@ -64,7 +59,7 @@ def watch_settings(every: int, on_mismatch: str, status_every: Cadence, timeout:
                          nproc_per_node, _torchrun(nproc_per_node, torchrun_args, against))
 
 
-@click.command(cls=RunCommand, epilog=_EXIT_CODES)
+@click.command(cls=RunCommand)
 @script_arguments
 @click.option("--every", type=click.IntRange(min=1), default=WatchSettings.every, show_default=True,
               help="Replay every K-th optimizer step (the first one always).")
