@@ -135,8 +135,9 @@ def cli() -> None:
               help="Exit 1 when draws repeat where they should differ (the report's \"Randomness that repeats\"; "
                    "docs/causes.md), even if the repeats agree.")
 @audit_option_group()
-def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, html_path: Path | None, quiet: bool,
-        explain: bool, explain_all: bool, budget: int | None, no_explain: bool, save_baseline: Path | None) -> None:
+def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, html_path: Path | None,
+        sarif_path: Path | None, quiet: bool, explain: bool, explain_all: bool, budget: int | None, no_explain: bool,
+        save_baseline: Path | None) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
@@ -153,11 +154,12 @@ def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, 
                                "purpose; audit with --explain and with --perturb in two runs")
     baseline_dir = options.checks.baseline
     check_outputs(json_path, junit_path, html_path, save_baseline=save_baseline, out_dir=options.out_dir,
+                  sarif_path=sarif_path,
                   inputs={"the audited script": options.target.script,
                           **({"the --baseline": baseline_dir} if baseline_dir else {})})
     report = audit_run(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
     code = save_baseline_to(report, save_baseline) if save_baseline is not None else None
-    finish(report, json_path, junit_path, quiet, html_path, exit_code=code)
+    finish(report, json_path, junit_path, quiet, html_path, exit_code=code, sarif_path=sarif_path)
 
 
 @click.command()
@@ -165,12 +167,13 @@ def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, 
 @stdout_options
 @report_options
 def report(run_dir: Path, stdout_mode: str | None, ignore_stdout: bool, json_path: Path | None,
-           junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:
+           junit_path: Path | None, quiet: bool, html_path: Path | None, sarif_path: Path | None) -> None:
     """Re-render the report of a finished run from its directory (stdout compared as recorded unless --stdout)."""
     from detaudit.audit.pipeline import load_run
 
-    check_outputs(json_path, junit_path, html_path, inputs={"the run directory": run_dir})
-    finish(load_run(run_dir, stdout_mode_of(stdout_mode, ignore_stdout)), json_path, junit_path, quiet, html_path)
+    check_outputs(json_path, junit_path, html_path, inputs={"the run directory": run_dir}, sarif_path=sarif_path)
+    finish(load_run(run_dir, stdout_mode_of(stdout_mode, ignore_stdout)), json_path, junit_path, quiet, html_path,
+           sarif_path=sarif_path)
 
 
 @click.command()
@@ -182,7 +185,7 @@ def report(run_dir: Path, stdout_mode: str | None, ignore_stdout: bool, json_pat
 @jobs_option()
 @report_options
 def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, json_path: Path | None,
-            junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:
+            junit_path: Path | None, quiet: bool, html_path: Path | None, sarif_path: Path | None) -> None:
     """Confirm why a finished run diverged: re-run it with one source pinned at a time.
 
     Each experiment pins one candidate source (seeded RNGs, PYTHONHASHSEED, deterministic
@@ -191,12 +194,13 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     once does, the set of pins is bisected down to one source. Results are stored in RUN_DIR
     (explain.json), so `detaudit report RUN_DIR` shows them too.
     """
-    check_outputs(json_path, junit_path, html_path, inputs={"the run directory": run_dir})
+    check_outputs(json_path, junit_path, html_path, inputs={"the run directory": run_dir}, sarif_path=sarif_path)
     from detaudit.run.rundir import read_run
 
     record, _ = read_run(run_dir)
     warn_oversubscription(jobs, list(record.devices or ["cpu"]))
-    finish(explain_run(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet, html_path)
+    finish(explain_run(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet, html_path,
+           sarif_path=sarif_path)
 
 
 @click.command()
@@ -209,7 +213,7 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
 @report_options
 def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None, stdout_mode: str | None,
             ignore_stdout: bool, json_path: Path | None, junit_path: Path | None, quiet: bool,
-            html_path: Path | None) -> None:
+            html_path: Path | None, sarif_path: Path | None) -> None:
     """Compare traces (or run directories, or baselines) recorded elsewhere: another machine, another release.
 
     Bitwise by default; give --atol/--rtol to compare within a tolerance (as across devices).
@@ -220,10 +224,11 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
     """
     from detaudit.audit.pipeline import compare_recorded
 
-    check_outputs(json_path, junit_path, html_path, inputs={f"the recording {path}": path for path in recordings})
+    check_outputs(json_path, junit_path, html_path, inputs={f"the recording {path}": path for path in recordings},
+                  sarif_path=sarif_path)
     stdout = stdout_mode_of(stdout_mode, ignore_stdout)
     report = compare_recorded(list(recordings), compare_tolerance(atol, rtol), stdout)
-    finish(report, json_path, junit_path, quiet, html_path)
+    finish(report, json_path, junit_path, quiet, html_path, sarif_path=sarif_path)
 
 
 @click.command()

@@ -25,6 +25,7 @@ from detaudit.cli.options import (
     option_group,
     out_option,
     quiet_option,
+    sarif_option,
     script_arguments,
     timeout_option,
 )
@@ -32,6 +33,7 @@ from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
 from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_html import write_html
 from detaudit.drift.drift_report import DriftReport, FirstDrift, RecordRow, write_json
+from detaudit.report.sarif import write_drift_sarif
 from detaudit.safetext import printable
 
 if TYPE_CHECKING:
@@ -131,6 +133,7 @@ def drift_options(script: str, script_args: tuple[str, ...], timeout: float | No
 @out_option
 @json_option
 @html_option("Write an HTML page: B's largest difference from A and A's floor over the steps.")
+@sarif_option
 @quiet_option()
 @click.option("--no-op-window", "no_ops", is_flag=True,
               help="On a drift, do not re-run A and B over the drifting step to name the first op that departs.")
@@ -142,7 +145,7 @@ def drift_options(script: str, script_args: tuple[str, ...], timeout: float | No
                    "--baseline, two existing recordings are compared. The --b-* options are then refused.")
 @option_group(drift_options, "options")
 def drift(options: AuditOptions, a: Configuration, b: Configuration, json_path: Path | None, html_path: Path | None,
-          quiet: bool, baseline: Path | None, no_ops: bool, b_from: Path | None) -> None:
+          sarif_path: Path | None, quiet: bool, baseline: Path | None, no_ops: bool, b_from: Path | None) -> None:
     """Noise or a real change? Run SCRIPT under configuration A and under configuration B and judge B's
     difference from A record by record against A's own noise floor: A is run twice plainly and once more per
     perturbed setting (the thread count; on CUDA also cuBLAS's workspace and cuDNN's algorithm choice), which
@@ -159,23 +162,25 @@ def drift(options: AuditOptions, a: Configuration, b: Configuration, json_path: 
         raise click.UsageError("--baseline keeps A from an earlier run: its --a-* options cannot change it")
     if b_from is not None and b != Configuration("B"):
         raise click.UsageError("--b-from keeps B from an earlier run: its --b-* options cannot change it")
-    check_outputs(json_path, None, html_path, out_dir=options.out_dir,
+    check_outputs(json_path, None, html_path, out_dir=options.out_dir, sarif_path=sarif_path,
                   inputs={"the audited script": options.target.script})
     progress = RepeatsProgress(quiet, (0 if baseline else 3) + (0 if b_from else B_REPEATS),
                                "running configurations A and B")
     with progress:
         report = run_drift(options, a, b, progress.on_done, baseline, not no_ops, b_from)
-    finish_drift(report, json_path, html_path, quiet)
+    finish_drift(report, json_path, html_path, quiet, sarif_path)
 
 
-def finish_drift(report: DriftReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
+def finish_drift(report: DriftReport, json_path: Path | None, html_path: Path | None, quiet: bool,
+                 sarif_path: Path | None = None) -> NoReturn:
     """Write the requested files, render, exit with the verdict's code."""
-    finish_with(report, presentation(), {"json": json_path, "html": html_path}, quiet)
+    finish_with(report, presentation(), {"json": json_path, "html": html_path, "sarif": sarif_path}, quiet)
 
 
 def presentation() -> Presentation[DriftReport]:
-    """How a DriftReport ends its command: JSON, HTML, the summary line, the terminal report."""
-    return Presentation({"json": write_json, "html": write_html}, summary_line, render_drift)
+    """How a DriftReport ends its command: JSON, HTML, SARIF, the summary line, the terminal report."""
+    return Presentation({"json": write_json, "html": write_html, "sarif": write_drift_sarif}, summary_line,
+                        render_drift)
 
 
 def _render_op_window(report: DriftReport, console: Console) -> None:
