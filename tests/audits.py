@@ -1,7 +1,7 @@
 """Scenario audits run once per test session and shared by every test that reads them.
 
-An audit (`detaudit run OPTIONS --out run --json run.json SCRIPT -- SCRIPT_ARGS` in an environment) is
-what most end-to-end tests start with, and each costs a few interpreters that import torch. Several
+An audit (`detaudit run OPTIONS --out run --json run.json --sarif run.sarif SCRIPT -- SCRIPT_ARGS` in an
+environment) is what most end-to-end tests start with, and each costs a few interpreters that import torch. Several
 tests read the same audit (the cause matrix row of a script and the e2e tests of that script), so
 the audit runs once, in a cache folder keyed by everything that can change its outcome (options,
 script, its arguments, environment, attempt), and every reader gets the same `Done`. A follow-up
@@ -27,7 +27,8 @@ from typing import Any
 from conftest import SCRIPTS, CliResult, interpreters, run_cli
 from filelock import FileLock
 
-RUN, REPORT = "run", "run.json"  # the run directory and the --json report, inside the audit's folder
+# the run directory, the --json report and the --sarif one, inside the audit's folder
+RUN, REPORT, SARIF = "run", "run.json", "run.sarif"
 # the cause matrix's options for a script (tests/e2e/test_cause_matrix.py); its e2e tests read the same run
 DIVERGENT = ("-n", "2")
 DETERMINISTIC = ("-n", "2", "--explain")  # a deterministic script: --explain must run no experiment
@@ -45,7 +46,7 @@ class Audit:
     attempt: int = 0  # a race: each attempt is a run of its own
 
     def command(self) -> list[str]:
-        args = ["run", *self.options, "--out", RUN, "--json", REPORT, str(SCRIPTS / self.script)]
+        args = ["run", *self.options, "--out", RUN, "--json", REPORT, "--sarif", SARIF, str(SCRIPTS / self.script)]
         return args + (["--", *self.script_args] if self.script_args else [])
 
     def with_env(self, env: Mapping[str, str]) -> Audit:

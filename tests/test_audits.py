@@ -11,7 +11,8 @@ from conftest import SCRIPTS, _interpreters_started, detaudit_command
 
 def test_an_audit_is_keyed_by_everything_that_can_change_its_outcome(tmp_path: Path) -> None:
     base = Audit("train_mlp.py")
-    assert base.command() == ["run", "-n", "2", "--out", "run", "--json", "run.json", str(SCRIPTS / "train_mlp.py")]
+    assert base.command() == ["run", "-n", "2", "--out", "run", "--json", "run.json", "--sarif", "run.sarif",
+                              str(SCRIPTS / "train_mlp.py")]
     assert Audit("train_mlp.py", script_args=("--lr", "1")).command()[-3:] == ["--", "--lr", "1"]
     variants = [base, Audit("train_mlp.py", DETERMINISTIC), Audit("predict.py"), base.with_env({"X": "1"}),
                 base.retry(1), Audit("train_mlp.py", script_args=("--lr", "1"))]

@@ -28,16 +28,11 @@ from detaudit.cli.options import (
     timeout_option,
 )
 from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
-from detaudit.errors import ExitCode
 from detaudit.results import Ending
 from detaudit.safetext import printable
 
 if TYPE_CHECKING:
     from detaudit.audit.pipeline import AuditOptions
-
-_EXIT_CODES = ("\b\nExit codes:\n  0    batch-invariant: every probed row agrees bit for bit\n"
-               "  1    batch-variant: some row's result depends on its batch (or, with --repeats, the repeats "
-               "differ)\n" + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
 
 
 def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...]:
@@ -53,7 +48,7 @@ def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> tup
     return sizes
 
 
-@click.command(cls=RunCommand, epilog=_EXIT_CODES)
+@click.command(cls=RunCommand)
 @script_arguments
 @repeats_option("Repeats; more than one also compares them with each other (run-to-run, as `run`).", minimum=1,
                 default=1)

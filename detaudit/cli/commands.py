@@ -11,11 +11,13 @@ detaudit's own traceback on an internal error.
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -48,7 +50,6 @@ from detaudit.cli.options import (
     timeout_option,
     torchrun_args_option,
 )
-from detaudit.cli.resume_command import resume
 from detaudit.cli.session import (
     audit_run,
     err_console,
@@ -65,25 +66,20 @@ if TYPE_CHECKING:
     from detaudit.audit.pipeline import AuditOptions
 
 
-def exit_codes_help() -> str:
-    """The exit-code table every command's --help ends with (`\\b`: click keeps the lines as they are)."""
-    return "\b\nExit codes:\n" + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode)
+def exit_codes_help(codes: Sequence[ExitCode] = tuple(ExitCode), meanings: Mapping[ExitCode, str] | None = None) -> str:
+    """An exit-code table as --help ends with it (`\\b`: click keeps the lines as they are): `codes` with their
+    meanings (`meanings`: a command's own words for a code, its verdicts')."""
+    words = meanings or {}
+    return "\b\nExit codes:\n" + "".join(f"  {int(code):<4} {words.get(code, code.meaning)}\n" for code in codes)
 
 
-EXIT_CODES_HELP = exit_codes_help()
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=exit_codes_help())
 @click.version_option(__version__, prog_name="detaudit")
 def cli() -> None:
     """Audit a PyTorch script for run-to-run determinism: is it, where does it first diverge, and why."""
 
 
-resume.epilog = EXIT_CODES_HELP
-cli.add_command(resume)  # cli/resume_command.py: does resuming from a checkpoint reproduce the uninterrupted run
-
-
-@cli.command(cls=RunCommand, epilog=EXIT_CODES_HELP)
+@click.command(cls=RunCommand)
 @script_arguments
 @repeats_option("Repeats per device (with --perturb: per device and combination of settings).")
 @devices_option("Device to run on; repeat the option to compare devices within --atol/--rtol "
@@ -139,8 +135,9 @@ cli.add_command(resume)  # cli/resume_command.py: does resuming from a checkpoin
               help="Exit 1 when draws repeat where they should differ (the report's \"Randomness that repeats\"; "
                    "docs/causes.md), even if the repeats agree.")
 @audit_option_group()
-def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, html_path: Path | None, quiet: bool,
-        explain: bool, explain_all: bool, budget: int | None, no_explain: bool, save_baseline: Path | None) -> None:
+def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, html_path: Path | None,
+        sarif_path: Path | None, quiet: bool, explain: bool, explain_all: bool, budget: int | None, no_explain: bool,
+        save_baseline: Path | None) -> None:
     """Run SCRIPT several times, each in a fresh interpreter, and compare what it computed.
 
     Options may come before or after SCRIPT. After SCRIPT, an option detaudit does not know goes to the
@@ -157,27 +154,29 @@ def run(options: AuditOptions, json_path: Path | None, junit_path: Path | None, 
                                "purpose; audit with --explain and with --perturb in two runs")
     baseline_dir = options.checks.baseline
     check_outputs(json_path, junit_path, html_path, save_baseline=save_baseline, out_dir=options.out_dir,
+                  sarif_path=sarif_path,
                   inputs={"the audited script": options.target.script,
                           **({"the --baseline": baseline_dir} if baseline_dir else {})})
     report = audit_run(options, explain or explain_all, explain_all, budget, quiet, cheap=not no_explain)
     code = save_baseline_to(report, save_baseline) if save_baseline is not None else None
-    finish(report, json_path, junit_path, quiet, html_path, exit_code=code)
+    finish(report, json_path, junit_path, quiet, html_path, exit_code=code, sarif_path=sarif_path)
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @stdout_options
 @report_options
 def report(run_dir: Path, stdout_mode: str | None, ignore_stdout: bool, json_path: Path | None,
-           junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:
+           junit_path: Path | None, quiet: bool, html_path: Path | None, sarif_path: Path | None) -> None:
     """Re-render the report of a finished run from its directory (stdout compared as recorded unless --stdout)."""
     from detaudit.audit.pipeline import load_run
 
-    check_outputs(json_path, junit_path, html_path, inputs={"the run directory": run_dir})
-    finish(load_run(run_dir, stdout_mode_of(stdout_mode, ignore_stdout)), json_path, junit_path, quiet, html_path)
+    check_outputs(json_path, junit_path, html_path, inputs={"the run directory": run_dir}, sarif_path=sarif_path)
+    finish(load_run(run_dir, stdout_mode_of(stdout_mode, ignore_stdout)), json_path, junit_path, quiet, html_path,
+           sarif_path=sarif_path)
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="Most extra repeats the experiments may run. [default: 12]")
@@ -186,7 +185,7 @@ def report(run_dir: Path, stdout_mode: str | None, ignore_stdout: bool, json_pat
 @jobs_option()
 @report_options
 def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, json_path: Path | None,
-            junit_path: Path | None, quiet: bool, html_path: Path | None) -> None:
+            junit_path: Path | None, quiet: bool, html_path: Path | None, sarif_path: Path | None) -> None:
     """Confirm why a finished run diverged: re-run it with one source pinned at a time.
 
     Each experiment pins one candidate source (seeded RNGs, PYTHONHASHSEED, deterministic
@@ -195,15 +194,16 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
     once does, the set of pins is bisected down to one source. Results are stored in RUN_DIR
     (explain.json), so `detaudit report RUN_DIR` shows them too.
     """
-    check_outputs(json_path, junit_path, html_path, inputs={"the run directory": run_dir})
+    check_outputs(json_path, junit_path, html_path, inputs={"the run directory": run_dir}, sarif_path=sarif_path)
     from detaudit.run.rundir import read_run
 
     record, _ = read_run(run_dir)
     warn_oversubscription(jobs, list(record.devices or ["cpu"]))
-    finish(explain_run(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet, html_path)
+    finish(explain_run(run_dir, budget, explain_all, jobs, quiet), json_path, junit_path, quiet, html_path,
+           sarif_path=sarif_path)
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@click.command()
 @click.argument("recordings", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--atol", type=TOLERANCE, default=None,
               help="Compare within this absolute tolerance instead of bitwise.")
@@ -213,7 +213,7 @@ def explain(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, jso
 @report_options
 def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None, stdout_mode: str | None,
             ignore_stdout: bool, json_path: Path | None, junit_path: Path | None, quiet: bool,
-            html_path: Path | None) -> None:
+            html_path: Path | None, sarif_path: Path | None) -> None:
     """Compare traces (or run directories, or baselines) recorded elsewhere: another machine, another release.
 
     Bitwise by default; give --atol/--rtol to compare within a tolerance (as across devices).
@@ -224,13 +224,14 @@ def compare(recordings: tuple[Path, ...], atol: float | None, rtol: float | None
     """
     from detaudit.audit.pipeline import compare_recorded
 
-    check_outputs(json_path, junit_path, html_path, inputs={f"the recording {path}": path for path in recordings})
+    check_outputs(json_path, junit_path, html_path, inputs={f"the recording {path}": path for path in recordings},
+                  sarif_path=sarif_path)
     stdout = stdout_mode_of(stdout_mode, ignore_stdout)
     report = compare_recorded(list(recordings), compare_tolerance(atol, rtol), stdout)
-    finish(report, json_path, junit_path, quiet, html_path)
+    finish(report, json_path, junit_path, quiet, html_path, sarif_path=sarif_path)
 
 
-@cli.command()
+@click.command()
 @click.argument("trace_path", metavar="TRACE", type=click.Path(path_type=Path))
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
               help="Records to print (0: all).")
@@ -296,7 +297,7 @@ def _show(trace_path: Path, limit: int, events: bool) -> None:
         console.print(f"footer: {clean(listing.footer)}")
 
 
-@cli.command()
+@click.command()
 @click.option("-n", "--repeats", type=click.IntRange(min=2), default=3, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None)
 def demo(repeats: int, out_dir: Path | None) -> None:
@@ -316,24 +317,73 @@ def demo(repeats: int, out_dir: Path | None) -> None:
     finish(report, None, None, False)
 
 
-def _add_batch() -> None:
-    from detaudit.cli.batch_command import batch
-
-    cli.add_command(batch)
-
-
-_add_batch()  # `detaudit batch` (cli/batch_command.py, docs/batch.md)
+# What every command can exit with: 0, a usage error, an unreadable input, an output that cannot be written, a bug,
+# an interrupt (main() maps these for every command); a command that reports a verdict adds the verdicts' codes.
+_ALWAYS = (ExitCode.DETERMINISTIC, ExitCode.USAGE, ExitCode.BAD_TRACE, ExitCode.OUTPUT, ExitCode.INTERNAL,
+           ExitCode.SIGHUP, ExitCode.INTERRUPTED, ExitCode.SIGTERM)
+VERDICTS = (*_ALWAYS, ExitCode.DIVERGENT, ExitCode.SCRIPT_FAILED, ExitCode.TIMEOUT, ExitCode.INCONCLUSIVE)
 
 
-def _add_fix() -> None:
-    from detaudit.cli.fix import fix
+@dataclass(frozen=True)
+class CommandRow:
+    """One command of `detaudit`: its name, where its click command is (`module:function`; the help is the
+    function's docstring), a one-line summary for `detaudit --help`'s list, and the exit codes it can return
+    (`meanings`: its own words for a code, its verdicts'), from which its --help's epilog is made."""
 
-    fix.epilog = EXIT_CODES_HELP
-    cli.add_command(fix)
+    name: str
+    where: str
+    summary: str
+    codes: frozenset[ExitCode] = frozenset(VERDICTS)
+    meanings: Mapping[ExitCode, str] = field(default_factory=dict)
+
+    @property
+    def epilog(self) -> str:
+        return exit_codes_help(sorted(self.codes), self.meanings)
+
+    def load(self) -> click.Command:
+        """The command, with this row's summary and epilog."""
+        module, function = self.where.split(":")
+        command = getattr(importlib.import_module(module), function)
+        assert isinstance(command, click.Command) and command.name == self.name, self.where
+        command.short_help, command.epilog = self.summary, self.epilog
+        return command
 
 
-_add_fix()  # `detaudit fix` (cli/fix.py, docs/fix.md)
-cli.add_command(__import__("detaudit.cli.watch_command", fromlist=["watch"]).watch)  # `detaudit watch` (docs/watch.md)
+_HERE = __name__
+COMMANDS = (
+    CommandRow("run", f"{_HERE}:run", "Run a script several times and compare what it computed."),
+    CommandRow("report", f"{_HERE}:report", "Re-render the report of a finished run from its directory."),
+    CommandRow("explain", f"{_HERE}:explain", "Confirm why a finished run diverged, one pinned source at a time."),
+    CommandRow("compare", f"{_HERE}:compare", "Compare recordings made elsewhere: another machine or release."),
+    CommandRow("fix", "detaudit.cli.fix:fix", "Find the smallest set of settings that makes the repeats agree.",
+               frozenset({*VERDICTS, ExitCode.UNCONTROLLED})),
+    CommandRow("batch", "detaudit.cli.batch_command:batch",
+               "Does a request's result depend on what else is in its batch?", meanings={
+                   ExitCode.DETERMINISTIC: "batch-invariant: every probed row agrees bit for bit",
+                   ExitCode.DIVERGENT: "batch-variant: some row's result depends on its batch (or, with --repeats, "
+                                       "the repeats differ)"}),
+    CommandRow("resume", "detaudit.cli.resume_command:resume",
+               "Does resuming from a checkpoint reproduce the uninterrupted run?",
+               frozenset({*VERDICTS, ExitCode.NO_CHECKPOINT})),
+    CommandRow("watch", "detaudit.cli.watch_command:watch",
+               "Run a script once and check its steps' ops while it runs.", meanings={
+                   ExitCode.DETERMINISTIC: "clean: every replayed op agreed bit for bit, the script exited 0",
+                   ExitCode.DIVERGENT: "mismatch: an op's replay disagreed (the job was stopped unless --on-mismatch "
+                                       "continue)"}),
+    CommandRow("drift", "detaudit.cli.drift_command:drift",
+               "Noise or a real change between two configurations of a script?", meanings={
+                   ExitCode.DETERMINISTIC: "equivalent (bit for bit) or within noise: B never moves beyond K times "
+                                           "A's floor (a CI pass)",
+                   ExitCode.DIVERGENT: "drift: some record of B is beyond its floor"}),
+    CommandRow("show", f"{_HERE}:show", "Print one trace readably.", frozenset(_ALWAYS),
+               {ExitCode.DETERMINISTIC: "the trace was printed"}),
+    CommandRow("demo", f"{_HERE}:demo", "Audit a small script shipped with detaudit, to see a real report.",
+               meanings={ExitCode.DETERMINISTIC: "the demo found the divergence its script has on purpose",
+                         ExitCode.DIVERGENT: "the demo's repeats agreed: it showed no divergence"}),
+)
+for _row in COMMANDS:
+    cli.add_command(_row.load())
+
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -455,12 +505,3 @@ def _internal_error(exc: Exception) -> NoReturn:
                       "This is a bug in detaudit; rerun with DETAUDIT_DEBUG=1 for a traceback and report it.",
                       soft_wrap=True)
     sys.exit(ExitCode.INTERNAL)
-
-
-def _add_drift() -> None:
-    from detaudit.cli.drift_command import drift
-
-    cli.add_command(drift)
-
-
-_add_drift()  # `detaudit drift` (cli/drift_command.py, docs/drift.md)

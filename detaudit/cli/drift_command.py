@@ -4,28 +4,41 @@ and B) and its terminal rendering (docs/drift.md)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from detaudit.cli.options import FiniteFloat, RunCommand, check_outputs
+from detaudit.cli.options import (
+    RunCommand,
+    check_outputs,
+    html_option,
+    json_option,
+    max_steps_option,
+    option_group,
+    out_option,
+    quiet_option,
+    sarif_option,
+    script_arguments,
+    timeout_option,
+)
 from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
 from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_html import write_html
 from detaudit.drift.drift_report import DriftReport, FirstDrift, RecordRow, write_json
-from detaudit.errors import ExitCode
+from detaudit.report.sarif import write_drift_sarif
 from detaudit.safetext import printable
 
-_EXIT_CODES = ("\b\nExit codes:\n  0    equivalent (bit for bit) or within noise: B never moves beyond K times A's "
-               "floor (a CI pass)\n  1    drift: some record of B is beyond its floor\n"
-               + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
+if TYPE_CHECKING:
+    from detaudit.audit.pipeline import AuditOptions
+
 DEVICES = click.Choice(["cpu", "cuda", "auto"])
 SHOWN_ROWS = 12
 
@@ -65,11 +78,22 @@ def configuration(label: str, env: tuple[str, ...], args: str | None, threads: i
                          _python(python, f"--{side}-python"), device, nproc)
 
 
+_SIDE = ("env", "args", "threads", "python", "device", "nproc")  # --<side>-<field>: a Configuration's options
+
+
 def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """--<side>-env, --<side>-args, --<side>-threads, --<side>-python, --<side>-device, --<side>-nproc."""
+    """--<side>-env, --<side>-args, --<side>-threads, --<side>-python, --<side>-device, --<side>-nproc, reaching
+    the command as one Configuration, its parameter `side` (options.option_group)."""
     upper = side.upper()
 
+    def build(**values: Any) -> Configuration:
+        return configuration(upper, *(values[f"{side}_{name}"] for name in _SIDE))
+
+    build.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # what option_group reads
+        [inspect.Parameter(f"{side}_{name}", inspect.Parameter.KEYWORD_ONLY) for name in _SIDE])
+
     def add(command: Callable[..., Any]) -> Callable[..., Any]:
+        command = option_group(build, side)(command)
         for option in reversed((
             click.option(f"--{side}-env", f"{side}_env", multiple=True, metavar="NAME=VALUE",
                          help=f"An environment variable of configuration {upper} (repeatable)."),
@@ -90,19 +114,27 @@ def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any
     return add
 
 
-@click.command(cls=RunCommand, epilog=_EXIT_CODES)
-@click.argument("script", type=click.Path())
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def drift_options(script: str, script_args: tuple[str, ...], timeout: float | None, max_steps: int | None,
+                  out_dir: Path | None) -> AuditOptions:
+    """The options drift shares with `run` (SCRIPT and its arguments, --timeout, --max-steps, --out) as the
+    AuditOptions its recordings take."""
+    from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
+
+    return AuditOptions(Target(Path(script), list(script_args), argv0=script), Schedule(timeout=timeout),
+                        Recording(max_steps=max_steps), out_dir=out_dir)
+
+
+@click.command(cls=RunCommand)
+@script_arguments
 @_side_options("a")
 @_side_options("b")
-@click.option("--timeout", type=FiniteFloat(minimum=0), default=None, help="Seconds allowed per repeat.")
-@click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop each repeat after N steps.")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
-              help="Run directory (default: a new folder under .detaudit/runs/).")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the JSON report.")
-@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
-              help="Write an HTML page: B's largest difference from A and A's floor over the steps.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+@timeout_option()
+@max_steps_option("Stop each repeat after N steps.")
+@out_option
+@json_option
+@html_option("Write an HTML page: B's largest difference from A and A's floor over the steps.")
+@sarif_option
+@quiet_option()
 @click.option("--no-op-window", "no_ops", is_flag=True,
               help="On a drift, do not re-run A and B over the drifting step to name the first op that departs.")
 @click.option("--baseline", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
@@ -111,12 +143,9 @@ def _side_options(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any
 @click.option("--b-from", "b_from", type=click.Path(path_type=Path), default=None, metavar="RUN_DIR",
               help="Keep B from an earlier `detaudit drift` run directory (its recording): B does not run; with "
                    "--baseline, two existing recordings are compared. The --b-* options are then refused.")
-def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_args: str | None,
-          a_threads: int | None, a_python: str | None, a_device: str, a_nproc: int | None, b_env: tuple[str, ...],
-          b_args: str | None, b_threads: int | None, b_python: str | None, b_device: str, b_nproc: int | None,
-          timeout: float | None, max_steps: int | None,
-          out_dir: Path | None, json_path: Path | None, html_path: Path | None, quiet: bool, baseline: Path | None,
-          no_ops: bool, b_from: Path | None) -> None:
+@option_group(drift_options, "options")
+def drift(options: AuditOptions, a: Configuration, b: Configuration, json_path: Path | None, html_path: Path | None,
+          sarif_path: Path | None, quiet: bool, baseline: Path | None, no_ops: bool, b_from: Path | None) -> None:
     """Noise or a real change? Run SCRIPT under configuration A and under configuration B and judge B's
     difference from A record by record against A's own noise floor: A is run twice plainly and once more per
     perturbed setting (the thread count; on CUDA also cuBLAS's workspace and cuDNN's algorithm choice), which
@@ -127,35 +156,33 @@ def drift(script: str, script_args: tuple[str, ...], a_env: tuple[str, ...], a_a
     with the kind of change (a constant factor, a sign flip, a dtype or shape change, NaN on one side, a
     change that starts large) and the settings A and B differ in, ranked as candidate causes.
     """
-    from detaudit.audit.pipeline import AuditOptions, Recording, Schedule, Target
     from detaudit.drift.drift_check import B_REPEATS, run_drift
 
-    a = configuration("A", a_env, a_args, a_threads, a_python, a_device, a_nproc)
     if baseline is not None and a != Configuration("A"):
         raise click.UsageError("--baseline keeps A from an earlier run: its --a-* options cannot change it")
-    b = configuration("B", b_env, b_args, b_threads, b_python, b_device, b_nproc)
     if b_from is not None and b != Configuration("B"):
         raise click.UsageError("--b-from keeps B from an earlier run: its --b-* options cannot change it")
     kept = {f"the kept recording {option} {path}": path for option, path in (("--baseline", baseline),
                                                                               ("--b-from", b_from)) if path}
-    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs={"the audited script": Path(script), **kept})
-    options = AuditOptions(Target(Path(script), list(script_args), argv0=script), Schedule(timeout=timeout),
-                           Recording(max_steps=max_steps), out_dir=out_dir)
+    check_outputs(json_path, None, html_path, out_dir=options.out_dir, sarif_path=sarif_path,
+                  inputs={"the audited script": options.target.script, **kept})
     progress = RepeatsProgress(quiet, (0 if baseline else 3) + (0 if b_from else B_REPEATS),
                                "running configurations A and B")
     with progress:
         report = run_drift(options, a, b, progress.on_done, baseline, not no_ops, b_from)
-    finish_drift(report, json_path, html_path, quiet)
+    finish_drift(report, json_path, html_path, quiet, sarif_path)
 
 
-def finish_drift(report: DriftReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
+def finish_drift(report: DriftReport, json_path: Path | None, html_path: Path | None, quiet: bool,
+                 sarif_path: Path | None = None) -> NoReturn:
     """Write the requested files, render, exit with the verdict's code."""
-    finish_with(report, presentation(), {"json": json_path, "html": html_path}, quiet)
+    finish_with(report, presentation(), {"json": json_path, "html": html_path, "sarif": sarif_path}, quiet)
 
 
 def presentation() -> Presentation[DriftReport]:
-    """How a DriftReport ends its command: JSON, HTML, the summary line, the terminal report."""
-    return Presentation({"json": write_json, "html": write_html}, summary_line, render_drift)
+    """How a DriftReport ends its command: JSON, HTML, SARIF, the summary line, the terminal report."""
+    return Presentation({"json": write_json, "html": write_html, "sarif": write_drift_sarif}, summary_line,
+                        render_drift)
 
 
 def _render_op_window(report: DriftReport, console: Console) -> None:

@@ -54,7 +54,7 @@ _STYLE = {"deterministic": "bold green", "fixed": "bold yellow", "incomplete": "
           "uncontrolled": "bold red"}
 
 
-@click.command(cls=RunCommand)  # its epilog, the exit codes, is set where it joins the group (commands.py)
+@click.command(cls=RunCommand)  # its epilog: the command table (commands.py)
 @script_arguments
 @repeats_option("Repeats per device, of the audit and of each experiment.")
 @devices_option("Device to run on (as for `run`). [default: auto]")

@@ -150,6 +150,11 @@ junit_option = click.option("--junit", "junit_path", type=click.Path(path_type=P
                             help="Write JUnit XML.")
 
 
+sarif_option = click.option("--sarif", "sarif_path", type=click.Path(path_type=Path), default=None,
+                            help="Write SARIF 2.1.0: each finding at its file:line, for GitHub code scanning "
+                                 "(docs/ci.md).")
+
+
 def html_option(help: str = "Write a self-contained HTML report with plots.") -> Callable[..., Any]:
     return click.option("--html", "html_path", type=click.Path(path_type=Path), default=None, help=help)
 
@@ -159,13 +164,13 @@ def quiet_option(help: str = "Print only the verdict line.") -> Callable[..., An
 
 
 def report_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--json, --junit, --html and --quiet: how every command that produces a report delivers it."""
-    return json_option(junit_option(html_option()(quiet_option()(command))))
+    """--json, --junit, --html, --sarif and --quiet: how every command that produces an audit's report delivers it."""
+    return json_option(junit_option(html_option()(sarif_option(quiet_option()(command)))))
 
 
 def check_outputs(json_path: Path | None, junit_path: Path | None, html_path: Path | None = None, *,
                   inputs: Mapping[str, Path] | None = None, save_baseline: Path | None = None,
-                  out_dir: Path | None = None) -> None:
+                  out_dir: Path | None = None, sarif_path: Path | None = None) -> None:
     """Before any repeat runs: the report files can be written (else exit 7 now, not after the run), and
     none would overwrite what the command reads or writes otherwise (else exit 2, `check_distinct`).
 
@@ -175,10 +180,13 @@ def check_outputs(json_path: Path | None, junit_path: Path | None, html_path: Pa
     from detaudit.report.baseline import check_destination
     from detaudit.run.files import check_writable
 
-    if str(json_path) == "-" and str(junit_path) == "-":
-        raise click.UsageError("--json - and --junit - cannot both write to stdout")
-    reports = {option: path for option, path in (("--json", json_path), ("--junit", junit_path),
-                                                 ("--html", html_path)) if path is not None and str(path) != "-"}
+    given = {option: path for option, path in (("--json", json_path), ("--junit", junit_path), ("--html", html_path),
+                                               ("--sarif", sarif_path)) if path is not None}
+    on_stdout = [option for option, path in given.items() if str(path) == "-"]
+    if len(on_stdout) > 1:
+        raise click.UsageError(f"{' - and '.join(on_stdout)} - cannot {'both' if len(on_stdout) == 2 else 'all'} "
+                               "write to stdout")
+    reports = {option: path for option, path in given.items() if str(path) != "-"}
     directories = {option: path for option, path in (("--save-baseline", save_baseline), ("--out", out_dir))
                    if path is not None}
     check_distinct(reports, directories, dict(inputs or {}))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -24,6 +24,7 @@ from detaudit.cli.options import (
     max_steps_option,
     out_option,
     quiet_option,
+    sarif_option,
     script_arguments,
     timeout_option,
 )
@@ -64,7 +65,7 @@ class ResumeCommand(RunCommand):
         return super().parse_args(ctx, [*pulled, *rest])
 
 
-@click.command(cls=ResumeCommand)  # its epilog, the exit codes, is set where it joins the group (commands.py)
+@click.command(cls=ResumeCommand)  # its epilog: the command table (commands.py)
 @script_arguments
 @click.option("--stop-at", type=click.IntRange(min=1), required=True, metavar="K",
               help="Stop the interrupted run right after its K-th optimizer step (as --max-steps K does); the "
@@ -79,10 +80,11 @@ class ResumeCommand(RunCommand):
 @out_option
 @json_option
 @html_option("Write an HTML report.")
+@sarif_option
 @quiet_option()
 @audit_option_group(repeats=2, granularity="module")  # the reference: two repeats of the uninterrupted run
 def resume(options: AuditOptions, stop_at: int, resume_args: str, json_path: Path | None, html_path: Path | None,
-           quiet: bool) -> None:
+           sarif_path: Path | None, quiet: bool) -> None:
     """Does stopping SCRIPT at a checkpoint and resuming it reproduce the uninterrupted run, bit for bit?
 
     Runs, one after the other in this directory: the reference (`SCRIPT ARGS`, twice: a script that does not
@@ -102,7 +104,7 @@ def resume(options: AuditOptions, stop_at: int, resume_args: str, json_path: Pat
     extra = shlex.split(resume_args)
     if not extra:
         raise click.UsageError("--resume-args is empty: give the arguments that make the script resume")
-    check_outputs(json_path, None, html_path, out_dir=options.out_dir,
+    check_outputs(json_path, None, html_path, out_dir=options.out_dir, sarif_path=sarif_path,
                   inputs={"the audited script": options.target.script})
     progress = RepeatsProgress(quiet, 4, "resume check")
 
@@ -113,20 +115,17 @@ def resume(options: AuditOptions, stop_at: int, resume_args: str, json_path: Pat
     with progress:
         report = run_resume(ResumeOptions(options, stop_at, extra), progress.on_done, stage)
     if not isinstance(report, ResumeReport):  # the reference failed or timed out: reported as `run` would
-        finish(report, json_path, None, quiet, html_path,
+        finish(report, json_path, None, quiet, html_path, sarif_path=sarif_path,
                notes=("The resume check needs an uninterrupted run to compare with; this one did not give one.",))
-    _finish(report, json_path, html_path, quiet)
-
-
-def _finish(report: ResumeReport, json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
-    finish_with(report, presentation(), {"json": json_path, "html": html_path}, quiet)
+    finish_with(report, presentation(), {"json": json_path, "html": html_path, "sarif": sarif_path}, quiet)
 
 
 def presentation() -> Presentation[ResumeReport]:
-    """How a ResumeReport ends its command: JSON, HTML, the summary line, the terminal report."""
+    """How a ResumeReport ends its command: JSON, HTML, SARIF, the summary line, the terminal report."""
     from detaudit.report.resume import write_html, write_json
+    from detaudit.report.sarif import write_resume_sarif
 
-    return Presentation({"json": write_json, "html": write_html}, summary_line, render)
+    return Presentation({"json": write_json, "html": write_html, "sarif": write_resume_sarif}, summary_line, render)
 
 
 def summary_line(report: ResumeReport) -> Text:

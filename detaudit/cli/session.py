@@ -69,7 +69,7 @@ class Reporter(Protocol[R_in]):
 
 @dataclass(frozen=True)
 class Presentation(Generic[R]):
-    """How one report kind ends a command: a Reporter per output option (`json`, `junit`, `html`), the one
+    """How one report kind ends a command: a Reporter per output option (`json`, `junit`, `html`, `sarif`), the one
     line `--quiet` prints, and the full terminal rendering."""
 
     files: Mapping[str, Reporter[R]]
@@ -97,21 +97,24 @@ def finish_with(report: R, shown: Presentation[R], paths: Mapping[str, Path | No
 
 
 def finish(report: Report, json_path: Path | None, junit_path: Path | None, quiet: bool,
-           html_path: Path | None = None, notes: tuple[str, ...] = (), exit_code: int | None = None) -> NoReturn:
+           html_path: Path | None = None, notes: tuple[str, ...] = (), exit_code: int | None = None,
+           sarif_path: Path | None = None) -> NoReturn:
     """finish_with for an audit's Report (`notes`: shown just before the closing summary line)."""
-    finish_with(report, audit_presentation(notes), {"json": json_path, "junit": junit_path, "html": html_path},
-                quiet, exit_code)
+    finish_with(report, audit_presentation(notes),
+                {"json": json_path, "junit": junit_path, "html": html_path, "sarif": sarif_path}, quiet, exit_code)
 
 
 def audit_presentation(notes: tuple[str, ...] = ()) -> Presentation[Report]:
-    """How an audit's Report ends `run`, `report`, `explain`, `compare` and `demo`: JSON, JUnit, HTML, the
+    """How an audit's Report ends `run`, `report`, `explain`, `compare` and `demo`: JSON, JUnit, HTML, SARIF, the
     summary line, the terminal report (`notes` just before its closing summary line)."""
     from detaudit.cli.render import render, summary_line
     from detaudit.report.html import write_html
     from detaudit.report.junit import write_junit
     from detaudit.report.model import write_json
+    from detaudit.report.sarif import write_sarif
 
-    return Presentation({"json": write_json, "junit": write_junit, "html": write_html}, summary_line,
+    return Presentation({"json": write_json, "junit": write_junit, "html": write_html, "sarif": write_sarif},
+                        summary_line,
                         lambda r, console: render(r, console, notes))
 
 

@@ -22,20 +22,17 @@ from detaudit.cli.options import (
     option_group,
     out_option,
     quiet_option,
+    sarif_option,
     script_arguments,
     timeout_option,
     torchrun_args_option,
 )
 from detaudit.cli.session import Presentation, err_console, finish_with
-from detaudit.errors import ExitCode
+from detaudit.report.sarif import write_watch_sarif
 from detaudit.report.watch_html import write_watch_html
 from detaudit.report.watch_model import Against, Cadence, WatchReport, WatchSettings, write_watch_json
 from detaudit.results import Ending
 from detaudit.safetext import printable
-
-_EXIT_CODES = ("\b\nExit codes:\n  0    clean: every replayed op agreed bit for bit, the script exited 0\n"
-               "  1    mismatch: an op's replay disagreed (the job was stopped unless --on-mismatch continue)\n"
-               + "".join(f"  {int(code):<4} {code.meaning}\n" for code in ExitCode if code > 1))
 
 
 class CadenceType(click.ParamType):
@@ -64,7 +61,7 @@ def watch_settings(every: int, on_mismatch: str, status_every: Cadence, timeout:
                          nproc_per_node, _torchrun(nproc_per_node, torchrun_args, against))
 
 
-@click.command(cls=RunCommand, epilog=_EXIT_CODES)
+@click.command(cls=RunCommand)
 @script_arguments
 @click.option("--every", type=click.IntRange(min=1), default=WatchSettings.every, show_default=True,
               help="Replay every K-th optimizer step (the first one always).")
@@ -84,10 +81,11 @@ def watch_settings(every: int, on_mismatch: str, status_every: Cadence, timeout:
 @torchrun_args_option("With --nproc-per-node: further torchrun options, as one quoted string.")
 @json_option
 @html_option("Write the report as one self-contained HTML page.")
+@sarif_option
 @quiet_option("Print only the verdict line (on standard error).")
 @option_group(watch_settings, "settings")  # --every ... --torchrun-args
 def watch(script: str, script_args: tuple[str, ...], settings: WatchSettings, out_dir: Path | None,
-          json_path: Path | None, html_path: Path | None, quiet: bool) -> NoReturn:
+          json_path: Path | None, html_path: Path | None, sarif_path: Path | None, quiet: bool) -> NoReturn:
     """Run SCRIPT once and check it while it runs: on the first optimizer step and every --every K-th after
     it, every op is executed a second time on copies of its inputs and must agree bit for bit (a mismatch is
     a nondeterministic kernel or a hardware fault). On the first mismatch the job is stopped before it saves a
@@ -98,18 +96,19 @@ def watch(script: str, script_args: tuple[str, ...], settings: WatchSettings, ou
 
     against = settings.against
     inputs = {"the watched script": Path(script), **({"--against": against} if against is not None else {})}
-    if "-" in (str(json_path), str(html_path)):
-        raise click.UsageError("watch's standard output is the script's own: write --json and --html to files")
-    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs=inputs)
+    if "-" in (str(json_path), str(html_path), str(sarif_path)):
+        raise click.UsageError("watch's standard output is the script's own: write --json, --html and --sarif to "
+                               "files")
+    check_outputs(json_path, None, html_path, out_dir=out_dir, inputs=inputs, sarif_path=sarif_path)
     report = run_watch(script, list(script_args), out_dir, settings,
                        lambda line: err_console.print(escape(printable(line)), soft_wrap=True, highlight=False))
-    finish_with(report, presentation(), {"json": json_path, "html": html_path}, quiet)
+    finish_with(report, presentation(), {"json": json_path, "html": html_path, "sarif": sarif_path}, quiet)
 
 
 def presentation() -> Presentation[WatchReport]:
-    """How a WatchReport ends its command: JSON, HTML, the summary line, the report, all on standard error."""
-    return Presentation({"json": write_watch_json, "html": write_watch_html}, summary_line, render_watch,
-                        on_stderr=True)
+    """How a WatchReport ends its command: JSON, HTML, SARIF, the summary line, the report, all on standard error."""
+    return Presentation({"json": write_watch_json, "html": write_watch_html, "sarif": write_watch_sarif}, summary_line,
+                        render_watch, on_stderr=True)
 
 
 def _torchrun(nproc_per_node: int | None, torchrun_args: str, against: Path | None) -> tuple[str, ...]:

@@ -413,7 +413,7 @@ def test_detaudits_own_failure_is_still_an_internal_error(monkeypatch: pytest.Mo
     assert "This is a bug in detaudit" in capsys.readouterr().err
 
 
-REPORT_OPTIONS = ("--json", "--junit", "--html")
+REPORT_OPTIONS = ("--json", "--junit", "--html", "--sarif")
 
 
 @pytest.mark.parametrize("option", REPORT_OPTIONS)

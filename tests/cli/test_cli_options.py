@@ -117,6 +117,11 @@ def test_report_outputs_are_checked_before_the_run(tmp_path: Path) -> None:
         check_outputs(None, tmp_path)
 
 
+def test_sarif_and_another_report_cannot_both_go_to_stdout() -> None:
+    with pytest.raises(click.UsageError, match="--json - and --sarif - cannot both write to stdout"):
+        check_outputs(Path("-"), None, sarif_path=Path("-"))
+
+
 def test_the_demo_runs_the_shipped_script_at_the_default_granularity(tmp_path: Path) -> None:
     options = demo_options(tmp_path / "demo.py", 4, tmp_path / "out")
     assert options.schedule.repeats == 4

@@ -30,6 +30,7 @@ from detaudit.batch.finding import analyse
 from detaudit.batch.reporting import BatchReport, BatchSettings
 from detaudit.causes.repetition import RepeatedRandomness
 from detaudit.cli import batch_command, drift_command, fix, resume_command, watch_command
+from detaudit.cli.commands import COMMANDS
 from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_report import DriftReport, FloorSummary
 from detaudit.errors import ExitCode
@@ -221,3 +222,13 @@ def test_every_output_of_a_report_names_its_one_verdict(case: Case, tmp_path: Pa
         suite = ET.parse(tmp_path / "out.junit").getroot()
         seen["JUnit fails"] = int(case.code) if int(suite.get("failures", 0)) + int(suite.get("errors", 0)) else 0
     assert (named, seen) == ({name: case.verdict for name in named}, {name: int(case.code) for name in seen})
+
+
+# the commands that end with each mode's report (`run`'s Report: also report, explain, compare)
+COMMANDS_OF = {"run": ("run", "report", "explain", "compare")}
+
+
+@pytest.mark.parametrize("case", RUN + WATCH + BATCH + OTHERS, ids=lambda c: f"{c.mode}: {c.ending}")
+def test_every_ending_s_exit_code_is_in_its_command_s_help(case: Case) -> None:
+    names = COMMANDS_OF.get(case.mode, (case.mode,))
+    assert [row.name for row in COMMANDS if row.name in names and case.code in row.codes] == list(names)

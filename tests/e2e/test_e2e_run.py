@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from audits import DETERMINISTIC, Audit, Cache, Done
+from audits import DETERMINISTIC, SARIF, Audit, Cache, Done
 from conftest import SCRIPTS, CliResult, run_cli, start_allowing
+from sarif_checks import sarif_errors
 
 import detaudit
 from detaudit.trace import MAGIC, read_trace
@@ -112,6 +113,16 @@ def test_unseeded_training_diverges_at_first_differing_tensor(shared: Cache) -> 
     assert first["max_abs_diff"] is not None
     assert first["max_abs_diff"] > 0
     assert_exact_first_divergence(done.run_dir, report)
+
+
+def test_run_sarif_shows_the_first_divergence_on_the_script_s_line(shared: Cache) -> None:
+    done = shared_audit(shared, Audit("train_cnn.py"))  # the run above: `--sarif run.sarif` is every audit's
+    doc = json.loads((done.cwd / SARIF).read_text())
+    first = doc["runs"][0]["results"][0]
+    physical = first["locations"][0]["physicalLocation"]
+    shown = f"{physical['artifactLocation']['uri'].rsplit('/', 1)[-1]}:{physical['region']['startLine']}"
+    assert (sarif_errors(doc), first["ruleId"], first["level"], shown) == \
+        ([], "first-divergence", "error", done.report["first_divergence"]["location"].rsplit("/", 1)[-1])
 
 
 def test_divergence_only_after_some_steps(shared: Cache) -> None:
