@@ -3,7 +3,8 @@ identity, judge B against A's floor, and build the DriftReport (written to the r
 
 Interpreters started: A's perturbation groups plus one (on the CPU 3: plain, threads changed, plain; on CUDA 5,
 as cuBLAS's workspace and cuDNN's algorithm choice are changed too), and B_REPEATS for B: 4 on the CPU; with
-`--baseline` (A kept from an earlier drift run) B's one.
+`--baseline` (A kept from an earlier drift run) B's one. 2 more where records of unknown size are all that keeps
+the verdict undecided (A and B re-recorded to size them: rerecord.py), and 2 for the op window of a drift.
 """
 
 from __future__ import annotations
