@@ -277,7 +277,8 @@ def _render_rerecorded(report: DriftReport, console: Console) -> None:
         return
     sized = [r for r in done.records if r.sized]
     console.print(f"re-recorded A and B once more keeping the full values of {len(done.records)} record(s) of "
-                  f"unknown size ({done.interpreters} interpreters): {len(sized)} sized by re-recording")
+                  f"unknown size ({done.interpreters} interpreters): {len(sized)} sized by re-recording (rows marked "
+                  "`sized`)")
     for r in [r for r in done.records if not r.sized][:5]:
         console.print(f"  not sized: step {r.step} {r.kind} {_clean(r.name)}: {_clean(r.reason)}")
 
@@ -296,7 +297,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
             table.add_column(column)
         for row in report.records[:SHOWN_ROWS]:
             status = ("[red]drift[/]" if row.status == "drift" else "within noise") \
-                + (" (sized by re-recording)" if row.sized else "")
+                + (" (sized)" if row.sized else "")  # by re-recording (_render_rerecorded says so)
             table.add_row(str(row.step), row.kind, _record_name(row), status,
                           _difference(row), f"{row.floor:.3g}",
                           "-" if row.ratio_to_floor is None else f"{row.ratio_to_floor:.3g}", _clean(row.location))

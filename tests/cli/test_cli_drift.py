@@ -190,10 +190,10 @@ def test_a_record_sized_by_re_recording_is_shown_with_its_ratio_and_the_interpre
     monkeypatch.setattr(drift_check, "run_drift", lambda options, a, b, *_: sized(a, b))
     result = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False, env={"COLUMNS": "250"})
     shown = " ".join(result.output.split())
-    assert "drift (sized by re-recording)" in shown
+    assert "drift (sized)" in shown
     assert "train.py:9: 1e+10x floor (sized by re-recording: the largest |B-A| over all 32 elements)" in shown
     assert "re-recorded A and B once more keeping the full values of 2 record(s) of unknown size (2 interpreters): " \
-           "1 sized by re-recording" in shown
+           "1 sized by re-recording (rows marked `sized`)" in shown
     assert "not sized: step 1 param 0.bias: the re-recording of B does not reproduce the first" in shown
     assert "2 interpreters started (2 to size records by re-recording)" in shown
 
