@@ -9,6 +9,7 @@ reproduce the first ones (the same digests, and the kept elements show the recor
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,12 +20,13 @@ from detaudit.audit.pipeline import AuditOptions
 from detaudit.compare.identity import Identity, Value
 from detaudit.compare.noise_floor import Judged, judge_sized
 from detaudit.compare.traces import gaps
-from detaudit.drift.configurations import Configuration
+from detaudit.drift.configurations import Configuration, floor_perturbation
 from detaudit.drift.drift_report import Rerecorded, RerecordedRecord
 from detaudit.drift.rank_views import rank_traces, side_view
 from detaudit.drift.recordings import record
 from detaudit.errors import Inconclusive, TraceError
 from detaudit.results import Ending, RepeatResult
+from detaudit.run.devices import resolve_devices
 from detaudit.trace.format import sample_positions
 from detaudit.trace.values import FullValues, ValuesKey, read_values, values_path
 
@@ -50,10 +52,12 @@ def rerecord(options: AuditOptions, sides: tuple[Configuration, Configuration], 
     keys = [[j.identity.step, j.identity.kind, j.identity.name, j.identity.occurrence, j.identity.rank]
             for j, _, _ in unsized]
     per_rank = sides[0].world_size == sides[1].world_size
+    # A as its first plain repeat ran: the floor's perturbation, whose first repeat runs every setting plain
+    plain = floor_perturbation(sides[0], resolve_devices((sides[0].device,)), os.cpu_count())
     read = []
-    for config in sides:
-        [result] = record(options, config, run_dir, 1, None, on_done, prefix=f"{PREFIX}-{config.label.lower()}",
-                          child_config={"full_values": keys})
+    for config, perturbation in zip(sides, (plain, None), strict=True):
+        [result] = record(options, config, run_dir, 1, perturbation, on_done,
+                          prefix=f"{PREFIX}-{config.label.lower()}", child_config={"full_values": keys})
         read.append(read_side(config, run_dir, result, per_rank))
     return size(unsized, (read[0], read[1]))
 
