@@ -29,17 +29,18 @@ def empty() -> DriftReport:
     return DriftReport("train.py", [], "run", "inconclusive", A, B, [], [], FloorSummary(10.0, 2, [], 0.0, None))
 
 
-def recording(tmp_path: Path, name: str, digest: int, elements: np.ndarray | None = None) -> Path:
-    """One repeat's trace holding the gradient under `digest`, and its side file keeping `elements` if given."""
+def recording(tmp_path: Path, name: str, digest: int, elements: np.ndarray | None = None, cap: int = 1 << 20) -> Path:
+    """One repeat's trace holding the gradient under `digest`, and its side file keeping `elements` if given
+    (at most `cap` bytes of them)."""
     trace = write_trace(tmp_path / f"{name}.trace", [Rec("fc", 1), GRAD.but(digest=digest)], footer={})
     if elements is not None:
-        writer = ValuesWriter(tmp_path / f"{name}.values")
+        writer = ValuesWriter(tmp_path / f"{name}.values", cap)
         writer.add(ValuesKey(0, "grad", "fc.weight"), "float32", [8], elements.tobytes())
         writer.close()
     return trace
 
 
-def judged_after_rerecording(tmp_path: Path, b_again: int) -> DriftReport:
+def judged_after_rerecording(tmp_path: Path, b_again: int, cap: int = 1 << 20) -> DriftReport:
     """A's three repeats and B (another digest, the same samples: B adds 1000 at position 1), then A and B
     re-recorded keeping the gradient's elements (B's re-recording under digest `b_again`)."""
     traces_a = [[recording(tmp_path, f"a-{i}", 10)] for i in range(3)]
@@ -47,7 +48,7 @@ def judged_after_rerecording(tmp_path: Path, b_again: int) -> DriftReport:
     elements_b = ELEMENTS_A.copy()
     elements_b[1] += 1000
     recording(tmp_path, "sized-a-0", 10, ELEMENTS_A)
-    recording(tmp_path, "sized-b-0", b_again, elements_b)
+    recording(tmp_path, "sized-b-0", b_again, elements_b, cap)
     sides = tuple(read_side(config, tmp_path, RepeatResult(0, "cpu", 0, 1.0, False, f"sized-{label}-0.trace",
                                                            "o", "e", ""), True)
                   for config, label in ((A, "a"), (B, "b")))
@@ -87,3 +88,11 @@ def test_with_b_kept_no_interpreter_starts_and_the_report_says_a_run_without_b_f
 def test_the_re_recording_s_two_interpreters_are_counted(tmp_path: Path) -> None:
     report = judged_after_rerecording(tmp_path, 11)
     assert (report.rerecorded and report.rerecorded.interpreters, report.interpreters) == (2, 2)
+
+
+def test_a_record_over_the_side_file_s_cap_stays_of_unknown_size_and_says_why(tmp_path: Path) -> None:
+    report = judged_after_rerecording(tmp_path, 11, cap=16)  # 8 float32 elements: 32 bytes
+    assert report.rerecorded is not None
+    assert (report.verdict, report.rerecorded.records[0].reason) == (
+        "inconclusive", "the re-recording of B kept no elements of it: its 32 bytes of elements would exceed the side "
+                        "file's cap of 16 bytes per run")
