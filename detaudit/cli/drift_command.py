@@ -207,9 +207,10 @@ def _clean(text: object) -> str:
 
 
 def _ratio(ratio: float | None, detail: str | None = None) -> str:
-    if detail is not None:
-        return _clean(detail)
-    return "beyond any floor" if ratio is None else f"{ratio:.3g}x floor"
+    """`3.2x floor` (with how it was sized, where it was re-recorded), or why a record has no ratio."""
+    if ratio is None:
+        return "beyond any floor" if detail is None else _clean(detail)
+    return f"{ratio:.3g}x floor" + ("" if detail is None else f" ({_clean(detail)})")
 
 
 def summary_line(report: DriftReport) -> str:
@@ -222,8 +223,8 @@ def summary_line(report: DriftReport) -> str:
             + (f", {c.structure} only one side holds (structure)" if c.structure else "")
     first = report.first_drift
     if first is not None:
-        size = "structure" if first.structure else "size unknown" if first.detail is not None \
-            else _ratio(first.ratio_to_floor)
+        size = "structure" if first.structure else "size unknown" if first.ratio_to_floor is None \
+            and first.detail is not None else _ratio(first.ratio_to_floor)
         text += f" · first drift: step {first.step} {first.kind} {_clean(first.name)} ({size})"
         if first.factor is not None:
             text += f", constant factor {first.factor:g}"
@@ -296,6 +297,19 @@ def _render_ranks(report: DriftReport, console: Console) -> None:
                       f"{_clean(d.name)} differs from rank 0's (rank 0's is compared)")
 
 
+def _render_rerecorded(report: DriftReport, console: Console) -> None:
+    """The records of unknown size A and B were re-recorded to size: how many were, and why the others were not."""
+    done = report.rerecorded
+    if done is None:
+        return
+    sized = [r for r in done.records if r.sized]
+    console.print(f"re-recorded A and B once more keeping the full values of {len(done.records)} record(s) of "
+                  f"unknown size ({done.interpreters} interpreters): {len(sized)} sized by re-recording (rows marked "
+                  "`sized`)")
+    for r in [r for r in done.records if not r.sized][:5]:
+        console.print(f"  not sized: step {r.step} {r.kind} {_clean(r.name)}: {_clean(r.reason)}")
+
+
 def render_drift(report: DriftReport, console: Console) -> None:
     console.print(f"[bold]detaudit drift[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
     kept = f" (kept from {_clean(report.baseline)})" if report.baseline else ""
@@ -309,7 +323,8 @@ def render_drift(report: DriftReport, console: Console) -> None:
         for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
             table.add_column(column)
         for row in report.records[:SHOWN_ROWS]:
-            status = "[red]drift[/]" if row.status == "drift" else "within noise"
+            status = ("[red]drift[/]" if row.status == "drift" else "within noise") \
+                + (" (sized)" if row.sized else "")  # by re-recording (_render_rerecorded says so)
             table.add_row(str(row.step), row.kind, _record_name(row), status,
                           _difference(row), f"{row.floor:.3g}",
                           "-" if row.ratio_to_floor is None else f"{row.ratio_to_floor:.3g}", _clean(row.location))
@@ -331,7 +346,10 @@ def render_drift(report: DriftReport, console: Console) -> None:
     for cause in report.causes:
         console.print(f"[bold]candidate[/] {_clean(cause.setting)}: {_clean(cause.change())} "
                       f"({cause.family}): {_clean(cause.why)}")
+    _render_rerecorded(report, console)
     started = report.interpreters
+    parts = [f"{report.rerecorded.interpreters} to size records by re-recording"] if report.rerecorded else []
+    parts += [f"{report.op_runs} for the op window"] if report.op_runs else []
     console.print(f"{started} interpreter{'s' if started != 1 else ''} started"
-                  + (f" ({report.op_runs} for the op window)" if report.op_runs else ""))
+                  + (f" ({', '.join(parts)})" if parts else ""))
     console.print(summary_line(report), soft_wrap=True)

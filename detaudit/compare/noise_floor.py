@@ -55,8 +55,12 @@ def magnitude(value: Value) -> float:
 def ulp_bound(value: Value, scale: float = 0.0) -> float:
     """ULPS units in the last place of the record's dtype at its magnitude, or at `scale` where that is larger
     (0 for integers, booleans and records with neither: those are exact)."""
-    bits = MANTISSA_BITS.get(value.dtype)
-    at = max(magnitude(value), scale)
+    return ulp_at(value.dtype, max(magnitude(value), scale))
+
+
+def ulp_at(dtype: str, at: float) -> float:
+    """ULPS units in the last place of `dtype` at magnitude `at` (0 for an exact dtype or a magnitude of 0)."""
+    bits = MANTISSA_BITS.get(dtype)
     if bits is None or at == 0.0:
         return 0.0
     return ULPS * 2.0 ** (math.frexp(at)[1] - 1 - bits)
@@ -89,8 +93,9 @@ class Judged:
     difference: float
     floor: float
     ratio: float | None
-    detail: str | None = None
+    detail: str | None = None  # why a drift has no size, or how its size was found (SIZED)
     unrecorded: bool = False  # a tensor whose digest differs where no sample sits: its size is unknown
+    sized: bool = False  # ... whose size was then found from every element, re-recorded (judge_sized)
 
 
 def unsized(value: Value) -> str:
@@ -121,6 +126,24 @@ def judge_record(plain: Value, others: Sequence[Value], b: Value, scale: float =
     ratio = moved / floor if floor > 0 and math.isfinite(moved) else None
     beyond = ratio is None or ratio > K
     return Judged(plain.identity, "drift" if beyond else "within-noise", moved, floor, ratio)
+
+
+SIZED = "sized by re-recording"
+
+
+def judge_sized(unsized: Judged, dtype: str, a: np.ndarray, b: np.ndarray) -> Judged:
+    """A record of unknown size (`unsized`: its digests differ where no sample sits) judged from every element of
+    A's and B's re-recordings of it (`a`, `b`: the same dtype and shape as the first ones, whose digests they
+    reproduced): the difference is the exact largest |B-A| over all elements; the floor A's spread as measured, at
+    least the ULP bound at the record's largest magnitude, now known exactly. Within K times it or beyond, as any
+    record."""
+    moved = math.inf if a.shape != b.shape else float(gaps(a, b).max()) if a.size else 0.0
+    finite = np.abs(a[np.isfinite(a)])
+    floor = max(unsized.floor, ulp_at(dtype, float(finite.max()) if finite.size else 0.0))
+    ratio = None if not math.isfinite(moved) else moved / floor if floor > 0 else 0.0 if moved == 0 else None
+    beyond = ratio is None or ratio > K
+    return Judged(unsized.identity, "drift" if beyond else "within-noise", moved, floor, ratio,
+                  f"{SIZED}: the largest |B-A| over all {a.size} elements", sized=True)
 
 
 def judge(alignment: Alignment, plain: Mapping[Identity, Value], others: Sequence[Mapping[Identity, Value]],

@@ -3,14 +3,15 @@ identity, judge B against A's floor, and build the DriftReport (written to the r
 
 Interpreters started: A's perturbation groups plus one (on the CPU 3: plain, threads changed, plain; on CUDA 5,
 as cuBLAS's workspace and cuDNN's algorithm choice are changed too), and B_REPEATS for B: 4 on the CPU; with
-`--baseline` (A kept from an earlier drift run) B's one.
+`--baseline` (A kept from an earlier drift run) B's one. 2 more where records of unknown size are all that keeps
+the verdict undecided (A and B re-recorded to size them: rerecord.py), and 2 for the op window of a drift.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,8 +45,9 @@ from detaudit.drift.drift_report import (
     write_json,
 )
 from detaudit.drift.op_window import op_window
-from detaudit.drift.rank_views import disagreements, not_comparable, rank_traces, side_view
+from detaudit.drift.rank_views import SideView, disagreements, not_comparable, rank_traces, side_view
 from detaudit.drift.recordings import record
+from detaudit.drift.rerecord import rerecord
 from detaudit.errors import Inconclusive, TraceError, UsageError
 from detaudit.results import Divergence, Ending, RepeatResult
 from detaudit.run.devices import resolve_devices
@@ -100,7 +102,7 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
                                                                  0.0, None))
     failure = _failure(results_a, results_b)
     report = replace(report, verdict=failure[0], reason=failure[1]) if failure else \
-        judged_report(report, traces_a, traces_b, (place_a, place_b))
+        _judged(options, report, (traces_a, traces_b), (place_a, place_b), kept_b is not None, on_done)
     first = report.first_drift
     # op records are per-rank activations: across world sizes they come from other samples (rank_views.py); a
     # drift that starts in an update has no recorded op to name (FirstDrift.starts_in_update)
@@ -113,6 +115,32 @@ def run_drift(options: AuditOptions, a: Configuration, b: Configuration,
             raise
     write_json(report, run_dir / DRIFT_FILE, mode=0o600)
     return report
+
+
+def sizing_decides(report: DriftReport) -> bool:
+    """Records of unknown size are all that keeps the verdict from being decided: nothing drifts, A agrees with
+    itself. Only then are A and B re-recorded to size them (a drift fails the gate whatever their size)."""
+    return report.verdict == "inconclusive" and report.counts.size_unknown > 0 and report.a_disagrees is None
+
+
+def _judged(options: AuditOptions, report: DriftReport, traces: tuple[Sequence[Sequence[Path]], Sequence[Path]],
+            places: tuple[Path, Path], b_kept: bool, on_done: Callable[[RepeatResult], None] | None) -> DriftReport:
+    """The report judged (judged_report); where records of unknown size are all that keeps it undecided, judged
+    again with them sized by re-recording A and B (drift/rerecord.py), unless B is kept (`b_kept`: --b-from, no
+    interpreter may start): then it says so."""
+    judged = judged_report(report, *traces, places)
+    if not sizing_decides(judged):
+        return judged
+    if b_kept:
+        return replace(judged, reason=f"{judged.reason}; B is kept (--b-from): a run without --b-from would size "
+                                      "them by re-recording A and B (2 interpreters)")
+    run_dir = Path(judged.run_dir)
+    try:
+        sized, done = rerecord(options, (judged.a, judged.b), run_dir, size_unknown(judged, *traces), on_done)
+    except Interrupted as exc:
+        exc.run_dir = run_dir
+        raise
+    return replace(judged_report(report, *traces, places, sized), rerecorded=done)
 
 
 def load_baseline(baseline: Path, script: Path, option: str = "--baseline",
@@ -178,12 +206,13 @@ def _failure(results_a: Sequence[RepeatResult], results_b: Sequence[RepeatResult
 
 
 def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], traces_b: Sequence[Path],
-                  places: tuple[Path, Path]) -> DriftReport:
+                  places: tuple[Path, Path], sized: Mapping[Identity, Judged] | None = None) -> DriftReport:
     """The report with B judged against A's floor, read from the recordings (each repeat's traces: one per rank,
     rank 0's first; per-rank records compared only when A and B run the same world size, rank_views.py), then
     their ends (stdout, exit status) and A's own plain repeats. `places`: the directories A's and B's repeats'
-    files lie in (stdout paths are relative to them)."""
-    judged = _judged_records(report, traces_a, traces_b)
+    files lie in (stdout paths are relative to them). `sized`: records of unknown size judged from a
+    re-recording's full values (drift/rerecord.py), in place of their first judgement."""
+    judged = _judged_records(report, traces_a, traces_b, sized or {})
     if not judged.counts.aligned:  # cut short, or nothing in common: nothing judged
         return judged
     return _judged_ends(judged, traces_a, places)
@@ -233,16 +262,31 @@ def _outcome(found: Divergence) -> OutcomeDrift:
                         next((text for i, text in printed.lines.items() if i != printed.reference), None))
 
 
-def _judged_records(report: DriftReport, traces_a: Sequence[Sequence[Path]],
-                    traces_b: Sequence[Path]) -> DriftReport:
-    """The records judged: each aligned record against A's floor, those one side lacks as structure."""
+def _views(report: DriftReport, traces_a: Sequence[Sequence[Path]], traces_b: Sequence[Path]
+           ) -> tuple[list[SideView], SideView]:
+    """A's repeats and B as judged (rank_views.side_view); Inconclusive for a recording cut short."""
     missing = [p for p in [*(p for paths in traces_a for p in paths), *traces_b] if not p.is_file()]
     if missing:
         raise TraceError(f"{missing[0]}: the repeat left no trace")
     per_rank = report.a.world_size == report.b.world_size
+    return [side_view(paths, per_rank) for paths in traces_a], side_view(traces_b, per_rank)
+
+
+def size_unknown(report: DriftReport, traces_a: Sequence[Sequence[Path]], traces_b: Sequence[Path]
+                 ) -> list[tuple[Judged, Value, Value]]:
+    """The records of unknown size, each with A's first plain record and B's (as `_judged_records` judged them)."""
+    views_a, view_b = _views(report, traces_a, traces_b)
+    plain, b = views_a[0].recording, view_b.recording
+    judged = judge(align(plain, b), plain, [v.recording for v in views_a[1:]], b)
+    return [(j, plain[j.identity], b[j.identity]) for j in judged if j.unrecorded]
+
+
+def _judged_records(report: DriftReport, traces_a: Sequence[Sequence[Path]],
+                    traces_b: Sequence[Path], sized: Mapping[Identity, Judged]) -> DriftReport:
+    """The records judged: each aligned record against A's floor (or as `sized`), those one side lacks as
+    structure."""
     try:
-        views_a = [side_view(paths, per_rank) for paths in traces_a]
-        view_b = side_view(traces_b, per_rank)
+        views_a, view_b = _views(report, traces_a, traces_b)
     except Inconclusive as exc:  # a recording cut short: no verdict rests on it (compare/identity.whole)
         return replace(report, reason=str(exc))
     recordings_a = [v.recording for v in views_a]
@@ -250,7 +294,7 @@ def _judged_records(report: DriftReport, traces_a: Sequence[Sequence[Path]],
     report = replace(report, not_comparable=not_comparable(views_a[0], view_b),
                      rank_disagreements=disagreements(views_a[0], view_b))
     alignment = align(recordings_a[0], recording_b)
-    judged = judge(alignment, recordings_a[0], recordings_a[1:], recording_b)
+    judged = [sized.get(j.identity, j) for j in judge(alignment, recordings_a[0], recordings_a[1:], recording_b)]
     if not judged:
         return replace(report, reason="A and B hold no record in common (nothing recorded, or nothing aligned)",
                        only_a=_names(alignment.only_a), only_b=_names(alignment.only_b))
@@ -263,7 +307,8 @@ def _judged_records(report: DriftReport, traces_a: Sequence[Sequence[Path]],
         report, verdict=verdict, first_drift=first,
         reason=None if verdict != "inconclusive" else (
             f"{len(unsized)} record(s) of B differ where the trace samples no element (first: step "
-            f"{unsized[0].identity.step} {unsized[0].identity.kind} {unsized[0].identity.name}): their size is "
+            f"{unsized[0].identity.step} {unsized[0].identity.kind} {unsized[0].identity.name}"
+            + (f": {unsized[0].detail}" if unsized[0].identity in sized else "") + "): their size is "
             "unknown, so B is neither shown within noise nor beyond it"),
         floor=replace(report.floor, largest_floor=max(j.floor for j in judged),
                       largest_ratio=max(ratios, default=None)),
@@ -322,7 +367,7 @@ def _row(judged: Judged, value: Value) -> RecordRow:
     i = judged.identity
     return RecordRow(i.step, i.kind, i.name, i.occurrence, value.module, value.location, judged.status,
                      judged.difference if math.isfinite(judged.difference) else None, judged.floor, judged.ratio,
-                     i.rank, judged.detail)
+                     i.rank, judged.detail, judged.sized)
 
 
 def _names(identities: Sequence[Identity]) -> list[RecordName]:

@@ -38,7 +38,8 @@ class RecordRow:
     floor: float
     ratio_to_floor: float | None
     rank: int = 0  # a per-rank record of two runs with the same world size
-    detail: str | None = None  # why a drift has no size (compare/noise_floor.py `unsized`), or no pair
+    detail: str | None = None  # why a drift has no size (compare/noise_floor.py `unsized`), or no pair, or how sized
+    sized: bool = False  # its size was unknown and found by re-recording (drift/rerecord.py): from every element
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,29 @@ class RecordName:
     name: str
     occurrence: int
     rank: int = 0
+
+
+@dataclass(frozen=True)
+class RerecordedRecord:
+    """A record of unknown size that A and B were re-recorded to size (drift/rerecord.py): `sized`, or why not
+    (`reason`: the re-recording did not reproduce the first, its values were over the cap, ...)."""
+
+    step: int
+    kind: str
+    name: str
+    occurrence: int
+    rank: int
+    sized: bool
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Rerecorded:
+    """The re-recording that sized records of unknown size: A (plain) and B run once more, keeping those records'
+    full values; the interpreters it started, and each record asked for."""
+
+    interpreters: int
+    records: list[RerecordedRecord] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -188,6 +212,7 @@ class DriftReport(Codable):
     outcome: OutcomeDrift | None = None  # B's stdout or exit status differs from A's: a drift
     stdout_unsteady: list[int] = field(default_factory=list)  # stdout lines A's own repeats print otherwise (first 20)
     a_disagrees: str | None = None  # A's own plain repeats differ (the script is nondeterministic under A): where
+    rerecorded: Rerecorded | None = None  # records of unknown size re-recorded to size them (None: not run)
 
     @property
     def exit_code(self) -> int:
@@ -197,9 +222,9 @@ class DriftReport(Codable):
     @property
     def interpreters(self) -> int:
         """Interpreters this check started: A's repeats (none when kept from a baseline), B's (none when kept with
-        --b-from), the op window's."""
+        --b-from), the re-recording's, the op window's."""
         return (0 if self.baseline else len(self.results_a)) + (0 if self.b_from else len(self.results_b)) \
-            + self.op_runs
+            + (self.rerecorded.interpreters if self.rerecorded else 0) + self.op_runs
 
 
 def to_json(report: DriftReport) -> dict[str, Any]:

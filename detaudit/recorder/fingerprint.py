@@ -27,6 +27,7 @@ import xxhash
 
 from detaudit.trace import N_SAMPLES
 from detaudit.trace.dtypes import DTYPE_ORDER
+from detaudit.trace.format import sample_positions
 
 # Looked up by name because older torch releases lack the unsigned and float8 types.
 DTYPE_CODES: dict[torch.dtype, int] = {
@@ -191,8 +192,7 @@ def sample_layout(dtype: torch.dtype, numel: int) -> SampleLayout:
     if fmt is None or numel == 0:
         return SampleLayout(None, (), False)
     item = dtype.itemsize
-    last = numel - 1
-    positions = (0, last // 3, (2 * last) // 3, last)
+    positions = sample_positions(numel)
     unique = sorted(set(positions))
     code, width = fmt[1], struct.calcsize(fmt)
     parts, cursor = ["<"], 0

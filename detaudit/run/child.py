@@ -129,7 +129,7 @@ class Session:
     def on_torch_import(self, torch_module: ModuleType) -> None:
         import detaudit.recorder
         from detaudit.recorder import checkpoints, ops
-        from detaudit.recorder.core import Recorder
+        from detaudit.recorder.full_values import recorder_for
         from detaudit.recorder.hooks import Hooks
         from detaudit.trace import TraceWriter
 
@@ -148,7 +148,7 @@ class Session:
             **({"distributed": self.config["distributed"]} if self.config.get("distributed") else {}),
         }
         writer = TraceWriter(Path(self.config["trace"]), header)
-        self.recorder = Recorder(writer)
+        self.recorder = recorder_for(writer, self.config, Path(self.config["trace"]))  # drift's re-recording
         self.recorder.perturb_at = self.config.get("perturb_record")  # --self-check only
         evidence.attach(self.recorder, torch_module)  # before the hooks: its first-forward event precedes records
         self.hooks = Hooks(self.recorder)

@@ -13,6 +13,15 @@ MAGIC = b"\x89DTRACE\n"
 FORMAT_NAME = "detaudit-trace"
 FORMAT_VERSION = 2  # 2: BUFFER records, and torch.save's non-tensor values as SAVE records
 N_SAMPLES = 4
+
+
+def sample_positions(numel: int) -> tuple[int, ...]:
+    """Where a tensor's N_SAMPLES sampled elements sit in its C-order elements (numel > 0): the first, at 1/3, at
+    2/3 and the last (a tiny tensor repeats positions)."""
+    last = numel - 1
+    return (0, last // 3, (2 * last) // 3, last)
+
+
 FRAME_HEAD = struct.Struct("<cI")  # tag (1 byte) | payload length (u32 LE)
 FRAME_TAGS = b"HSREF"  # header, strings, records, evidence event, footer
 # What a trace may hold: the reader refuses more (it bounds compare's memory), so the writer stops before it

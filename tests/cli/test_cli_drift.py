@@ -27,6 +27,8 @@ from detaudit.drift.drift_report import (
     OutcomeDrift,
     RankDisagreement,
     RecordRow,
+    Rerecorded,
+    RerecordedRecord,
     write_json,
 )
 from detaudit.errors import ExitCode
@@ -168,6 +170,37 @@ def test_a_drift_of_unknown_size_says_so_instead_of_a_ratio(script: Path, monkey
     monkeypatch.setattr(drift_check, "run_drift", run_drift)
     result = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False, env={"COLUMNS": "200"})
     assert "train.py:9: differs at an unrecorded position: size unknown" in result.output
+
+
+def sized(a: Configuration, b: Configuration) -> DriftReport:
+    """A drift whose first record's size was unknown and found by re-recording (1000 at an unsampled element)."""
+    report = drifted(a, b)
+    assert report.first_drift is not None
+    row = RecordRow(0, "param", "0.bias", 0, "", "train.py:9", "drift", 1000.0, 1e-7, 1e10,
+                    detail="sized by re-recording: the largest |B-A| over all 32 elements", sized=True)
+    rerecorded = Rerecorded(2, [RerecordedRecord(0, "param", "0.bias", 0, 0, True),
+                                RerecordedRecord(1, "param", "0.bias", 0, 0, False, "the re-recording of B does not "
+                                                 "reproduce the first (another digest): no evidence of its elements")])
+    return replace(report, records=[row], rerecorded=rerecorded,
+                   first_drift=replace(report.first_drift, ratio_to_floor=1e10, detail=row.detail))
+
+
+def test_a_record_sized_by_re_recording_is_shown_with_its_ratio_and_the_interpreters_it_cost(
+        script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(drift_check, "run_drift", lambda options, a, b, *_: sized(a, b))
+    result = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False, env={"COLUMNS": "250"})
+    shown = " ".join(result.output.split())
+    assert "drift (sized)" in shown
+    assert "train.py:9: 1e+10x floor (sized by re-recording: the largest |B-A| over all 32 elements)" in shown
+    assert "re-recorded A and B once more keeping the full values of 2 record(s) of unknown size (2 interpreters): " \
+           "1 sized by re-recording (rows marked `sized`)" in shown
+    assert "not sized: step 1 param 0.bias: the re-recording of B does not reproduce the first" in shown
+    assert "2 interpreters started (2 to size records by re-recording)" in shown
+
+
+def test_the_summary_line_shows_a_sized_first_drift_s_ratio_not_size_unknown() -> None:
+    assert "first drift: step 0 grad fc.weight (1e+10x floor)" in summary_line(sized(Configuration("A"),
+                                                                                      Configuration("B")))
 
 
 def kept_run(path: Path) -> Path:

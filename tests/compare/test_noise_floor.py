@@ -7,16 +7,19 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 from synthetic import Rec, write_trace
 
 from detaudit.compare.identity import Alignment, Identity, Value
 from detaudit.compare.noise_floor import (
+    Judged,
     K,
     difference,
     first_drift,
     floor_of,
     judge,
     judge_record,
+    judge_sized,
     overall,
     own_disagreement,
     ratios_over_steps,
@@ -180,3 +183,26 @@ def test_a_saved_string_that_differs_makes_the_verdict_a_drift() -> None:
     """A string cannot move by reordering: another one is a change, whatever its size."""
     a = Value(Identity(0, "save", "note"), "", "train.py:9", "str", "", 1, (0.0, 0.0, 0.0, 0.0), True)
     assert overall([judge_record(a, [], replace(a, digest=2))], Alignment((a.identity,), (), ())) == "drift"
+
+
+def unsized(floor: float) -> Judged:
+    """A record whose digests differ where no sample sits (judge_record's unknown size), A's floor there."""
+    return Judged(Identity(0, "param", "0.bias"), "drift", math.inf, floor, None, "size unknown", True)
+
+
+def test_a_record_sized_from_every_element_is_within_noise_where_its_largest_difference_is() -> None:
+    a = np.array([0.5, 0.25, -1.0, 2.0])
+    judged = judge_sized(unsized(1e-7), "float32", a, a + np.array([0.0, 2.0 ** -22, 0.0, 0.0]))
+    assert (judged.status, judged.difference, judged.sized) == ("within-noise", 2.0 ** -22, True)
+
+
+def test_a_record_sized_from_every_element_drifts_beyond_k_times_its_floor() -> None:
+    a = np.array([0.5, 0.25, -1.0, 2.0])
+    judged = judge_sized(unsized(1e-7), "float32", a, a + np.array([0.0, 1000.0, 0.0, 0.0]))
+    assert (judged.status, judged.difference) == ("drift", 1000.0)
+
+
+def test_a_sized_record_s_floor_is_at_least_the_ulp_bound_at_its_largest_element() -> None:
+    """The samples showed 2.0 at most; an unsampled element of 1000 makes 2 ULP there 1.2e-4."""
+    a = np.array([0.5, 1000.0, -1.0, 2.0])
+    assert judge_sized(unsized(1e-7), "float32", a, a).floor == 2 * 2.0 ** (9 - 23)
