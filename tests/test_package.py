@@ -86,7 +86,6 @@ FUNCTIONS_OVER_THE_CAPS = {
     "drift/drift_check.py:run_drift": (25, 56),
     "explain/runner.py:experiment_verdict": (22, 36),
     "fix/trials.py:run_fix": (24, 57),
-    "recorder/checkpoints.py:role_of": (33, 35),
     "report/junit.py:to_junit": (22, 58),
     "report/model.py:Report.inconclusive_reason": (23, 40),
 }
