@@ -12,6 +12,9 @@ state copied, so BatchNorm statistics and caches of the real module never move),
 with the RNG states (CPU, CUDA when initialised) restored afterwards, and with every other hook of the
 recorder paused, so the script computes and records exactly what a plain run would. Results reach the
 trace as evidence events (`batch-call`, `batch-skip`, `batch-origin`: docs/trace-format.md, docs/batch.md).
+
+Its parts: the row arithmetic and comparison (recorder/batchrows.py), the origin search (recorder/batchorigin.py),
+a call's batch dim (recorder/batchdim.py), probing outside the script's process (recorder/batchisolation.py).
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import copy
 import random
 import sys
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,23 +35,34 @@ from detaudit.events import (
     BatchCallEvent,
     BatchOriginEvent,
     BatchSkipEvent,
-    BatchSpot,
     BatchSubset,
     Event,
     SkipReason,
     SubsetKind,
 )
-from detaudit.recorder import batchisolation
+from detaudit.recorder import batchisolation, batchorigin
 from detaudit.recorder.batchdim import Declared, decide, declared_batch
-from detaudit.recorder.batchknob import batch_invariant_knob
+from detaudit.recorder.batchorigin import CAPTURE_LIMIT, Flow
+from detaudit.recorder.batchrows import (
+    RowDiff,
+    Rows,
+    aggregates,
+    batch_rows,
+    compare_values,
+    default_sizes,
+    halving_ladder,
+    mixable,
+    rebuild,
+    storage,
+    tensors,
+)
+from detaudit.recorder.batchrows import compare_rows as compare_rows  # the probe's module names its comparison
 from detaudit.recorder.compiled import compiling
-from detaudit.recorder.core import Recorder, iter_tensors
+from detaudit.recorder.core import Recorder
 from detaudit.recorder.location import display_path, user_frame
 from detaudit.recorder.scratch import results, scratch_outputs
 
 CONFIG_KEY = "batch"  # the child config's entry that turns the probe on
-_CAPTURE_LIMIT = 200_000  # op calls watched in one origin search (each subset op keeps its tensors)
-_CANDIDATES = 1_000  # differing calls (inputs' rows agreeing) kept per kind in one origin search
 _DROPOUT = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
             torch.nn.FeatureAlphaDropout)
 
@@ -68,206 +81,6 @@ class ProbeSettings:
         dim = raw.get("batch_dim")
         return cls(module=raw.get("module"), batch_dim=None if dim is None else int(dim),
                    sizes=tuple(int(k) for k in raw.get("sizes", ())), locate=int(raw.get("locate", 1)))
-
-
-def halving_ladder(n: int) -> list[int]:
-    """PyTorch's batch-invariance harness's sizes below a batch of `n` rows: n/2, n/4, ..., 1 (integer halving;
-    256 rows: 128, 64, 32, 16, 8, 4, 2, 1; 48: 24, 12, 6, 3, 1), largest first."""
-    sizes: list[int] = []
-    k = n // 2
-    while k >= 1:
-        sizes.append(k)
-        k //= 2
-    return sizes
-
-
-def odd_size(n: int) -> int | None:
-    """The odd prefix size probed beside the ladder (7, or the largest odd size below a small batch), or None when
-    the ladder has it already. A power-of-two ladder's rungs are multiples of a kernel's row block except its
-    smallest; a full block with a remainder after it shows only at another size (docs/batch.md)."""
-    odd = 7 if n > 8 else (n - 1 if n % 2 == 0 else n - 2)
-    return odd if 1 <= odd < n and odd not in halving_ladder(n) else None
-
-
-def default_sizes(n: int) -> list[int]:
-    """Prefix sizes probed for a batch of `n` rows: the halving ladder and the odd size, ascending."""
-    odd = odd_size(n)
-    return sorted([*halving_ladder(n), *([odd] if odd is not None else [])])
-
-
-def _rebuild(value: Any, fn: Callable[[torch.Tensor], Any], depth: int = 0) -> Any:
-    """`value` with each tensor replaced by `fn(tensor)`, in `iter_tensors`' order (tuples, lists, dicts)."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if depth > 8:
-        return value
-    if isinstance(value, dict):
-        return type(value)((k, _rebuild(v, fn, depth + 1)) for k, v in value.items()) \
-            if type(value) is not dict else {k: _rebuild(v, fn, depth + 1) for k, v in value.items()}
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*(_rebuild(v, fn, depth + 1) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_rebuild(v, fn, depth + 1) for v in value)
-    return value
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    return [t for _, t in iter_tensors(value, "")]
-
-
-@dataclass
-class RowDiff:
-    """How the compared rows of two evaluations differ: rows with any differing bit, max |diff|, max ULP, the
-    reference's largest magnitude (to tell numerics from a leak), and what could not be compared."""
-
-    rows: int = 0
-    differ: int = 0
-    max_abs: float = 0.0
-    max_ulp: int = 0
-    scale: float = 0.0
-    dtype: str = ""
-    nan_mismatch: bool = False
-    whole_differs: bool = False  # a tensor without rows (reduced over the batch) differs
-    shape_differs: bool = False  # a tensor whose non-batch shape depends on the batch
-    compared: int = 0  # tensors compared
-    uncompared: int = 0  # tensors without rows, left out
-
-    @property
-    def agree(self) -> bool:
-        return not (self.differ or self.whole_differs or self.shape_differs)
-
-    def merge(self, other: RowDiff) -> None:
-        self.differ = max(self.differ, other.differ) if self.rows == other.rows else self.differ + other.differ
-        self.rows = max(self.rows, other.rows)
-        self.max_abs = max(self.max_abs, other.max_abs)
-        self.max_ulp = max(self.max_ulp, other.max_ulp)
-        self.scale = max(self.scale, other.scale)
-        self.dtype = self.dtype or other.dtype
-        self.nan_mismatch |= other.nan_mismatch
-        self.whole_differs |= other.whole_differs
-        self.shape_differs |= other.shape_differs
-        self.compared += other.compared
-        self.uncompared += other.uncompared
-
-
-_INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
-
-
-def _ordered_bits(t: torch.Tensor) -> torch.Tensor:
-    """Float bits as int64 whose differences count ULPs (sign-magnitude mapped to two's complement)."""
-    bits = t.contiguous().view(_INT_OF[t.element_size()]).to(torch.int64)
-    width = t.element_size() * 8
-    magnitude = bits & ((1 << (width - 1)) - 1)
-    return torch.where(bits < 0, -magnitude, magnitude)
-
-
-def compare_rows(ref: torch.Tensor, got: torch.Tensor) -> RowDiff:
-    """Row by row (dim 0), bit for bit: `ref` and `got` hold the same rows in the same order."""
-    out = RowDiff(rows=ref.shape[0], dtype=str(ref.dtype).removeprefix("torch."), compared=1)
-    if ref.shape != got.shape or ref.dtype != got.dtype:
-        out.shape_differs = True
-        out.differ = ref.shape[0]
-        return out
-    if ref.numel() == 0:
-        return out
-    a, b = ref.detach(), got.detach()
-    if a.device != b.device:
-        b = b.to(a.device)
-    if a.is_complex():
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
-    if a.is_floating_point():
-        ne = a.contiguous().view(_INT_OF[a.element_size()]) != b.contiguous().view(_INT_OF[a.element_size()])
-    else:
-        ne = a != b
-    row_ne = ne.reshape(a.shape[0], -1).any(dim=1)
-    out.differ = int(row_ne.sum())
-    if a.is_floating_point() or a.dtype == torch.bool:
-        af, bf = a.double(), b.double()
-    else:
-        af, bf = a.to(torch.float64), b.to(torch.float64)
-    finite = torch.isfinite(af) & torch.isfinite(bf)
-    out.scale = float(af[finite].abs().max()) if bool(finite.any()) else 0.0
-    if out.differ:
-        nan_a, nan_b = torch.isnan(af), torch.isnan(bf)
-        out.nan_mismatch = bool((nan_a != nan_b).any())
-        diff = (af - bf).abs()[finite]
-        out.max_abs = float(diff.max()) if diff.numel() else 0.0
-        if a.is_floating_point():
-            ulps = (_ordered_bits(a) - _ordered_bits(b)).abs()[finite]
-            out.max_ulp = int(ulps.max()) if ulps.numel() else 0
-    return out
-
-
-def _batch_dim(full: torch.Tensor, part: torch.Tensor, n: int, k: int, preferred: int) -> tuple[int, int] | None:
-    """(dim, m): `part` (k rows) is a subset of `full` (n rows) along dim, each row `m` consecutive entries
-    there: size n·m in `full`, k·m in `part`, every other dim equal; `preferred` (--batch-dim) first, m = 1
-    (a row per entry) before a batch folded into a bigger dim (a matmul flattening (n, t, d) to (n·t, d)).
-    None when there is none."""
-    if full.dim() != part.dim() or full.dim() == 0:
-        return None
-    dims = [preferred] + [d for d in range(full.dim()) if d != preferred]
-    others_equal = [all(full.shape[i] == part.shape[i] for i in range(full.dim()) if i != d) if d < full.dim()
-                    else False for d in dims]
-    for d, equal in zip(dims, others_equal, strict=True):
-        if equal and full.shape[d] == n and part.shape[d] == k:
-            return d, 1
-    for d, equal in zip(dims, others_equal, strict=True):
-        size = full.shape[d] if equal else 0
-        if size > n and size % n == 0 and part.shape[d] == size // n * k:
-            return d, size // n
-    return None
-
-
-def _spread(index: torch.Tensor, m: int) -> torch.Tensor:
-    """Row indices -> the indices of their `m` consecutive entries each."""
-    return index if m == 1 else (index[:, None] * m + torch.arange(m)).reshape(-1)
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Which rows of the whole batch (`ref`, along the batch dim) a probe's rows (`got`) are."""
-
-    size: int  # the probe's batch size
-    ref: torch.Tensor  # indices into the whole batch
-    got: torch.Tensor  # the same rows' indices in the probe's batch
-
-
-def compare_values(ref_value: Any, got_value: Any, n: int, rows: Rows, preferred: int,
-                   whole: bool = True) -> RowDiff:
-    """The rows `rows` names, in every tensor of two evaluations (the whole batch's and a probe's).
-
-    A tensor with a batch dim is compared row by row; one without (a scalar, a parameter, a value reduced
-    over the batch) whole, or, not `whole`, not at all (`uncompared`: a batch's mean loss is no row's
-    result); one whose other dims change with the batch counts as differing (`shape_differs`).
-    """
-    total = RowDiff()
-    refs, gots = _tensors(ref_value), _tensors(got_value)
-    if len(refs) != len(gots):
-        total.shape_differs = True
-        return total
-    for ref, got in zip(refs, gots, strict=True):
-        if ref is got or (ref.shape == got.shape and ref.dtype == got.dtype and ref.stride() == got.stride()
-                          and ref.storage_offset() == got.storage_offset() and _storage(ref) != 0
-                          and _storage(ref) == _storage(got)):
-            total.merge(RowDiff(compared=1))  # one tensor (a weight): equal to itself
-            continue
-        found = _batch_dim(ref, got, n, rows.size, preferred)
-        if found is not None:
-            d, m = found
-            picked = [t.detach().index_select(d, _spread(index, m).to(t.device)).movedim(d, 0)
-                      for t, index in ((ref, rows.ref), (got, rows.got))]
-            if m > 1:  # each row's m entries as one row
-                picked = [t.reshape(-1, m, *t.shape[1:]) for t in picked]
-            part = compare_rows(picked[0], picked[1])
-        elif ref.shape == got.shape and not whole:
-            part = RowDiff(uncompared=1)
-        elif ref.shape == got.shape:
-            part = compare_rows(ref.detach().reshape(1, -1), got.detach().reshape(1, -1))
-            part.whole_differs, part.differ, part.rows = part.differ > 0, 0, 0
-        else:
-            part = RowDiff(shape_differs=True, compared=1, dtype=str(ref.dtype).removeprefix("torch."))
-        total.merge(part)
-    return total
 
 
 class _State:
@@ -330,7 +143,7 @@ class _Watch(TorchDispatchMode):
     handed to `on_call` (the subset run keeps them; the whole batch's run compares them at once)."""
 
     def __init__(self, on_call: Callable[..., None], stack: list[str],
-                 keep: Callable[[torch.Tensor], torch.Tensor], flow: _Flow | None = None) -> None:
+                 keep: Callable[[torch.Tensor], torch.Tensor], flow: Flow | None = None) -> None:
         super().__init__()
         self.on_call = on_call
         self.stack = stack
@@ -341,10 +154,10 @@ class _Watch(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         self.calls += 1
-        if self.calls > _CAPTURE_LIMIT:
+        if self.calls > CAPTURE_LIMIT:
             return func(*args, **kwargs)
         # an op that writes into an argument overwrites what its inputs were: those are copied first
-        before = _rebuild((args, kwargs), self.keep) if func._schema.is_mutable else (args, kwargs)
+        before = rebuild((args, kwargs), self.keep) if func._schema.is_mutable else (args, kwargs)
         out = func(*args, **kwargs)
         if self.flow is not None:
             self.flow.op((args, kwargs), out)
@@ -353,55 +166,6 @@ class _Watch(TorchDispatchMode):
         self.on_call("op", name, self.stack[-1] if self.stack else "", _loc(), before,
                      results(out, scratch_outputs(func)))
         return out
-
-
-class _Flow:
-    """Which watched ops' results reach the module's output: each op linked to the ops that made its inputs.
-
-    A value the forward keeps aside (`self.last_mean = x.mean()` for logging) differs between batches by
-    construction, but is no part of any row's result: the first difference is looked for among what
-    reaches the output. A value turned into a Python number (`.item()`, a comparison's bool) may reach the
-    output unseen, so what made it counts as reaching. Tensors are told apart by identity; a tensor's entry
-    goes when it is freed (before its id can be reused), so the search holds no activation alive."""
-
-    def __init__(self) -> None:
-        self.producer: dict[int, int] = {}  # id(tensor) -> the op that made (or last wrote) it
-        self.sources: list[set[int]] = []  # op -> the ops that made its inputs
-        self.escaped: set[int] = set()  # ops whose result left the tensors (a Python number)
-        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
-
-    def op(self, inputs: Any, out: Any) -> None:
-        index = len(self.sources)
-        self.sources.append(self.made(inputs))
-        made = _tensors(out)
-        if not made and out is not None:
-            self.escaped.add(index)
-        for t in made:
-            key = id(t)
-            self.producer[key] = index
-            self._refs[key] = weakref.ref(t, lambda _, key=key: self._forget(key))  # type: ignore[misc]
-
-    def _forget(self, key: int) -> None:
-        self.producer.pop(key, None)
-        self._refs.pop(key, None)
-
-    @property
-    def last(self) -> int:
-        return len(self.sources) - 1
-
-    def made(self, value: Any) -> set[int]:
-        """The ops that made the tensors in `value` (none for an input or a parameter)."""
-        return {self.producer[id(t)] for t in _tensors(value) if id(t) in self.producer}
-
-    def reaching(self, output: Any) -> set[int]:
-        """The ops whose results the module's output was, or may have been, computed from."""
-        seen, todo = set(), [*self.made(output), *self.escaped]
-        while todo:
-            index = todo.pop()
-            if index not in seen:
-                seen.add(index)
-                todo.extend(self.sources[index] - seen)
-        return seen
 
 
 _probed_call = threading.local()  # .loc: the script's line that made the call being probed
@@ -414,19 +178,6 @@ def _loc() -> str:
     if frame is None or frame.f_code.co_filename == threading.__file__:
         return str(getattr(_probed_call, "loc", ""))
     return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
-
-
-@dataclass
-class _Seen:
-    """One watched call of the subset run: its inputs and outputs (clones) and where it ran."""
-
-    kind: str
-    name: str
-    module: str
-    loc: str
-    inputs: Any
-    outputs: Any
-    cls: str = ""
 
 
 class BatchProbe:
@@ -572,7 +323,7 @@ class BatchProbe:
             return [_skip_event(name, call, "probe-failed", error)]
         for event in events:
             if event["type"] == "batch-call":
-                batch = _batch_rows(args, kwargs, event["batch_dim"])
+                batch = batch_rows(args, kwargs, event["batch_dim"])
                 self.others[name] = (event["batch_dim"], batch[1] if batch is not None else [])
         self.located += sum(e["type"] == "batch-origin" for e in events)
         return events
@@ -591,11 +342,11 @@ class BatchProbe:
         """The call's events: its probes' results (and where a difference starts), or why it was not probed."""
         _probed_call.loc = where
         before = entered.guard
-        dim = decide([tuple(t.shape) for t in _tensors((args, kwargs))], self.settings.batch_dim, entered.declared)
+        dim = decide([tuple(t.shape) for t in tensors((args, kwargs))], self.settings.batch_dim, entered.declared)
         if dim.dim is None:
             return [_skip_event(name, call, "batch-dim-unknown", dim.detail)]
         d = dim.dim
-        found = _batch_rows(args, kwargs, d)
+        found = batch_rows(args, kwargs, d)
         if found is None:
             return [_skip_event(name, call, "no-batch", f"no tensor argument has a dim {d}")]
         n, batch_tensors = found
@@ -610,7 +361,7 @@ class BatchProbe:
         except Exception as exc:
             return [_skip_event(name, call, "uncopyable", f"its state cannot be copied to probe it safely "
                                                           f"({type(exc).__name__}: {exc})")]
-        batch = [t.dim() > d and t.shape[d] == n for t in _tensors((args, kwargs))]
+        batch = [t.dim() > d and t.shape[d] == n for t in tensors((args, kwargs))]
         runner = _Runner(self, module, pristine, args, kwargs, batch, d)
         before.restore()  # the whole batch again, drawing what the call drew
         with torch.no_grad():
@@ -619,23 +370,15 @@ class BatchProbe:
             return [_skip_event(name, call, "random", "the call draws random numbers (sampling, or dropout in a "
                                                       "functional call): its rows cannot be compared between batches")]
         whole = Rows(n, torch.arange(n), torch.arange(n))
-        not_compared = _aggregates(control, n, d)
-        if len(not_compared) == len(_tensors(control)):
+        not_compared = aggregates(control, n, d)
+        if len(not_compared) == len(tensors(control)):
             return [_skip_event(name, call, "aggregate-output", f"no output has a dim of the batch's {n} rows, so "
                                 f"no row's result can be compared ({', '.join(not_compared[:3])}): an aggregate "
                                 "such as a batch's mean loss is no row's result")]
         reproduced = compare_values(output, control, n, whole, d, whole=False).agree
-        subsets: list[tuple[SubsetKind, Rows, Any]] = []
-        wanted = [k for k in (self.settings.sizes or default_sizes(n)) if 1 <= k < n]
-        ladder = set(wanted if self.settings.sizes else halving_ladder(n))  # the harness's sizes (--sizes: those)
-        for k in sorted(set(wanted)):
-            subsets.append(("prefix", Rows(k, torch.arange(k), torch.arange(k)), None))
-        subsets.append(("reversed", Rows(n, torch.arange(n - 1, -1, -1), torch.arange(n)), None))
-        other_dim, other = self.others.get(name, (d, None))
+        subsets = self._subsets(name, n, d, batch_tensors)
+        ladder = set(self.settings.sizes or halving_ladder(n))  # the harness's sizes (--sizes: those)
         half = (n + 1) // 2
-        if other is not None and other_dim == d and _mixable(other, batch_tensors, d, n - half):
-            subsets.append(("mixed", Rows(n, torch.arange(half), torch.arange(half)), other))
-
         results: list[BatchSubset] = []
         variant: tuple[SubsetKind, Rows, Any] | None = None
         with torch.no_grad():
@@ -655,6 +398,19 @@ class BatchProbe:
                 events.append(runner.locate(name, call, n, variant))
         return events
 
+    def _subsets(self, name: str, n: int, d: int, batch: list[torch.Tensor]) -> list[tuple[SubsetKind, Rows, Any]]:
+        """The subsets a call of `n` rows is probed on: prefixes of the asked (or default) sizes, the batch reversed,
+        and its first half filled up with the rows of the module's previous call when they fit."""
+        sizes = sorted({k for k in (self.settings.sizes or default_sizes(n)) if 1 <= k < n})
+        subsets: list[tuple[SubsetKind, Rows, Any]] = [("prefix", Rows(k, torch.arange(k), torch.arange(k)), None)
+                                                       for k in sizes]
+        subsets.append(("reversed", Rows(n, torch.arange(n - 1, -1, -1), torch.arange(n)), None))
+        other_dim, other = self.others.get(name, (d, None))
+        half = (n + 1) // 2
+        if other is not None and other_dim == d and mixable(other, batch, d, n - half):
+            subsets.append(("mixed", Rows(n, torch.arange(half), torch.arange(half)), other))
+        return subsets
+
     def _copy(self, module: torch.nn.Module) -> torch.nn.Module:
         """A copy that shares the parameters and owns everything else (buffers, caches, counters)."""
         memo: dict[int, Any] = {id(p): p for p in module.parameters()}
@@ -672,17 +428,6 @@ class _Entered:
     declared: list[Declared]  # the layers inside the call that declare where their batch is (recorder/batchdim.py)
 
 
-def _batch_rows(args: Any, kwargs: Any, d: int) -> tuple[int, list[torch.Tensor]] | None:
-    """The batch size (the most common size of dim `d` among the tensor arguments) and the tensors of that
-    size (copies: the next call mixes them in); None without a tensor argument that has the dim."""
-    inputs = _tensors((args, kwargs))
-    sizes = [t.shape[d] for t in inputs if t.dim() > d]
-    if not sizes:
-        return None
-    n = max(set(sizes), key=lambda s: (sizes.count(s), -sizes.index(s)))
-    return n, [t.detach().clone() for t in inputs if t.dim() > d and t.shape[d] == n]
-
-
 def _skip_event(name: str, call: int, why: SkipReason, detail: str) -> BatchSkipEvent:
     return BatchSkipEvent(type="batch-skip", module=name, call=call, why=why, detail=detail)
 
@@ -692,13 +437,6 @@ def _subset(kind: SubsetKind, size: int, diff: RowDiff, ladder: bool) -> BatchSu
                        max_abs_diff=diff.max_abs, max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
                        nan_mismatch=diff.nan_mismatch, across_rows=diff.whole_differs,
                        shape_changed=diff.shape_differs, ladder=ladder)
-
-
-def _aggregates(output: Any, n: int, d: int) -> list[str]:
-    """The output's tensors without the batch's rows (a 0-d loss, a value reduced over the batch), by path: they
-    are no row's result and are not compared, as PyTorch's harness leaves aggregates out."""
-    return [f"{path} {'(0-d)' if t.dim() == 0 else tuple(t.shape)}"
-            for path, t in iter_tensors(output, "output") if _batch_dim(t, t, n, n, d) is None]
 
 
 def _not_comparable(module: torch.nn.Module) -> tuple[SkipReason, str] | None:
@@ -722,14 +460,6 @@ def _not_comparable(module: torch.nn.Module) -> tuple[SkipReason, str] | None:
     return ("batch-statistics" if norms else "dropout"), "; ".join(parts)
 
 
-def _mixable(other: list[torch.Tensor], mine: list[torch.Tensor], d: int, fill: int) -> bool:
-    """Another call's batch tensors can fill this call's batch: same count, dtypes and non-batch shapes, and
-    at least the `fill` rows the mixed batch takes from them (an earlier call may have been smaller)."""
-    return len(other) == len(mine) and all(
-        a.dtype == b.dtype and a.device == b.device and a.dim() == b.dim() and a.shape[d] >= fill
-        and all(a.shape[i] == b.shape[i] for i in range(a.dim()) if i != d) for a, b in zip(other, mine, strict=True))
-
-
 class _Runner:
     """Evaluates one call's module on row subsets of its batch, each on a copy in the call's state."""
 
@@ -743,12 +473,12 @@ class _Runner:
         self.d = d
         self.token = _State.token(pristine)
         self.live: torch.nn.Module | None = None
-        self.weights = {_storage(p) for p in module.parameters()}  # shared by every copy
+        self.weights = {storage(p) for p in module.parameters()}  # shared by every copy
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor:
         """A watched tensor as kept for comparison: a copy, but the model's parameters (and views of them:
         a forward never writes them) by reference, so an origin search never copies the weights."""
-        return t if _storage(t) in self.weights else t.detach().clone()
+        return t if storage(t) in self.weights else t.detach().clone()
 
     def _model(self) -> torch.nn.Module:
         """A copy in the call's state: reused while forwards leave its state alone, copied again otherwise."""
@@ -774,7 +504,7 @@ class _Runner:
             fill = next(mixed)
             return torch.cat([mine, fill.index_select(d, torch.arange(t.shape[d] - half, device=t.device))], d)
 
-        return _rebuild((self.args, self.kwargs), cut)
+        return rebuild((self.args, self.kwargs), cut)
 
     def run(self, rows: Rows | None, mix: list[torch.Tensor] | None = None, half: int = 0) -> Any:
         args, kwargs = self.inputs(rows, mix, half)
@@ -782,75 +512,19 @@ class _Runner:
 
     # -- where it starts ----------------------------------------------------------------------------
     def locate(self, name: str, call: int, n: int, variant: tuple[SubsetKind, Rows, Any]) -> BatchOriginEvent:
-        """Run the variant subset, then the whole batch, with submodules and ops watched; the first module
-        (in the order calls end) and the first op whose rows differ while their inputs' rows agree.
-
-        Calls are paired by (kind, innermost module, name, occurrence): a path that changes with the batch
-        (a fused kernel taken for one size only) leaves some unpaired, which the note counts, and the rest
-        still pair up."""
-        kind, rows, mix = variant
-        seen: dict[tuple[str, str, str, int], _Seen] = {}
-        counts: dict[tuple[str, str, str], int] = {}
-
-        def key(kind_: str, mod: str, what: str) -> tuple[str, str, str, int]:
-            base = (kind_, mod, what)
-            counts[base] = counts.get(base, 0) + 1
-            return (*base, counts[base] - 1)
-
-        def keep(kind_: str, what: str, mod: str, loc: str, ins: Any, outs: Any, cls: str = "") -> None:
-            seen[key(kind_, mod, what)] = _Seen(kind_, what, mod, loc, _rebuild(ins, self._keep),
-                                                _rebuild(outs, self._keep), cls)
-
+        """Run the variant subset, then the whole batch, with submodules and ops watched: where the rows'
+        difference starts (recorder/batchorigin.py)."""
+        _, rows, mix = variant
+        search = batchorigin.Search(n, variant, self.d, self._keep)
         self.live = None  # a fresh copy
-        self._watched(self.inputs(rows, mix, (n + 1) // 2), keep)
-        counts.clear()
-        found: dict[str, list[tuple[BatchSpot, set[int]]]] = {"module": [], "op": []}
-        unpaired: dict[str, list[str]] = {"module": [], "op": []}
-        flow = _Flow()
-
-        def compare(kind_: str, what: str, mod: str, loc: str, ins: Any, outs: Any, cls: str = "") -> None:
-            partner = seen.get(key(kind_, mod, what))
-            if partner is None:
-                if not found[kind_]:  # counted up to the first difference
-                    unpaired[kind_].append(f"{what}{f' in {mod}' if mod else ''}")
-                return
-            if len(found[kind_]) >= _CANDIDATES or not compare_values(ins, partner.inputs, n, rows, self.d).agree:
-                return
-            diff = compare_values(outs, partner.outputs, n, rows, self.d)
-            if not diff.agree:
-                spot = BatchSpot(name=what, module=mod, loc=loc, cls=cls, max_abs_diff=diff.max_abs,
-                                 max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
-                                 across_rows=diff.whole_differs, shape_changed=diff.shape_differs)
-                found[kind_].append((spot, {flow.last} if kind_ == "op" else flow.made(outs)))
-
+        self._watched(self.inputs(rows, mix, (n + 1) // 2), search.keep)
+        search.pair()
         self.live = None
-        calls, output = self._watched(self.inputs(None), compare, flow)
-        reach = flow.reaching(output)
-        first: dict[str, BatchSpot] = {}
-        aside: list[BatchSpot] = []
-        for kind_, spots in found.items():
-            reaching = [spot for spot, made in spots if made & reach]
-            if spots:  # none reaching: the output got it through a value the flow cannot follow (`.item()`)
-                first[kind_] = (reaching or [spot for spot, _ in spots])[0]
-            if kind_ == "op" and reaching:
-                aside = [spot for spot, made in spots if not made & reach]
-        notes = [f"{len(missing)} {kind_}{'s' if len(missing) > 1 else ''} of the whole batch ran with no "
-                 f"counterpart in the {rows.size}-row run, first {missing[0]}: the batch changes the path taken there"
-                 for kind_, missing in unpaired.items() if missing]
-        if aside:
-            many = len(aside) > 1
-            notes.append(f"{len(aside)} op{'s' if many else ''} whose result{'s' if many else ''} never "
-                         f"reach{'' if many else 'es'} the output differ{'' if many else 's'} too, first "
-                         f"{aside[0]['name']} at {aside[0]['loc']} (a value kept aside, such as a statistic for "
-                         "logging): not where the rows' difference starts")
-        if calls > _CAPTURE_LIMIT:
-            notes.append(f"only the first {_CAPTURE_LIMIT} of {calls} ops were watched")
-        return BatchOriginEvent(type="batch-origin", module=name, call=call, subset=kind, size=rows.size,
-                                first_module=first.get("module"), first_op=first.get("op"),
-                                note="; ".join(notes) or None, knob=batch_invariant_knob())
+        calls, output = self._watched(self.inputs(None), search.compare, search.flow)
+        return search.event(name, call, calls, output)
 
     def _watched(self, inputs: tuple[Any, Any], on_call: Callable[..., None],
-                 flow: _Flow | None = None) -> tuple[int, Any]:
+                 flow: Flow | None = None) -> tuple[int, Any]:
         """Run the module on `inputs` with every submodule's call and every op handed to `on_call`."""
         model = self._model()
         stack: list[str] = []
@@ -879,16 +553,6 @@ class _Runner:
             for handle in handles:
                 handle.remove()
         return watch.calls, output
-
-
-
-
-def _storage(t: torch.Tensor) -> int:
-    """The address of a tensor's storage (0 for one without: a meta or functional tensor)."""
-    try:
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):
-        return 0
 
 
 def install(recorder: Recorder, names: Callable[[torch.nn.Module], str | None], raw: dict[str, Any]) -> BatchProbe:

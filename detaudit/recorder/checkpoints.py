@@ -56,25 +56,38 @@ def role_of(value: Any) -> str | None:
         if value.dtype == torch.uint8 and value.dim() == 1:
             return {_TORCH_STATE_BYTES: "rng-torch", _CUDA_STATE_BYTES: "rng-cuda"}.get(value.numel())
         return None
+    if isinstance(value, Mapping):
+        return _state_dict_role(value)
+    if isinstance(value, list | tuple):
+        return _sequence_role(value)
+    return None
+
+
+def _state_dict_role(value: Mapping[Any, Any]) -> str | None:
+    """What a saved mapping is, by its keys: a state dict of a known kind."""
+    keys = set(value)
+    if {"state", "param_groups"} <= keys:
+        return "optimizer"
+    if "last_epoch" in keys and ({"base_lrs", "_last_lr"} & keys or "best" in keys):
+        return "scheduler"
+    if {"scale", "growth_factor"} <= keys:
+        return "scaler"
+    if {"bit_generator", "state"} <= keys:
+        return "rng-numpy"  # a NumPy Generator's bit_generator.state
+    if value and (hasattr(value, "_metadata") or all(isinstance(v, torch.Tensor) for v in value.values())) \
+            and all(isinstance(k, str) for k in keys):
+        return "module"
+    return None
+
+
+def _sequence_role(value: list[Any] | tuple[Any, ...]) -> str | None:
+    """What a saved list or tuple is: an RNG's state."""
     if isinstance(value, tuple) and len(value) == 3 and value[0] == 3 and isinstance(value[1], tuple) \
             and len(value[1]) == 625:
         return "rng-python"  # random.getstate()
     if isinstance(value, tuple) and len(value) == 5 and value[0] == "MT19937":
         return "rng-numpy"  # np.random.get_state()
-    if isinstance(value, Mapping):
-        keys = set(value)
-        if {"state", "param_groups"} <= keys:
-            return "optimizer"
-        if "last_epoch" in keys and ({"base_lrs", "_last_lr"} & keys or "best" in keys):
-            return "scheduler"
-        if {"scale", "growth_factor"} <= keys:
-            return "scaler"
-        if {"bit_generator", "state"} <= keys:
-            return "rng-numpy"  # a NumPy Generator's bit_generator.state
-        if value and (hasattr(value, "_metadata") or all(isinstance(v, torch.Tensor) for v in value.values())) \
-                and all(isinstance(k, str) for k in keys):
-            return "module"
-    if isinstance(value, list | tuple) and value and all(role_of(v) == "rng-cuda" for v in value):
+    if value and all(role_of(v) == "rng-cuda" for v in value):
         return "rng-cuda"  # torch.cuda.get_rng_state_all()
     return None
 

@@ -28,7 +28,7 @@ import os
 import struct
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 import torch
@@ -40,115 +40,15 @@ from detaudit.recorder.evidence import set_order
 from detaudit.recorder.evidence.base import never_fatal
 from detaudit.recorder.fingerprint import fingerprint_cpu, shape_seed
 from detaudit.recorder.location import user_frame
-from detaudit.recorder.scratch import is_scratch_argument, scratch_outputs, tensor_indices
+from detaudit.recorder.opinfo import PASS, RECORD, VIEW, OpInfo, tensors_in
+from detaudit.recorder.scratch import tensor_indices
 from detaudit.trace import Flag, Kind
 
-PASS, VIEW, UNINIT, RECORD = range(4)
 _NODE_KEY = "detaudit"
 _MASK = (1 << 64) - 1
 _DERIVED_LIMIT = 20000
+_NONE: frozenset[int] = frozenset()
 BLANK_CHECK_BYTES = 1 << 16  # never-written memory up to this size is also checked by content (_written_unseen)
-
-# Ops that draw from an RNG. Most carry torch.Tag.nondeterministic_seeded; these names cover
-# the ones that do not (and older releases).
-RANDOM_OPS = frozenset({
-    "bernoulli", "bernoulli_", "native_dropout", "dropout", "feature_dropout", "alpha_dropout",
-    "feature_alpha_dropout", "_fused_dropout", "randperm", "normal", "normal_", "uniform_", "rand",
-    "rand_like", "randn", "randn_like", "randint", "randint_like", "random_", "multinomial",
-    "exponential_", "geometric_", "cauchy_", "log_normal_", "poisson", "binomial", "_standard_gamma",
-    "_sample_dirichlet", "rrelu_with_noise", "rrelu_with_noise_",
-})
-# Ops whose first argument's contents are never read: it is overwritten, or only its shape,
-# dtype and device are used. Its digest would only report leftover bytes.
-SELF_BLIND_OPS = frozenset({
-    "fill_", "zero_", "copy_", "bernoulli_", "uniform_", "normal_", "random_", "exponential_",
-    "geometric_", "cauchy_", "log_normal_", "empty_like", "zeros_like", "ones_like", "full_like",
-    "rand_like", "randn_like", "randint_like", "new_empty", "new_empty_strided", "new_zeros",
-    "new_ones", "new_full", "resize_",
-})
-# c10d's schemas carry no alias annotations (`Tensor[] tensors`, not `Tensor(a!)[]`), so what each collective
-# writes is listed here by argument name: its outputs, written without their old contents being read, and
-# the tensors it reads and then overwrites in place. A broadcast writes its tensors on every rank but the
-# root, which reads them (decided per call: `_OpInfo.root`).
-C10D_WRITE_ONLY = {
-    "allgather_": "output_tensors", "_allgather_base_": "output_tensor", "allgather_coalesced_": "output_lists",
-    "allgather_into_tensor_coalesced_": "outputs", "reduce_scatter_": "output_tensors",
-    "_reduce_scatter_base_": "output_tensor", "reduce_scatter_tensor_coalesced_": "outputs",
-    "alltoall_": "output_tensors", "alltoall_base_": "output", "scatter_": "output_tensors",
-    "gather_": "output_tensors", "recv_": "tensors", "recv_any_source_": "tensors", "broadcast_": "tensors",
-}
-C10D_UNUSED = {"barrier": "tensor", "monitored_barrier_": "tensor"}  # a placeholder: neither read nor written
-C10D_READ_WRITE = {"allreduce_": "tensors", "allreduce_coalesced_": "tensors", "reduce_": "tensors"}
-UNINIT_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
-PASS_NAMESPACES = frozenset({"profiler", "prim"})
-# `t.set_(storage, ...)` points a tensor at existing memory: how a tensor a DataLoader worker (or any
-# other process) sent arrives (torch.multiprocessing rebuilds it in shared memory). Its contents were
-# made outside this process's ops, so like a script's input it is data entering from outside, never
-# "the op behind" a divergence; ops that read it hash it as a fresh input.
-STORAGE_ALIAS_OPS = frozenset({"set_"})
-
-
-class _OpInfo:
-    """What the recorder needs to know about one OpOverload, worked out on its first call.
-
-    Each argument is read, written, or both. One that is only written (an `out=` argument, `copy_`'s or
-    `fill_`'s target, a collective's output buffers) is no input: its old contents, often from `torch.empty`,
-    never reach the result, so they enter the input digest by dtype and shape only and never make the op
-    "read never-written memory". Every written argument's cached digest is dropped after the op (the
-    version counter is bumped only by schemas that annotate the write, and c10d's do not), and its memory
-    is no longer blank; an op that returns no tensor is recorded by what it wrote (`recv`).
-
-    A backward op's workspace or reserve argument counts by dtype and shape too, and the outputs an op makes for
-    it (`scratch`: their positions) are recorded as no results (recorder/scratch.py): bytes the kernel need
-    not define are no input and no result."""
-
-    __slots__ = ("mode", "names", "random", "arg_names", "blind", "written", "bumped", "root", "collective", "code",
-                 "text", "scratch")
-
-    def __init__(self, func: Any, rec: Recorder) -> None:
-        packet = func.overloadpacket.__name__
-        self.text = str(func)
-        if func.namespace in PASS_NAMESPACES or packet in STORAGE_ALIAS_OPS and "Storage" in func._overloadname:
-            self.mode = PASS
-        elif func.is_view:
-            self.mode = VIEW
-        elif packet in UNINIT_OPS:
-            self.mode = UNINIT
-        else:
-            self.mode = RECORD
-        self.names = [rec.intern(self.text)]
-        self.random = packet in RANDOM_OPS or torch.Tag.nondeterministic_seeded in func.tags
-        arguments = func._schema.arguments
-        self.arg_names = [a.name for a in arguments]
-        self.collective = func.namespace == "c10d"
-        c10d_blind = C10D_WRITE_ONLY.get(packet) if self.collective else None
-        c10d_written = C10D_READ_WRITE.get(packet) if self.collective else None
-        c10d_unused = C10D_UNUSED.get(packet) if self.collective else None
-        self.blind = frozenset(
-            a.name for i, a in enumerate(arguments)
-            if a.is_out or a.name in (c10d_blind, c10d_unused) or (i == 0 and packet in SELF_BLIND_OPS)
-            or is_scratch_argument(a.name))
-        self.written = frozenset(
-            a.name for a in arguments
-            if (a.alias_info is not None and a.alias_info.is_write) or a.is_out or a.name in (c10d_blind, c10d_written))
-        # autograd bumps these arguments' version counters after the op returns (the schema annotates the write)
-        self.bumped = frozenset(a.name for a in arguments if a.alias_info is not None and a.alias_info.is_write)
-        # broadcast_: (process group, root rank) argument positions; its tensors are read on the root
-        self.root = (self.arg_names.index("process_group"), self.arg_names.index("root_rank")) \
-            if self.collective and packet == "broadcast_" else None
-        self.code = xxhash.xxh3_64_intdigest(self.text.encode())
-        self.scratch = scratch_outputs(func) if self.mode == RECORD else frozenset()
-
-    def blind_here(self, args: Any) -> frozenset[str]:
-        """The arguments this call does not read: a broadcast's root reads its tensors."""
-        if self.root is None or not _is_root(args, *self.root):
-            return self.blind
-        return self.blind - {"tensors"}
-
-    def name(self, rec: Recorder, index: int) -> int:
-        while len(self.names) <= index:
-            self.names.append(rec.intern(f"{self.text}[{len(self.names)}]"))
-        return self.names[index]
 
 
 class OpRecorder(TorchDispatchMode):
@@ -158,7 +58,7 @@ class OpRecorder(TorchDispatchMode):
         super().__init__()
         self.rec = recorder
         self.active = False
-        self._ops: dict[Any, _OpInfo] = {}
+        self._ops: dict[Any, OpInfo] = {}
         self._node_names: dict[type, int] = {}
         self._codes: dict[Any, int] = {}
         # id -> (weakref, version, digest, uninitialised): views' derived digests and empty outputs
@@ -210,45 +110,20 @@ class OpRecorder(TorchDispatchMode):
         if self._untagged is not None:
             self._tag_node()
         rec = self.rec
-        if rec.polled and not _inside_distributed():  # a collective the script has since waited for (its
-            rec.poll_async()  # wait, in torch.distributed, may itself still copy the result in: gloo's reduce_scatter)
+        if rec.polled:
+            self._poll()
         if rec.internal:
             return func(*args, **kwargs)
         info = self._ops.get(func)
         if info is None:
-            info = self._ops[func] = _OpInfo(func, rec)
-        mode = info.mode
-        if mode == PASS:
-            return func(*args, **kwargs)
-        node: Any = torch._C._current_autograd_node()  # the autograd Node running this op (backward)
-        if mode != RECORD:
-            out = func(*args, **kwargs)
-            if mode == VIEW:
-                self._pass_maker(args, out)
-                self._derive_view(info, args, out)
-            else:
-                for t in tensors_in(out):
-                    self._derived[id(t)] = (weakref.ref(t), version_of(t), shape_seed(t), True)
-                    self._mark_blank(t)
-            if mode == VIEW and node is None and _needs_node(args):
-                self._untagged = ([weakref.ref(t) for t in tensors_in(out)], rec.location_id(1), _top(rec))
-            return out
+            info = self._ops[func] = OpInfo(func, rec)
+        if info.mode != RECORD:
+            return func(*args, **kwargs) if info.mode == PASS else self._unrecorded(info, func, args, kwargs)
 
-        flags = Flag.RANDOM if info.random else 0
-        codes: list[int] = []
-        self._unknown = self._uninit = False
+        node: Any = torch._C._current_autograd_node()  # the autograd Node running this op (backward)
         makers: list[int] = []
         self._makers = makers
-        self._input_codes(info, args, kwargs, codes)
-        if self._uninit:
-            flags |= Flag.UNINIT
-        if self._unknown:
-            inputs = (0, 0)
-        else:
-            ordered = xxhash.xxh3_64_intdigest(struct.pack(f"<{len(codes)}Q", *codes), info.code)
-            codes.sort()
-            unordered = xxhash.xxh3_64_intdigest(struct.pack(f"<{len(codes)}Q", *codes), info.code)
-            inputs = (ordered or 1, unordered or 1)  # 0 means "unknown"
+        inputs, flags = self._inputs(info, args, kwargs)
         if node is None:
             loc = rec.location_id(1)
             if loc not in self._order_searched:
@@ -263,23 +138,12 @@ class OpRecorder(TorchDispatchMode):
 
         out = func(*args, **kwargs)
 
-        outputs = list(tensors_in(out))
-        written = [t for name, arg in _named(info, args, kwargs) if name in info.written for t in tensors_in(arg)] \
-            if info.written else []
-        touched = outputs + written
-        if info.written:
-            for t in touched:
-                rec.forget_digest(t)
-        if self._blank:  # memory now holding an op's output is no longer blank
-            for t in touched:
-                self._blank.pop(t.data_ptr(), None)
-        if not outputs:
-            outputs = written
-        work = _pending_work(out) if info.collective else None
-        sync = work is not None and dict(_named(info, args, kwargs)).get("async_op") is False
-        bumped = {id(t) for name, arg in _named(info, args, kwargs) if name in info.bumped for t in tensors_in(arg)} \
-            if info.bumped and node is None else set()
-        aside = tensor_indices(out, info.scratch) if info.scratch else info.scratch
+        if info.effects:
+            outputs, work, sync, bumped, aside = self._effects(info, args, kwargs, out, node)
+        else:
+            outputs, work, sync, bumped, aside = list(tensors_in(out)), None, False, _NONE, _NONE
+            if self._blank:
+                self._unblank(outputs)
         for i, t in enumerate(outputs):
             name = info.names[0] if i == 0 else info.name(rec, i)
             if node is None:
@@ -294,6 +158,56 @@ class OpRecorder(TorchDispatchMode):
             self._untagged = ([weakref.ref(t) for t in outputs], loc, module)
         return out
 
+    def _poll(self) -> None:
+        """Hash what the collectives the script has since waited for wrote; not while its wait, in
+        torch.distributed, may itself still copy the result in (gloo's reduce_scatter)."""
+        if not _inside_distributed():
+            self.rec.poll_async()
+
+    def _unblank(self, touched: list[torch.Tensor]) -> None:
+        """Memory now holding an op's output (or an argument it wrote) is no longer blank."""
+        for t in touched:
+            self._blank.pop(t.data_ptr(), None)
+
+    def _unrecorded(self, info: OpInfo, func: Any, args: Any, kwargs: Any) -> Any:
+        """A view (its digest derived from its base's, its maker its base's) or an op that returns never-written
+        memory: run, not recorded."""
+        node: Any = torch._C._current_autograd_node()
+        out = func(*args, **kwargs)
+        if info.mode == VIEW:
+            self._pass_maker(args, out)
+            self._derive_view(info, args, out)
+            if node is None and _needs_node(args):
+                self._untagged = ([weakref.ref(t) for t in tensors_in(out)], self.rec.location_id(2), _top(self.rec))
+        else:
+            for t in tensors_in(out):
+                self._derived[id(t)] = (weakref.ref(t), version_of(t), shape_seed(t), True)
+                self._mark_blank(t)
+        return out
+
+    def _effects(self, info: OpInfo, args: Any, kwargs: Any, out: Any, node: Any) -> tuple[
+            list[torch.Tensor], Any, bool, Container[int], Container[int]]:
+        """What an op that writes an argument, runs a collective or returns a workspace made: (the tensors to
+        record: its outputs, else the arguments it wrote; the collective's pending work; whether the script
+        waits for it; the ids of the arguments whose version counters move on when it returns; the positions of
+        its workspace outputs). The written arguments' digests are forgotten, and their memory is no longer
+        blank."""
+        outputs = list(tensors_in(out))
+        written = [t for name, arg in _named(info, args, kwargs) if name in info.written for t in tensors_in(arg)] \
+            if info.written else []
+        touched = outputs + written
+        if info.written:
+            for t in touched:
+                self.rec.forget_digest(t)
+        if self._blank:
+            self._unblank(touched)
+        work = _pending_work(out) if info.collective else None
+        sync = work is not None and dict(_named(info, args, kwargs)).get("async_op") is False
+        bumped = {id(t) for name, arg in _named(info, args, kwargs) if name in info.bumped for t in tensors_in(arg)} \
+            if info.bumped and node is None else set()
+        aside = tensor_indices(out, info.scratch) if info.scratch else info.scratch
+        return outputs or written, work, sync, bumped, aside
+
     def _search_order(self, loc: int) -> None:
         """Once per user line: the run-ordered sets in scope there, as a `set-order` event."""
         self._order_searched.add(loc)
@@ -302,9 +216,13 @@ class OpRecorder(TorchDispatchMode):
             if found is not None:
                 self.rec.event(found)
 
-    def _input_codes(self, info: _OpInfo, args: Any, kwargs: Any, codes: list[int]) -> None:
-        """Append one 64-bit code per input leaf (tensor digest, or the value of a plain argument); an
-        argument the op only writes counts by dtype and shape (positional) or not at all (keyword)."""
+    def _inputs(self, info: OpInfo, args: Any, kwargs: Any) -> tuple[tuple[int, int], int]:
+        """The op's input digests (in order, and sorted; (0, 0): unknown, an input has no digest) and its flags
+        (RANDOM; UNINIT when an input was never written), from one 64-bit code per input leaf (tensor digest,
+        or the value of a plain argument); an argument the op only writes counts by dtype and shape
+        (positional) or not at all (keyword)."""
+        self._unknown = self._uninit = False
+        codes: list[int] = []
         blind = info.blind_here(args) if info.blind else info.blind
         names = info.arg_names
         for i, arg in enumerate(args):
@@ -316,6 +234,13 @@ class OpRecorder(TorchDispatchMode):
             if key not in blind:
                 codes.append(self._code(key))
                 self._leaf(arg, codes)
+        flags = info.flags | Flag.UNINIT if self._uninit else info.flags
+        if self._unknown:
+            return (0, 0), flags
+        ordered = xxhash.xxh3_64_intdigest(struct.pack(f"<{len(codes)}Q", *codes), info.code)
+        codes.sort()
+        unordered = xxhash.xxh3_64_intdigest(struct.pack(f"<{len(codes)}Q", *codes), info.code)
+        return (ordered or 1, unordered or 1), flags  # 0 means "unknown"
 
     def _note_maker(self, t: torch.Tensor, makers: list[int], bumped: bool) -> int:
         """Remember that the next record makes `t` (`bumped`: written in place, its version counter moves on
@@ -394,7 +319,7 @@ class OpRecorder(TorchDispatchMode):
             code = self._codes[value] = xxhash.xxh3_64_intdigest(text.encode())
         return code
 
-    def _derive_view(self, info: _OpInfo, args: Any, out: Any) -> None:
+    def _derive_view(self, info: OpInfo, args: Any, out: Any) -> None:
         """A view's digest from its base's and its geometry, so a transposed weight is never copied to be
         hashed. A small contiguous slice of a large base (a batch of a dataset held in one tensor) is
         left to be hashed itself if an op reads it: cheaper than hashing the whole base every step."""
@@ -475,20 +400,10 @@ def _prune(cache: dict[int, Any]) -> None:
             cache.update(live)
 
 
-def _named(info: _OpInfo, args: Any, kwargs: Any) -> Any:
+def _named(info: OpInfo, args: Any, kwargs: Any) -> Any:
     """(argument name, value) of a call, positional and keyword."""
     yield from zip(info.arg_names, args)
     yield from kwargs.items()
-
-
-def _is_root(args: Any, group_at: int, root_at: int) -> bool:
-    """Whether this rank is a broadcast's root (unknown: treated as the root, whose tensors are read)."""
-    try:
-        from torch._C._distributed_c10d import ProcessGroup
-
-        return bool(ProcessGroup.unbox(args[group_at]).rank() == args[root_at])
-    except Exception:
-        return True
 
 
 def _pending_work(out: Any) -> Any:
@@ -510,7 +425,7 @@ _DISTRIBUTED_DIR = f"{os.sep}torch{os.sep}distributed{os.sep}"
 
 def _inside_distributed() -> bool:
     """Whether torch.distributed's Python code is running (a collective's call, its `wait()`)."""
-    frame = sys._getframe(2)
+    frame = sys._getframe(3)  # the caller of OpRecorder.__torch_dispatch__ (through _poll)
     while frame is not None:
         if _DISTRIBUTED_DIR in frame.f_code.co_filename:
             return True
@@ -537,15 +452,6 @@ def _needs_node(args: Any) -> bool:
 def _top(rec: Recorder) -> int:
     stack = rec.local.module_stack
     return stack[-1] if stack else 0
-
-
-def tensors_in(value: Any) -> Any:
-    """The tensors in an op's argument or result (nested lists and tuples), in order."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from tensors_in(item)
 
 
 def install(recorder: Recorder, config: dict[str, Any],
