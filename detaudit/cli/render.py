@@ -96,7 +96,7 @@ _Clause = tuple[str, str | None]
 def _timeout_scope(report: Report) -> _Clause | None:
     if report.verdict != "timeout":
         return None
-    return (f"; the repeats agree on the {report.comparison.records_compared} records all of them made before that, "
+    return (f"; the repeats agree on the {report.records_agreed()} all of them made before that, "
             "which says nothing about the rest", None)
 
 
@@ -384,7 +384,7 @@ def summary_line(report: Report) -> Text:
         r = report.replica_divergence
         parts.append(f"DDP replica {r.name} differs on rank(s) {', '.join(map(str, r.ranks))} after step {r.step}")
     elif report.agreement == "deterministic":
-        parts.append(f"{len(report.runs)} repeats agree on {report.comparison.records_compared} records")
+        parts.append(f"{len(report.runs)} repeats agree on {report.records_agreed()}")
         if report.verdict == "repeated-randomness":
             parts.append("but draws repeat where they should differ: "
                          + ", ".join(f"{x.site} (across {x.across})" for x in report.repeated_randomness))

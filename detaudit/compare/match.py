@@ -26,6 +26,8 @@ SELF_CHECK_PREFIX = "selfcheck"
 # records the perturbation cannot be placed in exactly (another thread's), or that would not show it (no contents)
 _SKIPPED = int(Flag.THREAD | Flag.NO_DATA | Flag.NOT_RESULT)
 _NOT_RESULT = int(Flag.NOT_RESULT)
+# records compared by dtype and shape only: contents unread (meta, vmapped, unreadable tensors) or no result
+_SHAPE_ONLY = int(Flag.NO_DATA | Flag.NOT_RESULT)
 
 
 @dataclass(frozen=True)
@@ -41,13 +43,18 @@ class Match:
     exit_status_compared: bool
     not_observed: list[str] = field(default_factory=list)
     self_check: SelfCheck | None = None
-    records_without_contents: int = 0  # compared records with dtype and shape only (Flag.NO_DATA)
+    records_without_contents: int = 0  # compared records with dtype and shape only (Flag.NO_DATA, Flag.NOT_RESULT)
     not_compared: list[str] = field(default_factory=list)  # what stopping repeats early left uncompared
 
     @property
     def contentless(self) -> bool:
         """Every compared record is content-less: agreement on dtypes and shapes proves nothing."""
         return 0 < self.records_without_contents == sum(self.records_by_kind.values())
+
+    @property
+    def records_by_content(self) -> int:
+        """Compared records whose contents were compared (the rest agree on dtype and shape only)."""
+        return sum(self.records_by_kind.values()) - self.records_without_contents
 
 
 def not_compared(results: Sequence[RepeatResult]) -> list[str]:
@@ -75,6 +82,7 @@ class _Tally:
 
     counts: np.ndarray = field(default_factory=lambda: np.zeros(max(Kind) + 1, dtype=np.int64))  # records by kind
     no_data: int = 0
+    shape_only: int = 0  # no_data and the not results: records compared by dtype and shape only
     threaded: int = 0
     last_step: int = 0
     stepped: int = -1  # the last step index at which parameters were recorded after an optimizer step
@@ -93,6 +101,7 @@ def _tally(trace: Path, records: int) -> _Tally:
         for chunk in stream.chunks(CHUNK, records):
             tally.counts += np.bincount(chunk["kind"], minlength=len(tally.counts))[: len(tally.counts)]
             tally.no_data += int(np.count_nonzero(chunk["flags"] & int(Flag.NO_DATA)))
+            tally.shape_only += int(np.count_nonzero(chunk["flags"] & _SHAPE_ONLY))
             tally.threaded += int(np.count_nonzero(chunk["flags"] & int(Flag.THREAD)))
             for name, n in zip(*np.unique(chunk["name"][(chunk["flags"] & _NOT_RESULT) != 0], return_counts=True)):
                 aside[int(name)] = aside.get(int(name), 0) + int(n)
@@ -133,8 +142,8 @@ def _not_observed(tally: _Tally, granularity: str, stdout: str, devices: Sequenc
                             + (", ..." if len(unencoded) > 5 else ""))
     not_observed += list(dict.fromkeys(tally.fallbacks))
     if tally.no_data:
-        not_observed.append(f"the contents of {tally.no_data} records (meta or unreadable tensors: dtype and shape "
-                            "only)")
+        not_observed.append(f"the contents of {tally.no_data} records (meta, vmapped or unreadable tensors: dtype and "
+                            "shape only)")
     if tally.not_results:
         not_observed.append(f"not results: {not_results_text(tally.not_results)} (memory an op keeps for its "
                             "backward, whose bytes the kernel need not define: compared by dtype and shape only)")
@@ -165,7 +174,7 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
                  # index, so N completed steps end with parameters at N - 1
                  max(tally.last_step, tally.stepped + 1),
                  "no" if stdout == "ignore" else stdout, exit_status,
-                 _not_observed(tally, granularity, stdout, devices), self_check, tally.no_data, list(stopped))
+                 _not_observed(tally, granularity, stdout, devices), self_check, tally.shape_only, list(stopped))
 
 
 def choose_record(trace: Path) -> tuple[int, int, str] | None:

@@ -99,8 +99,10 @@ def write_html(report: Report, path: Path) -> None:
 def _summary(report: Report) -> str:
     devices = ", ".join(sorted({r.device for r in report.runs}))
     comp = report.comparison
+    shape_only = report.match.records_without_contents if report.match is not None else 0
     text = f"{len(report.runs)} repeats on {devices}; {comp.records_differing} of " \
-           f"{comp.records_compared} aligned records differ."
+           f"{comp.records_compared} aligned records differ" \
+           + (f" ({shape_only} of them compared by dtype and shape only)." if shape_only else ".")
     if report.baseline is not None:
         text += " The repeats " + ("match" if report.baseline.matches else "differ from") + " the baseline."
     return text

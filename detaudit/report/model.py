@@ -104,6 +104,16 @@ class Report(Codable):
         """The summary line's cause part (causes.headline): the top cause with evidence, or that none was found."""
         return headline(self.causes, self.not_ruled_out)
 
+    def records_agreed(self) -> str:
+        """The compared records, those compared by content counted apart from those compared by dtype and shape
+        only (meta, vmapped, unreadable tensors; no results): `9 records compared by content (220 more by dtype
+        and shape only)`, or `229 records` when every one was compared by content."""
+        total = self.comparison.records_compared
+        shape_only = self.match.records_without_contents if self.match is not None else 0
+        if not shape_only:
+            return f"{total} records"
+        return f"{total - shape_only} records compared by content ({shape_only} more by dtype and shape only)"
+
     def name_of(self, index: int) -> str:
         """A repeat as the report names it: `repeat 1`, or under `compare` the recording's own name."""
         return self.recordings[index] if 0 <= index < len(self.recordings) else f"repeat {index}"
@@ -161,7 +171,7 @@ class Report(Codable):
                and (r.ending is Ending.INTERRUPTED or (r.index < len(comp.complete) and not comp.complete[r.index]))]
         if cut:
             return (f"the recording of repeat(s) {', '.join(map(str, cut))} is incomplete (stopped, killed, or "
-                    f"its writes failed): the repeats agree on the {comp.records_compared} records they all "
+                    f"its writes failed): the repeats agree on the {self.records_agreed()} they all "
                     "made, which says nothing about the rest")
         if self.runs and not any(comp.records):
             return ("nothing to compare: no repeat recorded a tensor (the script never imported torch, or ran no "
@@ -489,6 +499,7 @@ def match_to_dict(m: Match | None) -> dict[str, Any] | None:
     if m is None:
         return None
     data = asdict(m)
+    data["records_by_content"] = m.records_by_content
     if m.self_check is not None:
         data["self_check"]["passed"] = m.self_check.passed
     return data

@@ -20,6 +20,7 @@ from detaudit.compare.oprules import OpFinding
 from detaudit.compare.tokens import TokenComparison, TokenDivergence
 from detaudit.report.model import Report
 from detaudit.results import Divergence, RecordInfo
+from detaudit.trace import Flag
 
 
 def _record(kind: str, name: str, op: str = "") -> RecordInfo:
@@ -116,6 +117,17 @@ def test_a_deterministic_summary_says_how_much_agreed(tmp_path: Path) -> None:
     report = _finished(tmp_path, ["epoch 1 12.5 it/s\n", "epoch 1 13.1 it/s\n"])
     assert _text(report).strip().splitlines()[-1] == (f"DETERMINISTIC · 2 repeats agree on 12 records · "
                                                       f"run: {report.run_dir}")
+
+
+def test_a_deterministic_summary_counts_records_compared_by_dtype_and_shape_only_apart(tmp_path: Path) -> None:
+    """Vmapped or meta tensors (NO_DATA) and op outputs that are no result (NOT_RESULT) prove nothing about values:
+    the count names the records compared by content (issue 45: 229 records claimed where 220 had no content)."""
+    recs = [r.but(flags=int(Flag.NO_DATA if i % 3 else Flag.NOT_RESULT)) if i % 2 else r
+            for i, r in enumerate(training_records(2))]
+    report = load_run(write_run(tmp_path / "run", [recs, recs]))
+    assert _text(report).strip().splitlines()[-1] == (
+        f"DETERMINISTIC · 2 repeats agree on 6 records compared by content (6 more by dtype and shape only) · "
+        f"run: {report.run_dir}")
 
 
 def test_a_summary_of_agreeing_repeats_that_differ_from_the_baseline_says_so(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from detaudit.report import baseline
 from detaudit.report.html import heat_strip_svg, render_html
 from detaudit.report.model import report_json
 from detaudit.run.rundir import read_run
+from detaudit.trace import Flag
 
 _VOID = {"meta", "br", "img", "input", "link", "hr", "circle", "line", "polyline", "rect"}
 
@@ -218,3 +219,10 @@ def test_randomness_that_repeats_has_a_section(tmp_path: Path) -> None:
     found = RepeatedRandomness("data.py:31", "workers", "data.py:12", ["workers 0 and 1 drew alike"], "seed per worker")
     text = " ".join(check_page(render_html(replace(report, repeated_randomness=[found])), report_json(report)).text)
     assert "Randomness that repeats" in text
+
+
+def test_the_summary_says_how_many_compared_records_had_no_contents(tmp_path: Path) -> None:
+    """Records compared by dtype and shape only (vmapped, meta tensors) are counted apart (issue 45)."""
+    recs = [r.but(flags=int(Flag.NO_DATA)) if i % 2 else r for i, r in enumerate(training_records(2))]
+    page = render_html(load_run(write_run(tmp_path / "run", [recs, recs])))
+    assert "0 of 12 aligned records differ (6 of them compared by dtype and shape only)." in page
