@@ -223,7 +223,7 @@ def _describe(rep: RepeatEvidence, loc: str, across: Across, pairs: Sequence[Pai
     direct = [p for p in pairs if _direct(p)]
     how = "from equal generator states (direct evidence)" if direct else \
         f"equal values alone ({e['size']} values each, {len(pairs)} times: too many to collide by chance)"
-    what = f"{e['size']} value{'s' if e['size'] != 1 else ''}" if e["size"] else "its draw"
+    what = f"{e['size']} value{'s' if e['size'] != 1 else ''}" if e["size"] else "values"
     lines = [f"{_between(across, first, other)} drew the same {what} at {loc} ({e['fn']}) {how}; "
              f"{len(pairs)} repeated draw{'s' if len(pairs) != 1 else ''} seen"]
     if origin is not None:
@@ -239,17 +239,30 @@ def _describe(rep: RepeatEvidence, loc: str, across: Across, pairs: Sequence[Pai
     return RepeatedRandomness(loc, across, created_at, lines, _fix(across, origin, e))
 
 
+_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth")  # draws.EPOCHS epochs are fingerprinted
+
+
+def _nth(epoch: int) -> str:
+    """An epoch as the recorder counts it (DataLoader iterations started: 1 for the first), named by its place, not
+    by a number a script counting from 0 would read as another epoch: `first`."""
+    return _ORDINALS[epoch - 1] if 1 <= epoch <= len(_ORDINALS) else f"{epoch}th"
+
+
+def _in_epoch(epoch: int) -> str:
+    return "before any DataLoader epoch" if epoch < 1 else f"in the {_nth(epoch)} epoch"
+
+
 def _between(across: Across, a: _Draw, b: _Draw) -> str:
     ea, eb = a.event, b.event
     if across == "workers":
-        return f"DataLoader workers {a.worker} and {b.worker} (epoch {ea['epoch']})"
+        return f"DataLoader workers {a.worker} and {b.worker} ({_in_epoch(ea['epoch'])})"
     if across == "ranks":
-        worker = f" (DataLoader worker {a.worker} of each, epoch {ea['epoch']})" if a.worker is not None else ""
+        worker = f" (DataLoader worker {a.worker} of each, {_in_epoch(ea['epoch'])})" if a.worker is not None else ""
         return f"ranks {ea.get('rank')} and {eb.get('rank')}{worker}"
     if across == "epochs" and ea["epoch"] == eb["epoch"]:
         return f"optimizer steps {ea['step']} and {eb['step']} (the same draw of two passes over the steps)"
     if across == "epochs":
-        return f"epochs {ea['epoch']} and {eb['epoch']} (the same draw of each)"
+        return f"the {_nth(ea['epoch'])} and {_nth(eb['epoch'])} epochs (the same draw of each)"
     if across == "steps":
         return f"optimizer steps {ea['step']} and {eb['step']}"
     return f"draws {ea['n']} and {eb['n']} of one " + ("batch" if a.worker is not None else f"step ({ea['step']})")

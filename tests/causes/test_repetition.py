@@ -39,6 +39,18 @@ def test_equal_states_at_consecutive_steps_repeat_across_steps() -> None:
     assert [f.across for f in repeated_randomness(evidence(main))] == ["steps"]
 
 
+def test_epochs_are_named_by_their_place_not_by_a_number_a_0_based_loop_would_misread() -> None:
+    """Issue 45: "(epoch 1)" named a 0-based loop's first epoch (the recorder counts DataLoader iterations from 1)."""
+    [found] = repeated_randomness(evidence([draw("a", epoch=1), draw("a", epoch=2, step=4)]))
+    assert found.evidence[0].startswith("the first and second epochs (the same draw of each) drew the same 16 values")
+
+
+def test_a_draw_of_unknown_size_is_worded_as_values() -> None:
+    """Issue 45: "drew the same its draw at" when the draw's size was not known."""
+    [found] = repeated_randomness(evidence([draw("a", size=0, epoch=1), draw("a", size=0, epoch=2, step=4)]))
+    assert " drew the same values at " in found.evidence[0]
+
+
 def test_equal_states_every_few_steps_without_a_dataloader_repeat_across_epochs() -> None:
     main = [draw(s, n=i, step=i) for i, s in enumerate("abcabc")]
     assert [f.across for f in repeated_randomness(evidence(main))] == ["epochs"]
@@ -112,8 +124,8 @@ def test_ranks_whose_workers_draw_from_equal_states_repeat_across_ranks() -> Non
     assert (found.across, found.site, found.created_at) == ("ranks", "t.py:5", "t.py:2")
     assert found.evidence[1] == ("torch's global RNG was seeded by `torch.manual_seed(0)` at t.py:2 in the main "
                                  "process, which seeds each DataLoader worker from it")
-    assert found.evidence[0].startswith("ranks 0 and 1 (DataLoader worker 0 of each, epoch 0) drew the same 16 "
-                                        "values at t.py:5")
+    assert found.evidence[0].startswith("ranks 0 and 1 (DataLoader worker 0 of each, before any DataLoader epoch) "
+                                        "drew the same 16 values at t.py:5")
     assert "torch seeds each DataLoader worker from its rank's own RNG" in found.fix
 
 
