@@ -146,8 +146,10 @@ def carried_state(a: Analysis) -> Analysis:
     if carried is not None:  # a checkpoint's path numbered after what earlier repeats left: no divergence
         comparison = replace(comparison, first_divergence=None)
     if comparison.first_divergence is None and ended is not None and ended.stdout is not None:
-        ended = replace(ended, detail=f"{ended.detail}; all {comparison.records_compared} recorded tensor "
-                                      "records agree" + (f"; {carried.divergence.detail}" if carried else ""))
+        shape_only = comparison.records_shape_only
+        ended = replace(ended, detail=f"{ended.detail}; all {comparison.records_compared} recorded tensor records agree"
+                        + (f" ({shape_only} of them by dtype and shape only)" if shape_only else "")
+                        + (f"; {carried.divergence.detail}" if carried else ""))
         # explained by what earlier repeats left (a log directory's next version_N): reported, no divergence
         evidence = causes.carried_output(ended, list(a.traces), list(a.results))
         if evidence is not None:

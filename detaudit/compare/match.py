@@ -26,8 +26,6 @@ SELF_CHECK_PREFIX = "selfcheck"
 # records the perturbation cannot be placed in exactly (another thread's), or that would not show it (no contents)
 _SKIPPED = int(Flag.THREAD | Flag.NO_DATA | Flag.NOT_RESULT)
 _NOT_RESULT = int(Flag.NOT_RESULT)
-# records compared by dtype and shape only: contents unread (meta, vmapped, unreadable tensors) or no result
-_SHAPE_ONLY = int(Flag.NO_DATA | Flag.NOT_RESULT)
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,6 @@ class _Tally:
 
     counts: np.ndarray = field(default_factory=lambda: np.zeros(max(Kind) + 1, dtype=np.int64))  # records by kind
     no_data: int = 0
-    shape_only: int = 0  # no_data and the not results: records compared by dtype and shape only
     threaded: int = 0
     last_step: int = 0
     stepped: int = -1  # the last step index at which parameters were recorded after an optimizer step
@@ -101,7 +98,6 @@ def _tally(trace: Path, records: int) -> _Tally:
         for chunk in stream.chunks(CHUNK, records):
             tally.counts += np.bincount(chunk["kind"], minlength=len(tally.counts))[: len(tally.counts)]
             tally.no_data += int(np.count_nonzero(chunk["flags"] & int(Flag.NO_DATA)))
-            tally.shape_only += int(np.count_nonzero(chunk["flags"] & _SHAPE_ONLY))
             tally.threaded += int(np.count_nonzero(chunk["flags"] & int(Flag.THREAD)))
             for name, n in zip(*np.unique(chunk["name"][(chunk["flags"] & _NOT_RESULT) != 0], return_counts=True)):
                 aside[int(name)] = aside.get(int(name), 0) + int(n)
@@ -174,7 +170,8 @@ def describe_match(trace: Path, comparison: Comparison, *, bitwise: bool, tolera
                  # index, so N completed steps end with parameters at N - 1
                  max(tally.last_step, tally.stepped + 1),
                  "no" if stdout == "ignore" else stdout, exit_status,
-                 _not_observed(tally, granularity, stdout, devices), self_check, tally.shape_only, list(stopped))
+                 _not_observed(tally, granularity, stdout, devices), self_check, comparison.records_shape_only,
+                 list(stopped))
 
 
 def choose_record(trace: Path) -> tuple[int, int, str] | None:

@@ -18,7 +18,10 @@ import numpy as np
 
 from detaudit.compare.align import Aligner, Block, describe, reference_pairs
 from detaudit.results import Divergence, Tolerance
-from detaudit.trace import RECORD_DTYPE, EmptyTrace, Kind, RecordStream
+from detaudit.trace import RECORD_DTYPE, EmptyTrace, Flag, Kind, RecordStream
+
+# records compared by dtype and shape only: contents unread (meta, vmapped, unreadable tensors) or no result
+SHAPE_ONLY = int(Flag.NO_DATA | Flag.NOT_RESULT)
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Comparison:
     first_divergence: Divergence | None
     records_compared: int = 0
     records_differing: int = 0
+    records_shape_only: int = 0  # of records_compared: dtype and shape only (Flag.NO_DATA, Flag.NOT_RESULT)
     by_step: list[StepSpread] = field(default_factory=list)
     aligned_to_end: bool = True
     recording_failed: dict[int, str] = field(default_factory=dict)  # repeat -> why detaudit recorded nothing
@@ -164,6 +168,7 @@ def compare_traces(
         recording_failed={i: str(s.footer["recording_failed"]) for i, s in enumerate(streams)
                           if isinstance(s.footer, dict) and s.footer.get("recording_failed")},
         first_divergence=walk.first, records_compared=walk.compared, records_differing=walk.differing,
+        records_shape_only=walk.shape_only,
         by_step=walk.by_step(), aligned_to_end=walk.aligned,
     )
 
@@ -179,7 +184,7 @@ class _Walk:
         self.first: Divergence | None = None
         self.spread: dict[int, list[Any]] = {}
         self.module_spread: dict[tuple[int, str], int] = {}  # (step, module) -> differing records
-        self.compared = self.differing = 0
+        self.compared = self.differing = self.shape_only = 0
         self.aligned = True
 
     def block(self, block: Block, texts: list[str]) -> None:
@@ -248,6 +253,7 @@ class _Walk:
             entry[1] += count
             entry[2] = max(entry[2], peak)
         self.compared += upto
+        self.shape_only += int(np.count_nonzero(block.chunks[0][:upto]["flags"] & SHAPE_ONLY))
         self.differing += int(any_diff.sum())
 
     def _ends_in(self, block: Block) -> None:

@@ -119,6 +119,13 @@ def test_a_deterministic_summary_says_how_much_agreed(tmp_path: Path) -> None:
                                                       f"run: {report.run_dir}")
 
 
+def test_a_stdout_divergence_counts_the_agreeing_records_compared_by_dtype_and_shape_only_apart(
+        tmp_path: Path) -> None:
+    recs = [r.but(flags=int(Flag.NO_DATA)) if i % 2 else r for i, r in enumerate(training_records(2))]
+    run = write_run(tmp_path / "run", [recs, recs], stdout=["loss 0.5\n", "loss 0.6\n"])
+    assert "all 12 recorded tensor records agree (6 of them by dtype and shape only)" in _text(load_run(run))
+
+
 def test_a_deterministic_summary_counts_records_compared_by_dtype_and_shape_only_apart(tmp_path: Path) -> None:
     """Vmapped or meta tensors (NO_DATA) and op outputs that are no result (NOT_RESULT) prove nothing about values:
     the count names the records compared by content (issue 45: 229 records claimed where 220 had no content)."""
