@@ -341,7 +341,14 @@ def _structure(streams: list[RecordStream], ref: int, rep: int, chunks: list[np.
                idx: int) -> Divergence:
     info = describe(streams[ref], chunks[ref][idx], base + idx)
     other = describe(streams[rep], chunks[rep][idx], base + idx)
-    detail = f"repeat {ref} recorded {info.kind} {info.name!r} here, repeat {rep} recorded {other.kind} {other.name!r}"
+    if (info.kind, info.name) != (other.kind, other.name):
+        detail = (f"repeat {ref} recorded {info.kind} {info.name!r} here, repeat {rep} recorded {other.kind} "
+                  f"{other.name!r}")
+    else:  # the same record on both sides: what differs is its step, shape or dtype
+        differs = ", ".join(f"{what} {mine} in repeat {ref} and {theirs} in repeat {rep}" for what, mine, theirs in
+                            (("step", info.step, other.step), ("shape", info.shape or "()", other.shape or "()"),
+                             ("dtype", info.dtype, other.dtype)) if mine != theirs)
+        detail = f"both repeats recorded {info.kind} {info.name!r} here, with {differs}"
     return Divergence(base + idx, "structure", info, [rep], ref, detail=detail, others={rep: other})
 
 

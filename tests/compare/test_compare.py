@@ -113,6 +113,21 @@ def test_other_kind_step_shape_or_dtype_is_structural(tmp_path: Path, field: str
     assert d.category == "structure"
 
 
+@pytest.mark.parametrize("field,value,words", [
+    ("step", 9, "step 0 in repeat 0 and 9 in repeat 1"),
+    ("shape", "4x2", "shape 4 in repeat 0 and 4x2 in repeat 1"),
+    ("dtype", "float64", "dtype float32 in repeat 0 and float64 in repeat 1")])
+def test_a_structure_divergence_of_one_record_says_what_differs_not_its_name_twice(
+        tmp_path: Path, field: str, value: object, words: str) -> None:
+    """Issue 45: 'repeat 0 recorded grad 'w' here, repeat 1 recorded grad 'w'' named the same record on both sides."""
+    recs = training_records(steps=2)
+    other = list(recs)
+    other[3] = other[3].but(**{field: value})
+    d = run_compare(tmp_path, [recs, other]).first_divergence
+    assert d is not None
+    assert d.detail == f"both repeats recorded grad {recs[3].name!r} here, with {words}"
+
+
 def test_content_divergence_before_structural_one_is_first(tmp_path: Path) -> None:
     recs = training_records(steps=3)
     other = mutate_digest(recs, 2)
