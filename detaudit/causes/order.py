@@ -192,5 +192,9 @@ def _in_order(what: str) -> str:
     if what.startswith("multiprocessing"):
         return ("`pool.imap(...)` or `pool.map(...)` instead of `imap_unordered` (results in input order), and "
                 "give each process its own output slot instead of a shared accumulator")
+    if what == "threading.Thread.start":  # a plain Thread has no future to read in order
+        return ("give each thread its own output slot (`results[i]` of a list made before the threads start), "
+                "`join()` every thread, then combine the slots in index order; a shared accumulator, even under "
+                "a `threading.Lock`, adds the results in whatever order the threads arrive")
     return ("keep the futures in a list and read `[f.result() for f in futures]` (or use `executor.map`), and "
             "give each thread its own output slot instead of a shared accumulator")

@@ -260,6 +260,15 @@ def test_concurrency_with_completion_order() -> None:
     assert "python-hash-seed" not in [c.id for c in found]  # weak background causes dropped
 
 
+def test_the_concurrency_fix_for_a_plain_thread_is_no_futures_recipe() -> None:
+    """Issue 45: a plain threading.Thread was told to read its futures in order (it has none)."""
+    events = [{"type": "concurrency", "what": "threading.Thread.start", "loc": "e.py:9", "target": "work"}]
+    [found] = [c for c in causes.rank(context([events + [hash_event(1)], events + [hash_event(2)]]))
+               if c.id == "concurrency"]
+    assert "future" not in found.fix
+    assert "`join()` every thread, then combine the slots in index order" in found.fix
+
+
 # -- kernels and devices ---------------------------------------------------------------------------------
 def op_event(op: str = "IndexBackward0", dev: str = "cpu", threads: int = 2, deterministic: bool = False,
              at: int = 0) -> dict[str, Any]:
