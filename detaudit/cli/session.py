@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
@@ -28,14 +28,34 @@ from detaudit.run.files import naming, silence_stdout
 if TYPE_CHECKING:
     from detaudit.report.model import Report
 
-PIPE_WIDTH = 1000  # a pipe or CI log: lay the report out this wide, i.e. never wrap it at 80 columns
+PIPE_WIDTH = 1000  # a pipe or CI log: tables and panels are laid out up to this wide, never cut at 80 columns
+PROSE_WIDTH = 100  # ... and prose wraps here, readable in a log viewer (issue 45: lines of 867 characters)
+
+
+class _PipeConsole(Console):
+    """Off a terminal without COLUMNS: tables and panels as wide as they need (PIPE_WIDTH at most), prose (text
+    printed on its own) wrapped at PROSE_WIDTH. A line printed with soft_wrap stays one line however long (the
+    summary line, an error: CI logs and grep read them whole)."""
+
+    def print(self, *objects: Any, **settings: Any) -> None:
+        if objects and not settings.get("soft_wrap") and settings.get("width") is None and all(map(_prose, objects)):
+            settings["width"] = PROSE_WIDTH
+        super().print(*objects, **settings)
+
+
+def _prose(renderable: Any) -> bool:
+    """Text, or a group of nothing but text (a block of lines); a table or a panel is no prose."""
+    if isinstance(renderable, Group):
+        return all(map(_prose, renderable.renderables))
+    return isinstance(renderable, (str, Text))
 
 
 def _make_console(**settings: Any) -> Console:
-    """A rich Console; off a terminal (and without COLUMNS) one that does not wrap at rich's default 80."""
+    """A rich Console; off a terminal (and without COLUMNS) one that does not wrap tables at rich's default 80,
+    and wraps prose at PROSE_WIDTH (_PipeConsole). COLUMNS, when set, is the width of everything."""
     console = Console(**settings)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(**settings, width=PIPE_WIDTH)
+        console = _PipeConsole(**settings, width=PIPE_WIDTH)
     return console
 
 

@@ -7,7 +7,8 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
-from rich.console import Console
+from rich.console import Console, Group
+from rich.text import Text
 
 import detaudit.cli.session as session
 import detaudit.report.baseline
@@ -74,6 +75,22 @@ def test_a_pipe_is_never_wrapped_at_80_columns(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.setattr("sys.stdout", StringIO())
     assert session.stdout_console().width == session.PIPE_WIDTH
+
+
+def test_off_a_terminal_prose_wraps_at_a_readable_width_and_a_soft_wrapped_line_stays_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 45: a report piped to a file had lines of 867 characters."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    console = session.stdout_console()
+    prose = " ".join(["word"] * 100)
+    console.print(prose)
+    console.print(Group(Text("a heading"), Text(prose)))  # a block of lines (render.py's match_block)
+    console.print(prose, soft_wrap=True)
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines[:-1]) <= session.PROSE_WIDTH
+    assert lines[-1] == prose
 
 
 @pytest.mark.parametrize("run_exit, expected", [(0, ExitCode.OUTPUT), (1, None)])
