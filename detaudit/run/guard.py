@@ -47,9 +47,22 @@ def die_with_parent() -> None:
         prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):  # no prctl in this libc: the job is only stopped the ordinary ways
         return
-    if str(os.getppid()) != expected:  # the parent died before the request: its death signal never comes
+    if str(os.getppid()) != expected and not _alive(expected):  # it died before the request: no signal will come
         os.kill(os.getpid(), signal.SIGKILL)
     os.environ[PARENT_ENV] = str(os.getpid())
+
+
+def _alive(pid: str) -> bool:
+    """Whether the process that asked is still alive. A process between it and this one (a wrapper the user's
+    interpreter runs through, a launcher's fork server) makes the parents differ while the guard lives: that is
+    no reason to end; the death signal then comes from the process in between."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, OverflowError):
+        return True
+    return True
 
 
 @contextlib.contextmanager

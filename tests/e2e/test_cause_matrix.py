@@ -174,6 +174,8 @@ NOT_IN_MATRIX = {
                        "(test_e2e_output)",
     "train_lstm_lm.py": "deterministic; its point is an op's workspace set aside at op level and in watch's replay "
                         "(test_e2e_ops, test_e2e_watch)",
+    "sample_tokens.py": "a token-answer scenario: its unseeded sampling's cause is the plain unseeded torch RNG the "
+                        "matrix already covers; what it checks is the answer in tokens (test_e2e_tokens)",
     "fit_noisy.py": "two independent sources at once, for `detaudit fix`'s search: its knobs, not one cause, are "
                     "what is checked (test_e2e_fix)",
     **{name: "a resume check's scenario: deterministic under `run`, its cause is `detaudit resume`'s "
