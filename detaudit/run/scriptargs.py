@@ -89,6 +89,30 @@ def script_options(script: Path) -> set[str]:
     return found
 
 
+def _later(rest: Sequence[str], lookup: dict[str, OptionSpec]) -> tuple[list[str], list[str]]:
+    """The arguments after an ambiguous option, split as `split_run_args` would: detaudit's options (with their
+    values), and the script's (its positionals, and everything from its first own option or a `--` on)."""
+    ours: list[str] = []
+    theirs: list[str] = []
+    j = 0
+    while j < len(rest):
+        arg = rest[j]
+        if arg == "--":
+            return ours, [*theirs, *rest[j + 1:]]
+        if not arg.startswith("-") or arg == "-" or _NUMBER.match(arg):
+            theirs.append(arg)
+            j += 1
+            continue
+        name, attached = _option_name(arg, lookup)
+        spec = lookup.get(name)
+        if spec is None:
+            return ours, [*theirs, *rest[j:]]
+        width = 2 if spec.takes_value and not attached else 1
+        ours.extend(rest[j:j + width])
+        j += width
+    return ours, theirs
+
+
 def _option_name(arg: str, lookup: dict[str, OptionSpec]) -> tuple[str, bool]:
     """(the option's name, whether its value is attached: `--x=1`, `-n5`)."""
     if arg.startswith("--"):
@@ -139,7 +163,7 @@ def split_run_args(args: Sequence[str], specs: Sequence[OptionSpec],
         if spec.takes_value and not attached and i + 1 == len(args):
             raise UsageError(f"{arg} needs a value")
         width = 2 if spec.takes_value and not attached else 1
-        _take_option(prog, split, given, args, i, width, spec, name)
+        _take_option(prog, split, given, args, i, width, spec, name, lookup)
         i += width
     return split
 
@@ -154,7 +178,7 @@ class _Given:
 
 
 def _take_option(prog: str, split: SplitArgs, given: _Given, args: Sequence[str], i: int, width: int,
-                 spec: OptionSpec, name: str) -> None:
+                 spec: OptionSpec, name: str, lookup: dict[str, OptionSpec]) -> None:
     """Take detaudit's option `args[i:i + width]`, spelled `name`; raise UsageError when the script defines that
     spelling too (another spelling of the same option is no clash: the script's parser would not take it) or
     it is given twice (before SCRIPT, or once before or after it and again after it)."""
@@ -163,11 +187,11 @@ def _take_option(prog: str, split: SplitArgs, given: _Given, args: Sequence[str]
         # given twice first: then the detaudit spelling is to give it once, not to move it before SCRIPT
         earlier = given.before.get(spec) or (given.after.get(spec) if not spec.multiple else None)
         if earlier is not None:
-            raise UsageError(_ambiguous(prog, split, args, i, width,
+            raise UsageError(_ambiguous(prog, split, args, i, width, lookup,
                                         f"{spec.label} is given twice ({earlier}, then {written} after "
                                         f"{split.script})", twice=True))
         if name in given.defined:
-            raise UsageError(_ambiguous(prog, split, args, i, width,
+            raise UsageError(_ambiguous(prog, split, args, i, width, lookup,
                                         f"{written} is an option of both detaudit and {split.script} "
                                         f"(its own argument parser defines {name})"))
         given.after[spec] = written
@@ -178,17 +202,17 @@ def _take_option(prog: str, split: SplitArgs, given: _Given, args: Sequence[str]
     split.ours.extend(args[i:i + width])
 
 
-def _ambiguous(prog: str, split: SplitArgs, args: Sequence[str], i: int, width: int, why: str,
-               twice: bool = False) -> str:
+def _ambiguous(prog: str, split: SplitArgs, args: Sequence[str], i: int, width: int,
+               lookup: dict[str, OptionSpec], why: str, twice: bool = False) -> str:
     """The refusal, with both spellings: the option to the script (after `--`), or to detaudit (before SCRIPT).
 
-    After the `--` the suggestion adds, everything is the script's: a `--` the user wrote later goes (it said
-    just that), so the script is never handed one."""
+    Only the option in question moves after the `--`, with the script's arguments (those read before it and
+    those after it, as the split would read them): detaudit's options after it stay before the `--`, and a `--`
+    the user wrote later goes (it said just that), so the script is handed neither."""
     assert split.script is not None
-    rest = list(args[i:])
-    if "--" in rest:
-        rest.remove("--")
-    to_script = shlex.join([*prog.split(), *split.ours, split.script, "--", *split.script_args, *rest])
+    ours, theirs = _later(args[i + width:], lookup)
+    to_script = shlex.join([*prog.split(), *split.ours, split.script, *ours, "--", *split.script_args,
+                            *args[i:i + width], *theirs])
     if twice:
         return (f"{why}, so detaudit will not guess whose the second is. If it is the script's, put it after "
                 f"`--`: `{to_script}`. If it is detaudit's, give it once.")

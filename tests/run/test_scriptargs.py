@@ -150,3 +150,12 @@ def test_script_options_reads_only_a_bounded_regular_file(tmp_path: Path, monkey
     assert script_options(big) == {"--big"}
     monkeypatch.setattr("detaudit.run.scriptargs.MAX_SCAN_BYTES", 16)
     assert script_options(big) == set()  # larger than the cap: not scanned (read no further than the cap)
+
+
+def test_the_scripts_spelling_suggested_moves_only_that_option_after_the_double_dash() -> None:
+    """detaudit's options after the clash stay detaudit's (they all went to the script: issue 44's trial, a
+    script defining -n/--hidden)."""
+    with pytest.raises(UsageError) as refused:
+        split(["lstm.py", "-n", "2", "--device", "cpu", "--json", "r.json", "--", "--epochs", "1"],
+              defines={"-n", "--hidden"})
+    assert "`detaudit run lstm.py --device cpu --json r.json -- -n 2 --epochs 1`" in str(refused.value)
