@@ -19,7 +19,7 @@ from detaudit.audit.against import Reference, changes, first_difference, follow,
 from detaudit.audit.pipeline import ended
 from detaudit.audit.watch_replicas import ReplicaWatch
 from detaudit.compare.live import Follower
-from detaudit.errors import OutputError
+from detaudit.errors import OutputError, TraceError
 from detaudit.report.model import ReplicaDivergence
 from detaudit.report.watch_model import Against, WatchReport, WatchSettings
 from detaudit.run import distributed
@@ -29,6 +29,7 @@ from detaudit.run.files import write_text_atomically
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats, request_stop
 from detaudit.run.rundir import new_run_dir
 from detaudit.run.watchlog import Mismatch, merged, read_watch_log
+from detaudit.trace.reader import read_events
 
 EVENTS_FILE = "watch-events.jsonl"
 HANDSHAKE_FILE = "watch-checked.json"  # how far the parent's checks got, for a torch.save to wait on
@@ -234,8 +235,28 @@ def run_watch(script: str, script_args: list[str], out_dir: Path | None, setting
                                                       follower)
     logs = [read_watch_log(path, rank) for path, rank in zip(_rank_files(events, ranks), ranks)] if ranks \
         else [read_watch_log(events)]
+    traces = [plan.trace.with_name(Layout.rank_file(plan.trace.name, r)) for r in ranks] if ranks else [plan.trace]
     return WatchReport(script, str(run_dir), settings, result, merged(logs), against,
-                       None if replicas is None else _replica_mismatch(replicas.found))  # after the relay's last poll
+                       None if replicas is None else _replica_mismatch(replicas.found),  # after the relay's last poll
+                       compiled=_compiled(traces))
+
+
+def _compiled(traces: Sequence[Path]) -> tuple[str, ...]:
+    """What ran compiled in the watched job, from its traces' compile evidence: the compiled modules by name, or
+    `compiled code` where dynamo compiled frames no module was seen for. The replay re-executes none of it."""
+    modules: list[str] = []
+    frames = False
+    for path in traces:
+        try:
+            found = read_events(path, "compile")
+        except (TraceError, OSError):  # no trace (the job died before torch): nothing seen compiled
+            continue
+        for event in found:
+            module = event.get("module")
+            if isinstance(module, str) and module not in modules:
+                modules.append(module)
+            frames = frames or bool(event.get("frames"))
+    return tuple(modules) if modules else ("compiled code",) if frames else ()
 
 
 def _local_ranks(layout: Layout | None) -> list[int]:

@@ -139,6 +139,8 @@ def summary_line(report: WatchReport) -> str:
             f"{log.checked_phrase}, {found} mismatch{'es' if found != 1 else ''}")
     if log.stopped is not None:
         text += f"; stopped before {log.stopped.before}"
+    if report.compiled:
+        text += "; compiled regions not checked"
     return text
 
 
@@ -147,9 +149,9 @@ def render_watch(report: WatchReport, console: Console) -> None:
     console.print(f"[bold]detaudit watch[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
     console.print(f"checked steps: {_clean(_steps(log.checked_steps))} (every {report.settings.every}); "
                   f"{log.replayed_ops} ops replayed")
-    unchecked = report.unchecked_sentence
-    if unchecked is not None:
-        console.print(f"[yellow]{_clean(unchecked)}[/]", soft_wrap=True)
+    for warning in (report.unchecked_sentence, report.compiled_sentence):
+        if warning is not None:
+            console.print(f"[yellow]{_clean(warning)}[/]", soft_wrap=True)
     if log.skipped_ops:
         console.print("not replayed: " + ", ".join(f"{count} {_clean(why)}" for why, count in
                                                    sorted(log.skipped_ops.items())))

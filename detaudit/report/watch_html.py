@@ -29,6 +29,7 @@ def render_watch_html(report: WatchReport) -> str:
             ("ops replayed", log.replayed_ops),
             ("not replayed", ", ".join(f"{n} {why}" for why, n in sorted(log.skipped_ops.items())) or None),
             ("not results (not compared)", report.not_results),
+            ("not checked", report.unchecked_sentence), ("compiled, not checked", report.compiled_sentence),
             ("stopped", report.stop_sentence),
             ("written before the check caught up",
              ", ".join(f"{save.target} (step {save.step})" for save in log.unchecked_saves) or None)]),

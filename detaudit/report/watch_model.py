@@ -109,6 +109,7 @@ class WatchJson(TypedDict):
     against: AgainstJson | None
     unchecked_saves: list[UncheckedSaveJson]
     training_thread: str | None
+    compiled_not_checked: list[str]  # what ran compiled, its kernels never replayed (empty: nothing compiled)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,15 @@ class WatchReport:
     log: WatchLog
     against: Against | None = None
     replica: Mismatch | None = None  # under torchrun: the first DDP replica that differed from the lowest rank's
+    compiled: tuple[str, ...] = ()  # what ran compiled (the trace's compile evidence): its kernels are not replayed
+
+    @property
+    def compiled_sentence(self) -> str | None:
+        """What the replay could not check because it ran compiled, in words (every renderer says it so)."""
+        if not self.compiled:
+            return None
+        return (f"compiled regions ran unreplayed ({', '.join(self.compiled)}): the replay re-executes eager ops "
+                "only, so their kernels were not checked; `detaudit run` compares what they compute across runs")
 
     @property
     def mismatches(self) -> tuple[Mismatch, ...]:
@@ -188,7 +198,7 @@ class WatchReport:
                 "nproc_per_node": self.settings.nproc_per_node,
                 "against": None if self.against is None else self.against.to_json(),
                 "unchecked_saves": [{"step": save.step, "target": save.target} for save in self.log.unchecked_saves],
-                "training_thread": self.log.training_thread}
+                "training_thread": self.log.training_thread, "compiled_not_checked": list(self.compiled)}
 
 
 def write_watch_json(report: WatchReport, path: Path) -> None:

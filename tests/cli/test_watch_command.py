@@ -62,3 +62,19 @@ def test_a_report_into_standard_output_is_refused(tmp_path: Path) -> None:
     script.write_text("print('mine')\n")
     result = CliRunner().invoke(watch, [str(script), "--json", "-"])
     assert result.exit_code == 2
+
+
+def _compiled_clean() -> WatchReport:
+    result = RepeatResult(0, "auto", 0, 1.0, False, "watch-0.trace", "watch-0.stdout", "watch-0.stderr", "")
+    return WatchReport("train.py", "run", WatchSettings(), result, WatchLog(steps=2, checked_steps=(0, 1)),
+                       compiled=("TransformerEncoder",))
+
+
+def test_a_compiled_model_s_summary_says_its_regions_were_not_checked() -> None:
+    assert summary_line(_compiled_clean()).endswith("; compiled regions not checked")
+
+
+def test_a_compiled_model_is_named_with_what_checks_it() -> None:
+    console = Console(record=True, width=200)
+    render_watch(_compiled_clean(), console)
+    assert "compiled regions ran unreplayed (TransformerEncoder)" in console.export_text()

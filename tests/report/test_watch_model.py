@@ -50,3 +50,15 @@ def test_a_run_whose_training_thread_was_never_replayed_is_not_clean() -> None:
     assert (made.verdict, made.exit_code) == ("unchecked", 6)
     assert made.unchecked_sentence == ("no optimizer step was checked: the training ran on thread 'trainer', and "
                                        "only 6 ops of other threads were replayed (docs/watch.md)")
+
+
+def test_a_compiled_model_is_named_as_not_checked_in_the_json() -> None:
+    """The trial's compiled TransformerEncoder: `clean` with nothing said of the kernels the replay never ran."""
+    result = RepeatResult(0, "auto", 0, 1.0, False, "watch-0.trace", "watch-0.stdout", "watch-0.stderr", "")
+    made = WatchReport("t.py", "run", WatchSettings(), result, WatchLog(steps=2, checked_steps=(0, 1)),
+                       compiled=("TransformerEncoder",))
+    assert made.to_json()["compiled_not_checked"] == ["TransformerEncoder"]
+
+
+def test_nothing_compiled_says_nothing() -> None:
+    assert report(0, log=WatchLog(steps=2, checked_steps=(0,))).compiled_sentence is None
