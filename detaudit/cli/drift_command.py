@@ -269,6 +269,14 @@ def _difference(row: RecordRow) -> str:
     return "-" if row.difference is None else f"{row.difference:.3g}"
 
 
+def _status(row: RecordRow) -> str:
+    """A row's status as the counts have it: a difference whose size was not recorded is `size unknown`, neither
+    within noise nor a drift (the trial's table said `drift` where the counts said 0 drifts)."""
+    if row.unrecorded:
+        return "[yellow]size unknown[/]"
+    return "[red]drift[/]" if row.status == "drift" else "within noise"
+
+
 def _record_name(row: RecordRow) -> str:
     """A row's name, with its rank where two torchrun runs' per-rank records are compared rank by rank."""
     return _clean(row.name + (f" (rank {row.rank})" if row.rank else ""))
@@ -323,8 +331,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
         for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
             table.add_column(column)
         for row in report.records[:SHOWN_ROWS]:
-            status = ("[red]drift[/]" if row.status == "drift" else "within noise") \
-                + (" (sized)" if row.sized else "")  # by re-recording (_render_rerecorded says so)
+            status = _status(row) + (" (sized)" if row.sized else "")  # by re-recording (_render_rerecorded says so)
             table.add_row(str(row.step), row.kind, _record_name(row), status,
                           _difference(row), f"{row.floor:.3g}",
                           "-" if row.ratio_to_floor is None else f"{row.ratio_to_floor:.3g}", _clean(row.location))

@@ -131,7 +131,7 @@ def _why(family: str, drifted: bool, change: ChangeEvidence | None) -> str:
         return {"reorder": "changes only the order of floating-point reductions: noise of this size",
                 "layout": "another world size sums the gradients in another order: noise of this size",
                 "runtime": "another runtime may pick other kernels: noise of this size",
-                "script": "the script's own setting; its effect stayed within the noise"}[family]
+                "script": "the script's own setting; no effect of it beyond the noise was measured"}[family]
     strong = change is not None and change.real_change
     return {"script": "changes what the script computes" + (" (the change starts large or is exact: " + _what(change)
                                                             + ")" if strong and change is not None else ""),

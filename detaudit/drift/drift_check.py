@@ -343,7 +343,9 @@ def _first_drift(judged: Sequence[Judged], missing: Sequence[Identity], recordin
             change
     if first is None:
         return None, None
-    change = evidence(recordings_a[0][first.identity], recording_b[first.identity], ratios_over_steps(judged, first))
+    # a difference of unknown size has no ratio to the floor: how it goes over the steps is not known either
+    ratios = ratios_over_steps(judged, first) if first.detail is None else []
+    change = evidence(recordings_a[0][first.identity], recording_b[first.identity], ratios)
     return _first(first, recordings_a[0][first.identity], change), change
 
 
@@ -367,7 +369,7 @@ def _row(judged: Judged, value: Value) -> RecordRow:
     i = judged.identity
     return RecordRow(i.step, i.kind, i.name, i.occurrence, value.module, value.location, judged.status,
                      judged.difference if math.isfinite(judged.difference) else None, judged.floor, judged.ratio,
-                     i.rank, judged.detail, judged.sized)
+                     i.rank, judged.detail, judged.sized, judged.unrecorded)
 
 
 def _names(identities: Sequence[Identity]) -> list[RecordName]:

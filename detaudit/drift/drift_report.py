@@ -40,6 +40,7 @@ class RecordRow:
     rank: int = 0  # a per-rank record of two runs with the same world size
     detail: str | None = None  # why a drift has no size (compare/noise_floor.py `unsized`), or no pair, or how sized
     sized: bool = False  # its size was unknown and found by re-recording (drift/rerecord.py): from every element
+    unrecorded: bool = False  # its digest differs where no sample sits and it was not sized: its size is unknown
 
 
 @dataclass(frozen=True)
