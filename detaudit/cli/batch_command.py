@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from detaudit.batch.finding import FirstVariant
+from detaudit.batch.finding import BatchFinding, FirstVariant
 from detaudit.batch.reporting import BatchReport, BatchSettings, write_html, write_json
 from detaudit.cli.options import (
     RunCommand,
@@ -148,6 +148,8 @@ def render_batch(report: BatchReport, console: Console) -> None:
     _render_harness(report, console)
     if finding.first_variant is not None:
         _render_first(finding.first_variant, console)
+    if finding.tokens is not None:
+        _render_tokens(finding, console)
     for cause in report.causes:
         console.print(f"[bold]cause[/] {_clean(cause.id)} ({cause.confidence}): {_clean(cause.summary)}")
         console.print(f"  fix: {_clean(cause.fix)}")
@@ -186,6 +188,26 @@ def _render_first(first: FirstVariant, console: Console) -> None:
     if first.large:
         console.print(f"[bold red]LARGE DIFFERENCE[/]: max |diff| {first.max_abs_diff:.3g} on values up to "
                       f"{first.scale:.3g} — not rounding: rows read each other's data (a mask or padding bug)")
+
+
+def _render_tokens(finding: BatchFinding, console: Console) -> None:
+    """The token answer: the earliest divergent token, and how many sequences and sizes have one."""
+    tokens = finding.tokens
+    assert tokens is not None
+    tied = (f"{tokens.steps} decode step{'s' if tokens.steps != 1 else ''}, {tokens.tied} chose from a probed "
+            f"call's output" + (f" ({tokens.untied} probed call(s) with scores no step chose from)" if tokens.untied
+                                else ""))
+    first = tokens.earliest
+    if first is None:
+        console.print(f"tokens: no greedy token changes with the batch ({tied})")
+        return
+    op = finding.first_variant.op if finding.first_variant is not None else None
+    size = f"a batch of {first.size}" if first.subset == "prefix" else f"the batch {first.subset}"
+    console.print(f"[bold]first divergent token[/]: sequence {first.sequence} at position {first.position} "
+                  f"({_clean(first.loc)}): {first.token} in the whole batch, {first.other} in {size} "
+                  f"(margin {first.margin:.3g})" + (f"; starts at {_clean(op.name)} ({_clean(op.location)})"
+                                                     if op is not None else ""))
+    console.print(f"  {len(tokens.first)} sequence/size pair(s) with a divergent token; {tied}")
 
 
 def _render_harness(report: BatchReport, console: Console) -> None:
