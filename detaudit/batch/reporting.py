@@ -111,8 +111,11 @@ def _tokens(tokens: BatchTokens | None, first: FirstVariant | None) -> dict[str,
     if tokens is None:
         return None
     op = first.op if first is not None else None
+    module = first.module if first is not None else None
+    spot = op or module
     return {"decode_steps": tokens.steps, "tied_calls": tokens.tied, "untied_calls": tokens.untied,
-            "op": op.name if op is not None else None, "op_location": op.location if op is not None else None,
+            "op": op.name if op is not None else None, "module": module.name if module is not None else None,
+            "location": spot.location if spot is not None else None,
             "first": None if tokens.earliest is None else asdict(tokens.earliest),
             "divergent": [asdict(t) for t in tokens.first[:MAX_TOKENS]], "divergent_total": len(tokens.first)}
 

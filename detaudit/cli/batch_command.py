@@ -201,7 +201,8 @@ def _render_tokens(finding: BatchFinding, console: Console) -> None:
     if first is None:
         console.print(f"tokens: no greedy token changes with the batch ({tied})")
         return
-    op = finding.first_variant.op if finding.first_variant is not None else None
+    first_variant = finding.first_variant
+    op = (first_variant.op or first_variant.module) if first_variant is not None else None
     size = f"a batch of {first.size}" if first.subset == "prefix" else f"the batch {first.subset}"
     console.print(f"[bold]first divergent token[/]: sequence {first.sequence} at position {first.position} "
                   f"({_clean(first.loc)}): {first.token} in the whole batch, {first.other} in {size} "

@@ -32,9 +32,11 @@ def last_scores(value: Any, n: int, d: int) -> tuple[str, torch.Tensor] | None:
 
 
 def choice(path: str, scores: torch.Tensor) -> BatchChoice:
-    """The whole batch's choice per row (its first MAX_ROWS rows), with no flips yet."""
-    top = torch.topk(scores[:MAX_ROWS].float(), 2, dim=-1)
-    return BatchChoice(output=path, ids=top.indices[:, 0].tolist(), top2=top.values.tolist(), flips=[])
+    """The whole batch's choice per row (its first MAX_ROWS rows), with no flips yet: argmax's (on a tie, the first
+    index, as the script's argmax picks; topk may pick another), and the two largest scores."""
+    kept = scores[:MAX_ROWS]
+    top = torch.topk(kept.float(), 2, dim=-1)
+    return BatchChoice(output=path, ids=torch.argmax(kept, dim=-1).tolist(), top2=top.values.tolist(), flips=[])
 
 
 def flips(whole: BatchChoice, vocab: int, scores: torch.Tensor | None, ref: torch.Tensor, got: torch.Tensor,

@@ -44,3 +44,11 @@ def test_a_probe_that_keeps_every_argmax_has_no_flip() -> None:
                   torch.tensor([1, 0]), torch.arange(2))
     assert choices.whole is not None
     assert choices.whole["flips"] == []
+
+
+def test_a_tied_rows_choice_is_the_first_index_as_argmax_picks() -> None:
+    scores = torch.zeros(1, 1, 8)
+    scores[0, 0, 2] = scores[0, 0, 7] = 1.0  # topk puts index 7 first here (torch 2.13, CPU)
+    choices = Choices(scores, 1, 0)
+    assert choices.whole is not None
+    assert choices.whole["ids"] == [2]
