@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, python_command, run_cli
+from decodecases import PLAIN_TOKENS
 
 pytestmark = pytest.mark.process
 
@@ -268,39 +269,12 @@ def test_a_sequence_first_lstm_is_probed_along_its_batch_not_its_time_steps(tmp_
     assert "batch-rows-mix" not in [c["id"] for c in report["causes"]]
 
 
-# Each sequence's first divergent greedy token per probe of decode_greedy.py, computed with plain torch: the script's
-# own decode of the whole batch, and at each step the same prefix evaluated at every probe size. Which sizes flip a
-# token is the CPU's (its kernels' blocking, and how near a tie its logits come), so it is derived here.
-_PLAIN_TOKENS = """
-import importlib.util, json, sys
-import torch
-from detaudit.recorder.batchprobe import default_sizes
-spec = importlib.util.spec_from_file_location("decode_greedy", sys.argv[1])
-script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(script)
-model, ids = script.build(), script.prompts()
-first = {}
-with torch.no_grad():
-    for position in range(4):
-        whole = model(ids)[:, -1].argmax(-1)
-        n = ids.shape[0]
-        probes = [("prefix", k, model(ids[:k])[:, -1].argmax(-1)) for k in default_sizes(n) if k < n]
-        probes.append(("reversed", n, model(ids.flip(0))[:, -1].argmax(-1).flip(0)))
-        for kind, k, got in probes:
-            for row in range(len(got)):
-                if int(got[row]) != int(whole[row]):
-                    first.setdefault(f"{row} {kind} {k}", [row, position, kind, k, int(whole[row]), int(got[row])])
-        ids = torch.cat([ids, whole[:, None]], dim=1)
-print(json.dumps(sorted(first.values())))
-"""
-
-
 @pytest.fixture(scope="module")
 def decode_audit(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[list]]:
     """decode_greedy.py under `detaudit batch` (dim 0: its first prompt is as long as the batch is big), and plain
     torch's first divergent tokens for it."""
     tmp_path = tmp_path_factory.mktemp("decode_greedy")
-    done = subprocess.run(python_command(["-c", _PLAIN_TOKENS, str(SCRIPTS / "decode_greedy.py")]), cwd=tmp_path,
+    done = subprocess.run(python_command(["-c", PLAIN_TOKENS, str(SCRIPTS / "decode_greedy.py")]), cwd=tmp_path,
                           capture_output=True, text=True, check=True)
     _, report, _ = batch(SCRIPTS, tmp_path, "decode_greedy.py", "--batch-dim", "0")
     return report, json.loads(done.stdout)

@@ -1,5 +1,6 @@
 """Greedy decoding of a batch of prompts with a small causal transformer built from its config."""
 
+import argparse
 import math
 from dataclasses import dataclass
 
@@ -28,25 +29,29 @@ class TinyLM(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
-        causal = torch.triu(torch.full((t, t), -math.inf), diagonal=1)
-        h = self.blocks(self.embed(ids) + self.position(torch.arange(t)), mask=causal)
+        causal = torch.triu(torch.full((t, t), -math.inf, device=ids.device, dtype=self.head.weight.dtype), 1)
+        h = self.blocks(self.embed(ids) + self.position(torch.arange(t, device=ids.device)), mask=causal)
         return self.head(self.norm(h))
 
 
-def build() -> TinyLM:
+def build(device: str = "cpu", dtype: str = "float32") -> TinyLM:
     torch.manual_seed(0)
-    return TinyLM(Config()).eval()
+    return TinyLM(Config()).eval().to(device, getattr(torch, dtype))
 
 
-def prompts() -> torch.Tensor:
+def prompts(device: str = "cpu") -> torch.Tensor:
     first = torch.tensor([[243, 139, 477, 455, 58, 11]])
     rest = torch.randint(0, Config.vocab, (5, 6), generator=torch.Generator().manual_seed(1))
-    return torch.cat([first, rest])
+    return torch.cat([first, rest]).to(device)
 
 
 def main() -> None:
-    model = build()
-    ids = prompts()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args()
+    model = build(args.device, args.dtype)
+    ids = prompts(args.device)
     with torch.no_grad():
         for _ in range(4):
             logits = model(ids)
