@@ -174,6 +174,11 @@ def render_html(report: BatchReport) -> str:
                  f"<li>module: <code>{e(module)}</code></li>"
                  f"<li>op: <code>{e(str(op))}</code> at <code>{e(location)}</code></li>"
                  f"<li>max |diff| {max_abs_diff:.3g}, {max_ulp} ULP</li></ul>")
+    tokens = finding.tokens.earliest if finding.tokens is not None else None
+    if tokens is not None:
+        where += (f"<h2>First divergent token</h2><p>sequence {tokens.sequence} at position {tokens.position} "
+                  f"(<code>{e(tokens.loc)}</code>): {tokens.token} in the whole batch, {tokens.other} in "
+                  f"{e(tokens.subset)} {tokens.size} (margin {tokens.margin:.3g})</p>")
     causes = "".join(f"<li><b>{e(c.id)}</b> ({e(c.confidence)}): {e(c.summary)}<br>"
                      f"<i>fix:</i> {e(c.fix)}<ul>{''.join(f'<li>{e(x)}</li>' for x in c.evidence)}</ul></li>"
                      for c in report.causes)
