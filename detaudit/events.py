@@ -461,7 +461,7 @@ class BatchChoice(TypedDict):
 
     output: str  # the output tensor whose last position's scores were read, by path (`output`, `output[0]`)
     ids: list[int]  # the whole batch's argmax per row (the first MAX_ROWS rows)
-    top2: list[list[float]]  # its two largest scores per row
+    top2: list[list[float] | None]  # its two largest scores per row (None: not finite)
     flips: list[BatchFlip]
 
 

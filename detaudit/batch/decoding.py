@@ -27,7 +27,7 @@ class TokenAtSize:
     size: int  # the probe's batch size
     token: int  # the token the script chose (in the whole batch)
     other: int  # the token the probe's batch gives
-    margin: float  # the whole batch's top-1 minus top-2 score at that position
+    margin: float | None  # the whole batch's top-1 minus top-2 score at that position (None: not finite)
     module: str  # the probed call that gave the scores
     call: int
     fn: str  # the choice's function and line
@@ -53,7 +53,7 @@ def _chose_from(step: TokenStep, choice: BatchChoice) -> bool:
     if step.top2 is None or len(step.ids) != len(choice["ids"]):
         return False
     return list(step.ids) == choice["ids"] and all(
-        pair is not None and pair[0] == mine[0] and pair[1] == mine[1]
+        (pair is None and mine is None) or (pair is not None and mine is not None and tuple(pair) == tuple(mine))
         for pair, mine in zip(step.top2, choice["top2"], strict=True))
 
 
@@ -83,7 +83,8 @@ def tokens_at_size(calls: Sequence[BatchCallEvent], steps: Sequence[TokenStep]) 
             key = (step.key, flip["row"], flip["subset"], flip["size"])
             top = choice["top2"][flip["row"]]
             found = TokenAtSize(sequence=flip["row"], position=step.position, subset=flip["subset"], size=flip["size"],
-                                token=choice["ids"][flip["row"]], other=flip["other"], margin=top[0] - top[1],
+                                token=choice["ids"][flip["row"]], other=flip["other"],
+                                margin=None if top is None else top[0] - top[1],
                                 module=call["module"], call=call["call"], fn=step.fn, loc=step.loc)
             if key not in first or found.position < first[key].position:
                 first[key] = found

@@ -178,7 +178,7 @@ def render_html(report: BatchReport) -> str:
     if tokens is not None:
         where += (f"<h2>First divergent token</h2><p>sequence {tokens.sequence} at position {tokens.position} "
                   f"(<code>{e(tokens.loc)}</code>): {tokens.token} in the whole batch, {tokens.other} in "
-                  f"{e(tokens.subset)} {tokens.size} (margin {tokens.margin:.3g})</p>")
+                  f"{e(tokens.subset)} {tokens.size}</p>")
     causes = "".join(f"<li><b>{e(c.id)}</b> ({e(c.confidence)}): {e(c.summary)}<br>"
                      f"<i>fix:</i> {e(c.fix)}<ul>{''.join(f'<li>{e(x)}</li>' for x in c.evidence)}</ul></li>"
                      for c in report.causes)

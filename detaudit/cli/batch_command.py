@@ -204,10 +204,11 @@ def _render_tokens(finding: BatchFinding, console: Console) -> None:
     first_variant = finding.first_variant
     op = (first_variant.op or first_variant.module) if first_variant is not None else None
     size = f"a batch of {first.size}" if first.subset == "prefix" else f"the batch {first.subset}"
+    margin = "not finite" if first.margin is None else format(first.margin, ".3g")
     console.print(f"[bold]first divergent token[/]: sequence {first.sequence} at position {first.position} "
                   f"({_clean(first.loc)}): {first.token} in the whole batch, {first.other} in {size} "
-                  f"(margin {first.margin:.3g})" + (f"; starts at {_clean(op.name)} ({_clean(op.location)})"
-                                                     if op is not None else ""))
+                  f"(margin {margin})" + (f"; starts at {_clean(op.name)} ({_clean(op.location)})"
+                                          if op is not None else ""))
     console.print(f"  {len(tokens.first)} sequence/size pair(s) with a divergent token; {tied}")
 
 

@@ -11,6 +11,7 @@ script's choice was made from these scores is decided by the reader (batch/decod
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -33,10 +34,12 @@ def last_scores(value: Any, n: int, d: int) -> tuple[str, torch.Tensor] | None:
 
 def choice(path: str, scores: torch.Tensor) -> BatchChoice:
     """The whole batch's choice per row (its first MAX_ROWS rows), with no flips yet: argmax's (on a tie, the first
-    index, as the script's argmax picks; topk may pick another), and the two largest scores."""
+    index, as the script's argmax picks; topk may pick another), and the two largest scores (None where not finite,
+as the token events keep them)."""
     kept = scores[:MAX_ROWS]
-    top = torch.topk(kept.float(), 2, dim=-1)
-    return BatchChoice(output=path, ids=torch.argmax(kept, dim=-1).tolist(), top2=top.values.tolist(), flips=[])
+    top = torch.topk(kept.float(), 2, dim=-1).values.tolist()
+    return BatchChoice(output=path, ids=torch.argmax(kept, dim=-1).tolist(), flips=[],
+                       top2=[[a, b] if math.isfinite(a) and math.isfinite(b) else None for a, b in top])
 
 
 def flips(whole: BatchChoice, vocab: int, scores: torch.Tensor | None, ref: torch.Tensor, got: torch.Tensor,

@@ -20,7 +20,7 @@ def scored(index: int, ids: list[int], flips: list[dict[str, Any]] | None = None
 
 
 def step(position: int, ids: tuple[int, ...], top2: Any = TOP2) -> TokenStep:
-    pairs = None if top2 is None else tuple(tuple(p) for p in top2)
+    pairs = None if top2 is None else tuple(None if p is None else tuple(p) for p in top2)
     return TokenStep(fn="Tensor.argmax", loc="decode.py:9", position=position, ids=ids, top2=pairs)  # type: ignore[arg-type]
 
 
@@ -73,3 +73,10 @@ def test_the_finding_reads_token_events_beside_the_probes() -> None:
     assert finding.tokens is not None
     assert finding.tokens.earliest is not None
     assert (finding.tokens.earliest.sequence, finding.tokens.earliest.other) == (1, 2)
+
+
+def test_a_row_without_finite_scores_in_both_still_ties_with_no_margin() -> None:
+    top2 = [None, [1.0, 0.5]]
+    tokens = tokens_at_size([scored(0, [7, 3], [flip(0, 9)], top2)], [step(0, (7, 3), top2)])
+    assert tokens is not None
+    assert [(t.sequence, t.margin) for t in tokens.first] == [(0, None)]

@@ -52,3 +52,9 @@ def test_a_tied_rows_choice_is_the_first_index_as_argmax_picks() -> None:
     choices = Choices(scores, 1, 0)
     assert choices.whole is not None
     assert choices.whole["ids"] == [2]
+
+
+def test_a_row_without_two_finite_scores_keeps_no_top2() -> None:
+    choices = Choices(torch.tensor([[[1.0, float("nan"), 0.0]], [[2.0, 1.0, 0.0]]]), 2, 0)
+    assert choices.whole is not None
+    assert choices.whole["top2"] == [None, [2.0, 1.0]]
