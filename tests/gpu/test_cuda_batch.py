@@ -1,9 +1,9 @@
 """On a real GPU: `detaudit batch` answers in tokens for a greedy decoder in bfloat16 (issue 46 item 4).
 
-On this project's CPU no greedy token of tests/scripts/decode_greedy.py changes with its batch (docs/batch.md,
-"Token answers": 1.2 million random prompts searched, none flipped); in bfloat16 on a GPU, where one rounding step is
-2^-8 of a logit and cuBLAS picks its kernel by the row count, flips are expected but were not verified in the
-session that wrote this (no GPU was lent). The expectation is derived with plain torch on the same device.
+On this project's CPU the first prompt of tests/scripts/decode_greedy.py gets another first token decoded alone
+than in its batch of 6 (docs/batch.md, "A reproduction on CPU"); in bfloat16 on a GPU, where one rounding step is
+2^-8 of a logit and cuBLAS picks its kernel by the row count, flips should be commoner, but this was not verified in
+the session that wrote it (no GPU was lent). The expectation is derived with plain torch on the same device.
 Skipped without CUDA.
 """
 
