@@ -446,6 +446,25 @@ class BatchSpot(TypedDict):
     shape_changed: bool
 
 
+class BatchFlip(TypedDict):
+    """A row whose greedy choice over the probed call's scores differs between a probe and the whole batch."""
+
+    subset: SubsetKind
+    size: int  # the probe's batch size
+    row: int  # the row in the whole batch
+    other: int  # the probe's argmax for it (the whole batch's is the choice's `ids[row]`)
+
+
+class BatchChoice(TypedDict):
+    """The greedy choice each row of a probed call would get from its output's last position: the whole batch's
+    argmax and top-2 scores per row, and the rows whose argmax a probe changed (recorder/batchchoice.py)."""
+
+    output: str  # the output tensor whose last position's scores were read, by path (`output`, `output[0]`)
+    ids: list[int]  # the whole batch's argmax per row (the first MAX_ROWS rows)
+    top2: list[list[float] | None]  # its two largest scores per row (None: not finite)
+    flips: list[BatchFlip]
+
+
 class BatchCallEvent(_Event):
     """One probed call: the batch's size and dim, and each probe's result."""
 
@@ -461,6 +480,7 @@ class BatchCallEvent(_Event):
     batch_dim_detail: NotRequired[str]  # why that dim, in words
     not_compared: NotRequired[list[str]]  # output tensors without the batch's rows (aggregates), by path and shape
     training: NotRequired[bool]  # the probed module was in train mode (PyTorch's harness probes in eval())
+    choice: NotRequired[BatchChoice]  # a floating output with rows and a last dim to choose over (logits)
 
 
 class BatchSkipEvent(_Event):

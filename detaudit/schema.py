@@ -208,4 +208,8 @@ EVENT = Obj({
     "sets": ListOf(Obj({"name": str, "of": str, "size": Int(2), "built": ListOf(str), "iterated": ListOf(str),
                         "used": ListOf(str)}, frozenset({"name", "of", "size"}))),
     "ids": ListOf(Int()), "top2": OneOf((NONE, ListOf(OneOf((NONE, ListOf(Number(), 2)))))),
+    "choice": Obj({"output": str, "ids": ListOf(Int()), "top2": ListOf(OneOf((NONE, ListOf(Number(), 2)))),
+                   "flips": ListOf(Obj({"subset": str, "size": Int(1), "row": Int(0), "other": Int()},
+                                       frozenset({"subset", "size", "row", "other"})))},
+                  frozenset({"output", "ids", "top2", "flips"})),
 }, frozenset({"at", "type"}))

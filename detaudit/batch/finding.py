@@ -10,7 +10,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
-from detaudit.events import BatchCallEvent, BatchOriginEvent, BatchSkipEvent, BatchSpot, BatchSubset, Event, select
+from detaudit.batch.decoding import BatchTokens, tokens_at_size
+from detaudit.compare.tokens import token_steps
+from detaudit.events import (
+    BatchCallEvent,
+    BatchOriginEvent,
+    BatchSkipEvent,
+    BatchSpot,
+    BatchSubset,
+    Event,
+    TokenEvent,
+    select,
+)
 
 BatchVerdict = Literal["batch-invariant", "batch-variant", "inconclusive"]
 # a difference above this share of the rows' largest magnitude (and 16 ULPs of the dtype's epsilon) is no
@@ -162,6 +173,7 @@ class BatchFinding:
     harness: Harness = Harness("not_probed", ())
     not_compared: dict[str, int] = field(default_factory=dict)  # an output left out (aggregate) -> calls
     train_mode_calls: int = 0  # probed calls whose module was in train mode (the harness probes in eval())
+    tokens: BatchTokens | None = None  # the script decoded: its sequences' first divergent tokens per probe
 
     @property
     def not_comparable(self) -> int:
@@ -197,7 +209,8 @@ def analyse(events: list[Event]) -> BatchFinding:
     not_compared = Counter(path for c in calls for path in c.get("not_compared", []))
     return BatchFinding(verdict, len(calls), len(variant), sum(not c["reproduced"] for c in calls), subsets,
                         dict(skipped), details, first, _batch_dims(calls), _harness(calls, skips),
-                        dict(not_compared), sum(bool(c.get("training")) for c in calls))
+                        dict(not_compared), sum(bool(c.get("training")) for c in calls),
+                        tokens_at_size(calls, token_steps(select(events, TokenEvent))))
 
 
 def _rung(subset: BatchSubset) -> bool:

@@ -9,13 +9,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from detaudit.batch.decoding import BatchTokens
 from detaudit.batch.finding import BatchFinding, FirstVariant, Spot
 from detaudit.codec import Codable, FileFormat
 from detaudit.errors import ExitCode
 from detaudit.results import Cause, Ending, RepeatResult
 
 # version 2: settings.batch_dim is null unless --batch-dim was given (it was 0 by default); adds batch_dims, harness,
-# not_compared, train_mode_calls and subsets' `ladder`
+# not_compared, train_mode_calls and subsets' `ladder`; `tokens` added within version 2 (readers ignore it)
 BATCH = FileFormat("detaudit-batch", 2, "batch report")
 # run-to-run-divergent: every probe agrees, but with --repeats the repeats differ from each other
 BatchReportVerdict = Literal["batch-invariant", "batch-variant", "inconclusive", "script-failed", "timeout",
@@ -101,6 +102,24 @@ def _first_variant(first: FirstVariant | None) -> dict[str, Any] | None:
     }
 
 
+MAX_TOKENS = 50  # first divergent tokens listed in the JSON (the earliest first)
+
+
+def _tokens(tokens: BatchTokens | None, first: FirstVariant | None) -> dict[str, Any] | None:
+    """The token answer (docs/batch.md "Token answers"): each sequence's first divergent token per probe size,
+    tied to the op the origin search named."""
+    if tokens is None:
+        return None
+    op = first.op if first is not None else None
+    module = first.module if first is not None else None
+    spot = op or module
+    return {"decode_steps": tokens.steps, "tied_calls": tokens.tied, "untied_calls": tokens.untied,
+            "op": op.name if op is not None else None, "module": module.name if module is not None else None,
+            "location": spot.location if spot is not None else None,
+            "first": None if tokens.earliest is None else asdict(tokens.earliest),
+            "divergent": [asdict(t) for t in tokens.first[:MAX_TOKENS]], "divergent_total": len(tokens.first)}
+
+
 def report_json(report: BatchReport) -> dict[str, Any]:
     """The batch report's documented JSON (docs/batch.md); `report.to_dict()` is its complete typed form."""
     finding = report.finding
@@ -122,6 +141,7 @@ def report_json(report: BatchReport) -> dict[str, Any]:
                      "max_ulp": s.max_ulp} for s in finding.subsets],
         "not_compared": dict(finding.not_compared), "train_mode_calls": finding.train_mode_calls,
         "first_variant": _first_variant(finding.first_variant),
+        "tokens": _tokens(finding.tokens, finding.first_variant),
         "causes": [asdict(c) for c in report.causes],
         "run_to_run": report.run_to_run, "run_to_run_detail": report.run_to_run_detail,
         "repeats": [r.to_dict() for r in report.results],
@@ -154,6 +174,11 @@ def render_html(report: BatchReport) -> str:
                  f"<li>module: <code>{e(module)}</code></li>"
                  f"<li>op: <code>{e(str(op))}</code> at <code>{e(location)}</code></li>"
                  f"<li>max |diff| {max_abs_diff:.3g}, {max_ulp} ULP</li></ul>")
+    tokens = finding.tokens.earliest if finding.tokens is not None else None
+    if tokens is not None:
+        where += (f"<h2>First divergent token</h2><p>sequence {tokens.sequence} at position {tokens.position} "
+                  f"(<code>{e(tokens.loc)}</code>): {tokens.token} in the whole batch, {tokens.other} in "
+                  f"{e(tokens.subset)} {tokens.size}</p>")
     causes = "".join(f"<li><b>{e(c.id)}</b> ({e(c.confidence)}): {e(c.summary)}<br>"
                      f"<i>fix:</i> {e(c.fix)}<ul>{''.join(f'<li>{e(x)}</li>' for x in c.evidence)}</ul></li>"
                      for c in report.causes)

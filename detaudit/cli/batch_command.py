@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from detaudit.batch.finding import FirstVariant
+from detaudit.batch.finding import BatchFinding, FirstVariant
 from detaudit.batch.reporting import BatchReport, BatchSettings, write_html, write_json
 from detaudit.cli.options import (
     RunCommand,
@@ -125,6 +125,21 @@ def summary_line(report: BatchReport) -> str:
     return text
 
 
+def _render_subsets(finding: BatchFinding, console: Console) -> None:
+    """The probes' table: each subset size, how its rows compared, and its status in the harness's terms."""
+    if not finding.subsets:
+        return
+    table = Table(show_edge=False)
+    for column in ("probe", "rows", "calls", "result", "rows differ", "max |diff|", "max ULP", "harness"):
+        table.add_column(column)
+    for s in finding.subsets:
+        table.add_row(s.kind, str(s.size), str(s.probes),
+                      "[green]agree[/]" if s.agree else f"[red]differ in {s.probes - s.agreed}[/]",
+                      str(s.rows_differ), f"{s.max_abs_diff:.3g}", str(s.max_ulp),
+                      ("pass" if s.agree else f"fail_batch_invariance_at_{s.size}") if s.ladder else "added")
+    console.print(table)
+
+
 def render_batch(report: BatchReport, console: Console) -> None:
     finding = report.finding
     console.print(f"[bold]detaudit batch[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
@@ -135,19 +150,12 @@ def render_batch(report: BatchReport, console: Console) -> None:
     for use in finding.batch_dims:
         console.print(f"batch dim {use.dim} ({use.source}) for {use.calls} call{'s' if use.calls != 1 else ''}: "
                       f"{_clean(use.detail)}")
-    if finding.subsets:
-        table = Table(show_edge=False)
-        for column in ("probe", "rows", "calls", "result", "rows differ", "max |diff|", "max ULP", "harness"):
-            table.add_column(column)
-        for s in finding.subsets:
-            table.add_row(s.kind, str(s.size), str(s.probes),
-                          "[green]agree[/]" if s.agree else f"[red]differ in {s.probes - s.agreed}[/]",
-                          str(s.rows_differ), f"{s.max_abs_diff:.3g}", str(s.max_ulp),
-                          ("pass" if s.agree else f"fail_batch_invariance_at_{s.size}") if s.ladder else "added")
-        console.print(table)
+    _render_subsets(finding, console)
     _render_harness(report, console)
     if finding.first_variant is not None:
         _render_first(finding.first_variant, console)
+    if finding.tokens is not None:
+        _render_tokens(finding, console)
     for cause in report.causes:
         console.print(f"[bold]cause[/] {_clean(cause.id)} ({cause.confidence}): {_clean(cause.summary)}")
         console.print(f"  fix: {_clean(cause.fix)}")
@@ -186,6 +194,28 @@ def _render_first(first: FirstVariant, console: Console) -> None:
     if first.large:
         console.print(f"[bold red]LARGE DIFFERENCE[/]: max |diff| {first.max_abs_diff:.3g} on values up to "
                       f"{first.scale:.3g} — not rounding: rows read each other's data (a mask or padding bug)")
+
+
+def _render_tokens(finding: BatchFinding, console: Console) -> None:
+    """The token answer: the earliest divergent token, and how many sequences and sizes have one."""
+    tokens = finding.tokens
+    assert tokens is not None
+    tied = (f"{tokens.steps} decode step{'s' if tokens.steps != 1 else ''}, {tokens.tied} chose from a probed "
+            f"call's output" + (f" ({tokens.untied} probed call(s) with scores no step chose from)" if tokens.untied
+                                else ""))
+    first = tokens.earliest
+    if first is None:
+        console.print(f"tokens: no greedy token changes with the batch ({tied})")
+        return
+    first_variant = finding.first_variant
+    op = (first_variant.op or first_variant.module) if first_variant is not None else None
+    size = f"a batch of {first.size}" if first.subset == "prefix" else f"the batch {first.subset}"
+    margin = "not finite" if first.margin is None else format(first.margin, ".3g")
+    console.print(f"[bold]first divergent token[/]: sequence {first.sequence} at position {first.position} "
+                  f"({_clean(first.loc)}): {first.token} in the whole batch, {first.other} in {size} "
+                  f"(margin {margin})" + (f"; starts at {_clean(op.name)} ({_clean(op.location)})"
+                                          if op is not None else ""))
+    console.print(f"  {len(tokens.first)} sequence/size pair(s) with a divergent token; {tied}")
 
 
 def _render_harness(report: BatchReport, console: Console) -> None:

@@ -318,6 +318,20 @@ def _render_rerecorded(report: DriftReport, console: Console) -> None:
         console.print(f"  not sized: step {r.step} {r.kind} {_clean(r.name)}: {_clean(r.reason)}")
 
 
+def _render_records(report: DriftReport, console: Console) -> None:
+    """The table of the records judged (the first SHOWN_ROWS)."""
+    if not report.records:
+        return
+    table = Table(show_edge=False)
+    for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
+        table.add_column(column)
+    for row in report.records[:SHOWN_ROWS]:
+        status = _status(row) + (" (sized)" if row.sized else "")  # by re-recording (_render_rerecorded says so)
+        table.add_row(str(row.step), row.kind, _record_name(row), status, _difference(row), f"{row.floor:.3g}",
+                      "-" if row.ratio_to_floor is None else f"{row.ratio_to_floor:.3g}", _clean(row.location))
+    console.print(table)
+
+
 def render_drift(report: DriftReport, console: Console) -> None:
     console.print(f"[bold]detaudit drift[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
     kept = f" (kept from {_clean(report.baseline)})" if report.baseline else ""
@@ -326,16 +340,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
     console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}")
     if report.a_disagrees:  # said first: every figure below is measured against a nondeterministic A
         console.print(f"[bold yellow]A disagrees with itself[/]: {_clean(report.a_disagrees)}")
-    if report.records:
-        table = Table(show_edge=False)
-        for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
-            table.add_column(column)
-        for row in report.records[:SHOWN_ROWS]:
-            status = _status(row) + (" (sized)" if row.sized else "")  # by re-recording (_render_rerecorded says so)
-            table.add_row(str(row.step), row.kind, _record_name(row), status,
-                          _difference(row), f"{row.floor:.3g}",
-                          "-" if row.ratio_to_floor is None else f"{row.ratio_to_floor:.3g}", _clean(row.location))
-        console.print(table)
+    _render_records(report, console)
     first = report.first_drift
     if first is not None:
         console.print(f"[bold red]first drift[/]: step {first.step}, {first.kind} {_clean(first.name)} "

@@ -8,9 +8,10 @@ is a pure function of those steps (`compare_tokens`); `read_tokens` reads them f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from detaudit.errors import TraceError
 from detaudit.trace import read_events
@@ -151,7 +152,12 @@ def read_tokens(trace: Path) -> list[TokenStep]:
         if missing := [k for k in _FIELDS if k not in e]:
             raise TraceError(f"{trace}: corrupt trace: a token event at record {e['at']} lacks "
                              f"{', '.join(missing)}; re-record it with `detaudit run`")
+    return token_steps(found)
+
+
+def token_steps(events: Sequence[Mapping[str, Any]]) -> list[TokenStep]:
+    """`token` events (their fields present, as read_tokens checked) -> TokenSteps."""
     return [TokenStep(fn=e["fn"], loc=e["loc"], position=e["n"], ids=tuple(e["ids"]),
                       top2=None if e["top2"] is None else tuple(None if p is None else (p[0], p[1]) for p in e["top2"]),
                       at=e["at"], site=e["site"])
-            for e in found]
+            for e in events]

@@ -40,7 +40,7 @@ from detaudit.events import (
     SkipReason,
     SubsetKind,
 )
-from detaudit.recorder import batchisolation, batchorigin
+from detaudit.recorder import batchchoice, batchisolation, batchorigin
 from detaudit.recorder.batchdim import Declared, decide, declared_batch
 from detaudit.recorder.batchorigin import CAPTURE_LIMIT, Flow
 from detaudit.recorder.batchrows import (
@@ -381,6 +381,7 @@ class BatchProbe:
         half = (n + 1) // 2
         results: list[BatchSubset] = []
         variant: tuple[SubsetKind, Rows, Any] | None = None
+        choices = batchchoice.Choices(control, n, d)
         with torch.no_grad():
             for kind, rows, mix in subsets:
                 before.restore()  # each size from the call's RNG states, as the harness reseeds per size
@@ -389,10 +390,15 @@ class BatchProbe:
                 results.append(_subset(kind, rows.size, diff, kind == "prefix" and rows.size in ladder))
                 if not diff.agree and (variant is None or (variant[0] != "prefix" and kind == "prefix")):
                     variant = (kind, rows, mix)
-        events: list[Event] = [BatchCallEvent(
+                if not diff.agree:
+                    choices.probe(got, kind, rows.size, rows.ref, rows.got)
+        event = BatchCallEvent(
             type="batch-call", module=name, call=call, rows=n, batch_dim=d, reproduced=reproduced,
             subsets=results, loc=where, batch_dim_from=dim.source, batch_dim_detail=dim.detail,
-            not_compared=not_compared, training=module.training)]
+            not_compared=not_compared, training=module.training)
+        if choices.whole is not None:
+            event["choice"] = choices.whole
+        events: list[Event] = [event]
         if variant is not None and self.located < self.settings.locate:
             with torch.no_grad():
                 events.append(runner.locate(name, call, n, variant))

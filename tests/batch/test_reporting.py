@@ -92,3 +92,31 @@ def test_report_on_a_batch_run_directory_points_at_its_report(tmp_path: Path) ->
     write_json(report(VARIANT), tmp_path / BATCH_FILE)
     with pytest.raises(TraceError, match="a `detaudit batch` run"):
         read_run(tmp_path)
+
+
+TOKEN = {"type": "token", "at": 0, "fn": "Tensor.argmax", "loc": "decode.py:9", "site": "decode.py:9", "n": 0,
+         "rows": 2, "ids": [7, 3], "top2": [[2.5, 2.25], [1.0, 0.5]]}
+DECODED = [{**call(ROUNDING), "rows": 2, "choice": {"output": "output", "ids": [7, 3], "top2": TOKEN["top2"],
+                                                    "flips": [{"subset": "prefix", "size": 1, "row": 0, "other": 9}]}},
+           origin(spot("aten.addmm")), TOKEN]
+
+
+def test_the_json_gives_the_first_divergent_token_with_its_size_and_op(tmp_path: Path) -> None:
+    write_json(report(DECODED), tmp_path / "b.json")
+    tokens = json.loads((tmp_path / "b.json").read_text())["tokens"]
+    assert ({k: tokens["first"][k] for k in ("sequence", "position", "size", "token", "other", "margin")},
+            tokens["op"]) == ({"sequence": 0, "position": 0, "size": 1, "token": 7, "other": 9, "margin": 0.25},
+                              "aten.addmm")
+
+
+def test_a_script_that_decodes_nothing_has_null_tokens(tmp_path: Path) -> None:
+    write_json(report(VARIANT), tmp_path / "b.json")
+    assert json.loads((tmp_path / "b.json").read_text())["tokens"] is None
+
+
+def test_the_terminal_and_html_name_the_first_divergent_token() -> None:
+    out = io.StringIO()
+    render_batch(report(DECODED), Console(file=out, width=300, color_system=None))
+    assert ("first divergent token: sequence 0 at position 0 (decode.py:9): 7 in the whole batch, 9 in a batch of 1 "
+            "(margin 0.25); starts at aten.addmm (model.py:12)") in out.getvalue()
+    assert "First divergent token" in render_html(report(DECODED))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, python_command, run_cli
+from decodecases import PLAIN_TOKENS
 
 pytestmark = pytest.mark.process
 
@@ -266,3 +267,26 @@ def test_a_sequence_first_lstm_is_probed_along_its_batch_not_its_time_steps(tmp_
     assert [(u["dim"], u["source"]) for u in report["batch_dims"]] == [(1, "declared")]
     assert report["verdict"] == ("batch-variant" if plain.stdout.strip() == "True" else "batch-invariant")
     assert "batch-rows-mix" not in [c["id"] for c in report["causes"]]
+
+
+@pytest.fixture(scope="module")
+def decode_audit(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[list]]:
+    """decode_greedy.py under `detaudit batch` (dim 0: its first prompt is as long as the batch is big), and plain
+    torch's first divergent tokens for it."""
+    tmp_path = tmp_path_factory.mktemp("decode_greedy")
+    done = subprocess.run(python_command(["-c", PLAIN_TOKENS, str(SCRIPTS / "decode_greedy.py")]), cwd=tmp_path,
+                          capture_output=True, text=True, check=True)
+    _, report, _ = batch(SCRIPTS, tmp_path, "decode_greedy.py", "--batch-dim", "0")
+    return report, json.loads(done.stdout)
+
+
+def test_a_greedy_decoders_steps_each_choose_from_a_probed_call(decode_audit: tuple[dict, list[list]]) -> None:
+    tokens = decode_audit[0]["tokens"]
+    assert (tokens["decode_steps"], tokens["tied_calls"], tokens["untied_calls"]) == (4, 4, 0)
+
+
+def test_a_greedy_decoders_divergent_tokens_are_those_plain_torch_finds(decode_audit: tuple[dict, list[list]]) -> None:
+    report, expected = decode_audit
+    found = sorted([t["sequence"], t["position"], t["subset"], t["size"], t["token"], t["other"]]
+                   for t in report["tokens"]["divergent"])
+    assert found == expected

@@ -12,15 +12,8 @@ from torch import nn
 
 from detaudit.batch.finding import analyse
 from detaudit.recorder import batchprobe, location
-from detaudit.recorder.batchprobe import (
-    BatchProbe,
-    ProbeSettings,
-    Rows,
-    compare_rows,
-    compare_values,
-    default_sizes,
-    halving_ladder,
-)
+from detaudit.recorder.batchprobe import BatchProbe, ProbeSettings
+from detaudit.recorder.batchrows import Rows, compare_rows, compare_values, default_sizes, halving_ladder
 from detaudit.recorder.core import Recorder
 from detaudit.trace import TraceWriter, read_trace
 
