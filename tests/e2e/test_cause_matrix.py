@@ -113,7 +113,6 @@ MATRIX = [
     # there (once only outside-value); tied Parameters de-duplicated with set(): parameters recorded in another
     # order point at object order, whose experiment the default confirmation runs (once PYTHONHASHSEED's)
     Row("train_reinit_head.py", "varying-seed", "varying-seed", ORDER),
-    Row("train_tied_lm.py", "object-order", "object-order", NOT_SEED, args=("-n", "3"), race=True),
     # a learning rate from the clock: no pin reaches it; once object-order [likely] by elimination
     Row("train_warm_restart.py", "outside-value", None, NOT_SEED),
     # a time-boxed loop: the repeats run different numbers of steps; no pin reaches the clock
@@ -152,7 +151,6 @@ WHERE: dict[str, str | tuple[str, ...]] = {
     "train_batch_order.py": "train_batch_order.py:20",
     "train_encoder_init.py": "train_encoder_init.py:13",
     "train_reinit_head.py": "train_reinit_head.py:10",
-    "train_tied_lm.py": "dict.fromkeys(model.parameters())",
 }
 # scripts whose outcome is not a property of the script alone: covered by their own tests
 NOT_IN_MATRIX = {
@@ -174,6 +172,10 @@ NOT_IN_MATRIX = {
                        "(test_e2e_output)",
     "train_lstm_lm.py": "deterministic; its point is an op's workspace set aside at op level and in watch's replay "
                         "(test_e2e_ops, test_e2e_watch)",
+    "train_tied_lm.py": "object order from a set() of tied Parameters: the cheap experiment's control (every other "
+                        "source pinned, addresses free) agrees by chance in some audits (three parameters' order by "
+                        "address), so `run` ends 'cause not identified' there and `explain` confirms it; a toss-up "
+                        "the matrix cannot assert until the control is repeated (issue 45, left open)",
     "sample_tokens.py": "a token-answer scenario: its unseeded sampling's cause is the plain unseeded torch RNG the "
                         "matrix already covers; what it checks is the answer in tokens (test_e2e_tokens)",
     "fit_noisy.py": "two independent sources at once, for `detaudit fix`'s search: its knobs, not one cause, are "
