@@ -176,6 +176,8 @@ NOT_IN_MATRIX = {
                         "source pinned, addresses free) agrees by chance in some audits (three parameters' order by "
                         "address), so `run` ends 'cause not identified' there and `explain` confirms it; a toss-up "
                         "the matrix cannot assert until the control is repeated (issue 45, left open)",
+    "decode_greedy.py": "a `detaudit batch` scenario: deterministic under `run`; its greedy tokens flip with the "
+                        "batch size (test_e2e_batch)",
     "sample_tokens.py": "a token-answer scenario: its unseeded sampling's cause is the plain unseeded torch RNG the "
                         "matrix already covers; what it checks is the answer in tokens (test_e2e_tokens)",
     "fit_noisy.py": "two independent sources at once, for `detaudit fix`'s search: its knobs, not one cause, are "
