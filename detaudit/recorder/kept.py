@@ -16,10 +16,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from detaudit.recorder.audithook import AuditRelay
 
 
 class KeptFiles:
@@ -88,27 +89,11 @@ class KeptFiles:
         self.kept.clear()
 
 
-_kept: KeptFiles | None = None  # this process's, once installed
-_hooked = False
+_RELAY: AuditRelay[KeptFiles] = AuditRelay(frozenset({"open"}),
+                                             "detaudit watch: stopped keeping the files the script overwrites")
 
 
 def install(kept: KeptFiles) -> KeptFiles:
-    """An audit hook cannot be removed: one per process, passing `open` events to the KeptFiles installed last."""
-    global _kept, _hooked
-    _kept = kept
-    if not _hooked:
-        sys.addaudithook(_audit)
-        _hooked = True
-    return kept
-
-
-def _audit(event: str, args: tuple[Any, ...]) -> None:
-    """An audit hook's exception would fail the script's `open`: a failure here stops keeping files instead."""
-    global _kept
-    if _kept is not None and event == "open":
-        try:
-            _kept.audit(event, args)
-        except Exception as exc:
-            _kept = None
-            print(f"detaudit watch: stopped keeping the files the script overwrites: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+    """Passed the script's `open` events (recorder/audithook.py: one hook per process, the KeptFiles installed
+    last)."""
+    return _RELAY.install(kept)

@@ -24,7 +24,7 @@ def writes(evidence: tuple[Evidence, Sink], tmp_path: Path, monkeypatch: pytest.
     ev, sink = evidence
     ev.config["trace"] = str(tmp_path / "run" / "repeat-0.trace")
     (tmp_path / "run").mkdir()
-    monkeypatch.setattr(files, "_writes", None)
+    monkeypatch.setattr(files._RELAY, "listener", None)
     found = files.install(ev)
     files.install_torch(found, torch)
     return found, sink
@@ -88,5 +88,5 @@ def test_a_failure_in_the_hook_never_fails_the_scripts_open(writes: Any, tmp_pat
     with open(tmp_path / "out.txt", "w") as fh:  # the script's open still succeeds
         fh.write("x")
     assert (tmp_path / "out.txt").read_text() == "x"
-    assert files._writes is None
+    assert files._RELAY.listener is None
     assert "stopped recording the files" in capsys.readouterr().err

@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from detaudit.events import FileWriteEvent
+from detaudit.recorder.audithook import AuditRelay
 from detaudit.recorder.evidence.base import Evidence, never_fatal
 from detaudit.recorder.patch import wrap
 
@@ -69,31 +70,14 @@ class Writes:
                 self.opened(args[0], sys._getframe(1))
 
 
-_writes: Writes | None = None  # this process's, once installed
-_hooked = False
+_RELAY: AuditRelay[Writes] = AuditRelay(frozenset({"open", "os.rename"}),
+                                         "detaudit: stopped recording the files the script writes")
 
 
 def install(ev: Evidence) -> Writes:
-    """At child start, before the script. An audit hook cannot be removed: one per process, passing
-    events to the Writes installed last."""
-    global _writes, _hooked
-    _writes = Writes(ev)
-    if not _hooked:
-        sys.addaudithook(_audit)
-        _hooked = True
-    return _writes
-
-
-def _audit(event: str, args: tuple[Any, ...]) -> None:
-    """An audit hook's exception would fail the script's `open`: a failure here stops the topic instead."""
-    global _writes
-    if _writes is not None and event in ("open", "os.rename"):
-        try:
-            _writes.audit(event, args)
-        except Exception as exc:
-            _writes = None
-            print(f"detaudit: stopped recording the files the script writes: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+    """At child start, before the script: passed the script's `open` and `os.rename` events
+    (recorder/audithook.py: one hook per process, the Writes installed last)."""
+    return _RELAY.install(Writes(ev))
 
 
 def install_torch(writes: Writes, torch: ModuleType) -> None:
