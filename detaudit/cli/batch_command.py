@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from detaudit.batch.finding import BatchFinding, FirstVariant
 from detaudit.batch.reporting import BatchReport, BatchSettings, write_html, write_json
@@ -27,7 +26,7 @@ from detaudit.cli.options import (
     script_arguments,
     timeout_option,
 )
-from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
+from detaudit.cli.session import Presentation, RepeatsProgress, finish_with, plain_table
 from detaudit.results import Ending
 from detaudit.safetext import printable
 
@@ -129,9 +128,7 @@ def _render_subsets(finding: BatchFinding, console: Console) -> None:
     """The probes' table: each subset size, how its rows compared, and its status in the harness's terms."""
     if not finding.subsets:
         return
-    table = Table(show_edge=False)
-    for column in ("probe", "rows", "calls", "result", "rows differ", "max |diff|", "max ULP", "harness"):
-        table.add_column(column)
+    table = plain_table("probe", "rows", "calls", "result", "rows differ", "max |diff|", "max ULP", "harness")
     for s in finding.subsets:
         table.add_row(s.kind, str(s.size), str(s.probes),
                       "[green]agree[/]" if s.agree else f"[red]differ in {s.probes - s.agreed}[/]",

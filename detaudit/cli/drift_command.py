@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from detaudit.cli.options import (
     RunCommand,
@@ -29,7 +28,7 @@ from detaudit.cli.options import (
     script_arguments,
     timeout_option,
 )
-from detaudit.cli.session import Presentation, RepeatsProgress, finish_with
+from detaudit.cli.session import Presentation, RepeatsProgress, finish_with, plain_table
 from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_html import write_html
 from detaudit.drift.drift_report import DriftReport, FirstDrift, RecordRow, write_json
@@ -322,9 +321,7 @@ def _render_records(report: DriftReport, console: Console) -> None:
     """The table of the records judged (the first SHOWN_ROWS)."""
     if not report.records:
         return
-    table = Table(show_edge=False)
-    for column in ("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location"):
-        table.add_column(column)
+    table = plain_table("step", "kind", "name", "status", "|B-A|", "floor", "ratio", "location")
     for row in report.records[:SHOWN_ROWS]:
         status = _status(row) + (" (sized)" if row.sized else "")  # by re-recording (_render_rerecorded says so)
         table.add_row(str(row.step), row.kind, _record_name(row), status, _difference(row), f"{row.floor:.3g}",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 from rich.text import Text
 
 from detaudit.errors import DetauditError
@@ -68,6 +69,14 @@ def stdout_console(quiet: bool = False) -> Console:
     # stdout closed by its reader (`| head`): stop writing, keep the verdict's exit code (rich would exit 1)
     console.on_broken_pipe = silence_stdout  # type: ignore[method-assign]
     return console
+
+
+def plain_table(*columns: str) -> Table:
+    """An edgeless table with these column headers: the mode reports' record and probe tables."""
+    table = Table(show_edge=False)
+    for column in columns:
+        table.add_column(column)
+    return table
 
 
 class Finished(Protocol):
