@@ -27,9 +27,16 @@ _CLOCK = r"(?<!\d)\d{1,6}:\d{2}(?::\d{2})?(?:\.\d+)?"
 # words whose value is a time or a speed whatever its unit (`step_time 3.2`, `mfu 41.2%`, `eta 0:12`): also as
 # frameworks abbreviate them (cleanrl's `SPS`, Stable-Baselines3's `fps` and `time_elapsed`, torchtitan's `tps` and
 # `tflops`, fairseq's `wps`, `ups` and `train_wall`, Ray's `time_this_iter_s`) and `…_per_s(ec)`, `…PerSec`
-_WORDS = (r"(?:(?:time|runtime|walltime|wall|elapsed|eta|mfu|fps|sps|tps|wps|ups|tflops|throughput|duration|took"
-          r"|latency)(?:_(?:elapsed|total|this_iter|since_restore|s|secs?|ms|seconds?))*"
-          r"|[A-Za-z_]{0,40}?(?:(?<![A-Za-z])per_|_per_|(?-i:Per))s(?:ec(?:ond)?)?)")
+_WORDS = (r"(?:(?:(?:time|runtime|walltime|wall|elapsed|eta|mfu|fps|sps|tps|wps|ups|tflops|throughput|duration|took"
+          r"|latency)(?:_(?:elapsed|total|this_iter|since_restore|s|secs?|ms|seconds?))*(?:[ _](?:taken|spent))?"
+          r"|[A-Za-z_]{0,40}?(?:(?<![A-Za-z])per_|_per_|(?-i:Per))s(?:ec(?:ond)?)?"
+          r"|[A-Za-z][A-Za-z_]{0,40}?_(?:ms|us|secs|seconds))"
+          # per what or whom (`time/step`, `tokens_per_sec_per_gpu`)
+          r"(?:(?:_per_|/)[A-Za-z]{1,20})?)")
+# a memory figure (`mem 1234MB`, `max_memory_allocated: 1234.5`, torchtitan's `memory: 4.23GiB(5.33%)`): the
+# allocator's and the process's footprint follow caching and timing, not the results
+_MEMORY_WORD = r"(?:[A-Za-z]{1,12}_){0,2}mem(?:ory)?(?:_(?:allocated|reserved|used|usage|peak|rss|[kmg]i?b))*"
+_BYTES = r"(?:[KMGT]i?B|bytes)"
 _RATE = r"(?:[A-Za-z]+/s(?:ec)?|(?:m?s|sec)/[A-Za-z]+)"
 # units of time, and rates "something per second" / "seconds per something"
 _PLAIN = r"(?:ms|us|µs|ns|s|sec|secs|seconds?|mins?|minutes?|hrs?|hours?)"
@@ -72,6 +79,11 @@ _RULES: tuple[tuple[re.Pattern[str], _Replacement], ...] = (
                 rf"(?:\([^)]{{0,20}}\))?\s*[:=|│]?\s*['\"]?\s*)"
                 rf"(?:{_CLOCK}|{_NUM})(\s?(?:%|{_UNIT})(?!\w))?{_MEAN}?"),
      lambda m: m.group(1) + "#" + (m.group(2) or "") + _averaged(m)),
+    # a memory figure keyed by its name, with its unit and share in parentheses, and any number with a byte unit
+    (re.compile(rf"(?i)((?<![A-Za-z]){_MEMORY_WORD}(?![A-Za-z])['\"]?\s*[:=|]?\s*){_NUM}(\s?{_BYTES})?"
+                rf"(?:\(\s*{_NUM}\s?%\s*\))?"),
+     lambda m: m.group(1) + "#" + (m.group(2) or "") + ("(#%)" if m.group(0).rstrip().endswith("%)") else "")),
+    (re.compile(rf"(?<![\w.#]){_NUM}(\s?(?-i:[KMGT]i?B))(?![\w/])"), r"#\1"),
     # a data-loading time as torchvision's and timm's meters print it: `Data  0.012 ( 0.034)`, always with its average
     (re.compile(rf"(?i)((?<![A-Za-z])data['\"]?\s*[:=]?\s*){_NUM}{_MEAN}"),
      lambda m: m.group(1) + "#" + _averaged(m)),

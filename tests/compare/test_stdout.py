@@ -76,6 +76,16 @@ MASKED = [
     ("SamplesPerSec=123.45 tokens_per_s: 99", "SamplesPerSec=# tokens_per_s: #"),
     ("step 0 | loss: 10.9 | norm: 15.4 | dt: 1234.56ms | tok/sec: 12345.67",
      "step 0 | loss: 10.9 | norm: 15.4 | dt: #ms | tok/sec: #"),
+    # per device, per step, `taken`, a unit as a name's suffix (a new user's trial found these unmasked)
+    ("tokens_per_sec_per_gpu: 1234.5 tokens/sec/gpu 99", "tokens_per_sec_per_gpu: # tokens/sec/gpu #"),
+    ("Time taken: 12.3", "Time taken: #"),
+    ("time/step=0.123 loss=1.2", "time/step=# loss=1.2"),
+    ("step_ms=45.2 loss=1.2", "step_ms=# loss=1.2"),
+    # memory figures: the allocator's and the process's footprint (torchtitan's `memory: 4.23GiB(5.33%)`)
+    ("memory: 4.23GiB(5.33%) loss 2.1", "memory: #GiB(#%) loss 2.1"),
+    ("mem 1234MB loss 2.3", "mem #MB loss 2.3"),
+    ("max_memory_allocated 1234.5 peak mem: 3.2 GB", "max_memory_allocated # peak mem: # GB"),
+    ('{"gpu_mem": 1200, "loss": 0.5}', '{"gpu_mem": #, "loss": 0.5}'),
 ]
 KEPT = [
     "step 10 loss 0.1234",
@@ -96,6 +106,8 @@ KEPT = [
     "eta_min: 0.001 groups: 4 helpers: 3",
     "Data: 1000 samples loaded, gb_free 10.2",
     "Loss 6.9e+00 (6.9e+00)\tAcc@1   0.00 (  0.10)",
+    # settings that only look like memory figures
+    "memory_efficient 3 mem_fraction 0.5 members 12 remember 3",
 ]
 
 
