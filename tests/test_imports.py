@@ -138,7 +138,11 @@ def strongly_connected(graph: dict[str, list[Edge]]) -> list[list[str]]:
     return sorted(groups)
 
 
-GRAPH = import_graph()
+@functools.cache
+def graph() -> dict[str, list[Edge]]:
+    """detaudit's import graph, built by the first test that reads it rather than while collecting (every xdist
+    worker collects this file; parsing the package took a few seconds of each one's start)."""
+    return import_graph()
 
 
 def test_the_analysis_sees_top_level_lazy_and_relative_imports_and_skips_type_checking() -> None:
@@ -159,10 +163,10 @@ def test_a_cycle_is_found_with_the_imports_that_make_it() -> None:
 
 
 def test_no_import_cycles() -> None:
-    groups = strongly_connected(GRAPH)
+    groups = strongly_connected(graph())
     described = []
     for group in groups:
-        inside = [str(e) for m in group for e in GRAPH[m] if e.target in group]
+        inside = [str(e) for m in group for e in graph()[m] if e.target in group]
         described.append(f"cycle among {', '.join(group)}:\n    " + "\n    ".join(inside))
     assert not groups, "\n".join(described)
 
@@ -220,12 +224,12 @@ def test_every_module_is_imported_by_a_fast_test_file() -> None:
         covered |= fast_test_imports(path)
     # a package's own modules that its __init__ imports at the top and runs (causes/ runs every detector)
     while True:
-        more = {e.target for m in covered if MODULES[m].name == "__init__.py" for e in GRAPH[m]
+        more = {e.target for m in covered if MODULES[m].name == "__init__.py" for e in graph()[m]
                 if not e.lazy and e.target.startswith(m + ".")} - covered
         if not more:
             break
         covered |= more
-    docstring_only = {m for m, path in MODULES.items() if path.name == "__init__.py" and not GRAPH[m]
+    docstring_only = {m for m, path in MODULES.items() if path.name == "__init__.py" and not graph()[m]
                       and len(parsed(path).body) == 1}  # a stage package's docstring, nothing to run
     missing = sorted(set(MODULES) - covered - set(NOT_IMPORTED) - docstring_only - {"detaudit"})
     assert not missing, f"no fast test file imports: {missing}"

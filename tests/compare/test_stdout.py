@@ -253,6 +253,7 @@ ADVERSARIAL = ["1" * 200_000, "a_" * 100_000, "time(" * 40_000, "time (" * 40_00
                "00:01<" * 30_000, "1:" * 100_000, "-" * 200_000, "e1" * 100_000, "\x1b[" * 100_000]
 
 
+@pytest.mark.slow  # 2 s of CPU over megabytes of text
 def test_masking_stays_linear_on_adversarial_lines() -> None:
     """A hang guard, not a timing: a quadratic pattern would take hours on these 200k-character lines
     (they took minutes at 100k before the patterns were bounded); linear masking takes well under a second."""

@@ -70,6 +70,7 @@ def values_of(tp: Any, depth: int = 0) -> st.SearchStrategy[Any]:
     return st.builds(tp, **{f.name: values_of(declared[f.name], depth + 1) for f in dataclasses.fields(tp) if f.init})
 
 
+@pytest.mark.slow  # 500 drawn reports, 6 s of CPU: the fast lane keeps the gold files (tests/report/test_gold.py)
 @pytest.mark.parametrize("kind", [Report, BatchReport, ResumeReport, FixReport, DriftReport])
 def test_report_reads_back_what_it_writes(kind: type[Codable]) -> None:
     @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
