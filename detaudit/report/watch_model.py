@@ -201,6 +201,13 @@ class WatchReport:
                 "training_thread": self.log.training_thread, "compiled_not_checked": list(self.compiled)}
 
 
+def read_watch_json(data: Any, where: str) -> WatchJson:
+    """A watch.json read back (a CI step that gates on a kept report, a dashboard): its format and version checked
+    first, then every field against `WatchJson`, so a foreign file, a newer release's or an edited one is refused
+    by name instead of read wrong."""
+    return WATCH.read(WatchJson, data, where)
+
+
 def write_watch_json(report: WatchReport, path: Path) -> None:
     """`--json PATH`: the report's JSON (docs/watch.md)."""
     write_output(path, json.dumps(report.to_json(), indent=2) + "\n")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from detaudit.report.watch_model import WatchReport, WatchSettings
+from detaudit.errors import TraceError
+from detaudit.report.watch_model import WatchReport, WatchSettings, read_watch_json
 from detaudit.results import RepeatResult
 from detaudit.run.watchlog import Mismatch, UncheckedSave, WatchLog
 
@@ -62,3 +65,18 @@ def test_a_compiled_model_is_named_as_not_checked_in_the_json() -> None:
 
 def test_nothing_compiled_says_nothing() -> None:
     assert report(0, log=WatchLog(steps=2, checked_steps=(0,))).compiled_sentence is None
+
+
+def test_the_json_reads_back_as_written() -> None:
+    written = report(1, log=WatchLog(steps=4, checked_steps=(0, 2), mismatches=(MISMATCH,),
+                                     unchecked_saves=(UncheckedSave(3, "ckpt.pt"),))).to_json()
+    assert read_watch_json(json.loads(json.dumps(written)), "watch.json") == written
+
+
+@pytest.mark.parametrize(("edit", "refusal"), [
+    ({"format": "detaudit-run"}, "not a detaudit watch report"), ({"version": 2}, "version 2 is not supported"),
+    ({"steps": "four"}, "field `steps` must be an integer"),
+])
+def test_a_foreign_newer_or_edited_json_is_refused_by_name(edit: dict, refusal: str) -> None:
+    with pytest.raises(TraceError, match=refusal):
+        read_watch_json({**report(0).to_json(), **edit}, "watch.json")
