@@ -30,6 +30,8 @@ from detaudit.results import Experiment, ExperimentVerdict, RepeatResult, SelfCh
 RUN = FileFormat("detaudit-run", 1, "run record")
 EXPLAIN = FileFormat("detaudit-explain", 1, "experiment record")
 BASELINE = FileFormat("detaudit-baseline", 1, "baseline manifest")
+# `detaudit watch`: the events file the replay appends to (recorder/replay.py), its first line the header
+WATCH_EVENTS = FileFormat("detaudit-watch-events", 1, "watch events file")
 OPS_PREFIX = "ops"  # traces of the op-level re-run under --granularity auto
 
 _MISSING = object()

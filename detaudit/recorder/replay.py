@@ -43,6 +43,7 @@ from detaudit.recorder.core import Recorder
 from detaudit.recorder.opinfo import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS, tensors_in
 from detaudit.recorder.patch import wrap
 from detaudit.recorder.scratch import results, scratch_outputs
+from detaudit.records import WATCH_EVENTS
 
 # Test-only seam: flip the lowest bit of one op's first output element on one step's `execution` (1: the
 # script's own result, 2: the replay's). JSON, e.g. {"op": "aten.mm.default", "step": 0, "execution": 2}.
@@ -62,6 +63,8 @@ class EventLog:
 
     def __init__(self, path: str) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if os.fstat(self.fd).st_size == 0:  # the header leads: the reader checks format and version first
+            self.write({"event": "header", **WATCH_EVENTS.stamp()})
 
     def write(self, event: dict[str, Any]) -> None:
         os.write(self.fd, (json.dumps(event) + "\n").encode())

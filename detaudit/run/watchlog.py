@@ -4,8 +4,9 @@ One JSON object per line, appended by the running job: `step` (a step ended: whe
 ops were replayed and skipped, and why), `mismatch` (an op's second execution disagreed with its first),
 `stopped` (the job was stopped before a torch.save or optimizer.step), `unchecked_save` (a torch.save went
 ahead before the parent's checks had caught up, recorder/save_gate.py) and `end` (the script ended); `stopped`
-and `end` also close the step that was running, with its counts. A line the
-job was writing when it was killed may be cut short: it is ignored, as is anything that is no event.
+and `end` also close the step that was running, with its counts. The first line is a header with the file's
+format and version (`detaudit-watch-events`, 1: records.py), checked before any event. The last line may have been
+cut short by a kill while the job wrote it: it is ignored; any other line that is not JSON makes the file corrupt.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypedDict, cast
+
+from detaudit.errors import TraceError
+from detaudit.records import WATCH_EVENTS
 
 Agreement = Literal["first", "second", "neither"]
 Check = Literal["replay", "against", "replica"]
@@ -155,16 +159,19 @@ def _text(value: Any) -> str | None:
 
 
 def _events(path: Path) -> Iterator[dict[str, Any]]:
+    """The file's events after its header; a TraceError for a foreign, newer or corrupt file."""
     try:
-        lines = path.read_bytes().splitlines()
+        data = path.read_bytes()
     except FileNotFoundError:
         return
-    for line in lines:
+    for number, line in enumerate(data.split(b"\n")[:-1], 1):  # after the last newline: a line cut short, or none
         try:
             event = json.loads(line)
         except ValueError:
-            continue
-        if isinstance(event, dict) and isinstance(event.get("event"), str):
+            raise TraceError(f"{path}: line {number} is not JSON: the {WATCH_EVENTS.what} is corrupt") from None
+        if number == 1:
+            WATCH_EVENTS.check(event, str(path))
+        elif isinstance(event, dict) and isinstance(event.get("event"), str):
             yield event
 
 

@@ -28,7 +28,14 @@ def replaying(rec: Recorder, tmp_path: Path, flip: dict[str, Any] | None = None)
 
 def events(tmp_path: Path) -> list[dict[str, Any]]:
     path = tmp_path / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    written = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [e for e in written if e["event"] != "header"]
+
+
+def test_the_events_file_starts_with_its_format_and_version(tmp_path: Path) -> None:
+    EventLog(str(tmp_path / "events.jsonl")).write({"event": "end", "step": 0})
+    first = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[0])
+    assert first == {"event": "header", "format": "detaudit-watch-events", "version": 1}
 
 
 def test_a_random_op_draws_what_it_draws_unwatched_and_leaves_the_generator_there(recorder: Recorder,

@@ -5,14 +5,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from detaudit.errors import TraceError
+from detaudit.records import WATCH_EVENTS
 from detaudit.run.watchlog import Mismatch, Stopped, UncheckedSave, WatchLog, merged, read_watch_log
 
 MISMATCH = {"event": "mismatch", "step": 2, "op": "aten.mm.default", "module": "net.0", "location": "t.py:9",
             "backward_of": None, "max_abs_diff": 1e-7, "max_ulp": 3, "third_agrees_with": "first"}
 
 
-def write(path: Path, *events: dict[str, object], tail: str = "") -> Path:
-    path.write_text("".join(json.dumps(e) + "\n" for e in events) + tail)
+HEADER = {"event": "header", **WATCH_EVENTS.stamp()}
+
+
+def write(path: Path, *events: dict[str, object], tail: str = "", header: dict[str, object] = HEADER) -> Path:
+    path.write_text("".join(json.dumps(e) + "\n" for e in (header, *events)) + tail)
     return path
 
 
@@ -79,3 +86,26 @@ def test_never_more_steps_checked_than_there_are_steps(tmp_path: Path) -> None:
 
 def test_a_run_without_an_optimizer_step_is_checked_as_one_window() -> None:
     assert WatchLog(steps=0, checked_steps=(0,)).checked_phrase == "the whole run checked"
+
+
+def test_a_line_cut_short_by_a_kill_is_ignored(tmp_path: Path) -> None:
+    log = read_watch_log(write(tmp_path / "e", {"event": "step", "step": 0, "checked": True, "replayed": 5},
+                               tail='{"event": "mismatch", "st'))
+    assert log.mismatches == ()
+
+
+def test_a_line_that_is_not_json_before_the_last_makes_the_file_corrupt(tmp_path: Path) -> None:
+    path = write(tmp_path / "e", MISMATCH)
+    path.write_text(path.read_text().replace(json.dumps(MISMATCH), "{\"event\": \"mism"))
+    with pytest.raises(TraceError, match="line 2 is not JSON"):
+        read_watch_log(path)
+
+
+@pytest.mark.parametrize(("header", "refusal"), [
+    ({"event": "step", "step": 0}, "not a detaudit watch events file"),
+    ({**HEADER, "version": 2}, "version 2 is not supported"),
+])
+def test_a_file_without_this_versions_header_is_refused(tmp_path: Path, header: dict[str, object],
+                                                        refusal: str) -> None:
+    with pytest.raises(TraceError, match=refusal):
+        read_watch_log(write(tmp_path / "e", MISMATCH, header=header))
