@@ -390,6 +390,22 @@ class CarriedEvent(_Event):
     entries: list[str]  # a listing: the entries an earlier repeat created or modified (at most 8, sorted)
 
 
+class FileReadEvent(_Event):
+    """A file the script opened for reading, with its bytes' digest at that moment (once per path and user
+    line): compared across repeats, other bytes at the same read are state the file carried in.
+
+    Recorded by recorder/evidence/file_access.py.
+    """
+
+    type: Literal["file-read"]
+    path: str  # relative to the working directory when inside it
+    loc: str  # the user's line that led to the open
+    by: str  # the immediate caller (torch.load, np.load, a library's reader)
+    size: int
+    lines: int  # newlines in it; -1 for a file over 8 MiB (digested by its size, first and last MiB)
+    digest: str
+
+
 class UnobservedEvent(_Event):
     """A value passed to torch.save (or detaudit.checkpoint) that could not be encoded: not compared."""
 
@@ -406,6 +422,7 @@ class FileWriteEvent(_Event):
     type: Literal["file-write"]
     path: str  # absolute, as the script named it (not resolved)
     loc: str
+    append: NotRequired[bool]  # opened for appending: what was there stays (a log every run adds to)
 
 
 # -- `detaudit batch` (recorder/batchprobe.py; docs/batch.md) -----------------------------------------
@@ -595,14 +612,14 @@ Event = Union[SeedEvent, GeneratorEvent, DrawEvent, RandomDrawEvent, StateEvent,
               LatentOpEvent, ModulesEvent, EmptyEvent,
               EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
               WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
-              CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
-              BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
-              StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent, SetOrderEvent, TokenEvent]
+              CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, FileReadEvent, UnobservedEvent, FileWriteEvent,
+              BatchCallEvent, BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent,
+              RngRestoreEvent, StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent, SetOrderEvent, TokenEvent]
 Kind = Literal["seed", "generator", "draw", "random-draw", "state", "hash", "hash-call", "op", "latent-op", "modules",
                "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
                "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
-               "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
+               "file-read", "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
                "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest", "set-order",
                "token"]
 
