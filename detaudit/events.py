@@ -74,6 +74,12 @@ class DrawEvent(_Event):
     obj: NotRequired[int]  # drawn from an RNG object the script owns (its GeneratorEvent's `obj`)
     library: NotRequired[bool]  # dropout only: called by library code (an nn.Dropout module in training mode)
     importing: NotRequired[bool]  # drawn while a module was being imported (a library's import-time draw)
+    # the thread that drew, while threads run beside the main one: MAIN_THREAD while a thread started with
+    # `Thread.start` was alive, else the drawing thread's target (or name); absent when the main thread drew alone
+    thread: NotRequired[str]
+
+
+MAIN_THREAD = "MainThread"  # a DrawEvent's `thread`: the main thread, drawing while another thread ran
 
 
 class RandomDrawEvent(_Event):
