@@ -107,9 +107,10 @@ def _thread_race(rep: RepeatEvidence) -> Latent | None:
     if not pairs:
         return None
     starts = {e.get("target"): e["loc"] for e in rep.of(ConcurrencyEvent) if e["what"] == "threading.Thread.start"}
-    lines = [f"thread `{t['thread']}`" + (f" (started at {starts[t['thread']]})" if t["thread"] in starts else "")
-             + f" draws {t['fn']} at {t['loc']} from {_rng_name(t)}, which the main thread draws from at {m['loc']} "
-             f"({m['fn']}) while a thread it started runs" for t, m in pairs[:4]]
+    lines = list(dict.fromkeys(  # one line per pair of lines (nn.init draws a weight and a bias at one)
+        f"thread `{t['thread']}`" + (f" (started at {starts[t['thread']]})" if t["thread"] in starts else "")
+        + f" draws {t['fn']} at {t['loc']} from {_rng_name(t)}, which the main thread draws from at {m['loc']} "
+        f"({m['fn']}) while a thread it started runs" for t, m in pairs))[:4]
     return Latent("concurrency", f"threads share {_rng_name(pairs[0][0])}: deterministic in these repeats only while "
                   "the threads keep their timing; whichever thread draws first takes the next numbers, so a run in "
                   "which the timing shifts draws other values in both", lines,
