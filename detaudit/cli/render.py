@@ -556,8 +556,7 @@ def not_ruled_out_block(report: Report) -> Group | None:
 
 
 def latent_block(report: Report) -> Group | None:
-    """What is deterministic in these repeats and not everywhere: thread races, and on the CPU what CUDA would vary
-    (causes/latent.py)."""
+    """Thread races, and on the CPU what CUDA would vary: deterministic in these repeats only (causes/latent.py)."""
     if not report.latent:
         return None
     parts: list[Any] = [Text("Latent — deterministic in these repeats, not everywhere", style="bold yellow")]

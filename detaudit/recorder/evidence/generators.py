@@ -249,7 +249,6 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
             # once per call site and RNG object: a library line (nn.init's `uniform_`) draws for every caller, from
             # the global RNG for one and from the script's own Generator for the next
             thread = _thread(ev)
-            # beside a thread, once per user line too: nn.init's line draws for a LazyLinear at its first forward
             key = (label, caller.f_code, caller.f_lineno, obj) + (() if thread is None else (thread, ev.where(caller)))
             if key not in ev.seen:
                 ev.seen.add(key)
@@ -284,8 +283,8 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
 
 
 def _thread(ev: Evidence) -> str | None:
-    """Which thread draws, when threads run beside the main one: a thread's target (its name without one), or
-    MAIN_THREAD while a thread started with `Thread.start` is alive; None when the main thread draws alone."""
+    """Who draws beside a thread: its target (or name), MAIN_THREAD while a started thread is alive; None when the
+    main thread draws alone. Such draws are once per user line too (nn.init's one line draws for a LazyLinear)."""
     current = threading.current_thread()
     if current is threading.main_thread():
         return MAIN_THREAD if ev.threads and any(t.is_alive() for t in list(ev.threads)) else None
