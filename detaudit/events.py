@@ -14,9 +14,12 @@ import functools
 from collections.abc import Iterable
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar, Union, cast, get_args, get_type_hints
 
+from detaudit.batch_events import BatchChoice, BatchSpot, BatchSubset, SkipReason
+
 WORKERS_SUFFIX = ".workers.jsonl"  # `<trace>` + this: the DataLoader workers' events
 
 Lib = Literal["torch", "numpy", "python"]
+MAIN_THREAD = "MainThread"  # a DrawEvent's `thread`: the main thread, drawing while another thread ran
 When = Literal["numpy-import", "import", "first-forward", "first-step", "end"]
 Short = Union[None, bool, int, float, str]  # a value as `_short` keeps it: JSON-safe, no addresses
 # a torch flag snapshot: "cudnn.benchmark", "deterministic_algorithms", "num_threads", the thread variables, ...
@@ -74,6 +77,7 @@ class DrawEvent(_Event):
     obj: NotRequired[int]  # drawn from an RNG object the script owns (its GeneratorEvent's `obj`)
     library: NotRequired[bool]  # dropout only: called by library code (an nn.Dropout module in training mode)
     importing: NotRequired[bool]  # drawn while a module was being imported (a library's import-time draw)
+    thread: NotRequired[str]  # drawn beside a started thread: MAIN_THREAD, or the drawing thread's target (name)
 
 
 class RandomDrawEvent(_Event):
@@ -390,6 +394,19 @@ class CarriedEvent(_Event):
     entries: list[str]  # a listing: the entries an earlier repeat created or modified (at most 8, sorted)
 
 
+class FileReadEvent(_Event):
+    """A file the script opened for reading and its bytes' digest then, once per path and user line: other bytes at
+    that read in another repeat are state the file carried in (recorder/evidence/file_access.py)."""
+
+    type: Literal["file-read"]
+    path: str  # relative to the working directory when inside it
+    loc: str  # the user's line that led to the open (`by`: the immediate caller, torch.load's, np.load's)
+    by: str
+    size: int
+    lines: int  # newlines in it; -1 over 8 MiB (then digested by its size, first and last MiB)
+    digest: str
+
+
 class UnobservedEvent(_Event):
     """A value passed to torch.save (or detaudit.checkpoint) that could not be encoded: not compared."""
 
@@ -406,65 +423,10 @@ class FileWriteEvent(_Event):
     type: Literal["file-write"]
     path: str  # absolute, as the script named it (not resolved)
     loc: str
+    append: NotRequired[bool]  # opened for appending: what was there stays (a log every run adds to)
 
 
-# -- `detaudit batch` (recorder/batchprobe.py; docs/batch.md) -----------------------------------------
-SubsetKind = Literal["prefix", "reversed", "mixed"]
-SkipReason = Literal["no-batch", "batch-dim-unknown", "aggregate-output", "batch-statistics", "dropout", "random",
-                     "uncopyable", "side-effects", "probe-failed"]
-
-
-class BatchSubset(TypedDict):
-    """One probe of a call: its rows compared with the same rows of the whole batch."""
-
-    subset: SubsetKind  # the first `size` rows; the batch reversed; half of it filled up with another call's rows
-    size: int  # the probe's batch size
-    rows_compared: int
-    rows_differ: int  # rows with any differing bit
-    max_abs_diff: float
-    max_ulp: int
-    scale: float  # the largest |value| of the compared rows (tells numerics from a leak)
-    dtype: str
-    nan_mismatch: bool  # a NaN in one evaluation where the other has a number
-    across_rows: bool  # a value without rows (reduced over the batch) differs
-    shape_changed: bool  # an output's other dims change with the batch
-    ladder: NotRequired[bool]  # a size of PyTorch's harness (the halving ladder, or --sizes): its status counts
-
-
-class BatchSpot(TypedDict):
-    """The first module or op whose rows differ while its inputs' rows agree."""
-
-    name: str  # the submodule's qualified name, or the op (`aten.addmm`)
-    module: str  # the innermost submodule running it ("" for the probed module's own code)
-    cls: str  # the submodule's class (modules only)
-    loc: str  # the user's `file:line`
-    max_abs_diff: float
-    max_ulp: int
-    scale: float
-    dtype: str
-    across_rows: bool
-    shape_changed: bool
-
-
-class BatchFlip(TypedDict):
-    """A row whose greedy choice over the probed call's scores differs between a probe and the whole batch."""
-
-    subset: SubsetKind
-    size: int  # the probe's batch size
-    row: int  # the row in the whole batch
-    other: int  # the probe's argmax for it (the whole batch's is the choice's `ids[row]`)
-
-
-class BatchChoice(TypedDict):
-    """The greedy choice each row of a probed call would get from its output's last position: the whole batch's
-    argmax and top-2 scores per row, and the rows whose argmax a probe changed (recorder/batchchoice.py)."""
-
-    output: str  # the output tensor whose last position's scores were read, by path (`output`, `output[0]`)
-    ids: list[int]  # the whole batch's argmax per row (the first MAX_ROWS rows)
-    top2: list[list[float] | None]  # its two largest scores per row (None: not finite)
-    flips: list[BatchFlip]
-
-
+# -- `detaudit batch` (recorder/batchprobe.py; docs/batch.md; its parts: batch_events.py) ---------------
 class BatchCallEvent(_Event):
     """One probed call: the batch's size and dim, and each probe's result."""
 
@@ -592,17 +554,17 @@ class InitialParamsEvent(_Event):
 
 
 Event = Union[SeedEvent, GeneratorEvent, DrawEvent, RandomDrawEvent, StateEvent, HashEvent, HashCallEvent, OpEvent,
-              LatentOpEvent, ModulesEvent, EmptyEvent,
-              EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
-              WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
-              CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
-              BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
-              StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent, SetOrderEvent, TokenEvent]
+              LatentOpEvent, ModulesEvent, EmptyEvent, EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent,
+              CollectiveEvent, DataLoaderEvent, WorkerStartEvent, WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent,
+              OutsideEvent, ClockReadsEvent, EnvironmentEvent, CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent,
+              FileReadEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent, BatchSkipEvent, BatchOriginEvent,
+              CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent, StateRestoreEvent, InitialParamsEvent,
+              DeviceDigestEvent, SetOrderEvent, TokenEvent]
 Kind = Literal["seed", "generator", "draw", "random-draw", "state", "hash", "hash-call", "op", "latent-op", "modules",
                "empty", "empty-writes", "call",
                "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
                "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
-               "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
+               "file-read", "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
                "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest", "set-order",
                "token"]
 

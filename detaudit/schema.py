@@ -202,6 +202,7 @@ EVENT = Obj({
     "why": str, "detail": str, "subset": str, "size": Int(0), "first_module": OneOf((_BATCH_SPOT, NONE)),
     "first_op": OneOf((_BATCH_SPOT, NONE)), "note": STR_OR_NONE,
     "knob": STR_OR_NONE,
+    "lines": Int(-1), "append": bool, "thread": str,
     "step": Int(-1), "keys": ListOf(str), "parts": ListOf(Obj({"path": str, "role": str})), "digests": ListOf(str),
     "obj": Int(0), "entropy": bool, "importing": bool, "of": str,
     "site": str, "source": str, "n": Int(0), "grad": bool, "evaluating": bool, "rank": Int(0),

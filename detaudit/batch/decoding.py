@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from detaudit.batch_events import BatchChoice
 from detaudit.compare.tokens import TokenStep
-from detaudit.events import BatchCallEvent, BatchChoice
+from detaudit.events import BatchCallEvent
 
 
 @dataclass(frozen=True)

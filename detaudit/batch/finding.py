@@ -11,17 +11,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from detaudit.batch.decoding import BatchTokens, tokens_at_size
+from detaudit.batch_events import BatchSpot, BatchSubset
 from detaudit.compare.tokens import token_steps
-from detaudit.events import (
-    BatchCallEvent,
-    BatchOriginEvent,
-    BatchSkipEvent,
-    BatchSpot,
-    BatchSubset,
-    Event,
-    TokenEvent,
-    select,
-)
+from detaudit.events import BatchCallEvent, BatchOriginEvent, BatchSkipEvent, Event, TokenEvent, select
 
 BatchVerdict = Literal["batch-invariant", "batch-variant", "inconclusive"]
 # a difference above this share of the rows' largest magnitude (and 16 ULPs of the dtype's epsilon) is no

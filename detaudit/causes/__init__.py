@@ -48,7 +48,7 @@ MECHANISM: dict[str, tuple[str, ...]] = {
     "cublas-workspace": ("state", "modules"), "tf32": ("state", "flag", "environment"),
     "thread-count": ("state", "environment"), "environment": ("environment",), "environment-change": ("environment",),
     "flag-drift": ("flag", "state"), "flag-typo": ("flag-typo",), "collective-algorithm": ("collective", "ddp"),
-    "device-rng-geometry": ("draw",), "compiled-kernels": ("compile",), "carried-state": ("carried",),
+    "device-rng-geometry": ("draw",), "compiled-kernels": ("compile",), "carried-state": ("carried", "file-read"),
     "stdout-differs": (),
 }
 TIE = 1e-6  # scores this close on the same basis fit the evidence equally

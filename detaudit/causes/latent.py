@@ -1,10 +1,14 @@
-"""Latent findings: what is deterministic here (the CPU) and would not be on CUDA (docs/causes.md).
+"""Latent findings: what is deterministic in these repeats and would not be elsewhere (docs/causes.md).
 
-A CPU audit of a script that sets `torch.backends.cudnn.benchmark = True`, allows TF32, or calls an op
-torch lists as nondeterministic on CUDA only passes: nothing of it varies on the CPU. The same script on
-a GPU does vary (benchmark, the ops) or computes other numbers (TF32), so each is reported as a latent
-finding, from the flag snapshots and the `latent-op` events every repeat records. Runs that used CUDA get
-the real causes instead (causes/device.py).
+On any device: a thread drawing from an RNG the main thread draws from while it runs (a prefetch thread
+beside a LazyLinear's first forward): whoever draws first takes the next numbers, so the repeats agree
+only while the threads keep their timing.
+
+On the CPU: a script that sets `torch.backends.cudnn.benchmark = True`, allows TF32, or calls an op torch
+lists as nondeterministic on CUDA only passes: nothing of it varies on the CPU. The same script on a GPU
+does vary (benchmark, the ops) or computes other numbers (TF32), so each is reported as a latent finding,
+from the flag snapshots and the `latent-op` events every repeat records. Runs that used CUDA get the real
+causes instead (causes/device.py).
 """
 
 from __future__ import annotations
@@ -15,18 +19,27 @@ from typing import Any
 from detaudit.causes.context import RepeatEvidence
 from detaudit.causes.device import SNAPSHOTS, device_of
 from detaudit.causes.flags import flag_call, flag_site
-from detaudit.events import EnvironmentEvent, FlagEvent, LatentOpEvent, ModulesEvent
+from detaudit.causes.repetition import RNG_NAMES
+from detaudit.events import (
+    MAIN_THREAD,
+    ConcurrencyEvent,
+    DrawEvent,
+    EnvironmentEvent,
+    FlagEvent,
+    LatentOpEvent,
+    ModulesEvent,
+)
 from detaudit.results import Latent, RepeatResult
 
 HERE = "deterministic here (CPU); on CUDA it is not"
 
 
 def latent_findings(ref: RepeatEvidence, runs: Sequence[RepeatResult]) -> list[Latent]:
-    """The latent findings of an audit whose repeats all ran on the CPU (none otherwise), read from the
-    evidence of its first repeat (`ref`)."""
-    if not runs or any(r.device != "cpu" for r in runs) or device_of(ref) != "cpu":
-        return []
-    found = [_cudnn_benchmark(ref), _tf32(ref), _ops(ref)]
+    """The latent findings of an audit, read from the evidence of its first repeat (`ref`): the thread races,
+    and when every repeat ran on the CPU, what CUDA would not reproduce."""
+    found = [_thread_race(ref)]
+    if runs and all(r.device == "cpu" for r in runs) and device_of(ref) == "cpu":
+        found += [_cudnn_benchmark(ref), _tf32(ref), _ops(ref)]
     return [f for f in found if f is not None]
 
 
@@ -83,6 +96,38 @@ def _tf32(rep: RepeatEvidence) -> Latent | None:
                   "run's numbers (nor a GPU without TF32 another's)", lines,
                   "`torch.backends.cuda.matmul.allow_tf32 = False`, `torch.backends.cudnn.allow_tf32 = False` "
                   "(or `torch.set_float32_matmul_precision('highest')`) where results must match across devices")
+
+
+def _thread_race(rep: RepeatEvidence) -> Latent | None:
+    """A draw in a thread from an RNG the main thread drew from while a thread ran: the same global RNG of one
+    library (on one device), or the same RNG object of the script's."""
+    draws = [d for d in rep.of(DrawEvent) if "thread" in d and (d["generator"] == "global" or "obj" in d)]
+    main = [d for d in draws if d["thread"] == MAIN_THREAD]
+    pairs = [(t, m) for t in draws if t["thread"] != MAIN_THREAD for m in main if _rng(m) == _rng(t)]
+    if not pairs:
+        return None
+    starts = {e.get("target"): e["loc"] for e in rep.of(ConcurrencyEvent) if e["what"] == "threading.Thread.start"}
+    lines = list(dict.fromkeys(  # one line per pair of lines (nn.init draws a weight and a bias at one)
+        f"thread `{t['thread']}`" + (f" (started at {starts[t['thread']]})" if t["thread"] in starts else "")
+        + f" draws {t['fn']} at {t['loc']} from {_rng_name(t)}, which the main thread draws from at {m['loc']} "
+        f"({m['fn']}) while a thread it started runs" for t, m in pairs))[:4]
+    return Latent("concurrency", f"threads share {_rng_name(pairs[0][0])}: deterministic in these repeats only while "
+                  "the threads keep their timing; whichever thread draws first takes the next numbers, so a run in "
+                  "which the timing shifts draws other values in both", lines,
+                  f"give the thread an RNG of its own (`g = torch.Generator().manual_seed(1)`, drawn with "
+                  f"`generator=g`; `np.random.default_rng(1)`; `random.Random(1)`), or draw its values in the main "
+                  f"thread before starting it (the draw at {pairs[0][0]['loc']})")
+
+
+def _rng(draw: DrawEvent) -> tuple[object, ...]:
+    """Which RNG a draw took from: a library's global one (torch's per device), or the script's object."""
+    return draw["lib"], draw["generator"], draw.get("obj"), draw.get("device")
+
+
+def _rng_name(draw: DrawEvent) -> str:
+    if "obj" in draw:
+        return f"the script's RNG object #{draw['obj']}"
+    return RNG_NAMES[draw["lib"]]
 
 
 def _ops(rep: RepeatEvidence) -> Latent | None:

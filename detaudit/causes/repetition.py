@@ -26,7 +26,7 @@ ACROSS_ORDER: tuple[Across, ...] = ("workers", "ranks", "samples", "epochs", "st
 MIN_VALUES = 8  # equal values alone count only for draws of at least this many values...
 MIN_EQUAL = 2  # ... seen equal at least this many times
 SILENCE_VARIABLE = "DETAUDIT_REPEATS_OK"
-_RNG_NAMES = {"torch": "torch's global RNG", "numpy": "NumPy's global RNG", "python": "Python's global `random`"}
+RNG_NAMES = {"torch": "torch's global RNG", "numpy": "NumPy's global RNG", "python": "Python's global `random`"}
 
 
 @dataclass(frozen=True)
@@ -301,7 +301,7 @@ def _origin_line(origin: GeneratorEvent | SeedEvent, across: Across, draw: _Draw
     where = f" in worker {draw.worker}" if draw.worker is not None and origin.get("worker") is not None else ""
     if draw.worker is not None and origin.get("worker") is None:
         where = " in the main process, which seeds each DataLoader worker from it"
-    return f"{_RNG_NAMES.get(origin['lib'], origin['lib'])} was seeded by {call} at {origin['loc']}{where}"
+    return f"{RNG_NAMES.get(origin['lib'], origin['lib'])} was seeded by {call} at {origin['loc']}{where}"
 
 
 def _fix(across: Across, origin: GeneratorEvent | SeedEvent | None, e: RandomDrawEvent) -> str:

@@ -556,10 +556,10 @@ def not_ruled_out_block(report: Report) -> Group | None:
 
 
 def latent_block(report: Report) -> Group | None:
-    """Settings and ops that are deterministic on this CPU and not on CUDA (causes/latent.py)."""
+    """Thread races, and on the CPU what CUDA would vary: deterministic in these repeats only (causes/latent.py)."""
     if not report.latent:
         return None
-    parts: list[Any] = [Text("Latent on CUDA — deterministic here; on CUDA this is not", style="bold yellow")]
+    parts: list[Any] = [Text("Latent — deterministic in these repeats, not everywhere", style="bold yellow")]
     for item in report.latent:
         head = Text(f"• {item.id}: ", style="bold")
         head.append(printable(item.summary))

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from detaudit.events import BatchChoice, BatchFlip, SubsetKind
+from detaudit.batch_events import BatchChoice, BatchFlip, SubsetKind
 from detaudit.recorder.core import iter_tensors
 
 MAX_ROWS = 256  # rows whose choice is kept per call (as the token events keep)

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from detaudit.events import BatchOriginEvent, BatchSpot, SubsetKind
+from detaudit.batch_events import BatchSpot, SubsetKind
+from detaudit.events import BatchOriginEvent
 from detaudit.recorder.batchknob import batch_invariant_knob
 from detaudit.recorder.batchrows import Rows, compare_values, rebuild, tensors
 

@@ -31,15 +31,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from detaudit.events import (
-    BatchCallEvent,
-    BatchOriginEvent,
-    BatchSkipEvent,
-    BatchSubset,
-    Event,
-    SkipReason,
-    SubsetKind,
-)
+from detaudit.batch_events import BatchSubset, SkipReason, SubsetKind
+from detaudit.events import BatchCallEvent, BatchOriginEvent, BatchSkipEvent, Event
 from detaudit.recorder import batchchoice, batchisolation, batchorigin
 from detaudit.recorder.batchdim import Declared, decide, declared_batch
 from detaudit.recorder.batchorigin import CAPTURE_LIMIT, Flow

@@ -66,6 +66,11 @@ def node_keys(node_name: str) -> tuple[str, ...]:
     return _NODE_ALIASES.get(base, (base,))
 
 
+def conv_key(dims: int, transposed: bool) -> str:
+    """The docstring key of a convolution of this many spatial dimensions: `conv2d`, `convtranspose1d`."""
+    return f"conv{'transpose' if transposed else ''}{dims}d"
+
+
 def parse(doc: str) -> list[OpEntry]:
     """Every bullet of the docstring's two op lists (bullets may wrap onto following lines)."""
     entries: list[OpEntry] = []

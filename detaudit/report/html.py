@@ -341,11 +341,11 @@ def _repeats_section(found: Sequence[RepeatedRandomness]) -> str:
 
 
 def _latent_section(latent: Sequence[Latent]) -> str:
-    """Settings and ops deterministic on this CPU, not on CUDA (causes/latent.py)."""
+    """Thread races, and settings and ops deterministic on this CPU, not on CUDA (causes/latent.py)."""
     parts = [f"<div class='cause'><b>{escape(item.id)}</b>: {escape(item.summary)}"
              f"<ul>{''.join(f'<li>{escape(e)}</li>' for e in item.evidence)}</ul>"
              f"<div class='fix'>fix: {escape(item.fix)}</div></div>" for item in latent]
-    return "<h2>Latent on CUDA: deterministic here, not on CUDA</h2>" + "".join(parts) if parts else ""
+    return "<h2>Latent: deterministic in these repeats, not everywhere</h2>" + "".join(parts) if parts else ""
 
 
 def _environment_section(env: dict[str, Any]) -> str:

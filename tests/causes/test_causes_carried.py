@@ -84,3 +84,49 @@ def test_only_some_differing_repeats_reading_carried_state_is_possible() -> None
 def test_the_stdout_cause_ranks_below_carried_state_when_the_output_is_not_excused() -> None:
     ranked = [c.id for c in causes.rank(_context([[], [LISTED], []], stdout_only=True))]
     assert ranked[:2] == ["stdout-differs", "carried-state"]
+
+
+def _session(lines: int, digest: str) -> dict[str, Any]:
+    """A read of the session log at the script's line 10, holding `lines` entries."""
+    return {"type": "file-read", "path": "sessions.jsonl", "loc": "train.py:10", "by": "train.py:10",
+            "size": 19 * lines, "lines": lines, "digest": digest}
+
+
+APPENDED = {"type": "file-write", "path": "/work/run/sessions.jsonl", "loc": "train.py:8", "append": True}
+TRUNCATED = {**APPENDED, "append": False}
+APPENDING_RUNS = [[APPENDED, _session(1, "a1")], [APPENDED, _session(2, "b2")], [APPENDED, _session(3, "c3")]]
+
+
+def test_a_file_read_with_other_bytes_than_the_reference_is_carried_state_at_the_read() -> None:
+    [cause, *_] = causes.rank(_context(APPENDING_RUNS, stdout_only=False))
+    assert (cause.id, cause.basis, cause.confidence) == ("carried-state", "direct", "likely")
+
+
+def test_the_evidence_names_the_file_the_read_and_the_append_that_changed_it() -> None:
+    [cause, *_] = causes.rank(_context(APPENDING_RUNS, stdout_only=False))
+    assert cause.evidence[0] == ("repeat 1 read sessions.jsonl at train.py:10 holding other bytes than repeat 0 read "
+                                 "there (2 lines, 38 bytes against 1 line, 19 bytes): the script appends to it at "
+                                 "train.py:8 and reads it back, so each run reads what the runs before it added")
+
+
+def test_the_fix_for_an_appended_file_is_at_its_append_and_read() -> None:
+    [cause, *_] = causes.rank(_context(APPENDING_RUNS, stdout_only=False))
+    assert cause.fix.startswith("do not carry a value from run to run through sessions.jsonl: the script appends to "
+                                "it (at train.py:8) and reads it back (at train.py:10)")
+
+
+def test_a_file_an_earlier_repeat_wrote_with_other_bytes_names_that_repeat() -> None:
+    runs = [[TRUNCATED, _session(1, "a1")], [_session(2, "b2")]]  # repeat 1 reads what repeat 0 left
+    [cause, *_] = causes.rank(_context(runs, stdout_only=False))
+    assert cause.evidence[0].endswith("): an earlier repeat of this audit wrote it")
+
+
+def test_a_file_this_repeat_wrote_afresh_before_reading_it_is_not_carried() -> None:
+    """Its bytes were made in this run: whatever made them differ is the cause, not the file."""
+    runs = [[TRUNCATED, _session(1, "a1")], [TRUNCATED, _session(1, "b1")]]
+    assert "carried-state" not in [c.id for c in causes.rank(_context(runs, stdout_only=False))]
+
+
+def test_a_file_read_with_the_same_bytes_in_every_repeat_is_not_carried() -> None:
+    runs = [[APPENDED, _session(1, "a1")], [APPENDED, _session(1, "a1")]]
+    assert "carried-state" not in [c.id for c in causes.rank(_context(runs, stdout_only=False))]

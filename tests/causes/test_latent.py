@@ -93,11 +93,43 @@ def test_terminal_json_and_html_show_latent_findings_and_versions(tmp_path: Path
     assert {k: data["environment"][k] for k in ("torch", "numpy", "cuda")} == \
         {"torch": "2.13.0+cpu", "numpy": "2.1.0", "cuda": None}
     page = render_html(report)
-    assert "Latent on CUDA" in page
+    assert "Latent: deterministic in these repeats" in page
     assert "torch.backends.cudnn.benchmark = True" in page
     assert "<th>torch</th><td>2.13.0+cpu</td>" in page
     assert "<th>cuda</th><td>none</td>" in page
     out = io.StringIO()
     render(report, Console(file=out, width=200))
-    assert "Latent on CUDA" in out.getvalue()
+    assert "Latent — deterministic in these repeats" in out.getvalue()
     assert "cudnn-benchmark" in out.getvalue()
+
+
+def draw(loc: str, thread: str | None, fn: str = "torch.randn", **more: Any) -> dict[str, Any]:
+    event = {"type": "draw", "lib": "torch", "fn": fn, "loc": loc, "generator": "global", "device": "cpu", **more}
+    return event if thread is None else {**event, "thread": thread}
+
+
+PREFETCH_START = {"type": "concurrency", "what": "threading.Thread.start", "loc": "train.py:21", "target": "prefetch"}
+PREFETCH_RACE = (PREFETCH_START, draw("train.py:15", "prefetch"), draw("train.py:26", "MainThread", "Tensor.uniform_"))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_thread_drawing_from_the_rng_the_main_thread_draws_from_is_latent_on_any_device(device: str) -> None:
+    runs = [RepeatResult(i, device, 0, 1.0, False, f"repeat-{i}.trace", "", "", "") for i in range(2)]
+    assert [x.id for x in latent_findings(evidence(*PREFETCH_RACE, device=device), runs)] == ["concurrency"]
+
+
+def test_a_thread_race_names_the_start_and_both_draws() -> None:
+    [race] = latent_findings(evidence(*PREFETCH_RACE), RUNS)
+    assert race.evidence == ["thread `prefetch` (started at train.py:21) draws torch.randn at train.py:15 from torch's "
+                             "global RNG, which the main thread draws from at train.py:26 (Tensor.uniform_) while a "
+                             "thread it started runs"]
+
+
+@pytest.mark.parametrize("main", [
+    draw("train.py:26", None),  # the main thread drew only when no thread ran
+    draw("train.py:26", "MainThread", generator="explicit", obj=1),  # from its own Generator
+    draw("train.py:26", "MainThread", lib="numpy"),  # from another library's RNG
+])
+def test_draws_from_another_rng_or_at_another_time_are_no_race(main: dict[str, Any]) -> None:
+    events = (PREFETCH_START, draw("train.py:15", "prefetch"), main)
+    assert latent_findings(evidence(*events), RUNS) == []

@@ -12,10 +12,10 @@ from typing import Any, get_type_hints
 import pytest
 from evidence_sink import Sink
 
-from detaudit.events import CarriedEvent
+from detaudit.events import CarriedEvent, FileReadEvent
 from detaudit.recorder import patch
 from detaudit.recorder.evidence import file_access
-from detaudit.recorder.evidence.base import Evidence
+from detaudit.recorder.evidence.base import Evidence, digest_bytes
 
 NOW = time.time()
 BEFORE_AUDIT = NOW - 200  # a file the user had before the audit started
@@ -99,3 +99,36 @@ def test_nothing_is_installed_outside_an_audit(evidence: tuple[Evidence, Sink]) 
     before = len(patch.patched())
     file_access.install(ev)  # no audit_started: the evidence of a lone run has no window
     assert len(patch.patched()) == before
+
+
+def test_a_read_records_the_bytes_the_file_held_once_per_path_and_line(carried: Sink) -> None:
+    for _ in range(2):
+        Path("data.csv").read_text()  # one line of the script: once
+    [event] = carried.of("file-read")
+    assert set(event) == set(get_type_hints(FileReadEvent)) - {"at", "worker"}
+    assert (event["path"], event["size"], event["lines"], event["digest"]) == \
+        ("data.csv", 1, 0, digest_bytes(b"1"))
+
+
+def test_a_file_appended_to_and_read_back_records_what_it_held_at_each_read(carried: Sink) -> None:
+    Path("log.txt").write_text("a\n")
+    Path("log.txt").read_text()
+    with open("log.txt", "a+") as fh:  # appending and reading: what was there is read
+        fh.write("b\n")
+    Path("log.txt").read_text()
+    assert [(e["lines"], e["size"]) for e in carried.of("file-read")] == [(1, 2), (1, 2), (2, 4)]
+
+
+def test_writes_and_installed_packages_files_record_no_read(carried: Sink) -> None:
+    with open("data.csv", "w+") as fh:  # truncated: nothing that was there is read
+        fh.read()
+    with open(pytest.__file__) as fh:
+        fh.read()
+    assert carried.of("file-read") == []
+
+
+def test_a_large_file_is_digested_by_its_size_and_ends(tmp_path: Path) -> None:
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"\n" * (file_access.MAX_WHOLE + 1))
+    size, lines, _ = file_access.file_digest(str(big))
+    assert (size, lines) == (file_access.MAX_WHOLE + 1, -1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import random
 import sys
+import threading
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -15,7 +16,7 @@ from evidence_sink import Sink
 
 from detaudit.events import DrawEvent, GeneratorEvent, RngRestoreEvent, SeedEvent
 from detaudit.recorder import patch
-from detaudit.recorder.evidence import draws, generators
+from detaudit.recorder.evidence import concurrency, draws, generators
 from detaudit.recorder.evidence.base import Evidence, python_rng_digest
 from detaudit.recorder.pinning import PIN_SEED
 
@@ -43,7 +44,7 @@ def test_torch_seeding_records_value_site_and_whether_the_rng_was_drawn_from(evi
     assert first["state"] != second["state"]
     assert first["pinned"] is None
     [draw] = sink.of("draw")
-    assert set(draw) == fields(DrawEvent) - {"obj", "library", "importing"}  # set only where they apply
+    assert set(draw) == fields(DrawEvent) - {"obj", "library", "importing", "thread"}  # set only where they apply
     assert (draw["fn"], draw["generator"], draw["device"]) == ("torch.randn", "global", "cpu")
 
 
@@ -315,3 +316,31 @@ def test_a_scripts_numpy_generator_is_followed_to_its_draws_and_fingerprinted(ev
     assert (drawn["fn"], drawn["obj"], drawn["size"]) == ("Generator.random", made["obj"], 4)
     assert drawn["value"] == draws.fingerprint(values, None)[0]
     assert isinstance(gen, np.random.Generator)
+
+
+def test_draws_beside_a_started_thread_name_the_thread_that_drew(evidence: tuple[Evidence, Sink]) -> None:
+    """A prefetch thread's draw names its target; the main thread's, while it runs, names the main thread; the
+    main thread drawing alone names none (issue 45: a prefetch thread racing a LazyLinear's init went unseen)."""
+    ev, sink = evidence
+    generators.install_torch(ev, torch)
+    concurrency.install_threads(ev)
+    drawn, release = threading.Event(), threading.Event()
+
+    def prefetch() -> None:
+        torch.randn(2)
+        drawn.set()
+        release.wait(10)
+
+    def layer() -> torch.Tensor:
+        return torch.empty(3).uniform_()  # one line, as nn.init's: drawn for several layers
+
+    layer()
+    loader = threading.Thread(target=prefetch)
+    loader.start()
+    drawn.wait(10)
+    layer()
+    release.set()
+    loader.join()
+    target = f"{test_draws_beside_a_started_thread_name_the_thread_that_drew.__name__}.<locals>.prefetch"
+    assert [(e["fn"], e.get("thread")) for e in sink.of("draw")] == [
+        ("Tensor.uniform_", None), ("torch.randn", target), ("Tensor.uniform_", "MainThread")]

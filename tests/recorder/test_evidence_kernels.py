@@ -251,3 +251,37 @@ def test_the_first_model_lists_its_matmul_layers(evidence: tuple[Evidence, Sink]
     assert set(event) == fields(ModulesEvent) - {"at", "worker"}
     assert event["matmul"] == [{"module": "0", "class": "Conv2d"}, {"module": "2", "class": "Linear"}]
     assert (event["root"], event["device"], event["listed"]) == ("Sequential", "cpu", [])
+
+
+@pytest.mark.parametrize(("mode", "latent"), [("mean", []), ("sum", []), ("max", ["EmbeddingBagBackward0"])])
+def test_an_embedding_bag_is_latent_only_in_the_mode_torch_lists(evidence: tuple[Evidence, Sink], mode: str,
+                                                                  latent: list[str]) -> None:
+    """torch lists EmbeddingBag's backward for `mode='max'` only (issue 45: a mean bag was quoted the max entry)."""
+    ev, sink = evidence
+    kernels.install(ev, torch)
+    bag = torch.nn.EmbeddingBag(10, 3, mode=mode)
+    torch.autograd.backward(bag(torch.tensor([[1, 2], [3, 4]])).sum())
+    assert [e["op"] for e in sink.of("latent-op")] == latent
+
+
+@pytest.mark.parametrize(("layer", "entry"), [(torch.nn.Conv1d(2, 2, 3), "torch.nn.Conv1d "),
+                                              (torch.nn.Conv2d(2, 2, 3), "torch.nn.Conv2d "),
+                                              (torch.nn.ConvTranspose2d(2, 2, 3), "torch.nn.ConvTranspose2d ")])
+def test_a_convolution_quotes_the_entry_of_its_own_dimensionality(evidence: tuple[Evidence, Sink],
+                                                                  layer: torch.nn.Module, entry: str) -> None:
+    ev, sink = evidence
+    kernels.install(ev, torch)
+    spatial = (5,) * (layer.weight.dim() - 2)
+    torch.autograd.backward(layer(torch.ones(1, 2, *spatial)).sum())
+    [latent] = sink.of("latent-op")
+    assert latent["entry"].startswith(entry)
+
+
+@pytest.mark.parametrize(("mode", "listed"), [("mean", []), ("max", ["EmbeddingBag"])])
+def test_a_bag_in_the_first_model_is_listed_only_in_the_mode_torch_lists(evidence: tuple[Evidence, Sink], mode: str,
+                                                                         listed: list[str]) -> None:
+    ev, _ = evidence
+    ev.device_as = "cuda"  # EmbeddingBag is listed for CUDA tensors
+    kernels.install(ev, torch)
+    event = kernels.modules_event(ev, torch.nn.Sequential(torch.nn.EmbeddingBag(10, 3, mode=mode)))
+    assert [m["class"] for m in event["listed"]] == listed

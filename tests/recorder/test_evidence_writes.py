@@ -90,3 +90,12 @@ def test_a_failure_in_the_hook_never_fails_the_scripts_open(writes: Any, tmp_pat
     assert (tmp_path / "out.txt").read_text() == "x"
     assert files._RELAY.listener is None
     assert "stopped recording the files" in capsys.readouterr().err
+
+
+def test_an_open_for_appending_says_so(writes: Any, tmp_path: Path) -> None:
+    _, sink = writes
+    with open(tmp_path / "sessions.jsonl", "a") as fh:
+        fh.write("{}\n")
+    with open(tmp_path / "model.txt", "w") as fh:
+        fh.write("x")
+    assert [e.get("append") for e in sink.of("file-write")] == [True, False]

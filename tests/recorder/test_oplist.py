@@ -78,3 +78,7 @@ def test_only_the_image_form_of_nll_loss_stands_for_torchs_nllloss_entry() -> No
 
 def test_the_image_form_of_nll_loss_stands_for_torchs_nllloss_entry() -> None:
     assert oplist.node_keys("NllLoss2DBackward0") == ("nllloss",)
+
+
+def test_a_convolution_key_names_its_dimensionality_and_transposition() -> None:
+    assert (oplist.conv_key(2, False), oplist.conv_key(1, True)) == ("conv2d", "convtranspose1d")

@@ -59,6 +59,7 @@ class Evidence:
         self.anchors: dict[str, str | None] = {}
         # RNG objects the script owns, numbered in creation order (generators.py): draws name the number
         self.rng_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.threads: weakref.WeakSet[Any] = weakref.WeakSet()  # threads started (concurrency.py): draws beside them
         self._rng_numbers = 0
         self.outside_sites = 0  # user call sites of outside values recorded (environment.py)
         self.device_as: str | None = None  # set by the test-only fault injector (faults.py)

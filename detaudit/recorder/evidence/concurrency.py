@@ -19,7 +19,9 @@ from detaudit.recorder.patch import wrap
 
 
 def install_threads(ev: Evidence) -> None:
-    _wrap_call(ev, threading.Thread, "start", "threading.Thread.start", method=True)
+    """Thread starts: the script's are events; every started thread is kept (weakly), so a draw of the main
+    thread while one runs says so (generators.py)."""
+    _wrap_call(ev, threading.Thread, "start", "threading.Thread.start", method=True, started=ev.threads.add)
 
 
 def install_futures(ev: Evidence, futures: ModuleType) -> None:
@@ -52,11 +54,14 @@ def install_dataloader(ev: Evidence, loader_cls: type) -> None:
     wrap(loader_cls, "__init__", make)
 
 
-def _wrap_call(ev: Evidence, owner: Any, name: str, label: str, method: bool) -> None:
+def _wrap_call(ev: Evidence, owner: Any, name: str, label: str, method: bool,
+               started: Callable[[Any], None] | None = None) -> None:
     """The first call per user call site; `method`: the first argument is the object (its target is
-    `_target`, a Thread's, or the first callable argument)."""
+    `_target`, a Thread's, or the first callable argument); `started`: given that object at every call."""
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
+            if started is not None and args:
+                started(args[0])
             caller = sys._getframe(1)
             if not ev.is_library(caller) and ev.first_time(label, caller.f_code, caller.f_lineno):
                 target = None

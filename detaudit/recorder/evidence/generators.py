@@ -17,11 +17,12 @@ from __future__ import annotations
 import functools
 import random
 import sys
+import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from detaudit.events import DrawEvent, GeneratorEvent, Lib, RngRestoreEvent, SeedEvent
+from detaudit.events import MAIN_THREAD, DrawEvent, GeneratorEvent, Lib, RngRestoreEvent, SeedEvent
 from detaudit.recorder.evidence import draws
 from detaudit.recorder.evidence.base import Evidence, digest_bytes, python_rng_digest, short
 from detaudit.recorder.patch import wrap
@@ -247,7 +248,8 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
             obj = None if generator is None else ev.rng_number(generator)
             # once per call site and RNG object: a library line (nn.init's `uniform_`) draws for every caller, from
             # the global RNG for one and from the script's own Generator for the next
-            key = (label, caller.f_code, caller.f_lineno, obj)
+            thread = _thread(ev)
+            key = (label, caller.f_code, caller.f_lineno, obj) + (() if thread is None else (thread, ev.where(caller)))
             if key not in ev.seen:
                 ev.seen.add(key)
                 if label != "dropout" or (args[2] if len(args) > 2 else kwargs.get("training", True)):
@@ -255,6 +257,8 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
                                       generator="global" if generator is None else "explicit")
                     if obj is not None:
                         event["obj"] = obj
+                    if thread is not None:
+                        event["thread"] = thread
                     if lib == "torch":
                         event["device"] = ev.draw_device(args, kwargs)
                     if label == "dropout":
@@ -276,6 +280,15 @@ def _wrap_draw(ev: Evidence, owner: Any, name: str, lib: Lib, label: str) -> Non
         return draw
 
     wrap(owner, name, make)
+
+
+def _thread(ev: Evidence) -> str | None:
+    """Who draws beside a thread: its target (or name), MAIN_THREAD while a started thread is alive; None when the
+    main thread draws alone. Such draws are once per user line too (nn.init's one line draws for a LazyLinear)."""
+    current = threading.current_thread()
+    if current is threading.main_thread():
+        return MAIN_THREAD if ev.threads and any(t.is_alive() for t in list(ev.threads)) else None
+    return str(getattr(getattr(current, "_target", None), "__qualname__", None) or current.name)
 
 
 def _global_state(ev: Evidence, lib: Lib, args: tuple[Any, ...], kwargs: dict[str, Any]) -> draws.State:

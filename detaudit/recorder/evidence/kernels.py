@@ -89,7 +89,7 @@ def modules_event(ev: Evidence, root: Any) -> ModulesEvent:
         cls = type(module).__name__
         name = qual or root_name
         for entry in ev.op_entries.get(oplist.op_key(cls), []):
-            if oplist.applies(entry, device, True, {}):
+            if oplist.applies(entry, device, True, _module_values(module, entry)):
                 listed.append({"module": name, "class": cls, "entry": entry.text})
                 break
         if cls in MATMUL_CLASSES or cls.startswith("Conv"):
@@ -334,13 +334,39 @@ def _walk_graph(ev: Evidence, tensors: Any, caller: FrameType) -> None:
         seen.add(id(node))
         stack.extend(fn for fn, _ in node.next_functions)
         node_name = node.name()
-        for key in oplist.node_keys(node_name):
+        for key in _node_keys(node, node_name):
             entries = ev.op_entries.get(key, [])
             if not entries:
                 continue
-            values = _node_layout(torch, node)
+            values = {**_node_layout(torch, node), **_node_mode(node)}
             if ev.first_time("node", node_name, device, *values.values()):
                 _emit_listed(ev, node_name, device, entries, True, values, loc, node=True)
+
+
+def _module_values(module: Any, entry: oplist.OpEntry) -> dict[str, str]:
+    """The module's own values of the arguments an entry's condition names (an EmbeddingBag's `mode`): a bag
+    summing or averaging is not the `mode='max'` entry's."""
+    values = {arg: getattr(module, arg, None) for arg, _ in entry.conditions}
+    return {arg: value for arg, value in values.items() if isinstance(value, str)}
+
+
+def _node_keys(node: Any, node_name: str) -> tuple[str, ...]:
+    """The docstring keys a node stands for; a convolution's by its saved weight's dimensionality and
+    whether it is transposed (ConvolutionBackward0 serves every Conv and ConvTranspose class)."""
+    try:
+        dims, transposed = node._saved_weight.dim() - 2, bool(node._saved_transposed)
+    except (AttributeError, RuntimeError):  # not a convolution, or its saved tensors freed already
+        return oplist.node_keys(node_name)
+    return (oplist.conv_key(dims, transposed),)
+
+
+_BAG_MODES = ("sum", "mean", "max")  # EmbeddingBagBackward0 saves its mode as this index
+
+
+def _node_mode(node: Any) -> dict[str, str]:
+    """`{"mode": "mean"}` for an EmbeddingBag's node (its `_saved_mode`), nothing for others."""
+    mode = getattr(node, "_saved_mode", None)
+    return {"mode": _BAG_MODES[mode]} if isinstance(mode, int) and 0 <= mode < len(_BAG_MODES) else {}
 
 
 def _node_layout(torch: ModuleType, node: Any) -> dict[str, str]:

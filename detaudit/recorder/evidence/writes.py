@@ -42,8 +42,8 @@ class Writes:
         self.seen: set[str] = set()
         self._busy = threading.local()
 
-    def opened(self, path: Any, frame: Any) -> None:
-        """`path` (as given to open) was opened for writing from `frame`."""
+    def opened(self, path: Any, frame: Any, append: bool = False) -> None:
+        """`path` (as given to open) was opened for writing from `frame` (`append`: keeping what it held)."""
         if len(self.seen) >= MAX_PATHS or getattr(self._busy, "on", False):
             return
         try:
@@ -55,7 +55,7 @@ class Writes:
         self.seen.add(full)
         self._busy.on = True  # emitting may open the workers' side file: not the script's write
         try:
-            self.ev.emit(FileWriteEvent(type="file-write", path=full, loc=self.ev.where(frame)))
+            self.ev.emit(FileWriteEvent(type="file-write", path=full, loc=self.ev.where(frame), append=append))
         finally:
             self._busy.on = False
 
@@ -67,7 +67,7 @@ class Writes:
         elif event == "open" and len(args) >= 3 and not isinstance(args[0], int):
             flags = args[2]
             if isinstance(flags, int) and flags & _WRITING and not flags & os.O_EXCL:
-                self.opened(args[0], sys._getframe(1))
+                self.opened(args[0], sys._getframe(1), bool(flags & os.O_APPEND))
 
 
 _RELAY: AuditRelay[Writes] = AuditRelay(frozenset({"open", "os.rename"}),
