@@ -40,10 +40,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from detaudit.recorder import kept, location, save_gate
 from detaudit.recorder.core import Recorder
+from detaudit.recorder.eventlog import EventLog
 from detaudit.recorder.opinfo import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS, tensors_in
 from detaudit.recorder.patch import wrap
 from detaudit.recorder.scratch import results, scratch_outputs
-from detaudit.records import WATCH_EVENTS
 
 # Test-only seam: flip the lowest bit of one op's first output element on one step's `execution` (1: the
 # script's own result, 2: the replay's). JSON, e.g. {"op": "aten.mm.default", "step": 0, "execution": 2}.
@@ -55,19 +55,6 @@ COMPUTE_NAMESPACES = frozenset({"aten", "prims"})  # torch's own computing ops (
 _GROUP_ARGUMENTS = frozenset({"group_name", "group"})  # a process group by name (a `str`, or `Any`)
 FAILED = "replay failed"  # the second execution raised (out of memory for the copies): that op is unchecked
 _INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
-
-
-class EventLog:
-    """The events file, appended to one JSON line at a time (never through `open`: the evidence of the files a
-    script reads must not see detaudit's own)."""
-
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        if os.fstat(self.fd).st_size == 0:  # the header leads: the reader checks format and version first
-            self.write({"event": "header", **WATCH_EVENTS.stamp()})
-
-    def write(self, event: dict[str, Any]) -> None:
-        os.write(self.fd, (json.dumps(event) + "\n").encode())
 
 
 class StepReplay(TorchDispatchMode):

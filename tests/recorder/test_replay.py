@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from detaudit.recorder.core import Recorder
-from detaudit.recorder.replay import COLLECTIVE, EventLog, StepReplay, Watcher, _copier, _kind, distance
+from detaudit.recorder.eventlog import EventLog
+from detaudit.recorder.replay import COLLECTIVE, StepReplay, Watcher, _copier, _kind, distance
 from detaudit.trace import TraceWriter
 
 
