@@ -441,6 +441,11 @@ def test_every_declared_cause_is_reported_by_a_detector_or_by_explain() -> None:
     assert produced | {CauseId.UNKNOWN, confirm.NOT_REPRODUCED.id} == set(CauseId)
 
 
+def test_a_detector_of_an_undeclared_cause_id_is_refused_when_registered() -> None:
+    with pytest.raises(ValueError, match="no-such-cause"):
+        detects("no-such-cause")(lambda ctx: None)  # type: ignore[arg-type]
+
+
 def test_a_detector_reporting_an_id_it_does_not_declare_is_a_bug() -> None:
     wrong = detects(CauseId.TF32)(lambda ctx: finding("thread-count", 1.0, "s", [], "f"))
     with pytest.raises(AssertionError, match="reported cause 'thread-count'"):
