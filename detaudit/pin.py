@@ -150,11 +150,11 @@ class Setting:
 @dataclass(frozen=True)
 class PerturbSpec:
     """How `run --perturb` varies one setting: its two values (the first is what every other repeat runs
-    with), the cause id a change of bits is reported as, and whether only CUDA work can notice it."""
+    with), and whether only CUDA work can notice it. The cause a change of bits is reported as is its row's
+    (cause_table.PERTURBED)."""
 
     knob: Perturb
     description: str
-    cause: str  # a cause id (docs/causes.md)
     settings: tuple[Setting, Setting]
     cuda_only: bool = False
 
@@ -167,19 +167,19 @@ def perturbations(cpu_count: int | None) -> dict[Perturb, PerturbSpec]:
     reduction otherwise than one, whatever the cores)."""
     many = str(max(2, cpu_count or 1))
     specs = (
-        PerturbSpec(Perturb.THREADS, "the intra-op thread count (OMP_NUM_THREADS, MKL_NUM_THREADS)", "thread-count",
+        PerturbSpec(Perturb.THREADS, "the intra-op thread count (OMP_NUM_THREADS, MKL_NUM_THREADS)",
                     (Setting("1", {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}),
                      Setting(many, {"OMP_NUM_THREADS": many, "MKL_NUM_THREADS": many}))),
         # two fixed seeds, not 0: 0 turns randomization off, which is a setting no other machine has by default
-        PerturbSpec(Perturb.HASH_SEED, "the string hash seed (PYTHONHASHSEED)", "python-hash-seed",
+        PerturbSpec(Perturb.HASH_SEED, "the string hash seed (PYTHONHASHSEED)",
                     (Setting("1", {"PYTHONHASHSEED": "1"}), Setting("2", {"PYTHONHASHSEED": "2"}))),
         PerturbSpec(Perturb.CUDNN_BENCHMARK, "cuDNN's algorithm choice (torch.backends.cudnn.benchmark)",
-                    "cudnn-benchmark", (Setting("off", child={"cudnn.benchmark": False}),
-                                        Setting("on", child={"cudnn.benchmark": True})), cuda_only=True),
-        PerturbSpec(Perturb.CUBLAS_WORKSPACE, "cuBLAS's workspace (CUBLAS_WORKSPACE_CONFIG)", "cublas-workspace",
+                    (Setting("off", child={"cudnn.benchmark": False}), Setting("on", child={"cudnn.benchmark": True})),
+                    cuda_only=True),
+        PerturbSpec(Perturb.CUBLAS_WORKSPACE, "cuBLAS's workspace (CUBLAS_WORKSPACE_CONFIG)",
                     (Setting(":4096:8", {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}),
                      Setting(":16:8", {"CUBLAS_WORKSPACE_CONFIG": ":16:8"})), cuda_only=True),
-        PerturbSpec(Perturb.ALLOCATOR, "the CUDA caching allocator's layout (PYTORCH_CUDA_ALLOC_CONF)", "allocator",
+        PerturbSpec(Perturb.ALLOCATOR, "the CUDA caching allocator's layout (PYTORCH_CUDA_ALLOC_CONF)",
                     (Setting("expandable_segments:False", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}),
                      Setting("expandable_segments:True", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})),
                     cuda_only=True),

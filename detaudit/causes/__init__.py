@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from detaudit.cause_table import CAUSES, REORDERED_PARAMETERS, CauseId
 from detaudit.causes import (
     carried,
     clock,
@@ -24,7 +25,6 @@ from detaudit.causes import (
     rng,
     stdout_causes,
 )
-from detaudit.causes.confirm import NOT_REPRODUCED, PIN_CAUSES
 from detaudit.causes.context import LIKELY, Context, Detector, Finding, build, finding
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.perturb import PerturbationFinding
@@ -33,24 +33,6 @@ from detaudit.pin import PINS, separating_pin
 from detaudit.results import BASES, Basis, Cause, Divergence, RepeatResult
 
 NO_EVIDENCE: Basis = "no-evidence"  # the basis of a candidate no evidence of whose mechanism was seen (results.BASES)
-# What each cause must have observed in this run to be a cause (docs/causes.md#ranking): the evidence event kinds
-# (events.py) of its mechanism, seen in a compared repeat or its DataLoader workers. An experiment or the op-level
-# re-run (OP_RECORDS: the divergent op's inputs reordered, an op proven nondeterministic) is evidence for any; `()`:
-# the comparison itself is the observation (a stdout line). A finding without it is a candidate not ruled out.
-OP_RECORDS = "op-records"
-MECHANISM: dict[str, tuple[str, ...]] = {
-    "unseeded-torch-rng": ("draw", "state", "rng-restore"), "unseeded-numpy-rng": ("draw", "state", "generator"),
-    "unseeded-python-rng": ("draw", "state", "generator"), "varying-seed": ("seed", "generator"),
-    "dataloader-workers": ("dataloader",), "python-hash-seed": ("hash-call",),
-    "object-order": (OP_RECORDS, order.REORDERED_PARAMETERS),
-    "concurrency": ("concurrency",), "outside-value": ("clock", "outside"), "wall-clock": ("clock-reads",),
-    "nondeterministic-op": ("op",), "uninitialized-memory": ("empty",), "cudnn-benchmark": ("state", "flag"),
-    "cublas-workspace": ("state", "modules"), "tf32": ("state", "flag", "environment"),
-    "thread-count": ("state", "environment"), "environment": ("environment",), "environment-change": ("environment",),
-    "flag-drift": ("flag", "state"), "flag-typo": ("flag-typo",), "collective-algorithm": ("collective", "ddp"),
-    "device-rng-geometry": ("draw",), "compiled-kernels": ("compile",), "carried-state": ("carried", "file-read"),
-    "stdout-differs": (),
-}
 TIE = 1e-6  # scores this close on the same basis fit the evidence equally
 BACKGROUND = 0.55  # below this, a cause is listed only when nothing likely explains the divergence
 DETECTORS: tuple[Detector, ...] = (
@@ -63,12 +45,7 @@ DETECTORS: tuple[Detector, ...] = (
     flags.collective_algorithm, collective.collective_algorithm, device.device_rng_geometry, outside.outside_value,
     *perturbed_settings.DETECTORS,
 )
-UNKNOWN = "unknown"  # no detector fired (`unknown` below)
-# every cause id a report can hold: what the detectors declare, `unknown`, and what --explain adds
-# (a source the bisection isolated, confirm.PIN_CAUSES; a control that agreed, confirm.NOT_REPRODUCED)
-CAUSE_IDS: tuple[str, ...] = tuple(dict.fromkeys(
-    [*(cause_id for d in DETECTORS for cause_id in d.cause_ids), UNKNOWN,
-     *(cause_id for cause_id, _, _ in PIN_CAUSES.values()), NOT_REPRODUCED.id]))
+UNKNOWN = CauseId.UNKNOWN.value  # no detector fired (`unknown` below)
 
 
 def diagnose(divergence: Divergence | None, traces: Sequence[Path], runs: Sequence[RepeatResult],
@@ -114,18 +91,21 @@ def rank(ctx: Context) -> list[Cause]:
 
 
 def _observed(ctx: Context, cause: Cause) -> bool:
-    """Whether this run holds evidence of the cause's mechanism, of the kind it declares (MECHANISM)."""
+    """Whether this run holds evidence of the cause's mechanism (docs/causes.md#ranking), of the kind its row
+    declares (cause_table.CauseSpec.mechanism), seen in a compared repeat or its DataLoader workers. An experiment
+    or the op-level re-run is evidence for any cause."""
     if cause.basis in ("experiment", "op-records", NO_EVIDENCE):
         return True
-    kinds = MECHANISM.get(cause.id, ())
-    if order.REORDERED_PARAMETERS in kinds and order.parameters_reordered(ctx):  # the comparison itself saw it
+    kinds = CAUSES[CauseId(cause.id)].mechanism
+    if REORDERED_PARAMETERS in kinds and order.parameters_reordered(ctx):  # the comparison itself saw it
         return True
     return not kinds or any(e["type"] in kinds for r in ctx.involved for e in [*r.events, *r.worker_events])
 
 
 def _candidate(cause: Cause) -> Cause:
+    kinds = ", ".join(CAUSES[CauseId(cause.id)].mechanism)
     return replace(cause, basis=NO_EVIDENCE, confidence="possible", evidence=[
-        *cause.evidence, f"no evidence of its mechanism was recorded in this run ({', '.join(MECHANISM[cause.id])})"])
+        *cause.evidence, f"no evidence of its mechanism was recorded in this run ({kinds})"])
 
 
 def split(ranked: Sequence[Cause]) -> tuple[list[Cause], list[Cause]]:

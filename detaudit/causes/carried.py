@@ -16,6 +16,7 @@ from __future__ import annotations
 import posixpath  # path strings only (the detector reads no file)
 from collections.abc import Sequence
 
+from detaudit.cause_table import CauseId
 from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
 from detaudit.events import CarriedEvent, FileReadEvent, FileWriteEvent, select
 
@@ -150,7 +151,7 @@ def explains_output(ctx: Context) -> list[str] | None:
     return evidence_lines(differing, ctx.involved)
 
 
-@detects("carried-state")
+@detects(CauseId.CARRIED_STATE)
 def carried_state(ctx: Context) -> Finding | None:
     """Direct evidence: before the divergence, a repeat involved read state another repeat left."""
     reading = [r for r in ctx.involved if carries(r, ctx.ref, ctx)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from detaudit.cause_table import CauseId
 from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
 from detaudit.events import ClockReadsEvent
 
@@ -12,7 +13,7 @@ def _reads(rep: RepeatEvidence) -> dict[tuple[str, str], int]:
     return {(str(s.get("loc")), str(s.get("fn"))): int(s.get("reads", 0)) for s in sites}
 
 
-@detects("wall-clock")
+@detects(CauseId.WALL_CLOCK)
 def wall_clock(ctx: Context) -> Finding | None:
     """The repeats recorded different things (another number of steps, other records), and the
     script read the clock a different number of times at some call site: its control flow followed time."""

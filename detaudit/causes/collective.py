@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from detaudit.cause_table import CauseId
 from detaudit.causes import flags
 from detaudit.causes.context import LIKELY, Context, Finding, detects, finding
 from detaudit.errors import TraceError
@@ -35,7 +36,7 @@ def _collective_env(ctx: Context) -> list[dict[str, Any]]:
     return envs
 
 
-@detects("collective-algorithm")
+@detects(CauseId.COLLECTIVE_ALGORITHM)
 def collective_algorithm(ctx: Context) -> Finding | None:
     rec = ctx.record
     if rec is None or rec.kind not in FED or ctx.divergence.category != "content":

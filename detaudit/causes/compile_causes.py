@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from detaudit.cause_table import CauseId
 from detaudit.causes.context import Context, Finding, detects, finding
 from detaudit.events import CompileEvent
 from detaudit.pin import Pin
@@ -13,7 +14,7 @@ TUNING = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordi
 PARAM_KINDS = ("grad", "param", "optstate")
 
 
-@detects("compiled-kernels")
+@detects(CauseId.COMPILED_KERNELS)
 def compiled_kernels(ctx: Context) -> Finding | None:
     """A compiled model, run without deterministic algorithms: inductor's CPU and GPU kernels
     parallelise reductions and scatter-adds (an embedding's backward) with atomic adds."""

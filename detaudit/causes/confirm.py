@@ -15,39 +15,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from detaudit.cause_table import CAUSES, ISOLATED, CauseId
 from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins
 from detaudit.results import Cause, Experiment
 
-ORDER_CAUSES = ("concurrency", "object-order", "outside-value", "unknown")
-
-# the cause a pin isolates when no detector named it (id, summary, fix); ALL: a pair or more of sources
-PIN_CAUSES: dict[str, tuple[str, str, str]] = {
-    Pin.TORCH_RNG: ("unseeded-torch-rng", "the torch RNG differs between runs", "seed torch with a constant: "
-                    "`torch.manual_seed(0)` at the start of the script"),
-    Pin.NUMPY_RNG: ("unseeded-numpy-rng", "NumPy randomness differs between runs", "seed NumPy with a constant "
-                    "(`np.random.seed(0)`, `np.random.default_rng(0)`)"),
-    Pin.PYTHON_RNG: ("unseeded-python-rng", "Python `random` differs between runs", "seed it with a constant: "
-                     "`random.seed(0)`"),
-    Pin.HASH_SEED: ("python-hash-seed", "string hash randomization changes an order derived from a set or dict",
-                    "iterate `sorted(...)` instead of a set of strings (or set `PYTHONHASHSEED=0`)"),
-    Pin.ADDRESS_LAYOUT: ("object-order", "iteration over objects hashed by identity (memory address)",
-                         "keep the objects in a list, or sort them by a stable attribute, instead of a set"),
-    Pin.DETERMINISTIC: ("nondeterministic-op", "an op accumulates in thread or atomic order",
-                        "call `torch.use_deterministic_algorithms(True)` at the top of the script"),
-    Pin.ONE_THREAD: ("thread-count", "a multithreaded reduction sums in a run-dependent order",
-                     "use a constant thread count, or `torch.use_deterministic_algorithms(True)`"),
-    Pin.CUDNN: ("cudnn-benchmark", "cuDNN picks convolution algorithms per run",
-                "set `torch.backends.cudnn.benchmark = False` and `torch.backends.cudnn.deterministic = True`"),
-    Pin.CUBLAS: ("cublas-workspace", "cuBLAS splits matmuls in a run-dependent way",
-                 "run with `CUBLAS_WORKSPACE_CONFIG=:4096:8`"),
-    Pin.TF32_OFF: ("tf32", "TF32 precision", "turn TF32 off (`torch.set_float32_matmul_precision('highest')`)"),
-    Pin.ZERO_EMPTY: ("uninitialized-memory", "memory read before it is written", "use `torch.zeros` instead of "
-                     "`torch.empty`"),
-    Pin.NCCL: ("collective-algorithm", "NCCL's reduction algorithm or protocol varies",
-               "set `NCCL_ALGO=Ring NCCL_PROTO=Simple NCCL_NVLS_ENABLE=0` on every rank and run"),
-    ALL: ("unknown", "several sources together: only pinning them all at once makes the repeats agree",
-          "pin each of the named sources (see docs/causes.md for each pin's fix)"),
-}
+# causes that "everything pinned still diverges" supports (cause_table.CauseSpec.beyond_pins)
+ORDER_CAUSES = tuple(s.id.value for s in CAUSES.values() if s.beyond_pins)
+# a set of sources only pinned together made the repeats agree (ALL): reported as `unknown` with this summary and fix
+SEVERAL_SOURCES = ("several sources together: only pinning them all at once makes the repeats agree",
+                   "pin each of the named sources (see docs/causes.md for each pin's fix)")
 
 
 def apply(causes: Sequence[Cause], experiments: Sequence[Experiment], baseline_index: int) -> list[Cause]:
@@ -203,6 +179,15 @@ def _confirmed(cause: Cause, line: str) -> Cause:
     return replace(cause, confidence="confirmed", basis="experiment", evidence=[*cause.evidence, line])
 
 
+def _isolated_cause(names: Sequence[str]) -> tuple[str, str, str]:
+    """(id, summary, fix) of the source the experiment pinning `names` isolated: the cause its one pin isolates
+    (cause_table.ISOLATED), else `unknown` for several sources together."""
+    spec = ISOLATED.get(Pin(names[0])) if len(names) == 1 and names[0] in PINS else None
+    if spec is None or spec.isolation is None:
+        return (CauseId.UNKNOWN.value, *SEVERAL_SOURCES)
+    return spec.id.value, spec.isolation.summary, spec.isolation.fix
+
+
 def _isolated(causes: Sequence[Cause], experiments: Sequence[Experiment]) -> list[Cause]:
     """Sources the bisection isolated that no listed cause names, each confirmed by its experiment.
 
@@ -222,7 +207,7 @@ def _isolated(causes: Sequence[Cause], experiments: Sequence[Experiment]) -> lis
         pins = [Pin(name) for name in names if name in PINS]  # `all` pins every source: no one pin
         if any(set(pins) & set(c.pins) for c in [*causes, *added] if c.confidence == "confirmed"):
             continue
-        cause_id, summary, fix = PIN_CAUSES.get(names[0] if len(names) == 1 else ALL, PIN_CAUSES[ALL])
+        cause_id, summary, fix = _isolated_cause(names)
         line = f"--explain: no recorded evidence pointed here, but with {e.description} pinned the repeats agree"
         if len(names) > 1:
             line += ("; the budget ran out before the set was narrowed further (raise --budget)" if cut_short

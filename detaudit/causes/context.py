@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from detaudit import schema
+from detaudit.cause_table import CauseId
 from detaudit.compare.oprules import OpFinding
 from detaudit.compare.oprules import Verdict as OpVerdict
 from detaudit.compare.perturb import PerturbationFinding
@@ -39,13 +40,13 @@ class Finding:
 
 
 class Detector:
-    """A cause detector (`Context -> Finding | None`) and the cause ids it may report: the registry
-    (causes.DETECTORS) is where the list of cause ids comes from, so a detector reporting an id it did
-    not declare is a bug caught at once (an AssertionError), never an undocumented id in a report."""
+    """A cause detector (`Context -> Finding | None`) and the cause ids it may report, each declared in
+    cause_table (an undeclared one is a ValueError at import): a detector reporting an id it did not register
+    for is a bug caught at once (an AssertionError), never an undocumented id in a report."""
 
-    def __init__(self, detect: Callable[[Context], Finding | None], cause_ids: tuple[str, ...]) -> None:
+    def __init__(self, detect: Callable[[Context], Finding | None], cause_ids: tuple[CauseId, ...]) -> None:
         self.detect = detect
-        self.cause_ids = cause_ids
+        self.cause_ids = tuple(CauseId(i) for i in cause_ids)
         functools.update_wrapper(self, detect)
 
     def __call__(self, ctx: Context) -> Finding | None:
@@ -56,8 +57,8 @@ class Detector:
         return found
 
 
-def detects(*cause_ids: str) -> Callable[[Callable[[Context], Finding | None]], Detector]:
-    """Register a function as a detector of these cause ids (docs/causes.md documents each)."""
+def detects(*cause_ids: CauseId) -> Callable[[Callable[[Context], Finding | None]], Detector]:
+    """Register a function as a detector of these cause ids (cause_table.CAUSES declares each)."""
     return lambda detect: Detector(detect, cause_ids)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Literal
 
+from detaudit.cause_table import CauseId
 from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
 from detaudit.events import (
     CallEvent,
@@ -55,7 +56,7 @@ def _in(ctx: Context, names: list[str]) -> bool:
     return rec is not None and bool({rec.module, rec.name} & set(names))
 
 
-@detects("nondeterministic-op")
+@detects(CauseId.NONDETERMINISTIC_OP)
 def nondeterministic_op(ctx: Context) -> Finding | None:
     ops = [e for e in ctx.ref.of(OpEvent) if ctx.precedes(e) and not e.get("deterministic")
            and (e.get("device") != "cpu" or e.get("threads", 1) > 1)]
@@ -94,7 +95,7 @@ def _backward_op_behind_gradient(ctx: Context, ops: list[OpEvent]) -> bool:
         and any(e.get("phase") == "backward" for e in ops)
 
 
-@detects("cudnn-benchmark")
+@detects(CauseId.CUDNN_BENCHMARK)
 def cudnn_benchmark(ctx: Context) -> Finding | None:
     on = [(rep.index, when) for rep in ctx.involved for when, f in _flags(ctx, rep)
           if f.get("cudnn.benchmark") and not f.get("cudnn.deterministic") and f.get("cudnn.enabled", True)]
@@ -122,7 +123,7 @@ def cudnn_benchmark(ctx: Context) -> Finding | None:
                    "per run", lines, fix, [Pin.CUDNN], basis)
 
 
-@detects("cublas-workspace")
+@detects(CauseId.CUBLAS_WORKSPACE)
 def cublas_workspace(ctx: Context) -> Finding | None:
     device, matmul = _modules(ctx.ref)
     layers = [m["module"] for m in matmul if not m["class"].startswith("Conv")]  # cuDNN's
@@ -155,7 +156,7 @@ def _tf32_reasons(flags: dict[str, Any]) -> list[str]:
     return reasons
 
 
-@detects("tf32")
+@detects(CauseId.TF32)
 def tf32(ctx: Context) -> Finding | None:
     """TF32 separates devices (a TF32 GPU against the CPU), or two recordings on a GPU made with
     TF32 on in one and off in the other; within one setting it rounds the same way every run."""
@@ -190,7 +191,7 @@ def tf32(ctx: Context) -> Finding | None:
                    "direct")
 
 
-@detects("thread-count")
+@detects(CauseId.THREAD_COUNT)
 def thread_count(ctx: Context) -> Finding | None:
     keys = ("num_threads", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     lines = []
@@ -240,7 +241,7 @@ def _record_digests(ctx: Context) -> dict[int, str]:
     return digests
 
 
-@detects("uninitialized-memory")
+@detects(CauseId.UNINITIALIZED_MEMORY)
 def uninitialized_memory(ctx: Context) -> Finding | None:
     varying = _varying_empties(ctx)
     found = ctx.op_with("uninitialized-memory")
@@ -311,7 +312,7 @@ def _reached_unchanged(ctx: Context, varying: list[tuple[str | None, list[EmptyE
     return None
 
 
-@detects("environment", "environment-change")
+@detects(CauseId.ENVIRONMENT, CauseId.ENVIRONMENT_CHANGE)
 def environment(ctx: Context) -> Finding | None:
     envs = [r.first(EnvironmentEvent) for r in ctx.involved]
     if any(e is None for e in envs):
@@ -379,7 +380,7 @@ def _git_text(git: Any) -> str:
     return str(git.get("commit", "?"))[:12] + (" (dirty)" if git.get("dirty") else "") + script
 
 
-@detects("device-rng-geometry")
+@detects(CauseId.DEVICE_RNG_GEOMETRY)
 def device_rng_geometry(ctx: Context) -> Finding | None:
     """Seeded CUDA random ops give other numbers on another GPU model: Philox offsets follow the launch
     geometry (pytorch issues #196613, #194676), so the same seed is not the same stream across models."""

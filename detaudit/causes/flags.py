@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from detaudit.cause_table import CauseId
 from detaudit.causes.context import Context, Finding, detects, finding
 from detaudit.events import CollectiveEvent, EnvironmentEvent, FlagEvent, FlagTypoEvent
 from detaudit.pin import Pin
@@ -42,7 +43,7 @@ def _env(event: EnvironmentEvent | None) -> dict[str, str]:
     return (event.get("env") if event is not None else None) or {}
 
 
-@detects("flag-drift")
+@detects(CauseId.FLAG_DRIFT)
 def flag_drift(ctx: Context) -> Finding | None:
     """A determinism flag set once and changed later in the run: the later call decides what runs."""
     by_flag: dict[str, list[FlagEvent]] = defaultdict(list)
@@ -76,7 +77,7 @@ def flag_drift(ctx: Context) -> Finding | None:
                    "direct" if before else "circumstantial")
 
 
-@detects("flag-typo")
+@detects(CauseId.FLAG_TYPO)
 def flag_typo(ctx: Context) -> Finding | None:
     """`torch.backends.cudnn.determinstic = True` is accepted silently: the flag it meant stays as it was."""
     typos = ctx.ref.of(FlagTypoEvent)
@@ -95,7 +96,7 @@ def flag_typo(ctx: Context) -> Finding | None:
                    [pin] if pin is not None else [], "direct")
 
 
-@detects("collective-algorithm")
+@detects(CauseId.COLLECTIVE_ALGORITHM)
 def collective_algorithm(ctx: Context) -> Finding | None:
     """NCCL picks its reduction algorithm and protocol by topology and size unless told: sums differ."""
     collectives = [e for e in ctx.ref.of(CollectiveEvent) if ctx.precedes(e)]

@@ -12,6 +12,7 @@ where it was made: the fix names the line that iterates them.
 
 from __future__ import annotations
 
+from detaudit.cause_table import CauseId
 from detaudit.causes.context import Context, Finding, detects, finding
 from detaudit.compare.set_origins import RunOrderedSet
 from detaudit.events import ConcurrencyEvent, HashCallEvent, HashEvent
@@ -47,7 +48,6 @@ def _built(s: RunOrderedSet) -> str:
 ORDER_SCORE = {True: 0.75, False: 0.45}  # the same for both order causes: no record tells them apart
 # records made in the optimizer's order of its parameters: at one index another parameter's is a reordering
 PARAMETER_KINDS = ("grad", "param", "optstate")
-REORDERED_PARAMETERS = "reordered-parameters"  # the mechanism evidence parameters_reordered() gives (causes.MECHANISM)
 
 
 def parameters_reordered(ctx: Context) -> str:
@@ -94,7 +94,7 @@ def hash_calls(ctx: Context) -> list[tuple[str, str]]:
     return lines
 
 
-@detects("python-hash-seed")
+@detects(CauseId.PYTHON_HASH_SEED)
 def python_hash_seed(ctx: Context) -> Finding | None:
     hashes = [r.first(HashEvent) for r in ctx.involved]
     if any(h is None for h in hashes):
@@ -130,7 +130,7 @@ def python_hash_seed(ctx: Context) -> Finding | None:
                    "derived from a set or dict", lines, fix, [Pin.HASH_SEED], _basis(ctx))
 
 
-@detects("object-order")
+@detects(CauseId.OBJECT_ORDER)
 def object_order(ctx: Context) -> Finding | None:
     hashes = [r.first(HashEvent) for r in ctx.involved]
     if any(h is None for h in hashes) or all(h.get("aslr_disabled") for h in hashes if h is not None):
@@ -165,7 +165,7 @@ def object_order(ctx: Context) -> Finding | None:
                    lines, fix, [Pin.ADDRESS_LAYOUT], _basis(ctx))
 
 
-@detects("concurrency")
+@detects(CauseId.CONCURRENCY)
 def concurrency(ctx: Context) -> Finding | None:
     events = [e for e in ctx.ref.of(ConcurrencyEvent) if ctx.precedes(e)]
     if not events:

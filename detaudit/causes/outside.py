@@ -8,6 +8,7 @@ object order) that used to fill this gap "by elimination", and below any cause w
 
 from __future__ import annotations
 
+from detaudit.cause_table import CauseId
 from detaudit.causes.context import Context, Finding, detects, finding
 from detaudit.compare.oprules import update_differs
 from detaudit.events import ClockEvent, OutsideEvent, kind_of
@@ -27,7 +28,7 @@ def outside_reads(ctx: Context) -> list[tuple[str, str]]:
     return [(str(e.get("fn")), str(e.get("loc"))) for e in ctx.ref.events if e["type"] in kinds and ctx.precedes(e)]
 
 
-@detects("outside-value")
+@detects(CauseId.OUTSIDE_VALUE)
 def outside_value(ctx: Context) -> Finding | None:
     reads = outside_reads(ctx)
     if not reads:

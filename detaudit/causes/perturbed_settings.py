@@ -12,38 +12,39 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from detaudit.cause_table import CAUSES, PERTURBED
 from detaudit.causes.context import Context, Detector, Finding, RepeatEvidence, detects, finding, where
 from detaudit.events import EnvironmentEvent
-from detaudit.pin import Perturb, Pin, perturbations
+from detaudit.pin import Perturb, perturbations
 
-# per setting: the summary (what a result recorded here means elsewhere), the fix, the --explain pins
-TEXT: dict[Perturb, tuple[str, str, tuple[Pin, ...]]] = {
+# per setting: the summary (what a result recorded here means elsewhere) and the fix
+TEXT: dict[Perturb, tuple[str, str]] = {
     Perturb.THREADS: (
         "sensitive to the intra-op thread count: a baseline recorded here will not reproduce on a machine with "
         "a different core count",
         "fix the thread count: `torch.set_num_threads(N)` at the start of the script, the same N on every machine "
         "(reductions and matmuls split their work by it); or compare results across machines within a tolerance "
-        "(`--atol/--rtol`) instead of bit for bit", (Pin.ONE_THREAD,)),
+        "(`--atol/--rtol`) instead of bit for bit"),
     Perturb.HASH_SEED: (
         "sensitive to the string hash seed: a result recorded here will not reproduce in a run with another "
         "hash seed, which every run draws for itself unless PYTHONHASHSEED is set",
         "iterate in a defined order (`sorted(...)` instead of a set, or a dict filled from one); or set "
-        "PYTHONHASHSEED=0 in the environment before the interpreter starts, on every machine", (Pin.HASH_SEED,)),
+        "PYTHONHASHSEED=0 in the environment before the interpreter starts, on every machine"),
     Perturb.CUDNN_BENCHMARK: (
         "sensitive to cuDNN's algorithm choice: with benchmarking, or on another GPU, convolutions run other "
         "algorithms and give other bits",
         "`torch.backends.cudnn.benchmark = False` and `torch.backends.cudnn.deterministic = True` at the start of "
-        "the script; across GPU models compare within a tolerance", (Pin.CUDNN,)),
+        "the script; across GPU models compare within a tolerance"),
     Perturb.CUBLAS_WORKSPACE: (
         "sensitive to cuBLAS's workspace configuration: a machine with another CUBLAS_WORKSPACE_CONFIG (or none) "
         "gives other bits",
         "set CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment on every machine, with "
-        "`torch.use_deterministic_algorithms(True)`", (Pin.CUBLAS,)),
+        "`torch.use_deterministic_algorithms(True)`"),
     Perturb.ALLOCATOR: (
         "sensitive to the CUDA caching allocator's layout: kernels chose otherwise by where tensors lie in "
         "memory, so another PYTORCH_CUDA_ALLOC_CONF or memory pressure gives other bits",
         "set PYTORCH_CUDA_ALLOC_CONF the same on every machine, and compare results across machines within a "
-        "tolerance (`--atol/--rtol`)", ()),
+        "tolerance (`--atol/--rtol`)"),
 }
 
 
@@ -69,7 +70,9 @@ def _numbers(indices: tuple[int, ...]) -> str:
 
 def _detector(knob: Perturb) -> Detector:
     spec = perturbations(None)[knob]
-    summary, fix, pins = TEXT[knob]
+    cause = CAUSES[PERTURBED[knob]]
+    summary, fix = TEXT[knob]
+    pins = (cause.isolation.pin,) if cause.isolation is not None else ()  # the experiment that isolates it
 
     def perturbed(ctx: Context) -> Finding | None:
         found = ctx.perturbation
@@ -96,12 +99,12 @@ def _detector(knob: Perturb) -> Detector:
         others = [f"{k.knob} ({k.values[0]} vs {k.values[1]})" for k in found.survived]
         if others:
             lines.append(f"changed no bit: {', '.join(others)}")
-        made = finding(spec.cause, 0.95, summary, lines, fix, pins, "experiment")
+        made = finding(cause.id.value, 0.95, summary, lines, fix, pins, "experiment")
         made.cause = replace(made.cause, confidence="confirmed")
         return made
 
     perturbed.__name__ = perturbed.__qualname__ = f"perturbed_{knob.value.replace('-', '_')}"
-    return detects(spec.cause)(perturbed)
+    return detects(cause.id)(perturbed)
 
 
 DETECTORS: tuple[Detector, ...] = tuple(_detector(knob) for knob in Perturb)

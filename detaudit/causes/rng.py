@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from detaudit.cause_table import CauseId
 from detaudit.causes.context import Context, Finding, RepeatEvidence, detects, finding
 from detaudit.causes.order import hash_calls
 from detaudit.causes.outside import outside_reads, outside_what
@@ -311,22 +312,22 @@ def _random_op(ctx: Context) -> bool:
     return ctx.op_with("random-op") is not None
 
 
-@detects("unseeded-torch-rng")
+@detects(CauseId.UNSEEDED_TORCH_RNG)
 def unseeded_torch_rng(ctx: Context) -> Finding | None:
     return unseeded(ctx, "torch")
 
 
-@detects("unseeded-numpy-rng")
+@detects(CauseId.UNSEEDED_NUMPY_RNG)
 def unseeded_numpy_rng(ctx: Context) -> Finding | None:
     return unseeded(ctx, "numpy")
 
 
-@detects("unseeded-python-rng")
+@detects(CauseId.UNSEEDED_PYTHON_RNG)
 def unseeded_python_rng(ctx: Context) -> Finding | None:
     return unseeded(ctx, "python")
 
 
-@detects("varying-seed")
+@detects(CauseId.VARYING_SEED)
 def varying_seed(ctx: Context) -> Finding | None:
     lines: list[str] = []
     pins: list[Pin] = []
@@ -388,7 +389,7 @@ def _seed_summary(first: SeedEvent | GeneratorEvent, read: str | None) -> str:
     return f"{what} {where}, so its seed differs in every run"
 
 
-@detects("dataloader-workers")
+@detects(CauseId.DATALOADER_WORKERS)
 def dataloader_workers(ctx: Context) -> Finding | None:
     loaders = [e for e in ctx.ref.of(DataLoaderEvent) if e.get("num_workers", 0) > 0 and ctx.precedes(e)]
     if not loaders:

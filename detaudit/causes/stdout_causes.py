@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from detaudit.cause_table import CauseId
 from detaudit.causes.context import Context, Finding, detects, finding
 from detaudit.compare.stdout import comparison_key, mask_line
 
@@ -20,7 +21,7 @@ def _changed_tokens(a: str, b: str, most: int = 3) -> list[tuple[str, str]]:
     return pairs[:most]
 
 
-@detects("stdout-differs")
+@detects(CauseId.STDOUT_DIFFERS)
 def stdout_differs(ctx: Context) -> Finding | None:
     diff = ctx.divergence.stdout
     if diff is None or ctx.divergence.category != "outcome":

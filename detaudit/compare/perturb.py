@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from detaudit.cause_table import PERTURBED
 from detaudit.compare.outcome import outcome_divergence
 from detaudit.compare.traces import Comparison, compare_traces
 from detaudit.pin import Perturb, perturbations
@@ -82,7 +83,7 @@ def compare_perturbed(traces: Sequence[Path], runs: Sequence[RepeatResult], devi
                         and all((v != base_values.get(k)) == (k == knob) for k, v in key)), [])
         other = (runs[changed[0]].perturbation or {}) if changed else {}
         spec = specs[Perturb(knob)]
-        outcomes.append(KnobOutcome(knob, spec.description, spec.cause, (value, other.get(knob, "?")),
+        outcomes.append(KnobOutcome(knob, spec.description, PERTURBED[spec.knob].value, (value, other.get(knob, "?")),
                                     tuple(runs[p].index for p in base), tuple(runs[p].index for p in changed),
                                     compare([*base, *changed]) if changed else None))
     return PerturbationFinding(tuple(outcomes), tuple(tuple(runs[p].index for p in g) for g in groups.values()),

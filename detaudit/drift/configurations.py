@@ -101,7 +101,7 @@ def floor_perturbation(config: Configuration, devices: list[str], cpu_count: int
     workspace and cuDNN's algorithm choice. The plain value of each is A's own."""
     plain = plain_threads(config, cpu_count)
     other = 1 if plain != 1 else 2
-    threads = PerturbSpec(Perturb.THREADS, "the intra-op thread count", "thread-count",
+    threads = PerturbSpec(Perturb.THREADS, "the intra-op thread count",
                           (Setting(str(plain), {v: str(plain) for v in THREAD_VARIABLES}),
                            Setting(str(other), {v: str(other) for v in THREAD_VARIABLES})))
     catalogue = perturbations(cpu_count)

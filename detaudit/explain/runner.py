@@ -32,6 +32,7 @@ from enum import Enum
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target, analyse, execute, load_run
+from detaudit.cause_table import CAUSES
 from detaudit.causes import NO_EVIDENCE, UNKNOWN, leads
 from detaudit.compare.stdout import recorded_mode
 from detaudit.errors import UsageError, output_error
@@ -63,8 +64,7 @@ MIN_REPEATS = 2
 # the same order, a race that did not fire): before it counts, this many times its repeats more must agree too.
 # Less likely by chance, not impossible: fresh interpreters often agree on the order of a set of a few objects
 CONTROL_GROWTH = 2
-# causes whose divergence may not come back in a re-run: the audit's own repeats are no control for them
-CHANCE_CAUSES = ("concurrency", "nondeterministic-op", "thread-count", "uninitialized-memory", "carried-state")
+CHANCE_CAUSES = tuple(s.id.value for s in CAUSES.values() if s.by_chance)  # no control: see repeats_as_control
 
 
 def plan(causes: Sequence[Cause]) -> list[Pin]:

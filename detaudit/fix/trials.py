@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions, execute, run_audit
+from detaudit.cause_table import CAUSES
 from detaudit.causes import leads, rng, split
 from detaudit.causes.confirm import apply
 from detaudit.causes.context import build
@@ -35,9 +36,10 @@ from detaudit.trace import read_footer
 DEFAULT_BUDGET = 24
 FIX_FILE = "fix.json"
 LIBS = {Pin.TORCH_RNG: "torch", Pin.NUMPY_RNG: "numpy", Pin.PYTHON_RNG: "python"}
-# causes whose source no knob's code reaches: a seed the script sets itself from outside the program (the clock, the
-# pid, `Generator.seed()`) is set again by the script's own call after the prelude's constant seed (docs/fix.md)
-BEYOND_KNOBS = ("varying-seed",)
+# causes whose source no knob's code reaches (cause_table.CauseSpec.fix_knob None): a seed the script sets itself from
+# outside the program (the clock, the pid, `Generator.seed()`) is set again by the script's own call after the
+# prelude's constant seed (docs/fix.md); a set of objects keeps its address order whatever a knob sets
+BEYOND_KNOBS = tuple(s.id.value for s in CAUSES.values() if s.fix_knob is None)
 
 
 def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,

@@ -22,7 +22,7 @@ import pytest
 from audits import DETERMINISTIC, DIVERGENT, Audit, Cache, Done
 from conftest import SCRIPTS
 
-from detaudit.causes import MECHANISM
+from detaudit.cause_table import CAUSES, CauseId
 from detaudit.causes.context import load
 from detaudit.pin import CONTROL
 
@@ -257,11 +257,11 @@ def expected_summary(causes: list[dict[str, Any]]) -> str:
 
 def assert_summary_cause_observed(done: Done, causes: list[dict[str, Any]]) -> None:
     """The cause the summary line names was proved (an experiment, the op-level records) or has an evidence event of
-    the kind it declares (causes.MECHANISM) in a compared repeat or its DataLoader workers."""
+    the kind its row declares (cause_table.CauseSpec.mechanism) in a compared repeat or its DataLoader workers."""
     top = causes[0]
     if expected_summary(causes) == "cause not identified" or top["basis"] in ORDER_EVIDENCE:
         return
-    kinds = MECHANISM.get(top["id"], ())
+    kinds = CAUSES[CauseId(top["id"])].mechanism
     seen = {e["type"] for r in done.report["runs"]
             for rep in [load(done.run_dir / f"repeat-{r['repeat']}.trace", r["repeat"], r["device"])]
             for e in [*rep.events, *rep.worker_events]}

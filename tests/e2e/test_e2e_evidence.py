@@ -1,7 +1,7 @@
 """End to end, through the real CLI: a cause needs evidence of its mechanism (issue 35), each with a script of its own.
 
 The summary line (what a CI log shows) names a cause only when the run recorded an event of the kind that cause
-declares (causes.MECHANISM), or the op-level re-run or an experiment proved it; candidates with no evidence are
+declares (cause_table), or the op-level re-run or an experiment proved it; candidates with no evidence are
 listed apart (`not_ruled_out`), never in that line.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import SCRIPTS, CliResult, diverges_within, run_cli
 
-from detaudit.causes import MECHANISM
+from detaudit.cause_table import CAUSES, CauseId
 from detaudit.causes.context import load
 
 # a thread-pool inference server that saves its results in completion order: no set, no dict
@@ -146,7 +146,7 @@ def assert_summary_cause_has_evidence(tmp_path: Path, result: CliResult) -> str:
     assert top["id"] == found.group(1)
     if top["basis"] in ("experiment", "op-records"):
         return str(top["id"])
-    kinds = MECHANISM[top["id"]]
+    kinds = CAUSES[CauseId(top["id"])].mechanism
     events = [e for i, run in enumerate(report["runs"])
               for e in load(tmp_path / "run" / f"repeat-{run['repeat']}.trace", i, "cpu").events]
     assert not kinds or any(e["type"] in kinds for e in events), (top, kinds)
