@@ -213,15 +213,30 @@ def compare_values(ref_value: Any, got_value: Any, n: int, rows: Rows, preferred
     return total
 
 
-def batch_rows(args: Any, kwargs: Any, d: int) -> tuple[int, list[torch.Tensor]] | None:
-    """The batch size (the most common size of dim `d` among the tensor arguments) and the tensors of that
-    size (copies: the next call mixes them in); None without a tensor argument that has the dim."""
+@dataclass(frozen=True)
+class Batch:
+    """A call's batch: its size, each tensor argument's batch dim (in `tensors((args, kwargs))` order; None: not of
+    the batch, a shared mask or position ids, passed whole), and copies of the batch's tensors (the module's next
+    call mixes them in), each with its dim."""
+
+    n: int
+    dims: list[int | None]
+    rows: list[tuple[torch.Tensor, int]]
+
+
+def batch_rows(args: Any, kwargs: Any, d: int) -> Batch | None:
+    """The batch: its size is the most common size of dim `d` among the tensor arguments; a tensor has its rows
+    along `d` where it has that size there, else along dim 0 where that has it (batch-first labels or targets (n,),
+    a key padding mask (n, seq), beside a sequence-first input (seq, n, ...)). None without a tensor argument
+    that has the dim."""
     inputs = tensors((args, kwargs))
     sizes = [t.shape[d] for t in inputs if t.dim() > d]
     if not sizes:
         return None
     n = max(set(sizes), key=lambda s: (sizes.count(s), -sizes.index(s)))
-    return n, [t.detach().clone() for t in inputs if t.dim() > d and t.shape[d] == n]
+    dims = [d if t.dim() > d and t.shape[d] == n else 0 if t.dim() > 0 and t.shape[0] == n else None
+            for t in inputs]
+    return Batch(n, dims, [(t.detach().clone(), dim) for t, dim in zip(inputs, dims, strict=True) if dim is not None])
 
 
 def aggregates(output: Any, n: int, d: int) -> list[str]:
@@ -231,12 +246,13 @@ def aggregates(output: Any, n: int, d: int) -> list[str]:
             for path, t in iter_tensors(output, "output") if _batch_dim(t, t, n, n, d) is None]
 
 
-def mixable(other: list[torch.Tensor], mine: list[torch.Tensor], d: int, fill: int) -> bool:
-    """Another call's batch tensors can fill this call's batch: same count, dtypes and non-batch shapes, and
-    at least the `fill` rows the mixed batch takes from them (an earlier call may have been smaller)."""
-    return len(other) == len(mine) and all(
-        a.dtype == b.dtype and a.device == b.device and a.dim() == b.dim() and a.shape[d] >= fill
-        and all(a.shape[i] == b.shape[i] for i in range(a.dim()) if i != d) for a, b in zip(other, mine, strict=True))
+def mixable(other: Batch, mine: Batch, fill: int) -> bool:
+    """Another call's batch tensors can fill this call's batch: same count, batch dims, dtypes and non-batch
+    shapes, and at least the `fill` rows the mixed batch takes from them (an earlier call may have been smaller)."""
+    return len(other.rows) == len(mine.rows) and all(
+        da == db and a.dtype == b.dtype and a.device == b.device and a.dim() == b.dim() and a.shape[da] >= fill
+        and all(a.shape[i] == b.shape[i] for i in range(a.dim()) if i != da)
+        for (a, da), (b, db) in zip(other.rows, mine.rows, strict=True))
 
 
 def storage(t: torch.Tensor) -> int:
