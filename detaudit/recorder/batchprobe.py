@@ -191,8 +191,7 @@ class BatchProbe:
         self.settings = settings
         self.local = threading.local()
         self.calls: dict[str, int] = {}  # module name -> calls seen
-        self.others: dict[str, Batch] = {}  # module name -> the last call's batch
-        # and batch tensors
+        self.others: dict[str, Batch | None] = {}  # module name -> the last call's batch
         self.located = 0
         self.handles: list[Any] = []
         self.stopped: str | None = None  # why probing stopped (one of its hooks raised), if it did
@@ -324,9 +323,7 @@ class BatchProbe:
             return [_skip_event(name, call, "probe-failed", error)]
         for event in events:
             if event["type"] == "batch-call":
-                batch = batch_rows(args, kwargs, event["batch_dim"])
-                if batch is not None:
-                    self.others[name] = batch
+                self.others[name] = batch_rows(args, kwargs, event["batch_dim"])
         self.located += sum(e["type"] == "batch-origin" for e in events)
         return events
 

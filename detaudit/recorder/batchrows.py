@@ -166,6 +166,28 @@ def _spread(index: torch.Tensor, m: int) -> torch.Tensor:
     return index if m == 1 else (index[:, None] * m + torch.arange(m)).reshape(-1)
 
 
+def _folded(ref: torch.Tensor, got: torch.Tensor, found: tuple[int, int], rows: Rows, n: int) -> RowDiff:
+    """The rows `rows` names along dim `d` of `found`, each row's `m` entries as one row. A batch folded into a
+    bigger dim holds a row's entries either consecutively ((n, t) flattened, batch first) or `n` apart ((t, n)
+    flattened: `nn.MultiheadAttention` folds its sequence-first (t, n, e) so); both are compared and the closer
+    kept, as the other lines one row's entries up with other rows' (far beyond rounding, unless the rows agree)."""
+    d, m = found
+    layouts = [(_spread(rows.ref, m), _spread(rows.got, m))]
+    if m > 1:
+        layouts.append((_apart(rows.ref, m, n), _apart(rows.got, m, rows.size)))
+    diffs = []
+    for layout in layouts:
+        picked = [t.detach().index_select(d, index.to(t.device)).movedim(d, 0)
+                  for t, index in zip((ref, got), layout, strict=True)]
+        diffs.append(compare_rows(*(t.reshape(-1, m, *t.shape[1:]) if m > 1 else t for t in picked)))
+    return min(diffs, key=lambda diff: (not diff.agree, diff.max_abs))
+
+
+def _apart(index: torch.Tensor, m: int, size: int) -> torch.Tensor:
+    """Row indices -> the indices of their `m` entries each, `size` (the rows of the batch) apart."""
+    return (index[:, None] + torch.arange(m) * size).reshape(-1)
+
+
 @dataclass(frozen=True)
 class Rows:
     """Which rows of the whole batch (`ref`, along the batch dim) a probe's rows (`got`) are."""
@@ -196,12 +218,7 @@ def compare_values(ref_value: Any, got_value: Any, n: int, rows: Rows, preferred
             continue
         found = _batch_dim(ref, got, n, rows.size, preferred)
         if found is not None:
-            d, m = found
-            picked = [t.detach().index_select(d, _spread(index, m).to(t.device)).movedim(d, 0)
-                      for t, index in ((ref, rows.ref), (got, rows.got))]
-            if m > 1:  # each row's m entries as one row
-                picked = [t.reshape(-1, m, *t.shape[1:]) for t in picked]
-            part = compare_rows(picked[0], picked[1])
+            part = _folded(ref, got, found, rows, n)
         elif ref.shape == got.shape and not whole:
             part = RowDiff(uncompared=1)
         elif ref.shape == got.shape:

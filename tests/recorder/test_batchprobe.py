@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,12 @@ def test_a_batch_folded_into_a_bigger_dim_is_compared_row_by_row() -> None:
     diff = compare_values(full, part, 4, rows, 0)
     assert diff.differ == 1
     assert not diff.shape_differs
+
+
+def test_a_sequence_first_batch_folded_into_a_bigger_dim_is_compared_row_by_row() -> None:
+    steps = torch.randn(3, 4, 2)  # (time, 4 rows, features), flattened time-major as nn.MultiheadAttention does
+    rows = Rows(2, torch.arange(2), torch.arange(2))
+    assert compare_values(steps.reshape(12, 2), steps[:, :2].reshape(6, 2), 4, rows, 0).agree
 
 
 def test_a_value_reduced_over_the_batch_differs_whole_and_is_left_out_of_row_results() -> None:
@@ -457,3 +463,39 @@ def test_a_sequence_first_model_with_batch_first_labels_is_as_variant_as_plain_t
 def test_a_sequence_first_model_s_batch_first_labels_are_never_a_rows_mixing_bug(
         labelled: tuple[list[dict[str, Any]], bool]) -> None:
     assert "batch-rows-mix" not in [c.id for c in diagnose_batch(analyse(labelled[0]))]  # type: ignore[arg-type]
+
+
+class _TimeMajorLinear(nn.Module):
+    """nn.Linear over a (batch, time, features) input turned time-major: a transposed 3-d input, which one row
+    leaves foldable in place (`aten.view`, `aten.addmm`) and more rows do not (`aten.clone`, `aten.mm`, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.transpose(0, 1)).transpose(0, 1)
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    """Two intra-op threads (the suite runs at one, where `aten.mm` and `aten.addmm` round alike here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_a_path_the_batch_changes_is_named_by_the_op_that_computes_on_it(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _TimeMajorLinear().eval()
+    x = torch.randn(16, 5, 32)
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(x))
+        whole = model(x)
+        differ = any(not torch.equal(model(x[:k]), whole[:k]) for k in default_sizes(16))
+    first = analyse(events).first_variant  # type: ignore[arg-type]
+    assert (first.op.name if first is not None and first.op is not None else None) == \
+        ("aten.mm" if differ else None)
+
