@@ -323,7 +323,7 @@ class BatchProbe:
             return [_skip_event(name, call, "probe-failed", error)]
         for event in events:
             if event["type"] == "batch-call":
-                self.others[name] = batch_rows(args, kwargs, event["batch_dim"])
+                self.others[name] = batch_rows(args, kwargs, event["batch_dim"], event["rows"])
         self.located += sum(e["type"] == "batch-origin" for e in events)
         return events
 
@@ -345,7 +345,7 @@ class BatchProbe:
         if dim.dim is None:
             return [_skip_event(name, call, "batch-dim-unknown", dim.detail)]
         d = dim.dim
-        found = batch_rows(args, kwargs, d)
+        found = batch_rows(args, kwargs, d, dim.size)
         if found is None:
             return [_skip_event(name, call, "no-batch", f"no tensor argument has a dim {d}")]
         n = found.n

@@ -241,8 +241,10 @@ class Batch:
     rows: list[tuple[torch.Tensor, int]]
 
 
-def batch_rows(args: Any, kwargs: Any, d: int) -> Batch | None:
-    """The batch: its size is the most common size of dim `d` among the tensor arguments; a tensor has its rows
+def batch_rows(args: Any, kwargs: Any, d: int, size: int | None = None) -> Batch | None:
+    """The batch: its size is `size` where a layer declared it, else the most common size of dim `d` among the
+    tensor arguments (a causal mask (seq, seq) and a padding mask (n, seq) beside a sequence-first input would
+    outnumber the batch with the sequence's length); a tensor has its rows
     along `d` where it has that size there, else along dim 0 where that has it (batch-first labels or targets (n,),
     a key padding mask (n, seq), beside a sequence-first input (seq, n, ...)). None without a tensor argument
     that has the dim."""
@@ -250,7 +252,7 @@ def batch_rows(args: Any, kwargs: Any, d: int) -> Batch | None:
     sizes = [t.shape[d] for t in inputs if t.dim() > d]
     if not sizes:
         return None
-    n = max(set(sizes), key=lambda s: (sizes.count(s), -sizes.index(s)))
+    n = size if size is not None else max(set(sizes), key=lambda s: (sizes.count(s), -sizes.index(s)))
     dims = [d if t.dim() > d and t.shape[d] == n else 0 if t.dim() > 0 and t.shape[0] == n else None
             for t in inputs]
     return Batch(n, dims, [(t.detach().clone(), dim) for t, dim in zip(inputs, dims, strict=True) if dim is not None])
