@@ -504,7 +504,7 @@ def test_a_path_the_batch_changes_is_named_by_the_op_that_computes_on_it(tmp_pat
 def test_a_sequence_first_encoder_with_its_masks_is_probed_along_its_declared_batch(tmp_path: Path) -> None:
     layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, dropout=0.0)  # batch_first=False
     model = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval()
-    causal = nn.Transformer.generate_square_subsequent_mask(5)  # (seq, seq)
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)  # (seq, seq)
     padding = torch.zeros(12, 5, dtype=torch.bool)  # (batch, seq): with the causal mask, 2 of 3 dim-1 sizes are 5
     with torch.no_grad():
         events = _probed(tmp_path, lambda: model(torch.randn(5, 12, 16), mask=causal, src_key_padding_mask=padding))
