@@ -96,7 +96,7 @@ MODULES_OVER_THE_CAP = {
     "cli/render.py": (695,),
     "events.py": (588,),
     "explain/runner.py": (509,),
-    "recorder/batchprobe.py": (569,),
+    "recorder/batchprobe.py": (568,),
     "recorder/core.py": (550,),
     "recorder/devicehash.py": (691,),
     "recorder/replay.py": (526,),

@@ -28,6 +28,7 @@ from detaudit.cli.options import (
     script_arguments,
     timeout_option,
 )
+from detaudit.cli.render import MAX_TOKEN_SEQUENCES
 from detaudit.cli.session import Presentation, RepeatsProgress, finish_with, plain_table
 from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_html import write_html
@@ -201,6 +202,29 @@ def _render_op_window(report: DriftReport, console: Console) -> None:
                       "bound")
 
 
+def _render_tokens(report: DriftReport, console: Console) -> None:
+    """A decoding script's answer in tokens (compare/tokens.py), B against A's first plain repeat; A's own repeats'
+    distinct outputs (its noise in tokens); and what came first, the first drift's record or the token."""
+    tokens = report.tokens
+    if tokens is None:
+        return
+    t = tokens.compared
+    console.print(f"[bold]{_clean(t.answer('A and B', lambda i: 'AB'[i], MAX_TOKEN_SEQUENCES))}[/]", soft_wrap=True)
+    noisy = tokens.a_distinct > 1
+    console.print(f"  A's own {tokens.a_repeats} repeats (plain and perturbed): {tokens.a_distinct} distinct "
+                  f"output{'s' if noisy else ''}" + (": A's tokens move with its reordering alone" if noisy else ""))
+    if not t.divergences:
+        return
+    d, first, window = t.earliest, report.first_drift, report.op_window
+    op = "" if window is None else f" (op {_clean(window.op)} at {_clean(window.location)})"
+    if first is not None and d.follows(tokens.first_drift_record):
+        console.print(f"  token {d.position} was chosen after the first drift (record #{tokens.first_drift_record}: "
+                      f"step {first.step} {first.kind} {_clean(first.name)}) already differed{op}")
+    else:
+        console.print(f"  token {d.position} differs before any record drifts: the choice itself is the first "
+                      "difference")
+
+
 def _clean(text: object) -> str:
     return escape(printable(str(text)))
 
@@ -337,6 +361,7 @@ def render_drift(report: DriftReport, console: Console) -> None:
     console.print(f"  floor: {_floor_runs(report)}, at least {report.floor.ulps} ULP; K = {report.floor.k:g}")
     if report.a_disagrees:  # said first: every figure below is measured against a nondeterministic A
         console.print(f"[bold yellow]A disagrees with itself[/]: {_clean(report.a_disagrees)}")
+    _render_tokens(report, console)
     _render_records(report, console)
     first = report.first_drift
     if first is not None:

@@ -344,24 +344,16 @@ def tokens_block(report: Report) -> Text | None:
     t = report.tokens
     if t is None:
         return None
-    plural = "" if t.distinct == 1 else "s"
-    text = f"tokens: {t.distinct} distinct output{plural} among {t.repeats} repeats"
-    if not t.divergences:
-        return Text(printable(f"{text} ({t.sequences} sequence(s) of up to {t.tokens} tokens)"), style="bold")
-    for d in t.divergences[:MAX_TOKEN_SEQUENCES]:
-        margin = d.margin if d.margin is not None else d.other_margin
-        how = f"margin {margin:.3g}" if margin is not None else "sampled"
-        text += (f"; sequence {d.sequence} first differs at token {d.position}: {_fmt(d.token)} vs {_fmt(d.other)} "
-                 f"in {report.name_of(d.repeat)} ({how})")
-    if len(t.divergences) > MAX_TOKEN_SEQUENCES:
-        text += f"; {len(t.divergences) - MAX_TOKEN_SEQUENCES} more sequence(s) differ"
-    return Text(printable(f"{text}\n  {_token_cause(report)}"), style="bold")
+    text = t.answer(f"{t.repeats} repeats", report.name_of, MAX_TOKEN_SEQUENCES)
+    if t.divergences:
+        text += f"\n  {_token_cause(report)}"
+    return Text(printable(text), style="bold")
 
 
 def _token_cause(report: Report) -> str:
     """The earliest divergent token tied to the first divergent record (and the op behind it, when known)."""
     assert report.tokens is not None
-    d = min(report.tokens.divergences, key=lambda x: x.at)
+    d = report.tokens.earliest
     first = report.comparison.first_divergence
     f = report.op_finding
     op = f" (op {f.record.op}{' at ' + f.record.location if f.record.location else ''})" if f is not None else ""

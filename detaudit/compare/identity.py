@@ -6,7 +6,7 @@ except a module call's records where a compiler fused the module away (listed)."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,18 +68,26 @@ def whole(trace: Trace) -> None:
 
 def keyed(trace: Trace) -> dict[Identity, Value]:
     """`trace`'s records by identity, in the trace's order."""
+    return {identity: value_of(trace, row, identity) for _, identity, row in _identified(trace)}
+
+
+def record_index(path: Path, identity: Identity) -> int | None:
+    """Where the record `identity` lies in the trace at `path`: its record index, as token events count records
+    (None: the trace does not hold it)."""
+    return next((index for index, found, _ in _identified(read_trace(path)) if found == identity), None)
+
+
+def _identified(trace: Trace) -> Iterator[tuple[int, Identity, Any]]:
+    """`trace`'s records (ops left out) with their index in the trace and their identity, in the trace's order."""
     seen: dict[tuple[int, str, str], int] = {}
-    found: dict[Identity, Value] = {}
-    for row in trace.records:
+    for index, row in enumerate(trace.records):
         code = int(row["kind"])
         if code not in _KINDS:
             continue
         kind, name, step = Kind(code).name.lower(), trace.text(row["name"]), int(row["step"])
         occurrence = seen.get((step, kind, name), 0)
         seen[(step, kind, name)] = occurrence + 1
-        identity = Identity(step, kind, name, occurrence)
-        found[identity] = value_of(trace, row, identity)
-    return found
+        yield index, Identity(step, kind, name, occurrence), row
 
 
 def value_of(trace: Trace, row: Any, identity: Identity) -> Value:

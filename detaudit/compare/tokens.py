@@ -8,7 +8,7 @@ is a pure function of those steps (`compare_tokens`); `read_tokens` reads them f
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,32 @@ class TokenComparison:
     @property
     def differ(self) -> bool:
         return self.distinct > 1
+
+    def answer(self, among: str, name_of: Callable[[int], str], shown: int) -> str:
+        """The answer in words, one line, as `run` and `drift` lead with it: `tokens: 2 distinct outputs among
+        3 repeats; sequence 0 first differs at token 7: 1523 vs 88 in repeat 1 (margin 0.0031)`. `among`: what
+        was compared (`3 repeats`, `A and B`); `name_of`: a repeat's name; `shown`: differing sequences named."""
+        plural = "" if self.distinct == 1 else "s"
+        text = f"tokens: {self.distinct} distinct output{plural} among {among}"
+        if not self.divergences:
+            return f"{text} ({self.sequences} sequence(s) of up to {self.tokens} tokens)"
+        for d in self.divergences[:shown]:
+            margin = d.margin if d.margin is not None else d.other_margin
+            how = f"margin {margin:.3g}" if margin is not None else "sampled"
+            text += (f"; sequence {d.sequence} first differs at token {d.position}: {_id(d.token)} vs "
+                     f"{_id(d.other)} in {name_of(d.repeat)} ({how})")
+        if len(self.divergences) > shown:
+            text += f"; {len(self.divergences) - shown} more sequence(s) differ"
+        return text
+
+    @property
+    def earliest(self) -> TokenDivergence:
+        """The divergent token chosen first (by record index): the one a first divergent record is tied to."""
+        return min(self.divergences, key=lambda x: x.at)
+
+
+def _id(token: int | None) -> str:
+    return "-" if token is None else str(token)
 
 
 Sequences = dict[tuple[tuple[str, str, str], int], list[TokenStep]]

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from detaudit.audit.pipeline import AuditOptions
-from detaudit.compare.identity import Identity, Recording, Value, align, structural
+from detaudit.compare.identity import Identity, Recording, Value, align, record_index, structural
 from detaudit.compare.noise_floor import (
     ULPS,
     Judged,
@@ -28,6 +28,7 @@ from detaudit.compare.noise_floor import (
     ratios_over_steps,
 )
 from detaudit.compare.outcome import outcome_beyond_noise
+from detaudit.compare.tokens import compare_tokens, read_tokens
 from detaudit.drift.change_kinds import ChangeEvidence, evidence, rank_causes
 from detaudit.drift.configurations import Configuration, differences, floor_perturbation
 from detaudit.drift.drift_report import (
@@ -35,6 +36,7 @@ from detaudit.drift.drift_report import (
     DRIFT_FORMAT,
     Counts,
     DriftReport,
+    DriftTokens,
     DriftVerdict,
     FirstDrift,
     FloorSummary,
@@ -215,7 +217,23 @@ def judged_report(report: DriftReport, traces_a: Sequence[Sequence[Path]], trace
     judged = _judged_records(report, traces_a, traces_b, sized or {})
     if not judged.counts.aligned:  # cut short, or nothing in common: nothing judged
         return judged
-    return _judged_ends(judged, traces_a, places)
+    return _generated_tokens(_judged_ends(judged, traces_a, places), traces_a, traces_b)
+
+
+def _generated_tokens(report: DriftReport, traces_a: Sequence[Sequence[Path]], traces_b: Sequence[Path]
+                      ) -> DriftReport:
+    """A decoding script's answer in tokens (rank 0's, compare/tokens.py): B against A's first plain repeat, the
+    distinct outputs among A's own repeats beside it, and the first drift's record index in A's first plain
+    repeat, to tell a token that follows the first drift from one that differs before any record does."""
+    streams = [read_tokens(paths[0]) for paths in traces_a]
+    compared = compare_tokens([streams[0], read_tokens(traces_b[0])], [0, 1])
+    if compared is None:
+        return report
+    own = compare_tokens(streams, list(range(len(streams))))
+    first = report.first_drift
+    record = None if first is None else \
+        record_index(traces_a[0][0], Identity(first.step, first.kind, first.name, first.occurrence, first.rank))
+    return replace(report, tokens=DriftTokens(compared, len(streams), 1 if own is None else own.distinct, record))
 
 
 def _judged_ends(report: DriftReport, traces_a: Sequence[Sequence[Path]], places: tuple[Path, Path]) -> DriftReport:
@@ -362,7 +380,7 @@ def by_step(judged: Sequence[Judged]) -> list[StepFigures]:
 def _first(judged: Judged, value: Value, change: ChangeEvidence) -> FirstDrift:
     i = judged.identity
     return FirstDrift(i.step, i.kind, i.name, value.module, value.location, judged.ratio, change.factor, value.dtype,
-                      value.shape, change, judged.detail)
+                      value.shape, change, judged.detail, occurrence=i.occurrence, rank=i.rank)
 
 
 def _row(judged: Judged, value: Value) -> RecordRow:

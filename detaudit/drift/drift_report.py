@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from detaudit.codec import Codable
+from detaudit.compare.tokens import TokenComparison
 from detaudit.drift.change_kinds import CandidateCause, ChangeEvidence
 from detaudit.drift.configurations import Configuration
 from detaudit.errors import ExitCode
@@ -59,6 +60,8 @@ class FirstDrift:
     evidence: ChangeEvidence
     detail: str | None = None  # why it has no size (an unrecorded position, a value that is no tensor)
     structure: bool = False  # a record only one side holds (compare/identity.structural)
+    occurrence: int = 0  # among its step's records of its kind and name (a module called twice)
+    rank: int = 0  # a per-rank record of two runs with the same world size
 
     @property
     def starts_in_update(self) -> bool:
@@ -91,6 +94,19 @@ class OutcomeDrift:
     line: int | None = None
     a: str | None = None
     b: str | None = None
+
+
+@dataclass(frozen=True)
+class DriftTokens:
+    """A decoding script's generated tokens (compare/tokens.py): A's first plain repeat (0) against B (1), each
+    differing sequence's first divergent token; how many distinct outputs A's own repeats (plain and perturbed)
+    generated, its noise in tokens; and the first drift's record index in A's first plain repeat, which a token
+    chosen after it follows (`TokenDivergence.follows`)."""
+
+    compared: TokenComparison
+    a_repeats: int
+    a_distinct: int
+    first_drift_record: int | None = None  # None: no first drift, or A does not hold it (only B does)
 
 
 @dataclass(frozen=True)
@@ -214,6 +230,7 @@ class DriftReport(Codable):
     stdout_unsteady: list[int] = field(default_factory=list)  # stdout lines A's own repeats print otherwise (first 20)
     a_disagrees: str | None = None  # A's own plain repeats differ (the script is nondeterministic under A): where
     rerecorded: Rerecorded | None = None  # records of unknown size re-recorded to size them (None: not run)
+    tokens: DriftTokens | None = None  # the generated tokens, B against A (None: the script decodes nothing)
 
     @property
     def exit_code(self) -> int:

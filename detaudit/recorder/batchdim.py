@@ -40,6 +40,7 @@ class BatchDim:
     dim: int | None
     source: BatchDimSource
     detail: str
+    size: int | None = None  # the batch's size where a layer declared it (None: the arguments' most common one)
 
 
 def _first_input(args: Any) -> Any:
@@ -93,4 +94,4 @@ def decide(shapes: Sequence[tuple[int, ...]], option: int | None, declared: Sequ
         return BatchDim(None, "declared", f"{who} {declares} a batch of {told} rows, and dims "
                                           f"{', '.join(map(str, dims))} of the first argument {tuple(first)} all "
                                           "have that size: which holds the rows cannot be told (--batch-dim D)")
-    return BatchDim(dims[0], "declared", f"dim {dims[0]}: {who} {declares} a batch of {told} rows")
+    return BatchDim(dims[0], "declared", f"dim {dims[0]}: {who} {declares} a batch of {told} rows", first[dims[0]])

@@ -17,7 +17,7 @@ import torch
 from detaudit.batch_events import BatchSpot, SubsetKind
 from detaudit.events import BatchOriginEvent
 from detaudit.recorder.batchknob import batch_invariant_knob
-from detaudit.recorder.batchrows import Rows, compare_values, rebuild, tensors
+from detaudit.recorder.batchrows import RowDiff, Rows, compare_values, rebuild, tensors
 
 CAPTURE_LIMIT = 200_000  # op calls watched in one origin search (each subset op keeps its tensors)
 CANDIDATES = 1_000  # differing calls (inputs' rows agreeing) kept per kind in one origin search
@@ -85,32 +85,58 @@ class Seen:
     cls: str = ""
 
 
+# ops that only move or alias elements: they never round, so a path the batch changes is named by an op that computes
+MOVES = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.clone", "aten.contiguous", "aten.copy_",
+                   "aten.transpose", "aten.t", "aten.permute", "aten.expand", "aten.squeeze", "aten.unsqueeze",
+                   "aten.select", "aten.slice", "aten.alias", "aten.detach", "aten.as_strided", "aten.unflatten"})
+
+
+def layout(inputs: Any, sizes: tuple[int, int]) -> tuple[tuple[int, str, int], ...]:
+    """What an op's inputs are apart from the batch: each tensor's dims, dtype and last dim (-1 where it is either
+    run's number of rows, `sizes`, on both sides alike: a sequence as long as the batch stays paired). Ops are
+    paired by it, so that a path one size takes (nn.Linear on a transposed input:
+    `aten.clone`, `aten.mm` and `aten.add` for 6 rows, `aten.view` and `aten.addmm` for 1) shifts no later op's
+    partner: the whole batch's next `aten.view` meets the subset's `aten.view` of the same kind of input."""
+    return tuple((t.dim(), str(t.dtype), -1 if t.dim() == 0 or t.shape[-1] in sizes else int(t.shape[-1]))
+                 for t in tensors(inputs))
+
+
+def _spot(name: str, mod: str, loc: str, cls: str, diff: RowDiff) -> BatchSpot:
+    return BatchSpot(name=name, module=mod, loc=loc, cls=cls, max_abs_diff=diff.max_abs, max_ulp=diff.max_ulp,
+                     scale=diff.scale, dtype=diff.dtype, across_rows=diff.whole_differs,
+                     shape_changed=diff.shape_differs)
+
+
 class Search:
     """One origin search: the subset run's calls kept (`keep`), the whole batch's paired with them and compared
     (`compare`, after `pair`), and what was found (`event`).
 
-    Calls are paired by (kind, innermost module, name, occurrence): a path that changes with the batch (a fused
-    kernel taken for one size only) leaves some unpaired, which the note counts, and the rest still pair up."""
+    Calls are paired by (kind, innermost module, name, inputs' layout apart from the batch, occurrence): a path
+    that changes with the batch (a fused kernel taken for one size only) leaves some unpaired, which the note
+    counts, and the rest still pair up. Where a paired op's inputs differ only through such unpaired ops, computed
+    from results that agree, the changed path is where the rows start to differ (`_changed_path`)."""
 
     def __init__(self, n: int, variant: tuple[SubsetKind, Rows, Any], d: int,
                  copy: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.n, self.kind, self.rows, self.d = n, variant[0], variant[1], d
         self.copy = copy  # how a watched tensor is kept
-        self.seen: dict[tuple[str, str, str, int], Seen] = {}
-        self.counts: dict[tuple[str, str, str], int] = {}
+        self.seen: dict[tuple[Any, ...], Seen] = {}
+        self.counts: dict[tuple[Any, ...], int] = {}
         self.found: dict[str, list[tuple[BatchSpot, set[int]]]] = {"module": [], "op": []}
         self.unpaired: dict[str, list[str]] = {"module": [], "op": []}
         self.flow = Flow()
+        self.agreed: set[int] = set()  # the whole batch's ops whose results agree with their partners'
+        self.alone: dict[int, tuple[str, str, str]] = {}  # its ops with no partner: name, module, `file:line`
 
-    def _key(self, kind: str, mod: str, what: str) -> tuple[str, str, str, int]:
-        base = (kind, mod, what)
+    def _key(self, kind: str, mod: str, what: str, ins: Any) -> tuple[Any, ...]:
+        base = (kind, mod, what, layout(ins, (self.n, self.rows.size)) if kind == "op" else ())
         self.counts[base] = self.counts.get(base, 0) + 1
         return (*base, self.counts[base] - 1)
 
     def keep(self, kind: str, what: str, mod: str, loc: str, ins: Any, outs: Any, cls: str = "") -> None:
         """A call of the subset's run."""
-        self.seen[self._key(kind, mod, what)] = Seen(kind, what, mod, loc, rebuild(ins, self.copy),
-                                                     rebuild(outs, self.copy), cls)
+        self.seen[self._key(kind, mod, what, ins)] = Seen(
+            kind, what, mod, loc, rebuild(ins, self.copy), rebuild(outs, self.copy), cls)
 
     def pair(self) -> None:
         """The whole batch's run starts: its calls' occurrences are counted afresh."""
@@ -118,20 +144,45 @@ class Search:
 
     def compare(self, kind: str, what: str, mod: str, loc: str, ins: Any, outs: Any, cls: str = "") -> None:
         """A call of the whole batch's run, against its partner in the subset's."""
-        partner = self.seen.get(self._key(kind, mod, what))
+        partner = self.seen.get(self._key(kind, mod, what, ins))
         found = self.found[kind]
         if partner is None:
             if not found:  # counted up to the first difference
                 self.unpaired[kind].append(f"{what}{f' in {mod}' if mod else ''}")
+            if kind == "op":
+                self.alone[self.flow.last] = (what, mod, loc)
             return
-        if len(found) >= CANDIDATES or not compare_values(ins, partner.inputs, self.n, self.rows, self.d).agree:
+        if len(found) >= CANDIDATES:
+            return
+        given = compare_values(ins, partner.inputs, self.n, self.rows, self.d)
+        if not given.agree:
+            path = self._changed_path() if kind == "op" and not found else None
+            if path:
+                name, inside, where = next((self.alone[i] for i in path if self.alone[i][0] not in MOVES),
+                                           self.alone[path[0]])
+                found.append((_spot(name, inside, where, "", given), set(path)))
             return
         diff = compare_values(outs, partner.outputs, self.n, self.rows, self.d)
-        if not diff.agree:
-            spot = BatchSpot(name=what, module=mod, loc=loc, cls=cls, max_abs_diff=diff.max_abs,
-                             max_ulp=diff.max_ulp, scale=diff.scale, dtype=diff.dtype,
-                             across_rows=diff.whole_differs, shape_changed=diff.shape_differs)
-            found.append((spot, {self.flow.last} if kind == "op" else self.flow.made(outs)))
+        if diff.agree and kind == "op":
+            self.agreed.add(self.flow.last)
+        elif not diff.agree:
+            found.append((_spot(what, mod, loc, cls, diff), {self.flow.last} if kind == "op" else self.flow.made(outs)))
+
+    def _changed_path(self) -> list[int]:
+        """The unpaired ops (a path the batch changed) the current op's inputs came through, in order, when
+        everything they and it were computed from otherwise agrees: its inputs differ because of that path. Empty
+        when an input comes from a paired op whose result differs, or through no unpaired op."""
+        path: set[int] = set()
+        todo = list(self.flow.sources[self.flow.last])
+        while todo:
+            index = todo.pop()
+            if index in self.agreed or index in path:
+                continue
+            if index not in self.alone:
+                return []
+            path.add(index)
+            todo.extend(self.flow.sources[index])
+        return sorted(path)
 
     def event(self, name: str, call: int, calls: int, output: Any) -> BatchOriginEvent:
         """The first module (in the order calls end) and the first op whose rows differ while their inputs' rows

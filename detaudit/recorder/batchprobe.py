@@ -37,6 +37,7 @@ from detaudit.recorder import batchchoice, batchisolation, batchorigin
 from detaudit.recorder.batchdim import Declared, decide, declared_batch
 from detaudit.recorder.batchorigin import CAPTURE_LIMIT, Flow
 from detaudit.recorder.batchrows import (
+    Batch,
     RowDiff,
     Rows,
     aggregates,
@@ -183,8 +184,7 @@ class BatchProbe:
         self.settings = settings
         self.local = threading.local()
         self.calls: dict[str, int] = {}  # module name -> calls seen
-        self.others: dict[str, tuple[int, list[torch.Tensor]]] = {}  # module name -> the last call's batch dim
-        # and batch tensors
+        self.others: dict[str, Batch | None] = {}  # module name -> the last call's batch
         self.located = 0
         self.handles: list[Any] = []
         self.stopped: str | None = None  # why probing stopped (one of its hooks raised), if it did
@@ -316,8 +316,7 @@ class BatchProbe:
             return [_skip_event(name, call, "probe-failed", error)]
         for event in events:
             if event["type"] == "batch-call":
-                batch = batch_rows(args, kwargs, event["batch_dim"])
-                self.others[name] = (event["batch_dim"], batch[1] if batch is not None else [])
+                self.others[name] = batch_rows(args, kwargs, event["batch_dim"], event["rows"])
         self.located += sum(e["type"] == "batch-origin" for e in events)
         return events
 
@@ -339,10 +338,10 @@ class BatchProbe:
         if dim.dim is None:
             return [_skip_event(name, call, "batch-dim-unknown", dim.detail)]
         d = dim.dim
-        found = batch_rows(args, kwargs, d)
+        found = batch_rows(args, kwargs, d, dim.size)
         if found is None:
             return [_skip_event(name, call, "no-batch", f"no tensor argument has a dim {d}")]
-        n, batch_tensors = found
+        n = found.n
         if n < 2:
             return [_skip_event(name, call, "no-batch", f"a batch of {n} row{'s' if n != 1 else ''}: nothing to "
                                                          "compare")]
@@ -354,8 +353,7 @@ class BatchProbe:
         except Exception as exc:
             return [_skip_event(name, call, "uncopyable", f"its state cannot be copied to probe it safely "
                                                           f"({type(exc).__name__}: {exc})")]
-        batch = [t.dim() > d and t.shape[d] == n for t in tensors((args, kwargs))]
-        runner = _Runner(self, module, pristine, args, kwargs, batch, d)
+        runner = _Runner(self, module, pristine, args, kwargs, found.dims, d)
         before.restore()  # the whole batch again, drawing what the call drew
         with torch.no_grad():
             control = runner.run(None)
@@ -369,7 +367,7 @@ class BatchProbe:
                                 f"no row's result can be compared ({', '.join(not_compared[:3])}): an aggregate "
                                 "such as a batch's mean loss is no row's result")]
         reproduced = compare_values(output, control, n, whole, d, whole=False).agree
-        subsets = self._subsets(name, n, d, batch_tensors)
+        subsets = self._subsets(name, found)
         ladder = set(self.settings.sizes or halving_ladder(n))  # the harness's sizes (--sizes: those)
         half = (n + 1) // 2
         results: list[BatchSubset] = []
@@ -397,17 +395,18 @@ class BatchProbe:
                 events.append(runner.locate(name, call, n, variant))
         return events
 
-    def _subsets(self, name: str, n: int, d: int, batch: list[torch.Tensor]) -> list[tuple[SubsetKind, Rows, Any]]:
+    def _subsets(self, name: str, batch: Batch) -> list[tuple[SubsetKind, Rows, Any]]:
         """The subsets a call of `n` rows is probed on: prefixes of the asked (or default) sizes, the batch reversed,
         and its first half filled up with the rows of the module's previous call when they fit."""
+        n = batch.n
         sizes = sorted({k for k in (self.settings.sizes or default_sizes(n)) if 1 <= k < n})
         subsets: list[tuple[SubsetKind, Rows, Any]] = [("prefix", Rows(k, torch.arange(k), torch.arange(k)), None)
                                                        for k in sizes]
         subsets.append(("reversed", Rows(n, torch.arange(n - 1, -1, -1), torch.arange(n)), None))
-        other_dim, other = self.others.get(name, (d, None))
+        other = self.others.get(name)
         half = (n + 1) // 2
-        if other is not None and other_dim == d and mixable(other, batch, d, n - half):
-            subsets.append(("mixed", Rows(n, torch.arange(half), torch.arange(half)), other))
+        if other is not None and mixable(other, batch, n - half):
+            subsets.append(("mixed", Rows(n, torch.arange(half), torch.arange(half)), [t for t, _ in other.rows]))
         return subsets
 
     def _copy(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -463,12 +462,12 @@ class _Runner:
     """Evaluates one call's module on row subsets of its batch, each on a copy in the call's state."""
 
     def __init__(self, probe: BatchProbe, module: torch.nn.Module, pristine: torch.nn.Module, args: Any,
-                 kwargs: Any, batch: list[bool], d: int) -> None:
+                 kwargs: Any, batch: list[int | None], d: int) -> None:
         self.probe = probe
         self.module = module
         self.pristine = pristine
         self.args, self.kwargs = args, kwargs
-        self.batch = batch
+        self.batch = batch  # each tensor argument's batch dim (None: passed whole; batchrows.batch_rows)
         self.d = d
         self.token = _State.token(pristine)
         self.live: torch.nn.Module | None = None
@@ -490,12 +489,12 @@ class _Runner:
         """The call's arguments with each batch tensor cut to `rows` (None: the whole batch; `mix`: filled up
         with another call's rows). Every tensor is a copy: a forward that writes into its arguments writes
         into the probe's, never into the script's."""
-        position = iter(range(len(self.batch)))
+        dims = iter(self.batch)
         mixed = iter(mix or [])
-        d = self.d
 
         def cut(t: torch.Tensor) -> torch.Tensor:
-            if not self.batch[next(position)] or rows is None:
+            d = next(dims)
+            if d is None or rows is None:
                 return t.detach().clone()
             mine = t.index_select(d, rows.ref.to(t.device) if mix is None else torch.arange(half, device=t.device))
             if mix is None:

@@ -166,6 +166,28 @@ def _spread(index: torch.Tensor, m: int) -> torch.Tensor:
     return index if m == 1 else (index[:, None] * m + torch.arange(m)).reshape(-1)
 
 
+def _folded(ref: torch.Tensor, got: torch.Tensor, found: tuple[int, int], rows: Rows, n: int) -> RowDiff:
+    """The rows `rows` names along dim `d` of `found`, each row's `m` entries as one row. A batch folded into a
+    bigger dim holds a row's entries either consecutively ((n, t) flattened, batch first) or `n` apart ((t, n)
+    flattened: `nn.MultiheadAttention` folds its sequence-first (t, n, e) so); both are compared and the closer
+    kept, as the other lines one row's entries up with other rows' (far beyond rounding, unless the rows agree)."""
+    d, m = found
+    layouts = [(_spread(rows.ref, m), _spread(rows.got, m))]
+    if m > 1:
+        layouts.append((_apart(rows.ref, m, n), _apart(rows.got, m, rows.size)))
+    diffs = []
+    for layout in layouts:
+        picked = [t.detach().index_select(d, index.to(t.device)).movedim(d, 0)
+                  for t, index in zip((ref, got), layout, strict=True)]
+        diffs.append(compare_rows(*(t.reshape(-1, m, *t.shape[1:]) if m > 1 else t for t in picked)))
+    return min(diffs, key=lambda diff: (not diff.agree, diff.max_abs))
+
+
+def _apart(index: torch.Tensor, m: int, size: int) -> torch.Tensor:
+    """Row indices -> the indices of their `m` entries each, `size` (the rows of the batch) apart."""
+    return (index[:, None] + torch.arange(m) * size).reshape(-1)
+
+
 @dataclass(frozen=True)
 class Rows:
     """Which rows of the whole batch (`ref`, along the batch dim) a probe's rows (`got`) are."""
@@ -196,12 +218,7 @@ def compare_values(ref_value: Any, got_value: Any, n: int, rows: Rows, preferred
             continue
         found = _batch_dim(ref, got, n, rows.size, preferred)
         if found is not None:
-            d, m = found
-            picked = [t.detach().index_select(d, _spread(index, m).to(t.device)).movedim(d, 0)
-                      for t, index in ((ref, rows.ref), (got, rows.got))]
-            if m > 1:  # each row's m entries as one row
-                picked = [t.reshape(-1, m, *t.shape[1:]) for t in picked]
-            part = compare_rows(picked[0], picked[1])
+            part = _folded(ref, got, found, rows, n)
         elif ref.shape == got.shape and not whole:
             part = RowDiff(uncompared=1)
         elif ref.shape == got.shape:
@@ -213,15 +230,32 @@ def compare_values(ref_value: Any, got_value: Any, n: int, rows: Rows, preferred
     return total
 
 
-def batch_rows(args: Any, kwargs: Any, d: int) -> tuple[int, list[torch.Tensor]] | None:
-    """The batch size (the most common size of dim `d` among the tensor arguments) and the tensors of that
-    size (copies: the next call mixes them in); None without a tensor argument that has the dim."""
+@dataclass(frozen=True)
+class Batch:
+    """A call's batch: its size, each tensor argument's batch dim (in `tensors((args, kwargs))` order; None: not of
+    the batch, a shared mask or position ids, passed whole), and copies of the batch's tensors (the module's next
+    call mixes them in), each with its dim."""
+
+    n: int
+    dims: list[int | None]
+    rows: list[tuple[torch.Tensor, int]]
+
+
+def batch_rows(args: Any, kwargs: Any, d: int, size: int | None = None) -> Batch | None:
+    """The batch: its size is `size` where a layer declared it, else the most common size of dim `d` among the
+    tensor arguments (a causal mask (seq, seq) and a padding mask (n, seq) beside a sequence-first input would
+    outnumber the batch with the sequence's length); a tensor has its rows
+    along `d` where it has that size there, else along dim 0 where that has it (batch-first labels or targets (n,),
+    a key padding mask (n, seq), beside a sequence-first input (seq, n, ...)). None without a tensor argument
+    that has the dim."""
     inputs = tensors((args, kwargs))
     sizes = [t.shape[d] for t in inputs if t.dim() > d]
     if not sizes:
         return None
-    n = max(set(sizes), key=lambda s: (sizes.count(s), -sizes.index(s)))
-    return n, [t.detach().clone() for t in inputs if t.dim() > d and t.shape[d] == n]
+    n = size if size is not None else max(set(sizes), key=lambda s: (sizes.count(s), -sizes.index(s)))
+    dims = [d if t.dim() > d and t.shape[d] == n else 0 if t.dim() > 0 and t.shape[0] == n else None
+            for t in inputs]
+    return Batch(n, dims, [(t.detach().clone(), dim) for t, dim in zip(inputs, dims, strict=True) if dim is not None])
 
 
 def aggregates(output: Any, n: int, d: int) -> list[str]:
@@ -231,12 +265,13 @@ def aggregates(output: Any, n: int, d: int) -> list[str]:
             for path, t in iter_tensors(output, "output") if _batch_dim(t, t, n, n, d) is None]
 
 
-def mixable(other: list[torch.Tensor], mine: list[torch.Tensor], d: int, fill: int) -> bool:
-    """Another call's batch tensors can fill this call's batch: same count, dtypes and non-batch shapes, and
-    at least the `fill` rows the mixed batch takes from them (an earlier call may have been smaller)."""
-    return len(other) == len(mine) and all(
-        a.dtype == b.dtype and a.device == b.device and a.dim() == b.dim() and a.shape[d] >= fill
-        and all(a.shape[i] == b.shape[i] for i in range(a.dim()) if i != d) for a, b in zip(other, mine, strict=True))
+def mixable(other: Batch, mine: Batch, fill: int) -> bool:
+    """Another call's batch tensors can fill this call's batch: same count, batch dims, dtypes and non-batch
+    shapes, and at least the `fill` rows the mixed batch takes from them (an earlier call may have been smaller)."""
+    return len(other.rows) == len(mine.rows) and all(
+        da == db and a.dtype == b.dtype and a.device == b.device and a.dim() == b.dim() and a.shape[da] >= fill
+        and all(a.shape[i] == b.shape[i] for i in range(a.dim()) if i != da)
+        for (a, da), (b, db) in zip(other.rows, mine.rows, strict=True))
 
 
 def storage(t: torch.Tensor) -> int:

@@ -15,15 +15,18 @@ from click.testing import CliRunner
 from detaudit.audit.pipeline import AuditOptions
 from detaudit.cli.commands import cli
 from detaudit.cli.drift_command import summary_line
+from detaudit.compare.tokens import TokenComparison, TokenDivergence
 from detaudit.drift import drift_check
 from detaudit.drift.change_kinds import CandidateCause, ChangeEvidence
 from detaudit.drift.configurations import Configuration
 from detaudit.drift.drift_report import (
     Counts,
     DriftReport,
+    DriftTokens,
     FirstDrift,
     FloorSummary,
     NotComparable,
+    OpWindow,
     OutcomeDrift,
     RankDisagreement,
     RecordRow,
@@ -250,3 +253,27 @@ def test_a_that_disagrees_with_itself_is_said_before_the_records(script: Path,
     monkeypatch.setattr(drift_check, "run_drift", run_drift)
     output = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False).output
     assert output.index("A disagrees with itself") < output.index("fc.weight")
+
+
+def decoded(a: Configuration, b: Configuration) -> DriftReport:
+    """A drift whose decoder's second sequence flips at token 3, chosen after the first drift's record #5."""
+    flip = TokenDivergence(sequence=1, position=3, fn="Tensor.argmax", loc="gen.py:9", reference=0, repeat=1,
+                           token=3, other=8, margin=0.25, other_margin=None, at=7)
+    compared = TokenComparison(repeats=2, distinct=2, sequences=2, tokens=4, groups=((0,), (1,)), divergences=(flip,))
+    window = OpWindow(0, "aten.addmm", "head", "gen.py:5", False, 40.0)
+    return replace(drifted(a, b), tokens=DriftTokens(compared, 3, 1, 5), op_window=window)
+
+
+def test_a_decoder_s_drift_leads_with_its_first_divergent_token(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(drift_check, "run_drift", lambda options, a, b, *_: decoded(a, b))
+    output = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False, env={"COLUMNS": "200"}).output
+    assert output.splitlines()[4] == ("tokens: 2 distinct outputs among A and B; sequence 1 first differs at token 3: "
+                                      "3 vs 8 in B (margin 0.25)")
+
+
+def test_a_decoder_s_first_divergent_token_is_tied_to_the_first_drift_and_its_op(
+        script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(drift_check, "run_drift", lambda options, a, b, *_: decoded(a, b))
+    output = CliRunner().invoke(cli, ["drift", script.name], catch_exceptions=False, env={"COLUMNS": "200"}).output
+    assert "token 3 was chosen after the first drift (record #5: step 0 grad fc.weight) already differed (op " \
+           "aten.addmm at gen.py:5)" in output

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from synthetic import Rec, write_trace
 
-from detaudit.compare.identity import Alignment, Identity, align, read_recording, structural
+from detaudit.compare.identity import Alignment, Identity, align, read_recording, record_index, structural
 from detaudit.errors import Inconclusive, TraceError
 from detaudit.trace import Kind
 
@@ -65,3 +65,8 @@ def test_a_recording_without_its_footer_is_inconclusive(tmp_path: Path) -> None:
 def test_a_footer_declaring_more_records_than_the_trace_holds_is_corrupt(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="declares 2 records, it holds 1"):
         read_recording(write_trace(tmp_path / "a.trace", [Rec("fc", 1)], footer={"records": 2}))
+
+
+def test_a_record_s_index_counts_the_op_records_before_it(tmp_path: Path) -> None:
+    path = write_trace(tmp_path / "a.trace", [Rec("fc", 1), Rec("mm", 2, kind=Kind.OP), Rec("fc", 3)], footer={})
+    assert record_index(path, Identity(0, "output", "fc", 1)) == 2

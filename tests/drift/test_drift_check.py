@@ -186,3 +186,48 @@ def test_a_kept_run_whose_verdict_was_inconclusive_still_keeps_its_whole_a(tmp_p
     """Its A recorded whole (every repeat ended 0), its B of unknown size: A's floor is still A's floor."""
     write_json(replace(kept_report(), verdict="inconclusive"), tmp_path / "drift.json")
     assert load_baseline(tmp_path, Path("train.py")).verdict == "inconclusive"
+
+
+def token(n: int, ids: list[int], at: int) -> tuple[int, dict[str, object]]:
+    """A greedy decode step of two sequences chosen at record `at` (each row's top-2 scores 2.0 and 1.75)."""
+    return at, {"type": "token", "at": at, "fn": "Tensor.argmax", "loc": "gen.py:9", "site": "gen.py:9", "n": n,
+                "rows": 2, "ids": ids, "top2": [[2.0, 1.75], [2.0, 1.75]]}
+
+
+HEADS = [Rec("head", 20 + step, step=step, samples=(0.5, -0.25, 0.125, 1.0)) for step in range(3)]
+
+
+@pytest.fixture(scope="module")
+def decoded(tmp_path_factory: pytest.TempPathFactory) -> DriftReport:
+    """A greedy decoder whose step-1 logits B moves: its second sequence's token 1 flips, after record 1."""
+    tmp = tmp_path_factory.mktemp("decoded")
+    steps = [([5, 7], 1), ([9, 3], 2), ([4, 4], 3)]
+    a = [write_trace(tmp / f"a-{i}.trace", HEADS, footer={},
+                     events=[token(n, ids, at) for n, (ids, at) in enumerate(steps)]) for i in range(3)]
+    moved = [HEADS[0], HEADS[1].but(digest=99, samples=(1.0, -0.5, 0.25, 2.0)), HEADS[2]]
+    b = write_trace(tmp / "b-0.trace", moved, footer={},
+                    events=[token(n, ids, at) for n, (ids, at) in enumerate([([5, 7], 1), ([9, 8], 2), ([4, 1], 3)])])
+    return judged_report(empty(Configuration("A"), Configuration("B", {"TEMPERATURE": "0.5"})), [[p] for p in a],
+                         [b], (tmp, tmp))
+
+
+def test_a_decoder_s_b_answers_with_each_differing_sequence_s_first_divergent_token(decoded: DriftReport) -> None:
+    assert decoded.tokens is not None
+    assert [(d.sequence, d.position, d.token, d.other, d.margin) for d in decoded.tokens.compared.divergences] == \
+        [(1, 1, 3, 8, 0.25)]
+
+
+def test_a_and_b_s_distinct_outputs_are_counted_beside_a_s_own(decoded: DriftReport) -> None:
+    assert decoded.tokens is not None
+    assert (decoded.tokens.compared.distinct, decoded.tokens.a_distinct) == (2, 1)
+
+
+def test_the_first_divergent_token_follows_the_first_drift_s_record(decoded: DriftReport) -> None:
+    assert decoded.tokens is not None
+    assert (decoded.tokens.first_drift_record, decoded.tokens.compared.earliest.follows(1)) == (1, True)
+
+
+def test_a_script_that_decodes_nothing_has_no_token_answer(tmp_path: Path) -> None:
+    a, b = traces(tmp_path, GRADS)
+    report = judged_report(empty(Configuration("A"), Configuration("B")), [[p] for p in a], [b], (tmp_path, tmp_path))
+    assert report.tokens is None

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from detaudit.compare.tokens import TokenComparison, TokenDivergence
 from detaudit.drift.configurations import Configuration
-from detaudit.drift.drift_report import DRIFT_FORMAT, DriftReport, FloorSummary, write_json
+from detaudit.drift.drift_report import DRIFT_FORMAT, DriftReport, DriftTokens, FloorSummary, write_json
 
 
 def report(verdict: str) -> DriftReport:
@@ -28,3 +30,15 @@ def test_the_json_document_names_its_format_and_reads_back(tmp_path: Path) -> No
     assert (data["format"], DriftReport.from_dict({k: v for k, v in data.items()
                                                     if k not in ("format", "version", "exit_code")})) == \
         (DRIFT_FORMAT, report("drift"))
+
+
+def test_a_json_document_with_tokens_reads_back(tmp_path: Path) -> None:
+    divergence = TokenDivergence(sequence=1, position=3, fn="Tensor.argmax", loc="gen.py:9", reference=0, repeat=1,
+                                 token=3, other=8, margin=0.25, other_margin=None, at=7)
+    compared = TokenComparison(repeats=2, distinct=2, sequences=2, tokens=4, groups=((0,), (1,)),
+                               divergences=(divergence,))
+    decoded = replace(report("drift"), tokens=DriftTokens(compared, a_repeats=3, a_distinct=1, first_drift_record=5))
+    write_json(decoded, tmp_path / "d.json")
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert DriftReport.from_dict({k: v for k, v in data.items() if k not in ("format", "version", "exit_code")}) \
+        == decoded

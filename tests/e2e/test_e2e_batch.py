@@ -290,3 +290,9 @@ def test_a_greedy_decoders_divergent_tokens_are_those_plain_torch_finds(decode_a
     found = sorted([t["sequence"], t["position"], t["subset"], t["size"], t["token"], t["other"]]
                    for t in report["tokens"]["divergent"])
     assert found == expected
+
+
+def test_a_greedy_decoders_origin_names_an_op_wherever_it_names_a_module(
+        decode_audit: tuple[dict, list[list]]) -> None:
+    first = decode_audit[0]["first_variant"] or {"first_module": None, "first_op": None}
+    assert (first["first_module"] is None) == (first["first_op"] is None)

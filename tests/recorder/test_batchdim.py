@@ -19,6 +19,10 @@ def test_a_declared_batch_is_the_dim_of_the_first_argument_with_its_size() -> No
     assert (dim.dim, dim.source) == (1, "declared")
 
 
+def test_a_declared_batch_keeps_its_size_for_the_arguments_beside_it() -> None:
+    assert decide([(12, 16, 8), (12, 12), (16, 12)], None, [_LSTM]).size == 16
+
+
 def test_token_ids_transposed_into_a_sequence_first_layer_keep_their_batch_at_dim_0() -> None:
     assert decide([(16, 12)], None, [_LSTM]).dim == 0
 

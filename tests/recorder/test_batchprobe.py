@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +10,18 @@ import pytest
 import torch
 from torch import nn
 
+from detaudit.batch.diagnosis import diagnose_batch
 from detaudit.batch.finding import analyse
 from detaudit.recorder import batchprobe, location
 from detaudit.recorder.batchprobe import BatchProbe, ProbeSettings
-from detaudit.recorder.batchrows import Rows, compare_rows, compare_values, default_sizes, halving_ladder
+from detaudit.recorder.batchrows import (
+    Rows,
+    batch_rows,
+    compare_rows,
+    compare_values,
+    default_sizes,
+    halving_ladder,
+)
 from detaudit.recorder.core import Recorder
 from detaudit.trace import TraceWriter, read_trace
 
@@ -51,6 +59,12 @@ def test_a_batch_folded_into_a_bigger_dim_is_compared_row_by_row() -> None:
     diff = compare_values(full, part, 4, rows, 0)
     assert diff.differ == 1
     assert not diff.shape_differs
+
+
+def test_a_sequence_first_batch_folded_into_a_bigger_dim_is_compared_row_by_row() -> None:
+    steps = torch.randn(3, 4, 2)  # (time, 4 rows, features), flattened time-major as nn.MultiheadAttention does
+    rows = Rows(2, torch.arange(2), torch.arange(2))
+    assert compare_values(steps.reshape(12, 2), steps[:, :2].reshape(6, 2), 4, rows, 0).agree
 
 
 def test_a_value_reduced_over_the_batch_differs_whole_and_is_left_out_of_row_results() -> None:
@@ -341,7 +355,7 @@ def test_the_origin_search_keeps_weights_by_reference_and_activations_as_copies(
     x = torch.randn(6, 4)
     runner = batchprobe._Runner(BatchProbe(Recorder(TraceWriter(tmp_path / "t.trace", {"repeat": 0})),
                                            lambda m: None, ProbeSettings()),
-                                model, model, (x,), {}, [True], 0)
+                                model, model, (x,), {}, [0], 0)
     assert runner._keep(model.weight) is model.weight
     assert runner._keep(model.weight.t())._base is model.weight
     kept = runner._keep(x)
@@ -399,3 +413,100 @@ def test_an_ops_workspace_is_never_compared_as_a_result_of_its_rows() -> None:
         lstm(torch.randn(3, 2, 4))
     outputs = handed["aten.mkldnn_rnn_layer"]
     assert [o is None for o in outputs] == [False, False, False, True]
+
+
+def test_batch_first_labels_and_padding_masks_beside_a_sequence_first_input_have_their_rows_along_dim_0() -> None:
+    found = batch_rows((torch.zeros(5, 12, 8), torch.zeros(12, dtype=torch.long), torch.zeros(12, 5),
+                        torch.arange(5)), {}, 1)  # (seq, batch, features), labels, a padding mask, positions
+    assert (found.dims if found is not None else None) == [1, 0, 0, None]
+
+
+class _SequenceFirstScorer(nn.Module):
+    """A sequence-first LSTM scoring each row against its batch-first label: a per-row loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(8, 16)  # batch_first=False: (time, batch, features)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.head(self.rnn(x)[0][-1]), labels, reduction="none")
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], bool]:
+    """The scorer probed on 16 rows of 12 steps, and whether plain torch finds a row subset along the batch that
+    differs (the sizes the probe takes: the ladder, 7, the batch reversed)."""
+    torch.manual_seed(0)
+    model = _SequenceFirstScorer().eval()
+    x, labels = torch.randn(12, 16, 8), torch.randint(0, 3, (16,))
+    with torch.no_grad():
+        events = _probed(tmp_path_factory.mktemp("labelled"), lambda: model(x, labels))
+        whole = model(x, labels)
+        differ = any(not torch.equal(model(x[:, :k], labels[:k]), whole[:k]) for k in default_sizes(16)) \
+            or not torch.equal(model(x.flip(1), labels.flip(0)).flip(0), whole)
+    return events, differ
+
+
+def test_a_sequence_first_model_with_batch_first_labels_is_probed_along_its_batch(
+        labelled: tuple[list[dict[str, Any]], bool]) -> None:
+    [call] = [e for e in labelled[0] if e["type"] == "batch-call"]
+    assert (call["batch_dim"], call["rows"]) == (1, 16)
+
+
+def test_a_sequence_first_model_with_batch_first_labels_is_as_variant_as_plain_torch_finds_it(
+        labelled: tuple[list[dict[str, Any]], bool]) -> None:
+    finding = analyse(labelled[0])  # type: ignore[arg-type]
+    assert finding.verdict == ("batch-variant" if labelled[1] else "batch-invariant")
+
+
+def test_a_sequence_first_model_s_batch_first_labels_are_never_a_rows_mixing_bug(
+        labelled: tuple[list[dict[str, Any]], bool]) -> None:
+    assert "batch-rows-mix" not in [c.id for c in diagnose_batch(analyse(labelled[0]))]  # type: ignore[arg-type]
+
+
+class _TimeMajorLinear(nn.Module):
+    """nn.Linear over a (batch, time, features) input turned time-major: a transposed 3-d input, which one row
+    leaves foldable in place (`aten.view`, `aten.addmm`) and more rows do not (`aten.clone`, `aten.mm`, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.transpose(0, 1)).transpose(0, 1)
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    """Two intra-op threads (the suite runs at one, where `aten.mm` and `aten.addmm` round alike here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_a_path_the_batch_changes_is_named_by_the_op_that_computes_on_it(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _TimeMajorLinear().eval()
+    x = torch.randn(16, 5, 32)
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(x))
+        whole = model(x)
+        differ = any(not torch.equal(model(x[:k]), whole[:k]) for k in default_sizes(16))
+    first = analyse(events).first_variant  # type: ignore[arg-type]
+    assert (first.op.name if first is not None and first.op is not None else None) == \
+        ("aten.mm" if differ else None)
+
+
+
+def test_a_sequence_first_encoder_with_its_masks_is_probed_along_its_declared_batch(tmp_path: Path) -> None:
+    layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, dropout=0.0)  # batch_first=False
+    model = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval()
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)  # (seq, seq)
+    padding = torch.zeros(12, 5, dtype=torch.bool)  # (batch, seq): with the causal mask, 2 of 3 dim-1 sizes are 5
+    with torch.no_grad():
+        events = _probed(tmp_path, lambda: model(torch.randn(5, 12, 16), mask=causal, src_key_padding_mask=padding))
+    [call] = [e for e in events if e["type"] == "batch-call"]
+    assert (call["batch_dim"], call["rows"]) == (1, 12)
