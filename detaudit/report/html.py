@@ -296,6 +296,7 @@ def _op_rows(f: OpFinding) -> list[tuple[str, Any]]:
         ("origin", f"{origin.kind} {origin.name}" + (f" ({origin.location})" if origin.location else "")
          if origin else None),
         ("traced from", traced_note(t.kind, t.name, t.location or None) if t and t.index != op.index else None),
+        ("through", f.through or None),
         ("recorded in", f"an op-level re-run ({f.traces}-*.trace), ops in steps {f.window[0]}–{f.window[1]}"
          if f.traces and f.window else None),
     ]

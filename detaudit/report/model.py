@@ -359,6 +359,7 @@ def finding_to_dict(f: OpFinding | None) -> dict[str, Any] | None:
         "reference": f.reference,
         "origin": _record_brief(f.origin) if f.origin is not None else None,
         "traced_from": _record_brief(f.traced_from) if f.traced_from is not None else None,
+        "via": [_record_brief(v) for v in f.via],
         "others": {str(i): _record_brief(o) for i, o in f.others.items()},
         "traces": f.traces or None,
         "window": f.window,
