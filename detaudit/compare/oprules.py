@@ -27,7 +27,7 @@ the answer is known, so memory stays bounded.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -94,8 +94,8 @@ class OpFinding:
         torch and came back ("" when none)."""
         return ", then ".join(
             "the batch a DataLoader yielded" + (f" at {v.location}" if v.location else "") +
-            " (the chain leaves torch there: the draws chose the batch's indices, the Dataset made its items from "
-            "them as Python values)" for v in self.via)
+            ", built outside torch from the indices its sampler drew (Python values given to the Dataset)"
+            for v in self.via)
 
     @property
     def summary(self) -> str:
@@ -121,10 +121,14 @@ class OpFinding:
         return text
 
 
-def traced_note(kind: str, name: str, location: str | None) -> str:
-    """How the op was found (terminal and HTML): the divergent record, followed back to the op that made it."""
-    return f"{kind} {name}" + (f" ({location})" if location else "") + \
-        ", followed back through the inputs that differ to the op that made it"
+def traced_note(f: OpFinding) -> str | None:
+    """How the op was found (terminal and HTML): the divergent record, followed back to the op that made it, and
+    where the chain left torch on the way; None when the op was not found so."""
+    t = f.traced_from
+    if t is None or t.index == f.record.index:
+        return None
+    return f"{t.kind} {t.name}" + (f" ({t.location})" if t.location else "") + \
+        ", followed back through the inputs that differ to the op that made it" + (f", {f.through}" if f.via else "")
 
 
 class _Scan:
@@ -189,17 +193,17 @@ class _Provenance:
         self._target_digest = 0
         self.first_differing: int | None = None  # the first op whose inputs differ (no target: start there)
         self.path: list[int] = []  # the walk's ops from the target's maker to the one found, nearest first
-        self.entered = False  # the op found is where the difference entered torch, not a source
+        self.entered: int | None = None  # the op found, where it is where the difference entered torch (no source)
         self.linked = False  # some divergent op names its makers: an op without any has none (not an older trace)
 
     def add(self, index: int, is_op: bool, source: bool, differing_inputs: bool, digest: int,
-            makers: tuple[int, ...], forward: bool = False) -> None:
+            makers: tuple[int, ...], flags: int = 0) -> None:
         if self.target is not None or len(self.nodes) >= self.LIMIT:
             return
         if not is_op:
             self.target, self._target_digest = index, digest
             return
-        self.nodes[index] = _Node(source, digest, makers, forward and differing_inputs)
+        self.nodes[index] = _Node(source, digest, makers, differing_inputs and not flags & Flag.BACKWARD)
         self.linked = self.linked or bool(makers)
         if differing_inputs and self.first_differing is None:
             self.first_differing = index
@@ -217,33 +221,39 @@ class _Provenance:
             start = self.first_differing
         else:
             return None
+        found, entry, parent = self._walk(start)
+        if found is not None:
+            return self._through(found, parent, entered=False)
+        if entry is None or self.target is None or not self.linked:
+            return None
+        return self._through(entry, parent, entered=True)
+
+    def _walk(self, start: int) -> tuple[int | None, int | None, dict[int, int]]:
+        """From `start` back through the divergent makers, level by level: (the nearest source, of equals the first
+        recorded; the nearest entry, a forward op with differing inputs and no divergent maker; each op's successor
+        on the way back)."""
         parent: dict[int, int] = {}
         level, seen, entry = [start], {start}, None
         while level:
             found = [i for i in level if self.nodes[i].source]
             if found:
-                return self._through(min(found), parent, entered=False)
+                return min(found), entry, parent
             ends = [i for i in level if self.nodes[i].forward_differing
                     and not any(m in self.nodes for m in self.nodes[i].makers)]
             entry = min(ends) if entry is None and ends else entry
-            following: dict[int, int] = {}
-            for i in level:
-                for m in self.nodes[i].makers:
-                    if m in self.nodes and m not in seen:
-                        following.setdefault(m, i)
+            following = {m: i for i in reversed(level) for m in self.nodes[i].makers
+                         if m in self.nodes and m not in seen}
             parent.update(following)
             level = sorted(following)
             seen.update(level)
-        if entry is None or self.target is None or not self.linked:
-            return None
-        return self._through(entry, parent, entered=True)
+        return None, entry, parent
 
     def _through(self, index: int, parent: dict[int, int], entered: bool) -> int:
         """Keep the walk's path to `index` (nearest the target first) and whether it is an entry, not a source."""
         path = [index]
         while path[-1] in parent:
             path.append(parent[path[-1]])
-        self.path, self.entered = path[::-1], entered
+        self.path, self.entered = path[::-1], index if entered else None
         return index
 
 
@@ -294,8 +304,7 @@ def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) 
             source = known and not unordered_diff[i]  # inputs match, or the same inputs reordered
             differing = known and bool(in_diff[i])
             prov.add(base + i, is_op, source, differing, int(row["digest"]),
-                     _makers(streams[ref], row, base + i) if is_op else (),
-                     forward=is_op and not int(row["flags"]) & Flag.BACKWARD)
+                     _makers(streams[ref], row, base + i) if is_op else (), int(row["flags"]))
             if done_at is None and scan.visit(base + i, is_op, source, differing):
                 done_at = base
             if done_at is not None and prov.target is not None:
@@ -311,15 +320,13 @@ def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) 
 def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan, prov: _Provenance,
              structure_at: int | None) -> OpFinding | None:
     """Turn the scan's indices into an OpFinding, reading the records around the chosen one."""
-    index, origin, target = _chosen(scan, prov, structure_at)
+    index, origin, target, path = _chosen(scan, prov, structure_at)
     if index is None:
         return None
     near = range(max(0, index - BEFORE), index + AFTER + 1)
     if structure_at is not None:
         near = range(near.start, min(near.stop, structure_at + 1))
-    path = prov.path[1:] if target is not None else []
-    extra = {i for i in (origin, target) if i is not None} | set(path)
-    rows, streams = _read_rows(paths, {*near, index} | extra)
+    rows, streams = _read_rows(paths, {*near, index, *path} | {i for i in (origin, target) if i is not None})
     ref = pairs[0][0]
     if index not in rows or int(rows[index][ref]["kind"]) != Kind.OP:
         return None  # e.g. a structural divergence at a module record: nothing to say about ops
@@ -330,8 +337,7 @@ def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan, p
     at = rows[index]
     here = [info(k, index) for k in range(len(paths))]
     differs = sorted({rep for r, rep in pairs if (here[r].name, here[r].shape) != (here[rep].name, here[rep].shape)})
-    entered = index == scan.first_differing_op or (target is not None and prov.entered)
-    verdict = _verdict(at, pairs, bool(differs), entered)
+    verdict = _verdict(at, pairs, bool(differs), index in (scan.first_differing_op, prov.entered))
     repeats = differs or sorted({rep for r, rep in pairs if at[r]["digest"] != at[rep]["digest"]})
     neighbours = [OpRow(info(ref, i), _inputs_state(rows[i], pairs), _output_state(rows[i], pairs), i == index)
                   for i in near if i in rows]
@@ -341,18 +347,26 @@ def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan, p
         traced_from=info(ref, target) if target is not None and target in rows else None,
         others={i: here[i] for i in differs}, neighbours=neighbours,
         ordered_by=sets_at([paths[ref]], here[ref].location) if verdict == "input-order" else [],
-        via=[v for i in path if i in rows and (v := info(ref, i)).op.startswith(LOADER_BATCH)],
+        via=_off_torch(path, rows, lambda i: info(ref, i)),
     )
 
 
-def _chosen(scan: _Scan, prov: _Provenance, structure_at: int | None) -> tuple[int | None, int | None, int | None]:
-    """(the op to report, the non-op record the differing data first appeared in, the record it was traced from):
-    the op provenance traced the divergence to, else the scan's choice, else the structural divergence."""
+def _off_torch(path: list[int], rows: dict[int, Any], info: Callable[[int], RecordInfo]) -> list[RecordInfo]:
+    """Of the records on the way back (`path`), those that are no aten op (a DataLoader's batch: LOADER_BATCH)."""
+    return [r for r in (info(i) for i in path if i in rows) if r.op.startswith(LOADER_BATCH)]
+
+
+def _chosen(scan: _Scan, prov: _Provenance,
+            structure_at: int | None) -> tuple[int | None, int | None, int | None, list[int]]:
+    """(the op to report, the non-op record the differing data first appeared in, the record it was traced from,
+    the records between the two): the op provenance traced the divergence to, else the scan's choice, else the
+    structural divergence."""
     traced = prov.source()
     index = traced if traced is not None else scan.index
     origin = scan.origin if traced is None and scan.chosen is None and scan.first_source is None else None
-    target = prov.target if traced is not None else None
-    return (structure_at if index is None else index), origin, target
+    if traced is None:
+        return (structure_at if index is None else index), origin, None, []
+    return index, origin, prov.target, prov.path[:-1]
 
 
 def _verdict(at: Sequence[Any], pairs: list[tuple[int, int]], other_ops: bool, first_differing_op: bool) -> Verdict:

@@ -10,6 +10,7 @@ from recording import record
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from detaudit.recorder.core import Recorder
+from detaudit.recorder.loader_batches import MAX_TENSORS
 from detaudit.trace import LOADER_BATCH, Kind, Trace
 
 
@@ -62,3 +63,9 @@ def test_batches_drawn_ahead_by_workers_are_linked_to_their_own_draws(tmp_path: 
     first = names.index(LOADER_BATCH)
     makers = sorted(first - int(d) for d in trace.strings[trace.records[first]["aux"]].split(","))
     assert "aten.random_.default" in [names[m] for m in makers]
+
+
+def test_a_batch_of_many_tensors_records_the_first_few(tmp_path: Path) -> None:
+    data = TensorDataset(*(torch.arange(8) for _ in range(MAX_TENSORS + 4)))
+    trace = record(tmp_path / "t.trace", lambda rec: next(iter(DataLoader(data, batch_size=2))))
+    assert sum(n.startswith(LOADER_BATCH) for n in _names(trace)) == MAX_TENSORS
