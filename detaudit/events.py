@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar, Union, cast, get_args, get_type_hints
 
 WORKERS_SUFFIX = ".workers.jsonl"  # `<trace>` + this: the DataLoader workers' events
+PARAMETERS_BY_IDENTITY = "Parameters hashed by identity"  # SetOrigin.of: a set an optimizer's Parameters came through
 
 Lib = Literal["torch", "numpy", "python"]
 When = Literal["numpy-import", "import", "first-forward", "first-step", "end"]
@@ -592,19 +593,18 @@ class InitialParamsEvent(_Event):
 
 
 Event = Union[SeedEvent, GeneratorEvent, DrawEvent, RandomDrawEvent, StateEvent, HashEvent, HashCallEvent, OpEvent,
-              LatentOpEvent, ModulesEvent, EmptyEvent,
-              EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent, CollectiveEvent, DataLoaderEvent, WorkerStartEvent,
-              WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent, OutsideEvent, ClockReadsEvent, EnvironmentEvent,
-              CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent, UnobservedEvent, FileWriteEvent, BatchCallEvent,
-              BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent,
-              StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent, SetOrderEvent, TokenEvent]
+              LatentOpEvent, ModulesEvent, EmptyEvent, EmptyWritesEvent, CallEvent, FlagEvent, FlagTypoEvent,
+              CollectiveEvent, DataLoaderEvent, WorkerStartEvent, WorkerInitDoneEvent, ConcurrencyEvent, ClockEvent,
+              OutsideEvent, ClockReadsEvent, EnvironmentEvent, CompileEvent, DdpEvent, SamplerEpochEvent, CarriedEvent,
+              UnobservedEvent, FileWriteEvent, BatchCallEvent, BatchSkipEvent, BatchOriginEvent, CheckpointSaveEvent,
+              CheckpointLoadEvent, RngRestoreEvent, StateRestoreEvent, InitialParamsEvent, DeviceDigestEvent,
+              SetOrderEvent, TokenEvent]
 Kind = Literal["seed", "generator", "draw", "random-draw", "state", "hash", "hash-call", "op", "latent-op", "modules",
-               "empty", "empty-writes", "call",
-               "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
-               "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
-               "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
-               "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest", "set-order",
-               "token"]
+               "empty", "empty-writes", "call", "flag", "flag-typo", "collective", "dataloader", "worker-start",
+               "worker-init-done", "concurrency", "clock", "outside", "clock-reads", "environment", "compile", "ddp",
+               "sampler-epoch", "carried", "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin",
+               "checkpoint-save", "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest",
+               "set-order", "token"]
 
 E = TypeVar("E")
 
