@@ -124,3 +124,17 @@ def test_a_sampler_made_batch_names_the_samplers_draw_not_the_weights_init(adder
 def test_a_sampler_made_batch_says_the_chain_left_torch_at_the_batch(adder: dict[str, Any], scripts: Path) -> None:
     line = line_of(scripts / "train_adder.py", "batch = next(data_iter)")
     assert [(v["op"], v["location"].endswith(line)) for v in adder["via"]] == [("DataLoader.__next__", True)]
+
+
+@pytest.mark.race  # two runs may place the tied Parameters alike (the set then iterates alike): retried
+def test_tied_parameters_de_duplicated_with_a_set_get_the_fix_where_the_set_is_made(scripts: Path,
+                                                                                   shared: Cache) -> None:
+    """The first divergence is at `opt.step()`'s records; the order was made where the Parameters went through a
+    set, on the line before the optimizer's."""
+    options = ("-n", "3", "--no-explain", "--granularity", "module")
+    result = diverges_within(3, lambda attempt: shared.run(Audit("train_tied_lm.py", options,
+                                                                 attempt=attempt)).result)
+    assert result.report is not None
+    fix = result.report["causes"][0]["fix"]
+    assert fix.startswith(f"give the optimizer its parameters in a fixed order at {scripts / 'train_tied_lm.py'}:"
+                          f"{line_of(scripts / 'train_tied_lm.py', 'set(model.parameters())').split(':')[1]}: ")
