@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 import torch
+from evidence_sink import Sink
 from recording import here, record
 
 from detaudit.events import PARAMETERS_BY_IDENTITY
 from detaudit.recorder.core import Recorder
-from detaudit.recorder.evidence.set_order import order_kind, origins, parameter_sets
+from detaudit.recorder.evidence.base import Evidence
+from detaudit.recorder.evidence.set_order import install_optimizer, order_kind, origins, parameter_sets
 
 
 class Plain:
@@ -85,3 +87,14 @@ def test_parameters_given_in_the_models_order_came_through_no_set() -> None:
     model = _Tied()
     params = list(model.parameters())
     assert parameter_sets(sys._getframe(), params, params) == []
+
+
+def test_an_optimizer_built_from_a_set_of_its_parameters_is_a_set_order_event_at_its_line(
+        evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    install_optimizer(ev, torch.optim.Optimizer)
+    model = torch.nn.Linear(2, 2)
+    params = list(set(model.parameters())); made = here()  # noqa: E702
+    torch.optim.SGD(params, lr=0.1); built = here()  # noqa: E702
+    torch.optim.SGD(model.parameters(), lr=0.1)  # the model's own order: nothing to say
+    assert [(e["loc"], e["sets"][0]["built"]) for e in sink.of("set-order")] == [(built, [made])]
