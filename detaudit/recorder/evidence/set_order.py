@@ -1,4 +1,5 @@
-"""Sets whose iteration order changes from run to run, in scope where an op ran (op-level recording only).
+"""Sets whose iteration order changes from run to run, in scope where an op ran (op-level recording), and the set
+an optimizer's Parameters came through (every granularity).
 
 An op that receives the same values in another order (`torch.cat` of columns gathered from a set) shows where
 the order arrived, not where it was made: the set was built and iterated lines before. Iteration order leaves
@@ -8,6 +9,12 @@ string hash randomization; objects and tensors hashed by their address), and for
 function's compiled code that assign it, iterate it (`for x in s`, a comprehension) or otherwise read it.
 Only names, sizes and element types are kept, never the elements. One search per user line, so the cost does
 not grow with the steps; the cause detector links the event to the op with reordered inputs at that line.
+
+An optimizer visits its Parameters in the order it was given them; given them through a set (tied weights
+de-duplicated with `set(model.parameters())`), it steps them in the order of their addresses. At every
+granularity, each optimizer's construction looks for that set: one holding its Parameters in scope, else a set
+made on the constructor's line or on a line that assigned what it was given (the set itself is gone by then),
+and writes a `set-order` event at the constructor's line whose sets are `Parameters hashed by identity`.
 """
 
 from __future__ import annotations
