@@ -127,8 +127,9 @@ def traced_note(f: OpFinding) -> str | None:
     t = f.traced_from
     if t is None or t.index == f.record.index:
         return None
+    via = f", via {f.through}" if f.via else ""
     return f"{t.kind} {t.name}" + (f" ({t.location})" if t.location else "") + \
-        ", followed back through the inputs that differ to the op that made it" + (f", {f.through}" if f.via else "")
+        f", followed back through the inputs that differ to the op that made it{via}"
 
 
 class _Scan:
