@@ -19,7 +19,7 @@ from synthetic import Rec, write_run
 from detaudit.audit.pipeline import load_run
 from detaudit.cli.render import op_panel, render
 from detaudit.compare import align
-from detaudit.compare.oprules import find_op_source, op_level_note, update_differs
+from detaudit.compare.oprules import OpFinding, find_op_source, op_level_note, traced_note, update_differs
 from detaudit.recorder.core import Recorder
 from detaudit.report.html import render_html
 from detaudit.report.junit import to_junit
@@ -398,7 +398,8 @@ def test_a_batch_a_sampler_drew_is_traced_to_the_samplers_draw_not_the_weights_i
     assert (finding.record.op, finding.record.location) == ("aten.random_.default", lines["batch"])
 
 
-def test_the_walk_back_through_a_batch_says_where_the_chain_left_torch(tmp_path: Path) -> None:
+def _through_a_batch(tmp_path: Path) -> OpFinding:
+    """A sampled batch, taken and scaled: the model input is followed back through the batch to the sampler."""
     data = torch.utils.data.TensorDataset(torch.arange(40).view(20, 2))
 
     def body(rec: Recorder) -> None:
@@ -408,7 +409,15 @@ def test_the_walk_back_through_a_batch_says_where_the_chain_left_torch(tmp_path:
 
     finding = find_op_source(_recorded(tmp_path, body))
     assert finding is not None
-    assert "through the batch a DataLoader yielded" in finding.summary
+    return finding
+
+
+def test_the_walk_back_through_a_batch_says_where_the_chain_left_torch(tmp_path: Path) -> None:
+    assert "through the batch a DataLoader yielded" in _through_a_batch(tmp_path).summary
+
+
+def test_the_traced_from_row_names_the_batch_on_the_way(tmp_path: Path) -> None:
+    assert "op that made it, via the batch a DataLoader yielded at " in str(traced_note(_through_a_batch(tmp_path)))
 
 
 def test_a_linked_walk_that_reaches_no_source_names_where_the_difference_entered(tmp_path: Path) -> None:
