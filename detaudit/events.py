@@ -17,6 +17,7 @@ from typing import Any, Literal, NotRequired, TypedDict, TypeVar, Union, cast, g
 from detaudit.batch_events import BatchChoice, BatchSpot, BatchSubset, SkipReason
 
 WORKERS_SUFFIX = ".workers.jsonl"  # `<trace>` + this: the DataLoader workers' events
+PARAMETERS_BY_IDENTITY = "Parameters hashed by identity"  # SetOrigin.of: a set an optimizer's Parameters came through
 
 Lib = Literal["torch", "numpy", "python"]
 MAIN_THREAD = "MainThread"  # a DrawEvent's `thread`: the main thread, drawing while another thread ran
@@ -561,12 +562,11 @@ Event = Union[SeedEvent, GeneratorEvent, DrawEvent, RandomDrawEvent, StateEvent,
               CheckpointSaveEvent, CheckpointLoadEvent, RngRestoreEvent, StateRestoreEvent, InitialParamsEvent,
               DeviceDigestEvent, SetOrderEvent, TokenEvent]
 Kind = Literal["seed", "generator", "draw", "random-draw", "state", "hash", "hash-call", "op", "latent-op", "modules",
-               "empty", "empty-writes", "call",
-               "flag", "flag-typo", "collective", "dataloader", "worker-start", "worker-init-done", "concurrency",
-               "clock", "outside", "clock-reads", "environment", "compile", "ddp", "sampler-epoch", "carried",
-               "file-read", "unobserved", "file-write", "batch-call", "batch-skip", "batch-origin", "checkpoint-save",
-               "checkpoint-load", "rng-restore", "state-restore", "initial-params", "device-digest", "set-order",
-               "token"]
+               "empty", "empty-writes", "call", "flag", "flag-typo", "collective", "dataloader", "worker-start",
+               "worker-init-done", "concurrency", "clock", "outside", "clock-reads", "environment", "compile", "ddp",
+               "sampler-epoch", "carried", "file-read", "unobserved", "file-write", "batch-call", "batch-skip",
+               "batch-origin", "checkpoint-save", "checkpoint-load", "rng-restore", "state-restore", "initial-params",
+               "device-digest", "set-order", "token"]
 
 E = TypeVar("E")
 

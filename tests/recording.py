@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 import detaudit.recorder
-from detaudit.recorder import location
+from detaudit.recorder import location, patch
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.ops import install
 from detaudit.trace import Trace, TraceWriter, read_trace
@@ -29,12 +29,14 @@ def here() -> str:
 def record(path: Path, body: Callable[[Recorder], Any], config: dict[str, Any] | None = None,
            on_end: Callable[[], None] = lambda: None) -> Trace:
     rec = Recorder(TraceWriter(path, {"repeat": 0}))
+    since = len(patch.patched())
     ops = install(rec, config or {"granularity": "op"}, on_end)
     try:
         body(rec)
     finally:
         if ops is not None:
             ops.stop()
+        patch.restore_all(since)  # the DataLoader wrappers the op recorder installs (recorder/loader_batches.py)
     rec.close({"exit_code": 0})
     return read_trace(path)
 

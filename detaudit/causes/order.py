@@ -15,7 +15,7 @@ from __future__ import annotations
 from detaudit.cause_table import CauseId
 from detaudit.causes.context import Context, Finding, detects, finding
 from detaudit.compare.set_origins import RunOrderedSet
-from detaudit.events import ConcurrencyEvent, HashCallEvent, HashEvent
+from detaudit.events import PARAMETERS_BY_IDENTITY, ConcurrencyEvent, HashCallEvent, HashEvent, SetOrderEvent
 from detaudit.pin import Pin
 from detaudit.results import Basis
 
@@ -67,6 +67,29 @@ def parameters_reordered(ctx: Context) -> str:
             f"{ctx.ref.index} recorded {rec.kind} {rec.name!r} where repeat {repeat} recorded "
             f"{other.kind} {other.name!r}: the optimizer visits its parameters in another order in each run, and "
             "Parameters hash by identity (their memory address)")
+def _parameters_through_a_set(ctx: Context) -> tuple[list[str], str]:
+    """A first divergence that reorders parameters: its evidence lines, with the sets the optimizer's Parameters came
+    through, and the fix, at the line that made the set where one was seen (([], "") without a reordering)."""
+    reordered = parameters_reordered(ctx)
+    if not reordered:
+        return [], ""
+    given = _parameter_sets(ctx)
+    lines = [reordered] + [f"the optimizer built at {loc} was given its Parameters through a set, made at "
+                           f"{', '.join(s.built)}" + (f" (`{s.name}`)" if s.name else "") +
+                           ": it iterates them in the order of their addresses" for loc, s in given]
+    at = f" at {given[0][1].built[0]}" if given else ""
+    return lines, (f"give the optimizer its parameters in a fixed order{at}: de-duplicate tied Parameters with "
+                   "`list(dict.fromkeys(model.parameters()))` (or `model.parameters()`, which already yields a tied "
+                   "Parameter once) instead of a `set`" + ("" if given else _near(ctx)))
+
+
+def _parameter_sets(ctx: Context) -> list[tuple[str, RunOrderedSet]]:
+    """(the optimizer's line, the set) for each set an optimizer's Parameters came through before the divergence
+    (recorder/evidence/set_order.py `install_optimizer`): where their order was made."""
+    return [(e["loc"], RunOrderedSet.of_origin(s)) for e in ctx.ref.of(SetOrderEvent) if ctx.precedes(e)
+            for s in e["sets"] if s["of"] == PARAMETERS_BY_IDENTITY]
+
+
 HASH_CALL_SCORE = 0.55  # the script's own hash() of a string, whose value differed: above outside-value (0.52)
 
 
@@ -143,18 +166,14 @@ def object_order(ctx: Context) -> Finding | None:
         lines.append("string hashing is fixed in these repeats (same hash probe), which rules out python-hash-seed")
     sets = _sets(ctx, by_address=True)
     lines += _op_line(ctx, sets)
-    reordered = parameters_reordered(ctx)
-    if reordered:
-        lines.append(reordered)
+    reordered, fix = _parameters_through_a_set(ctx)
+    lines += reordered
     lines.append(f"first divergence: {ctx.where()}")
     # string hashes fixed rules out python-hash-seed; otherwise nothing recorded tells the two apart. Still a
     # guess: below outside-value (a read of a value that differs in every run, at the script's own line). Parameters
     # seen reordered are objects hashed by identity: the evidence points here
     score = ORDER_SCORE[_reordered(ctx) or bool(reordered)] + (0.05 if hash_fixed else 0.0)
     if reordered and not sets:
-        fix = ("give the optimizer its parameters in a fixed order: de-duplicate tied Parameters with "
-               "`list(dict.fromkeys(model.parameters()))` (or `model.parameters()`, which already yields a tied "
-               "Parameter once) instead of a `set`" + _near(ctx))
         return finding("object-order", score, "iteration over a set of objects hashed by identity (memory address)",
                        lines, fix, [Pin.ADDRESS_LAYOUT], "op-records" if _reordered(ctx) else "circumstantial")
     fix = (f"keep the objects of `{sets[0].name}` in a list, or iterate `sorted({sets[0].name}, key=...)` by a stable "

@@ -457,8 +457,7 @@ def _op_rows(report: Report, f: OpFinding) -> list[tuple[str, object]]:
         ("origin", f"{f.origin.kind} {f.origin.name}" + (f" ({f.origin.location})" if f.origin.location else "")
          if f.origin is not None else None),
         ("elsewhere", ", ".join(f"repeat {i} ran {o.op or o.name}" for i, o in sorted(f.others.items()))),
-        ("traced from", traced_note(f.traced_from.kind, f.traced_from.name, f.traced_from.location)
-         if f.traced_from is not None and f.traced_from.index != r.index else None),
+        ("traced from", traced_note(f)),
         ("recorded in", f"an op-level re-run ({f.traces}-*.trace), ops in steps {f.window[0]}–{f.window[1]}"
          if f.traces and f.window else None),
     ]

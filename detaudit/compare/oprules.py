@@ -27,7 +27,7 @@ the answer is known, so memory stays bounded.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +37,7 @@ import numpy as np
 from detaudit.compare.align import Aligner, describe, reference_pairs
 from detaudit.compare.set_origins import RunOrderedSet, sets_at
 from detaudit.results import Divergence, RecordInfo
-from detaudit.trace import Flag, Kind, RecordStream
+from detaudit.trace import LOADER_BATCH, Flag, Kind, RecordStream
 
 BEFORE, AFTER = 3, 2  # neighbours shown around the op
 
@@ -85,6 +85,17 @@ class OpFinding:
     traces: str = ""  # which traces it was read from (the op-level re-run's prefix under --granularity auto)
     window: list[int] | None = None  # steps the op-level re-run recorded ops in
     ordered_by: list[RunOrderedSet] = field(default_factory=list)  # input-order: run-ordered sets at its line
+    via: list[RecordInfo] = field(default_factory=list)  # traced: the records that are no aten op on the way from
+    #                                                      the op to traced_from (a DataLoader's batch)
+
+    @property
+    def through(self) -> str:
+        """The records on the way from the op to traced_from that are no aten op, in words: where the chain left
+        torch and came back ("" when none)."""
+        return ", then ".join(
+            "the batch a DataLoader yielded" + (f" at {v.location}" if v.location else "") +
+            ", built outside torch from the indices its sampler drew (Python values given to the Dataset)"
+            for v in self.via)
 
     @property
     def summary(self) -> str:
@@ -96,23 +107,29 @@ class OpFinding:
         t = self.traced_from
         if t is not None and t.index != r.index:
             text += f"; it made {t.kind} {t.name}" + (f" ({t.location})" if t.location else "") + \
-                " (or what it was computed from)"
+                " (or what it was computed from)" + (f" through {self.through}" if self.via else "")
         if self.verdict == "inputs-differ":
             if self.origin is not None:
                 o = self.origin
                 text += f"; they started to differ at {o.kind} {o.name}" + (f" ({o.location})" if o.location else "")
             else:
                 text += ("; no recorded op produced the difference: it entered as data from outside torch "
-                         "(Python or NumPy values, a file) or a scalar argument")
+                         "(Python or NumPy values, a file), a scalar argument, or a tensor made before the steps "
+                         "ops were recorded in")
         if self.verdict == "different-ops":
             text += "; " + ", ".join(f"repeat {i} ran {o.op or o.name}" for i, o in sorted(self.others.items()))
         return text
 
 
-def traced_note(kind: str, name: str, location: str | None) -> str:
-    """How the op was found (terminal and HTML): the divergent record, followed back to the op that made it."""
-    return f"{kind} {name}" + (f" ({location})" if location else "") + \
-        ", followed back through the inputs that differ to the op that made it"
+def traced_note(f: OpFinding) -> str | None:
+    """How the op was found (terminal and HTML): the divergent record, followed back to the op that made it, and
+    where the chain left torch on the way; None when the op was not found so."""
+    t = f.traced_from
+    if t is None or t.index == f.record.index:
+        return None
+    via = f", via {f.through}" if f.via else ""
+    return f"{t.kind} {t.name}" + (f" ({t.location})" if t.location else "") + \
+        f", followed back through the inputs that differ to the op that made it{via}"
 
 
 class _Scan:
@@ -163,6 +180,7 @@ class _Node:
     source: bool
     digest: int  # the reference's output digest
     makers: tuple[int, ...]  # indices of the records that made its inputs (forward ops with links)
+    forward_differing: bool = False  # a forward op (its makers linked) whose inputs are known to differ
 
 
 class _Provenance:
@@ -175,20 +193,26 @@ class _Provenance:
         self.target: int | None = None
         self._target_digest = 0
         self.first_differing: int | None = None  # the first op whose inputs differ (no target: start there)
+        self.path: list[int] = []  # the walk's ops from the target's maker to the one found, nearest first
+        self.entered: int | None = None  # the op found, where it is where the difference entered torch (no source)
+        self.linked = False  # some divergent op names its makers: an op without any has none (not an older trace)
 
     def add(self, index: int, is_op: bool, source: bool, differing_inputs: bool, digest: int,
-            makers: tuple[int, ...]) -> None:
+            makers: tuple[int, ...], flags: int = 0) -> None:
         if self.target is not None or len(self.nodes) >= self.LIMIT:
             return
         if not is_op:
             self.target, self._target_digest = index, digest
             return
-        self.nodes[index] = _Node(source, digest, makers)
+        self.nodes[index] = _Node(source, digest, makers, differing_inputs and not flags & Flag.BACKWARD)
+        self.linked = self.linked or bool(makers)
         if differing_inputs and self.first_differing is None:
             self.first_differing = index
 
     def source(self) -> int | None:
-        """The nearest source among the target's recorded ancestors (None: no link reaches one)."""
+        """The nearest source among the target's recorded ancestors; where none is, the nearest forward op whose
+        differing inputs no divergent recorded op made (where the difference entered torch: `entered`); None when
+        no link reaches either."""
         if self.target is not None:
             makers = [i for i, n in self.nodes.items() if i < self.target and n.digest == self._target_digest]
             if not makers:
@@ -198,14 +222,40 @@ class _Provenance:
             start = self.first_differing
         else:
             return None
-        level, seen = [start], {start}
+        found, entry, parent = self._walk(start)
+        if found is not None:
+            return self._through(found, parent, entered=False)
+        if entry is None or self.target is None or not self.linked:
+            return None
+        return self._through(entry, parent, entered=True)
+
+    def _walk(self, start: int) -> tuple[int | None, int | None, dict[int, int]]:
+        """From `start` back through the divergent makers, level by level: (the nearest source, of equals the first
+        recorded; the nearest entry, a forward op with differing inputs and no divergent maker; each op's successor
+        on the way back)."""
+        parent: dict[int, int] = {}
+        level, seen, entry = [start], {start}, None
         while level:
             found = [i for i in level if self.nodes[i].source]
             if found:
-                return min(found)
-            level = sorted({m for i in level for m in self.nodes[i].makers if m in self.nodes} - seen)
+                return min(found), entry, parent
+            ends = [i for i in level if self.nodes[i].forward_differing
+                    and not any(m in self.nodes for m in self.nodes[i].makers)]
+            entry = min(ends) if entry is None and ends else entry
+            following = {m: i for i in reversed(level) for m in self.nodes[i].makers
+                         if m in self.nodes and m not in seen}
+            parent.update(following)
+            level = sorted(following)
             seen.update(level)
-        return None
+        return None, entry, parent
+
+    def _through(self, index: int, parent: dict[int, int], entered: bool) -> int:
+        """Keep the walk's path to `index` (nearest the target first) and whether it is an entry, not a source."""
+        path = [index]
+        while path[-1] in parent:
+            path.append(parent[path[-1]])
+        self.path, self.entered = path[::-1], index if entered else None
+        return index
 
 
 def _makers(stream: RecordStream, row: Any, index: int) -> tuple[int, ...]:
@@ -255,7 +305,7 @@ def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) 
             source = known and not unordered_diff[i]  # inputs match, or the same inputs reordered
             differing = known and bool(in_diff[i])
             prov.add(base + i, is_op, source, differing, int(row["digest"]),
-                     _makers(streams[ref], row, base + i) if is_op else ())
+                     _makers(streams[ref], row, base + i) if is_op else (), int(row["flags"]))
             if done_at is None and scan.visit(base + i, is_op, source, differing):
                 done_at = base
             if done_at is not None and prov.target is not None:
@@ -271,14 +321,13 @@ def find_op_source(paths: Sequence[Path], devices: Sequence[str] | None = None) 
 def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan, prov: _Provenance,
              structure_at: int | None) -> OpFinding | None:
     """Turn the scan's indices into an OpFinding, reading the records around the chosen one."""
-    index, origin, target = _chosen(scan, prov, structure_at)
+    index, origin, target, path = _chosen(scan, prov, structure_at)
     if index is None:
         return None
     near = range(max(0, index - BEFORE), index + AFTER + 1)
     if structure_at is not None:
         near = range(near.start, min(near.stop, structure_at + 1))
-    extra = {i for i in (origin, target) if i is not None}
-    rows, streams = _read_rows(paths, {*near, index} | extra)
+    rows, streams = _read_rows(paths, {*near, index, *path} | {i for i in (origin, target) if i is not None})
     ref = pairs[0][0]
     if index not in rows or int(rows[index][ref]["kind"]) != Kind.OP:
         return None  # e.g. a structural divergence at a module record: nothing to say about ops
@@ -289,7 +338,7 @@ def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan, p
     at = rows[index]
     here = [info(k, index) for k in range(len(paths))]
     differs = sorted({rep for r, rep in pairs if (here[r].name, here[r].shape) != (here[rep].name, here[rep].shape)})
-    verdict = _verdict(at, pairs, bool(differs), index == scan.first_differing_op)
+    verdict = _verdict(at, pairs, bool(differs), index in (scan.first_differing_op, prov.entered))
     repeats = differs or sorted({rep for r, rep in pairs if at[r]["digest"] != at[rep]["digest"]})
     neighbours = [OpRow(info(ref, i), _inputs_state(rows[i], pairs), _output_state(rows[i], pairs), i == index)
                   for i in near if i in rows]
@@ -299,23 +348,33 @@ def _finding(paths: Sequence[Path], pairs: list[tuple[int, int]], scan: _Scan, p
         traced_from=info(ref, target) if target is not None and target in rows else None,
         others={i: here[i] for i in differs}, neighbours=neighbours,
         ordered_by=sets_at([paths[ref]], here[ref].location) if verdict == "input-order" else [],
+        via=_off_torch(path, rows, lambda i: info(ref, i)),
     )
 
 
-def _chosen(scan: _Scan, prov: _Provenance, structure_at: int | None) -> tuple[int | None, int | None, int | None]:
-    """(the op to report, the non-op record the differing data first appeared in, the record it was traced from):
-    the op provenance traced the divergence to, else the scan's choice, else the structural divergence."""
+def _off_torch(path: list[int], rows: dict[int, Any], info: Callable[[int], RecordInfo]) -> list[RecordInfo]:
+    """Of the records on the way back (`path`), those that are no aten op (a DataLoader's batch: LOADER_BATCH)."""
+    return [r for r in (info(i) for i in path if i in rows) if r.op.startswith(LOADER_BATCH)]
+
+
+def _chosen(scan: _Scan, prov: _Provenance,
+            structure_at: int | None) -> tuple[int | None, int | None, int | None, list[int]]:
+    """(the op to report, the non-op record the differing data first appeared in, the record it was traced from,
+    the records between the two): the op provenance traced the divergence to, else the scan's choice, else the
+    structural divergence."""
     traced = prov.source()
     index = traced if traced is not None else scan.index
     origin = scan.origin if traced is None and scan.chosen is None and scan.first_source is None else None
-    target = prov.target if traced is not None else None
-    return (structure_at if index is None else index), origin, target
+    if traced is None:
+        return (structure_at if index is None else index), origin, None, []
+    return index, origin, prov.target, prov.path[:-1]
 
 
 def _verdict(at: Sequence[Any], pairs: list[tuple[int, int]], other_ops: bool, first_differing_op: bool) -> Verdict:
     """What the chosen op's rows (`at`, one per trace) say: the repeats ran other ops there, its inputs differ
-    (it is the first op whose do), it drew random numbers or read unwritten memory or accumulates in a varying
-    order (its inputs match), or the same inputs came in another order."""
+    (it is the first op whose do, or where the walk back found the difference entering torch), it drew random
+    numbers or read unwritten memory or accumulates in a varying order (its inputs match), or the same inputs came
+    in another order."""
     if other_ops:
         return "different-ops"
     if first_differing_op:

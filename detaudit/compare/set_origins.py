@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from detaudit.events import SetOrigin
 from detaudit.trace import read_events
 
 
@@ -24,6 +25,12 @@ class RunOrderedSet:
     built: list[str]  # `file:line`s assigning it
     iterated: list[str]  # ... iterating it
     used: list[str]  # ... reading it otherwise
+
+    @classmethod
+    def of_origin(cls, s: SetOrigin) -> RunOrderedSet:
+        """From a `set-order` event's entry."""
+        return cls(name=s["name"], of=s["of"], size=s["size"], built=list(s.get("built", [])),
+                   iterated=list(s.get("iterated", [])), used=list(s.get("used", [])))
 
     @property
     def text(self) -> str:
@@ -48,9 +55,8 @@ class RunOrderedSet:
 def sets_at(traces: Sequence[Path], location: str) -> list[RunOrderedSet]:
     """The run-ordered sets the first trace that has any recorded in scope at the op line `location`."""
     for trace in traces:
-        found = [RunOrderedSet(name=s["name"], of=s["of"], size=s["size"], built=list(s.get("built", [])),
-                               iterated=list(s.get("iterated", [])), used=list(s.get("used", [])))
-                 for e in read_events(trace, "set-order") if e.get("loc") == location for s in e["sets"]]
+        found = [RunOrderedSet.of_origin(s) for e in read_events(trace, "set-order") if e.get("loc") == location
+                 for s in e["sets"]]
         if found:
             return found
     return []

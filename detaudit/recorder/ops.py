@@ -35,6 +35,7 @@ import torch
 import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from detaudit.recorder import loader_batches
 from detaudit.recorder.core import Recorder, version_of
 from detaudit.recorder.evidence import set_order
 from detaudit.recorder.evidence.base import never_fatal
@@ -157,6 +158,13 @@ class OpRecorder(TorchDispatchMode):
         if node is None and outputs and torch.is_grad_enabled():
             self._untagged = ([weakref.ref(t) for t in outputs], loc, module)
         return out
+
+    def record_made(self, name: int, t: torch.Tensor, loc: int, makers: list[int], inputs: tuple[int, int]) -> None:
+        """Record `t` as the output of a step that is no aten op (recorder/loader_batches.py: a DataLoader's batch),
+        made from `makers` (record indices) and from what it made before, if a recorded op made it."""
+        made = self._maker(t)
+        aux = self._note_maker(t, makers if made is None else [*makers, made], False)
+        self.rec.record_tensor(Kind.OP, name, t, _top(self.rec), loc, aux, self.rec.local.flag, inputs)
 
     def _poll(self) -> None:
         """Hash what the collectives the script has since waited for wrote; not while its wait, in
@@ -465,6 +473,7 @@ def install(recorder: Recorder, config: dict[str, Any],
     if granularity != "op":
         return None
     ops = OpRecorder(recorder)
+    loader_batches.install(ops)
     window = config.get("op_window")
     if not window:
         ops.start()

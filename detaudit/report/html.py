@@ -288,14 +288,14 @@ def _op_section(report: Report) -> str:
 
 def _op_rows(f: OpFinding) -> list[tuple[str, Any]]:
     """The op behind the divergence, why it was chosen, and where it was recorded."""
-    op, origin, t = f.record, f.origin, f.traced_from
+    op, origin = f.record, f.origin
     return [
         ("op", f"{op.op or None} ({op.phase}{', autograd node ' + op.node if op.node else ''})"),
         ("module", op.module), ("location", op.location), ("step", op.step),
         ("why", f"{f.verdict}: {VERDICTS.get(f.verdict, '')}"), ("summary", f.summary),
         ("origin", f"{origin.kind} {origin.name}" + (f" ({origin.location})" if origin.location else "")
          if origin else None),
-        ("traced from", traced_note(t.kind, t.name, t.location or None) if t and t.index != op.index else None),
+        ("traced from", traced_note(f)),
         ("recorded in", f"an op-level re-run ({f.traces}-*.trace), ops in steps {f.window[0]}–{f.window[1]}"
          if f.traces and f.window else None),
     ]

@@ -12,6 +12,7 @@ from `detaudit.trace`.
 
 from detaudit.trace.format import (
     FORMAT_VERSION,
+    LOADER_BATCH,
     MAGIC,
     N_SAMPLES,
     RECORD_DTYPE,
@@ -35,7 +36,7 @@ from detaudit.trace.reader import (
 from detaudit.trace.writer import FLUSH_EVERY, TraceWriter
 
 __all__ = [
-    "FLUSH_EVERY", "FORMAT_VERSION", "MAGIC", "N_SAMPLES", "RECORD_DTYPE", "EmptyTrace", "Flag", "GrowingTrace",
-    "Kind", "Record", "RecordStream", "Trace", "TraceWriter", "load_json", "open_regular", "read_events",
-    "read_footer", "read_regular", "read_trace", "sha256_regular",
+    "FLUSH_EVERY", "FORMAT_VERSION", "LOADER_BATCH", "MAGIC", "N_SAMPLES", "RECORD_DTYPE", "EmptyTrace", "Flag",
+    "GrowingTrace", "Kind", "Record", "RecordStream", "Trace", "TraceWriter", "load_json", "open_regular",
+    "read_events", "read_footer", "read_regular", "read_trace", "sha256_regular",
 ]

@@ -81,6 +81,11 @@ class Kind(enum.IntEnum):
     #                 optimizer.step; before any step (inference), after a root forward that changed it
 
 
+# the OP record name of a tensor a DataLoader yielded (`[i]` appended for its i-th): no aten op, the link from a batch
+# to the draws that chose its indices (recorder/loader_batches.py)
+LOADER_BATCH = "DataLoader.__next__"
+
+
 class Flag(enum.IntFlag):
     BACKWARD = 1    # OP record produced during the backward pass
     DEVICE = 2      # digest computed on an accelerator (not comparable bitwise with CPU digests)

@@ -17,6 +17,7 @@ from detaudit.causes import confirm, device, order, rng
 from detaudit.causes import flags as flags_module
 from detaudit.causes.context import Context, RepeatEvidence, detects, finding
 from detaudit.compare.set_origins import RunOrderedSet
+from detaudit.events import PARAMETERS_BY_IDENTITY
 from detaudit.explain import runner as explain_runner
 from detaudit.results import Divergence, Experiment, RecordInfo, StdoutDifference
 
@@ -227,6 +228,32 @@ def test_object_order_rises_when_the_hash_seed_is_fixed() -> None:
     assert causes.split(causes.rank(context([[hash_event(5, 0)], [hash_event(5, 0)]])))[1][0].id == "object-order"
     off = context([[hash_event(5, 0, aslr_disabled=True)], [hash_event(5, 0, aslr_disabled=True)]])
     assert order.object_order(off) is None
+
+
+def _reordered_parameters(events: list[dict[str, Any]]) -> Context:
+    """Tied Parameters de-duplicated with `set()`: repeat 1 records another parameter's gradient at one index."""
+    rec = RecordInfo(6, "grad", "mid.weight", "mid", "train.py:26", 0, "6x6", "float32", "", False)
+    other = RecordInfo(6, "grad", "mid.bias", "mid", "train.py:26", 0, "6", "float32", "", False)
+    ctx = context([[hash_event(1), *events], [hash_event(2), *events]], rec=rec, index=6)
+    return Context(Divergence(6, "structure", rec, [1], 0, others={1: other}), ctx.involved)
+
+
+def test_parameters_an_optimizer_got_through_a_set_get_the_fix_where_the_set_was_made() -> None:
+    made = {"type": "set-order", "at": 0, "loc": "train.py:21", "sets": [
+        {"name": "params", "of": PARAMETERS_BY_IDENTITY, "size": 4, "built": ["train.py:20"], "iterated": [],
+         "used": []}]}
+    found = order.object_order(_reordered_parameters([made]))
+    assert found is not None
+    assert found.cause.fix.startswith("give the optimizer its parameters in a fixed order at train.py:20: ")
+
+
+def test_a_set_of_other_objects_is_no_source_of_the_parameters_order() -> None:
+    other = {"type": "set-order", "at": 0, "loc": "train.py:9", "sets": [
+        {"name": "samples", "of": "objects hashed by identity", "size": 4, "built": ["train.py:8"], "iterated": [],
+         "used": []}]}
+    found = order.object_order(_reordered_parameters([other]))
+    assert found is not None
+    assert "train.py:8" not in found.cause.fix
 
 
 def test_parameters_recorded_in_another_order_point_at_object_order_and_its_experiment() -> None:

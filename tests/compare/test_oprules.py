@@ -19,7 +19,7 @@ from synthetic import Rec, write_run
 from detaudit.audit.pipeline import load_run
 from detaudit.cli.render import op_panel, render
 from detaudit.compare import align
-from detaudit.compare.oprules import find_op_source, op_level_note, update_differs
+from detaudit.compare.oprules import OpFinding, find_op_source, op_level_note, traced_note, update_differs
 from detaudit.recorder.core import Recorder
 from detaudit.report.html import render_html
 from detaudit.report.junit import to_junit
@@ -377,3 +377,57 @@ def test_the_op_level_note_says_why_no_op_is_named() -> None:
     assert op_level_note(_first("grad"), (1, 2)).startswith(
         "op-level re-run (steps 1–2): no op found behind the first divergence")
     assert op_level_note(_first("grad"), None) == ""
+
+
+def test_a_batch_a_sampler_drew_is_traced_to_the_samplers_draw_not_the_weights_init(tmp_path: Path) -> None:
+    """minGPT's adder unseeded: the weights' init is the latest run of draws the order rule sees before the input,
+    but the input was chosen by the sampler's draws, which reach it only as Python indices."""
+    lines = {}
+    data = torch.utils.data.TensorDataset(torch.arange(40).view(20, 2))
+
+    def body(rec: Recorder) -> None:
+        sampler = torch.utils.data.RandomSampler(data, replacement=True, num_samples=100)
+        batches = iter(torch.utils.data.DataLoader(data, sampler=sampler, batch_size=4))
+        net = nn.Embedding(40, 3)
+        (x,) = next(batches); lines["batch"] = here()  # noqa: E702
+        rec.record_tensor(Kind.INPUT, rec.intern("Embedding.input[0]"), x, loc=rec.location_id(1))
+        rec.record_tensor(Kind.OUTPUT, rec.intern("Embedding"), net(x))
+
+    finding = find_op_source(_recorded(tmp_path, body))
+    assert finding is not None
+    assert (finding.record.op, finding.record.location) == ("aten.random_.default", lines["batch"])
+
+
+def _through_a_batch(tmp_path: Path) -> OpFinding:
+    """A sampled batch, taken and scaled: the model input is followed back through the batch to the sampler."""
+    data = torch.utils.data.TensorDataset(torch.arange(40).view(20, 2))
+
+    def body(rec: Recorder) -> None:
+        (x,) = next(iter(torch.utils.data.DataLoader(data, sampler=torch.utils.data.RandomSampler(data),
+                                                     batch_size=4)))
+        rec.record_tensor(Kind.INPUT, rec.intern("Embedding.input[0]"), x * 1, loc=rec.location_id(1))
+
+    finding = find_op_source(_recorded(tmp_path, body))
+    assert finding is not None
+    return finding
+
+
+def test_the_walk_back_through_a_batch_says_where_the_chain_left_torch(tmp_path: Path) -> None:
+    assert "through the batch a DataLoader yielded" in _through_a_batch(tmp_path).summary
+
+
+def test_the_traced_from_row_names_the_batch_on_the_way(tmp_path: Path) -> None:
+    assert "op that made it, via the batch a DataLoader yielded at " in str(traced_note(_through_a_batch(tmp_path)))
+
+
+def test_a_linked_walk_that_reaches_no_source_names_where_the_difference_entered(tmp_path: Path) -> None:
+    """The collated batch's inputs differ and no recorded op made them (Python values): it is named, not the
+    weights' init drawn before it (the order rule's answer)."""
+    base = [Op("aten.normal_.default", 1, flags=Flag.RANDOM, loc="model.py:5"),
+            Op("aten.stack.default", 2, loc="a.py:9"), Op("aten.embedding.default", 3, node="1", loc="model.py:9"),
+            Op("Net.input[0]", 3, kind=Kind.OUTPUT)]
+    rep = [r.but(out=r.out + 1000) for r in base]
+    rep[1:3] = [r.but(ins=(91, 92)) for r in rep[1:3]]
+    finding = find_op_source(traces(tmp_path, base, rep))
+    assert finding is not None
+    assert (finding.record.op, finding.verdict) == ("aten.stack.default", "inputs-differ")

@@ -185,6 +185,9 @@ NOT_IN_MATRIX = {
                         "batch size (test_e2e_batch)",
     "sample_tokens.py": "a token-answer scenario: its unseeded sampling's cause is the plain unseeded torch RNG the "
                         "matrix already covers; what it checks is the answer in tokens (test_e2e_tokens)",
+    "train_adder.py": "minGPT's adder unseeded: its cause is the plain unseeded torch RNG the matrix already covers "
+                      "(train_cnn.py); what it checks is the op behind a batch an unseeded sampler chose, reached "
+                      "through the DataLoader's batch instead of the weights' init (test_e2e_ops)",
     "fit_noisy.py": "two independent sources at once, for `detaudit fix`'s search: its knobs, not one cause, are "
                     "what is checked (test_e2e_fix)",
     **{name: "a resume check's scenario: deterministic under `run`, its cause is `detaudit resume`'s "

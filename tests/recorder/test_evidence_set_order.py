@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 import torch
+from evidence_sink import Sink
 from recording import here, record
 
+from detaudit.events import PARAMETERS_BY_IDENTITY
 from detaudit.recorder.core import Recorder
-from detaudit.recorder.evidence.set_order import order_kind, origins
+from detaudit.recorder.evidence.base import Evidence
+from detaudit.recorder.evidence.set_order import install_optimizer, order_kind, origins, parameter_sets
 
 
 class Plain:
@@ -57,3 +60,41 @@ def test_the_op_recorder_records_the_sets_in_scope_at_an_ops_line_once(tmp_path:
     [columns] = [s for s in events[0]["sets"] if s["name"] == "columns"]
     assert (columns["of"], columns["size"], columns["built"], columns["iterated"]) == \
         ("str", 5, [lines["built"]], [lines["cat"]])
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(5, 3)
+        self.head = torch.nn.Linear(3, 5, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_parameters_made_into_a_list_through_a_set_are_found_at_the_line_that_made_it() -> None:
+    model = _Tied()
+    params = list(set(model.parameters())); made = here()  # noqa: E702
+    assert parameter_sets(sys._getframe(), params, params) == [
+        {"name": "params", "of": PARAMETERS_BY_IDENTITY, "size": 1, "built": [made], "iterated": [], "used": []}]
+
+
+def test_a_set_of_parameters_in_scope_is_found_as_itself() -> None:
+    model = torch.nn.Linear(2, 2)
+    unique = set(model.parameters())
+    assert [s["name"] for s in parameter_sets(sys._getframe(), list(unique), list(unique))] == ["unique"]
+
+
+def test_parameters_given_in_the_models_order_came_through_no_set() -> None:
+    model = _Tied()
+    params = list(model.parameters())
+    assert parameter_sets(sys._getframe(), params, params) == []
+
+
+def test_an_optimizer_built_from_a_set_of_its_parameters_is_a_set_order_event_at_its_line(
+        evidence: tuple[Evidence, Sink]) -> None:
+    ev, sink = evidence
+    install_optimizer(ev, torch.optim.Optimizer)
+    model = torch.nn.Linear(2, 2)
+    params = list(set(model.parameters())); made = here()  # noqa: E702
+    torch.optim.SGD(params, lr=0.1); built = here()  # noqa: E702
+    torch.optim.SGD(model.parameters(), lr=0.1)  # the model's own order: nothing to say
+    assert [(e["loc"], e["sets"][0]["built"]) for e in sink.of("set-order")] == [(built, [made])]

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 from recording import here, record
 
+from detaudit.recorder import patch
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.ops import install
 from detaudit.trace import Flag, Kind, Trace, TraceWriter, read_trace
@@ -194,6 +195,7 @@ def test_device_path_at_op_granularity_resolves_without_recording_its_own_transf
     and detaudit's own transfer ops are never recorded (both found on an H100)."""
     path = tmp_path / "t.trace"
     rec = Recorder(TraceWriter(path, {"repeat": 0}), device_path_on_cpu=True)
+    since = len(patch.patched())
     ops = install(rec, {"granularity": "op"}, lambda: None)
     try:
         x = torch.randn(8, 4)
@@ -203,6 +205,7 @@ def test_device_path_at_op_granularity_resolves_without_recording_its_own_transf
     finally:
         assert ops is not None
         ops.stop()
+        patch.restore_all(since)
     rec.close({"exit_code": 0})
     trace = read_trace(path)
     names = [trace.strings[r["name"]] for r in trace.records]

@@ -45,6 +45,7 @@ from detaudit.recorder.evidence import (
     file_access,
     generators,
     kernels,
+    set_order,
     tokens,
     writes,
 )
@@ -111,6 +112,7 @@ class Installer:
         environment.install_torch(ev, torch)
         kernels.install(ev, torch)
         concurrency.install_dataloader(ev, torch.utils.data.DataLoader)
+        set_order.install_optimizer(ev, torch.optim.Optimizer)
         draws.install_loader(self.draws, torch.utils.data.DataLoader)
         draws.install_modes(self.draws, torch.nn.Module)
         faults.install(ev, torch)

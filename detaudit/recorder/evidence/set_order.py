@@ -1,4 +1,5 @@
-"""Sets whose iteration order changes from run to run, in scope where an op ran (op-level recording only).
+"""Sets whose iteration order changes from run to run, in scope where an op ran (op-level recording), and the set
+an optimizer's Parameters came through (every granularity).
 
 An op that receives the same values in another order (`torch.cat` of columns gathered from a set) shows where
 the order arrived, not where it was made: the set was built and iterated lines before. Iteration order leaves
@@ -8,6 +9,12 @@ string hash randomization; objects and tensors hashed by their address), and for
 function's compiled code that assign it, iterate it (`for x in s`, a comprehension) or otherwise read it.
 Only names, sizes and element types are kept, never the elements. One search per user line, so the cost does
 not grow with the steps; the cause detector links the event to the op with reordered inputs at that line.
+
+An optimizer visits its Parameters in the order it was given them; given them through a set (tied weights
+de-duplicated with `set(model.parameters())`), it steps them in the order of their addresses. At every
+granularity, each optimizer's construction looks for that set: one holding its Parameters in scope, else a set
+made on the constructor's line or on a line that assigned what it was given (the set itself is gone by then),
+and writes a `set-order` event at the constructor's line whose sets are `Parameters hashed by identity`.
 """
 
 from __future__ import annotations
@@ -15,14 +22,17 @@ from __future__ import annotations
 import dis
 import functools
 import itertools
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from types import CodeType, FrameType
 from typing import Any
 
 import torch
 
-from detaudit.events import SetOrderEvent, SetOrigin
+from detaudit.events import PARAMETERS_BY_IDENTITY, SetOrderEvent, SetOrigin
+from detaudit.recorder.evidence.base import Evidence, never_fatal
 from detaudit.recorder.location import display_path, user_frames
+from detaudit.recorder.patch import wrap
 
 MAX_FRAMES = 3  # the op's own function and two callers
 MAX_SETS = 4
@@ -83,15 +93,16 @@ def _candidates(frame: FrameType) -> Iterator[tuple[str, Any]]:
                 yield name, frame.f_globals[name]
 
 
-def origins(frame: FrameType | None) -> list[SetOrigin]:
-    """The run-ordered sets in scope of the user's frames from `frame` outward, each with its lines."""
+def origins(frame: FrameType | None, keep: Callable[[Any], bool] = lambda value: True) -> list[SetOrigin]:
+    """The run-ordered sets in scope of the user's frames from `frame` outward (those `keep` keeps), each with its
+    lines."""
     found: dict[int, SetOrigin] = {}
     for here in itertools.islice(user_frames(frame), MAX_FRAMES):
         code = here.f_code
         where = display_path(code.co_filename)
         for name, value in _candidates(here):
             kind = order_kind(value)
-            if kind is None or id(value) in found:
+            if kind is None or id(value) in found or not keep(value):
                 continue
             built, iterated, used = _name_lines(code).get(name, ((), (), ()))
             found[id(value)] = SetOrigin(name=name, of=kind, size=len(value),
@@ -107,3 +118,63 @@ def event(loc: str, frame: FrameType | None) -> SetOrderEvent | None:
     """The `set-order` event of the op line `loc`, or None when no such set is in scope."""
     sets = origins(frame)
     return SetOrderEvent(type="set-order", loc=loc, sets=sets) if sets else None
+
+
+_SET_CALLS = frozenset({"set", "frozenset"})
+
+
+@functools.lru_cache(maxsize=512)
+def _set_lines(code: CodeType) -> frozenset[int]:
+    """The lines of `code` that make a set: `set(...)`, `frozenset(...)`, a set display or comprehension."""
+    lines = set()
+    for ins in dis.get_instructions(code):
+        line = ins.positions.lineno if ins.positions is not None else None
+        if line is not None and (ins.opname in ("BUILD_SET", "SET_ADD", "SET_UPDATE")
+                                 or (ins.opname in _LOADS and ins.argval in _SET_CALLS)
+                                 or (isinstance(ins.argval, CodeType) and ins.argval.co_name == "<setcomp>")):
+            lines.add(line)
+    return frozenset(lines)
+
+
+def _made_from_a_set(frame: FrameType, given: Any, size: int) -> SetOrigin | None:
+    """The optimizer's constructor line, or a line that assigned the name it was given (`params = list(set(...))`),
+    where it makes a set: the set is gone, its order is what the optimizer was given."""
+    code = frame.f_code
+    names = [name for name, value in frame.f_locals.items() if value is given]
+    lines = [frame.f_lineno, *(n for name in names for n in _name_lines(code).get(name, ((), (), ()))[0])]
+    made = [n for n in dict.fromkeys(lines) if n in _set_lines(code)][:MAX_LINES]
+    if not made:
+        return None
+    where = display_path(code.co_filename)
+    return SetOrigin(name=names[0] if names else "", of=PARAMETERS_BY_IDENTITY, size=size,
+                     built=[f"{where}:{n}" for n in made], iterated=[], used=[])
+
+
+def parameter_sets(frame: FrameType | None, given: Any, params: list[Any]) -> list[SetOrigin]:
+    """Where an optimizer's Parameters came through a set (their order is their addresses'): a set of them in scope
+    at its constructor's line, else a set made on that line or on the line that built what it was given."""
+    held = {id(p) for p in params}
+    sets = origins(frame, lambda value: any(id(x) in held for x in itertools.islice(value, _SAMPLED)))
+    if sets:
+        return [SetOrigin(**{**s, "of": PARAMETERS_BY_IDENTITY}) for s in sets]
+    here = next(user_frames(frame), None)
+    made = _made_from_a_set(here, given, len(held)) if here is not None else None
+    return [made] if made is not None else []
+
+
+def install_optimizer(ev: Evidence, optimizer_cls: type) -> None:
+    """At each optimizer's construction: the sets its Parameters came through, as a `set-order` event at its line."""
+    def make(original: Callable[..., None]) -> Callable[..., None]:
+        def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            original(optimizer, *args, **kwargs)
+            caller = sys._getframe(1)
+            with never_fatal():
+                owned = [p for group in optimizer.param_groups for p in group["params"]]
+                given = args[0] if args else kwargs.get("params")
+                sets = parameter_sets(caller, given, owned) if len(owned) > 1 else []
+                if sets:
+                    ev.emit(SetOrderEvent(type="set-order", loc=ev.where(caller), sets=sets))
+
+        return init
+
+    wrap(optimizer_cls, "__init__", make)
