@@ -76,7 +76,8 @@ WORKLOADS_PROFILED = {
 class Split:
     """Exclusive time per part: each wrapped call's time less that of the wrapped calls inside it."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = _CLOCK) -> None:
+        self.clock = clock
         self.totals: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self._stack = [0.0]
@@ -93,7 +94,7 @@ class Split:
         return {part: max(0.0, s - self.bias * self.calls[part]) for part, s in self.totals.items()}
 
     def wrap(self, fn: Callable[..., Any], part: str) -> Callable[..., Any]:
-        clock, stack, totals, calls = _CLOCK, self._stack, self.totals, self.calls
+        clock, stack, totals, calls = self.clock, self._stack, self.totals, self.calls
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
