@@ -57,3 +57,28 @@ def test_table_and_results_markdown_keep_notes(bench: ModuleType, tmp_path: Path
     assert "| 1 fingerprint | x |" in text
     assert "hand-written analysis" in text
     assert "old table" not in text
+
+
+PROFILE_PY = RUN_PY.with_name("profile.py")
+
+
+@pytest.fixture(scope="module")
+def profiler() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("detaudit_benchmarks_profile", PROFILE_PY)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_profiler_charges_a_call_inside_another_to_its_own_part_only(profiler: ModuleType) -> None:
+    """benchmarks/profile.py's split: each part's time excludes the wrapped calls it makes (a clock that ticks
+    one second per read: the outer call spans 3 reads' worth, the inner one 1)."""
+    ticks = iter(range(100))
+    split = profiler.Split(clock=lambda: float(next(ticks)))
+    inner = split.wrap(lambda: None, "fingerprint")
+    outer = split.wrap(lambda: inner(), "hook dispatch")
+    outer()
+    assert dict(split.totals) == {"fingerprint": 1.0, "hook dispatch": 2.0}

@@ -127,8 +127,8 @@ def _stopped_early(report: Report) -> _Clause | None:
         return None
     steps = sorted({r.stopped_at_step for r in early if r.stopped_at_step is not None})
     return (f"; repeat(s) {', '.join(str(r.index) for r in early)} stopped after step "
-            f"{', '.join(map(str, steps))}, a few steps after diverging (their exit status and later stdout "
-            "are not compared; --run-to-end runs every repeat to its end)", None)
+            f"{', '.join(map(str, steps))}, a few steps after diverging (-j: the others' reference once all had; "
+            "their exit status and later stdout are not compared; --run-to-end runs every repeat to its end)", None)
 
 
 def _recording_cut(report: Report) -> _Clause | None:

@@ -10,6 +10,10 @@ stopped (its exit status and later stdout are not compared, and the report says 
 A repeat's reference is the one the report compares it with (align.reference_pairs): the first
 repeat on its device, bitwise, or repeat 0 within the tolerance. Repeats running one after another
 find their reference whole; with -j both traces grow and the records both hold are compared. A
+reference still running once every repeat compared with it has diverged is asked to stop too, at the
+latest step asked of them or the next one it reaches: nothing later in it can be compared with anything,
+and what the first divergence is compared over is already written (one plain run's time saved on a long
+run that diverges early under -j; one after another, the reference has ended before the others start). A
 repeat that goes on recording after its reference ended by itself (a longer run) has diverged too.
 Only the records written whole are read (trace.GrowingTrace), and at most HELD records of a repeat
 that runs ahead of its reference are held at a time.
@@ -206,6 +210,7 @@ class LiveWatch:
         self.narrow_ahead = narrow_ahead
         self.window: list[int] | None = None  # the op window of the first divergence seen
         self.op_windowed: dict[int, list[int]] = {}  # repeat -> the op window it was started with
+        self._diverged: dict[int, tuple[int, int]] = {}  # repeat -> (diverged at, stop asked) once it diverged
         self._lock = threading.Lock()
 
     def configure(self, plan: RepeatPlan) -> dict[str, Any]:
@@ -249,6 +254,8 @@ class LiveWatch:
             except (TraceError, OSError, ValueError):
                 repeat.broken = True
         self._learn_window(repeat)  # at its end too: a short repeat may end before any poll saw it diverge
+        self._note_divergence(repeat)
+        self._maybe_stop_reference(repeat.reference)
         if final:  # a repeat re-run alone after a -j batch (run/sharing.py) is followed afresh
             for follower in repeat.followers:
                 follower.close()
@@ -282,6 +289,31 @@ class LiveWatch:
             repeat.broken = True
             return
         repeat.stopping_at = at
+
+    def _note_divergence(self, repeat: _Repeat) -> None:
+        """A repeat that diverged from its reference no longer needs that reference's later records."""
+        diverged = repeat.diverged_at
+        if diverged is not None and repeat.reference is not None and not repeat.broken:
+            with self._lock:
+                self._diverged.setdefault(repeat.plan.index, (diverged, diverged + 1 + EXTRA_STEPS))
+
+    def _maybe_stop_reference(self, index: int | None) -> None:
+        """Stop a running reference once every repeat compared with it has diverged (the module docstring)."""
+        with self._lock:
+            ref = self._repeats.get(index) if index is not None else None
+            if not self.stop or ref is None or ref.broken or ref.against_baseline or ref.reference is not None \
+                    or ref.stopping_at is not None:
+                return
+            mine = [rep for rep, (r, _) in self._pairs.items() if r == index]
+            if not mine or any(rep not in self._diverged for rep in mine):
+                return
+            at = max(self._diverged[rep][1] for rep in mine)
+            first = min(self._diverged[rep][0] for rep in mine)
+            ref.stopping_at = at
+        try:
+            request_stop(ref.plan, at, first)
+        except OutputError:
+            ref.broken = True
 
     def _progress(self, repeat: _Repeat) -> RepeatProgress:
         agreed = [f.agrees_to for f in repeat.followers]

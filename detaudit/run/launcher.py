@@ -139,9 +139,10 @@ def plan_repeats(
             config = {"repeat": i, "device": device, "granularity": granularity, **(child_config or {})}
             # names built whole: a prefix with a dot (`explain-hash-seed.2`) is no file suffix to replace
             stem = f"{prefix}-{i}"
-            # every repeat watches for a stop file, the first too although it is the others' reference and is
-            # never asked to stop: repeats must do the same work, since a hook installed in some only changes
-            # their allocations, and under the address-layout pin that alone reorders a set of objects
+            # every repeat watches for a stop file, the first too: repeats must do the same work, since a hook
+            # installed in some only changes their allocations, and under the address-layout pin that alone
+            # reorders a set of objects; and the first, the others' reference, is asked to stop once every other
+            # repeat diverged from it while it still runs (-j: compare/live.py)
             if stoppable:
                 config["stop_file"] = str(out_dir / f"{stem}.stop")
             plans.append(RepeatPlan(i, device, out_dir / f"{stem}.trace", out_dir / f"{stem}.stdout",
