@@ -126,9 +126,10 @@ def _stopped_early(report: Report) -> _Clause | None:
     if not early:
         return None
     steps = sorted({r.stopped_at_step for r in early if r.stopped_at_step is not None})
+    reference = "; repeat 0, the others' reference, once all had" if any(r.index == 0 for r in early) else ""
     return (f"; repeat(s) {', '.join(str(r.index) for r in early)} stopped after step "
-            f"{', '.join(map(str, steps))}, a few steps after diverging (-j: the others' reference once all had; "
-            "their exit status and later stdout are not compared; --run-to-end runs every repeat to its end)", None)
+            f"{', '.join(map(str, steps))}, a few steps after diverging{reference} (their exit status and later "
+            "stdout are not compared; --run-to-end runs every repeat to its end)", None)
 
 
 def _recording_cut(report: Report) -> _Clause | None:

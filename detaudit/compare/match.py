@@ -63,10 +63,11 @@ def not_compared(results: Sequence[RepeatResult]) -> list[str]:
     if diverged:
         where = ", ".join(f"{r.index} after step {r.stopped_at_step}" + (
             f" (diverged at step {r.diverged_at_step})" if r.diverged_at_step is not None else "") for r in diverged)
-        lines.append(f"repeat(s) {where} were stopped a few optimizer steps after they diverged (with -j, the "
-                     "others' reference once every repeat compared with it had), once the answer was known: their "
-                     "exit status, their stdout and anything they would have recorded later (--run-to-end runs "
-                     "every repeat to its end)")
+        reference = (" (repeat 0, the others' reference, once every repeat compared with it had)"
+                     if any(r.index == 0 for r in diverged) else "")
+        lines.append(f"repeat(s) {where} were stopped a few optimizer steps after they diverged{reference}, once the "
+                     "answer was known: their exit status, their stdout and anything they would have recorded later "
+                     "(--run-to-end runs every repeat to its end)")
     bounded = sorted({r.stopped_at_step for r in results if r.stopped_by in ("max-steps", "max-time")
                       and r.stopped_at_step is not None})
     if bounded:

@@ -10,10 +10,10 @@ import torch
 from conftest import SCRIPTS, run_cli
 from synthetic import training_records, write_trace
 
-from detaudit.compare.match import choose_record, describe_match, detect
+from detaudit.compare.match import choose_record, describe_match, detect, not_compared
 from detaudit.compare.traces import compare_traces
 from detaudit.recorder.core import one_ulp
-from detaudit.results import Tolerance
+from detaudit.results import RepeatResult, Tolerance
 from detaudit.trace import Flag, Kind
 
 
@@ -165,3 +165,13 @@ def test_a_device_digest_fallback_is_said_once_in_what_the_verdict_rests_on(tmp_
     m = describe_match(paths[0], compare_traces(paths, ["cuda", "cuda"]), bitwise=True, tolerance=Tolerance(),
                        granularity="module", stdout="ignore", devices=["cuda", "cuda"])
     assert [line for line in m.not_observed if "Triton" in line] == [event["detail"]]
+
+
+def _stopped(index: int) -> RepeatResult:
+    return RepeatResult(index, "cpu", None, 1.0, False, f"repeat-{index}.trace", "o", "e", "", stopped_at_step=4,
+                        stopped_by="divergence", diverged_at_step=0)
+
+
+@pytest.mark.parametrize(("stopped", "named"), [((1,), False), ((0, 1), True)])
+def test_the_reference_is_said_to_have_stopped_only_when_it_did(stopped: tuple[int, ...], named: bool) -> None:
+    assert ("the others' reference" in not_compared([_stopped(i) for i in stopped])[0]) is named
