@@ -30,7 +30,14 @@ from detaudit.cli.options import (
 from detaudit.cli.session import Presentation, err_console, finish_with
 from detaudit.report.sarif import write_watch_sarif
 from detaudit.report.watch_html import write_watch_html
-from detaudit.report.watch_model import Against, Cadence, WatchReport, WatchSettings, write_watch_json
+from detaudit.report.watch_model import (
+    BACKWARD_STEPS,
+    Against,
+    Cadence,
+    WatchReport,
+    WatchSettings,
+    write_watch_json,
+)
 from detaudit.results import Ending
 from detaudit.safetext import printable
 
@@ -138,7 +145,7 @@ def summary_line(report: WatchReport) -> str:
     text = (f"[bold {colour}]{word}[/]: {log.steps} step{'s' if log.steps != 1 else ''}, "
             f"{log.checked_phrase}, {found} mismatch{'es' if found != 1 else ''}")
     if log.stopped is not None:
-        text += f"; stopped before {log.stopped.before}"
+        text += f"; stopped before {log.stopped.before_text}"
     if report.compiled:
         text += "; compiled regions not checked"
     return text
@@ -149,6 +156,8 @@ def render_watch(report: WatchReport, console: Console) -> None:
     console.print(f"[bold]detaudit watch[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
     console.print(f"checked steps: {_clean(_steps(log.checked_steps))} (every {report.settings.every}); "
                   f"{log.replayed_ops} ops replayed")
+    if log.boundary == "backward":
+        console.print(BACKWARD_STEPS)
     for warning in (report.unchecked_sentence, report.compiled_sentence):
         if warning is not None:
             console.print(f"[yellow]{_clean(warning)}[/]", soft_wrap=True)

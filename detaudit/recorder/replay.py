@@ -43,6 +43,7 @@ from detaudit.recorder.core import Recorder
 from detaudit.recorder.opinfo import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS, tensors_in
 from detaudit.recorder.patch import wrap
 from detaudit.recorder.scratch import results, scratch_outputs
+from detaudit.recorder.steprule import StepRule
 
 # Test-only seam: flip the lowest bit of one op's first output element on one step's `execution` (1: the
 # script's own result, 2: the replay's). JSON, e.g. {"op": "aten.mm.default", "step": 0, "execution": 2}.
@@ -53,6 +54,10 @@ CUSTOM, EFFECTFUL, SUBCLASS = "custom op", "effectful op", "tensor subclass"
 COMPUTE_NAMESPACES = frozenset({"aten", "prims"})  # torch's own computing ops (`prim`: passed through)
 _GROUP_ARGUMENTS = frozenset({"group_name", "group"})  # a process group by name (a `str`, or `Any`)
 FAILED = "replay failed"  # the second execution raised (out of memory for the copies): that op is unchecked
+# a checked step after the first replays at most this many ops run outside autograd (no_grad, inference mode,
+# not a backward): a rollout's hundreds of no-grad forwards are not all the step (docs/watch.md)
+NO_GRAD_BUDGET = 256
+OVER_BUDGET = "no-grad, over the step's budget"
 _INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 
 
@@ -82,6 +87,8 @@ class StepReplay(TorchDispatchMode):
         self.mismatches = 0
         self.forked = False  # a forked DataLoader worker inherits the mode: it replays nothing
         self.thread: int | None = None  # the thread whose ops are replayed (the mode is entered per thread)
+        self.step = 0  # the watcher's step (recorder/steprule.py: optimizer steps, or backward() calls)
+        self.budget: int | None = None  # the no-grad ops the window may still replay (None: all of them)
         os.register_at_fork(after_in_child=self._in_forked_child)
 
     def _in_forked_child(self) -> None:
@@ -110,6 +117,11 @@ class StepReplay(TorchDispatchMode):
             return func(*args, **kwargs)
         if types and what is REPLAY:  # a tensor subclass's own dispatch comes next: it may communicate (DTensor)
             what = SUBCLASS
+        if what is REPLAY and self.budget is not None and not torch.is_grad_enabled() and _current_node() is None:
+            if self.budget > 0:
+                self.budget -= 1
+            else:
+                what = OVER_BUDGET  # run once, as the script asked
         if what is not REPLAY:
             self.skipped[what] = self.skipped.get(what, 0) + 1
             return func(*args, **kwargs)
@@ -169,7 +181,7 @@ class StepReplay(TorchDispatchMode):
     def _flip(self, func: Any, out: Any, execution: int) -> None:
         """The test seam: one bit of one output element, once."""
         flip = self.flip
-        if flip is None or flip.get("execution", 1) != execution or flip["step"] != self.rec.step \
+        if flip is None or flip.get("execution", 1) != execution or flip["step"] != self.step \
                 or flip["op"] != str(func):
             return
         target = next(iter(tensors_in(out)), None)
@@ -187,9 +199,12 @@ class StepReplay(TorchDispatchMode):
         where = f"{location.display_path(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else None
         stack = self.rec.local.module_stack
         module = self.rec.writer.text(stack[-1]) if stack and node is None else None
-        self.log.write({"event": "mismatch", "step": self.rec.step, "op": str(func), "module": module,
+        self.log.write({"event": "mismatch", "step": self.step, "op": str(func), "module": module,
                         "location": where, "backward_of": None if node is None else node.name(),
                         "max_abs_diff": differs[0], "max_ulp": differs[1], "third_agrees_with": third})
+
+
+_current_node = torch._C._current_autograd_node  # not None while a backward pass runs
 
 
 # the arguments an op writes (in place, `out=`), by position in its schema and by name
@@ -395,6 +410,8 @@ class Watcher:
         self.log = EventLog(config["events"])
         flip = os.environ.get(TEST_FLIP_ENV)
         self.mode = StepReplay(recorder, self.log, json.loads(flip) if flip else None)
+        self.rule = StepRule()
+        self.step = 0  # steps ended, by the rule's boundary (the recorder counts optimizer steps only)
         self.entered: set[int] = set()  # the threads that entered the mode (dispatch modes are per thread)
         self.watched = False  # whether the open window's ops are those of the thread that steps the optimizer
         self.owed: int | None = None  # a step checked in place of one whose window was on another thread
@@ -431,10 +448,47 @@ class Watcher:
 
         wrap(torch, "save", make_save)
         wrap(torch.serialization, "save", lambda _: torch.save)
+        self._watch_backward()
         if self.stop_job is not None:
             kept.install(self.kept)
         atexit.register(self._at_exit)  # after the child's footer handler: runs before it
-        self._open(self.rec.step)
+        self._open(self.step)
+
+    def _watch_backward(self) -> None:
+        """Tell the step rule (recorder/steprule.py) of each optimizer made and each backward() that returns."""
+        rule, watcher = self.rule, self
+
+        def make_init(original: Callable[..., None]) -> Callable[..., None]:
+            def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+                rule.optimizer_built()
+                original(optimizer, *args, **kwargs)
+
+            return init
+
+        def make_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+            def backward(*args: Any, **kwargs: Any) -> Any:
+                result = original(*args, **kwargs)
+                if not watcher.rec.internal:  # not a closure's, inside optimizer.step
+                    watcher.backward_returned()
+                return result
+
+            return backward
+
+        wrap(torch.optim.Optimizer, "__init__", make_init)
+        wrap(torch.autograd, "backward", make_backward)
+
+    def backward_returned(self) -> None:
+        """A backward() returned: in a script that made no optimizer before its first one, it ends the step (its
+        window closes, the next step's opens); after a mismatch the job is stopped here, before the update the
+        script derives from this backward."""
+        first = self.rule.boundary is None
+        if not self.rule.backward_returned() or self.stopped:
+            return
+        if first:
+            self.log.write({"event": "boundary", "boundary": "backward", "step": self.step})
+        self._update_starts()
+        self._halt_if_mismatched("update", None)
+        self._step_ended()
 
     def _stop_may_come(self) -> bool:
         """Whether a torch.save may be stopped: after a replay mismatch, or while the parent's checks may find one."""
@@ -445,6 +499,8 @@ class Watcher:
 
     def _open(self, step: int) -> None:
         """Open step `step`'s window on this thread (the one that ended the step before it), if it is checked."""
+        # once a step ended (the run's boundary is known), a window's no-grad work is bounded; step 0's is whole
+        self.mode.budget = NO_GRAD_BUDGET if step > 0 else None
         if self._checked(step) and not self.stopped:
             here = get_ident()
             if here not in self.entered:
@@ -478,17 +534,23 @@ class Watcher:
         self._halt_if_mismatched("optimizer.step", None)
 
     def _on_step(self, step: int) -> None:
-        """Step `step - 1` ended (its optimizer step ran, on this thread): log it, open the next checked step's
-        window here. A checked step whose window was on another thread is owed: the next one is checked."""
+        """The recorder's optimizer step ended (on this thread): the step rule's boundary from now on."""
+        self.rule.optimizer_stepped()
+        self._step_ended()
+
+    def _step_ended(self) -> None:
+        """The step ended: log it, open the next checked step's window here (this thread). A checked step whose
+        window was on another thread is owed: the next one is checked."""
         self._close()
         self.kept.forget()
-        ended = step - 1
+        ended = self.step
+        self.step = self.mode.step = ended + 1
         checked = self._checked(ended) and self.watched
         if self._checked(ended) and not self.watched:
-            self.owed = step
+            self.owed = self.step
         self._log_step(ended, checked=checked, thread=threading.current_thread().name)
         self.watched = False
-        self._open(step)
+        self._open(self.step)
 
     def _log_step(self, step: int, **event: Any) -> None:
         """One event for step `step` (by default: it ended), with what its replay did; the counts restart."""
@@ -519,14 +581,14 @@ class Watcher:
             self.stopped = True
             self.mode.thread = None  # nothing is replayed any more, on any thread
             self._close()
-            self._log_step(self.rec.step, event="stopped", before=before, target=target, kept=restored)
+            self._log_step(self.step, event="stopped", before=before, target=target, kept=restored)
         self.stop_job(before)
 
     def _at_exit(self) -> None:
         self._close()
         self.kept.forget()
         if not self.stopped:
-            self._log_step(self.rec.step, event="end")
+            self._log_step(self.step, event="end")
 
 
 def install(recorder: Recorder, config: dict[str, Any], stop: Callable[[str], None]) -> Watcher:
