@@ -154,10 +154,7 @@ def summary_line(report: WatchReport) -> str:
 def render_watch(report: WatchReport, console: Console) -> None:
     log = report.log
     console.print(f"[bold]detaudit watch[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
-    console.print(f"checked steps: {_clean(_steps(log.checked_steps))} (every {report.settings.every}); "
-                  f"{log.replayed_ops} ops replayed")
-    if log.boundary == "backward":
-        console.print(BACKWARD_STEPS)
+    _render_steps(report, console)
     for warning in (report.unchecked_sentence, report.compiled_sentence):
         if warning is not None:
             console.print(f"[yellow]{_clean(warning)}[/]", soft_wrap=True)
@@ -188,6 +185,15 @@ def render_watch(report: WatchReport, console: Console) -> None:
         how = "timed out" if ending is Ending.TIMED_OUT else f"exited with status {report.result.exit_code}"
         console.print(f"[yellow]the script {how}[/]; see {_clean(Path(report.run_dir) / report.result.stderr)}")
     console.print(summary_line(report), soft_wrap=True)
+
+
+def _render_steps(report: WatchReport, console: Console) -> None:
+    """The steps checked, and what ended the steps when it was not the optimizer's step."""
+    log = report.log
+    console.print(f"checked steps: {_clean(_steps(log.checked_steps))} (every {report.settings.every}); "
+                  f"{log.replayed_ops} ops replayed")
+    if log.boundary == "backward":
+        console.print(BACKWARD_STEPS)
 
 
 def _render_against(against: Against, console: Console) -> None:

@@ -26,7 +26,6 @@ it happens: the watching parent reports mismatches and progress while the job ru
 from __future__ import annotations
 
 import atexit
-import ctypes
 import json
 import os
 import threading
@@ -39,10 +38,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detaudit.recorder import kept, location, save_gate
+from detaudit.recorder.bitwise import INT_OF, agrees, differs
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.opinfo import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS, tensors_in
 from detaudit.recorder.patch import wrap
-from detaudit.recorder.scratch import results, scratch_outputs
+from detaudit.recorder.scratch import scratch_outputs
 from detaudit.recorder.steprule import StepRule
 
 # Test-only seam: flip the lowest bit of one op's first output element on one step's `execution` (1: the
@@ -58,7 +58,6 @@ FAILED = "replay failed"  # the second execution raised (out of memory for the c
 # not a backward): a rollout's hundreds of no-grad forwards are not all the step (docs/watch.md)
 NO_GRAD_BUDGET = 256
 OVER_BUDGET = "no-grad, over the step's budget"
-_INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 
 
 class EventLog:
@@ -134,9 +133,9 @@ class StepReplay(TorchDispatchMode):
         first = func(*args, **kwargs)
         try:
             second = func(*args, **kwargs)
-            differs = _differs(first, second, aside)
-            if differs is not None:
-                self._mismatch(func, differs, _agrees(first, second, func(*args, **kwargs), aside), depth=2)
+            apart = differs(first, second, aside)
+            if apart is not None:
+                self._mismatch(func, apart, agrees(first, second, func(*args, **kwargs), aside), depth=2)
             self.replayed += 1
         except Exception:  # the replay's own failure (out of memory) is never the script's
             self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
@@ -159,10 +158,10 @@ class StepReplay(TorchDispatchMode):
         after = generator.get_state() if generator is not None else None
         try:
             second = self._again(func, copy(pristine) if writes else pristine, generator, before, 2)
-            differs = _differs(first, second, aside)
-            if differs is not None:
+            apart = differs(first, second, aside)
+            if apart is not None:
                 third = self._again(func, pristine, generator, before, 3)
-                self._mismatch(func, differs, _agrees(first, second, third, aside))
+                self._mismatch(func, apart, agrees(first, second, third, aside))
             self.replayed += 1
         except Exception:  # the replay's own failure (out of memory for the copies) is never the script's
             self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
@@ -185,9 +184,9 @@ class StepReplay(TorchDispatchMode):
                 or flip["op"] != str(func):
             return
         target = next(iter(tensors_in(out)), None)
-        if target is None or target.numel() == 0 or target.element_size() not in _INT_OF:
+        if target is None or target.numel() == 0 or target.element_size() not in INT_OF:
             return
-        bits = target.reshape(-1)[:1].view(_INT_OF[target.element_size()])
+        bits = target.reshape(-1)[:1].view(INT_OF[target.element_size()])
         bits.bitwise_xor_(1)
         self.flip = None
 
@@ -314,83 +313,6 @@ def _generator(args: Any, kwargs: Any) -> Any:
     if device.type == "cuda":
         return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
     return torch.default_generator
-
-
-# libc's memcmp through a prototype of detaudit's own (never the attributes of a ctypes object the script may
-# share): comparing a CPU tensor's bytes so is several times faster than torch.equal
-_memcmp = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
-    ("memcmp", ctypes.CDLL(None)))
-
-
-def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether two tensors of one shape and dtype hold the same bytes."""
-    if x.is_cpu and y.is_cpu:
-        if not (x.is_contiguous() and y.is_contiguous()):  # one layout for both: then their bytes compare
-            x, y = x.detach().contiguous(), y.detach().contiguous()
-        size = x.numel() * x.element_size()
-        return size == 0 or _memcmp(x.data_ptr(), y.data_ptr(), size) == 0
-    x, y = x.detach().reshape(-1).contiguous(), y.detach().reshape(-1).contiguous()
-    wide = _INT_OF.get(x.element_size(), torch.uint8)  # integers of the element's width: bytes, exactly
-    return torch.equal(x.view(wide), y.view(wide))
-
-
-def _comparable(t: torch.Tensor) -> bool:
-    return t.layout == torch.strided and not t.is_nested and not t.is_quantized and not t.is_meta
-
-
-def _differs(a: Any, b: Any, aside: frozenset[int] = _NONE) -> tuple[float, int] | None:
-    """(max |diff|, max ULP) over the outputs when any bit differs; None when they agree bit for bit. The outputs
-    at positions `aside` are no results: not compared."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):  # most ops: one tensor out
-        return _pair_differs(a, b)
-    left, right = list(tensors_in(results(a, aside))), list(tensors_in(results(b, aside)))
-    if len(left) != len(right):
-        return (float("inf"), 0)
-    found: tuple[float, int] | None = None
-    for x, y in zip(left, right):
-        hit = _pair_differs(x, y)
-        if hit is not None:
-            found = hit if found is None else (max(found[0], hit[0]), max(found[1], hit[1]))
-    return found
-
-
-def _pair_differs(x: torch.Tensor, y: torch.Tensor) -> tuple[float, int] | None:
-    if not (_comparable(x) and _comparable(y)):
-        return None
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return (float("inf"), 0)
-    if _same_bits(x, y):
-        return None
-    return distance(x, y)
-
-
-def distance(x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
-    """Max |diff| and, for floating point, max ULP apart (integers: the difference itself)."""
-    if x.dtype == torch.bool:
-        return 1.0, 1
-    if x.is_complex():
-        x, y = torch.view_as_real(x), torch.view_as_real(y)
-    wide_x, wide_y = x.detach().double(), y.detach().double()
-    diff = float((wide_x - wide_y).abs().nan_to_num(nan=float("inf")).max())
-    if not x.is_floating_point():
-        return diff, int(diff)
-    return diff, int((_ordered(x) - _ordered(y)).abs().max())
-
-
-def _ordered(t: torch.Tensor) -> torch.Tensor:
-    """Floats as integers in the order of their values, adjacent floats one apart (sign-magnitude made linear)."""
-    bits = t.detach().contiguous().view(_INT_OF[t.element_size()]).long()
-    magnitude = bits & ((1 << (8 * t.element_size() - 1)) - 1)
-    return torch.where(bits < 0, -magnitude, magnitude)
-
-
-def _agrees(first: Any, second: Any, third: Any, aside: frozenset[int]) -> str:
-    """Which execution the third one reproduces bit for bit."""
-    if _differs(third, first, aside) is None:
-        return "first"
-    if _differs(third, second, aside) is None:
-        return "second"
-    return "neither"
 
 
 def _target(f: Any) -> str:

@@ -12,6 +12,7 @@ when it was killed may be cut short: it is ignored, as is anything that is no ev
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,7 +103,7 @@ class Stopped:
 
 
 def before_text(before: str) -> str:
-    """What a stop kept from running, in words (`update`: the script's own, after the backward() that ended the step)."""
+    """What a stop kept from running, in words (`update`: the script's own, after the backward() that ended a step)."""
     return "the update after backward()" if before == "update" else before
 
 
@@ -247,4 +248,4 @@ def merged(logs: Sequence[WatchLog]) -> WatchLog:
                     stops[0] if stops else None, bool(logs) and all(log.ended for log in logs),
                     tuple(save for log in logs for save in log.unchecked_saves),
                     next((log.training_thread for log in logs if log.training_thread), None), aside,
-                    next((log.boundary for log in logs if log.boundary), None))
+                    next(filter(None, map(operator.attrgetter("boundary"), logs)), None))
