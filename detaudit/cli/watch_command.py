@@ -71,7 +71,8 @@ def watch_settings(every: int, on_mismatch: str, status_every: Cadence, timeout:
 @click.command(cls=RunCommand)
 @script_arguments
 @click.option("--every", type=click.IntRange(min=1), default=WatchSettings.every, show_default=True,
-              help="Replay every K-th optimizer step (the first one always).")
+              help="Replay every K-th step (the first one always): optimizer steps, or each backward() in a script "
+                   "with no optimizer.")
 @click.option("--on-mismatch", type=click.Choice(["stop", "continue"]), default="stop", show_default=True,
               help="stop: end the job before its next torch.save or optimizer.step after a mismatch (exit 1); "
                    "continue: record every mismatch and let the job finish.")
