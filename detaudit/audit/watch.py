@@ -21,14 +21,14 @@ from detaudit.audit.watch_replicas import ReplicaWatch
 from detaudit.compare.live import Follower
 from detaudit.errors import OutputError, TraceError
 from detaudit.report.model import ReplicaDivergence
-from detaudit.report.watch_model import Against, WatchReport, WatchSettings
+from detaudit.report.watch_model import BACKWARD_STEPS, Against, WatchReport, WatchSettings
 from detaudit.run import distributed
 from detaudit.run.devices import resolve_devices
 from detaudit.run.distributed import Layout, node_rank, rank_config
 from detaudit.run.files import write_text_atomically
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats, request_stop
 from detaudit.run.rundir import new_run_dir
-from detaudit.run.watchlog import Mismatch, merged, read_watch_log
+from detaudit.run.watchlog import Mismatch, before_text, merged, read_watch_log
 from detaudit.trace.reader import read_events
 
 EVENTS_FILE = "watch-events.jsonl"
@@ -176,8 +176,10 @@ class Relay:
             found = Mismatch.from_json(event)
             self.status(f"detaudit watch: MISMATCH at step {found.step}: {found.op} at {found.location or '?'} "
                         f"(max |diff| {found.max_abs_diff:.3g}, {found.max_ulp} ULP)")
+        elif kind == "boundary" and n == 0:
+            self.status(f"detaudit watch: {BACKWARD_STEPS}")
         elif kind == "stopped":
-            self.status(f"detaudit watch: stopped the job before {event.get('before')}")
+            self.status(f"detaudit watch: stopped the job before {before_text(str(event.get('before')))}")
         elif kind == "unchecked_save":
             self.status(f"detaudit watch: torch.save to {event.get('target')} at step {event.get('step')} went ahead "
                         f"before the check had caught up (it waited {event.get('waited_s')} s)")

@@ -30,7 +30,14 @@ from detaudit.cli.options import (
 from detaudit.cli.session import Presentation, err_console, finish_with
 from detaudit.report.sarif import write_watch_sarif
 from detaudit.report.watch_html import write_watch_html
-from detaudit.report.watch_model import Against, Cadence, WatchReport, WatchSettings, write_watch_json
+from detaudit.report.watch_model import (
+    BACKWARD_STEPS,
+    Against,
+    Cadence,
+    WatchReport,
+    WatchSettings,
+    write_watch_json,
+)
 from detaudit.results import Ending
 from detaudit.safetext import printable
 
@@ -64,7 +71,8 @@ def watch_settings(every: int, on_mismatch: str, status_every: Cadence, timeout:
 @click.command(cls=RunCommand)
 @script_arguments
 @click.option("--every", type=click.IntRange(min=1), default=WatchSettings.every, show_default=True,
-              help="Replay every K-th optimizer step (the first one always).")
+              help="Replay every K-th step (the first one always): optimizer steps, or each backward() in a script "
+                   "with no optimizer.")
 @click.option("--on-mismatch", type=click.Choice(["stop", "continue"]), default="stop", show_default=True,
               help="stop: end the job before its next torch.save or optimizer.step after a mismatch (exit 1); "
                    "continue: record every mismatch and let the job finish.")
@@ -138,7 +146,7 @@ def summary_line(report: WatchReport) -> str:
     text = (f"[bold {colour}]{word}[/]: {log.steps} step{'s' if log.steps != 1 else ''}, "
             f"{log.checked_phrase}, {found} mismatch{'es' if found != 1 else ''}")
     if log.stopped is not None:
-        text += f"; stopped before {log.stopped.before}"
+        text += f"; stopped before {log.stopped.before_text}"
     if report.compiled:
         text += "; compiled regions not checked"
     return text
@@ -147,8 +155,7 @@ def summary_line(report: WatchReport) -> str:
 def render_watch(report: WatchReport, console: Console) -> None:
     log = report.log
     console.print(f"[bold]detaudit watch[/] {_clean(report.script)}  (run directory {_clean(report.run_dir)})")
-    console.print(f"checked steps: {_clean(_steps(log.checked_steps))} (every {report.settings.every}); "
-                  f"{log.replayed_ops} ops replayed")
+    _render_steps(report, console)
     for warning in (report.unchecked_sentence, report.compiled_sentence):
         if warning is not None:
             console.print(f"[yellow]{_clean(warning)}[/]", soft_wrap=True)
@@ -179,6 +186,15 @@ def render_watch(report: WatchReport, console: Console) -> None:
         how = "timed out" if ending is Ending.TIMED_OUT else f"exited with status {report.result.exit_code}"
         console.print(f"[yellow]the script {how}[/]; see {_clean(Path(report.run_dir) / report.result.stderr)}")
     console.print(summary_line(report), soft_wrap=True)
+
+
+def _render_steps(report: WatchReport, console: Console) -> None:
+    """The steps checked, and what ended the steps when it was not the optimizer's step."""
+    log = report.log
+    console.print(f"checked steps: {_clean(_steps(log.checked_steps))} (every {report.settings.every}); "
+                  f"{log.replayed_ops} ops replayed")
+    if log.boundary == "backward":
+        console.print(BACKWARD_STEPS)
 
 
 def _render_against(against: Against, console: Console) -> None:

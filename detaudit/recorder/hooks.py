@@ -250,12 +250,12 @@ class Hooks:
             stack.pop()
         elif module_id in stack:  # entries above it were left by forwards that raised
             del stack[len(stack) - 1 - stack[::-1].index(module_id):]
-        loc = rec.location_id(1)
         if self._primary is None and self._modules[id(module)][2]:  # no optimizer has stepped (inference)
             root: torch.nn.Module = module._orig_mod if inner else module  # type: ignore[assignment]
-            self._record_buffers([root], loc, changed_only=True)
+            self._record_buffers([root], rec.location_id(1), changed_only=True)
         if not rec.record_modules:
-            return
+            return  # the user's line is looked up only for a record: a walk up the stack at every module's call
+        loc = rec.location_id(1)
         if isinstance(output, torch.Tensor):
             rec.record_tensor(Kind.OUTPUT, module_id, output, module_id, loc)
             return

@@ -26,7 +26,6 @@ it happens: the watching parent reports mismatches and progress while the job ru
 from __future__ import annotations
 
 import atexit
-import ctypes
 import json
 import os
 import threading
@@ -39,11 +38,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detaudit.recorder import kept, location, save_gate
+from detaudit.recorder.bitwise import INT_OF, agrees, differs
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.eventlog import EventLog
 from detaudit.recorder.opinfo import PASS_NAMESPACES, RANDOM_OPS, STORAGE_ALIAS_OPS, UNINIT_OPS, tensors_in
 from detaudit.recorder.patch import wrap
-from detaudit.recorder.scratch import results, scratch_outputs
+from detaudit.recorder.scratch import scratch_outputs
+from detaudit.recorder.steprule import StepRule
 
 # Test-only seam: flip the lowest bit of one op's first output element on one step's `execution` (1: the
 # script's own result, 2: the replay's). JSON, e.g. {"op": "aten.mm.default", "step": 0, "execution": 2}.
@@ -54,7 +55,10 @@ CUSTOM, EFFECTFUL, SUBCLASS = "custom op", "effectful op", "tensor subclass"
 COMPUTE_NAMESPACES = frozenset({"aten", "prims"})  # torch's own computing ops (`prim`: passed through)
 _GROUP_ARGUMENTS = frozenset({"group_name", "group"})  # a process group by name (a `str`, or `Any`)
 FAILED = "replay failed"  # the second execution raised (out of memory for the copies): that op is unchecked
-_INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+# a checked step after the first replays at most this many ops run outside autograd (no_grad, inference mode,
+# not a backward): a rollout's hundreds of no-grad forwards are not all the step (docs/watch.md)
+NO_GRAD_BUDGET = 256
+OVER_BUDGET = "no-grad, over the step's budget"
 
 
 class StepReplay(TorchDispatchMode):
@@ -72,6 +76,8 @@ class StepReplay(TorchDispatchMode):
         self.mismatches = 0
         self.forked = False  # a forked DataLoader worker inherits the mode: it replays nothing
         self.thread: int | None = None  # the thread whose ops are replayed (the mode is entered per thread)
+        self.step = 0  # the watcher's step (recorder/steprule.py: optimizer steps, or backward() calls)
+        self.budget: int | None = None  # the no-grad ops the window may still replay (None: all of them)
         os.register_at_fork(after_in_child=self._in_forked_child)
 
     def _in_forked_child(self) -> None:
@@ -100,6 +106,11 @@ class StepReplay(TorchDispatchMode):
             return func(*args, **kwargs)
         if types and what is REPLAY:  # a tensor subclass's own dispatch comes next: it may communicate (DTensor)
             what = SUBCLASS
+        if what is REPLAY and self.budget is not None and not torch.is_grad_enabled() and _current_node() is None:
+            if self.budget > 0:
+                self.budget -= 1
+            else:
+                what = OVER_BUDGET  # run once, as the script asked
         if what is not REPLAY:
             self.skipped[what] = self.skipped.get(what, 0) + 1
             return func(*args, **kwargs)
@@ -112,9 +123,9 @@ class StepReplay(TorchDispatchMode):
         first = func(*args, **kwargs)
         try:
             second = func(*args, **kwargs)
-            differs = _differs(first, second, aside)
-            if differs is not None:
-                self._mismatch(func, differs, _agrees(first, second, func(*args, **kwargs), aside), depth=2)
+            apart = differs(first, second, aside)
+            if apart is not None:
+                self._mismatch(func, apart, agrees(first, second, func(*args, **kwargs), aside), depth=2)
             self.replayed += 1
         except Exception:  # the replay's own failure (out of memory) is never the script's
             self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
@@ -137,10 +148,10 @@ class StepReplay(TorchDispatchMode):
         after = generator.get_state() if generator is not None else None
         try:
             second = self._again(func, copy(pristine) if writes else pristine, generator, before, 2)
-            differs = _differs(first, second, aside)
-            if differs is not None:
+            apart = differs(first, second, aside)
+            if apart is not None:
                 third = self._again(func, pristine, generator, before, 3)
-                self._mismatch(func, differs, _agrees(first, second, third, aside))
+                self._mismatch(func, apart, agrees(first, second, third, aside))
             self.replayed += 1
         except Exception:  # the replay's own failure (out of memory for the copies) is never the script's
             self.skipped[FAILED] = self.skipped.get(FAILED, 0) + 1
@@ -159,13 +170,13 @@ class StepReplay(TorchDispatchMode):
     def _flip(self, func: Any, out: Any, execution: int) -> None:
         """The test seam: one bit of one output element, once."""
         flip = self.flip
-        if flip is None or flip.get("execution", 1) != execution or flip["step"] != self.rec.step \
+        if flip is None or flip.get("execution", 1) != execution or flip["step"] != self.step \
                 or flip["op"] != str(func):
             return
         target = next(iter(tensors_in(out)), None)
-        if target is None or target.numel() == 0 or target.element_size() not in _INT_OF:
+        if target is None or target.numel() == 0 or target.element_size() not in INT_OF:
             return
-        bits = target.reshape(-1)[:1].view(_INT_OF[target.element_size()])
+        bits = target.reshape(-1)[:1].view(INT_OF[target.element_size()])
         bits.bitwise_xor_(1)
         self.flip = None
 
@@ -177,9 +188,12 @@ class StepReplay(TorchDispatchMode):
         where = f"{location.display_path(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else None
         stack = self.rec.local.module_stack
         module = self.rec.writer.text(stack[-1]) if stack and node is None else None
-        self.log.write({"event": "mismatch", "step": self.rec.step, "op": str(func), "module": module,
+        self.log.write({"event": "mismatch", "step": self.step, "op": str(func), "module": module,
                         "location": where, "backward_of": None if node is None else node.name(),
                         "max_abs_diff": differs[0], "max_ulp": differs[1], "third_agrees_with": third})
+
+
+_current_node = torch._C._current_autograd_node  # not None while a backward pass runs
 
 
 # the arguments an op writes (in place, `out=`), by position in its schema and by name
@@ -291,83 +305,6 @@ def _generator(args: Any, kwargs: Any) -> Any:
     return torch.default_generator
 
 
-# libc's memcmp through a prototype of detaudit's own (never the attributes of a ctypes object the script may
-# share): comparing a CPU tensor's bytes so is several times faster than torch.equal
-_memcmp = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
-    ("memcmp", ctypes.CDLL(None)))
-
-
-def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether two tensors of one shape and dtype hold the same bytes."""
-    if x.is_cpu and y.is_cpu:
-        if not (x.is_contiguous() and y.is_contiguous()):  # one layout for both: then their bytes compare
-            x, y = x.detach().contiguous(), y.detach().contiguous()
-        size = x.numel() * x.element_size()
-        return size == 0 or _memcmp(x.data_ptr(), y.data_ptr(), size) == 0
-    x, y = x.detach().reshape(-1).contiguous(), y.detach().reshape(-1).contiguous()
-    wide = _INT_OF.get(x.element_size(), torch.uint8)  # integers of the element's width: bytes, exactly
-    return torch.equal(x.view(wide), y.view(wide))
-
-
-def _comparable(t: torch.Tensor) -> bool:
-    return t.layout == torch.strided and not t.is_nested and not t.is_quantized and not t.is_meta
-
-
-def _differs(a: Any, b: Any, aside: frozenset[int] = _NONE) -> tuple[float, int] | None:
-    """(max |diff|, max ULP) over the outputs when any bit differs; None when they agree bit for bit. The outputs
-    at positions `aside` are no results: not compared."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):  # most ops: one tensor out
-        return _pair_differs(a, b)
-    left, right = list(tensors_in(results(a, aside))), list(tensors_in(results(b, aside)))
-    if len(left) != len(right):
-        return (float("inf"), 0)
-    found: tuple[float, int] | None = None
-    for x, y in zip(left, right):
-        hit = _pair_differs(x, y)
-        if hit is not None:
-            found = hit if found is None else (max(found[0], hit[0]), max(found[1], hit[1]))
-    return found
-
-
-def _pair_differs(x: torch.Tensor, y: torch.Tensor) -> tuple[float, int] | None:
-    if not (_comparable(x) and _comparable(y)):
-        return None
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return (float("inf"), 0)
-    if _same_bits(x, y):
-        return None
-    return distance(x, y)
-
-
-def distance(x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
-    """Max |diff| and, for floating point, max ULP apart (integers: the difference itself)."""
-    if x.dtype == torch.bool:
-        return 1.0, 1
-    if x.is_complex():
-        x, y = torch.view_as_real(x), torch.view_as_real(y)
-    wide_x, wide_y = x.detach().double(), y.detach().double()
-    diff = float((wide_x - wide_y).abs().nan_to_num(nan=float("inf")).max())
-    if not x.is_floating_point():
-        return diff, int(diff)
-    return diff, int((_ordered(x) - _ordered(y)).abs().max())
-
-
-def _ordered(t: torch.Tensor) -> torch.Tensor:
-    """Floats as integers in the order of their values, adjacent floats one apart (sign-magnitude made linear)."""
-    bits = t.detach().contiguous().view(_INT_OF[t.element_size()]).long()
-    magnitude = bits & ((1 << (8 * t.element_size() - 1)) - 1)
-    return torch.where(bits < 0, -magnitude, magnitude)
-
-
-def _agrees(first: Any, second: Any, third: Any, aside: frozenset[int]) -> str:
-    """Which execution the third one reproduces bit for bit."""
-    if _differs(third, first, aside) is None:
-        return "first"
-    if _differs(third, second, aside) is None:
-        return "second"
-    return "neither"
-
-
 def _target(f: Any) -> str:
     """Where a torch.save call writes, for the report."""
     if isinstance(f, (str, os.PathLike)):
@@ -385,6 +322,8 @@ class Watcher:
         self.log = EventLog(config["events"])
         flip = os.environ.get(TEST_FLIP_ENV)
         self.mode = StepReplay(recorder, self.log, json.loads(flip) if flip else None)
+        self.rule = StepRule()
+        self.step = 0  # steps ended, by the rule's boundary (the recorder counts optimizer steps only)
         self.entered: set[int] = set()  # the threads that entered the mode (dispatch modes are per thread)
         self.watched = False  # whether the open window's ops are those of the thread that steps the optimizer
         self.owed: int | None = None  # a step checked in place of one whose window was on another thread
@@ -421,10 +360,47 @@ class Watcher:
 
         wrap(torch, "save", make_save)
         wrap(torch.serialization, "save", lambda _: torch.save)
+        self._watch_backward()
         if self.stop_job is not None:
             kept.install(self.kept)
         atexit.register(self._at_exit)  # after the child's footer handler: runs before it
-        self._open(self.rec.step)
+        self._open(self.step)
+
+    def _watch_backward(self) -> None:
+        """Tell the step rule (recorder/steprule.py) of each optimizer made and each backward() that returns."""
+        rule, watcher = self.rule, self
+
+        def make_init(original: Callable[..., None]) -> Callable[..., None]:
+            def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+                rule.optimizer_built()
+                original(optimizer, *args, **kwargs)
+
+            return init
+
+        def make_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+            def backward(*args: Any, **kwargs: Any) -> Any:
+                result = original(*args, **kwargs)
+                if not watcher.rec.internal:  # not a closure's, inside optimizer.step
+                    watcher.backward_returned()
+                return result
+
+            return backward
+
+        wrap(torch.optim.Optimizer, "__init__", make_init)
+        wrap(torch.autograd, "backward", make_backward)
+
+    def backward_returned(self) -> None:
+        """A backward() returned: in a script that made no optimizer before its first one, it ends the step (its
+        window closes, the next step's opens); after a mismatch the job is stopped here, before the update the
+        script derives from this backward."""
+        first = self.rule.boundary is None
+        if not self.rule.backward_returned() or self.stopped:
+            return
+        if first:
+            self.log.write({"event": "boundary", "boundary": "backward", "step": self.step})
+        self._update_starts()
+        self._halt_if_mismatched("update", None)
+        self._step_ended()
 
     def _stop_may_come(self) -> bool:
         """Whether a torch.save may be stopped: after a replay mismatch, or while the parent's checks may find one."""
@@ -435,6 +411,8 @@ class Watcher:
 
     def _open(self, step: int) -> None:
         """Open step `step`'s window on this thread (the one that ended the step before it), if it is checked."""
+        # once a step ended (the run's boundary is known), a window's no-grad work is bounded; step 0's is whole
+        self.mode.budget = NO_GRAD_BUDGET if step > 0 else None
         if self._checked(step) and not self.stopped:
             here = get_ident()
             if here not in self.entered:
@@ -468,17 +446,23 @@ class Watcher:
         self._halt_if_mismatched("optimizer.step", None)
 
     def _on_step(self, step: int) -> None:
-        """Step `step - 1` ended (its optimizer step ran, on this thread): log it, open the next checked step's
-        window here. A checked step whose window was on another thread is owed: the next one is checked."""
+        """The recorder's optimizer step ended (on this thread): the step rule's boundary from now on."""
+        self.rule.optimizer_stepped()
+        self._step_ended()
+
+    def _step_ended(self) -> None:
+        """The step ended: log it, open the next checked step's window here (this thread). A checked step whose
+        window was on another thread is owed: the next one is checked."""
         self._close()
         self.kept.forget()
-        ended = step - 1
+        ended = self.step
+        self.step = self.mode.step = ended + 1
         checked = self._checked(ended) and self.watched
         if self._checked(ended) and not self.watched:
-            self.owed = step
+            self.owed = self.step
         self._log_step(ended, checked=checked, thread=threading.current_thread().name)
         self.watched = False
-        self._open(step)
+        self._open(self.step)
 
     def _log_step(self, step: int, **event: Any) -> None:
         """One event for step `step` (by default: it ended), with what its replay did; the counts restart."""
@@ -509,14 +493,14 @@ class Watcher:
             self.stopped = True
             self.mode.thread = None  # nothing is replayed any more, on any thread
             self._close()
-            self._log_step(self.rec.step, event="stopped", before=before, target=target, kept=restored)
+            self._log_step(self.step, event="stopped", before=before, target=target, kept=restored)
         self.stop_job(before)
 
     def _at_exit(self) -> None:
         self._close()
         self.kept.forget()
         if not self.stopped:
-            self._log_step(self.rec.step, event="end")
+            self._log_step(self.step, event="end")
 
 
 def install(recorder: Recorder, config: dict[str, Any], stop: Callable[[str], None]) -> Watcher:

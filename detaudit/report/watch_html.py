@@ -25,6 +25,8 @@ def render_watch_html(report: WatchReport) -> str:
             ("exit status", report.result.exit_code), ("ended", report.result.ending.value),
             ("ranks per node", report.settings.nproc_per_node), ("replayed", f"every {report.settings.every} steps"),
             ("on a mismatch", report.settings.on_mismatch),
+            ("steps end at", {"backward": "each backward() (no optimizer was made before the first)",
+                              "optimizer.step": "each optimizer step"}.get(log.step_boundary or "")),
             ("checked steps", ", ".join(str(s) for s in log.checked_steps) or "none"),
             ("ops replayed", log.replayed_ops),
             ("not replayed", ", ".join(f"{n} {why}" for why, n in sorted(log.skipped_ops.items())) or None),
@@ -49,7 +51,8 @@ def write_watch_html(report: WatchReport, path: Path) -> None:
 def _summary(report: WatchReport) -> str:
     log = report.log
     found = len(report.mismatches)
-    return (f"{log.steps} optimizer step{'s' if log.steps != 1 else ''} completed, {log.checked_phrase}, "
+    kind = "" if log.boundary == "backward" else "optimizer "
+    return (f"{log.steps} {kind}step{'s' if log.steps != 1 else ''} completed, {log.checked_phrase}, "
             f"{found} mismatch{'es' if found != 1 else ''}.")
 
 

@@ -25,6 +25,8 @@ OnMismatch = Literal["stop", "continue"]
 Verdict = Literal["clean", "mismatch", "unchecked", "script-failed", "timeout", "inconclusive"]
 _BY_ENDING: dict[Ending, Verdict] = {Ending.COMPLETED: "clean", Ending.FAILED: "script-failed",
                                      Ending.TIMED_OUT: "timeout"}
+# said on the console when the job shows it, and in the report (recorder/steprule.py)
+BACKWARD_STEPS = "steps: each backward() (no optimizer was made before the first backward)"
 _EXIT: dict[Verdict, ExitCode] = {"clean": ExitCode.DETERMINISTIC, "mismatch": ExitCode.DIVERGENT,
                                   "unchecked": ExitCode.INCONCLUSIVE, "script-failed": ExitCode.SCRIPT_FAILED,
                                   "timeout": ExitCode.TIMEOUT, "inconclusive": ExitCode.INCONCLUSIVE}
@@ -95,6 +97,7 @@ class WatchJson(TypedDict):
     script: str
     run_dir: str
     steps: int
+    step_boundary: str | None  # what ended the steps: "optimizer.step", "backward", or null (no step ended)
     checked_steps: list[int]
     replayed_ops: int
     skipped_ops: dict[str, int]
@@ -157,7 +160,8 @@ class WatchReport:
         thread = self.log.training_thread
         trained = f"the training ran on thread {thread!r}" if thread else "the script computed nothing watched"
         what = f"only {self.log.replayed_ops} ops of other threads" if self.log.replayed_ops else "no op"
-        return f"no optimizer step was checked: {trained}, and {what} were replayed (docs/watch.md)"
+        step = "step" if self.log.boundary == "backward" else "optimizer step"
+        return f"no {step} was checked: {trained}, and {what} were replayed (docs/watch.md)"
 
     @property
     def exit_code(self) -> ExitCode:
@@ -177,6 +181,8 @@ class WatchReport:
             target = f": {stopped.target} was not written" if stopped.target else ": the update was not applied"
             if stopped.kept:
                 target += f" ({stopped.kept})"
+            if stopped.before == "update":
+                return f"stopped the job at step {stopped.step} when its backward() returned{target}"
             return f"stopped the job at step {stopped.step} before {stopped.before}{target}"
         if self.result.stopped_at_step is not None:
             why = "it differed from the reference" if self.replica is None else "its DDP replicas differed (every rank)"
@@ -188,6 +194,7 @@ class WatchReport:
         return {"format": WATCH.name, "version": WATCH.version, "verdict": self.verdict,
                 "exit_code": int(self.exit_code), "script_exit_code": self.result.exit_code,
                 "script": self.script, "run_dir": self.run_dir, "steps": self.log.steps,
+                "step_boundary": self.log.step_boundary,
                 "checked_steps": list(self.log.checked_steps), "replayed_ops": self.log.replayed_ops,
                 "skipped_ops": dict(self.log.skipped_ops), "set_aside_outputs": dict(self.log.set_aside),
                 "mismatches": [m.to_json() for m in self.mismatches],

@@ -2,27 +2,32 @@
 
 One JSON object per line, appended by the running job: `step` (a step ended: whether it was checked, how many
 ops were replayed and skipped, and why), `mismatch` (an op's second execution disagreed with its first),
-`stopped` (the job was stopped before a torch.save or optimizer.step), `unchecked_save` (a torch.save went
-ahead before the parent's checks had caught up, recorder/save_gate.py) and `end` (the script ended); `stopped`
-and `end` also close the step that was running, with its counts. The first line is a header with the file's
-format and version (`detaudit-watch-events`, 1: records.py), checked before any event. The last line may have been
-cut short by a kill while the job wrote it: it is ignored; any other line that is not JSON makes the file corrupt.
+`stopped` (the job was stopped before a torch.save, an optimizer.step or, where each backward() ends a step,
+the update after it), `boundary` (each backward() ends a step: the script made no optimizer), `unchecked_save`
+(a torch.save went ahead before the parent's checks had caught up, recorder/save_gate.py) and `end` (the script
+ended); `stopped` and `end` also close the step that was running, with its counts. The first line is a header with
+the file's format and version (`detaudit-watch-events`, 1: records.py), checked before any event. The last line may
+have been cut short by a kill while the job wrote it: it is ignored; any other line that is not JSON makes the file
+corrupt.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypedDict, cast
 
 from detaudit.errors import TraceError
+from detaudit.recorder.steprule import Boundary
 from detaudit.records import WATCH_EVENTS
 
 Agreement = Literal["first", "second", "neither"]
 Check = Literal["replay", "against", "replica"]
-StoppedBefore = Literal["torch.save", "optimizer.step"]
+# `update`: whatever the script does after a backward() that ends a step (recorder/steprule.py), by hand
+StoppedBefore = Literal["torch.save", "optimizer.step", "update"]
 
 
 class MismatchJson(TypedDict):
@@ -96,6 +101,15 @@ class Stopped:
     target: str | None
     kept: str | None = None  # what became of the file a stopped torch.save was given a handle of, in words
 
+    @property
+    def before_text(self) -> str:
+        return before_text(self.before)
+
+
+def before_text(before: str) -> str:
+    """What a stop kept from running, in words (`update`: the script's own, after the backward() that ended a step)."""
+    return "the update after backward()" if before == "update" else before
+
 
 @dataclass(frozen=True)
 class UncheckedSave:
@@ -109,7 +123,7 @@ class UncheckedSave:
 class WatchLog:
     """Everything the events file says, in order of the steps."""
 
-    steps: int = 0  # optimizer steps completed
+    steps: int = 0  # steps completed (optimizer steps, or backward() calls: `step_boundary`)
     checked_steps: tuple[int, ...] = ()
     replayed_ops: int = 0
     skipped_ops: dict[str, int] = field(default_factory=dict)
@@ -120,6 +134,13 @@ class WatchLog:
     training_thread: str | None = None  # the name of the thread that stepped the optimizer
     # op -> its outputs replayed but not compared: the workspace or reserve it keeps for its backward, no result
     set_aside: dict[str, int] = field(default_factory=dict)
+    # what ended the steps: said by a `boundary` event when it is each backward() (recorder/steprule.py)
+    boundary: Boundary | None = None
+
+    @property
+    def step_boundary(self) -> Boundary | None:
+        """What ended the steps: each backward(), optimizer steps, or nothing (no step ended: one window)."""
+        return self.boundary or ("optimizer.step" if self.steps else None)
 
     @property
     def checked_count(self) -> int:
@@ -186,6 +207,7 @@ def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
     stopped: Stopped | None = None
     unchecked: list[UncheckedSave] = []
     thread: str | None = None
+    boundary: Boundary | None = None
     for event in _events(path):
         kind = event["event"]
         try:
@@ -201,7 +223,9 @@ def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
             thread = _text(event["thread"]) if kind == "step" and event.get("thread") is not None else thread
             if kind == "mismatch":
                 mismatches.append(Mismatch.from_json(event, rank))
-            elif kind == "stopped" and event.get("before") in ("torch.save", "optimizer.step"):
+            elif kind == "boundary" and event.get("boundary") == "backward":
+                boundary = "backward"
+            elif kind == "stopped" and event.get("before") in ("torch.save", "optimizer.step", "update"):
                 stopped = Stopped(event["before"], int(event["step"]), _text(event.get("target")),
                                   _text(event.get("kept")))
             elif kind == "unchecked_save":
@@ -209,7 +233,7 @@ def read_watch_log(path: Path, rank: int | None = None) -> WatchLog:
         except (KeyError, TypeError, ValueError):
             continue  # not an event this version wrote
     return WatchLog(steps, tuple(checked), replayed, skipped, tuple(mismatches), stopped, ended, tuple(unchecked),
-                    thread, aside)
+                    thread, aside, boundary)
 
 
 def merged(logs: Sequence[WatchLog]) -> WatchLog:
@@ -230,4 +254,5 @@ def merged(logs: Sequence[WatchLog]) -> WatchLog:
                     tuple(sorted((m for log in logs for m in log.mismatches), key=lambda m: (m.step, m.rank or 0))),
                     stops[0] if stops else None, bool(logs) and all(log.ended for log in logs),
                     tuple(save for log in logs for save in log.unchecked_saves),
-                    next((log.training_thread for log in logs if log.training_thread), None), aside)
+                    next((log.training_thread for log in logs if log.training_thread), None), aside,
+                    next(filter(None, map(operator.attrgetter("boundary"), logs)), None))

@@ -78,3 +78,11 @@ def test_a_compiled_model_is_named_with_what_checks_it() -> None:
     console = Console(record=True, width=200)
     render_watch(_compiled_clean(), console)
     assert "compiled regions ran unreplayed (TransformerEncoder)" in console.export_text()
+
+
+def test_a_script_with_no_optimizer_is_told_each_backward_ended_a_step() -> None:
+    result = RepeatResult(0, "auto", 0, 1.0, False, "watch-0.trace", "watch-0.stdout", "watch-0.stderr", "")
+    console = Console(record=True, width=200)
+    render_watch(WatchReport("train.py", "run", WatchSettings(), result,
+                             WatchLog(steps=3, checked_steps=(0,), boundary="backward")), console)
+    assert "steps: each backward() (no optimizer was made before the first backward)" in console.export_text()

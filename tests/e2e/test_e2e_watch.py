@@ -68,18 +68,48 @@ def test_a_deterministic_script_runs_as_plain_python_does(tmp_path: Path) -> Non
     assert result.stderr.count("detaudit watch: step ") == 2  # --status-every 4: after steps 4 and 8
 
 
-def test_an_lstm_trained_by_hand_is_clean_and_saves_what_a_plain_run_saves(tmp_path: Path) -> None:
-    # oneDNN's LSTM workspace holds other bytes in each execution: no result, no mismatch, no stopped save
+@pytest.fixture(scope="module")
+def lstm_by_hand(tmp_path_factory: pytest.TempPathFactory) -> tuple[CliResult, Path, Path]:
+    """train_lstm_lm.py (an LSTM through oneDNN, updated by hand: no optimizer), plain and under `watch --every
+    1`: the watch's result, its folder and the plain run's folder."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "train_lstm_lm.py"
-    plain_dir, watched_dir = tmp_path / "plain", tmp_path / "watched"
-    plain_dir.mkdir()
-    watched_dir.mkdir()
+    plain_dir, watched_dir = tmp_path_factory.mktemp("plain"), tmp_path_factory.mktemp("watched")
     subprocess.run([sys.executable, str(script)], cwd=plain_dir, capture_output=True, check=True)
-    result = run_cli(["watch", str(script), "--json", "watch.json"], watched_dir)
-    assert result.returncode == 0, result.stderr
+    return run_cli(["watch", str(script), "--every", "1", "--json", "watch.json"], watched_dir), watched_dir, plain_dir
+
+
+def test_an_lstm_trained_by_hand_is_clean(lstm_by_hand: tuple[CliResult, Path, Path]) -> None:
+    result = lstm_by_hand[0]
+    assert (result.returncode, result.report and result.report["verdict"]) == (0, "clean"), result.stderr
+
+
+def test_an_lstm_trained_by_hand_saves_what_a_plain_run_saves(lstm_by_hand: tuple[CliResult, Path, Path]) -> None:
+    _, watched_dir, plain_dir = lstm_by_hand
     assert (watched_dir / "model.pt").read_bytes() == (plain_dir / "model.pt").read_bytes()
-    assert result.report is not None
-    assert result.report["set_aside_outputs"] == {"aten.mkldnn_rnn_layer.default": 3}  # one per step's forward
+
+
+def test_each_backward_of_a_script_with_no_optimizer_ends_a_step(lstm_by_hand: tuple[CliResult, Path, Path]) -> None:
+    report = lstm_by_hand[0].report
+    assert report is not None
+    assert (report["steps"], report["step_boundary"]) == (3, "backward")
+
+
+def test_each_step_of_a_script_with_no_optimizer_is_checked(lstm_by_hand: tuple[CliResult, Path, Path]) -> None:
+    report = lstm_by_hand[0].report
+    assert report is not None
+    assert report["checked_steps"] == [0, 1, 2, 3]  # 3: the save after the last backward
+
+
+def test_the_console_says_each_backward_ends_a_step(lstm_by_hand: tuple[CliResult, Path, Path]) -> None:
+    assert "detaudit watch: steps: each backward() (no optimizer was made before the first backward)" \
+        in lstm_by_hand[0].stderr
+
+
+def test_an_lstms_workspace_is_set_aside_in_each_step(lstm_by_hand: tuple[CliResult, Path, Path]) -> None:
+    # oneDNN's LSTM workspace holds other bytes in each execution: no result, no mismatch, no stopped save
+    report = lstm_by_hand[0].report
+    assert report is not None
+    assert report["set_aside_outputs"] == {"aten.mkldnn_rnn_layer.default": 3}  # one per step's forward
 
 
 def test_a_bit_flipped_in_the_replay_is_reported_as_the_odd_one_out(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from detaudit.recorder.core import Recorder
 from detaudit.recorder.eventlog import EventLog
-from detaudit.recorder.replay import COLLECTIVE, StepReplay, Watcher, _copier, _kind, distance
+from detaudit.recorder.replay import COLLECTIVE, NO_GRAD_BUDGET, OVER_BUDGET, StepReplay, Watcher, _copier, _kind
 from detaudit.trace import TraceWriter
 
 
@@ -157,15 +157,6 @@ def test_a_flipped_bit_is_a_mismatch_that_a_third_execution_settles(recorder: Re
     assert torch.equal(product, a @ b)  # the script keeps its own, unflipped result
 
 
-def test_the_distance_counts_units_in_the_last_place_across_zero() -> None:
-    one = torch.tensor([1.0, -0.0])
-    above_one = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)).item()
-    other = torch.tensor([above_one, torch.finfo(torch.float32).tiny])
-    diff, ulp = distance(one, other)
-    assert ulp == 1 << 23  # from -0.0 to the smallest normal float: 2**23 steps
-    assert diff == pytest.approx(2.0 ** -23)
-
-
 def _watcher(rec: Recorder, tmp_path: Path, stops: list[str], patience: float) -> Watcher:
     config = {"events": str(tmp_path / "events.jsonl"), "every": 1, "on_mismatch": "stop",
               "handshake": str(tmp_path / "watch-checked.json"), "save_patience_s": patience}
@@ -187,3 +178,53 @@ def test_a_save_the_parent_never_caught_up_with_goes_ahead_and_says_so(recorder:
     watcher._await_parent("ckpt.pt")
     watcher._halt_if_mismatched("torch.save", "ckpt.pt")
     assert (stops, [e["event"] for e in events(tmp_path)]) == ([], ["unchecked_save"])
+
+
+def _plain_watcher(rec: Recorder, tmp_path: Path, stops: list[str]) -> Watcher:
+    return Watcher(rec, {"events": str(tmp_path / "events.jsonl"), "every": 2, "on_mismatch": "stop"}, stops.append)
+
+
+def test_with_no_optimizer_each_backward_ends_a_step_and_says_so_once(recorder: Recorder, tmp_path: Path) -> None:
+    watcher = _plain_watcher(recorder, tmp_path, [])
+    watcher.backward_returned()
+    watcher.backward_returned()
+    assert [(e["event"], e["step"]) for e in events(tmp_path)] == [("boundary", 0), ("step", 0), ("step", 1)]
+
+
+def test_with_an_optimizer_made_a_backward_ends_no_step(recorder: Recorder, tmp_path: Path) -> None:
+    watcher = _plain_watcher(recorder, tmp_path, [])
+    watcher.rule.optimizer_built()
+    watcher.backward_returned()
+    assert events(tmp_path) == []
+
+
+def test_after_a_mismatch_the_job_stops_when_the_backward_returns(recorder: Recorder, tmp_path: Path) -> None:
+    stops: list[str] = []
+    watcher = _plain_watcher(recorder, tmp_path, stops)
+    watcher.mode.mismatches = 1
+    watcher.backward_returned()
+    assert stops == ["update"]
+
+
+def test_a_step_after_the_first_has_a_no_grad_budget_and_step_0_none(recorder: Recorder, tmp_path: Path) -> None:
+    watcher = _plain_watcher(recorder, tmp_path, [])
+    budgets = [watcher.mode.budget]
+    watcher.backward_returned()
+    assert budgets + [watcher.mode.budget] == [None, NO_GRAD_BUDGET]
+
+
+def test_no_grad_ops_past_the_budget_run_once_and_are_counted(recorder: Recorder, tmp_path: Path) -> None:
+    x = torch.randn(4)
+    with replaying(recorder, tmp_path) as mode, torch.no_grad():
+        mode.budget = 2
+        for _ in range(5):
+            x = x * 2
+    assert (mode.replayed, mode.skipped) == (2, {OVER_BUDGET: 3})
+
+
+def test_the_forward_and_backward_of_a_step_are_outside_the_budget(recorder: Recorder, tmp_path: Path) -> None:
+    w = torch.randn(4, requires_grad=True)
+    with replaying(recorder, tmp_path) as mode:
+        mode.budget = 0
+        (w * 3).sum().backward()
+    assert OVER_BUDGET not in mode.skipped

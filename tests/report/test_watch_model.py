@@ -9,7 +9,7 @@ import pytest
 from detaudit.errors import TraceError
 from detaudit.report.watch_model import WatchReport, WatchSettings, read_watch_json
 from detaudit.results import RepeatResult
-from detaudit.run.watchlog import Mismatch, UncheckedSave, WatchLog
+from detaudit.run.watchlog import Mismatch, Stopped, UncheckedSave, WatchLog
 
 MISMATCH = Mismatch(3, "aten.mm.default", None, "t.py:4", None, 1e-7, 1, "first")
 
@@ -80,3 +80,14 @@ def test_the_json_reads_back_as_written() -> None:
 def test_a_foreign_newer_or_edited_json_is_refused_by_name(edit: dict, refusal: str) -> None:
     with pytest.raises(TraceError, match=refusal):
         read_watch_json({**report(0).to_json(), **edit}, "watch.json")
+
+
+def test_a_stop_when_a_backward_returned_says_the_update_was_not_applied() -> None:
+    made = report(1, log=WatchLog(steps=1, checked_steps=(0, 1), mismatches=(MISMATCH,), boundary="backward",
+                                  stopped=Stopped("update", 1, None)))
+    assert made.stop_sentence == "stopped the job at step 1 when its backward() returned: the update was not applied"
+
+
+def test_the_json_says_what_ended_the_steps() -> None:
+    made = report(0, log=WatchLog(steps=3, checked_steps=(0,), boundary="backward"))
+    assert made.to_json()["step_boundary"] == "backward"

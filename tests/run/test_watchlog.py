@@ -109,3 +109,20 @@ def test_a_file_without_this_versions_header_is_refused(tmp_path: Path, header: 
                                                         refusal: str) -> None:
     with pytest.raises(TraceError, match=refusal):
         read_watch_log(write(tmp_path / "e", MISMATCH, header=header))
+
+
+def test_a_boundary_event_says_each_backward_ended_a_step(tmp_path: Path) -> None:
+    log = read_watch_log(write(tmp_path / "e", {"event": "boundary", "boundary": "backward", "step": 0},
+                               {"event": "step", "step": 0, "checked": True, "replayed": 3, "skipped": {}}))
+    assert log.step_boundary == "backward"
+
+
+def test_steps_without_a_boundary_event_were_optimizer_steps(tmp_path: Path) -> None:
+    log = read_watch_log(write(tmp_path / "e", {"event": "step", "step": 0, "checked": True, "replayed": 3}))
+    assert log.step_boundary == "optimizer.step"
+
+
+def test_a_stop_when_a_backward_returned_is_read_back(tmp_path: Path) -> None:
+    log = read_watch_log(write(tmp_path / "e", {"event": "stopped", "step": 1, "checked": True, "replayed": 4,
+                                                "before": "update", "target": None}))
+    assert log.stopped == Stopped("update", 1, None)
