@@ -72,7 +72,7 @@ def test_a_perturbation_fix_cannot_search_under_is_a_usage_error_before_any_repe
     def never(*_: Any, **__: Any) -> Any:
         raise AssertionError("the audit ran")
 
-    monkeypatch.setattr(trials, "run_audit", never)
+    monkeypatch.setattr(trials, "audit", never)
     with pytest.raises(SystemExit) as ended:
         main(["fix", "--perturb", perturb, script.name])
     output = " ".join(capsys.readouterr().err.split())
