@@ -4,7 +4,8 @@ An audited test's body does not run in the pytest process. Instead each repeat i
 `python -m pytest <that test>` under detaudit's recorder (never an in-process repeat, which
 shares the hash seed, the RNG states and the address layout and so hides real nondeterminism),
 and the test fails when the repeats diverge, naming the first divergence, the top cause and the
-run directory. Registered through the `pytest11` entry point; it imports neither torch nor the
+run directory; the top cause is confirmed by the same cheap experiment as after a divergent `detaudit run`
+(audit/follow_up.py). Registered through the `pytest11` entry point; it imports neither torch nor the
 audit machinery until a test is audited.
 
 The re-runs are plain single-test sessions: the ini file's and PYTEST_ADDOPTS's options are
@@ -166,7 +167,9 @@ def audit_test(item: pytest.Item) -> Report:
     """Run `item` in fresh interpreters under the recorder and return detaudit's Report."""
     import importlib.util
 
-    from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target, run_audit
+    from detaudit.audit.follow_up import FollowUp, run_audit
+    from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target
+    from detaudit.explain.confirmation import PinnedExperiments
     from detaudit.results import Tolerance
     from detaudit.run.devices import own_device, resolve_devices
 
@@ -192,7 +195,9 @@ def audit_test(item: pytest.Item) -> Report:
                          defaults.rtol if args.rtol is None else args.rtol), stdout="ignore"),
         out_dir=run_dir_for(item),
     )
-    report = run_audit(options)
+    # the follow-up `run` gives a divergence: the top cause's cheap confirmation, the op-level re-run
+    report = run_audit(options, follow_up=FollowUp(cheap=True, jobs=options.schedule.jobs),
+                       experimenter=PinnedExperiments())
     if report.verdict != "deterministic":
         _write_html(report)
     return report

@@ -91,11 +91,11 @@ FUNCTIONS_OVER_THE_CAPS = {
 }
 # `module.py` -> (lines,)
 MODULES_OVER_THE_CAP = {
-    "audit/pipeline.py": (559,),
+    "audit/pipeline.py": (514,),
     "cli/commands.py": (507,),
     "cli/render.py": (695,),
     "events.py": (588,),
-    "explain/runner.py": (509,),
+    "explain/runner.py": (505,),
     "recorder/batchprobe.py": (568,),
     "recorder/core.py": (550,),
     "recorder/devicehash.py": (691,),

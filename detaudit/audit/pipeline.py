@@ -14,24 +14,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit.audit import analysis as analysis_steps
 from detaudit.audit import ranks
 from detaudit.audit.analysis import Analysis, Step, extend, run_steps, start
-from detaudit.compare import match
 from detaudit.compare.live import LiveWatch
 from detaudit.compare.oprules import find_op_source, update_differs
 from detaudit.compare.stdout import DEFAULT_STDOUT, most_lenient, recorded_mode
 from detaudit.errors import TraceError, UsageError
-from detaudit.records import OPS_PREFIX, Narrowing, RunRecord
+from detaudit.records import OPS_PREFIX, RunRecord
 from detaudit.report import baseline
-from detaudit.report.model import Report, write_json
-from detaudit.results import RepeatProgress, RepeatResult, SelfCheck, StdoutMode, Tolerance
+from detaudit.report.model import Report
+from detaudit.results import RepeatProgress, RepeatResult, StdoutMode, Tolerance
 from detaudit.run import distributed, sharing
 from detaudit.run.launcher import Interrupted, Launcher, RepeatPlan, check_script, plan_repeats
 from detaudit.run.perturb_plan import Perturbation
 from detaudit.run.provenance import git_state
 from detaudit.run.rundir import (
-    REPORT_FILE,
     claim_run,
     host_environment,
     new_run_dir,
@@ -252,14 +249,10 @@ def ended(result: RepeatResult, run_dir: Path, layout: distributed.Layout | None
     return result.ended_as(read_footer(run_dir / trace))
 
 
-def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None = None,
-              on_narrow: Callable[[list[int]], None] | None = None,
-              on_progress: Callable[[RepeatProgress], None] | None = None,
-              confirm: Callable[[Report], Report] | None = None) -> Report:
-    """Run, compare and diagnose. Under granularity `auto` a divergent run is re-run once, recording
-    ops only around the first divergent step (`on_narrow` is told the window first). `on_progress`:
-    where each running repeat stands (execute). `confirm`: the cheap confirmation of a divergent run
-    (explain/runner.py), run before the op-level re-run."""
+def recorded_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | None,
+              on_progress: Callable[[RepeatProgress], None] | None) -> tuple[AuditOptions, Analysis]:
+    """The audit's repeats run into a new run directory (run.json written before and after) and analysed; the
+    options as the repeats ran with them."""
     target, schedule, recording, checks = options.target, options.schedule, options.recording, options.checks
     check_script(target.script)
     if recording.granularity not in GRANULARITIES:
@@ -299,31 +292,7 @@ def run_audit(options: AuditOptions, on_done: Callable[[RepeatResult], None] | N
         raise
     record = replace(record, results=tuple(results))
     write_record(run_dir, record)
-    analysis = analysed(run_dir, record, results)
-    report = analysis.report_made()
-    if confirm is not None and report.verdict == "divergent" and not report.timed_out:
-        report = confirm(report)
-    window = op_window(report) if auto else None  # the op behind it is part of "where", confirmed or not
-    if window is not None:
-        if on_narrow is not None:
-            on_narrow(window)
-        narrowed = options.recorded(granularity="op", child_config={"op_window": window})
-        try:
-            ops_results = narrow(narrowed, run_dir, on_done, on_progress, recorded_ahead(run_dir, results, window))
-        except Interrupted:  # the module-level run is whole and recorded: report it without the op re-run
-            write_record(run_dir, record)
-            raise
-        record = replace(record, narrowing=Narrowing(tuple(ops_results), window, OPS_PREFIX))
-        write_record(run_dir, record)
-        analysis = extended(analysis, record, analysis_steps.op_finding)  # with what the confirmation stored
-        report = analysis.report_made()
-    if checks.self_check and report.agreement == "deterministic":
-        record = replace(record, self_check=self_check(options, run_dir, results[0]))
-        write_record(run_dir, record)
-        report = extended(analysis, record, analysis_steps.describe_match).report_made()
-    report = gated(report, record)
-    write_json(report, run_dir / REPORT_FILE, mode=0o600)
-    return report
+    return options, analysed(run_dir, record, results)
 
 
 def gated(report: Report, record: RunRecord) -> Report:
@@ -331,26 +300,6 @@ def gated(report: Report, record: RunRecord) -> Report:
     of its verdict: the audit's and `report RUN_DIR`'s alike. Not in `analyse`, which also judges the explain
     experiments' repeats, whose agreement is all they ask."""
     return replace(report, fail_on_repeats=record.fail_on_repeats)
-
-
-def self_check(options: AuditOptions, run_dir: Path, reference: RepeatResult) -> SelfCheck:
-    """The negative control: one more repeat with a one-ULP change at a chosen record (detaudit/compare/match.py).
-    One that cannot be made says why (`not_run`): the report then calls agreement inconclusive."""
-    chosen = match.choose_record(run_dir / reference.trace)
-    if chosen is None:
-        return SelfCheck(None, None, None, None, not_run=(
-            "no recorded tensor could carry the one-ULP change (every record is content-less, empty, made on "
-            "another thread, or of a dtype without a lowest bit to flip)"))
-    granularity = options.recording.granularity
-    perturbed = replace(options.recorded(granularity="module" if granularity == "auto" else granularity,
-                                         child_config={"perturb_record": chosen[0]}),
-                        schedule=replace(options.schedule, repeats=1, devices=[reference.device]))
-    [result] = execute(perturbed, run_dir, prefix=match.SELF_CHECK_PREFIX)
-    if result.exit_code != reference.exit_code or not (run_dir / result.trace).is_file():
-        ended = "left no trace" if result.exit_code == reference.exit_code else \
-            f"exited with status {result.exit_code}, the reference with {reference.exit_code}"
-        return SelfCheck(*chosen, None, not_run=f"the control repeat {ended}")
-    return match.detect(run_dir / reference.trace, run_dir / result.trace, chosen, options.checks.tolerance, True)
 
 
 def narrow(options: AuditOptions, run_dir: Path, on_done: Callable[[RepeatResult], None] | None = None,
@@ -406,10 +355,16 @@ def op_window(report: Report) -> list[int] | None:
 def load_run(run_dir: Path, stdout: StdoutMode | None = None) -> Report:
     """Rebuild the report of a finished run from its directory; `stdout`: compare stdout this way
     instead of the way the run was recorded with."""
+    analysis = loaded(run_dir, stdout)
+    return gated(analysis.report_made(), analysis.record)
+
+
+def loaded(run_dir: Path, stdout: StdoutMode | None = None) -> Analysis:
+    """The Analysis behind `load_run`'s Report (ungated), for a later stage to extend (`detaudit explain RUN_DIR`)."""
     record, results = read_run(run_dir)
     if stdout is not None:
         record = replace(record, stdout=stdout, ignore_stdout=False)
-    return gated(analyse(Path(run_dir), record, results), record)
+    return analysed(Path(run_dir), record, results)
 
 
 def compare_recorded(paths: Sequence[Path], tolerance: Tolerance | None = None,

@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from detaudit.audit.pipeline import AuditOptions, execute, run_audit
+from detaudit.audit.follow_up import run_audit
+from detaudit.audit.pipeline import AuditOptions, execute
 from detaudit.causes.resume_causes import ResumeRuns, diagnose
 from detaudit.compare.resumed_alignment import Alignment, align, compare_resumed, read_steps
 from detaudit.errors import Inconclusive, NoCheckpoint, ScriptFailed, UsageError

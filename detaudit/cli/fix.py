@@ -109,16 +109,17 @@ def fix(options: AuditOptions, budget: int | None, patch_path: Path | None, json
         said(f"fix: tried {trial.name} -> {'agree' if trial.verdict == 'deterministic' else trial.verdict}"
              + (f" ({trial.note})" if trial.note else ""))
 
+    audits: list[Report] = []  # the audit's own report, in memory: the one shown when it cannot be fixed
+
     def on_audit(report: Report) -> None:
+        audits.append(report)
         if report.verdict == "divergent" and not report.timed_out:
             said(f"fix: the repeats diverge; searching the knobs (at most {budget} more repeats)")
 
     with progress:
         report = run_fix(options, budget, progress.on_done, progress.on_progress, on_trial, on_audit)
     if report.verdict in ("failed", "timeout", "inconclusive"):  # the audit's own report says why
-        from detaudit.audit.pipeline import load_run
-
-        finish(load_run(Path(report.run_dir)), None, None, quiet,
+        finish(audits[0], None, None, quiet,
                notes=("`detaudit fix` needs repeats that run to their end and record; these did not.",))
     if patch_path is not None:
         if report.patch:

@@ -6,7 +6,6 @@ exit with its code). With render.py and commands.py, the only terminal code.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -23,10 +22,11 @@ from rich.table import Table
 from rich.text import Text
 
 from detaudit.errors import DetauditError
-from detaudit.results import RepeatProgress, RepeatResult
+from detaudit.results import Experiment, RepeatProgress, RepeatResult
 from detaudit.run.files import naming, silence_stdout
 
 if TYPE_CHECKING:
+    from detaudit.audit.pipeline import AuditOptions
     from detaudit.report.model import Report
 
 PIPE_WIDTH = 1000  # a pipe or CI log: tables and panels are laid out up to this wide, never cut at 80 columns
@@ -186,9 +186,10 @@ class RepeatsProgress:
             return
         self.on_done, self.on_progress = self._done, self._progress
         if err_console.is_terminal:
-            self.bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("{task.fields[status]}"), console=err_console, transient=True)
-            self._task = self.bar.add_task("repeats", total=total, status="")
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=err_console,
+                                transient=True)
+            self._task = self.bar.add_task(label, total=total, status="")
 
     def __enter__(self) -> RepeatsProgress:
         if self.bar is not None:
@@ -199,10 +200,11 @@ class RepeatsProgress:
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
 
-    def restart(self) -> None:
-        """A new round of repeats (the op-level re-run): the bar starts again."""
+    def restart(self, total: int | None = None, label: str | None = None) -> None:
+        """A new round of repeats (the op-level re-run, the experiments): the bar starts again (`total`, `label`:
+        its new length and words, else as they were)."""
         if self.bar is not None:
-            self.bar.reset(self._task, status="")
+            self.bar.reset(self._task, total=total, description=label, status="")
 
     def _done(self, result: RepeatResult) -> None:
         if self.bar is not None:
@@ -238,17 +240,15 @@ def warn_oversubscription(jobs: int, devices: list[str]) -> None:
         err_console.print(f"[bold yellow]detaudit: warning:[/] {escape(warning)}", soft_wrap=True)
 
 
-def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None, quiet: bool,
-              cheap: bool = False) -> Any:
-    """Run the audit with progress on stderr, and the experiments when asked and the repeats diverged;
-    `cheap`: otherwise the top cause's one cheap, decisive experiment, if it has one (explain.cheap_pin), run
-    before the op-level re-run (run_audit's `confirm`), or after it when only the op-level causes have one."""
-    from detaudit.audit.pipeline import run_audit
-    from detaudit.explain.runner import cheap_pin_of, cheap_skipped
-    from detaudit.run.distributed import multi_node
+def audit_run(options: AuditOptions, explain: bool, explain_all: bool, budget: int | None, quiet: bool,
+              cheap: bool = False) -> Report:
+    """Run the audit and its follow-up (audit/follow_up.py: the top cause's cheap confirmation with `cheap`, the
+    op-level re-run, the experiments with `explain`), with progress on stderr and each experiment's result as a
+    line there."""
+    from detaudit.audit.follow_up import FollowUp, run_audit
+    from detaudit.explain.confirmation import PinnedExperiments
 
-    schedule = options.schedule
-    cheap = cheap and not multi_node(schedule.torchrun_args)  # its one experiment is a launch (commands.run)
+    schedule, target = options.schedule, options.target
     warn_oversubscription(schedule.jobs, schedule.devices)
     progress = RepeatsProgress(quiet, schedule.repeats * len(schedule.devices))
 
@@ -257,30 +257,23 @@ def audit_run(options: Any, explain: bool, explain_all: bool, budget: int | None
         if not quiet:
             err_console.print(f"the repeats diverged; re-running them recording ops in steps {window[0]}–{window[1]}")
 
-    args = options.target.script_args if options.target.redact_args else None
-    # a --perturb run's causes are proved by its own groups of repeats; a pinned re-run would mix settings
-    cheap = cheap and not explain and schedule.perturbation is None
+    def on_round(cheap: bool, most: int) -> None:
+        progress.restart(most, "running repeats" if cheap else "explain: pinned repeats")
+        _explain_line(quiet, cheap, most)
 
     said: set[str] = set()
 
-    def confirm(report: Any) -> Any:
-        if report.experiments or cheap_pin_of(report) is None:
-            skipped = "" if quiet or report.experiments else cheap_skipped(report)
-            if skipped and skipped not in said:  # asked again after the op-level re-run: said once
-                said.add(skipped)
-                err_console.print(f"explain: no cheap confirmation: {escape(skipped)}", soft_wrap=True)
-            return report
-        progress.restart()
-        return explain_run(Path(report.run_dir), None, False, schedule.jobs, quiet, args, cheap=True,
-                           progress=progress)
+    def on_skipped(why: str) -> None:
+        if not quiet and why not in said:  # asked again after the op-level re-run: said once
+            said.add(why)
+            err_console.print(f"explain: no cheap confirmation: {escape(why)}", soft_wrap=True)
 
+    follow_up = FollowUp(cheap, explain, explain_all, budget, schedule.jobs,
+                         tuple(target.script_args) if target.redact_args else None)
+    experimenter = PinnedExperiments(progress.on_done, progress.on_progress, _experiment_line(quiet), on_round,
+                                     on_skipped)
     with progress:
-        report = run_audit(options, progress.on_done, on_narrow, progress.on_progress, confirm if cheap else None)
-        if report.verdict == "divergent" and not report.timed_out and cheap:
-            report = confirm(report)  # the op-level causes have a cheap experiment the module-level ones had not
-    if report.verdict == "divergent" and not report.timed_out and schedule.perturbation is None and explain:
-        report = explain_run(Path(report.run_dir), budget, explain_all, schedule.jobs, quiet, args)
-    return report
+        return run_audit(options, progress.on_done, on_narrow, progress.on_progress, follow_up, experimenter)
 
 
 def save_baseline_to(report: Any, dest: Path) -> int | None:
@@ -304,26 +297,32 @@ def save_baseline_to(report: Any, dest: Path) -> int | None:
     return None
 
 
-def explain_run(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool,
-                script_args: list[str] | None = None, cheap: bool = False,
-                progress: RepeatsProgress | None = None) -> Any:
-    """The --explain experiments of a finished run, each one's result as a line on stderr (`cheap`: only the
-    top cause's one cheap, decisive experiment). `progress`: the audit's, already shown (one display at a time)."""
-    from detaudit.explain.runner import CHEAP_REPEATS, DEFAULT_BUDGET, run_experiments
-
-    def line(experiment: Any) -> None:
-        if not quiet:
-            err_console.print(f"explain: pinned {escape(experiment.description)} -> {experiment.verdict}"
-                              + (f" ({escape(experiment.note)})" if experiment.note else ""))
+def explain_run(run_dir: Path, budget: int | None, explain_all: bool, jobs: int, quiet: bool) -> Report:
+    """`detaudit explain RUN_DIR`: the --explain experiments of a finished run, each one's result as a line on
+    stderr."""
+    from detaudit.explain.runner import DEFAULT_BUDGET, run_experiments
 
     budget = budget or DEFAULT_BUDGET
+    _explain_line(quiet, False, budget)
+    with RepeatsProgress(quiet, budget, "explain: pinned repeats") as progress:
+        return run_experiments(run_dir, budget, explain_all, jobs=jobs, on_done=progress.on_done,
+                               on_progress=progress.on_progress, on_experiment=_experiment_line(quiet))
+
+
+def _explain_line(quiet: bool, cheap: bool, budget: int) -> None:
+    """What the experiments about to run are, on stderr."""
     if not quiet:
         err_console.print("explain: confirming the top cause with its one cheap experiment (--no-explain skips it)"
                           if cheap else f"explain: re-running with one source of nondeterminism pinned at a time "
                           f"(at most {budget} more repeats)")
-    own = progress is None
-    progress = progress or RepeatsProgress(quiet, CHEAP_REPEATS if cheap else budget, "explain: pinned repeats")
-    with progress if own else contextlib.nullcontext(progress):
-        return run_experiments(run_dir, budget, explain_all, jobs=jobs, on_done=progress.on_done,
-                               on_progress=progress.on_progress, on_experiment=line,
-                               script_args=script_args, cheap=cheap)
+
+
+def _experiment_line(quiet: bool) -> Callable[[Experiment], None] | None:
+    """Each experiment's result as a line on stderr; none when quiet."""
+    if quiet:
+        return None
+
+    def line(experiment: Experiment) -> None:
+        err_console.print(f"explain: pinned {escape(experiment.description)} -> {experiment.verdict}"
+                          + (f" ({escape(experiment.note)})" if experiment.note else ""))
+    return line

@@ -31,9 +31,22 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
-from detaudit.audit.pipeline import AuditOptions, Checks, Recording, Schedule, Target, analyse, execute, load_run
+from detaudit.audit.analysis import Analysis, stored_experiments
+from detaudit.audit.follow_up import FollowUp
+from detaudit.audit.pipeline import (
+    AuditOptions,
+    Checks,
+    Recording,
+    Schedule,
+    Target,
+    analyse,
+    execute,
+    extended,
+    gated,
+    loaded,
+)
 from detaudit.cause_table import CAUSES
-from detaudit.causes import NO_EVIDENCE, UNKNOWN, leads
+from detaudit.causes import NO_EVIDENCE, leads
 from detaudit.compare.stdout import recorded_mode
 from detaudit.errors import UsageError, output_error
 from detaudit.pin import ALL, CONTROL, PINS, SEP, Pin, also_pins, pin_of, separating_pin
@@ -47,7 +60,6 @@ from detaudit.run.rundir import (
     RUN_FILE,
     free_prefix,
     read_experiments,
-    read_run,
     write_experiments,
 )
 
@@ -122,12 +134,12 @@ def leading_pair_pin(causes: Sequence[Cause]) -> Pin | None:
     if not causes:
         return None
     top = causes[0]
-    if top.separating_pin is not None or top.pins or len(causes) < 2 or _unsupported(causes[1], top):
+    if top.separating_pin is not None or top.pins or len(causes) < 2 or unsupported(causes[1], top):
         return top.separating_pin
     return separating_pin(top.pins, causes[1].pins)
 
 
-def _unsupported(candidate: Cause, top: Cause) -> bool:
+def unsupported(candidate: Cause, top: Cause) -> bool:
     """A candidate with no evidence of its mechanism, ranked behind a cause with evidence of its own."""
     return candidate.basis == NO_EVIDENCE and top.basis != NO_EVIDENCE
 
@@ -146,24 +158,6 @@ def cheap_pin(causes: Sequence[Cause]) -> Pin | None:
 def cheap_pin_of(report: Report) -> Pin | None:
     """`cheap_pin` for an audit's report: its causes first, then the candidates not ruled out."""
     return cheap_pin(leads(report.causes, report.not_ruled_out))
-
-
-def cheap_skipped(report: Report) -> str:
-    """Why a divergent run gets no cheap confirmation, in one line, where the top cause has no pin (nothing holds
-    a clock read or a race fixed) and nothing else is worth a pinned re-run; "" otherwise (the experiment runs,
-    or the top cause's pins are `detaudit explain`'s to run)."""
-    causes = leads(report.causes, report.not_ruled_out)
-    if causes and causes[0].basis == NO_EVIDENCE and causes[0].confidence != "confirmed":
-        return (f"no evidence points at any cause's mechanism, so no experiment tests a guess; `detaudit explain` "
-                f"tests the candidates not ruled out ({', '.join(c.id for c in report.not_ruled_out)})")
-    if not causes or causes[0].id == UNKNOWN or causes[0].pins or cheap_pin(causes) is not None \
-            or causes[0].confidence == "confirmed":
-        return ""
-    top = causes[0]
-    guesses = [c.id for c in causes[1:] if _unsupported(c, top)]
-    untested = (f"; the candidates with no evidence of their mechanism ({', '.join(guesses)}) are not tested in its "
-                "place") if guesses else ""
-    return f"no experiment pins {top.id}'s source, so none can confirm it{untested}"
 
 
 def repeats_as_control(report: Report) -> Experiment | None:
@@ -189,18 +183,26 @@ def run_experiments(run_dir: Path, budget: int = DEFAULT_BUDGET, explain_all: bo
                     on_experiment: Callable[[Experiment], None] | None = None,
                     script_args: Sequence[str] | None = None, cheap: bool = False,
                     on_progress: Callable[[RepeatProgress], None] | None = None) -> Report:
-    """Run the experiments for a finished, divergent run and return its report with them applied.
+    """`detaudit explain RUN_DIR`: `experiment_on` the run's Analysis, read from its directory once; `repeats` per
+    device and experiment defaults to the baseline's."""
+    args = None if script_args is None else tuple(script_args)
+    follow_up = FollowUp(cheap, not cheap, explain_all, budget, jobs, args)
+    analysis = loaded(Path(run_dir).resolve())  # the repeats run in the script's directory, not ours
+    return experiment_on(analysis, follow_up, on_done, on_progress, on_experiment, repeats).report_made()
 
-    `repeats` per device and experiment defaults to the baseline's; `budget` bounds their total.
-    `script_args`: the real arguments of a run recorded with --redact-args (its run.json has none).
-    One explain at a time per run directory: a second one would pick the same file names and
-    overwrite explain.json under the first. `cheap`: only the top cause's one inexpensive, decisive
-    experiment (`cheap_pin`), with CHEAP_REPEATS repeats: the default confirmation after a divergent `run`.
-    `on_progress`: where each pinned repeat stands while it runs (audit.execute).
-    """
-    with _exclusive(Path(run_dir)):
-        return _run_experiments(run_dir, budget, explain_all, repeats, jobs, on_done, on_experiment, script_args,
-                                cheap, on_progress)
+
+def experiment_on(analysis: Analysis, follow_up: FollowUp, on_done: Callable[[RepeatResult], None] | None = None,
+                  on_progress: Callable[[RepeatProgress], None] | None = None,
+                  on_experiment: Callable[[Experiment], None] | None = None, repeats: int | None = None) -> Analysis:
+    """The experiments for a finished, divergent run: its Analysis extended with them, its traces not compared
+    again. `follow_up.cheap`: only the top cause's one inexpensive, decisive experiment (`cheap_pin`), with
+    CHEAP_REPEATS repeats, the default confirmation; else --explain's, within `follow_up.budget` extra repeats.
+    `on_done`, `on_progress`: each repeat that ended, where each running one stands (audit.execute). One explain
+    at a time per run directory: a second would pick the same file names and overwrite explain.json under it."""
+    with _exclusive(analysis.run_dir):
+        return _run_experiments(analysis, follow_up, Bench(analysis.run_dir, analysis.record, analysis.report_made(),
+                                                           Path(analysis.record.cwd or ".").resolve(), on_done,
+                                                           on_progress), on_experiment, repeats)
 
 
 @contextlib.contextmanager
@@ -388,24 +390,17 @@ class Experiments:
         return entry.experiment
 
 
-def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int | None, jobs: int,
-                     on_done: Callable[[RepeatResult], None] | None,
-                     on_experiment: Callable[[Experiment], None] | None,
-                     script_args: Sequence[str] | None, cheap: bool,
-                     on_progress: Callable[[RepeatProgress], None] | None = None) -> Report:
-    run_dir = Path(run_dir).resolve()  # the repeats run in the script's directory, not ours
-    report = load_run(run_dir)
-    record, _ = read_run(run_dir)
-    _check_explainable(run_dir, report, record, script_args)
+def _run_experiments(analysis: Analysis, follow_up: FollowUp, bench: Bench,
+                     on_experiment: Callable[[Experiment], None] | None, repeats: int | None) -> Analysis:
+    run_dir, record, report, cheap = analysis.run_dir, analysis.record, analysis.report_made(), follow_up.cheap
+    _check_explainable(run_dir, report, record, follow_up.script_args)
     # as many repeats per device as the baseline had: fewer would let chance agreement "confirm" a pin
     repeats = CHEAP_REPEATS if cheap else repeats or max(MIN_REPEATS, record.repeats or MIN_REPEATS)
-    cwd = Path(record.cwd or ".").resolve()
-    base = _base_options(record, cwd, repeats, jobs, script_args)
+    base = _base_options(record, bench.cwd, repeats, follow_up.jobs, follow_up.script_args)
     leading = leads(report.causes, report.not_ruled_out)  # candidates first when no cause has evidence
     first = cheap_pin(leading) if cheap else None
-    experiments = Experiments(Bench(run_dir, record, report, cwd, on_done, on_progress), base, Ledger(budget),
-                              read_experiments(run_dir), leading_pair_pin(leading),
-                              repeats_as_control(report) if cheap else None, on_experiment)
+    experiments = Experiments(bench, base, Ledger(follow_up.budget or DEFAULT_BUDGET), read_experiments(run_dir),
+                              leading_pair_pin(leading), repeats_as_control(report) if cheap else None, on_experiment)
     if first is not None:
         # the default confirmation: one experiment (and, for one that also pins other sources, those without it),
         # whatever --budget says
@@ -413,10 +408,11 @@ def _run_experiments(run_dir: Path, budget: int, explain_all: bool, repeats: int
                                         for name in [first, SEP.join(also_pins(first))] if name))
         experiments.settle(first, narrow=False)
     elif not cheap:
-        _explain(experiments, leading, explain_all, base.schedule.devices)
-    report = load_run(run_dir)
-    write_json(report, run_dir / REPORT_FILE, mode=0o600)
-    return report
+        _explain(experiments, leading, follow_up.explain_all, base.schedule.devices)
+    analysis = extended(analysis, record, stored_experiments)  # the experiments stored re-rank its causes
+    analysis = replace(analysis, report=gated(analysis.report_made(), record))
+    write_json(analysis.report_made(), run_dir / REPORT_FILE, mode=0o600)
+    return analysis
 
 
 def _explain(experiments: Experiments, causes: Sequence[Cause], explain_all: bool, devices: Sequence[str]) -> None:

@@ -15,13 +15,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from detaudit.audit.pipeline import AuditOptions, execute, run_audit
+from detaudit.audit.analysis import Analysis
+from detaudit.audit.follow_up import FollowUp, audit
+from detaudit.audit.pipeline import AuditOptions, execute
 from detaudit.cause_table import CAUSES
 from detaudit.causes import leads, rng, split
 from detaudit.causes.confirm import apply
 from detaudit.causes.context import build
 from detaudit.errors import UsageError
-from detaudit.explain.runner import CHEAP_REPEATS, Bench, Ledger, cheap_pin_of, plan, run_experiments
+from detaudit.explain.runner import CHEAP_REPEATS, Bench, Ledger, cheap_pin_of, experiment_on, plan
 from detaudit.fix import code, search
 from detaudit.fix.cost import PAIRS, KnobCost, Sample, cost
 from detaudit.fix.fix_report import FixReport, FixVerdict, KnobFix, Trial, report_json
@@ -30,7 +32,6 @@ from detaudit.report.model import Report
 from detaudit.results import Cause, Experiment, RepeatProgress, RepeatResult
 from detaudit.run.distributed import Layout
 from detaudit.run.files import write_text_atomically
-from detaudit.run.rundir import read_run
 from detaudit.trace import read_footer
 
 DEFAULT_BUDGET = 24
@@ -60,7 +61,8 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
     held = perturbation.variables if perturbation is not None else frozenset()
     perturbed = tuple(s.knob.value for s in perturbation.specs) if perturbation is not None else ()
     _refuse_held_away(knobs, held, perturbed)
-    report = run_audit(options, on_done, None, on_progress)
+    audited = audit(options, on_done, None, on_progress)  # extended, never read back from its run directory
+    report = audited.report_made()
     if on_audit is not None:
         on_audit(report)
     run_dir = Path(report.run_dir)
@@ -71,7 +73,7 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
         ended: FixVerdict = report.verdict if report.verdict in ("deterministic", "failed", "inconclusive") \
             else "timeout"
         return _written(replace(base, verdict=ended))
-    record, audit_results = read_run(run_dir)
+    record, audit_results = audited.record, audited.results
     cwd = Path(record.cwd or ".").resolve()
     script = options.target.script if options.target.script.is_absolute() else cwd / options.target.script
     try:
@@ -87,10 +89,9 @@ def run_fix(options: AuditOptions, budget: int = DEFAULT_BUDGET,
                               {e.pin for e in edits if e.applies} - drawn),
         held, on_trial)
     suspected = [p.value for p in plan(leads(report.causes, report.not_ruled_out)) if p in knobs]
-    found = search.search([p.value for p in knobs], suspected,
-                          experiments.agrees)
+    found = search.search([p.value for p in knobs], suspected, experiments.agrees)
     if found.uncontrolled and experiments.trials[-1].verdict == "divergent" and not perturbed:
-        report = _confirmed_beyond_knobs(report, experiments, on_done, on_progress)
+        report = _confirmed_beyond_knobs(audited, experiments, on_done, on_progress)
     base = replace(base, trials=tuple(experiments.trials), repeats_used=experiments.ledger.spent,
                    first_divergence=_where(report), insert_after=code.insertion_line(source),
                    causes=_judged(report, experiments.trials))
@@ -312,12 +313,13 @@ def uncontrolled_note(report: Report, knobs: Sequence[Pin]) -> str:
             "so the fix is a change to the script's code; the causes below say where")
 
 
-def _confirmed_beyond_knobs(report: Report, experiments: KnobTrials,
+def _confirmed_beyond_knobs(audited: Analysis, experiments: KnobTrials,
                             on_done: Callable[[RepeatResult], None] | None,
                             on_progress: Callable[[RepeatProgress], None] | None) -> Report:
     """No knob controls the source: `run`'s one cheap confirmation (explain's pin, which reaches what a knob's code
     cannot: the script's own seeding calls, the address layout) tests the top cause, paid from the budget. The
     audit's report with it applied, or as it was when there is no such experiment or the budget cannot pay."""
+    report = audited.report_made()
     pin = cheap_pin_of(report)
     devices = len(experiments.options.schedule.devices)
     if pin is None or not experiments.ledger.affords(CHEAP_REPEATS * devices * (2 if also_pins(pin) else 1)):
@@ -329,10 +331,10 @@ def _confirmed_beyond_knobs(report: Report, experiments: KnobTrials,
         if on_done is not None:
             on_done(result)
 
-    explained = run_experiments(experiments.bench.run_dir, cheap=True, on_done=done, on_progress=on_progress,
-                                script_args=experiments.options.target.script_args)
+    explained = experiment_on(audited, FollowUp(cheap=True, script_args=tuple(experiments.options.target.script_args)),
+                              done, on_progress)
     experiments.ledger.pay(len(ran))
-    return explained
+    return explained.report_made()
 
 
 def _judged(report: Report, trials: Sequence[Trial]) -> tuple[Cause, ...]:

@@ -1,5 +1,5 @@
 """The CLI against a mocked core (as coverage.py tests its command line): each command is invoked
-in-process with click's CliRunner while the library calls it makes (audit.run_audit, audit.load_run,
+in-process with click's CliRunner while the library calls it makes (audit.follow_up.run_audit, audit.load_run,
 audit.compare_recorded, explain.run_experiments, baseline.save) are replaced by fakes that record
 their arguments and return a Report read from a synthetic run directory. The tests check how options
 become library calls, and that the exit code follows the Report's verdict. No interpreter starts.
@@ -21,10 +21,12 @@ import pytest
 from click.testing import CliRunner
 from synthetic import training_records, write_run
 
+import detaudit.audit.follow_up
 import detaudit.audit.pipeline
 import detaudit.explain.runner
 import detaudit.report.baseline
 import detaudit.run.devices
+from detaudit.audit.follow_up import FollowUp
 from detaudit.cli.commands import cli, main
 from detaudit.errors import ExitCode, TraceError
 from detaudit.report.model import Report
@@ -75,7 +77,7 @@ class Core:
         self.verdict = "deterministic"
         self.causes: list[Cause] = []
         monkeypatch.setattr(detaudit.run.devices, "cuda_available", lambda: False)  # the same on every machine
-        for owner, name in ((detaudit.audit.pipeline, "run_audit"), (detaudit.audit.pipeline, "load_run"),
+        for owner, name in ((detaudit.audit.follow_up, "run_audit"), (detaudit.audit.pipeline, "load_run"),
                             (detaudit.audit.pipeline, "compare_recorded"), (detaudit.explain.runner, "run_experiments"),
                             (detaudit.report.baseline, "save")):
             monkeypatch.setattr(owner, name, self._fake(name))
@@ -98,6 +100,11 @@ class Core:
         """The options of the one run_audit call."""
         [(args, _)] = self.called("run_audit")
         return flat(args[0])
+
+    def follow_up(self) -> FollowUp:
+        """What the one run_audit call was told to follow a divergence with."""
+        [(args, kwargs)] = self.called("run_audit")
+        return args[4] if len(args) > 4 else kwargs["follow_up"]
 
 
 @pytest.fixture
@@ -127,7 +134,7 @@ def test_run_defaults_become_the_documented_options(core: Core, script: Path) ->
         "jobs": 1, "out_dir": None, "tolerance": Tolerance(1e-5, 1.3e-6), "granularity": "auto", "stdout": "masked",
         "baseline": None, "redact_args": False, "max_steps": None, "max_time": None, "self_check": False,
         "nproc_per_node": None, "torchrun_args": [], "run_to_end": False}
-    assert core.called("run_experiments") == []
+    assert core.follow_up() == FollowUp(cheap=True)  # the cheap confirmation, no --explain
     assert core.called("save") == []
 
 
@@ -270,41 +277,20 @@ def test_report_and_compare_pass_their_stdout_mode_and_tolerance(core: Core) -> 
         ([Path("a.trace"), Path("b")], Tolerance(0.0, 0.2), None)]
 
 
-def test_explain_after_a_divergent_run_gets_the_budget_jobs_and_run_directory(core: Core, script: Path) -> None:
-    core.verdict = "divergent"
-    result = invoke(["run", "--explain-all", "--budget", "7", "-j", "2", str(script), "secret"])
-    assert result.exit_code == 1, result.output
-    [(args, kwargs)] = core.called("run_experiments")
-    run_dir = Path(synthetic_report(core.tmp_path, "divergent").run_dir)
-    assert args == (run_dir, 7, True)
-    assert kwargs["jobs"] == 2
-    assert kwargs["cheap"] is False
-    assert kwargs["script_args"] is None  # not redacted: the experiments read them from the run directory
+def test_explain_after_a_run_gets_the_budget_and_jobs(core: Core, script: Path) -> None:
+    assert invoke(["run", "--explain-all", "--budget", "7", "-j", "2", str(script), "secret"]).exit_code == 0
+    # not redacted: the experiments read the script's arguments from the run directory
+    assert core.follow_up() == FollowUp(cheap=True, explain=True, explain_all=True, budget=7, jobs=2, script_args=None)
 
 
 def test_redacted_arguments_are_handed_to_the_experiments(core: Core, script: Path) -> None:
-    core.verdict = "divergent"
-    assert invoke(["run", "--explain", "--redact-args", str(script), "secret"]).exit_code == 1
-    [(args, kwargs)] = core.called("run_experiments")
-    assert args[1:] == (12, False)
-    assert kwargs["script_args"] == ["secret"]
+    assert invoke(["run", "--explain", "--redact-args", str(script), "secret"]).exit_code == 0
+    assert core.follow_up().script_args == ("secret",)
 
 
-def test_the_cheap_confirmation_runs_only_for_a_cheap_pin_and_not_with_no_explain(core: Core, script: Path) -> None:
-    core.verdict = "divergent"
-    assert invoke(["run", str(script)]).exit_code == 1
-    assert core.called("run_experiments") == []  # no cause with a cheap pin
-    core.causes = [Cause("unseeded-torch-rng", "likely", "s", [], "f", pins=["torch-rng"])]
-    assert invoke(["run", "--no-explain", str(script)]).exit_code == 1
-    assert core.called("run_experiments") == []
-    assert invoke(["run", str(script)]).exit_code == 1
-    [(_, kwargs)] = core.called("run_experiments")
-    assert kwargs["cheap"] is True
-
-
-def test_no_experiment_for_an_agreeing_run(core: Core, script: Path) -> None:
-    assert invoke(["run", "--explain", str(script)]).exit_code == 0
-    assert core.called("run_experiments") == []
+def test_no_explain_asks_for_no_cheap_confirmation(core: Core, script: Path) -> None:
+    assert invoke(["run", "--no-explain", str(script)]).exit_code == 0
+    assert core.follow_up() == FollowUp()
 
 
 def test_explain_command(core: Core) -> None:
@@ -315,7 +301,6 @@ def test_explain_command(core: Core) -> None:
     [(args, kwargs)] = core.called("run_experiments")
     assert args == (run_dir, 3, True)
     assert kwargs["jobs"] == 2
-    assert kwargs["cheap"] is False
     assert json.loads(Path("e.json").read_text())["verdict"] == "divergent"
 
 
@@ -335,7 +320,7 @@ def test_demo_exits_0_when_it_shows_its_divergence(core: Core, verdict: str, cod
     assert options["repeats"] == 2
     assert options["timeout"] == 120.0
     assert options["script"].name == "train_demo.py"
-    assert len(core.called("run_experiments")) == (verdict == "divergent")  # the demo always explains
+    assert core.follow_up().explain  # the demo always explains
 
 
 def test_a_library_error_is_one_line_with_its_exit_code(core: Core, monkeypatch: pytest.MonkeyPatch,

@@ -72,7 +72,7 @@ def test_a_perturbation_fix_cannot_search_under_is_a_usage_error_before_any_repe
     def never(*_: Any, **__: Any) -> Any:
         raise AssertionError("the audit ran")
 
-    monkeypatch.setattr(trials, "run_audit", never)
+    monkeypatch.setattr(trials, "audit", never)
     with pytest.raises(SystemExit) as ended:
         main(["fix", "--perturb", perturb, script.name])
     output = " ".join(capsys.readouterr().err.split())
@@ -86,3 +86,27 @@ def test_perturb_with_torchrun_is_refused_as_for_run(script: Path, capsys: pytes
         main(["fix", "--perturb", "threads", "--nproc-per-node", "2", script.name])
     assert ended.value.code == ExitCode.USAGE
     assert "--nproc-per-node" in capsys.readouterr().err
+
+
+def test_an_audit_that_cannot_be_fixed_is_shown_from_memory(script: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit's own report says why there is nothing to search: the one run_fix handed on_audit, never read back
+    from its run directory (removed here before the command ends)."""
+    import shutil
+
+    from synthetic import training_records, write_run
+
+    from detaudit.audit.pipeline import load_run
+
+    recs = training_records(steps=1)
+    failed = load_run(write_run(tmp_path / "run", [recs, recs], exit_codes=[1, 1]))
+
+    def run_fix(options: AuditOptions, budget: int, on_done: Any, on_progress: Any, on_trial: Any,
+                on_audit: Any) -> FixReport:
+        on_audit(failed)
+        shutil.rmtree(tmp_path / "run")
+        return FixReport(script="train.py", run_dir=failed.run_dir, verdict="failed", audit_exit_code=1, budget=budget)
+
+    monkeypatch.setattr(trials, "run_fix", run_fix)
+    result = CliRunner().invoke(cli, ["fix", "-n", "2", script.name], catch_exceptions=False)
+    assert result.exit_code == failed.exit_code, result.output  # reading the removed run back would exit 4

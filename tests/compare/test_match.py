@@ -100,7 +100,7 @@ def test_the_change_lands_at_its_record_on_the_device_path_too(tmp_path: Path) -
 def test_a_self_check_that_cannot_run_says_why(tmp_path: Path) -> None:
     from synthetic import write_run
 
-    from detaudit.audit.pipeline import self_check
+    from detaudit.audit.follow_up import self_check
     from detaudit.run.rundir import read_run
 
     recs = [r.but(flags=int(Flag.THREAD)) for r in training_records(steps=2)]

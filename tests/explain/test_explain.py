@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from synthetic import training_records, write_run, write_trace
 
-from detaudit.audit.pipeline import AuditOptions, load_run
+from detaudit.audit.analysis import Analysis
+from detaudit.audit.pipeline import AuditOptions, load_run, loaded
 from detaudit.causes import confirm as experiments
 from detaudit.errors import TraceError, UsageError
 from detaudit.explain import runner as explain
@@ -245,30 +246,12 @@ def test_the_cheap_pin_tests_no_guess_behind_a_cause_with_evidence() -> None:
     assert explain.cheap_pin([clock, *guesses]) is None
 
 
-def test_with_no_evidence_anywhere_no_cheap_experiment_tests_a_guess(tmp_path: Path) -> None:
+def test_with_no_evidence_anywhere_no_cheap_experiment_tests_a_guess() -> None:
     """No cause has evidence (`unknown` leads, the candidates go first): the one cheap experiment is not spent on a
     guess (it once pinned PYTHONHASHSEED for a parameter order the evidence laid at object order's door)."""
     guesses = [replace(cause(c, [p], "possible", Pin.HASH_SEED), basis="no-evidence")
                for c, p in (("python-hash-seed", "hash-seed"), ("object-order", "address-layout"))]
     assert explain.cheap_pin([*guesses, cause("unknown", [], "possible")]) is None
-    report = replace(synthetic_divergent(tmp_path), causes=[cause("unknown", [], "possible")], not_ruled_out=guesses)
-    assert explain.cheap_skipped(report) == (
-        "no evidence points at any cause's mechanism, so no experiment tests a guess; `detaudit explain` tests the "
-        "candidates not ruled out (python-hash-seed, object-order)")
-
-
-def test_a_skipped_cheap_confirmation_says_why_in_one_line(tmp_path: Path) -> None:
-    report = synthetic_divergent(tmp_path)
-    guess = replace(cause("python-hash-seed", ["hash-seed"], "possible"), basis="no-evidence")
-    report = replace(report, causes=[cause("outside-value", [], "possible")], not_ruled_out=[guess])
-    assert explain.cheap_skipped(report) == ("no experiment pins outside-value's source, so none can confirm it; "
-                                             "the candidates with no evidence of their mechanism (python-hash-seed) "
-                                             "are not tested in its place")
-
-
-def test_a_cheap_confirmation_that_runs_needs_no_reason(tmp_path: Path) -> None:
-    report = replace(synthetic_divergent(tmp_path), causes=[cause("unseeded-numpy-rng", ["numpy-rng"])])
-    assert explain.cheap_skipped(report) == ""
 
 
 def synthetic_divergent(tmp_path: Path) -> Report:
@@ -279,7 +262,11 @@ def synthetic_divergent(tmp_path: Path) -> Report:
 
 def _with_causes(monkeypatch: pytest.MonkeyPatch, ranked: list[Cause]) -> None:
     """The run's report ranks these causes (synthetic traces carry no evidence)."""
-    monkeypatch.setattr(explain, "load_run", lambda path, *a, **k: replace(load_run(path, *a, **k), causes=ranked))
+    def loaded_with(path: Path) -> Analysis:
+        analysis = loaded(path)
+        return replace(analysis, inferred=tuple(ranked), report=replace(analysis.report_made(), causes=ranked))
+
+    monkeypatch.setattr(explain, "loaded", loaded_with)
 
 
 def test_a_control_that_agrees_too_confirms_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -288,7 +275,11 @@ def test_a_control_that_agrees_too_confirms_nothing(tmp_path: Path, monkeypatch:
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
     ran = _fake_runs(monkeypatch, lambda options: True)
     ranked = [cause("python-hash-seed", ["hash-seed"], "likely"), cause("object-order", ["address-layout"], "possible")]
-    monkeypatch.setattr(explain, "load_run", lambda path, *a, **k: replace(load_run(path, *a, **k), causes=ranked))
+    def loaded_with(path: Path) -> Analysis:
+        analysis = loaded(path)
+        return replace(analysis, inferred=tuple(ranked), report=replace(analysis.report_made(), causes=ranked))
+
+    monkeypatch.setattr(explain, "loaded", loaded_with)
     report = explain.run_experiments(run_dir, budget=40, repeats=3)
     # the control agreed, then agreed over twice as many more (CONTROL_GROWTH), and nothing ran after it
     assert ran == ["explain-hash-seed", "explain-control", "explain-control"]
@@ -348,11 +339,7 @@ def test_a_separating_experiment_needs_three_agreeing_repeats(tmp_path: Path, mo
     _fake_runs(monkeypatch, lambda options: seen.append(options.schedule.repeats) is None and pinned(options))
     tied = [cause("python-hash-seed", ["hash-seed"], "possible", Pin.HASH_SEED),
             cause("object-order", ["address-layout"], "possible", Pin.HASH_SEED)]
-
-    def with_toss_up(path: Path, *args: object, **kwargs: object) -> Report:
-        return replace(load_run(path), causes=tied)
-
-    monkeypatch.setattr(explain, "load_run", with_toss_up)
+    _with_causes(monkeypatch, tied)
     report = explain.run_experiments(run_dir, cheap=True)
     assert seen
     assert set(seen) == {explain.SEPARATING_REPEATS}
@@ -383,7 +370,11 @@ def test_an_experiment_that_also_pins_other_sources_is_followed_by_those_alone(
     run_dir = write_run(tmp_path / "run", [recs, [recs[0].but(digest=77), *recs[1:]]])
     ran = _fake_runs(monkeypatch, lambda options: "torch-rng" in options.recording.child_config.get("pins", []))
     ranked = [cause("object-order", ["address-layout"], "likely")]
-    monkeypatch.setattr(explain, "load_run", lambda path, *a, **k: replace(load_run(path, *a, **k), causes=ranked))
+    def loaded_with(path: Path) -> Analysis:
+        analysis = loaded(path)
+        return replace(analysis, inferred=tuple(ranked), report=replace(analysis.report_made(), causes=ranked))
+
+    monkeypatch.setattr(explain, "loaded", loaded_with)
     report = explain.run_experiments(run_dir, budget=40, repeats=2)
     assert ran[:3] == ["explain-address-layout", "explain-control", "explain-torch-rng+numpy-rng+python-rng+hash-seed"]
     final = experiments.apply(ranked, report.experiments, 0)
