@@ -356,15 +356,21 @@ def test_the_reference_of_other_repeats_never_records_ops_ahead(tmp_path: Path) 
     assert watch.configure(plans[3])["op_window"] == [0, 1]
 
 
-def test_a_running_reference_is_asked_to_stop_once_every_repeat_compared_with_it_diverged(tmp_path: Path) -> None:
-    """-j: repeat 0 still runs while repeats 1 and 2 diverge from it; once both have, it stops where the later one
-    was asked to (its later records could be compared with nothing)."""
+def _running_reference_of_two(tmp_path: Path) -> tuple[list[Rec], list[RepeatPlan], LiveWatch]:
+    """-j 3: repeat 0, the reference of repeats 1 and 2, has recorded 5 steps and runs on."""
     records = training_records(steps=STEPS)
     plans = plan_repeats(tmp_path, 3, ["cpu"], stoppable=True)
     watch = LiveWatch(plans, Tolerance())
     reference = Growing(_whole(tmp_path, "ref", records), plans[0].trace)
     reference.grow_to(_bytes_through(tmp_path, records, 5))
     watch.poll(plans[0], False)
+    return records, plans, watch
+
+
+def test_a_running_reference_is_asked_to_stop_once_every_repeat_compared_with_it_diverged(tmp_path: Path) -> None:
+    """-j: repeat 0 still runs while repeats 1 and 2 diverge from it; once both have, it stops where the later one
+    was asked to (its later records could be compared with nothing)."""
+    records, plans, watch = _running_reference_of_two(tmp_path)
     for plan, step in ((plans[1], 2), (plans[2], 3)):
         write_trace(plan.trace, _changed_from(records, step)[: 5 * PER_STEP], None, flush_every=PER_STEP)
         watch.poll(plan, False)
@@ -375,12 +381,7 @@ def test_a_running_reference_is_asked_to_stop_once_every_repeat_compared_with_it
 
 def test_a_reference_is_never_stopped_while_a_repeat_compared_with_it_agrees(tmp_path: Path) -> None:
     """One of its two repeats diverged, the other agrees so far: the reference runs on."""
-    records = training_records(steps=STEPS)
-    plans = plan_repeats(tmp_path, 3, ["cpu"], stoppable=True)
-    watch = LiveWatch(plans, Tolerance())
-    reference = Growing(_whole(tmp_path, "ref", records), plans[0].trace)
-    reference.grow_to(_bytes_through(tmp_path, records, 5))
-    watch.poll(plans[0], False)
+    records, plans, watch = _running_reference_of_two(tmp_path)
     write_trace(plans[1].trace, _changed_from(records, 2)[: 5 * PER_STEP], None, flush_every=PER_STEP)
     write_trace(plans[2].trace, records[: 5 * PER_STEP], None, flush_every=PER_STEP)
     for plan in plans[1:]:
