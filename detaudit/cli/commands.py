@@ -414,7 +414,7 @@ def _interrupt_message(exc: BaseException) -> tuple[str, int]:
 
     signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
     name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-    text = f"detaudit: interrupted ({name}); every repeat was stopped"
+    text = f"detaudit: interrupted ({name}); every process it started (repeat, watched job, experiment) was stopped"
     run_dir = exc.run_dir if isinstance(exc, Interrupted) else None
     if run_dir is not None and (Path(run_dir) / "run.json").is_file():
         text += (f". What the repeats recorded is in {run_dir}: `detaudit report {run_dir}` shows it, "

@@ -60,7 +60,7 @@ def test_a_stop_signal_stops_every_repeat_and_names_the_partial_run(tmp_path: Pa
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
     assert "Traceback" not in err
-    assert "every repeat was stopped" in err
+    assert "every process it started (repeat, watched job, experiment) was stopped" in err
     assert str(run_dir) in err
     assert "detaudit report" in err
     assert "detaudit compare" in err
